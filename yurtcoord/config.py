@@ -1,0 +1,688 @@
+"""The agent's ini configuration: one declarative schema, parsed into frozen dataclasses.
+
+Every key the agent understands is a row of ``SCHEMA``; parsing, validation, defaults,
+rendering back to ini text and the operator documentation all come from that table, so
+a key cannot exist in one place and be missing in another.
+
+Errors are ``ConfigError`` whose ``str`` is a single line naming the file, the section,
+the key and the offending value, because operators read them on a console or in
+``journalctl`` where a traceback helps nobody.
+
+Credential rules for ``[cloud]`` (decided here, documented in ``etc/yurtcoord.ini``):
+
+- ``kubeconfig`` replaces the four keys ``ca_file``, ``cert_file``, ``key_file`` and
+  ``token_file``: setting it together with any of them is an error, so there is never a
+  question of which one wins;
+- ``cert_file`` and ``key_file`` come together or not at all;
+- ``token_file`` is an alternative to the client certificate: not both.
+"""
+
+import configparser
+import difflib
+import re
+from dataclasses import dataclass, field, fields
+from urllib.parse import urlsplit
+
+DEFAULT_CONFIG_PATH = "/etc/yurtcoord/yurtcoord.ini"
+
+
+class ConfigError(Exception):
+    """A configuration problem, printable as one line.
+
+    ``section``, ``key`` and ``value`` are None when the problem is not about one key
+    (an unreadable file, a syntax error).
+    """
+
+    def __init__(self, source, reason, section=None, key=None, value=None):
+        super().__init__(source, reason, section, key, value)
+        self.source = source
+        self.reason = reason
+        self.section = section
+        self.key = key
+        self.value = value
+
+    def __str__(self):
+        where = str(self.source)
+        if self.section is not None:
+            where += f": [{self.section}]"
+            if self.key is not None:
+                where += f" {self.key}"
+                if self.value is not None:
+                    where += f" = {self.value!r}"
+        return _one_line(f"{where}: {self.reason}")
+
+
+def _one_line(text):
+    return " ".join(text.split())
+
+
+class _BadValue(ValueError):
+    """Raised by value parsers; the message is the reason shown to the operator."""
+
+
+# ---------------------------------------------------------------------------------------
+# Value types: each parses the raw ini text and renders a parsed value back.
+
+_DURATION_UNITS = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 0.001}
+_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|h|m|s)")
+_DURATION_HINT = "not a duration (use 500ms, 15s, 2m)"
+
+
+def parse_duration(text):
+    """``500ms``, ``15s``, ``2m``, ``1h`` or combinations like ``1m30s`` → float seconds."""
+    text = text.strip()
+    if not text:
+        raise _BadValue(_DURATION_HINT)
+    position = 0
+    total = 0.0
+    while position < len(text):
+        match = _DURATION_PART.match(text, position)
+        if match is None:
+            raise _BadValue(_DURATION_HINT)
+        total += float(match.group(1)) * _DURATION_UNITS[match.group(2)]
+        position = match.end()
+    return total
+
+
+def format_duration(seconds):
+    """The shortest ini spelling of ``seconds`` that ``parse_duration`` reads back exactly."""
+    milliseconds = round(seconds * 1000)
+    if abs(milliseconds / 1000 - seconds) > 1e-9:
+        return f"{seconds!r}s"
+    if milliseconds == 0:
+        return "0s"
+    parts = []
+    for unit, size in (("h", 3600000), ("m", 60000), ("s", 1000), ("ms", 1)):
+        count, milliseconds = divmod(milliseconds, size)
+        if count:
+            parts.append(f"{count}{unit}")
+    return "".join(parts)
+
+
+def _parse_positive_duration(text):
+    seconds = parse_duration(text)
+    if seconds <= 0:
+        raise _BadValue("must be longer than 0s")
+    return seconds
+
+
+def _parse_bool(text):
+    lowered = text.strip().lower()
+    if lowered == "true":
+        return True
+    if lowered == "false":
+        return False
+    raise _BadValue("not a boolean (use true or false)")
+
+
+def _format_bool(value):
+    return "true" if value else "false"
+
+
+def _parse_positive_int(text):
+    try:
+        number = int(text.strip(), 10)
+    except ValueError:
+        raise _BadValue("not a whole number") from None
+    if number < 1:
+        raise _BadValue("must be 1 or more")
+    return number
+
+
+def _parse_text(text):
+    return text.strip()
+
+
+def _parse_optional_path(text):
+    """An empty value means "not set" (None)."""
+    return text.strip() or None
+
+
+def _format_optional(value):
+    return "" if value is None else str(value)
+
+
+def _split_list(text):
+    return [item.strip() for item in text.split(",") if item.strip()]
+
+
+_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")
+
+
+def _parse_object_name(text):
+    """A Kubernetes object name (DNS subdomain): node names, lease names."""
+    name = text.strip()
+    if not _DNS_SUBDOMAIN.fullmatch(name) or ".." in name:
+        raise _BadValue(
+            "not a valid Kubernetes name (lowercase letters, digits, '-' and '.', "
+            "starting and ending with a letter or digit)"
+        )
+    return name
+
+
+def _parse_optional_object_name(text):
+    if not text.strip():
+        return ""
+    return _parse_object_name(text)
+
+
+def _parse_namespace(text):
+    name = text.strip()
+    if not _DNS_LABEL.fullmatch(name):
+        raise _BadValue(
+            "not a valid namespace (lowercase letters, digits and '-', at most 63 characters)"
+        )
+    return name
+
+
+def _check_url(text):
+    """An http(s) URL with a host; whether http is allowed is a rule of its section."""
+    url = text.strip()
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname or any(
+            character.isspace() for character in url):
+        raise _BadValue("not a URL (use https://host:port)")
+    try:
+        parts.port
+    except ValueError:
+        raise _BadValue("not a URL: bad port") from None
+    return url.rstrip("/") if not parts.path.strip("/") else url
+
+
+def _parse_optional_url(text):
+    return _check_url(text) if text.strip() else None
+
+
+def _parse_url_list(text):
+    items = _split_list(text)
+    if not items:
+        raise _BadValue("needs at least one URL")
+    return tuple(_check_url(item) for item in items)
+
+
+def _format_list(values):
+    return ", ".join(str(value) for value in values)
+
+
+def _parse_etcd_prefix(text):
+    prefix = text.strip()
+    if not prefix.startswith("/"):
+        raise _BadValue("must start with '/', e.g. /registry")
+    return prefix.rstrip("/") or "/"
+
+
+@dataclass(frozen=True)
+class ListenAddress:
+    """Where the status HTTP server listens; port 0 picks a free port."""
+
+    host: str
+    port: int
+
+    @property
+    def is_ipv6(self):
+        return ":" in self.host
+
+    def url(self, port=None):
+        """The base URL clients use, with the real ``port`` when 0 was configured."""
+        host = f"[{self.host}]" if self.is_ipv6 else self.host
+        return f"http://{host}:{self.port if port is None else port}"
+
+    def __str__(self):
+        host = f"[{self.host}]" if self.is_ipv6 else self.host
+        return f"{host}:{self.port}"
+
+
+_LISTEN = re.compile(r"(?:\[(?P<ipv6>[0-9A-Fa-f:.]+)\]|(?P<host>[A-Za-z0-9.-]+)):(?P<port>\d{1,5})")
+
+
+def parse_listen(text):
+    """``host:port`` or ``[ipv6]:port`` → ``ListenAddress``."""
+    match = _LISTEN.fullmatch(text.strip())
+    if match is None:
+        raise _BadValue("not host:port (e.g. 127.0.0.1:10267 or [::1]:10267)")
+    port = int(match.group("port"))
+    if port > 65535:
+        raise _BadValue("port must be 0..65535")
+    return ListenAddress(match.group("ipv6") or match.group("host"), port)
+
+
+@dataclass(frozen=True)
+class UploadResource:
+    """One entry of ``upload_resources``: which component's cached objects to upload.
+
+    ``group`` is ``""`` for the core API group. The local cache directory of the
+    resource is ``<component>/<resource>.<version>.<group or core>``.
+    """
+
+    component: str
+    resource: str
+    version: str
+    group: str = ""
+
+    @property
+    def cache_dir_name(self):
+        return f"{self.resource}.{self.version}.{self.group or 'core'}"
+
+    def __str__(self):
+        base = f"{self.component}/{self.resource}/{self.version}"
+        return f"{base}/{self.group}" if self.group else base
+
+
+_COMPONENT = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+_RESOURCE = re.compile(r"[a-z][a-z0-9]*")
+_VERSION = re.compile(r"v[1-9][0-9]*(?:(?:alpha|beta)[1-9][0-9]*)?")
+_GROUP = re.compile(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?")
+
+
+def parse_upload_resource(text):
+    """``component/resource/version[/group]`` → ``UploadResource``."""
+    parts = text.strip().split("/")
+    hint = "not component/resource/version[/group] (e.g. kubelet/pods/v1)"
+    if len(parts) not in (3, 4):
+        raise _BadValue(hint)
+    component, resource, version = parts[:3]
+    group = parts[3] if len(parts) == 4 else ""
+    if not _COMPONENT.fullmatch(component):
+        raise _BadValue(f"{hint}: bad component {component!r}")
+    if not _RESOURCE.fullmatch(resource):
+        raise _BadValue(f"{hint}: bad resource {resource!r} (lowercase plural, e.g. pods)")
+    if not _VERSION.fullmatch(version):
+        raise _BadValue(f"{hint}: bad version {version!r} (e.g. v1, v1beta1)")
+    if len(parts) == 4 and not _GROUP.fullmatch(group):
+        raise _BadValue(f"{hint}: bad group {group!r} (e.g. discovery.k8s.io)")
+    return UploadResource(component, resource, version, group)
+
+
+def _parse_upload_resources(text):
+    return tuple(parse_upload_resource(item) for item in _split_list(text))
+
+
+@dataclass(frozen=True)
+class ValueType:
+    """How one kind of value is read from and written to ini text."""
+
+    name: str
+    parse: object
+    render: object = str
+
+
+DURATION = ValueType("duration", _parse_positive_duration, format_duration)
+BOOLEAN = ValueType("boolean", _parse_bool, _format_bool)
+POSITIVE_INT = ValueType("positive integer", _parse_positive_int)
+TEXT = ValueType("text", _parse_text)
+OBJECT_NAME = ValueType("Kubernetes name", _parse_object_name)
+OPTIONAL_OBJECT_NAME = ValueType("Kubernetes name or empty", _parse_optional_object_name)
+NAMESPACE = ValueType("namespace", _parse_namespace)
+OPTIONAL_PATH = ValueType("path or empty", _parse_optional_path, _format_optional)
+PATH = ValueType("path", _parse_text)
+URL = ValueType("URL", _check_url)
+OPTIONAL_URL = ValueType("URL or empty", _parse_optional_url, _format_optional)
+URL_LIST = ValueType("comma-separated URLs", _parse_url_list, _format_list)
+ETCD_PREFIX = ValueType("etcd key prefix", _parse_etcd_prefix)
+LISTEN = ValueType("host:port", parse_listen)
+UPLOAD_RESOURCES = ValueType(
+    "comma-separated component/resource/version[/group]", _parse_upload_resources, _format_list
+)
+
+
+# ---------------------------------------------------------------------------------------
+# The schema: one row per key. ``default`` is ini text (None = required).
+
+@dataclass(frozen=True)
+class Key:
+    section: str
+    name: str
+    type: ValueType
+    default: object
+    help: str
+
+    @property
+    def required(self):
+        return self.default is None
+
+
+SCHEMA = (
+    Key("node", "name", OBJECT_NAME, None,
+        "required; lease holder identity and node lease name"),
+    Key("node", "pool", OPTIONAL_OBJECT_NAME, "",
+        "node pool name; labels metrics and status"),
+
+    Key("cloud", "servers", URL_LIST, None,
+        "required; one or more cloud apiserver URLs, comma-separated"),
+    Key("cloud", "ca_file", OPTIONAL_PATH, "", "CA bundle for the cloud apiservers"),
+    Key("cloud", "cert_file", OPTIONAL_PATH, "",
+        "client certificate for the cloud (heartbeats, pool sync); needs key_file"),
+    Key("cloud", "key_file", OPTIONAL_PATH, "", "client key for cert_file"),
+    Key("cloud", "token_file", OPTIONAL_PATH, "",
+        "alternative to cert_file/key_file: bearer token file"),
+    Key("cloud", "kubeconfig", OPTIONAL_PATH, "",
+        "alternative to the four keys above; cannot be combined with them"),
+    Key("cloud", "insecure", BOOLEAN, "false",
+        "allow http:// and skip verification (testing only)"),
+
+    Key("coordinator", "enabled", BOOLEAN, "true", "run the pool coordinator"),
+    Key("coordinator", "server", URL, "https://yurt-coordinator-apiserver:443",
+        "the coordinator apiserver"),
+    Key("coordinator", "storage", URL, "https://yurt-coordinator-etcd:2379",
+        "the pool etcd behind the coordinator apiserver"),
+    Key("coordinator", "storage_prefix", ETCD_PREFIX, "/registry",
+        "same as the coordinator apiserver's --etcd-prefix"),
+    Key("coordinator", "pki_dir", PATH, "/var/lib/yurtcoord/pki",
+        "certs fetched from the certs secret are written here"),
+    Key("coordinator", "secret_namespace", NAMESPACE, "kube-system",
+        "where secret yurt-coordinator-yurthub-certs lives"),
+    Key("coordinator", "insecure", BOOLEAN, "false",
+        "plain http etcd/apiserver, no client certs (testing only)"),
+
+    Key("leader_election", "lease_namespace", NAMESPACE, "kube-system",
+        "namespace of the election lease"),
+    Key("leader_election", "lease_name", OBJECT_NAME, "yurthub", "name of the election lease"),
+    Key("leader_election", "lease_duration", DURATION, "15s",
+        "a lease not renewed for this long may be taken over"),
+    Key("leader_election", "renew_deadline", DURATION, "10s",
+        "the leader gives up when it could not renew for this long"),
+    Key("leader_election", "retry_period", DURATION, "2s",
+        "how often to try to acquire or renew the lease"),
+    Key("leader_election", "check_interval", DURATION, "5s",
+        "how often the elector re-checks health"),
+
+    Key("heartbeat", "interval", DURATION, "10s", "how often each server is probed"),
+    Key("heartbeat", "failed_retry", POSITIVE_INT, "3",
+        "attempts of one lease write before the probe fails"),
+    Key("heartbeat", "healthy_threshold", POSITIVE_INT, "2",
+        "consecutive successes before a server counts as healthy again"),
+    Key("heartbeat", "timeout", DURATION, "2s", "timeout of one probe request"),
+    Key("heartbeat", "kubelet_healthz_url", OPTIONAL_URL, "",
+        "optional, e.g. http://127.0.0.1:10248/healthz"),
+    Key("heartbeat", "kubelet_grace_period", DURATION, "40s",
+        "probes stop when the kubelet has not been healthy for this long"),
+
+    Key("pool_cache", "informer_lease_renew", DURATION, "10s",
+        "renew period of the informer sync lease"),
+    Key("pool_cache", "stale_timeout", DURATION, "30s",
+        "the pool cache is stale when the sync lease was not renewed for this long"),
+    Key("pool_cache", "upload_resources", UPLOAD_RESOURCES, "kubelet/pods/v1, kubelet/nodes/v1",
+        "component/resource/version[/group], comma-separated"),
+    Key("pool_cache", "local_cache_dir", PATH, "/etc/kubernetes/cache",
+        "the node's yurthub disk cache"),
+
+    Key("server", "listen", LISTEN, "127.0.0.1:10267", "/healthz /readyz /status /metrics"),
+)
+
+SECTIONS = tuple(dict.fromkeys(key.section for key in SCHEMA))
+
+
+# ---------------------------------------------------------------------------------------
+# Typed, immutable results. Field names equal the schema's key names.
+
+@dataclass(frozen=True)
+class NodeConfig:
+    name: str
+    pool: str
+
+
+@dataclass(frozen=True)
+class CloudConfig:
+    servers: tuple
+    ca_file: object
+    cert_file: object
+    key_file: object
+    token_file: object
+    kubeconfig: object
+    insecure: bool
+
+
+@dataclass(frozen=True)
+class CoordinatorConfig:
+    enabled: bool
+    server: str
+    storage: str
+    storage_prefix: str
+    pki_dir: str
+    secret_namespace: str
+    insecure: bool
+
+
+@dataclass(frozen=True)
+class LeaderElectionConfig:
+    lease_namespace: str
+    lease_name: str
+    lease_duration: float
+    renew_deadline: float
+    retry_period: float
+    check_interval: float
+
+
+@dataclass(frozen=True)
+class HeartbeatConfig:
+    interval: float
+    failed_retry: int
+    healthy_threshold: int
+    timeout: float
+    kubelet_healthz_url: object
+    kubelet_grace_period: float
+
+
+@dataclass(frozen=True)
+class PoolCacheConfig:
+    informer_lease_renew: float
+    stale_timeout: float
+    upload_resources: tuple
+    local_cache_dir: str
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    listen: ListenAddress
+
+
+_SECTION_CLASSES = {
+    "node": NodeConfig,
+    "cloud": CloudConfig,
+    "coordinator": CoordinatorConfig,
+    "leader_election": LeaderElectionConfig,
+    "heartbeat": HeartbeatConfig,
+    "pool_cache": PoolCacheConfig,
+    "server": ServerConfig,
+}
+
+
+@dataclass(frozen=True)
+class Config:
+    """The whole agent configuration. ``source`` names the file it came from."""
+
+    node: NodeConfig
+    cloud: CloudConfig
+    coordinator: CoordinatorConfig
+    leader_election: LeaderElectionConfig
+    heartbeat: HeartbeatConfig
+    pool_cache: PoolCacheConfig
+    server: ServerConfig
+    source: str = field(default="<config>", compare=False)
+
+
+# ---------------------------------------------------------------------------------------
+# Parsing.
+
+# configparser copies the keys of its default section into every section, which would
+# hide typos there; use a name no header can have so "[DEFAULT]" is just an unknown section.
+_NO_DEFAULT_SECTION = "\0"
+# JitterFactor of client-go's leader election: renew_deadline must exceed retry_period * 1.2.
+ELECTION_JITTER_FACTOR = 1.2
+
+
+def _new_parser():
+    return configparser.ConfigParser(
+        inline_comment_prefixes=(";",),
+        comment_prefixes=("#", ";"),
+        interpolation=None,
+        strict=True,
+        empty_lines_in_values=False,
+        default_section=_NO_DEFAULT_SECTION,
+    )
+
+
+def _read_ini(text, source_name):
+    parser = _new_parser()
+    try:
+        parser.read_string(text, source=source_name)
+    except configparser.DuplicateSectionError as error:
+        raise ConfigError(source_name, f"section appears twice (line {error.lineno})",
+                          section=error.section) from None
+    except configparser.DuplicateOptionError as error:
+        raise ConfigError(source_name, f"key appears twice (line {error.lineno})",
+                          section=error.section, key=error.option) from None
+    except configparser.MissingSectionHeaderError as error:
+        raise ConfigError(
+            source_name,
+            f"line {error.lineno}: {error.line.strip()!r} is outside any section "
+            f"(start with one of {', '.join('[%s]' % s for s in SECTIONS)})",
+        ) from None
+    except configparser.ParsingError as error:
+        lineno, line = error.errors[0]
+        raise ConfigError(source_name,
+                          f"line {lineno}: cannot parse {line.strip()!r} (expected key = value)"
+                          ) from None
+    return parser
+
+
+def _suggestion(word, candidates):
+    close = difflib.get_close_matches(word, candidates, n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def parse_config(text, source_name="<config>"):
+    """Parse ini ``text``; ``source_name`` is the file name used in error messages."""
+    parser = _read_ini(text, source_name)
+    schema_keys = {(key.section, key.name): key for key in SCHEMA}
+
+    for section in parser.sections():
+        if section not in SECTIONS:
+            raise ConfigError(
+                source_name,
+                f"unknown section{_suggestion(section, SECTIONS)}; known sections: "
+                f"{', '.join(SECTIONS)}",
+                section=section,
+            )
+        known = [key.name for key in SCHEMA if key.section == section]
+        for name, raw in parser.items(section):
+            if (section, name) not in schema_keys:
+                raise ConfigError(
+                    source_name,
+                    f"unknown key{_suggestion(name, known)}; keys of [{section}]: "
+                    f"{', '.join(known)}",
+                    section=section, key=name, value=raw,
+                )
+
+    values = {section: {} for section in SECTIONS}
+    raw_values = {}
+    for key in SCHEMA:
+        raw = parser.get(key.section, key.name, fallback=None)
+        if raw is None or (key.required and not raw.strip()):
+            if key.required:
+                raise ConfigError(source_name, "required key is missing",
+                                  section=key.section, key=key.name)
+            raw = key.default
+        raw_values[(key.section, key.name)] = raw
+        try:
+            values[key.section][key.name] = key.type.parse(raw)
+        except _BadValue as error:
+            raise ConfigError(source_name, str(error),
+                              section=key.section, key=key.name, value=raw) from None
+
+    config = Config(
+        source=source_name,
+        **{section: _SECTION_CLASSES[section](**values[section]) for section in SECTIONS},
+    )
+    _check_rules(config, raw_values, source_name)
+    return config
+
+
+def load_config(path):
+    """Read and parse the ini file at ``path``; any problem is a one-line ``ConfigError``."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            text = handle.read()
+    except OSError as error:
+        raise ConfigError(str(path), f"cannot read config: {error.strerror or error}") from None
+    except UnicodeDecodeError as error:
+        raise ConfigError(str(path), f"cannot read config: not UTF-8 text ({error.reason})") from None
+    return parse_config(text, str(path))
+
+
+def _check_rules(config, raw, source):
+    """Rules that involve more than one key."""
+
+    def fail(section, name, reason):
+        raise ConfigError(source, reason, section=section, key=name, value=raw[(section, name)])
+
+    cloud = config.cloud
+    if not cloud.insecure:
+        for url in cloud.servers:
+            if urlsplit(url).scheme != "https":
+                fail("cloud", "servers",
+                     f"http:// ({url}) is only allowed with insecure = true; use https://")
+    if cloud.kubeconfig is not None:
+        combined = [name for name in ("ca_file", "cert_file", "key_file", "token_file")
+                    if getattr(cloud, name) is not None]
+        if combined:
+            fail("cloud", "kubeconfig",
+                 f"cannot be combined with {', '.join(combined)}: kubeconfig replaces "
+                 "ca_file, cert_file, key_file and token_file")
+    if (cloud.cert_file is None) != (cloud.key_file is None):
+        missing, present = ("key_file", "cert_file") if cloud.key_file is None \
+            else ("cert_file", "key_file")
+        fail("cloud", present, f"needs {missing} as well")
+    if cloud.token_file is not None and cloud.cert_file is not None:
+        fail("cloud", "token_file",
+             "cannot be combined with cert_file/key_file: use a client certificate or a token")
+
+    coordinator = config.coordinator
+    if not coordinator.insecure:
+        for name in ("server", "storage"):
+            if urlsplit(getattr(coordinator, name)).scheme != "https":
+                fail("coordinator", name,
+                     "http:// is only allowed with insecure = true; use https://")
+
+    election = config.leader_election
+    if not election.lease_duration > election.renew_deadline:
+        fail("leader_election", "renew_deadline",
+             f"must be shorter than lease_duration ({format_duration(election.lease_duration)})")
+    minimum = election.retry_period * ELECTION_JITTER_FACTOR
+    if not election.renew_deadline > minimum:
+        fail("leader_election", "retry_period",
+             f"retry_period * {ELECTION_JITTER_FACTOR} must be shorter than renew_deadline "
+             f"({format_duration(election.renew_deadline)})")
+
+
+# ---------------------------------------------------------------------------------------
+# Rendering: config objects back to ini text (defaults file, docs, round trips).
+
+def render_config(config):
+    """Ini text that ``parse_config`` reads back into an equal ``Config``."""
+    lines = []
+    for section in SECTIONS:
+        if lines:
+            lines.append("")
+        lines.append(f"[{section}]")
+        section_value = getattr(config, section)
+        for key in SCHEMA:
+            if key.section == section:
+                text = key.type.render(getattr(section_value, key.name))
+                lines.append(f"{key.name} = {text}".rstrip())
+    return "\n".join(lines) + "\n"
+
+
+def describe_schema():
+    """The operator reference: one line per key with section, key, type, default, help."""
+    rows = []
+    for key in SCHEMA:
+        default = "(required)" if key.required else (key.default or "(empty)")
+        rows.append(f"[{key.section}] {key.name} ({key.type.name}; default {default}): {key.help}")
+    return "\n".join(rows) + "\n"
+
+
+def section_fields(section):
+    """Field names of a section's dataclass, in schema order (used by tests and docs)."""
+    return [f.name for f in fields(_SECTION_CLASSES[section])]

@@ -1,0 +1,123 @@
+"""Prometheus metrics of one agent, in a registry of its own.
+
+Several agents can run in one process (the sandbox, tests), so nothing here touches
+prometheus-client's global registry: each ``Metrics`` owns a ``CollectorRegistry`` and
+``render()`` produces that agent's ``/metrics`` page.
+
+The ``node_yurthub_*`` gauges keep yurthub's names and values so existing dashboards
+keep working. yurthub has no value for role ``init``; yurtcoord exports it as 0.
+"""
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
+from prometheus_client import exposition
+from prometheus_client.exposition import generate_latest
+
+ROLE_VALUES = {"init": 0, "leader": 1, "follower": 2, "pending": 3}
+
+# Latency buckets (seconds) for requests to apiservers and etcd on a local network.
+REQUEST_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+# generate_latest writes the classic text format 0.0.4; newer prometheus-client releases
+# moved CONTENT_TYPE_LATEST on to 1.0.0, so name the format explicitly.
+METRICS_CONTENT_TYPE = getattr(exposition, "CONTENT_TYPE_PLAIN_0_0_4",
+                               "text/plain; version=0.0.4; charset=utf-8")
+
+
+class Metrics:
+    """Every metric of one agent (SPEC §6.9); components get this object passed in."""
+
+    def __init__(self, node, pool=""):
+        self.registry = CollectorRegistry(auto_describe=True)
+        registry = self.registry
+
+        self.agent_info = Info(
+            "yurtcoord_agent", "Identity of this yurtcoord agent.", registry=registry)
+        self.agent_info.info({"node": node, "pool": pool})
+
+        self.role = Gauge(
+            "node_yurthub_yurt_coordinator_yurthub_role",
+            "yurt coordinator status of yurthub. 1: LeaderHub, 2: FollowerHub, 3: Pending, "
+            "0: Init (coordinator not started)",
+            registry=registry)
+        self.healthy = Gauge(
+            "node_yurthub_yurt_coordinator_healthy_status",
+            "yurt coordinator healthy status 1: healthy, 0: unhealthy",
+            registry=registry)
+        self.ready = Gauge(
+            "node_yurthub_yurt_coordinator_ready_status",
+            "yurt coordinator ready status 1: ready, 0: notReady",
+            registry=registry)
+        self.server_healthy = Gauge(
+            "node_yurthub_server_healthy_status",
+            "healthy status of remote servers. 1: healthy, 0: unhealthy",
+            ["server"], registry=registry)
+
+        self.delegations = Counter(
+            "yurtcoord_heartbeat_delegations",
+            "Heartbeats of other nodes written to the cloud by this leader.",
+            registry=registry)
+        self.delegation_failures = Counter(
+            "yurtcoord_heartbeat_delegation_failures",
+            "Heartbeat delegations that could not be written to the cloud.",
+            registry=registry)
+        self.delegation_latency = Histogram(
+            "yurtcoord_heartbeat_delegation_latency_seconds",
+            "Time from picking up a pool lease to finishing its cloud write.",
+            buckets=REQUEST_BUCKETS, registry=registry)
+        self.uploaded_objects = Counter(
+            "yurtcoord_uploaded_objects",
+            "Objects of the local cache written to the pool store.",
+            registry=registry)
+        self.skipped_objects = Counter(
+            "yurtcoord_skipped_objects",
+            "Local cache files not uploaded, by reason.",
+            ["reason"], registry=registry)
+        self.pool_sync_events = Counter(
+            "yurtcoord_pool_sync_events",
+            "Events of pool-scoped resources mirrored into the pool store.",
+            ["resource", "type"], registry=registry)
+        self.pool_store_latency = Histogram(
+            "yurtcoord_pool_store_request_latency_seconds",
+            "Latency of requests to the pool etcd, by operation.",
+            ["op"], buckets=REQUEST_BUCKETS, registry=registry)
+
+        self.set_role("init")
+        self.set_healthy(False)
+        self.set_ready(False)
+
+    def set_role(self, role):
+        """``role`` is one of init, pending, follower, leader."""
+        self.role.set(ROLE_VALUES[role])
+
+    def set_healthy(self, healthy):
+        self.healthy.set(1 if healthy else 0)
+
+    def set_ready(self, ready):
+        self.ready.set(1 if ready else 0)
+
+    def set_server_healthy(self, server, healthy):
+        self.server_healthy.labels(server=server).set(1 if healthy else 0)
+
+    def observe_delegation(self, seconds, succeeded):
+        """One finished delegation: counted, timed, and counted as failure if it failed."""
+        self.delegations.inc()
+        if not succeeded:
+            self.delegation_failures.inc()
+        self.delegation_latency.observe(seconds)
+
+    def count_uploaded(self, count=1):
+        self.uploaded_objects.inc(count)
+
+    def count_skipped(self, reason, count=1):
+        self.skipped_objects.labels(reason=reason).inc(count)
+
+    def count_pool_sync_event(self, resource, event_type):
+        """``event_type`` is LIST, ADDED, MODIFIED, DELETED or another watch event type."""
+        self.pool_sync_events.labels(resource=resource, type=event_type).inc()
+
+    def observe_store_request(self, op, seconds):
+        self.pool_store_latency.labels(op=op).observe(seconds)
+
+    def render(self):
+        """The Prometheus text exposition of this agent's registry (bytes)."""
+        return generate_latest(self.registry)

@@ -1,0 +1,222 @@
+"""Tests of ``twistd yurtcoord`` as a real subprocess: start, answer, SIGTERM, exit 0;
+configuration errors as exactly one line and a non-zero exit."""
+
+import os
+import re
+import socket
+import sys
+
+import treq
+from twisted.internet import defer, error, protocol, reactor
+from twisted.internet.utils import getProcessOutputAndValue
+from twisted.trial import unittest
+from twisted.web.client import Agent, HTTPConnectionPool
+
+from yurtcoord.test.test_status import poll_until
+
+TWISTD = os.path.join(os.path.dirname(sys.executable), "twistd")
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+EXAMPLE_INI = os.path.join(REPO, "etc", "yurtcoord.ini")
+LISTENING = re.compile(r"status pages listening on (http://127\.0\.0\.1:(\d+))")
+START_DEADLINE = 20.0
+
+
+def child_environment():
+    env = dict(os.environ)
+    env["PYTHONUNBUFFERED"] = "1"
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [REPO, env.get("PYTHONPATH")]))
+    return env
+
+
+class TwistdProcess(protocol.ProcessProtocol):
+    """Collects a twistd child's output; ``ended`` fires with its exit code."""
+
+    def __init__(self):
+        self.output = b""
+        self.ended = defer.Deferred()
+        self.exit_code = None
+
+    def outReceived(self, data):
+        self.output += data
+
+    errReceived = outReceived
+
+    def processEnded(self, reason):
+        if isinstance(reason.value, (error.ProcessDone, error.ProcessTerminated)):
+            self.exit_code = reason.value.exitCode
+            self.signal = getattr(reason.value, "signal", None)
+        self.ended.callback(self.exit_code)
+
+    def listening_url(self):
+        match = LISTENING.search(self.output.decode("utf-8", "replace"))
+        return match.group(1) if match else None
+
+
+def write_ini(directory, text):
+    directory = os.path.abspath(directory)
+    os.makedirs(directory, exist_ok=True)
+    path = os.path.join(directory, "yurtcoord.ini")
+    with open(path, "w") as handle:
+        handle.write(text)
+    return path
+
+
+def port_is_free(port):
+    """True when nothing listens on ``port``: a new server (with SO_REUSEADDR, as
+    Twisted and the agent itself use, so closed connections in TIME_WAIT don't count)
+    can bind it."""
+    with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
+class RunningAgentTests(unittest.TestCase):
+    def setUp(self):
+        self.pool = HTTPConnectionPool(reactor, persistent=False)
+        self.addCleanup(self.pool.closeCachedConnections)
+        self.client = treq.client.HTTPClient(Agent(reactor, pool=self.pool))
+
+    def start_twistd(self, ini_path):
+        child = TwistdProcess()
+        directory = os.path.dirname(ini_path)
+        reactor.spawnProcess(
+            child, TWISTD, [TWISTD, "--nodaemon", "--pidfile=", "yurtcoord", "--config", ini_path],
+            env=child_environment(), path=directory)
+
+        def kill_if_running():
+            if child.exit_code is None and not child.ended.called:
+                child.transport.signalProcess("KILL")
+                return child.ended
+            return None
+
+        self.addCleanup(kill_if_running)
+        return child
+
+    @defer.inlineCallbacks
+    def get_healthz(self, url):
+        """One GET of /healthz → (code, body), or None when it does not answer yet."""
+        try:
+            response = yield self.client.get(url + "/healthz", timeout=2)
+            body = yield response.content()
+        except Exception:
+            return None
+        return response.code, body
+
+    @defer.inlineCallbacks
+    def run_until_healthz_then_sigterm(self, ini_path):
+        child = self.start_twistd(ini_path)
+        yield poll_until(lambda: child.listening_url() or child.ended.called,
+                         timeout=START_DEADLINE)
+        self.assertIsNotNone(child.listening_url(), child.output.decode())
+        url = child.listening_url()
+        port = int(LISTENING.search(child.output.decode()).group(2))
+
+        answers = []
+
+        @defer.inlineCallbacks
+        def answered():
+            answers.append((yield self.get_healthz(url)))
+            return answers[-1] is not None
+
+        yield poll_until(answered, timeout=START_DEADLINE)
+        self.assertEqual(answers[-1], (503, b"not healthy: role init\n"))
+
+        child.transport.signalProcess("TERM")
+        exit_code = yield child.ended
+        self.assertEqual(exit_code, 0, child.output.decode())
+        self.assertTrue(port_is_free(port), f"port {port} still bound after exit")
+        log = child.output.decode()
+        self.assertIn("received SIGTERM, stopping", log)
+        self.assertNotIn("Traceback", log)
+        return log
+
+    @defer.inlineCallbacks
+    def test_starts_answers_and_stops_on_sigterm(self):
+        ini = write_ini(self.mktemp(), (
+            "[node]\nname = edge-1\npool = pool-a\n"
+            "[cloud]\nservers = https://10.0.0.1:6443\n"
+            "[server]\nlisten = 127.0.0.1:0\n"))
+        log = yield self.run_until_healthz_then_sigterm(ini)
+        self.assertRegex(log, r"status pages listening on http://127\.0\.0\.1:\d+")
+
+    @defer.inlineCallbacks
+    def test_example_config_starts_without_any_server(self):
+        with open(EXAMPLE_INI) as handle:
+            example = handle.read()
+        local, count = re.subn(r"(?m)^listen = \S+", "listen = 127.0.0.1:0", example)
+        self.assertEqual(count, 1)
+        yield self.run_until_healthz_then_sigterm(write_ini(self.mktemp(), local))
+
+
+class ConfigErrorExitTests(unittest.TestCase):
+    """Bad configurations: one line of output naming the problem, non-zero exit."""
+
+    @defer.inlineCallbacks
+    def run_twistd(self, *arguments):
+        directory = self.mktemp()
+        os.makedirs(directory)
+        out, err, code = yield getProcessOutputAndValue(
+            TWISTD, ["--nodaemon", "--pidfile=", "yurtcoord", *arguments],
+            env=child_environment(), path=directory)
+        lines = [line for line in (out + err).decode().splitlines() if line.strip()]
+        return lines, code
+
+    @defer.inlineCallbacks
+    def test_misspelt_key_is_one_line_naming_section_and_key(self):
+        ini = write_ini(self.mktemp(), (
+            "[node]\nname = edge-1\n[cloud]\nservers = https://10.0.0.1:6443\n"
+            "[heartbeat]\nintervall = 5s\n"))
+        lines, code = yield self.run_twistd("--config", ini)
+        self.assertNotEqual(code, 0)
+        self.assertEqual(code, 78)
+        self.assertEqual(len(lines), 1, lines)
+        self.assertTrue(lines[0].startswith(f"{ini}: [heartbeat] intervall = '5s': unknown key"),
+                        lines[0])
+
+    @defer.inlineCallbacks
+    def test_bad_value_is_one_line(self):
+        ini = write_ini(self.mktemp(), (
+            "[node]\nname = edge-1\n[cloud]\nservers = https://10.0.0.1:6443\n"
+            "[leader_election]\nretry_period = soon\n"))
+        lines, code = yield self.run_twistd("--config", ini)
+        self.assertEqual(code, 78)
+        self.assertEqual(lines, [f"{ini}: [leader_election] retry_period = 'soon': "
+                                 "not a duration (use 500ms, 15s, 2m)"])
+
+    @defer.inlineCallbacks
+    def test_missing_file_is_one_line(self):
+        path = os.path.join(os.path.abspath(self.mktemp()), "absent.ini")
+        lines, code = yield self.run_twistd("--config", path)
+        self.assertEqual(code, 78)
+        self.assertEqual(lines, [f"{path}: cannot read config: No such file or directory"])
+
+    @defer.inlineCallbacks
+    def test_sandbox_is_not_available_yet(self):
+        lines, code = yield self.run_twistd("--sandbox", "--sandbox-agents", "2")
+        self.assertNotEqual(code, 0)
+        self.assertEqual(len(lines), 1, lines)
+        self.assertIn("--sandbox is not available yet", lines[0])
+
+
+class StartFailureExitTests(unittest.TestCase):
+    @defer.inlineCallbacks
+    def test_port_in_use_is_one_log_line_and_exit_71(self):
+        blocker = reactor.listenTCP(0, protocol.Factory(), interface="127.0.0.1")
+        self.addCleanup(blocker.stopListening)
+        port = blocker.getHost().port
+        ini = write_ini(self.mktemp(), (
+            "[node]\nname = edge-1\n[cloud]\nservers = https://10.0.0.1:6443\n"
+            f"[server]\nlisten = 127.0.0.1:{port}\n"))
+        out, err, code = yield getProcessOutputAndValue(
+            TWISTD, ["--nodaemon", "--pidfile=", "yurtcoord", "--config", ini],
+            env=child_environment(), path=os.path.dirname(ini))
+        output = (out + err).decode()
+        self.assertEqual(code, 71, output)
+        self.assertNotIn("Traceback", output)
+        failures = [line for line in output.splitlines() if "cannot listen" in line]
+        self.assertEqual(len(failures), 1, output)
+        self.assertIn(f"cannot listen on 127.0.0.1:{port}: Address already in use", failures[0])
