@@ -1,0 +1,417 @@
+"""Health of the cloud apiservers and of the pool coordinator apiserver (SPEC §6.1).
+
+A server is judged by writing something that matters: the node's own heartbeat
+lease ``kube-node-lease/<node>``. A server that accepted the heartbeat is healthy;
+one that did not is not, whatever else it still answers. The coordinator prober
+writes the same lease to the coordinator apiserver and marks it for delegation
+while the cloud is unreachable, so the pool leader forwards it to the cloud.
+"""
+
+import copy
+import datetime
+from dataclasses import dataclass
+
+from twisted.internet import defer
+from twisted.internet.task import LoopingCall
+from twisted.logger import Logger
+
+from yurtcoord.kube.errors import Conflict, NotFound
+from yurtcoord.kube.gvr import LEASES
+
+NODE_LEASE_NAMESPACE = "kube-node-lease"
+DELEGATE_HEARTBEAT_ANNOTATION = "openyurt.io/delegate-heartbeat"
+NODE_LEASE_DURATION_SECONDS = 40
+
+
+def micro_time(seconds):
+    """Kubernetes ``MicroTime`` text for a POSIX timestamp (always UTC, microseconds)."""
+    moment = datetime.datetime.fromtimestamp(seconds, tz=datetime.timezone.utc)
+    return moment.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+class LeaseWriteFailed(Exception):
+    """Every attempt to write the node lease ended in a conflict: nothing was written."""
+
+
+@dataclass(frozen=True)
+class ProbeSettings:
+    """The ``[heartbeat]`` timings shared by all probers of an agent.
+
+    Any object with these four attributes will do (``config.HeartbeatConfig`` has them).
+    """
+
+    interval: float = 10.0
+    timeout: float = 2.0
+    failed_retry: int = 3
+    healthy_threshold: int = 2
+
+
+class NodeLeaseWriter:
+    """Renews ``kube-node-lease/<node>`` on one apiserver.
+
+    ``client`` is a Kubernetes client with Deferred-returning
+    ``get(gvr, name, namespace=...)``, ``create(gvr, body, namespace=...)`` and
+    ``update(gvr, body, namespace=...)``. ``annotations`` is an optional callable
+    returning ``{name: value}`` to set on every write, a value of None meaning
+    "remove this annotation".
+    """
+
+    def __init__(self, clock, client, node_name, failed_retry=3, annotations=None,
+                 lease_duration_seconds=NODE_LEASE_DURATION_SECONDS):
+        if failed_retry < 1:
+            raise ValueError("failed_retry must be at least 1")
+        self._clock = clock
+        self._client = client
+        self._node = node_name
+        self._failed_retry = failed_retry
+        self._annotations = annotations or (lambda: {})
+        self._lease_duration = lease_duration_seconds
+        # The lease as this writer last wrote it: the next renewal updates it
+        # directly and only re-reads after a conflict, one request per heartbeat.
+        self._base = None
+
+    @defer.inlineCallbacks
+    def renew(self):
+        """Write a fresh renewTime. Fires with the written lease; errbacks with
+        LeaseWriteFailed when the last attempt still conflicted (fix 10), or with
+        the client's error when the server failed otherwise."""
+        base, self._base = self._base, None
+        for _attempt in range(self._failed_retry):
+            if base is None:
+                try:
+                    base = yield self._client.get(LEASES, self._node, namespace=NODE_LEASE_NAMESPACE)
+                except NotFound:
+                    try:
+                        created = yield self._client.create(
+                            LEASES, self._fresh_lease(), namespace=NODE_LEASE_NAMESPACE)
+                    except Conflict:
+                        continue  # created by someone else meanwhile: read it next attempt
+                    self._base = created
+                    return created
+            try:
+                updated = yield self._client.update(
+                    LEASES, self._renewed(base), namespace=NODE_LEASE_NAMESPACE)
+            except (Conflict, NotFound):
+                base = None  # changed or deleted since read: re-read and retry
+                continue
+            self._base = updated
+            return updated
+        raise LeaseWriteFailed(
+            f"lease {NODE_LEASE_NAMESPACE}/{self._node} still conflicted after "
+            f"{self._failed_retry} attempts")
+
+    def _apply_annotations(self, metadata):
+        annotations = dict(metadata.get("annotations") or {})
+        for name, value in self._annotations().items():
+            if value is None:
+                annotations.pop(name, None)
+            else:
+                annotations[name] = value
+        if annotations:
+            metadata["annotations"] = annotations
+        else:
+            metadata.pop("annotations", None)
+
+    def _fresh_lease(self):
+        lease = {
+            "apiVersion": "coordination.k8s.io/v1",
+            "kind": "Lease",
+            "metadata": {"name": self._node, "namespace": NODE_LEASE_NAMESPACE},
+            "spec": {},
+        }
+        return self._renewed(lease)
+
+    def _renewed(self, lease):
+        lease = copy.deepcopy(lease)
+        self._apply_annotations(lease.setdefault("metadata", {}))
+        spec = lease.setdefault("spec", {})
+        spec["holderIdentity"] = self._node
+        spec["leaseDurationSeconds"] = self._lease_duration
+        spec["renewTime"] = micro_time(self._clock.seconds())
+        return lease
+
+
+class LeaseProber:
+    """Probes one server every ``interval`` by renewing the node lease on it.
+
+    The first probe decides health directly; afterwards one failure makes the
+    server unhealthy and ``healthy_threshold`` consecutive successes make it
+    healthy again. A probe that takes longer than ``timeout`` is cancelled and
+    counts as a failure. With a ``kubelet`` liveness source that reports the
+    kubelet dead, nothing is written and the probe fails: an agent must not keep
+    a dead node alive.
+    """
+
+    log = Logger()
+
+    def __init__(self, reactor, writer, server, settings, kubelet=None, metrics=None):
+        self._reactor = reactor
+        self._writer = writer
+        self.server = server
+        self._settings = settings
+        self._kubelet = kubelet
+        self._metrics = metrics
+        self.healthy = False
+        self.probes = 0
+        self.successes = 0
+        self.last_error = None
+        self._consecutive = 0
+        self._loop = None
+        self._loop_done = None
+        self._in_flight = None
+        self._stopping = False
+
+    def start(self):
+        """Probe now and then every ``interval``."""
+        if self._loop is not None:
+            return
+        self._stopping = False
+        self._loop = LoopingCall(self._probe_quietly)
+        self._loop.clock = self._reactor
+        self._loop_done = self._loop.start(self._settings.interval, now=True)
+
+    def stop(self):
+        """Stop probing; an in-flight probe is cancelled. Fires when nothing is left."""
+        if self._loop is None:
+            return defer.succeed(None)
+        self._stopping = True
+        loop, done = self._loop, self._loop_done
+        self._loop = self._loop_done = None
+        if self._in_flight is not None:
+            self._in_flight.cancel()
+        if loop.running:
+            loop.stop()
+        return done
+
+    def probe(self):
+        """One probe now. Fires with the resulting health (never errbacks)."""
+        if self._kubelet is not None and not self._kubelet.is_alive():
+            self._record(False, "kubelet has not been healthy for its grace period")
+            return defer.succeed(self.healthy)
+        d = self._writer.renew()
+        d.addTimeout(self._settings.timeout, self._reactor)
+        self._in_flight = d
+
+        def written(_lease):
+            self._in_flight = None
+            if not self._stopping:
+                self._record(True)
+            return self.healthy
+
+        def failed(failure):
+            self._in_flight = None
+            if not self._stopping:
+                self._record(False, _describe(failure))
+            return self.healthy
+
+        d.addCallbacks(written, failed)
+        return d
+
+    def _probe_quietly(self):
+        # An unexpected error must not end the LoopingCall: log it and probe on.
+        d = defer.maybeDeferred(self.probe)
+        d.addErrback(lambda failure: self.log.failure(
+            "probe of {server} raised", failure, server=self.server))
+        return d
+
+    def _record(self, ok, error=None):
+        first = self.probes == 0
+        self.probes += 1
+        was = self.healthy
+        if ok:
+            self.successes += 1
+            self._consecutive += 1
+            self.last_error = None
+            if first or self._consecutive >= self._settings.healthy_threshold:
+                self.healthy = True
+        else:
+            self._consecutive = 0
+            self.last_error = error
+            self.healthy = False
+        if self._metrics is not None:
+            self._metrics.set_server_healthy(self.server, self.healthy)
+        if first or was != self.healthy:
+            if self.healthy:
+                self.log.info("server {server} is healthy", server=self.server)
+            else:
+                self.log.warn("server {server} is unhealthy: {error}",
+                              server=self.server, error=error)
+
+
+def _describe(failure):
+    if failure.check(defer.TimeoutError, defer.CancelledError):
+        return "probe timed out"
+    return f"{failure.type.__name__}: {failure.getErrorMessage()}"
+
+
+class CloudHealthChecker:
+    """Health of the cloud: healthy when any cloud server accepted the heartbeat."""
+
+    def __init__(self, probers):
+        if not probers:
+            raise ValueError("at least one cloud server is required")
+        self._probers = list(probers)
+        self._next = 0
+
+    @classmethod
+    def for_servers(cls, reactor, clients, node_name, settings, kubelet=None, metrics=None):
+        """One prober per cloud server; ``clients`` maps server URL to its client."""
+        probers = [
+            LeaseProber(reactor, NodeLeaseWriter(reactor, client, node_name, settings.failed_retry),
+                        url, settings, kubelet=kubelet, metrics=metrics)
+            for url, client in clients.items()
+        ]
+        return cls(probers)
+
+    @property
+    def probers(self):
+        return tuple(self._probers)
+
+    @property
+    def healthy(self):
+        return any(p.healthy for p in self._probers)
+
+    def servers(self):
+        """``{url: healthy}`` of every cloud server, for ``/status``."""
+        return {p.server: p.healthy for p in self._probers}
+
+    def pick_healthy_server(self):
+        """A healthy server URL, rotating among the healthy ones; None when none is."""
+        count = len(self._probers)
+        for offset in range(count):
+            index = (self._next + offset) % count
+            if self._probers[index].healthy:
+                self._next = (index + 1) % count
+                return self._probers[index].server
+        return None
+
+    def start(self):
+        for prober in self._probers:
+            prober.start()
+
+    def stop(self):
+        return defer.gatherResults([p.stop() for p in self._probers], consumeErrors=True)
+
+
+class CoordinatorHealthChecker:
+    """Health of the coordinator apiserver, judged by writing the node lease there.
+
+    While ``cloud_checker`` reports the cloud unhealthy the written lease carries
+    ``openyurt.io/delegate-heartbeat: "true"`` so that the pool leader forwards it
+    to the cloud; once the cloud is back the annotation is removed.
+    """
+
+    def __init__(self, reactor, client, node_name, server, cloud_checker, settings,
+                 kubelet=None, metrics=None):
+        self._cloud = cloud_checker
+        writer = NodeLeaseWriter(reactor, client, node_name, settings.failed_retry,
+                                 annotations=self._delegation_annotations)
+        self.prober = LeaseProber(reactor, writer, server, settings,
+                                  kubelet=kubelet, metrics=metrics)
+
+    def _delegation_annotations(self):
+        if self._cloud.healthy:
+            return {DELEGATE_HEARTBEAT_ANNOTATION: None}
+        return {DELEGATE_HEARTBEAT_ANNOTATION: "true"}
+
+    @property
+    def server(self):
+        return self.prober.server
+
+    @property
+    def healthy(self):
+        return self.prober.healthy
+
+    def start(self):
+        self.prober.start()
+
+    def stop(self):
+        return self.prober.stop()
+
+
+class KubeletHealthChecker:
+    """Tells whether the kubelet answered its healthz within ``grace_period``.
+
+    ``http_get(url)`` is treq-compatible: a Deferred firing with a response that
+    has ``.code`` and ``.content()``. Until the first healthy answer the grace
+    period counts from ``start()``.
+    """
+
+    log = Logger()
+
+    def __init__(self, reactor, http_get, url, grace_period, interval=5.0, timeout=2.0):
+        self._reactor = reactor
+        self._http_get = http_get
+        self.url = url
+        self._grace = grace_period
+        self._interval = interval
+        self._timeout = timeout
+        self._started_at = None
+        self.last_healthy = None
+        self._loop = None
+        self._loop_done = None
+        self._in_flight = None
+        self._stopping = False
+
+    def is_alive(self):
+        now = self._reactor.seconds()
+        since = self.last_healthy if self.last_healthy is not None else self._started_at
+        if since is None:
+            return True
+        return now - since <= self._grace
+
+    def start(self):
+        if self._loop is not None:
+            return
+        self._stopping = False
+        self._started_at = self._reactor.seconds()
+        self._loop = LoopingCall(self._check_quietly)
+        self._loop.clock = self._reactor
+        self._loop_done = self._loop.start(self._interval, now=True)
+
+    def _check_quietly(self):
+        d = defer.maybeDeferred(self.check)
+        d.addErrback(lambda failure: self.log.failure(
+            "kubelet check of {url} raised", failure, url=self.url))
+        return d
+
+    def stop(self):
+        if self._loop is None:
+            return defer.succeed(None)
+        self._stopping = True
+        loop, done = self._loop, self._loop_done
+        self._loop = self._loop_done = None
+        if self._in_flight is not None:
+            self._in_flight.cancel()
+        if loop.running:
+            loop.stop()
+        return done
+
+    def check(self):
+        """Ask the kubelet once. Fires with True when it answered 200 (never errbacks)."""
+
+        @defer.inlineCallbacks
+        def ask():
+            response = yield self._http_get(self.url)
+            yield response.content()
+            return response.code == 200
+
+        d = ask()
+        d.addTimeout(self._timeout, self._reactor)
+        self._in_flight = d
+
+        def answered(healthy):
+            self._in_flight = None
+            if healthy and not self._stopping:
+                self.last_healthy = self._reactor.seconds()
+            return healthy
+
+        def failed(failure):
+            self._in_flight = None
+            if not self._stopping:
+                self.log.debug("kubelet healthz {url} failed: {error}",
+                               url=self.url, error=_describe(failure))
+            return False
+
+        d.addCallbacks(answered, failed)
+        return d

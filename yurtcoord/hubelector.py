@@ -1,0 +1,146 @@
+"""The hub elector: turns health and the Lease election into a role (SPEC §6.2).
+
+Every ``check_interval``: coordinator unhealthy → no candidacy, role pending;
+cloud unhealthy → no candidacy, role follower (a hub without the cloud must not
+lead); otherwise take part in the election: follower until it wins, then leader.
+"""
+
+from twisted.internet import defer
+from twisted.internet.task import LoopingCall
+from twisted.logger import Logger
+
+from yurtcoord.roles import Role
+
+
+class HubElector:
+    """Decides this agent's role and reports each change to ``on_role(role)``.
+
+    ``elector_factory(on_started_leading, on_stopped_leading, on_new_leader)``
+    builds a fresh, unstarted leader elector (``LeaderElector``) with
+    ``start()``, ``stop()`` (a Deferred; the leader releases its lease) and
+    ``leader`` (the observed holder). An elector that lost the lease stays a
+    candidate until stopped. Each candidacy gets its own elector and generation;
+    callbacks of an elector that was already dropped are ignored, so a late
+    "stopped leading" after the coordinator went away cannot turn ``pending``
+    back into ``follower`` (fix 9).
+    """
+
+    log = Logger()
+
+    def __init__(self, reactor, cloud_checker, coordinator_checker, elector_factory,
+                 check_interval, on_role):
+        self._reactor = reactor
+        self._cloud = cloud_checker
+        self._coordinator = coordinator_checker
+        self._elector_factory = elector_factory
+        self._check_interval = check_interval
+        self._on_role = on_role
+        self.role = Role.INIT
+        self._elector = None
+        self._generation = 0
+        self._stopping_electors = set()
+        self._loop = None
+        self._loop_done = None
+
+    @property
+    def electing(self):
+        return self._elector is not None
+
+    @property
+    def leader(self):
+        """Holder identity of the election lease as last observed; None when not
+        taking part in the election or when the lease is free."""
+        if self._elector is None:
+            return None
+        return self._elector.leader
+
+    def start(self):
+        if self._loop is not None:
+            return
+        self._loop = LoopingCall(self._check_quietly)
+        self._loop.clock = self._reactor
+        self._loop_done = self._loop.start(self._check_interval, now=True)
+
+    def stop(self):
+        """Stop checking and electing; fires once the elector stopped (and a leader
+        released its lease)."""
+        stopped = []
+        if self._loop is not None:
+            loop, done = self._loop, self._loop_done
+            self._loop = self._loop_done = None
+            if loop.running:
+                loop.stop()
+            stopped.append(done)
+        self._stop_electing()
+        stopped.extend(self._stopping_electors)
+        return defer.gatherResults(stopped, consumeErrors=True).addCallback(lambda _: None)
+
+    def _check_quietly(self):
+        # One bad check (e.g. an on_role callback raising) must not end the loop.
+        try:
+            self.check()
+        except Exception:
+            self.log.failure("hub role check failed")
+
+    def check(self):
+        """One health check; called by the loop every ``check_interval``."""
+        if not self._coordinator.healthy:
+            self._stop_electing()
+            self._set_role(Role.PENDING)
+        elif not self._cloud.healthy:
+            self._stop_electing()
+            self._set_role(Role.FOLLOWER)
+        elif self._elector is None:
+            self._set_role(Role.FOLLOWER)
+            self._start_electing()
+
+    def _start_electing(self):
+        self._generation += 1
+        generation = self._generation
+
+        def current():
+            return self._elector is not None and self._generation == generation
+
+        def started_leading(*_args):
+            if current():
+                self._set_role(Role.LEADER)
+
+        def stopped_leading(*_args):
+            if current():
+                # Lost the lease; the elector stays a candidate.
+                self._set_role(Role.FOLLOWER)
+
+        def new_leader(identity, *_args):
+            if current():
+                self.log.info("pool leader is now {leader}", leader=identity)
+
+        self._elector = self._elector_factory(started_leading, stopped_leading, new_leader)
+        self.log.info("starting leader election (candidacy {generation})", generation=generation)
+        self._elector.start()
+
+    def _stop_electing(self):
+        elector, self._elector = self._elector, None
+        if elector is None:
+            return
+        self._generation += 1
+        d = defer.maybeDeferred(elector.stop)
+        self._stopping_electors.add(d)
+
+        def done(result):
+            self._stopping_electors.discard(d)
+            return result
+
+        def failed(failure):
+            self.log.failure("stopping the leader elector failed", failure)
+
+        d.addBoth(done).addErrback(failed)
+
+    def _set_role(self, role):
+        if role == self.role:
+            return
+        previous, self.role = self.role, role
+        self.log.info("hub role {previous} -> {role}", previous=previous.value, role=role.value)
+        try:
+            self._on_role(role)
+        except Exception:
+            self.log.failure("handling hub role {role} failed", role=role.value)

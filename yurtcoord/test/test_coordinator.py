@@ -1,0 +1,556 @@
+"""Coordinator role state machine: steps per role, superseded roles, retries, readiness."""
+
+from twisted.internet import defer
+from twisted.internet.task import Clock
+from twisted.logger import capturedLogs
+from twisted.trial import unittest
+
+from yurtcoord.coordinator import Coordinator, backoff_policy, capped_backoff
+from yurtcoord.kube.backoff import Backoff
+from yurtcoord.roles import Role
+
+PENDING, LEADER, FOLLOWER = Role.PENDING, Role.LEADER, Role.FOLLOWER
+
+
+class FakeStore:
+    def __init__(self, name, journal):
+        self.name = name
+        self.closes = 0
+        self._journal = journal
+
+    def close(self):
+        self.closes += 1
+        self._journal.append(("close", self.name))
+
+    def __repr__(self):
+        return f"<FakeStore {self.name}>"
+
+
+class StoreOpener:
+    """open_pool_store(): immediate stores by default; ``hold`` keeps the next opens
+    pending; ``failures`` fails the next N opens."""
+
+    def __init__(self, clock, journal):
+        self._clock = clock
+        self._journal = journal
+        self.stores = []
+        self.attempt_times = []
+        self.failures = 0
+        self.hold = False
+        self.held = []
+
+    def __call__(self):
+        self.attempt_times.append(self._clock.seconds())
+        if self.failures:
+            self.failures -= 1
+            self._journal.append(("open failed",))
+            return defer.fail(ConnectionError("etcd unreachable"))
+        store = FakeStore(f"s{len(self.stores) + 1}", self._journal)
+        self.stores.append(store)
+        if self.hold:
+            d = defer.Deferred()
+            self.held.append((d, store))
+            return d
+        self._journal.append(("open", store.name))
+        return defer.succeed(store)
+
+    def release(self):
+        d, store = self.held.pop(0)
+        self._journal.append(("open", store.name))
+        d.callback(store)
+
+
+class FakeComponent:
+    def __init__(self, name, journal):
+        self.name = name
+        self._journal = journal
+        self.store = None
+        self.start_failures = 0
+
+    def start(self, store):
+        assert self.store is None, f"{self.name} started twice"
+        assert store.closes == 0, f"{self.name} started on closed store {store.name}"
+        if self.start_failures:
+            self.start_failures -= 1
+            self._journal.append(("start failed", self.name, store.name))
+            return defer.fail(RuntimeError(f"{self.name} could not start"))
+        self.store = store
+        self._journal.append(("start", self.name, store.name))
+        return defer.succeed(None)
+
+    def stop(self):
+        assert self.store is not None, f"{self.name} stopped while not running"
+        self._journal.append(("stop", self.name))
+        self.store = None
+        return defer.succeed(None)
+
+
+class Uploader:
+    def __init__(self, journal, clock):
+        self._journal = journal
+        self._clock = clock
+        self.results = []  # per call: an int/dict to fire with, an exception, or a Deferred
+        self.attempt_times = []
+
+    def __call__(self, store):
+        self.attempt_times.append(self._clock.seconds())
+        result = self.results.pop(0) if self.results else 7
+        if isinstance(result, defer.Deferred):
+            self._journal.append(("upload", store.name))
+            return result
+        if isinstance(result, Exception):
+            self._journal.append(("upload failed", store.name))
+            return defer.fail(result)
+        self._journal.append(("upload", store.name))
+        return defer.succeed(result)
+
+
+class RecordingMetrics:
+    def __init__(self):
+        self.role = self.healthy = self.ready = None
+
+    def set_role(self, role):
+        self.role = role
+
+    def set_healthy(self, healthy):
+        self.healthy = healthy
+
+    def set_ready(self, ready):
+        self.ready = ready
+
+
+class CoordinatorTestCase(unittest.TestCase):
+    def setUp(self):
+        self.clock = Clock()
+        self.clock.advance(1_700_000_000)
+        self.journal = []
+        self.opener = StoreOpener(self.clock, self.journal)
+        self.pool_sync = FakeComponent("pool sync", self.journal)
+        self.delegation = FakeComponent("delegation", self.journal)
+        self.detector = FakeComponent("detector", self.journal)
+        self.upload = Uploader(self.journal, self.clock)
+        self.metrics = RecordingMetrics()
+        self.coordinator = Coordinator(
+            self.clock, "edge-1", self.opener, self.pool_sync, self.delegation, self.detector,
+            self.upload, retry_delay=capped_backoff(initial=1, factor=2, cap=4),
+            metrics=self.metrics, pool_name="pool-a",
+            cloud_servers=lambda: {"https://cloud": True}, leader=lambda: "edge-2",
+            delegated_heartbeats=lambda: 3)
+
+    def tearDown(self):
+        self.successResultOf(self.coordinator.stop())
+        for component in (self.pool_sync, self.delegation, self.detector):
+            self.assertIsNone(component.store, f"{component.name} left running")
+        for store in self.opener.stores:
+            self.assertEqual(store.closes, 1, f"{store.name} not closed exactly once")
+        self.assertEqual(self.clock.getDelayedCalls(), [])
+
+    def take_journal(self):
+        entries, self.journal[:] = list(self.journal), []
+        return entries
+
+    def running(self):
+        return {c.name: c.store.name for c in (self.pool_sync, self.delegation, self.detector)
+                if c.store is not None}
+
+
+class RoleTransitionTests(CoordinatorTestCase):
+    def test_init_is_neither_healthy_nor_ready(self):
+        """Fix 8."""
+        self.assertEqual(self.coordinator.role, Role.INIT)
+        self.assertFalse(self.coordinator.healthy)
+        self.assertFalse(self.coordinator.ready)
+        self.assertEqual(self.coordinator.readiness_failures(), ["coordinator not healthy (role init)"])
+        self.assertEqual((self.metrics.role, self.metrics.healthy, self.metrics.ready),
+                         ("init", False, False))
+
+    def test_every_transition_in_order(self):
+        c = self.coordinator
+        c.set_role(PENDING)
+        self.assertEqual(self.take_journal(), [])
+        self.assertFalse(c.healthy)
+        self.assertEqual(self.metrics.role, "pending")
+
+        c.set_role(FOLLOWER)
+        self.assertEqual(self.take_journal(), [
+            ("open", "s1"), ("start", "detector", "s1"), ("upload", "s1")])
+        self.assertTrue(c.healthy)
+        self.assertFalse(c.ready, "not synced yet")
+        self.assertEqual(c.readiness_failures(), ["pool cache not synced"])
+        c.set_pool_cache_synced(True)
+        self.assertTrue(c.ready)
+        self.assertEqual((self.metrics.role, self.metrics.healthy, self.metrics.ready),
+                         ("follower", True, True))
+
+        c.set_role(LEADER)
+        self.assertEqual(self.take_journal(), [
+            ("start", "pool sync", "s1"), ("start", "delegation", "s1")])
+        self.assertEqual(self.running(), {"pool sync": "s1", "delegation": "s1", "detector": "s1"})
+        self.assertTrue(c.ready)
+        self.assertEqual(self.metrics.role, "leader")
+
+        c.set_role(FOLLOWER)
+        self.assertEqual(self.take_journal(), [("stop", "pool sync"), ("stop", "delegation")])
+        self.assertEqual(self.running(), {"detector": "s1"})
+        self.assertTrue(c.ready)
+
+        c.set_role(PENDING)
+        self.assertEqual(self.take_journal(), [("stop", "detector"), ("close", "s1")])
+        self.assertEqual(self.running(), {})
+        self.assertIsNone(c.store)
+        self.assertFalse(c.healthy)
+        self.assertFalse(c.ready)
+        self.assertFalse(c.pool_cache_synced)
+        self.assertTrue(c.need_upload_local_cache)
+        self.assertEqual((self.metrics.role, self.metrics.healthy, self.metrics.ready),
+                         ("pending", False, False))
+
+    def test_leader_steps_from_pending(self):
+        c = self.coordinator
+        c.set_role(PENDING)
+        c.set_role(LEADER)
+        self.assertEqual(self.take_journal(), [
+            ("open", "s1"), ("start", "pool sync", "s1"), ("start", "delegation", "s1"),
+            ("start", "detector", "s1"), ("upload", "s1")])
+        self.assertEqual(c.uploaded_objects, 7)
+
+    def test_pending_to_leader_uses_a_new_store(self):
+        """Fix 7: the new store is open before sync starts; the old one is never used."""
+        c = self.coordinator
+        c.set_role(LEADER)
+        c.set_role(PENDING)
+        self.take_journal()
+        self.opener.hold = True
+        c.set_role(LEADER)
+        self.assertEqual(self.running(), {}, "nothing starts before the store is open")
+        self.opener.release()
+        self.assertEqual(self.take_journal(), [
+            ("open", "s2"), ("start", "pool sync", "s2"), ("start", "delegation", "s2"),
+            ("start", "detector", "s2"), ("upload", "s2")])
+        self.assertEqual(self.opener.stores[0].closes, 1)
+
+    def test_upload_repeated_after_pending(self):
+        c = self.coordinator
+        c.set_role(FOLLOWER)
+        c.set_role(LEADER)
+        self.assertEqual([e for e in self.journal if e[0] == "upload"], [("upload", "s1")])
+        c.set_role(PENDING)
+        c.set_role(FOLLOWER)
+        self.assertEqual([e for e in self.journal if e[0] == "upload"],
+                         [("upload", "s1"), ("upload", "s2")])
+
+    def test_same_role_twice_does_nothing(self):
+        c = self.coordinator
+        c.set_role(FOLLOWER)
+        self.take_journal()
+        c.set_role(FOLLOWER)
+        self.assertEqual(self.take_journal(), [])
+
+    def test_one_log_line_per_role_change(self):
+        with capturedLogs() as events:
+            self.coordinator.set_role(FOLLOWER)
+        changes = [e for e in events if e.get("role") == "follower" and "previous" in e]
+        self.assertEqual(len(changes), 1)
+        self.assertEqual(changes[0]["node"], "edge-1")
+        self.assertEqual(changes[0]["previous"], "init")
+
+
+class SupersededRoleTests(CoordinatorTestCase):
+    def test_slow_leader_open_superseded_by_pending(self):
+        c = self.coordinator
+        self.opener.hold = True
+        c.set_role(LEADER)
+        c.set_role(PENDING)
+        self.assertEqual(c.role, PENDING)
+        self.opener.release()
+        self.assertEqual(self.take_journal(), [("open", "s1"), ("close", "s1")])
+        self.assertEqual(self.running(), {})
+        self.assertIsNone(c.store)
+        self.assertFalse(c.healthy)
+
+    def test_only_the_newest_of_queued_roles_runs(self):
+        c = self.coordinator
+        self.opener.hold = True
+        c.set_role(LEADER)
+        c.set_role(PENDING)
+        c.set_role(LEADER)
+        c.set_role(FOLLOWER)
+        self.opener.hold = False
+        self.opener.release()
+        self.assertEqual(self.take_journal(), [
+            ("open", "s1"), ("close", "s1"),
+            ("open", "s2"), ("start", "detector", "s2"), ("upload", "s2")])
+        self.assertEqual(self.running(), {"detector": "s2"})
+
+    def test_upload_of_superseded_role_does_not_count(self):
+        c = self.coordinator
+        c.set_role(FOLLOWER)
+        c.set_role(PENDING)
+        hold = defer.Deferred()
+        self.upload.results = [hold]
+        c.set_role(LEADER)
+        c.set_role(PENDING)
+        hold.callback(99)
+        self.assertTrue(c.need_upload_local_cache)
+        self.assertNotEqual(c.uploaded_objects, 99)
+        self.assertEqual(self.running(), {})
+
+
+class RetryTests(CoordinatorTestCase):
+    def test_failed_open_is_retried_with_capped_growing_delays(self):
+        """Fix 5: no busy loop; delays 1, 2, 4, 4 (cap) from each failure."""
+        c = self.coordinator
+        self.opener.failures = 5
+        c.set_role(LEADER)
+        for _ in range(40):
+            self.clock.advance(0.5)
+        start = self.opener.attempt_times[0]
+        self.assertEqual([t - start for t in self.opener.attempt_times], [0, 1, 3, 7, 11, 15])
+        self.assertEqual(self.running(), {"pool sync": "s1", "delegation": "s1", "detector": "s1"})
+        self.assertEqual(c.failed_attempts, 0)
+
+    def test_role_change_cancels_the_retry_and_resets_backoff(self):
+        c = self.coordinator
+        self.opener.failures = 3
+        c.set_role(LEADER)
+        self.clock.advance(1)
+        self.clock.advance(2)
+        self.assertEqual(len(self.opener.attempt_times), 3)
+        self.assertEqual(c.failed_attempts, 3)
+        c.set_role(PENDING)
+        self.assertEqual(self.clock.getDelayedCalls(), [])
+        self.clock.advance(60)
+        self.assertEqual(len(self.opener.attempt_times), 3)
+        self.opener.failures = 1
+        c.set_role(FOLLOWER)
+        self.clock.advance(0.99)
+        self.assertEqual(len(self.opener.attempt_times), 4)
+        self.clock.advance(0.01)
+        self.assertEqual(len(self.opener.attempt_times), 5, "backoff restarts at 1 s")
+
+    def test_failed_upload_leaves_not_ready_and_is_retried(self):
+        """Fix 2: the seed cleared needUploadLocalCache although the upload failed."""
+        c = self.coordinator
+        self.upload.results = [IOError("etcd went away"), IOError("still away"), 12]
+        c.set_role(FOLLOWER)
+        c.set_pool_cache_synced(True)
+        self.assertTrue(c.need_upload_local_cache)
+        self.assertFalse(c.local_cache_uploaded)
+        self.assertFalse(c.ready)
+        self.assertFalse(self.metrics.ready)
+        self.assertEqual(c.readiness_failures(), [
+            "steps of role follower not done yet "
+            "(last error: upload local cache: etcd went away)",
+            "local cache not uploaded"])
+        self.assertEqual(c.uploaded_objects, 0)
+        self.assertIn("upload local cache", c.last_error)
+        self.clock.advance(1)
+        self.assertFalse(c.ready)
+        self.clock.advance(2)
+        self.assertTrue(c.ready)
+        self.assertEqual(c.uploaded_objects, 12)
+        start = self.upload.attempt_times[0]
+        self.assertEqual([t - start for t in self.upload.attempt_times], [0, 1, 3])
+        self.assertEqual(len(self.opener.stores), 1, "the open store is reused by retries")
+
+    def test_failed_component_start_is_retried(self):
+        c = self.coordinator
+        self.delegation.start_failures = 1
+        c.set_role(LEADER)
+        self.assertEqual(self.running(), {"pool sync": "s1"})
+        self.assertFalse(c.ready)
+        self.clock.advance(1)
+        self.assertEqual(self.running(), {"pool sync": "s1", "delegation": "s1", "detector": "s1"})
+        self.assertEqual([e for e in self.journal if e[0] == "start"], [
+            ("start", "pool sync", "s1"), ("start", "delegation", "s1"),
+            ("start", "detector", "s1")])
+
+    def test_failed_step_is_logged_with_error(self):
+        self.opener.failures = 1
+        with capturedLogs() as events:
+            self.coordinator.set_role(LEADER)
+        failures = [e for e in events if e.get("step") == "open pool store"]
+        self.assertEqual(len(failures), 1)
+        self.assertIn("etcd unreachable", str(failures[0]["error"]))
+        self.assertEqual(failures[0]["delay"], 1)
+        self.clock.advance(1)
+
+
+class ReadinessTests(CoordinatorTestCase):
+    def test_late_synced_report_after_pending_is_ignored(self):
+        c = self.coordinator
+        c.set_role(FOLLOWER)
+        c.set_role(PENDING)
+        c.set_pool_cache_synced(True)
+        self.assertFalse(c.pool_cache_synced)
+
+    def test_detector_may_report_synced_from_inside_start(self):
+        c = self.coordinator
+        original = self.detector.start
+
+        def start_and_report(store):
+            d = original(store)
+            c.set_pool_cache_synced(True)
+            return d
+
+        self.detector.start = start_and_report
+        c.set_role(FOLLOWER)
+        self.assertTrue(c.ready)
+
+    def test_ready_waits_for_role_steps(self):
+        c = self.coordinator
+        c.set_role(FOLLOWER)
+        c.set_pool_cache_synced(True)
+        self.opener.hold = True
+        c.set_role(PENDING)
+        c.set_role(LEADER)
+        self.assertFalse(c.ready)
+        self.opener.release()
+        c.set_pool_cache_synced(True)
+        self.assertTrue(c.ready)
+
+    def test_uploaded_count_from_uploader_counts(self):
+        self.upload.results = [{"created": 3, "updated": 2, "skipped_bad": 1}]
+        self.coordinator.set_role(FOLLOWER)
+        self.assertEqual(self.coordinator.uploaded_objects, 5)
+
+    def test_status_document(self):
+        c = self.coordinator
+        c.set_role(FOLLOWER)
+        c.set_pool_cache_synced(True)
+        self.assertEqual(c.status(), {
+            "node": "edge-1", "pool": "pool-a", "role": "follower", "healthy": True,
+            "ready": True, "pool_cache_synced": True, "local_cache_uploaded": True,
+            "leader": "edge-2", "cloud": {"https://cloud": True}, "coordinator_healthy": True,
+            "last_transition": "2023-11-14T22:13:20Z", "delegated_heartbeats": 3,
+            "uploaded_objects": 7})
+
+
+class StopTests(CoordinatorTestCase):
+    def test_stop_stops_everything_and_closes_the_store_once(self):
+        c = self.coordinator
+        c.set_role(LEADER)
+        self.take_journal()
+        self.successResultOf(c.stop())
+        self.assertEqual(self.take_journal(), [
+            ("stop", "pool sync"), ("stop", "delegation"), ("stop", "detector"), ("close", "s1")])
+        self.successResultOf(c.stop())
+        c.set_role(FOLLOWER)
+        self.assertEqual(self.take_journal(), [])
+
+    def test_stop_during_slow_open_closes_the_opened_store(self):
+        c = self.coordinator
+        self.opener.hold = True
+        c.set_role(LEADER)
+        stopped = c.stop()
+        self.assertNoResult(stopped)
+        self.opener.release()
+        self.successResultOf(stopped)
+        self.assertEqual(self.take_journal(), [("open", "s1"), ("close", "s1")])
+        self.assertEqual(self.running(), {})
+
+    def test_stop_cancels_a_pending_retry(self):
+        self.opener.failures = 1
+        self.coordinator.set_role(FOLLOWER)
+        self.assertEqual(len(self.clock.getDelayedCalls()), 1)
+        self.successResultOf(self.coordinator.stop())
+        self.assertEqual(self.clock.getDelayedCalls(), [])
+
+    def test_many_role_flips_leave_nothing_behind(self):
+        c = self.coordinator
+        for _ in range(100):
+            for role in (LEADER, FOLLOWER, PENDING):
+                c.set_role(role)
+        self.assertEqual(self.running(), {})
+        self.assertEqual(len(self.opener.stores), 100)
+        self.assertTrue(all(s.closes == 1 for s in self.opener.stores))
+        self.assertEqual(self.clock.getDelayedCalls(), [])
+
+
+class RetryPolicyTests(unittest.TestCase):
+    def test_capped_backoff_grows_and_caps(self):
+        delay = capped_backoff(initial=0.5, factor=2, cap=3)
+        self.assertEqual([delay(n) for n in range(1, 6)], [0.5, 1, 2, 3, 3])
+
+    def test_backoff_policy_restarts_at_first_attempt(self):
+        delay = backoff_policy(Backoff(initial=1, maximum=8, jitter=0.5, random=lambda: 0.5))
+        self.assertEqual([delay(n) for n in (1, 2, 3, 4, 5)], [0.75, 1.5, 3, 6, 6])
+        self.assertEqual(delay(1), 0.75)
+
+
+class HubElectorDrivesCoordinatorTests(CoordinatorTestCase):
+    """The hub elector's roles fed straight into the coordinator, on one Clock."""
+
+    def setUp(self):
+        from yurtcoord.hubelector import HubElector
+
+        super().setUp()
+
+        class Health:
+            healthy = True
+
+        class Elector:
+            """Like LeaderElector: stop() of a leader calls on_stopped_leading."""
+
+            leader = None
+            leading = False
+
+            def __init__(self, started, stopped, new_leader):
+                self.started_leading = started
+                self.stopped_leading = stopped
+
+            def start(self):
+                electors.append(self)
+
+            def stop(self):
+                if self.leading:
+                    self.leading = False
+                    self.stopped_leading()
+                return defer.succeed(True)
+
+        electors = []
+        self.electors = electors
+        self.cloud, self.pool = Health(), Health()
+        self.hub = HubElector(self.clock, self.cloud, self.pool, Elector, 5,
+                              self.coordinator.set_role)
+
+    def tearDown(self):
+        self.successResultOf(self.hub.stop())
+        super().tearDown()
+
+    def test_health_changes_reach_the_components(self):
+        self.hub.start()
+        self.assertEqual(self.coordinator.role, FOLLOWER)
+        self.assertEqual(self.running(), {"detector": "s1"})
+        self.electors[-1].leading = True
+        self.electors[-1].started_leading()
+        self.assertEqual(self.running(), {"pool sync": "s1", "delegation": "s1", "detector": "s1"})
+
+        self.cloud.healthy = False  # cloud lost: follower, no more leading
+        self.clock.advance(5)
+        self.assertEqual(self.coordinator.role, FOLLOWER)
+        self.assertEqual(self.running(), {"detector": "s1"})
+
+        self.pool.healthy = False  # coordinator lost: pending, store dropped
+        self.clock.advance(5)
+        self.assertEqual(self.coordinator.role, PENDING)
+        self.assertEqual(self.running(), {})
+        self.assertEqual(self.opener.stores[0].closes, 1)
+
+        self.cloud.healthy = self.pool.healthy = True
+        self.clock.advance(5)
+        self.electors[-1].leading = True
+        self.electors[-1].started_leading()
+        self.assertEqual(self.running(), {"pool sync": "s2", "delegation": "s2", "detector": "s2"})
+        self.coordinator.set_pool_cache_synced(True)
+        self.assertTrue(self.coordinator.ready)
+
+    def test_coordinator_lost_while_leading_stays_pending(self):
+        """Fix 9 end to end: the elector's stopped-leading on stop changes nothing."""
+        self.hub.start()
+        self.electors[-1].leading = True
+        self.electors[-1].started_leading()
+        self.pool.healthy = False
+        self.clock.advance(5)
+        self.assertEqual(self.coordinator.role, PENDING)
+        self.assertEqual(self.running(), {})
