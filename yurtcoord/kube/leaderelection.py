@@ -1,0 +1,559 @@
+"""Leader election on a ``coordination.k8s.io/v1`` Lease, with client-go's semantics.
+
+Agents of one pool compete for one Lease; the holder is the leader. The rules follow
+client-go's ``tools/leaderelection``:
+
+- A lease that is free (no holder) or expired is taken by writing ourselves as holder
+  (``acquireTime`` = now, ``leaseTransitions`` + 1). A lease whose holder is already
+  us (e.g. after a restart) is renewed directly, without a transition.
+- Expiry is judged by the LOCAL clock, never by the remote ``renewTime``: clocks of
+  edge nodes drift. The elector remembers the last lease record it saw and the local
+  time it first saw that record (``observed_time``); the lease is expired once
+  ``observed_time + leaseDurationSeconds <= now`` with nothing changed in between.
+- Writes carry the resourceVersion that was read; a ``Conflict`` means somebody else
+  wrote first, and the next attempt reads again.
+- The leader renews every ``retry_period``. If it has not renewed successfully for
+  ``renew_deadline`` (counted from the start of its last successful write) it stops
+  leading, before any peer can consider the lease expired (``renew_deadline <
+  lease_duration``, and peers count from a later instant: when they saw the write).
+- On ``stop()`` a leader with ``release_on_cancel`` releases the lease: holder
+  cleared, ``leaseDurationSeconds`` = 1, so a peer takes over at its next attempt
+  instead of after a whole ``lease_duration``.
+
+Departures from client-go, on purpose:
+
+- After losing the lease (renew deadline passed, or another holder seen) the elector
+  keeps running as a candidate instead of exiting; only ``stop()`` ends it. The hub
+  elector starts and stops it with the coordinator's health.
+- ``on_stopped_leading`` is called exactly once per ``on_started_leading``, never for a
+  run that did not lead, and on ``stop()`` before the release is written, so the
+  leader's work has stopped before a peer can take over.
+- ``on_new_leader`` is called with a non-empty holder only; ``leader`` is None while
+  the lease is free.
+- Candidate cadence: see the timing rules in ``LeaderElector`` (the one place they
+  live). While a live holder is being watched, candidates poll every ``retry_period``
+  and wake exactly when the lease would expire, so a dead holder is replaced within
+  ``lease_duration + retry_period`` (plus request latency). client-go's jitter
+  (``retry_period * (1 + U[0, 1.2))``) is applied when candidates contend: after an
+  error, a conflict, or losing the lease.
+
+Once ``stop()`` has been called, no callback fires and no late answer of a cancelled
+request changes anything (each answer is checked against the attempt in flight).
+"""
+
+import dataclasses
+import math
+import random as random_module
+
+from twisted.internet import defer
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+
+from yurtcoord.kube.errors import Conflict, KubeError, NotFound
+from yurtcoord.kube.gvr import LEASES
+from yurtcoord.kube.lease import LeaseRecord, build_lease, with_record
+
+JITTER_FACTOR = 1.2
+RELEASED_LEASE_DURATION_SECONDS = 1
+MIN_DELAY = 0.001
+
+
+@dataclasses.dataclass(frozen=True)
+class LeaderElectionConfig:
+    """What to elect on and how fast. Times are seconds.
+
+    Validated: ``lease_duration > renew_deadline > retry_period * 1.2 > 0`` and
+    non-empty names; a violation raises ValueError naming the field.
+    """
+
+    lease_namespace: str
+    lease_name: str
+    identity: str
+    lease_duration: float = 15.0
+    renew_deadline: float = 10.0
+    retry_period: float = 2.0
+    release_on_cancel: bool = True
+
+    def __post_init__(self):
+        for name in ("lease_namespace", "lease_name", "identity"):
+            value = getattr(self, name)
+            if not isinstance(value, str) or not value:
+                raise ValueError(f"{name} must be a non-empty string, got {value!r}")
+        for name in ("lease_duration", "renew_deadline", "retry_period"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise ValueError(f"{name} must be a number of seconds, got {value!r}")
+        if self.retry_period <= 0:
+            raise ValueError(f"retry_period must be > 0, got {self.retry_period}")
+        if self.renew_deadline <= self.retry_period * JITTER_FACTOR:
+            raise ValueError(
+                f"renew_deadline ({self.renew_deadline}) must be greater than "
+                f"retry_period * {JITTER_FACTOR} ({self.retry_period * JITTER_FACTOR})")
+        if self.lease_duration <= self.renew_deadline:
+            raise ValueError(
+                f"lease_duration ({self.lease_duration}) must be greater than "
+                f"renew_deadline ({self.renew_deadline})")
+
+    @property
+    def lease_key(self):
+        return f"{self.lease_namespace}/{self.lease_name}"
+
+    @property
+    def lease_duration_seconds(self):
+        """What we write into ``leaseDurationSeconds``: whole seconds, rounded up so
+        peers never wait less than we promised."""
+        return int(math.ceil(self.lease_duration))
+
+
+class _Attempt:
+    """What one try-acquire-or-renew saw and wrote, kept even when it fails midway."""
+
+    def __init__(self, started_at):
+        self.started_at = started_at
+        self.seen = None
+        self.seen_at = None
+        self.written = None
+        self.held_by_other = False
+
+
+def _error_kind(failure):
+    return type(failure.value).__name__
+
+
+class LeaderElector:
+    """Competes for one Lease through ``lease_client`` and reports leadership through
+    the callbacks. See the module docstring for the rules.
+
+    ``lease_client`` has ``get(gvr, name, namespace)``, ``create(gvr, obj,
+    namespace=None)`` and ``update(gvr, obj, namespace=None)`` returning Deferreds and
+    failing with ``yurtcoord.kube.errors`` types (``KubeClient`` does).
+    ``random`` returns floats in [0, 1); inject it to make jitter deterministic.
+    """
+
+    log = Logger()
+
+    def __init__(self, reactor, lease_client, config, on_started_leading=None,
+                 on_stopped_leading=None, on_new_leader=None, random=None):
+        self._reactor = reactor
+        self._client = lease_client
+        self._config = config
+        self._on_started_leading = on_started_leading
+        self._on_stopped_leading = on_stopped_leading
+        self._on_new_leader = on_new_leader
+        self._random = random or random_module.Random().random
+
+        self._running = False
+        self._generation = 0
+        self._timer = None
+        self._deadline = None
+        self._inflight = None
+        self._stop_waiters = None
+        self._restart_after_stop = False
+
+        self._observed = None
+        self._observed_time = None
+        self._lease = None
+        self._leading = False
+        self._announced = False
+        self._renewed_at = None
+        self._reported_leader = None
+        self._last_error_kind = None
+
+    # Public surface -------------------------------------------------------------
+
+    @property
+    def config(self):
+        return self._config
+
+    @property
+    def is_leader(self):
+        """True while we hold the lease and have renewed it within renew_deadline."""
+        return self._leading
+
+    @property
+    def leader(self):
+        """The holder identity last observed on the lease, None while it is free or
+        not yet read."""
+        if self._observed is None or not self._observed.holder_identity:
+            return None
+        return self._observed.holder_identity
+
+    @property
+    def running(self):
+        return self._running
+
+    def start(self):
+        """Begin competing for the lease. Does nothing when already running; when a
+        stop is still releasing the lease, starts again once that is done."""
+        if self._running:
+            return
+        if self._stop_waiters is not None:
+            self._restart_after_stop = True
+            return
+        self._running = True
+        self._generation += 1
+        self.log.info("leader election started on lease {lease} as {identity}",
+                      lease=self._config.lease_key, identity=self._config.identity)
+        self._schedule(0)
+
+    def stop(self, release=None):
+        """Stop competing: timers and the request in flight are cancelled at once.
+
+        If we were leading, ``on_stopped_leading`` is called before this returns and,
+        when ``release`` (default: the config's ``release_on_cancel``) is true, the
+        lease is released. The Deferred fires with True if the lease was released,
+        False otherwise; no callback fires after this call. ``stop(release=False)``
+        leaves the lease to expire, as if the process had died.
+        """
+        waiter = defer.Deferred()
+        if self._stop_waiters is not None:
+            self._restart_after_stop = False
+            self._stop_waiters.append(waiter)
+            return waiter
+        if not self._running:
+            waiter.callback(False)
+            return waiter
+        self._stop_waiters = [waiter]
+        self._running = False
+        self._generation += 1
+        self._cancel_timer()
+        self._cancel_deadline()
+        self._cancel_inflight()
+        was_leading = self._leading
+        announced = self._announced
+        self._leading = self._announced = False
+        if release is None:
+            release = self._config.release_on_cancel
+        self.log.info("leader election stopping on lease {lease} as {identity} "
+                      "(leading={leading}, release={release})",
+                      lease=self._config.lease_key, identity=self._config.identity,
+                      leading=was_leading, release=bool(release))
+        if announced:
+            self._call(self._on_stopped_leading)
+        if was_leading and release and self._lease is not None:
+            done = self._release(self._lease)
+        else:
+            done = defer.succeed(False)
+        done.addCallback(self._stopped)
+        return waiter
+
+    # Timing rules (all of them) --------------------------------------------------
+
+    def _attempt_timeout(self):
+        """Each attempt is bounded by renew_deadline; a leader's attempt is also cut
+        short by its renew deadline timer (``_arm_deadline``)."""
+        return self._config.renew_deadline
+
+    def _lease_duration_of(self, record):
+        """The lease's own duration counts (a released lease says 1 s); ours when
+        the lease carries none."""
+        duration = record.lease_duration_seconds
+        if not duration or duration <= 0:
+            return self._config.lease_duration
+        return duration
+
+    def _observed_expiry(self):
+        """Local time at which the observed lease expires if nothing changes."""
+        return self._observed_time + self._lease_duration_of(self._observed)
+
+    def _is_expired(self, record, observed_time, now):
+        return observed_time + self._lease_duration_of(record) <= now
+
+    def _next_delay(self, attempt):
+        """When to try next after ``attempt``:
+        - leader: every retry_period (renewals, and retries of failed renewals);
+        - candidate watching a live holder: every retry_period, and exactly at the
+          observed expiry if that comes first, so a dead holder is replaced within
+          lease_duration + retry_period;
+        - candidate after an error, a lost race or losing the lease: client-go's
+          jitter, retry_period * (1 + U[0, 1.2)), to spread contending peers.
+        """
+        period = self._config.retry_period
+        if self._leading:
+            return period
+        if attempt is not None and attempt.held_by_other:
+            # Never a zero delay: a rounding slip must not become a busy loop.
+            until_expiry = self._observed_expiry() - self._reactor.seconds()
+            return max(MIN_DELAY, min(period, until_expiry))
+        return self._jittered(period)
+
+    def _jittered(self, period):
+        return period * (1.0 + self._random() * JITTER_FACTOR)
+
+    def _arm_deadline(self):
+        """A leader that has not renewed for renew_deadline stops leading."""
+        self._cancel_deadline()
+        due = self._renewed_at + self._config.renew_deadline - self._reactor.seconds()
+        self._deadline = self._reactor.callLater(max(0.0, due), self._renew_deadline_passed)
+
+    # Attempts --------------------------------------------------------------------
+
+    def _schedule(self, delay):
+        self._cancel_timer()
+        self._timer = self._reactor.callLater(delay, self._attempt)
+
+    def _attempt(self):
+        self._timer = None
+        attempt = _Attempt(self._reactor.seconds())
+        d = self._try_acquire_or_renew(attempt, self._leading, self._lease)
+        self._inflight = d
+        d.addTimeout(self._attempt_timeout(), self._reactor)
+        d.addBoth(self._attempt_finished, attempt, d)
+
+    def _record_observation(self, record, seen_at):
+        """The observed time restarts only when the record changed."""
+        if record != self._observed:
+            return seen_at
+        return self._observed_time
+
+    @defer.inlineCallbacks
+    def _try_acquire_or_renew(self, attempt, leading, lease):
+        cfg = self._config
+        if leading and lease is not None:
+            # Fast path: renew the object we last wrote; its resourceVersion proves
+            # nobody wrote in between.
+            record = dataclasses.replace(
+                LeaseRecord.from_lease(lease), holder_identity=cfg.identity,
+                lease_duration_seconds=cfg.lease_duration_seconds,
+                renew_time=attempt.started_at)
+            try:
+                attempt.written = yield self._client.update(
+                    LEASES, with_record(lease, record), namespace=cfg.lease_namespace)
+                return attempt
+            except (Conflict, NotFound) as error:
+                self.log.info("lease {lease} changed since our last renewal ({error}); "
+                              "reading it again", lease=cfg.lease_key, error=error)
+        try:
+            current = yield self._client.get(LEASES, cfg.lease_name, cfg.lease_namespace)
+        except NotFound:
+            current = None
+        now = self._reactor.seconds()
+        if current is None:
+            record = LeaseRecord(cfg.identity, cfg.lease_duration_seconds, now, now, 0)
+            attempt.written = yield self._client.create(
+                LEASES, build_lease(cfg.lease_name, cfg.lease_namespace, record),
+                namespace=cfg.lease_namespace)
+            return attempt
+        attempt.seen, attempt.seen_at = current, now
+        seen = LeaseRecord.from_lease(current)
+        observed_time = self._record_observation(seen, now)
+        holder = seen.holder_identity
+        if holder and holder != cfg.identity and not self._is_expired(seen, observed_time, now):
+            attempt.held_by_other = True
+            return attempt
+        if holder == cfg.identity:
+            record = LeaseRecord(cfg.identity, cfg.lease_duration_seconds,
+                                 seen.acquire_time or now, now, seen.lease_transitions)
+        else:
+            record = LeaseRecord(cfg.identity, cfg.lease_duration_seconds, now, now,
+                                 seen.lease_transitions + 1)
+        attempt.written = yield self._client.update(
+            LEASES, with_record(current, record), namespace=cfg.lease_namespace)
+        return attempt
+
+    def _attempt_finished(self, result, attempt, d):
+        if d is not self._inflight:
+            # Cancelled by stop() or the renew deadline: a late answer changes nothing.
+            return None
+        self._inflight = None
+        generation = self._generation
+        now = self._reactor.seconds()
+        events = []
+
+        if attempt.seen is not None:
+            record = LeaseRecord.from_lease(attempt.seen)
+            self._observed_time = self._record_observation(record, attempt.seen_at)
+            self._observed = record
+            self._lease = attempt.seen
+        if attempt.written is not None:
+            self._observed = LeaseRecord.from_lease(attempt.written)
+            self._observed_time = now
+            self._lease = attempt.written
+
+        if attempt.written is not None:
+            self._renewed_at = attempt.started_at
+            self._last_error_kind = None
+            if not self._leading:
+                self._leading = True
+                self.log.info("{identity} started leading lease {lease} "
+                              "(transitions={transitions})",
+                              identity=self._config.identity, lease=self._config.lease_key,
+                              transitions=self._observed.lease_transitions)
+                events.append(self._announce_started)
+            self._arm_deadline()
+        elif self._leading and attempt.seen is not None \
+                and self._observed.holder_identity != self._config.identity:
+            events.append(self._step_down(f"lease now held by {self._observed.holder_identity!r}"))
+        elif isinstance(result, Failure):
+            self._log_failure(result)
+
+        if self._running:
+            self._schedule(self._next_delay(attempt))
+        new_leader = self._leader_change()
+        if new_leader is not None:
+            events.append(lambda: self._call(self._on_new_leader, new_leader))
+        self._run_events(events, generation)
+        return None
+
+    def _log_failure(self, failure):
+        """One line per failed attempt while leading (at most renew_deadline /
+        retry_period of them); as a candidate, one per change of error kind."""
+        kind = _error_kind(failure)
+        if not failure.check(KubeError, defer.TimeoutError):
+            if kind != self._last_error_kind:
+                self.log.failure("unexpected error electing on lease {lease} as {identity}",
+                                 failure, lease=self._config.lease_key,
+                                 identity=self._config.identity)
+            self._last_error_kind = kind
+            return
+        if self._leading:
+            self.log.warn("{identity} could not renew lease {lease}: {error} "
+                          "(deadline in {left:.3f}s)",
+                          identity=self._config.identity, lease=self._config.lease_key,
+                          error=failure.value,
+                          left=self._renewed_at + self._config.renew_deadline
+                          - self._reactor.seconds())
+        elif failure.check(Conflict):
+            self.log.debug("{identity} lost a race for lease {lease}",
+                           identity=self._config.identity, lease=self._config.lease_key)
+        elif kind != self._last_error_kind:
+            self.log.warn("{identity} could not read or take lease {lease}: {error}",
+                          identity=self._config.identity, lease=self._config.lease_key,
+                          error=failure.value)
+        self._last_error_kind = kind
+
+    def _leader_change(self):
+        """The newly observed holder, if it differs from the last one reported."""
+        holder = self.leader
+        if holder is None:
+            self._reported_leader = None
+            return None
+        if holder == self._reported_leader:
+            return None
+        self._reported_leader = holder
+        if holder != self._config.identity:
+            self.log.info("{identity} observed new leader {leader} of lease {lease}",
+                          identity=self._config.identity, leader=holder,
+                          lease=self._config.lease_key)
+        return holder
+
+    # Leadership changes ----------------------------------------------------------
+
+    def _announce_started(self):
+        if not self._leading or self._announced:
+            return
+        self._announced = True
+        self._call(self._on_started_leading)
+
+    def _step_down(self, reason):
+        """Leave the leader state now; returns the event announcing it."""
+        self._leading = False
+        self._cancel_deadline()
+        announced, self._announced = self._announced, False
+        self.log.warn("{identity} stopped leading lease {lease}: {reason}",
+                      identity=self._config.identity, lease=self._config.lease_key,
+                      reason=reason)
+        if announced:
+            return lambda: self._call(self._on_stopped_leading)
+        return lambda: None
+
+    def _renew_deadline_passed(self):
+        self._deadline = None
+        if not self._leading:
+            return
+        generation = self._generation
+        self._cancel_inflight()
+        event = self._step_down(
+            f"not renewed for renew_deadline={self._config.renew_deadline}s")
+        self._schedule(self._jittered(self._config.retry_period))
+        self._run_events([event], generation)
+
+    def _run_events(self, events, generation):
+        """Callbacks run last, after our state is consistent; one that stops the
+        elector cancels the rest."""
+        for event in events:
+            if self._generation != generation:
+                return
+            event()
+
+    def _call(self, callback, *args):
+        if callback is None:
+            return
+        try:
+            callback(*args)
+        except Exception:
+            self.log.failure("leader election callback {callback!r} failed on lease {lease}",
+                             callback=callback, lease=self._config.lease_key)
+
+    # Stopping --------------------------------------------------------------------
+
+    def _release(self, lease):
+        cfg = self._config
+        d = self._write_release(lease)
+        d.addTimeout(cfg.renew_deadline, self._reactor)
+
+        def released(written):
+            if written is None:
+                self.log.info("{identity} did not release lease {lease}: no longer its holder",
+                              identity=cfg.identity, lease=cfg.lease_key)
+                return False
+            self._observed = LeaseRecord.from_lease(written)
+            self._observed_time = self._reactor.seconds()
+            self._lease = written
+            self._reported_leader = None
+            self.log.info("{identity} released lease {lease}",
+                          identity=cfg.identity, lease=cfg.lease_key)
+            return True
+
+        def not_released(failure):
+            self.log.warn("{identity} could not release lease {lease}: {error}",
+                          identity=cfg.identity, lease=cfg.lease_key, error=failure.value)
+            return False
+
+        d.addCallbacks(released, not_released)
+        return d
+
+    @defer.inlineCallbacks
+    def _write_release(self, lease):
+        """Clear the holder, duration 1 s. A renewal cancelled by stop() may still
+        have been written, making our copy stale: on Conflict, read the lease again
+        and release it only if we still hold it. The written lease, or None."""
+        cfg = self._config
+        for _ in range(2):
+            now = self._reactor.seconds()
+            record = LeaseRecord("", RELEASED_LEASE_DURATION_SECONDS, now, now,
+                                 LeaseRecord.from_lease(lease).lease_transitions)
+            try:
+                written = yield self._client.update(
+                    LEASES, with_record(lease, record), namespace=cfg.lease_namespace)
+                return written
+            except Conflict:
+                lease = yield self._client.get(LEASES, cfg.lease_name, cfg.lease_namespace)
+                if LeaseRecord.from_lease(lease).holder_identity != cfg.identity:
+                    return None
+        return None
+
+    def _stopped(self, released):
+        waiters, self._stop_waiters = self._stop_waiters, None
+        self.log.info("leader election stopped on lease {lease} as {identity}",
+                      lease=self._config.lease_key, identity=self._config.identity)
+        for waiter in waiters:
+            waiter.callback(released)
+        if self._restart_after_stop:
+            self._restart_after_stop = False
+            self.start()
+
+    def _cancel_timer(self):
+        timer, self._timer = self._timer, None
+        if timer is not None and timer.active():
+            timer.cancel()
+
+    def _cancel_deadline(self):
+        deadline, self._deadline = self._deadline, None
+        if deadline is not None and deadline.active():
+            deadline.cancel()
+
+    def _cancel_inflight(self):
+        inflight, self._inflight = self._inflight, None
+        if inflight is not None:
+            inflight.cancel()

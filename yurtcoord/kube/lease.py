@@ -1,0 +1,166 @@
+"""Helpers for ``coordination.k8s.io/v1`` Lease objects kept as plain dicts.
+
+Kubernetes writes Lease times as ``MicroTime``: ``2006-01-02T15:04:05.000000Z`` in
+UTC. Times here are POSIX seconds (floats), the unit of ``reactor.seconds()``.
+"""
+
+import copy
+import datetime
+import re
+from dataclasses import dataclass
+from typing import Optional
+
+MICRO_TIME_FORMAT = "%Y-%m-%dT%H:%M:%S.%fZ"
+
+_RFC3339 = re.compile(
+    r"^(\d{4})-(\d{2})-(\d{2})[Tt ](\d{2}):(\d{2}):(\d{2})"
+    r"(?:\.(\d+))?"
+    r"(?:([Zz])|([+-])(\d{2}):?(\d{2}))$"
+)
+
+
+def format_micro_time(seconds):
+    """``seconds`` (POSIX) as a Kubernetes MicroTime string, microsecond precision."""
+    moment = datetime.datetime.fromtimestamp(seconds, tz=datetime.timezone.utc)
+    return moment.strftime(MICRO_TIME_FORMAT)
+
+
+def parse_micro_time(text):
+    """POSIX seconds of a MicroTime or RFC 3339 time (any fraction length, ``Z`` or
+    an offset), as Kubernetes and Go clients write them. ValueError if malformed."""
+    if not isinstance(text, str):
+        raise ValueError(f"not a time string: {text!r}")
+    match = _RFC3339.match(text.strip())
+    if match is None:
+        raise ValueError(f"not an RFC 3339 time: {text!r}")
+    year, month, day, hour, minute, second, fraction, zulu, sign, off_h, off_m = match.groups()
+    offset = datetime.timedelta(0)
+    if not zulu:
+        offset = datetime.timedelta(hours=int(off_h), minutes=int(off_m))
+        if sign == "-":
+            offset = -offset
+    moment = datetime.datetime(
+        int(year), int(month), int(day), int(hour), int(minute), int(second),
+        tzinfo=datetime.timezone(offset),
+    )
+    whole = moment.timestamp()
+    if fraction:
+        # Keep only microseconds: that is all MicroTime carries.
+        whole += int(fraction[:6].ljust(6, "0")) / 1e6
+    return whole
+
+
+def _optional_time(value):
+    if value in (None, ""):
+        return None
+    return parse_micro_time(value)
+
+
+def _optional_int(value):
+    if value is None or isinstance(value, bool):
+        return None
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return None
+
+
+@dataclass(frozen=True)
+class LeaseRecord:
+    """The election-relevant part of a Lease spec.
+
+    Two records are equal when a Lease has not changed in a way that matters for the
+    election; an elector uses that to tell when it last saw the holder renew.
+    Times are POSIX seconds or None.
+    """
+
+    holder_identity: str = ""
+    lease_duration_seconds: Optional[int] = None
+    acquire_time: Optional[float] = None
+    renew_time: Optional[float] = None
+    lease_transitions: int = 0
+
+    @classmethod
+    def from_lease(cls, lease):
+        """The record of a Lease dict. Malformed times read as None rather than
+        failing: a peer's bad timestamp must not stop an election (expiry is judged
+        on the local clock anyway)."""
+        spec = (lease or {}).get("spec") or {}
+        return cls(
+            holder_identity=spec.get("holderIdentity") or "",
+            lease_duration_seconds=_optional_int(spec.get("leaseDurationSeconds")),
+            acquire_time=_lenient_time(spec.get("acquireTime")),
+            renew_time=_lenient_time(spec.get("renewTime")),
+            lease_transitions=_optional_int(spec.get("leaseTransitions")) or 0,
+        )
+
+    def to_spec(self):
+        """The record as a Lease ``spec`` dict (absent fields left out)."""
+        spec = {"holderIdentity": self.holder_identity}
+        if self.lease_duration_seconds is not None:
+            spec["leaseDurationSeconds"] = self.lease_duration_seconds
+        if self.acquire_time is not None:
+            spec["acquireTime"] = format_micro_time(self.acquire_time)
+        if self.renew_time is not None:
+            spec["renewTime"] = format_micro_time(self.renew_time)
+        spec["leaseTransitions"] = self.lease_transitions
+        return spec
+
+
+def _lenient_time(value):
+    try:
+        return _optional_time(value)
+    except ValueError:
+        return None
+
+
+def build_lease(name, namespace, record, labels=None, annotations=None):
+    """A new Lease dict carrying ``record`` (a LeaseRecord)."""
+    metadata = {"name": name, "namespace": namespace}
+    if labels:
+        metadata["labels"] = dict(labels)
+    if annotations:
+        metadata["annotations"] = dict(annotations)
+    return {
+        "apiVersion": "coordination.k8s.io/v1",
+        "kind": "Lease",
+        "metadata": metadata,
+        "spec": record.to_spec(),
+    }
+
+
+def with_record(lease, record):
+    """A copy of ``lease`` (metadata, resourceVersion included) whose election fields
+    are replaced by ``record``; other spec fields are kept."""
+    updated = copy.deepcopy(lease)
+    spec = updated.setdefault("spec", {})
+    for key in ("holderIdentity", "leaseDurationSeconds", "acquireTime", "renewTime",
+                "leaseTransitions"):
+        spec.pop(key, None)
+    spec.update(record.to_spec())
+    return updated
+
+
+def holder_identity(lease):
+    """The holder of a Lease dict, ``""`` when free."""
+    return LeaseRecord.from_lease(lease).holder_identity
+
+
+def lease_duration_seconds(lease):
+    """``spec.leaseDurationSeconds`` or None."""
+    return LeaseRecord.from_lease(lease).lease_duration_seconds
+
+
+def renew_time(lease):
+    """``spec.renewTime`` as POSIX seconds, or None."""
+    return LeaseRecord.from_lease(lease).renew_time
+
+
+def lease_transitions(lease):
+    """``spec.leaseTransitions``, 0 when absent."""
+    return LeaseRecord.from_lease(lease).lease_transitions
+
+
+def resource_version(obj):
+    """``metadata.resourceVersion`` of any object dict, or None."""
+    return ((obj or {}).get("metadata") or {}).get("resourceVersion")
