@@ -1,18 +1,88 @@
-"""Composition root: builds one agent's services from its ``Config``.
+"""Composition root: builds one agent from its ``Config`` and runs it.
 
 ``make_service`` is the only place that decides which parts exist and how they are
-wired; each part gets what it needs passed in (config values, the reactor, metrics,
-the status source). Today the agent serves its status pages with ``InitialStatus``;
-the coordinator becomes another child service and the status source of those pages.
+wired; every part gets what it needs passed in (config values, the reactor, metrics,
+clients, callbacks). Nothing here implements behaviour of its own beyond starting and
+stopping the parts in the right order.
+
+The parts of an agent with ``[coordinator] enabled = true``:
+
+- one ``KubeClient`` per cloud server, and one for the coordinator apiserver;
+- the cloud health checker (one lease prober per cloud server), the coordinator
+  health checker and, with ``kubelet_healthz_url``, the kubelet liveness checker;
+- with TLS to the coordinator (``insecure = false``): the certificate manager that
+  writes the certs Secret into ``pki_dir``;
+- the etcd client of the pool etcd; the pool store is opened per role by the
+  coordinator and closed when it drops it;
+- the coordinator with pool sync, heartbeat delegation, the synced detector and the
+  local cache upload;
+- the hub elector, electing on the coordinator's Lease with identity = node name;
+- the status pages, served from the coordinator.
+
+With ``[coordinator] enabled = false`` the agent only probes the cloud (renewing its
+node lease there) and serves its status pages: the role stays ``init`` (never healthy
+nor ready, SPEC §7 item 8), ``/status`` shows the live cloud health.
+
+Start order: status pages, probes, coordinator, hub elector (once every probe
+answered once, so that role ``init`` lasts until health is known). Stop order is the exact
+reverse and sequential, each stage waiting for the previous one: the hub elector stops
+first (a leader releases its lease), then the coordinator stops its components and
+drops the pool store, then the probes stop, then every client closes its connections,
+and the status pages stop listening last. Each stage is bounded by ``STOP_TIMEOUT`` so
+that an agent whose peers are down still stops.
 """
 
+import contextlib
+import os
+
+import treq.client
 from twisted.application import service
+from twisted.internet import defer
 from twisted.internet.endpoints import TCP4ServerEndpoint, TCP6ServerEndpoint
+from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
 from twisted.python.failure import Failure
+from twisted.web.client import Agent as HTTPAgent, HTTPConnectionPool
 
+from yurtcoord.certs import CertManager
+from yurtcoord.config import ConfigError
+from yurtcoord.coordinator import Coordinator, backoff_policy
+from yurtcoord.delegation import HeartbeatDelegation
+from yurtcoord.etcd.client import EtcdClient, EtcdConfig
+from yurtcoord.health import (
+    NODE_LEASE_NAMESPACE, CloudHealthChecker, CoordinatorHealthChecker, KubeletHealthChecker,
+)
+from yurtcoord.hubelector import HubElector
+from yurtcoord.kube.backoff import Backoff
+from yurtcoord.kube.client import ClientConfig, KubeClient
+from yurtcoord.kube.errors import ConnectionFailed
+from yurtcoord.kube.gvr import LEASES
+from yurtcoord.kube.informer import Informer
+from yurtcoord.kube.leaderelection import LeaderElectionConfig, LeaderElector
+from yurtcoord.localcache import LocalCacheReader
 from yurtcoord.metrics import Metrics
+from yurtcoord.poolscope import HealthyCloudClient, PoolScopeResources
+from yurtcoord.poolstore.keycache import ComponentKeyCache
+from yurtcoord.poolstore.store import PoolStore
+from yurtcoord.poolsync import PoolSyncManager
 from yurtcoord.status import InitialStatus, status_site
+from yurtcoord.synced import PoolCacheSyncedDetector
+from yurtcoord.uploader import LocalCacheUploader
+
+# Seconds one request to an apiserver may take (probes and elections bound theirs
+# tighter with their own timeouts).
+REQUEST_TIMEOUT = 10.0
+# Seconds each stop stage may take before the agent moves on to the next one.
+STOP_TIMEOUT = 30.0
+# Seconds the health check of a freshly opened pool store may take.
+STORE_CHECK_TIMEOUT = 5.0
+# The hub elector starts once every prober answered once, checked this often, and
+# at the latest this long after the probes' own timeout.
+FIRST_PROBE_POLL_INTERVAL = 0.05
+FIRST_PROBE_SLACK = 0.5
+# Retry delays of a failed role step (SPEC §6.2: backoff, not a busy loop).
+ROLE_RETRY_INITIAL = 0.5
+ROLE_RETRY_MAXIMUM = 30.0
 
 
 class StatusHTTPService(service.Service):
@@ -60,23 +130,475 @@ class StatusHTTPService(service.Service):
         return port.stopListening()
 
 
-class Agent(service.MultiService):
-    """One yurtcoord agent: its config, metrics, status source and child services."""
+class StageService(service.Service):
+    """One start/stop stage of the agent: ``start()`` runs when the stage starts,
+    ``stop()`` (may return a Deferred) when it stops."""
 
-    def __init__(self, config, reactor):
+    def __init__(self, name, start=None, stop=None):
+        self.setName(name)
+        self._start = start
+        self._stop = stop
+
+    def startService(self):
+        super().startService()
+        if self._start is not None:
+            self._start()
+
+    def stopService(self):
+        super().stopService()
+        if self._stop is None:
+            return None
+        return self._stop()
+
+
+class CloudOnlyStatus(InitialStatus):
+    """Status of an agent with ``[coordinator] enabled = false``: role init for good,
+    with the live health of the cloud servers its probes renew the node lease on."""
+
+    def __init__(self, node, pool, cloud_checker, since):
+        super().__init__(node, pool, cloud_checker.servers().keys(), since=since)
+        self._cloud_checker = cloud_checker
+
+    def readiness_failures(self):
+        return ["coordinator not enabled on this node (role init)"]
+
+    def status(self):
+        document = super().status()
+        document["cloud"] = dict(self._cloud_checker.servers())
+        return document
+
+
+class _NoWatch:
+    """The watch of a client that cannot connect yet: already done, failed."""
+
+    events = 0
+    cancelled = False
+
+    def __init__(self, error):
+        self.done = defer.fail(error)
+
+    def cancel(self):
+        self.cancelled = True
+
+
+class CertificateClient:
+    """A ``KubeClient`` whose client certificate comes from the certs Secret.
+
+    The certificate files in ``pki_dir`` do not exist before the certificate manager
+    wrote them (first start of a node), and a TLS client cannot be built without them.
+    This client builds its ``KubeClient`` on the first call made once the files are
+    there. While any file is missing (before the Secret was fetched, or after it was
+    deleted) every call fails with ``ConnectionFailed`` naming the missing files, which
+    the callers treat like an unreachable server (the coordinator prober reports
+    unhealthy, the elector keeps trying).
+    """
+
+    def __init__(self, reactor, make_config, required_files):
+        self._reactor = reactor
+        self._make_config = make_config
+        self._required_files = tuple(required_files)
+        self.client = None
+        self._closed = False
+
+    def _missing(self):
+        return [path for path in self._required_files if not os.path.exists(path)]
+
+    def _ensure(self):
+        if self._closed:
+            raise ConnectionFailed("client is closed")
+        # Checked on every call: certificates removed with the Secret end the use of
+        # this client at once (SPEC §6.8: no certs, coordinator unhealthy).
+        missing = self._missing()
+        if missing:
+            raise ConnectionFailed(f"certificates not available: {', '.join(missing)}")
+        if self.client is None:
+            self.client = KubeClient(self._reactor, self._make_config())
+        return self.client
+
+    def _call(self, method, *args, **kwargs):
+        try:
+            client = self._ensure()
+        except Exception:
+            return defer.fail()
+        return getattr(client, method)(*args, **kwargs)
+
+    def request(self, method, path, params=None, body=None, allow_empty=False):
+        return self._call("request", method, path, params=params, body=body,
+                          allow_empty=allow_empty)
+
+    def get(self, gvr, name, namespace=None):
+        return self._call("get", gvr, name, namespace)
+
+    def list(self, gvr, **kwargs):
+        return self._call("list", gvr, **kwargs)
+
+    def create(self, gvr, obj, namespace=None):
+        return self._call("create", gvr, obj, namespace)
+
+    def update(self, gvr, obj, namespace=None):
+        return self._call("update", gvr, obj, namespace)
+
+    def delete(self, gvr, name, namespace=None):
+        return self._call("delete", gvr, name, namespace)
+
+    def watch(self, gvr, on_event, **kwargs):
+        try:
+            client = self._ensure()
+        except ConnectionFailed as error:
+            return _NoWatch(error)
+        return client.watch(gvr, on_event, **kwargs)
+
+    def drop_connections(self):
+        if self.client is None:
+            return defer.succeed(None)
+        return self.client.drop_connections()
+
+    def close(self):
+        self._closed = True
+        if self.client is None:
+            return defer.succeed(None)
+        return self.client.close()
+
+
+class InFlight:
+    """Deferreds of long steps (opening the pool store, uploading) that a stop must
+    cancel instead of waiting for their retries to run out."""
+
+    def __init__(self):
+        self._running = set()
+
+    def track(self, d):
+        self._running.add(d)
+
+        def done(result):
+            self._running.discard(d)
+            return result
+
+        d.addBoth(done)
+        return d
+
+    def cancel_all(self):
+        for d in list(self._running):
+            d.cancel()
+
+
+class Agent(service.MultiService):
+    """One yurtcoord agent: its config, metrics, parts and their start/stop stages.
+
+    Attributes for tests and the sandbox: ``metrics``, ``status_source``,
+    ``status_http`` (``.url``), ``cloud_clients`` ({url: KubeClient}),
+    ``cloud_checker``; with the coordinator enabled also ``coordinator_client``,
+    ``coordinator_checker``, ``etcd``, ``coordinator``, ``hub_elector``,
+    ``pool_sync``, ``delegation``, ``synced_detector``, ``cert_manager`` (None with
+    ``insecure``).
+    """
+
+    log = Logger()
+
+    def __init__(self, config, reactor, stop_timeout=STOP_TIMEOUT):
         super().__init__()
         self.config = config
         self.reactor = reactor
+        self.stop_timeout = stop_timeout
         self.metrics = Metrics(config.node.name, config.node.pool)
-        self.status_source = InitialStatus(
-            config.node.name, config.node.pool, config.cloud.servers,
-            since=reactor.seconds())
+        self._closers = []
+        self.cert_manager = None
+        self._first_probes_wait = None
+
+        with self._section("cloud"):
+            self.cloud_clients = {
+                url: self._own(KubeClient(reactor, self._cloud_client_config(url)))
+                for url in config.cloud.servers}
+        self.kubelet_checker = self._build_kubelet_checker()
+        self.cloud_checker = CloudHealthChecker.for_servers(
+            reactor, self.cloud_clients, config.node.name, config.heartbeat,
+            kubelet=self.kubelet_checker, metrics=self.metrics)
+
+        self.coordinator = None
+        self.hub_elector = None
+        if config.coordinator.enabled:
+            with self._section("coordinator"):
+                self._build_coordinator()
+            self.status_source = self.coordinator
+        else:
+            self.status_source = CloudOnlyStatus(
+                config.node.name, config.node.pool, self.cloud_checker, reactor.seconds())
+
         self.status_http = StatusHTTPService(
-            config.server.listen,
-            status_site(self.status_source, self.metrics, reactor),
+            config.server.listen, status_site(self.status_source, self.metrics, reactor),
             reactor)
         self.status_http.setName("status-http")
         self.status_http.setServiceParent(self)
+        StageService("probes", self._start_probes, self._stop_probes).setServiceParent(self)
+        if self.coordinator is not None:
+            StageService("coordinator", None, self._stop_coordinator).setServiceParent(self)
+            StageService("hub-elector", self._start_hub_elector,
+                         self._stop_hub_elector).setServiceParent(self)
+        # Not a child (nothing to start): stopped after every stage that uses the
+        # clients and before the status pages (see stopService).
+        self._client_stage = StageService("clients", None, self._close_clients)
+
+    # -- building ----------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _section(self, section):
+        """Credentials that do not load (unreadable CA, broken kubeconfig) are a
+        configuration error of ``section``, reported as one line, not a traceback."""
+        try:
+            yield
+        except (ValueError, OSError) as error:
+            raise ConfigError(self.config.source, f"cannot build the clients: {error}",
+                              section=section) from None
+
+    def _own(self, closeable):
+        """Remember ``closeable`` for the last stop stage (``close()`` it)."""
+        self._closers.append(closeable)
+        return closeable
+
+    def _cloud_client_config(self, url, cert_pair=None):
+        """Client config for cloud server ``url``; with ``cert_pair`` its client
+        certificate replaces the configured cloud credentials (node-lease-proxy)."""
+        cloud = self.config.cloud
+        overrides = {}
+        if cert_pair is not None:
+            overrides = dict(cert_file=cert_pair.cert_file, key_file=cert_pair.key_file,
+                             cert_data=None, key_data=None, token=None, token_file=None)
+        if cloud.kubeconfig is not None:
+            if cloud.insecure:
+                overrides["insecure"] = True
+            return ClientConfig.from_kubeconfig(cloud.kubeconfig, server=url,
+                                                timeout=REQUEST_TIMEOUT, **overrides)
+        values = dict(server=url, ca_file=cloud.ca_file, cert_file=cloud.cert_file,
+                      key_file=cloud.key_file, token_file=cloud.token_file,
+                      insecure=cloud.insecure, timeout=REQUEST_TIMEOUT)
+        values.update(overrides)
+        return ClientConfig(**values)
+
+    def _build_kubelet_checker(self):
+        heartbeat = self.config.heartbeat
+        if not heartbeat.kubelet_healthz_url:
+            return None
+        pool = HTTPConnectionPool(self.reactor, persistent=False)
+        http = treq.client.HTTPClient(HTTPAgent(self.reactor, pool=pool,
+                                                connectTimeout=heartbeat.timeout))
+        return KubeletHealthChecker(
+            self.reactor, http.get, heartbeat.kubelet_healthz_url,
+            heartbeat.kubelet_grace_period, interval=heartbeat.interval,
+            timeout=heartbeat.timeout)
+
+    def _build_coordinator(self):
+        config, reactor, node = self.config, self.reactor, self.config.node.name
+        coordinator_config = config.coordinator
+        pool_cache = config.pool_cache
+
+        healthy_cloud = HealthyCloudClient(self.cloud_checker.pick_healthy_server,
+                                           self.cloud_clients.__getitem__)
+        if coordinator_config.insecure:
+            self.coordinator_client = self._own(KubeClient(reactor, ClientConfig(
+                server=coordinator_config.server, insecure=True, timeout=REQUEST_TIMEOUT)))
+            etcd_config = EtcdConfig(url=coordinator_config.storage)
+            # No node-lease-proxy certificate without TLS: delegated heartbeats go
+            # through the cloud clients and their configured credentials.
+            self.lease_proxy_clients = self.cloud_clients
+        else:
+            self._build_certificate_clients(healthy_cloud)
+            pair = self.cert_manager.yurthub_client_pair
+            etcd_config = EtcdConfig(url=coordinator_config.storage,
+                                     ca_file=self.cert_manager.ca_file,
+                                     cert_file=pair.cert_file, key_file=pair.key_file)
+        self.etcd = self._own(EtcdClient(reactor, etcd_config))
+
+        self.coordinator_checker = CoordinatorHealthChecker(
+            reactor, self.coordinator_client, node, coordinator_config.server,
+            self.cloud_checker, config.heartbeat, kubelet=self.kubelet_checker)
+
+        self.pool_scope = PoolScopeResources(reactor, healthy_cloud)
+        self.pool_sync = PoolSyncManager(
+            reactor, node, self.coordinator_client, healthy_cloud, self.pool_scope,
+            informer_lease_renew=pool_cache.informer_lease_renew, metrics=self.metrics)
+        self.delegation = HeartbeatDelegation(
+            reactor,
+            make_informer=lambda: Informer(reactor, self.coordinator_client, LEASES,
+                                           namespace=NODE_LEASE_NAMESPACE),
+            pick_healthy_server=self.cloud_checker.pick_healthy_server,
+            cloud_client_for=self.lease_proxy_clients.__getitem__,
+            metrics=self.metrics)
+        self.synced_detector = PoolCacheSyncedDetector(
+            reactor, self.coordinator_client, pool_cache.stale_timeout,
+            on_synced_change=self._pool_cache_synced_changed)
+
+        self._in_flight = InFlight()
+        self.coordinator = Coordinator(
+            reactor, node, self._open_pool_store, self.pool_sync, self.delegation,
+            self.synced_detector, self._upload_local_cache,
+            retry_delay=backoff_policy(Backoff(initial=ROLE_RETRY_INITIAL,
+                                               maximum=ROLE_RETRY_MAXIMUM)),
+            metrics=self.metrics, pool_name=config.node.pool,
+            cloud_servers=self.cloud_checker.servers,
+            coordinator_healthy=lambda: self.coordinator_checker.healthy,
+            leader=lambda: self.hub_elector.leader,
+            delegated_heartbeats=lambda: self.delegation.delegated_heartbeats)
+
+        election = config.leader_election
+        self.election_config = LeaderElectionConfig(
+            lease_namespace=election.lease_namespace, lease_name=election.lease_name,
+            identity=node, lease_duration=election.lease_duration,
+            renew_deadline=election.renew_deadline, retry_period=election.retry_period,
+            release_on_cancel=True)
+        self.hub_elector = HubElector(
+            reactor, self.cloud_checker, self.coordinator_checker, self._make_elector,
+            election.check_interval, on_role=self.coordinator.set_role)
+
+    def _build_certificate_clients(self, healthy_cloud):
+        """Clients whose certificates the certificate manager fetches from the cloud."""
+        reactor, coordinator_config = self.reactor, self.config.coordinator
+        self.cert_manager = CertManager(
+            reactor, healthy_cloud, coordinator_config.pki_dir,
+            coordinator_config.secret_namespace, on_change=self._certificates_changed)
+        ca_file = self.cert_manager.ca_file
+        pair = self.cert_manager.yurthub_client_pair
+        self.coordinator_client = self._own(CertificateClient(
+            reactor,
+            lambda: ClientConfig(server=coordinator_config.server, ca_file=ca_file,
+                                 cert_file=pair.cert_file, key_file=pair.key_file,
+                                 timeout=REQUEST_TIMEOUT),
+            (ca_file, pair.cert_file, pair.key_file)))
+        proxy_pair = self.cert_manager.node_lease_proxy_pair
+        self.lease_proxy_clients = {
+            url: self._own(CertificateClient(
+                reactor, lambda url=url: self._cloud_client_config(url, proxy_pair),
+                (proxy_pair.cert_file, proxy_pair.key_file)))
+            for url in self.config.cloud.servers}
+
+    def _make_elector(self, started_leading, stopped_leading, new_leader):
+        return LeaderElector(self.reactor, self.coordinator_client, self.election_config,
+                             started_leading, stopped_leading, new_leader)
+
+    def _pool_cache_synced_changed(self, synced):
+        self.coordinator.set_pool_cache_synced(synced)
+
+    def _certificates_changed(self):
+        """New certificate files: idle connections still use the old ones, drop them."""
+        for client in [self.coordinator_client, *self.lease_proxy_clients.values()]:
+            client.drop_connections()
+
+    # -- what the coordinator calls ----------------------------------------------------------
+
+    def _open_pool_store(self):
+        """A started pool store over the agent's etcd client, once etcd answered."""
+        coordinator_config, pool_cache = self.config.coordinator, self.config.pool_cache
+
+        @defer.inlineCallbacks
+        def open_store():
+            os.makedirs(pool_cache.local_cache_dir, exist_ok=True)
+            key_cache = ComponentKeyCache.in_directory(pool_cache.local_cache_dir).load()
+            yield self.etcd.status(timeout=STORE_CHECK_TIMEOUT)
+            store = PoolStore(self.reactor, self.etcd, coordinator_config.storage_prefix,
+                              key_cache, metrics=self.metrics, close_client=False)
+            return store.start()
+
+        return self._in_flight.track(open_store())
+
+    def _upload_local_cache(self, store):
+        pool_cache = self.config.pool_cache
+        uploader = LocalCacheUploader(
+            store, LocalCacheReader(pool_cache.local_cache_dir),
+            pool_cache.upload_resources, metrics=self.metrics, reactor=self.reactor)
+        return self._in_flight.track(uploader.upload())
+
+    # -- starting and stopping ----------------------------------------------------------
+
+    def _probers(self):
+        probers = [self.cloud_checker]
+        if self.coordinator is not None:
+            probers.append(self.coordinator_checker)
+            if self.cert_manager is not None:
+                probers.append(self.cert_manager)
+        return probers
+
+    def _start_probes(self):
+        if self.kubelet_checker is not None:
+            self.kubelet_checker.start()
+        for prober in self._probers():
+            # A prober that cannot start (pki_dir not writable) leaves the coordinator
+            # unhealthy, which /status and /healthz show; the agent keeps serving.
+            defer.maybeDeferred(prober.start).addErrback(
+                lambda failure, prober=prober: self.log.error(
+                    "cannot start {prober} on node {node}: {error}",
+                    prober=type(prober).__name__, node=self.config.node.name,
+                    error=failure.getErrorMessage()))
+
+    def _stop_probes(self):
+        stops = [defer.maybeDeferred(p.stop) for p in reversed(self._probers())]
+        if self.kubelet_checker is not None:
+            stops.append(self.kubelet_checker.stop())
+        return defer.gatherResults(stops, consumeErrors=True)
+
+    def _start_hub_elector(self):
+        """Start the hub elector once every prober has answered once (each answers
+        within ``[heartbeat] timeout``): role ``init`` means "no health check decided
+        yet", and an elector checking before any probe answered would call every
+        starting agent ``pending`` first."""
+        probers = [*self.cloud_checker.probers, self.coordinator_checker.prober]
+        deadline = self.reactor.seconds() + self.config.heartbeat.timeout + FIRST_PROBE_SLACK
+
+        def first_probes_answered():
+            if all(p.probes for p in probers) or self.reactor.seconds() >= deadline:
+                self._first_probes_wait.stop()
+                self._first_probes_wait = None
+                self.hub_elector.start()
+
+        self._first_probes_wait = LoopingCall(first_probes_answered)
+        self._first_probes_wait.clock = self.reactor
+        self._first_probes_wait.start(FIRST_PROBE_POLL_INTERVAL, now=True)
+
+    def _stop_hub_elector(self):
+        wait, self._first_probes_wait = self._first_probes_wait, None
+        if wait is not None and wait.running:
+            wait.stop()
+        return self.hub_elector.stop()
+
+    def _stop_coordinator(self):
+        stopped = self.coordinator.stop()
+        # The coordinator waits for its current step; opening the store or uploading
+        # could otherwise retry for a long time against a dead etcd.
+        self._in_flight.cancel_all()
+        return stopped
+
+    def _close_clients(self):
+        return defer.gatherResults([defer.maybeDeferred(c.close) for c in self._closers],
+                                   consumeErrors=True)
+
+    def startService(self):
+        self.log.info("agent {node} of pool {pool} starting (coordinator {enabled})",
+                      node=self.config.node.name, pool=self.config.node.pool,
+                      enabled="enabled" if self.config.coordinator.enabled else "disabled")
+        super().startService()
+
+    @defer.inlineCallbacks
+    def stopService(self):
+        """Stop the stages one after the other, in reverse start order; the clients
+        close after every stage that uses them, the status pages last."""
+        service.Service.stopService(self)
+        stages = list(self)
+        stages.reverse()
+        stages.insert(len(stages) - 1, self._client_stage)
+        for stage in stages:
+            if stage is not self._client_stage and not stage.running:
+                continue
+            yield self._stop_stage(stage)
+        self.log.info("agent {node} stopped", node=self.config.node.name)
+
+    def _stop_stage(self, stage):
+        d = defer.maybeDeferred(stage.stopService)
+        d.addTimeout(self.stop_timeout, self.reactor)
+
+        def failed(failure):
+            self.log.warn("stopping {stage} of agent {node} failed: {error}",
+                          stage=stage.name, node=self.config.node.name,
+                          error=failure.getErrorMessage() or failure.type.__name__)
+
+        return d.addErrback(failed)
 
 
 def make_service(config, reactor):

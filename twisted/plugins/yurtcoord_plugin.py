@@ -101,11 +101,17 @@ class YurtcoordServiceMaker:
         from twisted.internet import reactor
         from twisted.logger import Logger
 
+        from yurtcoord.config import ConfigError
         from yurtcoord.service import make_service
 
         log = Logger(namespace="yurtcoord")
+        try:
+            agent = make_service(options["loaded_config"], reactor)
+        except ConfigError as error:
+            # Credentials named by a valid config may still not load (a missing CA file).
+            _exit_with_one_line(error, EXIT_CONFIG_ERROR)
         reactor.callWhenRunning(stop_cleanly_on_sigterm, reactor, log)
-        return ExitOnStartFailure(make_service(options["loaded_config"], reactor), log)
+        return ExitOnStartFailure(agent, log)
 
 
 service_maker = YurtcoordServiceMaker()

@@ -1,0 +1,533 @@
+"""The composition root over real sockets: an agent built by ``make_service`` from its
+config, against a cloud and a coordinator Kubernetes API test server and a real etcd.
+
+``PoolWorld`` (the servers, etcd, temp dirs and the config text of each agent) and
+``StatusReader`` are shared with ``test_agents_live``.
+"""
+
+import base64
+import json
+import os
+
+import treq.client
+from twisted.internet import defer, reactor
+from twisted.internet.task import Clock
+from twisted.trial import unittest
+from twisted.web.client import Agent as HTTPAgent, HTTPConnectionPool
+from twisted.web.resource import Resource
+from twisted.web.server import Site
+
+from yurtcoord.certs import CERTS_SECRET_NAME
+from yurtcoord.config import parse_config
+from yurtcoord.health import DELEGATE_HEARTBEAT_ANNOTATION, NODE_LEASE_NAMESPACE
+from yurtcoord.kube.client import ClientConfig, KubeClient
+from yurtcoord.kube.errors import ConnectionFailed
+from yurtcoord.kube.gvr import ENDPOINTS, LEASES, SECRETS
+from yurtcoord.kube.lease import LeaseRecord
+from yurtcoord.poolsync import INFORMER_SYNC_LEASE_NAME, INFORMER_SYNC_LEASE_NAMESPACE
+from yurtcoord.service import make_service
+from yurtcoord.testing.apiserver import KubeAPIServer
+from yurtcoord.testing.etcd import EtcdProcess, etcd_binary_for
+from yurtcoord.testing.pki import TestCA
+from yurtcoord.testing.poll import PollTimeout, poll_until
+from yurtcoord.testing.tcpproxy import TCPProxy
+
+ELECTION_NAMESPACE, ELECTION_LEASE = "kube-system", "yurthub"
+POOL = "pool-a"
+# Generous bounds for a loaded 2-core CI machine; the timings below make each step
+# take well under a second when nothing else runs.
+STEP_TIMEOUT = 20.0
+
+
+def agent_config_text(node, cloud_urls, coordinator_url, etcd_url, pki_dir, cache_dir,
+                      enabled=True, coordinator_tls=False, heartbeat_extra=""):
+    """Ini text of one test agent: short timings (lease 2 s, renew 1.5 s, retry 0.3 s,
+    check and heartbeat every 0.3 s, healthy after one probe), plain http to the cloud,
+    plain http or TLS (certificates from the certs Secret) to the coordinator."""
+    return f"""
+[node]
+name = {node}
+pool = {POOL}
+
+[cloud]
+servers = {", ".join(cloud_urls)}
+insecure = true
+
+[coordinator]
+enabled = {"true" if enabled else "false"}
+server = {coordinator_url}
+storage = {etcd_url}
+storage_prefix = /registry
+pki_dir = {pki_dir}
+insecure = {"false" if coordinator_tls else "true"}
+
+[leader_election]
+lease_namespace = {ELECTION_NAMESPACE}
+lease_name = {ELECTION_LEASE}
+lease_duration = 2s
+renew_deadline = 1500ms
+retry_period = 300ms
+check_interval = 300ms
+
+[heartbeat]
+interval = 300ms
+failed_retry = 3
+healthy_threshold = 1
+timeout = 1s
+{heartbeat_extra}
+
+[pool_cache]
+informer_lease_renew = 1s
+stale_timeout = 3s
+upload_resources = kubelet/pods/v1
+local_cache_dir = {cache_dir}
+
+[server]
+listen = 127.0.0.1:0
+"""
+
+
+def write_cached_pod(cache_dir, name, resource_version, namespace="default"):
+    """A pod in the node's yurthub disk cache layout (``kubelet/pods.v1.core``)."""
+    directory = os.path.join(cache_dir, "kubelet", "pods.v1.core", namespace)
+    os.makedirs(directory, exist_ok=True)
+    pod = {"apiVersion": "v1", "kind": "Pod",
+           "metadata": {"name": name, "namespace": namespace,
+                        "resourceVersion": str(resource_version)}}
+    with open(os.path.join(directory, name), "w", encoding="utf-8") as f:
+        json.dump(pod, f)
+
+
+class StatusReader:
+    """GETs an agent's status pages over a non-persistent pool (no idle sockets left)."""
+
+    def __init__(self):
+        pool = HTTPConnectionPool(reactor, persistent=False)
+        self.http = treq.client.HTTPClient(HTTPAgent(reactor, pool=pool, connectTimeout=2))
+
+    @defer.inlineCallbacks
+    def get(self, base_url, page):
+        """``(code, body bytes)`` of ``base_url/page``."""
+        response = yield self.http.get(f"{base_url}/{page}")
+        body = yield response.content()
+        return response.code, body
+
+    @defer.inlineCallbacks
+    def status(self, base_url):
+        code, body = yield self.get(base_url, "status")
+        if code != 200:
+            raise AssertionError(f"/status answered {code}: {body!r}")
+        return json.loads(body)
+
+    @defer.inlineCallbacks
+    def metrics(self, base_url):
+        """``{name or name{labels}: value}`` of the Prometheus text page."""
+        code, body = yield self.get(base_url, "metrics")
+        if code != 200:
+            raise AssertionError(f"/metrics answered {code}")
+        samples = {}
+        for line in body.decode("utf-8").splitlines():
+            if line and not line.startswith("#"):
+                name, _, value = line.rpartition(" ")
+                samples[name] = float(value)
+        return samples
+
+
+class PoolWorld:
+    """A cloud and a coordinator API test server and a real etcd 3.5 (3.4 when 3.5
+    is missing), plus temp dirs, for agents built with ``make_service``.
+
+    With ``tls`` the coordinator apiserver and etcd serve TLS and require client
+    certificates of a test CA, and the cloud holds the certs Secret with them.
+    """
+
+    def __init__(self, test, tls=False):
+        self.test = test
+        self.tls = tls
+        self.cloud = KubeAPIServer(reactor)
+        binary = etcd_binary_for("3.5") or etcd_binary_for("3.4")
+        if tls:
+            self.ca = TestCA(test.mktemp())
+            self.ca.server_pair("server")
+            self.coordinator = KubeAPIServer(reactor, tls_dir=self.ca.directory)
+            self.etcd = EtcdProcess(binary, tls_ca=self.ca)
+        else:
+            self.coordinator = KubeAPIServer(reactor)
+            self.etcd = EtcdProcess(binary)
+        self.agents = []
+
+    def certs_secret(self):
+        """The certs Secret (SPEC §5) with client pairs of the test CA."""
+        yurthub = self.ca.client_pair("yurthub-client", "system:node:yurthub",
+                                      ["system:nodes"])
+        proxy = self.ca.client_pair("lease-proxy-client", "system:node-lease-proxy")
+        files = {
+            "ca.crt": self.ca.ca_file,
+            "yurt-coordinator-yurthub-client.crt": yurthub.cert_file,
+            "yurt-coordinator-yurthub-client.key": yurthub.key_file,
+            "node-lease-proxy-client.crt": proxy.cert_file,
+            "node-lease-proxy-client.key": proxy.key_file,
+        }
+        data = {}
+        for key, path in files.items():
+            with open(path, "rb") as f:
+                data[key] = base64.b64encode(f.read()).decode("ascii")
+        return {"metadata": {"name": CERTS_SECRET_NAME, "namespace": "kube-system"},
+                "type": "Opaque", "data": data}
+
+    @defer.inlineCallbacks
+    def start(self):
+        self.etcd.start()
+        self.test.addCleanup(self.etcd.stop)
+        yield self.cloud.start()
+        self.test.addCleanup(self.cloud.stop)
+        yield self.coordinator.start()
+        self.test.addCleanup(self.coordinator.stop)
+
+    def config(self, node, cloud_urls=None, enabled=True, heartbeat_extra=""):
+        base = self.test.mktemp()
+        cache_dir = os.path.join(base, "cache")
+        os.makedirs(cache_dir)
+        text = agent_config_text(node, cloud_urls or [self.cloud.url], self.coordinator.url,
+                                 self.etcd.client_url, os.path.join(base, "pki"), cache_dir,
+                                 enabled=enabled, coordinator_tls=self.tls,
+                                 heartbeat_extra=heartbeat_extra)
+        return parse_config(text, f"<{node}>")
+
+    def start_agent(self, config):
+        """Build and start an agent; it is stopped at cleanup unless stopped before."""
+        agent = make_service(config, reactor)
+        agent.startService()
+        self.agents.append(agent)
+        self.test.addCleanup(self._stop_if_running, agent)
+        return agent
+
+    @staticmethod
+    def _stop_if_running(agent):
+        if agent.running:
+            return agent.stopService()
+        return None
+
+    def election_lease(self):
+        lease = self.coordinator.store.get(LEASES, ELECTION_LEASE, ELECTION_NAMESPACE)
+        return LeaseRecord.from_lease(lease) if lease is not None else None
+
+    def node_lease(self, server, node):
+        return server.store.get(LEASES, node, NODE_LEASE_NAMESPACE)
+
+
+class AgentServiceTests(unittest.TestCase):
+    timeout = 90
+
+    @defer.inlineCallbacks
+    def setUp(self):
+        self.world = PoolWorld(self)
+        yield self.world.start()
+        self.reader = StatusReader()
+
+    @defer.inlineCallbacks
+    def wait_for_status(self, agent, what, predicate, timeout=STEP_TIMEOUT):
+        """Poll the agent's ``/status`` until ``predicate(document)``; the document."""
+        seen = {}
+
+        @defer.inlineCallbacks
+        def check():
+            seen["status"] = yield self.reader.status(agent.status_http.url)
+            return predicate(seen["status"])
+
+        yield poll_until(check, timeout, 0.02, reactor, what=what)
+        return seen["status"]
+
+    @defer.inlineCallbacks
+    def test_agent_leads_becomes_ready_and_releases_its_lease_on_stop(self):
+        config = self.world.config("edge-1")
+        write_cached_pod(config.pool_cache.local_cache_dir, "pod-a", 7)
+        self.world.cloud.store.create(ENDPOINTS, {
+            "metadata": {"name": "svc-a", "namespace": "default"}, "subsets": []})
+        agent = self.world.start_agent(config)
+
+        status = yield self.wait_for_status(
+            agent, "edge-1 leading and ready",
+            lambda s: s["role"] == "leader" and s["ready"])
+        self.assertEqual(status["leader"], "edge-1")
+        self.assertEqual(status["cloud"], {self.world.cloud.url: True})
+        self.assertTrue(status["coordinator_healthy"])
+        self.assertTrue(status["pool_cache_synced"])
+        self.assertTrue(status["local_cache_uploaded"])
+        code, body = yield self.reader.get(agent.status_http.url, "healthz")
+        self.assertEqual((code, body), (200, b"ok\n"))
+        code, _ = yield self.reader.get(agent.status_http.url, "readyz")
+        self.assertEqual(code, 200)
+        metrics = yield self.reader.metrics(agent.status_http.url)
+        self.assertEqual(metrics["node_yurthub_yurt_coordinator_yurthub_role"], 1)
+        self.assertEqual(metrics["node_yurthub_yurt_coordinator_ready_status"], 1)
+
+        # What the agent wrote, read back independently: the uploaded pod and the
+        # mirrored endpoints in etcd (etcdctl), the leases on the apiservers.
+        stored = self.world.etcd.read("/registry/", prefix=True)
+        self.assertIn(b"/registry/pods/default/pod-a", stored)
+        self.assertIn(b"/registry/services/endpoints/default/svc-a", stored)
+        self.assertIsNotNone(self.world.node_lease(self.world.cloud, "edge-1"))
+        self.assertIsNotNone(self.world.coordinator.store.get(
+            LEASES, INFORMER_SYNC_LEASE_NAME, INFORMER_SYNC_LEASE_NAMESPACE))
+        self.assertEqual(self.world.election_lease().holder_identity, "edge-1")
+
+        stopped = []
+        for stage in [*agent, agent._client_stage]:
+            original = stage.stopService
+
+            def recording(stage=stage, original=original):
+                stopped.append(stage.name)
+                return original()
+
+            stage.stopService = recording
+        yield agent.stopService()
+
+        self.assertEqual(stopped, ["hub-elector", "coordinator", "probes", "clients",
+                                   "status-http"])
+        record = self.world.election_lease()
+        self.assertEqual(record.holder_identity, "")
+        self.assertEqual(record.lease_duration_seconds, 1)
+        self.assertIsNone(agent.status_http.port)
+        self.assertEqual(agent.coordinator.store, None)
+
+    @defer.inlineCallbacks
+    def test_role_stays_init_until_the_first_probes_answered(self):
+        """No agent is called pending merely because its first probes are still on
+        the way: the first role follows the first answers."""
+        self.world.coordinator.faults.latency = 0.3
+        agent = make_service(self.world.config("edge-1"), reactor)
+        roles = []
+        set_role = agent.coordinator.set_role
+        agent.hub_elector._on_role = lambda role: (roles.append(role.value), set_role(role))
+        agent.startService()
+        self.addCleanup(agent.stopService)
+        status = yield self.reader.status(agent.status_http.url)
+        self.assertEqual(status["role"], "init")
+        yield self.wait_for_status(agent, "edge-1 leading", lambda s: s["role"] == "leader")
+        self.assertEqual(roles, ["follower", "leader"])
+
+    @defer.inlineCallbacks
+    def test_cloud_cut_makes_a_follower_that_delegates_its_heartbeat(self):
+        """One agent alone, cloud down: follower, node lease on the coordinator with
+        the delegate annotation; cloud back: leader again, annotation removed."""
+        agent = self.world.start_agent(self.world.config("edge-1"))
+        yield self.wait_for_status(agent, "edge-1 leading", lambda s: s["role"] == "leader")
+
+        yield self.world.cloud.faults.down()
+        status = yield self.wait_for_status(
+            agent, "edge-1 follower without the cloud", lambda s: s["role"] == "follower")
+        self.assertEqual(status["cloud"], {self.world.cloud.url: False})
+
+        def delegated():
+            lease = self.world.node_lease(self.world.coordinator, "edge-1")
+            annotations = (lease or {}).get("metadata", {}).get("annotations") or {}
+            return annotations.get(DELEGATE_HEARTBEAT_ANNOTATION) == "true"
+
+        yield poll_until(delegated, STEP_TIMEOUT, 0.02, reactor,
+                         what="the delegate annotation on edge-1's coordinator lease")
+
+        yield self.world.cloud.faults.up()
+        yield self.wait_for_status(agent, "edge-1 leading again", lambda s: s["role"] == "leader")
+        yield poll_until(lambda: not delegated(), STEP_TIMEOUT, 0.02, reactor,
+                         what="the delegate annotation removed")
+
+    @defer.inlineCallbacks
+    def test_stop_is_bounded_when_every_peer_is_down(self):
+        agent = self.world.start_agent(self.world.config("edge-1"))
+        yield self.wait_for_status(agent, "edge-1 leading", lambda s: s["role"] == "leader")
+
+        yield self.world.coordinator.faults.down()
+        yield self.world.cloud.faults.down()
+        self.world.etcd.kill()
+        began = reactor.seconds()
+        yield agent.stopService()
+        # The release attempt fails at once (connection refused); nothing waits for
+        # a timeout.
+        self.assertLess(reactor.seconds() - began, 5.0)
+        self.assertIsNone(agent.status_http.port)
+
+    @defer.inlineCallbacks
+    def test_coordinator_disabled_probes_the_cloud_and_stays_init(self):
+        agent = self.world.start_agent(self.world.config("edge-1", enabled=False))
+        self.assertIsNone(agent.coordinator)
+        status = yield self.wait_for_status(
+            agent, "cloud healthy", lambda s: s["cloud"] == {self.world.cloud.url: True})
+        self.assertEqual((status["role"], status["healthy"], status["ready"]),
+                         ("init", False, False))
+        code, _ = yield self.reader.get(agent.status_http.url, "healthz")
+        self.assertEqual(code, 503)
+        self.assertIsNotNone(self.world.node_lease(self.world.cloud, "edge-1"))
+        self.assertIsNone(self.world.election_lease())
+        metrics = yield self.reader.metrics(agent.status_http.url)
+        self.assertEqual(metrics["node_yurthub_yurt_coordinator_yurthub_role"], 0)
+        self.assertEqual(
+            metrics[f'node_yurthub_server_healthy_status{{server="{self.world.cloud.url}"}}'], 1)
+        yield agent.stopService()
+        self.assertIsNone(agent.status_http.port)
+
+
+    @defer.inlineCallbacks
+    def test_a_dead_kubelet_stops_the_heartbeats_and_the_role(self):
+        """With ``kubelet_healthz_url`` the probes stop once the kubelet has not been
+        healthy for its grace period: the agent goes pending instead of keeping a
+        dead node alive."""
+        kubelet = KubeletStandIn()
+        port = reactor.listenTCP(0, Site(kubelet), interface="127.0.0.1")
+        self.addCleanup(port.stopListening)
+        config = self.world.config("edge-1", heartbeat_extra=(
+            f"kubelet_healthz_url = http://127.0.0.1:{port.getHost().port}/healthz\n"
+            "kubelet_grace_period = 1s"))
+        agent = self.world.start_agent(config)
+        self.assertIsNotNone(agent.kubelet_checker)
+        yield self.wait_for_status(agent, "edge-1 leading", lambda s: s["role"] == "leader")
+
+        kubelet.code = 500
+        status = yield self.wait_for_status(
+            agent, "edge-1 pending with a dead kubelet", lambda s: s["role"] == "pending")
+        self.assertEqual(status["cloud"], {self.world.cloud.url: False})
+        self.assertFalse(status["coordinator_healthy"])
+
+        kubelet.code = 200
+        yield self.wait_for_status(agent, "edge-1 leading again",
+                                   lambda s: s["role"] == "leader")
+
+
+class KubeletStandIn(Resource):
+    """A kubelet healthz endpoint answering ``code``."""
+
+    isLeaf = True
+
+    def __init__(self):
+        super().__init__()
+        self.code = 200
+
+    def render_GET(self, request):
+        request.setResponseCode(self.code)
+        return b"ok" if self.code == 200 else b"unhealthy"
+
+
+class AgentOverTLSTests(unittest.TestCase):
+    """``[coordinator] insecure = false``: the agent starts without certificates,
+    fetches them from the cloud's certs Secret, then talks TLS with client
+    certificates to the coordinator apiserver and to etcd."""
+
+    timeout = 90
+
+    @defer.inlineCallbacks
+    def setUp(self):
+        self.world = PoolWorld(self, tls=True)
+        yield self.world.start()
+        self.reader = StatusReader()
+
+    @defer.inlineCallbacks
+    def test_agent_waits_for_the_certs_secret_then_leads_over_tls(self):
+        config = self.world.config("edge-1")
+        self.assertTrue(config.coordinator.server.startswith("https://"))
+        agent = self.world.start_agent(config)
+        self.assertIsNotNone(agent.cert_manager)
+        with self.assertRaises(ConnectionFailed) as raised:
+            yield agent.coordinator_client.get(LEASES, "edge-1", namespace="kube-node-lease")
+        self.assertIn("certificates not available", str(raised.exception))
+        status = yield self.reader.status(agent.status_http.url)
+        self.assertIn(status["role"], ("init", "pending"))
+
+        self.world.cloud.store.create(SECRETS, self.world.certs_secret())
+
+        @defer.inlineCallbacks
+        def leading_and_ready():
+            document = yield self.reader.status(agent.status_http.url)
+            return document["role"] == "leader" and document["ready"]
+
+        yield poll_until(leading_and_ready, STEP_TIMEOUT, 0.02, reactor,
+                         what="edge-1 leading and ready over TLS")
+        self.assertEqual(self.world.election_lease().holder_identity, "edge-1")
+        self.assertIn("CN=system:node:yurthub,O=system:nodes",
+                      set(self.world.coordinator.client_subjects))
+        pki_files = sorted(os.listdir(config.coordinator.pki_dir))
+        self.assertIn("yurt-coordinator-yurthub-client.key", pki_files)
+        self.assertEqual(os.stat(os.path.join(
+            config.coordinator.pki_dir, "yurt-coordinator-yurthub-client.key")).st_mode & 0o777,
+            0o600)
+
+        # Secret deleted: certificates removed, the coordinator is unhealthy.
+        self.world.cloud.store.delete(SECRETS, CERTS_SECRET_NAME, "kube-system")
+        status = yield self.wait_for_pending(agent)
+        self.assertFalse(status["coordinator_healthy"])
+        self.assertNotIn("yurt-coordinator-yurthub-client.key",
+                         os.listdir(config.coordinator.pki_dir))
+        yield agent.stopService()
+
+    @defer.inlineCallbacks
+    def wait_for_pending(self, agent):
+        seen = {}
+
+        @defer.inlineCallbacks
+        def pending():
+            seen["status"] = yield self.reader.status(agent.status_http.url)
+            return seen["status"]["role"] == "pending"
+
+        yield poll_until(pending, STEP_TIMEOUT, 0.02, reactor,
+                         what="edge-1 pending without certificates")
+        return seen["status"]
+
+
+class PollUntilTests(unittest.TestCase):
+    """The bounded wait every real-socket test here relies on, on a fake clock."""
+
+    def test_fires_once_the_condition_holds(self):
+        clock = Clock()
+        answers = iter([False, False, defer.succeed(True)])
+        d = poll_until(lambda: next(answers), 1.0, 0.1, clock, what="the third answer")
+        self.assertNoResult(d)
+        clock.advance(0.1)
+        self.assertNoResult(d)
+        clock.advance(0.1)
+        self.assertTrue(self.successResultOf(d))
+
+    def test_fails_after_the_deadline_naming_what_was_awaited(self):
+        clock = Clock()
+
+        def broken():
+            raise ValueError("no answer")
+
+        d = poll_until(broken, 0.5, 0.1, clock, what="a working server")
+        clock.pump([0.1] * 6)
+        failure = self.failureResultOf(d, PollTimeout)
+        self.assertIn("a working server", str(failure.value))
+        self.assertIn("ValueError: no answer", str(failure.value))
+        self.assertEqual(clock.getDelayedCalls(), [])
+
+
+class TCPProxyTests(unittest.TestCase):
+    """The per-agent cloud link of the live tests: forwards, cuts, restores."""
+
+    timeout = 30
+
+    @defer.inlineCallbacks
+    def setUp(self):
+        self.server = KubeAPIServer(reactor)
+        yield self.server.start()
+        self.addCleanup(self.server.stop)
+        self.proxy = TCPProxy(reactor, "127.0.0.1", self.server.port_number)
+        yield self.proxy.start()
+        self.addCleanup(self.proxy.stop)
+        self.client = KubeClient(reactor, ClientConfig(server=self.proxy.url(),
+                                                       insecure=True, timeout=5.0))
+        self.addCleanup(self.client.close)
+
+    @defer.inlineCallbacks
+    def test_cut_refuses_and_restore_forwards_again(self):
+        created = yield self.client.create(
+            LEASES, {"metadata": {"name": "edge-1", "namespace": "kube-node-lease"}})
+        self.assertEqual(created["metadata"]["name"], "edge-1")
+        self.assertGreater(self.proxy.connections, 0)
+
+        yield self.proxy.cut()
+        self.assertEqual(self.proxy.connections, 0)
+        with self.assertRaises(ConnectionFailed):
+            yield self.client.get(LEASES, "edge-1", namespace="kube-node-lease")
+
+        self.proxy.restore()
+        lease = yield self.client.get(LEASES, "edge-1", namespace="kube-node-lease")
+        self.assertEqual(lease["metadata"]["name"], "edge-1")
