@@ -1,0 +1,45 @@
+"""Configurations for agents that must start without reaching any peer.
+
+Every peer URL is a loopback port that nothing listens on, and every directory the
+agent writes to lies under the test's own directory: such an agent sends no traffic
+off the machine and leaves nothing behind.
+"""
+
+import os
+import socket
+
+
+def closed_loopback_port():
+    """A loopback port nothing listens on (bound once, then released)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def offline_ini(directory, node="edge-1", pool="pool-a", listen="127.0.0.1:0"):
+    """ini text of an agent whose cloud, coordinator and etcd are all unreachable."""
+    directory = os.path.abspath(directory)
+    closed = closed_loopback_port()
+    return (
+        f"[node]\nname = {node}\npool = {pool}\n"
+        f"[cloud]\nservers = https://127.0.0.1:{closed}\n"
+        f"[coordinator]\nserver = https://127.0.0.1:{closed}\n"
+        f"storage = https://127.0.0.1:{closed}\n"
+        f"pki_dir = {os.path.join(directory, 'pki')}\n"
+        f"[pool_cache]\nlocal_cache_dir = {os.path.join(directory, 'cache')}\n"
+        f"[server]\nlisten = {listen}\n"
+    )
+
+
+def localize_paths(ini_text, directory):
+    """``ini_text`` with ``pki_dir`` and ``local_cache_dir`` moved under ``directory``."""
+    directory = os.path.abspath(directory)
+    lines = []
+    for line in ini_text.splitlines():
+        key = line.split("=", 1)[0].strip()
+        if key == "pki_dir":
+            line = f"pki_dir = {os.path.join(directory, 'pki')}"
+        elif key == "local_cache_dir":
+            line = f"local_cache_dir = {os.path.join(directory, 'cache')}"
+        lines.append(line)
+    return "\n".join(lines) + "\n"
