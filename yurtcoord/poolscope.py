@@ -1,0 +1,404 @@
+"""The pool-scoped resources: which resources the leader mirrors into the pool store.
+
+The set is the defaults (``v1 endpoints``, ``discovery.k8s.io/v1`` and ``v1beta1
+endpointslices``) plus the entries of ConfigMap ``kube-system/yurt-hub-cfg``, key
+``pool_scope_resources``: a JSON list of ``{"group", "version", "resource"}`` whose
+field names match case-insensitively (SPEC §5). A value that is not such a list is
+reported once per change, naming the ConfigMap and key, and only the defaults are kept.
+
+A resource is kept only when the cloud's discovery (``/api/v1`` or
+``/apis/<group>/<version>``) serves it: a 404, or a listing without it, drops it with
+a warning naming it. Any other error is retried (3 times, 5 s apart, on the injected
+clock); if discovery still cannot answer, a resource that was already kept stays kept
+(a short cloud hiccup must not stop a running sync) and a new one is left out until
+the next change. Discovery also says whether a resource is namespaced.
+
+The ConfigMap is watched by an informer, so an edit takes effect without a restart:
+listeners get the new set whenever it changes.
+"""
+
+import json
+
+from twisted.internet import defer
+from twisted.logger import Logger
+
+from yurtcoord.kube import gvr as gvrs
+from yurtcoord.kube.errors import ConnectionFailed, NotFound
+from yurtcoord.kube.gvr import GroupVersionResource
+from yurtcoord.kube.informer import Informer
+
+POOL_SCOPE_CONFIGMAP_NAMESPACE = "kube-system"
+POOL_SCOPE_CONFIGMAP_NAME = "yurt-hub-cfg"
+POOL_SCOPE_CONFIGMAP_KEY = "pool_scope_resources"
+
+DEFAULT_POOL_SCOPE_RESOURCES = (
+    gvrs.ENDPOINTS,
+    gvrs.ENDPOINTSLICES_V1,
+    gvrs.ENDPOINTSLICES_V1BETA1,
+)
+
+DISCOVERY_RETRIES = 3
+DISCOVERY_RETRY_INTERVAL = 5.0
+
+
+def resource_id(gvr):
+    """``(group, version, resource)``: the identity of a resource, scope left out."""
+    return (gvr.group, gvr.version, gvr.resource)
+
+
+def describe(gvr):
+    """``endpoints.v1`` / ``endpointslices.v1.discovery.k8s.io``: a name for logs."""
+    group, version, resource = resource_id(gvr)
+    return f"{resource}.{version}.{group}" if group else f"{resource}.{version}"
+
+
+def parse_pool_scope_resources(text):
+    """The GroupVersionResources listed in the ConfigMap value ``text``.
+
+    Raises ValueError saying what is wrong: not JSON, not a list, an entry that is
+    not an object, or an entry without a version or resource.
+    """
+    try:
+        entries = json.loads(text)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"not JSON: {e}") from None
+    if not isinstance(entries, list):
+        raise ValueError(f"expected a JSON list, got {type(entries).__name__}")
+    found = []
+    for index, entry in enumerate(entries):
+        if not isinstance(entry, dict):
+            raise ValueError(f"entry {index} is not an object: {entry!r}")
+        fields = {str(k).lower(): v for k, v in entry.items()}
+        group = fields.get("group") or ""
+        version = fields.get("version")
+        resource = fields.get("resource")
+        if not all(isinstance(v, str) for v in (group, version, resource)) \
+                or not version or not resource:
+            raise ValueError(f"entry {index} needs string version and resource: {entry!r}")
+        found.append(GroupVersionResource(group.strip(), version.strip(), resource.strip()))
+    return found
+
+
+def merge_resources(defaults, extra):
+    """``defaults`` then ``extra``, each (group, version, resource) once, order kept."""
+    merged, seen = [], set()
+    for gvr in list(defaults) + list(extra):
+        if resource_id(gvr) not in seen:
+            seen.add(resource_id(gvr))
+            merged.append(gvr)
+    return merged
+
+
+class HealthyCloudClient:
+    """A client for "whichever cloud server is healthy now".
+
+    Every call asks ``pick_healthy_server()`` for a server URL and sends the request
+    through ``client_for(url)`` (a ``KubeClient``; the caller owns and closes them),
+    so an informer that reconnects after a failure moves on to a healthy server.
+    Cloud apiservers share one etcd, so resourceVersions carry over between them.
+    """
+
+    def __init__(self, pick_healthy_server, client_for):
+        self._pick = pick_healthy_server
+        self._client_for = client_for
+
+    def _client(self):
+        url = self._pick()
+        if not url:
+            raise ConnectionFailed("no healthy cloud server")
+        return self._client_for(url)
+
+    def _call(self, method, *args, **kwargs):
+        try:
+            client = self._client()
+        except ConnectionFailed:
+            return defer.fail()
+        return getattr(client, method)(*args, **kwargs)
+
+    def request(self, method, path, params=None, body=None, allow_empty=False):
+        return self._call("request", method, path, params=params, body=body,
+                          allow_empty=allow_empty)
+
+    def get(self, gvr, name, namespace=None):
+        return self._call("get", gvr, name, namespace)
+
+    def list(self, gvr, **kwargs):
+        return self._call("list", gvr, **kwargs)
+
+    def watch(self, gvr, on_event, **kwargs):
+        try:
+            client = self._client()
+        except ConnectionFailed as error:
+            return _FailedWatch(error)
+        return client.watch(gvr, on_event, **kwargs)
+
+
+class _FailedWatch:
+    """What ``watch`` returns when no server can be asked: already done, failed."""
+
+    events = 0
+    cancelled = False
+
+    def __init__(self, error):
+        self.done = defer.fail(error)
+
+    def cancel(self):
+        self.cancelled = True
+
+
+class PoolScopeResources:
+    """The served pool-scoped resources, kept current from the ConfigMap.
+
+    :param reactor: clock for the discovery retries.
+    :param cloud_client: a ``KubeClient`` or ``HealthyCloudClient`` of the cloud.
+    :param informer_factory: ``(reactor, client, gvr, namespace=, field_selector=)`` →
+        an informer; the real ``Informer`` by default.
+
+    ``resources`` is None until the first resolution, then a tuple of
+    GroupVersionResources (with discovery's ``namespaced``). ``add_listener(fn)``:
+    ``fn(resources)`` after every change of the set.
+    """
+
+    log = Logger()
+
+    def __init__(self, reactor, cloud_client, defaults=DEFAULT_POOL_SCOPE_RESOURCES,
+                 retries=DISCOVERY_RETRIES, retry_interval=DISCOVERY_RETRY_INTERVAL,
+                 informer_factory=Informer):
+        self.reactor = reactor
+        self.cloud_client = cloud_client
+        self.defaults = tuple(defaults)
+        self.retries = retries
+        self.retry_interval = retry_interval
+        self._informer_factory = informer_factory
+        self.resources = None
+        self.configured = list(self.defaults)
+        self.kinds = {}
+        self._listeners = []
+        self._informer = None
+        self._sync_wait = None
+        self._resolving = None
+        self._in_flight = set()
+        self._dirty = False
+        self._running = False
+
+    # -- public ------------------------------------------------------------------
+
+    @property
+    def running(self):
+        return self._running
+
+    def add_listener(self, listener):
+        self._listeners.append(listener)
+
+    def remove_listener(self, listener):
+        if listener in self._listeners:
+            self._listeners.remove(listener)
+
+    def start(self):
+        """Watch the ConfigMap; the first resolution runs once its first list is in."""
+        if self._running:
+            return
+        self._running = True
+        self._informer = self._informer_factory(
+            self.reactor, self.cloud_client, gvrs.CONFIGMAPS,
+            namespace=POOL_SCOPE_CONFIGMAP_NAMESPACE,
+            field_selector=f"metadata.name={POOL_SCOPE_CONFIGMAP_NAME}")
+        self._sync_wait = self._informer.wait_for_sync()
+        self._informer.add_handler(
+            on_add=self._configmap_changed,
+            on_update=lambda _old, new: self._configmap_changed(new),
+            on_delete=lambda _obj: self._configmap_changed(None),
+            filter=_is_pool_scope_configmap)
+        self._sync_wait.addCallback(self._first_sync)
+        self._informer.start()
+
+    def stop(self):
+        """Stop watching and cancel discovery; fires when nothing is left running."""
+        if not self._running:
+            return defer.succeed(None)
+        self._running = False
+        self._dirty = False
+        informer, self._informer = self._informer, None
+        for d in list(self._in_flight):
+            d.cancel()
+        resolving = self._resolving
+        waits = [informer.stop()]
+        if resolving is not None:
+            waits.append(resolving)
+        return defer.DeferredList(waits, consumeErrors=True).addCallback(lambda _: None)
+
+    def kind_of(self, gvr):
+        """The kind discovery reported for ``gvr``, or None."""
+        return self.kinds.get(resource_id(gvr))
+
+    def resolve_now(self):
+        """Resolve the configured set against discovery now; fires with the result."""
+        self._dirty = True
+        return self._kick()
+
+    # -- ConfigMap ---------------------------------------------------------------------
+
+    def _configmap_changed(self, configmap):
+        extra = []
+        if configmap is not None:
+            value = (configmap.get("data") or {}).get(POOL_SCOPE_CONFIGMAP_KEY)
+            if value is not None:
+                try:
+                    extra = parse_pool_scope_resources(value)
+                except ValueError as e:
+                    self.log.warn(
+                        "ignoring key {key} of ConfigMap {namespace}/{name}: {error}; "
+                        "only the default pool-scoped resources are used",
+                        key=POOL_SCOPE_CONFIGMAP_KEY, namespace=POOL_SCOPE_CONFIGMAP_NAMESPACE,
+                        name=POOL_SCOPE_CONFIGMAP_NAME, error=str(e))
+        configured = merge_resources(self.defaults, extra)
+        if [resource_id(g) for g in configured] == [resource_id(g) for g in self.configured] \
+                and self.resources is not None:
+            return
+        self.configured = configured
+        self.log.info("pool-scoped resources configured: {resources}",
+                      resources=", ".join(describe(g) for g in configured))
+        if self._sync_wait is None or self._sync_wait.called:
+            self.resolve_now()
+
+    def _first_sync(self, synced):
+        if synced and self._running:
+            self.resolve_now()
+
+    # -- resolution ---------------------------------------------------------------------
+
+    def _kick(self):
+        if self._resolving is None:
+            self._resolving = self._resolve_loop()
+            if self._resolving.called:
+                result, self._resolving = self._resolving, None
+                return result
+            return self._resolving
+        waiter = defer.Deferred()
+        self._resolving.addBoth(lambda result: waiter.callback(self.resources) or result)
+        return waiter
+
+    @defer.inlineCallbacks
+    def _resolve_loop(self):
+        try:
+            while self._dirty and self._running:
+                self._dirty = False
+                try:
+                    kept = yield self._resolve(list(self.configured))
+                except Exception:
+                    self.log.failure("resolving pool-scoped resources failed")
+                    break
+                if not self._running:
+                    break
+                self._publish(tuple(kept))
+        finally:
+            self._resolving = None
+        return self.resources
+
+    @defer.inlineCallbacks
+    def _resolve(self, configured):
+        previous = {resource_id(g): g for g in (self.resources or ())}
+        listings = {}
+        kept = []
+        for gvr in configured:
+            group_version = (gvr.group, gvr.version)
+            if group_version not in listings:
+                listings[group_version] = yield self._discover(gvr)
+                if not self._running:
+                    return kept
+            listing = listings[group_version]
+            if listing is _UNKNOWN:
+                if resource_id(gvr) in previous:
+                    self.log.warn("discovery of {resource} unavailable; keeping it",
+                                  resource=describe(gvr))
+                    kept.append(previous[resource_id(gvr)])
+                else:
+                    self.log.warn("pool-scoped resource {resource} left out: discovery "
+                                  "did not answer", resource=describe(gvr))
+                continue
+            served = listing.get(gvr.resource) if listing is not None else None
+            if served is None:
+                self.log.warn("pool-scoped resource {resource} dropped: the cloud does not "
+                              "serve it", resource=describe(gvr))
+                continue
+            namespaced, kind = served
+            if kind:
+                self.kinds[resource_id(gvr)] = kind
+            kept.append(GroupVersionResource(gvr.group, gvr.version, gvr.resource,
+                                             namespaced=namespaced))
+        return kept
+
+    @defer.inlineCallbacks
+    def _discover(self, gvr):
+        """``{resource: (namespaced, kind)}`` of the group/version, None if not served (404),
+        ``_UNKNOWN`` if discovery kept failing."""
+        path = gvr.api_prefix
+        attempts = self.retries + 1
+        for attempt in range(1, attempts + 1):
+            try:
+                if attempt > 1:
+                    yield self._track(_sleep(self.reactor, self.retry_interval))
+                listing = yield self._track(self.cloud_client.request("GET", path))
+            except NotFound:
+                return None
+            except Exception as e:
+                if not self._running:
+                    return _UNKNOWN
+                self.log.warn("discovery {path} failed (attempt {attempt} of {attempts}): "
+                              "{error}", path=path, attempt=attempt, attempts=attempts,
+                              error=str(e) or type(e).__name__)
+                continue
+            return _served_resources(listing)
+        return _UNKNOWN
+
+    def _track(self, d):
+        self._in_flight.add(d)
+
+        def forget(result):
+            self._in_flight.discard(d)
+            return result
+
+        return d.addBoth(forget)
+
+    def _publish(self, kept):
+        before = self.resources
+        self.resources = kept
+        if before is not None and [(resource_id(g), g.namespaced) for g in before] == \
+                [(resource_id(g), g.namespaced) for g in kept]:
+            return
+        self.log.info("pool-scoped resources in use: {resources}",
+                      resources=", ".join(describe(g) for g in kept) or "none")
+        for listener in list(self._listeners):
+            try:
+                listener(kept)
+            except Exception:
+                self.log.failure("pool-scoped resources listener failed")
+
+
+_UNKNOWN = object()
+
+
+def _served_resources(listing):
+    """``{resource: (namespaced, kind)}`` from an APIResourceList (no subresources)."""
+    served = {}
+    entries = listing.get("resources") if isinstance(listing, dict) else None
+    for entry in entries or []:
+        name = entry.get("name") if isinstance(entry, dict) else None
+        if isinstance(name, str) and name and "/" not in name:
+            kind = entry.get("kind")
+            served[name] = (bool(entry.get("namespaced", True)),
+                            kind if isinstance(kind, str) else None)
+    return served
+
+
+def _is_pool_scope_configmap(obj):
+    meta = obj.get("metadata") or {}
+    return (meta.get("name") == POOL_SCOPE_CONFIGMAP_NAME
+            and meta.get("namespace") == POOL_SCOPE_CONFIGMAP_NAMESPACE)
+
+
+def _sleep(reactor, seconds):
+    """A cancellable pause on ``reactor`` (cancelling it fails with CancelledError)."""
+    d = defer.Deferred(lambda d: call.cancel() if call.active() else None)
+    call = reactor.callLater(seconds, d.callback, None)
+    return d

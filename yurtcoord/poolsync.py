@@ -1,0 +1,615 @@
+"""The leader's pool sync: pool-scoped resources mirrored from the cloud into the pool store.
+
+On ``start(store)`` (SPEC §6.3): the informer sync lease is deleted (followers stop
+trusting the pool cache), every key of component ``leader-yurthub`` is deleted (its
+keys are first rebuilt from etcd, so keys a previous leader left behind are found
+even when this node's key cache never knew them), then one ``ResourceMirror`` per
+pool-scoped resource lists and watches it from a healthy cloud server:
+
+- the first list replaces the component's keys of that resource (stale ones deleted);
+- ADDED/MODIFIED become create-or-update by resourceVersion, DELETED a delete;
+- a relist after 410 is written like the first list, as a replace of the component's
+  keys with the informer's new list, so deletions missed while the watch was gone
+  reach the store in a few transactions.
+
+When every resource has listed, the informer sync lease is created at once and then
+renewed every ``informer_lease_renew`` by one ``LoopingCall`` (fix 3: the seed built
+a new ticker per turn and waited a whole period before the first write). The lease is
+renewed only while every mirror has listed and none is failing to write.
+
+``stop()`` cancels the lease loop, requests in flight, retry timers and informers in
+the same reactor turn; once its Deferred fired nothing writes to the store.
+"""
+
+import json
+
+from twisted.internet import defer
+from twisted.internet.task import LoopingCall
+from twisted.logger import Logger
+from zope.interface import implementer
+
+from yurtcoord.kube import gvr as gvrs
+from yurtcoord.kube.backoff import Backoff
+from yurtcoord.kube.errors import AlreadyExists, Conflict, NotFound
+from yurtcoord.kube.informer import Informer
+from yurtcoord.kube.lease import LeaseRecord, build_lease, with_record
+from yurtcoord.poolscope import describe, merge_resources, resource_id
+from yurtcoord.poolstore.keycache import POOL_SCOPED_COMPONENT
+from yurtcoord.poolstore.keys import InvalidKey, KeyBuildInfo
+from yurtcoord.poolstore.store import ObjectTooLarge
+from yurtcoord.roles import IRoleComponent
+
+INFORMER_SYNC_LEASE_NAMESPACE = "kube-system"
+INFORMER_SYNC_LEASE_NAME = "leader-informer-sync"
+DEFAULT_INFORMER_LEASE_RENEW = 10.0
+# Deletes of one drain sent to etcd at once (the store has no batched delete).
+PARALLEL_DELETES = 16
+
+
+def is_informer_sync_lease(obj):
+    meta = (obj or {}).get("metadata") or {}
+    return (meta.get("name") == INFORMER_SYNC_LEASE_NAME
+            and meta.get("namespace") == INFORMER_SYNC_LEASE_NAMESPACE)
+
+
+def object_bytes(obj, gvr, kind=None):
+    """The JSON bytes stored for ``obj``: list items lack apiVersion/kind, which the
+    coordinator apiserver needs to decode what it reads from etcd."""
+    if "apiVersion" not in obj or ("kind" not in obj and kind):
+        obj = dict(obj)
+        obj.setdefault("apiVersion", gvr.group_version)
+        if kind:
+            obj.setdefault("kind", kind)
+    return json.dumps(obj, separators=(",", ":")).encode("utf-8")
+
+
+class ResourceMirror:
+    """Keeps the pool store's copy of one resource equal to the cloud's.
+
+    Writes go through one queue, one store call at a time, coalesced per key (the
+    newest change of a key wins), so the order of changes to one key is kept while
+    a burst of changes becomes few etcd transactions. A list (the first, or a relist
+    the informer made after 410) supersedes every queued change: it is written as
+    one replace of the informer's whole store. A failed write is retried with
+    backoff; changes queued meanwhile are kept.
+    """
+
+    log = Logger()
+
+    def __init__(self, reactor, store, informer, gvr, kind=None, component=POOL_SCOPED_COMPONENT,
+                 metrics=None, on_change=None, backoff=None):
+        self.reactor = reactor
+        self.store = store
+        self.informer = informer
+        self.gvr = gvr
+        self.kind = kind
+        self.component = component
+        self.metrics = metrics
+        self._on_change = on_change or (lambda: None)
+        self.backoff = backoff if backoff is not None else Backoff(initial=0.5, maximum=10.0)
+        self.listed = False
+        self.failing = False
+        self.writes = 0
+        self._pending = {}
+        self._accepting = False
+        self._stopped = False
+        self._writer = None
+        self._in_flight = set()
+        self._registration = None
+        self._sync_wait = None
+        self._need_list = False
+        self._lists_seen = None
+        self._next_turn = None
+
+    @property
+    def name(self):
+        return describe(self.gvr)
+
+    @property
+    def idle(self):
+        """Listed, nothing queued and no write running: the store equals the informer."""
+        return (self.listed and not self._pending and not self._need_list
+                and self._writer is None)
+
+    def start(self):
+        self._registration = self.informer.add_handler(
+            on_add=lambda obj: self._changed("ADDED", obj),
+            on_update=lambda _old, new: self._changed("MODIFIED", new),
+            on_delete=lambda obj: self._changed("DELETED", obj))
+        self._sync_wait = self.informer.wait_for_sync()
+        self._sync_wait.addCallback(self._first_list)
+        self.informer.start()
+
+    def stop(self):
+        """Stop the informer, cancel writes and retries; fires when all is quiet."""
+        if self._stopped:
+            return defer.succeed(None)
+        self._stopped = True
+        self._accepting = False
+        self._pending.clear()
+        if self._registration is not None:
+            self._registration.remove()
+        if self._next_turn is not None and self._next_turn.active():
+            self._next_turn.cancel()
+        for d in list(self._in_flight):
+            d.cancel()
+        waits = [self.informer.stop()]
+        if self._writer is not None:
+            waits.append(self._writer)
+        return defer.DeferredList(waits, consumeErrors=True).addCallback(lambda _: None)
+
+    # -- events --------------------------------------------------------------------
+
+    def _changed(self, event_type, obj):
+        if not self._accepting:
+            # Before the first list is written, the list snapshot covers every change.
+            return
+        if self.metrics is not None:
+            self.metrics.count_pool_sync_event(self.name, event_type)
+        if self._relisted():
+            # A relist (after 410) delivers its difference in one go: write the
+            # informer's whole new list once it is over, not change by change.
+            self._need_list = True
+            self._kick_next_turn()
+            return
+        if self._need_list:
+            return
+        key = self._key(obj)
+        if key is None:
+            return
+        if event_type == "DELETED":
+            self._pending[key.path] = (key, None, None)
+        else:
+            rv = _resource_version(obj)
+            if rv is None:
+                self.log.warn("{resource} {key} has no numeric resourceVersion; not mirrored",
+                              resource=self.name, key=key.path)
+                return
+            self._pending[key.path] = (key, object_bytes(obj, self.gvr, self.kind), rv)
+        self._kick()
+
+    def _key(self, obj):
+        meta = obj.get("metadata") or {}
+        namespace = (meta.get("namespace") or "") if self.gvr.namespaced else ""
+        try:
+            return self.store.key_func(KeyBuildInfo(
+                self.component, self.gvr.resource, self.gvr.group, self.gvr.version,
+                namespace, meta.get("name") or ""))
+        except InvalidKey as e:
+            self.log.warn("{resource} object not mirrored: {error}", resource=self.name,
+                          error=str(e))
+            return None
+
+    def _first_list(self, synced):
+        if not synced or self._stopped:
+            return None
+        # From here on every change is queued; the list itself is written first.
+        self._accepting = True
+        self._need_list = True
+        self._lists_seen = getattr(self.informer, "lists", None)
+        self._kick()
+        return None
+
+    def _relisted(self):
+        """True (once per list) when the informer delivers the difference of a relist."""
+        lists = getattr(self.informer, "lists", None)
+        if lists is None or lists == self._lists_seen:
+            return False
+        self._lists_seen = lists
+        return True
+
+    def _snapshot(self):
+        """``{key path: bytes}`` of every object the informer holds now."""
+        snapshot = {}
+        for obj in self.informer.list():
+            key = self._key(obj)
+            if key is None or _resource_version(obj) is None:
+                continue
+            snapshot[key.path] = object_bytes(obj, self.gvr, self.kind)
+        return snapshot
+
+    # -- the write queue ---------------------------------------------------------------
+
+    def _kick(self):
+        if self._writer is not None or self._stopped:
+            return
+        if not (self._pending or self._need_list):
+            return
+        writer = self._drain_and_finish()
+        if not writer.called:
+            self._writer = writer
+
+    def _kick_next_turn(self):
+        """Kick once the informer's current delivery (a whole relist) is over."""
+        if self._next_turn is None or not self._next_turn.active():
+            self._next_turn = self.reactor.callLater(0, self._kick)
+
+    @defer.inlineCallbacks
+    def _drain_and_finish(self):
+        try:
+            yield self._drain()
+        finally:
+            self._writer = None
+        if not self._stopped and (self._pending or self._need_list):
+            self._kick()
+
+    @defer.inlineCallbacks
+    def _drain(self):
+        while (self._need_list or self._pending) and not self._stopped:
+            if self._need_list:
+                # The snapshot covers every change delivered so far.
+                self._need_list = False
+                self._pending.clear()
+                try:
+                    yield self._write_list(self._snapshot())
+                except Exception as e:
+                    if self._stopped:
+                        return
+                    self._need_list = True
+                    yield self._failed("writing the list", e)
+                    continue
+                self._wrote()
+                continue
+            batch, self._pending = self._pending, {}
+            try:
+                yield self._write_changes(batch)
+            except Exception as e:
+                if self._stopped:
+                    return
+                for path, entry in batch.items():
+                    self._pending.setdefault(path, entry)
+                yield self._failed(f"writing {len(batch)} changes", e)
+                continue
+            self._wrote()
+
+    @defer.inlineCallbacks
+    def _write_list(self, snapshot):
+        """Replace the component's objects of this resource with ``snapshot``."""
+        while True:
+            try:
+                yield self._track(self.store.replace_component_list(
+                    self.component, self.gvr, None, list(snapshot.values())))
+            except ObjectTooLarge as e:
+                if snapshot.pop(e.key, None) is None:
+                    raise
+                self.log.error("{resource} {key} too large for the pool store; not mirrored",
+                               resource=self.name, key=e.key)
+                continue
+            break
+        if self._stopped:
+            return
+        self.writes += len(snapshot)
+        if self.metrics is not None:
+            self.metrics.count_pool_sync_event(self.name, "LIST")
+        first = not self.listed
+        self.listed = True
+        self.log.info("pool sync {what} {resource}: {count} objects in the pool store",
+                      what="listed" if first else "relisted", resource=self.name,
+                      count=len(snapshot))
+        if first:
+            self._on_change()
+
+    @defer.inlineCallbacks
+    def _write_changes(self, batch):
+        """Write queued changes; entries written are removed from ``batch``."""
+        puts = [entry for entry in batch.values() if entry[1] is not None]
+        deletes = [entry[0] for entry in batch.values() if entry[1] is None]
+        if puts:
+            outcome = yield self._track(self.store.create_or_update_many(puts))
+            for path in outcome.too_large:
+                self.log.error("{resource} {key} too large for the pool store; not mirrored",
+                               resource=self.name, key=path)
+            for key, _value, _rv in puts:
+                batch.pop(key.path, None)
+            self.writes += len(puts)
+        for start in range(0, len(deletes), PARALLEL_DELETES):
+            chunk = deletes[start:start + PARALLEL_DELETES]
+            results = yield defer.DeferredList(
+                [self._track(self.store.delete(key)) for key in chunk], consumeErrors=True)
+            failures = []
+            for key, (ok, result) in zip(chunk, results):
+                if ok:
+                    batch.pop(key.path, None)
+                    self.writes += 1
+                else:
+                    failures.append(result)
+            if failures:
+                failures[0].raiseException()
+
+    def _wrote(self):
+        if self.failing:
+            self.failing = False
+            self.backoff.reset()
+            self.log.info("pool sync of {resource} writes again", resource=self.name)
+            self._on_change()
+        else:
+            self.backoff.reset()
+
+    def _failed(self, what, error):
+        delay = self.backoff.next_delay()
+        first = not self.failing
+        self.failing = True
+        self.log.warn("pool sync of {resource} failed {what}: {error}; retry in {delay:.2f}s",
+                      resource=self.name, what=what, error=str(error) or type(error).__name__,
+                      delay=delay)
+        if first:
+            self._on_change()
+        return self._track(_sleep(self.reactor, delay)).addErrback(self._ignore_cancel)
+
+    # -- plumbing ----------------------------------------------------------------------
+
+    def _track(self, d):
+        self._in_flight.add(d)
+
+        def forget(result):
+            self._in_flight.discard(d)
+            return result
+
+        return d.addBoth(forget)
+
+    @staticmethod
+    def _ignore_cancel(failure):
+        failure.trap(defer.CancelledError)
+        return None
+
+
+@implementer(IRoleComponent)
+class PoolSyncManager:
+    """The leader's pool sync (an IRoleComponent: ``start(store)`` / ``stop()``).
+
+    :param coordinator_client: ``KubeClient`` of the coordinator apiserver (lease).
+    :param cloud_client: ``KubeClient`` or ``HealthyCloudClient`` of the cloud.
+    :param pool_scope: a ``PoolScopeResources`` on the same cloud; started here if
+        it is not running yet, and then stopped again by ``stop()``.
+    :param informer_factory: ``(reactor, client, gvr)`` → an informer.
+    """
+
+    log = Logger()
+
+    def __init__(self, reactor, node_name, coordinator_client, cloud_client, pool_scope,
+                 informer_lease_renew=DEFAULT_INFORMER_LEASE_RENEW, metrics=None,
+                 informer_factory=Informer, write_backoff=None,
+                 component=POOL_SCOPED_COMPONENT):
+        self.reactor = reactor
+        self.node_name = node_name
+        self.coordinator = coordinator_client
+        self.cloud_client = cloud_client
+        self.pool_scope = pool_scope
+        self.informer_lease_renew = float(informer_lease_renew)
+        self.metrics = metrics
+        self._informer_factory = informer_factory
+        self._write_backoff = write_backoff or (lambda: Backoff(initial=0.5, maximum=10.0))
+        self.component = component
+        self.store = None
+        self.mirrors = {}
+        self.lease = None
+        self.lease_writes = 0
+        self._lease_loop = None
+        self._lease_loop_done = None
+        self._started_scope = False
+        self._running = False
+        self._in_flight = set()
+        self._stopping = []
+
+    @property
+    def running(self):
+        return self._running
+
+    @property
+    def all_listed(self):
+        """Every pool-scoped resource has listed and writes without failing."""
+        return (self.pool_scope.resources is not None
+                and all(m.listed and not m.failing for m in self.mirrors.values()))
+
+    # -- IRoleComponent ------------------------------------------------------------------
+
+    @defer.inlineCallbacks
+    def start(self, store):
+        if self._running:
+            return
+        # Stops of mirrors dropped by a previous run must finish before this store is used.
+        if self._stopping:
+            yield defer.DeferredList(self._stopping, consumeErrors=True)
+        try:
+            yield self._track(self.coordinator.delete(
+                gvrs.LEASES, INFORMER_SYNC_LEASE_NAME, INFORMER_SYNC_LEASE_NAMESPACE))
+        except NotFound:
+            self.log.debug("no informer sync lease to delete on node {node}",
+                           node=self.node_name)
+        known = merge_resources(self.pool_scope.defaults, self.pool_scope.configured)
+        if self.pool_scope.resources:
+            known = merge_resources(known, self.pool_scope.resources)
+        yield self._track(store.recover_pool_scoped_keys(known, component=self.component))
+        deleted = yield self._track(store.delete_component_resources(self.component))
+        self.log.info("pool sync starting on node {node}: informer sync lease deleted, "
+                      "{deleted} old pool-scoped keys deleted", node=self.node_name,
+                      deleted=deleted)
+        self.store = store
+        self.lease = None
+        self._running = True
+        self.pool_scope.add_listener(self._resources_changed)
+        if not self.pool_scope.running:
+            self._started_scope = True
+            self.pool_scope.start()
+        if self.pool_scope.resources is not None:
+            self._resources_changed(self.pool_scope.resources)
+
+    def stop(self):
+        if not self._running:
+            if self._stopping:
+                return defer.DeferredList(list(self._stopping), consumeErrors=True) \
+                    .addCallback(lambda _: None)
+            return defer.succeed(None)
+        self._running = False
+        self.pool_scope.remove_listener(self._resources_changed)
+        waits = []
+        if self._started_scope:
+            self._started_scope = False
+            waits.append(self.pool_scope.stop())
+        for d in list(self._in_flight):
+            d.cancel()
+        if self._lease_loop is not None:
+            loop, self._lease_loop = self._lease_loop, None
+            if loop.running:
+                loop.stop()
+            waits.append(self._lease_loop_done)
+        mirrors, self.mirrors = self.mirrors, {}
+        for mirror in mirrors.values():
+            waits.append(mirror.stop())
+        waits.extend(self._stopping)
+        self.store = None
+        self.log.info("pool sync stopping on node {node}", node=self.node_name)
+        return defer.DeferredList(waits, consumeErrors=True).addCallback(lambda _: None)
+
+    # -- resources -------------------------------------------------------------------------
+
+    def _resources_changed(self, resources):
+        if not self._running:
+            return
+        wanted = {resource_id(g): g for g in resources}
+        for rid in [r for r in self.mirrors if r not in wanted
+                    or self.mirrors[r].gvr.namespaced != wanted[r].namespaced]:
+            mirror = self.mirrors.pop(rid)
+            self.log.info("pool sync stops mirroring {resource}", resource=mirror.name)
+            self._forget(mirror)
+        for rid, gvr in wanted.items():
+            if rid in self.mirrors:
+                continue
+            informer = self._informer_factory(self.reactor, self.cloud_client, gvr)
+            mirror = ResourceMirror(
+                self.reactor, self.store, informer, gvr, kind=self._kind_of(gvr),
+                component=self.component, metrics=self.metrics,
+                on_change=self._mirror_changed, backoff=self._write_backoff())
+            self.mirrors[rid] = mirror
+            self.log.info("pool sync mirrors {resource}", resource=mirror.name)
+            mirror.start()
+        self._mirror_changed()
+
+    def _kind_of(self, gvr):
+        kind_of = getattr(self.pool_scope, "kind_of", None)
+        return kind_of(gvr) if kind_of is not None else None
+
+    def _forget(self, mirror):
+        """Stop a mirror of a resource no longer pool-scoped and delete its keys."""
+        store = self.store
+
+        @defer.inlineCallbacks
+        def stop_and_clean():
+            yield mirror.stop()
+            if self._running and self.store is store:
+                try:
+                    yield self._track(store.replace_component_list(
+                        self.component, mirror.gvr, None, []))
+                except Exception as e:
+                    if self._running:
+                        self.log.warn("could not delete keys of {resource}: {error}",
+                                      resource=mirror.name, error=str(e))
+
+        d = stop_and_clean()
+        self._stopping.append(d)
+        d.addBoth(lambda result: self._stopping.remove(d) or result)
+
+    # -- informer sync lease -------------------------------------------------------------------
+
+    def _mirror_changed(self):
+        if not self._running or self._lease_loop is not None or not self.all_listed:
+            return
+        self.log.info("pool-scoped resources synced on node {node}: {resources}",
+                      node=self.node_name,
+                      resources=", ".join(m.name for m in self.mirrors.values()) or "none")
+        self._lease_loop = LoopingCall(self._renew_lease)
+        self._lease_loop.clock = self.reactor
+        self._lease_loop_done = self._lease_loop.start(self.informer_lease_renew, now=True)
+        self._lease_loop_done.addErrback(
+            lambda f: self.log.failure("informer sync lease loop failed", f))
+
+    def _renew_lease(self):
+        if not self.all_listed:
+            self.log.warn("informer sync lease not renewed on node {node}: pool-scoped "
+                          "resources are not all synced", node=self.node_name)
+            return None
+        d = self._write_lease()
+        d.addErrback(self._lease_failed)
+        return d
+
+    def _lease_failed(self, failure):
+        if failure.check(defer.CancelledError) or not self._running:
+            return None
+        self.log.warn("informer sync lease write failed on node {node}: {error}",
+                      node=self.node_name, error=failure.getErrorMessage())
+        self.lease = None
+        return None
+
+    @defer.inlineCallbacks
+    def _write_lease(self):
+        now = self.reactor.seconds()
+        if self.lease is not None:
+            record = LeaseRecord.from_lease(self.lease)
+            record = LeaseRecord(self.node_name, int(self.informer_lease_renew),
+                                 record.acquire_time or now, now, record.lease_transitions)
+            try:
+                self.lease = yield self._track(self.coordinator.update(
+                    gvrs.LEASES, with_record(self.lease, record)))
+                self.lease_writes += 1
+                return
+            except (Conflict, NotFound):
+                self.lease = None
+        try:
+            self.lease = yield self._create_lease(now)
+        except AlreadyExists:
+            current = yield self._track(self.coordinator.get(
+                gvrs.LEASES, INFORMER_SYNC_LEASE_NAME, INFORMER_SYNC_LEASE_NAMESPACE))
+            record = LeaseRecord(self.node_name, int(self.informer_lease_renew), now, now,
+                                 LeaseRecord.from_lease(current).lease_transitions)
+            self.lease = yield self._track(self.coordinator.update(
+                gvrs.LEASES, with_record(current, record)))
+        self.lease_writes += 1
+        self.log.info("informer sync lease {namespace}/{name} written by node {node}",
+                      namespace=INFORMER_SYNC_LEASE_NAMESPACE, name=INFORMER_SYNC_LEASE_NAME,
+                      node=self.node_name)
+
+    @defer.inlineCallbacks
+    def _create_lease(self, now):
+        lease = build_lease(INFORMER_SYNC_LEASE_NAME, INFORMER_SYNC_LEASE_NAMESPACE,
+                            LeaseRecord(self.node_name, int(self.informer_lease_renew),
+                                        now, now, 0))
+        owner = yield self._node_owner()
+        if owner is not None:
+            lease["metadata"]["ownerReferences"] = [owner]
+        created = yield self._track(self.coordinator.create(gvrs.LEASES, lease))
+        return created
+
+    @defer.inlineCallbacks
+    def _node_owner(self):
+        try:
+            node = yield self._track(self.coordinator.get(gvrs.NODES, self.node_name))
+        except NotFound:
+            return None
+        meta = node.get("metadata") or {}
+        if not meta.get("uid"):
+            return None
+        return {"apiVersion": "v1", "kind": "Node", "name": self.node_name,
+                "uid": meta["uid"]}
+
+    def _track(self, d):
+        self._in_flight.add(d)
+
+        def forget(result):
+            self._in_flight.discard(d)
+            return result
+
+        return d.addBoth(forget)
+
+
+def _resource_version(obj):
+    rv = (obj.get("metadata") or {}).get("resourceVersion")
+    if isinstance(rv, str) and rv.isdigit():
+        return int(rv)
+    return None
+
+
+def _sleep(reactor, seconds):
+    """A cancellable pause on ``reactor``."""
+    d = defer.Deferred(lambda d: call.cancel() if call.active() else None)
+    call = reactor.callLater(seconds, d.callback, None)
+    return d

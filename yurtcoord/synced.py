@@ -1,0 +1,117 @@
+"""Pool cache synced detection (SPEC §6.4), on leaders and followers alike.
+
+The leader renews Lease ``kube-system/leader-informer-sync`` on the coordinator
+apiserver while the pool-scoped resources in the pool store are current. This
+detector watches that lease: an add or update whose renewTime + ``stale_timeout`` is
+still ahead of the local clock means synced; a delete means not synced at once; no
+fresh renewal for ``stale_timeout`` (one ``callLater``, reset on every fresh renewal)
+means not synced, so a leader that died stops counting within ``stale_timeout``.
+"""
+
+from twisted.internet import defer
+from twisted.logger import Logger
+from zope.interface import implementer
+
+from yurtcoord.kube import gvr as gvrs
+from yurtcoord.kube.informer import Informer
+from yurtcoord.kube.lease import renew_time
+from yurtcoord.poolsync import (
+    INFORMER_SYNC_LEASE_NAME, INFORMER_SYNC_LEASE_NAMESPACE, is_informer_sync_lease,
+)
+from yurtcoord.roles import IRoleComponent
+
+
+@implementer(IRoleComponent)
+class PoolCacheSyncedDetector:
+    """Reports ``on_synced_change(bool)`` whenever the pool cache's synced state changes.
+
+    :param coordinator_client: ``KubeClient`` of the coordinator apiserver.
+    :param stale_timeout: seconds without a fresh renewal before not synced.
+    :param informer_factory: ``(reactor, client, gvr, namespace=, field_selector=)`` →
+        an informer; the real ``Informer`` by default.
+    """
+
+    log = Logger()
+
+    def __init__(self, reactor, coordinator_client, stale_timeout, on_synced_change,
+                 informer_factory=Informer):
+        self.reactor = reactor
+        self.coordinator = coordinator_client
+        self.stale_timeout = float(stale_timeout)
+        self._on_synced_change = on_synced_change
+        self._informer_factory = informer_factory
+        self.synced = False
+        self.renewals_seen = 0
+        self._informer = None
+        self._stale_call = None
+
+    @property
+    def running(self):
+        return self._informer is not None
+
+    def start(self, store=None):
+        """Watch the informer sync lease; ``store`` is unused (the lease is not in it)."""
+        if self._informer is not None:
+            return defer.succeed(None)
+        self._informer = self._informer_factory(
+            self.reactor, self.coordinator, gvrs.LEASES,
+            namespace=INFORMER_SYNC_LEASE_NAMESPACE,
+            field_selector=f"metadata.name={INFORMER_SYNC_LEASE_NAME}")
+        self._informer.add_handler(
+            on_add=self._seen,
+            on_update=lambda _old, new: self._seen(new),
+            on_delete=self._deleted,
+            filter=is_informer_sync_lease)
+        self._informer.start()
+        return defer.succeed(None)
+
+    def stop(self):
+        """Stop watching and the stale timer; no report is made after this call."""
+        informer, self._informer = self._informer, None
+        self._cancel_stale()
+        self.synced = False
+        if informer is None:
+            return defer.succeed(None)
+        return informer.stop()
+
+    # -- lease events ----------------------------------------------------------------
+
+    def _seen(self, lease):
+        if self._informer is None:
+            return
+        renewed = renew_time(lease)
+        now = self.reactor.seconds()
+        if renewed is None or renewed + self.stale_timeout <= now:
+            self.log.debug("informer sync lease seen but not fresh: renewTime={renewed} "
+                           "now={now}", renewed=renewed, now=now)
+            return
+        self.renewals_seen += 1
+        if self._stale_call is not None and self._stale_call.active():
+            self._stale_call.reset(self.stale_timeout)
+        else:
+            self._stale_call = self.reactor.callLater(self.stale_timeout, self._went_stale)
+        self._set(True, "informer sync lease renewed")
+
+    def _deleted(self, _lease):
+        if self._informer is None:
+            return
+        self._cancel_stale()
+        self._set(False, "informer sync lease deleted")
+
+    def _went_stale(self):
+        self._stale_call = None
+        if self._informer is None:
+            return
+        self._set(False, f"informer sync lease not renewed for {self.stale_timeout:g}s")
+
+    def _cancel_stale(self):
+        call, self._stale_call = self._stale_call, None
+        if call is not None and call.active():
+            call.cancel()
+
+    def _set(self, synced, reason):
+        if synced == self.synced:
+            return
+        self.synced = synced
+        self.log.info("pool cache synced={synced}: {reason}", synced=synced, reason=reason)
+        self._on_synced_change(synced)

@@ -1,0 +1,406 @@
+"""Pool-scoped resources: defaults, the ConfigMap, discovery filtering and its retries.
+
+Timing is driven by a ``Clock`` with a fake informer and a scripted discovery client;
+one test runs against the Kubernetes API test server with the real informer.
+"""
+
+from twisted.internet import defer, reactor
+from twisted.internet.task import Clock
+from twisted.logger import Logger, formatEvent
+from twisted.trial import unittest
+
+from yurtcoord.kube import gvr as gvrs
+from yurtcoord.kube.client import ClientConfig, KubeClient
+from yurtcoord.kube.errors import NotFound, ServerError
+from yurtcoord.kube.gvr import GroupVersionResource
+from yurtcoord.poolscope import (
+    DEFAULT_POOL_SCOPE_RESOURCES, HealthyCloudClient, PoolScopeResources,
+    merge_resources, parse_pool_scope_resources, resource_id,
+)
+from yurtcoord.testing.apiserver import KubeAPIServer
+from yurtcoord.testing.apiserver.clients import poll_until
+
+SERVICES_ENTRY = '[{"group":"","version":"v1","resource":"services"}]'
+
+
+def ids(resources):
+    return [resource_id(g) for g in resources]
+
+
+DEFAULT_IDS = ids(DEFAULT_POOL_SCOPE_RESOURCES)
+
+
+def capture_log(component):
+    """Route ``component.log`` into a list of formatted messages."""
+    messages = []
+    component.log = Logger(observer=lambda event: messages.append(formatEvent(event)))
+    return messages
+
+
+class FakeInformer:
+    """Stands in for ``yurtcoord.kube.informer.Informer``: the test drives the events."""
+
+    created = None
+
+    def __init__(self, reactor, client, gvr, namespace=None, field_selector=None, **_kwargs):
+        self.reactor = reactor
+        self.client = client
+        self.gvr = gvr
+        self.namespace = namespace
+        self.field_selector = field_selector
+        self.store = {}
+        self.has_synced = False
+        self.lists = 0
+        self.started = False
+        self.stopped = False
+        self._handlers = []
+        self._waiters = []
+
+    @classmethod
+    def factory(cls, made):
+        def make(*args, **kwargs):
+            informer = cls(*args, **kwargs)
+            made.append(informer)
+            return informer
+        return make
+
+    @staticmethod
+    def key(obj):
+        meta = obj["metadata"]
+        return (meta.get("namespace"), meta["name"])
+
+    def add_handler(self, on_add=None, on_update=None, on_delete=None, filter=None):
+        handler = _Registration(self, on_add, on_update, on_delete, filter)
+        self._handlers.append(handler)
+        for obj in list(self.store.values()):
+            handler.add(obj)
+        return handler
+
+    def list(self):
+        return list(self.store.values())
+
+    def wait_for_sync(self):
+        if self.has_synced:
+            return defer.succeed(True)
+        d = defer.Deferred()
+        self._waiters.append(d)
+        return d
+
+    def start(self):
+        self.started = True
+
+    def stop(self):
+        self.stopped = True
+        waiters, self._waiters = self._waiters, []
+        for waiter in waiters:
+            waiter.callback(False)
+        return defer.succeed(None)
+
+    # test controls
+    def sync(self, objects=()):
+        """The first list: every object delivered as an add, then synced."""
+        self.lists += 1
+        for obj in objects:
+            self.add(obj)
+        self.has_synced = True
+        waiters, self._waiters = self._waiters, []
+        for waiter in waiters:
+            waiter.callback(True)
+
+    def relist(self, objects):
+        """A list after 410: the difference to the store delivered as events."""
+        self.lists += 1
+        fresh = {self.key(obj): obj for obj in objects}
+        for key in [k for k in self.store if k not in fresh]:
+            self.delete(self.store[key])
+        for obj in objects:
+            if self.store.get(self.key(obj)) != obj:
+                self.add(obj)
+
+    def add(self, obj):
+        old = self.store.get(self.key(obj))
+        self.store[self.key(obj)] = obj
+        for handler in list(self._handlers):
+            if old is None:
+                handler.add(obj)
+            else:
+                handler.update(old, obj)
+
+    def delete(self, obj):
+        old = self.store.pop(self.key(obj))
+        for handler in list(self._handlers):
+            handler.delete(old)
+
+
+class _Registration:
+    def __init__(self, informer, on_add, on_update, on_delete, filter):
+        self.informer = informer
+        self.on_add, self.on_update, self.on_delete = on_add, on_update, on_delete
+        self.filter = filter or (lambda obj: True)
+
+    def add(self, obj):
+        if self.on_add and self.filter(obj):
+            self.on_add(obj)
+
+    def update(self, old, new):
+        if self.on_update and self.filter(new):
+            self.on_update(old, new)
+
+    def delete(self, obj):
+        if self.on_delete and self.filter(obj):
+            self.on_delete(obj)
+
+    def remove(self):
+        if self in self.informer._handlers:
+            self.informer._handlers.remove(self)
+
+
+class ScriptedDiscovery:
+    """``request("GET", path)``: answers from ``served`` ({path: [(resource, namespaced)]}),
+    404 for other paths; ``fail[path]`` errors are raised first, one per call."""
+
+    def __init__(self, served):
+        self.served = served
+        self.fail = {}
+        self.calls = []
+
+    def request(self, method, path, **_kwargs):
+        self.calls.append((method, path))
+        queued = self.fail.get(path)
+        if queued:
+            return defer.fail(queued.pop(0))
+        if path not in self.served:
+            return defer.fail(NotFound("the server could not find the requested resource"))
+        return defer.succeed({"kind": "APIResourceList", "resources": [
+            {"name": name, "namespaced": namespaced, "kind": name.title()}
+            for name, namespaced in self.served[path]]})
+
+
+def cloud_discovery():
+    return ScriptedDiscovery({
+        "/api/v1": [("endpoints", True), ("services", True), ("services/status", True),
+                    ("nodes", False)],
+        "/apis/discovery.k8s.io/v1": [("endpointslices", True)],
+        "/apis/discovery.k8s.io/v1beta1": [("endpointslices", True)],
+    })
+
+
+def configmap(value, rv="1"):
+    return {"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": "yurt-hub-cfg", "namespace": "kube-system",
+                         "resourceVersion": rv},
+            "data": {"pool_scope_resources": value}}
+
+
+class ParseTests(unittest.TestCase):
+
+    def test_field_names_are_case_insensitive(self):
+        parsed = parse_pool_scope_resources(
+            '[{"Group":"","Version":"v1","Resource":"services"},'
+            ' {"GROUP":"apps","version":"v1","RESOURCE":"deployments"}]')
+        self.assertEqual(ids(parsed), [("", "v1", "services"), ("apps", "v1", "deployments")])
+
+    def test_missing_group_means_core(self):
+        self.assertEqual(ids(parse_pool_scope_resources('[{"version":"v1","resource":"pods"}]')),
+                         [("", "v1", "pods")])
+
+    def test_bad_values_are_rejected_with_a_reason(self):
+        for text, reason in [("{not json", "not JSON"), ('{"group":""}', "list"),
+                             ('["services"]', "not an object"),
+                             ('[{"group":"","resource":"x"}]', "version and resource")]:
+            with self.assertRaises(ValueError) as caught:
+                parse_pool_scope_resources(text)
+            self.assertIn(reason, str(caught.exception))
+
+    def test_merge_keeps_defaults_first_without_duplicates(self):
+        extra = parse_pool_scope_resources(
+            '[{"group":"","version":"v1","resource":"endpoints"},'
+            ' {"group":"","version":"v1","resource":"services"}]')
+        self.assertEqual(ids(merge_resources(DEFAULT_POOL_SCOPE_RESOURCES, extra)),
+                         DEFAULT_IDS + [("", "v1", "services")])
+
+
+class PoolScopeClockTests(unittest.TestCase):
+
+    def setUp(self):
+        self.clock = Clock()
+        self.discovery = cloud_discovery()
+        self.informers = []
+        self.scope = PoolScopeResources(self.clock, self.discovery,
+                                        informer_factory=FakeInformer.factory(self.informers))
+        self.messages = capture_log(self.scope)
+        self.changes = []
+        self.scope.add_listener(self.changes.append)
+
+    def tearDown(self):
+        self.scope.stop()
+        self.assertEqual(self.clock.getDelayedCalls(), [])
+
+    def start(self, objects=()):
+        self.scope.start()
+        informer = self.informers[-1]
+        self.assertEqual((informer.gvr, informer.namespace, informer.field_selector),
+                         (gvrs.CONFIGMAPS, "kube-system", "metadata.name=yurt-hub-cfg"))
+        informer.sync(objects)
+        return informer
+
+    def test_defaults_resolved_after_the_configmap_list(self):
+        self.scope.start()
+        self.assertIsNone(self.scope.resources, "nothing resolved before the first list")
+        self.assertEqual(self.discovery.calls, [])
+        self.informers[-1].sync()
+        self.assertEqual(ids(self.scope.resources), DEFAULT_IDS)
+        self.assertEqual(len(self.changes), 1)
+        self.assertTrue(all(g.namespaced for g in self.scope.resources))
+        self.assertEqual(self.scope.kind_of(gvrs.ENDPOINTS), "Endpoints")
+
+    def test_configmap_entries_are_added(self):
+        self.start([configmap(SERVICES_ENTRY)])
+        self.assertEqual(ids(self.scope.resources), DEFAULT_IDS + [("", "v1", "services")])
+        self.assertEqual(len(self.changes), 1, "one resolution for the first list")
+
+    def test_discovery_says_whether_a_resource_is_namespaced(self):
+        self.start([configmap('[{"group":"","version":"v1","resource":"nodes"}]')])
+        nodes = [g for g in self.scope.resources if g.resource == "nodes"]
+        self.assertEqual([g.namespaced for g in nodes], [False])
+
+    def test_unserved_group_version_is_dropped_with_a_warning(self):
+        self.start([configmap('[{"group":"example.com","version":"v1","resource":"widgets"},'
+                              ' {"group":"","version":"v1","resource":"gadgets"}]')])
+        self.assertEqual(ids(self.scope.resources), DEFAULT_IDS)
+        warnings = [m for m in self.messages if "dropped" in m]
+        self.assertEqual(len(warnings), 2, self.messages)
+        self.assertIn("widgets.v1.example.com", warnings[0])
+        self.assertIn("gadgets.v1", warnings[1])
+
+    def test_bad_json_keeps_defaults_and_names_configmap_and_key(self):
+        self.start([configmap("[{oops")])
+        self.assertEqual(ids(self.scope.resources), DEFAULT_IDS)
+        warning = [m for m in self.messages if "ignoring key" in m]
+        self.assertEqual(len(warning), 1, self.messages)
+        self.assertIn("pool_scope_resources", warning[0])
+        self.assertIn("kube-system/yurt-hub-cfg", warning[0])
+
+    def test_configmap_change_notifies_listeners_without_restart(self):
+        informer = self.start()
+        self.assertEqual(ids(self.changes[-1]), DEFAULT_IDS)
+        informer.add(configmap(SERVICES_ENTRY))
+        self.assertEqual(ids(self.changes[-1]), DEFAULT_IDS + [("", "v1", "services")])
+        informer.add(configmap("[]", rv="2"))
+        self.assertEqual(ids(self.changes[-1]), DEFAULT_IDS)
+        informer.add(configmap("[]", rv="3"))
+        self.assertEqual(len(self.changes), 3, "an unchanged set is not announced again")
+
+    def test_configmap_deleted_falls_back_to_defaults(self):
+        informer = self.start([configmap(SERVICES_ENTRY)])
+        informer.delete(configmap(SERVICES_ENTRY))
+        self.assertEqual(ids(self.scope.resources), DEFAULT_IDS)
+
+    def test_discovery_errors_are_retried_three_times_five_seconds_apart(self):
+        self.discovery.fail["/apis/discovery.k8s.io/v1"] = [ServerError("boom")] * 3
+        self.start()
+        self.assertIsNone(self.scope.resources)
+        for _ in range(3):
+            self.clock.advance(4.5)
+            self.assertIsNone(self.scope.resources, "no retry before 5 s")
+            self.clock.advance(0.5)
+        self.assertEqual(ids(self.scope.resources), DEFAULT_IDS)
+        self.assertEqual(self.discovery.calls.count(("GET", "/apis/discovery.k8s.io/v1")), 4)
+        self.assertEqual(self.clock.seconds(), 15.0)
+
+    def test_new_resource_left_out_after_retries_run_out(self):
+        self.discovery.fail["/apis/discovery.k8s.io/v1beta1"] = [ServerError("boom")] * 4
+        self.start()
+        self.clock.pump([5, 5, 5])
+        self.assertEqual(ids(self.scope.resources),
+                         [("", "v1", "endpoints"), ("discovery.k8s.io", "v1", "endpointslices")])
+        self.assertEqual(self.discovery.calls.count(("GET", "/apis/discovery.k8s.io/v1beta1")), 4)
+        self.assertTrue(any("did not answer" in m for m in self.messages), self.messages)
+
+    def test_resource_already_kept_stays_when_discovery_fails(self):
+        informer = self.start()
+        self.discovery.fail["/api/v1"] = [ServerError("boom")] * 4
+        informer.add(configmap(SERVICES_ENTRY))
+        self.clock.pump([5, 5, 5])
+        self.assertEqual(self.discovery.calls.count(("GET", "/api/v1")), 5)
+        self.assertEqual(ids(self.scope.resources), DEFAULT_IDS)
+        self.assertTrue(any("keeping it" in m for m in self.messages), self.messages)
+        self.assertTrue(any("services.v1 left out" in m for m in self.messages), self.messages)
+
+    def test_404_is_not_retried(self):
+        self.discovery.served.pop("/apis/discovery.k8s.io/v1beta1")
+        self.start()
+        self.assertEqual(self.discovery.calls.count(("GET", "/apis/discovery.k8s.io/v1beta1")), 1)
+        self.assertEqual(len(self.scope.resources), 2)
+
+    def test_stop_cancels_retry_timer(self):
+        self.discovery.fail["/api/v1"] = [ServerError("boom")] * 3
+        informer = self.start()
+        self.assertEqual(len(self.clock.getDelayedCalls()), 1)
+        done = self.scope.stop()
+        self.assertTrue(done.called)
+        self.assertTrue(informer.stopped)
+        self.assertEqual(self.clock.getDelayedCalls(), [])
+        self.assertIsNone(self.scope.resources)
+        self.assertEqual(self.changes, [])
+
+
+class HealthyCloudClientTests(unittest.TestCase):
+
+    def test_asks_the_healthy_server_each_call(self):
+        picked = ["https://a"]
+        clients = {"https://a": cloud_discovery(), "https://b": cloud_discovery()}
+        client = HealthyCloudClient(lambda: picked[0], clients.__getitem__)
+        client.request("GET", "/api/v1")
+        picked[0] = "https://b"
+        client.request("GET", "/api/v1")
+        self.assertEqual([len(c.calls) for c in clients.values()], [1, 1])
+
+    def test_no_healthy_server_fails_the_call(self):
+        client = HealthyCloudClient(lambda: None, lambda url: self.fail("no client wanted"))
+        failure = self.failureResultOf(client.list(gvrs.ENDPOINTS))
+        self.assertIn("no healthy cloud server", failure.getErrorMessage())
+        watch = client.watch(gvrs.ENDPOINTS, lambda *a: None)
+        self.failureResultOf(watch.done)
+
+
+class PoolScopeLiveTests(unittest.TestCase):
+    """Against the Kubernetes API test server, with the real informer and discovery."""
+
+    @defer.inlineCallbacks
+    def setUp(self):
+        self.server = KubeAPIServer(reactor)
+        url = yield self.server.start(port=0)
+        self.addCleanup(self.server.stop)
+        self.client = KubeClient(reactor, ClientConfig(server=url, insecure=True))
+        self.addCleanup(self.client.close)
+
+    @defer.inlineCallbacks
+    def test_configmap_edit_takes_effect_and_unknown_group_is_dropped(self):
+        scope = PoolScopeResources(reactor, self.client)
+        messages = capture_log(scope)
+        self.addCleanup(scope.stop)
+        scope.start()
+        yield poll_until(reactor, lambda: scope.resources is not None, message="first resolution")
+        self.assertEqual(ids(scope.resources), DEFAULT_IDS)
+        self.server.store.create(gvrs.CONFIGMAPS, {
+            "metadata": {"name": "yurt-hub-cfg", "namespace": "kube-system"},
+            "data": {"pool_scope_resources":
+                     '[{"Group":"","Version":"v1","Resource":"services"},'
+                     ' {"group":"example.com","version":"v1","resource":"widgets"}]'}})
+        yield poll_until(reactor, lambda: len(scope.resources) == 4, message="services added")
+        self.assertEqual(ids(scope.resources)[-1], ("", "v1", "services"))
+        self.assertTrue(any("widgets.v1.example.com" in m and "dropped" in m for m in messages),
+                        messages)
+        self.server.store.delete(gvrs.CONFIGMAPS, "yurt-hub-cfg", "kube-system")
+        yield poll_until(reactor, lambda: len(scope.resources) == 3, message="back to defaults")
+
+    @defer.inlineCallbacks
+    def test_discovery_of_a_cluster_scoped_resource(self):
+        scope = PoolScopeResources(reactor, self.client, defaults=(
+            GroupVersionResource("", "v1", "nodes"),))
+        self.addCleanup(scope.stop)
+        scope.start()
+        yield poll_until(reactor, lambda: scope.resources is not None, message="resolution")
+        self.assertEqual([(g.resource, g.namespaced) for g in scope.resources],
+                         [("nodes", False)])

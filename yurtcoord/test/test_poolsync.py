@@ -1,0 +1,731 @@
+"""The leader's pool sync.
+
+Clock + fakes for the order of the start steps, the informer sync lease timing (fix 3:
+the first write happens as soon as the lists are in, one timer renews it), write
+retries and exact stop. Real sockets for the mirror itself: a cloud and a coordinator
+Kubernetes API test server and a real etcd 3.5 read back with etcdctl.
+"""
+
+import json
+import os
+import time
+
+from twisted.internet import defer, reactor
+from twisted.internet.task import Clock
+from twisted.trial import unittest
+
+from yurtcoord.etcd.client import EtcdClient, EtcdConfig
+from yurtcoord.kube import gvr as gvrs
+from yurtcoord.kube.backoff import Backoff
+from yurtcoord.kube.client import ClientConfig, KubeClient
+from yurtcoord.kube.errors import ConnectionFailed
+from yurtcoord.kube.lease import parse_micro_time
+from yurtcoord.metrics import Metrics
+from yurtcoord.poolscope import HealthyCloudClient, PoolScopeResources
+from yurtcoord.poolstore.keycache import ComponentKeyCache
+from yurtcoord.poolstore.keys import KeyBuildInfo, PoolKeyBuilder, format_rv
+from yurtcoord.poolstore.store import ObjectTooLarge, PoolStore, WriteOutcome
+from yurtcoord.poolsync import PoolSyncManager, ResourceMirror, object_bytes
+from yurtcoord.synced import PoolCacheSyncedDetector
+from yurtcoord.test.test_poolscope import (
+    SERVICES_ENTRY, FakeInformer, capture_log, cloud_discovery, configmap,
+)
+from yurtcoord.testing.apiserver import KubeAPIServer
+from yurtcoord.testing.apiserver.clients import poll_until
+from yurtcoord.testing.etcd import EtcdProcess, etcd_binary_for
+from yurtcoord.testing.fakekube import FakeKube
+
+ETCD_35 = etcd_binary_for("3.5")
+NODE = "edge-1"
+# Wall-clock bound for "promptly" on real sockets: far below the 10 s informer_lease_renew.
+PROMPT = 5.0
+START = 1_700_000_000.0
+
+
+class FakePoolStore:
+    """Records the store calls the pool sync makes; ``fail`` errors are raised by the
+    next writes, one per call."""
+
+    def __init__(self):
+        self.keys = PoolKeyBuilder("/registry")
+        self.calls = []
+        self.objects = {}
+        self.fail = []
+        self.fail_deletes = set()
+
+    def key_func(self, info):
+        return self.keys.object_key(info)
+
+    def _maybe_fail(self):
+        if self.fail:
+            return defer.fail(self.fail.pop(0))
+        return None
+
+    def recover_pool_scoped_keys(self, resources, component="leader-yurthub"):
+        self.calls.append(("recover", component, tuple(str(g) for g in resources)))
+        return defer.succeed({})
+
+    def delete_component_resources(self, component):
+        self.calls.append(("delete_component", component))
+        self.objects.clear()
+        return defer.succeed(0)
+
+    def replace_component_list(self, component, gvr, namespace, objects):
+        self.calls.append(("replace", str(gvr), len(objects)))
+        failed = self._maybe_fail()
+        if failed:
+            return failed
+        for value in objects:
+            meta = json.loads(value)["metadata"]
+            if meta["name"].startswith("huge"):
+                return defer.fail(ObjectTooLarge(
+                    f"/registry/services/endpoints/{meta['namespace']}/{meta['name']}",
+                    2 << 20, 1 << 20))
+        prefix = self.keys.list_prefix(gvr.group, gvr.resource)
+        for path in [p for p in self.objects if p.startswith(prefix)]:
+            del self.objects[path]
+        for value in objects:
+            meta = json.loads(value)["metadata"]
+            path = self.key_func(KeyBuildInfo(component, gvr.resource, gvr.group, gvr.version,
+                                              meta.get("namespace") or "", meta["name"])).path
+            self.objects[path] = json.loads(value)
+        return defer.succeed((len(objects), 0))
+
+    def create_or_update_many(self, items):
+        items = list(items)
+        self.calls.append(("put", sorted(key.path for key, _v, _rv in items)))
+        failed = self._maybe_fail()
+        if failed:
+            return failed
+        outcome = WriteOutcome()
+        for key, value, _rv in items:
+            outcome.created.append(key.path)
+            self.objects[key.path] = json.loads(value)
+        return defer.succeed(outcome)
+
+    def delete(self, key):
+        self.calls.append(("delete", key.path))
+        if key.path in self.fail_deletes:
+            self.fail_deletes.discard(key.path)
+            return defer.fail(ConnectionFailed("etcd down"))
+        failed = self._maybe_fail()
+        if failed:
+            return failed
+        self.objects.pop(key.path, None)
+        return defer.succeed(None)
+
+
+def endpoints(name, rv, namespace="default", ip="10.0.0.1"):
+    return {"metadata": {"name": name, "namespace": namespace, "resourceVersion": str(rv)},
+            "subsets": [{"addresses": [{"ip": ip}], "ports": [{"port": 80}]}]}
+
+
+class PoolSyncClockTests(unittest.TestCase):
+
+    def setUp(self):
+        self.clock = Clock()
+        self.clock.advance(START)
+        self.coordinator = FakeKube()
+        self.store = FakePoolStore()
+        self.scope_informers = []
+        self.informers = []
+        self.scope = PoolScopeResources(
+            self.clock, cloud_discovery(),
+            informer_factory=FakeInformer.factory(self.scope_informers))
+        self.metrics = Metrics(NODE)
+        self.manager = PoolSyncManager(
+            self.clock, NODE, self.coordinator, object(), self.scope,
+            informer_lease_renew=10, metrics=self.metrics,
+            informer_factory=FakeInformer.factory(self.informers),
+            write_backoff=lambda: Backoff(initial=1.0, maximum=4.0, jitter=0))
+        self.messages = capture_log(self.manager)
+        self.patch(ResourceMirror, "log", self.manager.log)
+
+    def tearDown(self):
+        self.manager.stop()
+        self.assertEqual(self.clock.getDelayedCalls(), [])
+
+    def lease(self):
+        return self.coordinator.peek(gvrs.LEASES, "leader-informer-sync", "kube-system")
+
+    def start(self, configmaps=()):
+        """Start and let the ConfigMap list in; returns the resource informers by name."""
+        started = self.manager.start(self.store)
+        self.successResultOf(started)
+        self.scope_informers[-1].sync(configmaps)
+        return {(i.gvr.group, i.gvr.version, i.gvr.resource): i for i in self.informers}
+
+    def sync_all(self, informers, objects=None):
+        for key, informer in informers.items():
+            informer.sync((objects or {}).get(key, ()))
+
+    def test_start_deletes_lease_and_old_keys_before_mirroring(self):
+        self.coordinator.put(gvrs.LEASES, {"metadata": {
+            "name": "leader-informer-sync", "namespace": "kube-system"}, "spec": {}})
+        self.successResultOf(self.manager.start(self.store))
+        self.assertIsNone(self.lease())
+        self.assertEqual(self.coordinator.calls[0], ("delete", "leader-informer-sync"))
+        self.assertEqual([c[0] for c in self.store.calls], ["recover", "delete_component"])
+        self.assertEqual(self.store.calls[0][2], (
+            "core/v1/endpoints", "discovery.k8s.io/v1/endpointslices",
+            "discovery.k8s.io/v1beta1/endpointslices"))
+        self.assertEqual(self.informers, [], "no resource informer before the resource set")
+        self.scope_informers[-1].sync()
+        self.assertEqual(len(self.informers), 3)
+        self.assertTrue(all(i.started for i in self.informers))
+
+    def test_start_with_absent_lease_is_fine(self):
+        self.successResultOf(self.manager.start(self.store))
+        self.assertTrue(self.manager.running)
+
+    def test_first_list_replaces_component_list(self):
+        informers = self.start()
+        informers[("", "v1", "endpoints")].sync([endpoints("a", 5), endpoints("b", 6)])
+        self.assertIn(("replace", "core/v1/endpoints", 2), self.store.calls)
+        stored = self.store.objects["/registry/services/endpoints/default/a"]
+        self.assertEqual((stored["apiVersion"], stored["kind"]), ("v1", "Endpoints"))
+        self.assertFalse(any(c[0] == "put" for c in self.store.calls),
+                         "listed objects are written by the list replace only")
+
+    def test_lease_exists_as_soon_as_all_lists_complete(self):
+        informers = self.start()
+        names = list(informers)
+        informers[names[0]].sync()
+        informers[names[1]].sync()
+        self.assertIsNone(self.lease(), "not all resources listed yet")
+        informers[names[2]].sync()
+        # No clock advance: the seed waited a whole informer_lease_renew here.
+        lease = self.lease()
+        self.assertIsNotNone(lease)
+        self.assertEqual(lease["spec"]["holderIdentity"], NODE)
+        self.assertEqual(lease["spec"]["leaseDurationSeconds"], 10)
+        self.assertEqual(parse_micro_time(lease["spec"]["renewTime"]), START)
+        self.assertNotIn("ownerReferences", lease["metadata"])
+
+    def test_one_timer_renews_every_period(self):
+        self.sync_all(self.start())
+        self.assertEqual(len(self.clock.getDelayedCalls()), 1)
+        for turn in range(1, 4):
+            self.clock.advance(9.5)
+            self.assertEqual(parse_micro_time(self.lease()["spec"]["renewTime"]),
+                             START + (turn - 1) * 10)
+            self.clock.advance(0.5)
+            self.assertEqual(parse_micro_time(self.lease()["spec"]["renewTime"]), START + turn * 10)
+            self.assertEqual(len(self.clock.getDelayedCalls()), 1)
+        self.assertEqual(self.manager.lease_writes, 4)
+        self.assertEqual([c for c in self.coordinator.calls if c[0] == "create"],
+                         [("create", "leader-informer-sync")])
+
+    def test_owner_reference_to_existing_node(self):
+        self.coordinator.put(gvrs.NODES, {"metadata": {"name": NODE, "uid": "uid-1"}})
+        self.sync_all(self.start())
+        self.assertEqual(self.lease()["metadata"]["ownerReferences"], [
+            {"apiVersion": "v1", "kind": "Node", "name": NODE, "uid": "uid-1"}])
+
+    def test_lease_deleted_behind_our_back_is_created_again(self):
+        self.sync_all(self.start())
+        self.coordinator.delete(gvrs.LEASES, "leader-informer-sync", "kube-system")
+        self.clock.advance(10)
+        self.assertIsNotNone(self.lease())
+
+    def test_lease_write_failure_is_retried_next_period(self):
+        self.coordinator.fail_next("create", ConnectionFailed("down"))
+        self.sync_all(self.start())
+        self.assertIsNone(self.lease())
+        self.assertEqual(len(self.clock.getDelayedCalls()), 1, "the loop survives a failure")
+        self.clock.advance(10)
+        self.assertIsNotNone(self.lease())
+
+    def test_watch_events_are_written_after_the_list(self):
+        informers = self.start()
+        informer = informers[("", "v1", "endpoints")]
+        informer.sync([endpoints("a", 5)])
+        informer.add(endpoints("b", 7))
+        informer.add(endpoints("a", 8, ip="10.0.0.9"))
+        informer.delete(endpoints("b", 7))
+        writes = [c for c in self.store.calls if c[0] in ("put", "delete")]
+        self.assertEqual(writes, [
+            ("put", ["/registry/services/endpoints/default/b"]),
+            ("put", ["/registry/services/endpoints/default/a"]),
+            ("delete", "/registry/services/endpoints/default/b"),
+        ])
+        self.assertEqual(
+            self.store.objects["/registry/services/endpoints/default/a"]["subsets"][0],
+            {"addresses": [{"ip": "10.0.0.9"}], "ports": [{"port": 80}]})
+        text = self.metrics.render().decode()
+        for event_type in ("ADDED", "MODIFIED", "DELETED", "LIST"):
+            self.assertIn('yurtcoord_pool_sync_events_total{resource="endpoints.v1",'
+                          f'type="{event_type}"}} 1.0', text)
+
+    def test_relist_is_written_as_one_list_replace(self):
+        informers = self.start()
+        self.sync_all(informers)
+        informer = informers[("", "v1", "endpoints")]
+        informer.add(endpoints("a", 5))
+        informer.add(endpoints("b", 6))
+        calls = len(self.store.calls)
+        informer.relist([endpoints("b", 9, ip="10.0.0.2"), endpoints("c", 10)])
+        self.assertEqual(len(self.store.calls), calls, "nothing written during the relist")
+        informer.add(endpoints("d", 11))
+        self.clock.advance(0)
+        self.assertEqual(self.store.calls[calls:], [("replace", "core/v1/endpoints", 3)])
+        self.assertEqual(sorted(self.store.objects), [
+            f"/registry/services/endpoints/default/{n}" for n in "bcd"])
+        informer.delete(endpoints("c", 10))
+        self.assertEqual(self.store.calls[-1], ("delete", "/registry/services/endpoints/default/c"))
+
+    def test_failed_relist_write_is_retried_with_a_fresh_list(self):
+        informers = self.start()
+        self.sync_all(informers)
+        informer = informers[("", "v1", "endpoints")]
+        self.store.fail = [ConnectionFailed("etcd down")]
+        informer.relist([endpoints("a", 5)])
+        self.clock.advance(0)
+        informer.add(endpoints("b", 6))
+        self.clock.advance(1)
+        self.assertEqual([c for c in self.store.calls if c[1] == "core/v1/endpoints"][-1],
+                         ("replace", "core/v1/endpoints", 2))
+        self.assertFalse(self.manager.mirrors[("", "v1", "endpoints")].failing)
+
+    def test_failed_writes_are_retried_with_backoff_and_hold_the_lease(self):
+        informers = self.start()
+        self.sync_all(informers)
+        informer = informers[("", "v1", "endpoints")]
+        self.store.fail = [ConnectionFailed("etcd down")] * 2
+        informer.add(endpoints("a", 5))
+        mirror = self.manager.mirrors[("", "v1", "endpoints")]
+        self.assertTrue(mirror.failing)
+        self.assertFalse(self.manager.all_listed)
+        self.clock.advance(1)
+        self.assertTrue(mirror.failing, "second attempt failed too")
+        renewals = self.manager.lease_writes
+        self.clock.advance(2)
+        self.assertFalse(mirror.failing)
+        self.assertIn("/registry/services/endpoints/default/a", self.store.objects)
+        self.assertEqual([c for c in self.store.calls if c[0] == "put"],
+                         [("put", ["/registry/services/endpoints/default/a"])] * 3)
+        self.clock.advance(7)
+        self.assertEqual(self.manager.lease_writes, renewals + 1)
+
+    def test_lease_not_renewed_while_a_write_fails(self):
+        informers = self.start()
+        self.sync_all(informers)
+        self.store.fail = [ConnectionFailed("etcd down")] * 100
+        informers[("", "v1", "endpoints")].add(endpoints("a", 5))
+        self.clock.pump([4] * 10)
+        self.assertEqual(self.manager.lease_writes, 1)
+        self.assertTrue(any("not renewed" in m for m in self.messages), self.messages)
+
+    def test_failed_first_list_is_retried(self):
+        informers = self.start()
+        self.store.fail = [ConnectionFailed("etcd down")]
+        self.sync_all(informers)
+        self.assertIsNone(self.lease())
+        self.clock.advance(1)
+        self.assertIsNotNone(self.lease())
+        self.assertEqual([c[1] for c in self.store.calls if c[0] == "replace"].count(
+            "core/v1/endpoints"), 2)
+
+    def test_object_too_large_is_left_out_of_the_first_list(self):
+        informers = self.start()
+        informers[("", "v1", "endpoints")].sync([endpoints("a", 5), endpoints("huge", 6)])
+        self.assertEqual([c for c in self.store.calls if c[0] == "replace"][:2], [
+            ("replace", "core/v1/endpoints", 2), ("replace", "core/v1/endpoints", 1)])
+        self.assertIn("/registry/services/endpoints/default/a", self.store.objects)
+        self.assertTrue(any("too large" in m for m in self.messages), self.messages)
+
+    def test_failed_deletes_are_retried(self):
+        informers = self.start()
+        informer = informers[("", "v1", "endpoints")]
+        informer.sync([endpoints(f"e{i}", i + 1) for i in range(40)])
+        self.store.fail = [ConnectionFailed("etcd down")]
+        informer.add(endpoints("x", 100))
+        for i in range(40):
+            informer.delete(endpoints(f"e{i}", i + 1))
+        self.assertEqual([c for c in self.store.calls if c[0] == "delete"], [],
+                         "deletes wait behind the failed write")
+        self.store.fail_deletes = {"/registry/services/endpoints/default/e7"}
+        self.clock.advance(1)
+        deletes = [c[1] for c in self.store.calls if c[0] == "delete"]
+        self.assertEqual(len(deletes), 16, "16 at a time; the failed chunk stops the drain")
+        mirror = self.manager.mirrors[("", "v1", "endpoints")]
+        self.assertTrue(mirror.failing)
+        self.clock.advance(2)
+        deletes = [c[1] for c in self.store.calls if c[0] == "delete"]
+        self.assertEqual(sorted(deletes[16:]), sorted(
+            [f"/registry/services/endpoints/default/e{i}" for i in [7] + list(range(16, 40))]),
+            "the failed delete and the ones not tried yet, nothing else")
+        self.assertFalse(mirror.failing)
+        self.assertEqual(sorted(self.store.objects), ["/registry/services/endpoints/default/x"])
+
+    def test_object_bytes_adds_type_only_when_missing(self):
+        listed = {"metadata": {"name": "a"}}
+        self.assertEqual(json.loads(object_bytes(listed, gvrs.ENDPOINTSLICES_V1, "EndpointSlice")),
+                         {"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+                          "metadata": {"name": "a"}})
+        typed = {"apiVersion": "v1", "kind": "Endpoints", "metadata": {"name": "a"}}
+        self.assertEqual(object_bytes(typed, gvrs.ENDPOINTS, "Other"),
+                         b'{"apiVersion":"v1","kind":"Endpoints","metadata":{"name":"a"}}')
+        self.assertNotIn("kind", listed, "the informer's object is not changed")
+
+    def test_stop_leaves_nothing_and_writes_nothing_after(self):
+        informers = self.start()
+        self.sync_all(informers)
+        self.store.fail = [ConnectionFailed("etcd down")]
+        informers[("", "v1", "endpoints")].add(endpoints("a", 5))
+        self.assertEqual(len(self.clock.getDelayedCalls()), 2, "lease loop and write retry")
+        done = self.manager.stop()
+        self.assertTrue(done.called)
+        self.assertEqual(self.clock.getDelayedCalls(), [])
+        self.assertTrue(all(i.stopped for i in self.informers + self.scope_informers))
+        calls = len(self.store.calls)
+        informers[("", "v1", "endpoints")].add(endpoints("b", 6))
+        self.clock.advance(60)
+        self.assertEqual(len(self.store.calls), calls)
+        self.assertFalse(self.scope.running)
+
+    def test_stop_during_held_lease_write(self):
+        self.coordinator.hold("create")
+        self.sync_all(self.start())
+        self.assertEqual(len(self.coordinator.held), 1)
+        done = self.manager.stop()
+        self.assertTrue(done.called)
+        self.assertTrue(self.coordinator.held[0].cancelled)
+        self.assertEqual(self.clock.getDelayedCalls(), [])
+
+    def test_stop_before_any_list(self):
+        informers = self.start()
+        self.successResultOf(self.manager.stop())
+        for informer in informers.values():
+            informer.sync([endpoints("a", 5)])
+        self.assertEqual([c[0] for c in self.store.calls], ["recover", "delete_component"])
+
+    def test_configmap_adds_and_removes_a_resource(self):
+        informers = self.start()
+        self.sync_all(informers)
+        self.scope_informers[-1].add(configmap(SERVICES_ENTRY))
+        services = self.informers[-1]
+        self.assertEqual(services.gvr.resource, "services")
+        self.assertFalse(self.manager.all_listed, "services not listed yet")
+        self.clock.advance(10)
+        self.assertEqual(self.manager.lease_writes, 1, "no renewal while services list")
+        services.sync([{"metadata": {"name": "web", "namespace": "default",
+                                     "resourceVersion": "9"}}])
+        self.assertIn(("replace", "core/v1/services", 1), self.store.calls)
+        self.clock.advance(10)
+        self.assertEqual(self.manager.lease_writes, 2)
+        self.scope_informers[-1].add(configmap("[]", rv="2"))
+        self.assertTrue(services.stopped)
+        self.assertEqual(self.store.calls[-1], ("replace", "core/v1/services", 0))
+        self.assertNotIn(("", "v1", "services"), self.manager.mirrors)
+
+    def test_restart_after_stop_starts_afresh(self):
+        self.sync_all(self.start())
+        self.successResultOf(self.manager.stop())
+        self.assertIsNotNone(self.lease())
+        self.successResultOf(self.manager.start(self.store))
+        self.assertIsNone(self.lease(), "a new leadership deletes the lease first")
+        self.scope_informers[-1].sync()
+        self.sync_all({(i.gvr.group, i.gvr.version, i.gvr.resource): i
+                       for i in self.informers[3:]})
+        self.assertIsNotNone(self.lease())
+
+
+# -- real sockets: cloud and coordinator test servers, real etcd --------------------------
+
+def make_endpoints(i, namespace):
+    return {"metadata": {"name": f"svc-{i}", "namespace": namespace,
+                         "labels": {"app": f"app-{i % 7}"}},
+            "subsets": [{"addresses": [{"ip": f"10.{i // 250}.{i % 250}.1"}],
+                         "ports": [{"port": 8080, "protocol": "TCP"}]}]}
+
+
+def make_slice(i, namespace):
+    return {"metadata": {"name": f"svc-{i}-abcde", "namespace": namespace,
+                         "labels": {"kubernetes.io/service-name": f"svc-{i}"}},
+            "addressType": "IPv4",
+            "endpoints": [{"addresses": [f"10.{i // 250}.{i % 250}.1"],
+                           "conditions": {"ready": True}}],
+            "ports": [{"port": 8080, "protocol": "TCP"}]}
+
+
+KEY_PREFIXES = {
+    "endpoints": "/registry/services/endpoints",
+    "endpointslices": "/registry/endpointslices",
+    "services": "/registry/services/specs",
+}
+
+
+class PoolSyncLiveTests(unittest.TestCase):
+
+    timeout = 120
+
+    def setUp(self):
+        if ETCD_35 is None:
+            raise unittest.SkipTest("etcd 3.5 not available")
+        self.etcd = EtcdProcess(ETCD_35).start()
+        self.addCleanup(self.etcd.stop)
+        return self._set_up_servers()
+
+    @defer.inlineCallbacks
+    def _set_up_servers(self):
+        self.etcd_client = EtcdClient(reactor, EtcdConfig(self.etcd.client_url, timeout=5.0))
+        self.addCleanup(self.etcd_client.close)
+        self.cache_dir = os.path.abspath(self.mktemp())
+        os.makedirs(self.cache_dir)
+        self.cloud = KubeAPIServer(reactor, history=100000)
+        self.cloud_url = yield self.cloud.start(port=0)
+        self.addCleanup(self.cloud.stop)
+        self.pool_api = KubeAPIServer(reactor)
+        pool_url = yield self.pool_api.start(port=0)
+        self.addCleanup(self.pool_api.stop)
+        self.cloud_client = KubeClient(reactor, ClientConfig(server=self.cloud_url, insecure=True))
+        self.addCleanup(self.cloud_client.close)
+        self.pool_client = KubeClient(reactor, ClientConfig(server=pool_url, insecure=True))
+        self.addCleanup(self.pool_client.close)
+        self.pool_api.store.create(gvrs.NODES, {"metadata": {"name": NODE}})
+        self.synced_reports = []
+        self.detector = PoolCacheSyncedDetector(reactor, self.pool_client, 30.0,
+                                                self.synced_reports.append)
+        self.addCleanup(self.detector.stop)
+        self.managers = []
+
+    def new_store(self):
+        key_cache = ComponentKeyCache.in_directory(self.cache_dir).load()
+        store = PoolStore(reactor, self.etcd_client, "/registry", key_cache)
+        self.addCleanup(store.close)
+        return store
+
+    def new_manager(self):
+        cloud = HealthyCloudClient(lambda: self.cloud_url, {self.cloud_url: self.cloud_client}.get)
+        scope = PoolScopeResources(reactor, cloud)
+        manager = PoolSyncManager(reactor, NODE, self.pool_client, cloud, scope,
+                                  informer_lease_renew=10, metrics=Metrics(NODE))
+        self.addCleanup(manager.stop)
+        self.managers.append(manager)
+        return manager
+
+    def populate(self, count, namespaces=("default", "kube-system", "team-a")):
+        for i in range(count):
+            namespace = namespaces[i % len(namespaces)]
+            self.cloud.store.create(gvrs.ENDPOINTS, make_endpoints(i, namespace))
+            self.cloud.store.create(gvrs.ENDPOINTSLICES_V1, make_slice(i, namespace))
+
+    def expected(self, resources=(gvrs.ENDPOINTS, gvrs.ENDPOINTSLICES_V1)):
+        found = {}
+        for gvr in resources:
+            for obj in self.cloud.store.list(gvr):
+                meta = obj["metadata"]
+                found[f"{KEY_PREFIXES[gvr.resource]}/{meta['namespace']}/{meta['name']}"] = obj
+        return found
+
+    def actual(self):
+        return {k.decode(): json.loads(v)
+                for k, v in self.etcd.read("/registry/", prefix=True).items()}
+
+    def mirrors(self):
+        return {k.decode()[len("/mirror/rv"):]: v.decode()
+                for k, v in self.etcd.read("/mirror/rv/registry/", prefix=True).items()}
+
+    def wait_exact(self, what, resources=(gvrs.ENDPOINTS, gvrs.ENDPOINTSLICES_V1), timeout=30.0):
+        def exact():
+            return self.actual() == self.expected(resources)
+        return poll_until(reactor, exact, timeout=timeout, interval=0.05, message=what)
+
+    def check_mirror_rvs(self, resources=(gvrs.ENDPOINTS, gvrs.ENDPOINTSLICES_V1)):
+        expected = {k: format_rv(int(v["metadata"]["resourceVersion"]))
+                    for k, v in self.expected(resources).items()}
+        self.assertEqual(self.mirrors(), expected)
+
+    def lease(self):
+        return self.pool_api.store.get(gvrs.LEASES, "leader-informer-sync", "kube-system")
+
+    def modify(self, gvr, name, namespace, change):
+        obj = self.cloud.store.get(gvr, name, namespace)
+        change(obj)
+        self.cloud.store.update(gvr, obj)
+
+    @defer.inlineCallbacks
+    def test_initial_sync_changes_and_lease(self):
+        self.populate(200)
+        # Left by a previous leader for objects gone since; this node's key cache never knew.
+        ghost = make_endpoints(9999, "default")
+        ghost["metadata"].update(name="ghost", resourceVersion="3")
+        self.etcd.put("/registry/services/endpoints/default/ghost", json.dumps(ghost))
+        self.etcd.put("/mirror/rv/registry/services/endpoints/default/ghost", format_rv(3))
+
+        manager = self.new_manager()
+        yield self.detector.start()
+        started = time.monotonic()
+        yield manager.start(self.new_store())
+        yield poll_until(reactor, lambda: manager.all_listed, timeout=30, message="all listed")
+        listed = time.monotonic()
+        # The exact "at once" is proven on a Clock above; here the bound only has to be
+        # well under informer_lease_renew (10 s, the seed's delay) on a loaded machine.
+        yield poll_until(reactor, lambda: self.lease() is not None, timeout=PROMPT,
+                         message="informer sync lease promptly after the lists")
+        yield poll_until(reactor, lambda: self.detector.synced, timeout=PROMPT,
+                         message="detector synced promptly after the first renewal")
+        synced = time.monotonic()
+        yield self.wait_exact("initial sync")
+        self.check_mirror_rvs()
+        self.assertEqual(len(self.actual()), 400)
+        lease = self.lease()
+        self.assertEqual(lease["spec"]["holderIdentity"], NODE)
+        self.assertEqual(lease["spec"]["leaseDurationSeconds"], 10)
+        node = self.pool_api.store.get(gvrs.NODES, NODE)
+        self.assertEqual(lease["metadata"]["ownerReferences"], [
+            {"apiVersion": "v1", "kind": "Node", "name": NODE, "uid": node["metadata"]["uid"]}])
+        self.assertLess(synced - listed, PROMPT)
+        self.log_timing(f"200+200 objects: all listed {listed - started:.2f}s, "
+                        f"synced {synced - started:.2f}s after start")
+
+        for i in range(0, 60, 3):
+            namespace = ("default", "kube-system", "team-a")[i % 3]
+            self.modify(gvrs.ENDPOINTS, f"svc-{i}", namespace,
+                        lambda o: o["subsets"][0]["addresses"].append({"ip": "192.168.0.1"}))
+            self.cloud.store.delete(gvrs.ENDPOINTSLICES_V1, f"svc-{i}-abcde", namespace)
+        self.cloud.store.create(gvrs.ENDPOINTS, make_endpoints(500, "team-b"))
+        yield self.wait_exact("modifications and deletions")
+        self.check_mirror_rvs()
+
+    @defer.inlineCallbacks
+    def test_exact_after_watch_cut_mid_line_and_forced_410(self):
+        self.populate(100)
+        manager = self.new_manager()
+        yield manager.start(self.new_store())
+        yield self.wait_exact("initial sync")
+        yield poll_until(reactor, lambda: self.cloud.open_watches >= 4, message="watches open")
+
+        self.cloud.faults.cut_watches(mid_line=True)
+        for i in range(10):
+            self.modify(gvrs.ENDPOINTSLICES_V1, f"svc-{i}-abcde", ("default", "kube-system",
+                        "team-a")[i % 3], lambda o: o["endpoints"][0]["conditions"].update(
+                            ready=False))
+        self.cloud.store.delete(gvrs.ENDPOINTS, "svc-20", "team-a")
+        yield self.wait_exact("after a watch cut mid-line")
+
+        # Forced 410: changes while no watch is open, then the history is dropped.
+        yield self.cloud.faults.down()
+        for i in range(30, 60):
+            namespace = ("default", "kube-system", "team-a")[i % 3]
+            self.cloud.store.delete(gvrs.ENDPOINTS, f"svc-{i}", namespace)
+            self.modify(gvrs.ENDPOINTSLICES_V1, f"svc-{i}-abcde", namespace,
+                        lambda o: o["metadata"]["labels"].update(changed="yes"))
+        self.cloud.store.create(gvrs.ENDPOINTS, make_endpoints(700, "default"))
+        self.cloud.store.compact()
+        yield self.cloud.faults.up()
+        yield self.wait_exact("after a 410 relist")
+        self.check_mirror_rvs()
+        informers = [m.informer for m in manager.mirrors.values()]
+        self.assertGreaterEqual(max(i.lists for i in informers), 2, "a relist happened")
+
+    @defer.inlineCallbacks
+    def test_new_leader_removes_keys_of_objects_gone_meanwhile(self):
+        self.populate(50)
+        first = self.new_manager()
+        yield first.start(self.new_store())
+        yield self.wait_exact("first leader synced")
+        yield first.stop()
+        for i in range(0, 50, 2):
+            namespace = ("default", "kube-system", "team-a")[i % 3]
+            self.cloud.store.delete(gvrs.ENDPOINTS, f"svc-{i}", namespace)
+            self.cloud.store.delete(gvrs.ENDPOINTSLICES_V1, f"svc-{i}-abcde", namespace)
+        self.assertEqual(len(self.actual()), 100, "nothing is synced while no leader runs")
+
+        # Another node becomes leader with a key cache of its own (empty).
+        other_dir = os.path.abspath(self.mktemp())
+        os.makedirs(other_dir)
+        store = PoolStore(reactor, self.etcd_client, "/registry",
+                          ComponentKeyCache.in_directory(other_dir).load())
+        self.addCleanup(store.close)
+        second = self.new_manager()
+        yield second.start(store)
+        yield self.wait_exact("second leader synced")
+        self.assertEqual(len(self.actual()), 50)
+        self.check_mirror_rvs()
+
+    @defer.inlineCallbacks
+    def test_configmap_adds_services_and_unknown_group_is_dropped(self):
+        self.populate(20)
+        for i in range(15):
+            self.cloud.store.create(gvrs.SERVICES, {
+                "metadata": {"name": f"svc-{i}", "namespace": "default"},
+                "spec": {"ports": [{"port": 80}]}})
+        manager = self.new_manager()
+        messages = capture_log(manager.pool_scope)
+        yield manager.start(self.new_store())
+        yield self.wait_exact("endpoints synced")
+        self.cloud.store.create(gvrs.CONFIGMAPS, configmap(
+            '[{"group":"","version":"v1","resource":"services"},'
+            ' {"group":"example.com","version":"v1","resource":"widgets"}]'))
+        everything = (gvrs.ENDPOINTS, gvrs.ENDPOINTSLICES_V1, gvrs.SERVICES)
+        yield self.wait_exact("services synced", resources=everything)
+        self.assertTrue(any("widgets.v1.example.com" in m and "dropped" in m for m in messages),
+                        messages)
+        self.cloud.store.delete(gvrs.SERVICES, "svc-3", "default")
+        self.cloud.store.create(gvrs.ENDPOINTS, make_endpoints(77, "default"))
+        yield self.wait_exact("services and endpoints keep syncing", resources=everything)
+        self.check_mirror_rvs(everything)
+
+    @defer.inlineCallbacks
+    def test_thousand_endpoints_and_endpointslices(self):
+        self.populate(1000)
+        manager = self.new_manager()
+        yield self.detector.start()
+        started = time.monotonic()
+        yield manager.start(self.new_store())
+        yield poll_until(reactor, lambda: manager.all_listed, timeout=30, message="all listed")
+        listed = time.monotonic()
+        yield poll_until(reactor, lambda: self.detector.synced, timeout=PROMPT,
+                         message="detector synced")
+        yield self.wait_exact("1000+1000 synced")
+        self.check_mirror_rvs()
+        self.log_timing(f"1000+1000 objects listed into etcd in {listed - started:.2f}s")
+        for i in range(0, 1000, 10):
+            namespace = ("default", "kube-system", "team-a")[i % 3]
+            self.modify(gvrs.ENDPOINTSLICES_V1, f"svc-{i}-abcde", namespace,
+                        lambda o: o["endpoints"][0]["conditions"].update(ready=False))
+        yield self.wait_exact("100 updates followed")
+
+        # 500 deletions learned only through a 410 relist.
+        yield self.cloud.faults.down()
+        for i in range(0, 1000, 2):
+            namespace = ("default", "kube-system", "team-a")[i % 3]
+            self.cloud.store.delete(gvrs.ENDPOINTS, f"svc-{i}", namespace)
+        self.cloud.store.compact()
+        relist = time.monotonic()
+        yield self.cloud.faults.up()
+        yield self.wait_exact("500 deletions after a relist")
+        self.log_timing(f"500 deletions through a relist in {time.monotonic() - relist:.2f}s "
+                        "(including the informer's reconnect backoff)")
+
+    @defer.inlineCallbacks
+    def test_stop_in_the_middle_of_the_first_list_writes_nothing_after(self):
+        self.populate(1000)
+        manager = self.new_manager()
+        yield manager.start(self.new_store())
+        yield poll_until(reactor, lambda: manager.all_listed or any(
+            m._writer is not None for m in manager.mirrors.values()),
+            timeout=30, message="a list being written")
+        stopping = manager.stop()
+        yield stopping
+        self.assertEqual(manager.mirrors, {})
+        revision = self.etcd_revision()
+        self.cloud.store.create(gvrs.ENDPOINTS, make_endpoints(5000, "default"))
+        self.cloud.store.delete(gvrs.ENDPOINTS, "svc-0", "default")
+        # A round trip through the cloud server: had a watch survived, its events
+        # would have been delivered by now.
+        yield self.cloud_client.list(gvrs.ENDPOINTS, namespace="default")
+        yield poll_until(reactor, lambda: self.cloud.open_watches == 0,
+                         message="the cloud server saw every watch close")
+        self.assertEqual(self.etcd_revision(), revision)
+        self.assertIsNone(self.lease())
+
+    def etcd_revision(self):
+        status = json.loads(self.etcd.etcdctl("endpoint", "status", "-w", "json"))
+        return status[0]["Status"]["header"]["revision"]
+
+    def log_timing(self, text):
+        with open(os.path.join(self.cache_dir, "..", "timing.txt"), "a") as f:
+            f.write(text + "\n")
