@@ -1,0 +1,29 @@
+"""A Kubernetes API server for tests (Twisted web).
+
+Generic namespaced and cluster resources with one global resourceVersion,
+watches with replay, bookmarks and 410 on expired versions, Status errors,
+label and field selectors, pagination, discovery, optional TLS that requires
+a client certificate, and fault knobs::
+
+    server = KubeAPIServer(reactor, tls_dir=None, history=1000)
+    url = yield server.start()              # "http://127.0.0.1:N"
+    server.store.create(LEASES, lease)      # emits watch events like HTTP writes
+    server.faults.fail_next(2, code=503)    # also: down/up, latency, garbage_next,
+                                            # hang_next, drop_connections,
+                                            # cut_watches, stall_watches, end_watches
+    yield server.stop()
+
+Which types are served is ``server.catalog``: ``remove(gvr)`` one (its
+discovery then 404s, like a cloud that dropped an API version) or ``add`` a
+``ResourceType`` (e.g. a custom resource), also while running.
+
+The pieces: ``catalog`` (served types, discovery), ``store`` (objects,
+history, watchers), ``resource`` (HTTP routing and verbs), ``watch`` (one
+streaming response), ``faults`` (knobs), ``server`` (sockets and TLS).
+"""
+
+from yurtcoord.testing.apiserver.catalog import DEFAULT_TYPES, Catalog, ResourceType
+from yurtcoord.testing.apiserver.server import KubeAPIServer
+from yurtcoord.testing.apiserver.store import ObjectStore
+
+__all__ = ["DEFAULT_TYPES", "Catalog", "KubeAPIServer", "ObjectStore", "ResourceType"]

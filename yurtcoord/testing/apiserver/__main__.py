@@ -1,0 +1,57 @@
+"""``python -m yurtcoord.testing.apiserver --port N [--tls-dir DIR]``: run the
+test API server alone; prints its URL on a line once it listens.
+
+With ``--tls-dir`` pointing at an empty directory, a CA, a server pair and a
+client pair (``client.crt``/``client.key``) are created there;
+``--kubeconfig PATH`` writes a kubeconfig that uses them."""
+
+import argparse
+import os
+import sys
+
+from twisted.internet import defer, task
+
+
+def _parse(argv):
+    parser = argparse.ArgumentParser(prog="python -m yurtcoord.testing.apiserver")
+    parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--interface", default="127.0.0.1")
+    parser.add_argument("--tls-dir", default=None)
+    parser.add_argument("--history", type=int, default=1000)
+    parser.add_argument("--kubeconfig", default=None,
+                        help="write a kubeconfig for this server to this path")
+    parser.add_argument("--verbose", action="store_true",
+                        help="log every request to stderr")
+    return parser.parse_args(argv)
+
+
+def main(reactor, argv):
+    from yurtcoord.testing.apiserver import KubeAPIServer
+
+    options = _parse(argv)
+    if options.verbose:
+        from twisted.logger import globalLogBeginner, textFileLogObserver
+        globalLogBeginner.beginLoggingTo([textFileLogObserver(sys.stderr)])
+    server = KubeAPIServer(reactor, tls_dir=options.tls_dir, history=options.history)
+    finished = defer.Deferred()
+
+    def started(url):
+        if options.kubeconfig:
+            from yurtcoord.testing.apiserver.clients import write_kubeconfig
+            from yurtcoord.testing.pki import CertPair
+            pair = None
+            if options.tls_dir:
+                pair = CertPair(os.path.join(options.tls_dir, "client.crt"),
+                                os.path.join(options.tls_dir, "client.key"))
+            write_kubeconfig(options.kubeconfig, url, client_pair=pair,
+                             ca_file=os.path.join(options.tls_dir, "ca.crt")
+                             if options.tls_dir else None)
+        print(url, flush=True)
+        reactor.addSystemEventTrigger("before", "shutdown", server.stop)
+        return finished
+
+    return server.start(options.port, options.interface).addCallback(started)
+
+
+if __name__ == "__main__":
+    task.react(main, (sys.argv[1:],))

@@ -1,0 +1,86 @@
+"""Fault knobs tests turn on the API server: refuse connections, drop them,
+slow down, fail, garble or never answer the next requests, and cut or stall
+open watch streams."""
+
+from collections import deque
+
+from twisted.logger import Logger
+
+GARBAGE = b"<html>this is not JSON {\"kind\": "
+
+
+class FaultInjector:
+    """Per-server fault state. ``latency`` (seconds) delays every answer;
+    queued faults (fail/garbage/hang) are consumed one per matching request,
+    in the order they were queued."""
+
+    log = Logger()
+
+    def __init__(self, server):
+        self._server = server
+        self.latency = 0.0
+        self._queued = deque()
+
+    def down(self):
+        """Stop listening (connections are refused) and drop open connections.
+        Returns a Deferred that fires once the port is closed."""
+        self.log.info("fault: apiserver down")
+        return self._server._go_down()
+
+    def up(self):
+        """Listen again on the same port number. Returns a Deferred."""
+        self.log.info("fault: apiserver up")
+        return self._server._come_up()
+
+    def fail_next(self, n, code=500, method=None, path=None):
+        """Answer the next ``n`` requests with a Failure Status of ``code``.
+        ``method`` (e.g. "PUT") and ``path`` (a substring of the URL path)
+        narrow which requests count; others pass untouched."""
+        self._queued.extend([("fail", int(code), method, path)] * int(n))
+
+    def garbage_next(self, n, method=None, path=None):
+        """Answer the next ``n`` requests 200 with a body that is not JSON."""
+        self._queued.extend([("garbage", 200, method, path)] * int(n))
+
+    def hang_next(self, n, method=None, path=None):
+        """Never answer the next ``n`` requests (they stay open until the
+        client gives up, or down()/stop() drops the connection)."""
+        self._queued.extend([("hang", 0, method, path)] * int(n))
+
+    def stall_watches(self):
+        """Open watch streams go silent (no events, no bookmarks) but stay
+        connected, like a half-open connection; new watches are unaffected."""
+        self.log.info("fault: stalling open watches")
+        return self._server._stall_watches()
+
+    def drop_connections(self):
+        """Abort every open connection but keep listening (a network blip).
+        Returns a Deferred that fires once they are gone."""
+        self.log.info("fault: dropping all apiserver connections")
+        return self._server._drop_connections()
+
+    def cut_watches(self, mid_line=False):
+        """Close the connections of open watch streams; with ``mid_line`` the
+        client first receives half of a JSON event line."""
+        self.log.info("fault: cutting watches mid_line={mid_line}", mid_line=mid_line)
+        return self._server._cut_watches(mid_line)
+
+    def end_watches(self):
+        """Finish open watch streams cleanly, as a server-side timeout does."""
+        return self._server._end_watches()
+
+    def clear(self):
+        """Drop queued failures and latency."""
+        self._queued.clear()
+        self.latency = 0.0
+
+    def take(self, method, path):
+        """The fault for the request arriving now: None or (kind, code)."""
+        for index, (kind, code, want_method, want_path) in enumerate(self._queued):
+            if want_method is not None and want_method.upper() != method:
+                continue
+            if want_path is not None and want_path not in path:
+                continue
+            del self._queued[index]
+            return kind, code
+        return None

@@ -1,0 +1,274 @@
+"""KubeAPIServer: the store, the HTTP resource and the fault knobs put
+together on a real listening socket (plain HTTP, or TLS that requires a
+client certificate signed by the server's CA)."""
+
+import os
+
+from OpenSSL import SSL
+from twisted.internet import defer
+from twisted.internet.interfaces import IOpenSSLContextFactory, IProtocolNegotiationFactory
+from twisted.logger import Logger
+from twisted.protocols import policies
+from twisted.web.server import Site
+from zope.interface import implementer
+
+from yurtcoord.testing.apiserver.catalog import Catalog
+from yurtcoord.testing.apiserver.faults import FaultInjector
+from yurtcoord.testing.apiserver.pages import ListPages
+from yurtcoord.testing.apiserver.resource import KubeAPIResource
+from yurtcoord.testing.apiserver.store import ObjectStore
+
+
+class _TrackedConnection(policies.ProtocolWrapper):
+    """Lets the wrapped HTTP channel clean up before the connection is forgotten."""
+
+    def connectionLost(self, reason):
+        try:
+            self.wrappedProtocol.connectionLost(reason)
+        finally:
+            self.factory.unregisterProtocol(self)
+
+
+@implementer(IProtocolNegotiationFactory)
+class _ConnectionTracker(policies.WrappingFactory):
+    """Knows every open connection so that stop() and down() can drop them.
+
+    Passes the site's ALPN protocols through: without them TLS clients that
+    offer ALPN (curl, Go, Python) get an internal-error alert."""
+
+    protocol = _TrackedConnection
+
+    def __init__(self, wrapped):
+        super().__init__(wrapped)
+        self._idle_waiters = []
+
+    def acceptableProtocols(self):
+        return self.wrappedFactory.acceptableProtocols()
+
+    def unregisterProtocol(self, p):
+        super().unregisterProtocol(p)
+        if not self.protocols:
+            waiters, self._idle_waiters = self._idle_waiters, []
+            for waiter in waiters:
+                waiter.callback(None)
+
+    def drop_all(self):
+        """Abort every connection; the Deferred fires once all are gone."""
+        if not self.protocols:
+            return defer.succeed(None)
+        waiter = defer.Deferred()
+        self._idle_waiters.append(waiter)
+        for protocol in list(self.protocols):
+            if protocol.transport is not None:
+                protocol.transport.abortConnection()
+        return waiter
+
+
+def subject_of(x509):
+    """RFC 4514 subject of a pyOpenSSL certificate, e.g. ``CN=a,O=b``."""
+    return x509.to_cryptography().subject.rfc4514_string()
+
+
+@implementer(IOpenSSLContextFactory)
+class ClientCertTLSContext:
+    """Server TLS (1.2+) that requires a client certificate signed by the CA.
+
+    Built from the PEM files directly so that no pyOpenSSL certificate objects
+    are handed around (deprecated); clients that offer ALPN get no protocol
+    selected and speak HTTP/1.1.
+    """
+
+    def __init__(self, ca_file, cert_file, key_file):
+        context = SSL.Context(SSL.TLS_SERVER_METHOD)
+        context.set_min_proto_version(SSL.TLS1_2_VERSION)
+        context.use_certificate_chain_file(cert_file)
+        context.use_privatekey_file(key_file)
+        context.check_privatekey()
+        context.load_verify_locations(ca_file)
+        context.load_client_ca(ca_file.encode())
+        context.set_verify(SSL.VERIFY_PEER | SSL.VERIFY_FAIL_IF_NO_PEER_CERT)
+        # OpenSSL needs a session id context to resume sessions of verified clients.
+        context.set_session_id(b"yurtcoord-test-apiserver")
+        self._context = context
+
+    def getContext(self):
+        return self._context
+
+
+def tls_options(tls_dir):
+    """Server TLS from ``tls_dir`` (created with a throwaway CA if absent)
+    that requires a client certificate signed by ``tls_dir/ca.crt``."""
+    ca_file = os.path.join(tls_dir, "ca.crt")
+    cert_file = os.path.join(tls_dir, "server.crt")
+    key_file = os.path.join(tls_dir, "server.key")
+    if not all(os.path.exists(p) for p in (ca_file, cert_file, key_file)):
+        # The CA key lives only in memory, so issue a client pair now
+        # (client.crt/client.key, CN=admin, O=system:masters) for later use.
+        from yurtcoord.testing.pki import TestCA
+        ca = TestCA(tls_dir)
+        ca.server_pair("server")
+        ca.client_pair("client", "admin", ["system:masters"])
+    return ClientCertTLSContext(ca_file, cert_file, key_file)
+
+
+class _APISite(Site):
+    """Writes one debug event per answered request instead of an access log."""
+
+    _access = Logger()
+
+    def log(self, request):
+        self._access.debug("apiserver {method} {uri} -> {code}",
+                           method=request.method.decode(), code=request.code,
+                           uri=request.uri.decode("utf-8", "replace"))
+
+
+class KubeAPIServer:
+    """A Kubernetes API server for tests.
+
+    ``start(port, interface)`` fires with the base URL (also ``url``,
+    ``port_number``); ``stop()`` closes the port and every connection.
+    ``store`` is the ObjectStore (direct writes emit watch events like HTTP
+    writes); ``faults`` the FaultInjector; ``requests`` lists (method, path,
+    query) of every request and ``client_subjects`` the RFC 4514 subjects of
+    TLS client certificates, in order. ``history`` bounds the watch replay
+    window; ``bookmark_interval`` is the seconds between BOOKMARK events on
+    watches that allow them.
+    """
+
+    log = Logger()
+
+    def __init__(self, reactor, tls_dir=None, history=1000, bookmark_interval=1.0,
+                 catalog=None):
+        self.reactor = reactor
+        self.tls_dir = tls_dir
+        self.catalog = catalog or Catalog()
+        self.store = ObjectStore(self.catalog, reactor, history)
+        self.faults = FaultInjector(self)
+        self.list_pages = ListPages(self.store)
+        self.bookmark_interval = bookmark_interval
+        self.requests = []
+        self.client_subjects = []
+        self.port_number = None
+        self.url = None
+        self._interface = "127.0.0.1"
+        self._port = None
+        self._port_closing = None
+        self._tls_options = None
+        self._watches = set()
+        self._delayed = set()
+        site = _APISite(KubeAPIResource(self), reactor=reactor, parsePOSTFormSubmission=False)
+        site.displayTracebacks = False
+        site.noisy = False
+        self._site = site
+        self._connections = _ConnectionTracker(site)
+        self._connections.noisy = False
+
+    # -- lifecycle -----------------------------------------------------------
+
+    @property
+    def address(self):
+        return f"{self._interface}:{self.port_number}"
+
+    def _listen(self, port):
+        if self.tls_dir is not None:
+            if self._tls_options is None:
+                self._tls_options = tls_options(self.tls_dir)
+            return self.reactor.listenSSL(port, self._connections, self._tls_options,
+                                          interface=self._interface)
+        return self.reactor.listenTCP(port, self._connections, interface=self._interface)
+
+    def start(self, port=0, interface="127.0.0.1"):
+        """Listen; the Deferred fires with the base URL."""
+        self._interface = interface
+        try:
+            self._port = self._listen(port)
+        except Exception:
+            return defer.fail()
+        self.port_number = self._port.getHost().port
+        scheme = "https" if self.tls_dir is not None else "http"
+        host = f"[{interface}]" if ":" in interface else interface
+        self.url = f"{scheme}://{host}:{self.port_number}"
+        self.log.info("apiserver listening url={url}", url=self.url)
+        return defer.succeed(self.url)
+
+    @defer.inlineCallbacks
+    def stop(self):
+        """Close the listening port and every open connection, watches included."""
+        yield self._go_down()
+        self.faults.clear()
+
+    def _stop_listening(self):
+        if self._port is not None:
+            port, self._port = self._port, None
+            self._port_closing = defer.maybeDeferred(port.stopListening)
+        if self._port_closing is None:
+            return defer.succeed(None)
+        closing = defer.Deferred()
+        self._port_closing.addBoth(lambda result: closing.callback(None) or result)
+        return closing
+
+    @defer.inlineCallbacks
+    def _go_down(self):
+        stopped = self._stop_listening()
+        for call in list(self._delayed):
+            if call.active():
+                call.cancel()
+        self._delayed.clear()
+        for stream in list(self._watches):
+            stream._stop()
+        yield self._connections.drop_all()
+        yield stopped
+
+    @defer.inlineCallbacks
+    def _come_up(self):
+        if self._port_closing is not None:
+            yield self._port_closing
+        if self._port is None:
+            self._port = self._listen(self.port_number)
+
+    # -- hooks used by the HTTP resource -------------------------------------
+
+    def _note_request(self, request):
+        path = request.path.decode("utf-8", "replace")
+        query = {k.decode("utf-8", "replace"): v[-1].decode("utf-8", "replace")
+                 for k, v in (request.args or {}).items()}
+        self.requests.append((request.method.decode(), path, query))
+        if request.isSecure():
+            certificate = request.channel.transport.getPeerCertificate()
+            if certificate is not None:
+                self.client_subjects.append(subject_of(certificate))
+
+    def _delay(self, seconds, function, *args):
+        def run():
+            self._delayed.discard(call)
+            function(*args)
+        call = self.reactor.callLater(seconds, run)
+        self._delayed.add(call)
+
+    def _watch_opened(self, stream):
+        self._watches.add(stream)
+
+    def _watch_closed(self, stream):
+        self._watches.discard(stream)
+
+    def _drop_connections(self):
+        for stream in list(self._watches):
+            stream._stop()
+        return self._connections.drop_all()
+
+    def _stall_watches(self):
+        for stream in list(self._watches):
+            stream.stall()
+
+    def _cut_watches(self, mid_line):
+        for stream in list(self._watches):
+            stream.cut(mid_line)
+
+    def _end_watches(self):
+        for stream in list(self._watches):
+            stream.end()
+
+    @property
+    def open_watches(self):
+        """How many watch streams are open right now."""
+        return len(self._watches)

@@ -1,0 +1,109 @@
+"""Kubernetes ``Status`` objects, as the API server sends them for errors and
+successful deletes, and the typed errors that carry them."""
+
+from yurtcoord.kube.errors import error_from_status
+
+REASONS = {
+    400: "BadRequest",
+    401: "Unauthorized",
+    403: "Forbidden",
+    404: "NotFound",
+    405: "MethodNotAllowed",
+    406: "NotAcceptable",
+    409: "Conflict",
+    410: "Expired",
+    415: "UnsupportedMediaType",
+    422: "Invalid",
+    429: "TooManyRequests",
+    500: "InternalError",
+    503: "ServiceUnavailable",
+    504: "Timeout",
+}
+
+
+def failure(code, message, reason=None, name=None, group=None, kind=None, causes=None):
+    """A Failure Status dict as kube-apiserver writes it."""
+    status = {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Failure",
+        "message": message,
+        "reason": reason or REASONS.get(code, "Unknown"),
+        "code": code,
+    }
+    details = {}
+    if name is not None:
+        details["name"] = name
+    if group is not None:
+        details["group"] = group
+    if kind is not None:
+        details["kind"] = kind
+    if causes:
+        details["causes"] = causes
+    if details:
+        status["details"] = details
+    return status
+
+
+def success(name=None, group=None, kind=None, uid=None):
+    details = {}
+    if name is not None:
+        details["name"] = name
+    if group is not None:
+        details["group"] = group
+    if kind is not None:
+        details["kind"] = kind
+    if uid is not None:
+        details["uid"] = uid
+    status = {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success"}
+    if details:
+        status["details"] = details
+    return status
+
+
+def error(code, message, **kwargs):
+    """A typed KubeError (see ``yurtcoord.kube.errors``) carrying its Status dict."""
+    return error_from_status(code, failure(code, message, **kwargs))
+
+
+def not_found(resource_type, name):
+    return error(404, f'{resource_type.qualified_name} "{name}" not found',
+                 name=name, group=resource_type.gvr.group, kind=resource_type.gvr.resource)
+
+
+def already_exists(resource_type, name):
+    return error(409, f'{resource_type.qualified_name} "{name}" already exists',
+                 reason="AlreadyExists", name=name, group=resource_type.gvr.group,
+                 kind=resource_type.gvr.resource)
+
+
+def conflict(resource_type, name, why="the object has been modified; please apply your "
+             "changes to the latest version and try again"):
+    return error(409, f'Operation cannot be fulfilled on {resource_type.qualified_name} '
+                      f'"{name}": {why}',
+                 reason="Conflict", name=name, group=resource_type.gvr.group,
+                 kind=resource_type.gvr.resource)
+
+
+def invalid(resource_type, name, field, message):
+    cause = {"reason": "FieldValueInvalid", "message": message, "field": field}
+    return error(422, f'{resource_type.kind} "{name or ""}" is invalid: {field}: {message}',
+                 name=name, group=resource_type.gvr.group, kind=resource_type.kind,
+                 causes=[cause])
+
+
+def bad_request(message):
+    return error(400, message)
+
+
+def expired(requested, oldest):
+    return error(410, f"too old resource version: {requested} ({oldest})")
+
+
+def status_of(kube_error):
+    """The Status dict of a KubeError (built if it came without one)."""
+    if isinstance(kube_error.status, dict):
+        return kube_error.status
+    code = kube_error.code or 500
+    return failure(code, kube_error.message or str(kube_error), reason=kube_error.reason)

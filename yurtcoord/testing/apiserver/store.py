@@ -1,0 +1,393 @@
+"""The object store behind the test API server: one global resourceVersion,
+a bounded history of changes for watch replay, and live watch delivery.
+
+Writes made directly through this store (from tests) and writes made over HTTP
+follow the same rules and produce the same watch events.
+"""
+
+import copy
+import datetime
+import random
+import re
+import uuid
+from collections import deque
+from dataclasses import dataclass
+
+from twisted.logger import Logger
+
+from yurtcoord.testing.apiserver import status
+from yurtcoord.testing.apiserver.selectors import ObjectFilter
+
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+_GENERATE_ALPHABET = "bcdfghjklmnpqrstvwxz2456789"
+
+
+@dataclass(frozen=True)
+class WatchEvent:
+    """One change. ``old`` is the object before a MODIFIED, so that selector
+    watches can turn it into ADDED/DELETED when the object enters/leaves."""
+
+    type: str
+    resource_version: int
+    key: tuple
+    object: dict
+    old: dict = None
+
+
+def _copy(obj):
+    return copy.deepcopy(obj)
+
+
+def _timestamp(seconds):
+    moment = datetime.datetime.fromtimestamp(seconds, datetime.timezone.utc)
+    return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _without_volatile(obj):
+    """The object minus fields the server manages; equal ones mean a no-op update."""
+    trimmed = _copy(obj)
+    metadata = trimmed.get("metadata") or {}
+    metadata.pop("resourceVersion", None)
+    metadata.pop("managedFields", None)
+    return trimmed
+
+
+class Watcher:
+    """A registered watch; ``cancel()`` stops delivery."""
+
+    def __init__(self, store, type_key, object_filter, callback):
+        self._store = store
+        self.type_key = type_key
+        self.filter = object_filter
+        self._callback = callback
+        self.active = True
+
+    def offer(self, event):
+        """Deliver ``event`` translated through the filter (ADDED/DELETED on
+        entering/leaving the selection); events outside it are dropped."""
+        if not self.active or event.key[0] != self.type_key:
+            return
+        matches_new = self.filter.matches(event.object)
+        if event.type == "MODIFIED":
+            matches_old = self.filter.matches(event.old)
+            if matches_new and matches_old:
+                self._callback("MODIFIED", event.object)
+            elif matches_new:
+                self._callback("ADDED", event.object)
+            elif matches_old:
+                # As the watch cache does: the object as it was when it still
+                # matched, stamped with the resourceVersion of the change.
+                gone = _copy(event.old)
+                gone["metadata"]["resourceVersion"] = str(event.resource_version)
+                self._callback("DELETED", gone)
+        elif matches_new:
+            self._callback(event.type, event.object)
+
+    def cancel(self):
+        if self.active:
+            self.active = False
+            self._store._watchers.discard(self)
+
+
+class ObjectStore:
+    """Objects of every served type, keyed by (type, namespace, name).
+
+    ``clock`` provides ``seconds()`` for creation timestamps. ``history`` bounds
+    how many past events a watch can replay; older resourceVersions get 410.
+    """
+
+    log = Logger()
+
+    def __init__(self, catalog, clock, history=1000, seed=None):
+        self.catalog = catalog
+        self._clock = clock
+        self._objects = {}
+        self._rv = 0
+        self._history = deque()
+        self._history_limit = max(0, int(history))
+        self._oldest_watchable = 0
+        self._watchers = set()
+        self._random = random.Random(seed)
+
+    # -- bookkeeping -----------------------------------------------------------
+
+    @property
+    def resource_version(self):
+        """The current global resourceVersion (an int; the wire form is its string)."""
+        return self._rv
+
+    @property
+    def oldest_watchable(self):
+        """The oldest resourceVersion a watch may start from without a 410."""
+        return self._oldest_watchable
+
+    def compact(self):
+        """Forget all history: watches from any older resourceVersion get 410."""
+        self._history.clear()
+        self._oldest_watchable = self._rv
+        self.log.info("store compacted at rv={rv}", rv=self._rv)
+
+    def _type(self, gvr):
+        try:
+            return self.catalog.type_of(gvr)
+        except KeyError:
+            raise status.error(404, f"the server could not find the requested resource ({gvr})")
+
+    @staticmethod
+    def _type_key(resource_type):
+        gvr = resource_type.gvr
+        return (gvr.group, gvr.version, gvr.resource)
+
+    def _namespace_of(self, resource_type, metadata, namespace):
+        if not resource_type.gvr.namespaced:
+            return ""
+        return namespace or metadata.get("namespace") or "default"
+
+    def _record(self, event_type, key, obj, old=None):
+        event = WatchEvent(event_type, self._rv, key, _copy(obj), _copy(old) if old else None)
+        if self._history_limit:
+            self._history.append(event)
+            while len(self._history) > self._history_limit:
+                dropped = self._history.popleft()
+                self._oldest_watchable = dropped.resource_version
+        else:
+            self._oldest_watchable = self._rv
+        for watcher in list(self._watchers):
+            watcher.offer(event)
+
+    @staticmethod
+    def _decorate(resource_type, obj):
+        """``obj`` with kind and apiVersion of its type, placed first."""
+        rest = {k: v for k, v in obj.items() if k not in ("kind", "apiVersion")}
+        return {"kind": resource_type.kind, "apiVersion": resource_type.api_version, **rest}
+
+    def _validate_name(self, resource_type, name, namespace):
+        if not name:
+            raise status.invalid(resource_type, name, "metadata.name",
+                                 "Required value: name or generateName is required")
+        if not isinstance(name, str) or len(name) > 253 or not _DNS_SUBDOMAIN.match(name):
+            raise status.invalid(
+                resource_type, name, "metadata.name",
+                f'Invalid value: "{name}": a lowercase RFC 1123 subdomain must consist of '
+                "lower case alphanumeric characters, '-' or '.', and must start and end "
+                "with an alphanumeric character")
+        if namespace and not _DNS_SUBDOMAIN.match(namespace):
+            raise status.invalid(resource_type, name, "metadata.namespace",
+                                 f'Invalid value: "{namespace}"')
+
+    @staticmethod
+    def _check_object(resource_type, obj):
+        if not isinstance(obj, dict):
+            raise status.bad_request(f"the body of a {resource_type.kind} must be a JSON object")
+        metadata = obj.get("metadata", {})
+        if metadata is None:
+            metadata = {}
+        if not isinstance(metadata, dict):
+            raise status.bad_request("metadata must be a JSON object")
+        # What kube-apiserver's decoder refuses (400) before validation runs.
+        for field in ("name", "generateName", "namespace", "resourceVersion", "uid"):
+            value = metadata.get(field)
+            if value is not None and not isinstance(value, str):
+                raise status.bad_request(
+                    f"json: cannot unmarshal {type(value).__name__} into Go struct field "
+                    f"ObjectMeta.metadata.{field} of type string")
+        for field in ("labels", "annotations"):
+            value = metadata.get(field)
+            if value is not None and (not isinstance(value, dict) or not all(
+                    isinstance(v, str) for v in value.values())):
+                raise status.bad_request(
+                    f"json: cannot unmarshal metadata.{field}: expected a map of strings")
+        return metadata
+
+    # -- reads -----------------------------------------------------------------
+
+    def get(self, gvr, name, namespace=None):
+        """A copy of the object, or None."""
+        resource_type = self._type(gvr)
+        ns = self._namespace_of(resource_type, {}, namespace)
+        obj = self._objects.get((self._type_key(resource_type), ns, name))
+        return _copy(obj) if obj is not None else None
+
+    def list(self, gvr, namespace=None, label_selector="", field_selector=""):
+        """Copies of the matching objects, sorted by namespace and name."""
+        return self.list_with_version(gvr, namespace, label_selector, field_selector)[0]
+
+    def list_with_version(self, gvr, namespace=None, label_selector="", field_selector=""):
+        resource_type = self._type(gvr)
+        if not resource_type.gvr.namespaced:
+            namespace = None
+        object_filter = ObjectFilter(namespace, label_selector, field_selector)
+        type_key = self._type_key(resource_type)
+        items = [
+            _copy(obj) for key, obj in sorted(self._objects.items())
+            if key[0] == type_key and object_filter.matches(obj)
+        ]
+        return items, self._rv
+
+    # -- writes ----------------------------------------------------------------
+
+    def create(self, gvr, obj, namespace=None):
+        """Store a new object; the namespace comes from ``namespace`` or the
+        object's metadata (``default`` if neither names one)."""
+        resource_type = self._type(gvr)
+        self._check_object(resource_type, obj)
+        obj = _copy(obj)
+        metadata = obj.get("metadata") or {}
+        obj["metadata"] = metadata
+        ns = self._namespace_of(resource_type, metadata, namespace)
+        name = metadata.get("name")
+        if not name and metadata.get("generateName"):
+            for _ in range(100):
+                suffix = "".join(self._random.choice(_GENERATE_ALPHABET) for _ in range(5))
+                name = metadata["generateName"] + suffix
+                if (self._type_key(resource_type), ns, name) not in self._objects:
+                    break
+        self._validate_name(resource_type, name, ns)
+        key = (self._type_key(resource_type), ns, name)
+        if key in self._objects:
+            raise status.already_exists(resource_type, name)
+        self._rv += 1
+        metadata["name"] = name
+        if ns:
+            metadata["namespace"] = ns
+        else:
+            metadata.pop("namespace", None)
+        metadata["uid"] = str(uuid.uuid4())
+        metadata["resourceVersion"] = str(self._rv)
+        metadata["creationTimestamp"] = _timestamp(self._clock.seconds())
+        metadata["generation"] = 1
+        for server_managed in ("deletionTimestamp", "deletionGracePeriodSeconds", "selfLink"):
+            metadata.pop(server_managed, None)
+        obj = self._decorate(resource_type, obj)
+        self._objects[key] = obj
+        self.log.debug("created {kind} {namespace}/{name} rv={rv}", kind=resource_type.kind,
+                       namespace=ns, name=name, rv=self._rv)
+        self._record("ADDED", key, obj)
+        return _copy(obj)
+
+    def update(self, gvr, obj, namespace=None, subresource=None):
+        """Replace an object, PUT-style: a resourceVersion in the object must be
+        the current one (else 409 Conflict); none means unconditional. For types
+        with a status subresource, a main update keeps the stored status and a
+        ``subresource="status"`` update changes only the status."""
+        resource_type = self._type(gvr)
+        self._check_object(resource_type, obj)
+        obj = _copy(obj)
+        metadata = obj.get("metadata") or {}
+        obj["metadata"] = metadata
+        ns = self._namespace_of(resource_type, metadata, namespace)
+        name = metadata.get("name")
+        if not name:
+            raise status.invalid(resource_type, name, "metadata.name", "Required value: name is required")
+        key = (self._type_key(resource_type), ns, name)
+        current = self._objects.get(key)
+        if current is None:
+            raise status.not_found(resource_type, name)
+        wanted_rv = metadata.get("resourceVersion")
+        if wanted_rv not in (None, "") and str(wanted_rv) != current["metadata"]["resourceVersion"]:
+            raise status.conflict(resource_type, name)
+        has_status = "status" in resource_type.subresources
+        if subresource == "status":
+            new = _copy(current)
+            if "status" in obj:
+                new["status"] = obj["status"]
+            else:
+                new.pop("status", None)
+        elif subresource:
+            raise status.error(404, f"the server could not find the requested resource "
+                                    f"({resource_type.gvr.resource}/{subresource})")
+        else:
+            new = obj
+            if has_status:
+                if "status" in current:
+                    new["status"] = _copy(current["status"])
+                else:
+                    new.pop("status", None)
+        new_meta = new["metadata"]
+        old_meta = current["metadata"]
+        for preserved in ("uid", "creationTimestamp", "generation", "name"):
+            new_meta[preserved] = old_meta[preserved]
+        if ns:
+            new_meta["namespace"] = ns
+        else:
+            new_meta.pop("namespace", None)
+        new_meta.pop("deletionTimestamp", None)
+        if "deletionTimestamp" in old_meta:
+            new_meta["deletionTimestamp"] = old_meta["deletionTimestamp"]
+        new = self._decorate(resource_type, new)
+        new_meta = new["metadata"]
+        new_meta["resourceVersion"] = old_meta["resourceVersion"]
+        if _without_volatile(new) == _without_volatile(current):
+            return _copy(current)
+        spec_changed = ({k: v for k, v in new.items() if k not in ("metadata", "status")}
+                        != {k: v for k, v in current.items() if k not in ("metadata", "status")})
+        if spec_changed:
+            new_meta["generation"] = old_meta["generation"] + 1
+        self._rv += 1
+        new_meta["resourceVersion"] = str(self._rv)
+        self._objects[key] = new
+        self.log.debug("updated {kind} {namespace}/{name} rv={rv}", kind=resource_type.kind,
+                       namespace=ns, name=name, rv=self._rv)
+        self._record("MODIFIED", key, new, current)
+        return _copy(new)
+
+    def update_status(self, gvr, obj, namespace=None):
+        return self.update(gvr, obj, namespace, subresource="status")
+
+    def delete(self, gvr, name, namespace=None, preconditions=None):
+        """Remove an object and return it as last seen, carrying the
+        resourceVersion of the deletion (as the DELETED watch event does)."""
+        resource_type = self._type(gvr)
+        ns = self._namespace_of(resource_type, {}, namespace)
+        key = (self._type_key(resource_type), ns, name)
+        current = self._objects.get(key)
+        if current is None:
+            raise status.not_found(resource_type, name)
+        preconditions = preconditions or {}
+        if preconditions.get("uid") and preconditions["uid"] != current["metadata"]["uid"]:
+            raise status.conflict(
+                resource_type, name,
+                f"Precondition failed: UID in precondition: {preconditions['uid']}, "
+                f"UID in object meta: {current['metadata']['uid']}")
+        wanted_rv = preconditions.get("resourceVersion")
+        if wanted_rv and str(wanted_rv) != current["metadata"]["resourceVersion"]:
+            raise status.conflict(
+                resource_type, name,
+                f"Precondition failed: ResourceVersion in precondition: {wanted_rv}, "
+                f"ResourceVersion in object meta: {current['metadata']['resourceVersion']}")
+        del self._objects[key]
+        self._rv += 1
+        deleted = _copy(current)
+        deleted["metadata"]["resourceVersion"] = str(self._rv)
+        self.log.debug("deleted {kind} {namespace}/{name} rv={rv}", kind=resource_type.kind,
+                       namespace=ns, name=name, rv=self._rv)
+        self._record("DELETED", key, deleted)
+        return deleted
+
+    # -- watch -----------------------------------------------------------------
+
+    def watch(self, gvr, object_filter, since, callback):
+        """Register ``callback(event_type, obj)`` for changes matching the filter.
+
+        ``since`` None (or 0) first delivers ADDED for every matching object;
+        an int replays the retained events after it, or raises a 410 error
+        when it is older than the retained history.
+        """
+        resource_type = self._type(gvr)
+        type_key = self._type_key(resource_type)
+        watcher = Watcher(self, type_key, object_filter, callback)
+        if not since:
+            for key, obj in sorted(self._objects.items()):
+                if key[0] == type_key and object_filter.matches(obj):
+                    callback("ADDED", _copy(obj))
+        else:
+            if since < self._oldest_watchable:
+                raise status.expired(since, self._oldest_watchable)
+            for event in list(self._history):
+                if event.resource_version > since:
+                    watcher.offer(event)
+        self._watchers.add(watcher)
+        return watcher
+
+    def watcher_count(self):
+        return len(self._watchers)
