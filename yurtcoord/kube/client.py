@@ -1,0 +1,476 @@
+"""A Kubernetes API client on treq: CRUD and watch for any resource, objects as dicts.
+
+One ``KubeClient`` per apiserver. It owns a persistent ``HTTPConnectionPool`` sized
+for concurrency (treq's default allows only two connections per host), so many
+requests and long-running watches to the same server do not queue behind each other.
+
+Errors are the typed exceptions of ``yurtcoord.kube.errors``:
+- an answer with an error code → the type its ``Status`` names (``error_from_status``);
+- 5xx without a Status, or a body that is not JSON → ``ServerError``;
+- refused, reset or unreachable, TLS handshake failures → ``ConnectionFailed``;
+- no complete answer within ``timeout`` → ``Timeout`` (the connection is aborted).
+
+Watches: ``watch()`` returns a ``Watch`` at once. Its ``done`` Deferred fires with
+None when the server ends the stream or the watch is cancelled with ``cancel()``,
+and fails with the typed error otherwise (``Gone`` for an ERROR event with code 410,
+``ConnectionFailed`` when the connection is cut). ``done`` fires only after the
+connection is closed, so nothing is left open once it has fired. The ``timeout``
+bounds the wait for the response headers of a watch, not the stream itself;
+``idle_timeout`` ends a stream on which nothing arrived for that long (``Timeout``).
+``close()`` cancels running watches and requests and closes pooled connections.
+
+``insecure`` allows plain http and skips server verification on https (testing
+only). Construction fails with ``TLSConfigError`` when CA, certificate or key
+files do not load; later changes that do not load are logged and ignored.
+
+Credentials: the bearer token (``token`` or ``token_file``, re-read when the file
+changes) goes into the Authorization header and is never logged. TLS material is
+re-read when its files change; see ``yurtcoord.kube.tls``.
+"""
+
+import json
+import os
+from dataclasses import dataclass, field
+from urllib.parse import urlencode, urlsplit
+
+import treq.client
+from twisted.internet import defer
+from twisted.internet.abstract import isIPAddress, isIPv6Address
+from twisted.internet.endpoints import (
+    HostnameEndpoint, TCP4ClientEndpoint, TCP6ClientEndpoint, wrapClientTLS,
+)
+from twisted.internet.error import ConnectError, ConnectionLost, DNSLookupError
+from twisted.internet.protocol import Protocol
+from twisted.python.failure import Failure
+from twisted.web._newclient import RequestTransmissionFailed
+from twisted.web.client import (
+    Agent, HTTPConnectionPool, ResponseDone, ResponseFailed, ResponseNeverReceived,
+)
+from twisted.web.http import PotentialDataLoss
+from twisted.web.iweb import IAgentEndpointFactory
+from zope.interface import implementer
+
+from yurtcoord.kube.errors import (
+    ConnectionFailed, KubeError, ServerError, Timeout, error_from_status,
+)
+from yurtcoord.kube.kubeconfig import load_kubeconfig
+from yurtcoord.kube.tls import ReloadingTLSPolicy
+from yurtcoord.kube.watch import IdleWatchdog, WatchStreamProtocol, describe
+
+DEFAULT_MAX_CONNECTIONS_PER_HOST = 16
+
+
+@dataclass
+class ClientConfig:
+    """Where an apiserver is and how to authenticate to it.
+
+    ``ca_data``/``cert_data``/``key_data`` are inline PEM (from a kubeconfig); the
+    ``*_file`` fields are paths, re-read when they change on disk.
+    """
+
+    server: str
+    ca_file: str = None
+    cert_file: str = None
+    key_file: str = None
+    token: str = field(default=None, repr=False)
+    token_file: str = None
+    insecure: bool = False
+    timeout: float = 10.0
+    ca_data: bytes = field(default=None, repr=False)
+    cert_data: bytes = field(default=None, repr=False)
+    key_data: bytes = field(default=None, repr=False)
+    max_connections_per_host: int = DEFAULT_MAX_CONNECTIONS_PER_HOST
+    user_agent: str = "yurtcoord"
+
+    @classmethod
+    def from_kubeconfig(cls, path, context=None, **overrides):
+        """Server, CA, client certificate and token of the kubeconfig's current context."""
+        creds = load_kubeconfig(path, context)
+        values = dict(
+            server=creds.server, ca_file=creds.ca_file, ca_data=creds.ca_data,
+            cert_file=creds.cert_file, cert_data=creds.cert_data,
+            key_file=creds.key_file, key_data=creds.key_data,
+            token=creds.token, token_file=creds.token_file, insecure=creds.insecure,
+        )
+        values.update(overrides)
+        return cls(**values)
+
+
+@implementer(IAgentEndpointFactory)
+class _EndpointFactory:
+    """TCP (and TLS for https) endpoints for the Agent. An IP address is connected
+    to directly: ``HostnameEndpoint`` reports a refused connection only after its
+    0.3 s attempt delay, which would slow every reconnect to a server that is down."""
+
+    def __init__(self, reactor, tls_policy, connect_timeout):
+        self._reactor = reactor
+        self._tls_policy = tls_policy
+        self._timeout = connect_timeout
+
+    def endpointForURI(self, uri):
+        host = uri.host.decode("ascii")
+        if host.startswith("[") and host.endswith("]"):
+            host = host[1:-1]
+        if isIPAddress(host):
+            endpoint = TCP4ClientEndpoint(self._reactor, host, uri.port, timeout=self._timeout)
+        elif isIPv6Address(host):
+            endpoint = TCP6ClientEndpoint(self._reactor, host, uri.port, timeout=self._timeout)
+        else:
+            endpoint = HostnameEndpoint(self._reactor, host, uri.port, timeout=self._timeout)
+        if uri.scheme == b"https":
+            return wrapClientTLS(self._tls_policy.creatorForNetloc(uri.host, uri.port), endpoint)
+        return endpoint
+
+
+class _BearerToken:
+    """The token header value; a token file is re-read when its mtime changes."""
+
+    def __init__(self, token=None, token_file=None):
+        self._token = token.strip() if token else None
+        self._file = token_file or None
+        self._stamp = None
+        self._value = None
+
+    def header(self):
+        if self._file:
+            try:
+                st = os.stat(self._file)
+                stamp = (st.st_mtime_ns, st.st_size)
+                if stamp != self._stamp:
+                    with open(self._file, "r", encoding="utf-8") as f:
+                        self._value = f.read().strip() or None
+                    self._stamp = stamp
+            except OSError:
+                # Keep the last token read; the server's 401 reports the problem.
+                self._stamp = None
+            token = self._value or self._token
+        else:
+            token = self._token
+        return f"Bearer {token}".encode("ascii") if token else None
+
+
+def _connection_error(failure, url):
+    """The typed error for a transport-level failure, or None if it is not one."""
+    if failure.check(ConnectError, DNSLookupError, ConnectionLost):
+        return ConnectionFailed(f"cannot reach {url}: {failure.getErrorMessage()}")
+    if failure.check(ResponseNeverReceived, ResponseFailed, RequestTransmissionFailed):
+        detail = describe(failure)
+        return ConnectionFailed(f"connection to {url} failed: {detail}")
+    return None
+
+
+def _cancelled(failure):
+    if failure.check(defer.CancelledError):
+        return True
+    reasons = getattr(failure.value, "reasons", None)
+    if not isinstance(reasons, (list, tuple)):
+        return False
+    return any(isinstance(r, Failure) and r.check(defer.CancelledError) for r in reasons)
+
+
+def _decode_json(body, url):
+    try:
+        return json.loads(body)
+    except ValueError:
+        snippet = body[:120].decode("utf-8", "replace")
+        raise ServerError(f"not JSON from {url}: {snippet!r}") from None
+
+
+def _error_for_response(code, body, url):
+    status = None
+    if body:
+        try:
+            status = json.loads(body)
+        except ValueError:
+            status = None
+    if isinstance(status, dict) and status.get("kind") == "Status":
+        return error_from_status(code, status)
+    if code >= 500:
+        snippet = body[:120].decode("utf-8", "replace")
+        return ServerError(f"HTTP {code} from {url}: {snippet!r}", code=code)
+    return error_from_status(code, None)
+
+
+class _BodyReader(Protocol):
+    """Collects a response body. Cancelling its Deferred aborts the connection and
+    fails it at once; the later connectionLost is then ignored."""
+
+    def __init__(self):
+        self._chunks = []
+        self.deferred = defer.Deferred(self._cancel)
+
+    def _cancel(self, deferred):
+        abort = getattr(self.transport, "abortConnection", None)
+        if abort is not None:
+            abort()
+
+    def dataReceived(self, data):
+        self._chunks.append(data)
+
+    def connectionLost(self, reason):
+        if self.deferred.called:
+            return
+        if reason.check(ResponseDone, PotentialDataLoss):
+            self.deferred.callback(b"".join(self._chunks))
+        else:
+            self.deferred.errback(reason)
+
+
+def read_body(response):
+    """The whole body of ``response``; cancellable (aborts the connection)."""
+    reader = _BodyReader()
+    response.deliverBody(reader)
+    return reader.deferred
+
+
+class Watch:
+    """A running watch. ``done`` fires once the connection is closed (see module doc)."""
+
+    def __init__(self, url, on_close):
+        self.url = url
+        self.done = defer.Deferred()
+        self.cancelled = False
+        self._request = None
+        self._stream = None
+        self._on_close = on_close
+
+    @property
+    def events(self):
+        """How many events were delivered so far."""
+        return self._stream.events if self._stream is not None else 0
+
+    def cancel(self):
+        """Close the connection; ``done`` then fires with None."""
+        if self.done.called or self.cancelled:
+            return
+        self.cancelled = True
+        if self._stream is not None:
+            self._stream.cancel()
+        elif self._request is not None:
+            self._request.cancel()
+
+    def _finish(self, result):
+        if self.done.called:
+            return
+        self._on_close(self)
+        if isinstance(result, Failure):
+            if self.cancelled and _cancelled(result):
+                self.done.callback(None)
+            else:
+                self.done.errback(result)
+        else:
+            self.done.callback(None)
+
+
+class KubeClient:
+    """get / list / create / update / delete / watch against one apiserver."""
+
+    def __init__(self, reactor, config, pool=None):
+        parts = urlsplit(config.server)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"apiserver URL must be http(s)://host[:port], got {config.server!r}")
+        if parts.scheme == "http" and not config.insecure:
+            raise ValueError(f"plain http to {config.server} needs insecure = true")
+        self.reactor = reactor
+        self.config = config
+        self.server = config.server.rstrip("/")
+        self.timeout = config.timeout
+        if pool is None:
+            pool = HTTPConnectionPool(reactor, persistent=True)
+            pool.maxPersistentPerHost = config.max_connections_per_host
+            pool.cachedConnectionTimeout = 90
+        self.pool = pool
+        self.tls = None
+        if parts.scheme == "https":
+            self.tls = ReloadingTLSPolicy(
+                ca_file=config.ca_file, ca_data=config.ca_data,
+                cert_file=config.cert_file, cert_data=config.cert_data,
+                key_file=config.key_file, key_data=config.key_data,
+                insecure=config.insecure,
+            )
+        endpoints = _EndpointFactory(reactor, self.tls, config.timeout)
+        self._http = treq.client.HTTPClient(Agent.usingEndpointFactory(reactor, endpoints, pool))
+        self._token = _BearerToken(config.token, config.token_file)
+        self._watches = set()
+        self._requests = set()
+        self._closed = False
+
+    # -- plumbing ---------------------------------------------------------
+
+    def _url(self, path, params=None):
+        if params:
+            query = urlencode([(k, v) for k, v in params.items() if v is not None])
+            if query:
+                return f"{self.server}{path}?{query}"
+        return f"{self.server}{path}"
+
+    def _headers(self, has_body=False):
+        headers = {b"Accept": [b"application/json"], b"User-Agent": [self.config.user_agent.encode()]}
+        if has_body:
+            headers[b"Content-Type"] = [b"application/json"]
+        auth = self._token.header()
+        if auth:
+            headers[b"Authorization"] = [auth]
+        return headers
+
+    def _start(self, method, url, body=None):
+        if self._closed:
+            return defer.fail(ConnectionFailed(f"client for {self.server} is closed"))
+        data = json.dumps(body, separators=(",", ":")).encode() if body is not None else None
+        return self._http.request(method, url, headers=self._headers(data is not None),
+                                  data=data, unbuffered=True)
+
+    def _arm_timeout(self, d, url, what):
+        """Fail ``d`` with Timeout (aborting its connection) after the client timeout."""
+        state = {"expired": False}
+
+        def expire():
+            state["expired"] = True
+            d.cancel()
+
+        call = self.reactor.callLater(self.timeout, expire)
+
+        def disarm(result):
+            if call.active():
+                call.cancel()
+            if state["expired"] and isinstance(result, Failure) and _cancelled(result):
+                raise Timeout(f"no complete answer to {what} {url} within {self.timeout}s")
+            return result
+
+        d.addBoth(disarm)
+        return d
+
+    def request(self, method, path, params=None, body=None, allow_empty=False):
+        """One API call; the decoded JSON answer (None for an empty body if allowed)."""
+        url = self._url(path, params)
+        d = self._start(method, url, body)
+
+        def got_response(response):
+            return read_body(response).addCallback(lambda raw: (response.code, raw))
+
+        def got_body(result):
+            code, raw = result
+            if code >= 300:
+                raise _error_for_response(code, raw, url)
+            if not raw.strip():
+                if allow_empty:
+                    return None
+                raise ServerError(f"not JSON from {url}: empty body", code=code)
+            return _decode_json(raw, url)
+
+        d.addCallback(got_response)
+        self._arm_timeout(d, url, method)
+        d.addCallback(got_body)
+        d.addErrback(self._map_failure, url)
+        self._requests.add(d)
+
+        def forget(result):
+            self._requests.discard(d)
+            return result
+        d.addBoth(forget)
+        return d
+
+    def _map_failure(self, failure, url):
+        if failure.check(KubeError):
+            return failure
+        if _cancelled(failure):
+            if self._closed:
+                return Failure(ConnectionFailed(f"client closed during the request to {url}"))
+            # Cancelled by the caller (a timeout has already become Timeout).
+            return Failure(defer.CancelledError(f"request to {url} cancelled"))
+        error = _connection_error(failure, url)
+        if error is not None:
+            return Failure(error)
+        return failure
+
+    # -- the API ----------------------------------------------------------
+
+    def get(self, gvr, name, namespace=None):
+        return self.request("GET", gvr.object_path(name, namespace))
+
+    def list(self, gvr, namespace=None, label_selector=None, field_selector=None,
+             resource_version=None, limit=None, continue_token=None):
+        params = {
+            "labelSelector": label_selector, "fieldSelector": field_selector,
+            "resourceVersion": resource_version, "limit": limit, "continue": continue_token,
+        }
+        return self.request("GET", gvr.collection_path(namespace), params)
+
+    def create(self, gvr, obj, namespace=None):
+        namespace = namespace or (obj.get("metadata") or {}).get("namespace")
+        return self.request("POST", gvr.collection_path(namespace if gvr.namespaced else None),
+                            body=obj)
+
+    def update(self, gvr, obj, namespace=None):
+        meta = obj.get("metadata") or {}
+        namespace = namespace or meta.get("namespace")
+        return self.request("PUT", gvr.object_path(meta["name"], namespace), body=obj)
+
+    def delete(self, gvr, name, namespace=None):
+        return self.request("DELETE", gvr.object_path(name, namespace), allow_empty=True)
+
+    def watch(self, gvr, on_event, namespace=None, resource_version=None, label_selector=None,
+              field_selector=None, allow_bookmarks=True, timeout_seconds=None, idle_timeout=None):
+        """Start a watch; ``on_event(type, obj)`` for ADDED/MODIFIED/DELETED/BOOKMARK.
+
+        ``timeout_seconds`` asks the server to end the stream after that long;
+        ``idle_timeout`` ends it here with ``Timeout`` (closing the connection) when
+        nothing arrived for that long, which detects a silently dead connection.
+        """
+        params = {
+            "watch": "1", "resourceVersion": resource_version,
+            "labelSelector": label_selector, "fieldSelector": field_selector,
+            "allowWatchBookmarks": "true" if allow_bookmarks else None,
+            "timeoutSeconds": timeout_seconds,
+        }
+        url = self._url(gvr.collection_path(namespace), params)
+        watch = Watch(url, self._watches.discard)
+        self._watches.add(watch)
+        d = self._start("GET", url)
+
+        def failed(failure):
+            if watch.cancelled and _cancelled(failure):
+                watch._finish(None)
+            else:
+                watch._finish(self._map_failure(failure, url))
+
+        def got_response(response):
+            watch._request = None
+            if response.code != 200:
+                body_d = read_body(response)
+                watch._request = body_d
+                body_d.addCallback(lambda raw: Failure(_error_for_response(response.code, raw, url)))
+                body_d.addErrback(failed)
+                return None
+            stream = WatchStreamProtocol(on_event, url, clock=self.reactor if idle_timeout else None)
+            watch._stream = stream
+            response.deliverBody(stream)
+            if idle_timeout:
+                watchdog = IdleWatchdog(self.reactor, idle_timeout, stream)
+                stream.finished.addBoth(lambda result: watchdog.stop() or result)
+            if watch.cancelled:
+                stream.cancel()
+            stream.finished.addBoth(watch._finish)
+            return None
+
+        watch._request = d
+        self._arm_timeout(d, url, "WATCH")
+        d.addCallbacks(got_response, failed)
+        return watch
+
+    def drop_connections(self):
+        """Close idle pooled connections, so the next requests reconnect (new certs)."""
+        return self.pool.closeCachedConnections()
+
+    @defer.inlineCallbacks
+    def close(self):
+        """Cancel running watches and requests (they fail with ConnectionFailed) and
+        close every pooled connection. Requests made afterwards fail at once."""
+        self._closed = True
+        for request in list(self._requests):
+            request.cancel()
+        watches = list(self._watches)
+        for watch in watches:
+            watch.cancel()
+        yield defer.DeferredList([w.done for w in watches], consumeErrors=True)
+        yield self.pool.closeCachedConnections()

@@ -1,0 +1,354 @@
+"""The informer (client-go's reflector + indexer): a local copy of one resource,
+kept current by list and watch, with add/update/delete handlers.
+
+Flow: list, then watch from the list's resourceVersion. Every event and bookmark
+advances the last seen resourceVersion, so a watch that is cut resumes from there
+without losing or repeating anything. When the server answers 410 Gone (the version
+fell out of its history), the informer lists again and emits the difference between
+its store and the fresh list as add/update/delete, so handlers see every change.
+Reconnects wait a capped, jittered exponential backoff, reset after a list or a watch
+that delivered events.
+
+``stop()`` is exact: it cancels the pending timer, list or watch and fires only once
+the connection is closed, so nothing is left behind.
+
+Handlers: ``add_handler(on_add, on_update, on_delete, filter=None)``; on_add(obj),
+on_update(old, new), on_delete(obj). With a filter, an object that stops matching is
+delivered as a delete (of its last matching state), one that starts matching as an
+add. A handler that raises is logged; the informer carries on.
+"""
+
+from twisted.internet import defer
+from twisted.internet.task import deferLater
+from twisted.logger import Logger
+
+from yurtcoord.kube.backoff import Backoff
+from yurtcoord.kube.errors import Gone
+
+MIN_HEALTHY_WATCH_SECONDS = 1.0
+
+
+def object_key(obj):
+    """``namespace/name``, or ``name`` for cluster-scoped objects."""
+    meta = obj.get("metadata") or {}
+    namespace = meta.get("namespace")
+    name = meta.get("name", "")
+    return f"{namespace}/{name}" if namespace else name
+
+
+def resource_version(obj):
+    return (obj.get("metadata") or {}).get("resourceVersion")
+
+
+class HandlerRegistration:
+    """One set of handlers; ``remove()`` stops delivering to it."""
+
+    def __init__(self, informer, on_add, on_update, on_delete, filter):
+        self._informer = informer
+        self.on_add = on_add
+        self.on_update = on_update
+        self.on_delete = on_delete
+        self.filter = filter
+
+    def remove(self):
+        self._informer._remove_handler(self)
+
+
+class Informer:
+    """Keeps ``store`` equal to the server's objects of ``gvr`` (in ``namespace``,
+    matching the selectors), and tells handlers about every change.
+
+    ``store`` maps ``object_key(obj)`` to the object as last received; handlers get
+    the same dicts, so both must treat them as read-only. ``resource_version`` is
+    the last version seen (list, event or bookmark): where a watch resumes.
+    """
+
+    log = Logger()
+
+    def __init__(self, reactor, client, gvr, namespace=None, label_selector=None,
+                 field_selector=None, backoff=None, watch_timeout_seconds=300,
+                 watch_idle_timeout=None):
+        self.reactor = reactor
+        self.client = client
+        self.gvr = gvr
+        self.namespace = namespace
+        self.label_selector = label_selector
+        self.field_selector = field_selector
+        self.backoff = backoff if backoff is not None else Backoff(initial=0.5, maximum=30.0)
+        self.watch_timeout_seconds = watch_timeout_seconds
+        if watch_idle_timeout is None and watch_timeout_seconds:
+            # The server ends every stream after watch_timeout_seconds; a stream
+            # silent for much longer than that is a dead connection.
+            watch_idle_timeout = watch_timeout_seconds + 60
+        self.watch_idle_timeout = watch_idle_timeout
+        self.store = {}
+        self.resource_version = None
+        self.has_synced = False
+        self.lists = 0
+        self.watches = 0
+        # A tuple, replaced on change: delivery iterates it without copying, and a
+        # handler added or removed by a handler takes effect from the next event.
+        self._handlers = ()
+        self._sync_waiters = []
+        self._running = None
+        self._stopping = False
+        self._pending = None
+        self._watch = None
+
+    # -- public ------------------------------------------------------------
+
+    def add_handler(self, on_add=None, on_update=None, on_delete=None, filter=None):
+        """Register handlers; objects already in the store are delivered as adds."""
+        registration = HandlerRegistration(self, on_add, on_update, on_delete, filter)
+        self._handlers = self._handlers + (registration,)
+        for obj in list(self.store.values()):
+            if self._matches(registration, obj, "add"):
+                self._call(registration.on_add, "add", obj)
+        return registration
+
+    def _remove_handler(self, registration):
+        self._handlers = tuple(h for h in self._handlers if h is not registration)
+
+    def get(self, key):
+        return self.store.get(key)
+
+    def list(self):
+        return list(self.store.values())
+
+    @property
+    def running(self):
+        return self._running is not None
+
+    def wait_for_sync(self):
+        """Fires True once synced, or False if the informer stops first."""
+        if self.has_synced:
+            return defer.succeed(True)
+        d = defer.Deferred()
+        self._sync_waiters.append(d)
+        return d
+
+    def start(self):
+        if self._running is not None:
+            return
+        self._stopping = False
+        self.log.info("informer starting gvr={gvr} namespace={namespace}",
+                      gvr=str(self.gvr), namespace=self.namespace)
+        running = self._run()
+        if not running.called:
+            self._running = running
+        running.addErrback(
+            lambda f: self.log.failure("informer loop crashed gvr={gvr}", f, gvr=str(self.gvr)))
+
+    def stop(self):
+        """Cancel everything; the Deferred fires once no connection or timer is left."""
+        if self._running is None:
+            return defer.succeed(None)
+        self._stopping = True
+        running = self._running
+        if self._pending is not None:
+            self._pending.cancel()
+        if self._watch is not None:
+            self._watch.cancel()
+        done = defer.Deferred()
+        running.addBoth(lambda _: done.callback(None))
+        return done
+
+    # -- the loop ------------------------------------------------------------
+
+    def _wait(self, d):
+        """Remember ``d`` as what stop() must cancel while the loop waits on it."""
+        self._pending = d
+
+        def clear(result):
+            self._pending = None
+            return result
+        return d.addBoth(clear)
+
+    @defer.inlineCallbacks
+    def _run(self):
+        need_list = True
+        try:
+            while not self._stopping:
+                if need_list:
+                    listed = yield self._list()
+                    if not listed:
+                        continue
+                    need_list = False
+                    if self._stopping:
+                        # A sync waiter may have stopped the informer.
+                        break
+                need_list = yield self._watch_once()
+        finally:
+            self._running = None
+            for waiter in self._sync_waiters:
+                waiter.callback(False)
+            self._sync_waiters = []
+            self.log.info("informer stopped gvr={gvr}", gvr=str(self.gvr))
+
+    @defer.inlineCallbacks
+    def _list(self):
+        """One list and replace; True on success, False after a failure and its backoff."""
+        try:
+            result = yield self._wait(self.client.list(
+                self.gvr, namespace=self.namespace, label_selector=self.label_selector,
+                field_selector=self.field_selector))
+        except Exception as e:
+            if self._stopping:
+                return False
+            delay = self.backoff.next_delay()
+            self.log.warn("informer list failed gvr={gvr} reason={reason} retry_in={delay:.2f}s",
+                          gvr=str(self.gvr), reason=str(e) or type(e).__name__, delay=delay)
+            yield self._sleep(delay)
+            return False
+        self.lists += 1
+        self.backoff.reset()
+        rv = (result.get("metadata") or {}).get("resourceVersion")
+        self._replace(result.get("items") or [])
+        self.resource_version = rv
+        if not self.has_synced:
+            self.has_synced = True
+            waiters, self._sync_waiters = self._sync_waiters, []
+            for waiter in waiters:
+                waiter.callback(True)
+        return True
+
+    @defer.inlineCallbacks
+    def _watch_once(self):
+        """One watch until it ends; True when a relist is needed."""
+        started = self.reactor.seconds()
+        self.watches += 1
+        self._watch = self.client.watch(
+            self.gvr, self._on_event, namespace=self.namespace,
+            resource_version=self.resource_version, label_selector=self.label_selector,
+            field_selector=self.field_selector, allow_bookmarks=True,
+            timeout_seconds=self.watch_timeout_seconds, idle_timeout=self.watch_idle_timeout)
+        watch = self._watch
+        error = None
+        try:
+            yield watch.done
+        except Exception as e:
+            error = e
+        finally:
+            self._watch = None
+        if self._stopping:
+            return False
+        if watch.events or self.reactor.seconds() - started >= MIN_HEALTHY_WATCH_SECONDS:
+            self.backoff.reset()
+            healthy = True
+        else:
+            healthy = False
+        if isinstance(error, Gone):
+            delay = 0.0 if healthy else self.backoff.next_delay()
+            self.log.info("informer relisting gvr={gvr} reason={reason} rv={rv} retry_in={delay:.2f}s",
+                          gvr=str(self.gvr), reason=str(error), rv=self.resource_version, delay=delay)
+            yield self._sleep(delay)
+            return True
+        if error is None:
+            delay = 0.0 if healthy else self.backoff.next_delay()
+            reason = "watch ended by the server"
+        else:
+            delay = self.backoff.next_delay()
+            reason = str(error) or type(error).__name__
+        self.log.info("informer reconnecting gvr={gvr} reason={reason} rv={rv} retry_in={delay:.2f}s",
+                      gvr=str(self.gvr), reason=reason, rv=self.resource_version, delay=delay)
+        yield self._sleep(delay)
+        return False
+
+    def _sleep(self, delay):
+        if delay <= 0 or self._stopping:
+            return defer.succeed(None)
+        d = self._wait(deferLater(self.reactor, delay, lambda: None))
+        d.addErrback(lambda f: f.trap(defer.CancelledError))
+        return d
+
+    # -- store and delivery ---------------------------------------------------
+
+    def _on_event(self, kind, obj):
+        # object_key and resource_version inlined: this runs for every event.
+        meta = obj.get("metadata") or {}
+        rv = meta.get("resourceVersion")
+        if kind == "BOOKMARK":
+            if rv:
+                self.resource_version = rv
+            return
+        namespace = meta.get("namespace")
+        key = f"{namespace}/{meta.get('name', '')}" if namespace else meta.get("name", "")
+        old = self.store.get(key)
+        if kind == "DELETED":
+            if old is not None:
+                del self.store[key]
+                self._deliver_delete(obj)
+        else:
+            self.store[key] = obj
+            if old is None:
+                self._deliver_add(obj)
+            else:
+                self._deliver_update(old, obj)
+        if rv:
+            self.resource_version = rv
+
+    def _replace(self, items):
+        """Make the store equal ``items``, delivering the difference."""
+        fresh = {object_key(obj): obj for obj in items}
+        for key in [k for k in self.store if k not in fresh]:
+            old = self.store.pop(key)
+            self._deliver_delete(old)
+        for key, obj in fresh.items():
+            old = self.store.get(key)
+            self.store[key] = obj
+            if old is None:
+                self._deliver_add(obj)
+            elif resource_version(old) != resource_version(obj) or (
+                    resource_version(obj) is None and old != obj):
+                self._deliver_update(old, obj)
+
+    def _matches(self, handler, obj, event):
+        if handler.filter is None:
+            return True
+        try:
+            return bool(handler.filter(obj))
+        except Exception:
+            self.log.failure("informer filter failed gvr={gvr} event={event} key={key}",
+                             gvr=str(self.gvr), event=event, key=object_key(obj))
+            return False
+
+    def _call(self, fn, event, *args):
+        if fn is None:
+            return
+        try:
+            fn(*args)
+        except Exception:
+            self._handler_failed(event, args[-1])
+
+    def _handler_failed(self, event, obj):
+        self.log.failure("informer handler failed gvr={gvr} event={event} key={key}",
+                         gvr=str(self.gvr), event=event, key=object_key(obj))
+
+    def _deliver_add(self, obj):
+        for h in self._handlers:
+            if h.on_add is not None and (h.filter is None or self._matches(h, obj, "add")):
+                try:
+                    h.on_add(obj)
+                except Exception:
+                    self._handler_failed("add", obj)
+
+    def _deliver_update(self, old, new):
+        for h in self._handlers:
+            if h.filter is None:
+                self._call(h.on_update, "update", old, new)
+                continue
+            was, now = self._matches(h, old, "update"), self._matches(h, new, "update")
+            if was and now:
+                self._call(h.on_update, "update", old, new)
+            elif now:
+                self._call(h.on_add, "add", new)
+            elif was:
+                self._call(h.on_delete, "delete", old)
+
+    def _deliver_delete(self, obj):
+        for h in self._handlers:
+            if h.on_delete is not None and (h.filter is None or self._matches(h, obj, "delete")):
+                try:
+                    h.on_delete(obj)
+                except Exception:
+                    self._handler_failed("delete", obj)

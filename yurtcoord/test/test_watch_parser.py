@@ -1,0 +1,214 @@
+"""The watch stream parser, fed byte chunks directly (no sockets)."""
+
+import json
+
+from hypothesis import given, settings, strategies as st
+from twisted.internet.error import ConnectionLost
+from twisted.internet.task import Clock
+from twisted.internet.testing import StringTransport
+from twisted.python.failure import Failure
+from twisted.trial import unittest
+from twisted.web.client import ResponseDone, ResponseFailed
+
+from yurtcoord.kube import errors
+from yurtcoord.kube.watch import IdleWatchdog, WatchStreamProtocol
+
+
+def line(kind, name, rv):
+    obj = {"metadata": {"name": name, "namespace": "ns", "resourceVersion": str(rv)},
+           "data": {"text": "ünïcode \\n and {braces}"}}
+    return json.dumps({"type": kind, "object": obj}, ensure_ascii=False).encode() + b"\n"
+
+
+STREAM = b"".join(
+    [line("ADDED", "a", 1), line("MODIFIED", "a", 2),
+     b'{"type":"BOOKMARK","object":{"metadata":{"resourceVersion":"3"}}}\n',
+     line("DELETED", "a", 4), line("ADDED", "b", 5)])
+EXPECTED = [("ADDED", "1"), ("MODIFIED", "2"), ("BOOKMARK", "3"), ("DELETED", "4"), ("ADDED", "5")]
+
+
+class Parser:
+    def __init__(self, on_event=None, clock=None):
+        self.events = []
+        self.protocol = WatchStreamProtocol(on_event or self.record, "https://api/watch", clock)
+        self.transport = StringTransport()
+        self.protocol.makeConnection(self.transport)
+        self.results = []
+        self.protocol.finished.addBoth(self.results.append)
+
+    def record(self, kind, obj):
+        self.events.append((kind, obj["metadata"]["resourceVersion"]))
+
+    def feed(self, *chunks):
+        for chunk in chunks:
+            self.protocol.dataReceived(chunk)
+
+    def end(self, reason=ResponseDone):
+        if reason is ResponseFailed:
+            error = ResponseFailed([Failure(ConnectionLost("connection reset"))])
+        else:
+            error = reason("end")
+        self.protocol.connectionLost(Failure(error))
+
+
+def split_at(data, cuts):
+    cuts = sorted(set(c for c in cuts if 0 < c < len(data)))
+    bounds = [0] + cuts + [len(data)]
+    return [data[a:b] for a, b in zip(bounds, bounds[1:])]
+
+
+class WatchParserTests(unittest.TestCase):
+    def test_line_split_across_reads(self):
+        p = Parser()
+        first = line("ADDED", "a", 1)
+        p.feed(first[:5], first[5:30], first[30:])
+        self.assertEqual(p.events, [("ADDED", "1")])
+
+    def test_several_lines_in_one_read(self):
+        p = Parser()
+        p.feed(STREAM)
+        p.end()
+        self.assertEqual(p.events, EXPECTED)
+        self.assertEqual(p.results, [None])
+        self.assertEqual(p.protocol.events, 5)
+
+    def test_byte_at_a_time(self):
+        p = Parser()
+        p.feed(*[STREAM[i:i + 1] for i in range(len(STREAM))])
+        p.end()
+        self.assertEqual(p.events, EXPECTED)
+        self.assertEqual(p.results, [None])
+
+    @settings(max_examples=200, deadline=None)
+    @given(st.lists(st.integers(min_value=0, max_value=len(STREAM)), max_size=30))
+    def test_any_chunking_gives_the_same_events(self, cuts):
+        p = Parser()
+        p.feed(*split_at(STREAM, cuts))
+        p.end()
+        self.assertEqual(p.events, EXPECTED)
+        self.assertEqual(p.results, [None])
+
+    @settings(max_examples=100, deadline=None)
+    @given(st.integers(min_value=1, max_value=len(STREAM) - 1))
+    def test_cut_anywhere_delivers_complete_lines_only_and_reports_a_cut_mid_line(self, at):
+        p = Parser()
+        p.feed(STREAM[:at])
+        p.end(ResponseFailed)
+        complete = STREAM[:at].count(b"\n")
+        self.assertEqual(p.events, EXPECTED[:complete])
+        self.assertEqual(len(p.results), 1)
+        self.assertIsInstance(p.results[0], Failure)
+        self.assertIsInstance(p.results[0].value, errors.ConnectionFailed)
+        mid_line = not STREAM[:at].endswith(b"\n")
+        expected = "cut in the middle" if mid_line else "connection reset"
+        self.assertIn(expected, str(p.results[0].value))
+
+    def test_partial_last_line_at_clean_end_is_a_cut(self):
+        p = Parser()
+        p.feed(line("ADDED", "a", 1), line("ADDED", "b", 2)[:10])
+        p.end()
+        self.assertEqual(p.events, [("ADDED", "1")])
+        self.assertIsInstance(p.results[0].value, errors.ConnectionFailed)
+        self.assertIn("cut in the middle", str(p.results[0].value))
+
+    def test_blank_lines_and_trailing_whitespace_are_ignored(self):
+        p = Parser()
+        p.feed(b"\n\r\n" + line("ADDED", "a", 1) + b"  ")
+        p.end()
+        self.assertEqual(p.events, [("ADDED", "1")])
+        self.assertEqual(p.results, [None])
+
+    def test_error_event_410_is_gone_and_closes_the_connection(self):
+        p = Parser()
+        error = {"type": "ERROR", "object": {"kind": "Status", "code": 410, "reason": "Expired",
+                                             "message": "too old resource version: 1 (5)"}}
+        p.feed(line("ADDED", "a", 1) + json.dumps(error).encode() + b"\n" + line("ADDED", "b", 2))
+        self.assertTrue(self.transport_closed(p))
+        self.assertEqual(p.results, [])  # only once the connection is gone
+        p.end(ResponseFailed)
+        self.assertEqual(p.events, [("ADDED", "1")])
+        self.assertIsInstance(p.results[0].value, errors.Gone)
+        self.assertEqual(p.results[0].value.code, 410)
+        self.assertIn("too old", str(p.results[0].value))
+
+    def test_error_event_500_is_server_error(self):
+        p = Parser()
+        p.feed(b'{"type":"ERROR","object":{"kind":"Status","code":500,"reason":"InternalError"}}\n')
+        p.end(ResponseFailed)
+        self.assertIsInstance(p.results[0].value, errors.ServerError)
+
+    def test_garbage_line_is_server_error(self):
+        p = Parser()
+        p.feed(line("ADDED", "a", 1) + b"<html>proxy error</html>\n")
+        self.assertTrue(self.transport_closed(p))
+        p.end(ResponseFailed)
+        self.assertEqual(p.events, [("ADDED", "1")])
+        self.assertIsInstance(p.results[0].value, errors.ServerError)
+        self.assertIn("https://api/watch", str(p.results[0].value))
+
+    def test_unknown_event_type_is_server_error(self):
+        p = Parser()
+        p.feed(b'{"type":"SURPRISE","object":{}}\n')
+        p.end(ResponseFailed)
+        self.assertIsInstance(p.results[0].value, errors.ServerError)
+
+    def test_cancel_closes_the_transport_and_finishes_with_none(self):
+        p = Parser()
+        p.feed(line("ADDED", "a", 1), b'{"type":"ADD')
+        p.protocol.cancel()
+        self.assertTrue(self.transport_closed(p))
+        p.feed(line("ADDED", "late", 9))
+        p.end(ResponseFailed)
+        self.assertEqual(p.events, [("ADDED", "1")])
+        self.assertEqual(p.results, [None])
+
+    def test_consumer_exception_ends_the_watch_with_it(self):
+        def explode(kind, obj):
+            raise KeyError("boom")
+        p = Parser(on_event=explode)
+        p.feed(line("ADDED", "a", 1) + line("ADDED", "b", 2))
+        self.assertTrue(self.transport_closed(p))
+        p.end(ResponseFailed)
+        self.assertIsInstance(p.results[0].value, KeyError)
+
+    def test_connection_lost_twice_fires_once(self):
+        p = Parser()
+        p.end()
+        p.end(ResponseFailed)
+        self.assertEqual(p.results, [None])
+
+    def transport_closed(self, parser):
+        return parser.transport.disconnecting or getattr(parser.transport, "disconnected", False)
+
+
+class IdleWatchdogTests(unittest.TestCase):
+    def test_busy_stream_is_left_alone_and_silent_one_expires(self):
+        clock = Clock()
+        p = Parser(clock=clock)
+        watchdog = IdleWatchdog(clock, 10.0, p.protocol)
+        for i in range(1, 8):
+            clock.advance(6.0)
+            p.feed(line("ADDED", f"o{i}", i))
+        self.assertEqual(len(p.events), 7)
+        self.assertFalse(self.transport_closed(p))
+        clock.advance(9.9)
+        self.assertFalse(self.transport_closed(p))
+        clock.advance(0.1)
+        self.assertTrue(self.transport_closed(p))
+        p.end(ResponseFailed)
+        self.assertIsInstance(p.results[0].value, errors.Timeout)
+        watchdog.stop()
+        self.assertEqual(clock.getDelayedCalls(), [])
+
+    def test_stop_cancels_the_timer(self):
+        clock = Clock()
+        p = Parser(clock=clock)
+        watchdog = IdleWatchdog(clock, 5.0, p.protocol)
+        clock.advance(3.0)
+        watchdog.stop()
+        self.assertEqual(clock.getDelayedCalls(), [])
+        clock.advance(10.0)
+        self.assertFalse(self.transport_closed(p))
+
+    def transport_closed(self, parser):
+        return parser.transport.disconnecting
