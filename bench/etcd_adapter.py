@@ -1,0 +1,103 @@
+"""Puts per second through yurtcoord's etcd adapter: one put per request vs 100 per transaction.
+
+Runs against every etcd version installed here (a fresh etcd per version, on loopback),
+side by side in one run:
+
+    .venv/bin/python bench/etcd_adapter.py [--puts 3000] [--batched-puts 30000] [--value-size 1024]
+
+Modes: ``single``: one put per request, one at a time; ``single-x16``: one put per
+request, 16 in flight; ``txn100``: 100 puts per transaction, one at a time; ``txn100-x4``:
+100 per transaction, 4 in flight. Every run checks its keys with etcdctl afterwards.
+"""
+
+import argparse
+import json
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from twisted.internet import defer, task  # noqa: E402
+from txaioetcd import OpSet, Transaction  # noqa: E402
+
+from yurtcoord.etcd.client import EtcdClient, EtcdConfig  # noqa: E402
+from yurtcoord.testing.etcd import EtcdProcess, etcd_binaries  # noqa: E402
+
+
+async def _run_in_flight(jobs, in_flight):
+    """Run the zero-argument coroutine factories ``jobs`` with at most ``in_flight`` at once."""
+    sem = defer.DeferredSemaphore(in_flight)
+    await defer.gatherResults(
+        [sem.run(lambda job=job: defer.ensureDeferred(job())) for job in jobs],
+        consumeErrors=True)
+
+
+async def single(client, prefix, n, value, in_flight):
+    jobs = [lambda i=i: client.put(b"%s%08d" % (prefix, i), value) for i in range(n)]
+    await _run_in_flight(jobs, in_flight)
+
+
+async def batched(client, prefix, n, value, in_flight, per_txn=100):
+    def job(start):
+        ops = [OpSet(b"%s%08d" % (prefix, i), value)
+               for i in range(start, min(start + per_txn, n))]
+        return client.submit(Transaction(success=ops))
+
+    await _run_in_flight([lambda s=s: job(s) for s in range(0, n, per_txn)], in_flight)
+
+
+MODES = [
+    ("single", single, 1, "puts"),
+    ("single-x16", single, 16, "puts"),
+    ("txn100", batched, 1, "batched_puts"),
+    ("txn100-x4", batched, 4, "batched_puts"),
+]
+
+
+async def bench_version(reactor, binary, args):
+    etcd = EtcdProcess(binary).start()
+    client = EtcdClient(reactor, EtcdConfig(etcd.client_url, timeout=30.0))
+    value = os.urandom(args.value_size // 2).hex().encode()[:args.value_size]
+    rates = {}
+    try:
+        for name, run, in_flight, count_arg in MODES:
+            n = getattr(args, count_arg)
+            prefix = f"/bench/{name}/".encode()
+            started = time.perf_counter()
+            await run(client, prefix, n, value, in_flight)
+            elapsed = time.perf_counter() - started
+            stored = json.loads(etcd.etcdctl("get", prefix.decode(), "--prefix", "--limit", "1",
+                                             "-w", "json")).get("count", 0)
+            if stored != n:
+                raise SystemExit(f"{name}: expected {n} keys, etcd has {stored}")
+            rates[name] = n / elapsed
+            print(f"etcd {binary.version:7s} {name:11s} {n:6d} puts in {elapsed:6.2f}s "
+                  f"= {rates[name]:8.0f} puts/s", flush=True)
+    finally:
+        await client.close()
+        etcd.stop()
+    sequential = rates["txn100"] / rates["single"]
+    concurrent = rates["txn100-x4"] / rates["single-x16"]
+    print(f"etcd {binary.version:7s} ratio txn100/single = {sequential:.1f}x, "
+          f"txn100-x4/single-x16 = {concurrent:.1f}x", flush=True)
+    return rates
+
+
+async def main(reactor, args):
+    binaries = etcd_binaries()
+    if not binaries:
+        raise SystemExit("no etcd binary found")
+    print(f"value size {args.value_size} bytes; pool of {EtcdConfig('http://x').max_connections} "
+          f"connections", flush=True)
+    for binary in binaries:
+        await bench_version(reactor, binary, args)
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--puts", type=int, default=3000)
+    parser.add_argument("--batched-puts", type=int, default=30000)
+    parser.add_argument("--value-size", type=int, default=1024)
+    parsed = parser.parse_args()
+    task.react(lambda reactor: defer.ensureDeferred(main(reactor, parsed)))

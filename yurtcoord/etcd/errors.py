@@ -1,0 +1,67 @@
+"""Typed etcd failures, so callers decide retry/backoff/report by type instead of by text.
+
+``EtcdUnavailable`` and ``EtcdTimeout`` are worth retrying later (etcd down, restarting,
+slow). ``TransactionFailed`` is a compare that did not hold: an answer, not an outage.
+``RequestRejected`` is etcd refusing the request itself (too large, too many
+operations, invalid): retrying the same request will not help. ``BadResponse`` means
+whatever answered did not speak the etcd gateway's JSON.
+"""
+
+
+class EtcdError(Exception):
+    """Base of every error the etcd adapter raises."""
+
+
+class EtcdUnavailable(EtcdError):
+    """etcd could not be reached or dropped the connection (refused, reset, TLS refused, 503)."""
+
+
+class EtcdTimeout(EtcdError):
+    """No complete answer within the request timeout."""
+
+
+class ClientClosed(EtcdError):
+    """The client was closed; requests in flight at that moment end with this too."""
+
+
+class TLSConfigError(EtcdUnavailable):
+    """The CA, certificate or key files could not be read or parsed."""
+
+
+class BadResponse(EtcdError):
+    """The answer was not JSON or not the shape the etcd gateway returns."""
+
+    def __init__(self, message, status=None, body=b""):
+        super().__init__(message)
+        self.status = status
+        self.body = body[:512]
+
+
+class RequestRejected(EtcdError):
+    """etcd answered with an error for this request (gRPC ``code`` and ``message``)."""
+
+    def __init__(self, message, code=None, status=None):
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.status = status
+
+
+class RequestTooLarge(RequestRejected):
+    """The request exceeds etcd's request size limit (``--max-request-bytes``, 1.5 MiB default)."""
+
+
+class TooManyOperations(RequestRejected):
+    """The transaction has more operations than ``--max-txn-ops`` (128 default)."""
+
+
+class TransactionFailed(EtcdError):
+    """A transaction's compare did not hold; ``responses`` are those of its failure branch.
+
+    ``revision`` is the store revision at which the compare was evaluated.
+    """
+
+    def __init__(self, revision, responses):
+        super().__init__(f"transaction compare failed at revision {revision}")
+        self.revision = revision
+        self.responses = responses

