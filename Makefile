@@ -12,9 +12,15 @@ $(VENV)/.installed: setup.py
 
 venv: $(VENV)/.installed
 
-# Runs one agent against the example configuration.
+# Runs the sandbox: a real etcd, a simulated cloud and coordinator apiserver and a pool
+# of 3 agents on loopback (AGENTS=N for another size). The terminal shows role changes
+# and each agent's pool page URL; the agents' full log goes to SANDBOX_LOG. Ctrl-C stops
+# everything and removes the sandbox's temp dir.
+AGENTS ?= 3
+SANDBOX_LOG ?= /tmp/yurtcoord-sandbox.log
 run: venv
-	$(VENV)/bin/twistd -n yurtcoord --config etc/yurtcoord.ini
+	@echo "yurtcoord sandbox: full log in $(SANDBOX_LOG)"
+	$(VENV)/bin/twistd --nodaemon --pidfile= --logfile=$(SANDBOX_LOG) yurtcoord --sandbox --sandbox-agents $(AGENTS)
 
 # Installs everything the tests need (venv, pip packages, etcd) and runs the suite.
 test:

@@ -1,4 +1,5 @@
-"""The agent's status HTTP surface: ``/healthz``, ``/readyz``, ``/status``, ``/metrics``.
+"""The agent's status HTTP surface: ``/`` (the pool page), ``/healthz``, ``/readyz``,
+``/status``, ``/metrics``.
 
 The pages read everything from a *status source* (``IStatusSource``) passed in, so the
 same resources serve an agent whose coordinator does not exist yet (``InitialStatus``)
@@ -6,6 +7,7 @@ and, later, the running coordinator. A source that raises gives a 500 and one lo
 it never takes the HTTP server down.
 """
 
+import html
 import json
 import time
 from datetime import datetime, timezone
@@ -16,7 +18,7 @@ from zope.interface import Attribute, Interface, implementer
 
 from yurtcoord.metrics import METRICS_CONTENT_TYPE
 
-NOT_FOUND = pages.notFound("No such page", "Pages: /healthz /readyz /status /metrics")
+NOT_FOUND = pages.notFound("No such page", "Pages: / /healthz /readyz /status /metrics")
 
 
 class IStatusSource(Interface):
@@ -151,6 +153,212 @@ def metrics_page(metrics):
     return render
 
 
+# The facts of the pool page: (``/status`` key, label, how to show the value).
+POOL_PAGE_FIELDS = (
+    ("role", "role", "role"),
+    ("leader", "leader", "text"),
+    ("healthy", "healthy", "bool"),
+    ("ready", "ready", "bool"),
+    ("coordinator_healthy", "coordinator apiserver healthy", "bool"),
+    ("pool_cache_synced", "pool cache synced", "bool"),
+    ("local_cache_uploaded", "local cache uploaded", "bool"),
+    ("uploaded_objects", "uploaded objects", "text"),
+    ("delegated_heartbeats", "delegated heartbeats", "text"),
+    ("last_transition", "last role change", "text"),
+)
+# Milliseconds between two refreshes of the pool page in the browser.
+POOL_PAGE_REFRESH_MS = 2000
+KNOWN_ROLES = ("init", "pending", "follower", "leader")
+
+_POOL_PAGE_STYLE = """
+:root { color-scheme: light; --ok: #1a7f37; --bad: #c62828; --muted: #666; }
+body { font: 15px/1.4 system-ui, -apple-system, "Segoe UI", sans-serif; margin: 0;
+       background: #f4f6f8; color: #1f2328; }
+header { background: #24292f; color: #fff; padding: 14px 24px; }
+header h1 { margin: 0; font-size: 22px; }
+header p { margin: 4px 0 0; color: #c9d1d9; }
+main { padding: 16px 24px; max-width: 900px; }
+.cards { display: flex; gap: 12px; flex-wrap: wrap; margin-bottom: 16px; }
+.card { background: #fff; border: 1px solid #d0d7de; border-radius: 8px;
+        padding: 10px 16px; min-width: 150px; }
+.card .label, th { color: var(--muted); font-size: 12px; text-transform: uppercase;
+                   letter-spacing: .04em; }
+.card .label, .card .value { display: block; }
+.card .value { font-size: 22px; font-weight: 600; overflow-wrap: anywhere; }
+table { border-collapse: collapse; background: #fff; border: 1px solid #d0d7de;
+        width: 100%; margin-bottom: 16px; }
+th, td { text-align: left; padding: 6px 12px; border-bottom: 1px solid #eaeef2;
+         overflow-wrap: anywhere; }
+h2 { font-size: 16px; margin: 18px 0 8px; }
+.yes { color: var(--ok); } .no { color: var(--bad); } .none { color: var(--muted); }
+.role-leader { color: #0550ae; } .role-follower { color: var(--ok); }
+.role-pending, .role-init { color: #9a6700; }
+#refresh.stale { color: #ffb4a9; }
+ul { background: #fff; border: 1px solid #d0d7de; margin: 0; padding: 8px 32px; }
+"""
+
+_POOL_PAGE_SCRIPT = """
+(function () {
+  "use strict";
+  function show(el, kind, value) {
+    if (kind === "bool") {
+      el.textContent = value ? "yes" : "no";
+      el.className = "value " + (value ? "yes" : "no");
+    } else if (value === null || value === undefined) {
+      el.textContent = "none";
+      el.className = "value none";
+    } else {
+      el.textContent = String(value);
+      el.className = kind === "role" ? "value role-" + String(value) : "value";
+    }
+  }
+  function cell(row, text, className) {
+    var td = document.createElement("td");
+    td.textContent = text;
+    if (className) { td.className = className; }
+    row.appendChild(td);
+  }
+  function render(status) {
+    var fields = document.querySelectorAll("[data-field]");
+    for (var i = 0; i < fields.length; i++) {
+      var el = fields[i];
+      show(el, el.getAttribute("data-kind"), status[el.getAttribute("data-field")]);
+    }
+    document.title = "yurtcoord " + status.node + " \\u00b7 " + status.role;
+    var body = document.getElementById("cloud-servers");
+    while (body.firstChild) { body.removeChild(body.firstChild); }
+    var urls = Object.keys(status.cloud || {}).sort();
+    for (var j = 0; j < urls.length; j++) {
+      var row = document.createElement("tr");
+      var healthy = status.cloud[urls[j]];
+      cell(row, urls[j]);
+      cell(row, healthy ? "healthy" : "unhealthy", healthy ? "yes" : "no");
+      body.appendChild(row);
+    }
+    if (!urls.length) {
+      var empty = document.createElement("tr");
+      cell(empty, "no cloud servers", "none");
+      body.appendChild(empty);
+    }
+  }
+  function renderReadiness(code, text) {
+    var list = document.getElementById("readiness");
+    while (list.firstChild) { list.removeChild(list.firstChild); }
+    var lines = code === 200 ? ["ready"] : text.split("\\n").filter(Boolean).map(
+      function (line) { return line.replace(/^not ready: /, ""); });
+    for (var i = 0; i < lines.length; i++) {
+      var item = document.createElement("li");
+      item.textContent = lines[i];
+      item.className = code === 200 ? "yes" : "no";
+      list.appendChild(item);
+    }
+  }
+  function mark(text, stale) {
+    var el = document.getElementById("refresh");
+    el.textContent = text;
+    el.className = stale ? "stale" : "";
+  }
+  function refresh() {
+    var status = fetch("status", {cache: "no-store"}).then(function (response) {
+      if (!response.ok) { throw new Error("/status answered " + response.status); }
+      return response.json();
+    });
+    var readiness = fetch("readyz", {cache: "no-store"}).then(function (response) {
+      return response.text().then(function (text) { return [response.status, text]; });
+    });
+    Promise.all([status, readiness]).then(function (results) {
+      render(results[0]);
+      renderReadiness(results[1][0], results[1][1]);
+      mark("live, updated " + new Date().toLocaleTimeString(), false);
+    }).catch(function (error) {
+      mark("cannot reach this agent (" + error.message + "); showing the last answer", true);
+    });
+  }
+  refresh();
+  setInterval(refresh, %(refresh_ms)d);
+})();
+"""
+
+
+def _page_value(kind, value):
+    """(text, CSS class) of one value as the page shows it, before escaping."""
+    if kind == "bool":
+        return ("yes", "yes") if value else ("no", "no")
+    if value is None:
+        return "none", "none"
+    if kind == "role":
+        return str(value), f"role-{value}" if value in KNOWN_ROLES else ""
+    return str(value), ""
+
+
+def _escaped(value):
+    return html.escape(str(value), quote=True)
+
+
+def render_pool_page(status, readiness_failures):
+    """The pool page's HTML for one ``/status`` document: rendered here so that it
+    shows the pool without JavaScript, refreshed by its inline script every
+    ``POOL_PAGE_REFRESH_MS`` from ``/status`` and ``/readyz``. Every value is escaped
+    (node names and server URLs come from configuration and the cluster)."""
+
+    def value(key, kind):
+        text, css = _page_value(kind, status.get(key))
+        classes = f"value {css}" if css else "value"
+        return (f'<span class="{classes}" data-field="{key}" data-kind="{kind}">'
+                f"{_escaped(text)}</span>")
+
+    cards = "".join(f'<div class="card"><span class="label">{_escaped(label)}</span>'
+                    f"{value(key, kind)}</div>"
+                    for key, label, kind in POOL_PAGE_FIELDS[:4])
+    rows = "".join(f'<tr><th scope="row">{_escaped(label)}</th><td>{value(key, kind)}</td></tr>'
+                   for key, label, kind in POOL_PAGE_FIELDS[4:])
+    cloud = status.get("cloud") or {}
+    cloud_rows = "".join(
+        f"<tr><td>{_escaped(url)}</td><td class=\"{'yes' if healthy else 'no'}\">"
+        f"{'healthy' if healthy else 'unhealthy'}</td></tr>"
+        for url, healthy in sorted(cloud.items())) or (
+        '<tr><td class="none">no cloud servers</td></tr>')
+    failures = list(readiness_failures) if not status.get("ready") else []
+    readiness = "".join(f'<li class="no">{_escaped(failure)}</li>' for failure in failures) \
+        or '<li class="yes">ready</li>'
+    node, pool = status.get("node") or "", status.get("pool") or ""
+    return f"""<!DOCTYPE html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>yurtcoord {_escaped(node)} &#183; {_escaped(status.get("role"))}</title>
+<style>{_POOL_PAGE_STYLE}</style>
+</head>
+<body>
+<header>
+<h1>yurtcoord agent <span data-field="node" data-kind="text">{_escaped(node)}</span></h1>
+<p>pool <span data-field="pool" data-kind="text">{_escaped(pool)}</span>, as this agent sees it
+&#183; <span id="refresh">rendered by the agent</span></p>
+</header>
+<main>
+<div class="cards">{cards}</div>
+<table><tbody>{rows}</tbody></table>
+<h2>Cloud servers</h2>
+<table><thead><tr><th>server</th><th>health</th></tr></thead>
+<tbody id="cloud-servers">{cloud_rows}</tbody></table>
+<h2>Readiness</h2>
+<ul id="readiness">{readiness}</ul>
+</main>
+<script>{_POOL_PAGE_SCRIPT % {"refresh_ms": POOL_PAGE_REFRESH_MS}}</script>
+</body>
+</html>
+"""
+
+
+def pool_page(source):
+    """``GET /``: the pool as this agent sees it, as a self-refreshing HTML page."""
+    status = source.status()
+    failures = [] if source.ready else source.readiness_failures()
+    body = render_pool_page(status, failures)
+    return 200, "text/html; charset=utf-8", body.encode("utf-8")
+
+
 class StatusRoot(resource.Resource):
     """Root of the status pages; any other path is a plain 404."""
 
@@ -159,8 +367,9 @@ class StatusRoot(resource.Resource):
 
 
 def status_resource(source, metrics):
-    """The resource tree: the four pages as children of an otherwise empty root."""
+    """The resource tree: the pool page at ``/`` and the four pages beside it."""
     root = StatusRoot()
+    root.putChild(b"", SourcePage(source, pool_page))
     root.putChild(b"healthz", SourcePage(source, healthz_page))
     root.putChild(b"readyz", SourcePage(source, readyz_page))
     root.putChild(b"status", SourcePage(source, status_page))

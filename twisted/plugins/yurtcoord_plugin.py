@@ -9,8 +9,15 @@ A start failure (the status port is taken) is one log line and exit status 71.
 SIGTERM is the normal way to stop an agent (systemd, kubelet, supervisors): it stops
 the services and exits with status 0. Twisted's default handler would re-raise the
 signal after shutdown, making every ordinary stop look like a crash.
+
+``--sandbox`` runs the embedded pool of ``yurtcoord.sandbox`` instead of one agent:
+Ctrl-C (SIGINT) and SIGTERM both stop it with status 0 once everything it started is
+gone (SIGUSR1/SIGUSR2 cut and restore the leader's cloud link); a sandbox that cannot
+start (no etcd) says why in one line and exits with 69.
 """
 
+import atexit
+import os
 import signal
 import sys
 
@@ -48,9 +55,7 @@ class Options(usage.Options):
         if self["sandbox-agents"] < 1:
             raise usage.UsageError("--sandbox-agents must be 1 or more")
         if self["sandbox"]:
-            _exit_with_one_line(
-                "yurtcoord: --sandbox is not available yet; run with --config PATH",
-                EXIT_UNAVAILABLE)
+            return
         from yurtcoord.config import ConfigError, load_config
 
         try:
@@ -105,6 +110,8 @@ class YurtcoordServiceMaker:
         from yurtcoord.service import make_service
 
         log = Logger(namespace="yurtcoord")
+        if options["sandbox"]:
+            return make_sandbox(reactor, options["sandbox-agents"], log)
         try:
             agent = make_service(options["loaded_config"], reactor)
         except ConfigError as error:
@@ -112,6 +119,39 @@ class YurtcoordServiceMaker:
             _exit_with_one_line(error, EXIT_CONFIG_ERROR)
         reactor.callWhenRunning(stop_cleanly_on_sigterm, reactor, log)
         return ExitOnStartFailure(agent, log)
+
+
+def _print_to_terminal(line):
+    """Sandbox lines go to the real stdout, beside (not inside) the log lines."""
+    stream = sys.__stdout__
+    stream.write(line + "\n")
+    stream.flush()
+
+
+def make_sandbox(reactor, agent_count, log):
+    """The sandbox service; its start failure stops the reactor and, once twistd has
+    finished its own shutdown, ends the process with ``EXIT_UNAVAILABLE``."""
+    from twisted.logger import globalLogPublisher
+
+    from yurtcoord.sandbox import Sandbox, install_signal_handlers
+
+    def failed(message):
+        log.critical("sandbox cannot start: {reason}", reason=message)
+        atexit.register(_exit_now, EXIT_UNAVAILABLE)
+        reactor.stop()
+
+    sandbox = Sandbox(reactor, _print_to_terminal, globalLogPublisher,
+                      agent_count=agent_count, on_failure=failed)
+    reactor.callWhenRunning(install_signal_handlers, reactor, sandbox)
+    return sandbox
+
+
+def _exit_now(status):
+    """Run at interpreter exit, after twistd's own shutdown: twistd exits 0 after any
+    reactor stop, and a start that failed asynchronously has no other way to say so."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
 
 
 service_maker = YurtcoordServiceMaker()

