@@ -1,0 +1,218 @@
+"""Local cache upload: batched upload vs one request per object vs raw batched puts.
+
+    .venv/bin/python bench/upload.py [--objects 10000] [--size 3000] [--etcd 3.5]
+
+One run, a fresh etcd (on loopback, temp dir) per mode, the same objects in each:
+
+- ``batched``: ``LocalCacheUploader`` reading a yurthub disk cache of N pods of about
+  ``--size`` bytes and writing them with the pool store's guarded create-or-update
+  (one read and one write transaction per batch).  Peak RSS growth of the process
+  during this mode is measured (``VmHWM`` from /proc/self/status); it runs first so
+  nothing before it inflated the peak.
+- ``per-object``: the seed's way, one ``PoolStore.create`` (one transaction holding
+  the object and its mirror rv) per object, one at a time, through the same adapter.
+  Each request waits for an etcd disk sync, so this runs on the first
+  ``--per-object-sample`` objects only and is compared by objects per second.
+- ``raw-batched``: the same keys and mirror values as plain puts, 64 objects (128
+  operations) per transaction through the adapter's ``submit``, no reads, no compares,
+  one transaction at a time; ``raw-batched-x4``: the same with as many transactions in
+  flight as the store uses (``parallel_batches``).
+
+Modes alternate for ``--repeat`` rounds and each keeps its best round, so that load
+from other processes on the machine disturbs the ratios less.  Every mode's result is
+checked with etcdctl (key count and a sample of values).
+Targets: batched >= 5x per-object, batched >= 0.7x raw-batched, RSS growth <= 50 MB.
+"""
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import txaioetcd  # noqa: E402
+from twisted.internet import defer, task  # noqa: E402
+
+from yurtcoord.config import UploadResource  # noqa: E402
+from yurtcoord.etcd.client import EtcdClient, EtcdConfig  # noqa: E402
+from yurtcoord.localcache import LocalCacheReader  # noqa: E402
+from yurtcoord.poolstore.keycache import ComponentKeyCache  # noqa: E402
+from yurtcoord.poolstore.keys import KeyBuildInfo, PoolKeyBuilder, format_rv  # noqa: E402
+from yurtcoord.poolstore.store import PoolStore  # noqa: E402
+from yurtcoord.testing.etcd import EtcdProcess, default_etcd_binary, etcd_binary_for  # noqa: E402
+from yurtcoord.uploader import LocalCacheUploader  # noqa: E402
+
+PODS = UploadResource("kubelet", "pods", "v1")
+NAMESPACES = 10
+
+
+def peak_rss_kib():
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+    return 0
+
+
+def pod(i, size):
+    name, namespace = f"pod-{i:06d}", f"ns-{i % NAMESPACES}"
+    obj = {"apiVersion": "v1", "kind": "Pod",
+           "metadata": {"name": name, "namespace": namespace, "resourceVersion": str(1000 + i),
+                        "labels": {"app": f"app-{i % 50}"}},
+           "spec": {"nodeName": "edge-1", "containers": [{"name": "c", "image": "busybox"}]}}
+    base = len(json.dumps(obj, separators=(",", ":")))
+    obj["metadata"]["annotations"] = {"padding": "x" * max(0, size - base - 30)}
+    return namespace, name, 1000 + i, json.dumps(obj, separators=(",", ":")).encode()
+
+
+def write_local_cache(directory, count, size):
+    for i in range(count):
+        namespace, name, _rv, data = pod(i, size)
+        path = os.path.join(directory, "kubelet", "pods.v1.core", namespace, name)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "wb") as f:
+            f.write(data)
+
+
+def objects(keys, count, size):
+    """Lazily, ``(PoolKey, bytes, rv)`` for every object (never all in memory)."""
+    for i in range(count):
+        namespace, name, rv, data = pod(i, size)
+        yield keys.object_key(KeyBuildInfo("kubelet", "pods", "", "v1", namespace, name)), data, rv
+
+
+async def mode_batched(reactor, store, args, workdir):
+    reader = LocalCacheReader(os.path.join(workdir, "cache"))
+    counts = await LocalCacheUploader(store, reader, [PODS]).upload()
+    assert counts.created == args.objects, counts
+
+
+async def mode_per_object(reactor, store, args, workdir):
+    for key, data, rv in objects(store.keys, args.per_object_sample, args.size):
+        await store.create(key, data, rv)
+
+
+def raw_transactions(keys, args, per_txn=64):
+    batch = []
+    for key, data, rv in objects(keys, args.objects, args.size):
+        batch += [txaioetcd.OpSet(key.path.encode(), data),
+                  txaioetcd.OpSet(key.mirror_rv_path.encode(), format_rv(rv).encode())]
+        if len(batch) >= 2 * per_txn:
+            yield txaioetcd.Transaction(success=batch)
+            batch = []
+    if batch:
+        yield txaioetcd.Transaction(success=batch)
+
+
+async def raw_batched(store, args, in_flight):
+    transactions = raw_transactions(store.keys, args)
+
+    async def worker():
+        for txn in transactions:
+            await store.etcd.submit(txn)
+
+    await defer.gatherResults([defer.ensureDeferred(worker()) for _ in range(in_flight)],
+                              consumeErrors=True)
+
+
+async def mode_raw_batched(reactor, store, args, workdir):
+    await raw_batched(store, args, 1)
+
+
+async def mode_raw_batched_parallel(reactor, store, args, workdir):
+    await raw_batched(store, args, store.parallel_batches)
+
+
+def verify(etcd, count, size):
+    out = etcd.etcdctl("get", "--prefix", "--keys-only", "/registry/pods/")
+    found = len([line for line in out.splitlines() if line.strip()])
+    assert found == count, f"{found} objects in etcd, expected {count}"
+    keys = PoolKeyBuilder("/registry")
+    for i in (0, count // 2, count - 1):
+        namespace, name, rv, data = pod(i, size)
+        path = keys.object_key(KeyBuildInfo("kubelet", "pods", "", "v1", namespace, name)).path
+        stored = etcd.read(path)
+        assert stored == {path.encode(): data}, f"{path} differs"
+        mirror = etcd.read("/mirror/rv" + path)
+        assert mirror == {("/mirror/rv" + path).encode(): format_rv(rv).encode()}, path
+
+
+async def run_mode(reactor, func, count, binary, args, workdir):
+    etcd = EtcdProcess(binary).start()
+    client = EtcdClient(reactor, EtcdConfig(etcd.client_url, timeout=30.0))
+    cache_dir = tempfile.mkdtemp(prefix="keycache-", dir=workdir)
+    store = PoolStore(reactor, client, "/registry",
+                      ComponentKeyCache.in_directory(cache_dir).load())
+    try:
+        rss_before = peak_rss_kib()
+        started = time.perf_counter()
+        await func(reactor, store, args, workdir)
+        elapsed = time.perf_counter() - started
+        rss_growth = peak_rss_kib() - rss_before
+        verify(etcd, count, args.size)
+        return elapsed, rss_growth
+    finally:
+        await store.close()
+        await client.close()
+        etcd.stop()
+
+
+async def main(reactor, args):
+    binary = etcd_binary_for(args.etcd) if args.etcd else default_etcd_binary()
+    if binary is None:
+        raise SystemExit(f"etcd {args.etcd} is not installed")
+    workdir = tempfile.mkdtemp(prefix="yurtcoord-bench-upload-")
+    try:
+        write_local_cache(os.path.join(workdir, "cache"), args.objects, args.size)
+        print(f"etcd {binary.version}, {args.objects} pods of {args.size} bytes")
+        modes = [
+            ("batched", mode_batched, args.objects),
+            ("per-object", mode_per_object, args.per_object_sample),
+            ("raw-batched", mode_raw_batched, args.objects),
+            ("raw-batched-x4", mode_raw_batched_parallel, args.objects),
+        ]
+        rates, rss = {}, {}
+        for round_number in range(1, args.repeat + 1):
+            for name, func, count in modes:
+                elapsed, growth = await run_mode(reactor, func, count, binary, args, workdir)
+                rss.setdefault(name, growth)
+                rates[name] = max(rates.get(name, 0.0), count / elapsed)
+                print(f"round {round_number} {name:15s} {count:6d} objects {elapsed:8.2f} s "
+                      f"{count / elapsed:9.0f} objects/s")
+        print("best of each mode:")
+        for name, _func, _count in modes:
+            print(f"  {name:15s} {rates[name]:9.0f} objects/s")
+        vs_per_object = rates["batched"] / rates["per-object"]
+        vs_raw = rates["batched"] / rates["raw-batched"]
+        vs_raw_x4 = rates["batched"] / rates["raw-batched-x4"]
+        rss_mb = rss["batched"] / 1024
+        print(f"batched vs per-object:     {vs_per_object:6.1f}x (target >= 5x) "
+              f"{'ok' if vs_per_object >= 5 else 'MISSED'}")
+        print(f"batched vs raw-batched:    {vs_raw:6.2f}x (target >= 0.7x) "
+              f"{'ok' if vs_raw >= 0.7 else 'MISSED'}")
+        print(f"batched vs raw-batched-x4: {vs_raw_x4:6.2f}x (same number in flight as batched)")
+        print(f"peak RSS growth during batched upload: {rss_mb:.1f} MB (target <= 50 MB) "
+              f"{'ok' if rss_mb <= 50 else 'MISSED'}")
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def parse_args():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--objects", type=int, default=10000)
+    parser.add_argument("--size", type=int, default=3000, help="bytes per object")
+    parser.add_argument("--per-object-sample", type=int, default=1000,
+                        help="objects written one request each (rate is per object)")
+    parser.add_argument("--repeat", type=int, default=3,
+                        help="rounds; modes alternate and each keeps its best round")
+    parser.add_argument("--etcd", default="3.5", help="etcd version to use, e.g. 3.4 or 3.5")
+    return parser.parse_args()
+
+
+if __name__ == "__main__":
+    arguments = parse_args()
+    task.react(lambda reactor: defer.ensureDeferred(main(reactor, arguments)))

@@ -1,0 +1,303 @@
+"""The component key cache: which pool store keys each component owns.
+
+The pool store needs to know which keys a component wrote to replace its lists and to
+delete its resources, without listing the whole etcd.  The knowledge is kept in
+``<local_cache_dir>/component-key-cache``, one line per component::
+
+    component#group_version_resource:key1,key2;group_version_resource:key3
+
+(yurthub's own format, so a file written by yurthub reads here and the other way
+round).  Names Kubernetes allows may contain the separators (``system:node``), so
+``%``, ``#``, ``:``, ``,``, ``;`` and line breaks inside a field are percent-encoded,
+and ``_`` too inside the group/version/resource fields; a file without such characters
+is byte-for-byte the old format.
+
+Changes are made in memory and written by ``flush()`` atomically: a temp file in the
+same directory is written and fsynced, renamed over the real file, and the directory
+is fsynced, so a crash leaves either the old or the new file, never a half-written one.
+A leftover temp file from such a crash is removed on load.
+
+Entries of the pool-scoped component (``leader-yurthub``) are not trusted from the
+file: the pool store rebuilds them from etcd.  Reads and writes are small local file
+I/O done synchronously: the file is written once per store operation, not per key.
+"""
+
+import contextlib
+import os
+import re
+import tempfile
+
+from twisted.logger import Logger
+
+from yurtcoord.poolstore.keys import ResourceId
+
+POOL_SCOPED_COMPONENT = "leader-yurthub"
+KEY_CACHE_FILE_NAME = "component-key-cache"
+_TEMP_PREFIX = "." + KEY_CACHE_FILE_NAME + "."
+_TEMP_SUFFIX = ".tmp"
+
+_SEPARATORS = frozenset("%#:,;\n\r")
+_GVR_SEPARATORS = _SEPARATORS | {"_"}
+_ESCAPE = re.compile(r"%([0-9A-Fa-f]{2})")
+
+log = Logger()
+
+
+class KeyCacheCorrupt(ValueError):
+    """The key cache file cannot be parsed; the message names the file and line."""
+
+    def __init__(self, path, line_number, reason):
+        super().__init__(f"{path}:{line_number}: malformed component key cache line: {reason}")
+        self.path = path
+        self.line_number = line_number
+        self.reason = reason
+
+
+def encode_field(text, reserved=_SEPARATORS):
+    """Percent-encode the characters the line format uses as separators."""
+    if not any(c in reserved for c in text):
+        return text
+    return "".join(f"%{ord(c):02X}" if c in reserved else c for c in text)
+
+
+def decode_field(text):
+    """Inverse of encode_field; a ``%`` not followed by two hex digits is an error."""
+    if "%" not in text:
+        return text
+    out = []
+    position = 0
+    while True:
+        index = text.find("%", position)
+        if index < 0:
+            out.append(text[position:])
+            return "".join(out)
+        match = _ESCAPE.match(text, index)
+        if match is None:
+            raise ValueError(f"bad percent escape at offset {index} in {text!r}")
+        out.append(text[position:index])
+        out.append(chr(int(match.group(1), 16)))
+        position = match.end()
+
+
+def encode_resource(resource):
+    return "_".join(encode_field(part, _GVR_SEPARATORS)
+                    for part in (resource.group, resource.version, resource.resource))
+
+
+def decode_resource(text):
+    parts = text.split("_")
+    if len(parts) != 3:
+        raise ValueError(f"resource {text!r} is not group_version_resource")
+    group, version, resource = (decode_field(p) for p in parts)
+    if not resource:
+        raise ValueError(f"resource {text!r} has an empty resource name")
+    return ResourceId(group, version, resource)
+
+
+def format_lines(cache):
+    """The file text for ``{component: {ResourceId: set(paths)}}``; sorted, so stable."""
+    lines = []
+    for component in sorted(cache):
+        groups = []
+        resources = cache[component]
+        for resource in sorted(resources, key=lambda r: (r.group, r.version, r.resource)):
+            keys = ",".join(encode_field(k) for k in sorted(resources[resource]))
+            groups.append(f"{encode_resource(resource)}:{keys}")
+        lines.append(f"{encode_field(component)}#{';'.join(groups)}\n")
+    return "".join(lines)
+
+
+def parse_lines(text, path="<memory>"):
+    """Parse file text into ``{component: {ResourceId: set(paths)}}``; blank lines are skipped."""
+    cache = {}
+    for number, line in enumerate(text.split("\n"), start=1):
+        line = line.rstrip("\r")
+        if not line:
+            continue
+        try:
+            component, resources = _parse_line(line)
+        except ValueError as e:
+            raise KeyCacheCorrupt(path, number, str(e)) from None
+        merged = cache.setdefault(component, {})
+        for resource, keys in resources.items():
+            merged.setdefault(resource, set()).update(keys)
+    return cache
+
+
+def _parse_line(line):
+    fields = line.split("#")
+    if len(fields) != 2:
+        raise ValueError("expected exactly one '#' between component and resources")
+    component = decode_field(fields[0])
+    if not component:
+        raise ValueError("empty component name")
+    resources = {}
+    if fields[1]:
+        for group in fields[1].split(";"):
+            parts = group.split(":")
+            if len(parts) != 2:
+                raise ValueError(f"expected 'group_version_resource:keys', got {group!r}")
+            resource = decode_resource(parts[0])
+            keys = resources.setdefault(resource, set())
+            if parts[1]:
+                for key in parts[1].split(","):
+                    if not key:
+                        raise ValueError(f"empty key in {group!r}")
+                    keys.add(decode_field(key))
+    return component, resources
+
+
+class ComponentKeyCache:
+    """In-memory map component → resource → keys, persisted to one file on ``flush()``.
+
+    :param path: the cache file, usually ``<local_cache_dir>/component-key-cache``.
+    :param rebuilt_components: components whose file entries are ignored on load
+        because the pool store rebuilds them from etcd.
+    """
+
+    def __init__(self, path, rebuilt_components=(POOL_SCOPED_COMPONENT,)):
+        self.path = path
+        self.rebuilt_components = frozenset(rebuilt_components)
+        self._cache = {}
+        self.dirty = False
+
+    @classmethod
+    def in_directory(cls, directory, **kwargs):
+        return cls(os.path.join(directory, KEY_CACHE_FILE_NAME), **kwargs)
+
+    # -- load / save -------------------------------------------------------------
+
+    def load(self):
+        """Read the file (absent file → empty cache); remove temp files a crash left behind.
+
+        Raises KeyCacheCorrupt naming the file and line when the file is malformed.
+        """
+        self._remove_leftover_temp_files()
+        try:
+            with open(self.path, "rb") as f:
+                raw = f.read()
+        except FileNotFoundError:
+            raw = b""
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            line = raw[:e.start].count(b"\n") + 1
+            raise KeyCacheCorrupt(self.path, line, "not UTF-8") from None
+        cache = parse_lines(text, self.path)
+        for component in self.rebuilt_components:
+            cache.pop(component, None)
+        self._cache = cache
+        self.dirty = False
+        log.info("component key cache loaded from {path}: {components} components",
+                 path=self.path, components=len(cache))
+        return self
+
+    def _remove_leftover_temp_files(self):
+        directory = os.path.dirname(self.path) or "."
+        base = os.path.basename(self.path)
+        prefix = "." + base + "."
+        try:
+            names = os.listdir(directory)
+        except FileNotFoundError:
+            return
+        for name in names:
+            if name.startswith(prefix) and name.endswith(_TEMP_SUFFIX):
+                leftover = os.path.join(directory, name)
+                try:
+                    os.unlink(leftover)
+                    log.warn("removed leftover key cache temp file {path}", path=leftover)
+                except OSError as e:
+                    log.warn("cannot remove leftover key cache temp file {path}: {error}",
+                             path=leftover, error=e)
+
+    def flush(self):
+        """Write the cache atomically if it changed since the last write."""
+        if not self.dirty:
+            return
+        self.write()
+
+    def write(self):
+        """Write the whole cache: temp file, fsync, rename over the file, fsync the directory."""
+        directory = os.path.dirname(self.path) or "."
+        os.makedirs(directory, exist_ok=True)
+        data = format_lines(self._cache).encode("utf-8")
+        base = os.path.basename(self.path)
+        fd, temp_path = tempfile.mkstemp(prefix="." + base + ".", suffix=_TEMP_SUFFIX,
+                                         dir=directory)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(temp_path, self.path)
+        except BaseException:
+            # Leave no temp file behind; the real file is untouched.
+            with contextlib.suppress(OSError):
+                os.unlink(temp_path)
+            raise
+        dir_fd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+        self.dirty = False
+
+    # -- queries -----------------------------------------------------------------
+
+    def components(self):
+        return sorted(self._cache)
+
+    def resources(self, component):
+        return sorted(self._cache.get(component, {}),
+                      key=lambda r: (r.group, r.version, r.resource))
+
+    def keys(self, component, resource=None):
+        """Keys of a component, of one resource or of all its resources."""
+        resources = self._cache.get(component, {})
+        if resource is not None:
+            return frozenset(resources.get(ResourceId.of(resource), ()))
+        found = set()
+        for keys in resources.values():
+            found.update(keys)
+        return frozenset(found)
+
+    def snapshot(self):
+        """A deep copy, for tests and status pages."""
+        return {c: {r: set(k) for r, k in res.items()} for c, res in self._cache.items()}
+
+    # -- changes (call flush() afterwards) --------------------------------------
+
+    def add(self, component, resource, keys):
+        keys = set(keys)
+        if not keys:
+            return
+        bucket = self._cache.setdefault(component, {}).setdefault(ResourceId.of(resource), set())
+        if not keys <= bucket:
+            bucket.update(keys)
+            self.dirty = True
+
+    def discard(self, component, resource, keys):
+        bucket = self._cache.get(component, {}).get(ResourceId.of(resource))
+        if bucket is None:
+            return
+        before = len(bucket)
+        bucket.difference_update(keys)
+        if len(bucket) != before:
+            self.dirty = True
+
+    def set_resource(self, component, resource, keys):
+        resource = ResourceId.of(resource)
+        keys = set(keys)
+        current = self._cache.setdefault(component, {})
+        if current.get(resource) != keys:
+            current[resource] = keys
+            self.dirty = True
+
+    def set_component(self, component, resources):
+        """Replace everything known about a component (``{resource: keys}``)."""
+        self._cache[component] = {ResourceId.of(r): set(k) for r, k in resources.items()}
+        self.dirty = True
+
+    def drop(self, component):
+        if self._cache.pop(component, None) is not None:
+            self.dirty = True

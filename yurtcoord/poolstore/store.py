@@ -1,0 +1,813 @@
+"""The pool store: objects in the pool's etcd, in the coordinator apiserver's layout.
+
+Every object key has a companion ``/mirror/rv<key>`` holding its resourceVersion padded
+to 32 digits; padded versions compare as bytes exactly as numbers do, so etcd itself
+can check "the stored object is older" inside a transaction compare.
+
+Consistency rules:
+
+- every change touching several keys goes to etcd as transactions, split into batches
+  of at most ``max_ops`` operations and ``max_bytes`` of request (etcd's limits);
+- the component key cache is changed only after etcd accepted a batch, and written to
+  disk at the end of each store operation, whether it succeeded or not, so file,
+  memory and etcd agree after a failure (a rejected batch leaves the cache as etcd
+  is: with the batches accepted before it, without the rejected one);
+- an older object never overwrites a newer one: writes by resourceVersion are guarded
+  by compares on the mirror keys, so concurrent writers (several agents uploading the
+  same objects) cannot regress a value.
+
+A health loop (``LoopingCall`` on the injected reactor) asks etcd for its status and
+exposes ``healthy``; reconnecting after an etcd restart is the etcd client's job (it
+dials again on the next request), so the store keeps working without being rebuilt.
+"""
+
+import functools
+import json
+from dataclasses import dataclass, field
+
+import txaioetcd
+from twisted.internet import defer
+from twisted.internet.defer import inlineCallbacks
+from twisted.internet.task import LoopingCall
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+
+from yurtcoord.etcd.client import prefix_range_end
+from yurtcoord.etcd.errors import TransactionFailed
+from yurtcoord.poolstore.keycache import POOL_SCOPED_COMPONENT, ComponentKeyCache
+from yurtcoord.poolstore.keys import (
+    KeyBuildInfo, PoolKey, PoolKeyBuilder, ResourceId, format_rv, mirror_rv_key, parse_rv,
+)
+
+DEFAULT_MAX_OPS = 128
+DEFAULT_MAX_BYTES = 1536 * 1024
+# Bytes reserved per operation and per request for protobuf framing beyond keys/values.
+_OP_OVERHEAD = 64
+_REQUEST_OVERHEAD = 4096
+_LIST_PAGE_SIZE = 1000
+# Guarded write rounds for one batch before giving up. A round planned from fresh
+# reads fails only if another writer changed one of the batch's keys in between, and
+# each writer changes a key at most once per version it holds, so this is never hit
+# by a handful of agents uploading the same objects.
+_MAX_CONFLICT_ROUNDS = 32
+
+
+class PoolStoreError(Exception):
+    """Base of the store's own (non-etcd) errors."""
+
+
+class KeyExists(PoolStoreError):
+    """create() found the key already present."""
+
+    def __init__(self, key):
+        super().__init__(f"key already exists: {key}")
+        self.key = str(key)
+
+
+class KeyNotFound(PoolStoreError):
+    def __init__(self, key):
+        super().__init__(f"key not found: {key}")
+        self.key = str(key)
+
+
+class UpdateConflict(PoolStoreError):
+    """update() lost: the stored object is not older. Carries the stored object."""
+
+    def __init__(self, key, stored, stored_rv):
+        super().__init__(f"update of {key} conflicts with stored resourceVersion {stored_rv}")
+        self.key = str(key)
+        self.stored = stored
+        self.stored_rv = stored_rv
+
+
+class ObjectTooLarge(PoolStoreError):
+    def __init__(self, key, size, limit):
+        super().__init__(f"object {key} needs {size} bytes, more than one request ({limit})")
+        self.key = str(key)
+        self.size = size
+
+
+class ConflictRetriesExhausted(PoolStoreError):
+    """Concurrent writers kept changing the same keys; the batch never got through."""
+
+
+def object_metadata(value):
+    """``(name, namespace, resourceVersion)`` of an object's JSON bytes.
+
+    Raises ValueError with a short reason: not JSON, not an object, no metadata, or no
+    numeric resourceVersion.
+    """
+    try:
+        obj = json.loads(value)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ValueError(f"not JSON: {e}") from None
+    if not isinstance(obj, dict) or not isinstance(obj.get("metadata"), dict):
+        raise ValueError("not an object with metadata")
+    metadata = obj["metadata"]
+    rv = metadata.get("resourceVersion")
+    if not isinstance(rv, str) or not rv:
+        raise ValueError("no resourceVersion")
+    try:
+        rv_number = parse_rv(rv)
+        format_rv(rv_number)
+    except ValueError:
+        raise ValueError(f"resourceVersion {rv!r} is not a number") from None
+    name = metadata.get("name")
+    namespace = metadata.get("namespace") or ""
+    if not isinstance(name, str) or not isinstance(namespace, str):
+        raise ValueError("name or namespace is not a string")
+    return name, namespace, rv_number
+
+
+@dataclass
+class WriteOutcome:
+    """Progress of a create-or-update of many objects; survives retries of the same call.
+
+    ``created``/``updated``/``not_newer`` hold key paths; ``decided`` is every path
+    with a final answer; ``in_doubt`` maps paths whose write may or may not have
+    landed (connection lost mid-request) to (kind, resourceVersion).
+    """
+
+    created: list = field(default_factory=list)
+    updated: list = field(default_factory=list)
+    not_newer: list = field(default_factory=list)
+    too_large: list = field(default_factory=list)
+    decided: set = field(default_factory=set)
+    in_doubt: dict = field(default_factory=dict)
+
+    def _decide(self, bucket, path):
+        self.decided.add(path)
+        self.in_doubt.pop(path, None)
+        bucket.append(path)
+
+
+@dataclass
+class _Item:
+    key: PoolKey
+    value: bytes
+    rv: int
+
+    @property
+    def path(self):
+        return self.key.path
+
+    @functools.cached_property
+    def path_bytes(self):
+        return self.key.path.encode("utf-8")
+
+    @functools.cached_property
+    def mirror_bytes(self):
+        return self.key.mirror_rv_path.encode("utf-8")
+
+    def write_size(self):
+        """Bytes this item adds to a guarded write: compares, two puts, two reads."""
+        return (3 * len(self.path_bytes) + 3 * len(self.mirror_bytes) + len(self.value)
+                + 2 * 32 + 6 * _OP_OVERHEAD)
+
+
+def _returns_deferred(method):
+    """Make bad arguments fail the returned Deferred instead of raising at the call, and
+    make cancelling it end with CancelledError.
+
+    The etcd client reports a cancelled request as a timeout; a caller that cancels a
+    store operation (a role change, a stop) must see a cancellation, not an etcd
+    failure it would retry or log.
+    """
+    @functools.wraps(method)
+    def wrapper(*args, **kwargs):
+        inner = defer.maybeDeferred(method, *args, **kwargs)
+        cancelled = []
+
+        def cancel(_outer):
+            cancelled.append(True)
+            inner.cancel()
+
+        outer = defer.Deferred(cancel)
+
+        def relay(result):
+            if outer.called:
+                return None
+            if cancelled and isinstance(result, Failure):
+                outer.errback(defer.CancelledError())
+            elif isinstance(result, Failure):
+                outer.errback(result)
+            else:
+                outer.callback(result)
+            return None
+
+        inner.addBoth(relay)
+        return outer
+
+    return wrapper
+
+
+def _as_path(key):
+    return key.path if isinstance(key, PoolKey) else str(key)
+
+
+class PoolStore:
+    """Objects of the pool in etcd, with the component key cache beside them.
+
+    :param reactor: the reactor/clock for the health loop and timing.
+    :param etcd_client: a ``yurtcoord.etcd.client.EtcdClient``.
+    :param prefix: the coordinator apiserver's ``--etcd-prefix`` (``/registry``).
+    :param key_cache: a loaded ``ComponentKeyCache``.
+    :param max_ops: operations (and compares) per transaction.
+    :param max_bytes: bytes per request.
+    :param close_client: close ``etcd_client`` in ``close()``.
+    :param parallel_batches: batches of one create_or_update_many in flight at once.
+    """
+
+    log = Logger()
+
+    def __init__(self, reactor, etcd_client, prefix, key_cache, max_ops=DEFAULT_MAX_OPS,
+                 max_bytes=DEFAULT_MAX_BYTES, health_interval=5.0, health_timeout=2.0,
+                 metrics=None, close_client=False, parallel_batches=4):
+        if parallel_batches < 1:
+            raise ValueError(f"parallel_batches must be >= 1, got {parallel_batches}")
+        if max_ops < 2:
+            raise ValueError(f"max_ops must be at least 2, got {max_ops}")
+        if max_bytes <= _REQUEST_OVERHEAD + 2 * _OP_OVERHEAD:
+            raise ValueError(f"max_bytes too small: {max_bytes}")
+        self.reactor = reactor
+        self.etcd = etcd_client
+        self.keys = PoolKeyBuilder(prefix)
+        self.key_cache = key_cache
+        self.max_ops = max_ops
+        self.max_bytes = max_bytes
+        self.health_interval = health_interval
+        self.health_timeout = health_timeout
+        self.metrics = metrics
+        self.close_client = close_client
+        self.parallel_batches = parallel_batches
+        self.healthy = False
+        self._health_loop = None
+        self._health_check = None
+        self._health_observers = []
+        self.closed = False
+        # Rounds whose guarded write, planned from fresh reads, still lost to a
+        # concurrent writer (observability of contention between agents).
+        self.lost_races = 0
+
+    @property
+    def prefix(self):
+        return self.keys.prefix
+
+    @property
+    def _byte_budget(self):
+        return self.max_bytes - _REQUEST_OVERHEAD
+
+    # -- keys ----------------------------------------------------------------------
+
+    def key_func(self, info):
+        """The PoolKey of a KeyBuildInfo (InvalidKey for names etcd paths cannot hold)."""
+        return self.keys.object_key(info)
+
+    # -- health --------------------------------------------------------------------
+
+    def start(self):
+        """Start the health loop; the first check runs at once."""
+        if self._health_loop is None:
+            self._health_loop = LoopingCall(self._check_health)
+            self._health_loop.clock = self.reactor
+            self._health_loop.start(self.health_interval, now=True)
+        return self
+
+    def on_health_change(self, observer):
+        """Call ``observer(healthy)`` on every change of ``healthy``."""
+        self._health_observers.append(observer)
+
+    def _check_health(self):
+        d = self.etcd.status(timeout=self.health_timeout)
+        self._health_check = d
+        d.addCallbacks(lambda _: self._set_healthy(True, None),
+                       lambda failure: self._set_healthy(False, failure))
+
+        def done(result):
+            self._health_check = None
+            return result
+
+        d.addBoth(done)
+        return d
+
+    def _set_healthy(self, healthy, failure):
+        if self.closed:
+            return
+        if healthy != self.healthy:
+            self.healthy = healthy
+            if healthy:
+                self.log.info("pool etcd reachable again at prefix {prefix}", prefix=self.prefix)
+            else:
+                self.log.warn("pool etcd unreachable: {error}",
+                              error=failure.getErrorMessage() if failure else "")
+            for observer in list(self._health_observers):
+                try:
+                    observer(healthy)
+                except Exception:
+                    self.log.failure("pool store health observer failed")
+
+    def close(self):
+        """Stop the health loop (and the etcd client with ``close_client``)."""
+        self.closed = True
+        if self._health_loop is not None and self._health_loop.running:
+            self._health_loop.stop()
+        self._health_loop = None
+        if self._health_check is not None:
+            self._health_check.cancel()
+        if self.close_client:
+            return self.etcd.close()
+        return defer.succeed(None)
+
+    # -- timing helpers ---------------------------------------------------------------
+
+    def _timed(self, op, d):
+        if self.metrics is None:
+            return d
+        started = self.reactor.seconds()
+
+        def observe(result):
+            self.metrics.observe_store_request(op, self.reactor.seconds() - started)
+            return result
+
+        d.addBoth(observe)
+        return d
+
+    def _submit(self, op, txn, raise_on_failure=True):
+        return self._timed(op, self.etcd.submit(txn, raise_on_failure=raise_on_failure))
+
+    def flush_key_cache(self):
+        """Write the component key cache file if it changed (errors are logged)."""
+        self._flush_cache(None)
+
+    def _flush_cache(self, result):
+        try:
+            self.key_cache.flush()
+        except OSError as e:
+            self.log.error("cannot write component key cache {path}: {error}",
+                           path=self.key_cache.path, error=e)
+        return result
+
+    # -- single objects --------------------------------------------------------------
+
+    @_returns_deferred
+    @inlineCallbacks
+    def create(self, key, value, rv=None):
+        """Put the object and its mirror rv only if the key is absent, else KeyExists."""
+        item = self._item(key, value, rv)
+        self._check_size(item)
+        txn = txaioetcd.Transaction(
+            compare=[txaioetcd.CompVersion(item.path_bytes, "==", 0)],
+            success=self._put_ops(item))
+        try:
+            yield self._submit("create", txn)
+        except TransactionFailed:
+            raise KeyExists(item.path) from None
+        self.key_cache.add(key.component, key.resource, [item.path])
+        self._flush_cache(None)
+
+    @_returns_deferred
+    @inlineCallbacks
+    def update(self, key, value, rv):
+        """Put both only if the stored mirror rv is lower; else UpdateConflict(stored object).
+
+        KeyNotFound when the key is absent.
+        """
+        item = self._item(key, value, rv)
+        self._check_size(item)
+        txn = txaioetcd.Transaction(
+            compare=[txaioetcd.CompVersion(item.path_bytes, ">", 0),
+                     txaioetcd.CompValue(item.mirror_bytes, "<", format_rv(item.rv).encode())],
+            success=self._put_ops(item),
+            failure=[txaioetcd.OpGet(item.path_bytes), txaioetcd.OpGet(item.mirror_bytes)])
+        try:
+            yield self._submit("update", txn)
+        except TransactionFailed as e:
+            stored_kvs = e.responses[0].kvs if e.responses else []
+            if not stored_kvs:
+                raise KeyNotFound(item.path) from None
+            mirror_kvs = e.responses[1].kvs if len(e.responses) > 1 else []
+            stored_rv = _rv_or_none(mirror_kvs[0].value) if mirror_kvs else None
+            raise UpdateConflict(item.path, stored_kvs[0].value, stored_rv) from None
+        self.key_cache.add(key.component, key.resource, [item.path])
+        self._flush_cache(None)
+
+    @_returns_deferred
+    def create_or_update(self, key, value, rv=None):
+        """One object, by resourceVersion; fires with "created", "updated" or "not_newer"."""
+        item = self._item(key, value, rv)
+        d = self.create_or_update_many([(item.key, item.value, item.rv)])
+
+        def kind(outcome):
+            if outcome.too_large:
+                raise ObjectTooLarge(item.path, item.write_size(), self._byte_budget)
+            if outcome.created:
+                return "created"
+            if outcome.updated:
+                return "updated"
+            return "not_newer"
+
+        d.addCallback(kind)
+        return d
+
+    @_returns_deferred
+    @inlineCallbacks
+    def get(self, key):
+        """The stored bytes at ``key`` (PoolKey or path); KeyNotFound if absent."""
+        path = _as_path(key)
+        kv = yield self._timed("get", self.etcd.get(path.encode("utf-8")))
+        if kv is None:
+            raise KeyNotFound(path)
+        return kv.value
+
+    @_returns_deferred
+    @inlineCallbacks
+    def get_resource_version(self, key):
+        """The stored mirror resourceVersion of ``key``, or None."""
+        kv = yield self._timed("get", self.etcd.get(mirror_rv_key(_as_path(key)).encode()))
+        return _rv_or_none(kv.value) if kv is not None else None
+
+    @_returns_deferred
+    def list(self, prefix):
+        """Values of every object under ``prefix`` (which must end in ``/``), by key order."""
+        d = self._range_all(self._checked_prefix(prefix), keys_only=False)
+        d.addCallback(lambda kvs: [kv.value for kv in kvs])
+        return d
+
+    @_returns_deferred
+    def list_keys(self, prefix):
+        """Key paths under ``prefix`` (which must end in ``/``), in key order."""
+        d = self._range_all(self._checked_prefix(prefix), keys_only=True)
+        d.addCallback(lambda kvs: [kv.key.decode("utf-8") for kv in kvs])
+        return d
+
+    @staticmethod
+    def _checked_prefix(prefix):
+        prefix = str(prefix)
+        if not prefix.endswith("/"):
+            # Without it "pods" would match "podsecuritypolicy" and "default" "default-2".
+            raise ValueError(f"list prefix must end with '/': {prefix!r}")
+        return prefix
+
+    @inlineCallbacks
+    def _range_all(self, prefix, keys_only):
+        """Every KeyValue under a prefix, page by page at one revision."""
+        start = prefix.encode("utf-8")
+        end = prefix_range_end(start)
+        revision = None
+        found = []
+        while True:
+            page = yield self._timed("list", self.etcd.range_page(
+                txaioetcd.KeySet(start, range_end=end), keys_only=keys_only,
+                limit=_LIST_PAGE_SIZE, revision=revision))
+            revision = revision or page.revision
+            found.extend(page.kvs)
+            if not page.more or not page.kvs:
+                return found
+            start = page.kvs[-1].key + b"\x00"
+
+    @_returns_deferred
+    @inlineCallbacks
+    def delete(self, key):
+        """Delete the object and its mirror rv in one transaction (absent key: no error)."""
+        path = _as_path(key)
+        txn = txaioetcd.Transaction(success=self._delete_ops(path))
+        yield self._submit("delete", txn)
+        if isinstance(key, PoolKey):
+            self.key_cache.discard(key.component, key.resource, [path])
+        else:
+            for component in self.key_cache.components():
+                for resource in self.key_cache.resources(component):
+                    self.key_cache.discard(component, resource, [path])
+        self._flush_cache(None)
+
+    # -- component lists ---------------------------------------------------------------
+
+    def list_resource_keys_of_component(self, component, gvr):
+        """Key paths the component owns for a resource, from the key cache, sorted."""
+        return sorted(self.key_cache.keys(component, gvr))
+
+    @_returns_deferred
+    def replace_component_list(self, component, gvr, namespace, objects):
+        """Make the component's objects of ``gvr`` (in ``namespace``, or all) exactly ``objects``.
+
+        ``objects`` are JSON bytes or dicts with metadata name and resourceVersion. Only
+        keys owned by this component, of this resource and (if given) this namespace are
+        deleted. Puts and deletes go in transactions of at most ``max_ops``/``max_bytes``;
+        the key cache follows each accepted transaction.
+        """
+        resource = ResourceId.of(gvr)
+        namespaced = getattr(gvr, "namespaced", None)
+        items = {}
+        for obj in objects:
+            value = obj if isinstance(obj, bytes) else json.dumps(obj).encode("utf-8")
+            name, obj_namespace, rv = object_metadata(value)
+            if namespace and obj_namespace and obj_namespace != namespace:
+                raise ValueError(f"object {obj_namespace}/{name} is not in namespace {namespace}")
+            if namespace and not obj_namespace and namespaced is not False:
+                obj_namespace = namespace
+            if namespaced is False:
+                obj_namespace = ""
+            key = self.keys.object_key(KeyBuildInfo(
+                component, resource.resource, resource.group, resource.version,
+                obj_namespace, name))
+            item = _Item(key, value, rv)
+            self._check_size(item)
+            previous = items.get(key.path)
+            if previous is None or previous.rv < rv:
+                items[key.path] = item
+        prefix = self.keys.list_prefix(resource.group, resource.resource, namespace or None)
+        owned = {k for k in self.key_cache.keys(component, resource) if k.startswith(prefix)}
+        stale = sorted(owned - set(items))
+        d = self._apply_puts_and_deletes("replace_list", component, resource,
+                                         [items[p] for p in sorted(items)], stale)
+        d.addBoth(self._flush_cache)
+
+        def done(_):
+            self.log.info("replaced list of {component} {resource} in {namespace}: "
+                          "{count} objects, {deleted} deleted", component=component,
+                          resource=str(resource), namespace=namespace or "all namespaces",
+                          count=len(items), deleted=len(stale))
+            return len(items), len(stale)
+
+        d.addCallback(done)
+        return d
+
+    @inlineCallbacks
+    def _apply_puts_and_deletes(self, op, component, resource, items, stale):
+        entries = [("put", item, item.write_size()) for item in items]
+        entries += [("del", path, 2 * len(path.encode()) + 16 + 2 * _OP_OVERHEAD)
+                    for path in stale]
+        for batch in self._batches(entries, ops_per_entry=2):
+            ops, put_paths, del_paths = [], [], []
+            for kind, what, _size in batch:
+                if kind == "put":
+                    ops.extend(self._put_ops(what))
+                    put_paths.append(what.path)
+                else:
+                    ops.extend(self._delete_ops(what))
+                    del_paths.append(what)
+            yield self._submit(op, txaioetcd.Transaction(success=ops))
+            self.key_cache.add(component, resource, put_paths)
+            self.key_cache.discard(component, resource, del_paths)
+
+    @_returns_deferred
+    def delete_component_resources(self, component):
+        """Delete every key the component owns (all resources), then forget the component."""
+        d = self._delete_component(component)
+        d.addBoth(self._flush_cache)
+        return d
+
+    @inlineCallbacks
+    def _delete_component(self, component):
+        deleted = 0
+        for resource in self.key_cache.resources(component):
+            paths = sorted(self.key_cache.keys(component, resource))
+            entries = [("del", p, 2 * len(p.encode()) + 16 + 2 * _OP_OVERHEAD) for p in paths]
+            for batch in self._batches(entries, ops_per_entry=2):
+                ops, batch_paths = [], []
+                for _kind, path, _size in batch:
+                    ops.extend(self._delete_ops(path))
+                    batch_paths.append(path)
+                yield self._submit("delete_component", txaioetcd.Transaction(success=ops))
+                self.key_cache.discard(component, resource, batch_paths)
+                deleted += len(batch_paths)
+        self.key_cache.drop(component)
+        self.log.info("deleted {count} keys of component {component}", count=deleted,
+                      component=component)
+        return deleted
+
+    @_returns_deferred
+    @inlineCallbacks
+    def recover_pool_scoped_keys(self, resources, component=POOL_SCOPED_COMPONENT):
+        """Rebuild the pool-scoped component's keys from etcd (the file is not trusted)."""
+        rebuilt = {}
+        for gvr in resources:
+            resource = ResourceId.of(gvr)
+            prefix = self.keys.list_prefix(resource.group, resource.resource)
+            kvs = yield self._range_all(prefix, keys_only=True)
+            rebuilt[resource] = {kv.key.decode("utf-8") for kv in kvs}
+        self.key_cache.set_component(component, rebuilt)
+        self._flush_cache(None)
+        self.log.info("rebuilt keys of {component} from etcd: {count} keys",
+                      component=component, count=sum(len(k) for k in rebuilt.values()))
+        return rebuilt
+
+    # -- create or update many by resourceVersion --------------------------------------
+
+    @_returns_deferred
+    def create_or_update_many(self, items, outcome=None, flush_key_cache=True):
+        """Create absent objects and update older ones, many per transaction.
+
+        ``items``: iterable of ``(PoolKey, bytes, resourceVersion)``. Fires with a
+        WriteOutcome (pass the same one again to resume after an etcd error: decided
+        keys are not redone, writes whose answer was lost are recognised). Each batch
+        is written with compares guarding every key (absent key / stored rv lower),
+        so a concurrent writer makes the write fail and the batch is planned again
+        from fresh reads, never overwritten (see ``_create_or_update_batch``). Objects
+        with an equal or newer stored rv, or stored without a mirror rv, are left
+        alone (``not_newer``).  Up to ``parallel_batches``
+        batches are in flight at once (their keys are disjoint), so etcd can commit
+        several with one disk sync.  ``flush_key_cache=False`` leaves writing the key
+        cache file to the caller (``key_cache.flush()``), for callers making many calls.
+        """
+        outcome = outcome if outcome is not None else WriteOutcome()
+        pending = {}
+        for key, value, rv in items:
+            item = _Item(key, value, int(rv))
+            if item.path in outcome.decided:
+                continue
+            if item.write_size() > self._byte_budget:
+                if item.path not in outcome.too_large:
+                    outcome.too_large.append(item.path)
+                    outcome.decided.add(item.path)
+                continue
+            previous = pending.get(item.path)
+            if previous is None or previous.rv < item.rv:
+                pending[item.path] = item
+        d = self._create_or_update_pending(list(pending.values()), outcome)
+        if flush_key_cache:
+            d.addBoth(self._flush_cache)
+        d.addCallback(lambda _: outcome)
+        return d
+
+    @inlineCallbacks
+    def _create_or_update_pending(self, items, outcome):
+        entries = [("item", item, item.write_size()) for item in items]
+        batches = iter(self._batches(entries, ops_per_entry=2))
+        errors = []
+
+        @inlineCallbacks
+        def worker():
+            for batch in batches:
+                if errors:
+                    return
+                try:
+                    yield self._create_or_update_batch([item for _k, item, _s in batch],
+                                                       outcome)
+                except Exception:
+                    errors.append(Failure())
+                    return
+
+        # Every worker finishes (or stops at the first error) before this call
+        # returns, so a retry with the same outcome never races a leftover batch.
+        yield defer.DeferredList([worker() for _ in range(self.parallel_batches)])
+        if errors:
+            errors[0].raiseException()
+
+    @inlineCallbacks
+    def _create_or_update_batch(self, items, outcome):
+        """Write one batch in rounds of one transaction each.
+
+        A round writes its plan guarded by compares (key absent for creates; key
+        present and stored rv lower for updates). If a guard fails nothing is written
+        and the failure branch returns the current keys and mirror rvs of the batch,
+        from which the next round's plan is made. The first round assumes every key
+        is absent, so a first upload into an empty pool costs one request per batch
+        and a repeated upload one (failed) request per batch.
+        """
+        plan = [("created", item) for item in items]
+        derived_from_reads = False
+        for _round in range(_MAX_CONFLICT_ROUNDS):
+            compares, writes, reads, previous_doubt = [], [], [], {}
+            for kind, item in plan:
+                if kind == "created":
+                    compares.append(txaioetcd.CompVersion(item.path_bytes, "==", 0))
+                else:
+                    compares.append(txaioetcd.CompVersion(item.path_bytes, ">", 0))
+                    compares.append(txaioetcd.CompValue(
+                        item.mirror_bytes, "<", format_rv(item.rv).encode()))
+                writes.extend(self._put_ops(item))
+                reads.append(txaioetcd.OpGet(item.path_bytes, keys_only=True))
+                reads.append(txaioetcd.OpGet(item.mirror_bytes))
+                previous_doubt[item.path] = outcome.in_doubt.get(item.path)
+                # Until etcd answers, this write may or may not land.
+                outcome.in_doubt[item.path] = (kind, item.rv)
+            result = yield self._submit("write_rv", txaioetcd.Transaction(
+                compare=compares, success=writes, failure=reads), raise_on_failure=False)
+            if result.succeeded:
+                for kind, item in plan:
+                    outcome._decide(outcome.created if kind == "created" else outcome.updated,
+                                    item.path)
+                self._remember_keys([item for _kind, item in plan])
+                return
+            # Nothing of this round was written: forget its doubts, keep older ones.
+            for path, doubt in previous_doubt.items():
+                if doubt is None:
+                    outcome.in_doubt.pop(path, None)
+                else:
+                    outcome.in_doubt[path] = doubt
+            if derived_from_reads:
+                self.lost_races += 1
+                self.log.debug("pool store batch of {count} lost a race, planning again",
+                               count=len(plan))
+            planned_items = [item for _kind, item in plan]
+            plan = []
+            for index, item in enumerate(planned_items):
+                key_kvs = result.responses[2 * index].kvs
+                mirror_kvs = result.responses[2 * index + 1].kvs
+                stored_rv = _rv_or_none(mirror_kvs[0].value) if mirror_kvs else None
+                if not key_kvs:
+                    plan.append(("created", item))
+                elif stored_rv is not None and stored_rv < item.rv:
+                    plan.append(("updated", item))
+                else:
+                    self._settle_not_newer(item, stored_rv, outcome)
+            if not plan:
+                return
+            derived_from_reads = True
+        raise ConflictRetriesExhausted(
+            f"{len(plan)} keys kept changing under {_MAX_CONFLICT_ROUNDS} rounds")
+
+    def _settle_not_newer(self, item, stored_rv, outcome):
+        doubt = outcome.in_doubt.get(item.path)
+        if doubt is not None and stored_rv == item.rv:
+            # Our earlier write landed although its answer was lost.
+            kind, _rv = doubt
+            outcome._decide(outcome.created if kind == "created" else outcome.updated,
+                            item.path)
+            self._remember_keys([item])
+            return
+        outcome._decide(outcome.not_newer, item.path)
+        if stored_rv is not None:
+            # The component holds this object too; remember it so that its cleanup and
+            # a re-upload after a crash know the key.
+            self._remember_keys([item])
+
+    def _remember_keys(self, items):
+        by_owner = {}
+        for item in items:
+            by_owner.setdefault((item.key.component, item.key.resource), []).append(item.path)
+        for (component, resource), paths in by_owner.items():
+            self.key_cache.add(component, resource, paths)
+
+    # -- transaction building -----------------------------------------------------------
+
+    def _item(self, key, value, rv):
+        if not isinstance(key, PoolKey):
+            raise TypeError(f"expected a PoolKey (from key_func), got {type(key).__name__}")
+        if not isinstance(value, bytes):
+            raise TypeError(f"object value must be bytes, got {type(value).__name__}")
+        if rv is None:
+            _name, _namespace, rv = object_metadata(value)
+        return _Item(key, value, int(rv))
+
+    def _check_size(self, item):
+        if item.write_size() > self._byte_budget:
+            raise ObjectTooLarge(item.path, item.write_size(), self._byte_budget)
+
+    @staticmethod
+    def _put_ops(item):
+        return [txaioetcd.OpSet(item.path_bytes, item.value),
+                txaioetcd.OpSet(item.mirror_bytes, format_rv(item.rv).encode())]
+
+    @staticmethod
+    def _delete_ops(path):
+        return [txaioetcd.OpDel(path.encode("utf-8")),
+                txaioetcd.OpDel(mirror_rv_key(path).encode("utf-8"))]
+
+    def _batches(self, entries, ops_per_entry):
+        """Group ``(kind, what, size)`` entries so each group fits max_ops and max_bytes."""
+        per_batch = max(1, self.max_ops // ops_per_entry)
+        budget = self._byte_budget
+        batch, size = [], 0
+        for entry in entries:
+            entry_size = entry[2]
+            if batch and (len(batch) >= per_batch or size + entry_size > budget):
+                yield batch
+                batch, size = [], 0
+            batch.append(entry)
+            size += entry_size
+        if batch:
+            yield batch
+
+
+@inlineCallbacks
+def open_pool_store(reactor, etcd_client, prefix, local_cache_dir, pool_scoped_resources,
+                    **store_kwargs):
+    """Load the key cache, rebuild the pool-scoped keys from etcd, start health checks.
+
+    Fires with a started PoolStore. Fails with KeyCacheCorrupt (the file is malformed;
+    the message names file and line) or an etcd error; then nothing is left running.
+    """
+    key_cache = ComponentKeyCache.in_directory(local_cache_dir).load()
+    store = PoolStore(reactor, etcd_client, prefix, key_cache, **store_kwargs)
+    try:
+        yield store.recover_pool_scoped_keys(pool_scoped_resources)
+    except BaseException:
+        yield store.close()
+        raise
+    return store.start()
+
+
+def _rv_or_none(value):
+    try:
+        return parse_rv(value)
+    except (ValueError, UnicodeDecodeError):
+        return None
+
+
+__all__ = [
+    "PoolStore", "PoolStoreError", "KeyExists", "KeyNotFound", "UpdateConflict",
+    "ObjectTooLarge", "ConflictRetriesExhausted", "WriteOutcome", "object_metadata",
+    "open_pool_store",
+]

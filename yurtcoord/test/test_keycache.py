@@ -1,0 +1,190 @@
+"""Component key cache file: format, percent-encoding, atomic writes, crash recovery."""
+
+import os
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from twisted.trial import unittest
+
+from yurtcoord.poolstore.keycache import (
+    KEY_CACHE_FILE_NAME, ComponentKeyCache, KeyCacheCorrupt, decode_field, encode_field,
+    format_lines, parse_lines,
+)
+from yurtcoord.poolstore.keys import ResourceId
+
+PODS = ResourceId("", "v1", "pods")
+NODES = ResourceId("", "v1", "nodes")
+SLICES = ResourceId("discovery.k8s.io", "v1", "endpointslices")
+
+
+class FormatTests(unittest.TestCase):
+    def test_yurthub_format_reads_as_before(self):
+        text = ("kubelet#_v1_pods:/registry/pods/default/a,/registry/pods/default/b;"
+                "_v1_nodes:/registry/minions/n1\n"
+                "kube-proxy#discovery.k8s.io_v1_endpointslices:/registry/endpointslices/d/s")
+        cache = parse_lines(text)
+        self.assertEqual(cache, {
+            "kubelet": {PODS: {"/registry/pods/default/a", "/registry/pods/default/b"},
+                        NODES: {"/registry/minions/n1"}},
+            "kube-proxy": {SLICES: {"/registry/endpointslices/d/s"}},
+        })
+
+    def test_written_format_without_special_characters_is_plain(self):
+        cache = {"kubelet": {PODS: {"/registry/pods/default/b", "/registry/pods/default/a"},
+                             NODES: {"/registry/minions/n1"}}}
+        self.assertEqual(format_lines(cache),
+                         "kubelet#_v1_nodes:/registry/minions/n1;"
+                         "_v1_pods:/registry/pods/default/a,/registry/pods/default/b\n")
+
+    def test_empty_component_and_resource(self):
+        cache = {"a": {}, "b": {PODS: set()}}
+        self.assertEqual(parse_lines(format_lines(cache)), cache)
+
+    def test_separator_characters_in_names_round_trip(self):
+        # The seed wrote these raw; "system:node:x" split the line into garbage.
+        keys = {"/registry/clusterroles/system:node:edge-1", "/registry/x/a,b", "/r/c;d",
+                "/r/e#f", "/r/100%", "/r/%41"}
+        cache = {"comp:1#x": {ResourceId("rbac.authorization.k8s.io", "v1", "cluster_roles"):
+                              keys}}
+        text = format_lines(cache)
+        self.assertEqual(text.count("#"), 1)
+        self.assertEqual(text.count(":"), 1)
+        self.assertEqual(text.count(","), len(keys) - 1)
+        self.assertNotIn(";", text)
+        self.assertEqual(parse_lines(text), cache)
+        self.assertIn("system%3Anode%3Aedge-1", text)
+
+    @settings(max_examples=200, deadline=None)
+    @given(st.dictionaries(
+        st.text(min_size=1, max_size=8),
+        st.dictionaries(
+            st.builds(ResourceId, st.text(max_size=6), st.text(max_size=4),
+                      st.text(min_size=1, max_size=6)),
+            st.sets(st.text(min_size=1, max_size=12), max_size=4),
+            max_size=3),
+        max_size=3))
+    def test_round_trip_any_text(self, cache):
+        self.assertEqual(parse_lines(format_lines(cache)), cache)
+
+    @given(st.text())
+    def test_field_encoding_round_trip(self, text):
+        self.assertEqual(decode_field(encode_field(text)), text)
+
+    def test_malformed_lines_name_file_and_line(self):
+        bad = [
+            "kubelet_v1_pods:/a",  # no '#'
+            "kubelet#a#b",  # two '#'
+            "kubelet#_v1_pods",  # no ':'
+            "kubelet#v1_pods:/a",  # two-part gvr
+            "kubelet#_v1_pods:/a,,/b",  # empty key
+            "kubelet#_v1_pods:/a%zz",  # bad escape
+            "#_v1_pods:/a",  # empty component
+        ]
+        for line in bad:
+            with self.assertRaises(KeyCacheCorrupt) as ctx:
+                parse_lines("ok#_v1_pods:/x\n\n" + line + "\n", "/some/file")
+            self.assertEqual(ctx.exception.line_number, 3)
+            self.assertIn("/some/file:3:", str(ctx.exception))
+
+
+class FileTests(unittest.TestCase):
+    def setUp(self):
+        self.dir = self.mktemp()
+        os.makedirs(self.dir)
+        self.path = os.path.join(self.dir, KEY_CACHE_FILE_NAME)
+
+    def read(self):
+        with open(self.path) as f:
+            return f.read()
+
+    def test_missing_file_is_empty(self):
+        cache = ComponentKeyCache(self.path).load()
+        self.assertEqual(cache.components(), [])
+        self.assertFalse(os.path.exists(self.path))
+
+    def test_write_and_reload(self):
+        cache = ComponentKeyCache.in_directory(self.dir).load()
+        cache.add("kubelet", PODS, ["/registry/pods/a/b"])
+        cache.add("kubelet", NODES, ["/registry/minions/n"])
+        self.assertTrue(cache.dirty)
+        cache.flush()
+        self.assertFalse(cache.dirty)
+        self.assertEqual(self.read(),
+                         "kubelet#_v1_nodes:/registry/minions/n;_v1_pods:/registry/pods/a/b\n")
+        again = ComponentKeyCache(self.path).load()
+        self.assertEqual(again.keys("kubelet"), {"/registry/pods/a/b", "/registry/minions/n"})
+        self.assertEqual(again.keys("kubelet", PODS), {"/registry/pods/a/b"})
+        self.assertEqual(again.resources("kubelet"), [NODES, PODS])
+        self.assertEqual(os.listdir(self.dir), [KEY_CACHE_FILE_NAME])
+
+    def test_flush_without_changes_does_not_write(self):
+        cache = ComponentKeyCache(self.path).load()
+        cache.add("c", PODS, [])
+        cache.flush()
+        self.assertFalse(os.path.exists(self.path))
+
+    def test_discard_set_drop(self):
+        cache = ComponentKeyCache(self.path).load()
+        cache.add("c", PODS, ["/p/1", "/p/2"])
+        cache.discard("c", PODS, ["/p/1", "/p/absent"])
+        self.assertEqual(cache.keys("c", PODS), {"/p/2"})
+        cache.set_resource("c", NODES, ["/n/1"])
+        cache.set_component("d", {PODS: ["/p/9"]})
+        cache.drop("c")
+        cache.flush()
+        self.assertEqual(self.read(), "d#_v1_pods:/p/9\n")
+
+    def test_pool_scoped_component_not_trusted_from_file(self):
+        with open(self.path, "w") as f:
+            f.write("leader-yurthub#_v1_endpoints:/registry/services/endpoints/a/b\n"
+                    "kubelet#_v1_pods:/registry/pods/a/b\n")
+        cache = ComponentKeyCache(self.path).load()
+        self.assertEqual(cache.components(), ["kubelet"])
+
+    def test_leftover_temp_files_removed_and_real_file_kept(self):
+        with open(self.path, "w") as f:
+            f.write("kubelet#_v1_pods:/registry/pods/a/b\n")
+        leftovers = [os.path.join(self.dir, "." + KEY_CACHE_FILE_NAME + ".abc123.tmp"),
+                     os.path.join(self.dir, "." + KEY_CACHE_FILE_NAME + ".zzz.tmp")]
+        # A crash mid-write: a truncated temp file and an empty one.
+        with open(leftovers[0], "w") as f:
+            f.write("kubelet#_v1_pods:/registry/po")
+        open(leftovers[1], "w").close()
+        cache = ComponentKeyCache(self.path).load()
+        self.assertEqual(cache.keys("kubelet"), {"/registry/pods/a/b"})
+        self.assertEqual(os.listdir(self.dir), [KEY_CACHE_FILE_NAME])
+
+    def test_crash_before_rename_leaves_old_file(self):
+        with open(self.path, "w") as f:
+            f.write("kubelet#_v1_pods:/old\n")
+        cache = ComponentKeyCache(self.path).load()
+        cache.add("kubelet", PODS, ["/new"])
+        real_replace = os.replace
+
+        def crash(src, dst):
+            raise OSError("simulated crash before rename")
+
+        os.replace = crash
+        try:
+            self.assertRaises(OSError, cache.write)
+        finally:
+            os.replace = real_replace
+        self.assertEqual(self.read(), "kubelet#_v1_pods:/old\n")
+        self.assertEqual(os.listdir(self.dir), [KEY_CACHE_FILE_NAME])
+        self.assertTrue(cache.dirty)
+        cache.flush()
+        self.assertEqual(ComponentKeyCache(self.path).load().keys("kubelet"), {"/old", "/new"})
+
+    def test_malformed_file_names_file_and_line(self):
+        with open(self.path, "w") as f:
+            f.write("kubelet#_v1_pods:/a\nbroken line\n")
+        with self.assertRaises(KeyCacheCorrupt) as ctx:
+            ComponentKeyCache(self.path).load()
+        self.assertIn(self.path + ":2:", str(ctx.exception))
+
+    def test_not_utf8_names_line(self):
+        with open(self.path, "wb") as f:
+            f.write(b"kubelet#_v1_pods:/a\nx#_v1_pods:/\xff\n")
+        with self.assertRaises(KeyCacheCorrupt) as ctx:
+            ComponentKeyCache(self.path).load()
+        self.assertEqual(ctx.exception.line_number, 2)

@@ -1,0 +1,653 @@
+"""Pool store on real etcd 3.5 and 3.4, read back with etcdctl as the independent reader."""
+
+import json
+import os
+import time
+
+from twisted.internet import defer, reactor
+from twisted.internet.task import Clock
+from twisted.trial import unittest
+
+from yurtcoord.etcd.client import EtcdClient, EtcdConfig
+from yurtcoord.etcd.errors import EtcdTimeout, EtcdUnavailable, RequestRejected
+from yurtcoord.kube import gvr
+from yurtcoord.poolstore.keycache import KEY_CACHE_FILE_NAME, ComponentKeyCache, KeyCacheCorrupt
+from yurtcoord.poolstore.keys import KeyBuildInfo, format_rv
+from yurtcoord.poolstore.store import (
+    KeyExists, KeyNotFound, ObjectTooLarge, PoolStore, UpdateConflict, WriteOutcome,
+    object_metadata, open_pool_store,
+)
+from yurtcoord.testing.etcd import EtcdProcess, etcd_binary_for
+from yurtcoord.testing import pki
+
+ETCD_34 = etcd_binary_for("3.4")
+ETCD_35 = etcd_binary_for("3.5")
+
+
+def poll_until(condition, timeout=15.0, interval=0.01, clock=reactor):
+    """Fire when ``condition()`` is true, checking every ``interval`` up to ``timeout``."""
+    d = defer.Deferred()
+    deadline = time.monotonic() + timeout
+
+    def check():
+        try:
+            ok = condition()
+        except Exception as e:  # noqa: BLE001 - reported through the Deferred
+            d.errback(e)
+            return
+        if ok:
+            d.callback(None)
+        elif time.monotonic() > deadline:
+            d.errback(AssertionError(f"condition not met within {timeout}s"))
+        else:
+            clock.callLater(interval, check)
+
+    check()
+    return d
+
+
+def make_object(name, namespace, rv, kind="Pod", padding=0):
+    """Compact JSON bytes of a Kubernetes-like object (exact bytes are what etcd must hold)."""
+    metadata = {"name": name, "resourceVersion": str(rv)}
+    if namespace:
+        metadata["namespace"] = namespace
+    obj = {"apiVersion": "v1", "kind": kind, "metadata": metadata}
+    if padding:
+        obj["spec"] = {"padding": "x" * padding}
+    return json.dumps(obj, separators=(",", ":")).encode()
+
+
+class EtcdStoreCase:
+    """Starts a real etcd per test and a PoolStore on it; mixed into trial TestCases."""
+
+    etcd_binary = None
+    etcd_args = ()
+    store_kwargs = {}
+
+    def setUp(self):
+        if self.etcd_binary is None:
+            raise unittest.SkipTest("this etcd version is not installed")
+        self.etcd = EtcdProcess(self.etcd_binary, extra_args=self.etcd_args).start()
+        self.addCleanup(self.etcd.stop)
+        self.cache_dir = os.path.abspath(self.mktemp())
+        os.makedirs(self.cache_dir)
+        self.client = self.new_client()
+        self.key_cache = ComponentKeyCache.in_directory(self.cache_dir).load()
+        self.store = self.new_store(self.client, self.key_cache, **self.store_kwargs)
+
+    def new_client(self):
+        client = EtcdClient(reactor, EtcdConfig(self.etcd.client_url, timeout=5.0))
+        self.addCleanup(client.close)
+        return client
+
+    def new_store(self, client, key_cache, **kwargs):
+        store = PoolStore(reactor, client, "/registry", key_cache, **kwargs)
+        self.addCleanup(store.close)
+        return store
+
+    def key(self, resource, name, namespace="", component="kubelet", group="", version="v1"):
+        return self.store.key_func(KeyBuildInfo(component, resource, group, version,
+                                                namespace, name))
+
+    def dump(self, prefix="/registry/"):
+        """``{key: value}`` under prefix as etcdctl sees it, str keys."""
+        return {k.decode(): v for k, v in self.etcd.read(prefix, prefix=True).items()}
+
+    def mirrors(self, prefix="/registry/"):
+        mirrors = self.dump("/mirror/rv" + prefix)
+        return {k[len("/mirror/rv"):]: v.decode() for k, v in mirrors.items()}
+
+    def cache_file(self):
+        path = os.path.join(self.cache_dir, KEY_CACHE_FILE_NAME)
+        if not os.path.exists(path):
+            return ""
+        with open(path) as f:
+            return f.read()
+
+    @defer.inlineCallbacks
+    def create_all(self, objects):
+        """Create ``[(key, bytes)]`` in the store."""
+        for key, value in objects:
+            yield self.store.create(key, value)
+
+
+class PoolStoreBehaviour(EtcdStoreCase):
+
+    @defer.inlineCallbacks
+    def test_create_writes_object_and_padded_mirror(self):
+        pod = make_object("nginx", "default", 1234)
+        node = make_object("edge-1", "", 77, kind="Node")
+        yield self.store.create(self.key("pods", "nginx", "default"), pod)
+        yield self.store.create(self.key("nodes", "edge-1"), node, rv=77)
+        self.assertEqual(self.dump(), {"/registry/pods/default/nginx": pod,
+                                       "/registry/minions/edge-1": node})
+        self.assertEqual(self.mirrors(), {
+            "/registry/pods/default/nginx": "0" * 28 + "1234",
+            "/registry/minions/edge-1": "0" * 30 + "77",
+        })
+        self.assertEqual(self.cache_file(), "kubelet#_v1_nodes:/registry/minions/edge-1;"
+                                            "_v1_pods:/registry/pods/default/nginx\n")
+
+    @defer.inlineCallbacks
+    def test_create_on_existing_key_reports_exists(self):
+        key = self.key("pods", "p", "default")
+        first = make_object("p", "default", 5)
+        yield self.store.create(key, first)
+        with self.assertRaises(KeyExists):
+            yield self.store.create(key, make_object("p", "default", 9))
+        self.assertEqual(self.dump(), {key.path: first})
+        self.assertEqual(self.mirrors(), {key.path: format_rv(5)})
+
+    @defer.inlineCallbacks
+    def test_update_by_resource_version(self):
+        key = self.key("pods", "p", "default")
+        yield self.store.create(key, make_object("p", "default", 5))
+        newer = make_object("p", "default", 10)
+        yield self.store.update(key, newer, 10)
+        self.assertEqual(self.dump(), {key.path: newer})
+        self.assertEqual(self.mirrors(), {key.path: format_rv(10)})
+        for stale_rv in (9, 10):
+            with self.assertRaises(UpdateConflict) as ctx:
+                yield self.store.update(key, make_object("p", "default", stale_rv), stale_rv)
+            self.assertEqual(ctx.exception.stored, newer)
+            self.assertEqual(ctx.exception.stored_rv, 10)
+        self.assertEqual(self.dump(), {key.path: newer})
+        self.assertEqual(self.mirrors(), {key.path: format_rv(10)})
+        # Numeric, not textual, order: 9 < 10 although "9" > "10".
+        yield self.store.update(key, make_object("p", "default", 100), 100)
+        self.assertEqual(self.mirrors(), {key.path: format_rv(100)})
+        with self.assertRaises(KeyNotFound):
+            yield self.store.update(self.key("pods", "absent", "default"), newer, 11)
+        self.assertNotIn("/registry/pods/default/absent", self.dump())
+
+    @defer.inlineCallbacks
+    def test_get_and_list_use_trailing_slash(self):
+        objects = [
+            (self.key("pods", "a", "default"), make_object("a", "default", 1)),
+            (self.key("pods", "b", "default-2"), make_object("b", "default-2", 2)),
+            (self.key("podsecuritypolicies", "psp", group="policy", version="v1beta1"),
+             make_object("psp", "", 3)),
+        ]
+        yield self.create_all(objects)
+        self.assertEqual((yield self.store.get(objects[0][0])), objects[0][1])
+        self.assertEqual((yield self.store.get("/registry/pods/default/a")), objects[0][1])
+        with self.assertRaises(KeyNotFound):
+            yield self.store.get("/registry/pods/default/zz")
+        self.assertEqual((yield self.store.list("/registry/pods/default/")), [objects[0][1]])
+        # Key order: "default-2/" sorts before "default/".
+        self.assertEqual((yield self.store.list("/registry/pods/")),
+                         [objects[1][1], objects[0][1]])
+        self.assertEqual((yield self.store.list_keys(self.store.keys.list_prefix("", "pods"))),
+                         ["/registry/pods/default-2/b", "/registry/pods/default/a"])
+        self.assertEqual((yield self.store.get_resource_version(objects[1][0])), 2)
+        with self.assertRaises(ValueError):
+            yield self.store.list("/registry/pods")
+
+    @defer.inlineCallbacks
+    def test_delete_removes_object_and_mirror(self):
+        keep = self.key("pods", "keep", "default")
+        gone = self.key("pods", "gone", "default")
+        yield self.create_all([(keep, make_object("keep", "default", 1)),
+                               (gone, make_object("gone", "default", 2))])
+        yield self.store.delete(gone)
+        yield self.store.delete(gone)
+        self.assertEqual(sorted(self.dump()), [keep.path])
+        self.assertEqual(sorted(self.mirrors()), [keep.path])
+        self.assertEqual(self.store.list_resource_keys_of_component("kubelet", gvr.PODS),
+                         [keep.path])
+
+    @defer.inlineCallbacks
+    def test_replace_component_list_touches_only_its_component_resource_namespace(self):
+        setup = [
+            (self.key("pods", "a", "default"), make_object("a", "default", 1)),
+            (self.key("pods", "b", "default"), make_object("b", "default", 1)),
+            (self.key("pods", "c", "default-2"), make_object("c", "default-2", 1)),
+            (self.key("configmaps", "a", "default"), make_object("a", "default", 1)),
+            (self.key("nodes", "n1"), make_object("n1", "", 1)),
+            (self.key("pods", "d", "default", component="kube-proxy"),
+             make_object("d", "default", 1)),
+        ]
+        yield self.create_all(setup)
+        new_b = make_object("b", "default", 7)
+        new_e = make_object("e", "default", 8)
+        result = yield self.store.replace_component_list(
+            "kubelet", gvr.PODS, "default", [new_b, json.loads(new_e)])
+        self.assertEqual(result, (2, 1))
+        dump = self.dump()
+        self.assertEqual(sorted(dump), sorted([
+            "/registry/pods/default/b", "/registry/pods/default/e",
+            "/registry/pods/default-2/c", "/registry/configmaps/default/a",
+            "/registry/minions/n1", "/registry/pods/default/d",
+        ]))
+        self.assertEqual(dump["/registry/pods/default/b"], new_b)
+        self.assertEqual(json.loads(dump["/registry/pods/default/e"]), json.loads(new_e))
+        self.assertEqual(self.mirrors()["/registry/pods/default/e"], format_rv(8))
+        self.assertNotIn("/registry/pods/default/a", self.mirrors())
+        self.assertEqual(self.store.list_resource_keys_of_component("kubelet", gvr.PODS),
+                         ["/registry/pods/default-2/c", "/registry/pods/default/b",
+                          "/registry/pods/default/e"])
+        reloaded = ComponentKeyCache.in_directory(self.cache_dir).load()
+        self.assertEqual(reloaded.keys("kube-proxy"), {"/registry/pods/default/d"})
+        self.assertEqual(reloaded.keys("kubelet", gvr.CONFIGMAPS),
+                         {"/registry/configmaps/default/a"})
+
+    @defer.inlineCallbacks
+    def test_replace_component_list_all_namespaces_and_rejects_foreign_namespace(self):
+        yield self.create_all([
+            (self.key("pods", "a", "ns1"), make_object("a", "ns1", 1)),
+            (self.key("pods", "b", "ns2"), make_object("b", "ns2", 1)),
+        ])
+        with self.assertRaises(ValueError):
+            yield self.store.replace_component_list(
+                "kubelet", gvr.PODS, "ns1", [make_object("x", "ns2", 3)])
+        self.assertEqual(sorted(self.dump()), ["/registry/pods/ns1/a", "/registry/pods/ns2/b"])
+        yield self.store.replace_component_list("kubelet", gvr.PODS, None,
+                                                [make_object("c", "ns3", 4)])
+        self.assertEqual(sorted(self.dump()), ["/registry/pods/ns3/c"])
+        self.assertEqual(sorted(self.mirrors()), ["/registry/pods/ns3/c"])
+
+    @defer.inlineCallbacks
+    def test_delete_component_resources(self):
+        yield self.create_all([
+            (self.key("pods", "a", "default"), make_object("a", "default", 1)),
+            (self.key("nodes", "n"), make_object("n", "", 1)),
+            (self.key("pods", "b", "default", component="kube-proxy"),
+             make_object("b", "default", 1)),
+        ])
+        deleted = yield self.store.delete_component_resources("kubelet")
+        self.assertEqual(deleted, 2)
+        self.assertEqual(sorted(self.dump()), ["/registry/pods/default/b"])
+        self.assertEqual(sorted(self.mirrors()), ["/registry/pods/default/b"])
+        self.assertEqual(self.cache_file(), "kube-proxy#_v1_pods:/registry/pods/default/b\n")
+
+    @defer.inlineCallbacks
+    def test_key_cache_changes_only_after_etcd_accepted(self):
+        yield self.create_all([(self.key("pods", "a", "default"), make_object("a", "default", 1))])
+        before = self.cache_file()
+        self.etcd.kill()
+        with self.assertRaises(EtcdUnavailable):
+            yield self.store.replace_component_list("kubelet", gvr.PODS, "default",
+                                                    [make_object("b", "default", 2)])
+        with self.assertRaises(EtcdUnavailable):
+            yield self.store.delete_component_resources("kubelet")
+        with self.assertRaises(EtcdUnavailable):
+            yield self.store.create_or_update_many(
+                [(self.key("pods", "c", "default"), make_object("c", "default", 3), 3)])
+        self.assertEqual(self.cache_file(), before)
+        self.assertEqual(self.store.list_resource_keys_of_component("kubelet", gvr.PODS),
+                         ["/registry/pods/default/a"])
+        self.etcd.restart()
+        yield self.store.replace_component_list("kubelet", gvr.PODS, "default",
+                                                [make_object("b", "default", 2)])
+        self.assertEqual(self.cache_file(), "kubelet#_v1_pods:/registry/pods/default/b\n")
+        self.assertEqual(sorted(self.dump()), ["/registry/pods/default/b"])
+
+    @defer.inlineCallbacks
+    def test_pool_scoped_keys_rebuilt_from_etcd_not_file(self):
+        with open(os.path.join(self.cache_dir, KEY_CACHE_FILE_NAME), "w") as f:
+            f.write("leader-yurthub#_v1_endpoints:/registry/services/endpoints/old/gone\n"
+                    "kubelet#_v1_pods:/registry/pods/default/a\n")
+        self.etcd.put("/registry/services/endpoints/kube-system/dns", b"{}")
+        self.etcd.put("/registry/services/specs/kube-system/dns", b"{}")
+        self.etcd.put("/registry/endpointslices/kube-system/dns-x", b"{}")
+        cache = ComponentKeyCache.in_directory(self.cache_dir).load()
+        store = self.new_store(self.client, cache)
+        rebuilt = yield store.recover_pool_scoped_keys(
+            [gvr.ENDPOINTS, gvr.ENDPOINTSLICES_V1])
+        self.assertEqual(cache.keys("leader-yurthub", gvr.ENDPOINTS),
+                         {"/registry/services/endpoints/kube-system/dns"})
+        self.assertEqual(cache.keys("leader-yurthub", gvr.ENDPOINTSLICES_V1),
+                         {"/registry/endpointslices/kube-system/dns-x"})
+        self.assertEqual(len(rebuilt), 2)
+        self.assertEqual(cache.keys("kubelet"), {"/registry/pods/default/a"})
+        self.assertEqual(self.cache_file(),
+                         "kubelet#_v1_pods:/registry/pods/default/a\n"
+                         "leader-yurthub#_v1_endpoints:"
+                         "/registry/services/endpoints/kube-system/dns;"
+                         "discovery.k8s.io_v1_endpointslices:"
+                         "/registry/endpointslices/kube-system/dns-x\n")
+
+    @defer.inlineCallbacks
+    def test_open_pool_store_rebuilds_and_starts(self):
+        with open(os.path.join(self.cache_dir, KEY_CACHE_FILE_NAME), "w") as f:
+            f.write("leader-yurthub#_v1_endpoints:/registry/services/endpoints/x/stale\n")
+        self.etcd.put("/registry/services/endpoints/kube-system/dns", b"{}")
+        store = yield open_pool_store(reactor, self.client, "/registry", self.cache_dir,
+                                      [gvr.ENDPOINTS], health_interval=60.0)
+        self.addCleanup(store.close)
+        self.assertEqual(store.list_resource_keys_of_component("leader-yurthub", gvr.ENDPOINTS),
+                         ["/registry/services/endpoints/kube-system/dns"])
+        yield poll_until(lambda: store.healthy)
+
+    @defer.inlineCallbacks
+    def test_open_pool_store_reports_corrupt_key_cache(self):
+        with open(os.path.join(self.cache_dir, KEY_CACHE_FILE_NAME), "w") as f:
+            f.write("kubelet#_v1_pods:/a\nnot a cache line\n")
+        with self.assertRaises(KeyCacheCorrupt) as ctx:
+            yield open_pool_store(reactor, self.client, "/registry", self.cache_dir, [])
+        self.assertIn(KEY_CACHE_FILE_NAME + ":2:", str(ctx.exception))
+
+    @defer.inlineCallbacks
+    def test_create_or_update_many(self):
+        older = self.key("pods", "older", "ns")
+        equal = self.key("pods", "equal", "ns")
+        newer_stored = self.key("pods", "newer-stored", "ns")
+        yield self.create_all([(older, make_object("older", "ns", 5)),
+                               (equal, make_object("equal", "ns", 5)),
+                               (newer_stored, make_object("newer-stored", "ns", 50))])
+        dup = self.key("pods", "dup", "ns")
+        items = [(self.key("pods", f"new-{i}", "ns"), make_object(f"new-{i}", "ns", 100 + i),
+                  100 + i) for i in range(3)]
+        items += [(older, make_object("older", "ns", 10), 10),
+                  (equal, make_object("equal", "ns", 5, padding=1), 5),
+                  (newer_stored, make_object("newer-stored", "ns", 7), 7),
+                  (dup, make_object("dup", "ns", 12), 12),
+                  (dup, make_object("dup", "ns", 11), 11)]
+        outcome = yield self.store.create_or_update_many(items)
+        self.assertEqual(sorted(outcome.created),
+                         ["/registry/pods/ns/dup"]
+                         + [f"/registry/pods/ns/new-{i}" for i in range(3)])
+        self.assertEqual(outcome.updated, [older.path])
+        self.assertEqual(sorted(outcome.not_newer), [equal.path, newer_stored.path])
+        dump, mirrors = self.dump(), self.mirrors()
+        self.assertEqual(dump[older.path], make_object("older", "ns", 10))
+        self.assertEqual(dump[equal.path], make_object("equal", "ns", 5))
+        self.assertEqual(dump[newer_stored.path], make_object("newer-stored", "ns", 50))
+        self.assertEqual(dump[dup.path], make_object("dup", "ns", 12))
+        self.assertEqual(mirrors[dup.path], format_rv(12))
+        self.assertEqual(mirrors[newer_stored.path], format_rv(50))
+        self.assertEqual(len(dump), 7)
+        again = yield self.store.create_or_update_many(items)
+        self.assertEqual((again.created, again.updated), ([], []))
+        self.assertEqual(self.dump(), dump)
+        self.assertEqual((yield self.store.create_or_update(older, make_object("older", "ns", 11))),
+                         "updated")
+
+    @defer.inlineCallbacks
+    def test_write_whose_answer_was_lost_counts_once(self):
+        """etcd applied a batch but the connection died before the answer came back."""
+        client = AnswerLosingClient(self.client)
+        store = self.new_store(client, self.key_cache)
+        items = [(self.key("pods", f"p{i}", "ns"), make_object(f"p{i}", "ns", 10 + i), 10 + i)
+                 for i in range(5)]
+        outcome = WriteOutcome()
+        with self.assertRaises(EtcdUnavailable):
+            yield store.create_or_update_many(items, outcome)
+        self.assertEqual(len(self.dump()), 5)
+        self.assertEqual(sorted(outcome.in_doubt), sorted(k.path for k, _v, _rv in items))
+        yield store.create_or_update_many(items, outcome)
+        self.assertEqual(sorted(outcome.created), sorted(k.path for k, _v, _rv in items))
+        self.assertEqual((outcome.updated, outcome.not_newer, outcome.in_doubt), ([], [], {}))
+        self.assertEqual(len(store.list_resource_keys_of_component("kubelet", gvr.PODS)), 5)
+
+    @defer.inlineCallbacks
+    def test_concurrent_writers_never_regress(self):
+        """Three agents upload overlapping versions of the same objects at once."""
+        count = 150
+        writers = []
+        for offset in range(3):
+            cache = ComponentKeyCache(os.path.join(self.cache_dir, f"w{offset}")).load()
+            writers.append(self.new_store(self.new_client(), cache, max_ops=16))
+        expected = {}
+        batches = []
+        for w, store in enumerate(writers):
+            items = []
+            for i in range(count):
+                rv = 1000 + ((i + w) % 3) * 10 + i * 100
+                key = store.key_func(KeyBuildInfo("kubelet", "pods", "", "v1", "ns", f"p{i}"))
+                value = make_object(f"p{i}", "ns", rv, padding=w)
+                items.append((key, value, rv))
+                if rv > expected.get(key.path, (0, b""))[0]:
+                    expected[key.path] = (rv, value)
+            batches.append(items)
+        outcomes = yield defer.gatherResults(
+            [store.create_or_update_many(items) for store, items in zip(writers, batches)],
+            consumeErrors=True)
+        dump, mirrors = self.dump(), self.mirrors()
+        self.assertEqual(dump, {path: value for path, (_rv, value) in expected.items()})
+        self.assertEqual(mirrors, {path: format_rv(rv) for path, (rv, _v) in expected.items()})
+        writes = sum(len(o.created) + len(o.updated) for o in outcomes)
+        self.assertGreaterEqual(writes, count)
+        self.assertEqual(sum(len(o.created) for o in outcomes), count)
+
+    @defer.inlineCallbacks
+    def test_health_follows_etcd(self):
+        store = self.new_store(self.client, self.key_cache, health_interval=0.05,
+                               health_timeout=3.0)
+        changes = []
+        store.on_health_change(changes.append)
+        store.start()
+        yield poll_until(lambda: store.healthy)
+        self.etcd.kill()
+        yield poll_until(lambda: not store.healthy)
+        self.etcd.restart()
+        yield poll_until(lambda: store.healthy)
+        # Transitions alternate; a slow answer on a loaded machine may add a pair.
+        self.assertEqual(changes[:2], [True, False])
+        self.assertEqual(changes[-1], True)
+        self.assertTrue(all(a != b for a, b in zip(changes, changes[1:])), changes)
+        # The same store (and client) keeps working after the restart.
+        yield self.store.create(self.key("pods", "after", "ns"), make_object("after", "ns", 1))
+        self.assertEqual(list(self.dump()), ["/registry/pods/ns/after"])
+
+
+class PoolStoreOnEtcd35(PoolStoreBehaviour, unittest.TestCase):
+    etcd_binary = ETCD_35
+
+
+class PoolStoreOnEtcd34(PoolStoreBehaviour, unittest.TestCase):
+    etcd_binary = ETCD_34
+
+
+class PoolStoreOverMutualTLS(unittest.TestCase):
+    """The store against an etcd that requires client certificates."""
+
+    def setUp(self):
+        binary = ETCD_35 or ETCD_34
+        if binary is None:
+            raise unittest.SkipTest("no etcd installed")
+        ca = pki.TestCA(os.path.abspath(self.mktemp()))
+        self.etcd = EtcdProcess(binary, tls_ca=ca).start()
+        self.addCleanup(self.etcd.stop)
+        self.client = EtcdClient(reactor, EtcdConfig(
+            self.etcd.client_url, ca_file=ca.ca_file, cert_file=self.etcd.client_cert.cert_file,
+            key_file=self.etcd.client_cert.key_file, timeout=5.0))
+        self.addCleanup(self.client.close)
+        cache_dir = os.path.abspath(self.mktemp())
+        self.store = PoolStore(reactor, self.client, "/registry",
+                               ComponentKeyCache.in_directory(cache_dir).load())
+        self.addCleanup(self.store.close)
+
+    @defer.inlineCallbacks
+    def test_create_and_upload_over_tls(self):
+        key = self.store.key_func(KeyBuildInfo("kubelet", "pods", "", "v1", "ns", "a"))
+        yield self.store.create(key, make_object("a", "ns", 3))
+        outcome = yield self.store.create_or_update_many([(key, make_object("a", "ns", 4), 4)])
+        self.assertEqual(outcome.updated, [key.path])
+        self.assertEqual(self.etcd.read("/registry/", prefix=True),
+                         {key.path.encode(): make_object("a", "ns", 4)})
+
+
+class BatchLimitsBehaviour(EtcdStoreCase):
+    """etcd started with small limits proves that batches really respect them."""
+
+    etcd_args = ("--max-txn-ops", "8", "--max-request-bytes", "65536")
+    store_kwargs = {"max_ops": 8, "max_bytes": 65536}
+
+    @defer.inlineCallbacks
+    def test_batches_fit_etcd_limits(self):
+        objects = [make_object(f"p{i}", "ns", 10 + i, padding=3000) for i in range(40)]
+        yield self.store.replace_component_list("kubelet", gvr.PODS, "ns", objects)
+        self.assertEqual(len(self.dump()), 40)
+        items = [(self.key("pods", f"q{i}", "ns", component="other"),
+                  make_object(f"q{i}", "ns", 5, padding=3000), 5) for i in range(60)]
+        outcome = yield self.store.create_or_update_many(items)
+        self.assertEqual(len(outcome.created), 60)
+        self.assertEqual(len(self.mirrors()), 100)
+        yield self.store.replace_component_list("kubelet", gvr.PODS, "ns", objects[:3])
+        self.assertEqual(len(self.dump()), 63)
+        self.assertEqual((yield self.store.delete_component_resources("kubelet")), 3)
+        self.assertEqual((yield self.store.delete_component_resources("other")), 60)
+        self.assertEqual(self.dump(), {})
+        self.assertEqual(self.mirrors(), {})
+
+    @defer.inlineCallbacks
+    def test_etcd_really_enforces_the_limits(self):
+        unbatched = self.new_store(self.client, ComponentKeyCache(
+            os.path.join(self.cache_dir, "other")).load())
+        objects = [make_object(f"p{i}", "ns", 10 + i) for i in range(10)]
+        with self.assertRaises(RequestRejected):
+            yield unbatched.replace_component_list("kubelet", gvr.PODS, "ns", objects)
+        self.assertEqual(self.dump(), {})
+
+    @defer.inlineCallbacks
+    def test_key_cache_matches_etcd_after_a_batch_in_the_middle_is_rejected(self):
+        """Fix 13: batches accepted before the failure are in the cache, the rest not."""
+        store = self.new_store(self.client, self.key_cache, max_ops=8)  # bytes unlimited
+        objects = [make_object(f"a{i:02d}", "ns", i + 1) for i in range(20)]
+        objects.append(make_object("zz-too-big", "ns", 99, padding=70000))
+        with self.assertRaises(RequestRejected):
+            yield store.replace_component_list("kubelet", gvr.PODS, "ns", objects)
+        in_etcd = set(self.dump())
+        self.assertEqual(len(in_etcd), 20)
+        self.assertEqual(set(self.mirrors()), in_etcd)
+        self.assertEqual(set(store.list_resource_keys_of_component("kubelet", gvr.PODS)), in_etcd)
+        reloaded = ComponentKeyCache.in_directory(self.cache_dir).load()
+        self.assertEqual(reloaded.keys("kubelet", gvr.PODS), in_etcd)
+
+    @defer.inlineCallbacks
+    def test_single_object_larger_than_a_request(self):
+        big = make_object("big", "ns", 1, padding=70000)
+        with self.assertRaises(ObjectTooLarge):
+            yield self.store.create_or_update(self.key("pods", "big", "ns"), big)
+        with self.assertRaises(ObjectTooLarge):
+            yield self.store.create(self.key("pods", "big", "ns"), big)
+        outcome = yield self.store.create_or_update_many(
+            [(self.key("pods", "big", "ns"), big, 1),
+             (self.key("pods", "small", "ns"), make_object("small", "ns", 1), 1)])
+        self.assertEqual((outcome.too_large, outcome.created),
+                         (["/registry/pods/ns/big"], ["/registry/pods/ns/small"]))
+        self.assertEqual(list(self.dump()), ["/registry/pods/ns/small"])
+
+
+class BatchLimitsOnEtcd35(BatchLimitsBehaviour, unittest.TestCase):
+    etcd_binary = ETCD_35
+
+
+class BatchLimitsOnEtcd34(BatchLimitsBehaviour, unittest.TestCase):
+    etcd_binary = ETCD_34
+
+
+class AnswerLosingClient:
+    """Passes requests to a real client; the first transaction's answer is lost."""
+
+    def __init__(self, client):
+        self.client = client
+        self.lost = False
+
+    def submit(self, txn, raise_on_failure=True):
+        d = self.client.submit(txn, raise_on_failure=raise_on_failure)
+        if not self.lost:
+            self.lost = True
+
+            def lose(_result):
+                raise EtcdUnavailable("connection lost before the answer")
+
+            d.addCallback(lose)
+        return d
+
+    def __getattr__(self, name):
+        return getattr(self.client, name)
+
+
+class FakeStatusClient:
+    """Answers ``status()`` with Deferreds the test fires."""
+
+    def __init__(self):
+        self.pending = []
+
+    def status(self, timeout=None):
+        d = defer.Deferred()
+        self.pending.append(d)
+        return d
+
+
+class HealthLoopTests(unittest.TestCase):
+    def test_loop_on_injected_clock(self):
+        clock = Clock()
+        client = FakeStatusClient()
+        store = PoolStore(clock, client, "/registry", ComponentKeyCache(self.mktemp()),
+                          health_interval=5.0)
+        seen = []
+        store.on_health_change(seen.append)
+        store.start()
+        self.assertEqual(len(client.pending), 1)
+        client.pending[0].callback(object())
+        self.assertTrue(store.healthy)
+        clock.advance(4.9)
+        self.assertEqual(len(client.pending), 1)
+        clock.advance(0.1)
+        self.assertEqual(len(client.pending), 2)
+        client.pending[1].errback(EtcdUnavailable("gone"))
+        self.assertFalse(store.healthy)
+        clock.advance(5)
+        self.assertEqual(len(client.pending), 3)
+        store.close()
+        self.assertTrue(client.pending[2].called)
+        self.assertEqual(seen, [True, False])
+        self.assertFalse(clock.getDelayedCalls())
+
+
+class HangingClient:
+    """Requests never answer; cancelling one fails it the way the etcd client does."""
+
+    def _hang(self, *args, **kwargs):
+        return defer.Deferred(lambda d: d.errback(EtcdTimeout("request cancelled")))
+
+    submit = get = range_page = status = _hang
+
+
+class CancellationTests(unittest.TestCase):
+    def setUp(self):
+        self.store = PoolStore(Clock(), HangingClient(), "/registry",
+                               ComponentKeyCache(os.path.join(self.mktemp(), "cache")))
+        self.key = self.store.key_func(KeyBuildInfo("kubelet", "pods", "", "v1", "ns", "a"))
+
+    def test_cancelled_operations_end_with_cancelled_error(self):
+        value = make_object("a", "ns", 1)
+        operations = [
+            lambda: self.store.create_or_update_many([(self.key, value, 1)]),
+            lambda: self.store.create_or_update(self.key, value),
+            lambda: self.store.create(self.key, value),
+            lambda: self.store.update(self.key, value, 1),
+            lambda: self.store.get(self.key),
+            lambda: self.store.delete(self.key),
+            lambda: self.store.list("/registry/pods/"),
+            lambda: self.store.replace_component_list("kubelet", gvr.PODS, "ns", [value]),
+            lambda: self.store.recover_pool_scoped_keys([gvr.ENDPOINTS]),
+        ]
+        for operation in operations:
+            d = operation()
+            self.assertNoResult(d)
+            d.cancel()
+            self.failureResultOf(d, defer.CancelledError)
+        self.assertEqual(self.store.key_cache.snapshot(), {})
+
+    def test_bad_arguments_fail_the_deferred(self):
+        self.failureResultOf(self.store.list("/registry/pods"), ValueError)
+        self.failureResultOf(self.store.create("/registry/pods/ns/a", b"{}"), TypeError)
+        self.failureResultOf(self.store.replace_component_list(
+            "kubelet", gvr.PODS, "ns", [b"not json"]), ValueError)
+
+
+class ObjectMetadataTests(unittest.TestCase):
+    def test_reasons(self):
+        self.assertEqual(object_metadata(make_object("a", "b", 12)), ("a", "b", 12))
+        for data, reason in [(b"{", "not JSON"), (b"[]", "metadata"),
+                             (b'{"metadata":{}}', "no resourceVersion"),
+                             (b'{"metadata":{"resourceVersion":"abc"}}', "not a number"),
+                             (b'{"metadata":{"resourceVersion":12}}', "no resourceVersion"),
+                             (b"\xff\xfe", "not JSON")]:
+            with self.assertRaises(ValueError) as ctx:
+                object_metadata(data)
+            self.assertIn(reason, str(ctx.exception))

@@ -1,0 +1,267 @@
+"""Local cache upload on real etcd: counts, bad files, rv ordering, etcd killed mid-upload."""
+
+import os
+
+from twisted.internet import defer
+from twisted.internet.task import Clock
+from twisted.logger import globalLogPublisher
+from twisted.trial import unittest
+
+from yurtcoord.config import UploadResource
+from yurtcoord.etcd.errors import EtcdUnavailable, RequestRejected
+from yurtcoord.kube.backoff import Backoff
+from yurtcoord.localcache import LocalCacheReader
+from yurtcoord.metrics import Metrics
+from yurtcoord.poolstore.keycache import ComponentKeyCache
+from yurtcoord.poolstore.keys import PoolKeyBuilder, format_rv
+from yurtcoord.poolstore.store import WriteOutcome
+from yurtcoord.test.test_poolstore import (
+    ETCD_34, ETCD_35, EtcdStoreCase, make_object, poll_until,
+)
+from yurtcoord.uploader import LocalCacheUploader, UploadCounts, UploadFailed
+
+PODS = UploadResource("kubelet", "pods", "v1")
+NODES = UploadResource("kubelet", "nodes", "v1")
+PODS_GVR = ("", "v1", "pods")
+
+
+def write_file(path, data):
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "wb") as f:
+        f.write(data)
+
+
+def quick_backoff():
+    return Backoff(initial=0.05, maximum=0.5, jitter=0.0)
+
+
+class UploadBehaviour(EtcdStoreCase):
+
+    def setUp(self):
+        super().setUp()
+        self.local = os.path.abspath(self.mktemp())
+        os.makedirs(self.local)
+        self.events = []
+        globalLogPublisher.addObserver(self.events.append)
+        self.addCleanup(globalLogPublisher.removeObserver, self.events.append)
+
+    def pod_path(self, namespace, name, legacy=False):
+        resource_dir = "pods" if legacy else "pods.v1.core"
+        return os.path.join(self.local, "kubelet", resource_dir, namespace, name)
+
+    def uploader(self, chunk_size=500, **kwargs):
+        kwargs.setdefault("backoff", quick_backoff())
+        return LocalCacheUploader(self.store, LocalCacheReader(self.local, chunk_size=chunk_size),
+                                  [PODS, NODES], **kwargs)
+
+    def skipped_paths(self):
+        return [e.get("path") for e in self.events
+                if e.get("log_format", "").startswith("local cache file skipped")]
+
+    @defer.inlineCallbacks
+    def test_good_objects_uploaded_and_bad_files_counted(self):
+        good = {}
+        for i in range(5):
+            data = make_object(f"p{i}", "default", 100 + i)
+            write_file(self.pod_path("default", f"p{i}"), data)
+            good[f"/registry/pods/default/p{i}"] = data
+        legacy = make_object("old", "kube-system", 7)
+        write_file(self.pod_path("kube-system", "old", legacy=True), legacy)
+        good["/registry/pods/kube-system/old"] = legacy
+        node = make_object("edge-1", "", 9, kind="Node")
+        write_file(os.path.join(self.local, "kubelet", "nodes.v1.core", "edge-1"), node)
+        good["/registry/minions/edge-1"] = node
+        bad = {
+            "truncated": make_object("truncated", "default", 1)[:-5],
+            "no-rv": b'{"metadata":{"name":"no-rv","namespace":"default"}}',
+            "rv-abc": (b'{"metadata":{"name":"rv-abc","namespace":"default",'
+                       b'"resourceVersion":"abc"}}'),
+            "not-json": b"\x00\x01binary",
+            "other-name": make_object("someone-else", "default", 3),
+        }
+        for name, data in bad.items():
+            write_file(self.pod_path("default", name), data)
+        os.makedirs(self.pod_path("default", "a-directory"))
+        os.symlink("/nonexistent/target", self.pod_path("default", "dangling"))
+        unreadable = self.pod_path("default", "unreadable")
+        write_file(unreadable, make_object("unreadable", "default", 4))
+        os.chmod(unreadable, 0)
+        unreadable_is_bad = os.geteuid() != 0  # root reads mode-0 files anyway
+        if not unreadable_is_bad:
+            good["/registry/pods/default/unreadable"] = make_object("unreadable", "default", 4)
+        bad_count = len(bad) + 2 + (1 if unreadable_is_bad else 0)
+
+        metrics = Metrics("edge-1")
+        counts = yield self.uploader(chunk_size=3, metrics=metrics).upload()
+        self.assertEqual(counts, UploadCounts(len(good), 0, 0, bad_count))
+        self.assertEqual(self.dump(), good)
+        self.assertEqual(set(self.mirrors()), set(good))
+        self.assertEqual(self.mirrors()["/registry/pods/default/p3"], format_rv(103))
+        skipped = self.skipped_paths()
+        self.assertEqual(len(skipped), bad_count)
+        for name in list(bad) + ["a-directory", "dangling"]:
+            self.assertIn(self.pod_path("default", name), skipped)
+        registry = metrics.registry
+        self.assertEqual(registry.get_sample_value("yurtcoord_uploaded_objects_total"), len(good))
+        self.assertEqual(registry.get_sample_value("yurtcoord_skipped_objects_total",
+                                                   {"reason": "bad_object"}), 4)
+        self.assertEqual(registry.get_sample_value("yurtcoord_skipped_objects_total",
+                                                   {"reason": "invalid_name"}), 1)
+
+        # The key cache (memory and file) now knows what kubelet owns.
+        self.assertEqual(set(self.store.list_resource_keys_of_component("kubelet", PODS_GVR)),
+                         {k for k in good if k.startswith("/registry/pods/")})
+        self.assertEqual(ComponentKeyCache.in_directory(self.cache_dir).load().keys("kubelet"),
+                         set(good))
+
+        # Twice: nothing changes the second time.
+        self.events.clear()
+        again = yield self.uploader().upload()
+        self.assertEqual(again, UploadCounts(0, 0, len(good), bad_count))
+        self.assertEqual(self.dump(), good)
+
+    @defer.inlineCallbacks
+    def test_older_local_objects_never_overwrite_newer(self):
+        newer_in_etcd = make_object("a", "ns", 50)
+        older_in_etcd = make_object("b", "ns", 5)
+        yield self.store.create(self.key("pods", "a", "ns"), newer_in_etcd)
+        yield self.store.create(self.key("pods", "b", "ns"), older_in_etcd)
+        write_file(self.pod_path("ns", "a"), make_object("a", "ns", 40))
+        local_b = make_object("b", "ns", 6)
+        write_file(self.pod_path("ns", "b"), local_b)
+        counts = yield self.uploader().upload()
+        self.assertEqual(counts, UploadCounts(0, 1, 1, 0))
+        self.assertEqual(self.dump(), {"/registry/pods/ns/a": newer_in_etcd,
+                                       "/registry/pods/ns/b": local_b})
+        self.assertEqual(self.mirrors(), {"/registry/pods/ns/a": format_rv(50),
+                                          "/registry/pods/ns/b": format_rv(6)})
+
+    @defer.inlineCallbacks
+    def test_same_object_in_both_layouts_written_once_at_newest(self):
+        newest = make_object("p", "ns", 20)
+        write_file(self.pod_path("ns", "p"), make_object("p", "ns", 10))
+        write_file(self.pod_path("ns", "p", legacy=True), newest)
+        write_file(self.pod_path("ns", "q", legacy=True), make_object("q", "ns", 5))
+        counts = yield self.uploader().upload()
+        self.assertEqual(counts, UploadCounts(2, 0, 1, 0))
+        self.assertEqual(self.dump(), {"/registry/pods/ns/p": newest,
+                                       "/registry/pods/ns/q": make_object("q", "ns", 5)})
+        # Split across chunks, the older copy is simply not newer.
+        again = yield self.uploader(chunk_size=1).upload()
+        self.assertEqual(again, UploadCounts(0, 0, 3, 0))
+
+    @defer.inlineCallbacks
+    def test_etcd_killed_mid_upload_and_restarted(self):
+        total = 10000
+        expected = {}
+        for i in range(total):
+            name = f"pod-{i:05d}"
+            data = make_object(name, f"ns-{i % 7}", 1000 + i, padding=2900)
+            write_file(self.pod_path(f"ns-{i % 7}", name), data)
+            expected[f"/registry/pods/ns-{i % 7}/{name}"] = (1000 + i, data)
+        # Some objects already in the pool: 200 newer than the local ones, 200 older.
+        preexisting = []
+        for i in range(400):
+            name = f"pod-{i:05d}"
+            rv = 1000 + i + (5000 if i < 200 else -500)
+            data = make_object(name, f"ns-{i % 7}", rv)
+            preexisting.append((self.key("pods", name, f"ns-{i % 7}", component="other"),
+                                data, rv))
+            if i < 200:
+                expected[f"/registry/pods/ns-{i % 7}/{name}"] = (rv, data)
+        yield self.store.create_or_update_many(preexisting)
+
+        uploader = self.uploader(backoff=quick_backoff(), max_attempts=200)
+        upload = uploader.upload()
+        yield poll_until(lambda: uploader.files_seen >= 3000, timeout=60)
+        self.etcd.kill()
+        yield poll_until(lambda: uploader.retries >= 2, timeout=30)
+        self.assertFalse(upload.called)
+        self.etcd.restart()
+        counts = yield upload
+        self.assertEqual(counts, UploadCounts(total - 400, 200, 200, 0))
+        dump = self.dump("/registry/pods/")
+        self.assertEqual(len(dump), total)
+        for path, (_rv, data) in expected.items():
+            self.assertEqual(dump[path], data, path)
+        mirrors = self.mirrors("/registry/pods/")
+        self.assertEqual(mirrors, {path: format_rv(rv) for path, (rv, _d) in expected.items()})
+
+    @defer.inlineCallbacks
+    def test_upload_fails_when_etcd_stays_down(self):
+        write_file(self.pod_path("ns", "a"), make_object("a", "ns", 1))
+        self.etcd.kill()
+        uploader = self.uploader(max_attempts=3)
+        with self.assertRaises(UploadFailed) as ctx:
+            yield uploader.upload()
+        self.assertIsInstance(ctx.exception.cause, EtcdUnavailable)
+        self.assertEqual(ctx.exception.counts, UploadCounts())
+        self.assertEqual(uploader.retries, 2)
+
+
+class UploadOnEtcd35(UploadBehaviour, unittest.TestCase):
+    etcd_binary = ETCD_35
+
+
+class UploadOnEtcd34(UploadBehaviour, unittest.TestCase):
+    etcd_binary = ETCD_34
+
+
+class FlakyStore:
+    """A store whose batched write fails ``failures`` times, then succeeds."""
+
+    def __init__(self, clock, failures, error=EtcdUnavailable("down")):
+        self.reactor = clock
+        self.failures = failures
+        self.error = error
+        self.calls = 0
+        self.flushes = 0
+
+    def key_func(self, info):
+        return PoolKeyBuilder("/registry").object_key(info)
+
+    def flush_key_cache(self):
+        self.flushes += 1
+
+    def create_or_update_many(self, items, outcome=None, flush_key_cache=True):
+        self.calls += 1
+        if self.calls <= self.failures:
+            return defer.fail(self.error)
+        outcome = outcome or WriteOutcome()
+        outcome.created.extend(key.path for key, _v, _rv in items)
+        return defer.succeed(outcome)
+
+
+class RetryTimingTests(unittest.TestCase):
+    def setUp(self):
+        self.local = os.path.abspath(self.mktemp())
+        write_file(os.path.join(self.local, "kubelet", "pods.v1.core", "ns", "a"),
+                   make_object("a", "ns", 1))
+
+    def test_backoff_between_attempts_on_injected_clock(self):
+        clock = Clock()
+        store = FlakyStore(clock, failures=2)
+        uploader = LocalCacheUploader(store, LocalCacheReader(self.local), [PODS],
+                                      backoff=Backoff(initial=1.0, maximum=8.0, jitter=0.0))
+        d = uploader.upload()
+        self.assertEqual(store.calls, 1)
+        clock.advance(0.99)
+        self.assertEqual(store.calls, 1)
+        clock.advance(0.01)
+        self.assertEqual(store.calls, 2)
+        clock.advance(1.99)
+        self.assertEqual(store.calls, 2)
+        clock.advance(0.01)
+        self.assertEqual(store.calls, 3)
+        self.assertEqual(self.successResultOf(d), UploadCounts(1, 0, 0, 0))
+        self.assertEqual(store.flushes, 1)
+
+    def test_rejected_request_is_not_retried(self):
+        clock = Clock()
+        store = FlakyStore(clock, failures=5, error=RequestRejected("bad request"))
+        uploader = LocalCacheUploader(store, LocalCacheReader(self.local), [PODS])
+        failure = self.failureResultOf(uploader.upload(), UploadFailed)
+        self.assertIsInstance(failure.value.cause, RequestRejected)
+        self.assertEqual(store.calls, 1)
+        self.assertEqual(store.flushes, 1)
+        self.assertFalse(clock.getDelayedCalls())

@@ -1,0 +1,189 @@
+"""Uploads the node's local cache into the pool store, by resourceVersion.
+
+The local cache is read in chunks (``LocalCacheReader.chunks``); each chunk is checked
+(JSON, numeric resourceVersion, valid name) and written with the pool store's batched
+create-or-update, so an older object never overwrites a newer one, whichever agent
+uploads first, and a second upload of the same cache changes nothing.
+
+A bad file is counted, logged (one line: path and reason) and skipped; it never stops
+the upload. An etcd outage is retried with backoff, resuming the chunk where it stopped
+(the store recognises writes whose answer was lost). Only when etcd could not accept a
+chunk after ``max_attempts`` does ``upload()`` fail, and then with ``UploadFailed``: the
+caller must not count the local cache as uploaded.
+"""
+
+from typing import NamedTuple
+
+from twisted.internet import task
+from twisted.internet.defer import inlineCallbacks
+from twisted.logger import Logger
+
+from yurtcoord.etcd.errors import BadResponse, EtcdError, EtcdTimeout, EtcdUnavailable
+from yurtcoord.kube.backoff import Backoff
+from yurtcoord.localcache import BadCacheEntry
+from yurtcoord.poolstore.keys import InvalidKey, KeyBuildInfo
+from yurtcoord.poolstore.store import (
+    ConflictRetriesExhausted, PoolStoreError, WriteOutcome, object_metadata,
+)
+
+RETRYABLE_ERRORS = (EtcdUnavailable, EtcdTimeout, BadResponse, ConflictRetriesExhausted)
+
+
+class UploadCounts(NamedTuple):
+    """What an upload did with the local cache's files."""
+
+    created: int = 0
+    updated: int = 0
+    skipped_not_newer: int = 0
+    skipped_bad: int = 0
+
+    def __add__(self, other):
+        return UploadCounts(*(a + b for a, b in zip(self, other)))
+
+
+class UploadFailed(Exception):
+    """etcd did not accept the objects after retries; nothing counts as uploaded.
+
+    ``counts`` says what had been written before the failure, ``cause`` the last error.
+    """
+
+    def __init__(self, counts, cause):
+        super().__init__(f"local cache upload failed: {cause}")
+        self.counts = counts
+        self.cause = cause
+
+
+class LocalCacheUploader:
+    """Create-or-update every cached object of ``upload_resources`` in the pool store.
+
+    :param store: a ``PoolStore``.
+    :param reader: a ``LocalCacheReader``.
+    :param upload_resources: items with ``component``, ``resource``, ``version``,
+        ``group`` (``""`` for core).
+    :param metrics: optional ``yurtcoord.metrics.Metrics``.
+    :param reactor: clock for retry delays; default the store's.
+    :param backoff: a ``Backoff`` for retry delays.
+    :param max_attempts: attempts per chunk before the upload fails.
+    """
+
+    log = Logger()
+
+    def __init__(self, store, reader, upload_resources, metrics=None, reactor=None,
+                 backoff=None, max_attempts=10):
+        if max_attempts < 1:
+            raise ValueError(f"max_attempts must be >= 1, got {max_attempts}")
+        self.store = store
+        self.reader = reader
+        self.upload_resources = tuple(upload_resources)
+        self.metrics = metrics
+        self.reactor = reactor if reactor is not None else store.reactor
+        self.backoff = backoff if backoff is not None else Backoff(initial=0.5, maximum=10.0)
+        self.max_attempts = max_attempts
+        self.files_seen = 0
+        self.retries = 0
+
+    @inlineCallbacks
+    def upload(self):
+        """Upload everything; fires with UploadCounts, or fails with UploadFailed."""
+        self.files_seen = 0
+        try:
+            counts = yield self._upload_chunks()
+        finally:
+            # The store's key cache follows every accepted batch in memory; the file is
+            # written once per upload rather than once per chunk.
+            self.store.flush_key_cache()
+        self.log.info("local cache uploaded: {created} created, {updated} updated, "
+                      "{not_newer} not newer, {bad} bad files", created=counts.created,
+                      updated=counts.updated, not_newer=counts.skipped_not_newer,
+                      bad=counts.skipped_bad)
+        return counts
+
+    @inlineCallbacks
+    def _upload_chunks(self):
+        counts = UploadCounts()
+        for chunk in self.reader.chunks(self.upload_resources):
+            self.files_seen += len(chunk)
+            items, bad, shadowed = self._prepare(chunk)
+            outcome = yield self._write_with_retries(items, counts)
+            for path in outcome.too_large:
+                self._skip_bad(path, "too large for one etcd request", "too_large")
+            chunk_counts = UploadCounts(len(outcome.created), len(outcome.updated),
+                                        len(outcome.not_newer) + shadowed,
+                                        bad + len(outcome.too_large))
+            counts = counts + chunk_counts
+            if self.metrics is not None:
+                self.metrics.count_uploaded(chunk_counts.created + chunk_counts.updated)
+                if chunk_counts.skipped_not_newer:
+                    self.metrics.count_skipped("not_newer", chunk_counts.skipped_not_newer)
+        return counts
+
+    def _prepare(self, chunk):
+        """Check each entry; return ``([(key, bytes, rv)], bad entries, shadowed entries)``.
+
+        The same object found twice in a chunk (new and legacy layout) is written once,
+        at its newest resourceVersion; the other copy counts as not newer.
+        """
+        items, bad = {}, 0
+        shadowed = 0
+        for entry in chunk:
+            if isinstance(entry, BadCacheEntry):
+                self._skip_bad(entry.path, entry.reason, "unreadable")
+                bad += 1
+                continue
+            location = entry.location
+            try:
+                name, namespace, rv = object_metadata(entry.data)
+            except ValueError as e:
+                self._skip_bad(location.path, str(e), "bad_object")
+                bad += 1
+                continue
+            if (name and name != location.name) or (namespace and namespace != location.namespace):
+                self._skip_bad(location.path, f"object {namespace}/{name} does not match its "
+                                              f"path", "invalid_name")
+                bad += 1
+                continue
+            try:
+                key = self.store.key_func(KeyBuildInfo(
+                    location.component, location.resource, location.group, location.version,
+                    location.namespace, location.name))
+            except InvalidKey as e:
+                self._skip_bad(location.path, str(e), "invalid_name")
+                bad += 1
+                continue
+            previous = items.get(key.path)
+            if previous is not None:
+                shadowed += 1
+                if previous[2] >= rv:
+                    continue
+            items[key.path] = (key, entry.data, rv)
+        return list(items.values()), bad, shadowed
+
+    def _skip_bad(self, path, reason, category):
+        self.log.warn("local cache file skipped: {path}: {reason}", path=path, reason=reason)
+        if self.metrics is not None:
+            self.metrics.count_skipped(category)
+
+    @inlineCallbacks
+    def _write_with_retries(self, items, counts):
+        outcome = WriteOutcome()
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                yield self.store.create_or_update_many(items, outcome, flush_key_cache=False)
+            except (EtcdError, PoolStoreError) as e:
+                if attempt >= self.max_attempts or not isinstance(e, RETRYABLE_ERRORS):
+                    self.log.error("local cache upload gave up after {attempts} attempts: "
+                                   "{error}", attempts=attempt, error=str(e))
+                    done = UploadCounts(len(outcome.created), len(outcome.updated),
+                                        len(outcome.not_newer), 0)
+                    raise UploadFailed(counts + done, e) from e
+                delay = self.backoff.next_delay()
+                self.retries += 1
+                self.log.warn("local cache upload interrupted, retrying in {delay:.2f}s "
+                              "(attempt {attempt}/{max_attempts}): {error}", delay=delay,
+                              attempt=attempt, max_attempts=self.max_attempts, error=str(e))
+                yield task.deferLater(self.reactor, delay, lambda: None)
+                continue
+            self.backoff.reset()
+            return outcome
