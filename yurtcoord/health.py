@@ -5,10 +5,36 @@ lease ``kube-node-lease/<node>``. A server that accepted the heartbeat is health
 one that did not is not, whatever else it still answers. The coordinator prober
 writes the same lease to the coordinator apiserver and marks it for delegation
 while the cloud is unreachable, so the pool leader forwards it to the cloud.
+
+A cloud prober removes that mark from the cloud lease when it writes: the leader
+copies the pool lease's annotations into the cloud lease while it delegates, and a
+node heartbeating the cloud directly again must not keep claiming delegation there
+(other annotations stay untouched).
+
+Delegating cadence. While the cloud is unhealthy the coordinator prober renews the
+pool lease every ``delegating_interval(interval, takeover)`` instead of every
+``interval`` (9 s instead of 10 s with the default timings). Why: when the pool
+leader dies, a cut-off node's cloud lease keeps the last renewTime t0 the dead
+leader forwarded. The next leader wins at most ``takeover`` = lease_duration +
+retry_period after the death (17 s by default: a candidate wakes exactly at the
+observed expiry) and forwards at once the newest pool lease. The node's pool
+renewals lie on a lattice t0 + k*c and the death came less than c after t0, so that
+newest renewal is the last lattice point before t0 + takeover + c: the cloud gap is
+that k*c. With c = interval = 10 s, and also with c = interval / 2 = 5 s, the point
+t0 + 20 s lies inside the range, so the gap can be 20 s plus the jitter of the
+timers, breaking a 20 s bound for a fair share of the deaths. With
+c = W / ceil(W / interval), W = takeover + 1 s, the range ends just past the
+lattice point t0 + W: the gap is at most W (18 s by default) whatever the phase of
+the death, as long as the new leader's start plus one forward take less than the
+1 s margin. Cost: interval / c pool writes (and forwards) per interval and
+delegating node, 1.11 with the defaults (half the interval would cost 2). A flip of
+the cloud's health restarts the cadence with a probe at once, so the mark is set
+(or removed) without waiting for the next renewal.
 """
 
 import copy
 import datetime
+import math
 from dataclasses import dataclass
 
 from twisted.internet import defer
@@ -21,6 +47,28 @@ from yurtcoord.kube.gvr import LEASES
 NODE_LEASE_NAMESPACE = "kube-node-lease"
 DELEGATE_HEARTBEAT_ANNOTATION = "openyurt.io/delegate-heartbeat"
 NODE_LEASE_DURATION_SECONDS = 40
+# Seconds from the pool leader's death until the next leader forwards heartbeats with
+# the default election timings: lease_duration (15 s) + retry_period (2 s).
+DEFAULT_TAKEOVER_SECONDS = 17.0
+# What a new leader's start plus one forward may take within the cadence rule.
+TAKEOVER_MARGIN_SECONDS = 1.0
+
+
+def delegating_interval(interval, takeover=DEFAULT_TAKEOVER_SECONDS,
+                        margin=TAKEOVER_MARGIN_SECONDS):
+    """Seconds between pool lease renewals while the cloud is unhealthy.
+
+    ``W / ceil(W / interval)`` with ``W = takeover + margin``: never longer than
+    ``interval``, and a whole fraction of ``W`` so that the cloud lease's renewTime
+    gap across a leader's death is at most ``W`` (see the module docstring).
+    """
+    if interval <= 0:
+        raise ValueError("interval must be positive")
+    window = takeover + margin
+    if window <= 0:
+        return interval
+    steps = max(1, math.ceil(window / interval - 1e-9))
+    return window / steps
 
 
 def micro_time(seconds):
@@ -140,48 +188,110 @@ class LeaseProber:
     counts as a failure. With a ``kubelet`` liveness source that reports the
     kubelet dead, nothing is written and the probe fails: an agent must not keep
     a dead node alive.
+
+    Probes run on a fixed lattice (like ``LoopingCall``: a slow probe skips the
+    slots it missed, it does not shift the later ones). ``next_interval()``, when
+    given, is asked after every probe for the step to the next slot, so a caller
+    can change the cadence; ``restart()`` probes at once and anchors the lattice
+    there. ``on_change(prober)`` is called whenever ``healthy`` flips.
     """
 
     log = Logger()
 
-    def __init__(self, reactor, writer, server, settings, kubelet=None, metrics=None):
+    def __init__(self, reactor, writer, server, settings, kubelet=None, metrics=None,
+                 next_interval=None, on_change=None):
         self._reactor = reactor
         self._writer = writer
         self.server = server
         self._settings = settings
         self._kubelet = kubelet
         self._metrics = metrics
+        self._next_interval = next_interval or (lambda: settings.interval)
+        self.on_change = on_change
         self.healthy = False
         self.probes = 0
         self.successes = 0
         self.last_error = None
         self._consecutive = 0
-        self._loop = None
-        self._loop_done = None
+        self._running = False
+        self._timer = None
+        self._due = None
+        self._ticking = False
+        self._probe_again = False
+        self._stop_waiters = []
         self._in_flight = None
         self._stopping = False
 
+    @property
+    def running(self):
+        return self._running
+
     def start(self):
         """Probe now and then every ``interval``."""
-        if self._loop is not None:
+        if self._running:
             return
+        self._running = True
         self._stopping = False
-        self._loop = LoopingCall(self._probe_quietly)
-        self._loop.clock = self._reactor
-        self._loop_done = self._loop.start(self._settings.interval, now=True)
+        self._tick(self._reactor.seconds())
+
+    def restart(self):
+        """Probe now (right after the probe in flight, if any) and count the cadence
+        from there; nothing when not started."""
+        if not self._running:
+            return
+        if self._ticking:
+            self._probe_again = True
+            return
+        self._cancel_timer()
+        self._tick(self._reactor.seconds())
 
     def stop(self):
         """Stop probing; an in-flight probe is cancelled. Fires when nothing is left."""
-        if self._loop is None:
+        if not self._running:
             return defer.succeed(None)
+        self._running = False
         self._stopping = True
-        loop, done = self._loop, self._loop_done
-        self._loop = self._loop_done = None
+        self._probe_again = False
+        self._cancel_timer()
         if self._in_flight is not None:
             self._in_flight.cancel()
-        if loop.running:
-            loop.stop()
-        return done
+        if not self._ticking:
+            return defer.succeed(None)
+        waiter = defer.Deferred()
+        self._stop_waiters.append(waiter)
+        return waiter
+
+    def _cancel_timer(self):
+        timer, self._timer = self._timer, None
+        if timer is not None and timer.active():
+            timer.cancel()
+
+    def _tick(self, due):
+        self._timer = None
+        self._due = due
+        # Set before probing: a probe may finish (and call back) synchronously.
+        self._ticking = True
+        self._probe_quietly().addBoth(self._ticked)
+
+    def _ticked(self, _result):
+        self._ticking = False
+        if not self._running:
+            waiters, self._stop_waiters = self._stop_waiters, []
+            for waiter in waiters:
+                waiter.callback(None)
+            return None
+        now = self._reactor.seconds()
+        if self._probe_again:
+            self._probe_again = False
+            self._tick(now)
+            return None
+        step = self._next_interval()
+        due = self._due + step
+        if due < now:
+            # Slots missed while the probe ran are skipped, the lattice stays.
+            due += step * math.ceil((now - due) / step)
+        self._timer = self._reactor.callLater(max(0.0, due - now), self._tick, due)
+        return None
 
     def probe(self):
         """One probe now. Fires with the resulting health (never errbacks)."""
@@ -208,7 +318,7 @@ class LeaseProber:
         return d
 
     def _probe_quietly(self):
-        # An unexpected error must not end the LoopingCall: log it and probe on.
+        # An unexpected error must not end the probing: log it and probe on.
         d = defer.maybeDeferred(self.probe)
         d.addErrback(lambda failure: self.log.failure(
             "probe of {server} raised", failure, server=self.server))
@@ -236,6 +346,11 @@ class LeaseProber:
             else:
                 self.log.warn("server {server} is unhealthy: {error}",
                               server=self.server, error=error)
+        if was != self.healthy and self.on_change is not None:
+            try:
+                self.on_change(self)
+            except Exception:
+                self.log.failure("health change handler of {server} raised", server=self.server)
 
 
 def _describe(failure):
@@ -245,19 +360,35 @@ def _describe(failure):
 
 
 class CloudHealthChecker:
-    """Health of the cloud: healthy when any cloud server accepted the heartbeat."""
+    """Health of the cloud: healthy when any cloud server accepted the heartbeat.
+
+    ``add_listener(callback)``: ``callback(healthy)`` is called whenever the cloud's
+    overall health flips (the coordinator prober restarts its cadence on it).
+    """
+
+    log = Logger()
 
     def __init__(self, probers):
         if not probers:
             raise ValueError("at least one cloud server is required")
         self._probers = list(probers)
         self._next = 0
+        self._listeners = []
+        self._last_healthy = self.healthy
+        for prober in self._probers:
+            prober.on_change = self._prober_changed
 
     @classmethod
     def for_servers(cls, reactor, clients, node_name, settings, kubelet=None, metrics=None):
-        """One prober per cloud server; ``clients`` maps server URL to its client."""
+        """One prober per cloud server; ``clients`` maps server URL to its client.
+
+        Each writes the node lease without the delegate annotation: a node that
+        heartbeats the cloud directly is not delegating (see the module docstring).
+        """
         probers = [
-            LeaseProber(reactor, NodeLeaseWriter(reactor, client, node_name, settings.failed_retry),
+            LeaseProber(reactor,
+                        NodeLeaseWriter(reactor, client, node_name, settings.failed_retry,
+                                        annotations=_not_delegated),
                         url, settings, kubelet=kubelet, metrics=metrics)
             for url, client in clients.items()
         ]
@@ -270,6 +401,20 @@ class CloudHealthChecker:
     @property
     def healthy(self):
         return any(p.healthy for p in self._probers)
+
+    def add_listener(self, callback):
+        self._listeners.append(callback)
+
+    def _prober_changed(self, _prober):
+        healthy = self.healthy
+        if healthy == self._last_healthy:
+            return
+        self._last_healthy = healthy
+        for callback in list(self._listeners):
+            try:
+                callback(healthy)
+            except Exception:
+                self.log.failure("cloud health listener raised")
 
     def servers(self):
         """``{url: healthy}`` of every cloud server, for ``/status``."""
@@ -293,26 +438,46 @@ class CloudHealthChecker:
         return defer.gatherResults([p.stop() for p in self._probers], consumeErrors=True)
 
 
+def _not_delegated():
+    return {DELEGATE_HEARTBEAT_ANNOTATION: None}
+
+
 class CoordinatorHealthChecker:
     """Health of the coordinator apiserver, judged by writing the node lease there.
 
     While ``cloud_checker`` reports the cloud unhealthy the written lease carries
     ``openyurt.io/delegate-heartbeat: "true"`` so that the pool leader forwards it
-    to the cloud; once the cloud is back the annotation is removed.
+    to the cloud, and it is renewed every ``delegating_interval(interval,
+    takeover)``; once the cloud is back the annotation is removed and the cadence
+    is ``interval`` again. ``takeover`` is the election's lease_duration +
+    retry_period. A cloud checker with ``add_listener`` makes every flip of the
+    cloud's health write at once instead of at the next renewal.
     """
 
     def __init__(self, reactor, client, node_name, server, cloud_checker, settings,
-                 kubelet=None, metrics=None):
+                 kubelet=None, metrics=None, takeover=DEFAULT_TAKEOVER_SECONDS):
         self._cloud = cloud_checker
+        self._interval = settings.interval
+        self.delegating_interval = delegating_interval(settings.interval, takeover)
         writer = NodeLeaseWriter(reactor, client, node_name, settings.failed_retry,
                                  annotations=self._delegation_annotations)
         self.prober = LeaseProber(reactor, writer, server, settings,
-                                  kubelet=kubelet, metrics=metrics)
+                                  kubelet=kubelet, metrics=metrics,
+                                  next_interval=self._next_interval)
+        add_listener = getattr(cloud_checker, "add_listener", None)
+        if add_listener is not None:
+            add_listener(self._cloud_changed)
 
     def _delegation_annotations(self):
         if self._cloud.healthy:
             return {DELEGATE_HEARTBEAT_ANNOTATION: None}
         return {DELEGATE_HEARTBEAT_ANNOTATION: "true"}
+
+    def _next_interval(self):
+        return self._interval if self._cloud.healthy else self.delegating_interval
+
+    def _cloud_changed(self, _healthy):
+        self.prober.restart()
 
     @property
     def server(self):

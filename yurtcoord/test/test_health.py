@@ -352,6 +352,207 @@ class CoordinatorHealthCheckerTests(unittest.TestCase):
         self.successResultOf(self.checker.stop())
 
 
+class CloudProberDelegateAnnotationTests(unittest.TestCase):
+    """A node heartbeating the cloud directly again drops the delegate annotation
+    that the pool leader copied into its cloud lease; other annotations stay."""
+
+    def setUp(self):
+        self.clock = make_clock()
+        self.client = FakeLeaseClient()
+        settings = ProbeSettings(interval=10, timeout=2, failed_retry=3, healthy_threshold=2)
+        self.checker = CloudHealthChecker.for_servers(
+            self.clock, {"https://cloud-1": self.client}, NODE, settings)
+
+    def delegated_cloud_lease(self):
+        """The cloud lease as the delegating leader wrote it."""
+        key = (health.NODE_LEASE_NAMESPACE, NODE)
+        lease = copy.deepcopy(self.client.objects[key]) if key in self.client.objects else {
+            "metadata": {"name": NODE, "namespace": health.NODE_LEASE_NAMESPACE},
+            "spec": {"holderIdentity": NODE}}
+        lease["metadata"]["annotations"] = {DELEGATE_HEARTBEAT_ANNOTATION: "true",
+                                            "example.com/owner": "ops"}
+        lease["spec"]["renewTime"] = health.micro_time(self.clock.seconds())
+        self.client._store(key, lease)
+
+    def test_direct_write_after_delegation_removes_only_the_delegate_annotation(self):
+        self.delegated_cloud_lease()
+        self.checker.start()
+        annotations = self.client.lease()["metadata"]["annotations"]
+        self.assertEqual(annotations, {"example.com/owner": "ops"})
+        self.assertEqual(self.client.lease()["spec"]["renewTime"],
+                         health.micro_time(START))
+        self.successResultOf(self.checker.stop())
+
+    def test_leader_write_between_renewals_is_reread_and_cleaned(self):
+        self.checker.start()
+        self.clock.advance(5)
+        # The leader forwards a delegated pool lease meanwhile: the prober's next
+        # update conflicts, it re-reads and still removes the annotation.
+        self.delegated_cloud_lease()
+        self.clock.advance(5)
+        lease = self.client.lease()
+        self.assertEqual(lease["metadata"]["annotations"], {"example.com/owner": "ops"})
+        self.assertEqual(lease["spec"]["renewTime"], health.micro_time(START + 10))
+        self.assertEqual(self.client.requests[-3:], ["update", "get", "update"])
+        self.successResultOf(self.checker.stop())
+
+    def test_lease_without_annotations_stays_without(self):
+        self.checker.start()
+        self.clock.advance(10)
+        self.assertNotIn("annotations", self.client.lease()["metadata"])
+        self.successResultOf(self.checker.stop())
+
+
+class RecordingLeaseClient(FakeLeaseClient):
+    """Remembers (clock time, renewTime, annotations) of every lease it accepted."""
+
+    def __init__(self, clock):
+        super().__init__()
+        self.clock = clock
+        self.written = []
+
+    def _store(self, key, obj):
+        stored = super()._store(key, obj)
+        renew = (obj.get("spec") or {}).get("renewTime")
+        if renew:
+            self.written.append((self.clock.seconds(), renew, dict(
+                obj["metadata"].get("annotations") or {})))
+        return stored
+
+
+class DelegatingCadenceTests(unittest.TestCase):
+    """The coordinator prober's cadence while the cloud is unhealthy (module docstring
+    of ``health``): W / ceil(W / interval), W = takeover + 1 s."""
+
+    def test_delegating_interval_values(self):
+        self.assertAlmostEqual(health.delegating_interval(10), 9.0)
+        self.assertAlmostEqual(health.delegating_interval(5), 4.5)
+        self.assertAlmostEqual(health.delegating_interval(30), 18.0)
+        self.assertAlmostEqual(health.delegating_interval(0.3), 0.3)
+        self.assertAlmostEqual(health.delegating_interval(10, takeover=29), 10.0)
+        for interval in (0.1, 0.3, 1, 2, 3, 7, 9, 10, 12, 20, 60):
+            self.assertLessEqual(health.delegating_interval(interval), interval + 1e-9)
+        with self.assertRaises(ValueError):
+            health.delegating_interval(0)
+
+    def setUp(self):
+        self.clock = make_clock()
+        self.cloud_client = FakeLeaseClient()
+        self.pool_client = RecordingLeaseClient(self.clock)
+        self.settings = ProbeSettings(interval=10, timeout=2, failed_retry=3,
+                                      healthy_threshold=2)
+        self.cloud = CloudHealthChecker.for_servers(
+            self.clock, {"https://cloud-1": self.cloud_client}, NODE, self.settings)
+        self.checker = CoordinatorHealthChecker(
+            self.clock, self.pool_client, NODE, "https://coordinator", self.cloud,
+            self.settings)
+
+    def tearDown(self):
+        self.successResultOf(self.cloud.stop())
+        self.successResultOf(self.checker.stop())
+        self.assertEqual(self.clock.getDelayedCalls(), [])
+
+    def writes_since(self, since):
+        return [(at - START, delegated.get(DELEGATE_HEARTBEAT_ANNOTATION))
+                for at, _renew, delegated in self.pool_client.written if at >= since]
+
+    def test_cloud_loss_writes_at_once_then_every_nine_seconds_and_back(self):
+        self.cloud.start()
+        self.checker.start()
+        self.assertTrue(self.cloud.healthy)
+        self.clock.advance(3)
+        self.cloud_client.hang = True  # the cloud stops answering
+        self.clock.advance(7)  # probe at 10 s, times out at 12 s
+        self.assertTrue(self.cloud.healthy)
+        self.clock.advance(2)
+        self.assertFalse(self.cloud.healthy)
+        for _ in range(30):
+            self.clock.advance(1)
+        self.assertEqual(self.writes_since(START), [
+            (0.0, None), (10.0, None),
+            # cloud unhealthy at 12 s: written at once, then every 9 s
+            (12.0, "true"), (21.0, "true"), (30.0, "true"), (39.0, "true")])
+        self.cloud_client.hang = False
+        # Cloud probes at 50 s and 60 s succeed: healthy after the second one.
+        for _ in range(20):
+            self.clock.advance(1)
+        self.assertTrue(self.cloud.healthy)
+        writes = self.writes_since(START + 40)
+        self.assertEqual(writes[:2], [(48.0, "true"), (57.0, "true")])
+        self.assertEqual(writes[2], (60.0, None))  # at once when the cloud is back
+        for _ in range(20):
+            self.clock.advance(1)
+        self.assertEqual(self.writes_since(START + 61), [(70.0, None), (80.0, None)])
+
+    def test_health_flip_during_a_probe_in_flight_probes_right_after_it(self):
+        self.cloud.start()
+        self.checker.start()
+        self.pool_client.hang = True
+        self.clock.advance(10)  # coordinator probe at 10 s hangs (until 12 s)
+        self.cloud_client.errors = [ServerError("down")]
+        self.clock.advance(0)
+        self.cloud.probers[0].restart()  # cloud fails now, while the pool write hangs
+        self.assertFalse(self.cloud.healthy)
+        self.pool_client.hang = False
+        # One second at a time: Clock.advance runs the due calls at the new time.
+        for _ in range(2):
+            self.clock.advance(1)  # the hung probe times out at 12 s, then one at once
+        self.assertEqual(self.writes_since(START + 1), [(12.0, "true")])
+        for _ in range(9):
+            self.clock.advance(1)
+        self.assertEqual(self.writes_since(START + 1), [(12.0, "true"), (21.0, "true")])
+
+
+def cloud_gap_after_leader_death(renewals, death, takeover, latency):
+    """Largest gap between successive renewTimes of the cloud lease when the pool
+    leader forwards every pool renewal until it dies at ``death`` and the next
+    leader, ``takeover`` + ``latency`` later, forwards the newest pool renewal."""
+    before = [t for t in renewals if t <= death]
+    after = [t for t in renewals if t <= death + takeover + latency]
+    return after[-1] - before[-1]
+
+
+class CloudGapAcrossLeaderDeathTests(unittest.TestCase):
+    """The cadence rule bounds the cloud gap across a leader's death at W = 18 s for
+    every phase of the death (default timings), where the plain interval and half
+    of it reach 20 s. Pool renewals come from the real prober driven by a Clock."""
+
+    def renewals(self, next_interval):
+        clock = make_clock()
+        client = RecordingLeaseClient(clock)
+        settings = ProbeSettings(interval=10, timeout=2, failed_retry=3, healthy_threshold=1)
+        writer = NodeLeaseWriter(clock, client, NODE, settings.failed_retry)
+        prober = LeaseProber(clock, writer, "https://coordinator", settings,
+                             next_interval=lambda: next_interval)
+        prober.start()
+        for _ in range(200):
+            clock.advance(0.5)
+        self.successResultOf(prober.stop())
+        return [at - START for at, _renew, _annotations in client.written]
+
+    def worst_gap(self, cadence):
+        renewals = self.renewals(cadence)
+        worst = 0.0
+        # Deaths every 0.1 s over two of the cadence's periods; takeover anywhere
+        # from 13 s (a follower that had just seen the last renewal) to 17 s.
+        for death_tenths in range(300, 300 + int(cadence * 20)):
+            death = death_tenths / 10
+            for takeover_tenths in range(130, 171, 5):
+                gap = cloud_gap_after_leader_death(renewals, death, takeover_tenths / 10,
+                                                   latency=0.5)
+                worst = max(worst, gap)
+        return worst
+
+    def test_rule_keeps_the_gap_at_most_eighteen_seconds(self):
+        cadence = health.delegating_interval(10, takeover=17)
+        self.assertAlmostEqual(cadence, 9.0)
+        self.assertLessEqual(self.worst_gap(cadence), 18.0 + 1e-6)
+
+    def test_plain_and_half_interval_reach_twenty_seconds(self):
+        self.assertAlmostEqual(self.worst_gap(10.0), 20.0)
+        self.assertAlmostEqual(self.worst_gap(5.0), 20.0)
+
+
 class KubeletGatingTests(unittest.TestCase):
     def setUp(self):
         self.clock = make_clock()
