@@ -193,7 +193,8 @@ class LeaseProber:
     slots it missed, it does not shift the later ones). ``next_interval()``, when
     given, is asked after every probe for the step to the next slot, so a caller
     can change the cadence; ``restart()`` probes at once and anchors the lattice
-    there. ``on_change(prober)`` is called whenever ``healthy`` flips.
+    there. ``on_change(prober)`` is called after the first probe and whenever
+    ``healthy`` flips.
     """
 
     log = Logger()
@@ -346,7 +347,7 @@ class LeaseProber:
             else:
                 self.log.warn("server {server} is unhealthy: {error}",
                               server=self.server, error=error)
-        if was != self.healthy and self.on_change is not None:
+        if (first or was != self.healthy) and self.on_change is not None:
             try:
                 self.on_change(self)
             except Exception:
@@ -362,8 +363,12 @@ def _describe(failure):
 class CloudHealthChecker:
     """Health of the cloud: healthy when any cloud server accepted the heartbeat.
 
-    ``add_listener(callback)``: ``callback(healthy)`` is called whenever the cloud's
-    overall health flips (the coordinator prober restarts its cadence on it).
+    ``decided`` is False until the cloud's health is known: no server has been found
+    healthy yet and some server has not answered its first probe.
+
+    ``add_listener(callback)``: ``callback(healthy)`` is called when the cloud's
+    health becomes known and whenever it flips (the coordinator prober restarts its
+    cadence on it).
     """
 
     log = Logger()
@@ -374,7 +379,7 @@ class CloudHealthChecker:
         self._probers = list(probers)
         self._next = 0
         self._listeners = []
-        self._last_healthy = self.healthy
+        self._last_state = (self.decided, self.healthy)
         for prober in self._probers:
             prober.on_change = self._prober_changed
 
@@ -402,14 +407,19 @@ class CloudHealthChecker:
     def healthy(self):
         return any(p.healthy for p in self._probers)
 
+    @property
+    def decided(self):
+        return self.healthy or all(p.probes for p in self._probers)
+
     def add_listener(self, callback):
         self._listeners.append(callback)
 
     def _prober_changed(self, _prober):
-        healthy = self.healthy
-        if healthy == self._last_healthy:
+        state = (self.decided, self.healthy)
+        if state == self._last_state:
             return
-        self._last_healthy = healthy
+        self._last_state = state
+        healthy = state[1]
         for callback in list(self._listeners):
             try:
                 callback(healthy)
@@ -469,6 +479,11 @@ class CoordinatorHealthChecker:
             add_listener(self._cloud_changed)
 
     def _delegation_annotations(self):
+        # Until the cloud's health is known (an agent just started) the annotation is
+        # left as the stored lease has it: neither a delegation nor its end is claimed
+        # on a guess.
+        if not getattr(self._cloud, "decided", True):
+            return {}
         if self._cloud.healthy:
             return {DELEGATE_HEARTBEAT_ANNOTATION: None}
         return {DELEGATE_HEARTBEAT_ANNOTATION: "true"}

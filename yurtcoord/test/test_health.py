@@ -503,6 +503,54 @@ class DelegatingCadenceTests(unittest.TestCase):
         self.assertEqual(self.writes_since(START + 1), [(12.0, "true"), (21.0, "true")])
 
 
+class UnknownCloudHealthTests(unittest.TestCase):
+    """An agent that just started does not know its cloud's health yet: its pool lease
+    neither claims delegation nor ends one on a guess."""
+
+    def setUp(self):
+        self.clock = make_clock()
+        self.cloud_client = FakeLeaseClient()
+        self.cloud_client.hang = True  # the cloud's first probe is still on its way
+        self.pool_client = RecordingLeaseClient(self.clock)
+        settings = ProbeSettings(interval=10, timeout=2, failed_retry=3, healthy_threshold=2)
+        self.cloud = CloudHealthChecker.for_servers(
+            self.clock, {"https://cloud-1": self.cloud_client}, NODE, settings)
+        self.checker = CoordinatorHealthChecker(
+            self.clock, self.pool_client, NODE, "https://coordinator", self.cloud, settings)
+
+    def tearDown(self):
+        self.successResultOf(self.cloud.stop())
+        self.successResultOf(self.checker.stop())
+
+    def delegated(self):
+        return [delegated.get(DELEGATE_HEARTBEAT_ANNOTATION)
+                for _at, _renew, delegated in self.pool_client.written]
+
+    def test_no_annotation_until_the_cloud_answered_then_at_once(self):
+        self.cloud.start()
+        self.checker.start()
+        self.assertFalse(self.cloud.decided)
+        self.assertEqual(self.delegated(), [None])  # written, not marked delegated
+        self.clock.advance(2)  # the cloud probe times out: the cloud is unreachable
+        self.assertTrue(self.cloud.decided)
+        self.assertFalse(self.cloud.healthy)
+        self.assertEqual(self.delegated(), [None, "true"])  # at once, not 10 s later
+
+    def test_a_stored_delegation_is_kept_until_the_cloud_answered(self):
+        key = (health.NODE_LEASE_NAMESPACE, NODE)
+        self.pool_client.objects[key] = {
+            "metadata": {"name": NODE, "namespace": key[0], "resourceVersion": "7",
+                         "annotations": {DELEGATE_HEARTBEAT_ANNOTATION: "true"}},
+            "spec": {"holderIdentity": NODE}}
+        self.cloud.start()
+        self.checker.start()
+        self.assertEqual(self.delegated(), ["true"])
+        self.cloud_client.hang = False
+        self.cloud.probers[0].restart()  # the in-flight probe still hangs
+        self.clock.advance(2)  # it times out: unreachable, delegation goes on
+        self.assertEqual(self.delegated(), ["true", "true"])
+
+
 def cloud_gap_after_leader_death(renewals, death, takeover, latency):
     """Largest gap between successive renewTimes of the cloud lease when the pool
     leader forwards every pool renewal until it dies at ``death`` and the next
