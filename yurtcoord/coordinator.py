@@ -50,8 +50,11 @@ def backoff_policy(backoff):
 
 
 def _uploaded_count(counts):
-    """Objects written by an upload, from an int or the uploader's counts
-    (``uploaded``, or ``created`` + ``updated``, as keys or attributes)."""
+    """Objects of the node's cache that the pool holds after an upload, from an int or
+    the uploader's counts (``uploaded``, or ``created`` + ``updated`` +
+    ``skipped_not_newer``, as keys or attributes): an object the pool already had at
+    the same or a newer version counts, as a re-upload after a role change finds
+    everything there."""
     if counts is None:
         return 0
     if isinstance(counts, int):
@@ -63,7 +66,7 @@ def _uploaded_count(counts):
         return getattr(counts, name, None)
     if field("uploaded") is not None:
         return int(field("uploaded"))
-    return int(field("created") or 0) + int(field("updated") or 0)
+    return sum(int(field(name) or 0) for name in ("created", "updated", "skipped_not_newer"))
 
 
 class _Superseded(Exception):

@@ -214,6 +214,17 @@ class RoleTransitionTests(CoordinatorTestCase):
             ("start", "detector", "s1"), ("upload", "s1")])
         self.assertEqual(c.uploaded_objects, 7)
 
+    def test_objects_the_pool_already_had_count_as_uploaded(self):
+        """A re-upload after a role change finds the node's objects in the pool already
+        (not newer): they are in the pool, so they count; bad files do not."""
+        from yurtcoord.uploader import UploadCounts
+        c = self.coordinator
+        self.upload.results = [UploadCounts(created=2, updated=1, skipped_not_newer=5,
+                                            skipped_bad=4)]
+        c.set_role(FOLLOWER)
+        self.assertEqual(c.uploaded_objects, 8)
+        self.assertEqual(c.status()["uploaded_objects"], 8)
+
     def test_pending_to_leader_uses_a_new_store(self):
         """Fix 7: the new store is open before sync starts; the old one is never used."""
         c = self.coordinator
