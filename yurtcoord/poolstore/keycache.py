@@ -192,6 +192,27 @@ class ComponentKeyCache:
                  path=self.path, components=len(cache))
         return self
 
+    def load_or_set_aside(self):
+        """``load()``, but a malformed file does not stop the agent.
+
+        A corrupt file never mends itself, so retrying would keep the pool store
+        closed for good. Instead the file is renamed to ``<path>.corrupt`` for the
+        operator (logged with the file and line at fault) and the cache starts empty:
+        the pool-scoped entries are rebuilt from etcd anyway, and the next upload
+        records this node's keys again. Only keys of objects removed from the node
+        while the file was unreadable are no longer known.
+        """
+        try:
+            return self.load()
+        except KeyCacheCorrupt as error:
+            aside = self.path + ".corrupt"
+            os.replace(self.path, aside)
+            log.error("{error}; set aside as {aside}, starting with an empty key cache",
+                      error=error, aside=aside)
+            self._cache = {}
+            self.dirty = True
+            return self
+
     def _remove_leftover_temp_files(self):
         directory = os.path.dirname(self.path) or "."
         base = os.path.basename(self.path)

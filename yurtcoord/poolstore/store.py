@@ -786,10 +786,11 @@ def open_pool_store(reactor, etcd_client, prefix, local_cache_dir, pool_scoped_r
                     **store_kwargs):
     """Load the key cache, rebuild the pool-scoped keys from etcd, start health checks.
 
-    Fires with a started PoolStore. Fails with KeyCacheCorrupt (the file is malformed;
-    the message names file and line) or an etcd error; then nothing is left running.
+    Fires with a started PoolStore, or fails with an etcd error and leaves nothing
+    running. A malformed key cache file is set aside and the cache starts empty
+    (``ComponentKeyCache.load_or_set_aside``): it would never mend itself.
     """
-    key_cache = ComponentKeyCache.in_directory(local_cache_dir).load()
+    key_cache = ComponentKeyCache.in_directory(local_cache_dir).load_or_set_aside()
     store = PoolStore(reactor, etcd_client, prefix, key_cache, **store_kwargs)
     try:
         yield store.recover_pool_scoped_keys(pool_scoped_resources)

@@ -182,6 +182,25 @@ class FileTests(unittest.TestCase):
             ComponentKeyCache(self.path).load()
         self.assertIn(self.path + ":2:", str(ctx.exception))
 
+    def test_malformed_file_is_set_aside_and_the_cache_starts_empty(self):
+        with open(self.path, "w") as f:
+            f.write("kubelet#_v1_pods:/a\nbroken line\n")
+        cache = ComponentKeyCache(self.path).load_or_set_aside()
+        self.assertEqual(cache.components(), [])
+        self.assertFalse(os.path.exists(self.path))
+        with open(self.path + ".corrupt") as f:
+            self.assertEqual(f.read(), "kubelet#_v1_pods:/a\nbroken line\n")
+        cache.add("kubelet", PODS, ["/registry/pods/a/b"])
+        cache.flush()
+        self.assertEqual(self.read(), "kubelet#_v1_pods:/registry/pods/a/b\n")
+
+    def test_good_file_loads_the_same_either_way(self):
+        with open(self.path, "w") as f:
+            f.write("kubelet#_v1_pods:/a\n")
+        cache = ComponentKeyCache(self.path).load_or_set_aside()
+        self.assertEqual(cache.keys("kubelet"), {"/a"})
+        self.assertFalse(os.path.exists(self.path + ".corrupt"))
+
     def test_not_utf8_names_line(self):
         with open(self.path, "wb") as f:
             f.write(b"kubelet#_v1_pods:/a\nx#_v1_pods:/\xff\n")

@@ -11,7 +11,7 @@ from twisted.trial import unittest
 from yurtcoord.etcd.client import EtcdClient, EtcdConfig
 from yurtcoord.etcd.errors import EtcdTimeout, EtcdUnavailable, RequestRejected
 from yurtcoord.kube import gvr
-from yurtcoord.poolstore.keycache import KEY_CACHE_FILE_NAME, ComponentKeyCache, KeyCacheCorrupt
+from yurtcoord.poolstore.keycache import KEY_CACHE_FILE_NAME, ComponentKeyCache
 from yurtcoord.poolstore.keys import KeyBuildInfo, format_rv
 from yurtcoord.poolstore.store import (
     KeyExists, KeyNotFound, ObjectTooLarge, PoolStore, UpdateConflict, WriteOutcome,
@@ -320,12 +320,19 @@ class PoolStoreBehaviour(EtcdStoreCase):
         yield poll_until(lambda: store.healthy)
 
     @defer.inlineCallbacks
-    def test_open_pool_store_reports_corrupt_key_cache(self):
-        with open(os.path.join(self.cache_dir, KEY_CACHE_FILE_NAME), "w") as f:
+    def test_open_pool_store_sets_a_corrupt_key_cache_aside(self):
+        path = os.path.join(self.cache_dir, KEY_CACHE_FILE_NAME)
+        with open(path, "w") as f:
             f.write("kubelet#_v1_pods:/a\nnot a cache line\n")
-        with self.assertRaises(KeyCacheCorrupt) as ctx:
-            yield open_pool_store(reactor, self.client, "/registry", self.cache_dir, [])
-        self.assertIn(KEY_CACHE_FILE_NAME + ":2:", str(ctx.exception))
+        store = yield open_pool_store(reactor, self.client, "/registry", self.cache_dir, [],
+                                      health_interval=60.0)
+        self.addCleanup(store.close)
+        self.assertEqual(store.list_resource_keys_of_component("kubelet", gvr.PODS), [])
+        self.assertTrue(os.path.exists(path + ".corrupt"))
+        key = store.key_func(KeyBuildInfo("kubelet", "pods", "", "v1", "ns", "p"))
+        yield store.create(key, make_object("p", "ns", 3))
+        with open(path) as f:
+            self.assertIn("kubelet#_v1_pods:/registry/pods/ns/p\n", f.read())
 
     @defer.inlineCallbacks
     def test_create_or_update_many(self):
