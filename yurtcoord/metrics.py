@@ -54,7 +54,7 @@ class Metrics:
 
         self.delegations = Counter(
             "yurtcoord_heartbeat_delegations",
-            "Heartbeats of other nodes written to the cloud by this leader.",
+            "Heartbeat delegations this leader finished (written, skipped as not newer, or failed).",
             registry=registry)
         self.delegation_failures = Counter(
             "yurtcoord_heartbeat_delegation_failures",
