@@ -22,10 +22,12 @@ import json
 from twisted.internet import defer
 from twisted.logger import Logger
 
+from yurtcoord.inflight import InFlight, cancellable_sleep
 from yurtcoord.kube import gvr as gvrs
 from yurtcoord.kube.errors import ConnectionFailed, NotFound
 from yurtcoord.kube.gvr import GroupVersionResource
 from yurtcoord.kube.informer import Informer
+from yurtcoord.kube.resolving import ResolvingClient
 
 POOL_SCOPE_CONFIGMAP_NAMESPACE = "kube-system"
 POOL_SCOPE_CONFIGMAP_NAME = "yurt-hub-cfg"
@@ -89,7 +91,7 @@ def merge_resources(defaults, extra):
     return merged
 
 
-class HealthyCloudClient:
+class HealthyCloudClient(ResolvingClient):
     """A client for "whichever cloud server is healthy now".
 
     Every call asks ``pick_healthy_server()`` for a server URL and sends the request
@@ -102,48 +104,11 @@ class HealthyCloudClient:
         self._pick = pick_healthy_server
         self._client_for = client_for
 
-    def _client(self):
+    def _resolve(self):
         url = self._pick()
         if not url:
             raise ConnectionFailed("no healthy cloud server")
         return self._client_for(url)
-
-    def _call(self, method, *args, **kwargs):
-        try:
-            client = self._client()
-        except ConnectionFailed:
-            return defer.fail()
-        return getattr(client, method)(*args, **kwargs)
-
-    def request(self, method, path, params=None, body=None, allow_empty=False):
-        return self._call("request", method, path, params=params, body=body,
-                          allow_empty=allow_empty)
-
-    def get(self, gvr, name, namespace=None):
-        return self._call("get", gvr, name, namespace)
-
-    def list(self, gvr, **kwargs):
-        return self._call("list", gvr, **kwargs)
-
-    def watch(self, gvr, on_event, **kwargs):
-        try:
-            client = self._client()
-        except ConnectionFailed as error:
-            return _FailedWatch(error)
-        return client.watch(gvr, on_event, **kwargs)
-
-
-class _FailedWatch:
-    """What ``watch`` returns when no server can be asked: already done, failed."""
-
-    events = 0
-    cancelled = False
-
-    def __init__(self, error):
-        self.done = defer.fail(error)
-
-    def cancel(self):
-        self.cancelled = True
 
 
 class PoolScopeResources:
@@ -177,7 +142,7 @@ class PoolScopeResources:
         self._informer = None
         self._sync_wait = None
         self._resolving = None
-        self._in_flight = set()
+        self._in_flight = InFlight()
         self._dirty = False
         self._running = False
 
@@ -219,8 +184,7 @@ class PoolScopeResources:
         self._running = False
         self._dirty = False
         informer, self._informer = self._informer, None
-        for d in list(self._in_flight):
-            d.cancel()
+        self._in_flight.cancel_all()
         resolving = self._resolving
         waits = [informer.stop()]
         if resolving is not None:
@@ -337,8 +301,9 @@ class PoolScopeResources:
         for attempt in range(1, attempts + 1):
             try:
                 if attempt > 1:
-                    yield self._track(_sleep(self.reactor, self.retry_interval))
-                listing = yield self._track(self.cloud_client.request("GET", path))
+                    yield self._in_flight.track(
+                        cancellable_sleep(self.reactor, self.retry_interval))
+                listing = yield self._in_flight.track(self.cloud_client.request("GET", path))
             except NotFound:
                 return None
             except Exception as e:
@@ -350,15 +315,6 @@ class PoolScopeResources:
                 continue
             return _served_resources(listing)
         return _UNKNOWN
-
-    def _track(self, d):
-        self._in_flight.add(d)
-
-        def forget(result):
-            self._in_flight.discard(d)
-            return result
-
-        return d.addBoth(forget)
 
     def _publish(self, kept):
         before = self.resources
@@ -395,10 +351,3 @@ def _is_pool_scope_configmap(obj):
     meta = obj.get("metadata") or {}
     return (meta.get("name") == POOL_SCOPE_CONFIGMAP_NAME
             and meta.get("namespace") == POOL_SCOPE_CONFIGMAP_NAMESPACE)
-
-
-def _sleep(reactor, seconds):
-    """A cancellable pause on ``reactor`` (cancelling it fails with CancelledError)."""
-    d = defer.Deferred(lambda d: call.cancel() if call.active() else None)
-    call = reactor.callLater(seconds, d.callback, None)
-    return d

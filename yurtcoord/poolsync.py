@@ -28,6 +28,7 @@ from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
 from zope.interface import implementer
 
+from yurtcoord.inflight import InFlight, cancellable_sleep
 from yurtcoord.kube import gvr as gvrs
 from yurtcoord.kube.backoff import Backoff
 from yurtcoord.kube.errors import AlreadyExists, Conflict, NotFound
@@ -94,7 +95,7 @@ class ResourceMirror:
         self._accepting = False
         self._stopped = False
         self._writer = None
-        self._in_flight = set()
+        self._in_flight = InFlight()
         self._registration = None
         self._sync_wait = None
         self._need_list = False
@@ -131,8 +132,7 @@ class ResourceMirror:
             self._registration.remove()
         if self._next_turn is not None and self._next_turn.active():
             self._next_turn.cancel()
-        for d in list(self._in_flight):
-            d.cancel()
+        self._in_flight.cancel_all()
         waits = [self.informer.stop()]
         if self._writer is not None:
             waits.append(self._writer)
@@ -267,7 +267,7 @@ class ResourceMirror:
         """Replace the component's objects of this resource with ``snapshot``."""
         while True:
             try:
-                yield self._track(self.store.replace_component_list(
+                yield self._in_flight.track(self.store.replace_component_list(
                     self.component, self.gvr, None, list(snapshot.values())))
             except ObjectTooLarge as e:
                 if snapshot.pop(e.key, None) is None:
@@ -295,7 +295,7 @@ class ResourceMirror:
         puts = [entry for entry in batch.values() if entry[1] is not None]
         deletes = [entry[0] for entry in batch.values() if entry[1] is None]
         if puts:
-            outcome = yield self._track(self.store.create_or_update_many(puts))
+            outcome = yield self._in_flight.track(self.store.create_or_update_many(puts))
             for path in outcome.too_large:
                 self.log.error("{resource} {key} too large for the pool store; not mirrored",
                                resource=self.name, key=path)
@@ -305,7 +305,8 @@ class ResourceMirror:
         for start in range(0, len(deletes), PARALLEL_DELETES):
             chunk = deletes[start:start + PARALLEL_DELETES]
             results = yield defer.DeferredList(
-                [self._track(self.store.delete(key)) for key in chunk], consumeErrors=True)
+                [self._in_flight.track(self.store.delete(key)) for key in chunk],
+                consumeErrors=True)
             failures = []
             for key, (ok, result) in zip(chunk, results):
                 if ok:
@@ -334,18 +335,10 @@ class ResourceMirror:
                       delay=delay)
         if first:
             self._on_change()
-        return self._track(_sleep(self.reactor, delay)).addErrback(self._ignore_cancel)
+        pause = self._in_flight.track(cancellable_sleep(self.reactor, delay))
+        return pause.addErrback(self._ignore_cancel)
 
     # -- plumbing ----------------------------------------------------------------------
-
-    def _track(self, d):
-        self._in_flight.add(d)
-
-        def forget(result):
-            self._in_flight.discard(d)
-            return result
-
-        return d.addBoth(forget)
 
     @staticmethod
     def _ignore_cancel(failure):
@@ -388,7 +381,7 @@ class PoolSyncManager:
         self._lease_loop_done = None
         self._started_scope = False
         self._running = False
-        self._in_flight = set()
+        self._in_flight = InFlight()
         self._stopping = []
 
     @property
@@ -411,7 +404,7 @@ class PoolSyncManager:
         if self._stopping:
             yield defer.DeferredList(self._stopping, consumeErrors=True)
         try:
-            yield self._track(self.coordinator.delete(
+            yield self._in_flight.track(self.coordinator.delete(
                 gvrs.LEASES, INFORMER_SYNC_LEASE_NAME, INFORMER_SYNC_LEASE_NAMESPACE))
         except NotFound:
             self.log.debug("no informer sync lease to delete on node {node}",
@@ -419,8 +412,9 @@ class PoolSyncManager:
         known = merge_resources(self.pool_scope.defaults, self.pool_scope.configured)
         if self.pool_scope.resources:
             known = merge_resources(known, self.pool_scope.resources)
-        yield self._track(store.recover_pool_scoped_keys(known, component=self.component))
-        deleted = yield self._track(store.delete_component_resources(self.component))
+        yield self._in_flight.track(
+            store.recover_pool_scoped_keys(known, component=self.component))
+        deleted = yield self._in_flight.track(store.delete_component_resources(self.component))
         self.log.info("pool sync starting on node {node}: informer sync lease deleted, "
                       "{deleted} old pool-scoped keys deleted", node=self.node_name,
                       deleted=deleted)
@@ -446,8 +440,7 @@ class PoolSyncManager:
         if self._started_scope:
             self._started_scope = False
             waits.append(self.pool_scope.stop())
-        for d in list(self._in_flight):
-            d.cancel()
+        self._in_flight.cancel_all()
         if self._lease_loop is not None:
             loop, self._lease_loop = self._lease_loop, None
             if loop.running:
@@ -498,7 +491,7 @@ class PoolSyncManager:
             yield mirror.stop()
             if self._running and self.store is store:
                 try:
-                    yield self._track(store.replace_component_list(
+                    yield self._in_flight.track(store.replace_component_list(
                         self.component, mirror.gvr, None, []))
                 except Exception as e:
                     if self._running:
@@ -548,7 +541,7 @@ class PoolSyncManager:
             record = LeaseRecord(self.node_name, int(self.informer_lease_renew),
                                  record.acquire_time or now, now, record.lease_transitions)
             try:
-                self.lease = yield self._track(self.coordinator.update(
+                self.lease = yield self._in_flight.track(self.coordinator.update(
                     gvrs.LEASES, with_record(self.lease, record)))
                 self.lease_writes += 1
                 return
@@ -557,11 +550,11 @@ class PoolSyncManager:
         try:
             self.lease = yield self._create_lease(now)
         except AlreadyExists:
-            current = yield self._track(self.coordinator.get(
+            current = yield self._in_flight.track(self.coordinator.get(
                 gvrs.LEASES, INFORMER_SYNC_LEASE_NAME, INFORMER_SYNC_LEASE_NAMESPACE))
             record = LeaseRecord(self.node_name, int(self.informer_lease_renew), now, now,
                                  LeaseRecord.from_lease(current).lease_transitions)
-            self.lease = yield self._track(self.coordinator.update(
+            self.lease = yield self._in_flight.track(self.coordinator.update(
                 gvrs.LEASES, with_record(current, record)))
         self.lease_writes += 1
         self.log.info("informer sync lease {namespace}/{name} written by node {node}",
@@ -576,13 +569,13 @@ class PoolSyncManager:
         owner = yield self._node_owner()
         if owner is not None:
             lease["metadata"]["ownerReferences"] = [owner]
-        created = yield self._track(self.coordinator.create(gvrs.LEASES, lease))
+        created = yield self._in_flight.track(self.coordinator.create(gvrs.LEASES, lease))
         return created
 
     @defer.inlineCallbacks
     def _node_owner(self):
         try:
-            node = yield self._track(self.coordinator.get(gvrs.NODES, self.node_name))
+            node = yield self._in_flight.track(self.coordinator.get(gvrs.NODES, self.node_name))
         except NotFound:
             return None
         meta = node.get("metadata") or {}
@@ -591,25 +584,9 @@ class PoolSyncManager:
         return {"apiVersion": "v1", "kind": "Node", "name": self.node_name,
                 "uid": meta["uid"]}
 
-    def _track(self, d):
-        self._in_flight.add(d)
-
-        def forget(result):
-            self._in_flight.discard(d)
-            return result
-
-        return d.addBoth(forget)
-
 
 def _resource_version(obj):
     rv = (obj.get("metadata") or {}).get("resourceVersion")
     if isinstance(rv, str) and rv.isdigit():
         return int(rv)
     return None
-
-
-def _sleep(reactor, seconds):
-    """A cancellable pause on ``reactor``."""
-    d = defer.Deferred(lambda d: call.cancel() if call.active() else None)
-    call = reactor.callLater(seconds, d.callback, None)
-    return d

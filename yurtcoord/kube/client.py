@@ -50,6 +50,7 @@ from twisted.web.http import PotentialDataLoss
 from twisted.web.iweb import IAgentEndpointFactory
 from zope.interface import implementer
 
+from yurtcoord.inflight import InFlight
 from yurtcoord.kube.errors import (
     ConnectionFailed, KubeError, ServerError, Timeout, error_from_status,
 )
@@ -292,7 +293,7 @@ class KubeClient:
         self._http = treq.client.HTTPClient(Agent.usingEndpointFactory(reactor, endpoints, pool))
         self._token = _BearerToken(config.token, config.token_file)
         self._watches = set()
-        self._requests = set()
+        self._requests = InFlight()
         self._closed = False
 
     # -- plumbing ---------------------------------------------------------
@@ -362,13 +363,7 @@ class KubeClient:
         self._arm_timeout(d, url, method)
         d.addCallback(got_body)
         d.addErrback(self._map_failure, url)
-        self._requests.add(d)
-
-        def forget(result):
-            self._requests.discard(d)
-            return result
-        d.addBoth(forget)
-        return d
+        return self._requests.track(d)
 
     def _map_failure(self, failure, url):
         if failure.check(KubeError):
@@ -467,8 +462,7 @@ class KubeClient:
         """Cancel running watches and requests (they fail with ConnectionFailed) and
         close every pooled connection. Requests made afterwards fail at once."""
         self._closed = True
-        for request in list(self._requests):
-            request.cancel()
+        self._requests.cancel_all()
         watches = list(self._watches)
         for watch in watches:
             watch.cancel()

@@ -14,7 +14,7 @@ import treq
 import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from twisted.internet import defer, protocol, reactor, ssl
+from twisted.internet import defer, reactor, ssl
 from twisted.internet.address import IPv4Address
 from twisted.internet.error import ConnectionRefusedError, ProcessExitedAlready
 from twisted.internet.task import Clock
@@ -29,11 +29,12 @@ from yurtcoord.kube import gvr as gvrs
 from yurtcoord.kube.errors import AlreadyExists, Conflict, Gone, NotFound
 from yurtcoord.kube.gvr import GroupVersionResource
 from yurtcoord.testing.apiserver import Catalog, KubeAPIServer, ObjectStore, ResourceType
-from yurtcoord.testing.apiserver.clients import poll_until
 from yurtcoord.testing.apiserver.selectors import (
     FieldSelector, LabelSelector, ObjectFilter, SelectorError)
 from yurtcoord.testing.apiserver.watch import WatchStream
 from yurtcoord.testing.pki import CertPair, TestCA
+from yurtcoord.testing.poll import poll_until
+from yurtcoord.testing.processes import CollectingProcess
 
 CM = "/api/v1/namespaces/default/configmaps"
 # Property tests run a fixed example set by default (stable CI); set
@@ -154,7 +155,7 @@ class ServerTestCase(unittest.TestCase):
             yield reader.done
 
     def wait(self, condition, message="condition", timeout=10.0):
-        return poll_until(reactor, condition, timeout=timeout, message=message)
+        return poll_until(condition, timeout=timeout, what=message)
 
     def assertStatus(self, body, code, reason):
         self.assertEqual(body["kind"], "Status")
@@ -923,30 +924,18 @@ class WatchStreamClockTests(unittest.TestCase):
         self.assertEqual(self.store.watcher_count(), 0)
 
 
-class _ProcessOutput(protocol.ProcessProtocol):
-    def __init__(self):
-        self.out = b""
-        self.ended = defer.Deferred()
-
-    def outReceived(self, data):
-        self.out += data
-
-    def processEnded(self, reason):
-        self.ended.callback(reason.value)
-
-
 class StandaloneTests(unittest.TestCase):
     """``python -m yurtcoord.testing.apiserver`` prints its URL and serves."""
 
     @defer.inlineCallbacks
     def run_module(self, args, check):
-        output = _ProcessOutput()
+        output = CollectingProcess()
         process = reactor.spawnProcess(
             output, sys.executable,
             [sys.executable, "-m", "yurtcoord.testing.apiserver", "--port", "0", *args],
             env=dict(os.environ))
         try:
-            yield poll_until(reactor, lambda: b"\n" in output.out, message="the URL line")
+            yield poll_until(lambda: b"\n" in output.out, what="the URL line")
             yield check(output.out.decode().splitlines()[0])
         finally:
             if not output.ended.called:

@@ -12,15 +12,17 @@ import tempfile
 from kubernetes import client as kube
 from kubernetes import watch as kube_watch
 from kubernetes.client.rest import ApiException
-from twisted.internet import defer, protocol, reactor, threads
+from twisted.internet import defer, reactor, threads
 from twisted.internet.error import ProcessExitedAlready
 from twisted.internet.utils import getProcessOutputAndValue
 from twisted.trial import unittest
 
 from yurtcoord.kube import gvr as gvrs
 from yurtcoord.testing.apiserver import KubeAPIServer
-from yurtcoord.testing.apiserver.clients import poll_until, write_kubeconfig
+from yurtcoord.testing.apiserver.clients import write_kubeconfig
 from yurtcoord.testing.pki import TestCA
+from yurtcoord.testing.poll import poll_until
+from yurtcoord.testing.processes import CollectingProcess
 
 KUBECTL = shutil.which("kubectl") or "/usr/bin/kubectl"
 
@@ -42,7 +44,7 @@ class _ServerCase(unittest.TestCase):
         self.addCleanup(self.server.stop)
 
     def wait(self, condition, message="condition", timeout=15.0):
-        return poll_until(reactor, condition, timeout=timeout, message=message)
+        return poll_until(condition, timeout=timeout, what=message)
 
 
 class KubernetesClientTests(_ServerCase):
@@ -183,22 +185,6 @@ def _field(result, name):
     return result[name] if isinstance(result, dict) else getattr(result, name)
 
 
-class _CollectingProcess(protocol.ProcessProtocol):
-    def __init__(self):
-        self.out = b""
-        self.err = b""
-        self.ended = defer.Deferred()
-
-    def outReceived(self, data):
-        self.out += data
-
-    def errReceived(self, data):
-        self.err += data
-
-    def processEnded(self, reason):
-        self.ended.callback(reason.value)
-
-
 class KubectlTests(_ServerCase):
     """kubectl as a subprocess, with a kubeconfig written for the server."""
 
@@ -289,7 +275,7 @@ class KubectlTests(_ServerCase):
 
     @defer.inlineCallbacks
     def test_get_watch_until_first_event(self):
-        process = _CollectingProcess()
+        process = CollectingProcess()
         transport = reactor.spawnProcess(
             process, KUBECTL,
             [KUBECTL, *self.args("get", "leases", "-n", "kube-node-lease", "-w",

@@ -17,7 +17,8 @@ from yurtcoord.certs import (
 from yurtcoord.kube.client import ClientConfig, KubeClient
 from yurtcoord.kube.gvr import NAMESPACES, SECRETS
 from yurtcoord.testing.apiserver import KubeAPIServer
-from yurtcoord.testing.apiserver.clients import poll_until
+from yurtcoord.testing.fakeinformer import FakeInformer
+from yurtcoord.testing.poll import poll_until
 from yurtcoord.testing.pki import TestCA, read_pem
 
 NAMESPACE = "kube-system"
@@ -59,38 +60,6 @@ class Bundle:
 def secret(data, name=CERTS_SECRET_NAME, namespace=NAMESPACE):
     return {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
             "metadata": {"name": name, "namespace": namespace}, "data": data}
-
-
-class FakeInformer:
-    def __init__(self, synced=None):
-        self.handlers = []
-        self.started = self.stopped = 0
-        self.sync = defer.Deferred() if synced is None else defer.succeed(synced)
-
-    def add_handler(self, on_add=None, on_update=None, on_delete=None, filter=None):
-        self.handlers.append((on_add, on_update, on_delete))
-
-    def start(self):
-        self.started += 1
-
-    def stop(self):
-        self.stopped += 1
-        return defer.succeed(None)
-
-    def wait_for_sync(self):
-        return self.sync
-
-    def add(self, obj):
-        for handler, _, _ in self.handlers:
-            handler(obj)
-
-    def update(self, old, new):
-        for _, handler, _ in self.handlers:
-            handler(old, new)
-
-    def delete(self, obj):
-        for _, _, handler in self.handlers:
-            handler(obj)
 
 
 class CertManagerTests(unittest.TestCase):
@@ -336,7 +305,7 @@ class CertManagerLiveTests(unittest.TestCase):
         self.coordinator.store.create(NAMESPACES, {"metadata": {"name": "default"}})
         self.cloud.store.create(SECRETS, secret(first.data()))
         yield self.manager.start()
-        yield poll_until(reactor, lambda: self.manager.ready, message="certs written")
+        yield poll_until(lambda: self.manager.ready, what="certs written")
         for name, content in first.files().items():
             self.assertEqual(self.pki_file(name), content)
             self.assertEqual(stat.S_IMODE(os.stat(os.path.join(self.pki_dir, name)).st_mode), 0o600)
@@ -360,8 +329,8 @@ class CertManagerLiveTests(unittest.TestCase):
         stored["data"] = second.data()
         self.cloud.store.update(SECRETS, stored)
         yield poll_until(
-            reactor, lambda: self.pki_file("node-lease-proxy-client.key") == second.proxy_key,
-            message="rotated certs written")
+            lambda: self.pki_file("node-lease-proxy-client.key") == second.proxy_key,
+            what="rotated certs written")
         subject = yield self.subject_of_new_connection(client)
         self.assertEqual(subject, "CN=system:yurthub:two,O=openyurt:yurthub")
         subject = yield self.subject_of_new_connection(proxy)
@@ -372,13 +341,13 @@ class CertManagerLiveTests(unittest.TestCase):
         stored = self.cloud.store.get(SECRETS, CERTS_SECRET_NAME, NAMESPACE)
         stored["data"]["yurt-coordinator-yurthub-client.key"] = b64(first.hub_key)
         self.cloud.store.update(SECRETS, stored)
-        yield poll_until(reactor, lambda: self.manager.rejected > rejected,
-                         message="malformed pair rejected")
+        yield poll_until(lambda: self.manager.rejected > rejected,
+                         what="malformed pair rejected")
         self.assertEqual(self.pki_file("yurt-coordinator-yurthub-client.key"), second.hub_key)
         subject = yield self.subject_of_new_connection(client)
         self.assertEqual(subject, "CN=system:yurthub:two,O=openyurt:yurthub")
 
         self.cloud.store.delete(SECRETS, CERTS_SECRET_NAME, NAMESPACE)
-        yield poll_until(reactor, lambda: not self.manager.ready, message="certs dropped")
+        yield poll_until(lambda: not self.manager.ready, what="certs dropped")
         self.assertEqual(os.listdir(self.pki_dir), [])
         self.assertGreaterEqual(self.changes, 3)

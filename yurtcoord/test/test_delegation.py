@@ -20,9 +20,10 @@ from yurtcoord.kube.errors import Conflict, ServerError
 from yurtcoord.kube.gvr import LEASES
 from yurtcoord.kube.lease import format_micro_time, parse_micro_time
 from yurtcoord.testing.apiserver import KubeAPIServer
-from yurtcoord.testing.apiserver.clients import poll_until
+from yurtcoord.testing.fakeinformer import FakeInformer
 from yurtcoord.testing.fakekube import FakeKube
 from yurtcoord.testing.pki import TestCA
+from yurtcoord.testing.poll import poll_until
 
 T0 = 1_800_000_000.0
 CLOUD_A = "https://cloud-a:6443"
@@ -68,37 +69,6 @@ def cloud_lease(name, renewed, annotations=None, holder=None):
         "spec": {"holderIdentity": holder or name, "leaseDurationSeconds": 40,
                  "renewTime": format_micro_time(renewed)},
     }
-
-
-class FakeInformer:
-    """Delivers the events a test emits; records start and stop."""
-
-    def __init__(self):
-        self.handlers = []
-        self.started = 0
-        self.stopped = 0
-
-    def add_handler(self, on_add=None, on_update=None, on_delete=None, filter=None):
-        self.handlers.append((on_add, on_update, on_delete))
-
-    def start(self):
-        self.started += 1
-
-    def stop(self):
-        self.stopped += 1
-        return defer.succeed(None)
-
-    def add(self, obj):
-        for on_add, _, _ in self.handlers:
-            on_add(obj)
-
-    def update(self, old, new):
-        for _, on_update, _ in self.handlers:
-            on_update(old, new)
-
-    def delete(self, obj):
-        for _, _, on_delete in self.handlers:
-            on_delete(obj)
 
 
 class RecordingKube(FakeKube):
@@ -549,8 +519,8 @@ class DelegationLiveTests(unittest.TestCase):
         self.pool.store.create(LEASES, self.pool_lease("node-b", T0 + 1))
         self.pool.store.create(LEASES, self.pool_lease("node-c", T0 + 1, delegated=False))
         yield self.delegation.start(None)
-        yield poll_until(reactor, lambda: self.cloud_renew_time("node-b") == T0 + 1,
-                         message="node-b's lease created in the cloud")
+        yield poll_until(lambda: self.cloud_renew_time("node-b") == T0 + 1,
+                         what="node-b's lease created in the cloud")
         created = self.cloud.store.get(LEASES, "node-b", NODE_LEASE_NAMESPACE)
         pooled = self.pool.store.get(LEASES, "node-b", NODE_LEASE_NAMESPACE)
         self.assertEqual(created["spec"]["holderIdentity"], "node-b")
@@ -563,8 +533,8 @@ class DelegationLiveTests(unittest.TestCase):
             pooled = self.pool.store.get(LEASES, "node-b", NODE_LEASE_NAMESPACE)
             pooled["spec"]["renewTime"] = format_micro_time(T0 + step)
             self.pool.store.update(LEASES, pooled)
-            yield poll_until(reactor, lambda: self.cloud_renew_time("node-b") == T0 + step,
-                             message=f"renewal {step} forwarded")
+            yield poll_until(lambda: self.cloud_renew_time("node-b") == T0 + step,
+                             what=f"renewal {step} forwarded")
         self.assertIsNone(self.cloud.store.get(LEASES, "node-c", NODE_LEASE_NAMESPACE))
 
         # A newer renewal the node wrote itself is never moved back.
@@ -574,8 +544,8 @@ class DelegationLiveTests(unittest.TestCase):
         pooled = self.pool.store.get(LEASES, "node-b", NODE_LEASE_NAMESPACE)
         pooled["spec"]["renewTime"] = format_micro_time(T0 + 4)
         self.pool.store.update(LEASES, pooled)
-        yield poll_until(reactor, lambda: self.delegation.skipped >= 1,
-                         message="older renewal skipped")
+        yield poll_until(lambda: self.delegation.skipped >= 1,
+                         what="older renewal skipped")
         self.assertEqual(self.cloud_renew_time("node-b"), T0 + 100)
 
         subjects = set(self.cloud.client_subjects)
@@ -588,11 +558,11 @@ class DelegationLiveTests(unittest.TestCase):
         yield self.delegation.start(None)
         yield self.cloud.faults.down()
         self.pool.store.create(LEASES, self.pool_lease("node-b", T0 + 1))
-        yield poll_until(reactor, lambda: self.delegation.failures >= 1,
-                         message="a failed delegation")
+        yield poll_until(lambda: self.delegation.failures >= 1,
+                         what="a failed delegation")
         pooled = self.pool.store.get(LEASES, "node-b", NODE_LEASE_NAMESPACE)
         pooled["spec"]["renewTime"] = format_micro_time(T0 + 2)
         self.pool.store.update(LEASES, pooled)
         yield self.cloud.faults.up()
-        yield poll_until(reactor, lambda: self.cloud_renew_time("node-b") == T0 + 2,
-                         message="newest state delivered after the cloud came back")
+        yield poll_until(lambda: self.cloud_renew_time("node-b") == T0 + 2,
+                         what="newest state delivered after the cloud came back")

@@ -25,25 +25,7 @@ from yurtcoord.etcd.errors import (
 )
 from yurtcoord.testing.etcd import EtcdProcess, free_port, make_etcd_test_classes
 from yurtcoord.testing.pki import TestCA
-
-POLL_DEADLINE = 10.0
-
-
-def poll_until(condition, deadline=POLL_DEADLINE, interval=0.005):
-    """Fire once ``condition()`` is true, checking every few ms; fail after ``deadline`` s."""
-    d = defer.Deferred()
-    give_up = reactor.seconds() + deadline
-
-    def check():
-        if condition():
-            d.callback(None)
-        elif reactor.seconds() > give_up:
-            d.errback(AssertionError(f"condition not met within {deadline}s"))
-        else:
-            reactor.callLater(interval, check)
-
-    check()
-    return d
+from yurtcoord.testing.poll import poll_until
 
 
 class OnlineTestsMixin:

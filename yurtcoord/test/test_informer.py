@@ -9,6 +9,8 @@ from yurtcoord.kube import errors
 from yurtcoord.kube.backoff import Backoff
 from yurtcoord.kube.gvr import CONFIGMAPS, NODES
 from yurtcoord.kube.informer import Informer, object_key
+from yurtcoord.testing.apiserver.clients import start_server_with_client
+from yurtcoord.testing.poll import poll_until
 
 
 def cm(name, rv, ns="ns", **labels):
@@ -285,15 +287,9 @@ class InformerAgainstTestServerTests(unittest.TestCase):
     @defer.inlineCallbacks
     def setUp(self):
         from twisted.internet import reactor
-        from yurtcoord.kube.client import ClientConfig, KubeClient
-        from yurtcoord.testing.apiserver import KubeAPIServer
-
         self.reactor = reactor
-        self.server = KubeAPIServer(reactor, history=1000, bookmark_interval=0.2)
-        url = yield self.server.start(port=0)
-        self.addCleanup(self.server.stop)
-        self.client = KubeClient(reactor, ClientConfig(server=url, insecure=True, timeout=2.0))
-        self.addCleanup(self.client.close)
+        self.server, self.client = yield start_server_with_client(
+            self, reactor, client_timeout=2.0, history=1000, bookmark_interval=0.2)
         self.informer = Informer(
             reactor, self.client, CONFIGMAPS, namespace="ns",
             backoff=Backoff(initial=0.05, maximum=0.4, jitter=0.5))
@@ -333,8 +329,6 @@ class InformerAgainstTestServerTests(unittest.TestCase):
 
     @defer.inlineCallbacks
     def test_store_survives_cut_mid_line_410_and_server_down(self):
-        from yurtcoord.test.test_kube_client import poll_until
-
         self.mutate(0)
         self.informer.start()
         yield self.informer.wait_for_sync()
@@ -372,9 +366,9 @@ class InformerAgainstTestServerTests(unittest.TestCase):
         back = []
         call = self.reactor.callLater(5.0, lambda: self.server.faults.up().addCallback(back.append))
         self.addCleanup(lambda: call.cancel() if call.active() else None)
-        yield poll_until(lambda: back, deadline=15)
+        yield poll_until(lambda: back, timeout=15)
         self.assertGreater(self.informer.watches - watches_before, 3)  # kept retrying
-        yield poll_until(self.converged, deadline=10)
+        yield poll_until(self.converged, timeout=10)
         self.assert_consistent()
         # 410 aside, everything was resumed rather than relisted.
         self.assertEqual(self.informer.lists, 2)
@@ -385,8 +379,6 @@ class InformerAgainstTestServerTests(unittest.TestCase):
 
     @defer.inlineCallbacks
     def test_500_and_garbage_answers_are_retried_until_synced(self):
-        from yurtcoord.test.test_kube_client import poll_until
-
         self.mutate(0, count=10)
         self.server.faults.fail_next(2, code=500)
         self.server.faults.garbage_next(1)
@@ -405,8 +397,6 @@ class InformerAgainstTestServerTests(unittest.TestCase):
 
     @defer.inlineCallbacks
     def test_bookmarks_advance_the_resume_version(self):
-        from yurtcoord.test.test_kube_client import poll_until
-
         self.informer.start()
         yield self.informer.wait_for_sync()
         listed_rv = self.informer.resource_version
@@ -419,8 +409,6 @@ class InformerAgainstTestServerTests(unittest.TestCase):
 
     @defer.inlineCallbacks
     def test_stop_while_the_server_is_down_leaves_nothing_behind(self):
-        from yurtcoord.test.test_kube_client import poll_until
-
         self.informer.start()
         yield self.informer.wait_for_sync()
         watches = self.informer.watches

@@ -8,7 +8,6 @@ import time
 
 from cryptography.x509.oid import NameOID
 from twisted.internet import defer, reactor, ssl
-from twisted.internet.task import deferLater
 from twisted.trial import unittest
 from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET, Site
@@ -19,16 +18,7 @@ from yurtcoord.kube.gvr import CONFIGMAPS, NODES
 from yurtcoord.kube.kubeconfig import KubeconfigError
 from yurtcoord.kube.tls import TLSConfigError
 from yurtcoord.testing.pki import TestCA
-
-
-@defer.inlineCallbacks
-def poll_until(condition, deadline=10.0, interval=0.005):
-    """Wait until ``condition()`` is true, checking every few ms; fail after ``deadline`` s."""
-    end = time.monotonic() + deadline
-    while not condition():
-        if time.monotonic() > end:
-            raise AssertionError(f"condition not met within {deadline}s: {condition}")
-        yield deferLater(reactor, interval, lambda: None)
+from yurtcoord.testing.poll import poll_until
 
 
 def status(code, reason, message=""):

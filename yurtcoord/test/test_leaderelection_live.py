@@ -16,7 +16,7 @@ Bounds (timings: lease 2 s, renew deadline 1.5 s, retry 0.3 s):
 """
 
 from twisted.internet import defer, reactor
-from twisted.internet.task import LoopingCall, deferLater
+from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
 from twisted.trial import unittest
 
@@ -25,6 +25,7 @@ from yurtcoord.kube.gvr import LEASES
 from yurtcoord.kube.lease import LeaseRecord
 from yurtcoord.kube.leaderelection import LeaderElectionConfig, LeaderElector
 from yurtcoord.testing.apiserver import KubeAPIServer
+from yurtcoord.testing.poll import poll_until
 
 NS, NAME = "kube-system", "yurthub"
 LEASE_DURATION, RENEW_DEADLINE, RETRY_PERIOD = 2.0, 1.5, 0.3
@@ -32,17 +33,6 @@ LOAD_SLACK = 0.4
 ABRUPT_BOUND = LEASE_DURATION + RETRY_PERIOD + LOAD_SLACK
 GRACEFUL_BOUND = RETRY_PERIOD + 0.5
 RUN_FOR = 10.0
-
-
-@defer.inlineCallbacks
-def poll_until(condition, timeout, what, interval=0.005):
-    """Wait until ``condition()`` is true, checking every ``interval`` seconds;
-    fail after ``timeout`` seconds."""
-    deadline = reactor.seconds() + timeout
-    while not condition():
-        if reactor.seconds() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        yield deferLater(reactor, interval, lambda: None)
 
 
 class LeadershipTracker:
@@ -141,7 +131,7 @@ class LiveElectionTests(unittest.TestCase):
                 seen.add(record.renew_time)
             return len(seen) > count
 
-        yield poll_until(renewed, RENEW_DEADLINE * count, f"{count} renewals by {leader}")
+        yield poll_until(renewed, RENEW_DEADLINE * count, what=f"{count} renewals by {leader}")
 
     @defer.inlineCallbacks
     def test_one_leader_at_a_time_through_stops_and_kills(self):
@@ -149,7 +139,7 @@ class LiveElectionTests(unittest.TestCase):
         began = reactor.seconds()
         for elector in self.electors.values():
             elector.start()
-        yield poll_until(lambda: self.tracker.leader is not None, 5.0, "a first leader")
+        yield poll_until(lambda: self.tracker.leader is not None, 5.0, what="a first leader")
 
         takeovers = {"graceful": [], "kill": []}
         rounds = 0
@@ -163,7 +153,7 @@ class LiveElectionTests(unittest.TestCase):
             transitions = self.tracker.lease_record().lease_transitions
             stopping = self.electors[leader].stop(release=(mode == "graceful"))
             yield poll_until(lambda: self.tracker.leader not in (None, leader),
-                             ABRUPT_BOUND + 5.0, f"a new leader after {mode} of {leader}")
+                             ABRUPT_BOUND + 5.0, what=f"a new leader after {mode} of {leader}")
             started_at, successor = self.tracker.started[-1]
             takeovers[mode].append(started_at - stopped_at)
             self.assertNotEqual(successor, leader)
@@ -188,7 +178,7 @@ class LiveElectionTests(unittest.TestCase):
         self.sampler.start(0.005, now=True)
         for elector in self.electors.values():
             elector.start()
-        yield poll_until(lambda: self.tracker.leader is not None, 5.0, "a first leader")
+        yield poll_until(lambda: self.tracker.leader is not None, 5.0, what="a first leader")
         leader = self.tracker.leader
         yield self.wait_for_renewals(leader, 2)
         return leader
@@ -201,7 +191,7 @@ class LiveElectionTests(unittest.TestCase):
         went_down = reactor.seconds()
         yield self.server.faults.down()
         yield poll_until(lambda: not self.tracker.leaders, RENEW_DEADLINE + 5.0,
-                         f"{leader} to stop leading")
+                         what=f"{leader} to stop leading")
         gave_up_after = reactor.seconds() - went_down
         self.assertLessEqual(gave_up_after, RENEW_DEADLINE + LOAD_SLACK)
         # Not before renew_deadline after its last renewal (at most one retry
@@ -212,7 +202,7 @@ class LiveElectionTests(unittest.TestCase):
         came_back = reactor.seconds()
         yield self.server.faults.up()
         yield poll_until(lambda: self.tracker.leader is not None,
-                         LEASE_DURATION + 5.0, "a leader after the server came back")
+                         LEASE_DURATION + 5.0, what="a leader after the server came back")
         back_after = self.tracker.started[-1][0] - came_back
         # Candidates retry with jitter after errors: up to retry_period * 2.2.
         self.assertLessEqual(back_after, LEASE_DURATION + RETRY_PERIOD * 2.2 + LOAD_SLACK)

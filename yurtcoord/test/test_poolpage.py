@@ -7,13 +7,14 @@ import re
 import shutil
 
 import treq.client
-from twisted.internet import defer, error, protocol, reactor
+from twisted.internet import defer, error, reactor
 from twisted.trial import unittest
 from twisted.web.client import Agent, HTTPConnectionPool
 from zope.interface import implementer
 
 from yurtcoord.metrics import Metrics
 from yurtcoord.status import IStatusSource, InitialStatus, rfc3339, status_site
+from yurtcoord.testing.processes import CollectingProcess
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 CHROMIUM_TIMEOUT = 90.0
@@ -54,19 +55,8 @@ class ChangingLeaderStatus:
         }
 
 
-class ChromiumRun(protocol.ProcessProtocol):
+class ChromiumRun(CollectingProcess):
     """One chromium child; ``ended`` fires with (exit code, stdout, stderr)."""
-
-    def __init__(self):
-        self.out = b""
-        self.err = b""
-        self.ended = defer.Deferred()
-
-    def outReceived(self, data):
-        self.out += data
-
-    def errReceived(self, data):
-        self.err += data
 
     def processEnded(self, reason):
         code = getattr(reason.value, "exitCode", None)

@@ -10,15 +10,14 @@ from twisted.logger import Logger, formatEvent
 from twisted.trial import unittest
 
 from yurtcoord.kube import gvr as gvrs
-from yurtcoord.kube.client import ClientConfig, KubeClient
 from yurtcoord.kube.errors import NotFound, ServerError
 from yurtcoord.kube.gvr import GroupVersionResource
 from yurtcoord.poolscope import (
     DEFAULT_POOL_SCOPE_RESOURCES, HealthyCloudClient, PoolScopeResources,
     merge_resources, parse_pool_scope_resources, resource_id,
 )
-from yurtcoord.testing.apiserver import KubeAPIServer
-from yurtcoord.testing.apiserver.clients import poll_until
+from yurtcoord.testing.apiserver.clients import start_server_with_client
+from yurtcoord.testing.poll import poll_until
 
 SERVICES_ENTRY = '[{"group":"","version":"v1","resource":"services"}]'
 
@@ -369,11 +368,7 @@ class PoolScopeLiveTests(unittest.TestCase):
 
     @defer.inlineCallbacks
     def setUp(self):
-        self.server = KubeAPIServer(reactor)
-        url = yield self.server.start(port=0)
-        self.addCleanup(self.server.stop)
-        self.client = KubeClient(reactor, ClientConfig(server=url, insecure=True))
-        self.addCleanup(self.client.close)
+        self.server, self.client = yield start_server_with_client(self, reactor)
 
     @defer.inlineCallbacks
     def test_configmap_edit_takes_effect_and_unknown_group_is_dropped(self):
@@ -381,19 +376,19 @@ class PoolScopeLiveTests(unittest.TestCase):
         messages = capture_log(scope)
         self.addCleanup(scope.stop)
         scope.start()
-        yield poll_until(reactor, lambda: scope.resources is not None, message="first resolution")
+        yield poll_until(lambda: scope.resources is not None, what="first resolution")
         self.assertEqual(ids(scope.resources), DEFAULT_IDS)
         self.server.store.create(gvrs.CONFIGMAPS, {
             "metadata": {"name": "yurt-hub-cfg", "namespace": "kube-system"},
             "data": {"pool_scope_resources":
                      '[{"Group":"","Version":"v1","Resource":"services"},'
                      ' {"group":"example.com","version":"v1","resource":"widgets"}]'}})
-        yield poll_until(reactor, lambda: len(scope.resources) == 4, message="services added")
+        yield poll_until(lambda: len(scope.resources) == 4, what="services added")
         self.assertEqual(ids(scope.resources)[-1], ("", "v1", "services"))
         self.assertTrue(any("widgets.v1.example.com" in m and "dropped" in m for m in messages),
                         messages)
         self.server.store.delete(gvrs.CONFIGMAPS, "yurt-hub-cfg", "kube-system")
-        yield poll_until(reactor, lambda: len(scope.resources) == 3, message="back to defaults")
+        yield poll_until(lambda: len(scope.resources) == 3, what="back to defaults")
 
     @defer.inlineCallbacks
     def test_discovery_of_a_cluster_scoped_resource(self):
@@ -401,6 +396,6 @@ class PoolScopeLiveTests(unittest.TestCase):
             GroupVersionResource("", "v1", "nodes"),))
         self.addCleanup(scope.stop)
         scope.start()
-        yield poll_until(reactor, lambda: scope.resources is not None, message="resolution")
+        yield poll_until(lambda: scope.resources is not None, what="resolution")
         self.assertEqual([(g.resource, g.namespaced) for g in scope.resources],
                          [("nodes", False)])

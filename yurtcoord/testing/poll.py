@@ -23,7 +23,7 @@ def _describe(condition, what):
     return name or repr(condition)
 
 
-def poll_until(condition, timeout, interval=0.01, reactor=None, what=None):
+def poll_until(condition, timeout=10.0, interval=0.01, reactor=None, what=None):
     """Fire once ``condition()`` is true; check it every ``interval`` seconds.
 
     ``condition`` returns a bool or a Deferred firing with one (an errback counts as

@@ -1,11 +1,11 @@
 """Helpers for tests that talk to the test API server: a kubeconfig for
-kubectl and client-go style clients, and a bounded poll."""
-
-import time
+kubectl and client-go style clients, and the server with a ``KubeClient`` on it."""
 
 import yaml
 from twisted.internet import defer
-from twisted.internet.task import deferLater
+
+from yurtcoord.kube.client import ClientConfig, KubeClient
+from yurtcoord.testing.apiserver.server import KubeAPIServer
 
 
 def write_kubeconfig(path, url, ca_file=None, client_pair=None, namespace="default"):
@@ -32,15 +32,18 @@ def write_kubeconfig(path, url, ca_file=None, client_pair=None, namespace="defau
     return path
 
 
+
 @defer.inlineCallbacks
-def poll_until(reactor, condition, timeout=10.0, interval=0.005, message="condition"):
-    """Check ``condition()`` every ``interval`` seconds until it is true (returns
-    its value) or ``timeout`` seconds of wall time pass (raises AssertionError)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {message}")
-        yield deferLater(reactor, interval, lambda: None)
+def start_server_with_client(case, reactor, client_timeout=ClientConfig.timeout,
+                             **server_options):
+    """Start a ``KubeAPIServer`` (plain http, free port, ``server_options``) and a
+    ``KubeClient`` on it; ``case``'s cleanups close the client, then stop the server.
+
+    Fires with ``(server, client)``.
+    """
+    server = KubeAPIServer(reactor, **server_options)
+    url = yield server.start(port=0)
+    case.addCleanup(server.stop)
+    client = KubeClient(reactor, ClientConfig(server=url, insecure=True, timeout=client_timeout))
+    case.addCleanup(client.close)
+    return server, client
