@@ -1,0 +1,531 @@
+"""A pool whose agents run as separate ``twistd -n yurtcoord`` processes, for fault tests.
+
+``ProcessWorld`` owns one real etcd (``EtcdProcess``), a cloud and a coordinator
+Kubernetes API test server served from the test's own reactor (so that their fault
+knobs are plain method calls), and any number of agents, each a child process with
+its own ini file, status port, local cache dir, pki dir and log file in the world's
+temp dir. Every agent reaches the cloud through a ``TCPProxy`` of its own, so the
+cloud can be cut for one agent or for all.
+
+It also judges the outcome: ``statuses()`` reads every live agent's ``/status``, and
+``pool_problems()`` compares the pool etcd (read with ``etcdctl``, an independent
+client) with the cloud's pool-scoped objects and with what the agents' local caches
+hold: an object missing, left over, or with a lower resourceVersion than its source is
+a problem. Blocking etcd steps (start, kill, restart) run in a thread so that the
+in-process apiservers keep answering the agents meanwhile.
+"""
+
+import base64
+import json
+import os
+import shutil
+import sys
+import tempfile
+
+import treq.client
+from twisted.internet import defer, error, protocol
+from twisted.internet.threads import deferToThread
+from twisted.internet.utils import getProcessOutputAndValue
+from twisted.web.client import Agent as HTTPAgent, HTTPConnectionPool
+
+from yurtcoord.kube.gvr import ENDPOINTS, LEASES
+from yurtcoord.testing.apiserver import KubeAPIServer
+from yurtcoord.testing.etcd import EtcdProcess, etcd_binary_for
+from yurtcoord.testing.poll import PollTimeout, poll_until
+from yurtcoord.testing.tcpproxy import TCPProxy
+
+POOL = "pool-a"
+ELECTION_NAMESPACE, ELECTION_LEASE = "kube-system", "yurthub"
+NODE_LEASE_NAMESPACE = "kube-node-lease"
+STORAGE_PREFIX = "/registry"
+MIRROR_RV_PREFIX = "/mirror/rv"
+ENDPOINTS_PREFIX = f"{STORAGE_PREFIX}/services/endpoints/"
+PODS_PREFIX = f"{STORAGE_PREFIX}/pods/"
+LISTENING_MARK = "status pages listening on "
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+TWISTD = os.path.join(os.path.dirname(sys.executable), "twistd")
+# Seconds an agent gets to exit after SIGTERM before it is killed.
+STOP_DEADLINE = 15.0
+# Seconds an agent gets from spawn to listening on its status port.
+START_DEADLINE = 30.0
+
+# Short timings of the fault suite (seconds, as written in the ini).
+TIMINGS = {
+    "lease_duration": "3s",
+    "renew_deadline": "2s",
+    "retry_period": "500ms",
+    "check_interval": "500ms",
+    "heartbeat_interval": "500ms",
+}
+LEASE_DURATION, RETRY_PERIOD = 3.0, 0.5
+
+
+def agent_ini(node, cloud_url, coordinator_url, etcd_url, pki_dir, cache_dir, listen):
+    """Ini text of one agent of the fault suite: plain http everywhere, short timings."""
+    return f"""[node]
+name = {node}
+pool = {POOL}
+
+[cloud]
+servers = {cloud_url}
+insecure = true
+
+[coordinator]
+enabled = true
+server = {coordinator_url}
+storage = {etcd_url}
+storage_prefix = {STORAGE_PREFIX}
+pki_dir = {pki_dir}
+insecure = true
+
+[leader_election]
+lease_namespace = {ELECTION_NAMESPACE}
+lease_name = {ELECTION_LEASE}
+lease_duration = {TIMINGS["lease_duration"]}
+renew_deadline = {TIMINGS["renew_deadline"]}
+retry_period = {TIMINGS["retry_period"]}
+check_interval = {TIMINGS["check_interval"]}
+
+[heartbeat]
+interval = {TIMINGS["heartbeat_interval"]}
+failed_retry = 3
+healthy_threshold = 1
+timeout = 2s
+
+[pool_cache]
+informer_lease_renew = 1s
+stale_timeout = 4s
+upload_resources = kubelet/pods/v1
+local_cache_dir = {cache_dir}
+
+[server]
+listen = {listen}
+"""
+
+
+def cached_pod(name, resource_version, namespace="default", padding=0):
+    """A pod as yurthub caches it; ``padding`` bytes of annotation make it bigger."""
+    metadata = {"name": name, "namespace": namespace,
+                "resourceVersion": str(resource_version)}
+    if padding:
+        metadata["annotations"] = {"example.com/padding": "x" * padding}
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata,
+            "spec": {"nodeName": "edge"}}
+
+
+def child_environment():
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ETCD")}
+    env["PYTHONUNBUFFERED"] = "1"
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [REPO, env.get("PYTHONPATH")]))
+    return env
+
+
+def tail(path, lines=40):
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError:
+        return "(no log)"
+    return "\n".join(data.decode("utf-8", "replace").splitlines()[-lines:])
+
+
+class _ChildProtocol(protocol.ProcessProtocol):
+    """Notices the child's exit; its output goes straight to the log file."""
+
+    def __init__(self):
+        self.ended = defer.Deferred()
+        self.exit_code = None
+        self.signal = None
+
+    def processEnded(self, reason):
+        if isinstance(reason.value, (error.ProcessDone, error.ProcessTerminated)):
+            self.exit_code = reason.value.exitCode
+            self.signal = getattr(reason.value, "signal", None)
+        self.ended.callback(self.exit_code)
+
+
+class AgentProcess:
+    """One agent as a ``twistd -n yurtcoord --config <ini>`` child process.
+
+    Its directory holds ``yurtcoord.ini``, ``agent.log`` (stdout and stderr),
+    ``cache/`` (the local yurthub cache it uploads) and ``pki/``. ``expected_pods``
+    maps each pool etcd pod key written into its cache to the resourceVersion it has.
+    """
+
+    def __init__(self, reactor, node, directory, cloud_proxy):
+        self.reactor = reactor
+        self.node = node
+        self.directory = directory
+        self.cloud_proxy = cloud_proxy
+        self.cache_dir = os.path.join(directory, "cache")
+        self.pki_dir = os.path.join(directory, "pki")
+        self.ini_path = os.path.join(directory, "yurtcoord.ini")
+        self.log_path = os.path.join(directory, "agent.log")
+        self.expected_pods = {}
+        self.url = None
+        self._child = None
+        os.makedirs(self.cache_dir, exist_ok=True)
+
+    # -- the local cache ---------------------------------------------------------------
+
+    def write_pod(self, name, resource_version, namespace="default", padding=0):
+        """A good pod file in the cache (``kubelet/pods.v1.core/<ns>/<name>``)."""
+        pod = cached_pod(name, resource_version, namespace, padding)
+        self.write_cache_file(namespace, name, json.dumps(pod).encode("utf-8"))
+        self.expected_pods[f"{PODS_PREFIX}{namespace}/{name}"] = int(resource_version)
+
+    def write_cache_file(self, namespace, name, data):
+        """Any bytes as a cache file: the way to plant bad entries."""
+        directory = os.path.join(self.cache_dir, "kubelet", "pods.v1.core", namespace)
+        os.makedirs(directory, exist_ok=True)
+        with open(os.path.join(directory, name), "wb") as f:
+            f.write(data)
+
+    def write_pods(self, count, prefix=None, first_rv=10, padding=0):
+        prefix = prefix or f"{self.node}-pod"
+        for index in range(count):
+            self.write_pod(f"{prefix}-{index}", first_rv + index, padding=padding)
+
+    # -- the process -------------------------------------------------------------------
+
+    @property
+    def running(self):
+        return self._child is not None and not self._child.ended.called
+
+    @property
+    def exit_code(self):
+        return None if self._child is None else self._child.exit_code
+
+    @property
+    def exit_signal(self):
+        """The number of the signal that ended the agent, if one did."""
+        return None if self._child is None else self._child.signal
+
+    @property
+    def ended(self):
+        return self._child.ended
+
+    def start(self, ini_text):
+        with open(self.ini_path, "w", encoding="utf-8") as f:
+            f.write(ini_text)
+        self._child = _ChildProtocol()
+        with open(self.log_path, "ab") as log, open(os.devnull, "rb") as null:
+            self.reactor.spawnProcess(
+                self._child, TWISTD,
+                [TWISTD, "--nodaemon", "--pidfile=", "yurtcoord", "--config", self.ini_path],
+                env=child_environment(), path=self.directory,
+                childFDs={0: null.fileno(), 1: log.fileno(), 2: log.fileno()})
+
+    def _listening_url(self):
+        if self.url is None:
+            for line in tail(self.log_path, 200).splitlines():
+                if LISTENING_MARK in line:
+                    self.url = line.split(LISTENING_MARK, 1)[1].split()[0]
+                    break
+        return self.url
+
+    @defer.inlineCallbacks
+    def wait_listening(self, timeout=START_DEADLINE):
+        """Fire with the status URL once the agent logged it is listening."""
+        try:
+            yield poll_until(lambda: self._listening_url() or not self.running, timeout,
+                             0.05, self.reactor, what=f"{self.node} listening")
+        except PollTimeout as e:
+            raise PollTimeout(f"{e}\n{self.log_tail()}") from None
+        if self.url is None:
+            raise AssertionError(f"{self.node} exited with {self.exit_code} before "
+                                 f"listening\n{self.log_tail()}")
+        return self.url
+
+    def signal(self, name):
+        """Send ``"KILL"``, ``"TERM"``... to the agent if it still runs."""
+        if self.running:
+            self._child.transport.signalProcess(name)
+
+    @defer.inlineCallbacks
+    def stop(self):
+        """SIGTERM, then SIGKILL if it has not exited within ``STOP_DEADLINE``."""
+        if not self.running:
+            return
+        self.signal("TERM")
+        timer = self.reactor.callLater(STOP_DEADLINE, self.signal, "KILL")
+        yield self._child.ended
+        if timer.active():
+            timer.cancel()
+
+    def log_tail(self, lines=30):
+        return f"--- {self.node} ({self.log_path}), last {lines} lines:\n" + tail(
+            self.log_path, lines)
+
+    def log_text(self):
+        return tail(self.log_path, 10 ** 7)
+
+
+class ProcessWorld:
+    """Etcd, cloud and coordinator apiservers, and agent processes; see the module doc.
+
+    ``start()`` and ``stop()`` bracket it; ``stop()`` kills every agent, closes the
+    servers and proxies, stops etcd and removes the temp dir, and is safe to call twice.
+    """
+
+    def __init__(self, reactor, etcd_binary=None):
+        self.reactor = reactor
+        self.base_dir = tempfile.mkdtemp(prefix="yurtcoord-world-")
+        self.etcd = EtcdProcess(etcd_binary or etcd_binary_for("3.5")
+                                or etcd_binary_for("3.4"))
+        self.cloud = KubeAPIServer(reactor)
+        self.coordinator = KubeAPIServer(reactor)
+        self.agents = {}
+        self._proxies = []
+        self._http_pool = HTTPConnectionPool(reactor, persistent=False)
+        self.http = treq.client.HTTPClient(
+            HTTPAgent(reactor, pool=self._http_pool, connectTimeout=2))
+        self._stopped = False
+
+    # -- lifecycle ---------------------------------------------------------------------
+
+    @defer.inlineCallbacks
+    def start(self):
+        yield deferToThread(self.etcd.start)
+        yield self.cloud.start()
+        yield self.coordinator.start()
+
+    @defer.inlineCallbacks
+    def add_agent(self, node, pods=0, **pod_options):
+        """Prepare an agent (dir, proxy, ``pods`` good pods in its cache); not started."""
+        proxy = TCPProxy(self.reactor, "127.0.0.1", self.cloud.port_number)
+        yield proxy.start()
+        self._proxies.append(proxy)
+        agent = AgentProcess(self.reactor, node, os.path.join(self.base_dir, node), proxy)
+        if pods:
+            agent.write_pods(pods, **pod_options)
+        self.agents[node] = agent
+        return agent
+
+    @defer.inlineCallbacks
+    def start_agents(self, nodes=None):
+        """Spawn the agents (all prepared ones by default); fire once all listen."""
+        chosen = [self.agents[n] for n in (nodes or list(self.agents))]
+        for agent in chosen:
+            agent.start(agent_ini(agent.node, agent.cloud_proxy.url(), self.coordinator.url,
+                                  self.etcd.client_url, agent.pki_dir, agent.cache_dir,
+                                  "127.0.0.1:0"))
+        # Every wait runs to its end (listening, exit, or deadline) before a failure is
+        # raised, so that no poll is left behind.
+        results = yield defer.DeferredList([agent.wait_listening() for agent in chosen],
+                                           consumeErrors=True)
+        for succeeded, result in results:
+            if not succeeded:
+                result.raiseException()
+
+    @defer.inlineCallbacks
+    def stop(self):
+        if self._stopped:
+            return
+        self._stopped = True
+        try:
+            yield defer.DeferredList([agent.stop() for agent in self.agents.values()])
+            for proxy in self._proxies:
+                yield proxy.stop()
+            yield self.cloud.stop()
+            yield self.coordinator.stop()
+            yield self._http_pool.closeCachedConnections()
+        finally:
+            yield deferToThread(self.etcd.stop)
+            shutil.rmtree(self.base_dir, ignore_errors=True)
+
+    # -- faults of etcd (blocking steps run in a thread) -------------------------------
+
+    def kill_etcd(self):
+        return deferToThread(self.etcd.kill)
+
+    def restart_etcd(self):
+        return deferToThread(self.etcd.restart)
+
+    # -- cuts of the cloud -------------------------------------------------------------
+
+    def cut_cloud(self, nodes=None):
+        return defer.gatherResults([self.agents[n].cloud_proxy.cut()
+                                    for n in (nodes or list(self.agents))])
+
+    def restore_cloud(self, nodes=None):
+        for node in nodes or list(self.agents):
+            self.agents[node].cloud_proxy.restore()
+
+    # -- reading the agents ------------------------------------------------------------
+
+    def running_agents(self):
+        return {node: a for node, a in self.agents.items() if a.running}
+
+    @defer.inlineCallbacks
+    def status(self, agent):
+        response = yield self.http.get(f"{agent.url}/status", timeout=5)
+        body = yield response.content()
+        if response.code != 200:
+            raise AssertionError(f"{agent.node} /status answered {response.code}")
+        return json.loads(body)
+
+    @defer.inlineCallbacks
+    def metrics(self, agent):
+        """``{sample name with labels: value}`` of the agent's ``/metrics``."""
+        response = yield self.http.get(f"{agent.url}/metrics", timeout=5)
+        body = yield response.content()
+        samples = {}
+        for line in body.decode("utf-8").splitlines():
+            if line and not line.startswith("#"):
+                name, _, value = line.rpartition(" ")
+                samples[name] = float(value)
+        return samples
+
+    @defer.inlineCallbacks
+    def statuses(self):
+        """``{node: /status document}`` of every running agent."""
+        documents = {}
+        for node, agent in self.running_agents().items():
+            documents[node] = yield self.status(agent)
+        return documents
+
+    def log_tails(self, nodes=None, lines=30):
+        return "\n".join(self.agents[n].log_tail(lines) for n in (nodes or list(self.agents)))
+
+    @defer.inlineCallbacks
+    def wait_for_pool(self, what, predicate, timeout, interval=0.05):
+        """Poll every running agent's ``/status`` until ``predicate({node: doc})``.
+
+        On timeout the assertion names ``what``, the last (role, leader, ready) of each
+        agent and the tail of every agent's log.
+        """
+        seen = {}
+
+        @defer.inlineCallbacks
+        def check():
+            seen["statuses"] = yield self.statuses()
+            return predicate(seen["statuses"])
+
+        try:
+            yield poll_until(check, timeout, interval, self.reactor, what=what)
+        except PollTimeout as e:
+            summary = {n: (s["role"], s["leader"], s["ready"])
+                       for n, s in (seen.get("statuses") or {}).items()}
+            raise PollTimeout(f"{e}; last (role, leader, ready): {summary}\n"
+                              f"{self.log_tails()}") from None
+        return seen["statuses"]
+
+    # -- reading the pool etcd and judging it ------------------------------------------
+
+    @defer.inlineCallbacks
+    def read_etcd(self, prefix):
+        """``{key: value}`` (str keys, bytes values) under ``prefix``, read by etcdctl."""
+        env = child_environment()
+        env["ETCDCTL_API"] = "3"
+        command = self.etcd.etcdctl_command("get", prefix, "--prefix", "-w", "json")
+        out, err, code = yield getProcessOutputAndValue(command[0], command[1:], env=env)
+        if code != 0:
+            raise AssertionError(f"etcdctl get {prefix} failed ({code}): {err!r}")
+        kvs = json.loads(out).get("kvs", [])
+        return {base64.b64decode(kv["key"]).decode("utf-8"):
+                base64.b64decode(kv.get("value", "")) for kv in kvs}
+
+    @defer.inlineCallbacks
+    def count_etcd(self, prefix):
+        """How many keys are under ``prefix`` (the range's count, read with limit 1)."""
+        env = child_environment()
+        env["ETCDCTL_API"] = "3"
+        command = self.etcd.etcdctl_command("get", prefix, "--prefix", "--limit", "1",
+                                            "--keys-only", "-w", "json")
+        out, err, code = yield getProcessOutputAndValue(command[0], command[1:], env=env)
+        if code != 0:
+            raise AssertionError(f"etcdctl count {prefix} failed ({code}): {err!r}")
+        return int(json.loads(out).get("count", 0))
+
+    def cloud_endpoints(self):
+        """``{pool etcd key: resourceVersion}`` of the cloud's endpoints."""
+        return {f"{ENDPOINTS_PREFIX}{obj['metadata']['namespace']}/{obj['metadata']['name']}":
+                int(obj["metadata"]["resourceVersion"])
+                for obj in self.cloud.store.list(ENDPOINTS)}
+
+    @defer.inlineCallbacks
+    def pool_problems(self, agents=None):
+        """Differences between the pool etcd and its sources, as readable lines.
+
+        Endpoints must match the cloud exactly (same keys, same resourceVersion); every
+        pod of the local caches of ``agents`` (default all) must be there with a
+        resourceVersion not lower than the cached one; every object's mirror rv key must
+        agree with the object it describes.
+        """
+        objects = yield self.read_etcd(f"{STORAGE_PREFIX}/")
+        mirrors = yield self.read_etcd(f"{MIRROR_RV_PREFIX}{STORAGE_PREFIX}/")
+        problems = []
+
+        def stored_rv(key):
+            try:
+                return int(json.loads(objects[key])["metadata"]["resourceVersion"])
+            except (ValueError, KeyError, TypeError):
+                return None
+
+        for key, value in objects.items():
+            if not (key.startswith(ENDPOINTS_PREFIX) or key.startswith(PODS_PREFIX)):
+                continue
+            mirror = mirrors.get(MIRROR_RV_PREFIX + key)
+            if mirror is None or int(mirror) != stored_rv(key):
+                problems.append(f"{key}: mirror rv {mirror!r} disagrees with the object's "
+                                f"{stored_rv(key)}")
+        cloud = self.cloud_endpoints()
+        pooled = {k for k in objects if k.startswith(ENDPOINTS_PREFIX)}
+        for key, rv in sorted(cloud.items()):
+            if key not in objects:
+                problems.append(f"{key}: in the cloud (rv {rv}), missing in the pool etcd")
+            elif stored_rv(key) != rv:
+                problems.append(f"{key}: rv {stored_rv(key)} in the pool etcd, {rv} in the cloud")
+        for key in sorted(pooled - set(cloud)):
+            problems.append(f"{key}: in the pool etcd, deleted in the cloud")
+        for agent in (agents or list(self.agents.values())):
+            for key, rv in sorted(agent.expected_pods.items()):
+                if key not in objects:
+                    problems.append(f"{key}: in {agent.node}'s cache, missing in the pool etcd")
+                elif (stored_rv(key) or 0) < rv:
+                    problems.append(f"{key}: regressed to rv {stored_rv(key)} below the "
+                                    f"cached {rv}")
+        return problems
+
+    @defer.inlineCallbacks
+    def wait_pool_exact(self, timeout, agents=None):
+        """Poll until ``pool_problems()`` is empty; fail listing the first problems."""
+        seen = {}
+
+        @defer.inlineCallbacks
+        def exact():
+            seen["problems"] = yield self.pool_problems(agents)
+            return not seen["problems"]
+
+        try:
+            yield poll_until(exact, timeout, 0.25, self.reactor, what="pool etcd exact")
+        except PollTimeout as e:
+            problems = seen.get("problems") or []
+            listed = "\n".join(problems[:20])
+            raise PollTimeout(f"{e}\n{len(problems)} problems, first ones:\n{listed}\n"
+                              f"{self.log_tails()}") from None
+
+    # -- the coordinator's leases ------------------------------------------------------
+
+    def node_lease(self, server, node):
+        return server.store.get(LEASES, node, NODE_LEASE_NAMESPACE)
+
+    def election_holder(self):
+        lease = self.coordinator.store.get(LEASES, ELECTION_LEASE, ELECTION_NAMESPACE)
+        return (lease or {}).get("spec", {}).get("holderIdentity")
+
+
+def one_leader_all_ready(statuses, count):
+    """Exactly one leader among ``count`` agents, the others followers naming it, all ready."""
+    if len(statuses) != count:
+        return False
+    roles = sorted(s["role"] for s in statuses.values())
+    leaders = {s["leader"] for s in statuses.values()}
+    return (roles == ["follower"] * (count - 1) + ["leader"] and len(leaders) == 1
+            and None not in leaders and all(s["ready"] for s in statuses.values()))
+
+
+def leader_of(statuses):
+    return next((node for node, s in statuses.items() if s["role"] == "leader"), None)
+
