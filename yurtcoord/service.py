@@ -64,8 +64,7 @@ from yurtcoord.kube.resolving import ResolvingClient
 from yurtcoord.localcache import LocalCacheReader
 from yurtcoord.metrics import Metrics
 from yurtcoord.poolscope import HealthyCloudClient, PoolScopeResources
-from yurtcoord.poolstore.keycache import ComponentKeyCache
-from yurtcoord.poolstore.store import PoolStore
+from yurtcoord.poolstore.store import open_pool_store
 from yurtcoord.poolsync import PoolSyncManager
 from yurtcoord.status import InitialStatus, status_site
 from yurtcoord.synced import PoolCacheSyncedDetector
@@ -355,9 +354,11 @@ class Agent(service.MultiService):
                                      cert_file=pair.cert_file, key_file=pair.key_file)
         self.etcd = self._own(EtcdClient(reactor, etcd_config))
 
+        election = config.leader_election
         self.coordinator_checker = CoordinatorHealthChecker(
             reactor, self.coordinator_client, node, coordinator_config.server,
-            self.cloud_checker, config.heartbeat, kubelet=self.kubelet_checker)
+            self.cloud_checker, config.heartbeat, kubelet=self.kubelet_checker,
+            takeover=election.lease_duration + election.retry_period)
 
         self.pool_scope = PoolScopeResources(reactor, healthy_cloud)
         self.pool_sync = PoolSyncManager(
@@ -386,7 +387,6 @@ class Agent(service.MultiService):
             leader=lambda: self.hub_elector.leader,
             delegated_heartbeats=lambda: self.delegation.delegated_heartbeats)
 
-        election = config.leader_election
         self.election_config = LeaderElectionConfig(
             lease_namespace=election.lease_namespace, lease_name=election.lease_name,
             identity=node, lease_duration=election.lease_duration,
@@ -438,11 +438,13 @@ class Agent(service.MultiService):
         @defer.inlineCallbacks
         def open_store():
             os.makedirs(pool_cache.local_cache_dir, exist_ok=True)
-            key_cache = ComponentKeyCache.in_directory(pool_cache.local_cache_dir).load()
             yield self.etcd.status(timeout=STORE_CHECK_TIMEOUT)
-            store = PoolStore(self.reactor, self.etcd, coordinator_config.storage_prefix,
-                              key_cache, metrics=self.metrics, close_client=False)
-            return store.start()
+            # Pool-scoped keys are rebuilt by pool sync when it starts (leader only).
+            store = yield open_pool_store(
+                self.reactor, self.etcd, coordinator_config.storage_prefix,
+                pool_cache.local_cache_dir, pool_scoped_resources=(),
+                metrics=self.metrics, close_client=False)
+            return store
 
         return self._in_flight.track(open_store())
 

@@ -784,7 +784,8 @@ class PoolStore:
 @inlineCallbacks
 def open_pool_store(reactor, etcd_client, prefix, local_cache_dir, pool_scoped_resources,
                     **store_kwargs):
-    """Load the key cache, rebuild the pool-scoped keys from etcd, start health checks.
+    """Load the key cache, rebuild the keys of ``pool_scoped_resources`` from etcd (none
+    given: left to pool sync, which rebuilds them when it starts), start health checks.
 
     Fires with a started PoolStore, or fails with an etcd error and leaves nothing
     running. A malformed key cache file is set aside and the cache starts empty
@@ -793,7 +794,8 @@ def open_pool_store(reactor, etcd_client, prefix, local_cache_dir, pool_scoped_r
     key_cache = ComponentKeyCache.in_directory(local_cache_dir).load_or_set_aside()
     store = PoolStore(reactor, etcd_client, prefix, key_cache, **store_kwargs)
     try:
-        yield store.recover_pool_scoped_keys(pool_scoped_resources)
+        if pool_scoped_resources:
+            yield store.recover_pool_scoped_keys(pool_scoped_resources)
     except BaseException:
         yield store.close()
         raise

@@ -292,6 +292,26 @@ class AgentServiceTests(unittest.TestCase):
         self.assertEqual(agent.coordinator.store, None)
 
     @defer.inlineCallbacks
+    def test_a_corrupt_key_cache_file_is_set_aside_and_the_agent_gets_ready(self):
+        config = self.world.config("edge-1")
+        cache_dir = config.pool_cache.local_cache_dir
+        os.makedirs(cache_dir, exist_ok=True)
+        key_cache = os.path.join(cache_dir, "component-key-cache")
+        with open(key_cache, "w") as f:
+            f.write("kubelet#_v1_pods:/registry/pods/default/old\nnot a cache line\n")
+        write_cached_pod(cache_dir, "pod-a", 7)
+        agent = self.world.start_agent(config)
+
+        yield self.wait_for_status(agent, "edge-1 leading and ready despite the bad file",
+                                   lambda s: s["role"] == "leader" and s["ready"])
+        with open(key_cache + ".corrupt") as f:
+            self.assertIn("not a cache line", f.read())
+        with open(key_cache) as f:
+            self.assertIn("kubelet#_v1_pods:/registry/pods/default/pod-a", f.read())
+        self.assertIn(b"/registry/pods/default/pod-a",
+                      self.world.etcd.read("/registry/pods/", prefix=True))
+
+    @defer.inlineCallbacks
     def test_role_stays_init_until_the_first_probes_answered(self):
         """No agent is called pending merely because its first probes are still on
         the way: the first role follows the first answers."""
