@@ -252,18 +252,26 @@ class EtcdClientTestsMixin(OnlineTestsMixin):
             OpSet(f"/f/{i:02d}/{j:02d}".encode(), b"v" * 512) for j in range(50)]))
             for i in range(20)]
 
+        late = []
+
         def kill_now(result):
             self.etcd.kill()
+            # Sent after the kill: these cannot succeed, whatever the others managed
+            # to finish before it landed.
+            late.extend(self.client.submit(Transaction(success=[
+                OpSet(f"/f/{i:02d}/{j:02d}".encode(), b"v" * 512) for j in range(50)]))
+                for i in range(20, 22))
             return result
 
         txns[1].addBoth(kill_now)  # the others are in flight or queued at that moment
         outcomes = yield defer.DeferredList(txns, consumeErrors=True)
+        late_outcomes = yield defer.DeferredList(late, consumeErrors=True)
         succeeded = {i for i, (ok, _) in enumerate(outcomes) if ok}
-        for ok, result in outcomes:
+        for ok, result in outcomes + late_outcomes:
             if not ok:
                 self.assertIsInstance(result.value, EtcdUnavailable)
         self.assertIn(1, succeeded)
-        self.assertLess(len(succeeded), 20)
+        self.assertEqual([ok for ok, _ in late_outcomes], [False, False])
 
         self.etcd.restart()
         stored = self.etcd.read(b"/f/", prefix=True)
