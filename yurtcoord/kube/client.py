@@ -56,7 +56,7 @@ from yurtcoord.kube.errors import (
 )
 from yurtcoord.kube.kubeconfig import load_kubeconfig
 from yurtcoord.kube.tls import ReloadingTLSPolicy
-from yurtcoord.kube.watch import IdleWatchdog, WatchStreamProtocol, describe
+from yurtcoord.kube.watch import IdleWatchdog, WatchStreamProtocol, batch_chunked_body, describe
 
 DEFAULT_MAX_CONNECTIONS_PER_HOST = 16
 
@@ -233,6 +233,7 @@ class Watch:
         self.cancelled = False
         self._request = None
         self._stream = None
+        self._body_batcher = None
         self._on_close = on_close
 
     @property
@@ -439,6 +440,8 @@ class KubeClient:
                 return None
             stream = WatchStreamProtocol(on_event, url, clock=self.reactor if idle_timeout else None)
             watch._stream = stream
+            # Events of one read arrive together instead of one call per chunk.
+            watch._body_batcher = batch_chunked_body(response)
             response.deliverBody(stream)
             if idle_timeout:
                 watchdog = IdleWatchdog(self.reactor, idle_timeout, stream)

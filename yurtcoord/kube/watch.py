@@ -12,6 +12,10 @@ error (410 → ``Gone``) and the connection is closed.
 server ended the stream cleanly or the watch was cancelled, with the typed error
 otherwise.
 
+``batch_chunked_body(response)`` makes a chunked watch response deliver all the
+events of one read together: the apiserver sends every event as its own HTTP chunk,
+and Twisted's decoder calls up through the response once per chunk.
+
 ``IdleWatchdog`` ends a stream on which nothing arrived for a while with ``Timeout``:
 a connection that died without a FIN or RST (a NAT or an edge link dropping it)
 would otherwise leave a watch waiting forever.
@@ -23,6 +27,7 @@ from twisted.internet.defer import Deferred
 from twisted.internet.protocol import Protocol
 from twisted.logger import Logger
 from twisted.python.failure import Failure
+from twisted.web import http as twisted_http
 from twisted.web.client import ResponseDone
 from twisted.web.http import PotentialDataLoss
 
@@ -32,6 +37,9 @@ WATCH_EVENT_TYPES = frozenset(("ADDED", "MODIFIED", "DELETED", "BOOKMARK"))
 
 # The decoder itself: json.loads on bytes would sniff the encoding of every line.
 _decode_json = json.JSONDecoder().decode
+# Its scanner (C): a line that is exactly one JSON value, without the decoder's
+# whitespace regexes and wrapper calls; anything else falls back to _decode_json.
+_scan_json = json.JSONDecoder().scan_once
 
 
 def describe(failure):
@@ -94,37 +102,45 @@ class WatchStreamProtocol(Protocol):
             return
         if self._clock is not None:
             self.last_activity = self._clock.seconds()
-        newline = data.find(b"\n")
-        if newline < 0:
+        if self._pending:
+            self._pending.append(data)
+            if b"\n" not in data:
+                return
+            data = b"".join(self._pending)
+            self._pending = []
+        elif b"\n" not in data:
             self._pending.append(data)
             return
-        if self._pending:
-            self._pending.append(data[:newline])
-            line = b"".join(self._pending)
-            self._pending = []
-        else:
-            line = data[:newline]
-        self._line(line)
-        start = newline + 1
-        while self._error is None and not self._cancelled:
-            newline = data.find(b"\n", start)
-            if newline < 0:
-                break
-            self._line(data[start:newline])
-            start = newline + 1
-        else:
-            return
-        if start < len(data):
-            self._pending.append(data[start:])
+        # One split per read (a batched read carries a hundred events or more);
+        # the piece after the last newline is the unfinished tail.
+        lines = data.split(b"\n")
+        tail = lines.pop()
+        for line in lines:
+            self._line(line)
+            if self._error is not None or self._cancelled:
+                return
+        if tail:
+            self._pending.append(tail)
 
     def _line(self, line):
-        if not line.strip():
-            return
         try:
-            event = _decode_json(line.decode("utf-8"))
+            text = line.decode("utf-8")
+            event, end = _scan_json(text, 0)
+            if end != len(text):
+                raise ValueError("data after the event")
+        except (ValueError, StopIteration):
+            # Blank lines, surrounding whitespace and errors take the full decoder.
+            if not line.strip():
+                return
+            try:
+                event = _decode_json(line.decode("utf-8"))
+            except ValueError:
+                self._fail(ServerError(f"not a JSON watch event from {self.url}: {line[:200]!r}"))
+                return
+        try:
             kind = event["type"]
             obj = event["object"]
-        except (ValueError, TypeError, KeyError):
+        except (TypeError, KeyError):
             self._fail(ServerError(f"not a JSON watch event from {self.url}: {line[:200]!r}"))
             return
         if kind in WATCH_EVENT_TYPES:
@@ -190,3 +206,122 @@ class IdleWatchdog:
         if self._call is not None and self._call.active():
             self._call.cancel()
         self._call = None
+
+
+_HEX_DIGITS = b"0123456789abcdefABCDEF"
+_TWISTED_CHUNKED_DECODER = getattr(twisted_http, "_ChunkedTransferDecoder", None)
+_MAX_CHUNK_SIZE_LINE = getattr(twisted_http, "maxChunkSizeLineLength", 1024)
+
+
+class ChunkedBodyBatcher:
+    """Takes over the chunked framing of a watch body from Twisted's decoder and
+    delivers the payloads of all chunks of one read in one call.
+
+    Only plain data chunks are decoded here. The last chunk, trailers, chunk
+    extensions and anything malformed are handed back to Twisted's decoder, with
+    the bytes not yet consumed, so endings and errors are exactly Twisted's.
+    """
+
+    def __init__(self, original):
+        self._original = original
+        self._deliver = original.dataCallback
+        state = original.state
+        self._buffer = bytes(original._buffer)
+        self._remaining = original.length if state == "BODY" else 0
+        self._expect_crlf = state == "CRLF"
+        self.handed_back = False
+        self.reads = 0
+
+    def dataReceived(self, data):
+        if self.handed_back:
+            self._original.dataReceived(data)
+            return
+        self.reads += 1
+        buf = self._buffer + data if self._buffer else data
+        size = len(buf)
+        pos = 0
+        payloads = []
+        rest_state = None
+        while pos < size:
+            if self._remaining:
+                end = pos + self._remaining
+                if end > size:
+                    payloads.append(buf[pos:])
+                    self._remaining = end - size
+                    pos = size
+                    break
+                payloads.append(buf[pos:end])
+                pos = end
+                self._remaining = 0
+                self._expect_crlf = True
+            if self._expect_crlf:
+                if size - pos < 2:
+                    break
+                if buf[pos] != 13 or buf[pos + 1] != 10:
+                    rest_state = "CRLF"
+                    break
+                pos += 2
+                self._expect_crlf = False
+            eol = buf.find(b"\r\n", pos)
+            if eol < 0:
+                if size - pos >= _MAX_CHUNK_SIZE_LINE:
+                    rest_state = "CHUNK_LENGTH"
+                break
+            field = buf[pos:eol]
+            if (not field or eol - pos >= _MAX_CHUNK_SIZE_LINE
+                    or field.translate(None, _HEX_DIGITS)):
+                # Extensions, an over-long or bad size line: Twisted's decoder decides.
+                rest_state = "CHUNK_LENGTH"
+                break
+            length = int(field, 16)
+            if length == 0:
+                rest_state = "CHUNK_LENGTH"
+                break
+            pos = eol + 2
+            self._remaining = length
+        if rest_state is None:
+            self._buffer = buf[pos:] if pos < size else b""
+        else:
+            self._buffer = b""
+            self.handed_back = True
+            original = self._original
+            original.state = rest_state
+            original._buffer = bytearray(buf[pos:])
+            original._start = 0
+        if payloads:
+            self._deliver(payloads[0] if len(payloads) == 1 else b"".join(payloads))
+        if rest_state is not None:
+            self._original.dataReceived(b"")
+
+    def noMoreData(self):
+        # Until the last chunk was handed back, the original is not FINISHED and
+        # reports the lost data as it would have.
+        self._original.noMoreData()
+
+
+def batch_chunked_body(response):
+    """Put a ``ChunkedBodyBatcher`` under ``response`` (Twisted's or treq's) before
+    its body is delivered. Returns the batcher, or None when the response is not
+    one being decoded by Twisted's chunked decoder in a state known here; the
+    body is then delivered per chunk as usual."""
+    response = getattr(response, "original", response)
+    proxy = getattr(response, "_transport", None)
+    transport = getattr(proxy, "_producer", None)
+    # The HTTP protocol, under the endpoint's and TLS's wrapping protocols.
+    protocol = getattr(transport, "wrappedProtocol", None) or getattr(transport, "protocol", None)
+    for _ in range(4):
+        if protocol is None or hasattr(protocol, "_parser"):
+            break
+        protocol = (getattr(protocol, "_wrappedProtocol", None)
+                    or getattr(protocol, "wrappedProtocol", None))
+    parser = getattr(protocol, "_parser", None)
+    decoder = getattr(parser, "bodyDecoder", None)
+    if (_TWISTED_CHUNKED_DECODER is None or type(decoder) is not _TWISTED_CHUNKED_DECODER
+            or getattr(parser, "response", None) is not response
+            or getattr(decoder, "state", None) not in ("CHUNK_LENGTH", "BODY", "CRLF")
+            or not callable(getattr(decoder, "dataCallback", None))
+            or not isinstance(getattr(decoder, "_buffer", None), bytearray)):
+        return None
+    batcher = ChunkedBodyBatcher(decoder)
+    parser.bodyDecoder = batcher
+    return batcher

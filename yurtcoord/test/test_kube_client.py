@@ -331,6 +331,20 @@ class ClientTLSTests(ClientFixture, unittest.TestCase):
         self.assertEqual(self.api.subjects, ["system:node:a", "system:node:b"])
 
     @defer.inlineCallbacks
+    def test_watch_over_tls_batches_reads_and_ends_cleanly(self):
+        lines = [watch_line("ADDED", cm(f"o{i}", i)) for i in range(1, 201)]
+        self.api.routes["/api/v1/namespaces/ns/configmaps"] = stream_handler(self.api, lines)
+        pair = self.ca.client_pair("hub-w", "system:node:w", ["system:nodes"])
+        client = self.client(self.url, ca_file=self.ca.ca_file,
+                             cert_file=pair.cert_file, key_file=pair.key_file)
+        seen = []
+        w = client.watch(CONFIGMAPS, lambda t, o: seen.append(o["metadata"]["name"]), namespace="ns")
+        self.assertIsNone((yield w.done))
+        self.assertEqual(seen, [f"o{i}" for i in range(1, 201)])
+        self.assertIsNotNone(w._body_batcher)
+        self.assertLess(w._body_batcher.reads, 100)
+
+    @defer.inlineCallbacks
     def test_half_written_certificate_keeps_the_previous_one(self):
         pair = self.ca.client_pair("hub-c", "system:node:c")
         client = self.client(self.url, ca_file=self.ca.ca_file,
@@ -425,22 +439,27 @@ def cm(name, rv):
     return {"kind": "ConfigMap", "metadata": {"name": name, "namespace": "ns", "resourceVersion": str(rv)}}
 
 
+def stream_handler(api, chunks, end="finish"):
+    """A watch handler that writes ``chunks`` (one HTTP chunk each) then finishes,
+    cuts or stays open."""
+    def handler(request):
+        request.setHeader(b"content-type", b"application/json")
+        for chunk in chunks:
+            request.write(chunk)
+        if end == "finish":
+            request.finish()
+        elif end == "cut":
+            reactor.callLater(0.01, request.channel.transport.abortConnection)
+        else:
+            api.open_streams.append(request.channel.transport)
+            api.pending.append(request)
+        return NOT_DONE_YET
+    return handler
+
+
 class ClientWatchTests(ClientFixture, unittest.TestCase):
     def stream(self, chunks, end="finish"):
-        """A watch handler that writes ``chunks`` then finishes, cuts or stays open."""
-        def handler(request):
-            request.setHeader(b"content-type", b"application/json")
-            for chunk in chunks:
-                request.write(chunk)
-            if end == "finish":
-                request.finish()
-            elif end == "cut":
-                reactor.callLater(0.01, request.channel.transport.abortConnection)
-            else:
-                self.api.open_streams.append(request.channel.transport)
-                self.api.pending.append(request)
-            return NOT_DONE_YET
-        return handler
+        return stream_handler(self.api, chunks, end)
 
     @defer.inlineCallbacks
     def test_events_split_across_writes_arrive_whole_and_params_are_sent(self):
@@ -553,6 +572,42 @@ class ClientWatchTests(ClientFixture, unittest.TestCase):
         yield poll_until(lambda: self.api.pending)
         yield client.close()
         self.assertTrue(w.done.called)
+
+    @defer.inlineCallbacks
+    def test_events_written_together_arrive_in_few_reads_in_order(self):
+        url = self.start_fake()
+        lines = [watch_line("ADDED", cm(f"o{i}", i)) for i in range(1, 301)]
+        lines.append(watch_line("BOOKMARK", {"metadata": {"resourceVersion": "301"}}))
+        self.api.routes["/api/v1/namespaces/ns/configmaps"] = self.stream(lines)
+        client = self.client(url)
+        seen = []
+        w = client.watch(CONFIGMAPS, lambda t, o: seen.append((t, o["metadata"]["resourceVersion"])),
+                         namespace="ns")
+        self.assertIsNone((yield w.done))
+        self.assertEqual(seen, [("ADDED", str(i)) for i in range(1, 301)] + [("BOOKMARK", "301")])
+        self.assertEqual(w.events, 301)
+        # One call per read, not one per chunk (each write above is its own chunk).
+        self.assertIsNotNone(w._body_batcher)
+        self.assertLess(w._body_batcher.reads, 100)
+
+    @defer.inlineCallbacks
+    def test_body_with_content_length_is_read_without_the_batcher(self):
+        url = self.start_fake()
+        body = b"".join(watch_line("ADDED", cm(f"o{i}", i)) for i in range(1, 4))
+
+        def handler(request):
+            request.setHeader(b"content-type", b"application/json")
+            request.setHeader(b"content-length", b"%d" % len(body))
+            request.write(body)
+            request.finish()
+            return NOT_DONE_YET
+        self.api.routes["/api/v1/namespaces/ns/configmaps"] = handler
+        client = self.client(url)
+        seen = []
+        w = client.watch(CONFIGMAPS, lambda t, o: seen.append(o["metadata"]["name"]), namespace="ns")
+        self.assertIsNone((yield w.done))
+        self.assertEqual(seen, ["o1", "o2", "o3"])
+        self.assertIsNone(w._body_batcher)
 
 
 class TestServerFixture:

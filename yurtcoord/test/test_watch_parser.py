@@ -8,10 +8,12 @@ from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
 from twisted.python.failure import Failure
 from twisted.trial import unittest
+from twisted.web import http as twisted_http
 from twisted.web.client import ResponseDone, ResponseFailed
 
 from yurtcoord.kube import errors
-from yurtcoord.kube.watch import IdleWatchdog, WatchStreamProtocol
+from yurtcoord.kube.watch import (
+    ChunkedBodyBatcher, IdleWatchdog, WatchStreamProtocol, batch_chunked_body)
 
 
 def line(kind, name, rv):
@@ -212,3 +214,104 @@ class IdleWatchdogTests(unittest.TestCase):
 
     def transport_closed(self, parser):
         return parser.transport.disconnecting
+
+
+def chunked(*payloads, trailer=b"\r\n"):
+    """HTTP chunked framing of ``payloads``, ended by the last chunk and ``trailer``."""
+    return b"".join(b"%x\r\n%s\r\n" % (len(p), p) for p in payloads) + b"0\r\n" + trailer
+
+
+class Chunks:
+    """Twisted's chunked decoder with a ChunkedBodyBatcher put over it."""
+
+    def __init__(self, *before, deliver=None):
+        self.deliveries = []
+        self.finished = []
+        self.original = twisted_http._ChunkedTransferDecoder(
+            deliver or self.deliveries.append, self.finished.append)
+        for data in before:
+            self.original.dataReceived(data)
+        self.batcher = ChunkedBodyBatcher(self.original)
+
+    def feed(self, *reads):
+        for data in reads:
+            self.batcher.dataReceived(data)
+
+    @property
+    def body(self):
+        return b"".join(self.deliveries)
+
+
+EVENT_LINES = [line("ADDED", f"o{i}", i) for i in range(1, 40)]
+
+
+class ChunkedBodyBatcherTests(unittest.TestCase):
+    def test_all_chunks_of_one_read_are_delivered_in_one_call(self):
+        c = Chunks()
+        c.feed(chunked(*EVENT_LINES, trailer=b"")[:-3])  # every data chunk, not the end
+        self.assertEqual(c.deliveries, [b"".join(EVENT_LINES)])
+        self.assertEqual(c.finished, [])
+        self.assertFalse(c.batcher.handed_back)
+
+    @given(st.lists(st.integers(min_value=1, max_value=20000), max_size=40))
+    @settings(max_examples=150, deadline=None)
+    def test_any_reads_give_the_body_and_the_end_exactly_once(self, cuts):
+        data = chunked(*EVENT_LINES, b"x" * 300, trailer=b"X-Trailer: 1\r\n\r\nNEXT")
+        c = Chunks()
+        reads = split_at(data, cuts)
+        c.feed(*reads)
+        self.assertEqual(c.body, b"".join(EVENT_LINES) + b"x" * 300)
+        self.assertLessEqual(len(c.deliveries), len(reads))
+        self.assertEqual(c.finished, [b"NEXT"])
+        self.assertTrue(c.batcher.handed_back)
+        c.batcher.noMoreData()  # finished: no data lost
+
+    def test_takes_over_in_the_middle_of_a_chunk(self):
+        data = chunked(*EVENT_LINES[:3])
+        for at in (1, 3, 10, len(EVENT_LINES[0]) + 4, len(EVENT_LINES[0]) + 5):
+            c = Chunks(data[:at])
+            c.feed(data[at:])
+            self.assertEqual(c.body, b"".join(EVENT_LINES[:3]), at)
+            self.assertEqual(c.finished, [b""], at)
+
+    def test_extensions_and_upper_case_sizes_are_left_to_twisted(self):
+        c = Chunks()
+        c.feed(b"3\r\nabc\r\n4;name=value\r\ndefg\r\nA\r\n0123456789\r\n0\r\n\r\n")
+        self.assertEqual(c.body, b"abcdefg0123456789")
+        self.assertEqual(c.finished, [b""])
+
+    def test_malformed_size_fails_as_twisted_does(self):
+        c = Chunks()
+        with self.assertRaises(twisted_http._MalformedChunkedDataError):
+            c.feed(b"3\r\nabc\r\nzz\r\nmore")
+        self.assertEqual(c.body, b"abc")
+
+    def test_missing_crlf_after_a_chunk_fails_as_twisted_does(self):
+        c = Chunks()
+        with self.assertRaises(twisted_http._MalformedChunkedDataError):
+            c.feed(b"3\r\nabcXY4\r\n")
+        self.assertEqual(c.body, b"abc")
+
+    def test_endless_size_line_fails_as_twisted_does(self):
+        c = Chunks()
+        with self.assertRaises(twisted_http._MalformedChunkedDataError):
+            c.feed(b"1" * 2000)
+
+    def test_connection_lost_before_the_last_chunk_is_data_loss(self):
+        c = Chunks()
+        c.feed(b"3\r\nabc\r\n5\r\nde")
+        self.assertEqual(c.body, b"abcde")
+        self.assertRaises(twisted_http._DataLoss, c.batcher.noMoreData)
+
+    def test_watch_events_through_the_batcher(self):
+        p = Parser()
+        c = Chunks(deliver=p.protocol.dataReceived)
+        data = chunked(*[STREAM[i:i + 17] for i in range(0, len(STREAM), 17)])
+        c.feed(data[:100], data[100:])
+        p.end()
+        self.assertEqual(p.events, EXPECTED)
+        self.assertEqual(p.results, [None])
+
+    def test_unknown_responses_are_left_alone(self):
+        self.assertIsNone(batch_chunked_body(object()))
+        self.assertIsNone(batch_chunked_body(StringTransport()))
