@@ -1,6 +1,6 @@
 """Heartbeat delegation through one leader: throughput, latency, leader CPU.
 
-    .venv/bin/python bench/delegation.py [--nodes 1000] [--period 5] [--seconds 60]
+    .venv/bin/python bench/delegation.py [--nodes 1000] [--period 5] [--seconds 60] [--json PATH]
 
 Starts and stops everything itself: a real etcd, a cloud and a coordinator Kubernetes
 API test server in this process, and ONE agent as a separate ``twistd -n yurtcoord``
@@ -22,7 +22,7 @@ Figures, over ``--seconds`` after ``--warmup`` seconds:
   counted (their CPU is printed separately), nor is etcd.
 
 Targets: keeps up with 200 renewals/s (nothing superseded or missing), p99 <= 250 ms
-on loopback.
+on loopback. ``--json PATH`` writes the figures and targets (see bench/benchresult.py).
 """
 
 import argparse
@@ -35,6 +35,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from benchresult import row, write_result  # noqa: E402
 from twisted.internet import defer, protocol, task  # noqa: E402
 from twisted.internet.threads import deferToThread  # noqa: E402
 
@@ -259,6 +260,30 @@ def run(reactor, args):
         p99_ok = percentile(window, 0.99) <= 0.250
         print(f"targets: keeps up {'OK' if kept_up else 'MISSED'}, "
               f"p99 <= 250 ms {'OK' if p99_ok else 'MISSED'}")
+        offered, delegated = renewed / wall, len(window) / wall
+        p50, p99 = percentile(window, 0.50) * 1000, percentile(window, 0.99) * 1000
+        leader_cpu = 100 * cpu_leader / wall
+        rows = [
+            row(f"delegated heartbeats ({args.nodes} nodes, every {args.period:g} s)",
+                f"{delegated:.1f}/s of {offered:.1f}/s offered, {superseded} superseded, "
+                f"{missing} missing", f">= {args.nodes / args.period:g}/s, none lost", kept_up),
+            row("latency pool -> cloud, p50", f"{p50:.1f} ms", "<= 250 ms", p50 <= 250),
+            row("latency pool -> cloud, p99", f"{p99:.1f} ms", "<= 250 ms", p99_ok),
+            row("leader CPU", f"{leader_cpu:.1f}% of one core, "
+                f"{1000 * cpu_leader / max(1, len(window)):.2f} ms per delegation"),
+            row("initial burst (leases created in the cloud)",
+                f"{args.nodes} in {initial:.2f} s"),
+        ]
+        write_result(args.json, "delegation",
+                     {"nodes": args.nodes, "period": args.period, "seconds": args.seconds,
+                      "warmup": args.warmup},
+                     {"offered_per_s": offered, "delegated_per_s": delegated,
+                      "superseded": superseded, "missing": missing, "p50_ms": p50,
+                      "p99_ms": p99, "max_ms": (window[-1] if window else float("nan")) * 1000,
+                      "leader_cpu_percent": leader_cpu,
+                      "bench_cpu_percent": 100 * cpu_self / wall,
+                      "initial_burst_s": initial, "load_before": load_before[0],
+                      "load_after": load_after[0]}, rows)
     except Exception:
         print(tail(log_path, 40), file=sys.stderr)
         raise
@@ -285,6 +310,7 @@ def main():
                         help="seconds between two renewals of one node's lease")
     parser.add_argument("--seconds", type=float, default=60.0, help="measured window")
     parser.add_argument("--warmup", type=float, default=10.0)
+    parser.add_argument("--json", metavar="PATH", help="write the result as JSON to PATH")
     args = parser.parse_args()
     task.react(run, [args])
 

@@ -4,10 +4,12 @@ Runs against every etcd version installed here (a fresh etcd per version, on loo
 side by side in one run:
 
     .venv/bin/python bench/etcd_adapter.py [--puts 3000] [--batched-puts 30000] [--value-size 1024]
+                                           [--json PATH]
 
 Modes: ``single``: one put per request, one at a time; ``single-x16``: one put per
 request, 16 in flight; ``txn100``: 100 puts per transaction, one at a time; ``txn100-x4``:
 100 per transaction, 4 in flight. Every run checks its keys with etcdctl afterwards.
+``--json PATH`` writes puts/s per version and mode (no targets; see bench/benchresult.py).
 """
 
 import argparse
@@ -90,8 +92,23 @@ async def main(reactor, args):
         raise SystemExit("no etcd binary found")
     print(f"value size {args.value_size} bytes; pool of {EtcdConfig('http://x').max_connections} "
           f"connections", flush=True)
+    results = {}
     for binary in binaries:
-        await bench_version(reactor, binary, args)
+        results[binary.version] = await bench_version(reactor, binary, args)
+    write_json(args, results)
+
+
+def write_json(args, results):
+    """puts/s per etcd version and mode as a machine-readable result."""
+    from benchresult import row, write_result
+
+    rows = []
+    for version, rates in results.items():
+        rows.append(row(f"etcd {version}: puts/s single / single-x16 / txn100 / txn100-x4",
+                        " / ".join(f"{rates[name]:,.0f}" for name, *_ in MODES)))
+    write_result(args.json, "etcd_adapter",
+                 {"puts": args.puts, "batched_puts": args.batched_puts,
+                  "value_size": args.value_size}, {"puts_per_s": results}, rows)
 
 
 if __name__ == "__main__":
@@ -99,5 +116,6 @@ if __name__ == "__main__":
     parser.add_argument("--puts", type=int, default=3000)
     parser.add_argument("--batched-puts", type=int, default=30000)
     parser.add_argument("--value-size", type=int, default=1024)
+    parser.add_argument("--json", metavar="PATH", help="write the result as JSON to PATH")
     parsed = parser.parse_args()
     task.react(lambda reactor: defer.ensureDeferred(main(reactor, parsed)))

@@ -1,6 +1,7 @@
 """Watch throughput: yurtcoord's Informer vs the official client's Watch().stream().
 
     .venv/bin/python bench/informer.py [--objects 20000] [--rounds 2] [--mode backlog|live]
+                                       [--json PATH]
 
 One run, one Kubernetes API test server (in this process), the same objects for both
 consumers. Per round and consumer, a fresh namespace; the consumer runs in its own
@@ -31,7 +32,8 @@ Consumers:
 - ``kubernetes``: ``kubernetes.watch.Watch().stream(CoreV1Api.list_namespaced_config_map,
   ...)`` as its documentation shows (objects deserialized into models); counts ADDED.
 
-Target: yurtcoord >= 2x the official client (backlog mode).
+Target: yurtcoord >= 2x the official client (backlog mode). ``--json PATH`` writes the
+medians, the ratios and whether the target was met (see bench/benchresult.py).
 """
 
 import argparse
@@ -184,7 +186,7 @@ def measure(reactor, server, consumer, namespace, count, mode):
 CONFIGMAPS_GVR = None
 
 
-def drive(objects, rounds, mode):
+def drive(objects, rounds, mode, json_path=None):
     global CONFIGMAPS_GVR
     from twisted.internet import defer, task
     from twisted.logger import globalLogBeginner
@@ -233,8 +235,33 @@ def drive(objects, rounds, mode):
               f"(mode {mode}, {objects} objects; target >= 2x in backlog mode)")
         print(f"ratio events/CPU-s draining {y['drain_events_per_cpu_s'] / k['drain_events_per_cpu_s']:.2f}x, "
               f"whole process {y['events_per_cpu_s'] / k['events_per_cpu_s']:.2f}x")
+        write_json(json_path, objects, rounds, mode, results, summary)
 
     task.react(main)
+
+
+def write_json(path, objects, rounds, mode, results, summary):
+    """The medians, the ratios and the 2x target as a machine-readable result."""
+    from benchresult import row, write_result
+
+    y, k = summary["yurtcoord"], summary["kubernetes"]
+    ratio = y["events_per_s"] / k["events_per_s"]
+    cpu_ratio = y["drain_events_per_cpu_s"] / k["drain_events_per_cpu_s"]
+    per_round = [mine["events_per_s"] / theirs["events_per_s"]
+                 for mine, theirs in zip(results[0::2], results[1::2])]
+    rows = [
+        row("yurtcoord Informer, events/s (median)", f"{y['events_per_s']:,.0f}"),
+        row("kubernetes Watch().stream(), events/s (median)", f"{k['events_per_s']:,.0f}"),
+        row("ratio events/s", f"{ratio:.2f}x",
+            ">= 2x" if mode == "backlog" else None, ratio >= 2),
+        row("ratio events/s, lowest - highest round",
+            f"{min(per_round):.2f}x - {max(per_round):.2f}x"),
+        row("ratio events per CPU-s draining", f"{cpu_ratio:.2f}x"),
+    ]
+    write_result(path, "informer", {"objects": objects, "rounds": rounds, "mode": mode},
+                 {"rounds": results, "medians": summary, "ratio_events_per_s": ratio,
+                  "ratio_drain_events_per_cpu_s": cpu_ratio,
+                  "ratio_events_per_s_per_round": per_round}, rows)
 
 
 def main():
@@ -242,6 +269,7 @@ def main():
     parser.add_argument("--objects", type=int, default=20000)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--mode", choices=("backlog", "live"), default="backlog")
+    parser.add_argument("--json", metavar="PATH", help="write the result as JSON to PATH")
     parser.add_argument("--consumer", choices=CONSUMERS, help=argparse.SUPPRESS)
     parser.add_argument("--url", help=argparse.SUPPRESS)
     parser.add_argument("--namespace", help=argparse.SUPPRESS)
@@ -253,7 +281,7 @@ def main():
         run_kubernetes_consumer(options.url, options.namespace, options.objects,
                                 options.resource_version)
     else:
-        drive(options.objects, options.rounds, options.mode)
+        drive(options.objects, options.rounds, options.mode, options.json)
 
 
 if __name__ == "__main__":

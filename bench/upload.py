@@ -1,6 +1,6 @@
 """Local cache upload: batched upload vs one request per object vs raw batched puts.
 
-    .venv/bin/python bench/upload.py [--objects 10000] [--size 3000] [--etcd 3.5]
+    .venv/bin/python bench/upload.py [--objects 10000] [--size 3000] [--etcd 3.5] [--json PATH]
 
 One run, a fresh etcd (on loopback, temp dir) per mode, the same objects in each:
 
@@ -22,6 +22,7 @@ Modes alternate for ``--repeat`` rounds and each keeps its best round, so that l
 from other processes on the machine disturbs the ratios less.  Every mode's result is
 checked with etcdctl (key count and a sample of values).
 Targets: batched >= 5x per-object, batched >= 0.7x raw-batched, RSS growth <= 50 MB.
+``--json PATH`` writes the rates, ratios and targets (see bench/benchresult.py).
 """
 
 import argparse
@@ -197,8 +198,32 @@ async def main(reactor, args):
         print(f"batched vs raw-batched-x4: {vs_raw_x4:6.2f}x (same number in flight as batched)")
         print(f"peak RSS growth during batched upload: {rss_mb:.1f} MB (target <= 50 MB) "
               f"{'ok' if rss_mb <= 50 else 'MISSED'}")
+        write_json(args, binary.version, rates, rss_mb, vs_per_object, vs_raw, vs_raw_x4)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+def write_json(args, version, rates, rss_mb, vs_per_object, vs_raw, vs_raw_x4):
+    """Best rate of each mode, the ratios and the three targets as a machine-readable result."""
+    from benchresult import row, write_result
+
+    rows = [
+        row("batched upload", f"{rates['batched']:,.0f} obj/s"),
+        row("one request per object", f"{rates['per-object']:,.0f} obj/s"),
+        row("raw batched puts (1 / 4 in flight)",
+            f"{rates['raw-batched']:,.0f} / {rates['raw-batched-x4']:,.0f} obj/s"),
+        row("batched vs one per object", f"{vs_per_object:.1f}x", ">= 5x", vs_per_object >= 5),
+        row("batched vs raw batched", f"{vs_raw:.2f}x", ">= 0.7x", vs_raw >= 0.7),
+        row("batched vs raw batched, 4 in flight", f"{vs_raw_x4:.2f}x"),
+        row("peak RSS growth during batched upload", f"{rss_mb:.1f} MB", "<= 50 MB",
+            rss_mb <= 50),
+    ]
+    write_result(args.json, f"upload (etcd {version})",
+                 {"objects": args.objects, "size": args.size, "repeat": args.repeat,
+                  "per_object_sample": args.per_object_sample, "etcd": version},
+                 {"objects_per_s": rates, "peak_rss_growth_mb": rss_mb,
+                  "vs_per_object": vs_per_object, "vs_raw_batched": vs_raw,
+                  "vs_raw_batched_x4": vs_raw_x4}, rows)
 
 
 def parse_args():
@@ -210,6 +235,7 @@ def parse_args():
     parser.add_argument("--repeat", type=int, default=3,
                         help="rounds; modes alternate and each keeps its best round")
     parser.add_argument("--etcd", default="3.5", help="etcd version to use, e.g. 3.4 or 3.5")
+    parser.add_argument("--json", metavar="PATH", help="write the result as JSON to PATH")
     return parser.parse_args()
 
 

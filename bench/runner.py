@@ -1,0 +1,402 @@
+"""Runs every benchmark, one after the other, and regenerates bench/RESULTS.md.
+
+    bench/run [--quick] [--output PATH] [--only NAME ...]
+
+Each benchmark runs as its own process (its own session, so that anything it leaves
+behind is killed with it) with ``--json`` pointing into a temp dir; its output is
+shown as it runs. The results become one table (benchmark | measure | result |
+target | met) under a header describing the machine and its load, followed by how
+each benchmark measures. A benchmark that crashes, times out or writes no result
+makes the run exit non-zero (its row says so); a missed target does not, it is
+reported in the table.
+
+The full run takes about 7 minutes on a 2-core machine; ``--quick`` (one round,
+short windows, about 3 minutes) is a smoke run and by default writes
+bench/RESULTS-quick.md rather than bench/RESULTS.md.
+"""
+
+import argparse
+import importlib.metadata
+import json
+import os
+import platform
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import textwrap
+import threading
+import time
+
+BENCH = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(BENCH)
+sys.path.insert(0, REPO)
+
+
+class Benchmark:
+    """One benchmark script and its settings for a full and for a quick run."""
+
+    def __init__(self, name, script, full, quick, timeout, method, needs_etcd=None):
+        self.name = name
+        self.script = script
+        self.full = full
+        self.quick = quick
+        self.timeout = timeout
+        self.method = method
+        self.needs_etcd = needs_etcd
+
+    def command(self, quick, json_path):
+        return ([sys.executable, os.path.join(BENCH, self.script)]
+                + (self.quick if quick else self.full) + ["--json", json_path])
+
+
+METHOD_INFORMER = """\
+Backlog mode, {objects:,} ConfigMaps (~520-byte watch events) per consumer and round,
+{rounds} round(s); one Kubernetes API test server in the bench process, each consumer
+in its own process watching a fresh namespace. The server goes down, the objects are
+created, the server comes back: each consumer resumes its watch from its last
+resourceVersion and drains the backlog of ADDED events as fast as it can. events/s is
+the drain rate (first to last event), median over the rounds. Events per CPU second
+while draining (`time.process_time`) is the consumer's own cost per event, less
+sensitive to other load than wall-clock rates. Consumers: yurtcoord's `Informer` on a
+`KubeClient` (treq/Twisted), and the official client's
+`watch.Watch().stream(CoreV1Api.list_namespaced_config_map, ...)` (objects deserialized
+into models, as its documentation shows). `--mode live` (objects created while the
+consumers watch) is bounded by how fast the test server creates objects, so no ratio
+is claimed from it. The ratio depends on the machine's load and on the backlog's size:
+earlier runs of 20,000 objects at load average ~5 gave 2.80x (events/s) and 2.16x
+(events per CPU-s); on a quiet machine the official client, then given a core of its
+own, drains about twice as fast (~37,000-40,000 events/s instead of ~19,000): three
+5-round runs of 20,000 objects there gave median ratios of 1.57x, 1.87x and 2.06x
+(single rounds 1.2-2.5x), while backlogs of 2,000-5,000 objects gave 2.1-2.9x (the
+informer keeps every object in its store; the official client's consumer here keeps
+none)."""
+
+METHOD_UPLOAD = """\
+{objects:,} pods of about {size:,} bytes (10 namespaces) in a yurthub disk cache; a
+fresh etcd per mode, {repeat} round(s) with the modes alternating, best round of each
+mode kept; every mode's result is checked with etcdctl (key count and sample values).
+**batched**: `LocalCacheUploader` reading the cache (files, JSON and resourceVersion
+checks included) and writing through `PoolStore.create_or_update_many`: 64 objects per
+transaction, each guarded by a compare, 4 transactions in flight. **one per object**:
+one `PoolStore.create` per object, one at a time (the seed's way), through the same
+adapter, on the first {per_object_sample:,} objects (every request waits for an etcd
+disk sync), compared by objects per second. **raw batched**: the same keys and mirror
+values as plain puts, 64 objects (128 operations) per transaction through
+`EtcdClient.submit`, no reads, no compares, one at a time, and with 4 in flight like
+the store; the gap to the latter is reading and checking the files and the compares.
+Peak RSS growth is `VmHWM` before/after the batched mode, which runs first in the
+process (chunks of 500 files are read, checked and written before the next chunk)."""
+
+METHOD_POOLSYNC = """\
+{objects:,} discovery.k8s.io/v1 endpointslices (~420 bytes, three namespaces) in the
+cloud, the API test server in a child process (seeding it over HTTP is not part of any
+figure); a `PoolSyncManager` with its `PoolStore` on a real etcd {etcd}, built as a
+leader agent builds them (`informer_lease_renew = 10s`), runs in the bench process with
+the coordinator test server. The independent reader is `etcdctl watch --prefix
+/mirror/rv` in a child process: the pool store writes an object and its mirror rv in
+one transaction, so the mirror rv event of key K at resourceVersion R means "K at R is
+readable in etcd" (times are when the bench reads it from etcdctl: an upper bound).
+Initial sync runs from `manager.start(store)` (which first deletes the informer sync
+lease and old keys) to every object seen in etcd; "lease after the lists" is from all
+lists written to the informer sync lease existing on the coordinator (the seed waited
+one whole `informer_lease_renew`, 10 s). Latency: {rate:g} unconditional PUTs per
+second of distinct endpointslices for {seconds:g} s, from the PUT sent to the cloud to
+its resourceVersion's mirror rv event read from etcdctl. On a loaded machine the p99
+varies widely between runs (17-400 ms over five earlier runs, p50 steady at 4-6 ms)."""
+
+METHOD_DELEGATION = """\
+{nodes:,} nodes, each delegated lease renewed every {period:g} s, {warmup:g} s warm-up,
+{seconds:g} s measured. One agent runs as a separate `twistd -n yurtcoord` process and
+leads the pool; a real etcd 3.5, the cloud and coordinator API test servers and the
+load generator run in the bench process, which writes each renewal (lease annotated
+`openyurt.io/delegate-heartbeat: "true"`) into the coordinator's store, spread evenly,
+and watches the cloud's store for the lease carrying that renewTime. Kept up = every
+renewal of the window reached the cloud, none superseded by the next renewal of its
+node, none missing. Latency = pool update to cloud update. Leader CPU = utime + stime
+of the agent process from `/proc/<pid>/stat` over the window (servers, load generator
+and etcd not counted). Earlier headroom runs (30 s windows, heavier load): 400/s and
+600/s were kept up; at 1,000/s the leader fell behind (665/s written, 43% CPU), bound
+by its 16 delegation requests in flight against one cloud server answering from the
+loaded bench process, not by its CPU."""
+
+METHOD_ETCD_ADAPTER = """\
+Puts per second through yurtcoord's `EtcdClient`, {value_size:,}-byte values, a fresh
+etcd per installed version: **single** ({puts:,} puts, one per request, one at a
+time), **single-x16** (16 in flight), **txn100** ({batched_puts:,} puts, 100 per
+transaction, one at a time), **txn100-x4** (4 transactions in flight). Every mode's
+keys are counted with etcdctl afterwards. No target: it shows what batching buys."""
+
+
+# Full run: the sizes the acceptance targets name (10,000 pods, 10,000 endpointslices,
+# 1,000 nodes), repeated or measured long enough to steady the figures; about 7
+# minutes on 2 cores. Quick run: the same sizes, one round and short windows (2-3 min).
+BENCHMARKS = [
+    Benchmark("informer", "informer.py",
+              ["--objects", "20000", "--rounds", "5"], ["--objects", "10000", "--rounds", "1"],
+              400, METHOD_INFORMER),
+    Benchmark("upload-3.5", "upload.py",
+              ["--etcd", "3.5", "--objects", "10000", "--per-object-sample", "1000",
+               "--repeat", "3"],
+              ["--etcd", "3.5", "--objects", "10000", "--per-object-sample", "300",
+               "--repeat", "1"], 600, METHOD_UPLOAD, needs_etcd="3.5"),
+    Benchmark("upload-3.4", "upload.py",
+              ["--etcd", "3.4", "--objects", "10000", "--per-object-sample", "1000",
+               "--repeat", "3"],
+              ["--etcd", "3.4", "--objects", "10000", "--per-object-sample", "300",
+               "--repeat", "1"], 600, METHOD_UPLOAD, needs_etcd="3.4"),
+    Benchmark("poolsync", "poolsync.py",
+              ["--objects", "10000", "--rate", "100", "--seconds", "60"],
+              ["--objects", "10000", "--rate", "100", "--seconds", "10"], 400, METHOD_POOLSYNC),
+    Benchmark("delegation", "delegation.py",
+              ["--nodes", "1000", "--period", "5", "--seconds", "120", "--warmup", "10"],
+              ["--nodes", "1000", "--period", "5", "--seconds", "30", "--warmup", "5"],
+              400, METHOD_DELEGATION),
+    Benchmark("etcd_adapter", "etcd_adapter.py",
+              ["--puts", "3000", "--batched-puts", "30000"],
+              ["--puts", "1000", "--batched-puts", "10000"], 300, METHOD_ETCD_ADAPTER),
+]
+
+
+# -- the machine ----------------------------------------------------------------------
+
+def memory_gib():
+    with open("/proc/meminfo", encoding="ascii") as f:
+        for line in f:
+            if line.startswith("MemTotal:"):
+                return int(line.split()[1]) / 1024 / 1024
+    return float("nan")
+
+
+def cpu_model():
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        return platform.processor() or platform.machine()
+    return platform.machine()
+
+
+def etcd_versions():
+    from yurtcoord.testing.etcd import etcd_binaries
+    return [binary.version for binary in etcd_binaries()]
+
+
+def package_version(name):
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def load_average():
+    return "{:.2f} / {:.2f} / {:.2f}".format(*os.getloadavg())
+
+
+# -- running one benchmark ---------------------------------------------------------------
+
+class Outcome:
+    """What one benchmark run gave: its result document or why there is none."""
+
+    def __init__(self, benchmark, command):
+        self.benchmark = benchmark
+        self.command = command
+        self.result = None
+        self.failure = None
+        self.skipped = None
+        self.seconds = 0.0
+        self.load_before = self.load_after = None
+
+
+def display_command(command):
+    """The command as someone would type it from the repository root."""
+    shown = [".venv/bin/python", os.path.relpath(command[1], REPO)]
+    arguments = command[2:]
+    if "--json" in arguments:
+        index = arguments.index("--json")
+        arguments = arguments[:index] + arguments[index + 2:]
+    return " ".join(shown + arguments)
+
+
+def run_benchmark(benchmark, quick, workdir, available_etcd):
+    json_path = os.path.join(workdir, benchmark.name + ".json")
+    log_path = os.path.join(workdir, benchmark.name + ".log")
+    outcome = Outcome(benchmark, benchmark.command(quick, json_path))
+    if benchmark.needs_etcd and not any(
+            v == benchmark.needs_etcd or v.startswith(benchmark.needs_etcd + ".")
+            for v in available_etcd):
+        outcome.skipped = f"etcd {benchmark.needs_etcd} is not installed"
+        print(f"=== {benchmark.name}: skipped, {outcome.skipped}", flush=True)
+        return outcome
+    print(f"=== {benchmark.name}: {display_command(outcome.command)}", flush=True)
+    outcome.load_before = os.getloadavg()[0]
+    started = time.monotonic()
+    process = subprocess.Popen(outcome.command, cwd=REPO, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, start_new_session=True)
+    timed_out = threading.Event()
+
+    def on_timeout():
+        timed_out.set()
+        stop_group(process)
+
+    timer = threading.Timer(benchmark.timeout, on_timeout)
+    timer.start()
+    try:
+        with open(log_path, "wb") as log:
+            for line in process.stdout:
+                log.write(line)
+                sys.stdout.write(f"  [{benchmark.name}] " + line.decode("utf-8", "replace"))
+                sys.stdout.flush()
+        code = process.wait()
+    except BaseException:  # Ctrl-C: the benchmark gets the chance to clean up
+        stop_group(process)
+        raise
+    finally:
+        timer.cancel()
+        process.stdout.close()
+        # Whatever the benchmark may have left in its session goes with it.
+        kill_group(process.pid, signal.SIGKILL)
+    outcome.seconds = time.monotonic() - started
+    outcome.load_after = os.getloadavg()[0]
+    if timed_out.is_set():
+        outcome.failure = f"timed out after {benchmark.timeout} s"
+    elif code != 0:
+        outcome.failure = f"crashed (exit code {code})"
+    elif not os.path.exists(json_path):
+        outcome.failure = "wrote no result"
+    else:
+        with open(json_path, encoding="utf-8") as f:
+            outcome.result = json.load(f)
+    if outcome.failure:
+        print(f"=== {benchmark.name}: {outcome.failure}; its log ends:", file=sys.stderr)
+        with open(log_path, "rb") as f:
+            print(f.read()[-3000:].decode("utf-8", "replace"), file=sys.stderr, flush=True)
+    else:
+        print(f"=== {benchmark.name}: done in {outcome.seconds:.0f} s", flush=True)
+    return outcome
+
+
+def stop_group(process, grace=15.0):
+    """SIGTERM to the benchmark's session (its own cleanup runs), SIGKILL after ``grace``."""
+    kill_group(process.pid, signal.SIGTERM)
+    try:
+        process.wait(grace)
+    except subprocess.TimeoutExpired:
+        kill_group(process.pid, signal.SIGKILL)
+
+
+def kill_group(pid, sig):
+    try:
+        os.killpg(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        return
+
+
+# -- RESULTS.md -------------------------------------------------------------------------
+
+def cell(text):
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def met_cell(met):
+    if met is None:
+        return ""
+    return "yes" if met else "**NO**"
+
+
+def render(outcomes, header):
+    lines = ["# Benchmark results", "",
+             "Regenerated by `bench/run" + (" --quick" if header["quick"] else "")
+             + "`, which runs every benchmark one after the other, each in its own process, "
+             "everything on loopback; do not edit by hand.", "",
+             f"- date: {header['date']}",
+             f"- machine: {header['cores']} cores ({header['cpu']}), "
+             f"{header['memory_gib']:.1f} GiB memory, {header['system']}",
+             f"- Python {header['python']}; etcd {', '.join(header['etcd']) or 'none'}; "
+             f"kubernetes client {header['kubernetes']}",
+             f"- load average (1 / 5 / 15 min) at start: {header['load_start']}; "
+             f"at end: {header['load_end']} (other processes may share the machine: "
+             "wall-clock figures vary with it)",
+             f"- whole run: {header['seconds'] / 60:.1f} min"
+             + (" (quick smoke run: one round, short windows)" if header["quick"] else ""),
+             "", "| benchmark | measure | result | target | met |", "|---|---|---|---|---|"]
+    for outcome in outcomes:
+        name = outcome.benchmark.name
+        if outcome.result is not None:
+            name = outcome.result.get("benchmark", name)
+            for row in outcome.result["rows"]:
+                lines.append(f"| {cell(name)} | {cell(row['measure'])} | {cell(row['result'])} "
+                             f"| {cell(row['target'] or '')} | {met_cell(row['met'])} |")
+        elif outcome.skipped:
+            lines.append(f"| {cell(name)} | (not run) | skipped: {cell(outcome.skipped)} | | |")
+        else:
+            lines.append(f"| {cell(name)} | (the benchmark) | {cell(outcome.failure)} | runs "
+                         f"to the end | **NO** |")
+    lines += ["", "## Method", ""]
+    described = set()  # methods already written out (both uploads share one)
+    for outcome in outcomes:
+        benchmark = outcome.benchmark
+        if outcome.skipped:
+            continue
+        title = outcome.result["benchmark"] if outcome.result else benchmark.name
+        lines += [f"### {title}", "",
+                  f"`{display_command(outcome.command)}` (this run: {outcome.seconds:.0f} s, "
+                  f"load average {outcome.load_before:.2f} -> {outcome.load_after:.2f})", ""]
+        if outcome.result is None:
+            lines += [f"No result: {outcome.failure}.", ""]
+        elif benchmark.method in described:
+            lines += ["Measured as above.", ""]
+        else:
+            text = " ".join(benchmark.method.format(**outcome.result["settings"]).split())
+            lines += [textwrap.fill(text, width=88, break_long_words=False,
+                                    break_on_hyphens=False), ""]
+            described.add(benchmark.method)
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def main(argv):
+    parser = argparse.ArgumentParser(prog="bench/run", description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true",
+                        help="smaller settings, a ~3-minute smoke run")
+    parser.add_argument("--output", metavar="PATH",
+                        help="where to write the results (default: bench/RESULTS.md, "
+                             "or bench/RESULTS-quick.md with --quick)")
+    parser.add_argument("--only", nargs="+", metavar="NAME",
+                        choices=[b.name for b in BENCHMARKS], help="run only these")
+    options = parser.parse_args(argv)
+    output = options.output or os.path.join(
+        BENCH, "RESULTS-quick.md" if options.quick else "RESULTS.md")
+    selected = [b for b in BENCHMARKS if not options.only or b.name in options.only]
+
+    header = {"quick": options.quick,
+              "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+              "cores": os.cpu_count(), "cpu": cpu_model(), "memory_gib": memory_gib(),
+              "system": f"{platform.system()} {platform.release()} {platform.machine()}",
+              "python": platform.python_version(), "etcd": etcd_versions(),
+              "kubernetes": package_version("kubernetes"), "load_start": load_average()}
+    print(f"bench/run{' --quick' if options.quick else ''}: {len(selected)} benchmarks, "
+          f"load average {header['load_start']}", flush=True)
+    workdir = tempfile.mkdtemp(prefix="yurtcoord-bench-run-")
+    started = time.monotonic()
+    try:
+        outcomes = [run_benchmark(b, options.quick, workdir, header["etcd"]) for b in selected]
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    header["seconds"] = time.monotonic() - started
+    header["load_end"] = load_average()
+    with open(output, "w", encoding="utf-8") as f:
+        f.write(render(outcomes, header))
+    failed = [o.benchmark.name for o in outcomes if o.failure]
+    missed = [o.benchmark.name for o in outcomes if o.result and any(
+        row["met"] is False for row in o.result["rows"])]
+    print(f"wrote {output} in {header['seconds'] / 60:.1f} min; "
+          f"failed: {', '.join(failed) or 'none'}; targets missed in: "
+          f"{', '.join(missed) or 'none'}", flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
