@@ -95,7 +95,9 @@ _CONNECTION_FAILURES = (
     OSError,
 )
 # Failures where etcd certainly never saw a complete request: safe to resend anything.
-_NOT_DELIVERED = (web_client.RequestNotSent, web_client.RequestTransmissionFailed)
+# Surely never reached etcd: no connection was made, or the request was not sent.
+_NOT_DELIVERED = (net_error.ConnectError, web_client.RequestNotSent,
+                  web_client.RequestTransmissionFailed)
 
 
 @dataclass(frozen=True)
@@ -510,10 +512,10 @@ class _Transport:
             raise BadResponse(f"etcd answered {path} with something that is not HTTP: "
                               f"{_describe(failure)}")
         if failure.check(*_CONNECTION_FAILURES):
-            raise _Resendable(
-                EtcdUnavailable(f"etcd unreachable at {self._base}: {_describe(failure)}"),
-                not_delivered=bool(failure.check(*_NOT_DELIVERED)),
-            )
+            not_delivered = bool(failure.check(*_NOT_DELIVERED))
+            error = EtcdUnavailable(f"etcd unreachable at {self._base}: {_describe(failure)}")
+            error.maybe_applied = not not_delivered
+            raise _Resendable(error, not_delivered=not_delivered)
         self.log.error("etcd request {path} failed unexpectedly: {error}", path=path,
                        error=_describe(failure))
         raise EtcdError(f"etcd request {path} failed: {_describe(failure)}")

@@ -9,7 +9,14 @@ whatever answered did not speak the etcd gateway's JSON.
 
 
 class EtcdError(Exception):
-    """Base of every error the etcd adapter raises."""
+    """Base of every error the etcd adapter raises.
+
+    ``maybe_applied`` is True when a write may have been applied although no answer
+    came back (the connection died after the request was sent, or it timed out):
+    callers that keep their own record of what etcd holds must allow for both.
+    """
+
+    maybe_applied = False
 
 
 class EtcdUnavailable(EtcdError):
@@ -18,6 +25,8 @@ class EtcdUnavailable(EtcdError):
 
 class EtcdTimeout(EtcdError):
     """No complete answer within the request timeout."""
+
+    maybe_applied = True
 
 
 class ClientClosed(EtcdError):

@@ -33,7 +33,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from yurtcoord.etcd.client import prefix_range_end
-from yurtcoord.etcd.errors import TransactionFailed
+from yurtcoord.etcd.errors import EtcdError, TransactionFailed
 from yurtcoord.poolstore.keycache import POOL_SCOPED_COMPONENT, ComponentKeyCache
 from yurtcoord.poolstore.keys import (
     KeyBuildInfo, PoolKey, PoolKeyBuilder, ResourceId, format_rv, mirror_rv_key, parse_rv,
@@ -546,7 +546,15 @@ class PoolStore:
                 else:
                     ops.extend(self._delete_ops(what))
                     del_paths.append(what)
-            yield self._submit(op, txaioetcd.Transaction(success=ops))
+            try:
+                yield self._submit(op, txaioetcd.Transaction(success=ops))
+            except EtcdError as error:
+                if error.maybe_applied:
+                    # The answer was lost, not the write: etcd may hold these keys now.
+                    # Owning a key that does not exist costs one useless delete later;
+                    # forgetting one that does would leave it in the pool for good.
+                    self.key_cache.add(component, resource, put_paths)
+                raise
             self.key_cache.add(component, resource, put_paths)
             self.key_cache.discard(component, resource, del_paths)
 

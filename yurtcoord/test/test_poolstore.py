@@ -388,6 +388,32 @@ class PoolStoreBehaviour(EtcdStoreCase):
         self.assertEqual(len(store.list_resource_keys_of_component("kubelet", gvr.PODS)), 5)
 
     @defer.inlineCallbacks
+    def test_replace_whose_answer_was_lost_still_owns_the_keys(self):
+        """etcd applied a list batch but the answer was lost; the objects are deleted
+        from the source meanwhile: the next list must delete them from etcd too."""
+        client = AnswerLosingClient(self.client)
+        store = self.new_store(client, self.key_cache)
+        endpoints = [make_object(f"svc-{i}", "default", 10 + i, kind="Endpoints")
+                     for i in range(4)]
+        with self.assertRaises(EtcdUnavailable):
+            yield store.replace_component_list("leader-yurthub", gvr.ENDPOINTS, None, endpoints)
+        self.assertEqual(len(self.dump("/registry/services/endpoints/")), 4)
+        yield store.replace_component_list("leader-yurthub", gvr.ENDPOINTS, None, endpoints[:1])
+        self.assertEqual(sorted(self.dump("/registry/services/endpoints/")),
+                         ["/registry/services/endpoints/default/svc-0"])
+
+    @defer.inlineCallbacks
+    def test_replace_refused_before_sending_owns_nothing_new(self):
+        yield self.store.replace_component_list("leader-yurthub", gvr.ENDPOINTS, None, [])
+        self.etcd.kill()
+        with self.assertRaises(EtcdUnavailable):
+            yield self.store.replace_component_list(
+                "leader-yurthub", gvr.ENDPOINTS, None,
+                [make_object("svc-0", "default", 10, kind="Endpoints")])
+        self.assertEqual(self.store.list_resource_keys_of_component(
+            "leader-yurthub", gvr.ENDPOINTS), [])
+
+    @defer.inlineCallbacks
     def test_concurrent_writers_never_regress(self):
         """Three agents upload overlapping versions of the same objects at once."""
         count = 150
@@ -558,7 +584,9 @@ class AnswerLosingClient:
             self.lost = True
 
             def lose(_result):
-                raise EtcdUnavailable("connection lost before the answer")
+                error = EtcdUnavailable("connection lost before the answer")
+                error.maybe_applied = True
+                raise error
 
             d.addCallback(lose)
         return d
@@ -638,7 +666,11 @@ class CancellationTests(unittest.TestCase):
             self.assertNoResult(d)
             d.cancel()
             self.failureResultOf(d, defer.CancelledError)
-        self.assertEqual(self.store.key_cache.snapshot(), {})
+        # A list write cancelled in flight may have been applied: its key is owned
+        # (at worst one useless delete later), nothing else is.
+        self.assertEqual(self.store.key_cache.components(), ["kubelet"])
+        self.assertEqual(self.store.list_resource_keys_of_component("kubelet", gvr.PODS),
+                         [self.key.path])
 
     def test_bad_arguments_fail_the_deferred(self):
         self.failureResultOf(self.store.list("/registry/pods"), ValueError)
