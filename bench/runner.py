@@ -64,14 +64,11 @@ sensitive to other load than wall-clock rates. Consumers: yurtcoord's `Informer`
 `watch.Watch().stream(CoreV1Api.list_namespaced_config_map, ...)` (objects deserialized
 into models, as its documentation shows). `--mode live` (objects created while the
 consumers watch) is bounded by how fast the test server creates objects, so no ratio
-is claimed from it. The ratio depends on the machine's load and on the backlog's size:
-earlier runs of 20,000 objects at load average ~5 gave 2.80x (events/s) and 2.16x
-(events per CPU-s); on a quiet machine the official client, then given a core of its
-own, drains about twice as fast (~37,000-40,000 events/s instead of ~19,000): three
-5-round runs of 20,000 objects there gave median ratios of 1.57x, 1.87x and 2.06x
-(single rounds 1.2-2.5x), while backlogs of 2,000-5,000 objects gave 2.1-2.9x (the
-informer keeps every object in its store; the official client's consumer here keeps
-none)."""
+is claimed from it. Watch bodies are read with all HTTP chunks of one socket read
+delivered together (the apiserver sends one chunk per event); before that change the
+ratio was 1.6-2.2x on a quiet machine, where the official client drains ~37,000-40,000
+events/s. Wall-clock ratios still move with the machine's load (single rounds under
+load: 1.4-3.1x); events per CPU second is the steadier measure."""
 
 METHOD_UPLOAD = """\
 {objects:,} pods of about {size:,} bytes (10 namespaces) in a yurthub disk cache; a
