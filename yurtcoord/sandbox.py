@@ -37,6 +37,7 @@ from twisted.web.client import Agent as HTTPAgent, HTTPConnectionPool
 from yurtcoord.config import parse_config
 from yurtcoord.kube.gvr import ENDPOINTS, ENDPOINTSLICES_V1, NODES
 from yurtcoord.service import make_service
+from yurtcoord.testing.agentini import loopback_agent_ini
 from yurtcoord.testing.apiserver import KubeAPIServer
 from yurtcoord.testing.etcd import environ_without_etcd_flags, free_port, wheel_etcd_binary
 from yurtcoord.testing.tcpproxy import TCPProxy
@@ -99,44 +100,15 @@ def find_etcd_binary(environ=None):
 def agent_config_text(node, cloud_url, coordinator_url, etcd_url, agent_dir):
     """Ini text of one sandbox agent: plain http everywhere, timings short enough to
     watch an election happen and long enough for a busy laptop."""
-    return f"""
-[node]
-name = {node}
-pool = {POOL_NAME}
-
-[cloud]
-servers = {cloud_url}
-insecure = true
-
-[coordinator]
-enabled = true
-server = {coordinator_url}
-storage = {etcd_url}
-storage_prefix = /registry
-pki_dir = {os.path.join(agent_dir, "pki")}
-insecure = true
-
-[leader_election]
-lease_duration = 6s
-renew_deadline = 4s
-retry_period = 1s
-check_interval = 1s
-
-[heartbeat]
-interval = 2s
-failed_retry = 3
-healthy_threshold = 1
-timeout = 2s
-
-[pool_cache]
-informer_lease_renew = 3s
-stale_timeout = 10s
-upload_resources = kubelet/pods/v1, kubelet/nodes/v1
-local_cache_dir = {os.path.join(agent_dir, "cache")}
-
-[server]
-listen = 127.0.0.1:0
-"""
+    return loopback_agent_ini(
+        node, POOL_NAME, [cloud_url], coordinator_url, etcd_url,
+        os.path.join(agent_dir, "pki"), os.path.join(agent_dir, "cache"),
+        leader_election={"lease_duration": "6s", "renew_deadline": "4s",
+                         "retry_period": "1s", "check_interval": "1s"},
+        heartbeat={"interval": "2s", "failed_retry": "3", "healthy_threshold": "1",
+                   "timeout": "2s"},
+        pool_cache={"informer_lease_renew": "3s", "stale_timeout": "10s",
+                    "upload_resources": "kubelet/pods/v1, kubelet/nodes/v1"})
 
 
 def node_object(node):

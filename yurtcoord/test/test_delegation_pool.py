@@ -33,6 +33,7 @@ from yurtcoord.kube.gvr import LEASES
 from yurtcoord.kube.lease import renew_time
 from yurtcoord.roles import Role
 from yurtcoord.test.test_service import ELECTION_LEASE, ELECTION_NAMESPACE, POOL, PoolWorld
+from yurtcoord.testing.agentini import loopback_agent_ini
 from yurtcoord.testing.apiserver.selectors import ObjectFilter
 from yurtcoord.testing.poll import poll_until
 from yurtcoord.testing.tcpproxy import TCPProxy
@@ -50,34 +51,10 @@ RESTORE_TIMEOUT = 50.0
 def default_timings_config_text(node, cloud_url, coordinator_url, etcd_url, pki_dir,
                                  cache_dir):
     """Ini of one agent that leaves every timing at its default."""
-    return f"""
-[node]
-name = {node}
-pool = {POOL}
-
-[cloud]
-servers = {cloud_url}
-insecure = true
-
-[coordinator]
-enabled = true
-server = {coordinator_url}
-storage = {etcd_url}
-storage_prefix = /registry
-pki_dir = {pki_dir}
-insecure = true
-
-[leader_election]
-lease_namespace = {ELECTION_NAMESPACE}
-lease_name = {ELECTION_LEASE}
-
-[pool_cache]
-upload_resources = kubelet/pods/v1
-local_cache_dir = {cache_dir}
-
-[server]
-listen = 127.0.0.1:0
-"""
+    return loopback_agent_ini(
+        node, POOL, [cloud_url], coordinator_url, etcd_url, pki_dir, cache_dir,
+        leader_election={"lease_namespace": ELECTION_NAMESPACE,
+                         "lease_name": ELECTION_LEASE})
 
 
 class RecordingLeaseProxyClient:

@@ -26,6 +26,7 @@ from yurtcoord.kube.gvr import ENDPOINTS, LEASES, SECRETS
 from yurtcoord.kube.lease import LeaseRecord
 from yurtcoord.poolsync import INFORMER_SYNC_LEASE_NAME, INFORMER_SYNC_LEASE_NAMESPACE
 from yurtcoord.service import make_service
+from yurtcoord.testing.agentini import loopback_agent_ini
 from yurtcoord.testing.apiserver import KubeAPIServer
 from yurtcoord.testing.etcd import EtcdProcess, etcd_binary_for
 from yurtcoord.testing.pki import TestCA
@@ -40,51 +41,21 @@ STEP_TIMEOUT = 20.0
 
 
 def agent_config_text(node, cloud_urls, coordinator_url, etcd_url, pki_dir, cache_dir,
-                      enabled=True, coordinator_tls=False, heartbeat_extra=""):
+                      enabled=True, coordinator_tls=False, heartbeat=None):
     """Ini text of one test agent: short timings (lease 2 s, renew 1.5 s, retry 0.3 s,
     check and heartbeat every 0.3 s, healthy after one probe), plain http to the cloud,
     plain http or TLS (certificates from the certs Secret) to the coordinator."""
-    return f"""
-[node]
-name = {node}
-pool = {POOL}
-
-[cloud]
-servers = {", ".join(cloud_urls)}
-insecure = true
-
-[coordinator]
-enabled = {"true" if enabled else "false"}
-server = {coordinator_url}
-storage = {etcd_url}
-storage_prefix = /registry
-pki_dir = {pki_dir}
-insecure = {"false" if coordinator_tls else "true"}
-
-[leader_election]
-lease_namespace = {ELECTION_NAMESPACE}
-lease_name = {ELECTION_LEASE}
-lease_duration = 2s
-renew_deadline = 1500ms
-retry_period = 300ms
-check_interval = 300ms
-
-[heartbeat]
-interval = 300ms
-failed_retry = 3
-healthy_threshold = 1
-timeout = 1s
-{heartbeat_extra}
-
-[pool_cache]
-informer_lease_renew = 1s
-stale_timeout = 3s
-upload_resources = kubelet/pods/v1
-local_cache_dir = {cache_dir}
-
-[server]
-listen = 127.0.0.1:0
-"""
+    return loopback_agent_ini(
+        node, POOL, cloud_urls, coordinator_url, etcd_url, pki_dir, cache_dir,
+        coordinator={"enabled": "true" if enabled else "false",
+                     "insecure": "false" if coordinator_tls else "true"},
+        leader_election={"lease_namespace": ELECTION_NAMESPACE,
+                         "lease_name": ELECTION_LEASE, "lease_duration": "2s",
+                         "renew_deadline": "1500ms", "retry_period": "300ms",
+                         "check_interval": "300ms"},
+        heartbeat={"interval": "300ms", "failed_retry": "3", "healthy_threshold": "1",
+                   "timeout": "1s", **(heartbeat or {})},
+        pool_cache={"informer_lease_renew": "1s", "stale_timeout": "3s"})
 
 
 def write_cached_pod(cache_dir, name, resource_version, namespace="default"):
@@ -184,14 +155,14 @@ class PoolWorld:
         yield self.coordinator.start()
         self.test.addCleanup(self.coordinator.stop)
 
-    def config(self, node, cloud_urls=None, enabled=True, heartbeat_extra=""):
+    def config(self, node, cloud_urls=None, enabled=True, heartbeat=None):
         base = self.test.mktemp()
         cache_dir = os.path.join(base, "cache")
         os.makedirs(cache_dir)
         text = agent_config_text(node, cloud_urls or [self.cloud.url], self.coordinator.url,
                                  self.etcd.client_url, os.path.join(base, "pki"), cache_dir,
                                  enabled=enabled, coordinator_tls=self.tls,
-                                 heartbeat_extra=heartbeat_extra)
+                                 heartbeat=heartbeat)
         return parse_config(text, f"<{node}>")
 
     def start_agent(self, config):
@@ -395,9 +366,9 @@ class AgentServiceTests(unittest.TestCase):
         kubelet = KubeletStandIn()
         port = reactor.listenTCP(0, Site(kubelet), interface="127.0.0.1")
         self.addCleanup(port.stopListening)
-        config = self.world.config("edge-1", heartbeat_extra=(
-            f"kubelet_healthz_url = http://127.0.0.1:{port.getHost().port}/healthz\n"
-            "kubelet_grace_period = 1s"))
+        config = self.world.config("edge-1", heartbeat={
+            "kubelet_healthz_url": f"http://127.0.0.1:{port.getHost().port}/healthz",
+            "kubelet_grace_period": "1s"})
         agent = self.world.start_agent(config)
         self.assertIsNotNone(agent.kubelet_checker)
         yield self.wait_for_status(agent, "edge-1 leading", lambda s: s["role"] == "leader")

@@ -29,6 +29,7 @@ from twisted.internet.utils import getProcessOutputAndValue
 from twisted.web.client import Agent as HTTPAgent, HTTPConnectionPool
 
 from yurtcoord.kube.gvr import ENDPOINTS, LEASES
+from yurtcoord.testing.agentini import loopback_agent_ini
 from yurtcoord.testing.apiserver import KubeAPIServer
 from yurtcoord.testing.etcd import EtcdProcess, etcd_binary_for
 from yurtcoord.testing.poll import PollTimeout, poll_until
@@ -62,45 +63,19 @@ LEASE_DURATION, RETRY_PERIOD = 3.0, 0.5
 
 def agent_ini(node, cloud_url, coordinator_url, etcd_url, pki_dir, cache_dir, listen):
     """Ini text of one agent of the fault suite: plain http everywhere, short timings."""
-    return f"""[node]
-name = {node}
-pool = {POOL}
-
-[cloud]
-servers = {cloud_url}
-insecure = true
-
-[coordinator]
-enabled = true
-server = {coordinator_url}
-storage = {etcd_url}
-storage_prefix = {STORAGE_PREFIX}
-pki_dir = {pki_dir}
-insecure = true
-
-[leader_election]
-lease_namespace = {ELECTION_NAMESPACE}
-lease_name = {ELECTION_LEASE}
-lease_duration = {TIMINGS["lease_duration"]}
-renew_deadline = {TIMINGS["renew_deadline"]}
-retry_period = {TIMINGS["retry_period"]}
-check_interval = {TIMINGS["check_interval"]}
-
-[heartbeat]
-interval = {TIMINGS["heartbeat_interval"]}
-failed_retry = 3
-healthy_threshold = 1
-timeout = 2s
-
-[pool_cache]
-informer_lease_renew = 1s
-stale_timeout = 4s
-upload_resources = kubelet/pods/v1
-local_cache_dir = {cache_dir}
-
-[server]
-listen = {listen}
-"""
+    return loopback_agent_ini(
+        node, POOL, [cloud_url], coordinator_url, etcd_url, pki_dir, cache_dir,
+        coordinator={"storage_prefix": STORAGE_PREFIX},
+        leader_election={"lease_namespace": ELECTION_NAMESPACE,
+                         "lease_name": ELECTION_LEASE,
+                         "lease_duration": TIMINGS["lease_duration"],
+                         "renew_deadline": TIMINGS["renew_deadline"],
+                         "retry_period": TIMINGS["retry_period"],
+                         "check_interval": TIMINGS["check_interval"]},
+        heartbeat={"interval": TIMINGS["heartbeat_interval"], "failed_retry": "3",
+                   "healthy_threshold": "1", "timeout": "2s"},
+        pool_cache={"informer_lease_renew": "1s", "stale_timeout": "4s"},
+        server={"listen": listen})
 
 
 def cached_pod(name, resource_version, namespace="default", padding=0):

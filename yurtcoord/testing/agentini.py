@@ -1,0 +1,37 @@
+"""Ini text of agents whose peers are plain-http servers on loopback.
+
+Tests, the fault suite, the benchmarks and the sandbox all run such agents; they differ
+only in names, URLs, directories and timings, which they pass as sections to merge.
+"""
+
+
+def ini_text(sections):
+    """Ini text of ``{section: {key: value}}``, in the order given."""
+    blocks = []
+    for section, values in sections.items():
+        lines = [f"[{section}]"] + [f"{key} = {value}" for key, value in values.items()]
+        blocks.append("\n".join(lines))
+    return "\n\n".join(blocks) + "\n"
+
+
+def loopback_agent_ini(node, pool, cloud_urls, coordinator_url, etcd_url, pki_dir,
+                       cache_dir, **sections):
+    """An agent talking plain http to its cloud, coordinator apiserver and etcd.
+
+    ``sections`` (e.g. ``leader_election={"lease_duration": "2s"}``) are merged over
+    the base, key by key; a section not in the base is added.
+    """
+    base = {
+        "node": {"name": node, "pool": pool},
+        "cloud": {"servers": ", ".join(cloud_urls), "insecure": "true"},
+        "coordinator": {"enabled": "true", "server": coordinator_url, "storage": etcd_url,
+                        "storage_prefix": "/registry", "pki_dir": pki_dir,
+                        "insecure": "true"},
+        "leader_election": {},
+        "heartbeat": {},
+        "pool_cache": {"upload_resources": "kubelet/pods/v1", "local_cache_dir": cache_dir},
+        "server": {"listen": "127.0.0.1:0"},
+    }
+    for section, values in sections.items():
+        base.setdefault(section, {}).update(values)
+    return ini_text({name: values for name, values in base.items() if values})
