@@ -18,6 +18,7 @@ from yurtcoord.health import (
 )
 from yurtcoord.kube.errors import AlreadyExists, Conflict, NotFound, ServerError
 from yurtcoord.kube.gvr import LEASES
+from yurtcoord.testing.poll import poll_until
 
 NODE = "edge-1"
 START = 1_700_000_000.0
@@ -708,16 +709,8 @@ class LiveHealthCheckerTests(unittest.TestCase):
         for server in self.servers.values():
             yield server.stop()
 
-    @defer.inlineCallbacks
     def poll_until(self, condition, what, timeout=10.0):
-        """Check ``condition()`` every 5 ms until it holds; fail after ``timeout`` s."""
-        from twisted.internet.task import deferLater
-
-        deadline = self.reactor.seconds() + timeout
-        while not condition():
-            if self.reactor.seconds() > deadline:
-                raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-            yield deferLater(self.reactor, 0.005, lambda: None)
+        return poll_until(condition, timeout, 0.005, self.reactor, what=what)
 
     def lease_on(self, name):
         return self.servers[name].store.get(LEASES, NODE, health.NODE_LEASE_NAMESPACE)

@@ -2,7 +2,6 @@
 
 import json
 import os
-import time
 
 from twisted.internet import defer, reactor
 from twisted.internet.task import Clock
@@ -19,31 +18,10 @@ from yurtcoord.poolstore.store import (
 )
 from yurtcoord.testing.etcd import EtcdProcess, etcd_binary_for
 from yurtcoord.testing import pki
+from yurtcoord.testing.poll import poll_until
 
 ETCD_34 = etcd_binary_for("3.4")
 ETCD_35 = etcd_binary_for("3.5")
-
-
-def poll_until(condition, timeout=15.0, interval=0.01, clock=reactor):
-    """Fire when ``condition()`` is true, checking every ``interval`` up to ``timeout``."""
-    d = defer.Deferred()
-    deadline = time.monotonic() + timeout
-
-    def check():
-        try:
-            ok = condition()
-        except Exception as e:  # noqa: BLE001 - reported through the Deferred
-            d.errback(e)
-            return
-        if ok:
-            d.callback(None)
-        elif time.monotonic() > deadline:
-            d.errback(AssertionError(f"condition not met within {timeout}s"))
-        else:
-            clock.callLater(interval, check)
-
-    check()
-    return d
 
 
 def make_object(name, namespace, rv, kind="Pod", padding=0):
@@ -317,7 +295,7 @@ class PoolStoreBehaviour(EtcdStoreCase):
         self.addCleanup(store.close)
         self.assertEqual(store.list_resource_keys_of_component("leader-yurthub", gvr.ENDPOINTS),
                          ["/registry/services/endpoints/kube-system/dns"])
-        yield poll_until(lambda: store.healthy)
+        yield poll_until(lambda: store.healthy, 15.0, what="store healthy")
 
     @defer.inlineCallbacks
     def test_open_pool_store_sets_a_corrupt_key_cache_aside(self):
@@ -450,11 +428,11 @@ class PoolStoreBehaviour(EtcdStoreCase):
         changes = []
         store.on_health_change(changes.append)
         store.start()
-        yield poll_until(lambda: store.healthy)
+        yield poll_until(lambda: store.healthy, 15.0, what="store healthy")
         self.etcd.kill()
-        yield poll_until(lambda: not store.healthy)
+        yield poll_until(lambda: not store.healthy, 15.0, what="store unhealthy")
         self.etcd.restart()
-        yield poll_until(lambda: store.healthy)
+        yield poll_until(lambda: store.healthy, 15.0, what="store healthy")
         # Transitions alternate; a slow answer on a loaded machine may add a pair.
         self.assertEqual(changes[:2], [True, False])
         self.assertEqual(changes[-1], True)
