@@ -32,30 +32,14 @@ def failure(code, message, reason=None, name=None, group=None, kind=None, causes
         "reason": reason or REASONS.get(code, "Unknown"),
         "code": code,
     }
-    details = {}
-    if name is not None:
-        details["name"] = name
-    if group is not None:
-        details["group"] = group
-    if kind is not None:
-        details["kind"] = kind
-    if causes:
-        details["causes"] = causes
+    details = _details(name=name, group=group, kind=kind, causes=causes or None)
     if details:
         status["details"] = details
     return status
 
 
 def success(name=None, group=None, kind=None, uid=None):
-    details = {}
-    if name is not None:
-        details["name"] = name
-    if group is not None:
-        details["group"] = group
-    if kind is not None:
-        details["kind"] = kind
-    if uid is not None:
-        details["uid"] = uid
+    details = _details(name=name, group=group, kind=kind, uid=uid)
     status = {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success"}
     if details:
         status["details"] = details
@@ -107,3 +91,8 @@ def status_of(kube_error):
         return kube_error.status
     code = kube_error.code or 500
     return failure(code, kube_error.message or str(kube_error), reason=kube_error.reason)
+
+
+def _details(**fields):
+    """A Status ``details`` object: the fields that are set, in the order given."""
+    return {key: value for key, value in fields.items() if value is not None}
