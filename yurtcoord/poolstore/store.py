@@ -34,6 +34,7 @@ from twisted.python.failure import Failure
 
 from yurtcoord.etcd.client import prefix_range_end
 from yurtcoord.etcd.errors import EtcdError, TransactionFailed
+from yurtcoord.etcd.versions import version_warning
 from yurtcoord.poolstore.keycache import POOL_SCOPED_COMPONENT, ComponentKeyCache
 from yurtcoord.poolstore.keys import (
     KeyBuildInfo, PoolKey, PoolKeyBuilder, ResourceId, format_rv, mirror_rv_key, parse_rv,
@@ -241,6 +242,8 @@ class PoolStore:
         self.close_client = close_client
         self.parallel_batches = parallel_batches
         self.healthy = False
+        # The version the pool etcd last reported (health checks), None before.
+        self.etcd_version = None
         self._health_loop = None
         self._health_check = None
         self._health_observers = []
@@ -280,8 +283,7 @@ class PoolStore:
     def _check_health(self):
         d = self.etcd.status(timeout=self.health_timeout)
         self._health_check = d
-        d.addCallbacks(lambda _: self._set_healthy(True, None),
-                       lambda failure: self._set_healthy(False, failure))
+        d.addCallbacks(self._reachable, lambda failure: self._set_healthy(False, failure))
 
         def done(result):
             self._health_check = None
@@ -289,6 +291,22 @@ class PoolStore:
 
         d.addBoth(done)
         return d
+
+    def _reachable(self, status):
+        self._note_version(getattr(status, "version", None))
+        self._set_healthy(True, None)
+
+    def _note_version(self, version):
+        """Log the etcd version when first seen or changed, warning about bad releases."""
+        if not version or version == self.etcd_version or self.closed:
+            return
+        self.etcd_version = version
+        warning = version_warning(version)
+        if warning is None:
+            self.log.info("pool etcd version {version}", version=version)
+        else:
+            self.log.warn("pool etcd version {version}: {advice}", version=version,
+                          advice=warning)
 
     def _set_healthy(self, healthy, failure):
         if self.closed:

@@ -278,7 +278,10 @@ class EtcdClientTestsMixin(OnlineTestsMixin):
         by_txn = {}
         for key in stored:
             by_txn.setdefault(int(key.split(b"/")[2]), []).append(key)
-        self.assertTrue(succeeded <= set(by_txn))
+        if not self.etcd.binary.loses_acknowledged_writes_on_kill:
+            # etcd 3.5.0-3.5.2 may restart without acknowledged transactions
+            # (etcd-io/etcd#13766); every other release keeps them.
+            self.assertLessEqual(succeeded, set(by_txn))
         for keys in by_txn.values():  # each transaction is all or nothing
             self.assertEqual(len(keys), 50)
         result = yield self.client.submit(Transaction(success=[OpSet(b"/f/after", b"1")]))

@@ -5,6 +5,7 @@ import os
 
 from twisted.internet import defer, reactor
 from twisted.internet.task import Clock
+from twisted.logger import globalLogPublisher
 from twisted.trial import unittest
 
 from yurtcoord.etcd.client import EtcdClient, EtcdConfig
@@ -422,6 +423,23 @@ class PoolStoreBehaviour(EtcdStoreCase):
         self.assertEqual(sum(len(o.created) for o in outcomes), count)
 
     @defer.inlineCallbacks
+    def test_health_check_reports_the_etcd_version(self):
+        events = []
+        globalLogPublisher.addObserver(events.append)
+        self.addCleanup(globalLogPublisher.removeObserver, events.append)
+        store = self.new_store(self.client, self.key_cache, health_interval=0.05)
+        store.start()
+        yield poll_until(lambda: store.etcd_version is not None, 15.0, what="etcd version")
+        self.assertEqual(store.etcd_version, self.etcd.version)
+        logged = [e for e in events if e.get("log_format", "").startswith("pool etcd version")]
+        self.assertEqual(len(logged), 1)
+        if self.etcd_binary.loses_acknowledged_writes_on_kill:
+            self.assertEqual(logged[0]["log_level"].name, "warn")
+            self.assertIn("etcd-io/etcd#13766", logged[0]["advice"])
+        else:
+            self.assertEqual(logged[0]["log_level"].name, "info")
+
+    @defer.inlineCallbacks
     def test_health_follows_etcd(self):
         store = self.new_store(self.client, self.key_cache, health_interval=0.05,
                                health_timeout=3.0)
@@ -573,6 +591,13 @@ class AnswerLosingClient:
         return getattr(self.client, name)
 
 
+class Status:
+    """What the fake etcd's status answers with: just a version."""
+
+    def __init__(self, version):
+        self.version = version
+
+
 class FakeStatusClient:
     """Answers ``status()`` with Deferreds the test fires."""
 
@@ -609,6 +634,24 @@ class HealthLoopTests(unittest.TestCase):
         self.assertTrue(client.pending[2].called)
         self.assertEqual(seen, [True, False])
         self.assertFalse(clock.getDelayedCalls())
+
+    def test_etcd_version_logged_once_and_bad_releases_warned(self):
+        events = []
+        globalLogPublisher.addObserver(events.append)
+        self.addCleanup(globalLogPublisher.removeObserver, events.append)
+        clock = Clock()
+        client = FakeStatusClient()
+        store = PoolStore(clock, client, "/registry", ComponentKeyCache(self.mktemp()),
+                          health_interval=1.0)
+        store.start()
+        for version in ("3.4.23", "3.4.23", "3.5.1", "3.5.1", "3.5.3"):
+            client.pending[-1].callback(Status(version))
+            clock.advance(1.0)
+        store.close()
+        logged = [(e["log_level"].name, e["version"]) for e in events
+                  if e.get("log_format", "").startswith("pool etcd version")]
+        self.assertEqual(logged, [("info", "3.4.23"), ("warn", "3.5.1"), ("info", "3.5.3")])
+        self.assertEqual(store.etcd_version, "3.5.3")
 
 
 class HangingClient:

@@ -1,0 +1,37 @@
+"""etcd releases with defects an operator of the pool must hear about.
+
+etcd 3.5.0 to 3.5.2 persist the applied index ahead of the data it covers: an etcd
+killed under load (OOM, SIGKILL, power loss) can restart without writes it had already
+acknowledged (etcd-io/etcd#13766, fixed in 3.5.3). A local cache upload interrupted by
+an outage checks the pool again (``yurtcoord.uploader``), but the pool etcd should be
+upgraded: the pool store's health check says so in the log.
+"""
+
+import re
+
+__all__ = ["parse_version", "loses_acknowledged_writes_on_kill", "version_warning"]
+
+_VERSION = re.compile(r"^v?(\d+)\.(\d+)\.(\d+)")
+
+
+def parse_version(text):
+    """``(major, minor, patch)`` of ``"3.5.1"`` (``v`` prefix and suffixes allowed),
+    or None when ``text`` is not such a version."""
+    match = _VERSION.match(text or "")
+    if match is None:
+        return None
+    return tuple(int(part) for part in match.groups())
+
+
+def loses_acknowledged_writes_on_kill(version):
+    """True for etcd 3.5.0 to 3.5.2 (etcd-io/etcd#13766)."""
+    parsed = parse_version(version)
+    return parsed is not None and (3, 5, 0) <= parsed < (3, 5, 3)
+
+
+def version_warning(version):
+    """What an operator must know about an etcd reporting ``version``, or None."""
+    if loses_acknowledged_writes_on_kill(version):
+        return (f"etcd {version} can lose writes it acknowledged when it is killed "
+                f"(etcd-io/etcd#13766); upgrade the pool etcd to 3.5.3 or later")
+    return None
