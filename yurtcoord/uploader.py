@@ -10,6 +10,13 @@ the upload. An etcd outage is retried with backoff, resuming the chunk where it 
 (the store recognises writes whose answer was lost). Only when etcd could not accept a
 chunk after ``max_attempts`` does ``upload()`` fail, and then with ``UploadFailed``: the
 caller must not count the local cache as uploaded.
+
+An upload that met an etcd outage reads the whole cache once more when it is done and
+writes again whatever the pool lacks. etcd 3.5.0 to 3.5.2 can lose writes it had
+acknowledged just before it was killed (etcd-io/etcd#13766, fixed in 3.5.3): without
+this second pass those objects would be missing from the pool while the upload counted
+them. The check costs one guarded transaction per batch (all compares fail when
+everything is in place) and changes nothing when nothing was lost.
 """
 
 from typing import NamedTuple
@@ -81,13 +88,18 @@ class LocalCacheUploader:
         self.max_attempts = max_attempts
         self.files_seen = 0
         self.retries = 0
+        # Objects found missing by the check after an outage and written again.
+        self.rewritten = 0
+        self._interrupted = False
 
     @inlineCallbacks
     def upload(self):
         """Upload everything; fires with UploadCounts, or fails with UploadFailed."""
         self.files_seen = 0
+        self._interrupted = False
         try:
             counts = yield self._upload_chunks()
+            yield self._check_after_outages(counts)
         finally:
             # The store's key cache follows every accepted batch in memory; the file is
             # written once per upload rather than once per chunk.
@@ -117,28 +129,61 @@ class LocalCacheUploader:
                     self.metrics.count_skipped("not_newer", chunk_counts.skipped_not_newer)
         return counts
 
-    def _prepare(self, chunk):
+    @inlineCallbacks
+    def _check_after_outages(self, counts):
+        """After an outage, read the cache again and rewrite what the pool lacks.
+
+        Repeated while a check itself meets an outage, at most ``max_attempts`` times.
+        The counts of the upload stay as they are: a rewritten object was counted once.
+        """
+        for _check in range(self.max_attempts):
+            if not self._interrupted:
+                return
+            self._interrupted = False
+            checked, rewritten = 0, 0
+            for chunk in self.reader.chunks(self.upload_resources):
+                items, _bad, _shadowed = self._prepare(chunk, report=False)
+                outcome = yield self._write_with_retries(items, counts, count_outcome=False)
+                checked += len(items)
+                rewritten += len(outcome.created) + len(outcome.updated)
+            self.rewritten += rewritten
+            if rewritten:
+                self.log.warn("local cache checked again after an etcd outage: {rewritten} "
+                              "of {checked} objects were missing from the pool (etcd lost "
+                              "writes it had acknowledged) and were written again",
+                              rewritten=rewritten, checked=checked)
+            else:
+                self.log.info("local cache checked again after an etcd outage: all "
+                              "{checked} objects in place", checked=checked)
+        if self._interrupted:
+            self.log.warn("etcd failed again during each of {checks} checks of the local "
+                          "cache after an outage; objects acknowledged before the last "
+                          "failure were not checked", checks=self.max_attempts)
+
+    def _prepare(self, chunk, report=True):
         """Check each entry; return ``([(key, bytes, rv)], bad entries, shadowed entries)``.
 
         The same object found twice in a chunk (new and legacy layout) is written once,
         at its newest resourceVersion; the other copy counts as not newer.
+        ``report=False`` leaves bad entries out silently (they were reported once).
         """
         items, bad = {}, 0
         shadowed = 0
+        skip_bad = self._skip_bad if report else (lambda path, reason, category: None)
         for entry in chunk:
             if isinstance(entry, BadCacheEntry):
-                self._skip_bad(entry.path, entry.reason, "unreadable")
+                skip_bad(entry.path, entry.reason, "unreadable")
                 bad += 1
                 continue
             location = entry.location
             try:
                 name, namespace, rv = object_metadata(entry.data)
             except ValueError as e:
-                self._skip_bad(location.path, str(e), "bad_object")
+                skip_bad(location.path, str(e), "bad_object")
                 bad += 1
                 continue
             if (name and name != location.name) or (namespace and namespace != location.namespace):
-                self._skip_bad(location.path, f"object {namespace}/{name} does not match its "
+                skip_bad(location.path, f"object {namespace}/{name} does not match its "
                                               f"path", "invalid_name")
                 bad += 1
                 continue
@@ -147,7 +192,7 @@ class LocalCacheUploader:
                     location.component, location.resource, location.group, location.version,
                     location.namespace, location.name))
             except InvalidKey as e:
-                self._skip_bad(location.path, str(e), "invalid_name")
+                skip_bad(location.path, str(e), "invalid_name")
                 bad += 1
                 continue
             previous = items.get(key.path)
@@ -164,7 +209,9 @@ class LocalCacheUploader:
             self.metrics.count_skipped(category)
 
     @inlineCallbacks
-    def _write_with_retries(self, items, counts):
+    def _write_with_retries(self, items, counts, count_outcome=True):
+        """Write ``items``, retrying etcd outages; ``counts`` (plus this outcome when
+        ``count_outcome``) is what ``UploadFailed`` reports if etcd never accepts them."""
         outcome = WriteOutcome()
         attempt = 0
         while True:
@@ -177,9 +224,10 @@ class LocalCacheUploader:
                                    "{error}", attempts=attempt, error=str(e))
                     done = UploadCounts(len(outcome.created), len(outcome.updated),
                                         len(outcome.not_newer), 0)
-                    raise UploadFailed(counts + done, e) from e
+                    raise UploadFailed(counts + done if count_outcome else counts, e) from e
                 delay = self.backoff.next_delay()
                 self.retries += 1
+                self._interrupted = True
                 self.log.warn("local cache upload interrupted, retrying in {delay:.2f}s "
                               "(attempt {attempt}/{max_attempts}): {error}", delay=delay,
                               attempt=attempt, max_attempts=self.max_attempts, error=str(e))

@@ -188,6 +188,39 @@ class UploadBehaviour(EtcdStoreCase):
         self.assertEqual(mirrors, {path: format_rv(rv) for path, (rv, _d) in expected.items()})
 
     @defer.inlineCallbacks
+    def test_writes_etcd_lost_in_an_outage_are_written_again(self):
+        expected = {}
+        for i in range(300):
+            name = f"pod-{i:03d}"
+            data = make_object(name, "ns", 100 + i)
+            write_file(self.pod_path("ns", name), data)
+            expected[f"/registry/pods/ns/{name}"] = data
+        losing = EtcdForgetsOnce(self.store, lose_at=3)
+        uploader = LocalCacheUploader(losing, LocalCacheReader(self.local, chunk_size=100),
+                                      [PODS], backoff=quick_backoff())
+        counts = yield uploader.upload()
+        self.assertEqual(len(losing.forgotten), 100)
+        self.assertEqual(counts, UploadCounts(300, 0, 0, 0))
+        self.assertEqual(uploader.rewritten, 100)
+        self.assertEqual(self.dump(), expected)
+        self.assertEqual(set(self.mirrors()), set(expected))
+        warnings = [e for e in self.events
+                    if e.get("log_format", "").startswith("local cache checked again")]
+        self.assertEqual([(e["rewritten"], e["checked"]) for e in warnings], [(100, 300)])
+
+    @defer.inlineCallbacks
+    def test_upload_without_outage_reads_the_cache_once(self):
+        for i in range(3):
+            write_file(self.pod_path("ns", f"p{i}"), make_object(f"p{i}", "ns", 1 + i))
+        counting = EtcdForgetsOnce(self.store, lose_at=None)
+        uploader = LocalCacheUploader(counting, LocalCacheReader(self.local, chunk_size=1),
+                                      [PODS], backoff=quick_backoff())
+        counts = yield uploader.upload()
+        self.assertEqual(counts, UploadCounts(3, 0, 0, 0))
+        self.assertEqual(counting.calls, 3)
+        self.assertEqual(uploader.rewritten, 0)
+
+    @defer.inlineCallbacks
     def test_upload_fails_when_etcd_stays_down(self):
         write_file(self.pod_path("ns", "a"), make_object("a", "ns", 1))
         self.etcd.kill()
@@ -208,14 +241,24 @@ class UploadOnEtcd34(UploadBehaviour, unittest.TestCase):
 
 
 class FlakyStore:
-    """A store whose batched write fails ``failures`` times, then succeeds."""
+    """A create-or-update store in memory whose batched write fails ``failures`` times
+    (and on the calls numbered in ``fail_on``).
 
-    def __init__(self, clock, failures, error=EtcdUnavailable("down")):
+    ``lose_at``: on that call, the writes of the call before are forgotten and the call
+    fails, as etcd 3.5.0 to 3.5.2 may forget writes it acknowledged just before a kill.
+    """
+
+    def __init__(self, clock, failures=0, error=EtcdUnavailable("down"), lose_at=None,
+                 fail_on=()):
         self.reactor = clock
         self.failures = failures
+        self.fail_on = set(fail_on)
         self.error = error
+        self.lose_at = lose_at
         self.calls = 0
         self.flushes = 0
+        self.stored = {}
+        self._last_written = []
 
     def key_func(self, info):
         return PoolKeyBuilder("/registry").object_key(info)
@@ -225,11 +268,56 @@ class FlakyStore:
 
     def create_or_update_many(self, items, outcome=None, flush_key_cache=True):
         self.calls += 1
-        if self.calls <= self.failures:
+        if self.calls == self.lose_at:
+            for path in self._last_written:
+                del self.stored[path]
+            return defer.fail(EtcdUnavailable("etcd restarted"))
+        if self.calls <= self.failures or self.calls in self.fail_on:
             return defer.fail(self.error)
         outcome = outcome or WriteOutcome()
-        outcome.created.extend(key.path for key, _v, _rv in items)
+        self._last_written = []
+        for key, _value, rv in items:
+            stored = self.stored.get(key.path)
+            if stored is None:
+                outcome.created.append(key.path)
+            elif stored < rv:
+                outcome.updated.append(key.path)
+            else:
+                outcome.not_newer.append(key.path)
+                continue
+            self.stored[key.path] = rv
+            self._last_written.append(key.path)
         return defer.succeed(outcome)
+
+
+class EtcdForgetsOnce:
+    """Wraps a real PoolStore: call ``lose_at`` first deletes from etcd every key written
+    by the call before it (value and mirror rv), then fails with EtcdUnavailable; what
+    etcd 3.5.0 to 3.5.2 can do to writes acknowledged just before it was killed."""
+
+    def __init__(self, store, lose_at):
+        self.store = store
+        self.lose_at = lose_at
+        self.calls = 0
+        self.forgotten = []
+        self._last_written = []
+
+    def __getattr__(self, name):
+        return getattr(self.store, name)
+
+    @defer.inlineCallbacks
+    def create_or_update_many(self, items, outcome=None, flush_key_cache=True):
+        self.calls += 1
+        if self.calls == self.lose_at:
+            for path in self._last_written:
+                yield self.store.etcd.delete(path.encode())
+                yield self.store.etcd.delete(f"/mirror/rv{path}".encode())
+            self.forgotten = self._last_written
+            raise EtcdUnavailable("etcd restarted")
+        items = list(items)
+        result = yield self.store.create_or_update_many(items, outcome, flush_key_cache)
+        self._last_written = list(result.created) + list(result.updated)
+        return result
 
 
 class RetryTimingTests(unittest.TestCase):
@@ -252,8 +340,53 @@ class RetryTimingTests(unittest.TestCase):
         clock.advance(1.99)
         self.assertEqual(store.calls, 2)
         clock.advance(0.01)
-        self.assertEqual(store.calls, 3)
+        # The third attempt succeeds, and the cache is checked again after the outage.
+        self.assertEqual(store.calls, 4)
         self.assertEqual(self.successResultOf(d), UploadCounts(1, 0, 0, 0))
+        self.assertEqual(store.flushes, 1)
+
+    def test_objects_lost_by_etcd_before_an_outage_are_written_again(self):
+        for name in ("b", "c", "d", "e", "f"):
+            write_file(os.path.join(self.local, "kubelet", "pods.v1.core", "ns", name),
+                       make_object(name, "ns", 1))
+        clock = Clock()
+        # Chunks of 2: calls 1-3 write them; call 2 is lost with the failing call 3.
+        store = FlakyStore(clock, lose_at=3)
+        uploader = LocalCacheUploader(store, LocalCacheReader(self.local, chunk_size=2),
+                                      [PODS], backoff=Backoff(initial=1.0, jitter=0.0))
+        d = uploader.upload()
+        self.assertEqual(len(store.stored), 2)
+        clock.advance(1.0)
+        self.assertEqual(self.successResultOf(d), UploadCounts(6, 0, 0, 0))
+        self.assertEqual(sorted(store.stored), [f"/registry/pods/ns/{n}" for n in "abcdef"])
+        self.assertEqual(uploader.rewritten, 2)
+        # 2 chunks, the failed call, its retry, then 3 chunks checked again.
+        self.assertEqual(store.calls, 7)
+        self.assertEqual(store.flushes, 1)
+
+    def test_check_after_an_outage_changes_nothing_when_nothing_was_lost(self):
+        clock = Clock()
+        store = FlakyStore(clock, failures=1)
+        uploader = LocalCacheUploader(store, LocalCacheReader(self.local), [PODS],
+                                      backoff=Backoff(initial=1.0, jitter=0.0), max_attempts=2)
+        d = uploader.upload()
+        clock.advance(1.0)
+        self.assertEqual(self.successResultOf(d), UploadCounts(1, 0, 0, 0))
+        self.assertEqual(uploader.rewritten, 0)
+        self.assertEqual(store.calls, 3)
+        self.assertEqual(store.stored, {"/registry/pods/ns/a": 1})
+
+    def test_check_that_etcd_never_accepts_fails_the_upload_with_first_counts(self):
+        clock = Clock()
+        store = FlakyStore(clock, fail_on={1, 3, 4})
+        uploader = LocalCacheUploader(store, LocalCacheReader(self.local), [PODS],
+                                      backoff=Backoff(initial=1.0, jitter=0.0), max_attempts=2)
+        d = uploader.upload()
+        clock.advance(1.0)
+        clock.advance(1.0)
+        failure = self.failureResultOf(d, UploadFailed)
+        self.assertEqual(failure.value.counts, UploadCounts(1, 0, 0, 0))
+        self.assertEqual(store.calls, 4)
         self.assertEqual(store.flushes, 1)
 
     def test_rejected_request_is_not_retried(self):
