@@ -12,6 +12,10 @@ pool-scoped resource lists and watches it from a healthy cloud server:
   keys with the informer's new list, so deletions missed while the watch was gone
   reach the store in a few transactions.
 
+After the pool etcd was unreachable (a failed write, or the store's health check), a
+mirror writes its whole list again: etcd 3.5.0 to 3.5.2 can restart without writes it
+had acknowledged (etcd-io/etcd#13766), and a watch event is never delivered twice.
+
 When every resource has listed, the informer sync lease is created at once and then
 renewed every ``informer_lease_renew`` by one ``LoopingCall`` (fix 3: the seed built
 a new ticker per turn and waited a whole period before the first write). The lease is
@@ -120,6 +124,18 @@ class ResourceMirror:
         self._sync_wait = self.informer.wait_for_sync()
         self._sync_wait.addCallback(self._first_list)
         self.informer.start()
+
+    def rewrite(self):
+        """Write the informer's whole list again (as one replace) at the next chance.
+
+        For when the pool etcd came back from an outage: etcd 3.5.0 to 3.5.2 may have
+        lost writes it acknowledged just before (etcd-io/etcd#13766). Before the first
+        list nothing is written anyway.
+        """
+        if self._stopped or not self._accepting:
+            return
+        self._need_list = True
+        self._kick()
 
     def stop(self):
         """Stop the informer, cancel writes and retries; fires when all is quiet."""
@@ -260,6 +276,10 @@ class ResourceMirror:
                     self._pending.setdefault(path, entry)
                 yield self._failed(f"writing {len(batch)} changes", e)
                 continue
+            if self.failing:
+                # The failures may have been etcd restarting, and some releases lose
+                # writes they acknowledged just before (etcd-io/etcd#13766).
+                self._need_list = True
             self._wrote()
 
     @defer.inlineCallbacks
@@ -381,6 +401,7 @@ class PoolSyncManager:
         self._lease_loop_done = None
         self._started_scope = False
         self._running = False
+        self._store_was_down = False
         self._in_flight = InFlight()
         self._stopping = []
 
@@ -421,6 +442,8 @@ class PoolSyncManager:
         self.store = store
         self.lease = None
         self._running = True
+        self._store_was_down = False
+        store.on_health_change(self._store_health_changed)
         self.pool_scope.add_listener(self._resources_changed)
         if not self.pool_scope.running:
             self._started_scope = True
@@ -450,9 +473,25 @@ class PoolSyncManager:
         for mirror in mirrors.values():
             waits.append(mirror.stop())
         waits.extend(self._stopping)
+        self.store.remove_health_observer(self._store_health_changed)
         self.store = None
         self.log.info("pool sync stopping on node {node}", node=self.node_name)
         return defer.DeferredList(waits, consumeErrors=True).addCallback(lambda _: None)
+
+    def _store_health_changed(self, healthy):
+        """After the pool etcd was unreachable, every mirror writes its list again: an
+        outage with no write attempted would otherwise hide writes etcd lost."""
+        if not self._running:
+            return
+        if not healthy:
+            self._store_was_down = True
+            return
+        if self._store_was_down:
+            self._store_was_down = False
+            self.log.info("pool etcd reachable again: pool sync writes its {count} lists "
+                          "again", count=len(self.mirrors))
+            for mirror in self.mirrors.values():
+                mirror.rewrite()
 
     # -- resources -------------------------------------------------------------------------
 

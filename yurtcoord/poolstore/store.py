@@ -280,6 +280,11 @@ class PoolStore:
         """Call ``observer(healthy)`` on every change of ``healthy``."""
         self._health_observers.append(observer)
 
+    def remove_health_observer(self, observer):
+        """Stop calling ``observer`` (no error when it was not registered)."""
+        if observer in self._health_observers:
+            self._health_observers.remove(observer)
+
     def _check_health(self):
         d = self.etcd.status(timeout=self.health_timeout)
         self._health_check = d

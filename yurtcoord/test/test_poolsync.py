@@ -52,6 +52,17 @@ class FakePoolStore:
         self.objects = {}
         self.fail = []
         self.fail_deletes = set()
+        self.health_observers = []
+
+    def on_health_change(self, observer):
+        self.health_observers.append(observer)
+
+    def remove_health_observer(self, observer):
+        self.health_observers.remove(observer)
+
+    def health(self, healthy):
+        for observer in list(self.health_observers):
+            observer(healthy)
 
     def key_func(self, info):
         return self.keys.object_key(info)
@@ -307,6 +318,37 @@ class PoolSyncClockTests(unittest.TestCase):
         self.clock.advance(7)
         self.assertEqual(self.manager.lease_writes, renewals + 1)
 
+    def test_writes_recovering_from_failures_are_followed_by_the_whole_list(self):
+        informers = self.start()
+        self.sync_all(informers, {("", "v1", "endpoints"): [endpoints("a", 5)]})
+        informer = informers[("", "v1", "endpoints")]
+        self.store.fail = [ConnectionFailed("etcd down")]
+        informer.add(endpoints("b", 6))
+        self.clock.advance(1)
+        calls = [c for c in self.store.calls if c[0] == "put" or c[1] == "core/v1/endpoints"]
+        self.assertEqual(calls[-4:], [("replace", "core/v1/endpoints", 1),
+                                      ("put", ["/registry/services/endpoints/default/b"]),
+                                      ("put", ["/registry/services/endpoints/default/b"]),
+                                      ("replace", "core/v1/endpoints", 2)])
+        self.assertTrue(self.manager.mirrors[("", "v1", "endpoints")].idle)
+
+    def test_store_back_from_an_outage_rewrites_every_list(self):
+        informers = self.start()
+        self.sync_all(informers, {("", "v1", "endpoints"): [endpoints("a", 5)]})
+        replaces = len([c for c in self.store.calls if c[0] == "replace"])
+        self.store.health(True)  # no outage seen: nothing to repair
+        self.assertEqual(len([c for c in self.store.calls if c[0] == "replace"]), replaces)
+        self.store.health(False)
+        self.store.objects.pop("/registry/services/endpoints/default/a")  # lost by etcd
+        self.store.health(True)
+        rewritten = [c for c in self.store.calls if c[0] == "replace"][replaces:]
+        self.assertEqual(sorted(c[1] for c in rewritten),
+                         sorted(str(g) for g in self.manager.pool_scope.resources))
+        self.assertIn("/registry/services/endpoints/default/a", self.store.objects)
+        self.assertTrue(any("reachable again" in m for m in self.messages), self.messages)
+        self.successResultOf(self.manager.stop())
+        self.assertEqual(self.store.health_observers, [])
+
     def test_lease_not_renewed_while_a_write_fails(self):
         informers = self.start()
         self.sync_all(informers)
@@ -490,9 +532,9 @@ class PoolSyncLiveTests(unittest.TestCase):
         self.addCleanup(self.detector.stop)
         self.managers = []
 
-    def new_store(self):
+    def new_store(self, **kwargs):
         key_cache = ComponentKeyCache.in_directory(self.cache_dir).load()
-        store = PoolStore(reactor, self.etcd_client, "/registry", key_cache)
+        store = PoolStore(reactor, self.etcd_client, "/registry", key_cache, **kwargs)
         self.addCleanup(store.close)
         return store
 
@@ -619,6 +661,26 @@ class PoolSyncLiveTests(unittest.TestCase):
         self.check_mirror_rvs()
         informers = [m.informer for m in manager.mirrors.values()]
         self.assertGreaterEqual(max(i.lists for i in informers), 2, "a relist happened")
+
+    @defer.inlineCallbacks
+    def test_writes_etcd_lost_in_an_outage_are_written_again(self):
+        self.populate(60)
+        manager = self.new_manager()
+        store = self.new_store(health_interval=0.05)
+        store.start()
+        yield poll_until(lambda: store.healthy, what="store healthy")
+        yield manager.start(store)
+        yield self.wait_exact("initial sync")
+        # What etcd 3.5.0-3.5.2 may do to acknowledged writes when it is killed.
+        lost = sorted(self.expected())[::7]
+        for path in lost:
+            self.etcd.etcdctl("del", path)
+            self.etcd.etcdctl("del", "/mirror/rv" + path)
+        self.etcd.kill()
+        yield poll_until(lambda: not store.healthy, what="store unhealthy")
+        self.etcd.restart()
+        yield self.wait_exact("after etcd came back")
+        self.check_mirror_rvs()
 
     @defer.inlineCallbacks
     def test_new_leader_removes_keys_of_objects_gone_meanwhile(self):
