@@ -9,6 +9,12 @@ its store and the fresh list as add/update/delete, so handlers see every change.
 Reconnects wait a capped, jittered exponential backoff, reset after a list or a watch
 that delivered events.
 
+Lists are fetched ``page_size`` objects per request (``limit``/``continue``, as
+client-go's pager does), so a large resource over a slow link is many bounded answers,
+not one that must arrive whole within the request timeout. Every page is of one
+snapshot; when the server no longer has it (410 on a continue token) the list starts
+again in one request.
+
 ``stop()`` is exact: it cancels the pending timer, list or watch and fires only once
 the connection is closed, so nothing is left behind.
 
@@ -26,6 +32,8 @@ from yurtcoord.kube.backoff import Backoff
 from yurtcoord.kube.errors import Gone
 
 MIN_HEALTHY_WATCH_SECONDS = 1.0
+# Objects per list request (client-go's pager uses 500 too).
+DEFAULT_PAGE_SIZE = 500
 
 
 def object_key(obj):
@@ -67,8 +75,11 @@ class Informer:
 
     def __init__(self, reactor, client, gvr, namespace=None, label_selector=None,
                  field_selector=None, backoff=None, watch_timeout_seconds=300,
-                 watch_idle_timeout=None):
+                 watch_idle_timeout=None, page_size=DEFAULT_PAGE_SIZE):
+        if page_size is not None and page_size < 1:
+            raise ValueError(f"page_size must be >= 1 or None, got {page_size}")
         self.reactor = reactor
+        self.page_size = page_size
         self.client = client
         self.gvr = gvr
         self.namespace = namespace
@@ -189,9 +200,7 @@ class Informer:
     def _list(self):
         """One list and replace; True on success, False after a failure and its backoff."""
         try:
-            result = yield self._wait(self.client.list(
-                self.gvr, namespace=self.namespace, label_selector=self.label_selector,
-                field_selector=self.field_selector))
+            items, rv = yield self._list_pages()
         except Exception as e:
             if self._stopping:
                 return False
@@ -202,8 +211,7 @@ class Informer:
             return False
         self.lists += 1
         self.backoff.reset()
-        rv = (result.get("metadata") or {}).get("resourceVersion")
-        self._replace(result.get("items") or [])
+        self._replace(items)
         self.resource_version = rv
         if not self.has_synced:
             self.has_synced = True
@@ -211,6 +219,30 @@ class Informer:
             for waiter in waiters:
                 waiter.callback(True)
         return True
+
+    @defer.inlineCallbacks
+    def _list_pages(self):
+        """``(items, resourceVersion)`` of one list, ``page_size`` objects per request."""
+        items, token, page_size = [], None, self.page_size
+        while True:
+            try:
+                result = yield self._wait(self.client.list(
+                    self.gvr, namespace=self.namespace, label_selector=self.label_selector,
+                    field_selector=self.field_selector, limit=page_size,
+                    continue_token=token))
+            except Gone as e:
+                if token is None:
+                    raise
+                self.log.info("informer list continue expired gvr={gvr} after {count} "
+                              "objects, listing again in one request: {reason}",
+                              gvr=str(self.gvr), count=len(items), reason=str(e))
+                items, token, page_size = [], None, None
+                continue
+            items.extend(result.get("items") or [])
+            metadata = result.get("metadata") or {}
+            token = metadata.get("continue") if page_size else None
+            if not token:
+                return items, metadata.get("resourceVersion")
 
     @defer.inlineCallbacks
     def _watch_once(self):

@@ -54,9 +54,12 @@ class ScriptedClient:
         self.watches.append(w)
         return w
 
-    def answer_list(self, rv, items):
+    def answer_list(self, rv, items, continue_token=None):
         params, d = self.list_calls[-1]
-        d.callback({"kind": "List", "metadata": {"resourceVersion": str(rv)}, "items": items})
+        metadata = {"resourceVersion": str(rv)}
+        if continue_token:
+            metadata["continue"] = continue_token
+        d.callback({"kind": "List", "metadata": metadata, "items": items})
 
 
 class Recorder:
@@ -131,6 +134,39 @@ class InformerUnitTests(unittest.TestCase):
         self.assertEqual(self.recorder.calls, [
             ("add", "ns/a"), ("add", "ns/b"), ("add", "ns/c"), ("update", "ns/a"),
             ("delete", "ns/b")])
+
+    def test_list_is_fetched_in_pages(self):
+        informer = Informer(self.clock, self.client, CONFIGMAPS, namespace="ns", page_size=2)
+        self.addCleanup(informer.stop)
+        synced = informer.wait_for_sync()
+        informer.start()
+        self.client.answer_list(10, [cm("a", 5), cm("b", 9)], continue_token="t1")
+        self.assertNoResult(synced)
+        self.client.answer_list(10, [cm("c", 7)])
+        self.assertEqual(self.successResultOf(synced), True)
+        self.assertEqual([(p["limit"], p["continue_token"]) for p, _d in self.client.list_calls],
+                         [(2, None), (2, "t1")])
+        self.assertEqual(sorted(informer.store), ["ns/a", "ns/b", "ns/c"])
+        self.assertEqual(informer.lists, 1)
+        self.assertEqual(self.client.watches[-1].params["resource_version"], "10")
+
+    def test_expired_continue_lists_again_in_one_request(self):
+        informer = Informer(self.clock, self.client, CONFIGMAPS, namespace="ns", page_size=2)
+        self.addCleanup(informer.stop)
+        informer.start()
+        self.client.answer_list(10, [cm("a", 5), cm("b", 9)], continue_token="t1")
+        self.client.list_calls[-1][1].errback(errors.Gone("continue too old"))
+        self.client.answer_list(20, [cm("b", 15), cm("d", 19), cm("e", 20)])
+        self.assertEqual([(p["limit"], p["continue_token"]) for p, _d in self.client.list_calls],
+                         [(2, None), (2, "t1"), (None, None)])
+        self.assertEqual(sorted(informer.store), ["ns/b", "ns/d", "ns/e"])
+        self.assertEqual(informer.store["ns/b"]["metadata"]["resourceVersion"], "15")
+        self.assertTrue(informer.has_synced)
+        self.assertEqual(self.client.watches[-1].params["resource_version"], "20")
+
+    def test_page_size_must_be_positive(self):
+        with self.assertRaises(ValueError):
+            Informer(self.clock, self.client, CONFIGMAPS, page_size=0)
 
     def test_cut_resumes_from_last_seen_version_including_bookmarks(self):
         watch = self.started_and_listed(10)
@@ -326,6 +362,66 @@ class InformerAgainstTestServerTests(unittest.TestCase):
         state = self.server_state()
         self.assertEqual(self.informer.store, state)
         self.assertEqual(self.recorder.state, state)
+
+    def list_requests(self):
+        return [query for method, path, query in self.server.requests
+                if method == "GET" and path.endswith("/configmaps") and "watch" not in query]
+
+    def create_many(self, count, prefix="big"):
+        for i in range(count):
+            self.server.store.create(CONFIGMAPS, {"metadata": {
+                "name": f"{prefix}-{i:04d}", "namespace": "ns"}})
+
+    @defer.inlineCallbacks
+    def test_large_list_arrives_in_pages(self):
+        self.create_many(1201)
+        self.informer.start()
+        yield self.informer.wait_for_sync()
+        self.assert_consistent()
+        queries = self.list_requests()
+        self.assertEqual([q.get("limit") for q in queries], ["500"] * 3)
+        self.assertEqual([bool(q.get("continue")) for q in queries], [False, True, True])
+
+    @defer.inlineCallbacks
+    def test_expired_continue_token_lists_again_in_one_request(self):
+        self.create_many(700)
+        server = self.server
+
+        class ChangesAfterFirstPage:
+            """The client, but the server changes and compacts after the first page."""
+
+            def __init__(self, client):
+                self.client = client
+                self.pages = 0
+
+            def __getattr__(self, name):
+                return getattr(self.client, name)
+
+            def list(self, gvr, **params):
+                d = self.client.list(gvr, **params)
+                self.pages += 1
+                if self.pages == 1:
+                    def change(result):
+                        server.store.delete(CONFIGMAPS, "big-0600", "ns")
+                        server.store.create(CONFIGMAPS, {"metadata": {
+                            "name": "late", "namespace": "ns"}})
+                        server.store.compact()
+                        return result
+                    d.addCallback(change)
+                return d
+
+        informer = Informer(self.reactor, ChangesAfterFirstPage(self.client), CONFIGMAPS,
+                            namespace="ns", backoff=Backoff(initial=0.05, maximum=0.4))
+        self.addCleanup(informer.stop)
+        informer.start()
+        yield informer.wait_for_sync()
+        self.assertEqual(informer.store, self.server_state())
+        self.assertIn("ns/late", informer.store)
+        self.assertNotIn("ns/big-0600", informer.store)
+        queries = self.list_requests()
+        self.assertEqual([(q.get("limit"), bool(q.get("continue"))) for q in queries],
+                         [("500", False), ("500", True), (None, False)])
+        self.assertEqual(informer.lists, 1)
 
     @defer.inlineCallbacks
     def test_store_survives_cut_mid_line_410_and_server_down(self):
