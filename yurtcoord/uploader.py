@@ -149,9 +149,9 @@ class LocalCacheUploader:
             self.rewritten += rewritten
             if rewritten:
                 self.log.warn("local cache checked again after an etcd outage: {rewritten} "
-                              "of {checked} objects were missing from the pool (etcd lost "
-                              "writes it had acknowledged) and were written again",
-                              rewritten=rewritten, checked=checked)
+                              "of {checked} objects were missing from the pool or older "
+                              "there, and were written again (etcd can lose writes it "
+                              "acknowledged)", rewritten=rewritten, checked=checked)
             else:
                 self.log.info("local cache checked again after an etcd outage: all "
                               "{checked} objects in place", checked=checked)
@@ -183,8 +183,8 @@ class LocalCacheUploader:
                 bad += 1
                 continue
             if (name and name != location.name) or (namespace and namespace != location.namespace):
-                skip_bad(location.path, f"object {namespace}/{name} does not match its "
-                                              f"path", "invalid_name")
+                skip_bad(location.path, f"object {namespace}/{name} does not match its path",
+                         "invalid_name")
                 bad += 1
                 continue
             try:
