@@ -12,8 +12,9 @@ pool-scoped resource lists and watches it from a healthy cloud server:
   keys with the informer's new list, so deletions missed while the watch was gone
   reach the store in a few transactions.
 
-After the pool etcd was unreachable (a failed write, or the store's health check), a
-mirror writes its whole list again: etcd 3.5.0 to 3.5.2 can restart without writes it
+After the pool etcd was unreachable (a failed write, or the store's health check) or
+restarted between two health checks (a new raft term), a mirror writes its whole list
+again: etcd 3.5.0 to 3.5.2 can restart without writes it
 had acknowledged (etcd-io/etcd#13766), and a watch event is never delivered twice.
 
 When every resource has listed, the informer sync lease is created at once and then
@@ -444,6 +445,7 @@ class PoolSyncManager:
         self._running = True
         self._store_was_down = False
         store.on_health_change(self._store_health_changed)
+        store.on_new_term(self._store_new_term)
         self.pool_scope.add_listener(self._resources_changed)
         if not self.pool_scope.running:
             self._started_scope = True
@@ -474,6 +476,7 @@ class PoolSyncManager:
             waits.append(mirror.stop())
         waits.extend(self._stopping)
         self.store.remove_health_observer(self._store_health_changed)
+        self.store.remove_new_term_observer(self._store_new_term)
         self.store = None
         self.log.info("pool sync stopping on node {node}", node=self.node_name)
         return defer.DeferredList(waits, consumeErrors=True).addCallback(lambda _: None)
@@ -488,10 +491,18 @@ class PoolSyncManager:
             return
         if self._store_was_down:
             self._store_was_down = False
-            self.log.info("pool etcd reachable again: pool sync writes its {count} lists "
-                          "again", count=len(self.mirrors))
-            for mirror in self.mirrors.values():
-                mirror.rewrite()
+            self._rewrite_all("reachable again")
+
+    def _store_new_term(self):
+        """etcd restarted between two health checks: the same repair as after an outage."""
+        if self._running:
+            self._rewrite_all("in a new raft term")
+
+    def _rewrite_all(self, why):
+        self.log.info("pool etcd {why}: pool sync writes its {count} lists again", why=why,
+                      count=len(self.mirrors))
+        for mirror in self.mirrors.values():
+            mirror.rewrite()
 
     # -- resources -------------------------------------------------------------------------
 

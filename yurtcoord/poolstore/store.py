@@ -247,6 +247,9 @@ class PoolStore:
         self._health_loop = None
         self._health_check = None
         self._health_observers = []
+        self._term_observers = []
+        # etcd's raft term at the last check that reached it.
+        self._raft_term = None
         self.closed = False
         # Rounds whose guarded write, planned from fresh reads, still lost to a
         # concurrent writer (observability of contention between agents).
@@ -271,7 +274,7 @@ class PoolStore:
     def start(self):
         """Start the health loop; the first check runs at once."""
         if self._health_loop is None:
-            self._health_loop = LoopingCall(self._check_health)
+            self._health_loop = LoopingCall(self.check_health)
             self._health_loop.clock = self.reactor
             self._health_loop.start(self.health_interval, now=True)
         return self
@@ -285,7 +288,22 @@ class PoolStore:
         if observer in self._health_observers:
             self._health_observers.remove(observer)
 
-    def _check_health(self):
+    def on_new_term(self, observer):
+        """Call ``observer()`` when a check finds etcd in a new raft term although the
+        check before found it reachable: etcd restarted (or elected a new leader) between
+        two checks, unseen by ``on_health_change``. etcd 3.5.0 to 3.5.2 may have lost
+        writes acknowledged just before such a restart (etcd-io/etcd#13766)."""
+        self._term_observers.append(observer)
+
+    def remove_new_term_observer(self, observer):
+        """Stop calling ``observer`` (no error when it was not registered)."""
+        if observer in self._term_observers:
+            self._term_observers.remove(observer)
+
+    def check_health(self):
+        """Ask etcd for its status now; fires when ``healthy`` reflects the answer.
+
+        The health loop calls this every ``health_interval``."""
         d = self.etcd.status(timeout=self.health_timeout)
         self._health_check = d
         d.addCallbacks(self._reachable, lambda failure: self._set_healthy(False, failure))
@@ -299,7 +317,23 @@ class PoolStore:
 
     def _reachable(self, status):
         self._note_version(getattr(status, "version", None))
+        self._note_term(getattr(status, "raft_term", None))
         self._set_healthy(True, None)
+
+    def _note_term(self, term):
+        previous, self._raft_term = self._raft_term, term
+        if previous is None or term is None or term == previous or self.closed:
+            return
+        if not self.healthy:
+            return  # back from an outage: the health observers hear of it
+        self.log.info("pool etcd changed raft term from {previous} to {term} between two "
+                      "checks: it restarted or elected a new leader", previous=previous,
+                      term=term)
+        for observer in list(self._term_observers):
+            try:
+                observer()
+            except Exception:
+                self.log.failure("pool store raft term observer failed")
 
     def _note_version(self, version):
         """Log the etcd version when first seen or changed, warning about bad releases."""

@@ -440,6 +440,22 @@ class PoolStoreBehaviour(EtcdStoreCase):
             self.assertEqual(logged[0]["log_level"].name, "info")
 
     @defer.inlineCallbacks
+    def test_restart_between_two_checks_is_seen_as_a_new_term(self):
+        store = self.new_store(self.client, self.key_cache, health_interval=3600.0)
+        terms, health = [], []
+        store.on_new_term(lambda: terms.append(True))
+        store.on_health_change(health.append)
+        store.start()
+        yield poll_until(lambda: store.healthy, 15.0, what="store healthy")
+        yield store.check_health()
+        self.assertEqual(terms, [])
+        self.etcd.kill()
+        self.etcd.restart()
+        yield store.check_health()
+        self.assertEqual(terms, [True])
+        self.assertEqual(health, [True])
+
+    @defer.inlineCallbacks
     def test_health_follows_etcd(self):
         store = self.new_store(self.client, self.key_cache, health_interval=0.05,
                                health_timeout=3.0)
@@ -592,10 +608,11 @@ class AnswerLosingClient:
 
 
 class Status:
-    """What the fake etcd's status answers with: just a version."""
+    """What the fake etcd's status answers with: a version and a raft term."""
 
-    def __init__(self, version):
+    def __init__(self, version, raft_term=None):
         self.version = version
+        self.raft_term = raft_term
 
 
 class FakeStatusClient:
@@ -652,6 +669,27 @@ class HealthLoopTests(unittest.TestCase):
                   if e.get("log_format", "").startswith("pool etcd version")]
         self.assertEqual(logged, [("info", "3.4.23"), ("warn", "3.5.1"), ("info", "3.5.3")])
         self.assertEqual(store.etcd_version, "3.5.3")
+
+    def test_new_raft_term_between_two_reachable_checks_is_reported(self):
+        clock = Clock()
+        client = FakeStatusClient()
+        store = PoolStore(clock, client, "/registry", ComponentKeyCache(self.mktemp()),
+                          health_interval=1.0)
+        terms, health = [], []
+        store.on_new_term(lambda: terms.append(clock.seconds()))
+        store.on_health_change(health.append)
+        store.start()
+        for answer in (2, 2, 3, 3, "down", 4, 4, 5):
+            if answer == "down":
+                client.pending[-1].errback(EtcdUnavailable("gone"))
+            else:
+                client.pending[-1].callback(Status("3.5.1", raft_term=answer))
+            clock.advance(1.0)
+        store.close()
+        # Term 3 was found between two reachable checks, and so was term 5; term 4
+        # came after an outage, which the health observers heard of.
+        self.assertEqual(terms, [2.0, 7.0])
+        self.assertEqual(health, [True, False, True])
 
 
 class HangingClient:

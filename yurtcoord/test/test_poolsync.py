@@ -53,12 +53,23 @@ class FakePoolStore:
         self.fail = []
         self.fail_deletes = set()
         self.health_observers = []
+        self.term_observers = []
 
     def on_health_change(self, observer):
         self.health_observers.append(observer)
 
     def remove_health_observer(self, observer):
         self.health_observers.remove(observer)
+
+    def on_new_term(self, observer):
+        self.term_observers.append(observer)
+
+    def remove_new_term_observer(self, observer):
+        self.term_observers.remove(observer)
+
+    def new_term(self):
+        for observer in list(self.term_observers):
+            observer()
 
     def health(self, healthy):
         for observer in list(self.health_observers):
@@ -348,6 +359,20 @@ class PoolSyncClockTests(unittest.TestCase):
         self.assertTrue(any("reachable again" in m for m in self.messages), self.messages)
         self.successResultOf(self.manager.stop())
         self.assertEqual(self.store.health_observers, [])
+
+    def test_etcd_in_a_new_term_rewrites_every_list(self):
+        informers = self.start()
+        self.sync_all(informers, {("", "v1", "endpoints"): [endpoints("a", 5)]})
+        replaces = len([c for c in self.store.calls if c[0] == "replace"])
+        self.store.objects.pop("/registry/services/endpoints/default/a")  # lost by etcd
+        self.store.new_term()
+        rewritten = [c for c in self.store.calls if c[0] == "replace"][replaces:]
+        self.assertEqual(sorted(c[1] for c in rewritten),
+                         sorted(str(g) for g in self.manager.pool_scope.resources))
+        self.assertIn("/registry/services/endpoints/default/a", self.store.objects)
+        self.assertTrue(any("new raft term" in m for m in self.messages), self.messages)
+        self.successResultOf(self.manager.stop())
+        self.assertEqual(self.store.term_observers, [])
 
     def test_lease_not_renewed_while_a_write_fails(self):
         informers = self.start()
@@ -680,6 +705,25 @@ class PoolSyncLiveTests(unittest.TestCase):
         yield poll_until(lambda: not store.healthy, what="store unhealthy")
         self.etcd.restart()
         yield self.wait_exact("after etcd came back")
+        self.check_mirror_rvs()
+
+    @defer.inlineCallbacks
+    def test_writes_lost_in_a_restart_between_health_checks_are_written_again(self):
+        self.populate(60)
+        manager = self.new_manager()
+        store = self.new_store(health_interval=3600.0)
+        store.start()
+        yield poll_until(lambda: store.healthy, what="store healthy")
+        yield manager.start(store)
+        yield self.wait_exact("initial sync")
+        lost = sorted(self.expected())[::5]
+        for path in lost:
+            self.etcd.etcdctl("del", path)
+        self.etcd.kill()
+        self.etcd.restart()
+        yield store.check_health()  # the next check: reachable, in a new raft term
+        self.assertTrue(store.healthy)
+        yield self.wait_exact("after the restart")
         self.check_mirror_rvs()
 
     @defer.inlineCallbacks
