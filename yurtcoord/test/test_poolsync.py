@@ -352,13 +352,18 @@ class PoolSyncClockTests(unittest.TestCase):
         self.store.health(False)
         self.store.objects.pop("/registry/services/endpoints/default/a")  # lost by etcd
         self.store.health(True)
-        rewritten = [c for c in self.store.calls if c[0] == "replace"][replaces:]
+        self.assert_every_list_rewritten(replaces, "reachable again")
+        self.assertEqual(self.store.health_observers, [])
+
+    def assert_every_list_rewritten(self, replaces_before, logged):
+        """Each mirror wrote its list once more (the lost object is back), the repair was
+        logged with ``logged``, and the manager stops."""
+        rewritten = [c for c in self.store.calls if c[0] == "replace"][replaces_before:]
         self.assertEqual(sorted(c[1] for c in rewritten),
                          sorted(str(g) for g in self.manager.pool_scope.resources))
         self.assertIn("/registry/services/endpoints/default/a", self.store.objects)
-        self.assertTrue(any("reachable again" in m for m in self.messages), self.messages)
+        self.assertTrue(any(logged in m for m in self.messages), self.messages)
         self.successResultOf(self.manager.stop())
-        self.assertEqual(self.store.health_observers, [])
 
     def test_etcd_in_a_new_term_rewrites_every_list(self):
         informers = self.start()
@@ -366,12 +371,7 @@ class PoolSyncClockTests(unittest.TestCase):
         replaces = len([c for c in self.store.calls if c[0] == "replace"])
         self.store.objects.pop("/registry/services/endpoints/default/a")  # lost by etcd
         self.store.new_term()
-        rewritten = [c for c in self.store.calls if c[0] == "replace"][replaces:]
-        self.assertEqual(sorted(c[1] for c in rewritten),
-                         sorted(str(g) for g in self.manager.pool_scope.resources))
-        self.assertIn("/registry/services/endpoints/default/a", self.store.objects)
-        self.assertTrue(any("new raft term" in m for m in self.messages), self.messages)
-        self.successResultOf(self.manager.stop())
+        self.assert_every_list_rewritten(replaces, "new raft term")
         self.assertEqual(self.store.term_observers, [])
 
     def test_lease_not_renewed_while_a_write_fails(self):
@@ -688,19 +688,25 @@ class PoolSyncLiveTests(unittest.TestCase):
         self.assertGreaterEqual(max(i.lists for i in informers), 2, "a relist happened")
 
     @defer.inlineCallbacks
-    def test_writes_etcd_lost_in_an_outage_are_written_again(self):
+    def synced_then_keys_lost(self, health_interval, every):
+        """A synced pool; then every ``every``-th mirrored key (and its mirror rv) is
+        deleted in etcd, as etcd 3.5.0-3.5.2 may lose acknowledged writes when killed.
+        Fires with the store, whose health loop runs every ``health_interval``."""
         self.populate(60)
         manager = self.new_manager()
-        store = self.new_store(health_interval=0.05)
+        store = self.new_store(health_interval=health_interval)
         store.start()
         yield poll_until(lambda: store.healthy, what="store healthy")
         yield manager.start(store)
         yield self.wait_exact("initial sync")
-        # What etcd 3.5.0-3.5.2 may do to acknowledged writes when it is killed.
-        lost = sorted(self.expected())[::7]
-        for path in lost:
+        for path in sorted(self.expected())[::every]:
             self.etcd.etcdctl("del", path)
             self.etcd.etcdctl("del", "/mirror/rv" + path)
+        return store
+
+    @defer.inlineCallbacks
+    def test_writes_etcd_lost_in_an_outage_are_written_again(self):
+        store = yield self.synced_then_keys_lost(health_interval=0.05, every=7)
         self.etcd.kill()
         yield poll_until(lambda: not store.healthy, what="store unhealthy")
         self.etcd.restart()
@@ -709,16 +715,7 @@ class PoolSyncLiveTests(unittest.TestCase):
 
     @defer.inlineCallbacks
     def test_writes_lost_in_a_restart_between_health_checks_are_written_again(self):
-        self.populate(60)
-        manager = self.new_manager()
-        store = self.new_store(health_interval=3600.0)
-        store.start()
-        yield poll_until(lambda: store.healthy, what="store healthy")
-        yield manager.start(store)
-        yield self.wait_exact("initial sync")
-        lost = sorted(self.expected())[::5]
-        for path in lost:
-            self.etcd.etcdctl("del", path)
+        store = yield self.synced_then_keys_lost(health_interval=3600.0, every=5)
         self.etcd.kill()
         self.etcd.restart()
         yield store.check_health()  # the next check: reachable, in a new raft term
