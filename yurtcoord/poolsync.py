@@ -14,8 +14,8 @@ pool-scoped resource lists and watches it from a healthy cloud server:
 
 After the pool etcd was unreachable (a failed write, or the store's health check) or
 restarted between two health checks (a new raft term), a mirror writes its whole list
-again: etcd 3.5.0 to 3.5.2 can restart without writes it
-had acknowledged (etcd-io/etcd#13766), and a watch event is never delivered twice.
+again: etcd 3.5.0 to 3.5.2 can restart without writes it had acknowledged
+(etcd-io/etcd#13766), and a watch event is never delivered twice.
 
 When every resource has listed, the informer sync lease is created at once and then
 renewed every ``informer_lease_renew`` by one ``LoopingCall`` (fix 3: the seed built
