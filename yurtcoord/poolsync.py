@@ -96,6 +96,8 @@ class ResourceMirror:
         self.listed = False
         self.failing = False
         self.writes = 0
+        # Whole lists written (first list, relists, rewrites).
+        self.lists_written = 0
         self._pending = {}
         self._accepting = False
         self._stopped = False
@@ -300,6 +302,7 @@ class ResourceMirror:
         if self._stopped:
             return
         self.writes += len(snapshot)
+        self.lists_written += 1
         if self.metrics is not None:
             self.metrics.count_pool_sync_event(self.name, "LIST")
         first = not self.listed
@@ -402,7 +405,8 @@ class PoolSyncManager:
         self._lease_loop_done = None
         self._started_scope = False
         self._running = False
-        self._store_was_down = False
+        # ``{resource id: lists_written}`` when the store went unreachable, else None.
+        self._lists_at_outage = None
         self._in_flight = InFlight()
         self._stopping = []
 
@@ -443,7 +447,7 @@ class PoolSyncManager:
         self.store = store
         self.lease = None
         self._running = True
-        self._store_was_down = False
+        self._lists_at_outage = None
         store.on_health_change(self._store_health_changed)
         store.on_new_term(self._store_new_term)
         self.pool_scope.add_listener(self._resources_changed)
@@ -482,26 +486,30 @@ class PoolSyncManager:
         return defer.DeferredList(waits, consumeErrors=True).addCallback(lambda _: None)
 
     def _store_health_changed(self, healthy):
-        """After the pool etcd was unreachable, every mirror writes its list again: an
-        outage with no write attempted would otherwise hide writes etcd lost."""
+        """After the pool etcd was unreachable, every mirror that has not written a whole
+        list since writes it again: an outage with no write attempted would otherwise
+        hide writes etcd lost, and a mirror that recovered from failed writes has just
+        written its list."""
         if not self._running:
             return
         if not healthy:
-            self._store_was_down = True
+            if self._lists_at_outage is None:
+                self._lists_at_outage = {rid: m.lists_written for rid, m in self.mirrors.items()}
             return
-        if self._store_was_down:
-            self._store_was_down = False
-            self._rewrite_all("reachable again")
+        if self._lists_at_outage is not None:
+            at_outage, self._lists_at_outage = self._lists_at_outage, None
+            self._rewrite("reachable again", [
+                m for rid, m in self.mirrors.items() if at_outage.get(rid) == m.lists_written])
 
     def _store_new_term(self):
         """etcd restarted between two health checks: the same repair as after an outage."""
         if self._running:
-            self._rewrite_all("in a new raft term")
+            self._rewrite("in a new raft term", list(self.mirrors.values()))
 
-    def _rewrite_all(self, why):
-        self.log.info("pool etcd {why}: pool sync writes its {count} lists again", why=why,
-                      count=len(self.mirrors))
-        for mirror in self.mirrors.values():
+    def _rewrite(self, why, mirrors):
+        self.log.info("pool etcd {why}: pool sync writes {count} lists again", why=why,
+                      count=len(mirrors))
+        for mirror in mirrors:
             mirror.rewrite()
 
     # -- resources -------------------------------------------------------------------------

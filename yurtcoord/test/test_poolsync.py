@@ -355,6 +355,21 @@ class PoolSyncClockTests(unittest.TestCase):
         self.assert_every_list_rewritten(replaces, "reachable again")
         self.assertEqual(self.store.health_observers, [])
 
+    def test_list_written_since_the_outage_is_not_written_again(self):
+        informers = self.start()
+        self.sync_all(informers, {("", "v1", "endpoints"): [endpoints("a", 5)]})
+        self.store.health(False)
+        self.store.fail = [ConnectionFailed("etcd down")]
+        informers[("", "v1", "endpoints")].add(endpoints("b", 6))
+        self.clock.advance(1)  # the retry succeeds and the whole list follows
+        replaces = [c[1] for c in self.store.calls if c[0] == "replace"]
+        self.store.health(True)
+        rewritten = [c[1] for c in self.store.calls if c[0] == "replace"][len(replaces):]
+        self.assertEqual(sorted(rewritten),
+                         sorted(str(g) for g in self.manager.pool_scope.resources
+                                if str(g) != "core/v1/endpoints"))
+        self.assertIn("/registry/services/endpoints/default/b", self.store.objects)
+
     def assert_every_list_rewritten(self, replaces_before, logged):
         """Each mirror wrote its list once more (the lost object is back), the repair was
         logged with ``logged``, and the manager stops."""
