@@ -54,6 +54,7 @@ from yurtcoord.inflight import InFlight
 from yurtcoord.kube.errors import (
     ConnectionFailed, KubeError, ServerError, Timeout, error_from_status,
 )
+from yurtcoord.kube.interfaces import IObjectClient
 from yurtcoord.kube.kubeconfig import load_kubeconfig
 from yurtcoord.kube.tls import ReloadingTLSPolicy
 from yurtcoord.kube.watch import IdleWatchdog, WatchStreamProtocol, batch_chunked_body, describe
@@ -264,6 +265,7 @@ class Watch:
             self.done.callback(None)
 
 
+@implementer(IObjectClient)
 class KubeClient:
     """get / list / create / update / delete / watch against one apiserver."""
 

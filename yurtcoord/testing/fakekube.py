@@ -11,8 +11,10 @@ import copy
 from collections import deque
 
 from twisted.internet import defer
+from zope.interface import implementer
 
 from yurtcoord.kube.errors import AlreadyExists, Conflict, NotFound
+from yurtcoord.kube.interfaces import IObjectClient
 
 
 class HeldCall:
@@ -43,6 +45,7 @@ class HeldCall:
             self.deferred.callback(result)
 
 
+@implementer(IObjectClient)
 class FakeKube:
     """Objects of any resource kept in memory, keyed by (resource, namespace, name).
 
