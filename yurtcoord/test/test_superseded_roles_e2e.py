@@ -192,6 +192,8 @@ class LeaderMovedToPendingMidUploadTests(unittest.TestCase):
         status = yield self.status_of(LEADER)
         self.assertEqual((status["role"], status["local_cache_uploaded"]),
                          ("pending", False), status)
+        self.assertIn("role pending cancels step upload local cache of role leader",
+                      self.leader.log_text())
 
         # Healthy again: L leads and its whole cache is uploaded after all.
         self.world.coordinator.faults.clear()
@@ -200,3 +202,6 @@ class LeaderMovedToPendingMidUploadTests(unittest.TestCase):
                                lambda s: s["role"] == "leader" and s["local_cache_uploaded"],
                                timeout=90)
         yield self.world.wait_pool_exact(STEP_TIMEOUT)
+        for agent in (self.leader, self.follower):
+            self.assertNotIn("Unhandled error in Deferred", agent.log_text())
+            self.assertNotIn("Traceback", agent.log_text())
