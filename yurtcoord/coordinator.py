@@ -81,7 +81,7 @@ class _Superseded(Exception):
     """The role changed while a step was in progress: drop this run."""
 
 
-def _wait_for(d):
+def _wait_for(d: defer.Deferred) -> defer.Deferred:
     """A Deferred that fires when ``d`` does; cancelling it ends the wait, not ``d``.
 
     For the work a role change must not cut short: a component stopping, a store
@@ -108,7 +108,7 @@ class _ComponentSlot:
 
     log = Logger()
 
-    def __init__(self, name, component, node_name):
+    def __init__(self, name: str, component, node_name: str):
         self.name = name
         self.component = component
         self.node_name = node_name
@@ -119,7 +119,7 @@ class _ComponentSlot:
     def running(self):
         return self.store is not None
 
-    def stop(self):
+    def stop(self) -> None:
         """Call the component's ``stop()`` now, if it runs.
 
         A failed stop is logged and counts as stopped: its ``stop()`` promises that
@@ -131,7 +131,7 @@ class _ComponentSlot:
             if not stopping.called:
                 self._stopping = stopping
 
-    def stopped(self):
+    def stopped(self) -> defer.Deferred:
         """Fires when no stop of the component is in progress (at once when none is)."""
         if self._stopping is None:
             return defer.succeed(None)

@@ -16,6 +16,7 @@ from twisted.internet.task import LoopingCall
 from twisted.trial import unittest
 
 from yurtcoord.kube.gvr import NODES
+from yurtcoord.testing.apiserver import KubeAPIServer
 from yurtcoord.testing.poll import PollTimeout, poll_until
 from yurtcoord.testing.world import PODS_PREFIX, POOL, ProcessWorld
 
@@ -29,11 +30,11 @@ POOL_LABEL = "apps.openyurt.io/nodepool"
 LEADER, FOLLOWER = "edge-1", "edge-2"
 
 
-def report(name, seconds):
+def report(name: str, seconds: float) -> None:
     print(f"FAULT-SUITE {name}={seconds:.2f}s")
 
 
-def parse_rfc3339(text):
+def parse_rfc3339(text: str) -> float:
     return datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(
         tzinfo=timezone.utc).timestamp()
 
@@ -42,23 +43,23 @@ class RequestClock:
     """Earliest arrival time of each request in a test server's request log, from
     looks at the log every ``STAMP_INTERVAL`` (the servers run in this process)."""
 
-    def __init__(self, server):
+    def __init__(self, server: KubeAPIServer):
         self.server = server
         self._looks = []  # (time, requests seen), in order
         self._loop = LoopingCall(self._look)
         self._loop.clock = reactor
 
-    def start(self):
+    def start(self) -> None:
         self._loop.start(STAMP_INTERVAL, now=True)
 
-    def stop(self):
+    def stop(self) -> None:
         if self._loop.running:
             self._loop.stop()
 
     def _look(self):
         self._looks.append((reactor.seconds(), len(self.server.requests)))
 
-    def since(self, index):
+    def since(self, index: int) -> list:
         """``[(earliest arrival, method, path)]`` of requests from ``index`` on that
         were seen by a look (earliest arrival: the look before)."""
         found, previous = [], (None, 0)
@@ -70,7 +71,7 @@ class RequestClock:
         return found
 
 
-def writes_to_lease_of(node, requests):
+def writes_to_lease_of(node: str, requests: list) -> list:
     """Cloud writes that may be a write of ``node``'s lease: a PUT or PATCH of it, or a
     POST creating any node lease (a create's path does not name the lease)."""
     return [(when, method, path) for when, method, path in requests

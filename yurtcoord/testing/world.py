@@ -268,7 +268,7 @@ class ProcessWorld:
         yield self.coordinator.start()
 
     @defer.inlineCallbacks
-    def add_agent(self, node, pods=0, etcd_proxy=False, **pod_options):
+    def add_agent(self, node: str, pods: int = 0, etcd_proxy: bool = False, **pod_options):
         """Prepare an agent (dir, proxy, ``pods`` good pods in its cache); not started.
 
         With ``etcd_proxy`` the agent reaches the pool etcd through its own TCPProxy
