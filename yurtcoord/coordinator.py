@@ -1,12 +1,16 @@
 """The coordinator: applies the hub role to the pool store and the role components.
 
-This is the seed's Run loop as an explicit state machine (SPEC §6.2). Only the
-newest role counts: every role change bumps a generation, at most one run of
-role steps is in progress, and a run whose generation is no longer current stops
-at its next step and applies none of its results (a store it opened is closed
-again). A failed step is retried with capped backoff until it succeeds or the
-role changes (fix 5). The local cache counts as uploaded only after an upload
-really succeeded (fix 2).
+Only the newest role counts: every role change bumps a generation and at most
+one run of role steps is in progress. A role change cancels the step that run
+waits on (an upload, opening the pool store, a component start): the run drops
+the old role's work at once and goes on with the newest role in the same
+reactor turn, so an agent that stops leading stops pool sync and heartbeat
+delegation before anything that may wait. A run whose generation is no longer
+current applies none of its results (a store it opened is closed again); its
+cancellation is not a failure. A failed step is retried with capped backoff
+until it succeeds or the role changes. The local cache counts as uploaded only
+after an upload really succeeded: a cancelled upload runs again in the next
+healthy role.
 
 Role steps:
 
@@ -15,8 +19,12 @@ Role steps:
 - leader: open the pool store (reused if one is open; a store dropped by pending
   is never reused), then start pool sync, delegation and synced detection on it,
   then upload the local cache if needed.
-- follower: open the pool store, stop pool sync and delegation, start synced
+- follower: stop pool sync and delegation, open the pool store, start synced
   detection, upload the local cache if needed.
+
+Stopping is never cancelled: a component's ``stop()`` is called in the turn the
+role changes, and a later start waits for that stop to finish, so start and stop
+alternate as ``IRoleComponent`` promises.
 """
 
 from twisted.internet import defer
@@ -73,17 +81,72 @@ class _Superseded(Exception):
     """The role changed while a step was in progress: drop this run."""
 
 
-class _ComponentSlot:
-    """What the coordinator started a component with (None: stopped)."""
+def _wait_for(d: defer.Deferred) -> defer.Deferred:
+    """A Deferred that fires when ``d`` does; cancelling it ends the wait, not ``d``.
 
-    def __init__(self, name, component):
+    For the work a role change must not cut short: a component stopping, a store
+    closing.
+    """
+    waiter = defer.Deferred()
+
+    def relay(result):
+        if not waiter.called:
+            waiter.callback(None)
+        return result
+
+    d.addBoth(relay)
+    return waiter
+
+
+class _ComponentSlot:
+    """A role component and what the coordinator did with it last.
+
+    ``store`` is the store it was started on (None: stopped). A stop counts from the
+    moment ``stop()`` is called; ``stopped()`` fires once the component's own stop
+    has finished.
+    """
+
+    log = Logger()
+
+    def __init__(self, name: str, component, node_name: str):
         self.name = name
         self.component = component
+        self.node_name = node_name
         self.store = None
+        self._stopping = None
 
     @property
     def running(self):
         return self.store is not None
+
+    def stop(self) -> None:
+        """Call the component's ``stop()`` now, if it runs.
+
+        A failed stop is logged and counts as stopped: its ``stop()`` promises that
+        nothing of the component is left running once it fired."""
+        if self.store is not None:
+            self.store = None
+            stopping = defer.maybeDeferred(self.component.stop)
+            stopping.addCallbacks(self._stop_done, self._stop_failed)
+            if not stopping.called:
+                self._stopping = stopping
+
+    def stopped(self) -> defer.Deferred:
+        """Fires when no stop of the component is in progress (at once when none is)."""
+        if self._stopping is None:
+            return defer.succeed(None)
+        return _wait_for(self._stopping)
+
+    def _stop_done(self, _result):
+        self._stopping = None
+        self.log.info("{component} stopped on node {node}", component=self.name,
+                      node=self.node_name)
+
+    def _stop_failed(self, failure):
+        self._stopping = None
+        self.log.warn("stopping {component} failed on node {node}: {error}",
+                      component=self.name, node=self.node_name,
+                      error=failure.getErrorMessage())
 
 
 @implementer(IStatusSource)
@@ -120,9 +183,10 @@ class Coordinator:
         self.node_name = node_name
         self.pool_name = pool_name
         self._open_pool_store = open_pool_store
-        self._pool_sync = _ComponentSlot("pool sync", pool_sync)
-        self._delegation = _ComponentSlot("heartbeat delegation", delegation)
-        self._detector = _ComponentSlot("synced detection", synced_detector)
+        self._pool_sync = _ComponentSlot("pool sync", pool_sync, node_name)
+        self._delegation = _ComponentSlot("heartbeat delegation", delegation, node_name)
+        self._detector = _ComponentSlot("synced detection", synced_detector,
+                                        node_name)
         self._upload_local_cache = upload_local_cache
         self._retry_delay = retry_delay or capped_backoff()
         self._metrics = metrics
@@ -196,7 +260,10 @@ class Coordinator:
     # -- inputs ------------------------------------------------------------------
 
     def set_role(self, role):
-        """The hub elector's newest role; supersedes everything older."""
+        """The hub elector's newest role; supersedes everything older.
+
+        The step the run waits on is cancelled, and the run goes on with this role
+        before this call returns (up to its first step that has to wait)."""
         role = Role(role)
         if self._stopped or role == self.role:
             return
@@ -209,7 +276,13 @@ class Coordinator:
         self.log.info("role {previous} -> {role} on node {node}",
                       previous=previous.value, role=role.value, node=self.node_name)
         self._publish()
-        self._kick()
+        if self._run is not None:
+            self.log.info("role {role} cancels step {step} of role {previous} on node "
+                          "{node}", role=role.value, step=self._step,
+                          previous=previous.value, node=self.node_name)
+            self._run.cancel()
+        else:
+            self._kick()
 
     def set_pool_cache_synced(self, synced):
         """Called by the synced detector. Ignored while detection is not running,
@@ -224,25 +297,22 @@ class Coordinator:
             self._publish()
 
     def stop(self):
-        """Stop every component and close the pool store, exactly once each."""
+        """Cancel the step in progress, stop every component and close the pool
+        store, exactly once each."""
         if self._stopped:
             return defer.succeed(None)
         self._stopped = True
         self._generation += 1
         self._cancel_retry()
-        running = self._run if self._run is not None else defer.succeed(None)
+        running = self._run
+        if running is not None:
+            running.cancel()
+        else:
+            running = defer.succeed(None)
 
-        @defer.inlineCallbacks
         def shut_down(_):
-            for slot in (self._pool_sync, self._delegation, self._detector):
-                try:
-                    yield self._ensure_stopped(slot)
-                except Exception as error:
-                    self.log.warn("stopping {component} failed on node {node}: {error}",
-                                  component=slot.name, node=self.node_name, error=error)
-            yield self._close_store()
-            self.pool_cache_synced = False
-            self._publish()
+            stopped = self._stop_components(self._pool_sync, self._delegation, self._detector)
+            return self._drop_store_after(stopped).addCallback(lambda _: self._publish())
 
         return running.addCallback(shut_down)
 
@@ -257,25 +327,26 @@ class Coordinator:
 
     @defer.inlineCallbacks
     def _run_newest(self):
-        """Apply the newest role; loop while newer roles arrived during a run."""
+        """Apply the newest role; loop while newer roles arrived during a run.
+
+        A run superseded by a newer role (its step cancelled or its result dropped)
+        counts as neither a success nor a failure."""
         try:
             while not self._stopped:
                 generation, role = self._generation, self.role
                 self._step = "start"
                 try:
                     yield self._apply(role, generation)
-                except _Superseded:
-                    continue  # a newer role arrived: run it
                 except Exception as error:
-                    if generation == self._generation:
-                        self._schedule_retry(role, error)
-                else:
-                    if generation == self._generation:
-                        self._applied = True
-                        self.failed_attempts = 0
-                        self.last_error = None
-                        self._publish()
+                    if generation != self._generation:
+                        continue  # a newer role arrived: run it
+                    self._schedule_retry(role, error)
+                    break
                 if generation == self._generation:
+                    self._applied = True
+                    self.failed_attempts = 0
+                    self.last_error = None
+                    self._publish()
                     break
         finally:
             self._run = None
@@ -295,15 +366,10 @@ class Coordinator:
 
     @defer.inlineCallbacks
     def _apply_pending(self, generation):
-        self.pool_cache_synced = False
         self.need_upload_local_cache = True
-        self._publish()
-        for slot in (self._pool_sync, self._delegation, self._detector):
-            self._step = f"stop {slot.name}"
-            yield self._ensure_stopped(slot)
-            self._check(generation)
-        self._step = "close pool store"
-        yield self._close_store()
+        self._step = "stop components, close pool store"
+        stopped = self._stop_components(self._pool_sync, self._delegation, self._detector)
+        yield _wait_for(self._drop_store_after(stopped))
 
     @defer.inlineCallbacks
     def _apply_leader(self, generation):
@@ -316,11 +382,10 @@ class Coordinator:
 
     @defer.inlineCallbacks
     def _apply_follower(self, generation):
+        self._step = "stop leader components"
+        yield _wait_for(self._stop_components(self._pool_sync, self._delegation))
+        self._check(generation)
         store = yield self._ensure_store(generation)
-        for slot in (self._pool_sync, self._delegation):
-            self._step = f"stop {slot.name}"
-            yield self._ensure_stopped(slot)
-            self._check(generation)
         self._step = f"start {self._detector.name}"
         yield self._ensure_started(self._detector, store)
         self._check(generation)
@@ -333,7 +398,7 @@ class Coordinator:
         self._step = "open pool store"
         store = yield self._open_pool_store()
         if generation != self._generation:
-            yield self._close_quietly(store)
+            yield _wait_for(self._close_quietly(store))
             raise _Superseded()
         self.store = store
         return store
@@ -342,8 +407,8 @@ class Coordinator:
     def _ensure_started(self, slot, store):
         if slot.store is store:
             return
-        if slot.running:
-            yield self._ensure_stopped(slot)
+        # Start only after the last stop finished, also one of a superseded run.
+        yield _wait_for(self._stop_components(slot))
         # Marked running before start() returns: a component may report (e.g.
         # "synced") from inside its start.
         slot.store = store
@@ -355,17 +420,18 @@ class Coordinator:
         self.log.info("{component} started on node {node}",
                       component=slot.name, node=self.node_name)
 
-    @defer.inlineCallbacks
-    def _ensure_stopped(self, slot):
-        if not slot.running:
-            return
-        yield slot.component.stop()
-        slot.store = None
-        if slot is self._detector:
+    def _stop_components(self, *slots):
+        """Call the ``stop()`` of each running slot now, in this turn.
+
+        Returns a Deferred that fires (never fails) once no stop of them is in
+        progress. A run waits on it through ``_wait_for``: a stop goes on when the
+        run is cancelled."""
+        for slot in slots:
+            slot.stop()
+        if self._detector in slots and self.pool_cache_synced:
             self.pool_cache_synced = False
             self._publish()
-        self.log.info("{component} stopped on node {node}",
-                      component=slot.name, node=self.node_name)
+        return defer.DeferredList([slot.stopped() for slot in slots])
 
     @defer.inlineCallbacks
     def _upload_if_needed(self, store, generation):
@@ -381,19 +447,22 @@ class Coordinator:
                       node=self.node_name, uploaded=uploaded)
         self._publish()
 
-    @defer.inlineCallbacks
-    def _close_store(self):
+    def _drop_store_after(self, stopped):
+        """The pool store is never used again; it closes once ``stopped`` fired (the
+        components stopped), also when a newer role cancels the run meanwhile.
+        Returns ``stopped``, firing after the close."""
         store, self.store = self.store, None
         if store is not None:
-            yield self._close_quietly(store)
+            stopped.addCallback(lambda _: self._close_quietly(store))
+        return stopped
 
-    @defer.inlineCallbacks
     def _close_quietly(self, store):
-        try:
-            yield defer.maybeDeferred(store.close)
-        except Exception as error:
-            self.log.warn("closing the pool store failed on node {node}: {error}",
-                          node=self.node_name, error=error)
+        """Close ``store``; the returned Deferred never fails (a failure is logged)."""
+        closing = defer.maybeDeferred(store.close)
+        closing.addErrback(lambda failure: self.log.warn(
+            "closing the pool store failed on node {node}: {error}",
+            node=self.node_name, error=failure.getErrorMessage()))
+        return closing
 
     def _schedule_retry(self, role, error):
         self.failed_attempts += 1

@@ -48,7 +48,9 @@ class IRoleComponent(Interface):
         """Begin working against the open pool ``store``.
 
         Returns a Deferred that fires once the component runs, or errbacks if it
-        could not start (the coordinator then retries the role's steps).
+        could not start (the coordinator then retries the role's steps). A role
+        change cancels a start still in progress: like a failed start, it must
+        leave nothing of the component running.
         """
 
     def stop():
@@ -56,5 +58,8 @@ class IRoleComponent(Interface):
 
         Returns a Deferred that fires when nothing of the component is left
         running; after it fired the component calls none of its callbacks.
+        The coordinator never cancels it. Requests and timers are cancelled within
+        this call, so that an agent that stops leading stops writing at once; the
+        Deferred may fire later.
         """
 

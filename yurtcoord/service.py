@@ -53,7 +53,6 @@ from yurtcoord.health import (
     NODE_LEASE_NAMESPACE, CloudHealthChecker, CoordinatorHealthChecker, KubeletHealthChecker,
 )
 from yurtcoord.hubelector import HubElector
-from yurtcoord.inflight import InFlight
 from yurtcoord.kube.backoff import Backoff
 from yurtcoord.kube.client import ClientConfig, KubeClient
 from yurtcoord.kube.errors import ConnectionFailed
@@ -375,7 +374,6 @@ class Agent(service.MultiService):
             reactor, self.coordinator_client, pool_cache.stale_timeout,
             on_synced_change=self._pool_cache_synced_changed)
 
-        self._in_flight = InFlight()
         self.coordinator = Coordinator(
             reactor, node, self._open_pool_store, self.pool_sync, self.delegation,
             self.synced_detector, self._upload_local_cache,
@@ -432,7 +430,9 @@ class Agent(service.MultiService):
     # -- what the coordinator calls ----------------------------------------------------------
 
     def _open_pool_store(self):
-        """A started pool store over the agent's etcd client, once etcd answered."""
+        """A started pool store over the agent's etcd client, once etcd answered.
+
+        Cancelled (a role change, the agent stopping), it leaves nothing open."""
         coordinator_config, pool_cache = self.config.coordinator, self.config.pool_cache
 
         @defer.inlineCallbacks
@@ -446,14 +446,14 @@ class Agent(service.MultiService):
                 metrics=self.metrics, close_client=False)
             return store
 
-        return self._in_flight.track(open_store())
+        return open_store()
 
     def _upload_local_cache(self, store):
         pool_cache = self.config.pool_cache
         uploader = LocalCacheUploader(
             store, LocalCacheReader(pool_cache.local_cache_dir),
             pool_cache.upload_resources, metrics=self.metrics, reactor=self.reactor)
-        return self._in_flight.track(uploader.upload())
+        return uploader.upload()
 
     # -- starting and stopping ----------------------------------------------------------
 
@@ -508,11 +508,9 @@ class Agent(service.MultiService):
         return self.hub_elector.stop()
 
     def _stop_coordinator(self):
-        stopped = self.coordinator.stop()
-        # The coordinator waits for its current step; opening the store or uploading
+        # The coordinator cancels its current step: opening the store or uploading
         # could otherwise retry for a long time against a dead etcd.
-        self._in_flight.cancel_all()
-        return stopped
+        return self.coordinator.stop()
 
     def _close_clients(self):
         return defer.gatherResults([defer.maybeDeferred(c.close) for c in self._closers],

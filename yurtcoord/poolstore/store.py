@@ -747,8 +747,18 @@ class PoolStore:
                 previous_doubt[item.path] = outcome.in_doubt.get(item.path)
                 # Until etcd answers, this write may or may not land.
                 outcome.in_doubt[item.path] = (kind, item.rv)
-            result = yield self._submit("write_rv", txaioetcd.Transaction(
-                compare=compares, success=writes, failure=reads), raise_on_failure=False)
+            try:
+                result = yield self._submit("write_rv", txaioetcd.Transaction(
+                    compare=compares, success=writes, failure=reads), raise_on_failure=False)
+            except EtcdError as error:
+                if error.maybe_applied:
+                    # As for lists: a write cancelled or cut off in flight may have
+                    # landed, and a caller that gives up now (a role change cancels an
+                    # upload) never settles its doubt. Owning a key that does not exist
+                    # costs one useless delete later; forgetting one that does would
+                    # leave it in the pool for good.
+                    self._remember_keys([item for _kind, item in plan])
+                raise
             if result.succeeded:
                 for kind, item in plan:
                     outcome._decide(outcome.created if kind == "created" else outcome.updated,

@@ -4,10 +4,12 @@ from twisted.internet import defer
 from twisted.internet.task import Clock
 from twisted.logger import capturedLogs
 from twisted.trial import unittest
+from zope.interface import implementer
+from zope.interface.verify import verifyObject
 
 from yurtcoord.coordinator import Coordinator, backoff_policy, capped_backoff
 from yurtcoord.kube.backoff import Backoff
-from yurtcoord.roles import Role
+from yurtcoord.roles import IRoleComponent, Role
 
 PENDING, LEADER, FOLLOWER = Role.PENDING, Role.LEADER, Role.FOLLOWER
 
@@ -28,7 +30,8 @@ class FakeStore:
 
 class StoreOpener:
     """open_pool_store(): immediate stores by default; ``hold`` keeps the next opens
-    pending; ``failures`` fails the next N opens."""
+    pending; ``failures`` fails the next N opens. Cancelling a held open leaves no
+    store behind, as the agent's opener does."""
 
     def __init__(self, clock, journal):
         self._clock = clock
@@ -38,6 +41,7 @@ class StoreOpener:
         self.failures = 0
         self.hold = False
         self.held = []
+        self.cancelled = 0
 
     def __call__(self):
         self.attempt_times.append(self._clock.seconds())
@@ -45,44 +49,86 @@ class StoreOpener:
             self.failures -= 1
             self._journal.append(("open failed",))
             return defer.fail(ConnectionError("etcd unreachable"))
-        store = FakeStore(f"s{len(self.stores) + 1}", self._journal)
-        self.stores.append(store)
         if self.hold:
-            d = defer.Deferred()
-            self.held.append((d, store))
+            d = defer.Deferred(self._cancel)
+            self.held.append(d)
             return d
-        self._journal.append(("open", store.name))
+        store = self._new_store()
         return defer.succeed(store)
 
-    def release(self):
-        d, store = self.held.pop(0)
+    def _new_store(self):
+        store = FakeStore(f"s{len(self.stores) + 1}", self._journal)
+        self.stores.append(store)
         self._journal.append(("open", store.name))
-        d.callback(store)
+        return store
+
+    def _cancel(self, d):
+        self.held.remove(d)
+        self.cancelled += 1
+        self._journal.append(("open cancelled",))
+
+    def release(self):
+        self.held.pop(0).callback(self._new_store())
 
 
+@implementer(IRoleComponent)
 class FakeComponent:
+    """A role component; ``hold_start``/``hold_stop`` keep the next start/stop pending
+    (in ``held``) until the test fires it. Cancelling a held start leaves it stopped."""
+
     def __init__(self, name, journal):
         self.name = name
         self._journal = journal
         self.store = None
         self.start_failures = 0
+        self.hold_start = False
+        self.hold_stop = False
+        self.held = None
+        self.starts_cancelled = 0
 
     def start(self, store):
         assert self.store is None, f"{self.name} started twice"
+        assert self.held is None, f"{self.name} started before its stop finished"
         assert store.closes == 0, f"{self.name} started on closed store {store.name}"
         if self.start_failures:
             self.start_failures -= 1
             self._journal.append(("start failed", self.name, store.name))
             return defer.fail(RuntimeError(f"{self.name} could not start"))
+        if self.hold_start:
+            self._journal.append(("starting", self.name, store.name))
+            self.held = defer.Deferred(self._cancel_start)
+            self.held.addCallback(self._started, store)
+            return self.held
+        self._started(None, store)
+        return defer.succeed(None)
+
+    def _started(self, _result, store):
+        self.held = None
         self.store = store
         self._journal.append(("start", self.name, store.name))
-        return defer.succeed(None)
+
+    def _cancel_start(self, d):
+        self.held = None
+        self.starts_cancelled += 1
+        self._journal.append(("start cancelled", self.name))
 
     def stop(self):
         assert self.store is not None, f"{self.name} stopped while not running"
+        assert self.held is None, f"{self.name} stopped twice"
         self._journal.append(("stop", self.name))
         self.store = None
+        if self.hold_stop:
+            self.held = defer.Deferred()
+            self.held.addCallback(self._stopped)
+            return self.held
         return defer.succeed(None)
+
+    def _stopped(self, _result):
+        self.held = None
+        self._journal.append(("stopped", self.name))
+
+    def release(self):
+        self.held.callback(None)
 
 
 class Uploader:
@@ -268,13 +314,14 @@ class RoleTransitionTests(CoordinatorTestCase):
 
 class SupersededRoleTests(CoordinatorTestCase):
     def test_slow_leader_open_superseded_by_pending(self):
+        """The open is cancelled at once; no store is left behind."""
         c = self.coordinator
         self.opener.hold = True
         c.set_role(LEADER)
         c.set_role(PENDING)
         self.assertEqual(c.role, PENDING)
-        self.opener.release()
-        self.assertEqual(self.take_journal(), [("open", "s1"), ("close", "s1")])
+        self.assertEqual(self.take_journal(), [("open cancelled",)])
+        self.assertEqual(self.opener.held, [])
         self.assertEqual(self.running(), {})
         self.assertIsNone(c.store)
         self.assertFalse(c.healthy)
@@ -289,9 +336,9 @@ class SupersededRoleTests(CoordinatorTestCase):
         self.opener.hold = False
         self.opener.release()
         self.assertEqual(self.take_journal(), [
-            ("open", "s1"), ("close", "s1"),
-            ("open", "s2"), ("start", "detector", "s2"), ("upload", "s2")])
-        self.assertEqual(self.running(), {"detector": "s2"})
+            ("open cancelled",), ("open cancelled",),
+            ("open", "s1"), ("start", "detector", "s1"), ("upload", "s1")])
+        self.assertEqual(self.running(), {"detector": "s1"})
 
     def test_upload_of_superseded_role_does_not_count(self):
         c = self.coordinator
@@ -449,15 +496,13 @@ class StopTests(CoordinatorTestCase):
         c.set_role(FOLLOWER)
         self.assertEqual(self.take_journal(), [])
 
-    def test_stop_during_slow_open_closes_the_opened_store(self):
+    def test_stop_during_slow_open_cancels_it(self):
         c = self.coordinator
         self.opener.hold = True
         c.set_role(LEADER)
-        stopped = c.stop()
-        self.assertNoResult(stopped)
-        self.opener.release()
-        self.successResultOf(stopped)
-        self.assertEqual(self.take_journal(), [("open", "s1"), ("close", "s1")])
+        self.successResultOf(c.stop())
+        self.assertEqual(self.take_journal(), [("open cancelled",)])
+        self.assertEqual(self.opener.held, [])
         self.assertEqual(self.running(), {})
 
     def test_stop_cancels_a_pending_retry(self):
@@ -565,3 +610,127 @@ class HubElectorDrivesCoordinatorTests(CoordinatorTestCase):
         self.clock.advance(5)
         self.assertEqual(self.coordinator.role, PENDING)
         self.assertEqual(self.running(), {})
+
+
+class SupersededRoleCancelsTests(CoordinatorTestCase):
+    """A role change cancels the old role's step in flight and runs the new role's
+    steps in the same reactor turn (no clock advance in between)."""
+
+    def held_upload(self):
+        """The next upload stays in flight; returns the times it was cancelled at."""
+        cancelled = []
+        self.upload.results = [defer.Deferred(
+            lambda d: cancelled.append(self.clock.seconds()))]
+        return cancelled
+
+    def assert_no_step_error(self, events):
+        self.assertIsNone(self.coordinator.last_error)
+        self.assertEqual(self.coordinator.failed_attempts, 0)
+        self.assertEqual(self.clock.getDelayedCalls(), [], "no retry scheduled")
+        self.assertEqual([e for e in events if "attempt" in e and "step" in e], [])
+
+    def test_fakes_provide_the_component_interface(self):
+        verifyObject(IRoleComponent, self.pool_sync)
+
+    def test_leader_to_pending_mid_upload_stops_leader_work_at_once(self):
+        c = self.coordinator
+        cancelled = self.held_upload()
+        c.set_role(LEADER)
+        self.take_journal()
+        with capturedLogs() as events:
+            c.set_role(PENDING)
+        self.assertEqual(cancelled, [self.clock.seconds()], "upload cancelled at once")
+        self.assertEqual(self.take_journal(), [
+            ("stop", "pool sync"), ("stop", "delegation"), ("stop", "detector"),
+            ("close", "s1")])
+        self.assertEqual(self.running(), {})
+        self.assertIsNone(c.store)
+        self.assertTrue(c.need_upload_local_cache)
+        self.assertEqual(c.uploaded_objects, 0)
+        self.assert_no_step_error(events)
+
+        c.set_role(FOLLOWER)
+        self.assertEqual(self.take_journal(), [
+            ("open", "s2"), ("start", "detector", "s2"), ("upload", "s2")])
+        self.assertFalse(c.need_upload_local_cache, "uploaded again in the next healthy role")
+        self.assertEqual(c.uploaded_objects, 7)
+
+    def test_leader_to_follower_mid_upload_stops_leader_work_at_once(self):
+        c = self.coordinator
+        cancelled = self.held_upload()
+        c.set_role(LEADER)
+        self.take_journal()
+        with capturedLogs() as events:
+            c.set_role(FOLLOWER)
+        self.assertEqual(cancelled, [self.clock.seconds()])
+        # The follower's steps run in the same turn, and upload to the same store.
+        self.assertEqual(self.take_journal(), [
+            ("stop", "pool sync"), ("stop", "delegation"), ("upload", "s1")])
+        self.assertEqual(self.running(), {"detector": "s1"})
+        self.assertFalse(c.need_upload_local_cache)
+        self.assertEqual(c.uploaded_objects, 7)
+        self.assert_no_step_error(events)
+
+    def test_slow_pool_sync_stop_does_not_delay_stopping_delegation(self):
+        """Both leader components are told to stop in the turn the role changes; the
+        store closes, and a new start happens, only after their stops finished."""
+        c = self.coordinator
+        cancelled = self.held_upload()
+        c.set_role(LEADER)
+        self.take_journal()
+        self.pool_sync.hold_stop = True
+        c.set_role(PENDING)
+        self.assertEqual(cancelled, [self.clock.seconds()])
+        self.assertEqual(self.take_journal(), [
+            ("stop", "pool sync"), ("stop", "delegation"), ("stop", "detector")])
+        self.assertEqual(self.opener.stores[0].closes, 0, "close waits for the stops")
+        self.pool_sync.hold_stop = False
+        c.set_role(LEADER)  # the pending run is superseded while it waits
+        self.assertEqual(self.take_journal(), [("open", "s2")], "the dropped store is not reused")
+        self.assertEqual(self.running(), {}, "pool sync has not finished stopping")
+        self.pool_sync.release()
+        self.assertEqual(self.take_journal(), [
+            ("stopped", "pool sync"), ("close", "s1"), ("start", "pool sync", "s2"),
+            ("start", "delegation", "s2"), ("start", "detector", "s2"), ("upload", "s2")])
+
+    def test_pending_to_leader_while_a_store_open_is_in_flight(self):
+        c = self.coordinator
+        self.opener.hold = True
+        c.set_role(LEADER)
+        with capturedLogs() as events:
+            c.set_role(PENDING)
+            c.set_role(LEADER)
+        # The first open was cancelled and the second started at once.
+        self.assertEqual(self.opener.cancelled, 1)
+        self.assertEqual(len(self.opener.held), 1)
+        self.assertEqual(self.opener.attempt_times, [self.clock.seconds()] * 2)
+        self.opener.release()
+        self.assertEqual(self.take_journal(), [
+            ("open cancelled",), ("open", "s1"), ("start", "pool sync", "s1"),
+            ("start", "delegation", "s1"), ("start", "detector", "s1"), ("upload", "s1")])
+        self.assertTrue(c.local_cache_uploaded)
+        self.assert_no_step_error(events)
+
+    def test_pool_sync_start_in_flight_is_cancelled(self):
+        c = self.coordinator
+        self.pool_sync.hold_start = True
+        c.set_role(LEADER)
+        self.assertEqual(self.take_journal(), [("open", "s1"), ("starting", "pool sync", "s1")])
+        with capturedLogs() as events:
+            c.set_role(FOLLOWER)
+        self.assertEqual(self.pool_sync.starts_cancelled, 1)
+        self.assertEqual(self.take_journal(), [
+            ("start cancelled", "pool sync"), ("start", "detector", "s1"), ("upload", "s1")])
+        self.assertEqual(self.running(), {"detector": "s1"})
+        self.assert_no_step_error(events)
+
+    def test_stop_cancels_the_upload(self):
+        c = self.coordinator
+        cancelled = self.held_upload()
+        c.set_role(LEADER)
+        self.take_journal()
+        self.successResultOf(c.stop())
+        self.assertEqual(cancelled, [self.clock.seconds()])
+        self.assertEqual(self.take_journal(), [
+            ("stop", "pool sync"), ("stop", "delegation"), ("stop", "detector"),
+            ("close", "s1")])

@@ -731,6 +731,21 @@ class CancellationTests(unittest.TestCase):
         self.assertEqual(self.store.list_resource_keys_of_component("kubelet", gvr.PODS),
                          [self.key.path])
 
+    def test_cancelled_batched_write_owns_its_keys(self):
+        """A create-or-update cancelled in flight (a role change cancelling an upload)
+        may have landed; nobody settles that doubt later, so its keys are owned, and
+        the key cache file says so."""
+        other = self.store.key_func(KeyBuildInfo("kubelet", "pods", "", "v1", "ns", "b"))
+        d = self.store.create_or_update_many([(self.key, make_object("a", "ns", 1), 1),
+                                              (other, make_object("b", "ns", 1), 1)])
+        d.cancel()
+        self.failureResultOf(d, defer.CancelledError)
+        self.assertEqual(self.store.list_resource_keys_of_component("kubelet", gvr.PODS),
+                         sorted([self.key.path, other.path]))
+        on_disk = ComponentKeyCache(self.store.key_cache.path).load()
+        self.assertEqual(sorted(on_disk.keys("kubelet", gvr.PODS)),
+                         sorted([self.key.path, other.path]))
+
     def test_bad_arguments_fail_the_deferred(self):
         self.failureResultOf(self.store.list("/registry/pods"), ValueError)
         self.failureResultOf(self.store.create("/registry/pods/ns/a", b"{}"), TypeError)

@@ -52,6 +52,8 @@ class FakePoolStore:
         self.objects = {}
         self.fail = []
         self.fail_deletes = set()
+        # The next delete_component_resources stays in flight until cancelled.
+        self.hold_delete_component = False
         self.health_observers = []
         self.term_observers = []
 
@@ -89,6 +91,9 @@ class FakePoolStore:
 
     def delete_component_resources(self, component):
         self.calls.append(("delete_component", component))
+        if self.hold_delete_component:
+            self.hold_delete_component = False
+            return defer.Deferred(lambda d: self.calls.append(("delete_component cancelled",)))
         self.objects.clear()
         return defer.succeed(0)
 
@@ -199,6 +204,24 @@ class PoolSyncClockTests(unittest.TestCase):
     def test_start_with_absent_lease_is_fine(self):
         self.successResultOf(self.manager.start(self.store))
         self.assertTrue(self.manager.running)
+
+    def test_start_cancelled_in_flight_leaves_nothing_running(self):
+        """A role change cancels a start still deleting old keys: nothing was started,
+        and the next start begins afresh."""
+        self.store.hold_delete_component = True
+        started = self.manager.start(self.store)
+        self.assertNoResult(started)
+        started.cancel()
+        self.failureResultOf(started, defer.CancelledError)
+        self.assertEqual(self.store.calls[-1], ("delete_component cancelled",))
+        self.assertFalse(self.manager.running)
+        self.assertFalse(self.scope.running)
+        self.assertEqual((self.scope_informers, self.informers), ([], []))
+        self.assertEqual(self.store.health_observers, [])
+        self.successResultOf(self.manager.stop())
+        informers = self.start()
+        self.assertTrue(self.manager.running)
+        self.assertEqual(len(informers), 3)
 
     def test_first_list_replaces_component_list(self):
         informers = self.start()

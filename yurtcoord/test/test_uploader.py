@@ -14,9 +14,9 @@ from yurtcoord.localcache import LocalCacheReader
 from yurtcoord.metrics import Metrics
 from yurtcoord.poolstore.keycache import ComponentKeyCache
 from yurtcoord.poolstore.keys import PoolKeyBuilder, format_rv
-from yurtcoord.poolstore.store import WriteOutcome
+from yurtcoord.poolstore.store import PoolStore, WriteOutcome
 from yurtcoord.test.test_poolstore import (
-    ETCD_34, ETCD_35, EtcdStoreCase, make_object, poll_until,
+    ETCD_34, ETCD_35, EtcdStoreCase, HangingClient, make_object, poll_until,
 )
 from yurtcoord.uploader import LocalCacheUploader, UploadCounts, UploadFailed
 
@@ -398,3 +398,48 @@ class RetryTimingTests(unittest.TestCase):
         self.assertEqual(store.calls, 1)
         self.assertEqual(store.flushes, 1)
         self.assertFalse(clock.getDelayedCalls())
+
+
+class CancellationTests(unittest.TestCase):
+    """A role change cancels an upload: it ends with CancelledError at once, is not
+    retried, and the key cache file holds every key that may have been written."""
+
+    def setUp(self):
+        self.local = os.path.abspath(self.mktemp())
+        for name in ("a", "b", "c"):
+            write_file(os.path.join(self.local, "kubelet", "pods.v1.core", "ns", name),
+                       make_object(name, "ns", 1))
+
+    def test_cancelled_during_a_write(self):
+        clock = Clock()
+        store = PoolStore(clock, HangingClient(), "/registry",
+                          ComponentKeyCache.in_directory(self.local), parallel_batches=1,
+                          max_ops=4)
+        uploader = LocalCacheUploader(store, LocalCacheReader(self.local), [PODS],
+                                      backoff=Backoff(initial=1.0, jitter=0.0))
+        d = uploader.upload()
+        self.assertNoResult(d)
+        d.cancel()
+        self.failureResultOf(d, defer.CancelledError)
+        self.assertEqual(uploader.retries, 0)
+        self.assertFalse(clock.getDelayedCalls())
+        # The batch in flight (2 objects of 4 operations) may have landed: owned, and
+        # the file is written; the batch never sent is not.
+        on_disk = ComponentKeyCache.in_directory(self.local).load()
+        owned = on_disk.keys("kubelet", PODS_GVR)
+        self.assertEqual(len(owned), 2)
+        self.assertLess(owned, {f"/registry/pods/ns/{n}" for n in "abc"})
+
+    def test_cancelled_during_a_retry_pause(self):
+        clock = Clock()
+        store = FlakyStore(clock, failures=1)
+        uploader = LocalCacheUploader(store, LocalCacheReader(self.local), [PODS],
+                                      backoff=Backoff(initial=1.0, jitter=0.0))
+        d = uploader.upload()
+        self.assertEqual(store.calls, 1)
+        d.cancel()
+        self.failureResultOf(d, defer.CancelledError)
+        self.assertFalse(clock.getDelayedCalls())
+        clock.advance(10)
+        self.assertEqual(store.calls, 1)
+        self.assertEqual(store.flushes, 1)

@@ -127,11 +127,13 @@ class AgentProcess:
     maps each pool etcd pod key written into its cache to the resourceVersion it has.
     """
 
-    def __init__(self, reactor, node, directory, cloud_proxy):
+    def __init__(self, reactor, node, directory, cloud_proxy, etcd_proxy=None):
         self.reactor = reactor
         self.node = node
         self.directory = directory
         self.cloud_proxy = cloud_proxy
+        # A TCPProxy between this agent and the pool etcd, when one was asked for.
+        self.etcd_proxy = etcd_proxy
         self.cache_dir = os.path.join(directory, "cache")
         self.pki_dir = os.path.join(directory, "pki")
         self.ini_path = os.path.join(directory, "yurtcoord.ini")
@@ -266,12 +268,21 @@ class ProcessWorld:
         yield self.coordinator.start()
 
     @defer.inlineCallbacks
-    def add_agent(self, node, pods=0, **pod_options):
-        """Prepare an agent (dir, proxy, ``pods`` good pods in its cache); not started."""
+    def add_agent(self, node: str, pods: int = 0, etcd_proxy: bool = False, **pod_options):
+        """Prepare an agent (dir, proxy, ``pods`` good pods in its cache); not started.
+
+        With ``etcd_proxy`` the agent reaches the pool etcd through its own TCPProxy
+        (``agent.etcd_proxy``), so that its etcd link alone can be cut."""
         proxy = TCPProxy(self.reactor, "127.0.0.1", self.cloud.port_number)
         yield proxy.start()
         self._proxies.append(proxy)
-        agent = AgentProcess(self.reactor, node, os.path.join(self.base_dir, node), proxy)
+        etcd = None
+        if etcd_proxy:
+            etcd = TCPProxy(self.reactor, "127.0.0.1", self.etcd.client_port)
+            yield etcd.start()
+            self._proxies.append(etcd)
+        agent = AgentProcess(self.reactor, node, os.path.join(self.base_dir, node), proxy,
+                             etcd)
         if pods:
             agent.write_pods(pods, **pod_options)
         self.agents[node] = agent
@@ -282,9 +293,10 @@ class ProcessWorld:
         """Spawn the agents (all prepared ones by default); fire once all listen."""
         chosen = [self.agents[n] for n in (nodes or list(self.agents))]
         for agent in chosen:
+            etcd_url = (self.etcd.client_url if agent.etcd_proxy is None
+                        else agent.etcd_proxy.url(self.etcd.scheme))
             agent.start(agent_ini(agent.node, agent.cloud_proxy.url(), self.coordinator.url,
-                                  self.etcd.client_url, agent.pki_dir, agent.cache_dir,
-                                  "127.0.0.1:0"))
+                                  etcd_url, agent.pki_dir, agent.cache_dir, "127.0.0.1:0"))
         # Every wait runs to its end (listening, exit, or deadline) before a failure is
         # raised, so that no poll is left behind.
         results = yield defer.DeferredList([agent.wait_listening() for agent in chosen],
