@@ -13,7 +13,6 @@ proxy, and the node leases read straight from the cloud API test server's store.
 Measured times are printed as ``HEARTBEAT-E2E <name>=<seconds>s`` lines.
 """
 
-import datetime
 import os
 import re
 import socket
@@ -24,6 +23,7 @@ from twisted.trial import unittest
 
 from yurtcoord.config import parse_config, parse_duration
 from yurtcoord.health import DELEGATE_HEARTBEAT_ANNOTATION
+from yurtcoord.kube.lease import renew_time
 from yurtcoord.testing.poll import PollTimeout, poll_until
 from yurtcoord.testing.world import (
     REPO, TIMINGS, AgentProcess, ProcessWorld, leader_of, one_leader_all_ready,
@@ -48,15 +48,6 @@ def report(name, seconds):
     print(f"HEARTBEAT-E2E {name}={seconds:.2f}s")
 
 
-def renew_seconds(lease):
-    """The lease's renewTime as POSIX seconds, or None."""
-    text = ((lease or {}).get("spec") or {}).get("renewTime")
-    if not text:
-        return None
-    moment = datetime.datetime.strptime(text, "%Y-%m-%dT%H:%M:%S.%fZ")
-    return moment.replace(tzinfo=datetime.timezone.utc).timestamp()
-
-
 class CloudLeaseTrace:
     """Samples the cloud's node leases every 20 ms: for each node, the renewTime seen
     and when it was first seen."""
@@ -72,7 +63,8 @@ class CloudLeaseTrace:
     def sample(self):
         now = reactor.seconds()
         for node in self.nodes:
-            renew = renew_seconds(self.world.node_lease(self.world.cloud, node))
+            lease = self.world.node_lease(self.world.cloud, node)
+            renew = renew_time(lease) if lease else None
             history = self.seen[node]
             if renew is not None and (not history or history[-1][1] != renew):
                 history.append((now, renew))
