@@ -358,7 +358,10 @@ class SandboxTests(unittest.TestCase):
         code, body = yield self.post(f"{control}/kubelet/{node}/stop")
         self.assertEqual((code, body), (303, f"{node}: kubelet stopped\n".encode()))
         stopped_at = reactor.seconds()
-        self.assertIn(f"{node}: kubelet stopped; after the {grace_text} grace period", run.output)
+        # The sandbox's output reaches this process a moment after its answer.
+        yield poll_until(
+            lambda: f"{node}: kubelet stopped; after the {grace_text} grace period" in run.output,
+            OUTPUT_DEADLINE, 0.05, reactor, what=f"the sandbox saying {node}'s kubelet stopped")
         yield poll_until(lambda: f"{node}: its agent counts the kubelet dead" in run.output,
                          grace + interval + READY_DEADLINE, 0.1, reactor,
                          what=f"the sandbox saying {node}'s agent counts its kubelet dead")
