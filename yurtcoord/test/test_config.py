@@ -105,7 +105,7 @@ class ParseValuesTests(unittest.TestCase):
         self.assertEqual(
             (heartbeat.interval, heartbeat.failed_retry, heartbeat.healthy_threshold,
              heartbeat.timeout, heartbeat.kubelet_healthz_url, heartbeat.kubelet_grace_period),
-            (10.0, 3, 2, 2.0, None, 40.0))
+            (10.0, 3, 2, 2.0, "http://127.0.0.1:10248/healthz", 40.0))
         pool_cache = config.pool_cache
         self.assertEqual(pool_cache.informer_lease_renew, 10.0)
         self.assertEqual(pool_cache.stale_timeout, 30.0)
@@ -168,6 +168,18 @@ listen = [::1]:0
         config = parse_config(with_section("pool_cache", "upload_resources ="), SOURCE)
         self.assertEqual(config.pool_cache.upload_resources, ())
 
+    def test_kubelet_check_is_on_by_default_and_off_turns_it_off(self):
+        default = parse_config(MINIMAL, SOURCE).heartbeat.kubelet_healthz_url
+        self.assertEqual(default, "http://127.0.0.1:10248/healthz")
+        for spelling in ("off", "OFF", " off "):
+            config = parse_config(
+                with_section("heartbeat", f"kubelet_healthz_url = {spelling}"), SOURCE)
+            self.assertIsNone(config.heartbeat.kubelet_healthz_url, spelling)
+        config = parse_config(with_section(
+            "heartbeat", "kubelet_healthz_url = https://10.0.0.5:10250/healthz/"), SOURCE)
+        self.assertEqual(config.heartbeat.kubelet_healthz_url,
+                         "https://10.0.0.5:10250/healthz/")
+
     def test_config_is_immutable(self):
         config = parse_config(MINIMAL, SOURCE)
         with self.assertRaises(AttributeError):
@@ -198,6 +210,12 @@ class RoundTripTests(unittest.TestCase):
         text = with_section("server", "listen = [::]:9000", text)
         config = parse_config(text, SOURCE)
         self.assertEqual(parse_config(render_config(config), "rendered"), config)
+
+    def test_kubelet_check_off_round_trips(self):
+        config = parse_config(with_section("heartbeat", "kubelet_healthz_url = off"), SOURCE)
+        rendered = render_config(config)
+        self.assertIn("\nkubelet_healthz_url = off\n", rendered)
+        self.assertEqual(parse_config(rendered, "rendered"), config)
 
     def test_schema_and_dataclasses_agree(self):
         for section in SECTIONS:
@@ -322,6 +340,21 @@ class ErrorTests(ConfigErrorAssertions, unittest.TestCase):
                                "heartbeat", "kubelet_healthz_url", "localhost:10248", "not a URL")
         self.assertConfigError("[node]\nname = a\n[cloud]\nservers = ,\n",
                                "cloud", "servers", ",", "at least one URL")
+
+    def test_empty_kubelet_url_is_an_error_saying_what_to_write(self):
+        """An empty value used to turn the check off; now the check is on by default,
+        so an empty line must be neither taken as "off" nor as the default."""
+        for line in ("kubelet_healthz_url =", "kubelet_healthz_url =    ; old example"):
+            message = self.assertConfigError(with_section("heartbeat", line), "heartbeat",
+                                             "kubelet_healthz_url", "", "empty value")
+            self.assertIn("http://127.0.0.1:10248/healthz", message)
+            self.assertIn(" or off ", message)
+
+    def test_bad_kubelet_urls(self):
+        for value in ("localhost:10248", "ftp://127.0.0.1/healthz", "http://:10248/healthz",
+                      "http://127.0.0.1:99999/healthz", "none", "false"):
+            self.assertConfigError(with_section("heartbeat", f"kubelet_healthz_url = {value}"),
+                                   "heartbeat", "kubelet_healthz_url", value, "not a URL")
 
     def test_http_requires_insecure(self):
         self.assertConfigError("[node]\nname = a\n[cloud]\nservers = https://a, http://b\n",

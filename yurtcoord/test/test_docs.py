@@ -394,6 +394,13 @@ class RunbookTests(unittest.TestCase):
         self.assertIn(f"\n{message}\n", self.runbook)
         self.assertIn(f"\n{message}\n", read(CONFIGURATION))
 
+    def test_the_empty_kubelet_url_error_is_what_the_parser_says(self):
+        ini = ("[node]\nname = edge-1\n[cloud]\nservers = https://10.0.0.1:6443\n"
+               "[heartbeat]\nkubelet_healthz_url =\n")
+        with self.assertRaises(ConfigError) as raised:
+            parse_config(ini, "/etc/yurtcoord/yurtcoord.ini")
+        self.assertIn(f"\n{raised.exception}\n", read(CONFIGURATION))
+
     def test_readme_links_the_operator_documents(self):
         readme = read(README)
         for path in ("docs/configuration.md", "docs/runbook.md", "bench/RESULTS.md"):

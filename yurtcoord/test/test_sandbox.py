@@ -1,10 +1,13 @@
 """``twistd -n yurtcoord --sandbox`` as a real subprocess: a whole pool comes up with
 one leader and every agent ready, its role changes are printed, its pool pages answer,
 the pool etcd holds what the agents uploaded and synced, cutting the leader's cloud
-link (SIGUSR1) hands leadership over and starts heartbeat delegation, and a stop
+link (SIGUSR1) hands leadership over and starts heartbeat delegation, stopping a
+node's stand-in kubelet from the control page makes its node lease go stale in the
+cloud and starting it brings the lease back, and a stop
 (SIGINT as from Ctrl-C, or SIGTERM) exits 0 leaving no etcd and no temp dir behind,
 also when etcd cannot start, dies, or is still starting."""
 
+import json
 import os
 import re
 import shutil
@@ -14,8 +17,13 @@ from twisted.internet import defer, reactor
 from twisted.internet.utils import getProcessOutputAndValue
 from twisted.trial import unittest
 
+from yurtcoord.config import parse_duration
 from yurtcoord.kube.gvr import ENDPOINTS, ENDPOINTSLICES_V1, NODES
-from yurtcoord.sandbox import CACHED_PODS, SEEDED_SERVICES, find_etcd_binary, seed_cloud
+from yurtcoord.kube.lease import renew_time
+from yurtcoord.sandbox import (
+    CACHED_PODS, HEARTBEAT_INTERVAL, KUBELET_GRACE_PERIOD, SEEDED_SERVICES,
+    find_etcd_binary, seed_cloud,
+)
 from yurtcoord.test.test_plugin import TWISTD, TwistdProcess, child_environment, port_is_free
 from yurtcoord.test.test_service import StatusReader
 from yurtcoord.testing.apiserver import KubeAPIServer
@@ -29,6 +37,10 @@ ETCD_LINE = re.compile(r"^\[sandbox\] etcd pid (\d+) on (http://127\.0\.0\.1:\d+
 PAGE_LINE = re.compile(r"^\[sandbox\] (edge-\d+) pool page (http://127\.0\.0\.1:(\d+))/$", re.M)
 ROLE_LINE = re.compile(
     r"^\[sandbox\] \d\d:\d\d:\d\d (edge-\d+): role (\w+) -> (\w+) \(leader: ([^)]*)\)$", re.M)
+CLOUD_LINE = re.compile(r"^\[sandbox\] cloud apiserver (http://127\.0\.0\.1:\d+),", re.M)
+CONTROL_LINE = re.compile(
+    r"^\[sandbox\] control page (http://127\.0\.0\.1:\d+)/ stops and starts each agent's "
+    r"stand-in kubelet \(kubelet grace period (\S+), heartbeat interval (\S+)\)", re.M)
 ALL_READY_LINE = re.compile(
     r"^\[sandbox\] \d\d:\d\d:\d\d pool \S+: all (\d+) agents ready after ([\d.]+)s, "
     r"leader (\S+)$", re.M)
@@ -304,12 +316,77 @@ class SandboxTests(unittest.TestCase):
         return failover_took
 
     @defer.inlineCallbacks
-    def test_two_agent_pool_stops_on_sigterm(self):
+    def test_two_agent_pool_kubelet_control_and_stop_on_sigterm(self):
         run = SandboxRun(self, "--sandbox-agents", "2")
         pages = yield self.wait_for_pages(run, 2)
         leader, _ = yield self.wait_for_one_leader_all_ready(run, pages)
         yield self.check_role_lines(run, leader, sorted(pages))
+        follower = next(node for node in pages if node != leader)
+        yield self.stop_and_start_a_kubelet(run, pages, follower)
         yield self.stop_and_check_clean(run, "TERM", pages)
+
+    @defer.inlineCallbacks
+    def cloud_renew_time(self, run, node):
+        cloud = CLOUD_LINE.search(run.output).group(1)
+        code, body = yield self.reader.get(
+            cloud, f"apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases/{node}")
+        self.assertEqual(code, 200, body)
+        return renew_time(json.loads(body))
+
+    @defer.inlineCallbacks
+    def post(self, url):
+        response = yield self.reader.http.post(url, allow_redirects=False)
+        body = yield response.content()
+        return response.code, body
+
+    @defer.inlineCallbacks
+    def stop_and_start_a_kubelet(self, run, pages, node):
+        """The control page stops ``node``'s kubelet: the sandbox says so, the agent
+        counts it dead after the printed grace period and the node's cloud lease stops
+        being renewed; started again, the lease is renewed again."""
+        match = CONTROL_LINE.search(run.output)
+        self.assertIsNotNone(match, run.output)
+        control, grace_text, interval_text = match.groups()
+        self.assertEqual((grace_text, interval_text), (KUBELET_GRACE_PERIOD, HEARTBEAT_INTERVAL))
+        grace, interval = parse_duration(grace_text), parse_duration(interval_text)
+        code, body = yield self.reader.get(control, "")
+        self.assertEqual(code, 200)
+        self.assertIn(f"/kubelet/{node}/stop".encode(), body)
+        code, body = yield self.post(f"{control}/kubelet/nobody/stop")
+        self.assertEqual(code, 404)
+
+        code, body = yield self.post(f"{control}/kubelet/{node}/stop")
+        self.assertEqual((code, body), (303, f"{node}: kubelet stopped\n".encode()))
+        stopped_at = reactor.seconds()
+        # The sandbox's output reaches this process a moment after its answer.
+        yield poll_until(
+            lambda: f"{node}: kubelet stopped; after the {grace_text} grace period" in run.output,
+            OUTPUT_DEADLINE, 0.05, reactor, what=f"the sandbox saying {node}'s kubelet stopped")
+        yield poll_until(lambda: f"{node}: its agent counts the kubelet dead" in run.output,
+                         grace + interval + READY_DEADLINE, 0.1, reactor,
+                         what=f"the sandbox saying {node}'s agent counts its kubelet dead")
+        stale = yield self.cloud_renew_time(run, node)
+        self.assertLessEqual(stale, stopped_at + grace + interval + 1.0)
+        # Stays put: no renewal for several intervals.
+        hold_until = reactor.seconds() + 2 * interval + 1.0
+        yield poll_until(lambda: reactor.seconds() >= hold_until, 30, 0.1, reactor,
+                         what="the hold period")
+        self.assertEqual((yield self.cloud_renew_time(run, node)), stale)
+        code, body = yield self.reader.get(control, "state")
+        state = json.loads(body)[node]
+        self.assertEqual((state["kubelet_running"], state["agent_sees_kubelet_alive"]),
+                         (False, False))
+        self.assertGreaterEqual(state["cloud_lease_age_seconds"], 2 * interval)
+        status = yield self.reader.status(pages[node])
+        self.assertEqual(status["role"], "pending")
+
+        code, body = yield self.post(f"{control}/kubelet/{node}/start")
+        self.assertEqual(code, 303)
+        yield poll_until(lambda: f"{node}: cloud lease kube-node-lease/{node} renewed again"
+                         in run.output, READY_DEADLINE, 0.1, reactor,
+                         what=f"the sandbox saying {node}'s cloud lease is renewed again")
+        self.assertGreater((yield self.cloud_renew_time(run, node)), stale)
+        self.assertIn(f"{node}: its agent sees the kubelet answer again", run.output)
 
     @defer.inlineCallbacks
     def test_etcd_killed_under_the_sandbox_is_reported_and_stop_stays_clean(self):

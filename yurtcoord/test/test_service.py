@@ -14,8 +14,6 @@ from twisted.internet import defer, reactor
 from twisted.internet.task import Clock
 from twisted.trial import unittest
 from twisted.web.client import Agent as HTTPAgent, HTTPConnectionPool
-from twisted.web.resource import Resource
-from twisted.web.server import Site
 
 from yurtcoord.certs import CERTS_SECRET_NAME
 from yurtcoord.config import parse_config
@@ -29,6 +27,7 @@ from yurtcoord.service import make_service
 from yurtcoord.testing.agentini import loopback_agent_ini
 from yurtcoord.testing.apiserver import KubeAPIServer
 from yurtcoord.testing.etcd import EtcdProcess, etcd_binary_for
+from yurtcoord.testing.kubelet import StandInKubelet
 from yurtcoord.testing.pki import TestCA
 from yurtcoord.testing.poll import PollTimeout, poll_until
 from yurtcoord.testing.tcpproxy import TCPProxy
@@ -363,12 +362,11 @@ class AgentServiceTests(unittest.TestCase):
         """With ``kubelet_healthz_url`` the probes stop once the kubelet has not been
         healthy for its grace period: the agent goes pending instead of keeping a
         dead node alive."""
-        kubelet = KubeletStandIn()
-        port = reactor.listenTCP(0, Site(kubelet), interface="127.0.0.1")
-        self.addCleanup(port.stopListening)
+        kubelet = StandInKubelet(reactor)
+        kubelet.start()
+        self.addCleanup(kubelet.stop)
         config = self.world.config("edge-1", heartbeat={
-            "kubelet_healthz_url": f"http://127.0.0.1:{port.getHost().port}/healthz",
-            "kubelet_grace_period": "1s"})
+            "kubelet_healthz_url": kubelet.url(), "kubelet_grace_period": "1s"})
         agent = self.world.start_agent(config)
         self.assertIsNotNone(agent.kubelet_checker)
         yield self.wait_for_status(agent, "edge-1 leading", lambda s: s["role"] == "leader")
@@ -383,19 +381,23 @@ class AgentServiceTests(unittest.TestCase):
         yield self.wait_for_status(agent, "edge-1 leading again",
                                    lambda s: s["role"] == "leader")
 
+        # A kubelet that stops listening (its process died) counts as dead as well,
+        # and one listening again on its port is back.
+        yield kubelet.stop()
+        yield self.wait_for_status(agent, "edge-1 pending with its kubelet stopped",
+                                   lambda s: s["role"] == "pending")
+        kubelet.start()
+        yield self.wait_for_status(agent, "edge-1 leading with its kubelet restarted",
+                                   lambda s: s["role"] == "leader")
 
-class KubeletStandIn(Resource):
-    """A kubelet healthz endpoint answering ``code``."""
-
-    isLeaf = True
-
-    def __init__(self):
-        super().__init__()
-        self.code = 200
-
-    def render_GET(self, request):
-        request.setResponseCode(self.code)
-        return b"ok" if self.code == 200 else b"unhealthy"
+    def test_kubelet_check_off_builds_no_checker(self):
+        config = self.world.config("edge-1", heartbeat={"kubelet_healthz_url": "off"})
+        self.assertIsNone(config.heartbeat.kubelet_healthz_url)
+        self.assertIsNone(make_service(config, reactor).kubelet_checker)
+        default = self.world.config("edge-1", heartbeat={
+            "kubelet_healthz_url": "http://127.0.0.1:10248/healthz"})
+        checker = make_service(default, reactor).kubelet_checker
+        self.assertEqual(checker.url, "http://127.0.0.1:10248/healthz")
 
 
 class AgentOverTLSTests(unittest.TestCase):

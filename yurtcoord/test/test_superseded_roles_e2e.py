@@ -15,10 +15,9 @@ from twisted.internet import defer, reactor
 from twisted.internet.task import LoopingCall
 from twisted.trial import unittest
 
-from yurtcoord.kube.gvr import NODES
 from yurtcoord.testing.apiserver import KubeAPIServer
 from yurtcoord.testing.poll import PollTimeout, poll_until
-from yurtcoord.testing.world import PODS_PREFIX, POOL, ProcessWorld
+from yurtcoord.testing.world import PODS_PREFIX, ProcessWorld
 
 STEP_TIMEOUT = 30.0
 # How long after the deadline the request log is watched for writes of the old leader.
@@ -26,7 +25,6 @@ WATCH_AFTER_DEADLINE = 5.0
 # Seconds between two looks at the request log: each request gets the time of the
 # last look before it appeared as the earliest time it could have arrived.
 STAMP_INTERVAL = 0.02
-POOL_LABEL = "apps.openyurt.io/nodepool"
 LEADER, FOLLOWER = "edge-1", "edge-2"
 
 
@@ -90,9 +88,6 @@ class LeaderMovedToPendingMidUploadTests(unittest.TestCase):
         yield self.world.start()
         self.leader = yield self.world.add_agent(LEADER, etcd_proxy=True)
         self.follower = yield self.world.add_agent(FOLLOWER, pods=20)
-        for node in (LEADER, FOLLOWER):
-            self.world.cloud.store.create(NODES, {"metadata": {
-                "name": node, "labels": {POOL_LABEL: POOL}}})
         self.cloud_clock = RequestClock(self.world.cloud)
         self.addCleanup(self.cloud_clock.stop)
 

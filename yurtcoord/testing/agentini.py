@@ -18,7 +18,9 @@ def loopback_agent_ini(node, pool, cloud_urls, coordinator_url, etcd_url, pki_di
                        cache_dir, **sections):
     """An agent talking plain http to its cloud, coordinator apiserver and etcd.
 
-    ``sections`` (e.g. ``leader_election={"lease_duration": "2s"}``) are merged over
+    Its kubelet check is off (``kubelet_healthz_url = off``) unless ``heartbeat`` names
+    a URL: an agent of a test that has no kubelet stand-in would otherwise stop its
+    heartbeats after the grace period. ``sections`` (e.g. ``leader_election={"lease_duration": "2s"}``) are merged over
     the base, key by key; a section not in the base is added.
     """
     base = {
@@ -28,7 +30,7 @@ def loopback_agent_ini(node, pool, cloud_urls, coordinator_url, etcd_url, pki_di
                         "storage_prefix": "/registry", "pki_dir": pki_dir,
                         "insecure": "true"},
         "leader_election": {},
-        "heartbeat": {},
+        "heartbeat": {"kubelet_healthz_url": "off"},
         "pool_cache": {"upload_resources": "kubelet/pods/v1", "local_cache_dir": cache_dir},
         "server": {"listen": "127.0.0.1:0"},
     }

@@ -5,7 +5,10 @@ Kubernetes API test server served from the test's own reactor (so that their fau
 knobs are plain method calls), and any number of agents, each a child process with
 its own ini file, status port, local cache dir, pki dir and log file in the world's
 temp dir. Every agent reaches the cloud through a ``TCPProxy`` of its own, so the
-cloud can be cut for one agent or for all.
+cloud can be cut for one agent or for all, and has a stand-in kubelet of its own served
+from the test's reactor (``stop_kubelet`` / ``start_kubelet``), so one node's kubelet
+can die and come back. Each agent also exists in the cloud as a Node labelled with the
+world's pool, as a real pool member does.
 
 It also judges the outcome: ``statuses()`` reads every live agent's ``/status``, and
 ``pool_problems()`` compares the pool etcd (read with ``etcdctl``, an independent
@@ -28,14 +31,16 @@ from twisted.internet.threads import deferToThread
 from twisted.internet.utils import getProcessOutputAndValue
 from twisted.web.client import Agent as HTTPAgent, HTTPConnectionPool
 
-from yurtcoord.kube.gvr import ENDPOINTS, LEASES
+from yurtcoord.kube.gvr import ENDPOINTS, LEASES, NODES
 from yurtcoord.testing.agentini import loopback_agent_ini
 from yurtcoord.testing.apiserver import KubeAPIServer
 from yurtcoord.testing.etcd import EtcdProcess, etcd_binary_for
+from yurtcoord.testing.kubelet import StandInKubelet
 from yurtcoord.testing.poll import PollTimeout, poll_until
 from yurtcoord.testing.tcpproxy import TCPProxy
 
 POOL = "pool-a"
+NODEPOOL_LABEL = "apps.openyurt.io/nodepool"
 ELECTION_NAMESPACE, ELECTION_LEASE = "kube-system", "yurthub"
 NODE_LEASE_NAMESPACE = "kube-node-lease"
 STORAGE_PREFIX = "/registry"
@@ -57,12 +62,18 @@ TIMINGS = {
     "retry_period": "500ms",
     "check_interval": "500ms",
     "heartbeat_interval": "500ms",
+    # Long enough that a busy test reactor serving the stand-in kubelets does not make
+    # a live kubelet look dead; tests of the kubelet gate pass a shorter one.
+    "kubelet_grace_period": "10s",
 }
 LEASE_DURATION, RETRY_PERIOD = 3.0, 0.5
 
 
-def agent_ini(node, cloud_url, coordinator_url, etcd_url, pki_dir, cache_dir, listen):
-    """Ini text of one agent of the fault suite: plain http everywhere, short timings."""
+def agent_ini(node: str, cloud_url: str, coordinator_url: str, etcd_url: str, pki_dir: str,
+              cache_dir: str, listen: str, kubelet_url: str = "off",
+              kubelet_grace_period: str = TIMINGS["kubelet_grace_period"]) -> str:
+    """Ini text of one agent of the fault suite: plain http everywhere, short timings;
+    the kubelet check asks ``kubelet_url`` (off by default)."""
     return loopback_agent_ini(
         node, POOL, [cloud_url], coordinator_url, etcd_url, pki_dir, cache_dir,
         coordinator={"storage_prefix": STORAGE_PREFIX},
@@ -73,9 +84,19 @@ def agent_ini(node, cloud_url, coordinator_url, etcd_url, pki_dir, cache_dir, li
                          "retry_period": TIMINGS["retry_period"],
                          "check_interval": TIMINGS["check_interval"]},
         heartbeat={"interval": TIMINGS["heartbeat_interval"], "failed_retry": "3",
-                   "healthy_threshold": "1", "timeout": "2s"},
+                   "healthy_threshold": "1", "timeout": "2s",
+                   "kubelet_healthz_url": kubelet_url,
+                   "kubelet_grace_period": kubelet_grace_period},
         pool_cache={"informer_lease_renew": "1s", "stale_timeout": "4s"},
         server={"listen": listen})
+
+
+def node_object(node: str, pool: str = POOL) -> dict:
+    """The cloud's Node of a pool member."""
+    return {"apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": node, "labels": {NODEPOOL_LABEL: pool,
+                                                   "kubernetes.io/hostname": node}},
+            "status": {"conditions": [{"type": "Ready", "status": "True"}]}}
 
 
 def cached_pod(name, resource_version, namespace="default", padding=0):
@@ -125,15 +146,17 @@ class AgentProcess:
     Its directory holds ``yurtcoord.ini``, ``agent.log`` (stdout and stderr),
     ``cache/`` (the local yurthub cache it uploads) and ``pki/``. ``expected_pods``
     maps each pool etcd pod key written into its cache to the resourceVersion it has.
+    ``kubelet`` is its stand-in kubelet (None when the agent checks none).
     """
 
-    def __init__(self, reactor, node, directory, cloud_proxy, etcd_proxy=None):
+    def __init__(self, reactor, node, directory, cloud_proxy, etcd_proxy=None, kubelet=None):
         self.reactor = reactor
         self.node = node
         self.directory = directory
         self.cloud_proxy = cloud_proxy
         # A TCPProxy between this agent and the pool etcd, when one was asked for.
         self.etcd_proxy = etcd_proxy
+        self.kubelet = kubelet
         self.cache_dir = os.path.join(directory, "cache")
         self.pki_dir = os.path.join(directory, "pki")
         self.ini_path = os.path.join(directory, "yurtcoord.ini")
@@ -242,11 +265,14 @@ class ProcessWorld:
     """Etcd, cloud and coordinator apiservers, and agent processes; see the module doc.
 
     ``start()`` and ``stop()`` bracket it; ``stop()`` kills every agent, closes the
-    servers and proxies, stops etcd and removes the temp dir, and is safe to call twice.
+    servers, proxies and stand-in kubelets, stops etcd and removes the temp dir, and is
+    safe to call twice. ``kubelet_grace_period`` is the agents' ini value.
     """
 
-    def __init__(self, reactor, etcd_binary=None):
+    def __init__(self, reactor, etcd_binary=None,
+                 kubelet_grace_period=TIMINGS["kubelet_grace_period"]):
         self.reactor = reactor
+        self.kubelet_grace_period = kubelet_grace_period
         self.base_dir = tempfile.mkdtemp(prefix="yurtcoord-world-")
         self.etcd = EtcdProcess(etcd_binary or etcd_binary_for("3.5")
                                 or etcd_binary_for("3.4"))
@@ -269,7 +295,8 @@ class ProcessWorld:
 
     @defer.inlineCallbacks
     def add_agent(self, node: str, pods: int = 0, etcd_proxy: bool = False, **pod_options):
-        """Prepare an agent (dir, proxy, ``pods`` good pods in its cache); not started.
+        """Prepare an agent (dir, proxy, running stand-in kubelet, its Node in the
+        cloud, ``pods`` good pods in its cache); not started.
 
         With ``etcd_proxy`` the agent reaches the pool etcd through its own TCPProxy
         (``agent.etcd_proxy``), so that its etcd link alone can be cut."""
@@ -281,8 +308,12 @@ class ProcessWorld:
             etcd = TCPProxy(self.reactor, "127.0.0.1", self.etcd.client_port)
             yield etcd.start()
             self._proxies.append(etcd)
+        kubelet = StandInKubelet(self.reactor)
+        kubelet.start()
+        if self.cloud.store.get(NODES, node) is None:
+            self.cloud.store.create(NODES, node_object(node))
         agent = AgentProcess(self.reactor, node, os.path.join(self.base_dir, node), proxy,
-                             etcd)
+                             etcd, kubelet)
         if pods:
             agent.write_pods(pods, **pod_options)
         self.agents[node] = agent
@@ -293,10 +324,7 @@ class ProcessWorld:
         """Spawn the agents (all prepared ones by default); fire once all listen."""
         chosen = [self.agents[n] for n in (nodes or list(self.agents))]
         for agent in chosen:
-            etcd_url = (self.etcd.client_url if agent.etcd_proxy is None
-                        else agent.etcd_proxy.url(self.etcd.scheme))
-            agent.start(agent_ini(agent.node, agent.cloud_proxy.url(), self.coordinator.url,
-                                  etcd_url, agent.pki_dir, agent.cache_dir, "127.0.0.1:0"))
+            agent.start(self.ini_for(agent))
         # Every wait runs to its end (listening, exit, or deadline) before a failure is
         # raised, so that no poll is left behind.
         results = yield defer.DeferredList([agent.wait_listening() for agent in chosen],
@@ -304,6 +332,15 @@ class ProcessWorld:
         for succeeded, result in results:
             if not succeeded:
                 result.raiseException()
+
+    def ini_for(self, agent: AgentProcess) -> str:
+        """The ini text ``start_agents`` runs ``agent`` with."""
+        etcd_url = (self.etcd.client_url if agent.etcd_proxy is None
+                    else agent.etcd_proxy.url(self.etcd.scheme))
+        return agent_ini(agent.node, agent.cloud_proxy.url(), self.coordinator.url,
+                         etcd_url, agent.pki_dir, agent.cache_dir,
+                         "127.0.0.1:0", kubelet_url=agent.kubelet.url(),
+                         kubelet_grace_period=self.kubelet_grace_period)
 
     @defer.inlineCallbacks
     def stop(self):
@@ -314,6 +351,9 @@ class ProcessWorld:
             yield defer.DeferredList([agent.stop() for agent in self.agents.values()])
             for proxy in self._proxies:
                 yield proxy.stop()
+            for agent in self.agents.values():
+                if agent.kubelet is not None:
+                    yield agent.kubelet.stop()
             yield self.cloud.stop()
             yield self.coordinator.stop()
             yield self._http_pool.closeCachedConnections()
@@ -338,6 +378,16 @@ class ProcessWorld:
     def restore_cloud(self, nodes=None):
         for node in nodes or list(self.agents):
             self.agents[node].cloud_proxy.restore()
+
+    # -- the stand-in kubelets ---------------------------------------------------------
+
+    def stop_kubelet(self, node: str) -> defer.Deferred:
+        """``node``'s kubelet dies: it stops listening, its connections drop."""
+        return self.agents[node].kubelet.stop()
+
+    def start_kubelet(self, node: str) -> None:
+        """``node``'s kubelet is back, on the port its agent checks."""
+        self.agents[node].kubelet.start()
 
     # -- reading the agents ------------------------------------------------------------
 
