@@ -28,7 +28,7 @@ from twisted.internet.threads import deferToThread
 from twisted.internet.utils import getProcessOutputAndValue
 from twisted.web.client import Agent as HTTPAgent, HTTPConnectionPool
 
-from yurtcoord.kube.gvr import ENDPOINTS, LEASES
+from yurtcoord.kube.gvr import ENDPOINTS, LEASES, NODES
 from yurtcoord.testing.agentini import loopback_agent_ini
 from yurtcoord.testing.apiserver import KubeAPIServer
 from yurtcoord.testing.etcd import EtcdProcess, etcd_binary_for
@@ -86,6 +86,18 @@ def cached_pod(name, resource_version, namespace="default", padding=0):
         metadata["annotations"] = {"example.com/padding": "x" * padding}
     return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata,
             "spec": {"nodeName": "edge"}}
+
+
+def pool_node(name, pool=POOL):
+    """A cloud Node of ``pool``: the leader forwards heartbeats only of such Nodes."""
+    return {"apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": name, "labels": {"apps.openyurt.io/nodepool": pool}}}
+
+
+def add_pool_node(cloud, name, pool=POOL):
+    """Create the Node ``name`` of ``pool`` in the cloud API test server unless it exists."""
+    if cloud.store.get(NODES, name) is None:
+        cloud.store.create(NODES, pool_node(name, pool))
 
 
 def child_environment():
@@ -267,11 +279,13 @@ class ProcessWorld:
 
     @defer.inlineCallbacks
     def add_agent(self, node, pods=0, **pod_options):
-        """Prepare an agent (dir, proxy, ``pods`` good pods in its cache); not started."""
+        """Prepare an agent (dir, proxy, its Node in the cloud, ``pods`` good pods in its
+        cache); not started."""
         proxy = TCPProxy(self.reactor, "127.0.0.1", self.cloud.port_number)
         yield proxy.start()
         self._proxies.append(proxy)
         agent = AgentProcess(self.reactor, node, os.path.join(self.base_dir, node), proxy)
+        add_pool_node(self.cloud, node)
         if pods:
             agent.write_pods(pods, **pod_options)
         self.agents[node] = agent
