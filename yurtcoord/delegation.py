@@ -298,7 +298,8 @@ class HeartbeatDelegation:
 
     @classmethod
     def for_coordinator(cls, reactor, coordinator_client, cloud_reader, cloud_health,
-                        cloud_client_for, pool, **options):
+                        cloud_client_for: Callable, pool: str,
+                        **options) -> "HeartbeatDelegation":
         """The delegation as an agent runs it: an ``Informer`` of the leases on the
         coordinator apiserver, an ``Informer`` of the pool's Nodes read through
         ``cloud_reader`` (a client of whichever cloud server is healthy), and the
@@ -334,7 +335,7 @@ class HeartbeatDelegation:
         return sum(1 for slot in self._slots.values() if slot.queued)
 
     @property
-    def pool_nodes_listed(self):
+    def pool_nodes_listed(self) -> bool:
         """Whether this term's informer of the pool's Nodes has listed once."""
         return self._nodes_synced
 
