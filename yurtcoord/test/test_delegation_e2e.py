@@ -9,7 +9,7 @@ each reaching the cloud through a TCP proxy of its own, with the world's short t
   into the coordinator apiserver, with the delegate annotation, while the leader
   forwards the heartbeat of a genuinely cut-off member. Nothing changes in the cloud for
   them, the genuine lease keeps advancing, and the leader's ``/metrics`` counts each by
-  reason.
+  reason. A cloud renewTime planted an hour ahead does not hold the genuine lease back.
 - A cut-off node across a leader SIGKILL: its cloud lease's renewTime, sampled every
   50 ms, is never older than 2 x interval + takeover (lease_duration + retry_period).
 
@@ -255,6 +255,20 @@ class ForgedLeaseTests(DelegationE2EBase):
         for reason in REASONS:
             self.assertEqual(log.count(f"not forwarded to the cloud (reason={reason})"), 1,
                              reason)
+
+        # A cloud renewTime an hour ahead, as an unchecked forward would have left it,
+        # does not hold back the cut node's genuine renewals.
+        planted = world.node_lease(world.cloud, cut)
+        planted["spec"]["renewTime"] = micro_time(reactor.seconds() + 3600)
+        world.cloud.store.update(LEASES, planted, namespace=NODE_LEASE_NAMESPACE)
+        planted_at = reactor.seconds()
+        yield poll_until(
+            lambda: renew_time(world.node_lease(world.cloud, cut)) < reactor.seconds() + 1,
+            STEP_TIMEOUT, 0.05, reactor, what=f"{cut}'s genuine renewal replacing the planted one")
+        report("planted_future_renew_time_replaced_after",
+               f"{reactor.seconds() - planted_at:.2f}s")
+        yield self.wait_delegated(cut, reactor.seconds(), 2,
+                                  f"{cut}'s heartbeats forwarded after the planted one")
 
 
 class LeaderDeathTests(DelegationE2EBase):
