@@ -47,7 +47,9 @@ from yurtcoord.testing.apiserver import KubeAPIServer  # noqa: E402
 from yurtcoord.testing.apiserver.selectors import ObjectFilter  # noqa: E402
 from yurtcoord.testing.etcd import EtcdProcess, etcd_binary_for  # noqa: E402
 from yurtcoord.testing.poll import poll_until  # noqa: E402
-from yurtcoord.testing.world import TWISTD, agent_ini, child_environment, tail  # noqa: E402
+from yurtcoord.testing.world import (  # noqa: E402
+    TWISTD, add_pool_node, agent_ini, child_environment, tail,
+)
 
 LEADER = "bench-leader"
 ELECTION_NAMESPACE, ELECTION_LEASE = "kube-system", "yurthub"
@@ -96,6 +98,7 @@ class LoadGenerator:
     def __init__(self, reactor, coordinator, cloud, nodes, period):
         self.reactor = reactor
         self.coordinator = coordinator
+        self.cloud = cloud
         self.names = [node_name(i) for i in range(nodes)]
         self.period = period
         self.pending = {}  # (name, renewTime text) -> pool write time
@@ -112,8 +115,11 @@ class LoadGenerator:
             LEASES, ObjectFilter(namespace=NODE_LEASE_NAMESPACE), None, self._cloud_event)
 
     def create_all(self):
+        """Every node: its Node of the pool in the cloud (the leader forwards only pool
+        members) and its delegated lease in the coordinator."""
         now = self.reactor.seconds()
         for name in self.names:
+            add_pool_node(self.cloud, name)
             lease = delegated_lease(name, now)
             self.coordinator.store.create(LEASES, lease, namespace=NODE_LEASE_NAMESPACE)
             self._track(name, lease["spec"]["renewTime"], now)

@@ -367,7 +367,8 @@ SCHEMA = (
     Key("node", "name", OBJECT_NAME, None,
         "required; lease holder identity and node lease name"),
     Key("node", "pool", OPTIONAL_OBJECT_NAME, "",
-        "node pool name; labels metrics and status"),
+        "node pool name (label apps.openyurt.io/nodepool of the pool's Nodes); "
+        "required with the coordinator enabled"),
 
     Key("cloud", "servers", URL_LIST, None,
         "required; one or more cloud apiserver URLs, comma-separated"),
@@ -418,6 +419,8 @@ SCHEMA = (
         "probes stop when the kubelet does not answer here; off on a node with no kubelet"),
     Key("heartbeat", "kubelet_grace_period", DURATION, "40s",
         "probes stop when the kubelet has not been healthy for this long"),
+    Key("heartbeat", "max_clock_skew", DURATION, "5s",
+        "the leader forwards no delegated renewTime further ahead of its clock"),
 
     Key("pool_cache", "informer_lease_renew", DURATION, "10s",
         "renew period of the informer sync lease"),
@@ -483,6 +486,7 @@ class HeartbeatConfig:
     timeout: float
     kubelet_healthz_url: object
     kubelet_grace_period: float
+    max_clock_skew: float
 
 
 @dataclass(frozen=True)
@@ -660,6 +664,10 @@ def _check_rules(config, raw, source):
              "cannot be combined with cert_file/key_file: use a client certificate or a token")
 
     coordinator = config.coordinator
+    if coordinator.enabled and not config.node.pool:
+        raise ConfigError(source, "required when [coordinator] enabled = true: the leader "
+                          "forwards heartbeats only of Nodes labelled "
+                          "apps.openyurt.io/nodepool=<pool>", section="node", key="pool")
     if not coordinator.insecure:
         for name in ("server", "storage"):
             if urlsplit(getattr(coordinator, name)).scheme != "https":

@@ -2,22 +2,43 @@
 
 A node that lost the cloud but still reaches its pool writes its lease
 ``kube-node-lease/<node>`` to the coordinator apiserver with annotation
-``openyurt.io/delegate-heartbeat: "true"`` (SPEC §6.5). The leader watches those
-leases and writes each one to the cloud, so the cloud does not declare the node dead.
+``openyurt.io/delegate-heartbeat: "true"``. The leader watches those leases and writes
+each one to the cloud, so the cloud does not declare the node dead.
 
-Per delegation (one pool lease state → the cloud):
+Only real pool members are kept alive. Every agent of a pool writes to the
+coordinator apiserver with the same client certificate, so the coordinator cannot
+tell who wrote a lease: the leader is the only place that can check it. A delegated
+lease is forwarded only when
 
-- a healthy cloud server is picked for every delegation (fix 14), and the write goes
-  through that server's node-lease-proxy client;
-- get the cloud lease (a renewal reuses the lease this leader wrote last instead,
-  see ``HeartbeatDelegation``); absent → create it from the pool lease without the fields a
-  server sets (fix 1: the seed created an empty object); present → merge the pool
-  lease's annotations into it (pool values win, other cloud annotations stay; fix 14)
-  and set its renewTime, then update;
+- it lives in ``kube-node-lease`` (reason ``namespace`` otherwise);
+- its ``holderIdentity`` is its name (``holder_mismatch``);
+- its renewTime is at most ``max_clock_skew`` ahead of the leader's clock
+  (``renew_time_in_future``): a renewTime an hour ahead would otherwise stay in the
+  cloud and hide the node's death for that hour;
+- its name is a cloud Node labelled ``apps.openyurt.io/nodepool=<pool>``. The leader
+  keeps a label-selected informer of its pool's Nodes for this; until it has listed
+  once, leases wait (they are not refused). A name missing from it is looked up once
+  in the cloud to tell ``not_pool_member`` (a Node of another pool) from
+  ``no_such_node``; should the Node join the pool later, its newest lease is
+  forwarded then. A Node deleted or moved out of the pool stops the forwarding.
+
+A refused lease is counted by reason and logged once per lease and reason. Only
+``renewTime``, ``holderIdentity``, ``leaseDurationSeconds`` and the delegate annotation
+of a pool lease ever reach the cloud; a lease created in the cloud gets an
+ownerReference to its Node, as the kubelet's own lease has.
+
+Per delegation (one pool lease state to the cloud), through ``LeaseWriter``:
+
+- a healthy cloud server is picked for every delegation and the write goes through
+  that server's node-lease-proxy client; one writer per lease and server remembers the
+  cloud lease it wrote last, so a renewal is one update;
+- absent: the lease is created; present: the pool's fields are set on it (other cloud
+  annotations stay) and it is updated under its resourceVersion;
 - a cloud renewTime at or after the pool's is left alone: a delegation never moves a
-  cloud lease backwards (fix 6), e.g. when the node already renewed it directly;
-- a conflict is re-read and retried, at most ``MAX_ATTEMPTS`` attempts in all; a
-  delegation whose last attempt conflicted is a failure.
+  cloud lease backwards, e.g. when the node already renewed it directly. That holds
+  for plausible times only: a cloud renewTime beyond the leader's now plus
+  ``max_clock_skew`` (left by an earlier forged forward) is overwritten;
+- a conflict is re-read and retried, at most ``MAX_ATTEMPTS`` attempts in all.
 
 Concurrency: leases of different nodes are delegated concurrently, but at most one
 request chain per lease is in flight. Events arriving meanwhile only replace the
@@ -27,92 +48,132 @@ errors, conflicts to the end) is counted and the newest state of that lease is
 retried after a capped backoff, so a heartbeat is not lost until the next renewal.
 """
 
-import copy
 from collections import deque
+from typing import Callable, Optional
 
 from twisted.internet import defer
 from twisted.logger import Logger
 from twisted.python.failure import Failure
-from zope.interface import implementer
+from zope.interface import Interface, implementer
 
+from yurtcoord.config import format_duration
 from yurtcoord.health import DELEGATE_HEARTBEAT_ANNOTATION, NODE_LEASE_NAMESPACE
 from yurtcoord.kube.backoff import Backoff
-from yurtcoord.kube.errors import AlreadyExists, Conflict, KubeError, NotFound
-from yurtcoord.kube.gvr import LEASES
+from yurtcoord.kube.errors import KubeError, NotFound
+from yurtcoord.kube.gvr import LEASES, NODES
 from yurtcoord.kube.informer import Informer
-from yurtcoord.kube.lease import parse_micro_time
+from yurtcoord.kube.lease import format_micro_time, parse_micro_time
+from yurtcoord.kube.leasewriter import CREATED, UNCHANGED, LeaseWriter
 from yurtcoord.roles import IRoleComponent
 
 MAX_ATTEMPTS = 5
 # Chains in flight over all leases: the cloud client's persistent connections.
 DEFAULT_MAX_CONCURRENT = 16
+# How far ahead of the leader's clock a forwarded renewTime may be.
+DEFAULT_MAX_CLOCK_SKEW = 5.0
+# The label naming a Node's pool.
+NODE_POOL_LABEL = "apps.openyurt.io/nodepool"
+# The only spec fields a pool lease gives its cloud lease.
+FORWARDED_SPEC_FIELDS = ("holderIdentity", "leaseDurationSeconds", "renewTime")
 
-# Metadata a server sets on its own objects; a lease created in the cloud from a
-# pool lease must not carry the pool apiserver's values.
-SERVER_SET_METADATA = (
-    "resourceVersion", "uid", "creationTimestamp", "managedFields", "selfLink",
-    "generation", "deletionTimestamp", "deletionGracePeriodSeconds",
-)
+# Why a delegated lease is not forwarded (label ``reason`` of the refused counter).
+REFUSED_NAMESPACE = "namespace"
+REFUSED_NOT_POOL_MEMBER = "not_pool_member"
+REFUSED_NO_SUCH_NODE = "no_such_node"
+REFUSED_HOLDER_MISMATCH = "holder_mismatch"
+REFUSED_RENEW_TIME_IN_FUTURE = "renew_time_in_future"
+REFUSAL_REASONS = (REFUSED_NAMESPACE, REFUSED_NOT_POOL_MEMBER, REFUSED_NO_SUCH_NODE,
+                   REFUSED_HOLDER_MISMATCH, REFUSED_RENEW_TIME_IN_FUTURE)
 
 
-def is_delegated(lease):
+class IDelegationMetrics(Interface):
+    """What the delegation reports to the agent's metrics."""
+
+    def observe_delegation(seconds, succeeded):
+        """One finished delegation, ``seconds`` after its pool event."""
+
+    def count_delegation_refused(reason):
+        """One delegated pool lease state not forwarded, for ``reason``."""
+
+
+def is_delegated(lease: Optional[dict]) -> bool:
     """Whether a pool lease asks the leader to forward it to the cloud."""
     annotations = ((lease or {}).get("metadata") or {}).get("annotations") or {}
     return annotations.get(DELEGATE_HEARTBEAT_ANNOTATION) == "true"
 
 
-def lease_key(lease):
+def lease_key(lease: Optional[dict]) -> str:
     """``namespace/name`` of a lease dict."""
     metadata = (lease or {}).get("metadata") or {}
     return f"{metadata.get('namespace') or NODE_LEASE_NAMESPACE}/{metadata.get('name')}"
 
 
-def renew_time_of(lease):
+def renew_time_of(lease: Optional[dict]) -> Optional[float]:
     """``spec.renewTime`` in POSIX seconds; None when absent or malformed."""
     value = ((lease or {}).get("spec") or {}).get("renewTime")
     if not value:
         return None
     try:
         return parse_micro_time(value)
-    except ValueError:
+    except (TypeError, ValueError):
         return None
 
 
-def lease_for_create(pool_lease):
-    """The cloud lease to create from a pool lease: everything but server-set metadata."""
-    lease = copy.deepcopy(pool_lease)
-    lease.setdefault("apiVersion", "coordination.k8s.io/v1")
-    lease.setdefault("kind", "Lease")
-    metadata = lease.setdefault("metadata", {})
-    for field in SERVER_SET_METADATA:
-        metadata.pop(field, None)
-    lease.pop("status", None)
-    return lease
+def node_pool(node: dict) -> Optional[str]:
+    """The pool a Node is labelled with, or None."""
+    return ((node.get("metadata") or {}).get("labels") or {}).get(NODE_POOL_LABEL)
 
 
-def merged_cloud_lease(cloud_lease, pool_lease):
-    """The cloud lease carrying the pool lease's annotations and renewTime.
+def node_owner_reference(node: dict) -> Optional[dict]:
+    """The ownerReference the kubelet puts on its node lease; None without a uid."""
+    metadata = node.get("metadata") or {}
+    if not metadata.get("name") or not metadata.get("uid"):
+        return None
+    return {"apiVersion": "v1", "kind": "Node", "name": metadata["name"],
+            "uid": metadata["uid"]}
 
-    Annotations are merged: the pool's values win, annotations only the cloud lease
-    has are kept. The cloud lease's resourceVersion stays, so the update is optimistic.
-    """
-    lease = copy.deepcopy(cloud_lease)
-    metadata = lease.setdefault("metadata", {})
-    pool_annotations = (pool_lease.get("metadata") or {}).get("annotations") or {}
+
+def _forwarded_annotation(pool_lease):
+    return ((pool_lease.get("metadata") or {}).get("annotations") or {}).get(
+        DELEGATE_HEARTBEAT_ANNOTATION)
+
+
+def lease_for_create(pool_lease: dict, node: Optional[dict] = None) -> dict:
+    """The cloud lease to create for a pool lease: its name, the forwarded spec
+    fields, the delegate annotation, and an ownerReference to ``node``."""
+    source = pool_lease.get("metadata") or {}
+    metadata = {"name": source["name"],
+                "namespace": source.get("namespace") or NODE_LEASE_NAMESPACE,
+                "annotations": {DELEGATE_HEARTBEAT_ANNOTATION: _forwarded_annotation(pool_lease)}}
+    owner = node_owner_reference(node) if node is not None else None
+    if owner is not None:
+        metadata["ownerReferences"] = [owner]
+    spec = pool_lease.get("spec") or {}
+    return {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": metadata,
+            "spec": {field: spec[field] for field in FORWARDED_SPEC_FIELDS if field in spec}}
+
+
+def merged_cloud_lease(cloud_lease: dict, pool_lease: dict) -> dict:
+    """The cloud lease carrying the pool lease's forwarded spec fields and delegate
+    annotation; everything else of the cloud lease stays, its resourceVersion too, so
+    the update is optimistic."""
+    metadata = dict(cloud_lease.get("metadata") or {})
     annotations = dict(metadata.get("annotations") or {})
-    annotations.update(pool_annotations)
-    if annotations:
-        metadata["annotations"] = annotations
-    lease.setdefault("spec", {})["renewTime"] = pool_lease["spec"]["renewTime"]
+    annotations[DELEGATE_HEARTBEAT_ANNOTATION] = _forwarded_annotation(pool_lease)
+    metadata["annotations"] = annotations
+    spec = dict(cloud_lease.get("spec") or {})
+    pool_spec = pool_lease.get("spec") or {}
+    for field in FORWARDED_SPEC_FIELDS:
+        if field in pool_spec:
+            spec[field] = pool_spec[field]
+    lease = dict(cloud_lease)
+    lease["metadata"] = metadata
+    lease["spec"] = spec
     return lease
 
 
 class NoHealthyCloudServer(Exception):
     """No cloud server is healthy: the heartbeat cannot be forwarded now."""
-
-
-class DelegationConflicted(Exception):
-    """Every attempt to write the cloud lease ended in a conflict."""
 
 
 class _Pending:
@@ -159,65 +220,98 @@ class HeartbeatDelegation:
 
     Collaborators, all passed in:
 
-    - ``make_informer()`` → a fresh informer of ``kube-node-lease`` leases on the
+    - ``make_informer()`` → a fresh informer of the leases (all namespaces) on the
       coordinator apiserver, with ``add_handler(on_add, on_update, on_delete)``,
       ``start()`` and ``stop()`` (a new one per leadership term);
+    - ``make_node_informer(label_selector)`` → a fresh informer of the cloud's Nodes
+      matching ``label_selector``, with ``add_handler``, ``wait_for_sync()``,
+      ``start()`` and ``stop()``;
+    - ``node_client``: reads one cloud Node (``get(NODES, name)``), to tell why a
+      name is not a pool member;
     - ``pick_healthy_server()`` → a healthy cloud server URL or None (the cloud
       health checker's), called for every delegation;
     - ``cloud_client_for(url)`` → the client of that cloud server using the
       node-lease-proxy certificate. Clients are borrowed: the caller owns and
       closes them;
-    - ``metrics``: optional, ``observe_delegation(seconds, succeeded)``;
+    - ``pool``: the agent's ``[node] pool``; ``max_clock_skew``: seconds;
+    - ``metrics``: optional, an ``IDelegationMetrics``;
     - ``make_backoff()`` → a ``Backoff`` for the retries of one lease.
 
     ``max_concurrent`` bounds the chains in flight over all leases (others wait in
     a FIFO queue): as many as the cloud client keeps persistent connections, so a
     burst of delegations reuses connections instead of opening one per node.
-
-    The cloud lease written last for each node is remembered (per server), so a
-    renewal is one update; the get happens only on a conflict, which also catches
-    a newer renewal written meanwhile (so the cloud is still never moved back).
     """
 
     log = Logger()
 
-    def __init__(self, reactor, make_informer, pick_healthy_server, cloud_client_for,
-                 metrics=None, make_backoff=None, max_attempts=MAX_ATTEMPTS,
-                 max_concurrent=DEFAULT_MAX_CONCURRENT):
+    def __init__(self, reactor, make_informer: Callable, make_node_informer: Callable,
+                 node_client, pick_healthy_server: Callable, cloud_client_for: Callable,
+                 pool: str, max_clock_skew: float = DEFAULT_MAX_CLOCK_SKEW, metrics=None,
+                 make_backoff: Optional[Callable] = None, max_attempts: int = MAX_ATTEMPTS,
+                 max_concurrent: int = DEFAULT_MAX_CONCURRENT):
         if max_concurrent < 1:
             raise ValueError("max_concurrent must be at least 1")
+        if not pool:
+            raise ValueError("heartbeat delegation needs the name of its node pool")
         self._reactor = reactor
         self._make_informer = make_informer
+        self._make_node_informer = make_node_informer
+        self._node_client = node_client
         self._pick_healthy_server = pick_healthy_server
         self._cloud_client_for = cloud_client_for
+        self.pool = pool
+        self.max_clock_skew = max_clock_skew
         self._metrics = metrics
         self._make_backoff = make_backoff or (lambda: Backoff(initial=0.5, maximum=5.0))
         self._max_attempts = max_attempts
         self._max_concurrent = max_concurrent
         self._informer = None
+        self._node_informer = None
         self._slots = {}
         self._ready = deque()
         self._active = 0
         self._pumping = False
-        self._cloud_leases = {}
+        # key -> (server, LeaseWriter): the writer of each lease on its last server.
+        self._writers = {}
         self._cloud_unavailable = False
         self._running = False
+        # The pool's Nodes by name, once the node informer listed; leases offered
+        # before that wait in ``_waiting`` (key -> newest lease).
+        self._nodes = {}
+        self._nodes_synced = False
+        self._waiting = {}
+        # Node name -> reason, for names found missing from the pool by a cloud read;
+        # name -> Deferred of that read while it runs.
+        self._absent = {}
+        self._classifying = {}
+        # Node name -> the newest delegated lease refused because its Node was not
+        # in the pool: forwarded if the Node shows up in the pool after all.
+        self._parked = {}
+        # (key, reason) pairs already logged.
+        self._logged = set()
         # Counters for /status and tests; they survive leadership terms.
         self.delegated = 0
         self.created = 0
         self.skipped = 0
         self.failures = 0
+        self.refused = dict.fromkeys(REFUSAL_REASONS, 0)
 
     @classmethod
-    def for_coordinator(cls, reactor, coordinator_client, cloud_health, cloud_client_for,
-                        metrics=None, **options):
-        """The delegation as an agent runs it: an ``Informer`` of ``kube-node-lease``
-        leases on the coordinator apiserver and the cloud health checker's pick."""
+    def for_coordinator(cls, reactor, coordinator_client, cloud_reader, cloud_health,
+                        cloud_client_for: Callable, pool: str,
+                        **options) -> "HeartbeatDelegation":
+        """The delegation as an agent runs it: an ``Informer`` of the leases on the
+        coordinator apiserver, an ``Informer`` of the pool's Nodes read through
+        ``cloud_reader`` (a client of whichever cloud server is healthy), and the
+        cloud health checker's pick."""
         def make_informer():
-            return Informer(reactor, coordinator_client, LEASES, namespace=NODE_LEASE_NAMESPACE)
+            return Informer(reactor, coordinator_client, LEASES)
 
-        return cls(reactor, make_informer, cloud_health.pick_healthy_server, cloud_client_for,
-                   metrics=metrics, **options)
+        def make_node_informer(label_selector):
+            return Informer(reactor, cloud_reader, NODES, label_selector=label_selector)
+
+        return cls(reactor, make_informer, make_node_informer, cloud_reader,
+                   cloud_health.pick_healthy_server, cloud_client_for, pool, **options)
 
     # -- what /status reads ------------------------------------------------------
 
@@ -240,19 +334,31 @@ class HeartbeatDelegation:
         """How many leases wait for a free request slot."""
         return sum(1 for slot in self._slots.values() if slot.queued)
 
+    @property
+    def pool_nodes_listed(self) -> bool:
+        """Whether this term's informer of the pool's Nodes has listed once."""
+        return self._nodes_synced
+
     # -- IRoleComponent ----------------------------------------------------------
 
     def start(self, store=None):
-        """Watch the pool's node leases; the informer's initial list forwards every
-        currently delegated lease at once. The pool store is not used."""
+        """Watch the pool's Nodes in the cloud and the leases on the coordinator; the
+        lease informer's initial list offers every currently delegated lease at once
+        (forwarded once the Nodes are listed). The pool store is not used."""
         if self._running:
             return defer.succeed(None)
+        self._running = True
+        nodes = self._make_node_informer(f"{NODE_POOL_LABEL}={self.pool}")
+        nodes.add_handler(self._on_node, lambda _old, new: self._on_node(new),
+                          self._on_node_gone, filter=self._in_pool)
+        self._node_informer = nodes
+        nodes.wait_for_sync().addCallback(self._nodes_listed, nodes)
         informer = self._make_informer()
         informer.add_handler(self._on_add, self._on_update, self._on_delete)
         self._informer = informer
-        self._running = True
-        self.log.info("heartbeat delegation started")
-        started = defer.maybeDeferred(informer.start)
+        self.log.info("heartbeat delegation started for pool {pool}", pool=self.pool)
+        started = defer.maybeDeferred(nodes.start)
+        started.addCallback(lambda _: informer.start())
         started.addErrback(self._start_failed, informer)
         return started
 
@@ -260,6 +366,9 @@ class HeartbeatDelegation:
         if informer is self._informer:
             self._running = False
             self._informer = None
+            nodes, self._node_informer = self._node_informer, None
+            if nodes is not None:
+                defer.maybeDeferred(nodes.stop).addErrback(lambda _: None)
             self._cancel_all()
         self.log.warn("heartbeat delegation could not start: {error}",
                       error=failure.getErrorMessage())
@@ -268,23 +377,35 @@ class HeartbeatDelegation:
     def stop(self):
         """Stop watching and cancel every request and timer, in this reactor turn."""
         self._running = False
-        informer, self._informer = self._informer, None
+        informers = [self._informer, self._node_informer]
+        self._informer = self._node_informer = None
         chains = self._cancel_all()
-        stopped = defer.succeed(None)
-        if informer is not None:
-            stopped = defer.maybeDeferred(informer.stop)
-            stopped.addErrback(lambda f: self.log.warn(
-                "stopping the node lease informer failed: {error}", error=f.getErrorMessage()))
+        waits = []
+        for informer in informers:
+            if informer is not None:
+                stopped = defer.maybeDeferred(informer.stop)
+                stopped.addErrback(lambda f: self.log.warn(
+                    "stopping an informer of the heartbeat delegation failed: {error}",
+                    error=f.getErrorMessage()))
+                waits.append(stopped)
         self.log.info("heartbeat delegation stopped, cancelled={cancelled}", cancelled=len(chains))
-        waits = [stopped] + chains
-        return defer.DeferredList(waits, consumeErrors=True).addCallback(lambda _: None)
+        return defer.DeferredList(waits + chains, consumeErrors=True).addCallback(lambda _: None)
 
     def _cancel_all(self):
         slots, self._slots = self._slots, {}
         self._ready.clear()
         self._active = 0
         # A new term starts from what the cloud says, not from what we wrote before.
-        self._cloud_leases.clear()
+        self._writers.clear()
+        self._nodes.clear()
+        self._nodes_synced = False
+        self._waiting.clear()
+        self._absent.clear()
+        self._parked.clear()
+        self._logged.clear()
+        classifying, self._classifying = self._classifying, {}
+        for lookup in classifying.values():
+            lookup.cancel()
         chains = []
         for slot in slots.values():
             if slot.retry_call is not None and slot.retry_call.active():
@@ -298,6 +419,44 @@ class HeartbeatDelegation:
                 chains.append(chain)
         return chains
 
+    # -- the pool's Nodes ----------------------------------------------------------
+
+    def _in_pool(self, node):
+        return node_pool(node) == self.pool
+
+    def _nodes_listed(self, synced, informer):
+        if not synced or informer is not self._node_informer or not self._running:
+            return
+        self._nodes_synced = True
+        waiting, self._waiting = self._waiting, {}
+        self.log.info("heartbeat delegation: {count} nodes in pool {pool}, "
+                      "{waiting} delegated leases waited for the list",
+                      count=len(self._nodes), pool=self.pool, waiting=len(waiting))
+        for lease in waiting.values():
+            self._offer(lease)
+
+    def _on_node(self, node):
+        if not self._running:
+            return
+        name = (node.get("metadata") or {}).get("name")
+        self._nodes[name] = node
+        self._absent.pop(name, None)
+        parked = self._parked.pop(name, None)
+        if parked is not None and self._nodes_synced:
+            self._offer(parked)
+
+    def _on_node_gone(self, node):
+        """A pool Node deleted or moved out of the pool: its heartbeats stop here."""
+        if not self._running:
+            return
+        name = (node.get("metadata") or {}).get("name")
+        self._nodes.pop(name, None)
+        self._absent.pop(name, None)
+        key = f"{NODE_LEASE_NAMESPACE}/{name}"
+        self._writers.pop(key, None)
+        self._forget_pending(key)
+        self._waiting.pop(key, None)
+
     # -- informer events ---------------------------------------------------------
 
     def _on_add(self, lease):
@@ -310,7 +469,10 @@ class HeartbeatDelegation:
         if not self._running:
             return
         key = lease_key(lease)
-        self._cloud_leases.pop(key, None)
+        self._writers.pop(key, None)
+        self._waiting.pop(key, None)
+        self._unpark(lease)
+        self._logged = {logged for logged in self._logged if logged[0] != key}
         self._forget_pending(key)
 
     def _offer(self, lease):
@@ -320,9 +482,101 @@ class HeartbeatDelegation:
         if not is_delegated(lease):
             # The node writes to the cloud itself again: an older delegated state
             # must not be forwarded any more.
-            self._cloud_leases.pop(key, None)
+            self._writers.pop(key, None)
+            self._waiting.pop(key, None)
+            self._unpark(lease)
             self._forget_pending(key)
             return
+        refusal = self._refusal(lease)
+        if refusal is not None:
+            self._refuse(key, *refusal)
+            return
+        if not self._nodes_synced:
+            waiting = self._waiting.get(key)
+            if waiting is None or _newer_or_equal(lease, waiting):
+                self._waiting[key] = lease
+            return
+        name = lease["metadata"]["name"]
+        if name not in self._nodes:
+            parked = self._parked.get(name)
+            if parked is None or _newer_or_equal(lease, parked):
+                self._parked[name] = lease
+            self._not_in_pool(key, name)
+            return
+        self._parked.pop(name, None)
+        self._accept(key, lease)
+
+    def _unpark(self, lease):
+        """Forget the parked state of ``lease``'s name if it is this lease's."""
+        name = (lease.get("metadata") or {}).get("name")
+        parked = self._parked.get(name)
+        if parked is not None and lease_key(parked) == lease_key(lease):
+            del self._parked[name]
+
+    def _refusal(self, lease):
+        """(reason, detail) when the lease itself says it must not be forwarded."""
+        metadata = lease.get("metadata") or {}
+        spec = lease.get("spec") or {}
+        namespace = metadata.get("namespace")
+        if namespace != NODE_LEASE_NAMESPACE:
+            return REFUSED_NAMESPACE, f"namespace {namespace!r} is not {NODE_LEASE_NAMESPACE}"
+        holder = spec.get("holderIdentity")
+        if holder != metadata.get("name"):
+            return REFUSED_HOLDER_MISMATCH, f"holderIdentity {holder!r} is not the lease's name"
+        renewed = renew_time_of(lease)
+        ahead = None if renewed is None else renewed - self._reactor.seconds()
+        if ahead is not None and ahead > self.max_clock_skew:
+            return REFUSED_RENEW_TIME_IN_FUTURE, (
+                f"renewTime {spec.get('renewTime')} is {ahead:.1f}s ahead of this leader's "
+                f"clock (max_clock_skew {format_duration(self.max_clock_skew)})")
+        return None
+
+    def _not_in_pool(self, key, name):
+        """A delegated lease whose name is not a Node of the pool: refused; a cloud
+        read of the Node, once per name, says why."""
+        self._forget_pending(key)
+        reason = self._absent.get(name)
+        if reason is not None:
+            self._refuse(key, reason, _absent_detail(reason, name, self.pool))
+            return
+        if name in self._classifying:
+            return
+        lookup = defer.maybeDeferred(self._node_client.get, NODES, name)
+        self._classifying[name] = lookup
+        lookup.addBoth(self._classified, key, name, lookup)
+
+    def _classified(self, result, key, name, lookup):
+        if self._classifying.get(name) is not lookup:
+            return None  # stopped meanwhile
+        del self._classifying[name]
+        if name in self._nodes:
+            return None  # listed meanwhile (the parked lease was offered again)
+        if isinstance(result, Failure):
+            if not result.check(NotFound):
+                self.log.debug("reading node {node} failed: {error}", node=name,
+                               error=_describe(result))
+                return None  # not known why: the next renewal asks again
+            reason = REFUSED_NO_SUCH_NODE
+        elif self._in_pool(result):
+            return None  # in the pool, not yet seen by the informer: parked till then
+        else:
+            reason = REFUSED_NOT_POOL_MEMBER
+        self._absent[name] = reason
+        self._refuse(key, reason, _absent_detail(reason, name, self.pool))
+        return None
+
+    def _refuse(self, key, reason, detail):
+        self._forget_pending(key)
+        self.refused[reason] += 1
+        if self._metrics is not None:
+            self._metrics.count_delegation_refused(reason)
+        if (key, reason) not in self._logged:
+            self._logged.add((key, reason))
+            self.log.warn("heartbeat lease {lease} not forwarded to the cloud "
+                          "(reason={reason}): {detail}", lease=key, reason=reason,
+                          detail=detail)
+
+    def _accept(self, key, lease):
         slot = self._slots.get(key)
         if slot is None:
             slot = self._slots[key] = _LeaseSlot(self._make_backoff())
@@ -392,9 +646,7 @@ class HeartbeatDelegation:
         if self._metrics is not None:
             self._metrics.observe_delegation(seconds, ok)
         if ok:
-            outcome, server, written = result
-            if written is not None:
-                self._cloud_leases[key] = (server, written)
+            outcome, server = result
             if self._cloud_unavailable:
                 self._cloud_unavailable = False
                 self.log.info("heartbeat delegations reach the cloud again via {server}",
@@ -403,11 +655,11 @@ class HeartbeatDelegation:
                 self.log.info("heartbeat delegation of {lease} recovered after {failures} failures",
                               lease=key, failures=slot.backoff.failures)
             slot.backoff.reset()
-            if outcome == "skipped":
+            if outcome == UNCHANGED:
                 self.skipped += 1
             else:
                 self.delegated += 1
-                if outcome == "created":
+                if outcome == CREATED:
                     self.created += 1
             self.log.debug("delegated heartbeat {lease} outcome={outcome} seconds={seconds:.3f}",
                            lease=key, outcome=outcome, seconds=seconds)
@@ -416,7 +668,6 @@ class HeartbeatDelegation:
             self._enqueue(key, slot)
             return None
         self.failures += 1
-        self._cloud_leases.pop(key, None)
         if slot.pending is None:
             # Retry this state unless a newer one arrived meanwhile.
             slot.pending = pending
@@ -442,51 +693,56 @@ class HeartbeatDelegation:
             self._enqueue(key, slot)
 
     def _delegate(self, key, pool_lease):
-        """One delegation of ``pool_lease``; fires with (outcome, server, cloud
-        lease written or None), outcome being created, updated or skipped."""
-        if renew_time_of(pool_lease) is None:
-            return defer.succeed(("skipped", None, None))
+        """One delegation of ``pool_lease``; fires with (outcome, server), outcome
+        being ``LeaseWriter``'s created, updated or unchanged."""
+        pool_renewed = renew_time_of(pool_lease)
+        node = self._nodes.get(pool_lease["metadata"]["name"])
+        if pool_renewed is None or node is None:
+            return defer.succeed((UNCHANGED, None))
         server = self._pick_healthy_server()
         if server is None:
             return defer.fail(NoHealthyCloudServer("no healthy cloud server"))
         try:
-            client = self._cloud_client_for(server)
+            writer = self._writer(key, server)
         except Exception as error:
             return defer.fail(error)
-        known_server, known = self._cloud_leases.get(key, (None, None))
-        return self._write(client, server, pool_lease, known if known_server == server else None)
 
-    @defer.inlineCallbacks
-    def _write(self, client, server, pool_lease, cloud_lease):
-        """get (unless ``cloud_lease`` is what this server held last), then create or
-        update; a conflict re-reads. At most ``max_attempts`` writes."""
-        metadata = pool_lease["metadata"]
-        name = metadata["name"]
-        namespace = metadata.get("namespace") or NODE_LEASE_NAMESPACE
-        pool_renewed = renew_time_of(pool_lease)
-        for _attempt in range(self._max_attempts):
-            if cloud_lease is None:
-                try:
-                    cloud_lease = yield client.get(LEASES, name, namespace=namespace)
-                except NotFound:
-                    try:
-                        created = yield client.create(
-                            LEASES, lease_for_create(pool_lease), namespace=namespace)
-                    except AlreadyExists:
-                        continue  # created meanwhile (the node itself): read it next attempt
-                    return ("created", server, created)
-            cloud_renewed = renew_time_of(cloud_lease)
+        def change(current):
+            if current is None:
+                return lease_for_create(pool_lease, node)
+            cloud_renewed = renew_time_of(current)
             if cloud_renewed is not None and cloud_renewed >= pool_renewed:
-                return ("skipped", server, cloud_lease)
-            try:
-                updated = yield client.update(
-                    LEASES, merged_cloud_lease(cloud_lease, pool_lease), namespace=namespace)
-            except (Conflict, NotFound):
-                cloud_lease = None  # changed or deleted since read: read again
-                continue
-            return ("updated", server, updated)
-        raise DelegationConflicted(
-            f"lease {namespace}/{name} still conflicted after {self._max_attempts} attempts")
+                if cloud_renewed <= self._reactor.seconds() + self.max_clock_skew:
+                    return None  # never backwards
+                self.log.info("cloud lease {lease} had renewTime {renew_time}, beyond this "
+                              "leader's clock; replaced by {pool_renew_time}", lease=key,
+                              renew_time=format_micro_time(cloud_renewed),
+                              pool_renew_time=format_micro_time(pool_renewed))
+            return merged_cloud_lease(current, pool_lease)
+
+        return writer.write(change).addCallback(lambda written: (written.outcome, server))
+
+    def _writer(self, key, server):
+        """The lease writer of ``key`` on ``server``; a new one when the server changed."""
+        known = self._writers.get(key)
+        if known is not None and known[0] == server:
+            return known[1]
+        namespace, name = key.split("/", 1)
+        writer = LeaseWriter(self._reactor, self._cloud_client_for(server), namespace, name,
+                             attempts=self._max_attempts)
+        self._writers[key] = (server, writer)
+        return writer
+
+
+def _newer_or_equal(lease, than):
+    renewed, other = renew_time_of(lease), renew_time_of(than)
+    return other is None or (renewed is not None and renewed >= other)
+
+
+def _absent_detail(reason, name, pool):
+    if reason == REFUSED_NOT_POOL_MEMBER:
+        return f"node {name} is not labelled {NODE_POOL_LABEL}={pool}"
+    return f"the cloud has no node {name}"
 
 
 def _describe(failure):

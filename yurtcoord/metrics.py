@@ -11,6 +11,9 @@ keep working. yurthub has no value for role ``init``; yurtcoord exports it as 0.
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 from prometheus_client import exposition
 from prometheus_client.exposition import generate_latest
+from zope.interface import implementer
+
+from yurtcoord.delegation import REFUSAL_REASONS, IDelegationMetrics
 
 ROLE_VALUES = {"init": 0, "leader": 1, "follower": 2, "pending": 3}
 
@@ -23,6 +26,7 @@ METRICS_CONTENT_TYPE = getattr(exposition, "CONTENT_TYPE_PLAIN_0_0_4",
                                "text/plain; version=0.0.4; charset=utf-8")
 
 
+@implementer(IDelegationMetrics)
 class Metrics:
     """Every metric of one agent (SPEC §6.9); components get this object passed in."""
 
@@ -60,6 +64,12 @@ class Metrics:
             "yurtcoord_heartbeat_delegation_failures",
             "Heartbeat delegations that could not be written to the cloud.",
             registry=registry)
+        self.delegation_refused = Counter(
+            "yurtcoord_heartbeat_delegation_refused",
+            "Delegated pool lease states this leader did not forward to the cloud, by reason.",
+            ["reason"], registry=registry)
+        for reason in REFUSAL_REASONS:
+            self.delegation_refused.labels(reason=reason)
         self.delegation_latency = Histogram(
             "yurtcoord_heartbeat_delegation_latency_seconds",
             "Time from picking up a pool lease to finishing its cloud write.",
@@ -104,6 +114,12 @@ class Metrics:
         if not succeeded:
             self.delegation_failures.inc()
         self.delegation_latency.observe(seconds)
+
+    def count_delegation_refused(self, reason):
+        """One delegated pool lease state not forwarded: ``namespace``,
+        ``not_pool_member``, ``no_such_node``, ``holder_mismatch`` or
+        ``renew_time_in_future``."""
+        self.delegation_refused.labels(reason=reason).inc()
 
     def count_uploaded(self, count=1):
         self.uploaded_objects.inc(count)

@@ -50,15 +50,11 @@ from yurtcoord.config import ConfigError
 from yurtcoord.coordinator import Coordinator, backoff_policy
 from yurtcoord.delegation import HeartbeatDelegation
 from yurtcoord.etcd.client import EtcdClient, EtcdConfig
-from yurtcoord.health import (
-    NODE_LEASE_NAMESPACE, CloudHealthChecker, CoordinatorHealthChecker, KubeletHealthChecker,
-)
+from yurtcoord.health import CloudHealthChecker, CoordinatorHealthChecker, KubeletHealthChecker
 from yurtcoord.hubelector import HubElector
 from yurtcoord.kube.backoff import Backoff
 from yurtcoord.kube.client import ClientConfig, KubeClient
 from yurtcoord.kube.errors import ConnectionFailed
-from yurtcoord.kube.gvr import LEASES
-from yurtcoord.kube.informer import Informer
 from yurtcoord.kube.leaderelection import LeaderElectionConfig, LeaderElector
 from yurtcoord.kube.resolving import ResolvingClient
 from yurtcoord.localcache import LocalCacheReader
@@ -380,13 +376,10 @@ class Agent(service.MultiService):
         self.pool_sync = PoolSyncManager(
             reactor, node, self.coordinator_client, healthy_cloud, self.pool_scope,
             informer_lease_renew=pool_cache.informer_lease_renew, metrics=self.metrics)
-        self.delegation = HeartbeatDelegation(
-            reactor,
-            make_informer=lambda: Informer(reactor, self.coordinator_client, LEASES,
-                                           namespace=NODE_LEASE_NAMESPACE),
-            pick_healthy_server=self.cloud_checker.pick_healthy_server,
-            cloud_client_for=self.lease_proxy_clients.__getitem__,
-            metrics=self.metrics)
+        self.delegation = HeartbeatDelegation.for_coordinator(
+            reactor, self.coordinator_client, healthy_cloud, self.cloud_checker,
+            self.lease_proxy_clients.__getitem__, config.node.pool,
+            max_clock_skew=config.heartbeat.max_clock_skew, metrics=self.metrics)
         self.synced_detector = PoolCacheSyncedDetector(
             reactor, self.coordinator_client, pool_cache.stale_timeout,
             on_synced_change=self._pool_cache_synced_changed)

@@ -26,6 +26,7 @@ SOURCE = "/etc/yurtcoord/yurtcoord.ini"
 MINIMAL = """\
 [node]
 name = edge-1
+pool = pool-a
 
 [cloud]
 servers = https://10.0.0.1:6443
@@ -82,7 +83,7 @@ class ParseValuesTests(unittest.TestCase):
     def test_defaults_match_the_spec(self):
         config = parse_config(MINIMAL, SOURCE)
         self.assertEqual(config.node.name, "edge-1")
-        self.assertEqual(config.node.pool, "")
+        self.assertEqual(config.node.pool, "pool-a")
         self.assertEqual(config.cloud.servers, ("https://10.0.0.1:6443",))
         self.assertEqual(
             (config.cloud.ca_file, config.cloud.cert_file, config.cloud.key_file,
@@ -104,8 +105,9 @@ class ParseValuesTests(unittest.TestCase):
         heartbeat = config.heartbeat
         self.assertEqual(
             (heartbeat.interval, heartbeat.failed_retry, heartbeat.healthy_threshold,
-             heartbeat.timeout, heartbeat.kubelet_healthz_url, heartbeat.kubelet_grace_period),
-            (10.0, 3, 2, 2.0, "http://127.0.0.1:10248/healthz", 40.0))
+             heartbeat.timeout, heartbeat.kubelet_healthz_url, heartbeat.kubelet_grace_period,
+             heartbeat.max_clock_skew),
+            (10.0, 3, 2, 2.0, "http://127.0.0.1:10248/healthz", 40.0, 5.0))
         pool_cache = config.pool_cache
         self.assertEqual(pool_cache.informer_lease_renew, 10.0)
         self.assertEqual(pool_cache.stale_timeout, 30.0)
@@ -304,6 +306,25 @@ class ErrorTests(ConfigErrorAssertions, unittest.TestCase):
         self.assertConfigError("[node]\nname =\n[cloud]\nservers = https://a\n",
                                "node", "name", None, "required key is missing")
 
+    def test_pool_is_required_with_the_coordinator_enabled(self):
+        no_pool = MINIMAL.replace("pool = pool-a\n", "")
+        for text in (no_pool, MINIMAL.replace("pool = pool-a", "pool ="),
+                     with_section("coordinator", "enabled = true", no_pool)):
+            message = self.assertConfigError(text, "node", "pool", None,
+                                             "required when [coordinator] enabled = true")
+            self.assertEqual(message, (
+                f"{SOURCE}: [node] pool: required when [coordinator] enabled = true: the "
+                "leader forwards heartbeats only of Nodes labelled "
+                "apps.openyurt.io/nodepool=<pool>"))
+        config = parse_config(with_section("coordinator", "enabled = false", no_pool), SOURCE)
+        self.assertEqual(config.node.pool, "")
+
+    def test_max_clock_skew(self):
+        config = parse_config(with_section("heartbeat", "max_clock_skew = 1500ms"), SOURCE)
+        self.assertEqual(config.heartbeat.max_clock_skew, 1.5)
+        self.assertConfigError(with_section("heartbeat", "max_clock_skew = soon"),
+                               "heartbeat", "max_clock_skew", "soon", "not a duration")
+
     def test_missing_file(self):
         path = os.path.join(self.mktemp(), "absent.ini")
         error = self.assertRaises(ConfigError, load_config, path)
@@ -318,8 +339,8 @@ class ErrorTests(ConfigErrorAssertions, unittest.TestCase):
             self.assertIn("line ", str(error))
 
     def test_bad_names(self):
-        self.assertConfigError(with_section("node", "pool = Pool_A"), "node", "pool", "Pool_A",
-                               "not a valid Kubernetes name")
+        self.assertConfigError(MINIMAL.replace("pool = pool-a", "pool = Pool_A"),
+                               "node", "pool", "Pool_A", "not a valid Kubernetes name")
         self.assertConfigError("[node]\nname = -edge\n[cloud]\nservers = https://a\n",
                                "node", "name", "-edge", "not a valid Kubernetes name")
         self.assertConfigError(with_section("coordinator", "secret_namespace = kube.system"),

@@ -10,14 +10,17 @@ from twisted.internet.task import Clock
 from twisted.logger import Logger, LogLevel, formatEvent
 from twisted.trial import unittest
 
+from zope.interface import implementer
+from zope.interface.verify import verifyObject
+
 from yurtcoord.delegation import (
-    DELEGATE_HEARTBEAT_ANNOTATION, MAX_ATTEMPTS, NODE_LEASE_NAMESPACE, HeartbeatDelegation,
-    lease_for_create, merged_cloud_lease,
+    DELEGATE_HEARTBEAT_ANNOTATION, MAX_ATTEMPTS, NODE_LEASE_NAMESPACE, NODE_POOL_LABEL,
+    HeartbeatDelegation, IDelegationMetrics, lease_for_create, merged_cloud_lease,
 )
 from yurtcoord.kube.backoff import Backoff
 from yurtcoord.kube.client import ClientConfig, KubeClient
 from yurtcoord.kube.errors import Conflict, ServerError
-from yurtcoord.kube.gvr import LEASES
+from yurtcoord.kube.gvr import LEASES, NODES
 from yurtcoord.kube.lease import format_micro_time, parse_micro_time
 from yurtcoord.testing.apiserver import KubeAPIServer
 from yurtcoord.testing.fakeinformer import FakeInformer
@@ -26,6 +29,10 @@ from yurtcoord.testing.pki import TestCA
 from yurtcoord.testing.poll import poll_until
 
 T0 = 1_800_000_000.0
+# The leader's clock in the logic tests: the pool leases renewed at T0 + a few
+# seconds lie in its past.
+NOW = T0 + 1000.0
+POOL = "pool-a"
 CLOUD_A = "https://cloud-a:6443"
 CLOUD_B = "https://cloud-b:6443"
 
@@ -58,6 +65,13 @@ def pool_lease(name, renewed, delegated=True, annotations=None, labels=None):
             "renewTime": format_micro_time(renewed),
         },
     }
+
+
+def pool_node(name, pool=POOL):
+    """A cloud Node as the pool's Node informer delivers it."""
+    return {"apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": name, "uid": "node-uid-" + name, "resourceVersion": "7",
+                         "labels": {NODE_POOL_LABEL: pool}}}
 
 
 def cloud_lease(name, renewed, annotations=None, holder=None):
@@ -101,21 +115,34 @@ class FakeHealth:
         return server
 
 
+@implementer(IDelegationMetrics)
 class FakeMetrics:
     def __init__(self):
         self.observed = []
+        self.refused = []
 
     def observe_delegation(self, seconds, succeeded):
         self.observed.append((seconds, succeeded))
 
+    def count_delegation_refused(self, reason):
+        self.refused.append(reason)
 
-class DelegationLogicTests(unittest.TestCase):
+
+class DelegationFixture:
     """One delegation component over fakes; the clock is a ``Clock``."""
+
+    # Nodes of the pool the node informer lists at start.
+    pool_nodes = ("node-a", "node-b", "node-c", "node-d", "node-ghost",
+                  *(f"node-{i}" for i in range(3000)))
 
     def setUp(self):
         self.clock = Clock()
-        self.clock.advance(T0)
+        self.clock.advance(NOW)
         self.informer = FakeInformer()
+        self.nodes = FakeInformer()
+        self.node_selectors = []
+        # The cloud's Nodes as a read of one Node sees them (other pools included).
+        self.node_reader = FakeKube()
         self.clouds = {CLOUD_A: RecordingKube(), CLOUD_B: RecordingKube()}
         self.cloud = self.clouds[CLOUD_A]
         self.health = FakeHealth([CLOUD_A])
@@ -131,57 +158,91 @@ class DelegationLogicTests(unittest.TestCase):
         def make_backoff():
             return Backoff(initial=1.0, maximum=4.0, jitter=0.0)
 
-        return HeartbeatDelegation(
-            self.clock, lambda: self.informer, self.health.pick_healthy_server, client_for,
-            metrics=self.metrics, make_backoff=make_backoff, **kwargs)
+        def make_node_informer(label_selector):
+            self.node_selectors.append(label_selector)
+            return self.nodes
 
-    def start(self):
+        verifyObject(IDelegationMetrics, self.metrics)
+        return HeartbeatDelegation(
+            self.clock, lambda: self.informer, make_node_informer, self.node_reader,
+            self.health.pick_healthy_server, client_for, POOL, metrics=self.metrics,
+            make_backoff=make_backoff, **kwargs)
+
+    def start(self, listed=True):
+        """Start; with ``listed``, the node informer lists ``pool_nodes`` at once."""
         d = self.delegation.start(None)
         self.assertIsNone(self.successResultOf(d))
+        if listed:
+            self.list_nodes()
+
+    def list_nodes(self, names=None):
+        for name in self.pool_nodes if names is None else names:
+            self.nodes.add(pool_node(name))
+        self.nodes.sync.callback(True)
 
     def stored(self, name, cloud=None):
         return (cloud or self.cloud).peek(LEASES, name, NODE_LEASE_NAMESPACE)
 
+
+class DelegationLogicTests(DelegationFixture, unittest.TestCase):
+    """Forwarding: what is written, concurrency, conflicts, retries, stop."""
+
     def test_absent_cloud_lease_is_created_from_the_pool_lease(self):
         # The seed created its empty get result instead (fix 1).
         self.start()
-        lease = pool_lease("node-b", T0 + 1)
+        lease = pool_lease("node-b", T0 + 1, annotations={"example.com/other": "x"})
+        lease["spec"]["acquireTime"] = format_micro_time(T0)
+        lease["spec"]["leaseTransitions"] = 4
         self.informer.add(lease)
         created = self.stored("node-b")
         self.assertIsNotNone(created)
-        self.assertEqual(created["spec"], lease["spec"])
-        self.assertEqual(created["spec"]["holderIdentity"], "node-b")
-        self.assertEqual(created["metadata"]["labels"], {"node.openyurt.io/pool": "pool-a"})
-        self.assertEqual(created["metadata"]["annotations"],
-                         {DELEGATE_HEARTBEAT_ANNOTATION: "true"})
-        self.assertEqual(created["metadata"]["ownerReferences"],
-                         lease["metadata"]["ownerReferences"])
+        # Only the forwarded fields: renewTime, holderIdentity, leaseDurationSeconds
+        # and the delegate annotation; no labels, no other annotation or spec field.
+        self.assertEqual(created["spec"], {"holderIdentity": "node-b",
+                                           "leaseDurationSeconds": 40,
+                                           "renewTime": lease["spec"]["renewTime"]})
         [body] = self.cloud.created_bodies
-        for server_set in ("resourceVersion", "uid", "creationTimestamp", "managedFields",
-                           "selfLink", "generation"):
-            self.assertNotIn(server_set, body["metadata"])
+        self.assertEqual(body["metadata"], {
+            "name": "node-b", "namespace": NODE_LEASE_NAMESPACE,
+            "annotations": {DELEGATE_HEARTBEAT_ANNOTATION: "true"},
+            # To the Node as the informer listed it, as the kubelet's own lease has.
+            "ownerReferences": [{"apiVersion": "v1", "kind": "Node", "name": "node-b",
+                                 "uid": "node-uid-node-b"}],
+        })
+        self.assertEqual(body["kind"], "Lease")
+        self.assertEqual(body["apiVersion"], "coordination.k8s.io/v1")
         self.assertEqual(self.delegation.delegated_heartbeats, 1)
         self.assertEqual(self.delegation.created, 1)
         self.assertEqual(self.metrics.observed, [(0.0, True)])
         # The pool lease object the informer holds is not modified.
         self.assertEqual(lease["metadata"]["uid"], "pool-uid-node-b")
 
-    def test_present_cloud_lease_gets_renew_time_and_merged_annotations(self):
-        self.cloud.put(LEASES, cloud_lease(
+    def test_present_cloud_lease_gets_only_the_forwarded_fields(self):
+        present = cloud_lease(
             "node-b", T0, holder="node-b-cloud",
-            annotations={"cloud.example/keep": "yes", "shared.example/x": "cloud"}))
+            annotations={"cloud.example/keep": "yes", "shared.example/x": "cloud"})
+        present["metadata"]["labels"] = {"cloud.example/label": "kept"}
+        present["spec"]["leaseDurationSeconds"] = 10
+        present["spec"]["leaseTransitions"] = 2
+        self.cloud.put(LEASES, present)
         self.start()
-        self.informer.add(pool_lease("node-b", T0 + 10,
-                                     annotations={"shared.example/x": "pool"}))
+        forwarded = pool_lease("node-b", T0 + 10, annotations={"shared.example/x": "pool"})
+        forwarded["spec"]["leaseTransitions"] = 9
+        self.informer.add(forwarded)
         lease = self.stored("node-b")
-        self.assertEqual(parse_micro_time(lease["spec"]["renewTime"]), T0 + 10)
+        self.assertEqual(lease["spec"], {"holderIdentity": "node-b",
+                                         "leaseDurationSeconds": 40,
+                                         "renewTime": forwarded["spec"]["renewTime"],
+                                         "leaseTransitions": 2})
+        # The delegate annotation is set; the pool's other annotations stay out, the
+        # cloud's stay in, and so do its labels.
         self.assertEqual(lease["metadata"]["annotations"], {
             "cloud.example/keep": "yes",
-            "shared.example/x": "pool",
+            "shared.example/x": "cloud",
             DELEGATE_HEARTBEAT_ANNOTATION: "true",
         })
-        # Only annotations and renewTime come from the pool.
-        self.assertEqual(lease["spec"]["holderIdentity"], "node-b-cloud")
+        self.assertEqual(lease["metadata"]["labels"], {"cloud.example/label": "kept"})
+        self.assertNotIn("ownerReferences", lease["metadata"])
         [body] = self.cloud.updated_bodies
         self.assertEqual(body["metadata"]["resourceVersion"], "1")
         self.assertEqual(self.cloud.created_bodies, [])
@@ -433,9 +494,10 @@ class DelegationLogicTests(unittest.TestCase):
         self.start()
         self.informer.add(pool_lease("node-b", T0 + 1))
         self.successResultOf(self.delegation.stop())
-        self.informer = FakeInformer()
+        self.assertEqual(self.nodes.stopped, 1)
+        self.informer, self.nodes = FakeInformer(), FakeInformer()
         self.start()
-        self.assertEqual(self.informer.started, 1)
+        self.assertEqual((self.informer.started, self.nodes.started), (1, 1))
         self.informer.add(pool_lease("node-b", T0 + 2))
         self.assertEqual(parse_micro_time(self.stored("node-b")["spec"]["renewTime"]), T0 + 2)
         self.assertEqual(self.delegation.delegated_heartbeats, 2)
@@ -450,14 +512,212 @@ class DelegationLogicTests(unittest.TestCase):
         self.assertEqual(self.metrics.observed, [(0.25, True)])
 
 
+class DelegationRuleTests(DelegationFixture, unittest.TestCase):
+    """The rules deciding which delegated leases are forwarded, each reason counted."""
+
+    pool_nodes = ("node-a", "node-b", "node-c")
+
+    def forged(self):
+        """One delegated lease per reason, keyed by the reason."""
+        elsewhere = pool_lease("node-a", T0 + 1)
+        elsewhere["metadata"]["namespace"] = "default"
+        impostor = pool_lease("node-b", T0 + 1)
+        impostor["spec"]["holderIdentity"] = "node-a"
+        return {
+            "namespace": elsewhere,
+            "not_pool_member": pool_lease("node-other", T0 + 1),
+            "no_such_node": pool_lease("node-missing", T0 + 1),
+            "holder_mismatch": impostor,
+            "renew_time_in_future": pool_lease("node-c", NOW + 3600),
+        }
+
+    def refused_warnings(self, events):
+        return [formatEvent(e) for e in events
+                if e["log_level"] >= LogLevel.warn and "not forwarded" in formatEvent(e)]
+
+    def test_forged_leases_are_refused_and_counted_by_reason(self):
+        self.node_reader.put(NODES, pool_node("node-other", pool="pool-b"))
+        self.start()
+        self.assertEqual(self.node_selectors, ["apps.openyurt.io/nodepool=pool-a"])
+        for lease in self.forged().values():
+            self.informer.add(lease)
+        # Nothing reached the cloud, not even a read.
+        self.assertEqual(self.cloud.calls, [])
+        self.assertEqual(self.health.picks, 0)
+        self.assertEqual(sorted(self.metrics.refused), sorted(self.forged()))
+        self.assertEqual(self.delegation.refused, dict.fromkeys(self.forged(), 1))
+        # Only the two names missing from the pool were read, to tell why.
+        self.assertEqual(self.node_reader.calls, [("get", "node-other"), ("get", "node-missing")])
+        self.assertEqual(self.metrics.observed, [])
+        self.assertEqual(self.clock.getDelayedCalls(), [])
+        # The genuine leases of the same names are forwarded.
+        self.informer.add(pool_lease("node-a", T0 + 2))
+        self.informer.add(pool_lease("node-c", T0 + 2))
+        self.assertEqual(parse_micro_time(self.stored("node-a")["spec"]["renewTime"]), T0 + 2)
+        self.assertEqual(parse_micro_time(self.stored("node-c")["spec"]["renewTime"]), T0 + 2)
+
+    def test_a_refused_lease_is_logged_once_per_lease_and_reason(self):
+        events = []
+        self.delegation.log = Logger(observer=events.append)
+        self.start()
+        for step in range(5):
+            self.informer.add(pool_lease("node-missing", T0 + step))
+            self.informer.add(pool_lease("node-b", NOW + 60 + step))
+        self.assertEqual(self.delegation.refused["no_such_node"], 5)
+        self.assertEqual(self.delegation.refused["renew_time_in_future"], 5)
+        self.assertEqual(self.node_reader.calls, [("get", "node-missing")])
+        warnings = self.refused_warnings(events)
+        self.assertEqual(len(warnings), 2, warnings)
+        self.assertIn("heartbeat lease kube-node-lease/node-missing not forwarded to the cloud "
+                      "(reason=no_such_node): the cloud has no node node-missing", warnings)
+        self.assertTrue(any(w.startswith(
+            "heartbeat lease kube-node-lease/node-b not forwarded to the cloud "
+            "(reason=renew_time_in_future): renewTime") and "60.0s ahead" in w
+            and "max_clock_skew 5s" in w for w in warnings), warnings)
+        # Another reason for the same lease is logged once more.
+        impostor = pool_lease("node-b", T0 + 9)
+        impostor["spec"]["holderIdentity"] = "node-c"
+        self.informer.add(impostor)
+        self.informer.add(impostor)
+        self.assertEqual(len(self.refused_warnings(events)), 3)
+        # A deleted lease starts afresh.
+        self.informer.delete(impostor)
+        self.informer.add(impostor)
+        self.assertEqual(len(self.refused_warnings(events)), 4)
+
+    def test_renew_time_up_to_the_clock_skew_ahead_is_forwarded(self):
+        self.start()
+        self.informer.add(pool_lease("node-a", NOW + 5.0))
+        self.informer.add(pool_lease("node-b", NOW + 5.001))
+        self.assertEqual(parse_micro_time(self.stored("node-a")["spec"]["renewTime"]), NOW + 5)
+        self.assertIsNone(self.stored("node-b"))
+        self.assertEqual(self.metrics.refused, ["renew_time_in_future"])
+
+    def test_max_clock_skew_is_configurable(self):
+        self.delegation = self.build(max_clock_skew=0.5)
+        self.start()
+        self.informer.add(pool_lease("node-a", NOW + 0.5))
+        self.informer.add(pool_lease("node-b", NOW + 1))
+        self.assertIsNotNone(self.stored("node-a"))
+        self.assertIsNone(self.stored("node-b"))
+        self.assertEqual(self.metrics.refused, ["renew_time_in_future"])
+
+    def test_leases_wait_until_the_pool_nodes_are_listed(self):
+        self.start(listed=False)
+        self.informer.add(pool_lease("node-a", T0 + 1))
+        self.informer.update(pool_lease("node-a", T0 + 1), pool_lease("node-a", T0 + 3))
+        self.informer.update(pool_lease("node-a", T0 + 3), pool_lease("node-a", T0 + 2))
+        self.informer.add(pool_lease("node-missing", T0 + 1))
+        # Waiting is not refusing, and nothing goes to the cloud.
+        self.assertEqual(self.cloud.calls, [])
+        self.assertEqual(self.metrics.refused, [])
+        self.assertFalse(self.delegation.pool_nodes_listed)
+        self.list_nodes()
+        self.assertTrue(self.delegation.pool_nodes_listed)
+        # The newest state of each waiting lease is judged once the list is in.
+        self.assertEqual([verb for verb, _ in self.cloud.calls], ["get", "create"])
+        self.assertEqual(parse_micro_time(self.stored("node-a")["spec"]["renewTime"]), T0 + 3)
+        self.assertEqual(self.metrics.refused, ["no_such_node"])
+
+    def test_rules_that_need_no_node_list_refuse_at_once(self):
+        self.start(listed=False)
+        self.informer.add(pool_lease("node-a", NOW + 3600))
+        self.assertEqual(self.metrics.refused, ["renew_time_in_future"])
+        self.list_nodes()
+        self.assertEqual(self.cloud.calls, [])
+
+    def test_a_node_deleted_or_moved_out_of_the_pool_stops_the_forwarding(self):
+        self.node_reader.put(NODES, pool_node("node-b", pool="pool-b"))
+        self.start()
+        self.informer.add(pool_lease("node-a", T0 + 1))
+        self.informer.add(pool_lease("node-b", T0 + 1))
+        self.assertEqual(self.delegation.delegated, 2)
+        # node-a fails to be forwarded and waits for a retry when its Node is deleted.
+        self.health.servers = [None]
+        self.informer.update(pool_lease("node-a", T0 + 1), pool_lease("node-a", T0 + 2))
+        self.assertEqual(len(self.clock.getDelayedCalls()), 1)
+        self.nodes.delete(pool_node("node-a"))
+        self.assertEqual(self.clock.getDelayedCalls(), [])
+        self.health.servers = [CLOUD_A]
+        # node-b was relabelled into another pool: the informer delivers a delete.
+        self.nodes.delete(pool_node("node-b"))
+        self.informer.update(pool_lease("node-a", T0 + 2), pool_lease("node-a", T0 + 3))
+        self.informer.update(pool_lease("node-b", T0 + 1), pool_lease("node-b", T0 + 3))
+        self.clock.advance(60)
+        self.assertEqual(parse_micro_time(self.stored("node-a")["spec"]["renewTime"]), T0 + 1)
+        self.assertEqual(parse_micro_time(self.stored("node-b")["spec"]["renewTime"]), T0 + 1)
+        self.assertEqual(self.metrics.refused, ["no_such_node", "not_pool_member"])
+
+    def test_a_node_joining_the_pool_later_gets_its_newest_lease_forwarded(self):
+        self.start()
+        self.informer.add(pool_lease("node-new", T0 + 1))
+        self.informer.update(pool_lease("node-new", T0 + 1), pool_lease("node-new", T0 + 2))
+        self.assertEqual(self.metrics.refused, ["no_such_node"] * 2)
+        self.assertIsNone(self.stored("node-new"))
+        self.nodes.add(pool_node("node-new"))
+        created = self.stored("node-new")
+        self.assertEqual(parse_micro_time(created["spec"]["renewTime"]), T0 + 2)
+        self.assertEqual(created["metadata"]["ownerReferences"][0]["uid"], "node-uid-node-new")
+
+    def test_a_node_of_the_pool_not_yet_listed_is_not_counted(self):
+        # The informer has not delivered the Node yet, the cloud has it in the pool.
+        self.node_reader.put(NODES, pool_node("node-late"))
+        self.start()
+        self.informer.add(pool_lease("node-late", T0 + 1))
+        self.assertEqual(self.metrics.refused, [])
+        self.nodes.add(pool_node("node-late"))
+        self.assertEqual(parse_micro_time(self.stored("node-late")["spec"]["renewTime"]), T0 + 1)
+
+    def test_a_failed_node_read_is_not_counted_and_asked_again(self):
+        self.node_reader.fail_next("get", ServerError("boom"))
+        self.start()
+        self.informer.add(pool_lease("node-missing", T0 + 1))
+        self.assertEqual(self.metrics.refused, [])
+        self.informer.add(pool_lease("node-missing", T0 + 2))
+        self.assertEqual(self.metrics.refused, ["no_such_node"])
+        self.assertEqual(self.node_reader.calls, [("get", "node-missing")] * 2)
+        self.assertIsNone(self.stored("node-missing"))
+
+    def test_a_node_read_in_flight_is_cancelled_by_stop(self):
+        self.node_reader.hold("get")
+        self.start()
+        self.informer.add(pool_lease("node-missing", T0 + 1))
+        self.informer.add(pool_lease("node-missing", T0 + 2))
+        self.assertEqual(len(self.node_reader.held), 1)
+        self.successResultOf(self.delegation.stop())
+        self.assertTrue(self.node_reader.held[0].cancelled)
+        self.node_reader.deliver_held()
+        self.assertEqual(self.metrics.refused, [])
+
+    def test_a_cloud_lease_beyond_the_clock_skew_does_not_block_genuine_renewals(self):
+        # Left by an earlier forged forward: an hour ahead of the leader's clock.
+        self.cloud.put(LEASES, cloud_lease("node-a", NOW + 3600))
+        # Within the skew: a plausible time, never moved backwards.
+        self.cloud.put(LEASES, cloud_lease("node-b", NOW + 4))
+        self.start()
+        self.informer.add(pool_lease("node-a", NOW - 1))
+        self.informer.add(pool_lease("node-b", NOW - 1))
+        self.assertEqual(parse_micro_time(self.stored("node-a")["spec"]["renewTime"]), NOW - 1)
+        self.assertEqual(parse_micro_time(self.stored("node-b")["spec"]["renewTime"]), NOW + 4)
+        self.assertEqual((self.delegation.delegated, self.delegation.skipped), (1, 1))
+
+
 class LeaseShapingTests(unittest.TestCase):
-    def test_lease_for_create_drops_server_fields_only(self):
-        lease = pool_lease("node-b", T0)
-        created = lease_for_create(lease)
+    def test_lease_for_create_carries_the_forwarded_fields_only(self):
+        lease = pool_lease("node-b", T0, annotations={"b": "2"})
+        created = lease_for_create(lease, pool_node("node-b"))
         self.assertEqual(set(created["metadata"]),
-                         {"name", "namespace", "labels", "annotations", "ownerReferences"})
+                         {"name", "namespace", "annotations", "ownerReferences"})
+        self.assertEqual(created["metadata"]["annotations"],
+                         {DELEGATE_HEARTBEAT_ANNOTATION: "true"})
         self.assertEqual(created["spec"], lease["spec"])
         self.assertIn("uid", lease["metadata"])
+
+    def test_no_owner_reference_without_a_node_uid(self):
+        node = pool_node("node-b")
+        del node["metadata"]["uid"]
+        created = lease_for_create(pool_lease("node-b", T0), node)
+        self.assertNotIn("ownerReferences", created["metadata"])
 
     def test_merge_keeps_cloud_resource_version(self):
         cloud = cloud_lease("node-b", T0, annotations={"a": "1"})
@@ -465,8 +725,9 @@ class LeaseShapingTests(unittest.TestCase):
         merged = merged_cloud_lease(cloud, pool_lease("node-b", T0 + 1, annotations={"b": "2"}))
         self.assertEqual(merged["metadata"]["resourceVersion"], "9")
         self.assertEqual(merged["metadata"]["annotations"],
-                         {"a": "1", "b": "2", DELEGATE_HEARTBEAT_ANNOTATION: "true"})
+                         {"a": "1", DELEGATE_HEARTBEAT_ANNOTATION: "true"})
         self.assertEqual(cloud["metadata"]["annotations"], {"a": "1"})
+        self.assertEqual(parse_micro_time(cloud["spec"]["renewTime"]), T0)
 
 
 class DelegationLiveTests(unittest.TestCase):
@@ -495,10 +756,14 @@ class DelegationLiveTests(unittest.TestCase):
         self.addCleanup(self.proxy_client.close)
         clients = {self.cloud_url: self.proxy_client}
         cloud_health = SimpleNamespace(pick_healthy_server=lambda: self.cloud_url)
+        for name in ("node-b", "node-c"):
+            self.cloud.store.create(NODES, pool_node(name))
         self.delegation = HeartbeatDelegation.for_coordinator(
-            reactor, self.pool_client, cloud_health, clients.__getitem__,
-            make_backoff=lambda: Backoff(initial=0.05, maximum=0.5))
+            reactor, self.pool_client, self.proxy_client, cloud_health, clients.__getitem__,
+            POOL, make_backoff=lambda: Backoff(initial=0.05, maximum=0.5))
         self.addCleanup(self.delegation.stop)
+        # Renewals a little in the past of the real clock.
+        self.t0 = float(int(reactor.seconds()) - 60)
 
     def cloud_renew_time(self, name):
         lease = self.cloud.store.get(LEASES, name, NODE_LEASE_NAMESPACE)
@@ -508,6 +773,7 @@ class DelegationLiveTests(unittest.TestCase):
 
     def pool_lease(self, name, renewed, delegated=True):
         lease = pool_lease(name, renewed, delegated=delegated)
+        del lease["metadata"]["ownerReferences"]
         for server_set in ("resourceVersion", "uid", "creationTimestamp", "managedFields",
                            "selfLink", "generation"):
             lease["metadata"].pop(server_set)
@@ -516,37 +782,41 @@ class DelegationLiveTests(unittest.TestCase):
     @defer.inlineCallbacks
     def test_delegated_leases_reach_the_cloud_through_the_proxy_certificate(self):
         # Delegated before this agent led: forwarded by the initial list.
-        self.pool.store.create(LEASES, self.pool_lease("node-b", T0 + 1))
-        self.pool.store.create(LEASES, self.pool_lease("node-c", T0 + 1, delegated=False))
+        self.pool.store.create(LEASES, self.pool_lease("node-b", self.t0 + 1))
+        self.pool.store.create(LEASES, self.pool_lease("node-c", self.t0 + 1, delegated=False))
         yield self.delegation.start(None)
-        yield poll_until(lambda: self.cloud_renew_time("node-b") == T0 + 1,
+        yield poll_until(lambda: self.cloud_renew_time("node-b") == self.t0 + 1,
                          what="node-b's lease created in the cloud")
         created = self.cloud.store.get(LEASES, "node-b", NODE_LEASE_NAMESPACE)
         pooled = self.pool.store.get(LEASES, "node-b", NODE_LEASE_NAMESPACE)
+        node = self.cloud.store.get(NODES, "node-b")
         self.assertEqual(created["spec"]["holderIdentity"], "node-b")
         self.assertEqual(created["spec"]["leaseDurationSeconds"], 40)
-        self.assertEqual(created["metadata"]["labels"], {"node.openyurt.io/pool": "pool-a"})
+        self.assertNotIn("labels", created["metadata"])
+        self.assertEqual(created["metadata"]["ownerReferences"], [{
+            "apiVersion": "v1", "kind": "Node", "name": "node-b",
+            "uid": node["metadata"]["uid"]}])
         self.assertNotEqual(created["metadata"]["uid"], pooled["metadata"]["uid"])
 
         # Renewals advance the cloud lease.
         for step in (2, 3):
             pooled = self.pool.store.get(LEASES, "node-b", NODE_LEASE_NAMESPACE)
-            pooled["spec"]["renewTime"] = format_micro_time(T0 + step)
+            pooled["spec"]["renewTime"] = format_micro_time(self.t0 + step)
             self.pool.store.update(LEASES, pooled)
-            yield poll_until(lambda: self.cloud_renew_time("node-b") == T0 + step,
+            yield poll_until(lambda: self.cloud_renew_time("node-b") == self.t0 + step,
                              what=f"renewal {step} forwarded")
         self.assertIsNone(self.cloud.store.get(LEASES, "node-c", NODE_LEASE_NAMESPACE))
 
         # A newer renewal the node wrote itself is never moved back.
         cloud = self.cloud.store.get(LEASES, "node-b", NODE_LEASE_NAMESPACE)
-        cloud["spec"]["renewTime"] = format_micro_time(T0 + 100)
+        cloud["spec"]["renewTime"] = format_micro_time(self.t0 + 50)
         self.cloud.store.update(LEASES, cloud)
         pooled = self.pool.store.get(LEASES, "node-b", NODE_LEASE_NAMESPACE)
-        pooled["spec"]["renewTime"] = format_micro_time(T0 + 4)
+        pooled["spec"]["renewTime"] = format_micro_time(self.t0 + 4)
         self.pool.store.update(LEASES, pooled)
         yield poll_until(lambda: self.delegation.skipped >= 1,
                          what="older renewal skipped")
-        self.assertEqual(self.cloud_renew_time("node-b"), T0 + 100)
+        self.assertEqual(self.cloud_renew_time("node-b"), self.t0 + 50)
 
         subjects = set(self.cloud.client_subjects)
         self.assertEqual(subjects, {"CN=system:node-lease-proxy,O=openyurt:yurt-coordinator"})
@@ -556,13 +826,15 @@ class DelegationLiveTests(unittest.TestCase):
     @defer.inlineCallbacks
     def test_cloud_down_then_back_the_newest_state_is_delivered(self):
         yield self.delegation.start(None)
+        # The pool's Nodes listed while the cloud answered stay known during the outage.
+        yield poll_until(lambda: self.delegation.pool_nodes_listed, what="pool nodes listed")
         yield self.cloud.faults.down()
-        self.pool.store.create(LEASES, self.pool_lease("node-b", T0 + 1))
+        self.pool.store.create(LEASES, self.pool_lease("node-b", self.t0 + 1))
         yield poll_until(lambda: self.delegation.failures >= 1,
                          what="a failed delegation")
         pooled = self.pool.store.get(LEASES, "node-b", NODE_LEASE_NAMESPACE)
-        pooled["spec"]["renewTime"] = format_micro_time(T0 + 2)
+        pooled["spec"]["renewTime"] = format_micro_time(self.t0 + 2)
         self.pool.store.update(LEASES, pooled)
         yield self.cloud.faults.up()
-        yield poll_until(lambda: self.cloud_renew_time("node-b") == T0 + 2,
+        yield poll_until(lambda: self.cloud_renew_time("node-b") == self.t0 + 2,
                          what="newest state delivered after the cloud came back")

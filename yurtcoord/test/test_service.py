@@ -31,6 +31,7 @@ from yurtcoord.testing.kubelet import StandInKubelet
 from yurtcoord.testing.pki import TestCA
 from yurtcoord.testing.poll import PollTimeout, poll_until
 from yurtcoord.testing.tcpproxy import TCPProxy
+from yurtcoord.testing.world import add_pool_node
 
 ELECTION_NAMESPACE, ELECTION_LEASE = "kube-system", "yurthub"
 POOL = "pool-a"
@@ -165,7 +166,9 @@ class PoolWorld:
         return parse_config(text, f"<{node}>")
 
     def start_agent(self, config):
-        """Build and start an agent; it is stopped at cleanup unless stopped before."""
+        """Build and start an agent, its Node of the pool created in the cloud first;
+        it is stopped at cleanup unless stopped before."""
+        add_pool_node(self.cloud, config.node.name, config.node.pool)
         agent = make_service(config, reactor)
         agent.startService()
         self.agents.append(agent)

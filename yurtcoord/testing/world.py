@@ -91,14 +91,6 @@ def agent_ini(node: str, cloud_url: str, coordinator_url: str, etcd_url: str, pk
         server={"listen": listen})
 
 
-def node_object(node: str, pool: str = POOL) -> dict:
-    """The cloud's Node of a pool member."""
-    return {"apiVersion": "v1", "kind": "Node",
-            "metadata": {"name": node, "labels": {NODEPOOL_LABEL: pool,
-                                                   "kubernetes.io/hostname": node}},
-            "status": {"conditions": [{"type": "Ready", "status": "True"}]}}
-
-
 def cached_pod(name, resource_version, namespace="default", padding=0):
     """A pod as yurthub caches it; ``padding`` bytes of annotation make it bigger."""
     metadata = {"name": name, "namespace": namespace,
@@ -107,6 +99,20 @@ def cached_pod(name, resource_version, namespace="default", padding=0):
         metadata["annotations"] = {"example.com/padding": "x" * padding}
     return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata,
             "spec": {"nodeName": "edge"}}
+
+
+def pool_node(name: str, pool: str = POOL) -> dict:
+    """A cloud Node of ``pool``: the leader forwards heartbeats only of such Nodes."""
+    return {"apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": name, "labels": {NODEPOOL_LABEL: pool,
+                                                   "kubernetes.io/hostname": name}},
+            "status": {"conditions": [{"type": "Ready", "status": "True"}]}}
+
+
+def add_pool_node(cloud, name, pool=POOL):
+    """Create the Node ``name`` of ``pool`` in the cloud API test server unless it exists."""
+    if cloud.store.get(NODES, name) is None:
+        cloud.store.create(NODES, pool_node(name, pool))
 
 
 def child_environment():
@@ -310,8 +316,7 @@ class ProcessWorld:
             self._proxies.append(etcd)
         kubelet = StandInKubelet(self.reactor)
         kubelet.start()
-        if self.cloud.store.get(NODES, node) is None:
-            self.cloud.store.create(NODES, node_object(node))
+        add_pool_node(self.cloud, node)
         agent = AgentProcess(self.reactor, node, os.path.join(self.base_dir, node), proxy,
                              etcd, kubelet)
         if pods:

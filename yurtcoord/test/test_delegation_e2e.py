@@ -1,0 +1,317 @@
+"""Heartbeat delegation end to end, every agent a separate ``twistd -n yurtcoord`` process.
+
+A ``ProcessWorld``: a real etcd, the cloud and coordinator Kubernetes API test servers in
+this process, three agents of pool ``pool-a`` (their Nodes labelled so in the cloud),
+each reaching the cloud through a TCP proxy of its own, with the world's short timings
+(heartbeat every 0.5 s, election lease 3 s, retry 0.5 s).
+
+- Forged pool leases: leases that no pool member may keep alive are written straight
+  into the coordinator apiserver, with the delegate annotation, while the leader
+  forwards the heartbeat of a genuinely cut-off member. Nothing changes in the cloud for
+  them, the genuine lease keeps advancing, and the leader's ``/metrics`` counts each by
+  reason. A cloud renewTime planted an hour ahead does not hold the genuine lease back.
+- A cut-off node across a leader SIGKILL: its cloud lease's renewTime, sampled every
+  50 ms, is never older than 2 x interval + takeover (lease_duration + retry_period).
+
+Measured figures are printed as ``DELEGATION-E2E <name>=<value>`` lines.
+"""
+
+from twisted.internet import defer, reactor, task
+from twisted.trial import unittest
+
+from yurtcoord.config import parse_duration
+from yurtcoord.health import DELEGATE_HEARTBEAT_ANNOTATION, NODE_LEASE_NAMESPACE, micro_time
+from yurtcoord.kube.gvr import LEASES, NODES
+from yurtcoord.kube.lease import renew_time
+from yurtcoord.testing.apiserver.selectors import ObjectFilter
+from yurtcoord.testing.poll import poll_until
+from yurtcoord.testing.world import (
+    LEASE_DURATION, POOL, RETRY_PERIOD, TIMINGS, ProcessWorld, add_pool_node, leader_of,
+    one_leader_all_ready,
+)
+
+NODES_OF_POOL = ("edge-1", "edge-2", "edge-3")
+INTERVAL = parse_duration(TIMINGS["heartbeat_interval"])
+TAKEOVER = LEASE_DURATION + RETRY_PERIOD
+MAX_RENEW_AGE = 2 * INTERVAL + TAKEOVER
+SAMPLE_EVERY = 0.05
+STEP_TIMEOUT = 30.0
+SETTLE_TIMEOUT = 45.0
+REFUSED = "yurtcoord_heartbeat_delegation_refused_total"
+REASONS = ("namespace", "not_pool_member", "no_such_node", "holder_mismatch",
+           "renew_time_in_future")
+
+
+def report(name, value):
+    print(f"DELEGATION-E2E {name}={value}")
+
+
+def forged_lease(namespace, name, holder, renewed):
+    return {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+            "metadata": {"name": name, "namespace": namespace,
+                         "annotations": {DELEGATE_HEARTBEAT_ANNOTATION: "true"}},
+            "spec": {"holderIdentity": holder, "leaseDurationSeconds": 40,
+                     "renewTime": micro_time(renewed)}}
+
+
+def write_lease(store, lease):
+    """Create or replace ``lease`` in an API test server's store."""
+    metadata = lease["metadata"]
+    current = store.get(LEASES, metadata["name"], metadata["namespace"])
+    if current is None:
+        store.create(LEASES, lease, namespace=metadata["namespace"])
+    else:
+        metadata["resourceVersion"] = current["metadata"]["resourceVersion"]
+        store.update(LEASES, lease, namespace=metadata["namespace"])
+
+
+class CloudLeaseChanges:
+    """Every change of the cloud's leases, in any namespace, as it happens:
+    ``changes`` = [(seconds, namespace/name, renewTime seconds, delegate annotation)]."""
+
+    def __init__(self, server):
+        self.changes = []
+        self._watcher = server.store.watch(LEASES, ObjectFilter(), None, self._event)
+
+    def _event(self, event_type, lease):
+        metadata = lease["metadata"]
+        self.changes.append((reactor.seconds(), f"{metadata['namespace']}/{metadata['name']}",
+                             renew_time(lease),
+                             (metadata.get("annotations") or {}).get(
+                                 DELEGATE_HEARTBEAT_ANNOTATION)))
+
+    def delegated(self, name, since):
+        """Distinct renewTimes of ``kube-node-lease/name`` written with the delegate
+        annotation after ``since``."""
+        key = f"{NODE_LEASE_NAMESPACE}/{name}"
+        return sorted({renewed for at, changed, renewed, annotation in self.changes
+                       if changed == key and at >= since and annotation == "true"})
+
+    def keys(self, since=0.0):
+        return {key for at, key, _, _ in self.changes if at >= since}
+
+    def stop(self):
+        self._watcher.cancel()
+
+
+class RenewAgeSampler:
+    """Samples how old the cloud lease's renewTime of one node is, every ``every`` s."""
+
+    def __init__(self, cloud, node, every=SAMPLE_EVERY):
+        self.cloud = cloud
+        self.node = node
+        self.samples = []  # (seconds, age)
+        self._loop = task.LoopingCall(self._sample)
+        self._loop.clock = reactor
+        self._loop.start(every, now=True)
+
+    def _sample(self):
+        lease = self.cloud.store.get(LEASES, self.node, NODE_LEASE_NAMESPACE)
+        renewed = renew_time(lease) if lease is not None else None
+        if renewed is not None:
+            now = reactor.seconds()
+            self.samples.append((now, now - renewed))
+
+    def oldest(self, since=0.0):
+        """(age, at) of the oldest renewTime seen after ``since``."""
+        return max(((age, at) for at, age in self.samples if at >= since), default=(0.0, None))
+
+    def stop(self):
+        if self._loop.running:
+            self._loop.stop()
+
+
+class DelegationE2EBase(unittest.TestCase):
+    timeout = 180
+
+    @defer.inlineCallbacks
+    def setUp(self):
+        self.world = ProcessWorld(reactor)
+        self.addCleanup(self.world.stop)
+        yield self.world.start()
+        for node in NODES_OF_POOL:
+            yield self.world.add_agent(node)
+        self.cloud_log = CloudLeaseChanges(self.world.cloud)
+        self.addCleanup(self.cloud_log.stop)
+        yield self.world.start_agents()
+        statuses = yield self.world.wait_for_pool(
+            "one leader among 3 agents, all following it, all ready",
+            lambda s: one_leader_all_ready(s, len(NODES_OF_POOL)), SETTLE_TIMEOUT)
+        self.leader = leader_of(statuses)
+
+    def pool_annotation(self, node):
+        lease = self.world.node_lease(self.world.coordinator, node) or {}
+        return (lease.get("metadata", {}).get("annotations") or {}).get(
+            DELEGATE_HEARTBEAT_ANNOTATION)
+
+    @defer.inlineCallbacks
+    def cut_off(self, node):
+        """Cut ``node``'s cloud link; fire once the leader forwarded two of its
+        heartbeats."""
+        yield self.world.cut_cloud([node])
+        cut_at = reactor.seconds()
+        yield poll_until(lambda: self.pool_annotation(node) == "true", STEP_TIMEOUT, 0.05,
+                         reactor, what=f"{node}'s pool lease marked for delegation")
+        yield self.wait_delegated(node, cut_at, 2, f"two heartbeats of {node} forwarded")
+        return cut_at
+
+    @defer.inlineCallbacks
+    def wait_delegated(self, node, since, count, what):
+        try:
+            yield poll_until(lambda: len(self.cloud_log.delegated(node, since)) >= count,
+                             STEP_TIMEOUT, 0.05, reactor, what=what)
+        except AssertionError as error:
+            raise AssertionError(f"{error}\n{self.world.log_tails()}") from None
+
+    @defer.inlineCallbacks
+    def refused(self, node):
+        samples = yield self.world.metrics(self.world.agents[node])
+        return {reason: samples.get(f'{REFUSED}{{reason="{reason}"}}') for reason in REASONS}
+
+
+class ForgedLeaseTests(DelegationE2EBase):
+
+    @defer.inlineCallbacks
+    def test_forged_pool_leases_change_nothing_in_the_cloud_and_are_counted(self):
+        leader, world = self.leader, self.world
+        cut = next(n for n in NODES_OF_POOL if n != leader)
+        before = yield self.refused(leader)
+        self.assertEqual(before, dict.fromkeys(REASONS, 0.0))
+        yield self.cut_off(cut)
+
+        # The cut node's cloud lease, gone: the leader creates it again, with the
+        # forwarded fields only and an ownerReference to the Node.
+        world.cloud.store.delete(LEASES, cut, NODE_LEASE_NAMESPACE)
+        deleted_at = reactor.seconds()
+        yield poll_until(lambda: world.node_lease(world.cloud, cut) is not None, STEP_TIMEOUT,
+                         0.05, reactor, what=f"{cut}'s cloud lease created by {leader}")
+        created = world.node_lease(world.cloud, cut)
+        node = world.cloud.store.get(NODES, cut)
+        self.assertEqual(created["metadata"]["ownerReferences"], [{
+            "apiVersion": "v1", "kind": "Node", "name": cut, "uid": node["metadata"]["uid"]}])
+        self.assertEqual(created["metadata"]["annotations"],
+                         {DELEGATE_HEARTBEAT_ANNOTATION: "true"})
+        self.assertEqual(set(created["spec"]),
+                         {"holderIdentity", "leaseDurationSeconds", "renewTime"})
+        self.assertGreater(renew_time(created), deleted_at - 2 * INTERVAL)
+
+        # Nodes the forged leases name: one of another pool, two of this pool that
+        # run no agent (their leases are forged in other ways); no Node edge-missing.
+        add_pool_node(world.cloud, "edge-other", "pool-b")
+        add_pool_node(world.cloud, "edge-4", POOL)
+        add_pool_node(world.cloud, "edge-5", POOL)
+        cloud_before = {(lease["metadata"]["namespace"], lease["metadata"]["name"])
+                        for lease in world.cloud.store.list(LEASES)}
+        forged_at = reactor.seconds()
+
+        def forge():
+            now = reactor.seconds()
+            return {
+                "namespace": forged_lease("default", "edge-1", "edge-1", now),
+                "not_pool_member": forged_lease(NODE_LEASE_NAMESPACE, "edge-other",
+                                                "edge-other", now),
+                "no_such_node": forged_lease(NODE_LEASE_NAMESPACE, "edge-missing",
+                                             "edge-missing", now),
+                "holder_mismatch": forged_lease(NODE_LEASE_NAMESPACE, "edge-4", cut, now),
+                "renew_time_in_future": forged_lease(NODE_LEASE_NAMESPACE, "edge-5",
+                                                     "edge-5", now + 3600),
+            }
+
+        # Each forged lease renewed like a heartbeat, a few times.
+        renewals = 4
+        for _ in range(renewals):
+            for lease in forge().values():
+                write_lease(world.coordinator.store, lease)
+            yield task.deferLater(reactor, INTERVAL, lambda: None)
+        seen = {}
+
+        @defer.inlineCallbacks
+        def all_counted():
+            seen["refused"] = yield self.refused(leader)
+            return all((value or 0) >= renewals for value in seen["refused"].values())
+
+        yield poll_until(all_counted, STEP_TIMEOUT, 0.1, reactor,
+                         what=f"{leader}'s /metrics counting every forged renewal by reason "
+                              f"(last {seen})")
+        report("refused_by_reason", seen["refused"])
+        # The genuine member still advances after the forgeries.
+        yield self.wait_delegated(cut, reactor.seconds(), 3,
+                                  f"{cut}'s heartbeats forwarded after the forgeries")
+
+        # Nothing changed in the cloud for them: no new lease in any namespace, and
+        # since the forgeries only the agents' own nodes' leases were written.
+        cloud_after = {(lease["metadata"]["namespace"], lease["metadata"]["name"])
+                       for lease in world.cloud.store.list(LEASES)}
+        self.assertEqual(cloud_after, cloud_before)
+        written = self.cloud_log.keys(since=forged_at)
+        self.assertLessEqual(written, {f"{NODE_LEASE_NAMESPACE}/{n}" for n in NODES_OF_POOL},
+                             written)
+        for lease in world.cloud.store.list(LEASES, NODE_LEASE_NAMESPACE):
+            name = lease["metadata"]["name"]
+            self.assertEqual(lease["spec"]["holderIdentity"], name)
+            self.assertLess(renew_time(lease), reactor.seconds() + 5, name)
+        # Every forged lease is logged once per reason, not once per renewal.
+        log = world.agents[leader].log_text()
+        for reason in REASONS:
+            self.assertEqual(log.count(f"not forwarded to the cloud (reason={reason})"), 1,
+                             reason)
+
+        # A cloud renewTime an hour ahead, as an unchecked forward would have left it,
+        # does not hold back the cut node's genuine renewals.
+        planted = world.node_lease(world.cloud, cut)
+        planted["spec"]["renewTime"] = micro_time(reactor.seconds() + 3600)
+        world.cloud.store.update(LEASES, planted, namespace=NODE_LEASE_NAMESPACE)
+        planted_at = reactor.seconds()
+        yield poll_until(
+            lambda: renew_time(world.node_lease(world.cloud, cut)) < reactor.seconds() + 1,
+            STEP_TIMEOUT, 0.05, reactor, what=f"{cut}'s genuine renewal replacing the planted one")
+        report("planted_future_renew_time_replaced_after",
+               f"{reactor.seconds() - planted_at:.2f}s")
+        yield self.wait_delegated(cut, reactor.seconds(), 2,
+                                  f"{cut}'s heartbeats forwarded after the planted one")
+
+
+class LeaderDeathTests(DelegationE2EBase):
+
+    @defer.inlineCallbacks
+    def test_cut_node_renew_time_stays_fresh_across_a_leader_sigkill(self):
+        leader, world = self.leader, self.world
+        cut = next(n for n in NODES_OF_POOL if n != leader)
+        survivor = next(n for n in NODES_OF_POOL if n not in (leader, cut))
+        sampler = RenewAgeSampler(world.cloud, cut)
+        self.addCleanup(sampler.stop)
+        cut_at = yield self.cut_off(cut)
+        watched_from = reactor.seconds()
+        # A little steady delegation, then the leader dies without releasing its lease.
+        yield task.deferLater(reactor, 4 * INTERVAL, lambda: None)
+        victim = world.agents[leader]
+        victim.signal("KILL")
+        killed_at = reactor.seconds()
+        yield victim.ended
+        statuses = yield world.wait_for_pool(
+            f"{survivor} leading after {leader} was killed",
+            lambda s: leader_of(s) == survivor, STEP_TIMEOUT, interval=0.02)
+        report("death_to_new_leader_status", f"{reactor.seconds() - killed_at:.2f}s")
+        yield self.wait_delegated(cut, reactor.seconds(), 3,
+                                  f"{cut}'s heartbeats forwarded by {survivor}")
+        report("death_to_third_forward_by_new_leader", f"{reactor.seconds() - killed_at:.2f}s")
+        # Sample a while longer in steady state under the new leader.
+        yield task.deferLater(reactor, 4 * INTERVAL, lambda: None)
+        sampler.stop()
+
+        samples = [s for s in sampler.samples if s[0] >= watched_from]
+        report("samples", len(samples))
+        self.assertGreater(len(samples), 100)
+        oldest, at = sampler.oldest(since=watched_from)
+        report("oldest_renew_time_age", f"{oldest:.3f}s (at {at - killed_at:+.2f}s from "
+                                        f"the SIGKILL; bound {MAX_RENEW_AGE:.1f}s)")
+        renewals = self.cloud_log.delegated(cut, cut_at)
+        gaps = [b - a for a, b in zip(renewals, renewals[1:])]
+        report("largest_renew_time_gap", f"{max(gaps):.3f}s")
+        self.assertLessEqual(oldest, MAX_RENEW_AGE,
+                             f"{cut}'s cloud renewTime got {oldest:.2f}s old\n"
+                             f"{world.log_tails()}")
+        # Both leaders forwarded: some renewals before the death, some after.
+        self.assertTrue(any(r < killed_at for r in renewals))
+        self.assertTrue(any(r > killed_at for r in renewals))
+        self.assertEqual(statuses[cut]["role"], "follower")
