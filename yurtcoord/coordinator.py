@@ -27,6 +27,8 @@ role changes, and a later start waits for that stop to finish, so start and stop
 alternate as ``IRoleComponent`` promises.
 """
 
+from typing import Callable
+
 from twisted.internet import defer
 from twisted.logger import Logger
 from zope.interface import implementer
@@ -209,6 +211,7 @@ class Coordinator:
         self._run = None
         self._retry_call = None
         self._stopped = False
+        self._role_observers = []
         self._publish()
 
     # -- what the status pages and metrics read ---------------------------------
@@ -276,6 +279,7 @@ class Coordinator:
         self.log.info("role {previous} -> {role} on node {node}",
                       previous=previous.value, role=role.value, node=self.node_name)
         self._publish()
+        self._notify_role_observers(previous, role)
         if self._run is not None:
             self.log.info("role {role} cancels step {step} of role {previous} on node "
                           "{node}", role=role.value, step=self._step,
@@ -283,6 +287,19 @@ class Coordinator:
             self._run.cancel()
         else:
             self._kick()
+
+    def add_role_observer(self, observer: Callable[[Role, Role], None]) -> None:
+        """Call ``observer(previous, role)`` after every role change, in the turn it
+        happens; a failing observer is logged and changes nothing."""
+        self._role_observers.append(observer)
+
+    def _notify_role_observers(self, previous: Role, role: Role) -> None:
+        for observer in list(self._role_observers):
+            try:
+                observer(previous, role)
+            except Exception:
+                self.log.failure("role observer {observer!r} failed on node {node}",
+                                 observer=observer, node=self.node_name)
 
     def set_pool_cache_synced(self, synced):
         """Called by the synced detector. Ignored while detection is not running,

@@ -460,17 +460,18 @@ class Sandbox(service.MultiService):
     def _clock(self):
         return time.strftime("%H:%M:%S", time.localtime(time.time()))
 
+    def _role_changed(self, node, previous, role):
+        """One line per role change of one of our agents."""
+        leader = self.agents[node].hub_elector.leader
+        self._say(f"{self._clock()} {node}: role {previous.value} -> {role.value} "
+                  f"(leader: {leader or 'none yet'})")
+
     def _pool_event(self, event):
-        """Log observer: one line per role change of one of our agents, and one each
-        time an agent observes a new leader (from its coordinator's and hub elector's
-        structured events)."""
+        """Log observer: one line each time an agent observes a new leader (from its
+        hub elector's structured events)."""
         source = event.get("log_source")
         for node, agent in self.agents.items():
-            if source is agent.coordinator and "previous" in event and "role" in event:
-                leader = agent.hub_elector.leader
-                self._say(f"{self._clock()} {node}: role {event['previous']} -> "
-                          f"{event['role']} (leader: {leader or 'none yet'})")
-            elif source is agent.hub_elector and "leader" in event:
+            if source is agent.hub_elector and "leader" in event:
                 self._say(f"{self._clock()} {node}: sees leader {event['leader']}")
 
     def _check_pool(self):
@@ -558,6 +559,8 @@ class Sandbox(service.MultiService):
             agent = make_service(config, self.reactor)
             agent.kubelet_checker.add_listener(
                 lambda alive, node=node: self._kubelet_changed(node, alive))
+            agent.coordinator.add_role_observer(
+                lambda previous, role, node=node: self._role_changed(node, previous, role))
             self.agents[node] = agent
             agent.setServiceParent(self)
             self._say(f"{node} pool page {agent.status_http.url}/")

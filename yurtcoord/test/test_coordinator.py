@@ -734,3 +734,29 @@ class SupersededRoleCancelsTests(CoordinatorTestCase):
         self.assertEqual(self.take_journal(), [
             ("stop", "pool sync"), ("stop", "delegation"), ("stop", "detector"),
             ("close", "s1")])
+
+
+class RoleObserverTests(CoordinatorTestCase):
+    def test_observers_see_every_change_once_even_while_a_step_is_cancelled(self):
+        seen = []
+        self.coordinator.add_role_observer(lambda previous, role: seen.append((previous, role)))
+        self.upload.results.append(defer.Deferred())  # the upload stays in flight
+        self.coordinator.set_role(LEADER)
+        self.coordinator.set_role(LEADER)  # no change: nothing to observe
+        self.coordinator.set_role(PENDING)
+        self.coordinator.set_role(FOLLOWER)
+        self.assertEqual(seen, [(Role.INIT, Role.LEADER), (Role.LEADER, Role.PENDING),
+                                (Role.PENDING, Role.FOLLOWER)])
+
+    def test_a_failing_observer_is_logged_and_changes_nothing(self):
+        seen = []
+
+        def broken(previous, role):
+            raise RuntimeError("observer broke")
+
+        self.coordinator.add_role_observer(broken)
+        self.coordinator.add_role_observer(lambda previous, role: seen.append(role))
+        self.coordinator.set_role(FOLLOWER)
+        self.assertEqual(seen, [Role.FOLLOWER])
+        self.assertEqual(self.coordinator.role, Role.FOLLOWER)
+        self.assertEqual(len(self.flushLoggedErrors(RuntimeError)), 1)
