@@ -3,9 +3,21 @@
 Files are PEM. Server certificates name ``localhost`` and ``127.0.0.1``. Client
 certificates carry a common name and optional organizations (Kubernetes maps these
 to user and groups), which the TLS test servers report back to tests.
+
+The certificates follow RFC 5280 as a strict verifier reads it (Python's ``ssl``
+with ``VERIFY_X509_STRICT``, the default from Python 3.13, which the ``kubernetes``
+client and the etcd fixture's health check use): every certificate has a Subject
+Key Identifier and an Authority Key Identifier naming the CA's key; the CA has
+critical basic constraints ``CA:TRUE`` and may only sign; a leaf has critical
+``CA:FALSE``, a critical key usage for signing (ECDSA keys) and the extended key
+usages of its role. ``trustme`` makes similar certificates, but a client certificate
+here needs several organizations (one per Kubernetes group), no subject alternative
+name, and only the client usage, so that a test can tell a client certificate from a
+server's.
 """
 
 import datetime
+import ipaddress
 import os
 from dataclasses import dataclass
 
@@ -13,7 +25,6 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
-import ipaddress
 
 
 @dataclass(frozen=True)
@@ -42,6 +53,36 @@ def _key_pem(key):
     )
 
 
+def _key_usage(ca):
+    """A CA signs certificates and CRLs; an ECDSA leaf key only signs handshakes."""
+    return x509.KeyUsage(
+        digital_signature=True, key_cert_sign=ca, crl_sign=ca,
+        content_commitment=False, key_encipherment=False,
+        data_encipherment=False, key_agreement=False,
+        encipher_only=False, decipher_only=False,
+    )
+
+
+def _builder(subject, issuer, public_key, issuer_ski, not_after):
+    """What every certificate of this CA carries, the CA's own included."""
+    now = datetime.datetime.now(datetime.timezone.utc)
+    return (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(issuer)
+        .public_key(public_key)
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + not_after)
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(public_key),
+                       critical=False)
+        .add_extension(
+            x509.AuthorityKeyIdentifier.from_issuer_subject_key_identifier(issuer_ski),
+            critical=False,
+        )
+    )
+
+
 class TestCA:
     """A CA living in ``directory``; issues server and client pairs into it."""
 
@@ -51,25 +92,12 @@ class TestCA:
         self.directory = directory
         os.makedirs(directory, exist_ok=True)
         self._key = ec.generate_private_key(ec.SECP256R1())
-        now = datetime.datetime.now(datetime.timezone.utc)
+        self._ski = x509.SubjectKeyIdentifier.from_public_key(self._key.public_key())
         self._cert = (
-            x509.CertificateBuilder()
-            .subject_name(_name(common_name))
-            .issuer_name(_name(common_name))
-            .public_key(self._key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(minutes=5))
-            .not_valid_after(now + datetime.timedelta(days=2))
+            _builder(_name(common_name), _name(common_name), self._key.public_key(),
+                     self._ski, datetime.timedelta(days=2))
             .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-            .add_extension(
-                x509.KeyUsage(
-                    digital_signature=True, key_cert_sign=True, crl_sign=True,
-                    content_commitment=False, key_encipherment=False,
-                    data_encipherment=False, key_agreement=False,
-                    encipher_only=False, decipher_only=False,
-                ),
-                critical=True,
-            )
+            .add_extension(_key_usage(ca=True), critical=True)
             .sign(self._key, hashes.SHA256())
         )
         self.cert_pem = self._cert.public_bytes(serialization.Encoding.PEM)
@@ -78,23 +106,23 @@ class TestCA:
 
     def issue(self, name, common_name, organizations=(), server=False, client=False,
               valid_days=1):
-        """Issue a pair ``<name>.crt``/``<name>.key`` and return their PEM bytes and paths."""
+        """Issue a pair ``<name>.crt``/``<name>.key`` and return their paths.
+
+        ``server`` adds the serverAuth usage and the names ``localhost`` and
+        ``127.0.0.1``; ``client`` adds the clientAuth usage."""
+        if not (server or client):
+            raise ValueError(f"certificate {name!r}: give it a server or client role")
         key = ec.generate_private_key(ec.SECP256R1())
-        now = datetime.datetime.now(datetime.timezone.utc)
         usages = []
         if server:
             usages.append(ExtendedKeyUsageOID.SERVER_AUTH)
         if client:
             usages.append(ExtendedKeyUsageOID.CLIENT_AUTH)
         builder = (
-            x509.CertificateBuilder()
-            .subject_name(_name(common_name, organizations))
-            .issuer_name(self._cert.subject)
-            .public_key(key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(minutes=5))
-            .not_valid_after(now + datetime.timedelta(days=valid_days))
+            _builder(_name(common_name, organizations), self._cert.subject,
+                     key.public_key(), self._ski, datetime.timedelta(days=valid_days))
             .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+            .add_extension(_key_usage(ca=False), critical=True)
             .add_extension(x509.ExtendedKeyUsage(usages), critical=False)
         )
         if server:
