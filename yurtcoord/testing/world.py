@@ -50,32 +50,48 @@ STOP_DEADLINE = 15.0
 # Seconds an agent gets from spawn to listening on its status port.
 START_DEADLINE = 30.0
 
-# Short timings of the fault suite (seconds, as written in the ini).
+# Short timings of the fault suite (seconds, as written in the ini). A heartbeat probe
+# tries failed_retry attempts of up to heartbeat_timeout within heartbeat_interval:
+# 1 s attempts leave room for a slow cloud (answers 0.6 s late), and 3 of them with
+# their pauses (0.25 s, 0.5 s) end within the 4 s interval.
 TIMINGS = {
     "lease_duration": "3s",
     "renew_deadline": "2s",
     "retry_period": "500ms",
     "check_interval": "500ms",
-    "heartbeat_interval": "500ms",
+    "heartbeat_interval": "4s",
+    "heartbeat_timeout": "1s",
+    "heartbeat_failed_retry": "3",
 }
 LEASE_DURATION, RETRY_PERIOD = 3.0, 0.5
+HEARTBEAT_INTERVAL, HEARTBEAT_TIMEOUT, FAILED_RETRY = 4.0, 1.0, 3
 
 
-def agent_ini(node, cloud_url, coordinator_url, etcd_url, pki_dir, cache_dir, listen):
-    """Ini text of one agent of the fault suite: plain http everywhere, short timings."""
-    return loopback_agent_ini(
-        node, POOL, [cloud_url], coordinator_url, etcd_url, pki_dir, cache_dir,
-        coordinator={"storage_prefix": STORAGE_PREFIX},
-        leader_election={"lease_namespace": ELECTION_NAMESPACE,
-                         "lease_name": ELECTION_LEASE,
-                         "lease_duration": TIMINGS["lease_duration"],
-                         "renew_deadline": TIMINGS["renew_deadline"],
-                         "retry_period": TIMINGS["retry_period"],
-                         "check_interval": TIMINGS["check_interval"]},
-        heartbeat={"interval": TIMINGS["heartbeat_interval"], "failed_retry": "3",
-                   "healthy_threshold": "1", "timeout": "2s"},
-        pool_cache={"informer_lease_renew": "1s", "stale_timeout": "4s"},
-        server={"listen": listen})
+def agent_ini(node, cloud_url, coordinator_url, etcd_url, pki_dir, cache_dir, listen,
+              **sections):
+    """Ini text of one agent of the fault suite: plain http everywhere, short timings.
+
+    ``cloud_url`` is one URL or a list of them; ``sections`` are merged over the
+    suite's, key by key (``coordinator={"enabled": "false"}``)."""
+    cloud_urls = [cloud_url] if isinstance(cloud_url, str) else list(cloud_url)
+    base = {
+        "coordinator": {"storage_prefix": STORAGE_PREFIX},
+        "leader_election": {"lease_namespace": ELECTION_NAMESPACE,
+                            "lease_name": ELECTION_LEASE,
+                            "lease_duration": TIMINGS["lease_duration"],
+                            "renew_deadline": TIMINGS["renew_deadline"],
+                            "retry_period": TIMINGS["retry_period"],
+                            "check_interval": TIMINGS["check_interval"]},
+        "heartbeat": {"interval": TIMINGS["heartbeat_interval"],
+                      "failed_retry": TIMINGS["heartbeat_failed_retry"],
+                      "healthy_threshold": "1", "timeout": TIMINGS["heartbeat_timeout"]},
+        "pool_cache": {"informer_lease_renew": "1s", "stale_timeout": "4s"},
+        "server": {"listen": listen},
+    }
+    for section, values in sections.items():
+        base.setdefault(section, {}).update(values)
+    return loopback_agent_ini(node, POOL, cloud_urls, coordinator_url, etcd_url, pki_dir,
+                              cache_dir, **base)
 
 
 def cached_pod(name, resource_version, namespace="default", padding=0):
@@ -127,11 +143,13 @@ class AgentProcess:
     maps each pool etcd pod key written into its cache to the resourceVersion it has.
     """
 
-    def __init__(self, reactor, node, directory, cloud_proxy):
+    def __init__(self, reactor, node, directory, cloud_proxies):
         self.reactor = reactor
         self.node = node
         self.directory = directory
-        self.cloud_proxy = cloud_proxy
+        # One proxy per cloud URL of the agent, all in front of the one cloud.
+        self.cloud_proxies = list(cloud_proxies)
+        self.cloud_proxy = self.cloud_proxies[0]
         self.cache_dir = os.path.join(directory, "cache")
         self.pki_dir = os.path.join(directory, "pki")
         self.ini_path = os.path.join(directory, "yurtcoord.ini")
@@ -266,25 +284,30 @@ class ProcessWorld:
         yield self.coordinator.start()
 
     @defer.inlineCallbacks
-    def add_agent(self, node, pods=0, **pod_options):
-        """Prepare an agent (dir, proxy, ``pods`` good pods in its cache); not started."""
-        proxy = TCPProxy(self.reactor, "127.0.0.1", self.cloud.port_number)
-        yield proxy.start()
-        self._proxies.append(proxy)
-        agent = AgentProcess(self.reactor, node, os.path.join(self.base_dir, node), proxy)
+    def add_agent(self, node, pods=0, cloud_urls=1, **pod_options):
+        """Prepare an agent (dir, ``cloud_urls`` proxies in front of the cloud, ``pods``
+        good pods in its cache); not started."""
+        proxies = []
+        for _ in range(cloud_urls):
+            proxy = TCPProxy(self.reactor, "127.0.0.1", self.cloud.port_number)
+            yield proxy.start()
+            self._proxies.append(proxy)
+            proxies.append(proxy)
+        agent = AgentProcess(self.reactor, node, os.path.join(self.base_dir, node), proxies)
         if pods:
             agent.write_pods(pods, **pod_options)
         self.agents[node] = agent
         return agent
 
     @defer.inlineCallbacks
-    def start_agents(self, nodes=None):
-        """Spawn the agents (all prepared ones by default); fire once all listen."""
+    def start_agents(self, nodes=None, **sections):
+        """Spawn the agents (all prepared ones by default); fire once all listen.
+        ``sections`` are merged over the suite's ini (see ``agent_ini``)."""
         chosen = [self.agents[n] for n in (nodes or list(self.agents))]
         for agent in chosen:
-            agent.start(agent_ini(agent.node, agent.cloud_proxy.url(), self.coordinator.url,
-                                  self.etcd.client_url, agent.pki_dir, agent.cache_dir,
-                                  "127.0.0.1:0"))
+            agent.start(agent_ini(agent.node, [p.url() for p in agent.cloud_proxies],
+                                  self.coordinator.url, self.etcd.client_url, agent.pki_dir,
+                                  agent.cache_dir, "127.0.0.1:0", **sections))
         # Every wait runs to its end (listening, exit, or deadline) before a failure is
         # raised, so that no poll is left behind.
         results = yield defer.DeferredList([agent.wait_listening() for agent in chosen],
@@ -320,12 +343,13 @@ class ProcessWorld:
     # -- cuts of the cloud -------------------------------------------------------------
 
     def cut_cloud(self, nodes=None):
-        return defer.gatherResults([self.agents[n].cloud_proxy.cut()
-                                    for n in (nodes or list(self.agents))])
+        return defer.gatherResults([proxy.cut() for n in (nodes or list(self.agents))
+                                    for proxy in self.agents[n].cloud_proxies])
 
     def restore_cloud(self, nodes=None):
         for node in nodes or list(self.agents):
-            self.agents[node].cloud_proxy.restore()
+            for proxy in self.agents[node].cloud_proxies:
+                proxy.restore()
 
     # -- reading the agents ------------------------------------------------------------
 

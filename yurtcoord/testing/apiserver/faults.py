@@ -47,6 +47,11 @@ class FaultInjector:
         client gives up, or down()/stop() drops the connection)."""
         self._queued.extend([("hang", 0, method, path)] * int(n))
 
+    @property
+    def queued(self):
+        """How many queued faults (fail/garbage/hang) no request has met yet."""
+        return len(self._queued)
+
     def stall_watches(self):
         """Open watch streams go silent (no events, no bookmarks) but stay
         connected, like a half-open connection; new watches are unaffected."""
