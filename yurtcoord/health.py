@@ -577,14 +577,14 @@ class CloudHealthChecker:
             # This server's copy of the lease is older than what the cloud holds now.
             self._probers[index].writer.forget()
 
-    def start(self):
+    def start(self) -> None:
         self._cadence.start()
 
-    def restart(self):
+    def restart(self) -> None:
         """Probe now (right after the round in flight, if any)."""
         self._cadence.restart()
 
-    def stop(self):
+    def stop(self) -> defer.Deferred:
         return self._cadence.stop()
 
 

@@ -172,7 +172,7 @@ def resource_version(obj):
 
 
 @defer.inlineCallbacks
-def node_owner_reference(client, node_name: str):
+def node_owner_reference(client, node_name: str) -> defer.Deferred:
     """The ownerReference naming Node ``node_name`` as ``client``'s server holds it
     (apiVersion v1, kind Node, name, uid), the way the kubelet's own node lease names
     its Node, so the lease goes when the Node goes. Fires with None when that server
