@@ -221,6 +221,9 @@ class Cadence:
         self._timer = None
         self._due = None
         self._in_flight = None
+        # Set from the start of a run to its end, also when it ends at once: a
+        # restart() asked meanwhile (from a health change it caused) runs after it.
+        self._busy = False
         self._run_again = False
         self._stop_waiters = []
 
@@ -237,7 +240,7 @@ class Cadence:
     def restart(self) -> None:
         if not self._running:
             return
-        if self._in_flight is not None:
+        if self._busy:
             self._run_again = True
             return
         self._cancel_timer()
@@ -265,6 +268,7 @@ class Cadence:
     def _tick(self, due):
         self._timer = None
         self._due = due
+        self._busy = True
         d = defer.maybeDeferred(self._run)
         # An unexpected error must not end the cadence: log it and run on.
         d.addErrback(self._run_failed)
@@ -279,6 +283,7 @@ class Cadence:
 
     def _ran(self, _result):
         self._in_flight = None
+        self._busy = False
         if not self._running:
             waiters, self._stop_waiters = self._stop_waiters, []
             for waiter in waiters:

@@ -465,6 +465,26 @@ class LeaseProberTests(unittest.TestCase):
         self.assertIn("LeaseWriteFailed", prober.last_error)
         self.successResultOf(prober.stop())
 
+    def test_restart_from_a_probe_that_ended_at_once_keeps_one_lattice(self):
+        """A restart asked while a probe that answered synchronously is still being
+        handled probes right after it, and leaves one timer, not two."""
+        prober = make_prober(self.clock, self.client)
+        restarts = []
+
+        def on_change(changed):
+            if not restarts:
+                restarts.append(self.clock.seconds())
+                changed.restart()
+
+        prober.on_change = on_change
+        prober.start()
+        self.assertEqual(prober.probes, 2)  # the first, then the one asked for
+        self.assertEqual(len(self.clock.getDelayedCalls()), 1)
+        advance(self.clock, 10)
+        self.assertEqual(prober.probes, 3)
+        self.successResultOf(prober.stop())
+        self.assertEqual(self.clock.getDelayedCalls(), [])
+
     def test_stop_cancels_in_flight_probe_and_timers(self):
         prober = make_prober(self.clock, self.client)
         self.client.hang = True
