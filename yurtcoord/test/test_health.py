@@ -1012,6 +1012,7 @@ class LiveHealthCheckerTests(unittest.TestCase):
     @defer.inlineCallbacks
     def test_cloud_loss_and_return_drive_health_and_delegation(self):
         url_a, url_b = self.servers["cloud-a"].url, self.servers["cloud-b"].url
+        node = self.servers["cloud-a"].store.create(NODES, {"metadata": {"name": NODE}})
         self.cloud.start()
         self.coordinator.start()
         yield self.poll_until(lambda: all(self.cloud.servers().values()) and self.coordinator.healthy,
@@ -1020,6 +1021,11 @@ class LiveHealthCheckerTests(unittest.TestCase):
             spec = self.lease_on(name)["spec"]
             self.assertEqual(spec["holderIdentity"], NODE)
             self.assertEqual(spec["leaseDurationSeconds"], 40)
+        # The lease created where the Node is names it as owner, as the kubelet's does.
+        self.assertEqual(self.lease_on("cloud-a")["metadata"]["ownerReferences"], [
+            {"apiVersion": "v1", "kind": "Node", "name": NODE,
+             "uid": node["metadata"]["uid"]}])
+        self.assertNotIn("ownerReferences", self.lease_on("coordinator")["metadata"])
         # The heartbeat goes through one cloud server; the other is only read.
         self.assertEqual(self.cloud.writing_server, url_a)
         self.assertIsNone(self.lease_on("cloud-b"))
