@@ -39,10 +39,9 @@ from benchresult import row, write_result  # noqa: E402
 from twisted.internet import defer, protocol, task  # noqa: E402
 from twisted.internet.threads import deferToThread  # noqa: E402
 
-from yurtcoord.health import (  # noqa: E402
-    DELEGATE_HEARTBEAT_ANNOTATION, NODE_LEASE_NAMESPACE, micro_time,
-)
+from yurtcoord.health import DELEGATE_HEARTBEAT_ANNOTATION, NODE_LEASE_NAMESPACE  # noqa: E402
 from yurtcoord.kube.gvr import LEASES  # noqa: E402
+from yurtcoord.kube.lease import format_micro_time  # noqa: E402
 from yurtcoord.testing.apiserver import KubeAPIServer  # noqa: E402
 from yurtcoord.testing.apiserver.selectors import ObjectFilter  # noqa: E402
 from yurtcoord.testing.etcd import EtcdProcess, etcd_binary_for  # noqa: E402
@@ -80,7 +79,7 @@ def delegated_lease(name, seconds):
             "metadata": {"name": name, "namespace": NODE_LEASE_NAMESPACE,
                          "annotations": {DELEGATE_HEARTBEAT_ANNOTATION: "true"}},
             "spec": {"holderIdentity": name, "leaseDurationSeconds": 40,
-                     "renewTime": micro_time(seconds)}}
+                     "renewTime": format_micro_time(seconds)}}
 
 
 class _Child(protocol.ProcessProtocol):

@@ -2,7 +2,12 @@
 
 A server is judged by writing something that matters: the node's own heartbeat
 lease ``kube-node-lease/<node>``. A server that accepted the heartbeat is healthy;
-one that did not is not, whatever else it still answers. The coordinator prober
+one that did not is not, whatever else it still answers. A probe survives what a
+single request may meet on a busy link: it is one lease write tried up to
+``failed_retry`` times (``probe_retry_policy`` says when), and only a probe whose
+every attempt failed turns a server unhealthy. Several cloud URLs usually lead to
+one cloud, so the node lease is written through one of them per interval and the
+others are read (``CloudHealthChecker``): a node never races itself for its lease. The coordinator prober
 writes the same lease to the coordinator apiserver and marks it for delegation
 while the cloud is unreachable, so the pool leader forwards it to the cloud.
 
@@ -33,7 +38,6 @@ the cloud's health restarts the cadence with a probe at once, so the mark is set
 """
 
 import copy
-import datetime
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -42,8 +46,8 @@ from twisted.internet import defer
 from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
 
-from yurtcoord.kube.errors import Conflict, NotFound
-from yurtcoord.kube.gvr import LEASES
+from yurtcoord.kube.lease import format_micro_time, node_owner_reference
+from yurtcoord.kube.leasewriter import LeaseWriter, RetryPolicy
 
 NODE_LEASE_NAMESPACE = "kube-node-lease"
 DELEGATE_HEARTBEAT_ANNOTATION = "openyurt.io/delegate-heartbeat"
@@ -72,14 +76,30 @@ def delegating_interval(interval, takeover=DEFAULT_TAKEOVER_SECONDS,
     return window / steps
 
 
-def micro_time(seconds):
-    """Kubernetes ``MicroTime`` text for a POSIX timestamp (always UTC, microseconds)."""
-    moment = datetime.datetime.fromtimestamp(seconds, tz=datetime.timezone.utc)
-    return moment.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+def probe_retry_policy(interval: float, timeout: float, failed_retry: int) -> RetryPolicy:
+    """The pauses between the attempts of one probe: d, 2d, 4d, ... with
+    ``d = slack / 2 ** (failed_retry - 1)`` and ``slack = interval - failed_retry *
+    timeout``.
 
+    Why: a probe has ``interval`` in all (the next one is due then, and the whole
+    probe is cancelled at that point) and each of its ``failed_retry`` attempts up to
+    ``timeout``. The pauses share what the attempts leave, doubling as backoff does,
+    and add up to ``slack - d``: even a probe whose every attempt timed out ends ``d``
+    before the next probe is due, so no probe is cut short. With the defaults (10 s,
+    2 s, 3) the pauses are 1 s and 2 s: a server that failed twice and answers the
+    third time is still healthy 3 s later, and one that never answers is unhealthy
+    after 9 s. When the attempts alone fill the interval (``slack <= 0``) the retries
+    follow at once and the interval cuts the probe short.
+    """
+    if failed_retry < 1:
+        raise ValueError(f"failed_retry must be at least 1, got {failed_retry}")
+    slack = max(0.0, interval - failed_retry * timeout)
+    first = slack / 2 ** (failed_retry - 1)
 
-class LeaseWriteFailed(Exception):
-    """Every attempt to write the node lease ended in a conflict: nothing was written."""
+    def policy(failures: int) -> float:
+        return first * 2 ** (failures - 1)
+
+    return policy
 
 
 @dataclass(frozen=True)
@@ -96,58 +116,53 @@ class ProbeSettings:
 
 
 class NodeLeaseWriter:
-    """Renews ``kube-node-lease/<node>`` on one apiserver.
+    """Renews ``kube-node-lease/<node>`` on one apiserver through a ``LeaseWriter``.
 
-    ``client`` is a Kubernetes client with Deferred-returning
-    ``get(gvr, name, namespace=...)``, ``create(gvr, body, namespace=...)`` and
-    ``update(gvr, body, namespace=...)``. ``annotations`` is an optional callable
+    One renewal is tried up to ``failed_retry`` times: any error is retried after the
+    pause of ``probe_retry_policy``, a conflict is read again at once, and each
+    attempt is bounded by ``timeout``. ``annotations`` is an optional callable
     returning ``{name: value}`` to set on every write, a value of None meaning
     "remove this annotation".
+
+    A lease this writer creates holds ``leaseDurationSeconds`` 40 and, when the
+    server has the Node, an ownerReference to it (the Node is read only then); a
+    renewal keeps the duration the lease already has.
     """
 
-    def __init__(self, clock, client, node_name, failed_retry=3, annotations=None,
-                 lease_duration_seconds=NODE_LEASE_DURATION_SECONDS):
-        if failed_retry < 1:
-            raise ValueError("failed_retry must be at least 1")
+    def __init__(self, clock, client, node_name: str, settings, annotations=None):
         self._clock = clock
         self._client = client
         self._node = node_name
-        self._failed_retry = failed_retry
         self._annotations = annotations or (lambda: {})
-        self._lease_duration = lease_duration_seconds
-        # The lease as this writer last wrote it: the next renewal updates it
-        # directly and only re-reads after a conflict, one request per heartbeat.
-        self._base = None
+        self._writer = LeaseWriter(
+            clock, client, NODE_LEASE_NAMESPACE, node_name,
+            attempts=settings.failed_retry, retry_errors=True,
+            retry_policy=probe_retry_policy(settings.interval, settings.timeout,
+                                            settings.failed_retry),
+            attempt_timeout=settings.timeout)
 
-    @defer.inlineCallbacks
-    def renew(self):
-        """Write a fresh renewTime. Fires with the written lease; errbacks with
-        LeaseWriteFailed when the last attempt still conflicted (fix 10), or with
-        the client's error when the server failed otherwise."""
-        base, self._base = self._base, None
-        for _attempt in range(self._failed_retry):
-            if base is None:
-                try:
-                    base = yield self._client.get(LEASES, self._node, namespace=NODE_LEASE_NAMESPACE)
-                except NotFound:
-                    try:
-                        created = yield self._client.create(
-                            LEASES, self._fresh_lease(), namespace=NODE_LEASE_NAMESPACE)
-                    except Conflict:
-                        continue  # created by someone else meanwhile: read it next attempt
-                    self._base = created
-                    return created
-            try:
-                updated = yield self._client.update(
-                    LEASES, self._renewed(base), namespace=NODE_LEASE_NAMESPACE)
-            except (Conflict, NotFound):
-                base = None  # changed or deleted since read: re-read and retry
-                continue
-            self._base = updated
-            return updated
-        raise LeaseWriteFailed(
-            f"lease {NODE_LEASE_NAMESPACE}/{self._node} still conflicted after "
-            f"{self._failed_retry} attempts")
+    def renew(self) -> defer.Deferred:
+        """Write a fresh renewTime. Fires with the written lease; fails with
+        ``LeaseWriteFailed`` when the last attempt still conflicted, or with the last
+        attempt's error."""
+        return self._writer.write(self._change).addCallback(lambda result: result.lease)
+
+    def read(self) -> defer.Deferred:
+        """Read the lease, with the same attempts, pauses and timeouts as a renewal
+        (a server is checked without writing). Fires with the lease, None when the
+        server has none."""
+        self._writer.forget()
+        return self._writer.write(lambda current: None).addCallback(
+            lambda result: result.lease)
+
+    def forget(self) -> None:
+        """Read the lease before the next write: another writer may have renewed it."""
+        self._writer.forget()
+
+    def _change(self, current):
+        if current is None:
+            return self._fresh_lease()
+        return self._renewed(current)
 
     def _apply_annotations(self, metadata):
         annotations = dict(metadata.get("annotations") or {})
@@ -161,12 +176,17 @@ class NodeLeaseWriter:
         else:
             metadata.pop("annotations", None)
 
+    @defer.inlineCallbacks
     def _fresh_lease(self):
+        owner = yield node_owner_reference(self._client, self._node)
+        metadata = {"name": self._node, "namespace": NODE_LEASE_NAMESPACE}
+        if owner is not None:
+            metadata["ownerReferences"] = [owner]
         lease = {
             "apiVersion": "coordination.k8s.io/v1",
             "kind": "Lease",
-            "metadata": {"name": self._node, "namespace": NODE_LEASE_NAMESPACE},
-            "spec": {},
+            "metadata": metadata,
+            "spec": {"leaseDurationSeconds": NODE_LEASE_DURATION_SECONDS},
         }
         return self._renewed(lease)
 
@@ -175,27 +195,132 @@ class NodeLeaseWriter:
         self._apply_annotations(lease.setdefault("metadata", {}))
         spec = lease.setdefault("spec", {})
         spec["holderIdentity"] = self._node
-        spec["leaseDurationSeconds"] = self._lease_duration
-        spec["renewTime"] = micro_time(self._clock.seconds())
+        if not spec.get("leaseDurationSeconds"):
+            spec["leaseDurationSeconds"] = NODE_LEASE_DURATION_SECONDS
+        spec["renewTime"] = format_micro_time(self._clock.seconds())
         return lease
 
 
+class Cadence:
+    """Runs ``run()`` (a Deferred-returning callable) now and then on a fixed lattice.
+
+    Like ``LoopingCall``, a run that takes longer than a step skips the slots it
+    missed instead of shifting the later ones. ``next_interval()`` is asked after
+    every run for the step to the next slot, so a caller can change the cadence;
+    ``restart()`` runs at once (right after the run in flight, if any) and anchors
+    the lattice there. ``stop()`` cancels the run in flight.
+    """
+
+    log = Logger()
+
+    def __init__(self, reactor, run, next_interval, name: str):
+        self._reactor = reactor
+        self._run = run
+        self._next_interval = next_interval
+        self._name = name
+        self._running = False
+        self._timer = None
+        self._due = None
+        self._in_flight = None
+        # Set from the start of a run to its end, also when it ends at once: a
+        # restart() asked meanwhile (from a health change it caused) runs after it.
+        self._busy = False
+        self._run_again = False
+        self._stop_waiters = []
+
+    @property
+    def running(self) -> bool:
+        return self._running
+
+    def start(self) -> None:
+        if self._running:
+            return
+        self._running = True
+        self._tick(self._reactor.seconds())
+
+    def restart(self) -> None:
+        if not self._running:
+            return
+        if self._busy:
+            self._run_again = True
+            return
+        self._cancel_timer()
+        self._tick(self._reactor.seconds())
+
+    def stop(self) -> defer.Deferred:
+        """Fires once the run in flight (cancelled) has ended."""
+        if not self._running:
+            return defer.succeed(None)
+        self._running = False
+        self._run_again = False
+        self._cancel_timer()
+        if self._in_flight is None:
+            return defer.succeed(None)
+        waiter = defer.Deferred()
+        self._stop_waiters.append(waiter)
+        self._in_flight.cancel()
+        return waiter
+
+    def _cancel_timer(self):
+        timer, self._timer = self._timer, None
+        if timer is not None and timer.active():
+            timer.cancel()
+
+    def _tick(self, due):
+        self._timer = None
+        self._due = due
+        self._busy = True
+        d = defer.maybeDeferred(self._run)
+        # An unexpected error must not end the cadence: log it and run on.
+        d.addErrback(self._run_failed)
+        if not d.called:
+            self._in_flight = d
+        d.addBoth(self._ran)
+
+    def _run_failed(self, failure):
+        # A run cancelled by stop() ends however its parts report the cancellation.
+        if self._running:
+            self.log.failure("{name} raised", failure, name=self._name)
+
+    def _ran(self, _result):
+        self._in_flight = None
+        self._busy = False
+        if not self._running:
+            waiters, self._stop_waiters = self._stop_waiters, []
+            for waiter in waiters:
+                waiter.callback(None)
+            return None
+        now = self._reactor.seconds()
+        if self._run_again:
+            self._run_again = False
+            self._tick(now)
+            return None
+        step = self._next_interval()
+        due = self._due + step
+        if due < now:
+            # Slots missed while the run lasted are skipped, the lattice stays.
+            due += step * math.ceil((now - due) / step)
+        self._timer = self._reactor.callLater(max(0.0, due - now), self._tick, due)
+        return None
+
+
 class LeaseProber:
-    """Probes one server every ``interval`` by renewing the node lease on it.
+    """The health of one server, judged by probing it: renewing the node lease on it
+    (``probe()``) or, for a cloud server the heartbeat does not go through, reading
+    it (``check()``).
 
-    The first probe decides health directly; afterwards one failure makes the
-    server unhealthy and ``healthy_threshold`` consecutive successes make it
-    healthy again. A probe that takes longer than ``timeout`` is cancelled and
-    counts as a failure. With a ``kubelet`` liveness source that reports the
-    kubelet dead, nothing is written and the probe fails: an agent must not keep
-    a dead node alive.
+    One probe is one ``NodeLeaseWriter`` renewal or read: up to ``failed_retry``
+    attempts with pauses, each bounded by ``timeout``, the whole probe bounded by
+    ``interval`` (cancelled then). Only a whole probe succeeds or fails: the first
+    probe decides health directly; afterwards one failed probe makes the server
+    unhealthy and ``healthy_threshold`` consecutive good probes make it healthy
+    again. With a ``kubelet`` liveness source that reports the kubelet dead, nothing
+    is sent and the probe fails: an agent must not keep a dead node alive.
 
-    Probes run on a fixed lattice (like ``LoopingCall``: a slow probe skips the
-    slots it missed, it does not shift the later ones). ``next_interval()``, when
-    given, is asked after every probe for the step to the next slot, so a caller
-    can change the cadence; ``restart()`` probes at once and anchors the lattice
-    there. ``on_change(prober)`` is called after the first probe and whenever
-    ``healthy`` flips.
+    ``start()`` probes every ``interval`` on its own ``Cadence`` (``next_interval``
+    changes the step, ``restart()`` probes at once); the cloud checker instead
+    drives its probers itself. ``on_change(prober)`` is called after the first probe
+    and whenever ``healthy`` flips.
     """
 
     log = Logger()
@@ -208,122 +333,71 @@ class LeaseProber:
         self._settings = settings
         self._kubelet = kubelet
         self._metrics = metrics
-        self._next_interval = next_interval or (lambda: settings.interval)
         self.on_change = on_change
         self.healthy = False
         self.probes = 0
         self.successes = 0
         self.last_error = None
         self._consecutive = 0
-        self._running = False
-        self._timer = None
-        self._due = None
-        self._ticking = False
-        self._probe_again = False
-        self._stop_waiters = []
-        self._in_flight = None
-        self._stopping = False
+        self._cadence = Cadence(reactor, self.probe,
+                                next_interval or (lambda: settings.interval),
+                                f"probe of {server}")
 
     @property
-    def running(self):
-        return self._running
+    def writer(self) -> NodeLeaseWriter:
+        return self._writer
 
-    def start(self):
+    @property
+    def running(self) -> bool:
+        return self._cadence.running
+
+    def start(self) -> None:
         """Probe now and then every ``interval``."""
-        if self._running:
-            return
-        self._running = True
-        self._stopping = False
-        self._tick(self._reactor.seconds())
+        self._cadence.start()
 
-    def restart(self):
+    def restart(self) -> None:
         """Probe now (right after the probe in flight, if any) and count the cadence
         from there; nothing when not started."""
-        if not self._running:
-            return
-        if self._ticking:
-            self._probe_again = True
-            return
-        self._cancel_timer()
-        self._tick(self._reactor.seconds())
+        self._cadence.restart()
 
-    def stop(self):
+    def stop(self) -> defer.Deferred:
         """Stop probing; an in-flight probe is cancelled. Fires when nothing is left."""
-        if not self._running:
-            return defer.succeed(None)
-        self._running = False
-        self._stopping = True
-        self._probe_again = False
-        self._cancel_timer()
-        if self._in_flight is not None:
-            self._in_flight.cancel()
-        if not self._ticking:
-            return defer.succeed(None)
-        waiter = defer.Deferred()
-        self._stop_waiters.append(waiter)
-        return waiter
+        return self._cadence.stop()
 
-    def _cancel_timer(self):
-        timer, self._timer = self._timer, None
-        if timer is not None and timer.active():
-            timer.cancel()
+    def probe(self) -> defer.Deferred:
+        """Renew the node lease on this server now. Fires with the resulting health
+        (never errbacks)."""
+        return self.write().addCallback(lambda _ok: self.healthy)
 
-    def _tick(self, due):
-        self._timer = None
-        self._due = due
-        # Set before probing: a probe may finish (and call back) synchronously.
-        self._ticking = True
-        self._probe_quietly().addBoth(self._ticked)
+    def write(self) -> defer.Deferred:
+        """One probe that renews the node lease. Fires with True when the lease was
+        written, whatever the resulting health (never errbacks)."""
+        return self._probe(self._writer.renew)
 
-    def _ticked(self, _result):
-        self._ticking = False
-        if not self._running:
-            waiters, self._stop_waiters = self._stop_waiters, []
-            for waiter in waiters:
-                waiter.callback(None)
-            return None
-        now = self._reactor.seconds()
-        if self._probe_again:
-            self._probe_again = False
-            self._tick(now)
-            return None
-        step = self._next_interval()
-        due = self._due + step
-        if due < now:
-            # Slots missed while the probe ran are skipped, the lattice stays.
-            due += step * math.ceil((now - due) / step)
-        self._timer = self._reactor.callLater(max(0.0, due - now), self._tick, due)
-        return None
+    def check(self) -> defer.Deferred:
+        """One probe that reads the node lease (absent is an answer too). Fires with
+        True when the server answered (never errbacks)."""
+        return self._probe(self._writer.read)
 
-    def probe(self):
-        """One probe now. Fires with the resulting health (never errbacks)."""
+    def _probe(self, send):
         if self._kubelet is not None and not self._kubelet.is_alive():
             self._record(False, "kubelet has not been healthy for its grace period")
-            return defer.succeed(self.healthy)
-        d = self._writer.renew()
-        d.addTimeout(self._settings.timeout, self._reactor)
-        self._in_flight = d
+            return defer.succeed(False)
+        d = send()
+        d.addTimeout(self._settings.interval, self._reactor)
 
-        def written(_lease):
-            self._in_flight = None
-            if not self._stopping:
-                self._record(True)
-            return self.healthy
+        def answered(_lease):
+            self._record(True)
+            return True
 
         def failed(failure):
-            self._in_flight = None
-            if not self._stopping:
-                self._record(False, _describe(failure))
-            return self.healthy
+            # A probe abandoned (the prober stopped) tells nothing about the server.
+            if failure.check(defer.CancelledError):
+                return failure
+            self._record(False, _describe(failure))
+            return False
 
-        d.addCallbacks(written, failed)
-        return d
-
-    def _probe_quietly(self):
-        # An unexpected error must not end the probing: log it and probe on.
-        d = defer.maybeDeferred(self.probe)
-        d.addErrback(lambda failure: self.log.failure(
-            "probe of {server} raised", failure, server=self.server))
+        d.addCallbacks(answered, failed)
         return d
 
     def _record(self, ok, error=None):
@@ -348,6 +422,9 @@ class LeaseProber:
             else:
                 self.log.warn("server {server} is unhealthy: {error}",
                               server=self.server, error=error)
+        elif not ok:
+            self.log.debug("probe of {server} failed: {error}", server=self.server,
+                           error=error)
         if (first or was != self.healthy) and self.on_change is not None:
             try:
                 self.on_change(self)
@@ -362,7 +439,16 @@ def _describe(failure):
 
 
 class CloudHealthChecker:
-    """Health of the cloud: healthy when any cloud server accepted the heartbeat.
+    """Health of the cloud: healthy when any cloud server is.
+
+    The heartbeat goes to the cloud once per ``interval``, through one server: the
+    writing server, the last one whose write succeeded. The other servers are
+    probed by reading the node lease, one of them per interval in turn (and, until
+    each has been probed once, all of them), so that with several URLs in front of
+    one cloud a node neither writes its lease twice nor conflicts with itself, and
+    sends at most twice the requests it sends with one URL. When the write fails the
+    heartbeat moves at once to another server, a healthy one first, else the next
+    one, until one took it or every server failed this interval.
 
     ``decided`` is False until the cloud's health is known: no server has been found
     healthy yet and some server has not answered its first probe.
@@ -374,13 +460,17 @@ class CloudHealthChecker:
 
     log = Logger()
 
-    def __init__(self, probers):
+    def __init__(self, reactor, probers, interval: float, kubelet=None):
         if not probers:
             raise ValueError("at least one cloud server is required")
         self._probers = list(probers)
+        self._kubelet = kubelet
+        self._writing = 0
+        self._next_check = 1 % len(self._probers)
         self._next = 0
         self._listeners = []
         self._last_state = (self.decided, self.healthy)
+        self._cadence = Cadence(reactor, self._round, lambda: interval, "cloud heartbeat")
         for prober in self._probers:
             prober.on_change = self._prober_changed
 
@@ -393,16 +483,21 @@ class CloudHealthChecker:
         """
         probers = [
             LeaseProber(reactor,
-                        NodeLeaseWriter(reactor, client, node_name, settings.failed_retry,
+                        NodeLeaseWriter(reactor, client, node_name, settings,
                                         annotations=_not_delegated),
                         url, settings, kubelet=kubelet, metrics=metrics)
             for url, client in clients.items()
         ]
-        return cls(probers)
+        return cls(reactor, probers, settings.interval, kubelet=kubelet)
 
     @property
     def probers(self):
         return tuple(self._probers)
+
+    @property
+    def writing_server(self) -> str:
+        """The server the next heartbeat is written through."""
+        return self._probers[self._writing].server
 
     @property
     def healthy(self):
@@ -441,12 +536,62 @@ class CloudHealthChecker:
                 return self._probers[index].server
         return None
 
-    def start(self):
-        for prober in self._probers:
-            prober.start()
+    def _round(self):
+        """One interval: the heartbeat through the writing server (moving on when it
+        fails) and read probes of the others. While the kubelet counts as dead every
+        server's probe fails at once, without a request."""
+        if self._kubelet is not None and not self._kubelet.is_alive():
+            return defer.gatherResults([p.write() for p in self._probers])
+        probes = [self._heartbeat()]
+        probes.extend(self._probers[index].check() for index in self._to_check())
+        return defer.gatherResults(probes, consumeErrors=True)
 
-    def stop(self):
-        return defer.gatherResults([p.stop() for p in self._probers], consumeErrors=True)
+    def _to_check(self):
+        count = len(self._probers)
+        others = [i for i in range(count) if i != self._writing]
+        if not others:
+            return []
+        unprobed = [i for i in others if not self._probers[i].probes]
+        if unprobed:
+            return unprobed
+        index = self._next_check
+        if index == self._writing:
+            index = (index + 1) % count
+        self._next_check = (index + 1) % count
+        return [index]
+
+    @defer.inlineCallbacks
+    def _heartbeat(self):
+        count = len(self._probers)
+        started = index = self._writing
+        tried = set()
+        while True:
+            tried.add(index)
+            written = yield self._probers[index].write()
+            if written:
+                if index != started:
+                    self.log.info("heartbeat now written through {new}: {old} failed",
+                                  new=self._probers[index].server,
+                                  old=self._probers[started].server)
+                return True
+            untried = [(index + step) % count for step in range(1, count)
+                       if (index + step) % count not in tried]
+            if not untried:
+                return False
+            healthy = [i for i in untried if self._probers[i].healthy]
+            index = self._writing = (healthy or untried)[0]
+            # This server's copy of the lease is older than what the cloud holds now.
+            self._probers[index].writer.forget()
+
+    def start(self) -> None:
+        self._cadence.start()
+
+    def restart(self) -> None:
+        """Probe now (right after the round in flight, if any)."""
+        self._cadence.restart()
+
+    def stop(self) -> defer.Deferred:
+        return self._cadence.stop()
 
 
 def _not_delegated():
@@ -470,7 +615,7 @@ class CoordinatorHealthChecker:
         self._cloud = cloud_checker
         self._interval = settings.interval
         self.delegating_interval = delegating_interval(settings.interval, takeover)
-        writer = NodeLeaseWriter(reactor, client, node_name, settings.failed_retry,
+        writer = NodeLeaseWriter(reactor, client, node_name, settings,
                                  annotations=self._delegation_annotations)
         self.prober = LeaseProber(reactor, writer, server, settings,
                                   kubelet=kubelet, metrics=metrics,
@@ -505,6 +650,10 @@ class CoordinatorHealthChecker:
 
     def start(self):
         self.prober.start()
+
+    def restart(self) -> None:
+        """Probe now (right after the probe in flight, if any)."""
+        self.prober.restart()
 
     def stop(self):
         return self.prober.stop()

@@ -36,9 +36,10 @@ from zope.interface import implementer
 from yurtcoord.inflight import InFlight, cancellable_sleep
 from yurtcoord.kube import gvr as gvrs
 from yurtcoord.kube.backoff import Backoff
-from yurtcoord.kube.errors import AlreadyExists, Conflict, NotFound
+from yurtcoord.kube.errors import NotFound
 from yurtcoord.kube.informer import Informer
-from yurtcoord.kube.lease import LeaseRecord, build_lease, with_record
+from yurtcoord.kube.lease import LeaseRecord, build_lease, node_owner_reference, with_record
+from yurtcoord.kube.leasewriter import LeaseWriter
 from yurtcoord.poolscope import describe, merge_resources, resource_id
 from yurtcoord.poolstore.keycache import POOL_SCOPED_COMPONENT
 from yurtcoord.poolstore.keys import InvalidKey, KeyBuildInfo
@@ -401,6 +402,11 @@ class PoolSyncManager:
         self.mirrors = {}
         self.lease = None
         self.lease_writes = 0
+        # Renews the lease it wrote last; a conflict, a lease deleted behind our back
+        # or one created meanwhile is read again at once.
+        self._lease_writer = LeaseWriter(reactor, coordinator_client,
+                                         INFORMER_SYNC_LEASE_NAMESPACE,
+                                         INFORMER_SYNC_LEASE_NAME, attempts=3)
         self._lease_loop = None
         self._lease_loop_done = None
         self._started_scope = False
@@ -446,6 +452,7 @@ class PoolSyncManager:
                       deleted=deleted)
         self.store = store
         self.lease = None
+        self._lease_writer.forget()  # deleted above
         self._running = True
         self._lists_at_outage = None
         store.on_health_change(self._store_health_changed)
@@ -593,54 +600,37 @@ class PoolSyncManager:
 
     @defer.inlineCallbacks
     def _write_lease(self):
-        now = self.reactor.seconds()
-        if self.lease is not None:
-            record = LeaseRecord.from_lease(self.lease)
-            record = LeaseRecord(self.node_name, int(self.informer_lease_renew),
-                                 record.acquire_time or now, now, record.lease_transitions)
-            try:
-                self.lease = yield self._in_flight.track(self.coordinator.update(
-                    gvrs.LEASES, with_record(self.lease, record)))
-                self.lease_writes += 1
-                return
-            except (Conflict, NotFound):
-                self.lease = None
-        try:
-            self.lease = yield self._create_lease(now)
-        except AlreadyExists:
-            current = yield self._in_flight.track(self.coordinator.get(
-                gvrs.LEASES, INFORMER_SYNC_LEASE_NAME, INFORMER_SYNC_LEASE_NAMESPACE))
-            record = LeaseRecord(self.node_name, int(self.informer_lease_renew), now, now,
-                                 LeaseRecord.from_lease(current).lease_transitions)
-            self.lease = yield self._in_flight.track(self.coordinator.update(
-                gvrs.LEASES, with_record(current, record)))
+        previous = self.lease
+        result = yield self._in_flight.track(self._lease_writer.write(self._lease_change))
+        self.lease = result.lease
         self.lease_writes += 1
-        self.log.info("informer sync lease {namespace}/{name} written by node {node}",
-                      namespace=INFORMER_SYNC_LEASE_NAMESPACE, name=INFORMER_SYNC_LEASE_NAME,
-                      node=self.node_name)
+        if previous is None:
+            self.log.info("informer sync lease {namespace}/{name} written by node {node}",
+                          namespace=INFORMER_SYNC_LEASE_NAMESPACE,
+                          name=INFORMER_SYNC_LEASE_NAME, node=self.node_name)
+
+    def _lease_change(self, current):
+        """The informer sync lease to write over ``current`` (None: absent): held by
+        this node for ``informer_lease_renew``, its acquireTime kept while this node
+        held it already. A lease created here names this node's Node as owner."""
+        now = self.reactor.seconds()
+        duration = int(self.informer_lease_renew)
+        if current is None:
+            return self._new_lease(now, duration)
+        seen = LeaseRecord.from_lease(current)
+        acquired = seen.acquire_time if seen.holder_identity == self.node_name else None
+        record = LeaseRecord(self.node_name, duration, acquired or now, now,
+                             seen.lease_transitions)
+        return with_record(current, record)
 
     @defer.inlineCallbacks
-    def _create_lease(self, now):
+    def _new_lease(self, now, duration):
         lease = build_lease(INFORMER_SYNC_LEASE_NAME, INFORMER_SYNC_LEASE_NAMESPACE,
-                            LeaseRecord(self.node_name, int(self.informer_lease_renew),
-                                        now, now, 0))
-        owner = yield self._node_owner()
+                            LeaseRecord(self.node_name, duration, now, now, 0))
+        owner = yield node_owner_reference(self.coordinator, self.node_name)
         if owner is not None:
             lease["metadata"]["ownerReferences"] = [owner]
-        created = yield self._in_flight.track(self.coordinator.create(gvrs.LEASES, lease))
-        return created
-
-    @defer.inlineCallbacks
-    def _node_owner(self):
-        try:
-            node = yield self._in_flight.track(self.coordinator.get(gvrs.NODES, self.node_name))
-        except NotFound:
-            return None
-        meta = node.get("metadata") or {}
-        if not meta.get("uid"):
-            return None
-        return {"apiVersion": "v1", "kind": "Node", "name": self.node_name,
-                "uid": meta["uid"]}
+        return lease
 
 
 def _resource_version(obj):

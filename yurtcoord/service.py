@@ -338,11 +338,9 @@ class Agent(service.MultiService):
         slot of each prober; a dead one is refused by the next probe anyway."""
         if not alive:
             return
-        probers = list(self.cloud_checker.probers)
+        self.cloud_checker.restart()
         if self.coordinator is not None:
-            probers.append(self.coordinator_checker.prober)
-        for prober in probers:
-            prober.restart()
+            self.coordinator_checker.restart()
 
     def _build_coordinator(self):
         config, reactor, node = self.config, self.reactor, self.config.node.name
@@ -498,12 +496,12 @@ class Agent(service.MultiService):
         return defer.gatherResults(stops, consumeErrors=True)
 
     def _start_hub_elector(self):
-        """Start the hub elector once every prober has answered once (each answers
-        within ``[heartbeat] timeout``): role ``init`` means "no health check decided
-        yet", and an elector checking before any probe answered would call every
-        starting agent ``pending`` first."""
+        """Start the hub elector once every prober has answered once (a probe with
+        its retries ends within ``[heartbeat] interval``): role ``init`` means "no
+        health check decided yet", and an elector checking before any probe answered
+        would call every starting agent ``pending`` first."""
         probers = [*self.cloud_checker.probers, self.coordinator_checker.prober]
-        deadline = self.reactor.seconds() + self.config.heartbeat.timeout + FIRST_PROBE_SLACK
+        deadline = self.reactor.seconds() + self.config.heartbeat.interval + FIRST_PROBE_SLACK
 
         def first_probes_answered():
             if all(p.probes for p in probers) or self.reactor.seconds() >= deadline:

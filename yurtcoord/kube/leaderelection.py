@@ -10,8 +10,10 @@ client-go's ``tools/leaderelection``:
   edge nodes drift. The elector remembers the last lease record it saw and the local
   time it first saw that record (``observed_time``); the lease is expired once
   ``observed_time + leaseDurationSeconds <= now`` with nothing changed in between.
-- Writes carry the resourceVersion that was read; a ``Conflict`` means somebody else
-  wrote first, and the next attempt reads again.
+- Writes go through the agent's one ``LeaseWriter``: they carry the resourceVersion
+  that was read, and a ``Conflict`` means somebody else wrote first. A leader's
+  renewal of the lease it wrote last reads it again at once after a conflict; any
+  other attempt is one read and one write, and a lost race waits for the next tick.
 - The leader renews every ``retry_period``. If it has not renewed successfully for
   ``renew_deadline`` (counted from the start of its last successful write) it stops
   leading, before any peer can consider the lease expired (``renew_deadline <
@@ -49,9 +51,9 @@ from twisted.internet import defer
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
-from yurtcoord.kube.errors import Conflict, KubeError, NotFound
-from yurtcoord.kube.gvr import LEASES
+from yurtcoord.kube.errors import Conflict, KubeError
 from yurtcoord.kube.lease import LeaseRecord, build_lease, with_record
+from yurtcoord.kube.leasewriter import LeaseWriteFailed, LeaseWriter
 
 JITTER_FACTOR = 1.2
 RELEASED_LEASE_DURATION_SECONDS = 1
@@ -114,6 +116,7 @@ class _Attempt:
         self.seen_at = None
         self.written = None
         self.held_by_other = False
+        self.from_known = False
 
 
 def _error_kind(failure):
@@ -135,12 +138,16 @@ class LeaderElector:
     def __init__(self, reactor, lease_client, config, on_started_leading=None,
                  on_stopped_leading=None, on_new_leader=None, random=None):
         self._reactor = reactor
-        self._client = lease_client
         self._config = config
         self._on_started_leading = on_started_leading
         self._on_stopped_leading = on_stopped_leading
         self._on_new_leader = on_new_leader
         self._random = random or random_module.Random().random
+        # Every write of the lease; ``_lease_read`` records each read into the
+        # attempt in ``_reading``.
+        self._writer = LeaseWriter(reactor, lease_client, config.lease_namespace,
+                                   config.lease_name, attempts=2, on_read=self._lease_read)
+        self._reading = None
 
         self._running = False
         self._generation = 0
@@ -231,7 +238,7 @@ class LeaderElector:
         if announced:
             self._call(self._on_stopped_leading)
         if was_leading and release and self._lease is not None:
-            done = self._release(self._lease)
+            done = self._release()
         else:
             done = defer.succeed(False)
         done.addCallback(self._stopped)
@@ -295,7 +302,7 @@ class LeaderElector:
     def _attempt(self):
         self._timer = None
         attempt = _Attempt(self._reactor.seconds())
-        d = self._try_acquire_or_renew(attempt, self._leading, self._lease)
+        d = self._try_acquire_or_renew(attempt, self._leading)
         self._inflight = d
         d.addTimeout(self._attempt_timeout(), self._reactor)
         d.addBoth(self._attempt_finished, attempt, d)
@@ -306,52 +313,74 @@ class LeaderElector:
             return seen_at
         return self._observed_time
 
-    @defer.inlineCallbacks
-    def _try_acquire_or_renew(self, attempt, leading, lease):
+    def _try_acquire_or_renew(self, attempt, leading):
+        """One write through the lease writer. A leader renews the lease it wrote
+        last, directly; when that conflicts the writer reads the lease again at once
+        and the ordinary rules decide (a second attempt). A candidate, or a leader
+        that knows no lease, reads first and writes in one attempt: a lost race
+        waits for the next tick."""
         cfg = self._config
-        if leading and lease is not None:
-            # Fast path: renew the object we last wrote; its resourceVersion proves
-            # nobody wrote in between.
-            record = dataclasses.replace(
-                LeaseRecord.from_lease(lease), holder_identity=cfg.identity,
-                lease_duration_seconds=cfg.lease_duration_seconds,
-                renew_time=attempt.started_at)
-            try:
-                attempt.written = yield self._client.update(
-                    LEASES, with_record(lease, record), namespace=cfg.lease_namespace)
-                return attempt
-            except (Conflict, NotFound) as error:
-                self.log.info("lease {lease} changed since our last renewal ({error}); "
-                              "reading it again", lease=cfg.lease_key, error=error)
-        try:
-            current = yield self._client.get(LEASES, cfg.lease_name, cfg.lease_namespace)
-        except NotFound:
-            current = None
+        self._reading = attempt
+        if not leading:
+            self._writer.forget()
+        attempt.from_known = self._writer.known is not None
+        attempts = 2 if attempt.from_known else 1
+
+        def change(current):
+            if current is not None and current is not attempt.seen:
+                # The lease we wrote last: its resourceVersion proves nobody wrote since.
+                record = dataclasses.replace(
+                    LeaseRecord.from_lease(current), holder_identity=cfg.identity,
+                    lease_duration_seconds=cfg.lease_duration_seconds,
+                    renew_time=attempt.started_at)
+                return with_record(current, record)
+            return self._acquire_or_renew(attempt, current)
+
+        d = self._writer.write(change, attempts=attempts)
+
+        def written(result):
+            if result.written:
+                attempt.written = result.lease
+            return attempt
+
+        return d.addCallback(written)
+
+    def _lease_read(self, lease):
+        """Every read of the lease during an attempt is an observation, whatever is
+        written after it."""
+        attempt = self._reading
+        if attempt is None:
+            return
+        if attempt.from_known and attempt.seen_at is None:
+            self.log.info("lease {lease} changed since our last renewal; reading it again",
+                          lease=self._config.lease_key)
+        attempt.seen, attempt.seen_at = lease, self._reactor.seconds()
+
+    def _acquire_or_renew(self, attempt, current):
+        """The lease to write after reading ``current`` (None: absent), or None to
+        write nothing (held by a live other holder)."""
+        cfg = self._config
         now = self._reactor.seconds()
         if current is None:
             record = LeaseRecord(cfg.identity, cfg.lease_duration_seconds, now, now, 0)
-            attempt.written = yield self._client.create(
-                LEASES, build_lease(cfg.lease_name, cfg.lease_namespace, record),
-                namespace=cfg.lease_namespace)
-            return attempt
-        attempt.seen, attempt.seen_at = current, now
+            return build_lease(cfg.lease_name, cfg.lease_namespace, record)
         seen = LeaseRecord.from_lease(current)
         observed_time = self._record_observation(seen, now)
         holder = seen.holder_identity
         if holder and holder != cfg.identity and not self._is_expired(seen, observed_time, now):
             attempt.held_by_other = True
-            return attempt
+            return None
         if holder == cfg.identity:
             record = LeaseRecord(cfg.identity, cfg.lease_duration_seconds,
                                  seen.acquire_time or now, now, seen.lease_transitions)
         else:
             record = LeaseRecord(cfg.identity, cfg.lease_duration_seconds, now, now,
                                  seen.lease_transitions + 1)
-        attempt.written = yield self._client.update(
-            LEASES, with_record(current, record), namespace=cfg.lease_namespace)
-        return attempt
+        return with_record(current, record)
 
     def _attempt_finished(self, result, attempt, d):
+        if self._reading is attempt:
+            self._reading = None
         if d is not self._inflight:
             # Cancelled by stop() or the renew deadline: a late answer changes nothing.
             return None
@@ -399,7 +428,7 @@ class LeaderElector:
         """One line per failed attempt while leading (at most renew_deadline /
         retry_period of them); as a candidate, one per change of error kind."""
         kind = _error_kind(failure)
-        if not failure.check(KubeError, defer.TimeoutError):
+        if not failure.check(KubeError, LeaseWriteFailed, defer.TimeoutError):
             if kind != self._last_error_kind:
                 self.log.failure("unexpected error electing on lease {lease} as {identity}",
                                  failure, lease=self._config.lease_key,
@@ -413,7 +442,7 @@ class LeaderElector:
                           error=failure.value,
                           left=self._renewed_at + self._config.renew_deadline
                           - self._reactor.seconds())
-        elif failure.check(Conflict):
+        elif failure.check(Conflict, LeaseWriteFailed):
             self.log.debug("{identity} lost a race for lease {lease}",
                            identity=self._config.identity, lease=self._config.lease_key)
         elif kind != self._last_error_kind:
@@ -487,9 +516,9 @@ class LeaderElector:
 
     # Stopping --------------------------------------------------------------------
 
-    def _release(self, lease):
+    def _release(self):
         cfg = self._config
-        d = self._write_release(lease)
+        d = self._write_release()
         d.addTimeout(cfg.renew_deadline, self._reactor)
 
         def released(written):
@@ -513,25 +542,27 @@ class LeaderElector:
         d.addCallbacks(released, not_released)
         return d
 
-    @defer.inlineCallbacks
-    def _write_release(self, lease):
-        """Clear the holder, duration 1 s. A renewal cancelled by stop() may still
-        have been written, making our copy stale: on Conflict, read the lease again
-        and release it only if we still hold it. The written lease, or None."""
+    def _write_release(self):
+        """Clear the holder, duration 1 s, from the lease we wrote last. A renewal
+        cancelled by stop() may still have been written, making that copy stale: on
+        a conflict the writer reads the lease again and it is released only if we
+        still hold it. Fires with the written lease, or None."""
         cfg = self._config
-        for _ in range(2):
+        self._reading = None
+
+        def change(current):
+            if current is None:
+                return None
+            seen = LeaseRecord.from_lease(current)
+            if seen.holder_identity != cfg.identity:
+                return None
             now = self._reactor.seconds()
             record = LeaseRecord("", RELEASED_LEASE_DURATION_SECONDS, now, now,
-                                 LeaseRecord.from_lease(lease).lease_transitions)
-            try:
-                written = yield self._client.update(
-                    LEASES, with_record(lease, record), namespace=cfg.lease_namespace)
-                return written
-            except Conflict:
-                lease = yield self._client.get(LEASES, cfg.lease_name, cfg.lease_namespace)
-                if LeaseRecord.from_lease(lease).holder_identity != cfg.identity:
-                    return None
-        return None
+                                 seen.lease_transitions)
+            return with_record(current, record)
+
+        d = self._writer.write(change, attempts=2)
+        return d.addCallback(lambda result: result.lease if result.written else None)
 
     def _stopped(self, released):
         waiters, self._stop_waiters = self._stop_waiters, None

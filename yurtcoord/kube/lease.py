@@ -10,6 +10,11 @@ import re
 from dataclasses import dataclass
 from typing import Optional
 
+from twisted.internet import defer
+
+from yurtcoord.kube.errors import Forbidden, NotFound
+from yurtcoord.kube.gvr import NODES
+
 MICRO_TIME_FORMAT = "%Y-%m-%dT%H:%M:%S.%fZ"
 
 _RFC3339 = re.compile(
@@ -164,3 +169,20 @@ def lease_transitions(lease):
 def resource_version(obj):
     """``metadata.resourceVersion`` of any object dict, or None."""
     return ((obj or {}).get("metadata") or {}).get("resourceVersion")
+
+
+@defer.inlineCallbacks
+def node_owner_reference(client, node_name: str) -> defer.Deferred:
+    """The ownerReference naming Node ``node_name`` as ``client``'s server holds it
+    (apiVersion v1, kind Node, name, uid), the way the kubelet's own node lease names
+    its Node, so the lease goes when the Node goes. Fires with None when that server
+    has no such Node, may not show it, or shows it without a uid: the lease is then
+    written without an owner. Other errors fail the Deferred."""
+    try:
+        node = yield client.get(NODES, node_name)
+    except (NotFound, Forbidden):
+        return None
+    uid = ((node or {}).get("metadata") or {}).get("uid")
+    if not uid:
+        return None
+    return {"apiVersion": "v1", "kind": "Node", "name": node_name, "uid": uid}

@@ -14,7 +14,9 @@ One write:
 - ``change(current)`` returns the lease to write: a new lease to create when
   ``current`` is ``None``, or ``current`` changed (it carries ``current``'s
   resourceVersion, which makes the update optimistic). Returning ``None`` writes
-  nothing: the write ends as ``unchanged``.
+  nothing: the write ends as ``unchanged``. ``change`` may also return a Deferred
+  of either, when what to create needs a request of its own (a node lease names its
+  Node as owner); that request belongs to the attempt and its timeout.
 - A conflict (the lease changed since it was read, was created meanwhile, or was
   deleted under an update) reads the lease again and asks ``change`` again, at once.
 - Any other error ends the write, unless ``retry_errors``: then the next attempt
@@ -43,7 +45,7 @@ UPDATED = "updated"
 UNCHANGED = "unchanged"
 
 Lease = dict
-Change = Callable[[Optional[Lease]], Optional[Lease]]
+Change = Callable[[Optional[Lease]], "Optional[Lease] | defer.Deferred"]
 RetryPolicy = Callable[[int], float]
 
 
@@ -119,17 +121,22 @@ class LeaseWriter:
         """Read the lease again at the next write."""
         self._known = None
 
-    def write(self, change: Change) -> defer.Deferred:
-        """One write (see the module docstring); fires with a ``LeaseWrite``."""
-        return self._write(change)
+    def write(self, change: Change, attempts: Optional[int] = None) -> defer.Deferred:
+        """One write (see the module docstring); fires with a ``LeaseWrite``.
+
+        ``attempts`` overrides the writer's for this write only: the elector renews
+        its own lease with a conflict re-read, but takes a lease in one attempt."""
+        if attempts is not None and attempts < 1:
+            raise ValueError(f"attempts must be at least 1, got {attempts}")
+        return self._write(change, attempts or self._attempts)
 
     @defer.inlineCallbacks
-    def _write(self, change):
+    def _write(self, change, attempts):
         current, self._known = self._known, None
         from_cache = current is not None
         failures = 0
         last_error = None
-        for attempt in range(1, self._attempts + 1):
+        for attempt in range(1, attempts + 1):
             if last_error is not None and not isinstance(last_error, (Conflict, NotFound)):
                 failures += 1
                 yield task.deferLater(self._clock, self._retry_policy(failures), lambda: None)
@@ -155,7 +162,7 @@ class LeaseWriter:
             return result
         if isinstance(last_error, (Conflict, NotFound)):
             raise LeaseWriteFailed(
-                f"lease {self.key} still conflicted after {self._attempts} attempts")
+                f"lease {self.key} still conflicted after {attempts} attempts")
         raise last_error
 
     @defer.inlineCallbacks
@@ -167,7 +174,7 @@ class LeaseWriter:
                 current = None
             if self._on_read is not None:
                 self._on_read(current)
-        desired = change(current)
+        desired = yield change(current)
         if desired is None:
             return LeaseWrite(UNCHANGED, current)
         if current is None:

@@ -244,6 +244,16 @@ class CrudTests(ServerTestCase):
         self.assertEqual(body["details"]["name"], "a")
 
     @defer.inlineCallbacks
+    def test_answers_log_the_code_of_every_answer_sent(self):
+        yield self.call("POST", CM, configmap("a"))
+        yield self.call("POST", CM, configmap("a"))
+        self.server.faults.fail_next(1, code=503)
+        yield self.call("GET", CM + "/a")
+        yield self.wait(lambda: len(self.server.answers) == 3, "three answers logged")
+        self.assertEqual([(method, path, code) for _at, method, path, code in self.server.answers],
+                         [("POST", CM, 201), ("POST", CM, 409), ("GET", CM + "/a", 503)])
+
+    @defer.inlineCallbacks
     def test_update_rules(self):
         _, created = yield self.call("POST", CM, configmap("a", data={"k": "1"}))
         stale = dict(created, data={"k": "2"})

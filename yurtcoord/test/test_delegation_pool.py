@@ -28,9 +28,9 @@ from twisted.internet import defer, reactor
 from twisted.trial import unittest
 
 from yurtcoord.config import parse_config
-from yurtcoord.health import DELEGATE_HEARTBEAT_ANNOTATION, NODE_LEASE_NAMESPACE, micro_time
+from yurtcoord.health import DELEGATE_HEARTBEAT_ANNOTATION, NODE_LEASE_NAMESPACE
 from yurtcoord.kube.gvr import LEASES
-from yurtcoord.kube.lease import renew_time
+from yurtcoord.kube.lease import format_micro_time, renew_time
 from yurtcoord.roles import Role
 from yurtcoord.test.test_service import ELECTION_LEASE, ELECTION_NAMESPACE, POOL, PoolWorld
 from yurtcoord.testing.agentini import loopback_agent_ini
@@ -176,7 +176,7 @@ def ghost_lease(seconds, annotations=None):
         metadata["annotations"] = annotations
     return {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": metadata,
             "spec": {"holderIdentity": GHOST, "leaseDurationSeconds": 40,
-                     "renewTime": micro_time(seconds)}}
+                     "renewTime": format_micro_time(seconds)}}
 
 
 def renew_ghost(coordinator, annotations=None):

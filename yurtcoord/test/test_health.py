@@ -5,6 +5,8 @@ import copy
 from twisted.internet import defer
 from twisted.internet.task import Clock
 from twisted.trial import unittest
+from zope.interface import implementer
+from zope.interface.verify import verifyObject
 
 from yurtcoord import health
 from yurtcoord.health import (
@@ -17,27 +19,37 @@ from yurtcoord.health import (
     ProbeSettings,
 )
 from yurtcoord.kube.errors import AlreadyExists, Conflict, NotFound, ServerError
-from yurtcoord.kube.gvr import LEASES
+from yurtcoord.kube.gvr import LEASES, NODES
+from yurtcoord.kube.interfaces import IObjectClient
+from yurtcoord.kube.leasewriter import LeaseWriteFailed
 from yurtcoord.testing.poll import poll_until
 
 NODE = "edge-1"
 START = 1_700_000_000.0
 
 
+@implementer(IObjectClient)
 class FakeLeaseClient:
-    """In-memory apiserver for leases with resourceVersion checks and fault knobs."""
+    """In-memory apiserver for leases and nodes with resourceVersion checks and fault
+    knobs. ``requests`` names each request: ``get``, ``create``, ``update`` (leases)
+    and ``get node``; it provides ``IObjectClient``."""
 
     def __init__(self):
         self.objects = {}
+        self.nodes = {}
         self.requests = []
         self.rv = 0
         self.conflicts_on_update = 0  # next N updates answer 409 (someone else wrote)
         self.errors = []  # exceptions raised by the next requests, in order
         self.hang = False  # requests never answer
+        self.hangs = 0  # the next N requests never answer
 
     def _answer(self, op, compute):
         self.requests.append(op)
         if self.hang:
+            return defer.Deferred()
+        if self.hangs:
+            self.hangs -= 1
             return defer.Deferred()
         if self.errors:
             return defer.fail(self.errors.pop(0))
@@ -47,6 +59,13 @@ class FakeLeaseClient:
             return defer.fail(error)
 
     def get(self, gvr, name, namespace=None):
+        if gvr == NODES:
+            def node():
+                if name not in self.nodes:
+                    raise NotFound(name)
+                return self.nodes[name]
+
+            return self._answer("get node", node)
         assert gvr == LEASES
 
         def compute():
@@ -80,6 +99,12 @@ class FakeLeaseClient:
 
         return self._answer("update", compute)
 
+    def delete(self, gvr, name, namespace=None):
+        def compute():
+            return self.objects.pop((namespace, name))
+
+        return self._answer("delete", compute)
+
     def _store(self, key, obj):
         self.rv += 1
         obj = copy.deepcopy(obj)
@@ -89,6 +114,9 @@ class FakeLeaseClient:
 
     def lease(self):
         return self.objects.get((health.NODE_LEASE_NAMESPACE, NODE))
+
+    def lease_requests(self):
+        return [op for op in self.requests if op != "get node"]
 
 
 class RecordingMetrics:
@@ -112,6 +140,9 @@ class StaticHealth:
         self.healthy = healthy
 
 
+DEFAULTS = ProbeSettings(interval=10, timeout=2, failed_retry=3, healthy_threshold=2)
+
+
 def make_clock():
     clock = Clock()
     clock.advance(START)
@@ -119,14 +150,51 @@ def make_clock():
 
 
 def make_prober(clock, client, settings=None, **kwargs):
-    settings = settings or ProbeSettings(interval=10, timeout=2, failed_retry=3, healthy_threshold=2)
-    writer = NodeLeaseWriter(clock, client, NODE, settings.failed_retry)
+    settings = settings or DEFAULTS
+    writer = NodeLeaseWriter(clock, client, NODE, settings)
     return LeaseProber(clock, writer, "https://cloud-1", settings, **kwargs)
 
 
-class MicroTimeTests(unittest.TestCase):
-    def test_format_has_microseconds_and_zulu(self):
-        self.assertEqual(health.micro_time(START + 0.25), "2023-11-14T22:13:20.250000Z")
+def advance(clock, seconds):
+    """Advance by ``seconds`` one due call at a time, each run at its own time: a
+    call scheduled by an earlier one counts from when that one ran (a single
+    ``Clock.advance`` would count it from the end of the whole advance)."""
+    target = clock.seconds() + seconds
+    while True:
+        due = [call.getTime() for call in clock.getDelayedCalls() if call.getTime() <= target]
+        if not due:
+            break
+        clock.advance(max(0.0, min(due) - clock.seconds()))
+    clock.advance(target - clock.seconds())
+
+
+class FakeContractTests(unittest.TestCase):
+    def test_fake_client_provides_the_object_client_interface(self):
+        self.assertTrue(verifyObject(IObjectClient, FakeLeaseClient()))
+
+
+class ProbeRetryPolicyTests(unittest.TestCase):
+    """The pauses between a probe's attempts fit every attempt in the interval."""
+
+    def test_default_timings_pause_one_then_two_seconds(self):
+        policy = health.probe_retry_policy(10, 2, 3)
+        self.assertEqual([policy(1), policy(2)], [1.0, 2.0])
+
+    def test_every_attempt_timing_out_still_ends_before_the_next_probe(self):
+        for interval, timeout, failed_retry in ((10, 2, 3), (10, 1, 5), (1, 0.2, 3),
+                                                (30, 5, 2), (5, 1, 1)):
+            policy = health.probe_retry_policy(interval, timeout, failed_retry)
+            worst = failed_retry * timeout + sum(policy(n) for n in range(1, failed_retry))
+            self.assertLess(worst, interval, (interval, timeout, failed_retry))
+            self.assertGreater(worst, failed_retry * timeout - 1e-9)
+
+    def test_attempts_that_fill_the_interval_retry_at_once(self):
+        policy = health.probe_retry_policy(0.5, 2, 3)
+        self.assertEqual([policy(1), policy(2)], [0.0, 0.0])
+
+    def test_failed_retry_must_be_positive(self):
+        with self.assertRaises(ValueError):
+            health.probe_retry_policy(10, 2, 0)
 
 
 class NodeLeaseWriterTests(unittest.TestCase):
@@ -134,57 +202,125 @@ class NodeLeaseWriterTests(unittest.TestCase):
         self.clock = make_clock()
         self.client = FakeLeaseClient()
 
+    def writer(self, **kwargs):
+        return NodeLeaseWriter(self.clock, self.client, NODE, DEFAULTS, **kwargs)
+
     def test_creates_missing_lease_with_holder_duration_and_renew_time(self):
-        writer = NodeLeaseWriter(self.clock, self.client, NODE, failed_retry=3)
-        self.successResultOf(writer.renew())
+        self.successResultOf(self.writer().renew())
         lease = self.client.lease()
         self.assertEqual(lease["spec"]["holderIdentity"], NODE)
         self.assertEqual(lease["spec"]["leaseDurationSeconds"], 40)
         self.assertEqual(lease["spec"]["renewTime"], "2023-11-14T22:13:20.000000Z")
-        self.assertEqual(self.client.requests, ["get", "create"])
+        self.assertNotIn("ownerReferences", lease["metadata"])
+        self.assertEqual(self.client.requests, ["get", "get node", "create"])
+
+    def test_created_lease_names_its_node_as_owner(self):
+        """As the kubelet's own lease does: the lease goes when the Node goes."""
+        self.client.nodes[NODE] = {"metadata": {"name": NODE, "uid": "uid-7"}}
+        self.successResultOf(self.writer().renew())
+        self.assertEqual(self.client.lease()["metadata"]["ownerReferences"], [
+            {"apiVersion": "v1", "kind": "Node", "name": NODE, "uid": "uid-7"}])
+
+    def test_node_is_read_only_when_creating(self):
+        writer = self.writer()
+        self.successResultOf(writer.renew())
+        self.client.objects[(health.NODE_LEASE_NAMESPACE, NODE)]["metadata"]["resourceVersion"] = "99"
+        advance(self.clock, 10)
+        self.successResultOf(writer.renew())  # conflict, read again, update
+        self.assertEqual(self.client.requests.count("get node"), 1)
+
+    def test_renewal_keeps_the_lease_duration_the_lease_has(self):
+        self.client._store((health.NODE_LEASE_NAMESPACE, NODE), {
+            "metadata": {"name": NODE, "namespace": health.NODE_LEASE_NAMESPACE},
+            "spec": {"holderIdentity": NODE, "leaseDurationSeconds": 60}})
+        writer = self.writer()
+        self.successResultOf(writer.renew())
+        advance(self.clock, 10)
+        self.successResultOf(writer.renew())
+        self.assertEqual(self.client.lease()["spec"]["leaseDurationSeconds"], 60)
+        self.assertEqual(self.client.lease()["spec"]["renewTime"], "2023-11-14T22:13:30.000000Z")
 
     def test_next_renewal_updates_directly_with_new_time(self):
-        writer = NodeLeaseWriter(self.clock, self.client, NODE, failed_retry=3)
+        writer = self.writer()
         self.successResultOf(writer.renew())
-        self.clock.advance(10)
+        advance(self.clock, 10)
         self.successResultOf(writer.renew())
         self.assertEqual(self.client.lease()["spec"]["renewTime"], "2023-11-14T22:13:30.000000Z")
-        self.assertEqual(self.client.requests, ["get", "create", "update"])
+        self.assertEqual(self.client.lease_requests(), ["get", "create", "update"])
 
-    def test_conflict_is_reread_and_retried(self):
-        writer = NodeLeaseWriter(self.clock, self.client, NODE, failed_retry=3)
+    def test_conflict_is_reread_and_retried_at_once(self):
+        writer = self.writer()
         self.successResultOf(writer.renew())
         self.client.conflicts_on_update = 2
-        self.clock.advance(10)
+        advance(self.clock, 10)
         self.successResultOf(writer.renew())
-        self.assertEqual(self.client.requests,
+        self.assertEqual(self.client.lease_requests(),
                          ["get", "create", "update", "get", "update", "get", "update"])
         self.assertEqual(self.client.lease()["spec"]["renewTime"], "2023-11-14T22:13:30.000000Z")
 
     def test_last_attempt_in_conflict_is_a_failure(self):
         """Fix 10: a write that never got through must not look like a success."""
-        writer = NodeLeaseWriter(self.clock, self.client, NODE, failed_retry=3)
+        writer = self.writer()
         self.successResultOf(writer.renew())
         written = self.client.lease()["spec"]["renewTime"]
         self.client.conflicts_on_update = 3
-        self.clock.advance(10)
-        self.failureResultOf(writer.renew(), health.LeaseWriteFailed)
+        advance(self.clock, 10)
+        self.failureResultOf(writer.renew(), LeaseWriteFailed)
         self.assertEqual(self.client.requests.count("update"), 3)  # failed_retry attempts
         self.assertEqual(self.client.lease()["spec"]["renewTime"], written)
 
-    def test_other_errors_fail_without_retry(self):
-        writer = NodeLeaseWriter(self.clock, self.client, NODE, failed_retry=3)
-        self.client.errors = [ServerError("boom")]
-        self.failureResultOf(writer.renew(), ServerError)
+    def test_other_errors_are_retried_after_the_policy_pauses(self):
+        writer = self.writer()
+        self.successResultOf(writer.renew())
+        self.client.errors = [ServerError("boom"), ServerError("boom")]
+        advance(self.clock, 10)
+        d = writer.renew()
+        self.assertEqual(self.client.lease_requests()[2:], ["update"])
+        advance(self.clock, 0.999)
+        self.assertEqual(len(self.client.lease_requests()), 3)
+        advance(self.clock, 0.001)  # 1 s after the first failure: read, fails again
+        self.assertEqual(self.client.lease_requests()[3:], ["get"])
+        advance(self.clock, 1.999)
+        self.assertNoResult(d)
+        advance(self.clock, 0.001)  # 2 s after the second failure: read and update
+        self.successResultOf(d)
+        self.assertEqual(self.client.lease_requests()[3:], ["get", "get", "update"])
+        self.assertEqual(self.client.lease()["spec"]["renewTime"], health.format_micro_time(START + 13))
+
+    def test_failed_retry_errors_fail_the_renewal(self):
+        writer = self.writer()
+        self.client.errors = [ServerError("boom")] * 3
+        d = writer.renew()
+        advance(self.clock, 3)
+        self.failureResultOf(d, ServerError)
+        self.assertEqual(self.client.requests, ["get", "get", "get"])
+
+    def test_each_attempt_is_bounded_by_the_timeout(self):
+        writer = self.writer()
+        self.client.hangs = 2
+        d = writer.renew()
+        advance(self.clock, 2)  # first attempt times out, pause 1 s
+        advance(self.clock, 1)
+        self.assertEqual(len(self.client.requests), 2)
+        advance(self.clock, 2)  # second attempt times out, pause 2 s
+        advance(self.clock, 2)
+        self.successResultOf(d)
+        self.assertEqual(self.client.requests, ["get", "get", "get", "get node", "create"])
+
+    def test_read_writes_nothing_and_absence_is_an_answer(self):
+        writer = self.writer()
+        self.assertIsNone(self.successResultOf(writer.read()))
         self.assertEqual(self.client.requests, ["get"])
+        self.successResultOf(writer.renew())
+        self.assertEqual(self.successResultOf(writer.read())["spec"]["holderIdentity"], NODE)
+        self.assertEqual(self.client.requests[-1:], ["get"])
 
     def test_keeps_other_annotations(self):
         self.client.objects[(health.NODE_LEASE_NAMESPACE, NODE)] = {
             "metadata": {"name": NODE, "namespace": health.NODE_LEASE_NAMESPACE,
                          "resourceVersion": "7", "annotations": {"keep": "me"}},
             "spec": {}}
-        writer = NodeLeaseWriter(self.clock, self.client, NODE, failed_retry=3,
-                                 annotations=lambda: {"drop": None, "add": "x"})
+        writer = self.writer(annotations=lambda: {"drop": None, "add": "x"})
         self.successResultOf(writer.renew())
         self.assertEqual(self.client.lease()["metadata"]["annotations"], {"keep": "me", "add": "x"})
 
@@ -204,39 +340,116 @@ class LeaseProberTests(unittest.TestCase):
         self.successResultOf(prober.stop())
 
     def test_first_probe_decides_unhealthy(self):
-        self.client.errors = [ServerError("down")]
+        self.client.errors = [ServerError("down")] * 3
         prober = make_prober(self.clock, self.client)
-        self.assertFalse(self.successResultOf(prober.probe()))
+        d = prober.probe()
+        advance(self.clock, 3)
+        self.assertFalse(self.successResultOf(d))
         self.assertEqual(prober.probes, 1)
         self.assertIn("ServerError", prober.last_error)
 
-    def test_unhealthy_on_first_failure_healthy_after_threshold(self):
+    def test_failed_retry_minus_one_errors_do_not_make_a_server_unhealthy(self):
+        """Two 500s in a row on one probe cost nothing: the third attempt, 3 s after
+        the probe began, renews the lease and the server never turned unhealthy."""
+        prober = make_prober(self.clock, self.client)
+        changes = []
+        prober.on_change = lambda p: changes.append((self.clock.seconds() - START, p.healthy))
+        prober.start()
+        self.client.errors = [ServerError("down")] * 2
+        advance(self.clock, 10)
+        self.assertTrue(prober.healthy)
+        advance(self.clock, 2.9)
+        self.assertEqual(self.client.lease()["spec"]["renewTime"], health.format_micro_time(START))
+        advance(self.clock, 0.1)
+        self.assertEqual(self.client.lease()["spec"]["renewTime"],
+                         health.format_micro_time(START + 13))
+        self.assertEqual(changes, [(0.0, True)])
+        self.assertEqual((prober.probes, prober.successes), (2, 2))
+        self.successResultOf(prober.stop())
+
+    def test_failed_retry_errors_make_it_unhealthy_when_the_probe_ends(self):
+        prober = make_prober(self.clock, self.client)
+        changes = []
+        prober.on_change = lambda p: changes.append((self.clock.seconds() - START, p.healthy))
+        prober.start()
+        self.client.errors = [ServerError("down")] * 3
+        advance(self.clock, 12.9)  # attempts at 10 s, 11 s and 13 s
+        self.assertTrue(prober.healthy)
+        advance(self.clock, 0.1)
+        self.assertFalse(prober.healthy)
+        self.assertEqual(changes, [(0.0, True), (13.0, False)])
+        self.successResultOf(prober.stop())
+
+    def test_timeouts_retry_and_a_probe_of_hangs_ends_before_the_next(self):
+        """Attempts at 10 s, 13 s, 17 s each time out after 2 s: unhealthy at 19 s,
+        and the next probe runs on time at 20 s."""
+        prober = make_prober(self.clock, self.client)
+        prober.start()
+        self.client.hang = True
+        times = []
+        original = self.client._answer
+
+        def answer(op, compute):
+            times.append(self.clock.seconds() - START)
+            return original(op, compute)
+
+        self.client._answer = answer
+        advance(self.clock, 18.95)
+        self.assertTrue(prober.healthy)
+        advance(self.clock, 0.1)
+        self.assertFalse(prober.healthy)
+        self.assertEqual(prober.last_error, "probe timed out")
+        self.assertEqual([round(t, 3) for t in times], [10.0, 13.0, 17.0])
+        self.client.hang = False
+        advance(self.clock, 1)
+        self.assertEqual([round(t, 3) for t in times], [10.0, 13.0, 17.0, 20.0, 20.0])
+        self.successResultOf(prober.stop())
+        self.assertEqual(self.clock.getDelayedCalls(), [])
+
+    def test_whole_probe_is_bounded_by_the_interval(self):
+        settings = ProbeSettings(interval=1, timeout=2, failed_retry=3, healthy_threshold=2)
+        prober = make_prober(self.clock, self.client, settings)
+        self.client.hang = True
+        prober.start()
+        advance(self.clock, 0.999)
+        self.assertEqual(prober.probes, 0)
+        advance(self.clock, 0.001)
+        self.assertEqual(prober.probes, 1)
+        self.assertEqual(prober.last_error, "probe timed out")
+        # The one attempt was cut short at 1 s, when the next probe began.
+        self.assertEqual(self.client.requests, ["get", "get"])
+        self.successResultOf(prober.stop())
+        self.assertEqual(self.clock.getDelayedCalls(), [])
+
+    def test_healthy_again_after_threshold_good_probes(self):
         prober = make_prober(self.clock, self.client)
         prober.start()
         self.assertTrue(prober.healthy)
-        self.client.errors = [ServerError("down")]
-        self.clock.advance(10)
+        self.client.errors = [ServerError("down")] * 3
+        advance(self.clock, 10)
+        advance(self.clock, 3)
         self.assertFalse(prober.healthy)
-        self.clock.advance(10)  # one success: below the threshold of 2
+        advance(self.clock, 7)  # 20 s: one good probe, below the threshold of 2
         self.assertFalse(prober.healthy)
-        self.clock.advance(10)  # second consecutive success
+        advance(self.clock, 10)  # 30 s: second consecutive good probe
         self.assertTrue(prober.healthy)
         self.assertEqual(prober.probes, 4)
         self.successResultOf(prober.stop())
 
     def test_failure_resets_the_success_count(self):
         prober = make_prober(self.clock, self.client,
-                             ProbeSettings(interval=10, timeout=2, failed_retry=3, healthy_threshold=3))
+                             ProbeSettings(interval=10, timeout=2, failed_retry=1,
+                                           healthy_threshold=3))
         self.client.errors = [ServerError("down")]
         prober.start()
-        self.clock.advance(10)
-        self.clock.advance(10)
+        advance(self.clock, 10)
+        advance(self.clock, 10)
         self.client.errors = [ServerError("down")]
-        self.clock.advance(10)
-        self.clock.advance(10)
-        self.clock.advance(10)
+        advance(self.clock, 10)
+        advance(self.clock, 10)
+        advance(self.clock, 10)
         self.assertFalse(prober.healthy)
-        self.clock.advance(10)
+        advance(self.clock, 10)
         self.assertTrue(prober.healthy)
         self.successResultOf(prober.stop())
 
@@ -246,21 +459,29 @@ class LeaseProberTests(unittest.TestCase):
         prober.start()
         self.assertTrue(prober.healthy)
         self.client.conflicts_on_update = 3
-        self.clock.advance(10)
+        advance(self.clock, 10)
         self.assertFalse(prober.healthy)
         self.assertEqual(prober.successes, 1)
         self.assertIn("LeaseWriteFailed", prober.last_error)
         self.successResultOf(prober.stop())
 
-    def test_slow_server_times_out(self):
+    def test_restart_from_a_probe_that_ended_at_once_keeps_one_lattice(self):
+        """A restart asked while a probe that answered synchronously is still being
+        handled probes right after it, and leaves one timer, not two."""
         prober = make_prober(self.clock, self.client)
-        self.client.hang = True
+        restarts = []
+
+        def on_change(changed):
+            if not restarts:
+                restarts.append(self.clock.seconds())
+                changed.restart()
+
+        prober.on_change = on_change
         prober.start()
-        self.assertFalse(prober.healthy)
-        self.assertEqual(prober.probes, 0)
-        self.clock.advance(2)
-        self.assertEqual(prober.probes, 1)
-        self.assertEqual(prober.last_error, "probe timed out")
+        self.assertEqual(prober.probes, 2)  # the first, then the one asked for
+        self.assertEqual(len(self.clock.getDelayedCalls()), 1)
+        advance(self.clock, 10)
+        self.assertEqual(prober.probes, 3)
         self.successResultOf(prober.stop())
         self.assertEqual(self.clock.getDelayedCalls(), [])
 
@@ -272,45 +493,111 @@ class LeaseProberTests(unittest.TestCase):
         self.assertEqual(self.clock.getDelayedCalls(), [])
         self.assertEqual(prober.probes, 0)
 
+    def test_stop_during_a_pause_between_attempts(self):
+        prober = make_prober(self.clock, self.client)
+        self.client.errors = [ServerError("down")]
+        prober.start()
+        self.assertEqual(len(self.clock.getDelayedCalls()), 2)  # pause and interval bound
+        self.successResultOf(prober.stop())
+        self.assertEqual(self.clock.getDelayedCalls(), [])
+        self.assertEqual(prober.probes, 0)
+
 
 class CloudHealthCheckerTests(unittest.TestCase):
     def setUp(self):
         self.clock = make_clock()
         self.clients = {f"https://cloud-{i}": FakeLeaseClient() for i in range(3)}
-        settings = ProbeSettings(interval=10, timeout=2, failed_retry=3, healthy_threshold=2)
-        self.checker = CloudHealthChecker.for_servers(self.clock, self.clients, NODE, settings)
+        self.checker = CloudHealthChecker.for_servers(self.clock, self.clients, NODE, DEFAULTS)
 
-    def test_healthy_when_any_server_is(self):
-        for client in list(self.clients.values())[:2]:
-            client.errors = [ServerError("down")]
-        self.checker.start()
-        self.assertTrue(self.checker.healthy)
-        self.assertEqual(self.checker.servers(), {
-            "https://cloud-0": False, "https://cloud-1": False, "https://cloud-2": True})
-        self.successResultOf(self.checker.stop())
-
-    def test_unhealthy_when_every_server_is(self):
-        for client in self.clients.values():
-            client.errors = [ServerError("down")]
-        self.checker.start()
-        self.assertFalse(self.checker.healthy)
-        self.assertIsNone(self.checker.pick_healthy_server())
+    def tearDown(self):
         self.successResultOf(self.checker.stop())
         self.assertEqual(self.clock.getDelayedCalls(), [])
 
-    def test_pick_healthy_server_rotates_among_healthy(self):
-        self.clients["https://cloud-1"].errors = [ServerError("down")]
+    def requests(self):
+        return {url[-1]: list(client.lease_requests()) for url, client in self.clients.items()}
+
+    def test_first_round_writes_through_one_and_reads_the_others(self):
         self.checker.start()
+        self.assertEqual(self.requests(), {"0": ["get", "create"], "1": ["get"], "2": ["get"]})
+        self.assertEqual(self.checker.servers(), dict.fromkeys(self.clients, True))
+        self.assertTrue(self.checker.decided)
+
+    def test_one_write_and_one_read_per_interval_round_robin(self):
+        self.checker.start()
+        for client in self.clients.values():
+            del client.requests[:]
+        for _ in range(4):
+            advance(self.clock, 10)
+        self.assertEqual(self.requests(), {"0": ["update"] * 4, "1": ["get", "get"],
+                                           "2": ["get", "get"]})
+        self.assertEqual(self.clients["https://cloud-0"].lease()["spec"]["renewTime"],
+                         health.format_micro_time(START + 40))
+
+    def test_failed_write_moves_at_once_to_a_healthy_server(self):
+        self.checker.start()
+        advance(self.clock, 10)
+        self.clients["https://cloud-0"].errors = [ServerError("down")] * 3
+        advance(self.clock, 10)  # round at 20 s: cloud-0's attempts at 20, 21, 23 s
+        self.assertIsNone(self.clients["https://cloud-1"].lease())
+        advance(self.clock, 3)
+        self.assertFalse(self.checker.servers()["https://cloud-0"])
+        self.assertEqual(self.checker.writing_server, "https://cloud-1")
+        lease = self.clients["https://cloud-1"].lease()
+        self.assertEqual(lease["spec"]["renewTime"], health.format_micro_time(START + 23))
+        advance(self.clock, 7)  # 30 s: the heartbeat stays on cloud-1
+        self.assertEqual(self.clients["https://cloud-1"].lease()["spec"]["renewTime"],
+                         health.format_micro_time(START + 30))
+        self.assertTrue(self.checker.healthy)
+
+    def test_move_skips_unhealthy_servers(self):
+        self.clients["https://cloud-1"].errors = [ServerError("down")] * 3
+        self.checker.start()
+        advance(self.clock, 3)
+        self.assertFalse(self.checker.servers()["https://cloud-1"])
+        self.clients["https://cloud-0"].hang = True
+        advance(self.clock, 7 + 9)  # 10 s: cloud-0 hangs, fails at 19 s
+        self.assertEqual(self.checker.writing_server, "https://cloud-2")
+        self.assertEqual(self.clients["https://cloud-2"].lease()["spec"]["renewTime"],
+                         health.format_micro_time(START + 19))
+        self.assertIsNone(self.clients["https://cloud-1"].lease())
+
+    def test_healthy_when_any_server_is(self):
+        for client in list(self.clients.values())[:2]:
+            client.errors = [ServerError("down")] * 3
+        self.checker.start()
+        advance(self.clock, 3)
+        self.assertTrue(self.checker.healthy)
+        self.assertEqual(self.checker.servers(), {
+            "https://cloud-0": False, "https://cloud-1": False, "https://cloud-2": True})
+        self.assertEqual(self.checker.writing_server, "https://cloud-2")
+
+    def test_unhealthy_when_every_server_is(self):
+        for client in self.clients.values():
+            client.errors = [ServerError("down")] * 9
+        self.checker.start()
+        advance(self.clock, 9)
+        self.assertFalse(self.checker.healthy)
+        self.assertTrue(self.checker.decided)
+        self.assertIsNone(self.checker.pick_healthy_server())
+
+    def test_pick_healthy_server_rotates_among_healthy(self):
+        self.clients["https://cloud-1"].errors = [ServerError("down")] * 3
+        self.checker.start()
+        advance(self.clock, 3)
         picks = [self.checker.pick_healthy_server() for _ in range(4)]
         self.assertEqual(picks, ["https://cloud-0", "https://cloud-2",
                                  "https://cloud-0", "https://cloud-2"])
-        self.successResultOf(self.checker.stop())
 
-    def test_each_server_gets_its_own_heartbeat(self):
-        self.checker.start()
-        for client in self.clients.values():
-            self.assertEqual(client.lease()["spec"]["holderIdentity"], NODE)
+    def test_metrics_stay_per_server(self):
+        metrics = RecordingMetrics()
         self.successResultOf(self.checker.stop())
+        self.clients["https://cloud-2"].errors = [ServerError("down")] * 3
+        self.checker = CloudHealthChecker.for_servers(self.clock, self.clients, NODE, DEFAULTS,
+                                                      metrics=metrics)
+        self.checker.start()
+        advance(self.clock, 3)
+        self.assertEqual(metrics.server_healthy, {
+            "https://cloud-0": True, "https://cloud-1": True, "https://cloud-2": False})
 
 
 class CoordinatorHealthCheckerTests(unittest.TestCase):
@@ -330,12 +617,12 @@ class CoordinatorHealthCheckerTests(unittest.TestCase):
         self.assertTrue(self.checker.healthy)
         self.assertNotIn(DELEGATE_HEARTBEAT_ANNOTATION, self.annotations())
         self.cloud.healthy = False
-        self.clock.advance(10)
+        advance(self.clock, 10)
         self.assertEqual(self.annotations().get(DELEGATE_HEARTBEAT_ANNOTATION), "true")
-        self.clock.advance(10)
+        advance(self.clock, 10)
         self.assertEqual(self.annotations().get(DELEGATE_HEARTBEAT_ANNOTATION), "true")
         self.cloud.healthy = True
-        self.clock.advance(10)
+        advance(self.clock, 10)
         self.assertNotIn(DELEGATE_HEARTBEAT_ANNOTATION, self.annotations())
         self.successResultOf(self.checker.stop())
 
@@ -372,7 +659,7 @@ class CloudProberDelegateAnnotationTests(unittest.TestCase):
             "spec": {"holderIdentity": NODE}}
         lease["metadata"]["annotations"] = {DELEGATE_HEARTBEAT_ANNOTATION: "true",
                                             "example.com/owner": "ops"}
-        lease["spec"]["renewTime"] = health.micro_time(self.clock.seconds())
+        lease["spec"]["renewTime"] = health.format_micro_time(self.clock.seconds())
         self.client._store(key, lease)
 
     def test_direct_write_after_delegation_removes_only_the_delegate_annotation(self):
@@ -381,25 +668,25 @@ class CloudProberDelegateAnnotationTests(unittest.TestCase):
         annotations = self.client.lease()["metadata"]["annotations"]
         self.assertEqual(annotations, {"example.com/owner": "ops"})
         self.assertEqual(self.client.lease()["spec"]["renewTime"],
-                         health.micro_time(START))
+                         health.format_micro_time(START))
         self.successResultOf(self.checker.stop())
 
     def test_leader_write_between_renewals_is_reread_and_cleaned(self):
         self.checker.start()
-        self.clock.advance(5)
+        advance(self.clock, 5)
         # The leader forwards a delegated pool lease meanwhile: the prober's next
         # update conflicts, it re-reads and still removes the annotation.
         self.delegated_cloud_lease()
-        self.clock.advance(5)
+        advance(self.clock, 5)
         lease = self.client.lease()
         self.assertEqual(lease["metadata"]["annotations"], {"example.com/owner": "ops"})
-        self.assertEqual(lease["spec"]["renewTime"], health.micro_time(START + 10))
+        self.assertEqual(lease["spec"]["renewTime"], health.format_micro_time(START + 10))
         self.assertEqual(self.client.requests[-3:], ["update", "get", "update"])
         self.successResultOf(self.checker.stop())
 
     def test_lease_without_annotations_stays_without(self):
         self.checker.start()
-        self.clock.advance(10)
+        advance(self.clock, 10)
         self.assertNotIn("annotations", self.client.lease()["metadata"])
         self.successResultOf(self.checker.stop())
 
@@ -461,47 +748,45 @@ class DelegatingCadenceTests(unittest.TestCase):
         self.cloud.start()
         self.checker.start()
         self.assertTrue(self.cloud.healthy)
-        self.clock.advance(3)
+        advance(self.clock, 3)
         self.cloud_client.hang = True  # the cloud stops answering
-        self.clock.advance(7)  # probe at 10 s, times out at 12 s
+        # The probe at 10 s tries at 10, 13 and 17 s, each attempt cut at 2 s.
+        advance(self.clock, 15.5)
         self.assertTrue(self.cloud.healthy)
-        self.clock.advance(2)
+        advance(self.clock, 0.5)
         self.assertFalse(self.cloud.healthy)
-        for _ in range(30):
-            self.clock.advance(1)
+        advance(self.clock, 30.5)
         self.assertEqual(self.writes_since(START), [
             (0.0, None), (10.0, None),
-            # cloud unhealthy at 12 s: written at once, then every 9 s
-            (12.0, "true"), (21.0, "true"), (30.0, "true"), (39.0, "true")])
+            # cloud unhealthy at 19 s: written at once, then every 9 s
+            (19.0, "true"), (28.0, "true"), (37.0, "true"), (46.0, "true")])
         self.cloud_client.hang = False
         # Cloud probes at 50 s and 60 s succeed: healthy after the second one.
-        for _ in range(20):
-            self.clock.advance(1)
+        advance(self.clock, 10)
+        self.assertFalse(self.cloud.healthy)
+        advance(self.clock, 0.5)
         self.assertTrue(self.cloud.healthy)
-        writes = self.writes_since(START + 40)
-        self.assertEqual(writes[:2], [(48.0, "true"), (57.0, "true")])
-        self.assertEqual(writes[2], (60.0, None))  # at once when the cloud is back
-        for _ in range(20):
-            self.clock.advance(1)
+        self.assertEqual(self.writes_since(START + 47),
+                         [(55.0, "true"), (60.0, None)])  # at once when the cloud is back
+        advance(self.clock, 20)
         self.assertEqual(self.writes_since(START + 61), [(70.0, None), (80.0, None)])
 
     def test_health_flip_during_a_probe_in_flight_probes_right_after_it(self):
         self.cloud.start()
         self.checker.start()
-        self.pool_client.hang = True
-        self.clock.advance(10)  # coordinator probe at 10 s hangs (until 12 s)
-        self.cloud_client.errors = [ServerError("down")]
-        self.clock.advance(0)
-        self.cloud.probers[0].restart()  # cloud fails now, while the pool write hangs
+        self.pool_client.hangs = 2
+        advance(self.clock, 10)  # coordinator probe at 10 s: attempts at 10, 13 hang, 17 s writes
+        self.cloud_client.errors = [ServerError("down")] * 3
+        self.cloud.restart()  # the cloud fails at 13 s, while the pool write is in flight
+        advance(self.clock, 3)
         self.assertFalse(self.cloud.healthy)
-        self.pool_client.hang = False
-        # One second at a time: Clock.advance runs the due calls at the new time.
-        for _ in range(2):
-            self.clock.advance(1)  # the hung probe times out at 12 s, then one at once
-        self.assertEqual(self.writes_since(START + 1), [(12.0, "true")])
-        for _ in range(9):
-            self.clock.advance(1)
-        self.assertEqual(self.writes_since(START + 1), [(12.0, "true"), (21.0, "true")])
+        self.assertEqual(self.writes_since(START + 1), [])
+        advance(self.clock, 4)
+        # The probe in flight writes at 17 s, then at once the one the flip asked for.
+        self.assertEqual(self.writes_since(START + 1), [(17.0, "true"), (17.0, "true")])
+        advance(self.clock, 9)
+        self.assertEqual(self.writes_since(START + 1),
+                         [(17.0, "true"), (17.0, "true"), (26.0, "true")])
 
 
 class UnknownCloudHealthTests(unittest.TestCase):
@@ -513,7 +798,8 @@ class UnknownCloudHealthTests(unittest.TestCase):
         self.cloud_client = FakeLeaseClient()
         self.cloud_client.hang = True  # the cloud's first probe is still on its way
         self.pool_client = RecordingLeaseClient(self.clock)
-        settings = ProbeSettings(interval=10, timeout=2, failed_retry=3, healthy_threshold=2)
+        # The cloud's probe fails at 8.25 s, off the 9 s delegating cadence.
+        settings = ProbeSettings(interval=10, timeout=1, failed_retry=3, healthy_threshold=2)
         self.cloud = CloudHealthChecker.for_servers(
             self.clock, {"https://cloud-1": self.cloud_client}, NODE, settings)
         self.checker = CoordinatorHealthChecker(
@@ -532,7 +818,11 @@ class UnknownCloudHealthTests(unittest.TestCase):
         self.checker.start()
         self.assertFalse(self.cloud.decided)
         self.assertEqual(self.delegated(), [None])  # written, not marked delegated
-        self.clock.advance(2)  # the cloud probe times out: the cloud is unreachable
+        # Attempts at 0, 2.75 and 7.25 s, each cut after 1 s.
+        advance(self.clock, 8)
+        self.assertFalse(self.cloud.decided)
+        self.assertEqual(self.delegated(), [None])
+        advance(self.clock, 0.25)  # the cloud's third attempt times out: unreachable
         self.assertTrue(self.cloud.decided)
         self.assertFalse(self.cloud.healthy)
         self.assertEqual(self.delegated(), [None, "true"])  # at once, not 10 s later
@@ -546,9 +836,7 @@ class UnknownCloudHealthTests(unittest.TestCase):
         self.cloud.start()
         self.checker.start()
         self.assertEqual(self.delegated(), ["true"])
-        self.cloud_client.hang = False
-        self.cloud.probers[0].restart()  # the in-flight probe still hangs
-        self.clock.advance(2)  # it times out: unreachable, delegation goes on
+        advance(self.clock, 9)  # the cloud's probe fails: unreachable, delegation goes on
         self.assertEqual(self.delegated(), ["true", "true"])
 
 
@@ -570,7 +858,7 @@ class CloudGapAcrossLeaderDeathTests(unittest.TestCase):
         clock = make_clock()
         client = RecordingLeaseClient(clock)
         settings = ProbeSettings(interval=10, timeout=2, failed_retry=3, healthy_threshold=1)
-        writer = NodeLeaseWriter(clock, client, NODE, settings.failed_retry)
+        writer = NodeLeaseWriter(clock, client, NODE, settings)
         prober = LeaseProber(clock, writer, "https://coordinator", settings,
                              next_interval=lambda: next_interval)
         prober.start()
@@ -622,19 +910,19 @@ class KubeletGatingTests(unittest.TestCase):
         self.prober.start()
         self.assertTrue(self.prober.healthy)
         self.kubelet_code = 500
-        self.clock.advance(40)  # kubelet last healthy at START; 40 s is still within grace
+        advance(self.clock, 40)  # kubelet last healthy at START; 40 s is still within grace
         self.assertTrue(self.prober.healthy)
         writes = len(self.client.requests)
-        self.clock.advance(10)  # 50 s without a healthy kubelet
+        advance(self.clock, 10)  # 50 s without a healthy kubelet
         self.assertFalse(self.prober.healthy)
         self.assertEqual(len(self.client.requests), writes)
         self.assertIn("kubelet", self.prober.last_error)
         renewed = self.client.lease()["spec"]["renewTime"]
-        self.clock.advance(30)
+        advance(self.clock, 30)
         self.assertEqual(self.client.lease()["spec"]["renewTime"], renewed)
         self.kubelet_code = 200
-        self.clock.advance(5)  # kubelet answers again
-        self.clock.advance(5)  # next heartbeat probe writes
+        advance(self.clock, 5)  # kubelet answers again
+        advance(self.clock, 5)  # next heartbeat probe writes
         self.assertNotEqual(self.client.lease()["spec"]["renewTime"], renewed)
         self.successResultOf(self.prober.stop())
         self.successResultOf(self.kubelet.stop())
@@ -645,9 +933,9 @@ class KubeletGatingTests(unittest.TestCase):
         self.kubelet.start()
         self.assertTrue(self.kubelet.is_alive())
         for _ in range(8):
-            self.clock.advance(5)
+            advance(self.clock, 5)
         self.assertTrue(self.kubelet.is_alive())  # exactly 40 s: still within grace
-        self.clock.advance(1)
+        advance(self.clock, 1)
         self.assertFalse(self.kubelet.is_alive())
         self.assertEqual(len(self.kubelet_requests), 9)
         self.successResultOf(self.kubelet.stop())
@@ -663,7 +951,7 @@ class KubeletGatingTests(unittest.TestCase):
         kubelet = KubeletHealthChecker(self.clock, http_get, "http://k/healthz",
                                        grace_period=10, interval=5, timeout=2)
         kubelet.start()
-        self.clock.advance(2)
+        advance(self.clock, 2)
         self.assertIsNone(kubelet.last_healthy)
         self.assertTrue(pending[0].called)  # cancelled by the timeout
         self.successResultOf(kubelet.stop())
@@ -692,7 +980,8 @@ class LiveHealthCheckerTests(unittest.TestCase):
             self.servers[name] = server
             self.clients[name] = KubeClient(reactor, ClientConfig(server=url, insecure=True,
                                                                   timeout=1.0))
-        settings = ProbeSettings(interval=0.05, timeout=1.0, failed_retry=3, healthy_threshold=2)
+        # Each attempt may take 0.2 s on a loaded machine; two fit in the interval.
+        settings = ProbeSettings(interval=0.5, timeout=0.2, failed_retry=2, healthy_threshold=2)
         self.cloud = CloudHealthChecker.for_servers(
             reactor, {self.servers[n].url: self.clients[n] for n in ("cloud-a", "cloud-b")},
             NODE, settings)
@@ -723,20 +1012,32 @@ class LiveHealthCheckerTests(unittest.TestCase):
     @defer.inlineCallbacks
     def test_cloud_loss_and_return_drive_health_and_delegation(self):
         url_a, url_b = self.servers["cloud-a"].url, self.servers["cloud-b"].url
+        node = self.servers["cloud-a"].store.create(NODES, {"metadata": {"name": NODE}})
         self.cloud.start()
         self.coordinator.start()
         yield self.poll_until(lambda: all(self.cloud.servers().values()) and self.coordinator.healthy,
                               "every server healthy")
-        for name in ("cloud-a", "cloud-b", "coordinator"):
+        for name in ("cloud-a", "coordinator"):
             spec = self.lease_on(name)["spec"]
             self.assertEqual(spec["holderIdentity"], NODE)
             self.assertEqual(spec["leaseDurationSeconds"], 40)
+        # The lease created where the Node is names it as owner, as the kubelet's does.
+        self.assertEqual(self.lease_on("cloud-a")["metadata"]["ownerReferences"], [
+            {"apiVersion": "v1", "kind": "Node", "name": NODE,
+             "uid": node["metadata"]["uid"]}])
+        self.assertNotIn("ownerReferences", self.lease_on("coordinator")["metadata"])
+        # The heartbeat goes through one cloud server; the other is only read.
+        self.assertEqual(self.cloud.writing_server, url_a)
+        self.assertIsNone(self.lease_on("cloud-b"))
         # The very first coordinator probe may have run before the cloud's first
         # answer (cloud not yet healthy, so delegated); the next one clears it.
         yield self.poll_until(lambda: not self.delegated(), "no delegate annotation")
 
         yield self.servers["cloud-a"].faults.down()
         yield self.poll_until(lambda: not self.cloud.servers()[url_a], "cloud-a unhealthy")
+        yield self.poll_until(lambda: self.lease_on("cloud-b") is not None,
+                              "heartbeat moved to cloud-b")
+        self.assertEqual(self.cloud.writing_server, url_b)
         self.assertTrue(self.cloud.healthy)
         self.assertEqual({self.cloud.pick_healthy_server() for _ in range(3)}, {url_b})
 
@@ -761,3 +1062,35 @@ class LiveHealthCheckerTests(unittest.TestCase):
         yield self.servers["coordinator"].faults.up()
         yield self.poll_until(lambda: self.coordinator.healthy, "coordinator healthy again")
         self.assertGreaterEqual(self.coordinator.prober.successes, 3)
+
+
+class KubeletGatingSeveralServersTests(unittest.TestCase):
+    """With the kubelet dead, every cloud server's probe fails without a request:
+    the cloud counts as unhealthy and the heartbeat does not hop between servers."""
+
+    def test_dead_kubelet_fails_every_server_without_requests(self):
+        clock = make_clock()
+        clients = {f"https://cloud-{i}": FakeLeaseClient() for i in range(3)}
+        code = [200]
+        kubelet = KubeletHealthChecker(clock, lambda url: defer.succeed(FakeResponse(code[0])),
+                                       "http://127.0.0.1:10248/healthz", grace_period=5,
+                                       interval=5, timeout=2)
+        checker = CloudHealthChecker.for_servers(clock, clients, NODE, DEFAULTS,
+                                                 kubelet=kubelet)
+        kubelet.start()
+        checker.start()
+        self.assertTrue(checker.healthy)
+        sent = {url: len(client.requests) for url, client in clients.items()}
+        code[0] = 500  # last healthy at 0 s: dead from 5 s on
+        advance(clock, 10)
+        self.assertFalse(checker.healthy)
+        self.assertEqual(checker.servers(), dict.fromkeys(clients, False))
+        self.assertEqual({url: len(client.requests) for url, client in clients.items()}, sent)
+        self.assertEqual(checker.writing_server, "https://cloud-0")
+        code[0] = 200  # answers at 15 s
+        advance(clock, 20)
+        self.assertTrue(checker.healthy)
+        self.assertEqual(clients["https://cloud-0"].lease()["spec"]["renewTime"],
+                         health.format_micro_time(START + 30))
+        self.successResultOf(checker.stop())
+        self.successResultOf(kubelet.stop())

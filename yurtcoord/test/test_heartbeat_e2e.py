@@ -31,7 +31,10 @@ from yurtcoord.testing.world import (
 
 EXAMPLE_INI = os.path.join(REPO, "etc", "yurtcoord.ini")
 GRACE = 3.0
-INTERVAL = parse_duration(TIMINGS["heartbeat_interval"])
+# Heartbeats of these tests: shorter than the suite's, so that a grace period of a few
+# seconds still spans several kubelet checks; 3 attempts of 300 ms fit in an interval.
+HEARTBEAT = {"interval": "1s", "timeout": "300ms"}
+INTERVAL = parse_duration(HEARTBEAT["interval"])
 # Deadlines for a loaded 2-core machine; the asserted bounds are separate.
 SETTLE_TIMEOUT = 45.0
 STEP_TIMEOUT = 30.0
@@ -110,7 +113,7 @@ class KubeletStoppedTests(unittest.TestCase):
 
     @defer.inlineCallbacks
     def test_a_stopped_kubelet_ends_the_heartbeat_cut_off_or_connected(self):
-        yield self.world.start_agents()
+        yield self.world.start_agents(heartbeat=HEARTBEAT)
         statuses = yield self.world.wait_for_pool(
             "one leader among 3 agents, all ready", lambda s: one_leader_all_ready(s, 3),
             SETTLE_TIMEOUT)
@@ -228,7 +231,7 @@ class ExampleConfigTests(unittest.TestCase):
             example = handle.read()
         directory = os.path.join(self.world.base_dir, "example")
         node = parse_config(example, EXAMPLE_INI).node.name
-        agent = AgentProcess(reactor, node, directory, cloud_proxy=None)
+        agent = AgentProcess(reactor, node, directory, cloud_proxies=[])
         self.world.agents[node] = agent
         grace = 3.0
         ini = example_ini_for(example, {
@@ -242,7 +245,8 @@ class ExampleConfigTests(unittest.TestCase):
             ("leader_election", "renew_deadline"): TIMINGS["renew_deadline"],
             ("leader_election", "retry_period"): TIMINGS["retry_period"],
             ("leader_election", "check_interval"): TIMINGS["check_interval"],
-            ("heartbeat", "interval"): TIMINGS["heartbeat_interval"],
+            ("heartbeat", "interval"): HEARTBEAT["interval"],
+            ("heartbeat", "timeout"): HEARTBEAT["timeout"],
             ("heartbeat", "healthy_threshold"): "1",
             ("heartbeat", "kubelet_grace_period"): f"{grace:g}s",
             ("pool_cache", "local_cache_dir"): os.path.join(directory, "cache"),

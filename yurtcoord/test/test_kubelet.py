@@ -14,7 +14,8 @@ from twisted.web.client import Agent as HTTPAgent, HTTPConnectionPool
 from zope.interface import Interface, implementer
 from zope.interface.verify import verifyObject
 
-from yurtcoord.health import KubeletHealthChecker, ProbeSettings, micro_time
+from yurtcoord.health import KubeletHealthChecker, ProbeSettings
+from yurtcoord.kube.lease import format_micro_time
 from yurtcoord.test.test_health import START, FakeLeaseClient, make_clock, make_prober
 from yurtcoord.testing.kubelet import IKubeletStandIn, StandInKubelet
 
@@ -100,7 +101,7 @@ class Gate:
 
 
 def at(seconds):
-    return micro_time(START + seconds)
+    return format_micro_time(START + seconds)
 
 
 class NeverAnsweringKubeletTests(unittest.TestCase):

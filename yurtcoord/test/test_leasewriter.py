@@ -194,3 +194,36 @@ class LeaseWriterTests(unittest.TestCase):
     def test_attempts_must_be_positive(self):
         with self.assertRaises(ValueError):
             self.writer(attempts=0)
+
+    def test_change_may_answer_later_within_the_attempt_timeout(self):
+        """What to create may need a request of its own (the Node it belongs to):
+        ``change`` answers with a Deferred, bounded by the attempt's timeout."""
+        answers = []
+
+        def change(current):
+            answer = defer.Deferred()
+            answers.append(answer)
+            return answer
+
+        writer = self.writer(attempts=2, retry_errors=True, attempt_timeout=1.0,
+                             retry_policy=lambda n: 0.5)
+        d = writer.write(change)
+        self.clock.advance(1.0)  # the first answer never came: the attempt timed out
+        self.assertTrue(answers[0].called)
+        self.clock.advance(0.5)
+        self.assertEqual(len(answers), 2)
+        answers[1].callback(fresh_lease("A"))
+        self.assertEqual(self.successResultOf(d).outcome, CREATED)
+        self.assertEqual(self.stored_renew(), "A")
+        self.assertEqual([verb for verb, _ in self.kube.calls], ["get", "get", "create"])
+
+    def test_attempts_can_be_narrowed_for_one_write(self):
+        writer = self.writer(attempts=2)
+        self.successResultOf(writer.write(renew_to("A")))
+        self.kube.put(LEASES, fresh_lease("other"))
+        self.failureResultOf(writer.write(renew_to("B"), attempts=1), LeaseWriteFailed)
+        self.assertEqual(self.stored_renew(), "other")
+        self.successResultOf(writer.write(renew_to("C")))
+        self.assertEqual(self.stored_renew(), "C")
+        with self.assertRaises(ValueError):
+            writer.write(renew_to("D"), attempts=0)

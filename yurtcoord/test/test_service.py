@@ -43,8 +43,9 @@ STEP_TIMEOUT = 20.0
 def agent_config_text(node, cloud_urls, coordinator_url, etcd_url, pki_dir, cache_dir,
                       enabled=True, coordinator_tls=False, heartbeat=None):
     """Ini text of one test agent: short timings (lease 2 s, renew 1.5 s, retry 0.3 s,
-    check and heartbeat every 0.3 s, healthy after one probe), plain http to the cloud,
-    plain http or TLS (certificates from the certs Secret) to the coordinator."""
+    check every 0.3 s, heartbeat every 4 s in up to 3 attempts of 1.2 s (a first
+    write reads the lease and the Node, then creates), healthy after one probe), plain http to the cloud, plain http or TLS (certificates from the
+    certs Secret) to the coordinator."""
     return loopback_agent_ini(
         node, POOL, cloud_urls, coordinator_url, etcd_url, pki_dir, cache_dir,
         coordinator={"enabled": "true" if enabled else "false",
@@ -53,8 +54,8 @@ def agent_config_text(node, cloud_urls, coordinator_url, etcd_url, pki_dir, cach
                          "lease_name": ELECTION_LEASE, "lease_duration": "2s",
                          "renew_deadline": "1500ms", "retry_period": "300ms",
                          "check_interval": "300ms"},
-        heartbeat={"interval": "300ms", "failed_retry": "3", "healthy_threshold": "1",
-                   "timeout": "1s", **(heartbeat or {})},
+        heartbeat={"interval": "4s", "failed_retry": "3", "healthy_threshold": "1",
+                   "timeout": "1200ms", **(heartbeat or {})},
         pool_cache={"informer_lease_renew": "1s", "stale_timeout": "3s"})
 
 
@@ -369,7 +370,9 @@ class AgentServiceTests(unittest.TestCase):
         kubelet.start()
         self.addCleanup(kubelet.stop)
         config = self.world.config("edge-1", heartbeat={
-            "kubelet_healthz_url": kubelet.url(), "kubelet_grace_period": "1s"})
+            "kubelet_healthz_url": kubelet.url(),
+            # Longer than the heartbeat interval, at which the kubelet is asked.
+            "kubelet_grace_period": "5s"})
         agent = self.world.start_agent(config)
         self.assertIsNotNone(agent.kubelet_checker)
         yield self.wait_for_status(agent, "edge-1 leading", lambda s: s["role"] == "leader")

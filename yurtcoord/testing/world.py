@@ -55,40 +55,56 @@ STOP_DEADLINE = 15.0
 # Seconds an agent gets from spawn to listening on its status port.
 START_DEADLINE = 30.0
 
-# Short timings of the fault suite (seconds, as written in the ini).
+# Short timings of the fault suite (seconds, as written in the ini). A heartbeat probe
+# tries failed_retry attempts of up to heartbeat_timeout within heartbeat_interval:
+# 1 s attempts leave room for a slow cloud (answers 0.6 s late), and 3 of them with
+# their pauses (0.25 s, 0.5 s) end within the 4 s interval.
 TIMINGS = {
     "lease_duration": "3s",
     "renew_deadline": "2s",
     "retry_period": "500ms",
     "check_interval": "500ms",
-    "heartbeat_interval": "500ms",
+    "heartbeat_interval": "4s",
+    "heartbeat_timeout": "1s",
+    "heartbeat_failed_retry": "3",
     # Long enough that a busy test reactor serving the stand-in kubelets does not make
-    # a live kubelet look dead; tests of the kubelet gate pass a shorter one.
+    # a live kubelet look dead, and longer than the heartbeat interval at which the
+    # kubelet is asked; tests of the kubelet gate pass a shorter one.
     "kubelet_grace_period": "10s",
 }
 LEASE_DURATION, RETRY_PERIOD = 3.0, 0.5
+HEARTBEAT_INTERVAL, HEARTBEAT_TIMEOUT, FAILED_RETRY = 4.0, 1.0, 3
 
 
-def agent_ini(node: str, cloud_url: str, coordinator_url: str, etcd_url: str, pki_dir: str,
-              cache_dir: str, listen: str, kubelet_url: str = "off",
-              kubelet_grace_period: str = TIMINGS["kubelet_grace_period"]) -> str:
+def agent_ini(node, cloud_url, coordinator_url, etcd_url, pki_dir, cache_dir, listen,
+              kubelet_url: str = "off",
+              kubelet_grace_period: str = TIMINGS["kubelet_grace_period"], **sections):
     """Ini text of one agent of the fault suite: plain http everywhere, short timings;
-    the kubelet check asks ``kubelet_url`` (off by default)."""
-    return loopback_agent_ini(
-        node, POOL, [cloud_url], coordinator_url, etcd_url, pki_dir, cache_dir,
-        coordinator={"storage_prefix": STORAGE_PREFIX},
-        leader_election={"lease_namespace": ELECTION_NAMESPACE,
-                         "lease_name": ELECTION_LEASE,
-                         "lease_duration": TIMINGS["lease_duration"],
-                         "renew_deadline": TIMINGS["renew_deadline"],
-                         "retry_period": TIMINGS["retry_period"],
-                         "check_interval": TIMINGS["check_interval"]},
-        heartbeat={"interval": TIMINGS["heartbeat_interval"], "failed_retry": "3",
-                   "healthy_threshold": "1", "timeout": "2s",
-                   "kubelet_healthz_url": kubelet_url,
-                   "kubelet_grace_period": kubelet_grace_period},
-        pool_cache={"informer_lease_renew": "1s", "stale_timeout": "4s"},
-        server={"listen": listen})
+    the kubelet check asks ``kubelet_url`` (off by default).
+
+    ``cloud_url`` is one URL or a list of them; ``sections`` are merged over the
+    suite's, key by key (``coordinator={"enabled": "false"}``)."""
+    cloud_urls = [cloud_url] if isinstance(cloud_url, str) else list(cloud_url)
+    base = {
+        "coordinator": {"storage_prefix": STORAGE_PREFIX},
+        "leader_election": {"lease_namespace": ELECTION_NAMESPACE,
+                            "lease_name": ELECTION_LEASE,
+                            "lease_duration": TIMINGS["lease_duration"],
+                            "renew_deadline": TIMINGS["renew_deadline"],
+                            "retry_period": TIMINGS["retry_period"],
+                            "check_interval": TIMINGS["check_interval"]},
+        "heartbeat": {"interval": TIMINGS["heartbeat_interval"],
+                      "failed_retry": TIMINGS["heartbeat_failed_retry"],
+                      "healthy_threshold": "1", "timeout": TIMINGS["heartbeat_timeout"],
+                      "kubelet_healthz_url": kubelet_url,
+                      "kubelet_grace_period": kubelet_grace_period},
+        "pool_cache": {"informer_lease_renew": "1s", "stale_timeout": "4s"},
+        "server": {"listen": listen},
+    }
+    for section, values in sections.items():
+        base.setdefault(section, {}).update(values)
+    return loopback_agent_ini(node, POOL, cloud_urls, coordinator_url, etcd_url, pki_dir,
+                              cache_dir, **base)
 
 
 def cached_pod(name, resource_version, namespace="default", padding=0):
@@ -155,11 +171,13 @@ class AgentProcess:
     ``kubelet`` is its stand-in kubelet (None when the agent checks none).
     """
 
-    def __init__(self, reactor, node, directory, cloud_proxy, etcd_proxy=None, kubelet=None):
+    def __init__(self, reactor, node, directory, cloud_proxies, etcd_proxy=None, kubelet=None):
         self.reactor = reactor
         self.node = node
         self.directory = directory
-        self.cloud_proxy = cloud_proxy
+        # One proxy per cloud URL of the agent, all in front of the one cloud.
+        self.cloud_proxies = list(cloud_proxies)
+        self.cloud_proxy = self.cloud_proxies[0] if self.cloud_proxies else None
         # A TCPProxy between this agent and the pool etcd, when one was asked for.
         self.etcd_proxy = etcd_proxy
         self.kubelet = kubelet
@@ -300,15 +318,20 @@ class ProcessWorld:
         yield self.coordinator.start()
 
     @defer.inlineCallbacks
-    def add_agent(self, node: str, pods: int = 0, etcd_proxy: bool = False, **pod_options):
-        """Prepare an agent (dir, proxy, running stand-in kubelet, its Node in the
-        cloud, ``pods`` good pods in its cache); not started.
+    def add_agent(self, node: str, pods: int = 0, cloud_urls: int = 1,
+                  etcd_proxy: bool = False, **pod_options):
+        """Prepare an agent (dir, ``cloud_urls`` proxies in front of the cloud, running
+        stand-in kubelet, its Node in the cloud, ``pods`` good pods in its cache); not
+        started.
 
         With ``etcd_proxy`` the agent reaches the pool etcd through its own TCPProxy
         (``agent.etcd_proxy``), so that its etcd link alone can be cut."""
-        proxy = TCPProxy(self.reactor, "127.0.0.1", self.cloud.port_number)
-        yield proxy.start()
-        self._proxies.append(proxy)
+        proxies = []
+        for _ in range(cloud_urls):
+            proxy = TCPProxy(self.reactor, "127.0.0.1", self.cloud.port_number)
+            yield proxy.start()
+            self._proxies.append(proxy)
+            proxies.append(proxy)
         etcd = None
         if etcd_proxy:
             etcd = TCPProxy(self.reactor, "127.0.0.1", self.etcd.client_port)
@@ -317,7 +340,7 @@ class ProcessWorld:
         kubelet = StandInKubelet(self.reactor)
         kubelet.start()
         add_pool_node(self.cloud, node)
-        agent = AgentProcess(self.reactor, node, os.path.join(self.base_dir, node), proxy,
+        agent = AgentProcess(self.reactor, node, os.path.join(self.base_dir, node), proxies,
                              etcd, kubelet)
         if pods:
             agent.write_pods(pods, **pod_options)
@@ -325,11 +348,12 @@ class ProcessWorld:
         return agent
 
     @defer.inlineCallbacks
-    def start_agents(self, nodes=None):
-        """Spawn the agents (all prepared ones by default); fire once all listen."""
+    def start_agents(self, nodes=None, **sections):
+        """Spawn the agents (all prepared ones by default); fire once all listen.
+        ``sections`` are merged over the suite's ini (see ``agent_ini``)."""
         chosen = [self.agents[n] for n in (nodes or list(self.agents))]
         for agent in chosen:
-            agent.start(self.ini_for(agent))
+            agent.start(self.ini_for(agent, **sections))
         # Every wait runs to its end (listening, exit, or deadline) before a failure is
         # raised, so that no poll is left behind.
         results = yield defer.DeferredList([agent.wait_listening() for agent in chosen],
@@ -338,14 +362,15 @@ class ProcessWorld:
             if not succeeded:
                 result.raiseException()
 
-    def ini_for(self, agent: AgentProcess) -> str:
-        """The ini text ``start_agents`` runs ``agent`` with."""
+    def ini_for(self, agent: AgentProcess, **sections) -> str:
+        """The ini text ``start_agents`` runs ``agent`` with; ``sections`` are merged
+        over the suite's (see ``agent_ini``)."""
         etcd_url = (self.etcd.client_url if agent.etcd_proxy is None
                     else agent.etcd_proxy.url(self.etcd.scheme))
-        return agent_ini(agent.node, agent.cloud_proxy.url(), self.coordinator.url,
-                         etcd_url, agent.pki_dir, agent.cache_dir,
+        return agent_ini(agent.node, [p.url() for p in agent.cloud_proxies],
+                         self.coordinator.url, etcd_url, agent.pki_dir, agent.cache_dir,
                          "127.0.0.1:0", kubelet_url=agent.kubelet.url(),
-                         kubelet_grace_period=self.kubelet_grace_period)
+                         kubelet_grace_period=self.kubelet_grace_period, **sections)
 
     @defer.inlineCallbacks
     def stop(self):
@@ -377,12 +402,13 @@ class ProcessWorld:
     # -- cuts of the cloud -------------------------------------------------------------
 
     def cut_cloud(self, nodes=None):
-        return defer.gatherResults([self.agents[n].cloud_proxy.cut()
-                                    for n in (nodes or list(self.agents))])
+        return defer.gatherResults([proxy.cut() for n in (nodes or list(self.agents))
+                                    for proxy in self.agents[n].cloud_proxies])
 
     def restore_cloud(self, nodes=None):
         for node in nodes or list(self.agents):
-            self.agents[node].cloud_proxy.restore()
+            for proxy in self.agents[node].cloud_proxies:
+                proxy.restore()
 
     # -- the stand-in kubelets ---------------------------------------------------------
 

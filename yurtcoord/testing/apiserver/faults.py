@@ -32,20 +32,26 @@ class FaultInjector:
         self.log.info("fault: apiserver up")
         return self._server._come_up()
 
-    def fail_next(self, n, code=500, method=None, path=None):
+    def fail_next(self, n, code=500, method=None, path=None, query=None):
         """Answer the next ``n`` requests with a Failure Status of ``code``.
-        ``method`` (e.g. "PUT") and ``path`` (a substring of the URL path)
-        narrow which requests count; others pass untouched."""
-        self._queued.extend([("fail", int(code), method, path)] * int(n))
+        ``method`` (e.g. "PUT"), ``path`` (a substring of the URL path) and
+        ``query`` (a substring of the query string, e.g. "limit=" for lists and
+        not watches) narrow which requests count; others pass untouched."""
+        self._queued.extend([("fail", int(code), method, path, query)] * int(n))
 
-    def garbage_next(self, n, method=None, path=None):
+    def garbage_next(self, n, method=None, path=None, query=None):
         """Answer the next ``n`` requests 200 with a body that is not JSON."""
-        self._queued.extend([("garbage", 200, method, path)] * int(n))
+        self._queued.extend([("garbage", 200, method, path, query)] * int(n))
 
-    def hang_next(self, n, method=None, path=None):
+    def hang_next(self, n, method=None, path=None, query=None):
         """Never answer the next ``n`` requests (they stay open until the
         client gives up, or down()/stop() drops the connection)."""
-        self._queued.extend([("hang", 0, method, path)] * int(n))
+        self._queued.extend([("hang", 0, method, path, query)] * int(n))
+
+    @property
+    def queued(self):
+        """How many queued faults (fail/garbage/hang) no request has met yet."""
+        return len(self._queued)
 
     def stall_watches(self):
         """Open watch streams go silent (no events, no bookmarks) but stay
@@ -74,12 +80,14 @@ class FaultInjector:
         self._queued.clear()
         self.latency = 0.0
 
-    def take(self, method, path):
+    def take(self, method, path, query=""):
         """The fault for the request arriving now: None or (kind, code)."""
-        for index, (kind, code, want_method, want_path) in enumerate(self._queued):
+        for index, (kind, code, want_method, want_path, want_query) in enumerate(self._queued):
             if want_method is not None and want_method.upper() != method:
                 continue
             if want_path is not None and want_path not in path:
+                continue
+            if want_query is not None and want_query not in query:
                 continue
             del self._queued[index]
             return kind, code

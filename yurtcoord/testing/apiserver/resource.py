@@ -68,8 +68,10 @@ class KubeAPIResource(Resource):
 
     def render(self, request):
         self._server._note_request(request)
+        uri = request.uri.decode("utf-8", "replace")
         fault = self._server.faults.take(request.method.decode(),
-                                         request.path.decode("utf-8", "replace"))
+                                         request.path.decode("utf-8", "replace"),
+                                         uri.partition("?")[2])
         latency = self._server.faults.latency
         if latency and latency > 0:
             self._server._delay(latency, self._answer, request, fault)

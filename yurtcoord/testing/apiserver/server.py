@@ -129,10 +129,12 @@ class KubeAPIServer:
     ``port_number``); ``stop()`` closes the port and every connection.
     ``store`` is the ObjectStore (direct writes emit watch events like HTTP
     writes); ``faults`` the FaultInjector; ``requests`` lists (method, path,
-    query) of every request and ``client_subjects`` the RFC 4514 subjects of
-    TLS client certificates, in order. ``history`` bounds the watch replay
-    window; ``bookmark_interval`` is the seconds between BOOKMARK events on
-    watches that allow them.
+    query) of every request, ``answers`` (at, method, path, code) of every answer
+    sent in full (reactor time, in the order they finished; a request left
+    unanswered or whose connection broke has none), and ``client_subjects`` the
+    RFC 4514 subjects of TLS client certificates, in order. ``history`` bounds the
+    watch replay window; ``bookmark_interval`` is the seconds between BOOKMARK
+    events on watches that allow them.
     """
 
     log = Logger()
@@ -147,6 +149,7 @@ class KubeAPIServer:
         self.list_pages = ListPages(self.store)
         self.bookmark_interval = bookmark_interval
         self.requests = []
+        self.answers = []
         self.client_subjects = []
         self.port_number = None
         self.url = None
@@ -232,7 +235,13 @@ class KubeAPIServer:
         path = request.path.decode("utf-8", "replace")
         query = {k.decode("utf-8", "replace"): v[-1].decode("utf-8", "replace")
                  for k, v in (request.args or {}).items()}
-        self.requests.append((request.method.decode(), path, query))
+        method = request.method.decode()
+        self.requests.append((method, path, query))
+
+        def answered(_):
+            self.answers.append((self.reactor.seconds(), method, path, request.code))
+
+        request.notifyFinish().addCallbacks(answered, lambda _failure: None)
         if request.isSecure():
             certificate = request.channel.transport.getPeerCertificate()
             if certificate is not None:
