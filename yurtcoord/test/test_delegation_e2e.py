@@ -20,7 +20,8 @@ from twisted.internet import defer, reactor, task
 from twisted.trial import unittest
 
 from yurtcoord.config import parse_duration
-from yurtcoord.health import DELEGATE_HEARTBEAT_ANNOTATION, NODE_LEASE_NAMESPACE, micro_time
+from yurtcoord.health import DELEGATE_HEARTBEAT_ANNOTATION, NODE_LEASE_NAMESPACE
+from yurtcoord.kube.lease import format_micro_time as micro_time
 from yurtcoord.kube.gvr import LEASES, NODES
 from yurtcoord.kube.lease import renew_time
 from yurtcoord.testing.apiserver.selectors import ObjectFilter

@@ -304,6 +304,7 @@ class ProcessWorld:
         self.coordinator = KubeAPIServer(reactor)
         self.agents = {}
         self._proxies = []
+        self._kubelets = []
         self._http_pool = HTTPConnectionPool(reactor, persistent=False)
         self.http = treq.client.HTTPClient(
             HTTPAgent(reactor, pool=self._http_pool, connectTimeout=2))
@@ -339,6 +340,7 @@ class ProcessWorld:
             self._proxies.append(etcd)
         kubelet = StandInKubelet(self.reactor)
         kubelet.start()
+        self._kubelets.append(kubelet)
         add_pool_node(self.cloud, node)
         agent = AgentProcess(self.reactor, node, os.path.join(self.base_dir, node), proxies,
                              etcd, kubelet)
@@ -381,9 +383,9 @@ class ProcessWorld:
             yield defer.DeferredList([agent.stop() for agent in self.agents.values()])
             for proxy in self._proxies:
                 yield proxy.stop()
-            for agent in self.agents.values():
-                if agent.kubelet is not None:
-                    yield agent.kubelet.stop()
+            # Also the kubelets of agents a test dropped from ``agents``.
+            for kubelet in self._kubelets:
+                yield kubelet.stop()
             yield self.cloud.stop()
             yield self.coordinator.stop()
             yield self._http_pool.closeCachedConnections()
