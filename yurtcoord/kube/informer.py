@@ -13,7 +13,8 @@ Lists are fetched ``page_size`` objects per request (``limit``/``continue``, as
 client-go's pager does), so a large resource over a slow link is many bounded answers,
 not one that must arrive whole within the request timeout. Every page is of one
 snapshot; when the server no longer has it (410 on a continue token) the list starts
-again in one request.
+again in one request. A list that needs more than ``MAX_LIST_PAGES`` requests fails
+with ``ListTooLong`` and is retried after the backoff like any failed list.
 
 ``stop()`` is exact: it cancels the pending timer, list or watch and fires only once
 the connection is closed, so nothing is left behind.
@@ -29,11 +30,15 @@ from twisted.internet.task import deferLater
 from twisted.logger import Logger
 
 from yurtcoord.kube.backoff import Backoff
-from yurtcoord.kube.errors import Gone
+from yurtcoord.kube.errors import Gone, ListTooLong
 
 MIN_HEALTHY_WATCH_SECONDS = 1.0
 # Objects per list request (client-go's pager uses 500 too).
 DEFAULT_PAGE_SIZE = 500
+# Requests one list may take: a million objects at the default page size, several
+# times the largest clusters Kubernetes is tested with. A server that answers every
+# page with a continue token would otherwise grow one list without end.
+MAX_LIST_PAGES = 2000
 
 
 def object_key(obj):
@@ -75,9 +80,13 @@ class Informer:
 
     def __init__(self, reactor, client, gvr, namespace=None, label_selector=None,
                  field_selector=None, backoff=None, watch_timeout_seconds=300,
-                 watch_idle_timeout=None, page_size=DEFAULT_PAGE_SIZE):
+                 watch_idle_timeout=None, page_size=DEFAULT_PAGE_SIZE,
+                 max_list_pages=MAX_LIST_PAGES):
         if page_size is not None and page_size < 1:
             raise ValueError(f"page_size must be >= 1 or None, got {page_size}")
+        if max_list_pages < 1:
+            raise ValueError(f"max_list_pages must be >= 1, got {max_list_pages}")
+        self.max_list_pages = max_list_pages
         self.reactor = reactor
         self.page_size = page_size
         self.client = client
@@ -224,7 +233,13 @@ class Informer:
     def _list_pages(self):
         """``(items, resourceVersion)`` of one list, ``page_size`` objects per request."""
         items, token, page_size = [], None, self.page_size
+        requests = 0
         while True:
+            if requests >= self.max_list_pages:
+                raise ListTooLong(
+                    f"list of {self.gvr} took more than {self.max_list_pages} pages "
+                    f"({len(items)} objects so far) and was given up")
+            requests += 1
             try:
                 result = yield self._wait(self.client.list(
                     self.gvr, namespace=self.namespace, label_selector=self.label_selector,
