@@ -57,7 +57,7 @@ from yurtcoord.inflight import InFlight
 from yurtcoord.kube.errors import (
     ConnectionFailed, KubeError, ResponseTooLarge, ServerError, Timeout, error_from_status,
 )
-from yurtcoord.kube.interfaces import IObjectClient
+from yurtcoord.kube.interfaces import IListWatchClient, IObjectClient
 from yurtcoord.kube.kubeconfig import load_kubeconfig
 from yurtcoord.kube.tls import ReloadingTLSPolicy
 from yurtcoord.kube.watch import IdleWatchdog, WatchStreamProtocol, batch_chunked_body, describe
@@ -248,7 +248,7 @@ class Watch:
             self.done.callback(None)
 
 
-@implementer(IObjectClient)
+@implementer(IObjectClient, IListWatchClient)
 class KubeClient:
     """get / list / create / update / delete / watch against one apiserver."""
 
