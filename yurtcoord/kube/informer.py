@@ -14,7 +14,9 @@ client-go's pager does), so a large resource over a slow link is many bounded an
 not one that must arrive whole within the request timeout. Every page is of one
 snapshot; when the server no longer has it (410 on a continue token) the list starts
 again in one request. A list that needs more than ``MAX_LIST_PAGES`` requests fails
-with ``ListTooLong`` and is retried after the backoff like any failed list.
+with ``ListTooLong`` and is retried after the backoff like any failed list. A page
+that is larger than the client reads (``ResponseTooLarge``) is asked for again from
+the same place in pages half as large, down to one object per page.
 
 ``stop()`` is exact: it cancels the pending timer, list or watch and fires only once
 the connection is closed, so nothing is left behind.
@@ -30,7 +32,7 @@ from twisted.internet.task import deferLater
 from twisted.logger import Logger
 
 from yurtcoord.kube.backoff import Backoff
-from yurtcoord.kube.errors import Gone, ListTooLong
+from yurtcoord.kube.errors import Gone, ListTooLong, ResponseTooLarge
 
 MIN_HEALTHY_WATCH_SECONDS = 1.0
 # Objects per list request (client-go's pager uses 500 too).
@@ -245,6 +247,18 @@ class Informer:
                     self.gvr, namespace=self.namespace, label_selector=self.label_selector,
                     field_selector=self.field_selector, limit=page_size,
                     continue_token=token))
+            except ResponseTooLarge as e:
+                if page_size == 1:
+                    raise
+                # A page past the client's bound (objects far larger than usual):
+                # the same place again, in pages half as large.
+                smaller = max(1, (page_size or self.page_size or DEFAULT_PAGE_SIZE) // 2)
+                self.log.warn("informer list page too large gvr={gvr} limit={limit}, "
+                              "asking for {smaller} objects per page: {reason}",
+                              gvr=str(self.gvr), limit=page_size, smaller=smaller,
+                              reason=str(e))
+                page_size = smaller
+                continue
             except Gone as e:
                 if token is None:
                     raise

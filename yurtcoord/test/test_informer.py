@@ -164,6 +164,35 @@ class InformerUnitTests(unittest.TestCase):
         self.assertTrue(informer.has_synced)
         self.assertEqual(self.client.watches[-1].params["resource_version"], "20")
 
+    def test_page_too_large_is_asked_for_again_in_smaller_pages(self):
+        informer = Informer(self.clock, self.client, CONFIGMAPS, namespace="ns", page_size=8)
+        self.addCleanup(informer.stop)
+        informer.start()
+        self.client.answer_list(10, [cm("a", 5)], continue_token="t1")
+        for _ in range(2):
+            self.client.list_calls[-1][1].errback(errors.ResponseTooLarge("page too large"))
+        self.client.answer_list(10, [cm("b", 6)], continue_token="t2")
+        self.client.answer_list(10, [cm("c", 7)])
+        self.assertEqual([(p["limit"], p["continue_token"]) for p, _d in self.client.list_calls],
+                         [(8, None), (8, "t1"), (4, "t1"), (2, "t1"), (2, "t2")])
+        self.assertEqual(sorted(informer.store), ["ns/a", "ns/b", "ns/c"])
+        self.assertTrue(informer.has_synced)
+        self.assertEqual(self.clock.getDelayedCalls(), [])
+
+    def test_one_object_too_large_fails_the_list_and_backs_off(self):
+        informer = Informer(self.clock, self.client, CONFIGMAPS, namespace="ns", page_size=2,
+                            backoff=Backoff(initial=1.0, maximum=8.0, jitter=0.0))
+        self.addCleanup(informer.stop)
+        informer.start()
+        self.client.list_calls[-1][1].errback(errors.ResponseTooLarge("page too large"))
+        self.client.list_calls[-1][1].errback(errors.ResponseTooLarge("object too large"))
+        self.assertEqual([p["limit"] for p, _d in self.client.list_calls], [2, 1])
+        self.assertFalse(informer.has_synced)
+        self.clock.advance(0.9)
+        self.assertEqual(len(self.client.list_calls), 2)
+        self.clock.advance(0.2)
+        self.assertEqual([p["limit"] for p, _d in self.client.list_calls], [2, 1, 2])
+
     def test_page_size_must_be_positive(self):
         with self.assertRaises(ValueError):
             Informer(self.clock, self.client, CONFIGMAPS, page_size=0)
