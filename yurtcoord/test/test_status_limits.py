@@ -1,6 +1,9 @@
 """The status port's bounds: the request deadline and the connection limit (Clock and
 in-memory transports), and the access log at debug level (a real socket)."""
 
+import configparser
+import os
+
 import treq
 from twisted.internet import defer, reactor
 from twisted.internet.address import IPv4Address
@@ -19,6 +22,8 @@ from yurtcoord.status import (
 from yurtcoord.testing.poll import poll_until
 
 REQUEST = b"GET /healthz HTTP/1.1\r\nHost: agent\r\n\r\n"
+UNIT = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(
+    __file__)))), "etc", "yurtcoord.service")
 
 
 class Captured:
@@ -175,3 +180,15 @@ class AccessLogTests(unittest.TestCase):
         self.assertEqual(len(log.matching("status request GET /healthz 503 from 127.0.0.1")),
                          1)
         yield poll_until(lambda: site.open_connections == 0, 5)
+
+
+class SystemdUnitTests(unittest.TestCase):
+
+    def test_unit_gives_the_agent_many_more_descriptors_than_the_status_port_may_hold(self):
+        unit = configparser.ConfigParser(strict=False, interpolation=None)
+        unit.optionxform = str
+        with open(UNIT, encoding="utf-8") as f:
+            unit.read_file(f)
+        limit = int(unit["Service"]["LimitNOFILE"])
+        self.assertGreaterEqual(limit, 65536)
+        self.assertGreater(limit, 100 * MAX_STATUS_CONNECTIONS)
