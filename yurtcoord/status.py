@@ -10,13 +10,15 @@ The port is open to anything on the node, so it bounds what a client can hold:
 at most ``MAX_STATUS_CONNECTIONS`` connections at once (one more is closed as soon as
 it is accepted), and each request must have arrived whole within
 ``STATUS_REQUEST_DEADLINE`` seconds of the connection opening or of the previous
-answer (a connection idle or sending that slowly is dropped). A crowd of idle or slow
+answer (a connection idle or sending that slowly is dropped), with at most
+``MAX_STATUS_REQUEST_BODY`` bytes of body. A crowd of idle or slow
 clients thus costs a few dozen descriptors for a few seconds, and never the
 descriptors the agent needs for its own connections. Requests are logged at debug
 level only: the pool page polls twice every two seconds.
 """
 
 import html
+import io
 import json
 import time
 from datetime import datetime, timezone
@@ -34,6 +36,9 @@ MAX_STATUS_CONNECTIONS = 64
 # Seconds a status connection may take to send one whole request, counted from when
 # it opened or from the previous answer; then it is dropped.
 STATUS_REQUEST_DEADLINE = 5.0
+# Bytes of request body a status connection may send with one request (the pages take
+# none); past it the connection is dropped. Bodies are kept in memory, never on disk.
+MAX_STATUS_REQUEST_BODY = 64 * 1024
 
 
 class IStatusSource(Interface):
@@ -403,6 +408,8 @@ class StatusChannel(http.HTTPChannel):
 
     _deadline = None
     _busy = False
+    _lost = False
+    _body_bytes = 0
 
     def connectionMade(self):
         super().connectionMade()
@@ -419,8 +426,25 @@ class StatusChannel(http.HTTPChannel):
 
     def _too_slow(self):
         self._deadline = None
-        self.site.log_dropped(self)
+        self.site.log_dropped(self, f"no whole request within {self.site.request_deadline}s")
         drop_connection(self.transport)
+
+    def allHeadersReceived(self):
+        self._body_bytes = 0
+        super().allHeadersReceived()
+
+    def rawDataReceived(self, data):
+        # The body of the request being received (later requests pipelined behind
+        # one being answered are only buffered here, and counted when their turn comes).
+        if not self._busy:
+            self._body_bytes += len(data)
+            if self._body_bytes > self.site.max_request_body:
+                self.site.log_dropped(self, "request body larger than "
+                                            f"{self.site.max_request_body} bytes")
+                self._disarm()
+                drop_connection(self.transport)
+                return
+        super().rawDataReceived(data)
 
     def allContentReceived(self):
         self._disarm()
@@ -430,11 +454,14 @@ class StatusChannel(http.HTTPChannel):
     def requestDone(self, request):
         self._busy = False
         super().requestDone(request)
-        # A request pipelined behind this one may have been answered meanwhile.
-        if self.persistent and not self._busy and self._deadline is None:
+        # A request pipelined behind this one may have been answered meanwhile. A
+        # connection closing after its answer is armed too: a client that does not
+        # read the answer would keep it open.
+        if not self._busy and not self._lost and self._deadline is None:
             self._arm()
 
     def connectionLost(self, reason):
+        self._lost = True
         self._disarm()
         self.site.channel_closed()
         super().connectionLost(reason)
@@ -442,7 +469,8 @@ class StatusChannel(http.HTTPChannel):
 
 class StatusSite(server.Site):
     """The status site: at most ``max_connections`` connections, each request due
-    within ``request_deadline`` seconds (``StatusChannel``), requests logged at debug.
+    within ``request_deadline`` seconds with at most ``max_request_body`` bytes of body
+    (``StatusChannel``), requests logged at debug.
 
     ``open_connections`` is how many are open now, ``refused`` how many were closed at
     once because ``max_connections`` were open.
@@ -455,11 +483,13 @@ class StatusSite(server.Site):
     noisy = False
 
     def __init__(self, root, reactor, max_connections=MAX_STATUS_CONNECTIONS,
-                 request_deadline=STATUS_REQUEST_DEADLINE):
+                 request_deadline=STATUS_REQUEST_DEADLINE,
+                 max_request_body=MAX_STATUS_REQUEST_BODY):
         # No idle timeout of Twisted's own: the request deadline covers idle clients.
         super().__init__(root, reactor=reactor, timeout=None)
         self.max_connections = max_connections
         self.request_deadline = request_deadline
+        self.max_request_body = max_request_body
         self.open_connections = 0
         self.refused = 0
         self._refusing_since = None
@@ -470,7 +500,7 @@ class StatusSite(server.Site):
             if self._refusing_since is None:
                 self._refusing_since = self.refused
                 self.logger.warn("status connections at the limit of {limit}: closing new "
-                              "ones until some end", limit=self.max_connections)
+                                 "ones until some end", limit=self.max_connections)
             return None
         channel = super().buildProtocol(addr)
         self.open_connections += 1
@@ -489,13 +519,16 @@ class StatusSite(server.Site):
             refused = self.refused - self._refusing_since + 1
             self._refusing_since = None
             self.logger.info("status connections below the limit of {limit} again, "
-                          "{refused} closed meanwhile", limit=self.max_connections,
-                          refused=refused)
+                             "{refused} closed meanwhile", limit=self.max_connections,
+                             refused=refused)
 
-    def log_dropped(self, channel):
-        self.logger.debug("status connection from {peer} dropped: no whole request within "
-                       "{deadline}s", peer=str(channel.transport.getPeer()),
-                       deadline=self.request_deadline)
+    def log_dropped(self, channel, why):
+        self.logger.debug("status connection from {peer} dropped: {why}",
+                          peer=str(channel.transport.getPeer()), why=why)
+
+    def getContentFile(self, length):
+        """Where a request body goes: memory (it is at most ``max_request_body``)."""
+        return io.BytesIO()
 
     def log(self, request):
         """The access log: debug only (the pool page polls twice every 2 s)."""

@@ -120,6 +120,47 @@ class RequestDeadlineTests(unittest.TestCase):
         c.clock.advance(0.2)
         self.assertTrue(transport.disconnecting)
 
+    def test_request_body_past_the_bound_drops_the_connection(self):
+        c = Connections(self)
+        channel, transport = c.open()
+        channel.dataReceived(b"POST /status HTTP/1.1\r\nHost: agent\r\n"
+                             b"Content-Length: 100000000\r\n\r\n" + b"x" * 60000)
+        self.assertFalse(transport.disconnecting)
+        channel.dataReceived(b"x" * 6000)
+        self.assertTrue(transport.disconnecting)
+        self.assertEqual(answers(transport), 0)
+        self.assertLessEqual(channel.requests[-1].content.tell(), 64 * 1024)
+        self.assertEqual(c.clock.getDelayedCalls(), [])
+
+    def test_chunked_body_past_the_bound_drops_the_connection(self):
+        c = Connections(self)
+        channel, transport = c.open()
+        channel.dataReceived(b"POST /status HTTP/1.1\r\nHost: agent\r\n"
+                             b"Transfer-Encoding: chunked\r\n\r\n")
+        for _ in range(20):
+            if transport.disconnecting:
+                break
+            channel.dataReceived(b"1000\r\n" + b"x" * 0x1000 + b"\r\n")
+        self.assertTrue(transport.disconnecting)
+        self.assertEqual(answers(transport), 0)
+
+    def test_small_body_is_read_and_answered(self):
+        c = Connections(self)
+        channel, transport = c.open()
+        channel.dataReceived(b"POST /healthz HTTP/1.1\r\nHost: agent\r\n"
+                             b"Content-Length: 10\r\n\r\n0123456789" + REQUEST)
+        self.assertEqual(answers(transport), 2)
+        self.assertFalse(transport.disconnecting)
+
+    def test_connection_closing_after_its_answer_is_still_bounded(self):
+        c = Connections(self)
+        channel, transport = c.open()
+        channel.dataReceived(b"GET /healthz HTTP/1.0\r\n\r\n")
+        self.assertEqual(answers(transport), 0)  # an HTTP/1.0 answer
+        self.assertIn(b"HTTP/1.0 503", transport.value())
+        self.assertTrue(transport.disconnecting)
+        self.assertEqual(len(c.clock.getDelayedCalls()), 1)
+
     def test_closed_connection_leaves_no_timer(self):
         c = Connections(self)
         channel, transport = c.open()
