@@ -147,7 +147,7 @@ class RequestDeadlineTests(unittest.TestCase):
     def test_small_body_is_read_and_answered(self):
         c = Connections(self)
         channel, transport = c.open()
-        channel.dataReceived(b"POST /healthz HTTP/1.1\r\nHost: agent\r\n"
+        channel.dataReceived(b"GET /healthz HTTP/1.1\r\nHost: agent\r\n"
                              b"Content-Length: 10\r\n\r\n0123456789" + REQUEST)
         self.assertEqual(answers(transport), 2)
         self.assertFalse(transport.disconnecting)
