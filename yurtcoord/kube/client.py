@@ -6,7 +6,9 @@ requests and long-running watches to the same server do not queue behind each ot
 
 Errors are the typed exceptions of ``yurtcoord.kube.errors``:
 - an answer with an error code → the type its ``Status`` names (``error_from_status``);
-- 5xx without a Status, or a body that is not JSON → ``ServerError``;
+- 5xx without a Status, or a body that is not a JSON object (including JSON nested
+  deeper than the decoder goes) → ``ServerError``; a Status whose fields have the
+  wrong types still becomes the type its HTTP code names;
 - refused, reset or unreachable, TLS handshake failures → ``ConnectionFailed``;
 - no complete answer within ``timeout`` → ``Timeout`` (the connection is aborted);
 - an answer body, or one line of a watch, longer than ``MAX_RESPONSE_BYTES`` (16 MiB,
@@ -179,11 +181,16 @@ def _cancelled(failure):
 
 
 def _decode_json(body, url):
+    """The JSON object of an answer; anything else (not JSON, nested deeper than the
+    decoder goes, not an object) is ``ServerError``."""
     try:
-        return json.loads(body)
-    except ValueError:
+        answer = json.loads(body)
+    except (ValueError, RecursionError):
         snippet = body[:120].decode("utf-8", "replace")
         raise ServerError(f"not JSON from {url}: {snippet!r}") from None
+    if not isinstance(answer, dict):
+        raise ServerError(f"not a JSON object from {url}: {type(answer).__name__}")
+    return answer
 
 
 def _error_for_response(code, body, url):
@@ -191,7 +198,7 @@ def _error_for_response(code, body, url):
     if body:
         try:
             status = json.loads(body)
-        except ValueError:
+        except (ValueError, RecursionError):
             status = None
     if isinstance(status, dict) and status.get("kind") == "Status":
         return error_from_status(code, status)
