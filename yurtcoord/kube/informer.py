@@ -17,6 +17,8 @@ again in one request. A list that needs more than ``MAX_LIST_PAGES`` requests fa
 with ``ListTooLong`` and is retried after the backoff like any failed list. A page
 that is larger than the client reads (``ResponseTooLarge``) is asked for again from
 the same place in pages half as large, down to one object per page.
+A list answer that is not a list of objects (or whose continue token or
+resourceVersion is not a string) is ``ServerError``, retried the same way.
 
 ``stop()`` is exact: it cancels the pending timer, list or watch and fires only once
 the connection is closed, so nothing is left behind.
@@ -32,7 +34,7 @@ from twisted.internet.task import deferLater
 from twisted.logger import Logger
 
 from yurtcoord.kube.backoff import Backoff
-from yurtcoord.kube.errors import Gone, ListTooLong, ResponseTooLarge
+from yurtcoord.kube.errors import Gone, ListTooLong, ResponseTooLarge, ServerError
 
 MIN_HEALTHY_WATCH_SECONDS = 1.0
 # Objects per list request (client-go's pager uses 500 too).
@@ -53,6 +55,27 @@ def object_key(obj):
 
 def resource_version(obj):
     return (obj.get("metadata") or {}).get("resourceVersion")
+
+
+def _page_of(result, gvr):
+    """``(items, metadata)`` of one list answer, each item an object with object
+    metadata; anything else from the server is ``ServerError``."""
+    if not isinstance(result, dict):
+        raise ServerError(f"list of {gvr} from the server is not an object")
+    items, metadata = result.get("items"), result.get("metadata")
+    if items is None:
+        items = []
+    if metadata is None:
+        metadata = {}
+    if (not isinstance(items, list) or not isinstance(metadata, dict)
+            or not all(isinstance(item, dict)
+                       and isinstance(item.get("metadata", {}), dict) for item in items)):
+        raise ServerError(f"list of {gvr} from the server is not a list of objects")
+    token, version = metadata.get("continue"), metadata.get("resourceVersion")
+    if not isinstance(token, (str, type(None))) or not isinstance(version, (str, type(None))):
+        raise ServerError(f"list of {gvr} from the server has a continue token or "
+                          f"resourceVersion that is not a string")
+    return items, metadata
 
 
 class HandlerRegistration:
@@ -267,8 +290,8 @@ class Informer:
                               gvr=str(self.gvr), count=len(items), reason=str(e))
                 items, token, page_size = [], None, None
                 continue
-            items.extend(result.get("items") or [])
-            metadata = result.get("metadata") or {}
+            page, metadata = _page_of(result, self.gvr)
+            items.extend(page)
             token = metadata.get("continue") if page_size else None
             if not token:
                 return items, metadata.get("resourceVersion")

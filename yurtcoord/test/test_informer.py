@@ -3,6 +3,7 @@ against the Kubernetes API test server (cuts, 410, server down and back)."""
 
 from twisted.internet import defer
 from twisted.internet.task import Clock
+from twisted.logger import globalLogPublisher
 from twisted.trial import unittest
 
 from yurtcoord.kube import errors
@@ -192,6 +193,31 @@ class InformerUnitTests(unittest.TestCase):
         self.assertEqual(len(self.client.list_calls), 2)
         self.clock.advance(0.2)
         self.assertEqual([p["limit"] for p, _d in self.client.list_calls], [2, 1, 2])
+
+    def test_list_answers_of_the_wrong_shape_are_server_errors_and_back_off(self):
+        failures = []
+
+        def observer(event):
+            if event.get("log_format", "").startswith("informer list failed"):
+                failures.append(event["reason"])
+        globalLogPublisher.addObserver(observer)
+        self.addCleanup(globalLogPublisher.removeObserver, observer)
+        informer = Informer(self.clock, self.client, CONFIGMAPS, namespace="ns",
+                            backoff=Backoff(initial=1.0, maximum=1.0, jitter=0.0))
+        self.addCleanup(informer.stop)
+        informer.start()
+        shapes = [{"items": "abc"}, {"items": [1]}, {"items": [{"metadata": []}]},
+                  {"metadata": [1]}, {"metadata": {"continue": 5}},
+                  {"metadata": {"resourceVersion": {"a": 1}}}, ["not", "an", "object"]]
+        for shape in shapes:
+            self.client.list_calls[-1][1].callback(shape)
+            self.clock.advance(1.0)
+        self.assertEqual(len(failures), len(shapes))
+        self.assertTrue(all("is not" in reason or "that is not" in reason
+                            for reason in failures), failures)
+        self.assertEqual(informer.store, {})
+        self.client.answer_list(10, [cm("a", 5)])
+        self.assertTrue(informer.has_synced)
 
     def test_page_size_must_be_positive(self):
         with self.assertRaises(ValueError):
