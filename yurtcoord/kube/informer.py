@@ -351,6 +351,10 @@ class Informer:
         # object_key and resource_version inlined: this runs for every event.
         meta = obj.get("metadata") or {}
         rv = meta.get("resourceVersion")
+        if rv is not None and type(rv) is not str:
+            # Where the next watch resumes: it must be the server's opaque string.
+            raise ServerError(f"{kind} event of {self.gvr} with a resourceVersion that "
+                              f"is not a string: {rv!r:.100}")
         if kind == "BOOKMARK":
             if rv:
                 self.resource_version = rv

@@ -48,7 +48,7 @@ json_values = st.recursive(
 objects = st.fixed_dictionaries(
     {"metadata": st.fixed_dictionaries(
         {"name": st.text(min_size=1, max_size=8), "namespace": st.just("ns"),
-         "resourceVersion": st.integers(1, 10 ** 6).map(str)})})
+         "resourceVersion": st.integers(1, 10 ** 6).map(str) | json_values})})
 event_types = st.sampled_from(sorted(WATCH_EVENT_TYPES) + ["ERROR", "SURPRISE"]) | json_values
 statuses = st.fixed_dictionaries({}, optional={
     "kind": st.just("Status") | json_values, "code": json_values | st.integers(100, 599),

@@ -219,6 +219,15 @@ class InformerUnitTests(unittest.TestCase):
         self.client.answer_list(10, [cm("a", 5)])
         self.assertTrue(informer.has_synced)
 
+    def test_event_with_a_resource_version_that_is_not_a_string_ends_the_watch(self):
+        watch = self.started_and_listed(10, [cm("a", 5)])
+        bad = cm("b", 6)
+        bad["metadata"]["resourceVersion"] = ["6"]
+        with self.assertRaises(errors.ServerError):
+            watch.send("ADDED", bad)
+        self.assertEqual(sorted(self.informer.store), ["ns/a"])
+        self.assertEqual(self.informer.resource_version, "10")
+
     def test_page_size_must_be_positive(self):
         with self.assertRaises(ValueError):
             Informer(self.clock, self.client, CONFIGMAPS, page_size=0)
