@@ -22,7 +22,9 @@ import io
 import json
 import time
 from datetime import datetime, timezone
+from typing import Optional
 
+from twisted.internet.interfaces import IAddress, IReactorTime
 from twisted.logger import Logger
 from twisted.web import http, pages, resource, server
 from zope.interface import Attribute, Interface, implementer
@@ -482,9 +484,10 @@ class StatusSite(server.Site):
     displayTracebacks = False
     noisy = False
 
-    def __init__(self, root, reactor, max_connections=MAX_STATUS_CONNECTIONS,
-                 request_deadline=STATUS_REQUEST_DEADLINE,
-                 max_request_body=MAX_STATUS_REQUEST_BODY):
+    def __init__(self, root: resource.Resource, reactor: IReactorTime,
+                 max_connections: int = MAX_STATUS_CONNECTIONS,
+                 request_deadline: float = STATUS_REQUEST_DEADLINE,
+                 max_request_body: int = MAX_STATUS_REQUEST_BODY):
         # No idle timeout of Twisted's own: the request deadline covers idle clients.
         super().__init__(root, reactor=reactor, timeout=None)
         self.max_connections = max_connections
@@ -494,7 +497,7 @@ class StatusSite(server.Site):
         self.refused = 0
         self._refusing_since = None
 
-    def buildProtocol(self, addr):
+    def buildProtocol(self, addr: IAddress) -> Optional[StatusChannel]:
         if self.open_connections >= self.max_connections:
             self.refused += 1
             if self._refusing_since is None:
@@ -513,7 +516,7 @@ class StatusSite(server.Site):
     def stopFactory(self):
         pass
 
-    def channel_closed(self):
+    def channel_closed(self) -> None:
         self.open_connections -= 1
         if self._refusing_since is not None and self.open_connections < self.max_connections:
             refused = self.refused - self._refusing_since + 1
@@ -522,15 +525,15 @@ class StatusSite(server.Site):
                              "{refused} closed meanwhile", limit=self.max_connections,
                              refused=refused)
 
-    def log_dropped(self, channel, why):
+    def log_dropped(self, channel: StatusChannel, why: str) -> None:
         self.logger.debug("status connection from {peer} dropped: {why}",
                           peer=str(channel.transport.getPeer()), why=why)
 
-    def getContentFile(self, length):
+    def getContentFile(self, length: Optional[int]) -> io.BytesIO:
         """Where a request body goes: memory (it is at most ``max_request_body``)."""
         return io.BytesIO()
 
-    def log(self, request):
+    def log(self, request: server.Request) -> None:
         """The access log: debug only (the pool page polls twice every 2 s)."""
         self.logger.debug(
             "status request {method} {path} {code} from {client}",

@@ -51,7 +51,7 @@ from twisted.web._newclient import RequestTransmissionFailed
 from twisted.web.client import (
     Agent, HTTPConnectionPool, ResponseFailed, ResponseNeverReceived,
 )
-from twisted.web.iweb import IAgentEndpointFactory
+from twisted.web.iweb import IAgentEndpointFactory, IResponse
 from zope.interface import implementer
 
 from yurtcoord import httpbody
@@ -208,7 +208,7 @@ def _error_for_response(code, body, url):
     return error_from_status(code, None)
 
 
-def read_body(response, limit, url):
+def read_body(response: IResponse, limit: int, url: str) -> defer.Deferred:
     """The whole body of ``response``, at most ``limit`` bytes (past that,
     ``ResponseTooLarge`` and the connection is dropped); cancellable (drops it too)."""
     return httpbody.read_body(response, limit, lambda limit: ResponseTooLarge(
