@@ -44,6 +44,8 @@ from yurtcoord.kube.errors import (
 )
 
 WATCH_EVENT_TYPES = frozenset(("ADDED", "MODIFIED", "DELETED", "BOOKMARK"))
+_MISSING = object()
+_EMPTY = {}
 
 # The decoder itself: json.loads on bytes would sniff the encoding of every line.
 _decode_json = json.JSONDecoder().decode
@@ -177,15 +179,13 @@ class WatchStreamProtocol(Protocol):
             self._not_an_event(line, "watch event nested too deeply")
             return
         # Every field is checked before use: a peer may send any JSON at all.
-        if not isinstance(event, dict) or "object" not in event:
+        if type(event) is not dict:
             self._not_an_event(line, "not a JSON watch event")
             return
         kind = event.get("type")
-        obj = event["object"]
-        if not isinstance(kind, str):
-            self._not_an_event(line, "watch event without a type")
-        elif kind in WATCH_EVENT_TYPES:
-            if not isinstance(obj, dict) or not isinstance(obj.get("metadata", {}), dict):
+        obj = event.get("object", _MISSING)
+        if type(kind) is str and kind in WATCH_EVENT_TYPES:
+            if type(obj) is not dict or type(obj.get("metadata", _EMPTY)) is not dict:
                 self._not_an_event(line, f"watch event {kind} without an object")
                 return
             self.events += 1
@@ -193,8 +193,12 @@ class WatchStreamProtocol(Protocol):
                 self._on_event(kind, obj)
             except Exception as e:  # the consumer's failure ends this watch, typed as it was
                 self._fail(e)
+        elif obj is _MISSING:
+            self._not_an_event(line, "not a JSON watch event")
         elif kind == "ERROR":
-            self._fail(error_from_status(500, obj if isinstance(obj, dict) else None))
+            self._fail(error_from_status(500, obj if type(obj) is dict else None))
+        elif type(kind) is not str:
+            self._not_an_event(line, "watch event without a type")
         else:
             self._fail(ServerError(f"unknown watch event type {kind[:100]!r} from {self.url}"))
 
