@@ -4,7 +4,8 @@
   ``MAX_RESPONSE_BYTES`` with ``ResponseTooLarge``, drops the connection, and the
   process's peak RSS grows by at most 64 MB (measured: VmHWM after the peak was reset
   through ``/proc/self/clear_refs``, against VmRSS before). An informer on such a
-  server reconnects with its backoff.
+  server reconnects with its backoff. Measured: 15 MB of growth for a line cut at
+  16 MiB; without the bound, 160 MB for the 160 MiB the server sends.
 - Plain answer bodies past the bound, from an apiserver and from etcd: the client's
   typed error and a dropped connection.
 - A list whose every page carries a ``continue`` token: ``ListTooLong`` after
