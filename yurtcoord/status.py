@@ -5,20 +5,42 @@ The pages read everything from a *status source* (``IStatusSource``) passed in, 
 same resources serve an agent whose coordinator does not exist yet (``InitialStatus``)
 and, later, the running coordinator. A source that raises gives a 500 and one log line;
 it never takes the HTTP server down.
+
+The port is open to anything on the node, so it bounds what a client can hold:
+at most ``MAX_STATUS_CONNECTIONS`` connections at once (one more is closed as soon as
+it is accepted), and each request must have arrived whole within
+``STATUS_REQUEST_DEADLINE`` seconds of the connection opening or of the previous
+answer (a connection idle or sending that slowly is dropped), with at most
+``MAX_STATUS_REQUEST_BODY`` bytes of body. A crowd of idle or slow
+clients thus costs a few dozen descriptors for a few seconds, and never the
+descriptors the agent needs for its own connections. Requests are logged at debug
+level only: the pool page polls twice every two seconds.
 """
 
 import html
+import io
 import json
 import time
 from datetime import datetime, timezone
+from typing import Optional
 
+from twisted.internet.interfaces import IAddress, IReactorTime
 from twisted.logger import Logger
-from twisted.web import pages, resource, server
+from twisted.web import http, pages, resource, server
 from zope.interface import Attribute, Interface, implementer
 
+from yurtcoord.httpbody import drop_connection
 from yurtcoord.metrics import METRICS_CONTENT_TYPE
 
 NOT_FOUND = pages.notFound("No such page", "Pages: / /healthz /readyz /status /metrics")
+# Status connections open at once; more are closed as soon as they are accepted.
+MAX_STATUS_CONNECTIONS = 64
+# Seconds a status connection may take to send one whole request, counted from when
+# it opened or from the previous answer; then it is dropped.
+STATUS_REQUEST_DEADLINE = 5.0
+# Bytes of request body a status connection may send with one request (the pages take
+# none); past it the connection is dropped. Bodies are kept in memory, never on disk.
+MAX_STATUS_REQUEST_BODY = 64 * 1024
 
 
 class IStatusSource(Interface):
@@ -377,9 +399,148 @@ def status_resource(source, metrics):
     return root
 
 
+class StatusChannel(http.HTTPChannel):
+    """HTTP/1.1 of the status pages, with a deadline for every request.
+
+    The deadline runs from the connection's start, and again from each answer, until
+    the next request has arrived whole; then the connection is aborted. A client that
+    sends nothing, or a byte now and then, holds its descriptor for
+    ``site.request_deadline`` seconds at most.
+    """
+
+    _deadline = None
+    _busy = False
+    _lost = False
+    _body_bytes = 0
+
+    def connectionMade(self):
+        super().connectionMade()
+        self._arm()
+
+    def _arm(self):
+        self._disarm()
+        self._deadline = self.callLater(self.site.request_deadline, self._too_slow)
+
+    def _disarm(self):
+        if self._deadline is not None and self._deadline.active():
+            self._deadline.cancel()
+        self._deadline = None
+
+    def _too_slow(self):
+        self._deadline = None
+        self.site.log_dropped(self, f"no whole request within {self.site.request_deadline}s")
+        drop_connection(self.transport)
+
+    def allHeadersReceived(self):
+        self._body_bytes = 0
+        super().allHeadersReceived()
+
+    def rawDataReceived(self, data):
+        # The body of the request being received (later requests pipelined behind
+        # one being answered are only buffered here, and counted when their turn comes).
+        if not self._busy:
+            self._body_bytes += len(data)
+            if self._body_bytes > self.site.max_request_body:
+                self.site.log_dropped(self, "request body larger than "
+                                            f"{self.site.max_request_body} bytes")
+                self._disarm()
+                drop_connection(self.transport)
+                return
+        super().rawDataReceived(data)
+
+    def allContentReceived(self):
+        self._disarm()
+        self._busy = True
+        super().allContentReceived()
+
+    def requestDone(self, request):
+        self._busy = False
+        super().requestDone(request)
+        # A request pipelined behind this one may have been answered meanwhile. A
+        # connection closing after its answer is armed too: a client that does not
+        # read the answer would keep it open.
+        if not self._busy and not self._lost and self._deadline is None:
+            self._arm()
+
+    def connectionLost(self, reason):
+        self._lost = True
+        self._disarm()
+        self.site.channel_closed()
+        super().connectionLost(reason)
+
+
+class StatusSite(server.Site):
+    """The status site: at most ``max_connections`` connections, each request due
+    within ``request_deadline`` seconds with at most ``max_request_body`` bytes of body
+    (``StatusChannel``), requests logged at debug.
+
+    ``open_connections`` is how many are open now, ``refused`` how many were closed at
+    once because ``max_connections`` were open.
+    """
+
+    # Not ``log``: that is the access log method of Twisted's Site.
+    logger = Logger()
+    protocol = StatusChannel
+    displayTracebacks = False
+    noisy = False
+
+    def __init__(self, root: resource.Resource, reactor: IReactorTime,
+                 max_connections: int = MAX_STATUS_CONNECTIONS,
+                 request_deadline: float = STATUS_REQUEST_DEADLINE,
+                 max_request_body: int = MAX_STATUS_REQUEST_BODY):
+        # No idle timeout of Twisted's own: the request deadline covers idle clients.
+        super().__init__(root, reactor=reactor, timeout=None)
+        self.max_connections = max_connections
+        self.request_deadline = request_deadline
+        self.max_request_body = max_request_body
+        self.open_connections = 0
+        self.refused = 0
+        self._refusing_since = None
+
+    def buildProtocol(self, addr: IAddress) -> Optional[StatusChannel]:
+        if self.open_connections >= self.max_connections:
+            self.refused += 1
+            if self._refusing_since is None:
+                self._refusing_since = self.refused
+                self.logger.warn("status connections at the limit of {limit}: closing new "
+                                 "ones until some end", limit=self.max_connections)
+            return None
+        channel = super().buildProtocol(addr)
+        self.open_connections += 1
+        return channel
+
+    def startFactory(self):
+        """Nothing to open: the access log goes to the debug log (see ``log``), so
+        Twisted's log file and its once-a-second date timer are not needed."""
+
+    def stopFactory(self):
+        pass
+
+    def channel_closed(self) -> None:
+        self.open_connections -= 1
+        if self._refusing_since is not None and self.open_connections < self.max_connections:
+            refused = self.refused - self._refusing_since + 1
+            self._refusing_since = None
+            self.logger.info("status connections below the limit of {limit} again, "
+                             "{refused} closed meanwhile", limit=self.max_connections,
+                             refused=refused)
+
+    def log_dropped(self, channel: StatusChannel, why: str) -> None:
+        self.logger.debug("status connection from {peer} dropped: {why}",
+                          peer=str(channel.transport.getPeer()), why=why)
+
+    def getContentFile(self, length: Optional[int]) -> io.BytesIO:
+        """Where a request body goes: memory (it is at most ``max_request_body``)."""
+        return io.BytesIO()
+
+    def log(self, request: server.Request) -> None:
+        """The access log: debug only (the pool page polls twice every 2 s)."""
+        self.logger.debug(
+            "status request {method} {path} {code} from {client}",
+            method=request.method.decode("latin-1"), path=request.uri.decode("latin-1"),
+            code=request.code, client=request.getClientAddress().host)
+
+
 def status_site(source, metrics, reactor):
-    """A ``twisted.web.server.Site`` serving ``status_resource``; no tracebacks to clients."""
-    site = server.Site(status_resource(source, metrics), reactor=reactor)
-    site.displayTracebacks = False
-    site.noisy = False
-    return site
+    """A ``StatusSite`` serving ``status_resource``; no tracebacks to clients."""
+    return StatusSite(status_resource(source, metrics), reactor)

@@ -17,6 +17,11 @@ adapter fixes what it lacks:
   closed and busy ones are closed when their request ends, so every request after a
   certificate rotation handshakes with the new files.
 - per-request timeouts, covering connect, send and the whole response body.
+- a bound on every answer: a body longer than ``MAX_RESPONSE_BYTES`` (64 MiB,
+  ``EtcdConfig.max_response_bytes``) fails with ``ResponseTooLarge`` and its connection
+  is dropped at that point, so an etcd (or whatever answers in its place) that never
+  ends an answer costs at most that much memory. The bound is above a range page of a
+  thousand objects of several KiB each, as the pool store reads them.
 - typed errors (``yurtcoord.etcd.errors``) instead of raw Twisted failures.
 - ``range`` honours ``limit``, ``keys_only`` and ``revision`` (txaioetcd's ``get`` drops
   them) and prefix ends are computed correctly for keys ending in ``0xff``.
@@ -56,6 +61,7 @@ from twisted.web.http_headers import Headers
 from twisted.web.iweb import IBodyProducer, IPolicyForHTTPS
 from zope.interface import implementer
 
+from yurtcoord import httpbody
 from yurtcoord.etcd.errors import (
     BadResponse,
     ClientClosed,
@@ -64,6 +70,7 @@ from yurtcoord.etcd.errors import (
     EtcdUnavailable,
     RequestRejected,
     RequestTooLarge,
+    ResponseTooLarge,
     TLSConfigError,
     TooManyOperations,
     TransactionFailed,
@@ -74,6 +81,8 @@ __all__ = ["EtcdConfig", "EtcdClient", "RangePage", "TransactionResult", "prefix
            "prefix_keyset"]
 
 GATEWAY_PREFIXES = ("/v3", "/v3beta", "/v3alpha")
+# Bytes of one answer read at most (see the module doc).
+MAX_RESPONSE_BYTES = 64 * 1024 * 1024
 _TXAIOETCD_PREFIX = "/v3alpha"
 
 # gRPC status codes the etcd gateway puts in its error bodies.
@@ -112,6 +121,7 @@ class EtcdConfig:
     :param gateway_prefix: ``"/v3"`` (etcd >= 3.4), ``"/v3beta"``, ``"/v3alpha"`` or ``"auto"``.
     :param max_connections: requests in flight (and idle connections kept) at once.
     :param idle_connection_timeout: seconds an idle pooled connection is kept open.
+    :param max_response_bytes: bytes of one answer read at most (``ResponseTooLarge``).
     """
 
     url: str
@@ -122,6 +132,7 @@ class EtcdConfig:
     gateway_prefix: str = "/v3"
     max_connections: int = 16
     idle_connection_timeout: float = 60.0
+    max_response_bytes: int = MAX_RESPONSE_BYTES
 
     def __post_init__(self):
         if not (self.url.startswith("http://") or self.url.startswith("https://")):
@@ -132,6 +143,8 @@ class EtcdConfig:
             raise ValueError(f"gateway_prefix must be one of {GATEWAY_PREFIXES} or 'auto'")
         if self.timeout <= 0 or self.max_connections < 1:
             raise ValueError("timeout must be > 0 and max_connections >= 1")
+        if self.max_response_bytes < 1:
+            raise ValueError("max_response_bytes must be >= 1")
 
     @property
     def tls(self):
@@ -491,7 +504,7 @@ class _Transport:
         url = (self._base + prefix + path).encode("utf-8")
         headers = Headers({b"Content-Type": [b"application/json"]})
         d = self._agent.request(b"POST", url, headers, _BytesBody(body))
-        d.addCallback(_read_response)
+        d.addCallback(_read_response, self._config.max_response_bytes, path)
         d.addTimeout(timeout, self._reactor)
         d.addErrback(self._translate, path, timeout)
         return self._in_flight.track(d)
@@ -588,16 +601,12 @@ class _Resendable(Exception):
         self.not_delivered = not_delivered
 
 
-def _read_response(response):
+def _read_response(response, limit, path):
     """``(status, body)``; a body ended by connection close (no length) still counts."""
-    d = web_client.readBody(response)
+    d = httpbody.read_body(response, limit, lambda limit: ResponseTooLarge(
+        f"etcd answer to {path} longer than {limit} bytes, connection dropped",
+        response.code))
     d.addCallback(lambda body: (response.code, body))
-
-    def partial(failure):
-        failure.trap(web_client.PartialDownloadError)
-        return (response.code, failure.value.response or b"")
-
-    d.addErrback(partial)
     return d
 
 

@@ -46,6 +46,13 @@ class BadResponse(EtcdError):
         self.body = body[:512]
 
 
+class ResponseTooLarge(BadResponse):
+    """The answer grew past the client's bound (``max_response_bytes``); the connection
+    was dropped without reading the rest. A write may have been applied."""
+
+    maybe_applied = True
+
+
 class RequestRejected(EtcdError):
     """etcd answered with an error for this request (gRPC ``code`` and ``message``)."""
 

@@ -6,9 +6,15 @@ requests and long-running watches to the same server do not queue behind each ot
 
 Errors are the typed exceptions of ``yurtcoord.kube.errors``:
 - an answer with an error code → the type its ``Status`` names (``error_from_status``);
-- 5xx without a Status, or a body that is not JSON → ``ServerError``;
+- 5xx without a Status, or a body that is not a JSON object (including JSON nested
+  deeper than the decoder goes) → ``ServerError``; a Status whose fields have the
+  wrong types still becomes the type its HTTP code names;
 - refused, reset or unreachable, TLS handshake failures → ``ConnectionFailed``;
-- no complete answer within ``timeout`` → ``Timeout`` (the connection is aborted).
+- no complete answer within ``timeout`` → ``Timeout`` (the connection is aborted);
+- an answer body, or one line of a watch, longer than ``MAX_RESPONSE_BYTES`` (16 MiB,
+  ``ClientConfig.max_response_bytes``) → ``ResponseTooLarge``: the connection is
+  dropped at that point, so a peer that never ends an answer costs at most that much
+  memory.
 
 Watches: ``watch()`` returns a ``Watch`` at once. Its ``done`` Deferred fires with
 None when the server ends the stream or the watch is cancelled with ``cancel()``,
@@ -40,26 +46,29 @@ from twisted.internet.endpoints import (
     HostnameEndpoint, TCP4ClientEndpoint, TCP6ClientEndpoint, wrapClientTLS,
 )
 from twisted.internet.error import ConnectError, ConnectionLost, DNSLookupError
-from twisted.internet.protocol import Protocol
 from twisted.python.failure import Failure
 from twisted.web._newclient import RequestTransmissionFailed
 from twisted.web.client import (
-    Agent, HTTPConnectionPool, ResponseDone, ResponseFailed, ResponseNeverReceived,
+    Agent, HTTPConnectionPool, ResponseFailed, ResponseNeverReceived,
 )
-from twisted.web.http import PotentialDataLoss
-from twisted.web.iweb import IAgentEndpointFactory
+from twisted.web.iweb import IAgentEndpointFactory, IResponse
 from zope.interface import implementer
 
+from yurtcoord import httpbody
 from yurtcoord.inflight import InFlight
 from yurtcoord.kube.errors import (
-    ConnectionFailed, KubeError, ServerError, Timeout, error_from_status,
+    ConnectionFailed, KubeError, ResponseTooLarge, ServerError, Timeout, error_from_status,
 )
-from yurtcoord.kube.interfaces import IObjectClient
+from yurtcoord.kube.interfaces import IListWatchClient, IObjectClient
 from yurtcoord.kube.kubeconfig import load_kubeconfig
 from yurtcoord.kube.tls import ReloadingTLSPolicy
 from yurtcoord.kube.watch import IdleWatchdog, WatchStreamProtocol, batch_chunked_body, describe
 
 DEFAULT_MAX_CONNECTIONS_PER_HOST = 16
+# Bytes of one answer body, and of one watch line (one event), read at most: far above
+# the largest object etcd stores (1.5 MiB by default) and a list page of them, far
+# below what would hurt an edge node. Past it: ResponseTooLarge, the connection dropped.
+MAX_RESPONSE_BYTES = 16 * 1024 * 1024
 
 
 @dataclass
@@ -83,6 +92,7 @@ class ClientConfig:
     key_data: bytes = field(default=None, repr=False)
     max_connections_per_host: int = DEFAULT_MAX_CONNECTIONS_PER_HOST
     user_agent: str = "yurtcoord"
+    max_response_bytes: int = MAX_RESPONSE_BYTES
 
     @classmethod
     def from_kubeconfig(cls, path, context=None, **overrides):
@@ -171,11 +181,16 @@ def _cancelled(failure):
 
 
 def _decode_json(body, url):
+    """The JSON object of an answer; anything else (not JSON, nested deeper than the
+    decoder goes, not an object) is ``ServerError``."""
     try:
-        return json.loads(body)
-    except ValueError:
+        answer = json.loads(body)
+    except (ValueError, RecursionError):
         snippet = body[:120].decode("utf-8", "replace")
         raise ServerError(f"not JSON from {url}: {snippet!r}") from None
+    if not isinstance(answer, dict):
+        raise ServerError(f"not a JSON object from {url}: {type(answer).__name__}")
+    return answer
 
 
 def _error_for_response(code, body, url):
@@ -183,7 +198,7 @@ def _error_for_response(code, body, url):
     if body:
         try:
             status = json.loads(body)
-        except ValueError:
+        except (ValueError, RecursionError):
             status = None
     if isinstance(status, dict) and status.get("kind") == "Status":
         return error_from_status(code, status)
@@ -193,36 +208,11 @@ def _error_for_response(code, body, url):
     return error_from_status(code, None)
 
 
-class _BodyReader(Protocol):
-    """Collects a response body. Cancelling its Deferred aborts the connection and
-    fails it at once; the later connectionLost is then ignored."""
-
-    def __init__(self):
-        self._chunks = []
-        self.deferred = defer.Deferred(self._cancel)
-
-    def _cancel(self, deferred):
-        abort = getattr(self.transport, "abortConnection", None)
-        if abort is not None:
-            abort()
-
-    def dataReceived(self, data):
-        self._chunks.append(data)
-
-    def connectionLost(self, reason):
-        if self.deferred.called:
-            return
-        if reason.check(ResponseDone, PotentialDataLoss):
-            self.deferred.callback(b"".join(self._chunks))
-        else:
-            self.deferred.errback(reason)
-
-
-def read_body(response):
-    """The whole body of ``response``; cancellable (aborts the connection)."""
-    reader = _BodyReader()
-    response.deliverBody(reader)
-    return reader.deferred
+def read_body(response: IResponse, limit: int, url: str) -> defer.Deferred:
+    """The whole body of ``response``, at most ``limit`` bytes (past that,
+    ``ResponseTooLarge`` and the connection is dropped); cancellable (drops it too)."""
+    return httpbody.read_body(response, limit, lambda limit: ResponseTooLarge(
+        f"answer from {url} longer than {limit} bytes, connection dropped"))
 
 
 class Watch:
@@ -265,7 +255,7 @@ class Watch:
             self.done.callback(None)
 
 
-@implementer(IObjectClient)
+@implementer(IObjectClient, IListWatchClient)
 class KubeClient:
     """get / list / create / update / delete / watch against one apiserver."""
 
@@ -350,7 +340,8 @@ class KubeClient:
         d = self._start(method, url, body)
 
         def got_response(response):
-            return read_body(response).addCallback(lambda raw: (response.code, raw))
+            return read_body(response, self.config.max_response_bytes, url).addCallback(
+                lambda raw: (response.code, raw))
 
         def got_body(result):
             code, raw = result
@@ -435,12 +426,13 @@ class KubeClient:
         def got_response(response):
             watch._request = None
             if response.code != 200:
-                body_d = read_body(response)
+                body_d = read_body(response, self.config.max_response_bytes, url)
                 watch._request = body_d
                 body_d.addCallback(lambda raw: Failure(_error_for_response(response.code, raw, url)))
                 body_d.addErrback(failed)
                 return None
-            stream = WatchStreamProtocol(on_event, url, clock=self.reactor if idle_timeout else None)
+            stream = WatchStreamProtocol(on_event, url, clock=self.reactor if idle_timeout else None,
+                                         max_line=self.config.max_response_bytes)
             watch._stream = stream
             # Events of one read arrive together instead of one call per chunk.
             watch._body_batcher = batch_chunked_body(response)

@@ -82,6 +82,20 @@ class ConnectionFailed(KubeError):
     code, reason = 0, "ConnectionFailed"
 
 
+class ResponseTooLarge(KubeError):
+    """An answer body or one watch line grew past the client's bound; the connection
+    was dropped without reading the rest."""
+
+    code, reason = 0, "ResponseTooLarge"
+
+
+class ListTooLong(KubeError):
+    """One list went on for more pages than a list may have (a server that keeps
+    answering with a continue token)."""
+
+    code, reason = 0, "ListTooLong"
+
+
 _BY_REASON = {
     "AlreadyExists": AlreadyExists,
     "Conflict": Conflict,
@@ -105,13 +119,21 @@ _BY_CODE = {
 }
 
 
-def error_from_status(code, status=None):
+def _text(value):
+    return value if isinstance(value, str) else ""
+
+
+def error_from_status(code: int, status: object = None) -> KubeError:
     """The typed error for an HTTP ``code`` and an optional decoded Status dict."""
     reason = message = ""
     if isinstance(status, dict):
-        reason = status.get("reason") or ""
-        message = status.get("message") or ""
-        code = status.get("code") or code
+        # A Status from a broken or hostile peer may hold anything: only a text
+        # reason and message and an integer code are taken from it.
+        reason = _text(status.get("reason"))
+        message = _text(status.get("message"))
+        status_code = status.get("code")
+        if type(status_code) is int and status_code:
+            code = status_code
     cls = _BY_REASON.get(reason) or _BY_CODE.get(code)
     if cls is None:
         cls = ServerError if code >= 500 or code == 0 else KubeError

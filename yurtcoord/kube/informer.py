@@ -13,7 +13,12 @@ Lists are fetched ``page_size`` objects per request (``limit``/``continue``, as
 client-go's pager does), so a large resource over a slow link is many bounded answers,
 not one that must arrive whole within the request timeout. Every page is of one
 snapshot; when the server no longer has it (410 on a continue token) the list starts
-again in one request.
+again in one request. A list that needs more than ``MAX_LIST_PAGES`` requests fails
+with ``ListTooLong`` and is retried after the backoff like any failed list. A page
+that is larger than the client reads (``ResponseTooLarge``) is asked for again from
+the same place in pages half as large, down to one object per page.
+A list answer that is not a list of objects (or whose continue token or
+resourceVersion is not a string) is ``ServerError``, retried the same way.
 
 ``stop()`` is exact: it cancels the pending timer, list or watch and fires only once
 the connection is closed, so nothing is left behind.
@@ -29,11 +34,15 @@ from twisted.internet.task import deferLater
 from twisted.logger import Logger
 
 from yurtcoord.kube.backoff import Backoff
-from yurtcoord.kube.errors import Gone
+from yurtcoord.kube.errors import Gone, ListTooLong, ResponseTooLarge, ServerError
 
 MIN_HEALTHY_WATCH_SECONDS = 1.0
 # Objects per list request (client-go's pager uses 500 too).
 DEFAULT_PAGE_SIZE = 500
+# Requests one list may take: a million objects at the default page size, several
+# times the largest clusters Kubernetes is tested with. A server that answers every
+# page with a continue token would otherwise grow one list without end.
+MAX_LIST_PAGES = 2000
 
 
 def object_key(obj):
@@ -46,6 +55,27 @@ def object_key(obj):
 
 def resource_version(obj):
     return (obj.get("metadata") or {}).get("resourceVersion")
+
+
+def _page_of(result, gvr):
+    """``(items, metadata)`` of one list answer, each item an object with object
+    metadata; anything else from the server is ``ServerError``."""
+    if not isinstance(result, dict):
+        raise ServerError(f"list of {gvr} from the server is not an object")
+    items, metadata = result.get("items"), result.get("metadata")
+    if items is None:
+        items = []
+    if metadata is None:
+        metadata = {}
+    if (not isinstance(items, list) or not isinstance(metadata, dict)
+            or not all(isinstance(item, dict)
+                       and isinstance(item.get("metadata", {}), dict) for item in items)):
+        raise ServerError(f"list of {gvr} from the server is not a list of objects")
+    token, version = metadata.get("continue"), metadata.get("resourceVersion")
+    if not isinstance(token, (str, type(None))) or not isinstance(version, (str, type(None))):
+        raise ServerError(f"list of {gvr} from the server has a continue token or "
+                          f"resourceVersion that is not a string")
+    return items, metadata
 
 
 class HandlerRegistration:
@@ -75,9 +105,13 @@ class Informer:
 
     def __init__(self, reactor, client, gvr, namespace=None, label_selector=None,
                  field_selector=None, backoff=None, watch_timeout_seconds=300,
-                 watch_idle_timeout=None, page_size=DEFAULT_PAGE_SIZE):
+                 watch_idle_timeout=None, page_size=DEFAULT_PAGE_SIZE,
+                 max_list_pages=MAX_LIST_PAGES):
         if page_size is not None and page_size < 1:
             raise ValueError(f"page_size must be >= 1 or None, got {page_size}")
+        if max_list_pages < 1:
+            raise ValueError(f"max_list_pages must be >= 1, got {max_list_pages}")
+        self.max_list_pages = max_list_pages
         self.reactor = reactor
         self.page_size = page_size
         self.client = client
@@ -224,12 +258,30 @@ class Informer:
     def _list_pages(self):
         """``(items, resourceVersion)`` of one list, ``page_size`` objects per request."""
         items, token, page_size = [], None, self.page_size
+        requests = 0
         while True:
+            if requests >= self.max_list_pages:
+                raise ListTooLong(
+                    f"list of {self.gvr} took more than {self.max_list_pages} pages "
+                    f"({len(items)} objects so far) and was given up")
+            requests += 1
             try:
                 result = yield self._wait(self.client.list(
                     self.gvr, namespace=self.namespace, label_selector=self.label_selector,
                     field_selector=self.field_selector, limit=page_size,
                     continue_token=token))
+            except ResponseTooLarge as e:
+                if page_size == 1:
+                    raise
+                # A page past the client's bound (objects far larger than usual):
+                # the same place again, in pages half as large.
+                smaller = max(1, (page_size or self.page_size or DEFAULT_PAGE_SIZE) // 2)
+                self.log.warn("informer list page too large gvr={gvr} limit={limit}, "
+                              "asking for {smaller} objects per page: {reason}",
+                              gvr=str(self.gvr), limit=page_size, smaller=smaller,
+                              reason=str(e))
+                page_size = smaller
+                continue
             except Gone as e:
                 if token is None:
                     raise
@@ -238,8 +290,8 @@ class Informer:
                               gvr=str(self.gvr), count=len(items), reason=str(e))
                 items, token, page_size = [], None, None
                 continue
-            items.extend(result.get("items") or [])
-            metadata = result.get("metadata") or {}
+            page, metadata = _page_of(result, self.gvr)
+            items.extend(page)
             token = metadata.get("continue") if page_size else None
             if not token:
                 return items, metadata.get("resourceVersion")
@@ -299,6 +351,10 @@ class Informer:
         # object_key and resource_version inlined: this runs for every event.
         meta = obj.get("metadata") or {}
         rv = meta.get("resourceVersion")
+        if rv is not None and type(rv) is not str:
+            # Where the next watch resumes: it must be the server's opaque string.
+            raise ServerError(f"{kind} event of {self.gvr} with a resourceVersion that "
+                              f"is not a string: {rv!r:.100}")
         if kind == "BOOKMARK":
             if rv:
                 self.resource_version = rv

@@ -25,3 +25,22 @@ class IObjectClient(Interface):
 
     def delete(gvr, name, namespace=None):
         """Delete the object; fires with the server's answer."""
+
+
+class IListWatchClient(Interface):
+    """What an informer needs of a Kubernetes API client: paged lists and watches.
+
+    ``list`` fires with the decoded List (``items`` and ``metadata`` with
+    ``resourceVersion`` and ``continue``). ``watch`` returns at once an object with a
+    ``done`` Deferred (None when the stream ended cleanly or was cancelled, else a
+    ``yurtcoord.kube.errors`` type), an ``events`` count and ``cancel()``.
+    """
+
+    def list(gvr, namespace=None, label_selector=None, field_selector=None,
+             resource_version=None, limit=None, continue_token=None):
+        """One page of the objects of ``gvr``."""
+
+    def watch(gvr, on_event, namespace=None, resource_version=None, label_selector=None,
+              field_selector=None, allow_bookmarks=True, timeout_seconds=None,
+              idle_timeout=None):
+        """Start a watch calling ``on_event(type, obj)`` for every event."""

@@ -8,6 +8,13 @@ line, the connection was cut: that tail is discarded and the stream fails with
 ``ConnectionFailed``. An ``ERROR`` event carries a ``Status``; it becomes the typed
 error (410 → ``Gone``) and the connection is closed.
 
+A line (one event) longer than ``max_line`` bytes ends the stream with
+``ResponseTooLarge`` and drops the connection: a peer that streams a line without
+end (bytes keep arriving, so ``IdleWatchdog`` never fires) costs at most that much
+memory. Anything that is not a watch event (not JSON, nested deeper than the decoder
+goes, not an object, a type that is not a string, an event whose object is not an
+object) is ``ServerError``; nothing a peer sends raises anything untyped.
+
 ``finished`` fires exactly once, when the connection is gone: with None when the
 server ended the stream cleanly or the watch was cancelled, with the typed error
 otherwise.
@@ -31,9 +38,14 @@ from twisted.web import http as twisted_http
 from twisted.web.client import ResponseDone
 from twisted.web.http import PotentialDataLoss
 
-from yurtcoord.kube.errors import ConnectionFailed, ServerError, Timeout, error_from_status
+from yurtcoord.httpbody import drop_connection
+from yurtcoord.kube.errors import (
+    ConnectionFailed, ResponseTooLarge, ServerError, Timeout, error_from_status,
+)
 
 WATCH_EVENT_TYPES = frozenset(("ADDED", "MODIFIED", "DELETED", "BOOKMARK"))
+_MISSING = object()
+_EMPTY = {}
 
 # The decoder itself: json.loads on bytes would sniff the encoding of every line.
 _decode_json = json.JSONDecoder().decode
@@ -59,14 +71,17 @@ class WatchStreamProtocol(Protocol):
 
     log = Logger()
 
-    def __init__(self, on_event, url="watch", clock=None):
+    def __init__(self, on_event, url="watch", clock=None, *, max_line):
         self._on_event = on_event
         self.url = url
         self._clock = clock
+        self.max_line = max_line
         self.finished = Deferred()
         self.events = 0
         self.last_activity = clock.seconds() if clock is not None else None
         self._pending = []
+        # Bytes held in _pending: the unfinished line, never more than max_line.
+        self.pending_bytes = 0
         self._error = None
         self._cancelled = False
         self._ended = False
@@ -79,14 +94,7 @@ class WatchStreamProtocol(Protocol):
         self._abort()
 
     def _abort(self):
-        transport = self.transport
-        if transport is None:
-            return
-        abort = getattr(transport, "abortConnection", None)
-        if abort is None:
-            # Body transports from older Agents expose only stopProducing.
-            abort = getattr(transport, "stopProducing", None) or transport.loseConnection
-        abort()
+        drop_connection(self.transport)
 
     def expire(self, error):
         """End the watch with ``error`` (e.g. nothing received for too long)."""
@@ -95,7 +103,14 @@ class WatchStreamProtocol(Protocol):
     def _fail(self, error):
         if self._error is None and not self._cancelled:
             self._error = error
+            self._pending = []
+            self.pending_bytes = 0
             self._abort()
+
+    def _too_long(self):
+        self._fail(ResponseTooLarge(
+            f"watch line from {self.url} longer than {self.max_line} bytes, "
+            f"connection dropped"))
 
     def dataReceived(self, data):
         if self._error is not None or self._cancelled or self._ended:
@@ -103,24 +118,44 @@ class WatchStreamProtocol(Protocol):
         if self._clock is not None:
             self.last_activity = self._clock.seconds()
         if self._pending:
-            self._pending.append(data)
-            if b"\n" not in data:
+            end = data.find(b"\n")
+            if end < 0:
+                self._pending.append(data)
+                self.pending_bytes += len(data)
+                if self.pending_bytes > self.max_line:
+                    self._too_long()
                 return
-            data = b"".join(self._pending)
+            if self.pending_bytes + end > self.max_line:
+                self._too_long()
+                return
+            self._pending.append(data[:end])
+            line = b"".join(self._pending)
             self._pending = []
-        elif b"\n" not in data:
-            self._pending.append(data)
-            return
+            self.pending_bytes = 0
+            self._line(line)
+            if self._error is not None or self._cancelled:
+                return
+            data = data[end + 1:]
         # One split per read (a batched read carries a hundred events or more);
         # the piece after the last newline is the unfinished tail.
         lines = data.split(b"\n")
         tail = lines.pop()
         for line in lines:
+            if len(line) > self.max_line:
+                self._too_long()
+                return
             self._line(line)
             if self._error is not None or self._cancelled:
                 return
         if tail:
+            if len(tail) > self.max_line:
+                self._too_long()
+                return
             self._pending.append(tail)
+            self.pending_bytes = len(tail)
+
+    def _not_an_event(self, line, why):
+        self._fail(ServerError(f"{why} from {self.url}: {line[:200]!r}"))
 
     def _line(self, line):
         try:
@@ -135,25 +170,37 @@ class WatchStreamProtocol(Protocol):
             try:
                 event = _decode_json(line.decode("utf-8"))
             except ValueError:
-                self._fail(ServerError(f"not a JSON watch event from {self.url}: {line[:200]!r}"))
+                self._not_an_event(line, "not a JSON watch event")
                 return
-        try:
-            kind = event["type"]
-            obj = event["object"]
-        except (TypeError, KeyError):
-            self._fail(ServerError(f"not a JSON watch event from {self.url}: {line[:200]!r}"))
+            except RecursionError:
+                self._not_an_event(line, "watch event nested too deeply")
+                return
+        except RecursionError:
+            self._not_an_event(line, "watch event nested too deeply")
             return
-        if kind in WATCH_EVENT_TYPES:
+        # Every field is checked before use: a peer may send any JSON at all.
+        if type(event) is not dict:
+            self._not_an_event(line, "not a JSON watch event")
+            return
+        kind = event.get("type")
+        obj = event.get("object", _MISSING)
+        if type(kind) is str and kind in WATCH_EVENT_TYPES:
+            if type(obj) is not dict or type(obj.get("metadata", _EMPTY)) is not dict:
+                self._not_an_event(line, f"watch event {kind} without an object")
+                return
             self.events += 1
             try:
                 self._on_event(kind, obj)
             except Exception as e:  # the consumer's failure ends this watch, typed as it was
                 self._fail(e)
+        elif obj is _MISSING:
+            self._not_an_event(line, "not a JSON watch event")
         elif kind == "ERROR":
-            code = obj.get("code", 500) if isinstance(obj, dict) else 500
-            self._fail(error_from_status(code, obj if isinstance(obj, dict) else None))
+            self._fail(error_from_status(500, obj if type(obj) is dict else None))
+        elif type(kind) is not str:
+            self._not_an_event(line, "watch event without a type")
         else:
-            self._fail(ServerError(f"unknown watch event type {kind!r} from {self.url}"))
+            self._fail(ServerError(f"unknown watch event type {kind[:100]!r} from {self.url}"))
 
     def connectionLost(self, reason=None):
         if self._ended:
@@ -161,6 +208,7 @@ class WatchStreamProtocol(Protocol):
         self._ended = True
         partial = len(b"".join(self._pending).strip())
         self._pending = []
+        self.pending_bytes = 0
         if self._error is not None:
             result = self._error
         elif self._cancelled:

@@ -3,6 +3,7 @@ against the Kubernetes API test server (cuts, 410, server down and back)."""
 
 from twisted.internet import defer
 from twisted.internet.task import Clock
+from twisted.logger import globalLogPublisher
 from twisted.trial import unittest
 
 from yurtcoord.kube import errors
@@ -163,6 +164,69 @@ class InformerUnitTests(unittest.TestCase):
         self.assertEqual(informer.store["ns/b"]["metadata"]["resourceVersion"], "15")
         self.assertTrue(informer.has_synced)
         self.assertEqual(self.client.watches[-1].params["resource_version"], "20")
+
+    def test_page_too_large_is_asked_for_again_in_smaller_pages(self):
+        informer = Informer(self.clock, self.client, CONFIGMAPS, namespace="ns", page_size=8)
+        self.addCleanup(informer.stop)
+        informer.start()
+        self.client.answer_list(10, [cm("a", 5)], continue_token="t1")
+        for _ in range(2):
+            self.client.list_calls[-1][1].errback(errors.ResponseTooLarge("page too large"))
+        self.client.answer_list(10, [cm("b", 6)], continue_token="t2")
+        self.client.answer_list(10, [cm("c", 7)])
+        self.assertEqual([(p["limit"], p["continue_token"]) for p, _d in self.client.list_calls],
+                         [(8, None), (8, "t1"), (4, "t1"), (2, "t1"), (2, "t2")])
+        self.assertEqual(sorted(informer.store), ["ns/a", "ns/b", "ns/c"])
+        self.assertTrue(informer.has_synced)
+        self.assertEqual(self.clock.getDelayedCalls(), [])
+
+    def test_one_object_too_large_fails_the_list_and_backs_off(self):
+        informer = Informer(self.clock, self.client, CONFIGMAPS, namespace="ns", page_size=2,
+                            backoff=Backoff(initial=1.0, maximum=8.0, jitter=0.0))
+        self.addCleanup(informer.stop)
+        informer.start()
+        self.client.list_calls[-1][1].errback(errors.ResponseTooLarge("page too large"))
+        self.client.list_calls[-1][1].errback(errors.ResponseTooLarge("object too large"))
+        self.assertEqual([p["limit"] for p, _d in self.client.list_calls], [2, 1])
+        self.assertFalse(informer.has_synced)
+        self.clock.advance(0.9)
+        self.assertEqual(len(self.client.list_calls), 2)
+        self.clock.advance(0.2)
+        self.assertEqual([p["limit"] for p, _d in self.client.list_calls], [2, 1, 2])
+
+    def test_list_answers_of_the_wrong_shape_are_server_errors_and_back_off(self):
+        failures = []
+
+        def observer(event):
+            if event.get("log_format", "").startswith("informer list failed"):
+                failures.append(event["reason"])
+        globalLogPublisher.addObserver(observer)
+        self.addCleanup(globalLogPublisher.removeObserver, observer)
+        informer = Informer(self.clock, self.client, CONFIGMAPS, namespace="ns",
+                            backoff=Backoff(initial=1.0, maximum=1.0, jitter=0.0))
+        self.addCleanup(informer.stop)
+        informer.start()
+        shapes = [{"items": "abc"}, {"items": [1]}, {"items": [{"metadata": []}]},
+                  {"metadata": [1]}, {"metadata": {"continue": 5}},
+                  {"metadata": {"resourceVersion": {"a": 1}}}, ["not", "an", "object"]]
+        for shape in shapes:
+            self.client.list_calls[-1][1].callback(shape)
+            self.clock.advance(1.0)
+        self.assertEqual(len(failures), len(shapes))
+        self.assertTrue(all("is not" in reason or "that is not" in reason
+                            for reason in failures), failures)
+        self.assertEqual(informer.store, {})
+        self.client.answer_list(10, [cm("a", 5)])
+        self.assertTrue(informer.has_synced)
+
+    def test_event_with_a_resource_version_that_is_not_a_string_ends_the_watch(self):
+        watch = self.started_and_listed(10, [cm("a", 5)])
+        bad = cm("b", 6)
+        bad["metadata"]["resourceVersion"] = ["6"]
+        with self.assertRaises(errors.ServerError):
+            watch.send("ADDED", bad)
+        self.assertEqual(sorted(self.informer.store), ["ns/a"])
+        self.assertEqual(self.informer.resource_version, "10")
 
     def test_page_size_must_be_positive(self):
         with self.assertRaises(ValueError):

@@ -177,6 +177,29 @@ class ClientRequestTests(ClientFixture, unittest.TestCase):
         self.assertIn("not JSON from " + url + "/api/v1/namespaces/x/configmaps/g", str(failure))
 
     @defer.inlineCallbacks
+    def test_any_answer_becomes_a_typed_error(self):
+        url = self.start_fake()
+        deep = b"[" * 100000 + b"]" * 100000
+        answers = {
+            "/api/v1/nodes/list": (200, b"[1, 2]"),
+            "/api/v1/nodes/text": (200, b'"text"'),
+            "/api/v1/nodes/deep": (200, deep),
+            "/api/v1/nodes/deep-error": (500, deep),
+            "/api/v1/nodes/bad-status": (409, json.dumps(
+                {"kind": "Status", "code": "409", "reason": ["Conflict"],
+                 "message": {"a": 1}}).encode()),
+        }
+        for path, (code, body) in answers.items():
+            self.api.routes[path] = answer(code, body)
+        client = self.client(url)
+        for path in answers:
+            failure = yield self.assertFailure(client.request("GET", path), errors.KubeError)
+            self.assertIn(type(failure), (errors.ServerError, errors.Conflict), path)
+        bad_status = yield self.assertFailure(client.request("GET", "/api/v1/nodes/bad-status"),
+                                              errors.Conflict)
+        self.assertEqual((bad_status.code, bad_status.reason), (409, "Conflict"))
+
+    @defer.inlineCallbacks
     def test_no_answer_within_timeout_is_timeout_and_connection_is_aborted(self):
         url = self.start_fake()
         closed = []

@@ -12,6 +12,7 @@ from twisted.web import http as twisted_http
 from twisted.web.client import ResponseDone, ResponseFailed
 
 from yurtcoord.kube import errors
+from yurtcoord.kube.client import MAX_RESPONSE_BYTES
 from yurtcoord.kube.watch import (
     ChunkedBodyBatcher, IdleWatchdog, WatchStreamProtocol, batch_chunked_body)
 
@@ -30,9 +31,10 @@ EXPECTED = [("ADDED", "1"), ("MODIFIED", "2"), ("BOOKMARK", "3"), ("DELETED", "4
 
 
 class Parser:
-    def __init__(self, on_event=None, clock=None):
+    def __init__(self, on_event=None, clock=None, max_line=MAX_RESPONSE_BYTES):
         self.events = []
-        self.protocol = WatchStreamProtocol(on_event or self.record, "https://api/watch", clock)
+        self.protocol = WatchStreamProtocol(on_event or self.record, "https://api/watch", clock,
+                                            max_line=max_line)
         self.transport = StringTransport()
         self.protocol.makeConnection(self.transport)
         self.results = []

@@ -1,0 +1,93 @@
+"""Reading the body of an HTTP answer from a peer, bounded.
+
+Both clients of the agent (``yurtcoord.kube.client`` for apiservers and
+``yurtcoord.etcd.client`` for the pool etcd) read whole answers into memory before
+decoding them. A broken or hostile peer could send an answer that never ends, and a
+reader without a bound would hold all of it. ``read_body`` stops at ``limit`` bytes:
+it drops the connection at once (``drop_connection``, an abort, not a graceful close
+that would wait on the peer) and fails with the error the caller's ``too_large`` makes,
+so each client reports it with its own typed error.
+
+A body that ends when the connection closes (no length, no chunking) is complete
+when the close is clean (``PotentialDataLoss``), as HTTP/1.0 servers end answers.
+Cancelling the returned Deferred drops the connection too.
+"""
+
+from typing import Callable
+
+from twisted.internet import defer
+from twisted.internet.interfaces import ITCPTransport
+from twisted.internet.protocol import Protocol
+from twisted.web._newclient import TransportProxyProducer
+from twisted.web.client import ResponseDone
+from twisted.web.http import PotentialDataLoss
+from twisted.web.iweb import IResponse
+
+
+def drop_connection(transport: object) -> None:
+    """Abort the connection under ``transport`` now (an RST, no waiting on the peer).
+
+    A body protocol is given Twisted's proxy of the connection, which can only close it
+    gracefully; the connection it stands for is aborted instead. Anything else that is
+    not a TCP or TLS transport is closed with ``loseConnection``.
+    """
+    if isinstance(transport, TransportProxyProducer):
+        # The proxy forwards to the connection until the response is over, then
+        # holds None: nothing is left to drop.
+        transport = transport._producer
+        if transport is None:
+            return
+    if ITCPTransport.providedBy(transport):
+        transport.abortConnection()
+    elif transport is not None:
+        transport.loseConnection()
+
+
+class BoundedBodyReader(Protocol):
+    """Collects a response body of at most ``limit`` bytes.
+
+    Past ``limit`` the connection is dropped and ``deferred`` fails with
+    ``too_large(limit)``; the later ``connectionLost`` is then ignored. Cancelling
+    ``deferred`` drops the connection and fails it at once.
+    """
+
+    def __init__(self, limit: int, too_large: Callable[[int], Exception]):
+        self.limit = limit
+        self._too_large = too_large
+        self._chunks = []
+        self.size = 0
+        self.deferred = defer.Deferred(self._cancel)
+
+    def _cancel(self, deferred):
+        drop_connection(self.transport)
+
+    def dataReceived(self, data):
+        if self.deferred.called:
+            return
+        self.size += len(data)
+        if self.size > self.limit:
+            self._chunks = []
+            drop_connection(self.transport)
+            if not self.deferred.called:
+                self.deferred.errback(self._too_large(self.limit))
+            return
+        self._chunks.append(data)
+
+    def connectionLost(self, reason):
+        if self.deferred.called:
+            return
+        if reason.check(ResponseDone, PotentialDataLoss):
+            body, self._chunks = b"".join(self._chunks), []
+            self.deferred.callback(body)
+        else:
+            self._chunks = []
+            self.deferred.errback(reason)
+
+
+def read_body(response: IResponse, limit: int,
+              too_large: Callable[[int], Exception]) -> defer.Deferred:
+    """The whole body of ``response`` (bytes), at most ``limit`` bytes; see the module
+    doc. Cancellable: cancelling drops the connection."""
+    reader = BoundedBodyReader(limit, too_large)
+    response.deliverBody(reader)
+    return reader.deferred
