@@ -461,8 +461,7 @@ class Agent(service.MultiService):
     def _upload_local_cache(self, store):
         pool_cache = self.config.pool_cache
         uploader = LocalCacheUploader(
-            store,
-            LocalCacheReader(pool_cache.local_cache_dir, max_object_bytes=store.max_bytes),
+            store, LocalCacheReader(pool_cache.local_cache_dir),
             pool_cache.upload_resources, metrics=self.metrics, reactor=self.reactor)
         return uploader.upload()
 

@@ -53,9 +53,9 @@ def upload(reactor, etcd_url: str, cache_dir: str, key_cache_dir: str):
     store = PoolStore(reactor, client, "/registry",
                       ComponentKeyCache.in_directory(key_cache_dir).load())
     metrics = Metrics("memory-probe")
-    uploader = LocalCacheUploader(
-        store, LocalCacheReader(cache_dir, max_object_bytes=store.max_bytes),
-        UPLOAD_RESOURCES, metrics=metrics)
+    # Built as the agent builds it: the reader's defaults are the product's bounds.
+    uploader = LocalCacheUploader(store, LocalCacheReader(cache_dir), UPLOAD_RESOURCES,
+                                  metrics=metrics)
     rss_before = status_kib("VmRSS")
     was_reset = reset_peak()
     try:
