@@ -166,20 +166,6 @@ class LocalCacheReader:
         return [f"{upload_resource.resource}.{upload_resource.version}.{group}",
                 upload_resource.resource]
 
-    def resource_dirs(self, upload_resource) -> list:
-        """The existing directories (not links to one) holding an upload resource."""
-        component_dir = os.path.join(self.cache_dir, upload_resource.component)
-        found = []
-        for name in self.resource_dir_names(upload_resource):
-            path = os.path.join(component_dir, name)
-            try:
-                mode = os.lstat(path).st_mode
-            except OSError:
-                continue
-            if stat.S_ISDIR(mode):
-                found.append(path)
-        return found
-
     def entries(self, upload_resource):
         """Yield a CachedObjectPath or BadCacheEntry for every entry, lazily."""
         cluster_scoped = upload_resource.resource in CLUSTER_SCOPED_RESOURCES

@@ -71,9 +71,11 @@ def kind_mismatch(data: bytes, location) -> str:
     """Why an object's ``kind``/``apiVersion`` is not that of the directory it was
     found in (``location``: a CachedObjectPath), or ``""`` when they agree.
 
-    ``data`` has been parsed once already (``object_metadata``); a second parse costs a
-    few microseconds per object and keeps the pool store's parser the only one of the
-    metadata.
+    The coordinator apiserver decodes what the pool store holds by ``kind`` and
+    ``apiVersion``, so an object without them, or of another type, must not be stored
+    under this resource's key.  ``data`` was parsed by ``object_metadata`` already;
+    parsing it again here costs a few microseconds per object and leaves that function
+    the one reader of name, namespace and resourceVersion.
     """
     try:
         obj = json.loads(data)

@@ -22,7 +22,9 @@ from yurtcoord.test.test_poolstore import (
     ETCD_34, ETCD_35, EtcdStoreCase, HangingClient, make_object, poll_until,
 )
 from yurtcoord.testing.processes import CollectingProcess
-from yurtcoord.uploader import LocalCacheUploader, UploadCounts, UploadFailed
+from yurtcoord.uploader import (
+    LocalCacheUploader, UploadCounts, UploadFailed, api_version_of, resource_of_kind,
+)
 
 PODS = UploadResource("kubelet", "pods", "v1")
 NODES = UploadResource("kubelet", "nodes", "v1")
@@ -473,6 +475,24 @@ class EtcdForgetsOnce:
         result = yield self.store.create_or_update_many(items, outcome, flush_key_cache)
         self._last_written = list(result.created) + list(result.updated)
         return result
+
+
+class KindTests(unittest.TestCase):
+    """A cached object's type is checked against its directory by the resource
+    Kubernetes names for its kind."""
+
+    def test_resources_of_the_kinds_a_node_cache_holds(self):
+        kinds = {"Pod": "pods", "Node": "nodes", "Endpoints": "endpoints",
+                 "EndpointSlice": "endpointslices", "Service": "services",
+                 "Ingress": "ingresses", "NetworkPolicy": "networkpolicies",
+                 "Lease": "leases", "ConfigMap": "configmaps", "Secret": "secrets",
+                 "StorageClass": "storageclasses", "CSINode": "csinodes",
+                 "RuntimeClass": "runtimeclasses"}
+        self.assertEqual({kind: resource_of_kind(kind) for kind in kinds}, kinds)
+
+    def test_api_versions(self):
+        self.assertEqual(api_version_of("", "v1"), "v1")
+        self.assertEqual(api_version_of("discovery.k8s.io", "v1"), "discovery.k8s.io/v1")
 
 
 class RetryTimingTests(unittest.TestCase):
