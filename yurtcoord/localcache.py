@@ -11,19 +11,45 @@ known to be cluster-scoped, where a directory is a misplaced entry.  The legacy 
 does not record version and group: the upload resource's are used.
 
 Reading is synchronous file I/O, bounded: ``chunks()`` is a generator that reads at
-most ``chunk_size`` files per step, so a caller that uploads a chunk before pulling
-the next one never holds the whole cache in memory and never blocks the reactor for
-longer than reading one chunk of small files takes.  Directory listings are streamed
-with ``os.scandir``.  Entries yurthub is still writing (``tmp_`` prefix) and hidden
-entries are not objects and are passed over.
+most ``chunk_size`` files and about ``chunk_bytes`` of data per step, so a caller that
+uploads a chunk before pulling the next one never holds the whole cache in memory and
+never blocks the reactor for longer than reading one chunk takes.  A file larger than
+``max_object_bytes`` (what one request to the pool store can carry) is refused from its
+size before it is read, and no read takes more than ``max_object_bytes + 1`` bytes of
+it, however much it grows meanwhile.  Directory listings are streamed with
+``os.scandir``.  Entries yurthub is still writing (``tmp_`` prefix) and hidden entries
+are not objects and are passed over.
+
+The cache is readable by every process that writes into it, so nothing in it is
+trusted: symbolic links are never followed (a link to a file elsewhere, a Secret for
+instance, would hand that file to every member of the pool).  Every directory below
+``cache_dir`` is opened relative to its parent with ``O_NOFOLLOW`` and every file with
+``O_NOFOLLOW | O_NONBLOCK``, so a link, FIFO or device swapped in between the listing
+and the read is refused as well.  ``cache_dir`` itself is configuration and may be a
+link.
+
+Every entry that is not read becomes a ``BadCacheEntry`` whose ``category`` is the
+reason label of ``yurtcoord_skipped_objects_total``: ``unreadable``, ``too_large``,
+``symlink`` or ``invalid_name`` (a file or namespace name that is not UTF-8 cannot be
+a key in the pool store).
 """
 
+import errno
 import os
 import stat
 from dataclasses import dataclass
 
+from yurtcoord.poolstore.store import DEFAULT_MAX_BYTES
+
 DEFAULT_CHUNK_SIZE = 500
-MAX_OBJECT_BYTES = 16 * 1024 * 1024
+# One object must fit one etcd request of the pool store.
+MAX_OBJECT_BYTES = DEFAULT_MAX_BYTES
+# Data read per chunk, beyond which a chunk ends early (a chunk of large objects).
+DEFAULT_CHUNK_BYTES = 8 * 1024 * 1024
+
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+_READ_STEP = 256 * 1024
 
 # Resources kube-apiserver serves cluster-scoped, as far as a node cache holds them.
 CLUSTER_SCOPED_RESOURCES = frozenset({
@@ -33,6 +59,8 @@ CLUSTER_SCOPED_RESOURCES = frozenset({
     "mutatingwebhookconfigurations", "validatingwebhookconfigurations",
     "apiservices", "volumeattachments", "certificatesigningrequests",
 })
+
+SYMLINK_REASON = "a symbolic link (links in the local cache are not followed)"
 
 
 @dataclass(frozen=True)
@@ -58,10 +86,25 @@ class CachedObject:
 
 @dataclass(frozen=True)
 class BadCacheEntry:
-    """A cache entry that cannot be an object (unreadable, a directory...), and why."""
+    """A cache entry that cannot be an object (unreadable, a directory, a link...), why,
+    and the skip reason it is counted under."""
 
     path: str
     reason: str
+    category: str = "unreadable"
+
+
+def printable_path(path: str) -> str:
+    """``path`` as it can be logged: bytes that are not UTF-8 as ``\\xNN`` escapes."""
+    return os.fsencode(path).decode("utf-8", "backslashreplace")
+
+
+def _utf8(name):
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def parse_resource_dir_name(name):
@@ -102,72 +145,87 @@ def _skipped_name(name):
 class LocalCacheReader:
     """Streams cached objects of the upload resources from ``cache_dir``."""
 
-    def __init__(self, cache_dir, chunk_size=DEFAULT_CHUNK_SIZE,
-                 max_object_bytes=MAX_OBJECT_BYTES):
+    def __init__(self, cache_dir: str, chunk_size: int = DEFAULT_CHUNK_SIZE,
+                 max_object_bytes: int = MAX_OBJECT_BYTES,
+                 chunk_bytes: int = DEFAULT_CHUNK_BYTES):
         if chunk_size < 1:
             raise ValueError(f"chunk_size must be positive, got {chunk_size}")
+        if max_object_bytes < 1:
+            raise ValueError(f"max_object_bytes must be positive, got {max_object_bytes}")
+        if chunk_bytes < 1:
+            raise ValueError(f"chunk_bytes must be positive, got {chunk_bytes}")
         self.cache_dir = cache_dir
         self.chunk_size = chunk_size
         self.max_object_bytes = max_object_bytes
+        self.chunk_bytes = chunk_bytes
 
-    def resource_dirs(self, upload_resource):
-        """The existing directories holding an upload resource: new layout, then legacy."""
+    @staticmethod
+    def resource_dir_names(upload_resource) -> list:
+        """Directory names that may hold an upload resource: new layout, then legacy."""
         group = upload_resource.group or "core"
-        component_dir = os.path.join(self.cache_dir, upload_resource.component)
-        candidates = [
-            os.path.join(component_dir, f"{upload_resource.resource}."
-                                        f"{upload_resource.version}.{group}"),
-            os.path.join(component_dir, upload_resource.resource),
-        ]
-        return [d for d in candidates if os.path.isdir(d)]
+        return [f"{upload_resource.resource}.{upload_resource.version}.{group}",
+                upload_resource.resource]
 
     def entries(self, upload_resource):
         """Yield a CachedObjectPath or BadCacheEntry for every entry, lazily."""
         cluster_scoped = upload_resource.resource in CLUSTER_SCOPED_RESOURCES
-        for resource_dir in self.resource_dirs(upload_resource):
-            yield from self._resource_dir_entries(resource_dir, upload_resource, cluster_scoped)
-
-    def _resource_dir_entries(self, resource_dir, upload_resource, cluster_scoped):
+        component = upload_resource.component
         try:
-            top = os.scandir(resource_dir)
+            component_fd = self._open_dirs([component])
         except OSError as e:
-            yield BadCacheEntry(resource_dir, f"cannot list directory: {e.strerror or e}")
+            if e.errno != errno.ENOENT and not _is_regular_file(e.filename):
+                yield _refused_dir(e.filename, e)
             return
-        with top:
-            for entry in top:
-                if _skipped_name(entry.name):
+        try:
+            for name in self.resource_dir_names(upload_resource):
+                resource_dir = os.path.join(self.cache_dir, component, name)
+                try:
+                    fd = _open_dir(name, component_fd)
+                except OSError as e:
+                    if e.errno != errno.ENOENT and not _is_regular_file(resource_dir):
+                        yield _refused_dir(resource_dir, e)
                     continue
-                kind = _entry_kind(entry)
-                if kind == "file":
-                    yield self._location(entry.path, upload_resource, resource_dir, "")
-                elif kind == "dir" and not cluster_scoped:
-                    yield from self._namespace_entries(resource_dir, entry.path,
+                try:
+                    yield from self._resource_dir_entries(fd, resource_dir, upload_resource,
+                                                          cluster_scoped)
+                finally:
+                    os.close(fd)
+        finally:
+            os.close(component_fd)
+
+    def _resource_dir_entries(self, fd, resource_dir, upload_resource, cluster_scoped):
+        for name, kind in _listing(fd, resource_dir):
+            path = os.path.join(resource_dir, name)
+            if isinstance(kind, BadCacheEntry):
+                yield kind
+            elif kind == "file":
+                yield self._location(path, upload_resource, resource_dir, "")
+            elif kind == "dir" and cluster_scoped:
+                yield BadCacheEntry(path, "a directory where an object file should be")
+            elif kind == "dir" and not _utf8(name):
+                yield BadCacheEntry(path, "namespace is not UTF-8", "invalid_name")
+            else:
+                try:
+                    namespace_fd = _open_dir(name, fd)
+                except OSError as e:
+                    yield _refused_dir(path, e)
+                    continue
+                try:
+                    yield from self._namespace_entries(namespace_fd, resource_dir, path,
                                                        upload_resource)
-                elif kind == "dir":
-                    yield BadCacheEntry(entry.path, "a directory where an object file "
-                                                    "should be")
-                else:
-                    yield BadCacheEntry(entry.path, kind)
+                finally:
+                    os.close(namespace_fd)
 
-    def _namespace_entries(self, resource_dir, namespace_dir, upload_resource):
-        try:
-            listing = os.scandir(namespace_dir)
-        except OSError as e:
-            yield BadCacheEntry(namespace_dir, f"cannot list directory: {e.strerror or e}")
-            return
-        with listing:
-            for entry in listing:
-                if _skipped_name(entry.name):
-                    continue
-                kind = _entry_kind(entry)
-                if kind == "file":
-                    yield self._location(entry.path, upload_resource, resource_dir,
-                                         os.path.basename(namespace_dir))
-                elif kind == "dir":
-                    yield BadCacheEntry(entry.path, "a directory where an object file "
-                                                    "should be")
-                else:
-                    yield BadCacheEntry(entry.path, kind)
+    def _namespace_entries(self, fd, resource_dir, namespace_dir, upload_resource):
+        namespace = os.path.basename(namespace_dir)
+        for name, kind in _listing(fd, namespace_dir):
+            path = os.path.join(namespace_dir, name)
+            if isinstance(kind, BadCacheEntry):
+                yield kind
+            elif kind == "file":
+                yield self._location(path, upload_resource, resource_dir, namespace)
+            else:
+                yield BadCacheEntry(path, "a directory where an object file should be")
 
     @staticmethod
     def _location(path, upload_resource, resource_dir, namespace):
@@ -181,41 +239,169 @@ class LocalCacheReader:
         return CachedObjectPath(path, upload_resource.component, group, version, resource,
                                 namespace, os.path.basename(path))
 
-    def read(self, location):
-        """The object at a location, or a BadCacheEntry saying why it cannot be read."""
+    def _open_dirs(self, parts):
+        """A descriptor of ``cache_dir/<parts...>``, no link followed below ``cache_dir``.
+
+        An OSError names (``filename``) the directory that could not be opened.
+        """
+        fd = os.open(self.cache_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         try:
-            with open(location.path, "rb") as f:
-                data = f.read(self.max_object_bytes + 1)
+            for depth, part in enumerate(parts, start=1):
+                try:
+                    next_fd = _open_dir(part, fd)
+                except OSError as e:
+                    e.filename = os.path.join(self.cache_dir, *parts[:depth])
+                    raise
+                os.close(fd)
+                fd = next_fd
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
+
+    def read(self, location: CachedObjectPath):
+        """The object at a location, or a BadCacheEntry saying why it cannot be read."""
+        path = location.path
+        if not (_utf8(location.name) and _utf8(location.namespace)):
+            return BadCacheEntry(path, "name or namespace is not UTF-8", "invalid_name")
+        rel = os.path.relpath(path, self.cache_dir)
+        parts = rel.split(os.sep)
+        if rel.startswith(os.pardir) or os.path.isabs(rel) or len(parts) < 2:
+            return BadCacheEntry(path, f"not a file under {self.cache_dir}")
+        try:
+            parent = self._open_dirs(parts[:-1])
         except OSError as e:
-            return BadCacheEntry(location.path, f"unreadable: {e.strerror or e}")
-        if len(data) > self.max_object_bytes:
-            return BadCacheEntry(location.path,
-                                 f"larger than {self.max_object_bytes} bytes")
+            refused = _refused_dir(e.filename, e)
+            if refused.category == "symlink":
+                return BadCacheEntry(path, f"{printable_path(e.filename)} is {SYMLINK_REASON}",
+                                     "symlink")
+            return BadCacheEntry(path, f"unreadable: {e.strerror or e}")
+        try:
+            try:
+                fd = os.open(parts[-1], _FILE_FLAGS, dir_fd=parent)
+            except OSError as e:
+                if e.errno == errno.ELOOP:
+                    return BadCacheEntry(path, SYMLINK_REASON, "symlink")
+                return BadCacheEntry(path, f"unreadable: {e.strerror or e}")
+        finally:
+            os.close(parent)
+        try:
+            return self._read_open_file(fd, location)
+        except OSError as e:
+            return BadCacheEntry(path, f"unreadable: {e.strerror or e}")
+        finally:
+            os.close(fd)
+
+    def _read_open_file(self, fd, location):
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            return BadCacheEntry(location.path, "not a regular file")
+        limit = self.max_object_bytes
+        if info.st_size > limit:
+            return BadCacheEntry(location.path, f"{info.st_size} bytes, larger than one "
+                                                f"request to the pool store ({limit} bytes)",
+                                 "too_large")
+        data = read_at_most(fd, limit + 1, info.st_size)
+        if len(data) > limit:
+            return BadCacheEntry(location.path, f"grew past {limit} bytes while read, larger "
+                                                f"than one request to the pool store",
+                                 "too_large")
         return CachedObject(location, data)
 
     def chunks(self, upload_resources):
-        """Yield lists of CachedObject/BadCacheEntry, each reading at most chunk_size files."""
-        chunk = []
+        """Yield lists of CachedObject/BadCacheEntry, each reading at most chunk_size files
+        and ending early once it holds ``chunk_bytes`` of data.
+
+        A directory refused for several upload resources (a component directory that is
+        a link) is reported once.
+        """
+        chunk, held = [], 0
+        refused_dirs = set()
         for upload_resource in upload_resources:
             for entry in self.entries(upload_resource):
                 if isinstance(entry, CachedObjectPath):
                     entry = self.read(entry)
+                    if isinstance(entry, CachedObject):
+                        held += len(entry.data)
+                elif entry.path in refused_dirs:
+                    continue
+                else:
+                    refused_dirs.add(entry.path)
                 chunk.append(entry)
-                if len(chunk) >= self.chunk_size:
+                if len(chunk) >= self.chunk_size or held >= self.chunk_bytes:
                     yield chunk
-                    chunk = []
+                    chunk, held = [], 0
         if chunk:
             yield chunk
 
 
-def _entry_kind(entry):
-    """"file", "dir", or a reason why the entry is neither (broken link, socket...)."""
+def read_at_most(fd: int, limit: int, expected: int = _READ_STEP) -> bytes:
+    """At most ``limit`` bytes from ``fd``: up to end of file or ``limit``, whichever
+    comes first, never more, whatever the file's size says.
+
+    ``expected`` (the size fstat reported) sizes the first read, so a small file costs
+    a small buffer and a file of the expected size one read and the end-of-file check.
+    """
+    parts, total = [], 0
+    step = expected + 1
+    while total < limit:
+        data = os.read(fd, min(limit - total, step))
+        step = _READ_STEP
+        if not data:
+            break
+        parts.append(data)
+        total += len(data)
+    return parts[0] if len(parts) == 1 else b"".join(parts)
+
+
+def _open_dir(name, parent_fd):
+    return os.open(name, _DIR_FLAGS, dir_fd=parent_fd)
+
+
+def _refused_dir(path, error):
+    """Why a directory could not be opened: it is a link, or the OS error.
+
+    Opening refused it already; looking at what it is only picks the reason.
+    """
+    if error.errno == errno.ELOOP or os.path.islink(path):
+        return BadCacheEntry(path, SYMLINK_REASON, "symlink")
+    return BadCacheEntry(path, f"cannot list directory: {error.strerror or error}")
+
+
+def _is_regular_file(path):
+    """A plain file where a component or resource directory may be holds no objects and
+    is passed over silently."""
     try:
-        mode = entry.stat().st_mode
+        return stat.S_ISREG(os.lstat(path).st_mode)
+    except OSError:
+        return False
+
+
+def _listing(fd, directory):
+    """``(name, kind)`` of a directory open at ``fd``; kind is "file", "dir" or a
+    BadCacheEntry.  Entries are looked at without following links."""
+    try:
+        listing = os.scandir(fd)
     except OSError as e:
-        return f"cannot stat: {e.strerror or e}"
+        yield directory, BadCacheEntry(directory, f"cannot list directory: {e.strerror or e}")
+        return
+    with listing:
+        for entry in listing:
+            if _skipped_name(entry.name):
+                continue
+            yield entry.name, _entry_kind(entry, os.path.join(directory, entry.name))
+
+
+def _entry_kind(entry, path):
+    """"file", "dir", or a BadCacheEntry saying why the entry is neither."""
+    try:
+        mode = entry.stat(follow_symlinks=False).st_mode
+    except OSError as e:
+        return BadCacheEntry(path, f"cannot stat: {e.strerror or e}")
+    if stat.S_ISLNK(mode):
+        return BadCacheEntry(path, SYMLINK_REASON, "symlink")
     if stat.S_ISREG(mode):
         return "file"
     if stat.S_ISDIR(mode):
         return "dir"
-    return "not a regular file"
+    return BadCacheEntry(path, "not a regular file")

@@ -14,6 +14,7 @@ from prometheus_client.exposition import generate_latest
 from zope.interface import implementer
 
 from yurtcoord.delegation import REFUSAL_REASONS, IDelegationMetrics
+from yurtcoord.uploader import SKIP_REASONS
 
 ROLE_VALUES = {"init": 0, "leader": 1, "follower": 2, "pending": 3}
 
@@ -82,6 +83,8 @@ class Metrics:
             "yurtcoord_skipped_objects",
             "Local cache files not uploaded, by reason.",
             ["reason"], registry=registry)
+        for reason in SKIP_REASONS:
+            self.skipped_objects.labels(reason=reason)
         self.pool_sync_events = Counter(
             "yurtcoord_pool_sync_events",
             "Events of pool-scoped resources mirrored into the pool store.",

@@ -6,7 +6,11 @@ create-or-update, so an older object never overwrites a newer one, whichever age
 uploads first, and a second upload of the same cache changes nothing.
 
 A bad file is counted, logged (one line: path and reason) and skipped; it never stops
-the upload. An etcd outage is retried with backoff, resuming the chunk where it stopped
+the upload. Whatever a file holds ends as an object written or as one of the reasons of
+``SKIP_REASONS``, never as an exception: the cache is written by other processes on the
+node and nothing in it is trusted.  An object must be what its directory says
+(``kind`` and ``apiVersion``), so a Secret placed among the pods is not handed to the
+pool as a pod. An etcd outage is retried with backoff, resuming the chunk where it stopped
 (the store recognises writes whose answer was lost). Only when etcd could not accept a
 chunk after ``max_attempts`` does ``upload()`` fail, and then with ``UploadFailed``: the
 caller must not count the local cache as uploaded.
@@ -19,6 +23,7 @@ them. The check costs one guarded transaction per batch (all compares fail when
 everything is in place) and changes nothing when nothing was lost.
 """
 
+import json
 from typing import NamedTuple
 
 from twisted.internet import task
@@ -27,13 +32,67 @@ from twisted.logger import Logger
 
 from yurtcoord.etcd.errors import BadResponse, EtcdError, EtcdTimeout, EtcdUnavailable
 from yurtcoord.kube.backoff import Backoff
-from yurtcoord.localcache import BadCacheEntry
+from yurtcoord.localcache import BadCacheEntry, printable_path
 from yurtcoord.poolstore.keys import InvalidKey, KeyBuildInfo
 from yurtcoord.poolstore.store import (
     ConflictRetriesExhausted, PoolStoreError, WriteOutcome, object_metadata,
 )
 
 RETRYABLE_ERRORS = (EtcdUnavailable, EtcdTimeout, BadResponse, ConflictRetriesExhausted)
+
+# Labels of yurtcoord_skipped_objects_total: why a local cache entry was not uploaded.
+SKIP_REASONS = ("not_newer", "unreadable", "bad_object", "invalid_name", "too_large",
+                "symlink", "wrong_kind")
+
+# Kinds whose resource is not the default plural of the kind (same singular and plural).
+_UNPLURALIZED_SUFFIXES = ("endpoints",)
+
+
+def resource_of_kind(kind: str) -> str:
+    """The resource Kubernetes names by default for a kind: ``Pod`` → ``pods``,
+    ``NetworkPolicy`` → ``networkpolicies``, ``Ingress`` → ``ingresses``,
+    ``Endpoints`` → ``endpoints`` (apimachinery's plural guess)."""
+    singular = kind.lower()
+    if singular.endswith(_UNPLURALIZED_SUFFIXES):
+        return singular
+    if singular.endswith("s"):
+        return singular + "es"
+    if singular.endswith("y"):
+        return singular[:-1] + "ies"
+    return singular + "s"
+
+
+def api_version_of(group: str, version: str) -> str:
+    """``apiVersion`` of a group and version: ``v1`` for the core group."""
+    return f"{group}/{version}" if group else version
+
+
+def kind_mismatch(data: bytes, location) -> str:
+    """Why an object's ``kind``/``apiVersion`` is not that of the directory it was
+    found in (``location``: a CachedObjectPath), or ``""`` when they agree.
+
+    The coordinator apiserver decodes what the pool store holds by ``kind`` and
+    ``apiVersion``, so an object without them, or of another type, must not be stored
+    under this resource's key.  ``data`` was parsed by ``object_metadata`` already;
+    parsing it again here costs a few microseconds per object and leaves that function
+    the one reader of name, namespace and resourceVersion.
+    """
+    try:
+        obj = json.loads(data)
+    except (ValueError, RecursionError) as e:
+        return f"not JSON: {e}"
+    if not isinstance(obj, dict):
+        return "not an object"
+    kind, api_version = obj.get("kind"), obj.get("apiVersion")
+    expected_version = api_version_of(location.group, location.version)
+    if not isinstance(kind, str) or not kind:
+        return "no kind"
+    if not isinstance(api_version, str) or not api_version:
+        return "no apiVersion"
+    if resource_of_kind(kind) != location.resource or api_version != expected_version:
+        return (f"a {kind[:64]!r} of {api_version[:64]!r} where {location.resource} of "
+                f"{expected_version} belong")
+    return ""
 
 
 class UploadCounts(NamedTuple):
@@ -172,7 +231,7 @@ class LocalCacheUploader:
         skip_bad = self._skip_bad if report else (lambda path, reason, category: None)
         for entry in chunk:
             if isinstance(entry, BadCacheEntry):
-                skip_bad(entry.path, entry.reason, "unreadable")
+                skip_bad(entry.path, entry.reason, entry.category)
                 bad += 1
                 continue
             location = entry.location
@@ -180,6 +239,15 @@ class LocalCacheUploader:
                 name, namespace, rv = object_metadata(entry.data)
             except ValueError as e:
                 skip_bad(location.path, str(e), "bad_object")
+                bad += 1
+                continue
+            except RecursionError:
+                skip_bad(location.path, "not JSON: nested too deeply", "bad_object")
+                bad += 1
+                continue
+            mismatch = kind_mismatch(entry.data, location)
+            if mismatch:
+                skip_bad(location.path, mismatch, "wrong_kind")
                 bad += 1
                 continue
             if (name and name != location.name) or (namespace and namespace != location.namespace):
@@ -204,7 +272,8 @@ class LocalCacheUploader:
         return list(items.values()), bad, shadowed
 
     def _skip_bad(self, path, reason, category):
-        self.log.warn("local cache file skipped: {path}: {reason}", path=path, reason=reason)
+        self.log.warn("local cache file skipped ({category}): {path}: {reason}",
+                      category=category, path=printable_path(path), reason=reason)
         if self.metrics is not None:
             self.metrics.count_skipped(category)
 

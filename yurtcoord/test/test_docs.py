@@ -22,6 +22,7 @@ from twisted.trial import unittest
 from yurtcoord.config import SCHEMA, SECTIONS, ConfigError, parse_config, parse_duration
 from yurtcoord.metrics import Metrics
 from yurtcoord.status import InitialStatus, status_resource
+from yurtcoord.uploader import SKIP_REASONS
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 README = os.path.join(ROOT, "README.md")
@@ -374,6 +375,23 @@ class RunbookTests(unittest.TestCase):
         retry = schema_default("leader_election", "retry_period")
         self.assertIn(f"within {lease + retry:g} s", self.runbook)
         self.assertIn(f"within {retry:g} s", self.runbook)
+
+    def test_every_skip_reason_is_explained(self):
+        """The README's metric row and the runbook's table name each reason the
+        uploader counts, and the runbook's causes are texts the code writes."""
+        reasons = set(SKIP_REASONS)
+        [row] = [line for line in read(README).splitlines()
+                 if line.startswith("| `yurtcoord_skipped_objects_total`")]
+        self.assertEqual({r for r in reasons if f"`{r}`" not in row}, set())
+        section = section_of(self.runbook, "Corrupt local cache files")
+        documented = {code(cells[0]) for cells in table_rows(section) if code(cells[0])}
+        self.assertEqual(documented, reasons - {"not_newer"})
+        sources = "\n".join(read(path) for path in product_sources())
+        for text in ("a symbolic link (links in the local cache are not followed)",
+                     "not JSON: nested too deeply", "name or namespace is not UTF-8",
+                     "bytes, larger than one", "where {location.resource} of",
+                     "a directory where an object file should be", "not a regular file"):
+            self.assertTrue(text in sources, f"no product code writes {text!r}")
 
     def test_quoted_error_texts_are_written_by_the_code(self):
         sources = "\n".join(read(path) for path in product_sources())

@@ -1,14 +1,17 @@
-"""Local disk cache reader: both layouts, path parsing, bad entries, bounded chunks."""
+"""Local disk cache reader: both layouts, path parsing, bad entries, bounded chunks,
+links never followed, sizes checked before reading."""
 
 import os
+import tracemalloc
 
 from twisted.trial import unittest
 
 from yurtcoord.config import UploadResource
 from yurtcoord.localcache import (
     BadCacheEntry, CachedObject, CachedObjectPath, LocalCacheReader, parse_cache_path,
-    parse_resource_dir_name,
+    parse_resource_dir_name, read_at_most,
 )
+from yurtcoord.poolstore.store import DEFAULT_MAX_BYTES
 
 PODS = UploadResource("kubelet", "pods", "v1")
 NODES = UploadResource("kubelet", "nodes", "v1")
@@ -136,7 +139,7 @@ class ReaderTests(unittest.TestCase):
         self.assertNotIn("tmp_partial", names + [e.location.name for e in good])
         reasons = dict(bad)
         self.assertIn("directory where an object file should be", reasons["a-directory"])
-        self.assertIn("cannot stat", reasons["dangling"])
+        self.assertIn("symbolic link", reasons["dangling"])
 
     def test_unreadable_file_via_open_failure(self):
         path = self.path("kubelet", "pods.v1.core", "default", "gone")
@@ -154,3 +157,166 @@ class ReaderTests(unittest.TestCase):
         reader = LocalCacheReader(self.dir, max_object_bytes=100)
         result = reader.read(parse_cache_path(self.dir, path))
         self.assertIsInstance(result, BadCacheEntry)
+
+
+def peak_allocation(function, *args):
+    """``(result, peak bytes Python allocated while function ran)``."""
+    tracemalloc.start()
+    try:
+        result = function(*args)
+        return result, tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+class BoundsAndLinksTests(unittest.TestCase):
+    """Sizes are checked before a file is read, and no link is ever followed."""
+
+    def setUp(self):
+        self.dir = os.path.abspath(self.mktemp())
+        self.outside = os.path.abspath(self.mktemp())
+        os.makedirs(self.dir)
+        os.makedirs(self.outside)
+        self.secret = os.path.join(self.outside, "secret")
+        write(self.secret, b'{"kind":"Secret","data":{"token":"c2VjcmV0"}}')
+
+    def path(self, *parts):
+        return os.path.join(self.dir, *parts)
+
+    def entries(self, reader, resources=(PODS,)):
+        return [e for chunk in reader.chunks(list(resources)) for e in chunk]
+
+    def bad(self, entries):
+        return {e.path: e for e in entries if isinstance(e, BadCacheEntry)}
+
+    def test_default_cap_is_what_one_pool_store_request_holds(self):
+        self.assertEqual(LocalCacheReader(self.dir).max_object_bytes, DEFAULT_MAX_BYTES)
+
+    def test_too_large_file_is_refused_from_its_size_without_reading_it(self):
+        big = self.path("kubelet", "pods.v1.core", "default", "big")
+        write(big, b"{")
+        os.truncate(big, 16 * 1024 * 1024)  # sparse: costs no disk
+        write(self.path("kubelet", "pods.v1.core", "default", "small"), b"S")
+        entries, peak = peak_allocation(self.entries, LocalCacheReader(self.dir))
+        bad = self.bad(entries)
+        self.assertEqual(list(bad), [big])
+        self.assertEqual(bad[big].category, "too_large")
+        self.assertIn(f"16777216 bytes, larger than one request to the pool store "
+                      f"({DEFAULT_MAX_BYTES} bytes)", bad[big].reason)
+        self.assertEqual([e.data for e in entries if isinstance(e, CachedObject)], [b"S"])
+        self.assertLess(peak, 1024 * 1024)
+
+    def test_file_growing_after_its_size_was_checked_is_read_to_the_limit_only(self):
+        path = self.path("kubelet", "pods.v1.core", "default", "growing")
+        write(path, b"x" * (5 * 1024 * 1024))
+        real_fstat = os.fstat
+
+        def fstat_before_growth(fd):
+            # What fstat said an instant before the writer appended 5 MB.
+            info = list(real_fstat(fd))
+            info[6] = 10
+            return os.stat_result(info)
+
+        self.patch(os, "fstat", fstat_before_growth)
+        reader = LocalCacheReader(self.dir, max_object_bytes=1000)
+        result, peak = peak_allocation(reader.read, parse_cache_path(self.dir, path))
+        self.assertIsInstance(result, BadCacheEntry)
+        self.assertEqual(result.category, "too_large")
+        self.assertIn("grew past 1000 bytes", result.reason)
+        self.assertLess(peak, 64 * 1024)
+
+    def test_read_at_most_stops_at_the_limit_of_an_endless_stream(self):
+        read_end, write_end = os.pipe()
+        self.addCleanup(os.close, read_end)
+        os.write(write_end, b"y" * 50000)
+        self.assertEqual(read_at_most(read_end, 30001), b"y" * 30001)
+        os.close(write_end)
+        self.assertEqual(len(read_at_most(read_end, 30001)), 19999)
+
+    def test_chunks_end_once_they_hold_chunk_bytes(self):
+        for i in range(10):
+            write(self.path("kubelet", "pods.v1.core", "ns", f"p{i}"), b"z" * 100)
+        reader = LocalCacheReader(self.dir, chunk_size=500, chunk_bytes=250)
+        chunks = list(reader.chunks([PODS]))
+        self.assertEqual([len(c) for c in chunks], [3, 3, 3, 1])
+        self.assertEqual(sum(len(e.data) for c in chunks for e in c), 1000)
+
+    def test_links_are_reported_never_followed(self):
+        pods = self.path("kubelet", "pods.v1.core")
+        write(os.path.join(pods, "default", "good"), b"G")
+        os.symlink(self.secret, os.path.join(pods, "default", "to-secret"))
+        os.symlink(os.path.join(pods, "default", "good"), os.path.join(pods, "default", "inner"))
+        os.symlink(self.path("nowhere"), os.path.join(pods, "default", "dangling"))
+        # A namespace, a legacy resource directory and a component that are links.
+        write(os.path.join(self.outside, "ns", "pod"), b"OUTSIDE")
+        os.symlink(os.path.join(self.outside, "ns"), os.path.join(pods, "linked-ns"))
+        os.symlink(os.path.join(self.outside), self.path("kubelet", "pods"))
+        os.symlink(os.path.join(self.outside), self.path("kubelet", "nodes.v1.core"))
+        os.makedirs(self.path("elsewhere", "pods.v1.core", "ns"))
+        write(self.path("elsewhere", "pods.v1.core", "ns", "p"), b"LINKED COMPONENT")
+        os.symlink(self.path("elsewhere"), self.path("kube-proxy"))
+        proxy_pods = UploadResource("kube-proxy", "pods", "v1")
+        entries = self.entries(LocalCacheReader(self.dir), (PODS, NODES, proxy_pods))
+        self.assertEqual([e.data for e in entries if isinstance(e, CachedObject)], [b"G"])
+        bad = self.bad(entries)
+        self.assertEqual(sorted(bad), sorted([
+            os.path.join(pods, "default", "to-secret"), os.path.join(pods, "default", "inner"),
+            os.path.join(pods, "default", "dangling"), os.path.join(pods, "linked-ns"),
+            self.path("kubelet", "pods"), self.path("kubelet", "nodes.v1.core"),
+            self.path("kube-proxy")]))
+        for entry in bad.values():
+            self.assertEqual(entry.category, "symlink", entry)
+            self.assertIn("symbolic link", entry.reason)
+
+    def test_link_swapped_in_after_the_listing_is_refused(self):
+        namespace = self.path("kubelet", "pods.v1.core", "default")
+        for name in ("a", "b"):
+            write(os.path.join(namespace, name), b"{}")
+        locations = [e for e in LocalCacheReader(self.dir).entries(PODS)]
+        self.assertEqual(len(locations), 2)
+        reader = LocalCacheReader(self.dir)
+        # The file becomes a link to the Secret...
+        os.unlink(os.path.join(namespace, "a"))
+        os.symlink(self.secret, os.path.join(namespace, "a"))
+        by_name = {loc.name: loc for loc in locations}
+        result = reader.read(by_name["a"])
+        self.assertIsInstance(result, BadCacheEntry)
+        self.assertEqual(result.category, "symlink")
+        # ...and the namespace directory a link to a directory holding it.
+        os.makedirs(os.path.join(self.outside, "ns"))
+        os.symlink(self.secret, os.path.join(self.outside, "ns", "b"))
+        write(os.path.join(self.outside, "ns", "b2"), b"OUTSIDE")
+        os.rename(namespace, self.path("moved-away"))
+        os.symlink(os.path.join(self.outside, "ns"), namespace)
+        result = reader.read(by_name["b"])
+        self.assertIsInstance(result, BadCacheEntry)
+        self.assertEqual(result.category, "symlink")
+        self.assertIn(namespace, result.reason)
+        self.assertIsInstance(reader.read(parse_cache_path(
+            self.dir, os.path.join(namespace, "b2"))), BadCacheEntry)
+
+    def test_fifo_swapped_in_after_the_listing_is_not_waited_on(self):
+        path = self.path("kubelet", "pods.v1.core", "default", "f")
+        write(path, b"{}")
+        [location] = list(LocalCacheReader(self.dir).entries(PODS))
+        os.unlink(path)
+        os.mkfifo(path)
+        # Opened without O_NONBLOCK, a FIFO with no writer would block the reactor.
+        result = LocalCacheReader(self.dir).read(location)
+        self.assertIsInstance(result, BadCacheEntry)
+        self.assertIn("not a regular file", result.reason)
+
+    def test_names_that_are_not_utf8_are_invalid_names(self):
+        namespace = os.fsencode(self.path("kubelet", "pods.v1.core", "default"))
+        os.makedirs(namespace)
+        with open(os.path.join(namespace, b"bad-\xff"), "wb") as f:
+            f.write(b"{}")
+        bad_namespace = os.fsencode(self.path("kubelet", "pods.v1.core")) + b"/ns-\xfe"
+        os.makedirs(bad_namespace)
+        with open(bad_namespace + b"/p", "wb") as f:
+            f.write(b"{}")
+        entries = self.entries(LocalCacheReader(self.dir))
+        self.assertEqual(sorted((os.fsencode(e.path), e.category) for e in entries), [
+            (namespace + b"/bad-\xff", "invalid_name"),
+            (bad_namespace, "invalid_name"),
+        ])

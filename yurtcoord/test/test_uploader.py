@@ -1,10 +1,13 @@
 """Local cache upload on real etcd: counts, bad files, rv ordering, etcd killed mid-upload."""
 
+import json
 import os
+import sys
 
-from twisted.internet import defer
+from twisted.internet import defer, reactor
+from twisted.internet.error import ProcessDone
 from twisted.internet.task import Clock
-from twisted.logger import globalLogPublisher
+from twisted.logger import Logger, globalLogPublisher
 from twisted.trial import unittest
 
 from yurtcoord.config import UploadResource
@@ -18,7 +21,10 @@ from yurtcoord.poolstore.store import PoolStore, WriteOutcome
 from yurtcoord.test.test_poolstore import (
     ETCD_34, ETCD_35, EtcdStoreCase, HangingClient, make_object, poll_until,
 )
-from yurtcoord.uploader import LocalCacheUploader, UploadCounts, UploadFailed
+from yurtcoord.testing.processes import CollectingProcess
+from yurtcoord.uploader import (
+    LocalCacheUploader, UploadCounts, UploadFailed, api_version_of, resource_of_kind,
+)
 
 PODS = UploadResource("kubelet", "pods", "v1")
 NODES = UploadResource("kubelet", "nodes", "v1")
@@ -232,12 +238,168 @@ class UploadBehaviour(EtcdStoreCase):
         self.assertEqual(uploader.retries, 2)
 
 
+    def skipped_count(self, metrics, reason):
+        return metrics.registry.get_sample_value("yurtcoord_skipped_objects_total",
+                                                 {"reason": reason})
+
+    def write_good_pods(self, count, namespace="default"):
+        good = {}
+        for i in range(count):
+            data = make_object(f"good-{i}", namespace, 10 + i)
+            write_file(self.pod_path(namespace, f"good-{i}"), data)
+            good[f"/registry/pods/{namespace}/good-{i}"] = data
+        return good
+
+    @defer.inlineCallbacks
+    def test_deeply_nested_json_is_a_bad_object_and_the_rest_is_uploaded(self):
+        good = self.write_good_pods(6)
+        nested = b'{"metadata":' * 1000 + b"{}" + b"}" * 1000
+        self.assertLess(len(nested), 16 * 1024)
+        write_file(self.pod_path("default", "nested"), nested)
+        write_file(self.pod_path("default", "nested-list"), b"[" * 2000 + b"]" * 2000)
+        metrics = Metrics("edge-1")
+        counts = yield self.uploader(chunk_size=4, metrics=metrics).upload()
+        self.assertEqual(counts, UploadCounts(6, 0, 0, 2))
+        self.assertEqual(self.dump(), good)
+        self.assertEqual(self.skipped_count(metrics, "bad_object"), 2)
+        self.assertIn(self.pod_path("default", "nested"), self.skipped_paths())
+
+    @defer.inlineCallbacks
+    def test_links_are_skipped_and_what_they_point_to_never_uploaded(self):
+        good = self.write_good_pods(2)
+        outside = os.path.abspath(self.mktemp())
+        # Valid pods, as far as their content goes: following a link would upload them.
+        secret = make_object("stolen", "default", 5, kind="Pod", padding=10)
+        write_file(os.path.join(outside, "secret"), secret)
+        write_file(os.path.join(outside, "ns", "linked-ns-pod"),
+                   make_object("linked-ns-pod", "linked", 6))
+        write_file(os.path.join(outside, "legacy", "default", "legacy-pod"),
+                   make_object("legacy-pod", "default", 7))
+        os.symlink(os.path.join(outside, "secret"), self.pod_path("default", "stolen"))
+        os.symlink(os.path.join(outside, "ns"),
+                   os.path.join(self.local, "kubelet", "pods.v1.core", "linked"))
+        os.symlink(os.path.join(outside, "legacy"), os.path.join(self.local, "kubelet", "pods"))
+        metrics = Metrics("edge-1")
+        counts = yield self.uploader(metrics=metrics).upload()
+        self.assertEqual(counts, UploadCounts(2, 0, 0, 3))
+        self.assertEqual(self.dump(), good)
+        self.assertEqual(self.skipped_count(metrics, "symlink"), 3)
+        self.assertEqual(self.skipped_count(metrics, "unreadable"), 0)
+        lines = [e for e in self.events
+                 if e.get("log_format", "").startswith("local cache file skipped")]
+        self.assertEqual(sorted(e["category"] for e in lines), ["symlink"] * 3)
+
+    @defer.inlineCallbacks
+    def test_objects_of_another_kind_are_skipped(self):
+        good = self.write_good_pods(2)
+        secret = (b'{"apiVersion":"v1","kind":"Secret","metadata":{"name":"s",'
+                  b'"namespace":"default","resourceVersion":"3"},"data":{"k":"dg=="}}')
+        write_file(self.pod_path("default", "s"), secret)
+        write_file(self.pod_path("default", "legacy-secret", legacy=True),
+                   secret.replace(b'"name":"s"', b'"name":"legacy-secret"'))
+        write_file(self.pod_path("default", "apps-pod"),
+                   make_object("apps-pod", "default", 4).replace(b'"apiVersion":"v1"',
+                                                                 b'"apiVersion":"apps/v1"'))
+        write_file(self.pod_path("default", "no-kind"),
+                   b'{"apiVersion":"v1","metadata":{"name":"no-kind","namespace":"default",'
+                   b'"resourceVersion":"5"}}')
+        write_file(os.path.join(self.local, "kubelet", "nodes.v1.core", "edge-1"),
+                   make_object("edge-1", "", 9, kind="Pod"))
+        node = make_object("edge-2", "", 9, kind="Node")
+        write_file(os.path.join(self.local, "kubelet", "nodes", "edge-2"), node)
+        good["/registry/minions/edge-2"] = node
+        metrics = Metrics("edge-1")
+        counts = yield self.uploader(metrics=metrics).upload()
+        self.assertEqual(counts, UploadCounts(3, 0, 0, 5))
+        self.assertEqual(self.dump(), good)
+        self.assertEqual(self.skipped_count(metrics, "wrong_kind"), 5)
+        reasons = {e["path"]: e["reason"] for e in self.events
+                   if e.get("log_format", "").startswith("local cache file skipped")}
+        self.assertEqual(reasons[self.pod_path("default", "s")],
+                         "a 'Secret' of 'v1' where pods of v1 belong")
+        self.assertEqual(reasons[self.pod_path("default", "apps-pod")],
+                         "a 'Pod' of 'apps/v1' where pods of v1 belong")
+        self.assertEqual(reasons[self.pod_path("default", "no-kind")], "no kind")
+
+    @defer.inlineCallbacks
+    def test_names_that_are_not_utf8_are_invalid_names(self):
+        good = self.write_good_pods(2)
+        directory = os.fsencode(os.path.dirname(self.pod_path("default", "x")))
+        # The JSON escape \udcff is what Python makes of the file name byte 0xff.
+        with open(directory + b"/bad-\xff", "wb") as f:
+            f.write(b'{"apiVersion":"v1","kind":"Pod","metadata":{"name":"bad-\\udcff",'
+                    b'"namespace":"default","resourceVersion":"3"}}')
+        metrics = Metrics("edge-1")
+        counts = yield self.uploader(metrics=metrics).upload()
+        self.assertEqual(counts, UploadCounts(2, 0, 0, 1))
+        self.assertEqual(self.dump(), good)
+        self.assertEqual(self.skipped_count(metrics, "invalid_name"), 1)
+        [line] = [e for e in self.events
+                  if e.get("log_format", "").startswith("local cache file skipped")]
+        self.assertTrue(line["path"].endswith("/default/bad-\\xff"), line["path"])
+
+    @defer.inlineCallbacks
+    def test_oversized_files_are_too_large_without_being_read(self):
+        good = self.write_good_pods(2)
+        big = self.pod_path("default", "big")
+        write_file(big, make_object("big", "default", 3)[:-1])
+        os.truncate(big, 4 * 1024 * 1024)
+        metrics = Metrics("edge-1")
+        counts = yield self.uploader(metrics=metrics).upload()
+        self.assertEqual(counts, UploadCounts(2, 0, 0, 1))
+        self.assertEqual(self.dump(), good)
+        self.assertEqual(self.skipped_count(metrics, "too_large"), 1)
+        self.assertEqual(self.skipped_count(metrics, "unreadable"), 0)
+
+
 class UploadOnEtcd35(UploadBehaviour, unittest.TestCase):
     etcd_binary = ETCD_35
 
 
 class UploadOnEtcd34(UploadBehaviour, unittest.TestCase):
     etcd_binary = ETCD_34
+
+
+class UploadMemoryOnEtcd35(EtcdStoreCase, unittest.TestCase):
+    """The memory an upload takes is bounded by what it may hold, not by the files."""
+
+    etcd_binary = ETCD_35
+    log = Logger()
+
+    @defer.inlineCallbacks
+    def test_cache_of_huge_sparse_files_costs_little_memory(self):
+        """Peak RSS growth of the uploading process stays within 64 MB.
+
+        Measured: 0.7 MB (672 KiB); a reader that read each file whole, up to 16 MiB,
+        grew by 656 MB on the same cache.
+        """
+        local = os.path.abspath(self.mktemp())
+        good = {}
+        for i in range(40):
+            path = os.path.join(local, "kubelet", "pods.v1.core", "default", f"huge-{i}")
+            write_file(path, make_object(f"huge-{i}", "default", 1)[:-1])
+            os.truncate(path, 16 * 1024 * 1024)  # sparse: 640 MB that cost no disk
+        for i in range(30):
+            data = make_object(f"pod-{i}", "default", 100 + i, padding=2000)
+            write_file(os.path.join(local, "kubelet", "pods.v1.core", "default", f"pod-{i}"),
+                       data)
+            good[f"/registry/pods/default/pod-{i}"] = data
+        child = CollectingProcess()
+        reactor.spawnProcess(
+            child, sys.executable,
+            [sys.executable, "-m", "yurtcoord.testing.uploadmemory", self.etcd.client_url,
+             local, os.path.abspath(self.mktemp())],
+            env=dict(os.environ))
+        ended = yield child.ended
+        self.assertIsInstance(ended, ProcessDone, child.err.decode(errors="replace"))
+        report = json.loads(child.out.decode().strip().splitlines()[-1])
+        self.log.info("peak RSS growth of an upload of 40 sparse 16 MiB files and 30 pods: "
+                      "{growth} KiB (peak reset: {reset})", growth=report["growth_kib"],
+                      reset=report["peak_reset"])
+        self.assertLessEqual(report["growth_kib"], 64 * 1024, report)
+        self.assertEqual(report["counts"], UploadCounts(30, 0, 0, 40)._asdict())
+        self.assertEqual(report["skipped"]["too_large"], 40)
+        self.assertEqual(self.dump(), good)
 
 
 class FlakyStore:
@@ -318,6 +480,24 @@ class EtcdForgetsOnce:
         result = yield self.store.create_or_update_many(items, outcome, flush_key_cache)
         self._last_written = list(result.created) + list(result.updated)
         return result
+
+
+class KindTests(unittest.TestCase):
+    """A cached object's type is checked against its directory by the resource
+    Kubernetes names for its kind."""
+
+    def test_resources_of_the_kinds_a_node_cache_holds(self):
+        kinds = {"Pod": "pods", "Node": "nodes", "Endpoints": "endpoints",
+                 "EndpointSlice": "endpointslices", "Service": "services",
+                 "Ingress": "ingresses", "NetworkPolicy": "networkpolicies",
+                 "Lease": "leases", "ConfigMap": "configmaps", "Secret": "secrets",
+                 "StorageClass": "storageclasses", "CSINode": "csinodes",
+                 "RuntimeClass": "runtimeclasses"}
+        self.assertEqual({kind: resource_of_kind(kind) for kind in kinds}, kinds)
+
+    def test_api_versions(self):
+        self.assertEqual(api_version_of("", "v1"), "v1")
+        self.assertEqual(api_version_of("discovery.k8s.io", "v1"), "discovery.k8s.io/v1")
 
 
 class RetryTimingTests(unittest.TestCase):
