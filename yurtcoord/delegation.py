@@ -62,7 +62,7 @@ from yurtcoord.kube.backoff import Backoff
 from yurtcoord.kube.errors import KubeError, NotFound
 from yurtcoord.kube.gvr import LEASES, NODES
 from yurtcoord.kube.informer import Informer
-from yurtcoord.kube.lease import format_micro_time, parse_micro_time
+from yurtcoord.kube.lease import format_micro_time, owner_reference_to_node, parse_micro_time
 from yurtcoord.kube.leasewriter import CREATED, UNCHANGED, LeaseWriter
 from yurtcoord.roles import IRoleComponent
 
@@ -124,15 +124,6 @@ def node_pool(node: dict) -> Optional[str]:
     return ((node.get("metadata") or {}).get("labels") or {}).get(NODE_POOL_LABEL)
 
 
-def node_owner_reference(node: dict) -> Optional[dict]:
-    """The ownerReference the kubelet puts on its node lease; None without a uid."""
-    metadata = node.get("metadata") or {}
-    if not metadata.get("name") or not metadata.get("uid"):
-        return None
-    return {"apiVersion": "v1", "kind": "Node", "name": metadata["name"],
-            "uid": metadata["uid"]}
-
-
 def _forwarded_annotation(pool_lease):
     return ((pool_lease.get("metadata") or {}).get("annotations") or {}).get(
         DELEGATE_HEARTBEAT_ANNOTATION)
@@ -145,7 +136,7 @@ def lease_for_create(pool_lease: dict, node: Optional[dict] = None) -> dict:
     metadata = {"name": source["name"],
                 "namespace": source.get("namespace") or NODE_LEASE_NAMESPACE,
                 "annotations": {DELEGATE_HEARTBEAT_ANNOTATION: _forwarded_annotation(pool_lease)}}
-    owner = node_owner_reference(node) if node is not None else None
+    owner = owner_reference_to_node(node)
     if owner is not None:
         metadata["ownerReferences"] = [owner]
     spec = pool_lease.get("spec") or {}

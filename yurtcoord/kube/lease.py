@@ -171,18 +171,25 @@ def resource_version(obj):
     return ((obj or {}).get("metadata") or {}).get("resourceVersion")
 
 
+def owner_reference_to_node(node: Optional[dict]) -> Optional[dict]:
+    """The ownerReference the kubelet puts on its node lease, naming ``node`` (apiVersion
+    v1, kind Node, name, uid), so the lease goes when the Node goes; None for a Node
+    without a name or uid."""
+    metadata = (node or {}).get("metadata") or {}
+    if not metadata.get("name") or not metadata.get("uid"):
+        return None
+    return {"apiVersion": "v1", "kind": "Node", "name": metadata["name"],
+            "uid": metadata["uid"]}
+
+
 @defer.inlineCallbacks
 def node_owner_reference(client, node_name: str) -> defer.Deferred:
-    """The ownerReference naming Node ``node_name`` as ``client``'s server holds it
-    (apiVersion v1, kind Node, name, uid), the way the kubelet's own node lease names
-    its Node, so the lease goes when the Node goes. Fires with None when that server
-    has no such Node, may not show it, or shows it without a uid: the lease is then
-    written without an owner. Other errors fail the Deferred."""
+    """``owner_reference_to_node`` of Node ``node_name`` as ``client``'s server holds
+    it. Fires with None when that server has no such Node, may not show it, or shows
+    it without a uid: the lease is then written without an owner. Other errors fail
+    the Deferred."""
     try:
         node = yield client.get(NODES, node_name)
     except (NotFound, Forbidden):
         return None
-    uid = ((node or {}).get("metadata") or {}).get("uid")
-    if not uid:
-        return None
-    return {"apiVersion": "v1", "kind": "Node", "name": node_name, "uid": uid}
+    return owner_reference_to_node(node)
