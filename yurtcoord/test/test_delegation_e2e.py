@@ -24,7 +24,7 @@ from yurtcoord.health import DELEGATE_HEARTBEAT_ANNOTATION, NODE_LEASE_NAMESPACE
 from yurtcoord.kube.lease import format_micro_time as micro_time
 from yurtcoord.kube.gvr import LEASES, NODES
 from yurtcoord.kube.lease import renew_time
-from yurtcoord.testing.apiserver.selectors import ObjectFilter
+from yurtcoord.testing.cloudleases import CloudLeaseChanges, CloudLeaseSampler
 from yurtcoord.testing.poll import poll_until
 from yurtcoord.testing.world import (
     LEASE_DURATION, POOL, RETRY_PERIOD, TIMINGS, ProcessWorld, add_pool_node, leader_of,
@@ -66,62 +66,6 @@ def write_lease(store, lease):
         store.update(LEASES, lease, namespace=metadata["namespace"])
 
 
-class CloudLeaseChanges:
-    """Every change of the cloud's leases, in any namespace, as it happens:
-    ``changes`` = [(seconds, namespace/name, renewTime seconds, delegate annotation)]."""
-
-    def __init__(self, server):
-        self.changes = []
-        self._watcher = server.store.watch(LEASES, ObjectFilter(), None, self._event)
-
-    def _event(self, event_type, lease):
-        metadata = lease["metadata"]
-        self.changes.append((reactor.seconds(), f"{metadata['namespace']}/{metadata['name']}",
-                             renew_time(lease),
-                             (metadata.get("annotations") or {}).get(
-                                 DELEGATE_HEARTBEAT_ANNOTATION)))
-
-    def delegated(self, name, since):
-        """Distinct renewTimes of ``kube-node-lease/name`` written with the delegate
-        annotation after ``since``."""
-        key = f"{NODE_LEASE_NAMESPACE}/{name}"
-        return sorted({renewed for at, changed, renewed, annotation in self.changes
-                       if changed == key and at >= since and annotation == "true"})
-
-    def keys(self, since=0.0):
-        return {key for at, key, _, _ in self.changes if at >= since}
-
-    def stop(self):
-        self._watcher.cancel()
-
-
-class RenewAgeSampler:
-    """Samples how old the cloud lease's renewTime of one node is, every ``every`` s."""
-
-    def __init__(self, cloud, node, every=SAMPLE_EVERY):
-        self.cloud = cloud
-        self.node = node
-        self.samples = []  # (seconds, age)
-        self._loop = task.LoopingCall(self._sample)
-        self._loop.clock = reactor
-        self._loop.start(every, now=True)
-
-    def _sample(self):
-        lease = self.cloud.store.get(LEASES, self.node, NODE_LEASE_NAMESPACE)
-        renewed = renew_time(lease) if lease is not None else None
-        if renewed is not None:
-            now = reactor.seconds()
-            self.samples.append((now, now - renewed))
-
-    def oldest(self, since=0.0):
-        """(age, at) of the oldest renewTime seen after ``since``."""
-        return max(((age, at) for at, age in self.samples if at >= since), default=(0.0, None))
-
-    def stop(self):
-        if self._loop.running:
-            self._loop.stop()
-
-
 class DelegationE2EBase(unittest.TestCase):
     timeout = 180
 
@@ -132,7 +76,7 @@ class DelegationE2EBase(unittest.TestCase):
         yield self.world.start()
         for node in NODES_OF_POOL:
             yield self.world.add_agent(node)
-        self.cloud_log = CloudLeaseChanges(self.world.cloud)
+        self.cloud_log = CloudLeaseChanges(self.world.cloud, reactor)
         self.addCleanup(self.cloud_log.stop)
         yield self.world.start_agents()
         statuses = yield self.world.wait_for_pool(
@@ -279,7 +223,7 @@ class LeaderDeathTests(DelegationE2EBase):
         leader, world = self.leader, self.world
         cut = next(n for n in NODES_OF_POOL if n != leader)
         survivor = next(n for n in NODES_OF_POOL if n not in (leader, cut))
-        sampler = RenewAgeSampler(world.cloud, cut)
+        sampler = CloudLeaseSampler(world.cloud, [cut], reactor, every=SAMPLE_EVERY)
         self.addCleanup(sampler.stop)
         cut_at = yield self.cut_off(cut)
         watched_from = reactor.seconds()
@@ -300,10 +244,10 @@ class LeaderDeathTests(DelegationE2EBase):
         yield task.deferLater(reactor, 4 * INTERVAL, lambda: None)
         sampler.stop()
 
-        samples = [s for s in sampler.samples if s[0] >= watched_from]
+        samples = [s for s in sampler.ages[cut] if s[0] >= watched_from]
         report("samples", len(samples))
         self.assertGreater(len(samples), 100)
-        oldest, at = sampler.oldest(since=watched_from)
+        oldest, at = sampler.oldest(cut, since=watched_from)
         report("oldest_renew_time_age", f"{oldest:.3f}s (at {at - killed_at:+.2f}s from "
                                         f"the SIGKILL; bound {MAX_RENEW_AGE:.1f}s)")
         renewals = self.cloud_log.delegated(cut, cut_at)

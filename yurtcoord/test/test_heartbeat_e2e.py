@@ -18,12 +18,11 @@ import re
 import socket
 
 from twisted.internet import defer, reactor
-from twisted.internet.task import LoopingCall
 from twisted.trial import unittest
 
 from yurtcoord.config import parse_config, parse_duration
 from yurtcoord.health import DELEGATE_HEARTBEAT_ANNOTATION
-from yurtcoord.kube.lease import renew_time
+from yurtcoord.testing.cloudleases import CloudLeaseSampler
 from yurtcoord.testing.poll import PollTimeout, poll_until
 from yurtcoord.testing.world import (
     REPO, TIMINGS, AgentProcess, ProcessWorld, leader_of, one_leader_all_ready,
@@ -49,40 +48,6 @@ KUBELET_DEFAULT_PORT = 10248
 
 def report(name, seconds):
     print(f"HEARTBEAT-E2E {name}={seconds:.2f}s")
-
-
-class CloudLeaseTrace:
-    """Samples the cloud's node leases every 20 ms: for each node, the renewTime seen
-    and when it was first seen."""
-
-    def __init__(self, world, nodes):
-        self.world = world
-        self.nodes = list(nodes)
-        self.seen = {node: [] for node in self.nodes}
-        self._loop = LoopingCall(self.sample)
-        self._loop.clock = reactor
-        self._loop.start(0.02, now=True)
-
-    def sample(self):
-        now = reactor.seconds()
-        for node in self.nodes:
-            lease = self.world.node_lease(self.world.cloud, node)
-            renew = renew_time(lease) if lease else None
-            history = self.seen[node]
-            if renew is not None and (not history or history[-1][1] != renew):
-                history.append((now, renew))
-
-    def stop(self):
-        if self._loop.running:
-            self._loop.stop()
-
-    def last(self, node):
-        """The newest renewTime of ``node``."""
-        return self.seen[node][-1][1] if self.seen[node] else None
-
-    def renewals_after(self, node, seconds):
-        """renewTimes of ``node`` later than ``seconds``."""
-        return [renew for _, renew in self.seen[node] if renew > seconds]
 
 
 def nothing_listens_on(port):
@@ -119,7 +84,7 @@ class KubeletStoppedTests(unittest.TestCase):
             SETTLE_TIMEOUT)
         leader = leader_of(statuses)
         cut_off, connected = sorted(n for n in self.nodes if n != leader)
-        trace = CloudLeaseTrace(self.world, self.nodes)
+        trace = CloudLeaseSampler(self.world.cloud, self.nodes, reactor)
         self.addCleanup(trace.stop)
 
         # The cut-off node's heartbeat reaches the cloud through the leader.
@@ -257,7 +222,7 @@ class ExampleConfigTests(unittest.TestCase):
                          f"http://127.0.0.1:{KUBELET_DEFAULT_PORT}/healthz")
         agent.start(ini)
         yield agent.wait_listening()
-        trace = CloudLeaseTrace(self.world, [node])
+        trace = CloudLeaseSampler(self.world.cloud, [node], reactor)
         self.addCleanup(trace.stop)
 
         # Renewed at first: the grace period counts from the agent's start.

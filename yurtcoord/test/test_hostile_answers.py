@@ -15,7 +15,6 @@ Measured figures are printed as ``HOSTILE-NET <name>=<value>`` lines.
 """
 
 import json
-import re
 
 from twisted.internet import defer, reactor, task
 from twisted.logger import globalLogPublisher
@@ -30,6 +29,7 @@ from yurtcoord.kube.backoff import Backoff
 from yurtcoord.kube.client import MAX_RESPONSE_BYTES, ClientConfig, KubeClient
 from yurtcoord.kube.gvr import CONFIGMAPS
 from yurtcoord.kube.informer import MAX_LIST_PAGES, Informer
+from yurtcoord.testing.memory import reset_peak, status_kib
 from yurtcoord.testing.poll import poll_until
 
 MB = 1024 * 1024
@@ -44,19 +44,7 @@ def report(name, value):
 
 def memory():
     """``{"VmRSS": bytes, "VmHWM": bytes}`` of this process."""
-    with open("/proc/self/status", encoding="ascii") as f:
-        text = f.read()
-    return {key: int(kb) * 1024 for key, kb in re.findall(r"(VmRSS|VmHWM):\s+(\d+) kB", text)}
-
-
-def reset_peak_rss():
-    """Make VmHWM start again from the current RSS; False where the kernel refuses."""
-    try:
-        with open("/proc/self/clear_refs", "w", encoding="ascii") as f:
-            f.write("5")
-    except OSError:
-        return False
-    return True
+    return {field: status_kib(field) * 1024 for field in ("VmRSS", "VmHWM")}
 
 
 class EndlessBody:
@@ -171,7 +159,7 @@ class EndlessWatchLineTests(PeerFixture, unittest.TestCase):
             LINE_START, stop_after)
         client = self.kube_client(url)
         before = memory()
-        if not reset_peak_rss():
+        if not reset_peak():
             raise unittest.SkipTest("/proc/self/clear_refs refused: peak RSS cannot be reset")
         watch = client.watch(CONFIGMAPS, lambda kind, obj: None, namespace="ns",
                              idle_timeout=30)

@@ -30,7 +30,7 @@ from yurtcoord.health import NODE_LEASE_NAMESPACE
 from yurtcoord.kube.gvr import LEASES
 from yurtcoord.kube.lease import renew_time
 from yurtcoord.status import MAX_STATUS_CONNECTIONS, STATUS_REQUEST_DEADLINE
-from yurtcoord.test.test_delegation_e2e import CloudLeaseChanges
+from yurtcoord.testing.cloudleases import CloudLeaseChanges
 from yurtcoord.testing.poll import poll_until
 from yurtcoord.testing.world import (
     ELECTION_LEASE, ELECTION_NAMESPACE, LEASE_DURATION, ProcessWorld, leader_of,
@@ -126,7 +126,7 @@ class StatusFloodTests(unittest.TestCase):
         yield self.world.start()
         for node in NODES_OF_POOL:
             yield self.world.add_agent(node)
-        self.cloud_log = CloudLeaseChanges(self.world.cloud)
+        self.cloud_log = CloudLeaseChanges(self.world.cloud, reactor)
         self.addCleanup(self.cloud_log.stop)
         # The agents inherit the soft limit in force when they are spawned.
         resource.setrlimit(resource.RLIMIT_NOFILE, (AGENT_OPEN_FILES, hard))

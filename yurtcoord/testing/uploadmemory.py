@@ -20,31 +20,13 @@ from yurtcoord.config import UploadResource
 from yurtcoord.etcd.client import EtcdClient, EtcdConfig
 from yurtcoord.localcache import LocalCacheReader
 from yurtcoord.metrics import Metrics
+from yurtcoord.testing.memory import reset_peak, status_kib
 from yurtcoord.poolstore.keycache import ComponentKeyCache
 from yurtcoord.poolstore.store import PoolStore
 from yurtcoord.uploader import SKIP_REASONS, LocalCacheUploader
 
 UPLOAD_RESOURCES = (UploadResource("kubelet", "pods", "v1"),
                     UploadResource("kubelet", "nodes", "v1"))
-
-
-def status_kib(field: str) -> int:
-    """A ``kB`` field of /proc/self/status (VmRSS, VmHWM)."""
-    with open("/proc/self/status", encoding="ascii") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    raise LookupError(f"no {field} in /proc/self/status")
-
-
-def reset_peak() -> bool:
-    """Reset VmHWM to the current resident size; False where the kernel refuses."""
-    try:
-        with open("/proc/self/clear_refs", "w", encoding="ascii") as f:
-            f.write("5")
-    except OSError:
-        return False
-    return True
 
 
 @defer.inlineCallbacks
