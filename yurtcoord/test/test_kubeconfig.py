@@ -93,8 +93,9 @@ class LoaderTests(unittest.TestCase):
                            "certificate-authority must be a string"),
             "data list": (kubeconfig_text(user="    client-key-data: [1]\n"),
                           "client-key-data must be a base64 string"),
-            "users mapping": (kubeconfig_text().replace("users:\n- name: u1\n  user:\n    token: t0ken\n",
-                                                        "users: {u1: x}\n"), "users must be a list"),
+            "users mapping": (kubeconfig_text().replace(
+                "users:\n- name: u1\n  user:\n    token: t0ken\n", "users: {u1: x}\n"),
+                "users must be a list"),
             "user string": (kubeconfig_text().replace("  user:\n    token: t0ken\n", "  user: x\n"),
                             "users[name=u1].user must be a mapping"),
             "contexts of strings": ("contexts: [a]\nclusters: []\n", "no current-context set"),

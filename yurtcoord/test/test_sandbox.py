@@ -14,14 +14,20 @@ import shutil
 import signal
 
 from twisted.internet import defer, reactor
+from twisted.internet.interfaces import IReactorCore, IReactorFromThreads
+from twisted.internet.testing import MemoryReactorClock
 from twisted.internet.utils import getProcessOutputAndValue
+from twisted.logger import Logger
+from twisted.plugins.yurtcoord_plugin import EarlyStopSignals, make_sandbox
 from twisted.trial import unittest
+from zope.interface import implementer
+from zope.interface.verify import verifyObject
 
 from yurtcoord.config import parse_duration
 from yurtcoord.kube.gvr import ENDPOINTS, ENDPOINTSLICES_V1, NODES
 from yurtcoord.kube.lease import renew_time
 from yurtcoord.sandbox import (
-    CACHED_PODS, HEARTBEAT_INTERVAL, KUBELET_GRACE_PERIOD, SEEDED_SERVICES,
+    CACHED_PODS, HEARTBEAT_INTERVAL, KUBELET_GRACE_PERIOD, SEEDED_SERVICES, Sandbox,
     find_etcd_binary, seed_cloud,
 )
 from yurtcoord.test.test_plugin import TWISTD, TwistdProcess, child_environment, port_is_free
@@ -474,6 +480,19 @@ class SandboxTests(unittest.TestCase):
                     run, lambda run=run, condition=condition: condition(run), step)
 
 
+@implementer(IReactorFromThreads)
+class ThreadCallRecordingReactor(MemoryReactorClock):
+    """A memory reactor that records ``callFromThread`` calls instead of running them
+    (what a signal handler queues before the reactor runs)."""
+
+    def __init__(self):
+        super().__init__()
+        self.from_thread = []
+
+    def callFromThread(self, f, *args, **kwargs):
+        self.from_thread.append((f, args, kwargs))
+
+
 class SandboxPartsTests(unittest.TestCase):
     """The sandbox's pieces, checked without processes."""
 
@@ -484,6 +503,33 @@ class SandboxPartsTests(unittest.TestCase):
             handle.write("#!/bin/sh\nexit 0\n")
         os.chmod(path, 0o755)
         return path
+
+    def test_a_stop_signal_before_the_handlers_stops_the_sandbox_once_the_reactor_runs(self):
+        # From option parsing on, a SIGINT is remembered, not a KeyboardInterrupt; the
+        # sandbox built afterwards queues the stop, which happens once the reactor runs.
+        signums = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)
+        saved = {signum: signal.getsignal(signum) for signum in signums}
+        self.addCleanup(lambda: [signal.signal(n, h) for n, h in saved.items()])
+        early = EarlyStopSignals()
+        early.install()
+        os.kill(os.getpid(), signal.SIGINT)
+        self.assertEqual(early.received, [signal.SIGINT])
+
+        fake = ThreadCallRecordingReactor()
+        verifyObject(IReactorCore, fake)
+        verifyObject(IReactorFromThreads, fake)
+        sandbox = make_sandbox(fake, 1, Logger(), early)
+        self.assertIsInstance(sandbox, Sandbox)
+        self.assertEqual(len(fake.from_thread), 1)
+        self.assertFalse(fake.hasStopped)
+        fake.running = True
+        stop, args, kwargs = fake.from_thread.pop()
+        stop(*args, **kwargs)
+        self.assertTrue(fake.hasStopped)
+        # Later signals reach the sandbox's own handlers, which queue a stop as well.
+        os.kill(os.getpid(), signal.SIGTERM)
+        self.assertEqual(len(fake.from_thread), 1)
+        self.assertEqual(early.received, [signal.SIGINT])
 
     def test_etcd_bin_comes_first_then_path(self):
         chosen = self.executable("etcd")
