@@ -730,11 +730,16 @@ class Sandbox(service.MultiService):
             self._say(f"stopped; removed {self.directory}")
 
 
-def install_signal_handlers(reactor, sandbox):
+def install_signal_handlers(reactor, sandbox, pending=()):
     """SIGINT (Ctrl-C) and SIGTERM stop the reactor like a normal shutdown (exit status
     0; a second Ctrl-C while stopping is ignored, the stop under way finishes cleaning
-    up); SIGUSR1 and SIGUSR2 cut and restore cloud links. Call once the reactor runs (it
-    installs its own handlers when starting)."""
+    up); SIGUSR1 and SIGUSR2 cut and restore cloud links. ``pending`` stop signals,
+    received before, are handled as if they arrived now.
+
+    The handlers only queue their work with ``callFromThread``, so they may run before
+    the reactor does (while the sandbox is starting): a stop then happens as soon as
+    the reactor runs, and the start under way gives up (see ``stopService``). The
+    reactor replaces the SIGTERM handler when it starts: call again once it runs."""
     log = Logger(namespace="yurtcoord.sandbox")
 
     def stop(signum):
@@ -759,3 +764,5 @@ def install_signal_handlers(reactor, sandbox):
     signal.signal(signal.SIGTERM, on_stop_signal)
     signal.signal(signal.SIGUSR1, on_cut)
     signal.signal(signal.SIGUSR2, on_restore)
+    for signum in pending:
+        reactor.callFromThread(stop, signum)

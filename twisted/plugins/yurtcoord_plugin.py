@@ -13,7 +13,10 @@ signal after shutdown, making every ordinary stop look like a crash.
 ``--sandbox`` runs the embedded pool of ``yurtcoord.sandbox`` instead of one agent:
 Ctrl-C (SIGINT) and SIGTERM both stop it with status 0 once everything it started is
 gone (SIGUSR1/SIGUSR2 cut and restore the leader's cloud link); a sandbox that cannot
-start (no etcd) says why in one line and exits with 69.
+start (no etcd) says why in one line and exits with 69. twistd starts the services
+before the reactor runs and installs its handlers, so the sandbox takes SIGINT and
+SIGTERM over as soon as its options are parsed: a Ctrl-C while it is still starting is
+a clean stop too, not a ``KeyboardInterrupt`` raised somewhere inside the start.
 """
 
 import atexit
@@ -39,6 +42,22 @@ def _exit_with_one_line(message, status):
     raise SystemExit(status)
 
 
+class EarlyStopSignals:
+    """Handler of SIGINT and SIGTERM from option parsing until the sandbox's own
+    handlers are in place: it only remembers the signals, which the sandbox then acts
+    on (Python's default would raise ``KeyboardInterrupt`` wherever the start is)."""
+
+    def __init__(self) -> None:
+        self.received = []
+
+    def install(self) -> None:
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(signum, self._remember)
+
+    def _remember(self, signum, frame):
+        self.received.append(signum)
+
+
 class Options(usage.Options):
     synopsis = "[--config PATH | --sandbox [--sandbox-agents N]]"
     longdesc = "Runs the yurtcoord pool coordinator agent of one edge node."
@@ -55,6 +74,8 @@ class Options(usage.Options):
         if self["sandbox-agents"] < 1:
             raise usage.UsageError("--sandbox-agents must be 1 or more")
         if self["sandbox"]:
+            self["early_stop_signals"] = EarlyStopSignals()
+            self["early_stop_signals"].install()
             return
         from yurtcoord.config import ConfigError, load_config
 
@@ -111,7 +132,8 @@ class YurtcoordServiceMaker:
 
         log = Logger(namespace="yurtcoord")
         if options["sandbox"]:
-            return make_sandbox(reactor, options["sandbox-agents"], log)
+            return make_sandbox(reactor, options["sandbox-agents"], log,
+                                options.get("early_stop_signals"))
         try:
             agent = make_service(options["loaded_config"], reactor)
         except ConfigError as error:
@@ -128,9 +150,15 @@ def _print_to_terminal(line):
     stream.flush()
 
 
-def make_sandbox(reactor, agent_count, log):
+def make_sandbox(reactor, agent_count, log, early_stop_signals=None):
     """The sandbox service; its start failure stops the reactor and, once twistd has
-    finished its own shutdown, ends the process with ``EXIT_UNAVAILABLE``."""
+    finished its own shutdown, ends the process with ``EXIT_UNAVAILABLE``.
+
+    Its signal handlers are installed at once, before twistd starts it: the reactor
+    keeps a SIGINT handler it finds installed, so Ctrl-C stops the sandbox cleanly at
+    any point of the start. They are installed again once the reactor runs, since it
+    replaces the SIGTERM handler then. Stop signals remembered by
+    ``early_stop_signals`` are acted on as if they came now."""
     from twisted.logger import globalLogPublisher
 
     from yurtcoord.sandbox import Sandbox, install_signal_handlers
@@ -142,6 +170,8 @@ def make_sandbox(reactor, agent_count, log):
 
     sandbox = Sandbox(reactor, _print_to_terminal, globalLogPublisher,
                       agent_count=agent_count, on_failure=failed)
+    install_signal_handlers(reactor, sandbox,
+                            early_stop_signals.received if early_stop_signals else ())
     reactor.callWhenRunning(install_signal_handlers, reactor, sandbox)
     return sandbox
 

@@ -5,10 +5,10 @@ for concurrency (treq's default allows only two connections per host), so many
 requests and long-running watches to the same server do not queue behind each other.
 
 Errors are the typed exceptions of ``yurtcoord.kube.errors``:
-- an answer with an error code → the type its ``Status`` names (``error_from_status``);
-- 5xx without a Status, or a body that is not a JSON object (including JSON nested
-  deeper than the decoder goes) → ``ServerError``; a Status whose fields have the
-  wrong types still becomes the type its HTTP code names;
+- an answer with an error code → the type its HTTP code and ``Status`` reason name
+  (``error_for_response``), whatever the body holds: no Status, a Status with fields
+  of the wrong type, bytes that are not JSON or not UTF-8, nesting too deep to parse;
+- 5xx without a Status, or a successful answer that is not a JSON object → ``ServerError``;
 - refused, reset or unreachable, TLS handshake failures → ``ConnectionFailed``;
 - no complete answer within ``timeout`` → ``Timeout`` (the connection is aborted);
 - an answer body, or one line of a watch, longer than ``MAX_RESPONSE_BYTES`` (16 MiB,
@@ -57,7 +57,8 @@ from zope.interface import implementer
 from yurtcoord import httpbody
 from yurtcoord.inflight import InFlight
 from yurtcoord.kube.errors import (
-    ConnectionFailed, KubeError, ResponseTooLarge, ServerError, Timeout, error_from_status,
+    ConnectionFailed, KubeError, ResponseTooLarge, ServerError, Timeout, decode_json,
+    error_for_response,
 )
 from yurtcoord.kube.interfaces import IListWatchClient, IObjectClient
 from yurtcoord.kube.kubeconfig import load_kubeconfig
@@ -181,31 +182,15 @@ def _cancelled(failure):
 
 
 def _decode_json(body, url):
-    """The JSON object of an answer; anything else (not JSON, nested deeper than the
-    decoder goes, not an object) is ``ServerError``."""
+    """A successful answer: every object the API returns is a JSON object."""
     try:
-        answer = json.loads(body)
-    except (ValueError, RecursionError):
+        obj = decode_json(body)
+    except ValueError:
+        obj = None
+    if not isinstance(obj, dict):
         snippet = body[:120].decode("utf-8", "replace")
-        raise ServerError(f"not JSON from {url}: {snippet!r}") from None
-    if not isinstance(answer, dict):
-        raise ServerError(f"not a JSON object from {url}: {type(answer).__name__}")
-    return answer
-
-
-def _error_for_response(code, body, url):
-    status = None
-    if body:
-        try:
-            status = json.loads(body)
-        except (ValueError, RecursionError):
-            status = None
-    if isinstance(status, dict) and status.get("kind") == "Status":
-        return error_from_status(code, status)
-    if code >= 500:
-        snippet = body[:120].decode("utf-8", "replace")
-        return ServerError(f"HTTP {code} from {url}: {snippet!r}", code=code)
-    return error_from_status(code, None)
+        raise ServerError(f"not JSON from {url}: {snippet!r}")
+    return obj
 
 
 def read_body(response: IResponse, limit: int, url: str) -> defer.Deferred:
@@ -346,7 +331,7 @@ class KubeClient:
         def got_body(result):
             code, raw = result
             if code >= 300:
-                raise _error_for_response(code, raw, url)
+                raise error_for_response(code, raw, url)
             if not raw.strip():
                 if allow_empty:
                     return None
@@ -428,7 +413,7 @@ class KubeClient:
             if response.code != 200:
                 body_d = read_body(response, self.config.max_response_bytes, url)
                 watch._request = body_d
-                body_d.addCallback(lambda raw: Failure(_error_for_response(response.code, raw, url)))
+                body_d.addCallback(lambda raw: Failure(error_for_response(response.code, raw, url)))
                 body_d.addErrback(failed)
                 return None
             stream = WatchStreamProtocol(on_event, url, clock=self.reactor if idle_timeout else None,

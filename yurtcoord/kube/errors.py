@@ -1,5 +1,7 @@
 """Typed errors of the Kubernetes API, built from its ``Status`` objects."""
 
+import json
+
 
 class KubeError(Exception):
     """An API call failed. ``code`` is the HTTP code (0 when there was no answer),
@@ -119,22 +121,73 @@ _BY_CODE = {
 }
 
 
-def _text(value):
-    return value if isinstance(value, str) else ""
+_MESSAGE_LIMIT = 1000
 
 
-def error_from_status(code: int, status: object = None) -> KubeError:
-    """The typed error for an HTTP ``code`` and an optional decoded Status dict."""
-    reason = message = ""
+def _http_code(value: object) -> int:
+    """``value`` as an HTTP status code, or 0 when it is not one (a string, a bool,
+    a number out of range): a peer's Status may carry any JSON in ``code``."""
+    if isinstance(value, int) and not isinstance(value, bool) and 100 <= value <= 599:
+        return value
+    return 0
+
+
+def _text(value: object) -> str:
+    """A Status string field, or "" when it holds anything else; bounded, since it
+    ends up in log lines."""
+    if not isinstance(value, str):
+        return ""
+    return value[:_MESSAGE_LIMIT]
+
+
+def error_from_status(code: object, status: object = None, message: str = "") -> KubeError:
+    """The typed error for an HTTP ``code`` and an optional decoded Status dict.
+
+    The HTTP code chooses the class. The Status ``reason`` only refines it among the
+    classes of that code (``AlreadyExists`` or ``Conflict`` for 409), and the Status
+    ``code`` stands in only when there is no HTTP code (an ERROR event of a watch).
+    Fields of the wrong type are ignored, so any Status a peer sends gives a typed
+    error. ``message`` is used when the Status has none.
+    """
+    code = _http_code(code)
+    reason = ""
     if isinstance(status, dict):
-        # A Status from a broken or hostile peer may hold anything: only a text
-        # reason and message and an integer code are taken from it.
         reason = _text(status.get("reason"))
-        message = _text(status.get("message"))
-        status_code = status.get("code")
-        if type(status_code) is int and status_code:
-            code = status_code
-    cls = _BY_REASON.get(reason) or _BY_CODE.get(code)
+        message = _text(status.get("message")) or message
+        if not code:
+            code = _http_code(status.get("code"))
+    else:
+        status = None
+    cls = _BY_REASON.get(reason)
+    if cls is None or (code and cls.code != code):
+        cls = _BY_CODE.get(code)
     if cls is None:
         cls = ServerError if code >= 500 or code == 0 else KubeError
-    return cls(message or f"HTTP {code}", code=code, reason=reason or cls.reason, status=status)
+    return cls(message or f"HTTP {code}", code=code or cls.code, reason=reason or cls.reason,
+               status=status)
+
+
+def decode_json(body: bytes) -> object:
+    """``body`` decoded as JSON; ``ValueError`` for anything that is not, including
+    bytes that are not UTF-8 and nesting too deep for the parser (which raises
+    ``RecursionError`` on its own)."""
+    try:
+        return json.loads(body.decode("utf-8"))
+    except RecursionError:
+        raise ValueError("JSON nested too deeply") from None
+
+
+def error_for_response(code: int, body: bytes, url: str) -> KubeError:
+    """The typed error for an answer with error ``code`` and ``body``, whatever the
+    body holds: a Status (of any shape), other JSON, bytes that are not JSON or not
+    UTF-8, nesting too deep to parse, or nothing."""
+    status = None
+    if body:
+        try:
+            status = decode_json(body)
+        except ValueError:
+            status = None
+    if isinstance(status, dict) and status.get("kind") == "Status":
+        return error_from_status(code, status, f"HTTP {code} from {url}")
+    snippet = body[:120].decode("utf-8", "replace")
+    return error_from_status(code, None, f"HTTP {code} from {url}: {snippet!r}")

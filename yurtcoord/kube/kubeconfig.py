@@ -3,6 +3,12 @@
 Only the current context is used: its cluster's server and CA, its user's client
 certificate and key or bearer token. Relative file paths are resolved against the
 kubeconfig's own directory, as kubectl does. ``*-data`` fields are base64 PEM.
+
+A field that would change how the client authenticates or verifies the server but
+that this client does not implement (credential plugins, impersonation, basic auth,
+a proxy, another TLS server name) is an error naming the file and the field: ignoring
+it would quietly connect with other credentials or checks than the file asks for.
+Fields of the wrong type are errors too.
 """
 
 import base64
@@ -30,23 +36,76 @@ class KubeconfigCredentials:
     insecure: bool = False
 
 
+# Fields of the kubeconfig format that change authentication or verification and are
+# not implemented here, with what to do instead.
+_CREDENTIALS_INSTEAD = ("give the user a client certificate (client-certificate/client-key) "
+                        "or a bearer token (token/tokenFile)")
+UNSUPPORTED_USER_FIELDS = {
+    "exec": "credential plugins are not supported; " + _CREDENTIALS_INSTEAD,
+    "auth-provider": "auth providers are not supported; " + _CREDENTIALS_INSTEAD,
+    "username": "basic authentication is not supported; " + _CREDENTIALS_INSTEAD,
+    "password": "basic authentication is not supported; " + _CREDENTIALS_INSTEAD,
+    "as": "impersonation is not supported; give the credentials of that user instead",
+    "as-uid": "impersonation is not supported; give the credentials of that user instead",
+    "as-groups": "impersonation is not supported; give the credentials of that user instead",
+    "as-user-extra": "impersonation is not supported; give the credentials of that user instead",
+}
+UNSUPPORTED_CLUSTER_FIELDS = {
+    "tls-server-name": "verifying the server under another name is not supported; use a "
+                       "server URL whose host name the server certificate carries",
+    "proxy-url": "proxies are not supported; connect to the apiserver directly",
+}
+
+
+def _is_set(value):
+    """Whether a field holds a value (YAML's null and empty values mean "not set")."""
+    return value is not None and not (isinstance(value, (str, list, dict)) and not value)
+
+
+def _reject_unsupported(section, where, fields, path):
+    for name, advice in fields.items():
+        if _is_set(section.get(name)):
+            raise KubeconfigError(f"{path}: {where}.{name} is set: {advice}")
+
+
+def _string(section, name, where, path):
+    """A string field, None when unset."""
+    value = section.get(name)
+    if value is None or value == "":
+        return None
+    if not isinstance(value, str):
+        raise KubeconfigError(f"{path}: {where}.{name} must be a string, "
+                              f"got {type(value).__name__}")
+    return value
+
+
 def _named(entries, name, kind, path):
+    """The ``kind`` mapping of the entry called ``name`` in the list ``entries``."""
+    if entries is not None and not isinstance(entries, list):
+        raise KubeconfigError(f"{path}: {kind}s must be a list")
     for entry in entries or ():
         if isinstance(entry, dict) and entry.get("name") == name:
-            return entry.get(kind) or {}
+            found = entry.get(kind)
+            if found is None:
+                return {}
+            if not isinstance(found, dict):
+                raise KubeconfigError(f"{path}: {kind}s[name={name}].{kind} must be a mapping")
+            return found
     raise KubeconfigError(f"{path}: no {kind} named {name!r}")
 
 
 def _decode(value, field, path):
     if not value:
         return None
+    if not isinstance(value, str):
+        raise KubeconfigError(f"{path}: {field} must be a base64 string")
     try:
         return base64.b64decode(value, validate=False)
     except (ValueError, TypeError) as e:
         raise KubeconfigError(f"{path}: {field} is not base64: {e}") from None
 
 
-def load_kubeconfig(path, context=None):
+def load_kubeconfig(path: str, context: str = None) -> KubeconfigCredentials:
     """The credentials of ``context`` (default: current-context) in the file at ``path``."""
     try:
         with open(path, "rb") as f:
@@ -62,27 +121,40 @@ def load_kubeconfig(path, context=None):
     def resolve(p):
         return p if not p or os.path.isabs(p) else os.path.join(base, p)
 
-    context_name = context or doc.get("current-context")
+    context_name = context or _string(doc, "current-context", "kubeconfig", path)
     contexts = doc.get("contexts") or []
     if not context_name:
-        if len(contexts) != 1:
+        if not isinstance(contexts, list) or len(contexts) != 1 \
+                or not isinstance(contexts[0], dict):
             raise KubeconfigError(f"{path}: no current-context set")
         context_name = contexts[0].get("name")
     ctx = _named(contexts, context_name, "context", path)
-    cluster = _named(doc.get("clusters"), ctx.get("cluster"), "cluster", path)
-    user = _named(doc.get("users"), ctx.get("user"), "user", path) if ctx.get("user") else {}
-    server = cluster.get("server")
+    cluster_name = ctx.get("cluster")
+    cluster = _named(doc.get("clusters"), cluster_name, "cluster", path)
+    user_name = ctx.get("user")
+    user = _named(doc.get("users"), user_name, "user", path) if user_name else {}
+    cluster_where = f"clusters[name={cluster_name}].cluster"
+    user_where = f"users[name={user_name}].user"
+    _reject_unsupported(cluster, cluster_where, UNSUPPORTED_CLUSTER_FIELDS, path)
+    _reject_unsupported(user, user_where, UNSUPPORTED_USER_FIELDS, path)
+    server = _string(cluster, "server", cluster_where, path)
     if not server:
-        raise KubeconfigError(f"{path}: cluster {ctx.get('cluster')!r} has no server")
+        raise KubeconfigError(f"{path}: cluster {cluster_name!r} has no server")
+    insecure = cluster.get("insecure-skip-tls-verify", False)
+    if not isinstance(insecure, bool) and insecure is not None:
+        raise KubeconfigError(f"{path}: {cluster_where}.insecure-skip-tls-verify must be "
+                              f"true or false, got {insecure!r}")
     return KubeconfigCredentials(
         server=server,
-        ca_file=resolve(cluster.get("certificate-authority")),
-        ca_data=_decode(cluster.get("certificate-authority-data"), "certificate-authority-data", path),
-        cert_file=resolve(user.get("client-certificate")),
-        cert_data=_decode(user.get("client-certificate-data"), "client-certificate-data", path),
-        key_file=resolve(user.get("client-key")),
-        key_data=_decode(user.get("client-key-data"), "client-key-data", path),
-        token=user.get("token") or None,
-        token_file=resolve(user.get("tokenFile")),
-        insecure=bool(cluster.get("insecure-skip-tls-verify", False)),
+        ca_file=resolve(_string(cluster, "certificate-authority", cluster_where, path)),
+        ca_data=_decode(cluster.get("certificate-authority-data"),
+                        f"{cluster_where}.certificate-authority-data", path),
+        cert_file=resolve(_string(user, "client-certificate", user_where, path)),
+        cert_data=_decode(user.get("client-certificate-data"),
+                          f"{user_where}.client-certificate-data", path),
+        key_file=resolve(_string(user, "client-key", user_where, path)),
+        key_data=_decode(user.get("client-key-data"), f"{user_where}.client-key-data", path),
+        token=_string(user, "token", user_where, path),
+        token_file=resolve(_string(user, "tokenFile", user_where, path)),
+        insecure=bool(insecure),
     )
