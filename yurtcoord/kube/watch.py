@@ -196,7 +196,9 @@ class WatchStreamProtocol(Protocol):
         elif obj is _MISSING:
             self._not_an_event(line, "not a JSON watch event")
         elif kind == "ERROR":
-            self._fail(error_from_status(500, obj if type(obj) is dict else None))
+            # No HTTP code belongs to an ERROR event: its Status names the error, and
+            # one without a usable code is a server error.
+            self._fail(error_from_status(0, obj if type(obj) is dict else None))
         elif type(kind) is not str:
             self._not_an_event(line, "watch event without a type")
         else:
