@@ -7,10 +7,16 @@ delete its resources, without listing the whole etcd.  The knowledge is kept in
     component#group_version_resource:key1,key2;group_version_resource:key3
 
 (yurthub's own format, so a file written by yurthub reads here and the other way
-round).  Names Kubernetes allows may contain the separators (``system:node``), so
-``%``, ``#``, ``:``, ``,``, ``;`` and line breaks inside a field are percent-encoded,
-and ``_`` too inside the group/version/resource fields; a file without such characters
-is byte-for-byte the old format.
+round).  yurthub's reader splits the whole file on line breaks and requires every
+piece to hold exactly one ``#``: a trailing line break or a blank line makes it fail
+the whole file. So lines are joined by a single line break, with none after the last,
+and an empty cache is an empty file. Reading is more lenient: blank lines and a
+trailing line break (files written by earlier releases) are accepted.
+
+Names Kubernetes allows may contain the separators (``system:node``), so ``%``,
+``#``, ``:``, ``,``, ``;`` and line breaks inside a field are percent-encoded, and
+``_`` too inside the group/version/resource fields; a file without such characters is
+byte-for-byte what yurthub writes (yurthub keeps an encoded name as its literal text).
 
 Changes are made in memory and written by ``flush()`` atomically: a temp file in the
 same directory is written and fsynced, renamed over the real file, and the directory
@@ -95,7 +101,10 @@ def decode_resource(text):
 
 
 def format_lines(cache):
-    """The file text for ``{component: {ResourceId: set(paths)}}``; sorted, so stable."""
+    """The file text for ``{component: {ResourceId: set(paths)}}``; sorted, so stable.
+
+    No line break after the last line: yurthub's reader rejects the empty line after it.
+    """
     lines = []
     for component in sorted(cache):
         groups = []
@@ -103,8 +112,8 @@ def format_lines(cache):
         for resource in sorted(resources, key=lambda r: (r.group, r.version, r.resource)):
             keys = ",".join(encode_field(k) for k in sorted(resources[resource]))
             groups.append(f"{encode_resource(resource)}:{keys}")
-        lines.append(f"{encode_field(component)}#{';'.join(groups)}\n")
-    return "".join(lines)
+        lines.append(f"{encode_field(component)}#{';'.join(groups)}")
+    return "\n".join(lines)
 
 
 def parse_lines(text, path="<memory>"):

@@ -105,7 +105,7 @@ class PoolStoreBehaviour(EtcdStoreCase):
             "/registry/minions/edge-1": "0" * 30 + "77",
         })
         self.assertEqual(self.cache_file(), "kubelet#_v1_nodes:/registry/minions/edge-1;"
-                                            "_v1_pods:/registry/pods/default/nginx\n")
+                                            "_v1_pods:/registry/pods/default/nginx")
 
     @defer.inlineCallbacks
     def test_create_on_existing_key_reports_exists(self):
@@ -237,7 +237,7 @@ class PoolStoreBehaviour(EtcdStoreCase):
         self.assertEqual(deleted, 2)
         self.assertEqual(sorted(self.dump()), ["/registry/pods/default/b"])
         self.assertEqual(sorted(self.mirrors()), ["/registry/pods/default/b"])
-        self.assertEqual(self.cache_file(), "kube-proxy#_v1_pods:/registry/pods/default/b\n")
+        self.assertEqual(self.cache_file(), "kube-proxy#_v1_pods:/registry/pods/default/b")
 
     @defer.inlineCallbacks
     def test_key_cache_changes_only_after_etcd_accepted(self):
@@ -258,7 +258,7 @@ class PoolStoreBehaviour(EtcdStoreCase):
         self.etcd.restart()
         yield self.store.replace_component_list("kubelet", gvr.PODS, "default",
                                                 [make_object("b", "default", 2)])
-        self.assertEqual(self.cache_file(), "kubelet#_v1_pods:/registry/pods/default/b\n")
+        self.assertEqual(self.cache_file(), "kubelet#_v1_pods:/registry/pods/default/b")
         self.assertEqual(sorted(self.dump()), ["/registry/pods/default/b"])
 
     @defer.inlineCallbacks
@@ -284,7 +284,7 @@ class PoolStoreBehaviour(EtcdStoreCase):
                          "leader-yurthub#_v1_endpoints:"
                          "/registry/services/endpoints/kube-system/dns;"
                          "discovery.k8s.io_v1_endpointslices:"
-                         "/registry/endpointslices/kube-system/dns-x\n")
+                         "/registry/endpointslices/kube-system/dns-x")
 
     @defer.inlineCallbacks
     def test_open_pool_store_rebuilds_and_starts(self):
@@ -311,7 +311,7 @@ class PoolStoreBehaviour(EtcdStoreCase):
         key = store.key_func(KeyBuildInfo("kubelet", "pods", "", "v1", "ns", "p"))
         yield store.create(key, make_object("p", "ns", 3))
         with open(path) as f:
-            self.assertIn("kubelet#_v1_pods:/registry/pods/ns/p\n", f.read())
+            self.assertEqual("kubelet#_v1_pods:/registry/pods/ns/p", f.read())
 
     @defer.inlineCallbacks
     def test_create_or_update_many(self):
