@@ -48,8 +48,6 @@ from yurtcoord.roles import IRoleComponent
 INFORMER_SYNC_LEASE_NAMESPACE = "kube-system"
 INFORMER_SYNC_LEASE_NAME = "leader-informer-sync"
 DEFAULT_INFORMER_LEASE_RENEW = 10.0
-# Deletes of one drain sent to etcd at once (the store has no batched delete).
-PARALLEL_DELETES = 16
 
 
 def is_informer_sync_lease(obj):
@@ -77,7 +75,10 @@ class ResourceMirror:
     a burst of changes becomes few etcd transactions. A list (the first, or a relist
     the informer made after 410) supersedes every queued change: it is written as
     one replace of the informer's whole store. A failed write is retried with
-    backoff; changes queued meanwhile are kept.
+    backoff; changes queued meanwhile are kept. The component key cache file is
+    written once per drained batch of changes, not per key: at 100k keys one rewrite
+    takes tens of milliseconds of the reactor, and a storm of deletes would otherwise
+    stall it for seconds.
     """
 
     log = Logger()
@@ -315,31 +316,31 @@ class ResourceMirror:
 
     @defer.inlineCallbacks
     def _write_changes(self, batch):
-        """Write queued changes; entries written are removed from ``batch``."""
+        """Write queued changes; entries written are removed from ``batch``. The key
+        cache file is written once at the end, whether the writes succeeded or not."""
+        try:
+            yield self._write_puts_and_deletes(batch)
+        finally:
+            self.store.flush_key_cache()
+
+    @defer.inlineCallbacks
+    def _write_puts_and_deletes(self, batch):
         puts = [entry for entry in batch.values() if entry[1] is not None]
         deletes = [entry[0] for entry in batch.values() if entry[1] is None]
         if puts:
-            outcome = yield self._in_flight.track(self.store.create_or_update_many(puts))
+            outcome = yield self._in_flight.track(
+                self.store.create_or_update_many(puts, flush_key_cache=False))
             for path in outcome.too_large:
                 self.log.error("{resource} {key} too large for the pool store; not mirrored",
                                resource=self.name, key=path)
             for key, _value, _rv in puts:
                 batch.pop(key.path, None)
             self.writes += len(puts)
-        for start in range(0, len(deletes), PARALLEL_DELETES):
-            chunk = deletes[start:start + PARALLEL_DELETES]
-            results = yield defer.DeferredList(
-                [self._in_flight.track(self.store.delete(key)) for key in chunk],
-                consumeErrors=True)
-            failures = []
-            for key, (ok, result) in zip(chunk, results):
-                if ok:
-                    batch.pop(key.path, None)
-                    self.writes += 1
-                else:
-                    failures.append(result)
-            if failures:
-                failures[0].raiseException()
+        if deletes:
+            yield self._in_flight.track(self.store.delete_many(deletes, flush_key_cache=False))
+            for key in deletes:
+                batch.pop(key.path, None)
+            self.writes += len(deletes)
 
     def _wrote(self):
         if self.failing:
