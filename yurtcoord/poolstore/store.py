@@ -52,7 +52,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from yurtcoord.etcd.client import prefix_range_end
-from yurtcoord.etcd.errors import EtcdError, TransactionFailed
+from yurtcoord.etcd.errors import BadResponse, EtcdError, TransactionFailed
 from yurtcoord.etcd.versions import version_warning
 from yurtcoord.poolstore.keycache import POOL_SCOPED_COMPONENT, ComponentKeyCache
 from yurtcoord.poolstore.keys import (
@@ -466,10 +466,9 @@ class PoolStore:
         try:
             yield self._submit("update", txn)
         except TransactionFailed as e:
-            stored_kvs = e.responses[0].kvs if e.responses else []
+            stored_kvs, mirror_kvs = _read_results(e.responses, 2)
             if not stored_kvs:
                 raise KeyNotFound(item.path) from None
-            mirror_kvs = e.responses[1].kvs if len(e.responses) > 1 else []
             stored_rv = _rv_or_none(mirror_kvs[0].value) if mirror_kvs else None
             raise UpdateConflict(item.path, stored_kvs[0].value, stored_rv) from None
         self.key_cache.add(key.component, key.resource, [item.path])
@@ -878,10 +877,11 @@ class PoolStore:
                 self.log.debug("pool store batch of {count} lost a race, planning again",
                                count=len(plan))
             planned_items = [item for _kind, item in plan]
+            results = _read_results(result.responses, 2 * len(planned_items))
             plan = []
             for index, item in enumerate(planned_items):
-                key_kvs = result.responses[2 * index].kvs
-                mirror_kvs = result.responses[2 * index + 1].kvs
+                key_kvs = results[2 * index]
+                mirror_kvs = results[2 * index + 1]
                 stored_rv = _rv_or_none(mirror_kvs[0].value) if mirror_kvs else None
                 if not key_kvs:
                     plan.append(("created", item))
@@ -979,10 +979,20 @@ def open_pool_store(reactor, etcd_client, prefix, local_cache_dir, pool_scoped_r
     return store.start()
 
 
+def _read_results(responses, count):
+    """The ``kvs`` of a transaction's ``count`` reads; BadResponse when etcd's answer
+    does not hold exactly that many range results (whatever answered is no etcd)."""
+    if len(responses) != count or not all(isinstance(r, txaioetcd.Range) for r in responses):
+        raise BadResponse(f"etcd answered {count} reads of a transaction with "
+                          f"{len(responses)} results of types "
+                          f"{sorted({type(r).__name__ for r in responses})}")
+    return [r.kvs for r in responses]
+
+
 def _rv_or_none(value):
     try:
         return parse_rv(value)
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, TypeError, AttributeError):
         return None
 
 
