@@ -42,6 +42,7 @@ nothing lost; see bench/benchresult.py).
 
 import argparse
 import base64
+import gc
 import json
 import os
 import platform
@@ -73,19 +74,24 @@ def slice_key(namespace, name):
 
 
 class LagProbe:
-    """How late a ``LoopingCall`` every ``interval`` runs: the reactor's stalls."""
+    """How late a ``LoopingCall`` every ``interval`` runs: the reactor's stalls.
+
+    ``lags`` are wall-clock; ``busy`` is the CPU time this thread used between two
+    calls, which tells a stall of our own code from the machine giving the CPU to
+    another process (both cores are shared)."""
 
     def __init__(self, reactor, interval):
         from twisted.internet import task
 
         self.interval = interval
         self.lags = []
-        self._last = None
+        self.busy = []
+        self._last = self._last_cpu = None
         self._loop = task.LoopingCall(self._tick)
         self._loop.clock = reactor
 
     def start(self):
-        self._last = time.perf_counter()
+        self._last, self._last_cpu = time.perf_counter(), time.thread_time()
         self._loop.start(self.interval, now=False)
 
     def stop(self):
@@ -93,9 +99,32 @@ class LagProbe:
             self._loop.stop()
 
     def _tick(self):
-        now = time.perf_counter()
+        now, cpu = time.perf_counter(), time.thread_time()
         self.lags.append(max(0.0, now - self._last - self.interval))
-        self._last = now
+        self.busy.append(cpu - self._last_cpu)
+        self._last, self._last_cpu = now, cpu
+
+
+class GCPauses:
+    """Durations of the interpreter's garbage collections, by generation."""
+
+    def __init__(self):
+        self.pauses = {0: [], 1: [], 2: []}
+        self._started = None
+
+    def __call__(self, phase, info):
+        if phase == "start":
+            self._started = time.perf_counter()
+        elif self._started is not None:
+            self.pauses[info["generation"]].append(time.perf_counter() - self._started)
+            self._started = None
+
+    def start(self):
+        gc.callbacks.append(self)
+
+    def stop(self):
+        if self in gc.callbacks:
+            gc.callbacks.remove(self)
 
 
 def run(reactor, options):
@@ -277,7 +306,21 @@ def run(reactor, options):
                     and all(seen.get(k) == rv for k, rv in updated_rvs.items()))
 
         probe = LagProbe(reactor, PROBE_INTERVAL)
+        collections = GCPauses()
+        # Key cache file writes (the pool sync's own; timed here, not changed).
+        file_writes = []
+        real_write = store.key_cache.write
+
+        def timed_write():
+            started = time.perf_counter()
+            try:
+                return real_write()
+            finally:
+                file_writes.append(time.perf_counter() - started)
+
+        store.key_cache.write = timed_write
         cpu_before = time.process_time()
+        collections.start()
         probe.start()
         began = time.perf_counter()
         semaphore = defer.DeferredSemaphore(options.concurrency)
@@ -288,6 +331,8 @@ def run(reactor, options):
         yield require(exact, STORM_TIMEOUT, 0.01, "etcd exact after the storm")
         to_exact = time.perf_counter() - began
         probe.stop()
+        collections.stop()
+        store.key_cache.write = real_write
         storm_cpu = time.process_time() - cpu_before
 
         # -- nothing lost: read everything back ----------------------------------------------
@@ -313,7 +358,14 @@ def run(reactor, options):
             "longest_stall_ms": 1000 * (lags[-1] if lags else 0.0),
             "stall_p99_ms": 1000 * percentile(lags, 0.99),
             "stalls_over_50ms": sum(1 for lag in lags if lag > 0.05),
+            "longest_busy_ms": 1000 * max(probe.busy, default=0.0),
+            "key_cache_writes": len(file_writes),
+            "key_cache_longest_write_ms": 1000 * max(file_writes, default=0.0),
             "probe_samples": len(lags),
+            "gc_full_collections": len(collections.pauses[2]),
+            "gc_longest_full_ms": 1000 * max(collections.pauses[2], default=0.0),
+            "gc_longest_young_ms": 1000 * max(collections.pauses[0] + collections.pauses[1],
+                                              default=0.0),
             "request_failures": len(failures),
             "objects_in_etcd": objects,
             "expected_objects": len(expected),
@@ -351,6 +403,11 @@ def report(r, options):
         f"{r['storm_cpu_s']:.1f}s",
         f"  reactor lag: longest {r['longest_stall_ms']:.0f} ms, p99 {r['stall_p99_ms']:.0f} ms,"
         f" {r['stalls_over_50ms']} over 50 ms of {r['probe_samples']} probes",
+        f"  CPU of the reactor thread between two probes: longest {r['longest_busy_ms']:.0f} ms;"
+        f" key cache file written {r['key_cache_writes']} times, longest "
+        f"{r['key_cache_longest_write_ms']:.0f} ms",
+        f"  garbage collections meanwhile: {r['gc_full_collections']} full, longest "
+        f"{r['gc_longest_full_ms']:.0f} ms; longest young {r['gc_longest_young_ms']:.0f} ms",
         f"  read back: {r['objects_in_etcd']} objects in etcd of {r['expected_objects']} "
         f"expected, missing {r['missing']}, extra {r['extra']}, wrong rv {r['wrong_rv']}, "
         f"failed requests {r['request_failures']} (lost in all: {lost})",
@@ -369,6 +426,8 @@ def write_json(r, options, lost):
         row(f"longest reactor stall, {r['deletes']:,} deletes + {r['updates']:,} updates "
             "from the cloud", f"{r['longest_stall_ms']:.0f} ms (p99 {r['stall_p99_ms']:.0f} ms)",
             f"<= {STALL_TARGET_MS:.0f} ms", r["longest_stall_ms"] <= STALL_TARGET_MS),
+        row("longest CPU time of the reactor thread between two probes (own work)",
+            f"{r['longest_busy_ms']:.0f} ms"),
         row("first request -> etcd exact", f"{r['to_exact_s']:.2f} s"),
         row("objects in etcd / missing / extra / wrong rv / failed requests",
             f"{r['objects_in_etcd']:,} of {r['expected_objects']:,} / {r['missing']} / "

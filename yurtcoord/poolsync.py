@@ -3,7 +3,9 @@
 On ``start(store)`` (SPEC §6.3): the informer sync lease is deleted (followers stop
 trusting the pool cache), every key of component ``leader-yurthub`` is deleted (its
 keys are first rebuilt from etcd, so keys a previous leader left behind are found
-even when this node's key cache never knew them), then one ``ResourceMirror`` per
+even when this node's key cache never knew them; keys the node's key cache records
+for another component, such as kube-proxy's uploaded endpointslices, are not pool
+sync's and stay: see ``yurtcoord.poolstore.store``), then one ``ResourceMirror`` per
 pool-scoped resource lists and watches it from a healthy cloud server:
 
 - the first list replaces the component's keys of that resource (stale ones deleted);
@@ -26,6 +28,7 @@ renewed only while every mirror has listed and none is failing to write.
 the same reactor turn; once its Deferred fired nothing writes to the store.
 """
 
+import gc
 import json
 
 from twisted.internet import defer
@@ -76,9 +79,10 @@ class ResourceMirror:
     the informer made after 410) supersedes every queued change: it is written as
     one replace of the informer's whole store. A failed write is retried with
     backoff; changes queued meanwhile are kept. The component key cache file is
-    written once per drained batch of changes, not per key: at 100k keys one rewrite
-    takes tens of milliseconds of the reactor, and a storm of deletes would otherwise
-    stall it for seconds.
+    written at most once per drained batch of changes and at most once per
+    ``key_cache_flush_interval`` (``PoolStore.flush_key_cache_soon``), never per key:
+    at 100k keys one rewrite takes tens of milliseconds of the reactor, and a storm of
+    deletes would otherwise stall it for seconds.
     """
 
     log = Logger()
@@ -317,11 +321,11 @@ class ResourceMirror:
     @defer.inlineCallbacks
     def _write_changes(self, batch):
         """Write queued changes; entries written are removed from ``batch``. The key
-        cache file is written once at the end, whether the writes succeeded or not."""
+        cache file is written (soon) at the end, whether the writes succeeded or not."""
         try:
             yield self._write_puts_and_deletes(batch)
         finally:
-            self.store.flush_key_cache()
+            self.store.flush_key_cache_soon()
 
     @defer.inlineCallbacks
     def _write_puts_and_deletes(self, batch):
@@ -569,6 +573,12 @@ class PoolSyncManager:
         self.log.info("pool-scoped resources synced on node {node}: {resources}",
                       node=self.node_name,
                       resources=", ".join(m.name for m in self.mirrors.values()) or "none")
+        # The informers now hold every pool-scoped object (100k objects are millions of
+        # containers), and they live as long as this leadership. Left to the cyclic
+        # garbage collector, each full collection would walk them all and stall the
+        # reactor for hundreds of milliseconds during a storm of changes; frozen, they
+        # are skipped (they are still freed by reference counting when replaced).
+        gc.freeze()
         self._lease_loop = LoopingCall(self._renew_lease)
         self._lease_loop.clock = self.reactor
         self._lease_loop_done = self._lease_loop.start(self.informer_lease_renew, now=True)

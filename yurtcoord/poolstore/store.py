@@ -11,7 +11,10 @@ Consistency rules:
 - the component key cache is changed only after etcd accepted a batch, and written to
   disk at the end of each store operation, whether it succeeded or not, so file,
   memory and etcd agree after a failure (a rejected batch leaves the cache as etcd
-  is: with the batches accepted before it, without the rejected one);
+  is: with the batches accepted before it, without the rejected one); a caller
+  making a stream of small operations (pool sync draining watch events) passes
+  ``flush_key_cache=False`` and calls ``flush_key_cache_soon()`` after each batch, which
+  writes the file at most once per ``key_cache_flush_interval``;
 - an older object never overwrites a newer one: every write of an object (create,
   update, create-or-update, and the puts of a list replace) is guarded by compares on
   the mirror keys, so concurrent writers (several agents uploading the same objects,
@@ -61,6 +64,8 @@ from yurtcoord.poolstore.keys import (
 )
 
 DEFAULT_MAX_OPS = 128
+# Seconds between two writes of the key cache file by ``flush_key_cache_soon``.
+DEFAULT_KEY_CACHE_FLUSH_INTERVAL = 1.0
 DEFAULT_MAX_BYTES = 1536 * 1024
 # Bytes reserved per operation and per request for protobuf framing beyond keys/values.
 _OP_OVERHEAD = 64
@@ -244,13 +249,16 @@ class PoolStore:
     :param max_bytes: bytes per request.
     :param close_client: close ``etcd_client`` in ``close()``.
     :param parallel_batches: batches of one create_or_update_many in flight at once.
+    :param key_cache_flush_interval: least seconds between two key cache file writes
+        asked for with ``flush_key_cache_soon``.
     """
 
     log = Logger()
 
     def __init__(self, reactor, etcd_client, prefix, key_cache, max_ops=DEFAULT_MAX_OPS,
                  max_bytes=DEFAULT_MAX_BYTES, health_interval=5.0, health_timeout=2.0,
-                 metrics=None, close_client=False, parallel_batches=4):
+                 metrics=None, close_client=False, parallel_batches=4,
+                 key_cache_flush_interval=DEFAULT_KEY_CACHE_FLUSH_INTERVAL):
         if parallel_batches < 1:
             raise ValueError(f"parallel_batches must be >= 1, got {parallel_batches}")
         if max_ops < 2:
@@ -281,6 +289,9 @@ class PoolStore:
         # Rounds whose guarded write, planned from fresh reads, still lost to a
         # concurrent writer (observability of contention between agents).
         self.lost_races = 0
+        self.key_cache_flush_interval = key_cache_flush_interval
+        self._last_flush = None
+        self._flush_call = None
 
     @property
     def prefix(self):
@@ -398,6 +409,7 @@ class PoolStore:
         self._health_loop = None
         if self._health_check is not None:
             self._health_check.cancel()
+        self._flush_cache(None)
         if self.close_client:
             return self.etcd.close()
         return defer.succeed(None)
@@ -423,7 +435,32 @@ class PoolStore:
         """Write the component key cache file if it changed (errors are logged)."""
         self._flush_cache(None)
 
+    def flush_key_cache_soon(self):
+        """Write the key cache file now, or, when the last write is more recent than
+        ``key_cache_flush_interval``, once that interval has passed since it.
+
+        For callers that change the cache in a stream of small operations (pool sync
+        draining watch events): at 100k keys one write takes tens of milliseconds of
+        the reactor, so a write per operation would keep it busy. The pool-scoped
+        component's entries, which such streams change, are rebuilt from etcd on start
+        anyway; ``close()`` writes whatever is pending.
+        """
+        if self._flush_call is not None and self._flush_call.active():
+            return
+        now = self.reactor.seconds()
+        if self._last_flush is None or now - self._last_flush >= self.key_cache_flush_interval:
+            self._flush_cache(None)
+            return
+        self._flush_call = self.reactor.callLater(
+            self._last_flush + self.key_cache_flush_interval - now, self._flush_cache, None)
+
     def _flush_cache(self, result):
+        if self._flush_call is not None and self._flush_call.active():
+            self._flush_call.cancel()
+        self._flush_call = None
+        if not self.key_cache.dirty:
+            return result
+        self._last_flush = self.reactor.seconds()
         try:
             self.key_cache.flush()
         except OSError as e:

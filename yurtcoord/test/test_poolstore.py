@@ -756,6 +756,33 @@ class FakeStatusClient:
         return d
 
 
+class KeyCacheFlushTimingTests(unittest.TestCase):
+    """``flush_key_cache_soon`` on an injected clock: one file write per interval."""
+
+    def test_writes_at_most_once_per_interval_and_close_writes_the_rest(self):
+        clock = Clock()
+        clock.advance(100)
+        cache = ComponentKeyCache.in_directory(self.mktemp()).load()
+        writes = []
+        real_write = cache.write
+        cache.write = lambda: (writes.append(clock.seconds()), real_write())
+        store = PoolStore(clock, FakeStatusClient(), "/registry", cache,
+                          key_cache_flush_interval=1.0)
+        for i in range(50):
+            cache.add("leader-yurthub", gvr.PODS, [f"/registry/pods/ns/p{i}"])
+            store.flush_key_cache_soon()
+            clock.advance(0.25)
+        self.assertEqual(writes, [100.0 + i for i in range(13)])
+        self.assertTrue(cache.dirty)
+        store.flush_key_cache_soon()
+        self.assertEqual(len(clock.getDelayedCalls()), 1)
+        self.successResultOf(store.close())
+        self.assertEqual(clock.getDelayedCalls(), [])
+        self.assertEqual(len(writes), 14)
+        self.assertEqual(len(ComponentKeyCache(cache.path, rebuilt_components=()).load()
+                             .keys("leader-yurthub")), 50)
+
+
 class HealthLoopTests(unittest.TestCase):
     def test_loop_on_injected_clock(self):
         clock = Clock()

@@ -52,7 +52,7 @@ class FakePoolStore:
         self.objects = {}
         self.fail = []
         self.fail_deletes = set()
-        # len(calls) at each flush_key_cache().
+        # len(calls) at each flush_key_cache_soon().
         self.flushes = []
         # The next delete_component_resources stays in flight until cancelled.
         self.hold_delete_component = False
@@ -147,7 +147,7 @@ class FakePoolStore:
             self.objects.pop(key.path, None)
         return defer.succeed(len(keys))
 
-    def flush_key_cache(self):
+    def flush_key_cache_soon(self):
         self.flushes.append(len(self.calls))
 
 
