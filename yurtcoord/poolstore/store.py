@@ -48,8 +48,9 @@ import json
 from dataclasses import dataclass, field
 
 import txaioetcd
-from twisted.internet import defer
+from twisted.internet import defer, threads
 from twisted.internet.defer import inlineCallbacks
+from twisted.internet.interfaces import IReactorThreads
 from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
 from twisted.python.failure import Failure
@@ -292,6 +293,9 @@ class PoolStore:
         self.key_cache_flush_interval = key_cache_flush_interval
         self._last_flush = None
         self._flush_call = None
+        # The key cache file write running in a thread, and whether another is due.
+        self._thread_write = None
+        self._flush_again = False
 
     @property
     def prefix(self):
@@ -410,9 +414,10 @@ class PoolStore:
         if self._health_check is not None:
             self._health_check.cancel()
         self._flush_cache(None)
+        waits = [self._thread_write] if self._thread_write is not None else []
         if self.close_client:
-            return self.etcd.close()
-        return defer.succeed(None)
+            waits.append(self.etcd.close())
+        return defer.gatherResults(waits).addCallback(lambda _: None)
 
     # -- timing helpers ---------------------------------------------------------------
 
@@ -441,18 +446,50 @@ class PoolStore:
 
         For callers that change the cache in a stream of small operations (pool sync
         draining watch events): at 100k keys one write takes tens of milliseconds of
-        the reactor, so a write per operation would keep it busy. The pool-scoped
+        the reactor, so a write per operation would keep it busy. The file's contents
+        are made on the reactor and, when the reactor has a thread pool, written (two
+        fsyncs, which wait for a disk shared with etcd) in a thread. The pool-scoped
         component's entries, which such streams change, are rebuilt from etcd on start
         anyway; ``close()`` writes whatever is pending.
         """
         if self._flush_call is not None and self._flush_call.active():
             return
+        if self._thread_write is not None:
+            self._flush_again = True
+            return
         now = self.reactor.seconds()
         if self._last_flush is None or now - self._last_flush >= self.key_cache_flush_interval:
-            self._flush_cache(None)
+            self._write_soon()
             return
         self._flush_call = self.reactor.callLater(
-            self._last_flush + self.key_cache_flush_interval - now, self._flush_cache, None)
+            self._last_flush + self.key_cache_flush_interval - now, self._write_soon)
+
+    def _write_soon(self):
+        self._flush_call = None
+        if not self.key_cache.dirty:
+            return
+        if not IReactorThreads.providedBy(self.reactor):
+            self._flush_cache(None)
+            return
+        self._last_flush = self.reactor.seconds()
+        snapshot = self.key_cache.snapshot_for_writing()
+        d = threads.deferToThreadPool(self.reactor, self.reactor.getThreadPool(),
+                                      self.key_cache.write_snapshot, snapshot)
+        self._thread_write = d
+
+        def failed(failure):
+            self.key_cache.dirty = True
+            self.log.error("cannot write component key cache {path}: {error}",
+                           path=self.key_cache.path, error=failure.getErrorMessage())
+
+        def done(_):
+            self._thread_write = None
+            if self._flush_again and not self.closed:
+                self._flush_again = False
+                self.flush_key_cache_soon()
+
+        d.addErrback(failed)
+        d.addBoth(done)
 
     def _flush_cache(self, result):
         if self._flush_call is not None and self._flush_call.active():

@@ -7,8 +7,8 @@ from hypothesis import strategies as st
 from twisted.trial import unittest
 
 from yurtcoord.poolstore.keycache import (
-    KEY_CACHE_FILE_NAME, ComponentKeyCache, KeyCacheCorrupt, decode_field, encode_field,
-    format_lines, parse_lines,
+    KEY_CACHE_FILE_NAME, SORTED_KEYS_LIMIT, ComponentKeyCache, KeyCacheCorrupt, decode_field,
+    encode_field, format_lines, parse_lines,
 )
 from yurtcoord.poolstore.keys import ResourceId
 
@@ -325,3 +325,13 @@ class YurthubCompatibilityTests(unittest.TestCase):
         self.assertFalse(text.endswith("\n"))
         self.assertEqual(set(yurthub_reader(text)), {"kubelet", "x%3Ay"})
         self.assertEqual(ComponentKeyCache(self.path).load().snapshot(), cache.snapshot())
+
+    def test_a_resource_with_more_keys_than_are_sorted_round_trips(self):
+        keys = {f"/registry/endpointslices/ns/svc-{i:06d}" for i in range(SORTED_KEYS_LIMIT + 1)}
+        keys.add("/registry/endpointslices/ns/system:x")
+        cache = {"leader-yurthub": {SLICES: keys}}
+        text = format_lines(cache)
+        self.assertEqual(parse_lines(text), cache)
+        self.assertIn("system%3Ax", text)
+        plain = {"leader-yurthub": {SLICES: keys - {"/registry/endpointslices/ns/system:x"}}}
+        self.assertEqual(yurthub_reader(format_lines(plain)), as_yurthub_sees(plain))

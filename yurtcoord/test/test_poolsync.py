@@ -796,6 +796,24 @@ class PoolSyncLiveTests(unittest.TestCase):
         self.check_mirror_rvs()
 
     @defer.inlineCallbacks
+    def test_a_key_that_is_not_utf8_does_not_stop_pool_sync(self):
+        self.populate(30)
+        bad = b"/registry/services/endpoints/default/\xff\xfe"
+        # Any pool member can write such a key through the gateway.
+        yield self.etcd_client.put(bad, b"{}")
+        metrics = Metrics(NODE)
+        store = self.new_store(metrics=metrics)
+        manager = self.new_manager()
+        yield manager.start(store)
+        yield poll_until(lambda: manager.all_listed and self.lease() is not None,
+                         timeout=30.0, interval=0.05, what="pool sync listed, lease written")
+        stored = self.etcd.read("/registry/", prefix=True)
+        self.assertIn(bad, stored)
+        self.assertEqual({k.decode() for k in stored if k != bad}, set(self.expected()))
+        self.assertEqual(metrics.registry.get_sample_value(
+            "yurtcoord_pool_store_undecodable_keys_total"), 1.0)
+
+    @defer.inlineCallbacks
     def test_a_delete_storm_rewrites_the_key_cache_file_once_per_batch(self):
         self.populate(300)
         store = self.new_store()
@@ -803,19 +821,25 @@ class PoolSyncLiveTests(unittest.TestCase):
         yield manager.start(store)
         yield self.wait_exact("synced")
         writes = []
-        real_write = store.key_cache.write
-        store.key_cache.write = lambda: (writes.append(1), real_write())
-        self.addCleanup(setattr, store.key_cache, "write", real_write)
+        real_snapshot = store.key_cache.snapshot_for_writing
+        store.key_cache.snapshot_for_writing = lambda: (writes.append(1), real_snapshot())[1]
+        self.addCleanup(setattr, store.key_cache, "snapshot_for_writing", real_snapshot)
         for i in range(200):
             namespace = ("default", "kube-system", "team-a")[i % 3]
             self.cloud.store.delete(gvrs.ENDPOINTSLICES_V1, f"svc-{i}-abcde", namespace)
         yield self.wait_exact("the deletes in etcd")
+        yield poll_until(lambda: not store.key_cache.dirty, timeout=10.0, interval=0.05,
+                         what="the key cache file written")
         # A few drained batches (events arrive in a few watch reads), not 200 writes.
+        self.assertGreaterEqual(len(writes), 1)
         self.assertLessEqual(len(writes), 20, len(writes))
-        # The file parses (the leader's own entries are rebuilt from etcd on load).
-        ComponentKeyCache.in_directory(self.cache_dir).load()
         self.assertEqual(len(store.key_cache.keys("leader-yurthub", gvrs.ENDPOINTSLICES_V1)),
                          100)
+        yield manager.stop()
+        yield store.close()
+        # Read back as written (the agent itself rebuilds the leader's entries from etcd).
+        on_disk = ComponentKeyCache.in_directory(self.cache_dir, rebuilt_components=()).load()
+        self.assertEqual(on_disk.snapshot(), store.key_cache.snapshot())
 
     @defer.inlineCallbacks
     def test_new_leader_removes_keys_of_objects_gone_meanwhile(self):
