@@ -414,6 +414,7 @@ class PoolSyncManager:
         self._lists_at_outage = None
         self._in_flight = InFlight()
         self._stopping = []
+        self._froze_heap = False
 
     @property
     def running(self):
@@ -487,6 +488,9 @@ class PoolSyncManager:
         self.store.remove_health_observer(self._store_health_changed)
         self.store.remove_new_term_observer(self._store_new_term)
         self.store = None
+        if self._froze_heap:
+            self._froze_heap = False
+            gc.unfreeze()
         self.log.info("pool sync stopping on node {node}", node=self.node_name)
         return defer.DeferredList(waits, consumeErrors=True).addCallback(lambda _: None)
 
@@ -578,7 +582,9 @@ class PoolSyncManager:
         # garbage collector, each full collection would walk them all and stall the
         # reactor for hundreds of milliseconds during a storm of changes; frozen, they
         # are skipped (they are still freed by reference counting when replaced).
+        # ``stop()`` unfreezes, so garbage frozen with them is collected after all.
         gc.freeze()
+        self._froze_heap = True
         self._lease_loop = LoopingCall(self._renew_lease)
         self._lease_loop.clock = self.reactor
         self._lease_loop_done = self._lease_loop.start(self.informer_lease_renew, now=True)

@@ -6,6 +6,7 @@ retries and exact stop. Real sockets for the mirror itself: a cloud and a coordi
 Kubernetes API test server and a real etcd 3.5 read back with etcdctl.
 """
 
+import gc
 import json
 import os
 import time
@@ -255,6 +256,16 @@ class PoolSyncClockTests(unittest.TestCase):
         self.assertEqual(lease["spec"]["leaseDurationSeconds"], 10)
         self.assertEqual(parse_micro_time(lease["spec"]["renewTime"]), START)
         self.assertNotIn("ownerReferences", lease["metadata"])
+
+    def test_heap_frozen_while_synced_and_unfrozen_on_stop(self):
+        self.addCleanup(gc.unfreeze)
+        gc.unfreeze()
+        informers = self.start()
+        self.assertEqual(gc.get_freeze_count(), 0)
+        self.sync_all(informers)
+        self.assertGreater(gc.get_freeze_count(), 0)
+        self.successResultOf(self.manager.stop())
+        self.assertEqual(gc.get_freeze_count(), 0)
 
     def test_one_timer_renews_every_period(self):
         self.sync_all(self.start())
