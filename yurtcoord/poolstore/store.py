@@ -414,10 +414,17 @@ class PoolStore:
         if self._health_check is not None:
             self._health_check.cancel()
         self._flush_cache(None)
-        waits = [self._thread_write] if self._thread_write is not None else []
-        if self.close_client:
-            waits.append(self.etcd.close())
-        return defer.gatherResults(waits).addCallback(lambda _: None)
+        writing = self._thread_write
+        d = self.etcd.close() if self.close_client else defer.succeed(None)
+        if writing is not None:
+            # Fires once the key cache write in a thread is over too.
+            def after_write(result):
+                written = defer.Deferred()
+                writing.addBoth(lambda _: written.callback(None))
+                return written.addCallback(lambda _: result)
+
+            d.addBoth(after_write)
+        return d
 
     # -- timing helpers ---------------------------------------------------------------
 
