@@ -459,6 +459,10 @@ class PoolStore:
         component's entries, which such streams change, are rebuilt from etcd on start
         anyway; ``close()`` writes whatever is pending.
         """
+        if self.closed:
+            # No timers or threads after close(); a write arriving late is written now.
+            self._flush_cache(None)
+            return
         if self._flush_call is not None and self._flush_call.active():
             return
         if self._thread_write is not None:

@@ -779,8 +779,13 @@ class KeyCacheFlushTimingTests(unittest.TestCase):
         self.successResultOf(store.close())
         self.assertEqual(clock.getDelayedCalls(), [])
         self.assertEqual(len(writes), 14)
+        # After close no timer is started: a late change is written at once.
+        cache.add("leader-yurthub", gvr.PODS, ["/registry/pods/ns/late"])
+        store.flush_key_cache_soon()
+        self.assertEqual(clock.getDelayedCalls(), [])
+        self.assertEqual(len(writes), 15)
         self.assertEqual(len(ComponentKeyCache(cache.path, rebuilt_components=()).load()
-                             .keys("leader-yurthub")), 50)
+                             .keys("leader-yurthub")), 51)
 
 
 class HealthLoopTests(unittest.TestCase):
