@@ -10,9 +10,10 @@ each benchmark measures. A benchmark that crashes, times out or writes no result
 makes the run exit non-zero (its row says so); a missed target does not, it is
 reported in the table.
 
-The full run takes about 7 minutes on a 2-core machine; ``--quick`` (one round,
-short windows, about 3 minutes) is a smoke run and by default writes
-bench/RESULTS-quick.md rather than bench/RESULTS.md.
+The full run takes about 17 minutes on a 2-core machine (the two poolscale runs take
+about 5 minutes each); ``--quick`` (one round, short windows, a 20k-object pool, about
+5 minutes) is a smoke run and by default writes bench/RESULTS-quick.md rather than
+bench/RESULTS.md.
 """
 
 import argparse
@@ -103,6 +104,23 @@ second of distinct endpointslices for {seconds:g} s, from the PUT sent to the cl
 its resourceVersion's mirror rv event read from etcdctl. On a loaded machine the p99
 varies widely between runs (17-400 ms over five earlier runs, p50 steady at 4-6 ms)."""
 
+METHOD_POOLSCALE = """\
+{objects:,} discovery.k8s.io/v1 endpointslices in the cloud (API test server in a child
+process, seeded over HTTP, not part of any figure) and in the pool store: a
+`PoolSyncManager` with its `PoolStore` on a real etcd {etcd}, built as a leader agent
+builds them, first syncs the whole pool (the component key cache then holds
+{objects:,} keys). Then {deletes:,} DELETEs and {updates:,} PUTs of distinct objects,
+interleaved, {concurrency} in flight, are sent to the cloud over HTTP from the bench
+process and reach the pool store through the pool sync's watch, write queue and
+batched transactions. Longest reactor stall: a `LoopingCall` every {probe_ms:g} ms on
+the reactor the pool sync runs on records how late each call runs, from the first
+request until etcd is exact (the sender and the watcher reader share that reactor).
+Exact: `etcdctl watch` on the mirror rv keys (child process) has seen every deleted
+object's mirror rv deleted and every updated object's mirror rv at the
+resourceVersion its PUT returned. Nothing lost: afterwards every mirror rv under the
+prefix is read with etcdctl and compared with the cloud's objects and versions, and
+the object keys are counted."""
+
 METHOD_DELEGATION = """\
 {nodes:,} nodes, each delegated lease renewed every {period:g} s, {warmup:g} s warm-up,
 {seconds:g} s measured. One agent runs as a separate `twistd -n yurtcoord` process and
@@ -146,6 +164,16 @@ BENCHMARKS = [
     Benchmark("poolsync", "poolsync.py",
               ["--objects", "10000", "--rate", "100", "--seconds", "60"],
               ["--objects", "10000", "--rate", "100", "--seconds", "10"], 400, METHOD_POOLSYNC),
+    Benchmark("poolscale-3.5", "poolscale.py",
+              ["--etcd", "3.5", "--objects", "100000", "--deletes", "10000",
+               "--updates", "10000"],
+              ["--etcd", "3.5", "--objects", "20000", "--deletes", "2000",
+               "--updates", "2000"], 900, METHOD_POOLSCALE, needs_etcd="3.5"),
+    Benchmark("poolscale-3.4", "poolscale.py",
+              ["--etcd", "3.4", "--objects", "100000", "--deletes", "10000",
+               "--updates", "10000"],
+              ["--etcd", "3.4", "--objects", "20000", "--deletes", "2000",
+               "--updates", "2000"], 900, METHOD_POOLSCALE, needs_etcd="3.4"),
     Benchmark("delegation", "delegation.py",
               ["--nodes", "1000", "--period", "5", "--seconds", "120", "--warmup", "10"],
               ["--nodes", "1000", "--period", "5", "--seconds", "30", "--warmup", "5"],

@@ -93,6 +93,11 @@ class Metrics:
             "yurtcoord_pool_store_request_latency_seconds",
             "Latency of requests to the pool etcd, by operation.",
             ["op"], buckets=REQUEST_BUCKETS, registry=registry)
+        self.pool_store_undecodable_keys = Counter(
+            "yurtcoord_pool_store_undecodable_keys",
+            "Keys under pool-scoped prefixes in the pool etcd that are not UTF-8, skipped "
+            "when the pool-scoped keys were rebuilt.",
+            registry=registry)
 
         self.set_role("init")
         self.set_healthy(False)
@@ -136,6 +141,9 @@ class Metrics:
 
     def observe_store_request(self, op, seconds):
         self.pool_store_latency.labels(op=op).observe(seconds)
+
+    def count_undecodable_keys(self, count):
+        self.pool_store_undecodable_keys.inc(count)
 
     def render(self):
         """The Prometheus text exposition of this agent's registry (bytes)."""

@@ -3,7 +3,9 @@
 On ``start(store)`` (SPEC §6.3): the informer sync lease is deleted (followers stop
 trusting the pool cache), every key of component ``leader-yurthub`` is deleted (its
 keys are first rebuilt from etcd, so keys a previous leader left behind are found
-even when this node's key cache never knew them), then one ``ResourceMirror`` per
+even when this node's key cache never knew them; keys the node's key cache records
+for another component, such as kube-proxy's uploaded endpointslices, are not pool
+sync's and stay: see ``yurtcoord.poolstore.store``), then one ``ResourceMirror`` per
 pool-scoped resource lists and watches it from a healthy cloud server:
 
 - the first list replaces the component's keys of that resource (stale ones deleted);
@@ -26,6 +28,7 @@ renewed only while every mirror has listed and none is failing to write.
 the same reactor turn; once its Deferred fired nothing writes to the store.
 """
 
+import gc
 import json
 
 from twisted.internet import defer
@@ -49,8 +52,6 @@ from yurtcoord.roles import IRoleComponent
 INFORMER_SYNC_LEASE_NAMESPACE = "kube-system"
 INFORMER_SYNC_LEASE_NAME = "leader-informer-sync"
 DEFAULT_INFORMER_LEASE_RENEW = 10.0
-# Deletes of one drain sent to etcd at once (the store has no batched delete).
-PARALLEL_DELETES = 16
 
 
 def is_informer_sync_lease(obj):
@@ -78,7 +79,11 @@ class ResourceMirror:
     a burst of changes becomes few etcd transactions. A list (the first, or a relist
     the informer made after 410) supersedes every queued change: it is written as
     one replace of the informer's whole store. A failed write is retried with
-    backoff; changes queued meanwhile are kept.
+    backoff; changes queued meanwhile are kept. The component key cache file is
+    written at most once per drained batch of changes and at most once per
+    ``key_cache_flush_interval`` (``PoolStore.flush_key_cache_soon``), never per key:
+    at 100k keys one rewrite takes tens of milliseconds of the reactor, and a storm of
+    deletes would otherwise stall it for seconds.
     """
 
     log = Logger()
@@ -316,31 +321,31 @@ class ResourceMirror:
 
     @defer.inlineCallbacks
     def _write_changes(self, batch):
-        """Write queued changes; entries written are removed from ``batch``."""
+        """Write queued changes; entries written are removed from ``batch``. The key
+        cache file is written (soon) at the end, whether the writes succeeded or not."""
+        try:
+            yield self._write_puts_and_deletes(batch)
+        finally:
+            self.store.flush_key_cache_soon()
+
+    @defer.inlineCallbacks
+    def _write_puts_and_deletes(self, batch):
         puts = [entry for entry in batch.values() if entry[1] is not None]
         deletes = [entry[0] for entry in batch.values() if entry[1] is None]
         if puts:
-            outcome = yield self._in_flight.track(self.store.create_or_update_many(puts))
+            outcome = yield self._in_flight.track(
+                self.store.create_or_update_many(puts, flush_key_cache=False))
             for path in outcome.too_large:
                 self.log.error("{resource} {key} too large for the pool store; not mirrored",
                                resource=self.name, key=path)
             for key, _value, _rv in puts:
                 batch.pop(key.path, None)
             self.writes += len(puts)
-        for start in range(0, len(deletes), PARALLEL_DELETES):
-            chunk = deletes[start:start + PARALLEL_DELETES]
-            results = yield defer.DeferredList(
-                [self._in_flight.track(self.store.delete(key)) for key in chunk],
-                consumeErrors=True)
-            failures = []
-            for key, (ok, result) in zip(chunk, results):
-                if ok:
-                    batch.pop(key.path, None)
-                    self.writes += 1
-                else:
-                    failures.append(result)
-            if failures:
-                failures[0].raiseException()
+        if deletes:
+            yield self._in_flight.track(self.store.delete_many(deletes, flush_key_cache=False))
+            for key in deletes:
+                batch.pop(key.path, None)
+            self.writes += len(deletes)
 
     def _wrote(self):
         if self.failing:
@@ -415,6 +420,7 @@ class PoolSyncManager:
         self._lists_at_outage = None
         self._in_flight = InFlight()
         self._stopping = []
+        self._froze_heap = False
 
     @property
     def running(self):
@@ -489,6 +495,9 @@ class PoolSyncManager:
         self.store.remove_health_observer(self._store_health_changed)
         self.store.remove_new_term_observer(self._store_new_term)
         self.store = None
+        if self._froze_heap:
+            self._froze_heap = False
+            gc.unfreeze()
         self.log.info("pool sync stopping on node {node}", node=self.node_name)
         return defer.DeferredList(waits, consumeErrors=True).addCallback(lambda _: None)
 
@@ -575,6 +584,14 @@ class PoolSyncManager:
         self.log.info("pool-scoped resources synced on node {node}: {resources}",
                       node=self.node_name,
                       resources=", ".join(m.name for m in self.mirrors.values()) or "none")
+        # The informers now hold every pool-scoped object (100k objects are millions of
+        # containers), and they live as long as this leadership. Left to the cyclic
+        # garbage collector, each full collection would walk them all and stall the
+        # reactor for hundreds of milliseconds during a storm of changes; frozen, they
+        # are skipped (they are still freed by reference counting when replaced).
+        # ``stop()`` unfreezes, so garbage frozen with them is collected after all.
+        gc.freeze()
+        self._froze_heap = True
         self._lease_loop = LoopingCall(self._renew_lease)
         self._lease_loop.clock = self.reactor
         self._lease_loop_done = self._lease_loop.start(self.informer_lease_renew, now=True)

@@ -89,6 +89,13 @@ _TXAIOETCD_PREFIX = "/v3alpha"
 _GRPC_DEADLINE_EXCEEDED = 4
 _GRPC_RESOURCE_EXHAUSTED = 8
 _GRPC_UNAVAILABLE = 14
+# Characters of an error message kept in a typed error (a peer may send megabytes).
+_MESSAGE_CHARS = 1024
+# What parsing a malformed answer can raise: wrong types and missing fields, numbers
+# out of range (``1e999`` is infinity, which is no integer), nesting deeper than the
+# interpreter's recursion limit, bad base64 (a ValueError).
+_PARSE_ERRORS = (LookupError, ValueError, TypeError, AttributeError, ArithmeticError,
+                 RecursionError)
 
 # Failures meaning "the connection went away", whatever the layer that noticed.
 _CONNECTION_FAILURES = (
@@ -414,14 +421,35 @@ class _GatewayClient(txaioetcd.Client):
         return defer.fail(EtcdError("watch is not supported through this adapter"))
 
 
+def _error_text(value):
+    """An error body's message as bounded text, whatever JSON type the peer sent."""
+    if isinstance(value, str):
+        text = value
+    elif value is None or value == "":
+        return ""
+    else:
+        text = f"(malformed {type(value).__name__} message)"
+    if len(text) > _MESSAGE_CHARS:
+        text = text[:_MESSAGE_CHARS] + f"... ({len(text)} characters)"
+    return text
+
+
+def _error_code(value):
+    """The gRPC code of an error body, None when it is not a plain integer."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str) and value.isascii() and value.isdigit() and len(value) < 10:
+        return int(value)
+    return None
+
+
 def _grpc_error(status, obj):
-    """Map an etcd gateway error body to a typed error."""
-    message = obj.get("message") or obj.get("error") or f"HTTP {status}"
-    code = obj.get("code")
-    try:
-        code = int(code) if code is not None else None
-    except (TypeError, ValueError):
-        code = None
+    """Map an etcd gateway error body to a typed error (any field of any JSON type)."""
+    message = (_error_text(obj.get("message")) or _error_text(obj.get("error"))
+               or f"HTTP {status}")
+    code = _error_code(obj.get("code"))
     if code == _GRPC_UNAVAILABLE or status == 503:
         return EtcdUnavailable(f"etcd unavailable: {message}")
     if code == _GRPC_DEADLINE_EXCEEDED or status == 504:
@@ -538,7 +566,8 @@ class _Transport:
         status, body = status_and_body
         try:
             obj = json.loads(body)
-        except ValueError:
+        except (ValueError, RecursionError):
+            # Not JSON, or nested deeper than any etcd answer is.
             obj = None
         if status == 200:
             if not isinstance(obj, dict):
@@ -769,8 +798,9 @@ def _guard_parse(parse):
     def guarded(obj):
         try:
             return parse(obj)
-        except (KeyError, ValueError, TypeError, AttributeError) as e:
-            raise BadResponse(f"unexpected etcd answer shape: {e}") from e
+        except _PARSE_ERRORS as e:
+            raise BadResponse(f"unexpected etcd answer shape: {type(e).__name__}: "
+                              f"{_error_text(str(e))}") from e
 
     return guarded
 
@@ -784,9 +814,9 @@ def _guarded(d):
         if failure.check(txaioetcd.Error):
             err = failure.value
             raise _grpc_error(200, {"code": err.code, "message": err.message or ""})
-        if failure.type is Exception or failure.check(KeyError, ValueError, TypeError,
-                                                      AttributeError):
-            raise BadResponse(f"unexpected etcd answer shape: {failure.getErrorMessage()}")
+        if failure.type is Exception or failure.check(*_PARSE_ERRORS):
+            raise BadResponse(f"unexpected etcd answer shape: {failure.type.__name__}: "
+                              f"{_error_text(failure.getErrorMessage())}")
         return failure
 
     d.addErrback(translate)
@@ -800,5 +830,6 @@ def _parse_range(obj):
         revision = int(header["revision"]) if "revision" in header else None
         return RangePage(kvs=kvs, more=bool(obj.get("more", False)),
                          count=int(obj.get("count", 0)), revision=revision)
-    except (KeyError, ValueError, TypeError, AttributeError) as e:
-        raise BadResponse(f"unexpected etcd range answer: {e}") from e
+    except _PARSE_ERRORS as e:
+        raise BadResponse(f"unexpected etcd range answer: {type(e).__name__}: "
+                          f"{_error_text(str(e))}") from e

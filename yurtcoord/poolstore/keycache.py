@@ -7,10 +7,16 @@ delete its resources, without listing the whole etcd.  The knowledge is kept in
     component#group_version_resource:key1,key2;group_version_resource:key3
 
 (yurthub's own format, so a file written by yurthub reads here and the other way
-round).  Names Kubernetes allows may contain the separators (``system:node``), so
-``%``, ``#``, ``:``, ``,``, ``;`` and line breaks inside a field are percent-encoded,
-and ``_`` too inside the group/version/resource fields; a file without such characters
-is byte-for-byte the old format.
+round).  yurthub's reader splits the whole file on line breaks and requires every
+piece to hold exactly one ``#``: a trailing line break or a blank line makes it fail
+the whole file. So lines are joined by a single line break, with none after the last,
+and an empty cache is an empty file. Reading is more lenient: blank lines and a
+trailing line break (files written by earlier releases) are accepted.
+
+Names Kubernetes allows may contain the separators (``system:node``), so ``%``,
+``#``, ``:``, ``,``, ``;`` and line breaks inside a field are percent-encoded, and
+``_`` too inside the group/version/resource fields; a file without such characters is
+byte-for-byte what yurthub writes (yurthub keeps an encoded name as its literal text).
 
 Changes are made in memory and written by ``flush()`` atomically: a temp file in the
 same directory is written and fsynced, renamed over the real file, and the directory
@@ -18,14 +24,17 @@ is fsynced, so a crash leaves either the old or the new file, never a half-writt
 A leftover temp file from such a crash is removed on load.
 
 Entries of the pool-scoped component (``leader-yurthub``) are not trusted from the
-file: the pool store rebuilds them from etcd.  Reads and writes are small local file
-I/O done synchronously: the file is written once per store operation, not per key.
+file: the pool store rebuilds them from etcd.  Reads and writes are local file I/O done
+synchronously, once per store operation or drained batch of changes, never per key
+(at 100k keys one write takes tens of milliseconds); ``snapshot_for_writing`` and
+``write_snapshot`` split a write so that its file I/O (two fsyncs) can run in a thread.
 """
 
 import contextlib
 import os
 import re
 import tempfile
+import threading
 
 from twisted.logger import Logger
 
@@ -39,6 +48,13 @@ _TEMP_SUFFIX = ".tmp"
 _SEPARATORS = frozenset("%#:,;\n\r")
 _GVR_SEPARATORS = _SEPARATORS | {"_"}
 _ESCAPE = re.compile(r"%([0-9A-Fa-f]{2})")
+# Separators other than ",": found in ",".join(keys), one of them means some key needs
+# encoding (a "," inside a key shows as one "," too many).
+_RESERVED_BUT_COMMA = re.compile("[" + re.escape("".join(sorted(_SEPARATORS - {","}))) + "]")
+# Keys of one resource up to this many are written sorted (stable, diffable files);
+# sorting 100k keys costs about 50 ms of the reactor on every write, so larger sets
+# are written in memory order (yurthub writes its keys in map order, unsorted).
+SORTED_KEYS_LIMIT = 10_000
 
 log = Logger()
 
@@ -95,16 +111,32 @@ def decode_resource(text):
 
 
 def format_lines(cache):
-    """The file text for ``{component: {ResourceId: set(paths)}}``; sorted, so stable."""
+    """The file text for ``{component: {ResourceId: set(paths)}}``; components,
+    resources and (up to ``SORTED_KEYS_LIMIT`` per resource) keys sorted.
+
+    No line break after the last line: yurthub's reader rejects the empty line after it.
+    """
     lines = []
     for component in sorted(cache):
         groups = []
         resources = cache[component]
         for resource in sorted(resources, key=lambda r: (r.group, r.version, r.resource)):
-            keys = ",".join(encode_field(k) for k in sorted(resources[resource]))
+            keys = _encode_keys(resources[resource])
             groups.append(f"{encode_resource(resource)}:{keys}")
-        lines.append(f"{encode_field(component)}#{';'.join(groups)}\n")
-    return "".join(lines)
+        lines.append(f"{encode_field(component)}#{';'.join(groups)}")
+    return "\n".join(lines)
+
+
+def _encode_keys(keys):
+    """``,``-joined and encoded keys; a pool of 100k keys takes tens of milliseconds
+    on the reactor, so the usual case (nothing to encode) is found with one scan of
+    the joined text instead of one check per key."""
+    ordered = sorted(keys) if len(keys) <= SORTED_KEYS_LIMIT else list(keys)
+    joined = ",".join(ordered)
+    if (_RESERVED_BUT_COMMA.search(joined) is None
+            and joined.count(",") == max(len(ordered) - 1, 0)):
+        return joined
+    return ",".join(encode_field(k) for k in ordered)
 
 
 def parse_lines(text, path="<memory>"):
@@ -160,6 +192,11 @@ class ComponentKeyCache:
         self.rebuilt_components = frozenset(rebuilt_components)
         self._cache = {}
         self.dirty = False
+        # Snapshots are numbered; a file is only replaced by a newer snapshot, so a
+        # write finishing late (in a thread) never puts back older contents.
+        self._snapshots = 0
+        self._written = 0
+        self._replace_lock = threading.Lock()
 
     @classmethod
     def in_directory(cls, directory, **kwargs):
@@ -239,9 +276,26 @@ class ComponentKeyCache:
 
     def write(self):
         """Write the whole cache: temp file, fsync, rename over the file, fsync the directory."""
+        snapshot = self.snapshot_for_writing()
+        try:
+            self.write_snapshot(snapshot)
+        except BaseException:
+            self.dirty = True
+            raise
+
+    def snapshot_for_writing(self):
+        """The file contents as of now, numbered; the cache counts as written from here
+        (set ``dirty`` again if ``write_snapshot`` fails)."""
+        self._snapshots += 1
+        self.dirty = False
+        return self._snapshots, format_lines(self._cache).encode("utf-8")
+
+    def write_snapshot(self, snapshot):
+        """Write a ``snapshot_for_writing()`` atomically; safe in a thread (only file
+        I/O, and the rename is skipped when a newer snapshot was written meanwhile)."""
+        number, data = snapshot
         directory = os.path.dirname(self.path) or "."
         os.makedirs(directory, exist_ok=True)
-        data = format_lines(self._cache).encode("utf-8")
         base = os.path.basename(self.path)
         fd, temp_path = tempfile.mkstemp(prefix="." + base + ".", suffix=_TEMP_SUFFIX,
                                          dir=directory)
@@ -250,7 +304,12 @@ class ComponentKeyCache:
                 f.write(data)
                 f.flush()
                 os.fsync(f.fileno())
-            os.replace(temp_path, self.path)
+            with self._replace_lock:
+                if number > self._written:
+                    os.replace(temp_path, self.path)
+                    self._written = number
+                else:
+                    os.unlink(temp_path)
         except BaseException:
             # Leave no temp file behind; the real file is untouched.
             with contextlib.suppress(OSError):
@@ -261,7 +320,6 @@ class ComponentKeyCache:
             os.fsync(dir_fd)
         finally:
             os.close(dir_fd)
-        self.dirty = False
 
     # -- queries -----------------------------------------------------------------
 

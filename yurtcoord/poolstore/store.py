@@ -11,10 +11,32 @@ Consistency rules:
 - the component key cache is changed only after etcd accepted a batch, and written to
   disk at the end of each store operation, whether it succeeded or not, so file,
   memory and etcd agree after a failure (a rejected batch leaves the cache as etcd
-  is: with the batches accepted before it, without the rejected one);
-- an older object never overwrites a newer one: writes by resourceVersion are guarded
-  by compares on the mirror keys, so concurrent writers (several agents uploading the
-  same objects) cannot regress a value.
+  is: with the batches accepted before it, without the rejected one); a caller
+  making a stream of small operations (pool sync draining watch events) passes
+  ``flush_key_cache=False`` and calls ``flush_key_cache_soon()`` after each batch, which
+  writes the file at most once per ``key_cache_flush_interval``;
+- an older object never overwrites a newer one: every write of an object (create,
+  update, create-or-update, and the puts of a list replace) is guarded by compares on
+  the mirror keys, so concurrent writers (several agents uploading the same objects,
+  pool sync writing a list while a watch event landed) cannot regress a value;
+- an object is never stored empty, and every key belongs to a named component.
+
+Which component owns a key: etcd records no owner. A key's path names the object, not
+who wrote it, and several writers may hold the same object (pool sync mirrors
+endpointslices from the cloud, kube-proxy's cached endpointslices are uploaded from
+each node). Ownership is kept in the node's component key cache file; only the
+pool-scoped component (``leader-yurthub``) is rebuilt from etcd, because another node
+may have been leader since this node wrote its file. The rebuild
+(``recover_pool_scoped_keys``) adopts every key under the pool-scoped prefixes except
+the keys this node's file records for another component: those stay theirs, and
+neither the rebuild nor pool sync's cleanup at start deletes them. When the file is
+missing, etcd alone cannot tell the writers apart, so every key under the prefixes is
+adopted; an object another component uploaded there and pool sync then deletes is
+written again by pool sync's first list if the cloud still holds it, and by that
+component's next upload otherwise. Keys under a pool-scoped prefix that are not UTF-8
+(any pool member can write one) name no object the store could have written: they are
+skipped, counted (``yurtcoord_pool_store_undecodable_keys_total``) and logged once per
+rebuild, never adopted and never fatal.
 
 A health loop (``LoopingCall`` on the injected reactor) asks etcd for its status and
 exposes ``healthy``; reconnecting after an etcd restart is the etcd client's job (it
@@ -26,21 +48,25 @@ import json
 from dataclasses import dataclass, field
 
 import txaioetcd
-from twisted.internet import defer
+from twisted.internet import defer, threads
 from twisted.internet.defer import inlineCallbacks
+from twisted.internet.interfaces import IReactorThreads
 from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from yurtcoord.etcd.client import prefix_range_end
-from yurtcoord.etcd.errors import EtcdError, TransactionFailed
+from yurtcoord.etcd.errors import BadResponse, EtcdError, TransactionFailed
 from yurtcoord.etcd.versions import version_warning
 from yurtcoord.poolstore.keycache import POOL_SCOPED_COMPONENT, ComponentKeyCache
 from yurtcoord.poolstore.keys import (
-    KeyBuildInfo, PoolKey, PoolKeyBuilder, ResourceId, format_rv, mirror_rv_key, parse_rv,
+    InvalidKey, KeyBuildInfo, PoolKey, PoolKeyBuilder, ResourceId, format_rv, mirror_rv_key,
+    parse_rv,
 )
 
 DEFAULT_MAX_OPS = 128
+# Seconds between two writes of the key cache file by ``flush_key_cache_soon``.
+DEFAULT_KEY_CACHE_FLUSH_INTERVAL = 1.0
 DEFAULT_MAX_BYTES = 1536 * 1024
 # Bytes reserved per operation and per request for protobuf framing beyond keys/values.
 _OP_OVERHEAD = 64
@@ -51,6 +77,8 @@ _LIST_PAGE_SIZE = 1000
 # each writer changes a key at most once per version it holds, so this is never hit
 # by a handful of agents uploading the same objects.
 _MAX_CONFLICT_ROUNDS = 32
+# Characters of an undecodable key shown in the log line that reports it.
+_KEY_EXAMPLE_CHARS = 200
 
 
 class PoolStoreError(Exception):
@@ -148,6 +176,11 @@ class _Item:
     value: bytes
     rv: int
 
+    def __post_init__(self):
+        if not self.value:
+            # An empty value is no object: the coordinator apiserver could not decode it.
+            raise ValueError(f"empty value for {self.key.path}: an object is never stored empty")
+
     @property
     def path(self):
         return self.key.path
@@ -217,13 +250,16 @@ class PoolStore:
     :param max_bytes: bytes per request.
     :param close_client: close ``etcd_client`` in ``close()``.
     :param parallel_batches: batches of one create_or_update_many in flight at once.
+    :param key_cache_flush_interval: least seconds between two key cache file writes
+        asked for with ``flush_key_cache_soon``.
     """
 
     log = Logger()
 
     def __init__(self, reactor, etcd_client, prefix, key_cache, max_ops=DEFAULT_MAX_OPS,
                  max_bytes=DEFAULT_MAX_BYTES, health_interval=5.0, health_timeout=2.0,
-                 metrics=None, close_client=False, parallel_batches=4):
+                 metrics=None, close_client=False, parallel_batches=4,
+                 key_cache_flush_interval=DEFAULT_KEY_CACHE_FLUSH_INTERVAL):
         if parallel_batches < 1:
             raise ValueError(f"parallel_batches must be >= 1, got {parallel_batches}")
         if max_ops < 2:
@@ -254,6 +290,12 @@ class PoolStore:
         # Rounds whose guarded write, planned from fresh reads, still lost to a
         # concurrent writer (observability of contention between agents).
         self.lost_races = 0
+        self.key_cache_flush_interval = key_cache_flush_interval
+        self._last_flush = None
+        self._flush_call = None
+        # The key cache file write running in a thread, and whether another is due.
+        self._thread_write = None
+        self._flush_again = False
 
     @property
     def prefix(self):
@@ -371,9 +413,18 @@ class PoolStore:
         self._health_loop = None
         if self._health_check is not None:
             self._health_check.cancel()
-        if self.close_client:
-            return self.etcd.close()
-        return defer.succeed(None)
+        self._flush_cache(None)
+        writing = self._thread_write
+        d = self.etcd.close() if self.close_client else defer.succeed(None)
+        if writing is not None:
+            # Fires once the key cache write in a thread is over too.
+            def after_write(result):
+                written = defer.Deferred()
+                writing.addBoth(lambda _: written.callback(None))
+                return written.addCallback(lambda _: result)
+
+            d.addBoth(after_write)
+        return d
 
     # -- timing helpers ---------------------------------------------------------------
 
@@ -396,7 +447,68 @@ class PoolStore:
         """Write the component key cache file if it changed (errors are logged)."""
         self._flush_cache(None)
 
+    def flush_key_cache_soon(self):
+        """Write the key cache file now, or, when the last write is more recent than
+        ``key_cache_flush_interval``, once that interval has passed since it.
+
+        For callers that change the cache in a stream of small operations (pool sync
+        draining watch events): at 100k keys one write takes tens of milliseconds of
+        the reactor, so a write per operation would keep it busy. The file's contents
+        are made on the reactor and, when the reactor has a thread pool, written (two
+        fsyncs, which wait for a disk shared with etcd) in a thread. The pool-scoped
+        component's entries, which such streams change, are rebuilt from etcd on start
+        anyway; ``close()`` writes whatever is pending.
+        """
+        if self.closed:
+            # No timers or threads after close(); a write arriving late is written now.
+            self._flush_cache(None)
+            return
+        if self._flush_call is not None and self._flush_call.active():
+            return
+        if self._thread_write is not None:
+            self._flush_again = True
+            return
+        now = self.reactor.seconds()
+        if self._last_flush is None or now - self._last_flush >= self.key_cache_flush_interval:
+            self._write_soon()
+            return
+        self._flush_call = self.reactor.callLater(
+            self._last_flush + self.key_cache_flush_interval - now, self._write_soon)
+
+    def _write_soon(self):
+        self._flush_call = None
+        if not self.key_cache.dirty:
+            return
+        if not IReactorThreads.providedBy(self.reactor):
+            self._flush_cache(None)
+            return
+        self._last_flush = self.reactor.seconds()
+        snapshot = self.key_cache.snapshot_for_writing()
+        d = threads.deferToThreadPool(self.reactor, self.reactor.getThreadPool(),
+                                      self.key_cache.write_snapshot, snapshot)
+        self._thread_write = d
+
+        def failed(failure):
+            self.key_cache.dirty = True
+            self.log.error("cannot write component key cache {path}: {error}",
+                           path=self.key_cache.path, error=failure.getErrorMessage())
+
+        def done(_):
+            self._thread_write = None
+            if self._flush_again and not self.closed:
+                self._flush_again = False
+                self.flush_key_cache_soon()
+
+        d.addErrback(failed)
+        d.addBoth(done)
+
     def _flush_cache(self, result):
+        if self._flush_call is not None and self._flush_call.active():
+            self._flush_call.cancel()
+        self._flush_call = None
+        if not self.key_cache.dirty:
+            return result
+        self._last_flush = self.reactor.seconds()
         try:
             self.key_cache.flush()
         except OSError as e:
@@ -439,10 +551,9 @@ class PoolStore:
         try:
             yield self._submit("update", txn)
         except TransactionFailed as e:
-            stored_kvs = e.responses[0].kvs if e.responses else []
+            stored_kvs, mirror_kvs = _read_results(e.responses, 2)
             if not stored_kvs:
                 raise KeyNotFound(item.path) from None
-            mirror_kvs = e.responses[1].kvs if len(e.responses) > 1 else []
             stored_rv = _rv_or_none(mirror_kvs[0].value) if mirror_kvs else None
             raise UpdateConflict(item.path, stored_kvs[0].value, stored_rv) from None
         self.key_cache.add(key.component, key.resource, [item.path])
@@ -492,9 +603,22 @@ class PoolStore:
 
     @_returns_deferred
     def list_keys(self, prefix):
-        """Key paths under ``prefix`` (which must end in ``/``), in key order."""
+        """Key paths under ``prefix`` (which must end in ``/``), in key order; keys that
+        are not UTF-8 are left out (reported as in ``recover_pool_scoped_keys``)."""
         d = self._range_all(self._checked_prefix(prefix), keys_only=True)
-        d.addCallback(lambda kvs: [kv.key.decode("utf-8") for kv in kvs])
+
+        def paths(kvs):
+            found, undecodable = [], []
+            for kv in kvs:
+                try:
+                    found.append(kv.key.decode("utf-8"))
+                except UnicodeDecodeError:
+                    undecodable.append(kv.key)
+            if undecodable:
+                self._report_undecodable(undecodable, prefix)
+            return found
+
+        d.addCallback(paths)
         return d
 
     @staticmethod
@@ -529,12 +653,7 @@ class PoolStore:
         path = _as_path(key)
         txn = txaioetcd.Transaction(success=self._delete_ops(path))
         yield self._submit("delete", txn)
-        if isinstance(key, PoolKey):
-            self.key_cache.discard(key.component, key.resource, [path])
-        else:
-            for component in self.key_cache.components():
-                for resource in self.key_cache.resources(component):
-                    self.key_cache.discard(component, resource, [path])
+        self._forget_key(key, path)
         self._flush_cache(None)
 
     # -- component lists ---------------------------------------------------------------
@@ -547,11 +666,17 @@ class PoolStore:
     def replace_component_list(self, component, gvr, namespace, objects):
         """Make the component's objects of ``gvr`` (in ``namespace``, or all) exactly ``objects``.
 
-        ``objects`` are JSON bytes or dicts with metadata name and resourceVersion. Only
-        keys owned by this component, of this resource and (if given) this namespace are
-        deleted. Puts and deletes go in transactions of at most ``max_ops``/``max_bytes``;
-        the key cache follows each accepted transaction.
+        ``objects`` are JSON bytes or dicts with metadata name and resourceVersion. Every
+        put is guarded by the mirror rv as in ``create_or_update_many``: an object stored
+        at a newer resourceVersion than the list's copy (a watch event written meanwhile,
+        another writer) is kept, and still counts as this component's. Only keys owned
+        by this component, of this resource and (if given) this namespace are deleted.
+        Puts and deletes go in transactions of at most ``max_ops``/``max_bytes``; the
+        key cache follows each accepted transaction. An empty ``component`` is an
+        ``InvalidKey`` error: keys nobody owns could never be cleaned up.
         """
+        if not isinstance(component, str) or not component:
+            raise InvalidKey(f"component must be a non-empty string, got {component!r}")
         resource = ResourceId.of(gvr)
         namespaced = getattr(gvr, "namespaced", None)
         items = {}
@@ -575,8 +700,7 @@ class PoolStore:
         prefix = self.keys.list_prefix(resource.group, resource.resource, namespace or None)
         owned = {k for k in self.key_cache.keys(component, resource) if k.startswith(prefix)}
         stale = sorted(owned - set(items))
-        d = self._apply_puts_and_deletes("replace_list", component, resource,
-                                         [items[p] for p in sorted(items)], stale)
+        d = self._replace_list(component, resource, [items[p] for p in sorted(items)], stale)
         d.addBoth(self._flush_cache)
 
         def done(_):
@@ -590,30 +714,62 @@ class PoolStore:
         return d
 
     @inlineCallbacks
-    def _apply_puts_and_deletes(self, op, component, resource, items, stale):
-        entries = [("put", item, item.write_size()) for item in items]
-        entries += [("del", path, 2 * len(path.encode()) + 16 + 2 * _OP_OVERHEAD)
-                    for path in stale]
+    def _replace_list(self, component, resource, items, stale):
+        """Guarded puts of the list (the key cache follows each accepted or possibly
+        applied batch, see ``_create_or_update_batch``), then deletes of stale keys."""
+        yield self._create_or_update_pending(items, WriteOutcome())
+
+        def forget(paths):
+            self.key_cache.discard(component, resource, paths)
+
+        yield self._delete_batched("replace_list", stale, forget)
+
+    @inlineCallbacks
+    def _delete_batched(self, op, paths, deleted):
+        """Delete ``paths`` (and their mirror rvs) in transactions of at most
+        ``max_ops``/``max_bytes``; ``deleted(batch_paths)`` after each accepted one."""
+        entries = [("del", p, 2 * len(p.encode()) + 16 + 2 * _OP_OVERHEAD) for p in paths]
         for batch in self._batches(entries, ops_per_entry=2):
-            ops, put_paths, del_paths = [], [], []
-            for kind, what, _size in batch:
-                if kind == "put":
-                    ops.extend(self._put_ops(what))
-                    put_paths.append(what.path)
-                else:
-                    ops.extend(self._delete_ops(what))
-                    del_paths.append(what)
-            try:
-                yield self._submit(op, txaioetcd.Transaction(success=ops))
-            except EtcdError as error:
-                if error.maybe_applied:
-                    # The answer was lost, not the write: etcd may hold these keys now.
-                    # Owning a key that does not exist costs one useless delete later;
-                    # forgetting one that does would leave it in the pool for good.
-                    self.key_cache.add(component, resource, put_paths)
-                raise
-            self.key_cache.add(component, resource, put_paths)
-            self.key_cache.discard(component, resource, del_paths)
+            ops, batch_paths = [], []
+            for _kind, path, _size in batch:
+                ops.extend(self._delete_ops(path))
+                batch_paths.append(path)
+            yield self._submit(op, txaioetcd.Transaction(success=ops))
+            deleted(batch_paths)
+
+    @_returns_deferred
+    def delete_many(self, keys, flush_key_cache=True):
+        """Delete objects (PoolKeys or paths) and their mirror rvs, many per transaction.
+
+        Absent keys are no error. The key cache forgets each batch once etcd accepted
+        it (a PoolKey for its component and resource, a path for every component).
+        ``flush_key_cache=False`` leaves writing the key cache file to the caller
+        (``flush_key_cache()``): one write per drained batch of changes instead of one
+        per call. Fires with the number of keys deleted (asked for, present or not).
+        """
+        owners = {}
+        for key in keys:
+            path = _as_path(key)
+            owners.setdefault(path, []).append(key)
+
+        def forget(paths):
+            for path in paths:
+                for key in owners[path]:
+                    self._forget_key(key, path)
+
+        d = self._delete_batched("delete", sorted(owners), forget)
+        if flush_key_cache:
+            d.addBoth(self._flush_cache)
+        d.addCallback(lambda _: len(owners))
+        return d
+
+    def _forget_key(self, key, path):
+        if isinstance(key, PoolKey):
+            self.key_cache.discard(key.component, key.resource, [path])
+            return
+        for component in self.key_cache.components():
+            for resource in self.key_cache.resources(component):
+                self.key_cache.discard(component, resource, [path])
 
     @_returns_deferred
     def delete_component_resources(self, component):
@@ -627,15 +783,12 @@ class PoolStore:
         deleted = 0
         for resource in self.key_cache.resources(component):
             paths = sorted(self.key_cache.keys(component, resource))
-            entries = [("del", p, 2 * len(p.encode()) + 16 + 2 * _OP_OVERHEAD) for p in paths]
-            for batch in self._batches(entries, ops_per_entry=2):
-                ops, batch_paths = [], []
-                for _kind, path, _size in batch:
-                    ops.extend(self._delete_ops(path))
-                    batch_paths.append(path)
-                yield self._submit("delete_component", txaioetcd.Transaction(success=ops))
+
+            def forget(batch_paths, resource=resource):
                 self.key_cache.discard(component, resource, batch_paths)
-                deleted += len(batch_paths)
+
+            yield self._delete_batched("delete_component", paths, forget)
+            deleted += len(paths)
         self.key_cache.drop(component)
         self.log.info("deleted {count} keys of component {component}", count=deleted,
                       component=component)
@@ -644,18 +797,51 @@ class PoolStore:
     @_returns_deferred
     @inlineCallbacks
     def recover_pool_scoped_keys(self, resources, component=POOL_SCOPED_COMPONENT):
-        """Rebuild the pool-scoped component's keys from etcd (the file is not trusted)."""
-        rebuilt = {}
+        """Rebuild the pool-scoped component's keys from etcd (the file is not trusted).
+
+        Every key under the resources' prefixes is adopted except those the key cache
+        records for another component, and those that are not UTF-8 (skipped, counted
+        and logged once); see the module docstring for why.
+        """
+        others = set()
+        for other in self.key_cache.components():
+            if other != component:
+                others.update(self.key_cache.keys(other))
+        rebuilt, left, undecodable = {}, 0, []
         for gvr in resources:
             resource = ResourceId.of(gvr)
             prefix = self.keys.list_prefix(resource.group, resource.resource)
             kvs = yield self._range_all(prefix, keys_only=True)
-            rebuilt[resource] = {kv.key.decode("utf-8") for kv in kvs}
+            paths = set()
+            for kv in kvs:
+                try:
+                    path = kv.key.decode("utf-8")
+                except UnicodeDecodeError:
+                    undecodable.append(kv.key)
+                    continue
+                if path in others:
+                    left += 1
+                else:
+                    paths.add(path)
+            rebuilt[resource] = paths
+        if undecodable:
+            self._report_undecodable(undecodable, "pool-scoped prefixes")
         self.key_cache.set_component(component, rebuilt)
         self._flush_cache(None)
-        self.log.info("rebuilt keys of {component} from etcd: {count} keys",
-                      component=component, count=sum(len(k) for k in rebuilt.values()))
+        self.log.info("rebuilt keys of {component} from etcd: {count} keys, {left} keys "
+                      "of other components left to them", component=component,
+                      count=sum(len(k) for k in rebuilt.values()), left=left)
         return rebuilt
+
+    def _report_undecodable(self, keys, where):
+        example = keys[0].decode("utf-8", "backslashreplace")
+        if len(example) > _KEY_EXAMPLE_CHARS:
+            example = example[:_KEY_EXAMPLE_CHARS] + "..."
+        self.log.warn("pool etcd holds {count} keys under {where} that are not UTF-8, "
+                      "skipped: for example {example}", count=len(keys), where=where,
+                      example=example)
+        if self.metrics is not None:
+            self.metrics.count_undecodable_keys(len(keys))
 
     # -- create or update many by resourceVersion --------------------------------------
 
@@ -776,10 +962,11 @@ class PoolStore:
                 self.log.debug("pool store batch of {count} lost a race, planning again",
                                count=len(plan))
             planned_items = [item for _kind, item in plan]
+            results = _read_results(result.responses, 2 * len(planned_items))
             plan = []
             for index, item in enumerate(planned_items):
-                key_kvs = result.responses[2 * index].kvs
-                mirror_kvs = result.responses[2 * index + 1].kvs
+                key_kvs = results[2 * index]
+                mirror_kvs = results[2 * index + 1]
                 stored_rv = _rv_or_none(mirror_kvs[0].value) if mirror_kvs else None
                 if not key_kvs:
                     plan.append(("created", item))
@@ -877,10 +1064,20 @@ def open_pool_store(reactor, etcd_client, prefix, local_cache_dir, pool_scoped_r
     return store.start()
 
 
+def _read_results(responses, count):
+    """The ``kvs`` of a transaction's ``count`` reads; BadResponse when etcd's answer
+    does not hold exactly that many range results (whatever answered is no etcd)."""
+    if len(responses) != count or not all(isinstance(r, txaioetcd.Range) for r in responses):
+        raise BadResponse(f"etcd answered {count} reads of a transaction with "
+                          f"{len(responses)} results of types "
+                          f"{sorted({type(r).__name__ for r in responses})}")
+    return [r.kvs for r in responses]
+
+
 def _rv_or_none(value):
     try:
         return parse_rv(value)
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, TypeError, AttributeError):
         return None
 
 

@@ -7,8 +7,8 @@ from hypothesis import strategies as st
 from twisted.trial import unittest
 
 from yurtcoord.poolstore.keycache import (
-    KEY_CACHE_FILE_NAME, ComponentKeyCache, KeyCacheCorrupt, decode_field, encode_field,
-    format_lines, parse_lines,
+    KEY_CACHE_FILE_NAME, SORTED_KEYS_LIMIT, ComponentKeyCache, KeyCacheCorrupt, decode_field,
+    encode_field, format_lines, parse_lines,
 )
 from yurtcoord.poolstore.keys import ResourceId
 
@@ -34,7 +34,7 @@ class FormatTests(unittest.TestCase):
                              NODES: {"/registry/minions/n1"}}}
         self.assertEqual(format_lines(cache),
                          "kubelet#_v1_nodes:/registry/minions/n1;"
-                         "_v1_pods:/registry/pods/default/a,/registry/pods/default/b\n")
+                         "_v1_pods:/registry/pods/default/a,/registry/pods/default/b")
 
     def test_empty_component_and_resource(self):
         cache = {"a": {}, "b": {PODS: set()}}
@@ -110,7 +110,7 @@ class FileTests(unittest.TestCase):
         cache.flush()
         self.assertFalse(cache.dirty)
         self.assertEqual(self.read(),
-                         "kubelet#_v1_nodes:/registry/minions/n;_v1_pods:/registry/pods/a/b\n")
+                         "kubelet#_v1_nodes:/registry/minions/n;_v1_pods:/registry/pods/a/b")
         again = ComponentKeyCache(self.path).load()
         self.assertEqual(again.keys("kubelet"), {"/registry/pods/a/b", "/registry/minions/n"})
         self.assertEqual(again.keys("kubelet", PODS), {"/registry/pods/a/b"})
@@ -132,7 +132,7 @@ class FileTests(unittest.TestCase):
         cache.set_component("d", {PODS: ["/p/9"]})
         cache.drop("c")
         cache.flush()
-        self.assertEqual(self.read(), "d#_v1_pods:/p/9\n")
+        self.assertEqual(self.read(), "d#_v1_pods:/p/9")
 
     def test_pool_scoped_component_not_trusted_from_file(self):
         with open(self.path, "w") as f:
@@ -192,7 +192,7 @@ class FileTests(unittest.TestCase):
             self.assertEqual(f.read(), "kubelet#_v1_pods:/a\nbroken line\n")
         cache.add("kubelet", PODS, ["/registry/pods/a/b"])
         cache.flush()
-        self.assertEqual(self.read(), "kubelet#_v1_pods:/registry/pods/a/b\n")
+        self.assertEqual(self.read(), "kubelet#_v1_pods:/registry/pods/a/b")
 
     def test_good_file_loads_the_same_either_way(self):
         with open(self.path, "w") as f:
@@ -207,3 +207,131 @@ class FileTests(unittest.TestCase):
         with self.assertRaises(KeyCacheCorrupt) as ctx:
             ComponentKeyCache(self.path).load()
         self.assertEqual(ctx.exception.line_number, 2)
+
+
+class YurthubReaderError(ValueError):
+    """The port below refused the file, as yurthub's reader would."""
+
+
+def yurthub_reader(text):
+    """yurthub's rules for reading ``component-key-cache``, restated for checking our file.
+
+    - an empty file is an empty cache;
+    - otherwise the whole text is split on every line break, and each piece (an empty
+      one after a trailing line break too) must split on ``#`` into exactly two fields:
+      the component (taken as it is) and its resources;
+    - non-empty resources split on ``;`` into groups; a group must split on ``:`` into
+      exactly two fields, and the first of them on ``_`` into exactly three (group,
+      version, resource, any of them may be empty);
+    - non-empty keys split on ``,`` and are taken as they are (no unescaping);
+    - a component on a later line replaces the same component on an earlier one.
+
+    Returns ``{component: {(group, version, resource): set(keys)}}``.
+    """
+    cache = {}
+    if not text:
+        return cache
+    for number, line in enumerate(text.split("\n")):
+        fields = line.split("#")
+        if len(fields) != 2:
+            raise YurthubReaderError(f"failed to parse line {number}, invalid format")
+        component, groups = fields
+        resources = {}
+        if groups:
+            for group in groups.split(";"):
+                parts = group.split(":")
+                if len(parts) != 2:
+                    raise YurthubReaderError(f"failed to parse gvr keys {group!r} at line {number}")
+                gvr = parts[0].split("_")
+                if len(gvr) != 3:
+                    raise YurthubReaderError(f"failed to parse gvr {parts[0]!r} at line {number}")
+                resources[tuple(gvr)] = set(parts[1].split(",")) if parts[1] else set()
+        cache[component] = resources
+    return cache
+
+
+def as_yurthub_sees(cache):
+    return {component: {(r.group, r.version, r.resource): set(keys)
+                        for r, keys in resources.items()}
+            for component, resources in cache.items()}
+
+
+plain_name = st.text(alphabet="abcdefghijklmnopqrstuvwxyz0123456789-.", min_size=1,
+                     max_size=10)
+
+
+class YurthubCompatibilityTests(unittest.TestCase):
+    """What we write is read by yurthub on the same local_cache_dir after a rollback."""
+
+    def setUp(self):
+        self.dir = self.mktemp()
+        os.makedirs(self.dir)
+        self.path = os.path.join(self.dir, KEY_CACHE_FILE_NAME)
+
+    def read(self):
+        with open(self.path) as f:
+            return f.read()
+
+    def test_port_reads_a_file_yurthub_writes(self):
+        text = ("kubelet#_v1_pods:/registry/pods/default/a,/registry/pods/default/b;"
+                "_v1_nodes:/registry/minions/n1\n"
+                "kube-proxy#discovery.k8s.io_v1_endpointslices:/registry/endpointslices/d/s")
+        self.assertEqual(yurthub_reader(text), {
+            "kubelet": {("", "v1", "pods"): {"/registry/pods/default/a",
+                                             "/registry/pods/default/b"},
+                        ("", "v1", "nodes"): {"/registry/minions/n1"}},
+            "kube-proxy": {("discovery.k8s.io", "v1", "endpointslices"):
+                           {"/registry/endpointslices/d/s"}},
+        })
+        self.assertEqual(yurthub_reader(""), {})
+        self.assertRaises(YurthubReaderError, yurthub_reader, text + "\n")
+        self.assertRaises(YurthubReaderError, yurthub_reader, "a#_v1_pods:/x\n\nb#")
+
+    def test_the_file_we_write_is_read_by_yurthub(self):
+        cache = ComponentKeyCache(self.path).load()
+        cache.add("kubelet", PODS, ["/registry/pods/a/b", "/registry/pods/a/c"])
+        cache.add("kubelet", NODES, ["/registry/minions/n"])
+        cache.add("kube-proxy", SLICES, ["/registry/endpointslices/d/s"])
+        cache.flush()
+        self.assertEqual(yurthub_reader(self.read()), as_yurthub_sees(cache.snapshot()))
+        cache.drop("kubelet")
+        cache.drop("kube-proxy")
+        cache.flush()
+        self.assertEqual(self.read(), "")
+        self.assertEqual(yurthub_reader(self.read()), {})
+
+    @settings(max_examples=50, deadline=None, derandomize=True)
+    @given(st.dictionaries(
+        plain_name,
+        st.dictionaries(
+            st.builds(ResourceId, st.sampled_from(["", "apps", "discovery.k8s.io"]),
+                      st.sampled_from(["v1", "v1beta1"]), plain_name),
+            st.sets(plain_name.map(lambda n: "/registry/x/" + n), max_size=4),
+            max_size=3),
+        max_size=4))
+    def test_any_cache_without_separators_reads_the_same_in_yurthub(self, cache):
+        self.assertEqual(yurthub_reader(format_lines(cache)), as_yurthub_sees(cache))
+
+    def test_our_older_files_with_a_trailing_line_break_still_read(self):
+        with open(self.path, "w") as f:
+            f.write("kubelet#_v1_pods:/registry/pods/a/b\n"
+                    "x%3Ay#_v1_pods:/registry/pods/a/system%3Anode\n")
+        cache = ComponentKeyCache(self.path).load()
+        self.assertEqual(cache.keys("kubelet"), {"/registry/pods/a/b"})
+        self.assertEqual(cache.keys("x:y"), {"/registry/pods/a/system:node"})
+        cache.add("kubelet", PODS, ["/registry/pods/a/c"])
+        cache.flush()
+        text = self.read()
+        self.assertFalse(text.endswith("\n"))
+        self.assertEqual(set(yurthub_reader(text)), {"kubelet", "x%3Ay"})
+        self.assertEqual(ComponentKeyCache(self.path).load().snapshot(), cache.snapshot())
+
+    def test_a_resource_with_more_keys_than_are_sorted_round_trips(self):
+        keys = {f"/registry/endpointslices/ns/svc-{i:06d}" for i in range(SORTED_KEYS_LIMIT + 1)}
+        keys.add("/registry/endpointslices/ns/system:x")
+        cache = {"leader-yurthub": {SLICES: keys}}
+        text = format_lines(cache)
+        self.assertEqual(parse_lines(text), cache)
+        self.assertIn("system%3Ax", text)
+        plain = {"leader-yurthub": {SLICES: keys - {"/registry/endpointslices/ns/system:x"}}}
+        self.assertEqual(yurthub_reader(format_lines(plain)), as_yurthub_sees(plain))

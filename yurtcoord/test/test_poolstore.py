@@ -12,7 +12,8 @@ from yurtcoord.etcd.client import EtcdClient, EtcdConfig
 from yurtcoord.etcd.errors import EtcdTimeout, EtcdUnavailable, RequestRejected
 from yurtcoord.kube import gvr
 from yurtcoord.poolstore.keycache import KEY_CACHE_FILE_NAME, ComponentKeyCache
-from yurtcoord.poolstore.keys import KeyBuildInfo, format_rv
+from yurtcoord.metrics import Metrics
+from yurtcoord.poolstore.keys import InvalidKey, KeyBuildInfo, ResourceId, format_rv
 from yurtcoord.poolstore.store import (
     KeyExists, KeyNotFound, ObjectTooLarge, PoolStore, UpdateConflict, WriteOutcome,
     object_metadata, open_pool_store,
@@ -23,6 +24,11 @@ from yurtcoord.testing.poll import poll_until
 
 ETCD_34 = etcd_binary_for("3.4")
 ETCD_35 = etcd_binary_for("3.5")
+
+
+def metric_value(metrics, name, **labels):
+    """A sample's value from the agent's registry, None when absent."""
+    return metrics.registry.get_sample_value(name, labels)
 
 
 def make_object(name, namespace, rv, kind="Pod", padding=0):
@@ -105,7 +111,7 @@ class PoolStoreBehaviour(EtcdStoreCase):
             "/registry/minions/edge-1": "0" * 30 + "77",
         })
         self.assertEqual(self.cache_file(), "kubelet#_v1_nodes:/registry/minions/edge-1;"
-                                            "_v1_pods:/registry/pods/default/nginx\n")
+                                            "_v1_pods:/registry/pods/default/nginx")
 
     @defer.inlineCallbacks
     def test_create_on_existing_key_reports_exists(self):
@@ -237,7 +243,7 @@ class PoolStoreBehaviour(EtcdStoreCase):
         self.assertEqual(deleted, 2)
         self.assertEqual(sorted(self.dump()), ["/registry/pods/default/b"])
         self.assertEqual(sorted(self.mirrors()), ["/registry/pods/default/b"])
-        self.assertEqual(self.cache_file(), "kube-proxy#_v1_pods:/registry/pods/default/b\n")
+        self.assertEqual(self.cache_file(), "kube-proxy#_v1_pods:/registry/pods/default/b")
 
     @defer.inlineCallbacks
     def test_key_cache_changes_only_after_etcd_accepted(self):
@@ -258,7 +264,7 @@ class PoolStoreBehaviour(EtcdStoreCase):
         self.etcd.restart()
         yield self.store.replace_component_list("kubelet", gvr.PODS, "default",
                                                 [make_object("b", "default", 2)])
-        self.assertEqual(self.cache_file(), "kubelet#_v1_pods:/registry/pods/default/b\n")
+        self.assertEqual(self.cache_file(), "kubelet#_v1_pods:/registry/pods/default/b")
         self.assertEqual(sorted(self.dump()), ["/registry/pods/default/b"])
 
     @defer.inlineCallbacks
@@ -284,7 +290,7 @@ class PoolStoreBehaviour(EtcdStoreCase):
                          "leader-yurthub#_v1_endpoints:"
                          "/registry/services/endpoints/kube-system/dns;"
                          "discovery.k8s.io_v1_endpointslices:"
-                         "/registry/endpointslices/kube-system/dns-x\n")
+                         "/registry/endpointslices/kube-system/dns-x")
 
     @defer.inlineCallbacks
     def test_open_pool_store_rebuilds_and_starts(self):
@@ -311,7 +317,7 @@ class PoolStoreBehaviour(EtcdStoreCase):
         key = store.key_func(KeyBuildInfo("kubelet", "pods", "", "v1", "ns", "p"))
         yield store.create(key, make_object("p", "ns", 3))
         with open(path) as f:
-            self.assertIn("kubelet#_v1_pods:/registry/pods/ns/p\n", f.read())
+            self.assertEqual("kubelet#_v1_pods:/registry/pods/ns/p", f.read())
 
     @defer.inlineCallbacks
     def test_create_or_update_many(self):
@@ -421,6 +427,129 @@ class PoolStoreBehaviour(EtcdStoreCase):
         writes = sum(len(o.created) + len(o.updated) for o in outcomes)
         self.assertGreaterEqual(writes, count)
         self.assertEqual(sum(len(o.created) for o in outcomes), count)
+
+    # -- hostile and broken data in the pool etcd ---------------------------------------
+
+    @defer.inlineCallbacks
+    def test_keys_that_are_not_utf8_are_skipped_counted_and_logged_once(self):
+        events = []
+        globalLogPublisher.addObserver(events.append)
+        self.addCleanup(globalLogPublisher.removeObserver, events.append)
+        metrics = Metrics("edge-1")
+        store = self.new_store(self.client, self.key_cache, metrics=metrics)
+        good = "/registry/services/endpoints/kube-system/dns"
+        self.etcd.put(good, b"{}")
+        # Any pool member can write such keys; the gateway takes any bytes.
+        for bad in (b"/registry/services/endpoints/x/\xff\xfe",
+                    b"/registry/endpointslices/kube-system/\xc3(",
+                    b"/registry/endpointslices/kube-system/\x80" + b"y" * 400):
+            yield self.client.put(bad, b"{}")
+        rebuilt = yield store.recover_pool_scoped_keys([gvr.ENDPOINTS, gvr.ENDPOINTSLICES_V1])
+        self.assertEqual(rebuilt, {ResourceId.of(gvr.ENDPOINTS): {good},
+                                   ResourceId.of(gvr.ENDPOINTSLICES_V1): set()})
+        self.assertEqual(metric_value(metrics, "yurtcoord_pool_store_undecodable_keys_total"),
+                         3.0)
+        logged = [e for e in events if "not UTF-8" in e.get("log_format", "")]
+        self.assertEqual(len(logged), 1)
+        self.assertEqual(logged[0]["count"], 3)
+        self.assertEqual(logged[0]["log_level"].name, "warn")
+        self.assertEqual(logged[0]["example"], "/registry/services/endpoints/x/\\xff\\xfe")
+        # Pool sync's cleanup deletes what was adopted and leaves the skipped keys.
+        yield store.delete_component_resources("leader-yurthub")
+        left = self.etcd.read("/registry/", prefix=True)
+        self.assertEqual(len(left), 3)
+        self.assertNotIn(good.encode(), left)
+        self.assertEqual((yield store.list_keys("/registry/endpointslices/")), [])
+
+    @defer.inlineCallbacks
+    def test_a_list_never_regresses_a_newer_object(self):
+        key = self.key("services", "dns", "kube-system", component="leader-yurthub")
+        newer = make_object("dns", "kube-system", 900, kind="Service")
+        yield self.store.create(key, newer)
+        stale_copy = make_object("dns", "kube-system", 100, kind="Service")
+        other = make_object("other", "kube-system", 50, kind="Service")
+        yield self.store.replace_component_list("leader-yurthub", gvr.SERVICES, None,
+                                                [stale_copy, other])
+        self.assertEqual(self.dump("/registry/services/specs/")[key.path], newer)
+        self.assertEqual(self.mirrors("/registry/services/specs/")[key.path], format_rv(900))
+        self.assertEqual(self.store.list_resource_keys_of_component("leader-yurthub",
+                                                                    gvr.SERVICES),
+                         ["/registry/services/specs/kube-system/dns",
+                          "/registry/services/specs/kube-system/other"])
+        # A newer copy in the next list is written.
+        newest = make_object("dns", "kube-system", 901, kind="Service")
+        yield self.store.replace_component_list("leader-yurthub", gvr.SERVICES, None,
+                                                [newest])
+        self.assertEqual(self.dump("/registry/services/specs/"), {key.path: newest})
+
+    @defer.inlineCallbacks
+    def test_empty_values_and_empty_components_are_refused(self):
+        key = self.key("pods", "p", "ns")
+        with self.assertRaises(ValueError):
+            yield self.store.create_or_update_many([(key, b"", 5)])
+        with self.assertRaises(ValueError):
+            yield self.store.create_or_update(key, b"", 5)
+        with self.assertRaises(ValueError):
+            yield self.store.create(key, b"", 5)
+        with self.assertRaises(InvalidKey):
+            yield self.store.replace_component_list("", gvr.PODS, None, [])
+        with self.assertRaises(InvalidKey):
+            yield self.store.replace_component_list("", gvr.PODS, None,
+                                                    [make_object("p", "ns", 5)])
+        self.assertEqual(self.dump(), {})
+        self.assertEqual(self.key_cache.components(), [])
+
+    @defer.inlineCallbacks
+    def test_pool_sync_cleanup_leaves_keys_of_other_components(self):
+        """kube-proxy's endpointslices uploaded from this node stay when a new leader
+        rebuilds and deletes the pool-scoped keys, also after a restart (file reloaded)."""
+        proxy_key = self.key("endpointslices", "web-abc", "default", component="kube-proxy",
+                             group="discovery.k8s.io")
+        proxy_copy = make_object("web-abc", "default", 70, kind="EndpointSlice")
+        yield self.store.create(proxy_key, proxy_copy)
+        leader_key = self.key("endpointslices", "old-xyz", "default",
+                              component="leader-yurthub", group="discovery.k8s.io")
+        yield self.store.create(leader_key, make_object("old-xyz", "default", 60,
+                                                        kind="EndpointSlice"))
+        # Left by an earlier leader on another node: this node's file never knew it.
+        self.etcd.put("/registry/endpointslices/default/gone-1", b"{}")
+        reloaded = ComponentKeyCache.in_directory(self.cache_dir).load()
+        store = self.new_store(self.client, reloaded)
+        rebuilt = yield store.recover_pool_scoped_keys([gvr.ENDPOINTSLICES_V1])
+        self.assertEqual(rebuilt[ResourceId.of(gvr.ENDPOINTSLICES_V1)],
+                         {leader_key.path, "/registry/endpointslices/default/gone-1"})
+        deleted = yield store.delete_component_resources("leader-yurthub")
+        self.assertEqual(deleted, 2)
+        self.assertEqual(self.dump("/registry/endpointslices/"), {proxy_key.path: proxy_copy})
+        self.assertEqual(self.mirrors("/registry/endpointslices/"),
+                         {proxy_key.path: format_rv(70)})
+        self.assertEqual(ComponentKeyCache.in_directory(self.cache_dir).load().keys(
+            "kube-proxy"), {proxy_key.path})
+
+    @defer.inlineCallbacks
+    def test_delete_many_batches_and_flushes_once(self):
+        objects = [(self.key("pods", f"p{i}", "ns"), make_object(f"p{i}", "ns", 10 + i))
+                   for i in range(150)]
+        yield self.store.create_or_update_many([(k, v, 10 + i)
+                                                for i, (k, v) in enumerate(objects)])
+        writes = []
+        real_write = self.key_cache.write
+        self.key_cache.write = lambda: (writes.append(1), real_write())
+        self.addCleanup(setattr, self.key_cache, "write", real_write)
+        count = yield self.store.delete_many([k for k, _v in objects[:140]],
+                                             flush_key_cache=False)
+        self.assertEqual(count, 140)
+        self.assertEqual(writes, [])
+        self.assertEqual(len(self.dump()), 10)
+        self.assertEqual(len(self.mirrors()), 10)
+        self.assertEqual(len(self.store.list_resource_keys_of_component("kubelet", gvr.PODS)),
+                         10)
+        self.store.flush_key_cache()
+        self.assertEqual(writes, [1])
+        yield self.store.delete_many([objects[140][0].path, "/registry/pods/ns/absent"])
+        self.assertEqual(writes, [1, 1])
+        self.assertEqual(len(ComponentKeyCache.in_directory(self.cache_dir).load().keys(
+            "kubelet")), 9)
 
     @defer.inlineCallbacks
     def test_health_check_reports_the_etcd_version(self):
@@ -625,6 +754,38 @@ class FakeStatusClient:
         d = defer.Deferred()
         self.pending.append(d)
         return d
+
+
+class KeyCacheFlushTimingTests(unittest.TestCase):
+    """``flush_key_cache_soon`` on an injected clock: one file write per interval."""
+
+    def test_writes_at_most_once_per_interval_and_close_writes_the_rest(self):
+        clock = Clock()
+        clock.advance(100)
+        cache = ComponentKeyCache.in_directory(self.mktemp()).load()
+        writes = []
+        real_write = cache.write
+        cache.write = lambda: (writes.append(clock.seconds()), real_write())
+        store = PoolStore(clock, FakeStatusClient(), "/registry", cache,
+                          key_cache_flush_interval=1.0)
+        for i in range(50):
+            cache.add("leader-yurthub", gvr.PODS, [f"/registry/pods/ns/p{i}"])
+            store.flush_key_cache_soon()
+            clock.advance(0.25)
+        self.assertEqual(writes, [100.0 + i for i in range(13)])
+        self.assertTrue(cache.dirty)
+        store.flush_key_cache_soon()
+        self.assertEqual(len(clock.getDelayedCalls()), 1)
+        self.successResultOf(store.close())
+        self.assertEqual(clock.getDelayedCalls(), [])
+        self.assertEqual(len(writes), 14)
+        # After close no timer is started: a late change is written at once.
+        cache.add("leader-yurthub", gvr.PODS, ["/registry/pods/ns/late"])
+        store.flush_key_cache_soon()
+        self.assertEqual(clock.getDelayedCalls(), [])
+        self.assertEqual(len(writes), 15)
+        self.assertEqual(len(ComponentKeyCache(cache.path, rebuilt_components=()).load()
+                             .keys("leader-yurthub")), 51)
 
 
 class HealthLoopTests(unittest.TestCase):

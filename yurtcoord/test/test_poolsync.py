@@ -6,6 +6,7 @@ retries and exact stop. Real sockets for the mirror itself: a cloud and a coordi
 Kubernetes API test server and a real etcd 3.5 read back with etcdctl.
 """
 
+import gc
 import json
 import os
 import time
@@ -52,6 +53,8 @@ class FakePoolStore:
         self.objects = {}
         self.fail = []
         self.fail_deletes = set()
+        # len(calls) at each flush_key_cache_soon().
+        self.flushes = []
         # The next delete_component_resources stays in flight until cancelled.
         self.hold_delete_component = False
         self.health_observers = []
@@ -118,7 +121,7 @@ class FakePoolStore:
             self.objects[path] = json.loads(value)
         return defer.succeed((len(objects), 0))
 
-    def create_or_update_many(self, items):
+    def create_or_update_many(self, items, flush_key_cache=True):
         items = list(items)
         self.calls.append(("put", sorted(key.path for key, _v, _rv in items)))
         failed = self._maybe_fail()
@@ -130,16 +133,23 @@ class FakePoolStore:
             self.objects[key.path] = json.loads(value)
         return defer.succeed(outcome)
 
-    def delete(self, key):
-        self.calls.append(("delete", key.path))
-        if key.path in self.fail_deletes:
-            self.fail_deletes.discard(key.path)
-            return defer.fail(ConnectionFailed("etcd down"))
+    def delete_many(self, keys, flush_key_cache=True):
+        """Deletes in order; a key in ``fail_deletes`` fails the call there (the keys
+        before it are deleted, as etcd accepted their transactions)."""
+        keys = list(keys)
+        self.calls.append(("delete_many", [key.path for key in keys]))
         failed = self._maybe_fail()
         if failed:
             return failed
-        self.objects.pop(key.path, None)
-        return defer.succeed(None)
+        for key in keys:
+            if key.path in self.fail_deletes:
+                self.fail_deletes.discard(key.path)
+                return defer.fail(ConnectionFailed("etcd down"))
+            self.objects.pop(key.path, None)
+        return defer.succeed(len(keys))
+
+    def flush_key_cache_soon(self):
+        self.flushes.append(len(self.calls))
 
 
 def endpoints(name, rv, namespace="default", ip="10.0.0.1"):
@@ -247,6 +257,16 @@ class PoolSyncClockTests(unittest.TestCase):
         self.assertEqual(parse_micro_time(lease["spec"]["renewTime"]), START)
         self.assertNotIn("ownerReferences", lease["metadata"])
 
+    def test_heap_frozen_while_synced_and_unfrozen_on_stop(self):
+        self.addCleanup(gc.unfreeze)
+        gc.unfreeze()
+        informers = self.start()
+        self.assertEqual(gc.get_freeze_count(), 0)
+        self.sync_all(informers)
+        self.assertGreater(gc.get_freeze_count(), 0)
+        self.successResultOf(self.manager.stop())
+        self.assertEqual(gc.get_freeze_count(), 0)
+
     def test_one_timer_renews_every_period(self):
         self.sync_all(self.start())
         self.assertEqual(len(self.clock.getDelayedCalls()), 1)
@@ -288,11 +308,11 @@ class PoolSyncClockTests(unittest.TestCase):
         informer.add(endpoints("b", 7))
         informer.add(endpoints("a", 8, ip="10.0.0.9"))
         informer.delete(endpoints("b", 7))
-        writes = [c for c in self.store.calls if c[0] in ("put", "delete")]
+        writes = [c for c in self.store.calls if c[0] in ("put", "delete_many")]
         self.assertEqual(writes, [
             ("put", ["/registry/services/endpoints/default/b"]),
             ("put", ["/registry/services/endpoints/default/a"]),
-            ("delete", "/registry/services/endpoints/default/b"),
+            ("delete_many", ["/registry/services/endpoints/default/b"]),
         ])
         self.assertEqual(
             self.store.objects["/registry/services/endpoints/default/a"]["subsets"][0],
@@ -317,7 +337,8 @@ class PoolSyncClockTests(unittest.TestCase):
         self.assertEqual(sorted(self.store.objects), [
             f"/registry/services/endpoints/default/{n}" for n in "bcd"])
         informer.delete(endpoints("c", 10))
-        self.assertEqual(self.store.calls[-1], ("delete", "/registry/services/endpoints/default/c"))
+        self.assertEqual(self.store.calls[-1],
+                         ("delete_many", ["/registry/services/endpoints/default/c"]))
 
     def test_failed_relist_write_is_retried_with_a_fresh_list(self):
         informers = self.start()
@@ -447,21 +468,45 @@ class PoolSyncClockTests(unittest.TestCase):
         informer.add(endpoints("x", 100))
         for i in range(40):
             informer.delete(endpoints(f"e{i}", i + 1))
-        self.assertEqual([c for c in self.store.calls if c[0] == "delete"], [],
+        self.assertEqual([c for c in self.store.calls if c[0] == "delete_many"], [],
                          "deletes wait behind the failed write")
         self.store.fail_deletes = {"/registry/services/endpoints/default/e7"}
         self.clock.advance(1)
-        deletes = [c[1] for c in self.store.calls if c[0] == "delete"]
-        self.assertEqual(len(deletes), 16, "16 at a time; the failed chunk stops the drain")
+        deletes = [c[1] for c in self.store.calls if c[0] == "delete_many"]
+        self.assertEqual(len(deletes), 1, "one batched call for the whole drain")
+        self.assertEqual(len(deletes[0]), 40)
         mirror = self.manager.mirrors[("", "v1", "endpoints")]
         self.assertTrue(mirror.failing)
         self.clock.advance(2)
-        deletes = [c[1] for c in self.store.calls if c[0] == "delete"]
-        self.assertEqual(sorted(deletes[16:]), sorted(
-            [f"/registry/services/endpoints/default/e{i}" for i in [7] + list(range(16, 40))]),
-            "the failed delete and the ones not tried yet, nothing else")
+        deletes = [c[1] for c in self.store.calls if c[0] == "delete_many"]
+        self.assertEqual(sorted(deletes[1]), sorted(
+            f"/registry/services/endpoints/default/e{i}" for i in range(40)),
+            "every delete of the failed call is tried again (deleting twice is harmless)")
         self.assertFalse(mirror.failing)
         self.assertEqual(sorted(self.store.objects), ["/registry/services/endpoints/default/x"])
+
+    def test_key_cache_file_written_once_per_drained_batch(self):
+        informers = self.start()
+        informer = informers[("", "v1", "endpoints")]
+        informer.sync([endpoints(f"e{i}", i + 1) for i in range(40)])
+        del self.store.calls[:]
+        del self.store.flushes[:]
+        # A burst arrives while the first change is being written: two drained batches
+        # (the first change, then the rest), two file writes.
+        self.store.fail = [ConnectionFailed("etcd down")]
+        for i in range(30):
+            informer.delete(endpoints(f"e{i}", i + 1))
+        informer.add(endpoints("x", 100))
+        # The first batch failed: the file is written all the same (memory moved on).
+        self.assertEqual([c[0] for c in self.store.calls], ["delete_many"])
+        self.assertEqual(self.store.flushes, [1])
+        self.clock.advance(1)
+        # The changes, then (after failures) the whole list, which the store writes
+        # itself as one operation.
+        self.assertEqual([c[0] for c in self.store.calls[1:]],
+                         ["put", "delete_many", "replace"])
+        self.assertEqual(self.store.flushes, [1, 3])
+        self.assertEqual(len(self.store.objects), 11)
 
     def test_object_bytes_adds_type_only_when_missing(self):
         listed = {"metadata": {"name": "a"}}
@@ -760,6 +805,52 @@ class PoolSyncLiveTests(unittest.TestCase):
         self.assertTrue(store.healthy)
         yield self.wait_exact("after the restart")
         self.check_mirror_rvs()
+
+    @defer.inlineCallbacks
+    def test_a_key_that_is_not_utf8_does_not_stop_pool_sync(self):
+        self.populate(30)
+        bad = b"/registry/services/endpoints/default/\xff\xfe"
+        # Any pool member can write such a key through the gateway.
+        yield self.etcd_client.put(bad, b"{}")
+        metrics = Metrics(NODE)
+        store = self.new_store(metrics=metrics)
+        manager = self.new_manager()
+        yield manager.start(store)
+        yield poll_until(lambda: manager.all_listed and self.lease() is not None,
+                         timeout=30.0, interval=0.05, what="pool sync listed, lease written")
+        stored = self.etcd.read("/registry/", prefix=True)
+        self.assertIn(bad, stored)
+        self.assertEqual({k.decode() for k in stored if k != bad}, set(self.expected()))
+        self.assertEqual(metrics.registry.get_sample_value(
+            "yurtcoord_pool_store_undecodable_keys_total"), 1.0)
+
+    @defer.inlineCallbacks
+    def test_a_delete_storm_rewrites_the_key_cache_file_once_per_batch(self):
+        self.populate(300)
+        store = self.new_store()
+        manager = self.new_manager()
+        yield manager.start(store)
+        yield self.wait_exact("synced")
+        writes = []
+        real_snapshot = store.key_cache.snapshot_for_writing
+        store.key_cache.snapshot_for_writing = lambda: (writes.append(1), real_snapshot())[1]
+        self.addCleanup(setattr, store.key_cache, "snapshot_for_writing", real_snapshot)
+        for i in range(200):
+            namespace = ("default", "kube-system", "team-a")[i % 3]
+            self.cloud.store.delete(gvrs.ENDPOINTSLICES_V1, f"svc-{i}-abcde", namespace)
+        yield self.wait_exact("the deletes in etcd")
+        yield poll_until(lambda: not store.key_cache.dirty, timeout=10.0, interval=0.05,
+                         what="the key cache file written")
+        # A few drained batches (events arrive in a few watch reads), not 200 writes.
+        self.assertGreaterEqual(len(writes), 1)
+        self.assertLessEqual(len(writes), 20, len(writes))
+        self.assertEqual(len(store.key_cache.keys("leader-yurthub", gvrs.ENDPOINTSLICES_V1)),
+                         100)
+        yield manager.stop()
+        yield store.close()
+        # Read back as written (the agent itself rebuilds the leader's entries from etcd).
+        on_disk = ComponentKeyCache.in_directory(self.cache_dir, rebuilt_components=()).load()
+        self.assertEqual(on_disk.snapshot(), store.key_cache.snapshot())
 
     @defer.inlineCallbacks
     def test_new_leader_removes_keys_of_objects_gone_meanwhile(self):
