@@ -21,7 +21,7 @@ from twisted.trial import unittest
 from txaioetcd import OpSet, Transaction
 
 from yurtcoord.etcd.client import (
-    EtcdClient, EtcdConfig, _grpc_error, _guard_parse, _parse_range, _Transport,
+    EtcdConfig, _grpc_error, _guard_parse, _parse_range, _Transport,
 )
 from yurtcoord.etcd.errors import BadResponse, EtcdError
 from yurtcoord.kube import gvr

@@ -5,7 +5,7 @@ import json
 
 import treq
 from prometheus_client.parser import text_string_to_metric_families
-from twisted.internet import defer, reactor, task
+from twisted.internet import defer, reactor
 from twisted.internet.endpoints import TCP4ServerEndpoint
 from twisted.internet.error import CannotListenError
 from twisted.internet.protocol import Factory
