@@ -33,7 +33,8 @@ from yurtcoord.status import MAX_STATUS_CONNECTIONS, STATUS_REQUEST_DEADLINE
 from yurtcoord.testing.cloudleases import CloudLeaseChanges
 from yurtcoord.testing.poll import poll_until
 from yurtcoord.testing.world import (
-    ELECTION_LEASE, ELECTION_NAMESPACE, LEASE_DURATION, ProcessWorld, leader_of,
+    ELECTION_LEASE, ELECTION_NAMESPACE, HEARTBEAT_INTERVAL, LEASE_DURATION, ProcessWorld,
+    leader_of,
     one_leader_all_ready,
 )
 
@@ -49,6 +50,9 @@ STEP_TIMEOUT = 30.0
 # status request deadline together.
 HOLD = LEASE_DURATION + STATUS_REQUEST_DEADLINE + 2.0
 SAMPLE_EVERY = 0.1
+# What a renewal may take beyond the heartbeat interval: the write itself, on a loaded
+# machine.
+OWN_LEASE_SLACK = 1.5
 
 
 def report(name, value):
@@ -212,9 +216,11 @@ class StatusFloodTests(unittest.TestCase):
         oldest_own = max(age for _, _, _, age in held)
         report("oldest_election_renew_time", f"{oldest_election:.2f}s (lease "
                                              f"{LEASE_DURATION:.0f}s)")
-        report("oldest_own_node_lease_renew_time", f"{oldest_own:.2f}s")
+        report("oldest_own_node_lease_renew_time", f"{oldest_own:.2f}s (heartbeat "
+                                                   f"{HEARTBEAT_INTERVAL:.0f}s)")
         self.assertLess(oldest_election, LEASE_DURATION, world.log_tails())
-        self.assertLess(oldest_own, LEASE_DURATION, world.log_tails())
+        # Renewed once per heartbeat interval; one missed renewal would add another.
+        self.assertLess(oldest_own, HEARTBEAT_INTERVAL + OWN_LEASE_SLACK, world.log_tails())
         forwarded = self.cloud_log.delegated(follower, flood_at)
         report("heartbeats_forwarded_during_flood", len(forwarded))
         self.assertGreaterEqual(len(forwarded), 4, world.log_tails())
