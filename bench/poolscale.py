@@ -45,32 +45,22 @@ import base64
 import gc
 import json
 import os
-import platform
 import sys
 import time
 
-BENCH = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(BENCH)
-sys.path.insert(0, REPO)
-sys.path.insert(0, BENCH)
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from poolsync import (  # noqa: E402  (bench/poolsync.py: the same cloud and watcher)
-    NAMESPACES, CloudProcess, child_env, endpoint_slice, make_watcher_protocol, percentile,
+from poolbench import (  # noqa: E402
+    MIRROR_PREFIX, NAMESPACES, SLICES_KEY_PREFIX, PoolBench, endpoint_slice, headline,
+    percentile, print_report, react, slice_key,
 )
 
-MIRROR_PREFIX = "/mirror/rv"
-SLICES_KEY_PREFIX = "/registry/endpointslices/"
 SENTINEL_KEY = MIRROR_PREFIX + SLICES_KEY_PREFIX + "~bench-sentinel"
-SEED_CONCURRENCY = 32
 PROBE_INTERVAL = 0.01
 STALL_TARGET_MS = 100.0
 # Seconds for the initial sync of the whole pool and for the storm to settle.
 SYNC_TIMEOUT = 900.0
 STORM_TIMEOUT = 300.0
-
-
-def slice_key(namespace, name):
-    return f"{SLICES_KEY_PREFIX}{namespace}/{name}"
 
 
 class LagProbe:
@@ -128,60 +118,29 @@ class GCPauses:
 
 
 def run(reactor, options):
-    from twisted.internet import defer, task
+    from twisted.internet import defer
 
-    from yurtcoord.etcd.client import EtcdClient, EtcdConfig
     from yurtcoord.kube import gvr as gvrs
-    from yurtcoord.kube.client import ClientConfig, KubeClient
-    from yurtcoord.metrics import Metrics
-    from yurtcoord.poolscope import HealthyCloudClient, PoolScopeResources
-    from yurtcoord.poolstore.keycache import ComponentKeyCache
-    from yurtcoord.poolstore.store import PoolStore
-    from yurtcoord.poolsync import PoolSyncManager
-    from yurtcoord.testing.apiserver import KubeAPIServer
-    from yurtcoord.testing.etcd import EtcdProcess, etcd_binary_for
+    from yurtcoord.testing.etcd import etcd_binary_for
 
     binary = etcd_binary_for(options.etcd)
     if binary is None:
         raise SystemExit(f"etcd {options.etcd} is not installed")
     if options.deletes + options.updates > options.objects:
         raise SystemExit("--deletes + --updates must not exceed --objects")
-    etcd = EtcdProcess(binary).start()
-    try:
-        cloud = CloudProcess(history=options.objects + 2 * (options.deletes + options.updates)
-                             + 1000)
-    except BaseException:
-        etcd.stop()
-        raise
-    cleanups = [cloud.stop, etcd.stop]
-    work_dir = os.path.join(etcd.base_dir, "key-cache")
+    bench = PoolBench(reactor, binary, history=options.objects
+                      + 2 * (options.deletes + options.updates) + 1000)
+    etcd = bench.etcd
+    require = bench.require
 
     # What the watcher saw: current mirror rv per key (None once deleted).
     seen = {}
-    state = {"sentinel": False}
 
     def on_event(key, value, deleted, now):
-        if key == SENTINEL_KEY:
-            state["sentinel"] = True
-            return
         if not key.startswith(MIRROR_PREFIX + SLICES_KEY_PREFIX):
             return
         # A delete event carries no value (etcdctl may show its type as a number).
         seen[key[len(MIRROR_PREFIX):]] = None if deleted or not value else int(value)
-
-    @defer.inlineCallbacks
-    def wait_for(condition, timeout, interval):
-        deadline = time.perf_counter() + timeout
-        while not condition():
-            if time.perf_counter() > deadline:
-                return False
-            yield task.deferLater(reactor, interval, lambda: None)
-        return True
-
-    @defer.inlineCallbacks
-    def require(condition, timeout, interval, what):
-        if not (yield wait_for(condition, timeout, interval)):
-            raise SystemExit(f"timed out after {timeout}s waiting for {what}")
 
     def read_mirrors():
         """``{key: rv}`` of every mirror rv under the prefix, read by etcdctl."""
@@ -201,58 +160,17 @@ def run(reactor, options):
 
     @defer.inlineCallbacks
     def main():
-        coordinator = KubeAPIServer(reactor)
-        coordinator_url = yield coordinator.start()
-        cleanups.insert(0, coordinator.stop)
-        cloud_client = KubeClient(reactor, ClientConfig(server=cloud.url, insecure=True,
-                                                        timeout=60.0))
-        pool_client = KubeClient(reactor, ClientConfig(server=coordinator_url, insecure=True))
-        etcd_client = EtcdClient(reactor, EtcdConfig(etcd.client_url, timeout=30.0))
-        cleanups[:0] = [cloud_client.close, pool_client.close, etcd_client.close]
-
-        # -- seed the cloud ---------------------------------------------------------------
-        began = time.perf_counter()
-        semaphore = defer.DeferredSemaphore(SEED_CONCURRENCY)
-        created = yield defer.gatherResults(
-            [semaphore.run(cloud_client.create, gvrs.ENDPOINTSLICES_V1, endpoint_slice(i))
-             for i in range(options.objects)], consumeErrors=True)
+        yield bench.connect(cloud_timeout=60.0)
+        cloud_client = bench.cloud_client
+        created = yield bench.seed(options.objects)
         expected = {slice_key(o["metadata"]["namespace"], o["metadata"]["name"]):
                     int(o["metadata"]["resourceVersion"]) for o in created}
         del created
-        print(f"seeded {options.objects} endpointslices in the cloud in "
-              f"{time.perf_counter() - began:.1f}s", flush=True)
-
-        # -- the independent reader --------------------------------------------------------
-        watcher = make_watcher_protocol(on_event)
-        command = etcd.etcdctl_command("watch", "--prefix", MIRROR_PREFIX + SLICES_KEY_PREFIX,
-                                       "-w", "json")
-        reactor.spawnProcess(watcher, command[0], command, env=child_env())
-
-        def stop_watcher():
-            if watcher.transport.pid is not None:
-                watcher.transport.signalProcess("KILL")
-            return watcher.ended
-
-        cleanups.insert(0, stop_watcher)
-        for attempt in range(200):
-            etcd.put(SENTINEL_KEY, str(attempt))
-            if (yield wait_for(lambda: state["sentinel"], 0.1, 0.01)):
-                break
-        else:
-            raise SystemExit("etcdctl watch never reported the sentinel write")
+        yield bench.start_watcher(MIRROR_PREFIX + SLICES_KEY_PREFIX, SENTINEL_KEY, on_event)
         etcd.etcdctl("del", SENTINEL_KEY)
 
         # -- initial sync of the whole pool ----------------------------------------------------
-        os.makedirs(work_dir, exist_ok=True)
-        store = PoolStore(reactor, etcd_client, "/registry",
-                          ComponentKeyCache.in_directory(work_dir).load())
-        yield defer.maybeDeferred(store.start)
-        cleanups.insert(0, store.close)
-        healthy = HealthyCloudClient(lambda: cloud.url, {cloud.url: cloud_client}.get)
-        scope = PoolScopeResources(reactor, healthy)
-        manager = PoolSyncManager(reactor, "edge-1", pool_client, healthy, scope,
-                                  informer_lease_renew=10.0, metrics=Metrics("edge-1"))
-        cleanups.insert(0, manager.stop)
+        store, manager = yield bench.pool_sync()
         began = time.perf_counter()
         yield manager.start(store)
 
@@ -382,27 +300,13 @@ def run(reactor, options):
         }
         report(results, options)
 
-    @defer.inlineCallbacks
-    def with_cleanup():
-        try:
-            yield main()
-        finally:
-            for cleanup in cleanups:
-                try:
-                    yield defer.maybeDeferred(cleanup)
-                except Exception as error:
-                    print(f"cleanup {cleanup!r} failed: {error}", file=sys.stderr)
-
-    return with_cleanup()
+    return bench.run(main)
 
 
 def report(r, options):
     lost = r["request_failures"] + r["missing"] + r["extra"] + r["wrong_rv"]
-    lines = [
-        "",
-        f"pool scale bench, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
-        f"{platform.machine()}, {os.cpu_count()} cores, load average "
-        f"{os.getloadavg()[0]:.1f}, etcd {r['etcd']}",
+    print_report([
+        headline("pool scale bench", r["etcd"]),
         f"initial sync of {r['objects']} endpointslices: {r['initial_sync_s']:.1f}s",
         f"storm: {r['deletes']} deletes and {r['updates']} updates sent to the cloud in "
         f"{r['storm_sent_s']:.1f}s ({r['concurrency']} in flight)",
@@ -418,9 +322,7 @@ def report(r, options):
         f"  read back: {r['objects_in_etcd']} objects in etcd of {r['expected_objects']} "
         f"expected, missing {r['missing']}, extra {r['extra']}, wrong rv {r['wrong_rv']}, "
         f"failed requests {r['request_failures']} (lost in all: {lost})",
-        "RESULT " + json.dumps(r, sort_keys=True),
-    ]
-    print("\n".join(lines), flush=True)
+    ], r)
     write_json(r, options, lost)
 
 
@@ -447,7 +349,7 @@ def write_json(r, options, lost):
                   "etcd": r["etcd"], "probe_ms": PROBE_INTERVAL * 1000}, r, rows)
 
 
-def parse(argv):
+def arguments():
     parser = argparse.ArgumentParser(prog="bench/poolscale.py",
                                      description=__doc__.split("\n")[0])
     parser.add_argument("--etcd", default="3.5", help="etcd version: 3.4 or 3.5")
@@ -456,11 +358,8 @@ def parse(argv):
     parser.add_argument("--updates", type=int, default=10000)
     parser.add_argument("--concurrency", type=int, default=32,
                         help="requests to the cloud in flight during the storm")
-    parser.add_argument("--json", metavar="PATH", help="write the result as JSON to PATH")
-    return parser.parse_args(argv)
+    return parser
 
 
 if __name__ == "__main__":
-    from twisted.internet import task
-
-    task.react(run, (parse(sys.argv[1:]),))
+    react(run, arguments(), sys.argv[1:])

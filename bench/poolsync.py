@@ -43,155 +43,42 @@ lists, no update lost; see bench/benchresult.py).
 """
 
 import argparse
-import base64
-import json
 import os
-import platform
 import statistics
-import subprocess
 import sys
 import time
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-NAMESPACES = ("default", "kube-system", "team-a")
-SEED_CONCURRENCY = 32
-MIRROR_PREFIX = "/mirror/rv"
-SLICES_KEY_PREFIX = "/registry/endpointslices/"
+from poolbench import (  # noqa: E402
+    MIRROR_PREFIX, SLICES_KEY_PREFIX, PoolBench, endpoint_slice, headline, percentile,
+    print_report, react, slice_key,
+)
+
 SENTINEL_KEY = "/mirror/rv-bench-sentinel"
 # Seconds to wait for stragglers once the updates stopped.
 DRAIN_TIMEOUT = 30.0
 
 
-def endpoint_slice(i):
-    namespace = NAMESPACES[i % len(NAMESPACES)]
-    return {"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
-            "metadata": {"name": f"svc-{i:05d}-abcde", "namespace": namespace,
-                         "labels": {"kubernetes.io/service-name": f"svc-{i:05d}",
-                                    "endpointslice.kubernetes.io/managed-by":
-                                        "endpointslice-controller.k8s.io"}},
-            "addressType": "IPv4",
-            "endpoints": [{"addresses": [f"10.{i // 250 % 250}.{i % 250}.1"],
-                           "conditions": {"ready": True},
-                           "nodeName": f"edge-{i % 20}"}],
-            "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}]}
-
-
-def slice_key(namespace, name):
-    return f"{SLICES_KEY_PREFIX}{namespace}/{name}"
-
-
-def percentile(values, fraction):
-    """Nearest-rank percentile of sorted ``values``."""
-    if not values:
-        return float("nan")
-    rank = max(1, min(len(values), round(fraction * len(values) + 0.5)))
-    return values[rank - 1]
-
-
-def child_env():
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ETCD")}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [REPO, env.get("PYTHONPATH")]))
-    env["ETCDCTL_API"] = "3"
-    return env
-
-
-class CloudProcess:
-    """The API test server as a child process; ``url`` once it listens."""
-
-    def __init__(self, history):
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "yurtcoord.testing.apiserver", "--port", "0",
-             "--history", str(history)],
-            stdout=subprocess.PIPE, env=child_env(), cwd=REPO)
-        self.url = self.process.stdout.readline().decode("utf-8").strip()
-        if not self.url.startswith("http"):
-            self.stop()
-            raise SystemExit(f"the cloud test server did not start: {self.url!r}")
-
-    def stop(self):
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-        self.process.stdout.close()
-
-
-def make_watcher_protocol(on_event):
-    from twisted.internet import defer, protocol
-
-    class EtcdctlWatch(protocol.ProcessProtocol):
-        """Reads ``etcdctl watch -w json`` (one JSON response per line)."""
-
-        def __init__(self):
-            self.buffer = b""
-            self.ended = defer.Deferred()
-            self.stderr = b""
-
-        def outReceived(self, data):
-            now = time.perf_counter()
-            self.buffer += data
-            *lines, self.buffer = self.buffer.split(b"\n")
-            for line in lines:
-                if not line.strip():
-                    continue
-                response = json.loads(line)
-                for event in response.get("Events") or []:
-                    kv = event.get("kv") or {}
-                    key = base64.b64decode(kv.get("key", "")).decode("utf-8")
-                    value = base64.b64decode(kv.get("value", "") or "")
-                    on_event(key, value, event.get("type") == "DELETE", now)
-
-        def errReceived(self, data):
-            self.stderr += data
-
-        def processEnded(self, reason):
-            self.ended.callback(None)
-
-    return EtcdctlWatch()
-
-
 def run(reactor, options):
     from twisted.internet import defer, task
 
-    from yurtcoord.etcd.client import EtcdClient, EtcdConfig
     from yurtcoord.kube import gvr as gvrs
-    from yurtcoord.kube.client import ClientConfig, KubeClient
-    from yurtcoord.metrics import Metrics
-    from yurtcoord.poolscope import HealthyCloudClient, PoolScopeResources
-    from yurtcoord.poolstore.keycache import ComponentKeyCache
-    from yurtcoord.poolstore.store import PoolStore
-    from yurtcoord.poolsync import (
-        INFORMER_SYNC_LEASE_NAME, INFORMER_SYNC_LEASE_NAMESPACE, PoolSyncManager,
-    )
-    from yurtcoord.testing.apiserver import KubeAPIServer
-    from yurtcoord.testing.etcd import EtcdProcess, etcd_binary_for
+    from yurtcoord.poolsync import INFORMER_SYNC_LEASE_NAME, INFORMER_SYNC_LEASE_NAMESPACE
+    from yurtcoord.testing.etcd import etcd_binary_for
 
     updates_wanted = int(options.rate * options.seconds)
     binary = etcd_binary_for("3.5") or etcd_binary_for("3.4")
-    etcd = EtcdProcess(binary).start()
-    try:
-        cloud = CloudProcess(history=options.objects + 2 * updates_wanted + 1000)
-    except BaseException:
-        etcd.stop()
-        raise
-    cleanups = [cloud.stop, etcd.stop]
-    # The local key cache lives in etcd's temp dir, which ``etcd.stop()`` removes.
-    work_dir = os.path.join(etcd.base_dir, "key-cache")
+    bench = PoolBench(reactor, binary, history=options.objects + 2 * updates_wanted + 1000)
+    etcd = bench.etcd
+    require = bench.require
 
     # What the etcdctl watcher saw: {(key, rv): perf_counter time}.
     arrivals = {}
     seen_keys = set()
-    state = {"sentinel": False, "all_keys_at": None}
+    state = {"all_keys_at": None}
 
     def on_event(key, value, deleted, now):
-        if key == SENTINEL_KEY:
-            state["sentinel"] = True
-            return
         if deleted or not key.startswith(MIRROR_PREFIX + SLICES_KEY_PREFIX):
             return
         path = key[len(MIRROR_PREFIX):]
@@ -202,73 +89,14 @@ def run(reactor, options):
                 state["all_keys_at"] = now
 
     @defer.inlineCallbacks
-    def wait_for(condition, timeout, interval):
-        """Fires True once ``condition()`` holds, False after ``timeout`` seconds."""
-        deadline = time.perf_counter() + timeout
-        while not condition():
-            if time.perf_counter() > deadline:
-                return False
-            yield task.deferLater(reactor, interval, lambda: None)
-        return True
-
-    @defer.inlineCallbacks
-    def require(condition, timeout, interval, what):
-        held = yield wait_for(condition, timeout, interval)
-        if not held:
-            raise SystemExit(f"timed out after {timeout}s waiting for {what}")
-
-    @defer.inlineCallbacks
     def main():
-        coordinator = KubeAPIServer(reactor)
-        coordinator_url = yield coordinator.start()
-        cleanups.insert(0, coordinator.stop)
-        cloud_client = KubeClient(reactor, ClientConfig(server=cloud.url, insecure=True,
-                                                        timeout=30.0))
-        pool_client = KubeClient(reactor, ClientConfig(server=coordinator_url, insecure=True))
-        etcd_client = EtcdClient(reactor, EtcdConfig(etcd.client_url, timeout=30.0))
-        cleanups[:0] = [cloud_client.close, pool_client.close, etcd_client.close]
-
-        # -- seed the cloud ------------------------------------------------------------
-        began = time.perf_counter()
-        semaphore = defer.DeferredSemaphore(SEED_CONCURRENCY)
-        yield defer.gatherResults(
-            [semaphore.run(cloud_client.create, gvrs.ENDPOINTSLICES_V1, endpoint_slice(i))
-             for i in range(options.objects)], consumeErrors=True)
-        seeded = time.perf_counter() - began
-        print(f"seeded {options.objects} endpointslices in the cloud in {seeded:.1f}s",
-              flush=True)
-
-        # -- the independent reader ------------------------------------------------------
-        watcher = make_watcher_protocol(on_event)
-        command = etcd.etcdctl_command("watch", "--prefix", MIRROR_PREFIX, "-w", "json")
-        reactor.spawnProcess(watcher, command[0], command, env=child_env())
-
-        def stop_watcher():
-            if watcher.transport.pid is not None:
-                watcher.transport.signalProcess("KILL")
-            return watcher.ended
-
-        cleanups.insert(0, stop_watcher)
-        # The watch is established once it reports a write made after it started.
-        for attempt in range(200):
-            etcd.put(SENTINEL_KEY, str(attempt))
-            established = yield wait_for(lambda: state["sentinel"], 0.1, 0.01)
-            if established:
-                break
-        else:
-            raise SystemExit("etcdctl watch never reported the sentinel write")
+        yield bench.connect(cloud_timeout=30.0)
+        coordinator, cloud_client = bench.coordinator, bench.cloud_client
+        yield bench.seed(options.objects)
+        yield bench.start_watcher(MIRROR_PREFIX, SENTINEL_KEY, on_event)
 
         # -- initial sync --------------------------------------------------------------
-        os.makedirs(work_dir, exist_ok=True)
-        store = PoolStore(reactor, etcd_client, "/registry",
-                          ComponentKeyCache.in_directory(work_dir).load())
-        yield defer.maybeDeferred(store.start)
-        cleanups.insert(0, store.close)
-        healthy = HealthyCloudClient(lambda: cloud.url, {cloud.url: cloud_client}.get)
-        scope = PoolScopeResources(reactor, healthy)
-        manager = PoolSyncManager(reactor, "edge-1", pool_client, healthy, scope,
-                                  informer_lease_renew=10.0, metrics=Metrics("edge-1"))
-        cleanups.insert(0, manager.stop)
+        store, manager = yield bench.pool_sync()
         marks = {}
 
         def lease_exists():
@@ -289,7 +117,7 @@ def run(reactor, options):
         marker.start(0.005, now=False)
         yield manager.start(store)
         yield require(lambda: "lease" in marks and state["all_keys_at"] is not None,
-                   300.0, 0.01, "the initial sync")
+                      300.0, 0.01, "the initial sync")
         marker.stop()
         cpu_sync = time.process_time() - cpu_before
         to_keys = state["all_keys_at"] - started
@@ -377,32 +205,17 @@ def run(reactor, options):
             "cloud_to_informer_p99_ms": 1000 * percentile(to_informer, 0.99),
             "informer_to_etcd_p50_ms": 1000 * percentile(to_etcd, 0.50),
             "informer_to_etcd_p99_ms": 1000 * percentile(to_etcd, 0.99),
-            "etcd": etcd.version if hasattr(etcd, "version") else "?",
+            "etcd": etcd.version,
         }
         report(results, options)
 
-    @defer.inlineCallbacks
-    def with_cleanup():
-        try:
-            yield main()
-        finally:
-            for cleanup in cleanups:
-                try:
-                    yield defer.maybeDeferred(cleanup)
-                except Exception as error:
-                    print(f"cleanup {cleanup!r} failed: {error}", file=sys.stderr)
-
-    return with_cleanup()
+    return bench.run(main)
 
 
 def report(r, options):
-    load = os.getloadavg()[0]
     lease_gap_ms = 1000 * (r["initial_sync_to_lease_s"] - r["initial_sync_to_all_listed_s"])
-    lines = [
-        "",
-        f"pool sync bench, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
-        f"{platform.machine()}, {os.cpu_count()} cores, load average {load:.1f}, "
-        f"etcd {r['etcd']}",
+    print_report([
+        headline("pool sync bench", r["etcd"]),
         f"initial sync of {r['objects']} endpointslices (from manager.start):",
         f"  every object readable in etcd (etcdctl watch) {r['initial_sync_to_all_keys_s']:.2f}s",
         f"  all resources listed and written (in-process) "
@@ -422,9 +235,7 @@ def report(r, options):
         f"p99 {r['informer_to_etcd_p99_ms']:.1f} ms",
         f"  PUT failures {r['update_failures']}, updates never seen in etcd "
         f"{r['updates_missing_in_etcd']}, CPU of this process {r['update_phase_cpu_s']:.2f}s",
-        "RESULT " + json.dumps(r, sort_keys=True),
-    ]
-    print("\n".join(lines), flush=True)
+    ], r)
     write_json(r, options, lease_gap_ms)
 
 
@@ -453,17 +264,14 @@ def write_json(r, options, lease_gap_ms):
                   "seconds": options.seconds, "etcd": r["etcd"]}, r, rows)
 
 
-def parse(argv):
+def arguments():
     parser = argparse.ArgumentParser(prog="bench/poolsync.py",
                                      description=__doc__.split("\n")[0])
     parser.add_argument("--objects", type=int, default=10000)
     parser.add_argument("--rate", type=float, default=100.0, help="updates per second")
     parser.add_argument("--seconds", type=float, default=10.0, help="how long to update")
-    parser.add_argument("--json", metavar="PATH", help="write the result as JSON to PATH")
-    return parser.parse_args(argv)
+    return parser
 
 
 if __name__ == "__main__":
-    from twisted.internet import task
-
-    task.react(run, (parse(sys.argv[1:]),))
+    react(run, arguments(), sys.argv[1:])
