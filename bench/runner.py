@@ -144,6 +144,14 @@ transaction, one at a time), **txn100-x4** (4 transactions in flight). Every mod
 keys are counted with etcdctl afterwards. No target: it shows what batching buys."""
 
 
+def per_etcd_version(name, script, full, quick, timeout, method):
+    """``name-3.5`` and ``name-3.4``: the benchmark on each etcd version, ``--etcd V``
+    in front of its settings, skipped where that version is not installed."""
+    return [Benchmark(f"{name}-{version}", script, ["--etcd", version] + full,
+                      ["--etcd", version] + quick, timeout, method, needs_etcd=version)
+            for version in ("3.5", "3.4")]
+
+
 # Full run: the sizes the acceptance targets name (10,000 pods, 10,000 endpointslices,
 # 1,000 nodes), repeated or measured long enough to steady the figures; about 7
 # minutes on 2 cores. Quick run: the same sizes, one round and short windows (2-3 min).
@@ -151,29 +159,17 @@ BENCHMARKS = [
     Benchmark("informer", "informer.py",
               ["--objects", "20000", "--rounds", "5"], ["--objects", "10000", "--rounds", "1"],
               400, METHOD_INFORMER),
-    Benchmark("upload-3.5", "upload.py",
-              ["--etcd", "3.5", "--objects", "10000", "--per-object-sample", "1000",
-               "--repeat", "3"],
-              ["--etcd", "3.5", "--objects", "10000", "--per-object-sample", "300",
-               "--repeat", "1"], 600, METHOD_UPLOAD, needs_etcd="3.5"),
-    Benchmark("upload-3.4", "upload.py",
-              ["--etcd", "3.4", "--objects", "10000", "--per-object-sample", "1000",
-               "--repeat", "3"],
-              ["--etcd", "3.4", "--objects", "10000", "--per-object-sample", "300",
-               "--repeat", "1"], 600, METHOD_UPLOAD, needs_etcd="3.4"),
+    *per_etcd_version("upload", "upload.py",
+                      ["--objects", "10000", "--per-object-sample", "1000", "--repeat", "3"],
+                      ["--objects", "10000", "--per-object-sample", "300", "--repeat", "1"],
+                      600, METHOD_UPLOAD),
     Benchmark("poolsync", "poolsync.py",
               ["--objects", "10000", "--rate", "100", "--seconds", "60"],
               ["--objects", "10000", "--rate", "100", "--seconds", "10"], 400, METHOD_POOLSYNC),
-    Benchmark("poolscale-3.5", "poolscale.py",
-              ["--etcd", "3.5", "--objects", "100000", "--deletes", "10000",
-               "--updates", "10000"],
-              ["--etcd", "3.5", "--objects", "20000", "--deletes", "2000",
-               "--updates", "2000"], 900, METHOD_POOLSCALE, needs_etcd="3.5"),
-    Benchmark("poolscale-3.4", "poolscale.py",
-              ["--etcd", "3.4", "--objects", "100000", "--deletes", "10000",
-               "--updates", "10000"],
-              ["--etcd", "3.4", "--objects", "20000", "--deletes", "2000",
-               "--updates", "2000"], 900, METHOD_POOLSCALE, needs_etcd="3.4"),
+    *per_etcd_version("poolscale", "poolscale.py",
+                      ["--objects", "100000", "--deletes", "10000", "--updates", "10000"],
+                      ["--objects", "20000", "--deletes", "2000", "--updates", "2000"],
+                      900, METHOD_POOLSCALE),
     Benchmark("delegation", "delegation.py",
               ["--nodes", "1000", "--period", "5", "--seconds", "120", "--warmup", "10"],
               ["--nodes", "1000", "--period", "5", "--seconds", "30", "--warmup", "5"],
