@@ -824,12 +824,29 @@ def _guarded(d):
 
 
 def _parse_range(obj):
+    """A range answer as a ``RangePage``. Every field is checked for its JSON type:
+    ``bool([False])`` is true and a kv without a key has the key None, and either
+    would reach the store's paging as a page that goes on or a key it cannot extend."""
     try:
-        kvs = [txaioetcd.KeyValue._parse(kv) for kv in obj.get("kvs", [])]
+        raw_kvs = obj.get("kvs", [])
+        if not isinstance(raw_kvs, list):
+            raise TypeError(f"kvs is a {type(raw_kvs).__name__}, not a list")
+        kvs = []
+        for raw in raw_kvs:
+            if not isinstance(raw, dict) or not isinstance(raw.get("key"), str):
+                raise TypeError("a kv without a key")
+            if "value" in raw and not isinstance(raw["value"], str):
+                raise TypeError("a kv whose value is not a string")
+            kvs.append(txaioetcd.KeyValue._parse(raw))
         header = obj.get("header") or {}
+        if not isinstance(header, dict):
+            raise TypeError(f"header is a {type(header).__name__}, not an object")
+        more = obj.get("more", False)
+        if not isinstance(more, bool):
+            raise TypeError(f"more is a {type(more).__name__}, not a boolean")
         revision = int(header["revision"]) if "revision" in header else None
-        return RangePage(kvs=kvs, more=bool(obj.get("more", False)),
-                         count=int(obj.get("count", 0)), revision=revision)
+        return RangePage(kvs=kvs, more=more, count=int(obj.get("count", 0)),
+                         revision=revision)
     except _PARSE_ERRORS as e:
         raise BadResponse(f"unexpected etcd range answer: {type(e).__name__}: "
                           f"{_error_text(str(e))}") from e

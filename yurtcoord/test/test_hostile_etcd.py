@@ -157,6 +157,23 @@ class ParseFunctionTests(unittest.TestCase):
         self.assertIsInstance(str(error), str)
         self.assertLessEqual(len(str(error)), 1200)
 
+    def test_range_fields_of_the_wrong_json_type_are_bad_responses(self):
+        key = base64.b64encode(b"/registry/pods/ns/p").decode()
+        header = {"revision": "7"}
+        for shape in (
+                {"header": header, "kvs": [{"value": "dg=="}], "more": True},
+                {"header": header, "kvs": [{"key": key}], "more": [False]},
+                {"header": header, "kvs": [{"key": key, "value": 5}]},
+                {"header": header, "kvs": {"key": key}},
+                {"header": [header], "kvs": []},
+                {"header": header, "kvs": ["not a kv"]}):
+            with self.assertRaises(BadResponse, msg=repr(shape)):
+                _parse_range(shape)
+        page = _parse_range({"header": header, "kvs": [{"key": key, "value": "dg=="}],
+                             "more": False, "count": "1"})
+        self.assertEqual((page.kvs[0].key, page.kvs[0].value, page.more, page.revision),
+                         (b"/registry/pods/ns/p", b"v", False, 7))
+
     def test_deeply_nested_error_is_a_typed_error(self):
         for opener in ("[", '{"a":'):
             for status in (200, 400, 500):
@@ -228,6 +245,17 @@ class GatewayOverLoopbackTests(unittest.TestCase):
             except Exception as e:
                 untyped.append(f"{name}: {type(e).__name__}: {e} <- {describe(answer)}")
         self.assertEqual(untyped, [])
+
+    @defer.inlineCallbacks
+    def test_a_page_that_goes_on_after_a_kv_without_a_key_is_typed(self):
+        """Found by the drawn answers: ``"more": [false]`` is truthy and a kv without a
+        key has the key None, on which the store's paging raised TypeError."""
+        self.start_gateway()
+        self.serve((200, json.dumps({"more": [False], "count": "1",
+                                     "header": {"revision": "3"},
+                                     "kvs": [{"value": "dg=="}]}).encode()))
+        with self.assertRaises(BadResponse):
+            yield self.store.list_keys("/registry/pods/")
 
     @defer.inlineCallbacks
     def test_client_and_store_work_again_once_the_answers_are_sane(self):
