@@ -374,8 +374,10 @@ class SandboxTests(unittest.TestCase):
         dead_seen_at = reactor.seconds()
         # Safety, not timing: the grace period is not cut short, and no renewal starts
         # once the agent counts the kubelet dead (the second allows for the
-        # resolution of renewTime and for a renewal that was already on its way).
-        self.assertGreaterEqual(dead_seen_at - stopped_at, grace - 1.0)
+        # resolution of renewTime and for a renewal that was already on its way). The
+        # grace counts from the kubelet's last healthy answer, which the agent asked
+        # for up to one interval before the stop.
+        self.assertGreaterEqual(dead_seen_at - stopped_at, grace - interval - 0.5)
         stale = yield self.cloud_renew_time(run, node)
         self.assertLessEqual(stale, dead_seen_at + 1.0)
         # Stays put: no renewal for several intervals.
