@@ -108,8 +108,10 @@ answers = st.tuples(STATUSES, bodies())
 
 
 def drawn(strategy, count):
-    """``count`` values of ``strategy``, the same on every run, for tests that need the
-    reactor between examples (``@given`` cannot wait for a Deferred)."""
+    """``count`` values of ``strategy``, for tests that need the reactor between
+    examples (``@given`` cannot wait for a Deferred). Derandomized, yet not always the
+    same values: what earlier tests of the process did to hypothesis changes them, so a
+    failure names the answer it met (and a fixed test keeps that answer)."""
     found = []
 
     @settings(max_examples=count, derandomize=True, deadline=None, database=None,
