@@ -514,7 +514,7 @@ class StatusSite(server.Site):
         Twisted's log file and its once-a-second date timer are not needed."""
 
     def stopFactory(self):
-        pass
+        """Nothing to close: ``startFactory`` opened nothing."""
 
     def channel_closed(self) -> None:
         self.open_connections -= 1

@@ -87,7 +87,9 @@ class FormatTests(unittest.TestCase):
             self.assertIn("/some/file:3:", str(ctx.exception))
 
 
-class FileTests(unittest.TestCase):
+class KeyCacheFileCase(unittest.TestCase):
+    """A test with ``path``, the key cache file in a fresh directory, and ``read()``."""
+
     def setUp(self):
         self.dir = self.mktemp()
         os.makedirs(self.dir)
@@ -96,6 +98,9 @@ class FileTests(unittest.TestCase):
     def read(self):
         with open(self.path) as f:
             return f.read()
+
+
+class FileTests(KeyCacheFileCase):
 
     def test_missing_file_is_empty(self):
         cache = ComponentKeyCache(self.path).load()
@@ -260,17 +265,8 @@ plain_name = st.text(alphabet="abcdefghijklmnopqrstuvwxyz0123456789-.", min_size
                      max_size=10)
 
 
-class YurthubCompatibilityTests(unittest.TestCase):
+class YurthubCompatibilityTests(KeyCacheFileCase):
     """What we write is read by yurthub on the same local_cache_dir after a rollback."""
-
-    def setUp(self):
-        self.dir = self.mktemp()
-        os.makedirs(self.dir)
-        self.path = os.path.join(self.dir, KEY_CACHE_FILE_NAME)
-
-    def read(self):
-        with open(self.path) as f:
-            return f.read()
 
     def test_port_reads_a_file_yurthub_writes(self):
         text = ("kubelet#_v1_pods:/registry/pods/default/a,/registry/pods/default/b;"
