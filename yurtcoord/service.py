@@ -22,7 +22,7 @@ The parts of an agent with ``[coordinator] enabled = true``:
 
 With ``[coordinator] enabled = false`` the agent only probes the cloud (renewing its
 node lease there) and serves its status pages: the role stays ``init`` (never healthy
-nor ready, SPEC §7 item 8), ``/status`` shows the live cloud health.
+nor ready: it takes no part in the pool), ``/status`` shows the live cloud health.
 
 Start order: status pages, probes, coordinator, hub elector (once every probe
 answered once, so that role ``init`` lasts until health is known). Stop order is the exact
@@ -77,7 +77,7 @@ STORE_CHECK_TIMEOUT = 5.0
 # at the latest this long after the probes' own timeout.
 FIRST_PROBE_POLL_INTERVAL = 0.05
 FIRST_PROBE_SLACK = 0.5
-# Retry delays of a failed role step (SPEC §6.2: backoff, not a busy loop).
+# Retry delays of a failed role step: a growing backoff, never a busy loop.
 ROLE_RETRY_INITIAL = 0.5
 ROLE_RETRY_MAXIMUM = 30.0
 
@@ -195,7 +195,7 @@ class CertificateClient(ResolvingClient):
         if self._closed:
             raise ConnectionFailed("client is closed")
         # Checked on every call: certificates removed with the Secret end the use of
-        # this client at once (SPEC §6.8: no certs, coordinator unhealthy).
+        # this client at once: without certificates the coordinator is unhealthy.
         missing = self._missing()
         if missing:
             raise ConnectionFailed(f"certificates not available: {', '.join(missing)}")

@@ -31,14 +31,19 @@ EXEC = ("    exec:\n      apiVersion: client.authentication.k8s.io/v1\n"
 AUTH_PROVIDER = "    auth-provider:\n      name: oidc\n      config: {id-token: abc}\n"
 
 
+def write_kubeconfig(test, text):
+    """``text`` as a kubeconfig file in a fresh directory of ``test``; its path."""
+    directory = os.path.abspath(test.mktemp())
+    os.makedirs(directory)
+    path = os.path.join(directory, "kubeconfig")
+    with open(path, "w") as f:
+        f.write(text)
+    return path
+
+
 class LoaderTests(unittest.TestCase):
     def write(self, text):
-        directory = os.path.abspath(self.mktemp())
-        os.makedirs(directory)
-        path = os.path.join(directory, "kubeconfig")
-        with open(path, "w") as f:
-            f.write(text)
-        return path
+        return write_kubeconfig(self, text)
 
     def assertRejected(self, text, field, advice):
         path = self.write(text)
@@ -117,12 +122,7 @@ def agent_ini(kubeconfig):
 
 class AgentTests(unittest.TestCase):
     def kubeconfig(self, text):
-        directory = os.path.abspath(self.mktemp())
-        os.makedirs(directory)
-        path = os.path.join(directory, "kubeconfig")
-        with open(path, "w") as f:
-            f.write(text)
-        return path
+        return write_kubeconfig(self, text)
 
     def test_building_the_agent_is_a_config_error_of_the_cloud_section(self):
         kubeconfig = self.kubeconfig(kubeconfig_text(user=USER + EXEC))
