@@ -199,10 +199,16 @@ class EtcdProcess:
         and require client certificates signed by that CA. ``client_cert`` is then a
         ``CertPair`` accepted by etcd (etcdctl uses it too).
     :param extra_args: more etcd flags, e.g. ``["--max-request-bytes", "4194304"]``.
+    :param host: the address clients and peers use (``client_url``); a member on a
+        test network also listens on its own loopback (``local_client_url``), which is
+        where ``etcdctl`` reads from, so that cutting the member's network does not cut
+        the test's independent reader.
     """
 
-    def __init__(self, binary=None, tls_ca=None, extra_args=(), name="yurtcoord-test"):
+    def __init__(self, binary=None, tls_ca=None, extra_args=(), name="yurtcoord-test",
+                 host="127.0.0.1"):
         self.binary = binary or default_etcd_binary()
+        self.host = host
         self.tls_ca = tls_ca
         self.extra_args = list(extra_args)
         self.name = name
@@ -232,11 +238,16 @@ class EtcdProcess:
     @property
     def client_url(self):
         """e.g. ``http://127.0.0.1:40123`` (``https`` with TLS)."""
+        return f"{self.scheme}://{self.host}:{self.client_port}"
+
+    @property
+    def local_client_url(self):
+        """The client URL on loopback, where ``etcdctl`` and the health check ask."""
         return f"{self.scheme}://127.0.0.1:{self.client_port}"
 
     @property
     def peer_url(self):
-        return f"http://127.0.0.1:{self.peer_port}"
+        return f"http://{self.host}:{self.peer_port}"
 
     @property
     def pid(self):
@@ -252,7 +263,8 @@ class EtcdProcess:
             self.binary.etcd,
             "--name", self.name,
             "--data-dir", self.data_dir,
-            "--listen-client-urls", self.client_url,
+            "--listen-client-urls", ",".join(dict.fromkeys([self.client_url,
+                                                            self.local_client_url])),
             "--advertise-client-urls", self.client_url,
             "--listen-peer-urls", self.peer_url,
             "--initial-advertise-peer-urls", self.peer_url,
@@ -350,7 +362,7 @@ class EtcdProcess:
     def health(self, timeout=1.0):
         """True when etcd's ``/health`` answers ``{"health": "true"}`` (one short request)."""
         try:
-            with urllib.request.urlopen(self.client_url + "/health", timeout=timeout,
+            with urllib.request.urlopen(self.local_client_url + "/health", timeout=timeout,
                                         context=self._ssl_context()) as resp:
                 body = json.loads(resp.read())
         except urllib.error.HTTPError as e:
@@ -420,7 +432,7 @@ class EtcdProcess:
     # -- independent reader ------------------------------------------------------
 
     def etcdctl_command(self, *args):
-        cmd = [self.binary.etcdctl, "--endpoints", self.client_url,
+        cmd = [self.binary.etcdctl, "--endpoints", self.local_client_url,
                "--command-timeout", "15s"]
         if self.tls_ca is not None:
             cmd += ["--cacert", self.tls_ca.ca_file,

@@ -171,8 +171,13 @@ class AgentProcess:
     ``kubelet`` is its stand-in kubelet (None when the agent checks none).
     """
 
-    def __init__(self, reactor, node, directory, cloud_proxies, etcd_proxy=None, kubelet=None):
+    def __init__(self, reactor, node, directory, cloud_proxies, etcd_proxy=None, kubelet=None,
+                 spawn=None):
         self.reactor = reactor
+        # How the child is spawned: ``spawn(protocol, argv, env, path, childFDs)``; by
+        # default ``reactor.spawnProcess`` (a world on test networks spawns it inside
+        # the agent's network namespace).
+        self._spawn = spawn or self._spawn_here
         self.node = node
         self.directory = directory
         # One proxy per cloud URL of the agent, all in front of the one cloud.
@@ -234,11 +239,15 @@ class AgentProcess:
             f.write(ini_text)
         self._child = _ChildProtocol()
         with open(self.log_path, "ab") as log, open(os.devnull, "rb") as null:
-            self.reactor.spawnProcess(
-                self._child, TWISTD,
+            self._spawn(
+                self._child,
                 [TWISTD, "--nodaemon", "--pidfile=", "yurtcoord", "--config", self.ini_path],
-                env=child_environment(), path=self.directory,
-                childFDs={0: null.fileno(), 1: log.fileno(), 2: log.fileno()})
+                child_environment(), self.directory,
+                {0: null.fileno(), 1: log.fileno(), 2: log.fileno()})
+
+    def _spawn_here(self, child, argv, env, path, child_fds):
+        self.reactor.spawnProcess(child, argv[0], argv, env=env, path=path,
+                                  childFDs=child_fds)
 
     def _listening_url(self):
         if self.url is None:
@@ -427,9 +436,17 @@ class ProcessWorld:
     def running_agents(self):
         return {node: a for node, a in self.agents.items() if a.running}
 
+    def http_for(self, agent: AgentProcess) -> treq.client.HTTPClient:
+        """The HTTP client that reaches ``agent``'s status pages."""
+        return self.http
+
+    def etcdctl_reactor(self):
+        """The reactor that spawns ``etcdctl`` (one where the etcd member is reachable)."""
+        return self.reactor
+
     @defer.inlineCallbacks
     def status(self, agent):
-        response = yield self.http.get(f"{agent.url}/status", timeout=5)
+        response = yield self.http_for(agent).get(f"{agent.url}/status", timeout=5)
         body = yield response.content()
         if response.code != 200:
             raise AssertionError(f"{agent.node} /status answered {response.code}")
@@ -438,7 +455,7 @@ class ProcessWorld:
     @defer.inlineCallbacks
     def metrics(self, agent):
         """``{sample name with labels: value}`` of the agent's ``/metrics``."""
-        response = yield self.http.get(f"{agent.url}/metrics", timeout=5)
+        response = yield self.http_for(agent).get(f"{agent.url}/metrics", timeout=5)
         body = yield response.content()
         samples = {}
         for line in body.decode("utf-8").splitlines():
@@ -489,7 +506,8 @@ class ProcessWorld:
         env = child_environment()
         env["ETCDCTL_API"] = "3"
         command = self.etcd.etcdctl_command("get", prefix, "--prefix", "-w", "json")
-        out, err, code = yield getProcessOutputAndValue(command[0], command[1:], env=env)
+        out, err, code = yield getProcessOutputAndValue(command[0], command[1:], env=env,
+                                                        reactor=self.etcdctl_reactor())
         if code != 0:
             raise AssertionError(f"etcdctl get {prefix} failed ({code}): {err!r}")
         kvs = json.loads(out).get("kvs", [])
@@ -503,7 +521,8 @@ class ProcessWorld:
         env["ETCDCTL_API"] = "3"
         command = self.etcd.etcdctl_command("get", prefix, "--prefix", "--limit", "1",
                                             "--keys-only", "-w", "json")
-        out, err, code = yield getProcessOutputAndValue(command[0], command[1:], env=env)
+        out, err, code = yield getProcessOutputAndValue(command[0], command[1:], env=env,
+                                                        reactor=self.etcdctl_reactor())
         if code != 0:
             raise AssertionError(f"etcdctl count {prefix} failed ({code}): {err!r}")
         return int(json.loads(out).get("count", 0))

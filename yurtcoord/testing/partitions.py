@@ -1,0 +1,311 @@
+"""Partition scenarios on real test networks, and the invariants judged after each.
+
+A scenario is one ``PartitionWorld`` (three agents, each a ``twistd`` process on a host
+of its own, with a stand-in kubelet) and one script of link cuts. ``run_scenario`` brings
+the pool up, stops the kubelet of one follower (the "dead" node), runs the script while
+the cloud's endpoints keep changing, lets the pool settle, and then judges the run from
+records that do not depend on the agents: the request logs of the cloud and coordinator
+API test servers and the pool etcd read with ``etcdctl``. Every invariant is checked after
+every scenario; the outcome lists each violated one with the records at fault.
+
+The invariants:
+
+- at no time do two agents write heartbeats for other nodes to the cloud, and a former
+  leader stops delegating before a new leader starts (``check_single_delegator``,
+  ``check_fencing``);
+- the cloud lease of a node with a live kubelet is never older than
+  ``LIVE_LEASE_BOUND`` (2 heartbeat intervals plus a leader takeover), except while no
+  pool member can reach the cloud at all (those windows are excused, plus the bound
+  after them);
+- the cloud lease of the dead node is not renewed later than ``STALE_BOUND`` (kubelet
+  grace period plus one interval) after its kubelet stopped;
+- the pool etcd ends exact against the cloud's endpoints and the agents' caches.
+
+Scenarios run side by side, each on a topology of its own, to keep the suite short.
+"""
+
+import json
+from typing import Callable, Dict, List, Optional, Tuple
+
+import attr
+from twisted.internet import defer
+from twisted.internet.task import deferLater
+
+from yurtcoord.kube.gvr import ENDPOINTS
+from yurtcoord.testing.invariants import (
+    changes_per_minute, check_fencing, check_goes_stale, check_lease_age,
+    check_single_delegator, delegated_writes, leadership_changes,
+)
+from yurtcoord.testing.partitionworld import CLOUD_HOST, LAN, WAN, PartitionWorld
+from yurtcoord.testing.poll import PollTimeout, poll_until
+from yurtcoord.testing.world import ELECTION_LEASE, ELECTION_NAMESPACE, leader_of
+
+NODES = ("edge-1", "edge-2", "edge-3")
+PODS_PER_NODE = 4
+ENDPOINT_COUNT = 6
+# The agents' timings (seconds): the fault suite's election (lease 3 s, renew deadline
+# 2 s, retry 0.5 s), heartbeats every 2 s with 500 ms attempts.
+LEASE_DURATION, RETRY_PERIOD = 3.0, 0.5
+HEARTBEAT_INTERVAL = 2.0
+KUBELET_GRACE = 6.0
+TIMINGS = {"heartbeat": {"interval": "2s", "timeout": "500ms", "failed_retry": "2"}}
+# A takeover: the old lease runs out, and a candidate's next try takes it.
+TAKEOVER = LEASE_DURATION + 2 * RETRY_PERIOD
+# Slack for processes of a loaded 2-core machine that were not scheduled for a moment.
+SLACK = 2.0
+LIVE_LEASE_BOUND = 2 * HEARTBEAT_INTERVAL + TAKEOVER + SLACK
+STALE_BOUND = KUBELET_GRACE + HEARTBEAT_INTERVAL + SLACK
+# How long a cut lasts: well past LIVE_LEASE_BOUND, so that a heartbeat path that does
+# not work shows as a gap that breaks the bound.
+CUT = 16.0
+# Deadlines of a loaded machine (not bounds that are asserted).
+START_TIMEOUT = 120.0
+SETTLE_TIMEOUT = 90.0
+EXACT_TIMEOUT = 90.0
+# Role thrash under a flapping WAN: leadership changes per minute, pool-wide.
+FLAP_PERIOD, FLAP_DURATION = 3.0, 120.0
+MAX_LEADERSHIP_CHANGES_PER_MINUTE = 1.0
+
+
+def endpoints(name: str, ip: str, namespace: str = "default") -> dict:
+    """A pool-scoped object of the cloud that the leader mirrors into the pool etcd."""
+    return {"apiVersion": "v1", "kind": "Endpoints",
+            "metadata": {"name": name, "namespace": namespace},
+            "subsets": [{"addresses": [{"ip": ip}], "ports": [{"port": 80}]}]}
+
+
+@attr.s(auto_attribs=True)
+class Run:
+    """What a script needs of a running scenario, and what it reports back.
+
+    ``excused`` lists (start, end) windows in which no pool member could reach the
+    cloud; ``notes`` are measured numbers printed after the run; ``problems`` are
+    violations a script found itself (role thrash)."""
+
+    world: PartitionWorld
+    leader: str
+    followers: List[str]
+    dead: str
+    excused: List[Tuple[float, float]] = attr.ib(factory=list)
+    notes: Dict[str, object] = attr.ib(factory=dict)
+    problems: List[str] = attr.ib(factory=list)
+
+    @property
+    def reactor(self):
+        return self.world.reactor
+
+    def now(self) -> float:
+        return self.world.reactor.seconds()
+
+    def wait(self, seconds: float) -> defer.Deferred:
+        """Let the scenario run for ``seconds`` (a cut's length, not a poll)."""
+        return deferLater(self.world.reactor, seconds, lambda: None)
+
+    def live_followers(self) -> List[str]:
+        return [node for node in self.followers if node != self.dead]
+
+
+@attr.s(auto_attribs=True)
+class Scenario:
+    """``script(run)`` cuts and heals links; ``target`` says which node it aims at
+    (``"leader"``, ``"follower"`` or None), so the dead node is another one."""
+
+    name: str
+    script: Callable[[Run], defer.Deferred]
+    target: Optional[str] = None
+    description: str = ""
+
+
+@attr.s(auto_attribs=True)
+class Outcome:
+    name: str
+    problems: List[str]
+    notes: Dict[str, object]
+
+
+def _change_endpoints(world: PartitionWorld, round_name: str) -> None:
+    """The cloud keeps changing: update two endpoints, delete one, add one."""
+    store = world.cloud.store
+    existing = sorted(store.list(ENDPOINTS), key=lambda o: o["metadata"]["name"])
+    for obj in existing[:2]:
+        obj["subsets"][0]["addresses"][0]["ip"] = f"10.2.0.{len(round_name)}"
+        store.update(ENDPOINTS, obj)
+    if len(existing) > 2:
+        store.delete(ENDPOINTS, existing[2]["metadata"]["name"], "default")
+    store.create(ENDPOINTS, endpoints(f"{round_name}-new", "10.3.0.1"))
+
+
+def _one_leader(nodes: List[str]) -> Callable[[dict], bool]:
+    """Exactly one leader among ``nodes``, the others followers, all ready."""
+    def predicate(statuses):
+        chosen = {node: statuses.get(node) for node in nodes}
+        if None in chosen.values():
+            return False
+        roles = sorted(s["role"] for s in chosen.values())
+        return (roles == ["follower"] * (len(nodes) - 1) + ["leader"]
+                and all(s["ready"] for s in chosen.values()))
+    return predicate
+
+
+@defer.inlineCallbacks
+def run_scenario(reactor, scenario: Scenario, name_prefix: str = "") -> Outcome:
+    """Run one scenario on a topology of its own and judge it; never raises (a setup
+    failure is reported as a problem), and always removes what it made."""
+    world = PartitionWorld(reactor, f"{name_prefix}{scenario.name}",
+                           kubelet_grace_period=f"{KUBELET_GRACE:g}s", timings=TIMINGS)
+    problems: List[str] = []
+    notes: Dict[str, object] = {}
+    try:
+        yield world.start()
+        for index in range(ENDPOINT_COUNT):
+            world.cloud.store.create(ENDPOINTS, endpoints(f"svc-{index}", f"10.1.0.{index}"))
+        for node in NODES:
+            yield world.add_agent(node, pods=PODS_PER_NODE)
+        yield world.start_agents()
+        statuses = yield world.wait_for_pool("one leader, all ready", _one_leader(list(NODES)),
+                                             START_TIMEOUT)
+        leader = leader_of(statuses)
+        followers = sorted(node for node in NODES if node != leader)
+        # The dead node: a follower the script does not aim at.
+        dead = followers[-1]
+        run = Run(world, leader, followers, dead, notes=notes)
+        started = run.now()
+        yield world.stop_kubelet(dead)
+        stopped_at = run.now()
+        reactor.callLater(CUT / 3, _change_endpoints, world, "during")
+        yield scenario.script(run)
+        healed = run.now()
+        _change_endpoints(world, "after")
+        live = [leader] + run.live_followers()
+        yield world.wait_for_pool("one leader among the live agents, all ready",
+                                  _one_leader(live), SETTLE_TIMEOUT)
+        yield world.wait_pool_exact(EXACT_TIMEOUT)
+        # Watch long enough that a lease that should be stale has had time to move, and
+        # that the nodes' leases ran their bound after the heal.
+        end_at = max(stopped_at + STALE_BOUND, healed + LIVE_LEASE_BOUND) + HEARTBEAT_INTERVAL
+        if run.now() < end_at:
+            yield run.wait(end_at - run.now())
+        end = run.now()
+        problems += run.problems
+        problems += judge(world, run, started, stopped_at, end)
+        notes.update(measure(world, run, started, end))
+    except PollTimeout as e:
+        problems.append(f"did not settle: {e}")
+    except Exception as e:  # a broken setup is a finding, reported with the others
+        problems.append(f"{type(e).__name__}: {e}")
+    finally:
+        try:
+            yield world.stop()
+        except Exception as e:
+            problems.append(f"stopping the world failed: {type(e).__name__}: {e}")
+    return Outcome(scenario.name, problems, notes)
+
+
+def judge(world: PartitionWorld, run: Run, started: float, stopped_at: float,
+          end: float) -> List[str]:
+    """Every invariant of the module docstring, from the servers' request logs."""
+    cloud_log, coordinator_log = world.cloud.request_log, world.coordinator.request_log
+    problems = []
+    problems += check_single_delegator(cloud_log, coordinator_log, world.node_of_address,
+                                       ELECTION_NAMESPACE, ELECTION_LEASE, LEASE_DURATION)
+    problems += check_fencing(cloud_log, coordinator_log, world.node_of_address,
+                              ELECTION_NAMESPACE, ELECTION_LEASE)
+    for node in [run.leader] + run.live_followers():
+        problems += check_lease_age(cloud_log, node, started, end, LIVE_LEASE_BOUND,
+                                    run.excused)
+    problems += check_goes_stale(cloud_log, run.dead, stopped_at, STALE_BOUND, end)
+    return problems
+
+
+def measure(world: PartitionWorld, run: Run, started: float, end: float) -> Dict[str, object]:
+    """Numbers printed after a run: leadership changes and who delegated how often."""
+    changes = leadership_changes(world.coordinator.request_log, ELECTION_NAMESPACE,
+                                 ELECTION_LEASE)
+    delegated = delegated_writes(world.cloud.request_log, world.node_of_address)
+    writers: Dict[str, int] = {}
+    for write in delegated:
+        writers[write.writer] = writers.get(write.writer, 0) + 1
+    return {"leadership_changes": len([c for c in changes if c[0] >= started]),
+            "changes_per_minute": round(changes_per_minute(
+                [c for c in changes if c[0] >= started], started, end), 2),
+            "delegated_writes": json.dumps(writers, sort_keys=True)}
+
+
+# -- the scripts ---------------------------------------------------------------------
+
+
+def cut_for(host_of: Callable[[Run], List[str]], network: str, direction: str = "both",
+            excused: bool = False) -> Callable[[Run], defer.Deferred]:
+    """A script: cut ``network`` of the hosts ``host_of(run)`` names for ``CUT`` seconds,
+    then heal; with ``excused`` the cut leaves no pool member a way to the cloud."""
+    @defer.inlineCallbacks
+    def script(run: Run):
+        hosts = host_of(run)
+        began = run.now()
+        for host in hosts:
+            run.world.cut(host, network, direction)
+        yield run.wait(CUT)
+        for host in hosts:
+            run.world.heal(host, network)
+        if excused:
+            run.excused.append((began, run.now()))
+    return script
+
+
+def flapping(host_of: Callable[[Run], List[str]], network: str) -> Callable[[Run], defer.Deferred]:
+    """A script: the link flaps every ``FLAP_PERIOD`` seconds for ``FLAP_DURATION``."""
+    @defer.inlineCallbacks
+    def script(run: Run):
+        (host,) = host_of(run)
+        began = run.now()
+        yield run.world.topology.flap(host, network, FLAP_PERIOD, FLAP_DURATION)
+        changes = [c for c in leadership_changes(run.world.coordinator.request_log,
+                                                 ELECTION_NAMESPACE, ELECTION_LEASE)
+                   if c[0] >= began]
+        rate = changes_per_minute(changes, began, run.now())
+        run.notes["flap_leadership_changes"] = len(changes)
+        if rate > MAX_LEADERSHIP_CHANGES_PER_MINUTE:
+            run.problems.append(f"role thrash: {len(changes)} leadership changes in "
+                                   f"{run.now() - began:.0f} s ({rate:.2f}/min, bound "
+                                   f"{MAX_LEADERSHIP_CHANGES_PER_MINUTE}/min): {changes}")
+    return script
+
+
+def _leader(run: Run) -> List[str]:
+    return [run.leader]
+
+
+def _follower(run: Run) -> List[str]:
+    return [run.live_followers()[0]]
+
+
+def _every_agent(run: Run) -> List[str]:
+    return list(NODES)
+
+
+def _cloud(run: Run) -> List[str]:
+    return [CLOUD_HOST]
+
+
+WAN_SCENARIOS = [
+    Scenario("follower-wan", cut_for(_follower, WAN), "follower",
+             "one follower loses the cloud; the leader carries its heartbeat"),
+    Scenario("leader-wan", cut_for(_leader, WAN), "leader",
+             "the leader loses the cloud; another agent takes over and carries its heartbeat"),
+    Scenario("every-wan", cut_for(_every_agent, WAN, excused=True), None,
+             "the pool alone: no agent reaches the cloud"),
+    Scenario("cloud-down", cut_for(_cloud, WAN, excused=True), None,
+             "the cloud itself is unreachable"),
+]
+LAN_SCENARIOS = [
+    Scenario("follower-lan", cut_for(_follower, LAN), "follower",
+             "one agent reaches the cloud but not its pool"),
+    Scenario("leader-lan", cut_for(_leader, LAN), "leader",
+             "fencing: the leader still reaches the cloud but loses the election lease"),
+    Scenario("leader-wan-in", cut_for(_leader, WAN, direction="in"), "leader",
+             "one way: the leader's requests reach the cloud, no answer comes back"),
+    Scenario("etcd-lan", cut_for(lambda run: ["etcd-1"], LAN), None,
+             "the pool etcd member is cut from the pool"),
+]
+FLAP_SCENARIO = Scenario("leader-wan-flaps", flapping(_leader, WAN), "leader",
+                         "the leader's WAN flaps every 3 s for 2 minutes")

@@ -1,0 +1,199 @@
+"""A pool on real test networks: every agent, apiserver and etcd member on a host of its own.
+
+``PartitionWorld`` is a ``ProcessWorld`` whose parts sit on the hosts of a
+``netns.Topology``: the cloud API test server on the WAN, the coordinator API test server
+and the etcd member on the pool LAN, and every agent (a ``twistd`` process spawned inside
+its host's network namespace) on both. The API test servers and the stand-in kubelets are
+still served from the test's own reactor, on sockets made inside their hosts' namespaces,
+so their stores, fault knobs and request logs stay plain attributes. Cuts are link cuts
+(``topology.cut``/``heal``/``flap``), not proxies: an agent that lost its WAN reaches
+neither the cloud nor anything else on it, and whatever TCP connections it held stall.
+
+The test reads the agents' status pages on each agent host's own loopback and reads etcd
+with ``etcdctl`` on the member host's loopback, so no cut ever blinds the observer.
+
+Addresses (198.18.0.0/15 is set aside for network test beds; each topology has its own
+switch, so parallel worlds reuse them):
+
+- WAN 198.18.0.0/24: the cloud 198.18.0.2, agent N 198.18.0.(10+N);
+- LAN 198.19.0.0/24: the coordinator 198.19.0.2, etcd member N 198.19.0.(2+N), agent N
+  198.19.0.(10+N).
+"""
+
+import os
+import shutil
+import tempfile
+from typing import Dict, List, Optional
+
+import treq.client
+from twisted.internet import defer
+from twisted.internet.endpoints import TCP4ClientEndpoint
+from twisted.internet.threads import deferToThread
+from twisted.web.client import Agent as HTTPAgent, HTTPConnectionPool
+from zope.interface import implementer
+from twisted.web.iweb import IAgentEndpointFactory
+
+from yurtcoord.testing.apiserver import KubeAPIServer
+from yurtcoord.testing.etcd import EtcdProcess, etcd_binary_for
+from yurtcoord.testing.kubelet import StandInKubelet
+from yurtcoord.testing.netns import Topology, entered
+from yurtcoord.testing.world import TIMINGS, AgentProcess, ProcessWorld, add_pool_node, agent_ini
+
+WAN, LAN = "wan", "lan"
+NETWORKS = {WAN: "198.18.0.0/24", LAN: "198.19.0.0/24"}
+CLOUD_HOST, COORDINATOR_HOST, ETCD_HOST = "cloud", "coord", "etcd-1"
+CLOUD_ADDRESS, COORDINATOR_ADDRESS, ETCD_ADDRESS = "198.18.0.2", "198.19.0.2", "198.19.0.3"
+API_PORT, ETCD_CLIENT_PORT, STATUS_PORT, KUBELET_PORT = 6443, 2379, 10267, 10248
+
+
+@implementer(IAgentEndpointFactory)
+class _EndpointsOnHost:
+    """Connects every request from inside one host's network namespace."""
+
+    def __init__(self, host_reactor: object) -> None:
+        self._reactor = host_reactor
+
+    def endpointForURI(self, uri):  # noqa: N802 - Twisted's interface name
+        return TCP4ClientEndpoint(self._reactor, uri.host.decode("ascii"), uri.port,
+                                  timeout=2)
+
+
+def agent_addresses(index: int) -> Dict[str, str]:
+    """WAN and LAN addresses of the ``index``-th agent (1-based)."""
+    return {WAN: f"198.18.0.{10 + index}", LAN: f"198.19.0.{10 + index}"}
+
+
+class PartitionWorld(ProcessWorld):
+    """A pool on its own test networks; see the module docstring.
+
+    ``name`` names the topology (its namespaces carry it), so that several worlds run
+    side by side. ``start()``/``stop()`` bracket it like ``ProcessWorld``; ``stop()``
+    also closes the topology, which removes every namespace, bridge and process it made.
+    """
+
+    def __init__(self, reactor, name: str, etcd_binary=None,
+                 kubelet_grace_period: str = TIMINGS["kubelet_grace_period"],
+                 timings: Optional[Dict[str, Dict[str, str]]] = None) -> None:
+        # Not ProcessWorld.__init__: its servers and etcd live on the test's loopback.
+        self.reactor = reactor
+        self.name = name
+        self.kubelet_grace_period = kubelet_grace_period
+        # Ini sections merged over the suite's for every agent (e.g. heartbeat timings).
+        self.timings = timings or {}
+        self.base_dir = tempfile.mkdtemp(prefix=f"yurtcoord-{name}-")
+        self.topology = Topology(reactor, name, NETWORKS)
+        self.hosts = {}
+        self.etcd = EtcdProcess(etcd_binary or etcd_binary_for("3.5") or etcd_binary_for("3.4"),
+                                host=ETCD_ADDRESS)
+        self.cloud = None
+        self.coordinator = None
+        self.agents = {}
+        self.node_of_address: Dict[str, str] = {}
+        self._proxies = []
+        self._kubelets = []
+        self._clients = {}
+        self._pools = []
+        self._http_pool = HTTPConnectionPool(reactor, persistent=False)
+        self.http = treq.client.HTTPClient(HTTPAgent(reactor, pool=self._http_pool))
+        self._stopped = False
+
+    # -- lifecycle ---------------------------------------------------------------------
+
+    @defer.inlineCallbacks
+    def start(self):
+        self.hosts[CLOUD_HOST] = self.topology.add_host(CLOUD_HOST, {WAN: CLOUD_ADDRESS})
+        self.hosts[COORDINATOR_HOST] = self.topology.add_host(
+            COORDINATOR_HOST, {LAN: COORDINATOR_ADDRESS})
+        self.hosts[ETCD_HOST] = self.topology.add_host(ETCD_HOST, {LAN: ETCD_ADDRESS})
+        self.cloud = KubeAPIServer(self.hosts[CLOUD_HOST].reactor)
+        self.coordinator = KubeAPIServer(self.hosts[COORDINATOR_HOST].reactor)
+        yield deferToThread(self._start_etcd)
+        yield self.cloud.start(API_PORT, CLOUD_ADDRESS)
+        yield self.coordinator.start(API_PORT, COORDINATOR_ADDRESS)
+
+    def _start_etcd(self):
+        with entered(self.hosts[ETCD_HOST].netns):
+            self.etcd.start()
+
+    @defer.inlineCallbacks
+    def add_agent(self, node: str, pods: int = 0, **pod_options):
+        """Prepare an agent on a host of its own (WAN and LAN), with a running stand-in
+        kubelet on that host's loopback, its Node in the cloud and ``pods`` good pods in
+        its cache; not started."""
+        index = len(self.agents) + 1
+        addresses = agent_addresses(index)
+        host = self.topology.add_host(node, addresses)
+        self.hosts[node] = host
+        self.node_of_address[addresses[WAN]] = node
+        self.node_of_address[addresses[LAN]] = node
+        kubelet = StandInKubelet(host.reactor)
+        kubelet.start(KUBELET_PORT)
+        self._kubelets.append(kubelet)
+        add_pool_node(self.cloud, node)
+
+        def spawn(child, argv, env, path, child_fds):
+            self.topology.spawn(node, child, argv, env=env, path=path, childFDs=child_fds)
+
+        agent = AgentProcess(host.reactor, node, os.path.join(self.base_dir, node), [],
+                             None, kubelet, spawn=spawn)
+        if pods:
+            agent.write_pods(pods, **pod_options)
+        self.agents[node] = agent
+        yield defer.succeed(None)
+        return agent
+
+    def ini_for(self, agent: AgentProcess, **sections) -> str:
+        merged = {section: dict(values) for section, values in self.timings.items()}
+        for section, values in sections.items():
+            merged.setdefault(section, {}).update(values)
+        return agent_ini(agent.node, [f"http://{CLOUD_ADDRESS}:{API_PORT}"],
+                         f"http://{COORDINATOR_ADDRESS}:{API_PORT}", self.etcd.client_url,
+                         agent.pki_dir, agent.cache_dir, f"127.0.0.1:{STATUS_PORT}",
+                         kubelet_url=agent.kubelet.url(),
+                         kubelet_grace_period=self.kubelet_grace_period, **merged)
+
+    @defer.inlineCallbacks
+    def stop(self):
+        if self._stopped:
+            return
+        self._stopped = True
+        try:
+            yield defer.DeferredList([agent.stop() for agent in self.agents.values()])
+            for kubelet in self._kubelets:
+                yield kubelet.stop()
+            for server in (self.cloud, self.coordinator):
+                if server is not None:
+                    yield server.stop()
+            for pool in [self._http_pool] + self._pools:
+                yield pool.closeCachedConnections()
+        finally:
+            yield deferToThread(self.etcd.stop)
+            self.topology.close()
+            shutil.rmtree(self.base_dir, ignore_errors=True)
+
+    # -- how the test reaches the agents and etcd --------------------------------------
+
+    def http_for(self, agent: AgentProcess) -> treq.client.HTTPClient:
+        client = self._clients.get(agent.node)
+        if client is None:
+            pool = HTTPConnectionPool(self.reactor, persistent=False)
+            self._pools.append(pool)
+            endpoints = _EndpointsOnHost(self.hosts[agent.node].reactor)
+            client = treq.client.HTTPClient(
+                HTTPAgent.usingEndpointFactory(self.reactor, endpoints, pool=pool))
+            self._clients[agent.node] = client
+        return client
+
+    def etcdctl_reactor(self):
+        return self.hosts[ETCD_HOST].reactor
+
+    # -- cuts --------------------------------------------------------------------------
+
+    def cut(self, host: str, network: str, direction: str = "both") -> None:
+        self.topology.cut(host, network, direction)
+
+    def heal(self, host: str, network: str) -> None:
+        self.topology.heal(host, network)
+
+    def agent_nodes(self) -> List[str]:
+        return list(self.agents)
