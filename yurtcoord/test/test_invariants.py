@@ -218,6 +218,11 @@ class FencingTests(unittest.TestCase):
         cloud = [node_write(24.9, "n1", "n3"), node_write(85.0, "n1", "n3")]
         self.assertEqual(fencing(election, cloud), [])
 
+    def test_a_leader_taking_its_own_expired_lease_again_is_no_takeover(self):
+        election = [elect(0.0, "n1"), elect(20.0, "n1")]
+        self.assertEqual(fencing(election, [node_write(21.0, "n1", "n3")]), [])
+        self.assertEqual(single(election, [node_write(21.0, "n1", "n3")]), [])
+
     def test_a_takeover_right_after_a_release(self):
         election = renewals("n1", 0.0, 4.0) + [elect(5.0, "")] + renewals("n2", 6.0, 10.0)
         problems = fencing(election, [node_write(7.0, "n1", "n3")])
