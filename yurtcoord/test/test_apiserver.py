@@ -30,7 +30,8 @@ from yurtcoord.kube.errors import AlreadyExists, Conflict, Gone, NotFound
 from yurtcoord.kube.gvr import GroupVersionResource
 from yurtcoord.health import DELEGATE_HEARTBEAT_ANNOTATION
 from yurtcoord.testing.apiserver import Catalog, KubeAPIServer, ObjectStore, ResourceType
-from yurtcoord.testing.apiserver.requestlog import LoggedRequest, logged_request
+from yurtcoord.testing.apiserver.requestlog import (
+    LoggedRequest, json_line, logged_request, read_request_log)
 from yurtcoord.testing.apiserver.selectors import (
     FieldSelector, LabelSelector, ObjectFilter, SelectorError)
 from yurtcoord.testing.apiserver.watch import WatchStream
@@ -626,6 +627,33 @@ class RequestLogTests(ServerTestCase):
         self.assertEqual((len(http.server.request_log), http.server.request_log_dropped),
                          (20, 6))
 
+    def test_a_request_log_file_reads_back_as_records(self):
+        path = self.mktemp()
+        records = [logged_request(1.5, "198.18.0.2", "PUT", NODE_LEASES + "/edge-1", 200,
+                                  node_lease("edge-1", "edge-1", "t", delegated=True)),
+                   logged_request(2.0, "198.18.0.3", "GET", "/healthz", 200)]
+        with open(path, "w") as f:
+            f.writelines(json_line(record) for record in records)
+            f.write('{"at": 3.0, "peer": "198.18')
+        self.assertEqual(read_request_log(path), records)
+        with open(path, "w") as f:
+            f.write(json_line(records[0]) + '{"at": 3.0}\n' + json_line(records[1]))
+        with self.assertRaisesRegex(ValueError, f"{path}:2: not a request log record"):
+            read_request_log(path)
+        with open(path, "w") as f:
+            f.write('{"at": "x", "peer": "", "method": "GET", "path": "/", "code": 200}\n')
+        with self.assertRaisesRegex(ValueError, f"{path}:1: .*at 'x'"):
+            read_request_log(path)
+
+    @defer.inlineCallbacks
+    def test_a_server_with_a_request_log_path_appends_every_record(self):
+        path = self.mktemp()
+        self.server.request_log_path = path
+        yield self.call("POST", NODE_LEASES, node_lease("edge-1", "edge-1", None))
+        yield self.call("GET", NODE_LEASES + "/edge-1")
+        yield self.logged(2)
+        self.assertEqual(read_request_log(path), list(self.server.request_log))
+
     def test_odd_lease_bodies_never_break_the_record(self):
         for body in ({"kind": "Lease", "apiVersion": "coordination.k8s.io/v1"},
                      {"kind": "Lease", "apiVersion": "coordination.k8s.io/v1",
@@ -1104,6 +1132,31 @@ class StandaloneTests(unittest.TestCase):
             self.assertEqual(body["gitVersion"], "v1.28.0")
             yield pool.closeCachedConnections()
         return self.run_module(["--tls-dir", tls_dir, "--kubeconfig", kubeconfig], check)
+
+    def test_request_log_file(self):
+        workdir = tempfile.mkdtemp(prefix="apiserver-standalone-")
+        self.addCleanup(shutil.rmtree, workdir, True)
+        path = os.path.join(workdir, "requests.jsonl")
+
+        @defer.inlineCallbacks
+        def check(url):
+            pool = HTTPConnectionPool(reactor, persistent=False)
+            lease = node_lease("edge-1", "edge-1", "2026-01-01T00:00:01.000000Z")
+            response = yield treq.post(url + NODE_LEASES, json.dumps(lease).encode(), pool=pool)
+            self.assertEqual(response.code, 201)
+            yield response.content()
+            response = yield treq.get(url + "/readyz", pool=pool)
+            yield response.content()
+            yield pool.closeCachedConnections()
+            yield poll_until(lambda: os.path.exists(path) and len(read_request_log(path)) == 2,
+                             what="two records in the request log file")
+            created, ready = read_request_log(path)
+            self.assertEqual(created[1:], ("127.0.0.1", "POST", NODE_LEASES, 201,
+                                           "kube-node-lease", "edge-1", "edge-1",
+                                           "2026-01-01T00:00:01.000000Z", False))
+            self.assertEqual(ready[1:5], ("127.0.0.1", "GET", "/readyz", 200))
+            self.assertLess(abs(created.at - time.time()), 60)
+        return self.run_module(["--request-log", path], check)
 
 
 class InMemoryHTTP:

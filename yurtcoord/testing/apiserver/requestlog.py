@@ -5,8 +5,13 @@ agents say about themselves: which client (by IP address) wrote which Lease, wit
 which holder and renewTime, and when the answer went out. A record names the lease
 only for Lease writes and deletes (``coordination.k8s.io`` leases), the requests
 such checks are about; every other request is logged with method, path and code.
+
+A server run as its own process (in a network namespace of its own, say) also
+writes each record as one JSON line to a file (``--request-log``), which
+``read_request_log`` turns back into records after the run.
 """
 
+import json
 import re
 import sys
 from typing import Any, NamedTuple, Optional
@@ -104,3 +109,32 @@ def logged_request(at: float, peer: str, method: str, path: str, code: int,
             return record._replace(namespace=unquote(match.group(1)),
                                    name=unquote(match.group(2)))
     return record
+
+
+def json_line(record: LoggedRequest) -> str:
+    """``record`` as one line of JSON (fields by name), newline included."""
+    return json.dumps(record._asdict(), separators=(",", ":")) + "\n"
+
+
+def read_request_log(path: str) -> list[LoggedRequest]:
+    """The records of a request log file, in the order written.
+
+    A last line without its newline is skipped: the server was killed while writing
+    it, and its answer may not have reached the client either. Any other line that
+    is not a record is an error naming the file and line."""
+    with open(path, encoding="utf-8") as f:
+        lines = f.readlines()
+    if lines and not lines[-1].endswith("\n"):
+        lines.pop()
+    records = []
+    for number, line in enumerate(lines, start=1):
+        try:
+            fields = json.loads(line)
+            record = LoggedRequest(**fields)
+        except (ValueError, TypeError) as error:
+            raise ValueError(f"{path}:{number}: not a request log record: {error}") from None
+        if not isinstance(record.at, (int, float)) or not isinstance(record.code, int):
+            raise ValueError(f"{path}:{number}: not a request log record: "
+                             f"at {record.at!r}, code {record.code!r}")
+        records.append(record)
+    return records
