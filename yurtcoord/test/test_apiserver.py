@@ -28,7 +28,10 @@ from zope.interface import implementer
 from yurtcoord.kube import gvr as gvrs
 from yurtcoord.kube.errors import AlreadyExists, Conflict, Gone, NotFound
 from yurtcoord.kube.gvr import GroupVersionResource
+from yurtcoord.health import DELEGATE_HEARTBEAT_ANNOTATION
 from yurtcoord.testing.apiserver import Catalog, KubeAPIServer, ObjectStore, ResourceType
+from yurtcoord.testing.apiserver.requestlog import (
+    LoggedRequest, json_line, logged_request, read_request_log)
 from yurtcoord.testing.apiserver.selectors import (
     FieldSelector, LabelSelector, ObjectFilter, SelectorError)
 from yurtcoord.testing.apiserver.watch import WatchStream
@@ -519,6 +522,148 @@ class DiscoveryTests(ServerTestCase):
         self.assertEqual(self.server.requests[-1], ("GET", CM, {"labelSelector": "a=b"}))
 
 
+NODE_LEASES = "/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases"
+
+
+def node_lease(name, holder, renew_time, delegated=False):
+    metadata = {"name": name}
+    if delegated:
+        metadata["annotations"] = {DELEGATE_HEARTBEAT_ANNOTATION: "true"}
+    return {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": metadata,
+            "spec": {"holderIdentity": holder, "renewTime": renew_time,
+                     "leaseDurationSeconds": 40}}
+
+
+class RequestLogTests(ServerTestCase):
+    """``request_log``: who wrote which lease, as the server answered it."""
+
+    def logged(self, count):
+        return self.wait(lambda: len(self.server.request_log) >= count,
+                         f"{count} requests logged")
+
+    @defer.inlineCallbacks
+    def test_lease_writes_carry_the_peer_and_the_lease_as_answered(self):
+        code, created = yield self.call(
+            "POST", NODE_LEASES, node_lease("edge-1", "edge-1", "2026-01-01T00:00:01.000000Z"))
+        self.assertEqual(code, 201)
+        update = node_lease("edge-1", "edge-1", "2026-01-01T00:00:11.000000Z", delegated=True)
+        update["metadata"]["resourceVersion"] = created["metadata"]["resourceVersion"]
+        code, _ = yield self.call("PUT", NODE_LEASES + "/edge-1", update)
+        self.assertEqual(code, 200)
+        yield self.logged(2)
+        posted, put = self.server.request_log
+        self.assertEqual(posted[1:], ("127.0.0.1", "POST", NODE_LEASES, 201, "kube-node-lease",
+                                      "edge-1", "edge-1", "2026-01-01T00:00:01.000000Z", False))
+        self.assertEqual(put[1:], ("127.0.0.1", "PUT", NODE_LEASES + "/edge-1", 200,
+                                   "kube-node-lease", "edge-1", "edge-1",
+                                   "2026-01-01T00:00:11.000000Z", True))
+        self.assertTrue(put.is_lease_write)
+        self.assertEqual([r.at for r in self.server.request_log],
+                         [at for at, _method, _path, _code in self.server.answers])
+        self.assertLessEqual(posted.at, put.at)
+
+    @defer.inlineCallbacks
+    def test_a_failed_write_has_its_code_and_no_lease(self):
+        code, created = yield self.call(
+            "POST", NODE_LEASES, node_lease("edge-1", "edge-1", "2026-01-01T00:00:01.000000Z"))
+        stale = node_lease("edge-1", "intruder", "2026-01-01T00:00:02.000000Z")
+        stale["metadata"]["resourceVersion"] = "999"
+        code, _ = yield self.call("PUT", NODE_LEASES + "/edge-1", stale)
+        self.assertEqual(code, 409)
+        yield self.logged(2)
+        failed = self.server.request_log[-1]
+        self.assertEqual((failed.method, failed.code, failed.peer), ("PUT", 409, "127.0.0.1"))
+        self.assertEqual((failed.namespace, failed.name, failed.holder, failed.renew_time,
+                          failed.delegated), (None, None, None, None, None))
+        self.assertFalse(failed.is_lease_write)
+
+    @defer.inlineCallbacks
+    def test_reads_and_other_kinds_have_no_lease_fields(self):
+        yield self.call("POST", NODE_LEASES, node_lease("edge-1", "edge-1", None))
+        yield self.call("GET", NODE_LEASES + "/edge-1")
+        yield self.call("POST", CM, configmap("a"))
+        yield self.logged(3)
+        created, read, configmap_write = self.server.request_log
+        self.assertEqual((created.holder, created.renew_time), ("edge-1", None))
+        self.assertEqual(read, LoggedRequest(read.at, "127.0.0.1", "GET", NODE_LEASES + "/edge-1", 200))
+        self.assertEqual(configmap_write, LoggedRequest(configmap_write.at, "127.0.0.1",
+                                                        "POST", CM, 201))
+
+    @defer.inlineCallbacks
+    def test_a_lease_delete_names_the_lease(self):
+        yield self.call("POST", NODE_LEASES, node_lease("edge-1", "edge-1", None))
+        code, _ = yield self.call("DELETE", NODE_LEASES + "/edge-1")
+        self.assertEqual(code, 200)
+        code, _ = yield self.call("DELETE", NODE_LEASES + "/edge-1")
+        self.assertEqual(code, 404)
+        yield self.logged(3)
+        deleted, missing = self.server.request_log[1:]
+        self.assertEqual(deleted[1:], ("127.0.0.1", "DELETE", NODE_LEASES + "/edge-1", 200,
+                                       "kube-node-lease", "edge-1", None, None, None))
+        self.assertTrue(deleted.is_lease_delete)
+        self.assertEqual((missing.code, missing.name), (404, None))
+
+    @defer.inlineCallbacks
+    def test_an_injected_failure_is_logged_without_a_lease(self):
+        self.server.faults.fail_next(1, code=503)
+        code, _ = yield self.call("POST", NODE_LEASES, node_lease("edge-1", "edge-1", None))
+        self.assertEqual(code, 503)
+        yield self.logged(1)
+        self.assertEqual(self.server.request_log[0][1:],
+                         ("127.0.0.1", "POST", NODE_LEASES, 503, None, None, None, None, None))
+
+    def test_the_log_keeps_the_newest_records_and_counts_the_others(self):
+        http = InMemoryHTTP()
+        http.server.request_log_limit = 3
+        for path in (b"/healthz", b"/version", b"/livez", b"/readyz", b"/nope"):
+            http.request(b"GET", path)
+        self.assertEqual([(r.path, r.peer) for r in http.server.request_log],
+                         [("/livez", "127.0.0.1"), ("/readyz", "127.0.0.1"),
+                          ("/nope", "127.0.0.1")])
+        self.assertEqual(http.server.request_log_dropped, 2)
+        http.server.request_log_limit = 20
+        for _ in range(21):
+            http.request(b"GET", b"/healthz")
+        self.assertEqual((len(http.server.request_log), http.server.request_log_dropped),
+                         (20, 6))
+
+    def test_a_request_log_file_reads_back_as_records(self):
+        path = self.mktemp()
+        records = [logged_request(1.5, "198.18.0.2", "PUT", NODE_LEASES + "/edge-1", 200,
+                                  node_lease("edge-1", "edge-1", "t", delegated=True)),
+                   logged_request(2.0, "198.18.0.3", "GET", "/healthz", 200)]
+        with open(path, "w") as f:
+            f.writelines(json_line(record) for record in records)
+            f.write('{"at": 3.0, "peer": "198.18')
+        self.assertEqual(read_request_log(path), records)
+        with open(path, "w") as f:
+            f.write(json_line(records[0]) + '{"at": 3.0}\n' + json_line(records[1]))
+        with self.assertRaisesRegex(ValueError, f"{path}:2: not a request log record"):
+            read_request_log(path)
+        with open(path, "w") as f:
+            f.write('{"at": "x", "peer": "", "method": "GET", "path": "/", "code": 200}\n')
+        with self.assertRaisesRegex(ValueError, f"{path}:1: .*at 'x'"):
+            read_request_log(path)
+
+    @defer.inlineCallbacks
+    def test_a_server_with_a_request_log_path_appends_every_record(self):
+        path = self.mktemp()
+        self.server.request_log_path = path
+        yield self.call("POST", NODE_LEASES, node_lease("edge-1", "edge-1", None))
+        yield self.call("GET", NODE_LEASES + "/edge-1")
+        yield self.logged(2)
+        self.assertEqual(read_request_log(path), list(self.server.request_log))
+
+    def test_odd_lease_bodies_never_break_the_record(self):
+        for body in ({"kind": "Lease", "apiVersion": "coordination.k8s.io/v1"},
+                     {"kind": "Lease", "apiVersion": "coordination.k8s.io/v1",
+                      "metadata": [], "spec": "x"},
+                     {"kind": "Lease", "apiVersion": 7}, [], "text", None):
+            record = logged_request(1.0, "10.0.0.1", "PUT", "/x", 200, body)
+            self.assertEqual(record.peer, "10.0.0.1")
+            self.assertIn(record.holder, ("", None))
+
+
 class WatchTests(ServerTestCase):
 
     @defer.inlineCallbacks
@@ -988,6 +1133,31 @@ class StandaloneTests(unittest.TestCase):
             yield pool.closeCachedConnections()
         return self.run_module(["--tls-dir", tls_dir, "--kubeconfig", kubeconfig], check)
 
+    def test_request_log_file(self):
+        workdir = tempfile.mkdtemp(prefix="apiserver-standalone-")
+        self.addCleanup(shutil.rmtree, workdir, True)
+        path = os.path.join(workdir, "requests.jsonl")
+
+        @defer.inlineCallbacks
+        def check(url):
+            pool = HTTPConnectionPool(reactor, persistent=False)
+            lease = node_lease("edge-1", "edge-1", "2026-01-01T00:00:01.000000Z")
+            response = yield treq.post(url + NODE_LEASES, json.dumps(lease).encode(), pool=pool)
+            self.assertEqual(response.code, 201)
+            yield response.content()
+            response = yield treq.get(url + "/readyz", pool=pool)
+            yield response.content()
+            yield pool.closeCachedConnections()
+            yield poll_until(lambda: os.path.exists(path) and len(read_request_log(path)) == 2,
+                             what="two records in the request log file")
+            created, ready = read_request_log(path)
+            self.assertEqual(created[1:], ("127.0.0.1", "POST", NODE_LEASES, 201,
+                                           "kube-node-lease", "edge-1", "edge-1",
+                                           "2026-01-01T00:00:01.000000Z", False))
+            self.assertEqual(ready[1:5], ("127.0.0.1", "GET", "/readyz", 200))
+            self.assertLess(abs(created.at - time.time()), 60)
+        return self.run_module(["--request-log", path], check)
+
 
 class InMemoryHTTP:
     """Drives the server's HTTP stack over an in-memory transport, on a fake
@@ -1001,7 +1171,7 @@ class InMemoryHTTP:
     def request(self, method, path, body=b"", content_type=b"application/json"):
         """(status code, raw body) of one request on a fresh connection."""
         channel = self.server._connections.buildProtocol(self._address)
-        transport = StringTransport()
+        transport = StringTransport(peerAddress=self._address)
         channel.makeConnection(transport)
         head = (b"%s %s HTTP/1.1\r\nHost: test\r\nContent-Type: %s\r\n"
                 b"Content-Length: %d\r\nConnection: close\r\n\r\n"

@@ -3,7 +3,9 @@ test API server alone; prints its URL on a line once it listens.
 
 With ``--tls-dir`` pointing at an empty directory, a CA, a server pair and a
 client pair (``client.crt``/``client.key``) are created there;
-``--kubeconfig PATH`` writes a kubeconfig that uses them."""
+``--kubeconfig PATH`` writes a kubeconfig that uses them. ``--request-log PATH``
+appends every answer's record to PATH as a JSON line (see
+``yurtcoord.testing.apiserver.requestlog``)."""
 
 import argparse
 import os
@@ -20,6 +22,8 @@ def _parse(argv):
     parser.add_argument("--history", type=int, default=1000)
     parser.add_argument("--kubeconfig", default=None,
                         help="write a kubeconfig for this server to this path")
+    parser.add_argument("--request-log", default=None,
+                        help="append a JSON line per answered request to this path")
     parser.add_argument("--verbose", action="store_true",
                         help="log every request to stderr")
     return parser.parse_args(argv)
@@ -32,7 +36,8 @@ def main(reactor, argv):
     if options.verbose:
         from twisted.logger import globalLogBeginner, textFileLogObserver
         globalLogBeginner.beginLoggingTo([textFileLogObserver(sys.stderr)])
-    server = KubeAPIServer(reactor, tls_dir=options.tls_dir, history=options.history)
+    server = KubeAPIServer(reactor, tls_dir=options.tls_dir, history=options.history,
+                           request_log_path=options.request_log)
     finished = defer.Deferred()
 
     def started(url):

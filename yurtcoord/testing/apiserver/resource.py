@@ -118,6 +118,7 @@ class KubeAPIResource(Resource):
         request.finish()
 
     def _write_json(self, request, code, obj):
+        self._server._note_answer_body(request, obj)
         request.setResponseCode(code)
         request.setHeader(b"content-type", b"application/json")
         self._finish(request, _dumps(obj))

@@ -3,9 +3,11 @@ together on a real listening socket (plain HTTP, or TLS that requires a
 client certificate signed by the server's CA)."""
 
 import os
+import weakref
 
 from OpenSSL import SSL
 from twisted.internet import defer
+from twisted.internet.address import IPv4Address, IPv6Address
 from twisted.internet.interfaces import IOpenSSLContextFactory, IProtocolNegotiationFactory
 from twisted.logger import Logger
 from twisted.protocols import policies
@@ -15,6 +17,7 @@ from zope.interface import implementer
 from yurtcoord.testing.apiserver.catalog import Catalog
 from yurtcoord.testing.apiserver.faults import FaultInjector
 from yurtcoord.testing.apiserver.pages import ListPages
+from yurtcoord.testing.apiserver.requestlog import REQUEST_LOG_LIMIT, json_line, logged_request
 from yurtcoord.testing.apiserver.resource import KubeAPIResource
 from yurtcoord.testing.apiserver.store import ObjectStore
 
@@ -131,7 +134,13 @@ class KubeAPIServer:
     writes); ``faults`` the FaultInjector; ``requests`` lists (method, path,
     query) of every request, ``answers`` (at, method, path, code) of every answer
     sent in full (reactor time, in the order they finished; a request left
-    unanswered or whose connection broke has none), and ``client_subjects`` the
+    unanswered or whose connection broke has none), ``request_log`` the same
+    answers as ``LoggedRequest`` records with the client's address and, for Lease
+    writes, the lease as answered (the newest ``request_log_limit`` of them, a tenth
+    more between trims; ``request_log_dropped`` counts the older ones let go; with
+    ``request_log_path`` each is also appended to that file as a JSON line, none
+    dropped), and
+    ``client_subjects`` the
     RFC 4514 subjects of TLS client certificates, in order. ``history`` bounds the
     watch replay window; ``bookmark_interval`` is the seconds between BOOKMARK
     events on watches that allow them.
@@ -140,7 +149,7 @@ class KubeAPIServer:
     log = Logger()
 
     def __init__(self, reactor, tls_dir=None, history=1000, bookmark_interval=1.0,
-                 catalog=None):
+                 catalog=None, request_log_path=None):
         self.reactor = reactor
         self.tls_dir = tls_dir
         self.catalog = catalog or Catalog()
@@ -150,6 +159,11 @@ class KubeAPIServer:
         self.bookmark_interval = bookmark_interval
         self.requests = []
         self.answers = []
+        self.request_log = []
+        self.request_log_limit = REQUEST_LOG_LIMIT
+        self.request_log_dropped = 0
+        self.request_log_path = request_log_path
+        self._request_log_file = None
         self.client_subjects = []
         self.port_number = None
         self.url = None
@@ -159,6 +173,8 @@ class KubeAPIServer:
         self._tls_options = None
         self._watches = set()
         self._delayed = set()
+        # The JSON object answered to a request still being sent, for request_log.
+        self._answered_bodies = weakref.WeakKeyDictionary()
         site = _APISite(KubeAPIResource(self), reactor=reactor, parsePOSTFormSubmission=False)
         site.displayTracebacks = False
         site.noisy = False
@@ -199,6 +215,9 @@ class KubeAPIServer:
         """Close the listening port and every open connection, watches included."""
         yield self._go_down()
         self.faults.clear()
+        if self._request_log_file is not None:
+            log_file, self._request_log_file = self._request_log_file, None
+            log_file.close()
 
     def _stop_listening(self):
         if self._port is not None:
@@ -237,15 +256,47 @@ class KubeAPIServer:
                  for k, v in (request.args or {}).items()}
         method = request.method.decode()
         self.requests.append((method, path, query))
+        address = request.getClientAddress()
+        peer = address.host if isinstance(address, (IPv4Address, IPv6Address)) else ""
 
         def answered(_):
-            self.answers.append((self.reactor.seconds(), method, path, request.code))
+            at = self.reactor.seconds()
+            self.answers.append((at, method, path, request.code))
+            record = logged_request(at, peer, method, path, request.code,
+                                    self._answered_bodies.pop(request, None))
+            self.request_log.append(record)
+            self._trim_request_log()
+            self._write_request_log(record)
 
-        request.notifyFinish().addCallbacks(answered, lambda _failure: None)
+        def broken(_failure):
+            self._answered_bodies.pop(request, None)
+
+        request.notifyFinish().addCallbacks(answered, broken)
         if request.isSecure():
             certificate = request.channel.transport.getPeerCertificate()
             if certificate is not None:
                 self.client_subjects.append(subject_of(certificate))
+
+    def _write_request_log(self, record):
+        if self.request_log_path is None:
+            return
+        if self._request_log_file is None:
+            self._request_log_file = open(self.request_log_path, "a", encoding="utf-8")
+        # Flushed per record: the file must hold every answer even if the process is
+        # killed, since the checks read it after the run.
+        self._request_log_file.write(json_line(record))
+        self._request_log_file.flush()
+
+    def _trim_request_log(self):
+        # Trimmed a tenth at a time, so that a full log costs no copy per request.
+        excess = len(self.request_log) - self.request_log_limit
+        if excess >= max(1, self.request_log_limit // 10):
+            del self.request_log[:excess]
+            self.request_log_dropped += excess
+
+    def _note_answer_body(self, request, body):
+        """``body`` is the JSON object being answered to ``request``."""
+        self._answered_bodies[request] = body
 
     def _delay(self, seconds, function, *args):
         def run():
