@@ -15,6 +15,13 @@ lease is forwarded only when
 - its renewTime is at most ``max_clock_skew`` ahead of the leader's clock
   (``renew_time_in_future``): a renewTime an hour ahead would otherwise stay in the
   cloud and hide the node's death for that hour;
+- its renewTime is at most ``heartbeat_interval`` + ``max_clock_skew`` old when it is
+  written to the cloud (``stale``). The cloud takes a lease whose renewTime moved as a
+  heartbeat seen at that moment, whatever time it names; a live node renews at least
+  once an interval, so an older renewal means the node stopped renewing, and
+  forwarding it late (a state queued while the cloud was unreachable, or an old
+  lease a new leader lists) would keep a dead node alive for one more grace period.
+  It is judged when the lease arrives and again before every write;
 - its name is a cloud Node labelled ``apps.openyurt.io/nodepool=<pool>``. The leader
   keeps a label-selected informer of its pool's Nodes for this; until it has listed
   once, leases wait (they are not refused). A name missing from it is looked up once
@@ -82,8 +89,11 @@ REFUSED_NOT_POOL_MEMBER = "not_pool_member"
 REFUSED_NO_SUCH_NODE = "no_such_node"
 REFUSED_HOLDER_MISMATCH = "holder_mismatch"
 REFUSED_RENEW_TIME_IN_FUTURE = "renew_time_in_future"
+REFUSED_STALE = "stale"
 REFUSAL_REASONS = (REFUSED_NAMESPACE, REFUSED_NOT_POOL_MEMBER, REFUSED_NO_SUCH_NODE,
-                   REFUSED_HOLDER_MISMATCH, REFUSED_RENEW_TIME_IN_FUTURE)
+                   REFUSED_HOLDER_MISMATCH, REFUSED_RENEW_TIME_IN_FUTURE, REFUSED_STALE)
+# The agents' ``[heartbeat] interval`` unless the caller names it.
+DEFAULT_HEARTBEAT_INTERVAL = 10.0
 
 
 class IDelegationMetrics(Interface):
@@ -225,6 +235,8 @@ class HeartbeatDelegation:
       node-lease-proxy certificate. Clients are borrowed: the caller owns and
       closes them;
     - ``pool``: the agent's ``[node] pool``; ``max_clock_skew``: seconds;
+    - ``heartbeat_interval``: the pool's ``[heartbeat] interval`` in seconds; with
+      ``max_clock_skew`` it bounds the age of a renewal that is still forwarded;
     - ``metrics``: optional, an ``IDelegationMetrics``;
     - ``make_backoff()`` → a ``Backoff`` for the retries of one lease.
 
@@ -239,7 +251,8 @@ class HeartbeatDelegation:
                  node_client, pick_healthy_server: Callable, cloud_client_for: Callable,
                  pool: str, max_clock_skew: float = DEFAULT_MAX_CLOCK_SKEW, metrics=None,
                  make_backoff: Optional[Callable] = None, max_attempts: int = MAX_ATTEMPTS,
-                 max_concurrent: int = DEFAULT_MAX_CONCURRENT):
+                 max_concurrent: int = DEFAULT_MAX_CONCURRENT,
+                 heartbeat_interval: float = DEFAULT_HEARTBEAT_INTERVAL):
         if max_concurrent < 1:
             raise ValueError("max_concurrent must be at least 1")
         if not pool:
@@ -252,6 +265,7 @@ class HeartbeatDelegation:
         self._cloud_client_for = cloud_client_for
         self.pool = pool
         self.max_clock_skew = max_clock_skew
+        self.heartbeat_interval = heartbeat_interval
         self._metrics = metrics
         self._make_backoff = make_backoff or (lambda: Backoff(initial=0.5, maximum=5.0))
         self._max_attempts = max_attempts
@@ -520,7 +534,21 @@ class HeartbeatDelegation:
             return REFUSED_RENEW_TIME_IN_FUTURE, (
                 f"renewTime {spec.get('renewTime')} is {ahead:.1f}s ahead of this leader's "
                 f"clock (max_clock_skew {format_duration(self.max_clock_skew)})")
-        return None
+        return self._staleness(lease)
+
+    def _staleness(self, lease):
+        """(reason, detail) when the lease's renewTime is too old to be forwarded now."""
+        renewed = renew_time_of(lease)
+        if renewed is None:
+            return None
+        age = self._reactor.seconds() - renewed
+        limit = self.heartbeat_interval + self.max_clock_skew
+        if age <= limit:
+            return None
+        return REFUSED_STALE, (
+            f"renewTime {lease['spec'].get('renewTime')} is {age:.1f}s old, more than the "
+            f"heartbeat interval {format_duration(self.heartbeat_interval)} + max_clock_skew "
+            f"{format_duration(self.max_clock_skew)}: the node stopped renewing")
 
     def _not_in_pool(self, key, name):
         """A delegated lease whose name is not a Node of the pool: refused; a cloud
@@ -558,6 +586,9 @@ class HeartbeatDelegation:
 
     def _refuse(self, key, reason, detail):
         self._forget_pending(key)
+        self._count_refusal(key, reason, detail)
+
+    def _count_refusal(self, key, reason, detail):
         self.refused[reason] += 1
         if self._metrics is not None:
             self._metrics.count_delegation_refused(reason)
@@ -689,6 +720,12 @@ class HeartbeatDelegation:
         pool_renewed = renew_time_of(pool_lease)
         node = self._nodes.get(pool_lease["metadata"]["name"])
         if pool_renewed is None or node is None:
+            return defer.succeed((UNCHANGED, None))
+        stale = self._staleness(pool_lease)
+        if stale is not None:
+            # Queued while the cloud was unreachable, and too old by now. The chain
+            # ends as a no-op; a newer state of the lease (if any) runs after it.
+            self._count_refusal(key, *stale)
             return defer.succeed((UNCHANGED, None))
         server = self._pick_healthy_server()
         if server is None:

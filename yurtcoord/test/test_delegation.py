@@ -163,6 +163,10 @@ class DelegationFixture:
             return self.nodes
 
         verifyObject(IDelegationMetrics, self.metrics)
+        # The fixture's leases were renewed at T0 + a few seconds while its clock reads
+        # NOW, 1000 s later: an hour-long interval keeps them fresh, except in the tests
+        # of stale renewals, which name their interval.
+        kwargs.setdefault("heartbeat_interval", 3600.0)
         return HeartbeatDelegation(
             self.clock, lambda: self.informer, make_node_informer, self.node_reader,
             self.health.pick_healthy_server, client_for, POOL, metrics=self.metrics,
@@ -529,6 +533,7 @@ class DelegationRuleTests(DelegationFixture, unittest.TestCase):
             "no_such_node": pool_lease("node-missing", T0 + 1),
             "holder_mismatch": impostor,
             "renew_time_in_future": pool_lease("node-c", NOW + 3600),
+            "stale": pool_lease("node-b", NOW - 7300),
         }
 
     def refused_warnings(self, events):
@@ -601,6 +606,50 @@ class DelegationRuleTests(DelegationFixture, unittest.TestCase):
         self.assertIsNotNone(self.stored("node-a"))
         self.assertIsNone(self.stored("node-b"))
         self.assertEqual(self.metrics.refused, ["renew_time_in_future"])
+
+    def test_a_renewal_older_than_interval_plus_skew_is_refused_as_stale(self):
+        self.delegation = self.build(heartbeat_interval=10.0)
+        self.start()
+        self.informer.add(pool_lease("node-a", NOW - 15.0))
+        self.informer.add(pool_lease("node-b", NOW - 15.001))
+        self.assertEqual(parse_micro_time(self.stored("node-a")["spec"]["renewTime"]), NOW - 15)
+        self.assertIsNone(self.stored("node-b"))
+        self.assertEqual(self.metrics.refused, ["stale"])
+        self.assertEqual(self.delegation.refused["stale"], 1)
+
+    def test_a_renewal_queued_while_the_cloud_was_away_is_not_forwarded_once_stale(self):
+        """The cloud sees a lease whose renewTime moved as a heartbeat at that moment:
+        a dead node's last renewal, held back during an outage, must not reach it late."""
+        events = []
+        self.delegation = self.build(heartbeat_interval=2.0, max_clock_skew=1.0)
+        self.delegation.log = Logger(observer=events.append)
+        self.start()
+        self.informer.add(pool_lease("node-a", NOW - 0.5))
+        self.informer.add(pool_lease("node-b", NOW - 0.5))
+        self.assertEqual(self.delegation.delegated, 2)
+        self.health.servers = [None]
+        self.informer.update(pool_lease("node-a", NOW - 0.5), pool_lease("node-a", NOW))
+        self.informer.update(pool_lease("node-b", NOW - 0.5), pool_lease("node-b", NOW))
+        self.assertEqual(self.delegation.failures, 2)
+        # node-b's kubelet died: its agent renews no more. node-a keeps renewing every
+        # 0.5 s; the cloud is back after 4 s, and the retries (backoff 1, 2, 4 s) run.
+        for step in range(1, 21):
+            self.clock.advance(0.5)
+            if step == 8:
+                self.health.servers = [CLOUD_A]
+            self.informer.update(pool_lease("node-a", NOW + (step - 1) * 0.5),
+                                 pool_lease("node-a", NOW + step * 0.5))
+        self.assertEqual(parse_micro_time(self.stored("node-a")["spec"]["renewTime"]), NOW + 10)
+        self.assertEqual(parse_micro_time(self.stored("node-b")["spec"]["renewTime"]),
+                         NOW - 0.5)
+        self.assertEqual(self.delegation.refused["stale"], 1)
+        self.assertEqual(self.metrics.refused, ["stale"])
+        self.assertTrue(any("kube-node-lease/node-b not forwarded to the cloud (reason=stale)"
+                            in formatEvent(e) and "the node stopped renewing" in formatEvent(e)
+                            for e in events))
+        # Nothing is left waiting or running.
+        self.assertEqual(self.delegation.in_flight, 0)
+        self.assertEqual(self.clock.getDelayedCalls(), [])
 
     def test_leases_wait_until_the_pool_nodes_are_listed(self):
         self.start(listed=False)
@@ -760,9 +809,11 @@ class DelegationLiveTests(unittest.TestCase):
             self.cloud.store.create(NODES, pool_node(name))
         self.delegation = HeartbeatDelegation.for_coordinator(
             reactor, self.pool_client, self.proxy_client, cloud_health, clients.__getitem__,
-            POOL, make_backoff=lambda: Backoff(initial=0.05, maximum=0.5))
+            POOL, make_backoff=lambda: Backoff(initial=0.05, maximum=0.5),
+            heartbeat_interval=3600.0)
         self.addCleanup(self.delegation.stop)
-        # Renewals a little in the past of the real clock.
+        # Renewals a little in the past of the real clock (fresh, with the hour-long
+        # interval above).
         self.t0 = float(int(reactor.seconds()) - 60)
 
     def cloud_renew_time(self, name):
