@@ -39,7 +39,7 @@ import time
 import uuid
 from contextlib import contextmanager
 from typing import (
-    Any, Callable, Dict, Iterable, Iterator, List, Mapping, NamedTuple, Optional,
+    Any, Dict, Iterable, Iterator, List, Mapping, NamedTuple, Optional,
     Sequence, Set, Tuple,
 )
 
@@ -753,23 +753,24 @@ class Topology:
 
         def finish() -> None:
             self.heal(host, network)
-            if done in self._flaps:
-                self._flaps.remove(done)
             done.callback(None)
 
-        def step(index: int) -> None:
+        def step() -> None:
+            # The phase is computed from the start, not from the previous step, so
+            # that a late reactor neither stretches the schedule nor flips the link
+            # twice to catch up.
             pending.clear()
-            if index % 2 == 0:
+            now = self._reactor.seconds()
+            if now >= start + duration:
+                finish()
+                return
+            phase = int((now - start) // period)
+            if phase % 2 == 0:
                 self.cut(host, network, direction)
             else:
                 self.heal(host, network)
-            following = start + (index + 1) * period
-            if following < start + duration:
-                pending.append(self._reactor.callLater(
-                    max(0.0, following - self._reactor.seconds()), step, index + 1))
-            else:
-                pending.append(self._reactor.callLater(
-                    max(0.0, start + duration - self._reactor.seconds()), finish))
+            following = min(start + (phase + 1) * period, start + duration)
+            pending.append(self._reactor.callLater(max(0.0, following - now), step))
 
         def forget(result: Any) -> Any:
             if done in self._flaps:
@@ -778,10 +779,7 @@ class Topology:
 
         self._flaps.append(done)
         done.addBoth(forget)
-        if duration > 0:
-            step(0)
-        else:
-            pending.append(self._reactor.callLater(0, finish))
+        step()
         return done
 
     # processes
