@@ -273,17 +273,35 @@ class NamespacedReactorTests(NamespaceTestCase):
         self.assertEqual((yield client.answers[1].done), b"inside x")
 
     @defer.inlineCallbacks
+    def test_default_agent_connects_from_inside(self):
+        # Agent's own endpoints (HostnameEndpoint) connect later, from a resolver's
+        # callback: still through the host's reactor.
+        topology = self.topology("agent")
+        host = topology.add_host("x", {"wan": "198.18.0.2"})
+        port = self.listen(reactor, 0, Site(Text(b"root")),
+                           interface="127.0.0.1").getHost().port
+        self.listen(host.reactor, port, Site(Text(b"inside x")), interface="127.0.0.1")
+        client = treq.client.HTTPClient(Agent(
+            host.reactor, pool=HTTPConnectionPool(host.reactor, persistent=False)))
+        body = yield client.get(f"http://127.0.0.1:{port}/").addCallback(treq.content)
+        self.assertEqual(body, b"inside x")
+
+    @defer.inlineCallbacks
     def test_spawned_process_runs_inside(self):
         topology = self.topology("spawn")
         host = topology.add_host("x", {"wan": "198.18.0.2"})
-        child = CollectingProcess()
-        host.reactor.spawnProcess(
-            child, sys.executable,
-            [sys.executable, "-c", "import os; print(os.readlink('/proc/self/ns/net'))"])
-        ended = yield child.ended
-        self.assertIsInstance(ended, error.ProcessDone, child.err)
-        self.assertEqual(child.out.decode().strip(), ns_link(f"/run/netns/{host.netns}"))
-        self.assertNotEqual(child.out.decode().strip(), ns_link("/proc/self/ns/net"))
+        # Without a working directory Twisted uses posix_spawn; with one, it forks.
+        for path in (None, "/"):
+            child = CollectingProcess()
+            host.reactor.spawnProcess(
+                child, sys.executable,
+                [sys.executable, "-c", "import os; print(os.readlink('/proc/self/ns/net'))"],
+                path=path)
+            ended = yield child.ended
+            self.assertIsInstance(ended, error.ProcessDone, child.err)
+            self.assertEqual(child.out.decode().strip(),
+                             ns_link(f"/run/netns/{host.netns}"))
+            self.assertNotEqual(child.out.decode().strip(), ns_link("/proc/self/ns/net"))
 
 
 class TopologyTests(NamespaceTestCase):
@@ -332,6 +350,20 @@ class TopologyTests(NamespaceTestCase):
         self.assertEqual(a.address("lan"), "198.19.0.2")
         with self.assertRaises(KeyError):
             topology.add_host("b", {"wan": "198.18.0.3"}).address("lan")
+
+    @defer.inlineCallbacks
+    def test_spawn_runs_inside_with_a_parent_death_signal(self):
+        topology = self.topology("tspawn")
+        host = topology.add_host("x", {"wan": "198.18.0.2"})
+        child = CollectingProcess()
+        topology.spawn(host, child, [sys.executable, "-c", (
+            "import ctypes, os; signal = ctypes.c_int();"
+            "ctypes.CDLL(None).prctl(2, ctypes.byref(signal));"  # PR_GET_PDEATHSIG
+            "print(os.readlink('/proc/self/ns/net'), signal.value)")])
+        ended = yield child.ended
+        self.assertIsInstance(ended, error.ProcessDone, child.err)
+        self.assertEqual(child.out.decode().split(),
+                         [ns_link(f"/run/netns/{host.netns}"), str(int(signal.SIGKILL))])
 
     def test_bad_input_is_named(self):
         with self.assertRaises(ValueError) as raised:

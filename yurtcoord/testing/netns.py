@@ -221,7 +221,9 @@ class NamespacedReactor:
     Twisted code (``Site``, ``Agent``, ``HTTPConnectionPool``, endpoints,
     ``deferLater``) takes it for a reactor. ``reactor`` must be a real (posix)
     reactor; give it addresses, not host names, since names are resolved in threads
-    of the root namespace.
+    of the root namespace. An HTTP client needs a connection pool of its own per
+    namespace (or none): pools key their cached connections by scheme, host and port
+    only, so a shared one (treq's default) can hand out a connection made elsewhere.
     """
 
     def __init__(self, reactor: Any, netns: str) -> None:
@@ -647,12 +649,17 @@ class Topology:
         """Cut ``host``'s link to ``network``, at once.
 
         ``both``: the switch's side of the link goes down; the host keeps its address
-        and route (as when a cable is cut further away), its packets are lost and
-        nothing reaches it. ``out``: everything the host sends on the network
-        vanishes, while what others send still arrives. ``in``: what others send to
-        the host vanishes, while what it sends still arrives. A one-way cut still
-        breaks TCP both ways (handshakes and acknowledgements need both), but data
-        already sent the working way is received by the application.
+        and route (it does not get "network unreachable" at once, as it would if its
+        own interface went down), its packets are lost and nothing reaches it. Its
+        neighbour entries are flushed with the carrier, so a new connection fails with
+        "No route to host" once address resolution gives up (about 3 s) rather than
+        timing out. ``out``: everything the host sends on the network vanishes, while
+        what others send still arrives. ``in``: what others send to the host
+        vanishes, while what it sends still arrives. One-way cuts are silent: a
+        connection attempt times out. They still break TCP both ways (handshakes and
+        acknowledgements need both directions), but data sent the working way on an
+        open connection reaches the application: a request can be acted upon while
+        its answer is lost.
 
         Cutting a cut link again in the same direction does nothing; in another
         direction, it heals first.
@@ -789,8 +796,9 @@ class Topology:
               childFDs: Optional[Mapping[int, Any]] = None) -> IProcessTransport:
         """Spawn ``argv`` (``argv[0]`` looked up on the PATH of ``env``) inside
         ``host``, killed by ``close()``. It runs under ``setpriv --pdeathsig KILL`` so
-        that it also dies when the thread that spawned it (the reactor's) ends, even
-        if this process is killed outright. ``env=None`` passes this process's
+        that it also dies when this process is killed outright. The kernel sends that
+        signal when the *thread* that spawned it ends: spawn from the reactor's
+        thread, not from a pool thread. ``env=None`` passes this process's
         environment."""
         found = self.hosts[host] if isinstance(host, str) else host
         if found.name not in self.hosts or self.hosts[found.name] is not found:
