@@ -190,6 +190,13 @@ class NamespaceTestCase(unittest.TestCase):
         yield client.gone
         return True
 
+    def reaches(self, host, address, port):
+        """Fires once ``host`` connects to ``address:port`` (retrying: a first attempt
+        can lose its address resolution to a busy machine)."""
+        return poll_until(
+            lambda: self.connects(host, address, port).addCallback(lambda done: done is True),
+            what=f"{host.name} connecting to {address}:{port}")
+
     def udp(self, host):
         datagrams = Datagrams()
         listening = host.reactor.listenUDP(0, datagrams)
@@ -403,7 +410,7 @@ class CutTests(NamespaceTestCase):
             protocol.Protocol)).getHost().port
         b_port = self.listen(b.reactor, 0, protocol.ServerFactory.forProtocol(
             protocol.Protocol)).getHost().port
-        self.assertIs((yield self.connects(a, "198.18.0.3", b_port)), True)
+        yield self.reaches(a, "198.18.0.3", b_port)
         topology.cut("a", "wan")
         self.assertEqual(topology.is_cut("a", "wan"), "both")
         self.assertIsInstance((yield self.connects(a, "198.18.0.3", b_port)),
@@ -411,8 +418,8 @@ class CutTests(NamespaceTestCase):
         self.assertIsInstance((yield self.connects(b, "198.18.0.2", a_port)),
                               error.TimeoutError)
         topology.heal("a", "wan")
-        yield poll_until(lambda: self.connects(a, "198.18.0.3", b_port), what="a to b")
-        self.assertIs((yield self.connects(b, "198.18.0.2", a_port)), True)
+        yield self.reaches(a, "198.18.0.3", b_port)
+        yield self.reaches(b, "198.18.0.2", a_port)
         self.assertEqual([event[1:] for event in topology.events],
                          [("a", "wan", "cut", "both"), ("a", "wan", "heal", "both")])
         self.assertLessEqual(topology.events[0].at, topology.events[1].at)
@@ -457,9 +464,9 @@ class CutTests(NamespaceTestCase):
             protocol.Protocol)).getHost().port
         self.assertIsInstance((yield self.connects(a, "198.18.0.4", c_port)),
                               error.TimeoutError)
-        self.assertIs((yield self.connects(b, "198.18.0.4", c_port)), True)
+        yield self.reaches(b, "198.18.0.4", c_port)
         topology.heal("a", "wan")
-        yield poll_until(lambda: self.connects(a, "198.18.0.4", c_port), what="a to c")
+        yield self.reaches(a, "198.18.0.4", c_port)
 
 
 @implementer(ICommandRunner)
@@ -546,6 +553,13 @@ class ClockTests(unittest.TestCase):
         self.topology.close()
         self.assertTrue(done.called)
         self.assertEqual(self.clock.getDelayedCalls(), [])
+        self.assertEqual(self.topology.events[-1], LinkEvent(1, "a", "wan", "heal", "both"))
+        self.assertIn(("ip", "netns", "del", self.topology.switch),
+                      [argv for _, argv in self.runner.commands])
+        with self.assertRaises(RuntimeError) as raised:
+            self.topology.cut("a", "wan")
+        self.assertIn("closed", str(raised.exception))
+        self.assertIsNone(self.successResultOf(self.topology.close()))
 
     def test_one_way_cuts_share_black_hole_entries(self):
         # a's "out" and b's "in" both need a's entry for b; healing one keeps it.

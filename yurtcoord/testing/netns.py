@@ -552,8 +552,6 @@ class Topology:
         global _SWEPT
         if self._opened:
             return
-        if self._closed:
-            raise RuntimeError(f"topology {self.name!r} is closed")
         if (self.prefix, self.name) in _OPEN_TOPOLOGIES:
             raise ValueError(f"a topology named {self.name!r} is already open in this "
                              f"process")
@@ -586,6 +584,7 @@ class Topology:
         if not _NAME.match(host) or host == SWITCH:
             raise ValueError(f"host name {host!r} must be letters, digits, '_', '.' or "
                              f"'-', starting with a letter or digit, and not {SWITCH!r}")
+        self._check_open()
         if host in self.hosts:
             raise ValueError(f"host {host!r} is already in topology {self.name!r}")
         interfaces = []
@@ -635,7 +634,12 @@ class Topology:
         self._apply()
         return added
 
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError(f"topology {self.name!r} is closed")
+
     def _host(self, host: str, network: str) -> Host:
+        self._check_open()
         if host not in self.hosts:
             raise ValueError(f"no host {host!r} in topology {self.name!r}")
         found = self.hosts[host]
@@ -800,9 +804,11 @@ class Topology:
         signal when the *thread* that spawned it ends: spawn from the reactor's
         thread, not from a pool thread. ``env=None`` passes this process's
         environment."""
-        found = self.hosts[host] if isinstance(host, str) else host
-        if found.name not in self.hosts or self.hosts[found.name] is not found:
-            raise ValueError(f"host {found.name!r} is not in topology {self.name!r}")
+        self._check_open()
+        name = host if isinstance(host, str) else host.name
+        found = self.hosts.get(name)
+        if found is None or (isinstance(host, Host) and host is not found):
+            raise ValueError(f"host {name!r} is not in topology {self.name!r}")
         if not argv:
             raise ValueError("spawn needs a command (argv is empty)")
         setpriv = shutil.which("setpriv") or "setpriv"
@@ -825,15 +831,15 @@ class Topology:
         end (bounded), so that a test ends with a clean reactor. Idempotent."""
         if self._closed:
             return defer.succeed(None)
-        self._closed = True
-        try:
-            atexit.unregister(self._close_at_exit)
-            for flap in list(self._flaps):
+        for flap in list(self._flaps):
+            try:
                 flap.addErrback(lambda failure: failure.trap(defer.CancelledError))
                 flap.cancel()
-        except Exception as error:
-            _log.failure("netns stopping flaps of topology={topology} failed",
-                         topology=self.name, error=str(error))
+            except Exception:
+                _log.failure("netns stopping a flap of topology={topology} failed",
+                             topology=self.name)
+        self._closed = True
+        atexit.unregister(self._close_at_exit)
         self._release()
         waiting = [watcher.ended for _, watcher in self._processes if not watcher.ended.called]
         if not waiting:
