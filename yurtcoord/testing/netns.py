@@ -330,7 +330,8 @@ def _kill_everything(runner: ICommandRunner, namespaces: Iterable[str],
     while True:
         for netns in namespaces:
             remaining.update(_pids_in(runner, netns))
-        remaining = {pid for pid in remaining if _alive(pid)}
+        # Never this process: its main thread may be inside one of them, entered.
+        remaining = {pid for pid in remaining if pid != os.getpid() and _alive(pid)}
         if not remaining or time.monotonic() >= end:
             return sorted(remaining)
         for pid in remaining:
@@ -858,7 +859,8 @@ class Topology:
     def _release(self) -> None:
         try:
             left = _kill_everything(self._runner, self._namespaces,
-                                    [pid for pid, _ in self._processes if pid])
+                                    [pid for pid, watcher in self._processes
+                                     if pid and not watcher.ended.called])
             if left:
                 _log.warn("netns topology={topology} could not kill pids={pids}",
                           topology=self.name, pids=left)
