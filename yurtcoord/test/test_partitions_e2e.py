@@ -11,13 +11,68 @@ Where network namespaces cannot be made (not root, no iproute2) the tests are sk
 with the reason.
 """
 
+import os
+import subprocess
+
 from twisted.internet import defer, reactor
 from twisted.trial import unittest
 
 from yurtcoord.testing import partitions
-from yurtcoord.testing.netns import sweep_leftovers, unavailable_reason
+from yurtcoord.testing.netns import namespace_name, unavailable_reason
+from yurtcoord.testing.partitionworld import WAN, PartitionWorld
 
 UNAVAILABLE = unavailable_reason()
+
+
+def namespaces_of(world_name):
+    """Names of this process's namespaces that belong to the world ``world_name``."""
+    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True,
+                            check=True).stdout
+    mark = namespace_name(world_name, "")
+    return [line.split()[0] for line in listed.splitlines()
+            if line.split() and line.split()[0].startswith(mark)]
+
+
+def alive(pid):
+    """``pid`` runs (a zombie that was not reaped yet counts as gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+class PartitionWorldCleanupTests(unittest.TestCase):
+    timeout = 120
+
+    def setUp(self):
+        if UNAVAILABLE:
+            raise unittest.SkipTest(f"network namespaces unavailable: {UNAVAILABLE}")
+
+    @defer.inlineCallbacks
+    def test_a_scenario_that_fails_half_way_leaves_nothing_behind(self):
+        """Agents running, etcd running, a link cut, then the scenario fails: stopping
+        the world removes every namespace (and with them the bridges) and process."""
+        world = PartitionWorld(reactor, "halfway")
+        pids = []
+        try:
+            yield world.start()
+            for node in ("edge-1", "edge-2"):
+                yield world.add_agent(node)
+            yield world.start_agents()
+            pids = [agent._child.transport.pid for agent in world.agents.values()]
+            pids.append(world.etcd.pid)
+            world.cut("edge-1", WAN)
+            self.assertEqual(len(namespaces_of("halfway")), 1 + 3 + 2)  # switch, servers, agents
+            raise RuntimeError("the scenario fails half way")
+        except RuntimeError:
+            pass
+        finally:
+            yield world.stop()
+        self.assertEqual(len(pids), 3)
+        self.assertEqual(namespaces_of("halfway"), [])
+        self.assertEqual([pid for pid in pids if alive(pid)], [])
+        self.assertFalse(os.path.exists(world.base_dir))
 
 
 class PartitionScenarioTests(unittest.TestCase):
@@ -27,7 +82,6 @@ class PartitionScenarioTests(unittest.TestCase):
     def setUp(self):
         if UNAVAILABLE:
             raise unittest.SkipTest(f"network namespaces unavailable: {UNAVAILABLE}")
-        sweep_leftovers()
 
     @defer.inlineCallbacks
     def run_side_by_side(self, scenarios):

@@ -168,7 +168,7 @@ class PartitionWorld(ProcessWorld):
                 yield pool.closeCachedConnections()
         finally:
             yield deferToThread(self.etcd.stop)
-            self.topology.close()
+            yield self.topology.close()
             shutil.rmtree(self.base_dir, ignore_errors=True)
 
     # -- how the test reaches the agents and etcd --------------------------------------
