@@ -20,6 +20,7 @@ The invariants:
 - the cloud lease of the dead node is not renewed later than ``STALE_BOUND`` (kubelet
   grace period plus one interval) after its kubelet stopped;
 - the pool etcd ends exact against the cloud's endpoints and the agents' caches.
+- no agent exits or logs a traceback.
 
 Scenarios run side by side, each on a topology of its own, to keep the suite short.
 """
@@ -37,10 +38,12 @@ from yurtcoord.testing.invariants import (
     check_single_delegator, delegated_writes, leadership_changes,
 )
 from yurtcoord.testing.partitionworld import CLOUD_HOST, LAN, WAN, PartitionWorld
-from yurtcoord.testing.poll import PollTimeout, poll_until
-from yurtcoord.testing.world import ELECTION_LEASE, ELECTION_NAMESPACE, leader_of
+from yurtcoord.testing.poll import PollTimeout
+from yurtcoord.testing.world import (
+    ELECTION_LEASE, ELECTION_NAMESPACE, NODE_LEASE_NAMESPACE, leader_of,
+)
 
-NODES = ("edge-1", "edge-2", "edge-3")
+NODE_COUNT = 3
 PODS_PER_NODE = 4
 ENDPOINT_COUNT = 6
 # The agents' timings (seconds): the fault suite's election (lease 3 s, renew deadline
@@ -58,6 +61,9 @@ STALE_BOUND = KUBELET_GRACE + HEARTBEAT_INTERVAL + SLACK
 # How long a cut lasts: well past LIVE_LEASE_BOUND, so that a heartbeat path that does
 # not work shows as a gap that breaks the bound.
 CUT = 16.0
+# How long a follower is cut off from the cloud before the leader's own cut, so that
+# the leader is forwarding its heartbeats when it loses its link.
+DELEGATING = 6.0
 # Deadlines of a loaded machine (not bounds that are asserted).
 START_TIMEOUT = 120.0
 SETTLE_TIMEOUT = 90.0
@@ -107,13 +113,16 @@ class Run:
 
 @attr.s(auto_attribs=True)
 class Scenario:
-    """``script(run)`` cuts and heals links; ``target`` says which node it aims at
-    (``"leader"``, ``"follower"`` or None), so the dead node is another one."""
+    """``script(run)`` cuts and heals links on a pool of ``nodes`` agents; the dead
+    node is the last follower, and scripts aim at the others."""
 
     name: str
     script: Callable[[Run], defer.Deferred]
-    target: Optional[str] = None
     description: str = ""
+    nodes: int = NODE_COUNT
+
+    def node_names(self) -> List[str]:
+        return [f"edge-{index}" for index in range(1, self.nodes + 1)]
 
 
 @attr.s(auto_attribs=True)
@@ -159,13 +168,14 @@ def run_scenario(reactor, scenario: Scenario, name_prefix: str = "") -> Outcome:
         yield world.start()
         for index in range(ENDPOINT_COUNT):
             world.cloud.store.create(ENDPOINTS, endpoints(f"svc-{index}", f"10.1.0.{index}"))
-        for node in NODES:
+        nodes = scenario.node_names()
+        for node in nodes:
             yield world.add_agent(node, pods=PODS_PER_NODE)
         yield world.start_agents()
-        statuses = yield world.wait_for_pool("one leader, all ready", _one_leader(list(NODES)),
+        statuses = yield world.wait_for_pool("one leader, all ready", _one_leader(nodes),
                                              START_TIMEOUT)
         leader = leader_of(statuses)
-        followers = sorted(node for node in NODES if node != leader)
+        followers = sorted(node for node in nodes if node != leader)
         # The dead node: a follower the script does not aim at.
         dead = followers[-1]
         run = Run(world, leader, followers, dead, notes=notes)
@@ -188,6 +198,7 @@ def run_scenario(reactor, scenario: Scenario, name_prefix: str = "") -> Outcome:
         end = run.now()
         problems += run.problems
         problems += judge(world, run, started, stopped_at, end)
+        problems += crashes(world)
         notes.update(measure(world, run, started, end))
     except PollTimeout as e:
         problems.append(f"did not settle: {e}")
@@ -217,18 +228,60 @@ def judge(world: PartitionWorld, run: Run, started: float, stopped_at: float,
     return problems
 
 
+def crashes(world: PartitionWorld) -> List[str]:
+    """Agents that exited, or logged a traceback: nothing a partition does may crash one."""
+    problems = []
+    for node, agent in sorted(world.agents.items()):
+        if not agent.running:
+            problems.append(f"{node} exited with {agent.exit_code}\n{agent.log_tail()}")
+        lines = agent.log_text().splitlines()
+        for index, line in enumerate(lines):
+            if "Traceback (most recent call last)" in line or "Unhandled Error" in line:
+                problems.append(f"{node} logged a traceback:\n"
+                                + "\n".join(lines[max(0, index - 2):index + 20]))
+                break
+    return problems
+
+
 def measure(world: PartitionWorld, run: Run, started: float, end: float) -> Dict[str, object]:
-    """Numbers printed after a run: leadership changes and who delegated how often."""
-    changes = leadership_changes(world.coordinator.request_log, ELECTION_NAMESPACE,
-                                 ELECTION_LEASE)
+    """Numbers printed after a run, from the same request logs: leadership changes,
+    who delegated how often, the longest gap between cloud writes of each live node's
+    lease, the takeover after the first cut, and the margin between a former leader's
+    last delegated write and its successor's first election write."""
+    changes = [c for c in leadership_changes(world.coordinator.request_log,
+                                             ELECTION_NAMESPACE, ELECTION_LEASE)
+               if c.at >= started]
     delegated = delegated_writes(world.cloud.request_log, world.node_of_address)
     writers: Dict[str, int] = {}
     for write in delegated:
         writers[write.writer] = writers.get(write.writer, 0) + 1
-    return {"leadership_changes": len([c for c in changes if c[0] >= started]),
-            "changes_per_minute": round(changes_per_minute(
-                [c for c in changes if c[0] >= started], started, end), 2),
-            "delegated_writes": json.dumps(writers, sort_keys=True)}
+    notes: Dict[str, object] = {
+        "leadership_changes": len(changes),
+        "changes_per_minute": round(changes_per_minute(changes, started, end), 2),
+        "delegated_writes": json.dumps(writers, sort_keys=True),
+    }
+    for node in [run.leader] + run.live_followers():
+        writes = [r.at for r in world.cloud.request_log
+                  if r.is_lease_write and r.succeeded and r.name == node
+                  and r.namespace == NODE_LEASE_NAMESPACE and started <= r.at <= end]
+        edges = [started] + writes + [end]
+        notes[f"longest_gap_{node}"] = round(max(b - a for a, b in zip(edges, edges[1:])), 2)
+    cuts = [event.at for event in world.topology.events if event.action == "cut"]
+    for change in changes:
+        before = [at for at in cuts if at <= change.at]
+        if before:
+            # The first change after a cut: how long the pool was without a leader.
+            notes["takeover_after_cut"] = round(change.at - max(before), 2)
+            break
+    margins = []
+    for change in changes:
+        before = [w.at for w in delegated
+                  if w.writer == change.previous_holder and w.at < change.at]
+        if before:
+            margins.append(change.at - max(before))
+    if margins:
+        notes["fencing_margin"] = round(min(margins), 2)
+    return notes
 
 
 # -- the scripts ---------------------------------------------------------------------
@@ -249,6 +302,23 @@ def cut_for(host_of: Callable[[Run], List[str]], network: str, direction: str = 
             run.world.heal(host, network)
         if excused:
             run.excused.append((began, run.now()))
+    return script
+
+
+def leader_cut_while_delegating(network: str,
+                                direction: str = "both") -> Callable[[Run], defer.Deferred]:
+    """A script: one follower loses the cloud, so the leader forwards its heartbeat;
+    then the leader's ``network`` is cut (``direction``) for ``CUT`` seconds while it
+    is doing so, and another agent must take over, with no overlap."""
+    @defer.inlineCallbacks
+    def script(run: Run):
+        cut_off = run.live_followers()[0]
+        run.world.cut(cut_off, WAN)
+        yield run.wait(DELEGATING)
+        run.world.cut(run.leader, network, direction)
+        yield run.wait(CUT)
+        run.world.heal(run.leader, network)
+        run.world.heal(cut_off, WAN)
     return script
 
 
@@ -280,7 +350,7 @@ def _follower(run: Run) -> List[str]:
 
 
 def _every_agent(run: Run) -> List[str]:
-    return list(NODES)
+    return list(run.world.agents)
 
 
 def _cloud(run: Run) -> List[str]:
@@ -288,24 +358,28 @@ def _cloud(run: Run) -> List[str]:
 
 
 WAN_SCENARIOS = [
-    Scenario("follower-wan", cut_for(_follower, WAN), "follower",
+    Scenario("follower-wan", cut_for(_follower, WAN),
              "one follower loses the cloud; the leader carries its heartbeat"),
-    Scenario("leader-wan", cut_for(_leader, WAN), "leader",
+    Scenario("leader-wan", cut_for(_leader, WAN),
              "the leader loses the cloud; another agent takes over and carries its heartbeat"),
-    Scenario("every-wan", cut_for(_every_agent, WAN, excused=True), None,
+    Scenario("every-wan", cut_for(_every_agent, WAN, excused=True),
              "the pool alone: no agent reaches the cloud"),
-    Scenario("cloud-down", cut_for(_cloud, WAN, excused=True), None,
+    Scenario("cloud-down", cut_for(_cloud, WAN, excused=True),
              "the cloud itself is unreachable"),
 ]
 LAN_SCENARIOS = [
-    Scenario("follower-lan", cut_for(_follower, LAN), "follower",
+    Scenario("follower-lan", cut_for(_follower, LAN),
              "one agent reaches the cloud but not its pool"),
-    Scenario("leader-lan", cut_for(_leader, LAN), "leader",
-             "fencing: the leader still reaches the cloud but loses the election lease"),
-    Scenario("leader-wan-in", cut_for(_leader, WAN, direction="in"), "leader",
-             "one way: the leader's requests reach the cloud, no answer comes back"),
-    Scenario("etcd-lan", cut_for(lambda run: ["etcd-1"], LAN), None,
+    # Four agents: the leader, the follower it forwards for, the one that takes over,
+    # and the dead node.
+    Scenario("leader-lan", leader_cut_while_delegating(LAN),
+             "fencing: the leader still reaches the cloud but loses the election lease "
+             "while it forwards a cut-off follower's heartbeat", nodes=4),
+    Scenario("leader-wan-in", leader_cut_while_delegating(WAN, direction="in"),
+             "one way: the leader's requests reach the cloud, no answer comes back, while "
+             "it forwards a cut-off follower's heartbeat", nodes=4),
+    Scenario("etcd-lan", cut_for(lambda run: ["etcd-1"], LAN),
              "the pool etcd member is cut from the pool"),
 ]
-FLAP_SCENARIO = Scenario("leader-wan-flaps", flapping(_leader, WAN), "leader",
+FLAP_SCENARIO = Scenario("leader-wan-flaps", flapping(_leader, WAN),
                          "the leader's WAN flaps every 3 s for 2 minutes")
