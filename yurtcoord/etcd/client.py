@@ -542,9 +542,11 @@ class _Transport:
             return failure
         reasons = getattr(failure.value, "reasons", None) or []
         # Only our timeout and close() cancel requests; the HTTP client may wrap the
-        # cancellation in ResponseNeverReceived/ResponseFailed.
-        cancelled = failure.check(defer.CancelledError) or any(
-            r.check(defer.CancelledError) for r in reasons)
+        # cancellation in ResponseNeverReceived/ResponseFailed, and a cancel while still
+        # connecting (a cut link drops the SYN) is ConnectingCancelledError.
+        cancellations = (defer.CancelledError, net_error.ConnectingCancelledError)
+        cancelled = failure.check(*cancellations) or any(
+            r.check(*cancellations) for r in reasons)
         if self.closed and cancelled:
             raise ClientClosed("etcd client closed")
         if cancelled or failure.check(defer.TimeoutError, net_error.TimeoutError):

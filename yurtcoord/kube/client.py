@@ -45,7 +45,9 @@ from twisted.internet.abstract import isIPAddress, isIPv6Address
 from twisted.internet.endpoints import (
     HostnameEndpoint, TCP4ClientEndpoint, TCP6ClientEndpoint, wrapClientTLS,
 )
-from twisted.internet.error import ConnectError, ConnectionLost, DNSLookupError
+from twisted.internet.error import (
+    ConnectError, ConnectingCancelledError, ConnectionLost, DNSLookupError,
+)
 from twisted.python.failure import Failure
 from twisted.web._newclient import RequestTransmissionFailed
 from twisted.web.client import (
@@ -172,13 +174,18 @@ def _connection_error(failure, url):
     return None
 
 
+# What a cancelled request fails with: a cancel while the connection is still being
+# made (a cut link drops the SYN, so connecting hangs) is ConnectingCancelledError.
+_CANCELLATIONS = (defer.CancelledError, ConnectingCancelledError)
+
+
 def _cancelled(failure):
-    if failure.check(defer.CancelledError):
+    if failure.check(*_CANCELLATIONS):
         return True
     reasons = getattr(failure.value, "reasons", None)
     if not isinstance(reasons, (list, tuple)):
         return False
-    return any(isinstance(r, Failure) and r.check(defer.CancelledError) for r in reasons)
+    return any(isinstance(r, Failure) and r.check(*_CANCELLATIONS) for r in reasons)
 
 
 def _decode_json(body, url):

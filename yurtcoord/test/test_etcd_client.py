@@ -683,3 +683,18 @@ class PrefixRangeEndTests(unittest.TestCase):
         for cls in (EtcdUnavailable, EtcdTimeout, TransactionFailed, BadResponse,
                     RequestRejected, ClientClosed):
             self.assertTrue(issubclass(cls, EtcdError))
+
+
+class ConnectingCancelledTests(unittest.TestCase):
+    """A request whose connection never completes (a cut link drops the SYN) ends in
+    the client's timeout: an ``EtcdTimeout``, not an unexpected error."""
+
+    def test_a_timeout_while_connecting_is_an_etcd_timeout(self):
+        from twisted.internet.testing import MemoryReactorClock
+        clock = MemoryReactorClock()
+        client = EtcdClient(clock, EtcdConfig("http://127.0.0.1:2379", timeout=2.0,
+                                              gateway_prefix="/v3"))
+        d = client.put(b"/registry/a", b"1")
+        self.assertEqual(len(clock.tcpClients), 1)
+        clock.advance(2.0)
+        self.failureResultOf(d, EtcdTimeout)

@@ -237,8 +237,12 @@ def crashes(world: PartitionWorld) -> List[str]:
         lines = agent.log_text().splitlines()
         for index, line in enumerate(lines):
             if "Traceback (most recent call last)" in line or "Unhandled Error" in line:
+                # The event before it, and the traceback up to its exception line.
+                last = index + 1
+                while last < len(lines) and lines[last].startswith(("\t", " ")):
+                    last += 1
                 problems.append(f"{node} logged a traceback:\n"
-                                + "\n".join(lines[max(0, index - 2):index + 20]))
+                                + "\n".join(lines[max(0, index - 2):last + 1]))
                 break
     return problems
 
