@@ -20,7 +20,7 @@ The invariants:
 - the cloud lease of the dead node is not renewed later than ``STALE_BOUND`` (kubelet
   grace period plus one interval) after its kubelet stopped;
 - the pool etcd ends exact against the cloud's endpoints and the agents' caches.
-- no agent exits or logs a traceback.
+- no agent exits, or logs a traceback or an unexpected error.
 
 Scenarios run side by side, each on a topology of its own, to keep the suite short.
 """
@@ -229,14 +229,16 @@ def judge(world: PartitionWorld, run: Run, started: float, stopped_at: float,
 
 
 def crashes(world: PartitionWorld) -> List[str]:
-    """Agents that exited, or logged a traceback: nothing a partition does may crash one."""
+    """Agents that exited, or logged a traceback or a critical event (what the agents
+    log for an error they did not expect): nothing a partition does may crash one."""
     problems = []
     for node, agent in sorted(world.agents.items()):
         if not agent.running:
             problems.append(f"{node} exited with {agent.exit_code}\n{agent.log_tail()}")
         lines = agent.log_text().splitlines()
         for index, line in enumerate(lines):
-            if "Traceback (most recent call last)" in line or "Unhandled Error" in line:
+            if ("Traceback (most recent call last)" in line or "Unhandled Error" in line
+                    or "#critical]" in line):
                 # The event before it, and the traceback up to its exception line.
                 last = index + 1
                 while last < len(lines) and lines[last].startswith(("\t", " ")):
