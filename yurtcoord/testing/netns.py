@@ -169,28 +169,24 @@ def entered(netns: str) -> Iterator[None]:
 
 # --- a reactor whose sockets and children live in a namespace -------------------------
 
-class _NamespacedPort(tcp.Port):
-    """A TCP port whose socket is made in a namespace, also when it listens again."""
+class _ListensInNamespace:
+    """Mixed into a port: its socket is made in a namespace, also when it listens again."""
 
     def __init__(self, netns: str, *args: Any) -> None:
         self._netns = netns
-        super().__init__(*args)
+        super().__init__(*args)  # type: ignore[call-arg]
 
     def startListening(self) -> None:
         with entered(self._netns):
-            super().startListening()
+            super().startListening()  # type: ignore[misc]
 
 
-class _NamespacedUDPPort(udp.Port):
+class _NamespacedPort(_ListensInNamespace, tcp.Port):
+    """A TCP port whose socket is made in a namespace."""
+
+
+class _NamespacedUDPPort(_ListensInNamespace, udp.Port):
     """A UDP port whose socket is made in a namespace."""
-
-    def __init__(self, netns: str, *args: Any) -> None:
-        self._netns = netns
-        super().__init__(*args)
-
-    def startListening(self) -> None:
-        with entered(self._netns):
-            super().startListening()
 
 
 class _NamespacedConnector(tcp.Connector):

@@ -21,7 +21,6 @@ switch, so parallel worlds reuse them):
 """
 
 import os
-import shutil
 import tempfile
 from typing import Dict, List, Optional
 
@@ -152,24 +151,13 @@ class PartitionWorld(ProcessWorld):
                          kubelet_url=agent.kubelet.url(),
                          kubelet_grace_period=self.kubelet_grace_period, **merged)
 
-    @defer.inlineCallbacks
-    def stop(self):
-        if self._stopped:
-            return
-        self._stopped = True
-        try:
-            yield defer.DeferredList([agent.stop() for agent in self.agents.values()])
-            for kubelet in self._kubelets:
-                yield kubelet.stop()
-            for server in (self.cloud, self.coordinator):
-                if server is not None:
-                    yield server.stop()
-            for pool in [self._http_pool] + self._pools:
-                yield pool.closeCachedConnections()
-        finally:
-            yield deferToThread(self.etcd.stop)
-            yield self.topology.close()
-            shutil.rmtree(self.base_dir, ignore_errors=True)
+    def _http_pools(self) -> list:
+        return [self._http_pool] + self._pools
+
+    def _tear_down_network(self) -> defer.Deferred:
+        """Kill whatever still runs in the topology's namespaces and remove them (the
+        bridges go with the switch's namespace)."""
+        return self.topology.close()
 
     # -- how the test reaches the agents and etcd --------------------------------------
 

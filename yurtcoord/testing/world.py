@@ -395,12 +395,23 @@ class ProcessWorld:
             # Also the kubelets of agents a test dropped from ``agents``.
             for kubelet in self._kubelets:
                 yield kubelet.stop()
-            yield self.cloud.stop()
-            yield self.coordinator.stop()
-            yield self._http_pool.closeCachedConnections()
+            for server in (self.cloud, self.coordinator):
+                if server is not None:  # a world whose start failed early
+                    yield server.stop()
+            for pool in self._http_pools():
+                yield pool.closeCachedConnections()
         finally:
             yield deferToThread(self.etcd.stop)
+            yield self._tear_down_network()
             shutil.rmtree(self.base_dir, ignore_errors=True)
+
+    def _http_pools(self) -> list:
+        """The connection pools of the test's own HTTP clients."""
+        return [self._http_pool]
+
+    def _tear_down_network(self) -> defer.Deferred:
+        """Remove what the world made of the network beyond its sockets (nothing here)."""
+        return defer.succeed(None)
 
     # -- faults of etcd (blocking steps run in a thread) -------------------------------
 
