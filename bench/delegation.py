@@ -39,12 +39,12 @@ from benchresult import row, write_result  # noqa: E402
 from twisted.internet import defer, protocol, task  # noqa: E402
 from twisted.internet.threads import deferToThread  # noqa: E402
 
-from yurtcoord.health import DELEGATE_HEARTBEAT_ANNOTATION, NODE_LEASE_NAMESPACE  # noqa: E402
+from yurtcoord.heartbeat.probes import DELEGATE_HEARTBEAT_ANNOTATION, NODE_LEASE_NAMESPACE  # noqa: E402
 from yurtcoord.kube.gvr import LEASES  # noqa: E402
 from yurtcoord.kube.lease import format_micro_time  # noqa: E402
-from yurtcoord.testing.apiserver import KubeAPIServer  # noqa: E402
-from yurtcoord.testing.apiserver.selectors import ObjectFilter  # noqa: E402
-from yurtcoord.testing.etcd import EtcdProcess, etcd_binary_for  # noqa: E402
+from yurtcoord.sim.apiserver import KubeAPIServer  # noqa: E402
+from yurtcoord.sim.apiserver.selectors import ObjectFilter  # noqa: E402
+from yurtcoord.sim.etcd import EtcdProcess, etcd_binary_for  # noqa: E402
 from yurtcoord.testing.poll import poll_until  # noqa: E402
 from yurtcoord.testing.world import (  # noqa: E402
     TWISTD, add_pool_node, agent_ini, child_environment, tail,

@@ -24,7 +24,7 @@ from twisted.internet import defer, task  # noqa: E402
 from txaioetcd import OpSet, Transaction  # noqa: E402
 
 from yurtcoord.etcd.client import EtcdClient, EtcdConfig  # noqa: E402
-from yurtcoord.testing.etcd import EtcdProcess, etcd_binaries  # noqa: E402
+from yurtcoord.sim.etcd import EtcdProcess, etcd_binaries  # noqa: E402
 
 
 async def _run_in_flight(jobs, in_flight):

@@ -64,7 +64,7 @@ def config_map(i, namespace):
 def run_yurtcoord_consumer(url, namespace, count):
     from twisted.internet import defer, task
 
-    from yurtcoord.kube.backoff import Backoff
+    from yurtcoord.tx.backoff import Backoff
     from yurtcoord.kube.client import ClientConfig, KubeClient
     from yurtcoord.kube.gvr import CONFIGMAPS
     from yurtcoord.kube.informer import Informer
@@ -192,7 +192,7 @@ def drive(objects, rounds, mode, json_path=None):
     from twisted.logger import globalLogBeginner
 
     from yurtcoord.kube.gvr import CONFIGMAPS
-    from yurtcoord.testing.apiserver import KubeAPIServer
+    from yurtcoord.sim.apiserver import KubeAPIServer
 
     CONFIGMAPS_GVR = CONFIGMAPS
     globalLogBeginner.beginLoggingTo([lambda event: None], redirectStandardIO=False)

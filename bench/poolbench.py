@@ -87,7 +87,7 @@ class CloudProcess:
 
     def __init__(self, history):
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "yurtcoord.testing.apiserver", "--port", "0",
+            [sys.executable, "-m", "yurtcoord.sim.apiserver", "--port", "0",
              "--history", str(history)],
             stdout=subprocess.PIPE, env=child_env(), cwd=REPO)
         self.url = self.process.stdout.readline().decode("utf-8").strip()
@@ -145,7 +145,7 @@ class PoolBench:
     """
 
     def __init__(self, reactor, binary, history):
-        from yurtcoord.testing.etcd import EtcdProcess
+        from yurtcoord.sim.etcd import EtcdProcess
 
         self.reactor = reactor
         self.etcd = EtcdProcess(binary).start()
@@ -181,7 +181,7 @@ class PoolBench:
         """The coordinator test server and the clients of the cloud, it and etcd."""
         from yurtcoord.etcd.client import EtcdClient, EtcdConfig
         from yurtcoord.kube.client import ClientConfig, KubeClient
-        from yurtcoord.testing.apiserver import KubeAPIServer
+        from yurtcoord.sim.apiserver import KubeAPIServer
 
         reactor = self.reactor
         self.coordinator = KubeAPIServer(reactor)
@@ -249,11 +249,11 @@ class PoolBench:
     def pool_sync(self):
         """A started ``PoolStore`` on etcd and a ``PoolSyncManager`` (not yet started)
         on the cloud, as a leader agent builds them; fires with ``(store, manager)``."""
-        from yurtcoord.metrics import Metrics
-        from yurtcoord.poolscope import HealthyCloudClient, PoolScopeResources
-        from yurtcoord.poolstore.keycache import ComponentKeyCache
-        from yurtcoord.poolstore.store import PoolStore
-        from yurtcoord.poolsync import PoolSyncManager
+        from yurtcoord.agent.metrics import Metrics
+        from yurtcoord.pool.scope import HealthyCloudClient, PoolScopeResources
+        from yurtcoord.pool.keycache import ComponentKeyCache
+        from yurtcoord.pool.store import PoolStore
+        from yurtcoord.pool.sync import PoolSyncManager
 
         reactor = self.reactor
         os.makedirs(self.work_dir, exist_ok=True)

@@ -121,7 +121,7 @@ def run(reactor, options):
     from twisted.internet import defer
 
     from yurtcoord.kube import gvr as gvrs
-    from yurtcoord.testing.etcd import etcd_binary_for
+    from yurtcoord.sim.etcd import etcd_binary_for
 
     binary = etcd_binary_for(options.etcd)
     if binary is None:

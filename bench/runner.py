@@ -202,7 +202,7 @@ def cpu_model():
 
 
 def etcd_versions():
-    from yurtcoord.testing.etcd import etcd_binaries
+    from yurtcoord.sim.etcd import etcd_binaries
     return [binary.version for binary in etcd_binaries()]
 
 

@@ -38,14 +38,14 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import txaioetcd  # noqa: E402
 from twisted.internet import defer, task  # noqa: E402
 
-from yurtcoord.config import UploadResource  # noqa: E402
+from yurtcoord.agent.config import UploadResource  # noqa: E402
 from yurtcoord.etcd.client import EtcdClient, EtcdConfig  # noqa: E402
-from yurtcoord.localcache import LocalCacheReader  # noqa: E402
-from yurtcoord.poolstore.keycache import ComponentKeyCache  # noqa: E402
-from yurtcoord.poolstore.keys import KeyBuildInfo, PoolKeyBuilder, format_rv  # noqa: E402
-from yurtcoord.poolstore.store import PoolStore  # noqa: E402
-from yurtcoord.testing.etcd import EtcdProcess, default_etcd_binary, etcd_binary_for  # noqa: E402
-from yurtcoord.uploader import LocalCacheUploader  # noqa: E402
+from yurtcoord.pool.localcache import LocalCacheReader  # noqa: E402
+from yurtcoord.pool.keycache import ComponentKeyCache  # noqa: E402
+from yurtcoord.pool.keys import KeyBuildInfo, PoolKeyBuilder, format_rv  # noqa: E402
+from yurtcoord.pool.store import PoolStore  # noqa: E402
+from yurtcoord.sim.etcd import EtcdProcess, default_etcd_binary, etcd_binary_for  # noqa: E402
+from yurtcoord.pool.uploader import LocalCacheUploader  # noqa: E402
 
 PODS = UploadResource("kubelet", "pods", "v1")
 NAMESPACES = 10

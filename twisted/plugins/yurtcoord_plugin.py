@@ -10,7 +10,7 @@ SIGTERM is the normal way to stop an agent (systemd, kubelet, supervisors): it s
 the services and exits with status 0. Twisted's default handler would re-raise the
 signal after shutdown, making every ordinary stop look like a crash.
 
-``--sandbox`` runs the embedded pool of ``yurtcoord.sandbox`` instead of one agent:
+``--sandbox`` runs the embedded pool of ``yurtcoord.sim.sandbox`` instead of one agent:
 Ctrl-C (SIGINT) and SIGTERM both stop it with status 0 once everything it started is
 gone (SIGUSR1/SIGUSR2 cut and restore the leader's cloud link); a sandbox that cannot
 start (no etcd) says why in one line and exits with 69. twistd starts the services
@@ -77,7 +77,7 @@ class Options(usage.Options):
             self["early_stop_signals"] = EarlyStopSignals()
             self["early_stop_signals"].install()
             return
-        from yurtcoord.config import ConfigError, load_config
+        from yurtcoord.agent.config import ConfigError, load_config
 
         try:
             self["loaded_config"] = load_config(self["config"])
@@ -127,8 +127,8 @@ class YurtcoordServiceMaker:
         from twisted.internet import reactor
         from twisted.logger import Logger
 
-        from yurtcoord.config import ConfigError
-        from yurtcoord.service import make_service
+        from yurtcoord.agent.config import ConfigError
+        from yurtcoord.agent.service import make_service
 
         log = Logger(namespace="yurtcoord")
         if options["sandbox"]:
@@ -161,7 +161,7 @@ def make_sandbox(reactor, agent_count, log, early_stop_signals=None):
     ``early_stop_signals`` are acted on as if they came now."""
     from twisted.logger import globalLogPublisher
 
-    from yurtcoord.sandbox import Sandbox, install_signal_handlers
+    from yurtcoord.sim.sandbox import Sandbox, install_signal_handlers
 
     def failed(message):
         log.critical("sandbox cannot start: {reason}", reason=message)

@@ -61,7 +61,7 @@ from twisted.web.http_headers import Headers
 from twisted.web.iweb import IBodyProducer, IPolicyForHTTPS
 from zope.interface import implementer
 
-from yurtcoord import httpbody
+from yurtcoord.tx import httpbody
 from yurtcoord.etcd.errors import (
     BadResponse,
     ClientClosed,
@@ -75,7 +75,7 @@ from yurtcoord.etcd.errors import (
     TooManyOperations,
     TransactionFailed,
 )
-from yurtcoord.inflight import InFlight
+from yurtcoord.tx.inflight import InFlight
 
 __all__ = ["EtcdConfig", "EtcdClient", "RangePage", "TransactionResult", "prefix_range_end",
            "prefix_keyset"]

@@ -4,8 +4,8 @@ etcd 3.5.0 to 3.5.2 persist the applied index ahead of the data it covers: an et
 killed under load (OOM, SIGKILL, power loss) can restart without writes it had already
 acknowledged (etcd-io/etcd#13766, fixed in 3.5.3). The agents repair what they can: a
 local cache upload interrupted by an outage checks the pool again
-(``yurtcoord.uploader``), the leader's pool sync writes its lists again once etcd is
-back (``yurtcoord.poolsync``). Writes acknowledged before a crash nobody noticed stay
+(``yurtcoord.pool.uploader``), the leader's pool sync writes its lists again once etcd is
+back (``yurtcoord.pool.sync``). Writes acknowledged before a crash nobody noticed stay
 lost until the next upload or relist, so the pool store's health check warns in the log
 that the pool etcd should be upgraded.
 """

@@ -56,8 +56,8 @@ from twisted.web.client import (
 from twisted.web.iweb import IAgentEndpointFactory, IResponse
 from zope.interface import implementer
 
-from yurtcoord import httpbody
-from yurtcoord.inflight import InFlight
+from yurtcoord.tx import httpbody
+from yurtcoord.tx.inflight import InFlight
 from yurtcoord.kube.errors import (
     ConnectionFailed, KubeError, ResponseTooLarge, ServerError, Timeout, decode_json,
     error_for_response,

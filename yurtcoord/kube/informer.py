@@ -33,7 +33,7 @@ from twisted.internet import defer
 from twisted.internet.task import deferLater
 from twisted.logger import Logger
 
-from yurtcoord.kube.backoff import Backoff
+from yurtcoord.tx.backoff import Backoff
 from yurtcoord.kube.errors import Gone, ListTooLong, ResponseTooLarge, ServerError
 
 MIN_HEALTHY_WATCH_SECONDS = 1.0

@@ -38,7 +38,7 @@ from twisted.web import http as twisted_http
 from twisted.web.client import ResponseDone
 from twisted.web.http import PotentialDataLoss
 
-from yurtcoord.httpbody import drop_connection
+from yurtcoord.tx.httpbody import drop_connection
 from yurtcoord.kube.errors import (
     ConnectionFailed, ResponseTooLarge, ServerError, Timeout, error_from_status,
 )

@@ -16,12 +16,12 @@ import os
 from twisted.internet import defer, reactor
 from twisted.trial import unittest
 
-from yurtcoord.health import DELEGATE_HEARTBEAT_ANNOTATION
+from yurtcoord.heartbeat.probes import DELEGATE_HEARTBEAT_ANNOTATION
 from yurtcoord.kube.lease import renew_time
-from yurtcoord.roles import Role
+from yurtcoord.role.roles import Role
 from yurtcoord.test.test_service import PoolWorld, StatusReader, write_cached_pod
 from yurtcoord.testing.poll import poll_until
-from yurtcoord.testing.tcpproxy import TCPProxy
+from yurtcoord.sim.tcpproxy import TCPProxy
 
 NODES = ("edge-1", "edge-2", "edge-3")
 STEP_TIMEOUT = 30.0

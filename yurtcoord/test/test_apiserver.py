@@ -28,14 +28,14 @@ from zope.interface import implementer
 from yurtcoord.kube import gvr as gvrs
 from yurtcoord.kube.errors import AlreadyExists, Conflict, Gone, NotFound
 from yurtcoord.kube.gvr import GroupVersionResource
-from yurtcoord.health import DELEGATE_HEARTBEAT_ANNOTATION
-from yurtcoord.testing.apiserver import Catalog, KubeAPIServer, ObjectStore, ResourceType
-from yurtcoord.testing.apiserver.requestlog import (
+from yurtcoord.heartbeat.probes import DELEGATE_HEARTBEAT_ANNOTATION
+from yurtcoord.sim.apiserver import Catalog, KubeAPIServer, ObjectStore, ResourceType
+from yurtcoord.sim.apiserver.requestlog import (
     LoggedRequest, json_line, logged_request, read_request_log)
-from yurtcoord.testing.apiserver.selectors import (
+from yurtcoord.sim.apiserver.selectors import (
     FieldSelector, LabelSelector, ObjectFilter, SelectorError)
-from yurtcoord.testing.apiserver.watch import WatchStream
-from yurtcoord.testing.pki import CertPair, TestCA
+from yurtcoord.sim.apiserver.watch import WatchStream
+from yurtcoord.sim.pki import CertPair, TestCA
 from yurtcoord.testing.poll import poll_until
 from yurtcoord.testing.processes import CollectingProcess
 
@@ -1080,14 +1080,14 @@ class WatchStreamClockTests(unittest.TestCase):
 
 
 class StandaloneTests(unittest.TestCase):
-    """``python -m yurtcoord.testing.apiserver`` prints its URL and serves."""
+    """``python -m yurtcoord.sim.apiserver`` prints its URL and serves."""
 
     @defer.inlineCallbacks
     def run_module(self, args, check):
         output = CollectingProcess()
         process = reactor.spawnProcess(
             output, sys.executable,
-            [sys.executable, "-m", "yurtcoord.testing.apiserver", "--port", "0", *args],
+            [sys.executable, "-m", "yurtcoord.sim.apiserver", "--port", "0", *args],
             env=dict(os.environ))
         try:
             yield poll_until(lambda: b"\n" in output.out, what="the URL line")

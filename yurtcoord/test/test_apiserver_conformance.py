@@ -18,9 +18,9 @@ from twisted.internet.utils import getProcessOutputAndValue
 from twisted.trial import unittest
 
 from yurtcoord.kube import gvr as gvrs
-from yurtcoord.testing.apiserver import KubeAPIServer
-from yurtcoord.testing.apiserver.clients import write_kubeconfig
-from yurtcoord.testing.pki import TestCA
+from yurtcoord.sim.apiserver import KubeAPIServer
+from yurtcoord.sim.apiserver.clients import write_kubeconfig
+from yurtcoord.sim.pki import TestCA
 from yurtcoord.testing.poll import poll_until
 from yurtcoord.testing.processes import CollectingProcess
 

@@ -10,16 +10,16 @@ from twisted.internet import defer, reactor
 from twisted.logger import Logger, formatEvent
 from twisted.trial import unittest
 
-from yurtcoord.certs import (
+from yurtcoord.agent.certs import (
     CERTS_SECRET_NAME, CertManager, MalformedCerts, check_ca, check_pair,
     replace_files_atomically,
 )
 from yurtcoord.kube.client import ClientConfig, KubeClient
 from yurtcoord.kube.gvr import NAMESPACES, SECRETS
-from yurtcoord.testing.apiserver import KubeAPIServer
+from yurtcoord.sim.apiserver import KubeAPIServer
 from yurtcoord.testing.fakeinformer import FakeInformer
 from yurtcoord.testing.poll import poll_until
-from yurtcoord.testing.pki import TestCA, read_pem
+from yurtcoord.sim.pki import TestCA, read_pem
 
 NAMESPACE = "kube-system"
 FILES = (

@@ -1,12 +1,12 @@
-"""Tests for yurtcoord.config: value types, defaults, validation and one-line errors."""
+"""Tests for yurtcoord.agent.config: value types, defaults, validation and one-line errors."""
 
 import dataclasses
 import os
 
 from twisted.trial import unittest
 
-from yurtcoord import config as config_module
-from yurtcoord.config import (
+from yurtcoord.agent import config as config_module
+from yurtcoord.agent.config import (
     SCHEMA,
     SECTIONS,
     Config,

@@ -7,9 +7,9 @@ from twisted.trial import unittest
 from zope.interface import implementer
 from zope.interface.verify import verifyObject
 
-from yurtcoord.coordinator import Coordinator, backoff_policy, capped_backoff
-from yurtcoord.kube.backoff import Backoff
-from yurtcoord.roles import IRoleComponent, Role
+from yurtcoord.role.coordinator import Coordinator, backoff_policy, capped_backoff
+from yurtcoord.tx.backoff import Backoff
+from yurtcoord.role.roles import IRoleComponent, Role
 
 PENDING, LEADER, FOLLOWER = Role.PENDING, Role.LEADER, Role.FOLLOWER
 
@@ -263,7 +263,7 @@ class RoleTransitionTests(CoordinatorTestCase):
     def test_objects_the_pool_already_had_count_as_uploaded(self):
         """A re-upload after a role change finds the node's objects in the pool already
         (not newer): they are in the pool, so they count; bad files do not."""
-        from yurtcoord.uploader import UploadCounts
+        from yurtcoord.pool.uploader import UploadCounts
         c = self.coordinator
         self.upload.results = [UploadCounts(created=2, updated=1, skipped_not_newer=5,
                                             skipped_bad=4)]
@@ -538,7 +538,7 @@ class HubElectorDrivesCoordinatorTests(CoordinatorTestCase):
     """The hub elector's roles fed straight into the coordinator, on one Clock."""
 
     def setUp(self):
-        from yurtcoord.hubelector import HubElector
+        from yurtcoord.role.hubelector import HubElector
 
         super().setUp()
 

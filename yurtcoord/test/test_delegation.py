@@ -13,19 +13,19 @@ from twisted.trial import unittest
 from zope.interface import implementer
 from zope.interface.verify import verifyObject
 
-from yurtcoord.delegation import (
+from yurtcoord.heartbeat.delegation import (
     DELEGATE_HEARTBEAT_ANNOTATION, MAX_ATTEMPTS, NODE_LEASE_NAMESPACE, NODE_POOL_LABEL,
     HeartbeatDelegation, IDelegationMetrics, lease_for_create, merged_cloud_lease,
 )
-from yurtcoord.kube.backoff import Backoff
+from yurtcoord.tx.backoff import Backoff
 from yurtcoord.kube.client import ClientConfig, KubeClient
 from yurtcoord.kube.errors import Conflict, ServerError
 from yurtcoord.kube.gvr import LEASES, NODES
 from yurtcoord.kube.lease import format_micro_time, parse_micro_time
-from yurtcoord.testing.apiserver import KubeAPIServer
+from yurtcoord.sim.apiserver import KubeAPIServer
 from yurtcoord.testing.fakeinformer import FakeInformer
 from yurtcoord.testing.fakekube import FakeKube
-from yurtcoord.testing.pki import TestCA
+from yurtcoord.sim.pki import TestCA
 from yurtcoord.testing.poll import poll_until
 
 T0 = 1_800_000_000.0

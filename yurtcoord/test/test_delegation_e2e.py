@@ -19,8 +19,8 @@ Measured figures are printed as ``DELEGATION-E2E <name>=<value>`` lines.
 from twisted.internet import defer, reactor, task
 from twisted.trial import unittest
 
-from yurtcoord.config import parse_duration
-from yurtcoord.health import DELEGATE_HEARTBEAT_ANNOTATION, NODE_LEASE_NAMESPACE
+from yurtcoord.agent.config import parse_duration
+from yurtcoord.heartbeat.probes import DELEGATE_HEARTBEAT_ANNOTATION, NODE_LEASE_NAMESPACE
 from yurtcoord.kube.lease import format_micro_time as micro_time
 from yurtcoord.kube.gvr import LEASES, NODES
 from yurtcoord.kube.lease import renew_time

@@ -27,16 +27,16 @@ import os
 from twisted.internet import defer, reactor
 from twisted.trial import unittest
 
-from yurtcoord.config import parse_config
-from yurtcoord.health import DELEGATE_HEARTBEAT_ANNOTATION, NODE_LEASE_NAMESPACE
+from yurtcoord.agent.config import parse_config
+from yurtcoord.heartbeat.probes import DELEGATE_HEARTBEAT_ANNOTATION, NODE_LEASE_NAMESPACE
 from yurtcoord.kube.gvr import LEASES
 from yurtcoord.kube.lease import format_micro_time, renew_time
-from yurtcoord.roles import Role
+from yurtcoord.role.roles import Role
 from yurtcoord.test.test_service import ELECTION_LEASE, ELECTION_NAMESPACE, POOL, PoolWorld
-from yurtcoord.testing.agentini import loopback_agent_ini
-from yurtcoord.testing.apiserver.selectors import ObjectFilter
+from yurtcoord.sim.agentini import loopback_agent_ini
+from yurtcoord.sim.apiserver.selectors import ObjectFilter
 from yurtcoord.testing.poll import poll_until
-from yurtcoord.testing.tcpproxy import TCPProxy
+from yurtcoord.sim.tcpproxy import TCPProxy
 from yurtcoord.testing.world import add_pool_node
 
 NODES = ("edge-1", "edge-2", "edge-3")

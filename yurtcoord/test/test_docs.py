@@ -1,8 +1,8 @@
 """The operator documentation agrees with the code it describes.
 
 The configuration reference (``docs/configuration.md``) is compared with
-``yurtcoord.config.SCHEMA``, the metrics table of the README with a live
-``yurtcoord.metrics.Metrics`` registry, the HTTP section with the status site's pages
+``yurtcoord.agent.config.SCHEMA``, the metrics table of the README with a live
+``yurtcoord.agent.metrics.Metrics`` registry, the HTTP section with the status site's pages
 and ``/status`` fields, and every log line the runbook quotes with the log calls of
 the product code. A key, metric, page or log message renamed in the code without the
 docs following makes a test here fail.
@@ -19,10 +19,10 @@ import sys
 from prometheus_client.metrics import MetricWrapperBase
 from twisted.trial import unittest
 
-from yurtcoord.config import SCHEMA, SECTIONS, ConfigError, parse_config, parse_duration
-from yurtcoord.metrics import Metrics
-from yurtcoord.status import InitialStatus, status_resource
-from yurtcoord.uploader import SKIP_REASONS
+from yurtcoord.agent.config import SCHEMA, SECTIONS, ConfigError, parse_config, parse_duration
+from yurtcoord.agent.metrics import Metrics
+from yurtcoord.agent.status import InitialStatus, status_resource
+from yurtcoord.pool.uploader import SKIP_REASONS
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 README = os.path.join(ROOT, "README.md")
@@ -424,6 +424,69 @@ class RunbookTests(unittest.TestCase):
         for path in ("docs/configuration.md", "docs/runbook.md", "bench/RESULTS.md"):
             self.assertIn(f"]({path})", readme)
             self.assertTrue(os.path.exists(os.path.join(ROOT, path)), path)
+
+
+# ---------------------------------------------------------------------------------------
+# Repository layout.
+
+# Packages whose every module the layout table names, so that a reader finds each job
+# from the table alone.
+NAMED_MODULE_BY_MODULE = ("agent", "role", "heartbeat", "pool", "tx")
+
+
+class LayoutTableTests(unittest.TestCase):
+    """The README's layout table matches the tree."""
+
+    def setUp(self):
+        rows = table_rows(section_of(read(README), "Repository layout"))
+        self.rows = {code(cells[0]): cells[1] for cells in rows if code(cells[0])}
+
+    def test_every_path_of_the_table_exists(self):
+        missing = [path for path in self.rows if not os.path.exists(os.path.join(ROOT, path))]
+        self.assertEqual(missing, [])
+
+    def test_every_package_has_a_row_and_every_named_file_exists(self):
+        packages = sorted(name for name in os.listdir(PRODUCT_PACKAGE)
+                          if os.path.isfile(os.path.join(PRODUCT_PACKAGE, name, "__init__.py")))
+        self.assertEqual([p for p in packages if f"yurtcoord/{p}/" not in self.rows], [])
+        for package in packages:
+            for name in re.findall(r"`(\w[\w/]*(?:\.py|/))`", self.rows[f"yurtcoord/{package}/"]):
+                self.assertTrue(os.path.exists(os.path.join(PRODUCT_PACKAGE, package, name)),
+                                f"yurtcoord/{package}/{name} is named in the layout table")
+
+    def test_the_capability_packages_name_each_of_their_modules(self):
+        for package in NAMED_MODULE_BY_MODULE:
+            described = self.rows[f"yurtcoord/{package}/"]
+            modules = sorted(name for name in os.listdir(os.path.join(PRODUCT_PACKAGE, package))
+                             if name.endswith(".py") and name != "__init__.py")
+            self.assertEqual([m for m in modules if f"`{m}`" not in described], [], package)
+
+    def test_product_code_imports_no_test_support_and_tx_imports_no_yurtcoord(self):
+        offending = []
+        for directory, _dirs, files in os.walk(PRODUCT_PACKAGE):
+            relative = os.path.relpath(directory, PRODUCT_PACKAGE).split(os.sep)
+            if relative[0] in NOT_PRODUCT:
+                continue
+            for name in files:
+                if not name.endswith(".py"):
+                    continue
+                path = os.path.join(directory, name)
+                for node in ast.walk(ast.parse(read(path))):
+                    imported = []
+                    if isinstance(node, ast.ImportFrom) and node.module:
+                        imported = [node.module]
+                    elif isinstance(node, ast.Import):
+                        imported = [alias.name for alias in node.names]
+                    for module in imported:
+                        if module.startswith("yurtcoord.testing") or (
+                                relative[0] == "tx" and module.startswith("yurtcoord")):
+                            offending.append(f"{os.path.relpath(path, ROOT)} imports {module}")
+        self.assertEqual(offending, [])
+
+    def test_no_module_lies_outside_a_package(self):
+        loose = sorted(name for name in os.listdir(PRODUCT_PACKAGE)
+                       if name.endswith(".py") and name not in ("__init__.py", "names.py"))
+        self.assertEqual(loose, [])
 
 
 if __name__ == "__main__":

@@ -23,8 +23,8 @@ from yurtcoord.etcd.errors import (
     TooManyOperations,
     TransactionFailed,
 )
-from yurtcoord.testing.etcd import EtcdProcess, free_port, make_etcd_test_classes
-from yurtcoord.testing.pki import TestCA
+from yurtcoord.sim.etcd import EtcdProcess, free_port, make_etcd_test_classes
+from yurtcoord.sim.pki import TestCA
 from yurtcoord.testing.poll import poll_until
 
 

@@ -10,14 +10,14 @@ import urllib.request
 
 from twisted.trial import unittest
 
-from yurtcoord.testing.etcd import (
+from yurtcoord.sim.etcd import (
     EtcdFixtureError,
     EtcdProcess,
     etcd_binaries,
     etcd_binary_for,
     make_etcd_test_classes,
 )
-from yurtcoord.testing.pki import TestCA
+from yurtcoord.sim.pki import TestCA
 
 
 class EtcdBinariesTests(unittest.TestCase):

@@ -18,7 +18,7 @@ import signal
 from twisted.internet import defer, reactor, threads
 from twisted.trial import unittest
 
-from yurtcoord.health import DELEGATE_HEARTBEAT_ANNOTATION
+from yurtcoord.heartbeat.probes import DELEGATE_HEARTBEAT_ANNOTATION
 from yurtcoord.kube.gvr import CONFIGMAPS, ENDPOINTS
 from yurtcoord.testing.poll import PollTimeout, poll_until
 from yurtcoord.testing.world import (

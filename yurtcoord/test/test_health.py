@@ -8,8 +8,8 @@ from twisted.trial import unittest
 from zope.interface import implementer
 from zope.interface.verify import verifyObject
 
-from yurtcoord import health
-from yurtcoord.health import (
+from yurtcoord.heartbeat import probes as health
+from yurtcoord.heartbeat.probes import (
     DELEGATE_HEARTBEAT_ANNOTATION,
     CloudHealthChecker,
     CoordinatorHealthChecker,
@@ -969,7 +969,7 @@ class LiveHealthCheckerTests(unittest.TestCase):
         from twisted.internet import reactor
 
         from yurtcoord.kube.client import ClientConfig, KubeClient
-        from yurtcoord.testing.apiserver import KubeAPIServer
+        from yurtcoord.sim.apiserver import KubeAPIServer
 
         self.reactor = reactor
         self.servers = {}

@@ -20,8 +20,8 @@ import socket
 from twisted.internet import defer, reactor
 from twisted.trial import unittest
 
-from yurtcoord.config import parse_config, parse_duration
-from yurtcoord.health import DELEGATE_HEARTBEAT_ANNOTATION
+from yurtcoord.agent.config import parse_config, parse_duration
+from yurtcoord.heartbeat.probes import DELEGATE_HEARTBEAT_ANNOTATION
 from yurtcoord.testing.cloudleases import CloudLeaseSampler
 from yurtcoord.testing.poll import PollTimeout, poll_until
 from yurtcoord.testing.world import (

@@ -25,7 +25,7 @@ from twisted.web.server import NOT_DONE_YET, Site
 from yurtcoord.etcd import errors as etcd_errors
 from yurtcoord.etcd.client import EtcdClient, EtcdConfig
 from yurtcoord.kube import errors
-from yurtcoord.kube.backoff import Backoff
+from yurtcoord.tx.backoff import Backoff
 from yurtcoord.kube.client import MAX_RESPONSE_BYTES, ClientConfig, KubeClient
 from yurtcoord.kube.gvr import CONFIGMAPS
 from yurtcoord.kube.informer import MAX_LIST_PAGES, Informer

@@ -27,13 +27,13 @@ from twisted.internet.defer import inlineCallbacks
 from twisted.logger import globalLogPublisher
 from twisted.trial import unittest
 
-from yurtcoord.config import UploadResource
-from yurtcoord.localcache import BadCacheEntry, CachedObject, LocalCacheReader
-from yurtcoord.metrics import Metrics
-from yurtcoord.poolstore.keycache import ComponentKeyCache
-from yurtcoord.poolstore.store import PoolStore
+from yurtcoord.agent.config import UploadResource
+from yurtcoord.pool.localcache import BadCacheEntry, CachedObject, LocalCacheReader
+from yurtcoord.agent.metrics import Metrics
+from yurtcoord.pool.keycache import ComponentKeyCache
+from yurtcoord.pool.store import PoolStore
 from yurtcoord.test.test_poolstore import ETCD_35, EtcdStoreCase
-from yurtcoord.uploader import SKIP_REASONS, LocalCacheUploader
+from yurtcoord.pool.uploader import SKIP_REASONS, LocalCacheUploader
 
 PODS = UploadResource("kubelet", "pods", "v1")
 NODES = UploadResource("kubelet", "nodes", "v1")

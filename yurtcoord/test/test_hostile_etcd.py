@@ -25,9 +25,9 @@ from yurtcoord.etcd.client import (
 )
 from yurtcoord.etcd.errors import BadResponse, EtcdError
 from yurtcoord.kube import gvr
-from yurtcoord.poolstore.keycache import ComponentKeyCache
-from yurtcoord.poolstore.keys import KeyBuildInfo
-from yurtcoord.poolstore.store import PoolStore, PoolStoreError
+from yurtcoord.pool.keycache import ComponentKeyCache
+from yurtcoord.pool.keys import KeyBuildInfo
+from yurtcoord.pool.store import PoolStore, PoolStoreError
 from yurtcoord.test import test_etcd_client
 
 TYPED = (EtcdError, PoolStoreError)

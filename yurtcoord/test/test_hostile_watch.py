@@ -27,7 +27,7 @@ from twisted.web.client import ResponseDone, ResponseFailed
 from zope.interface import implementer
 from zope.interface.verify import verifyObject
 
-from yurtcoord.kube.backoff import Backoff
+from yurtcoord.tx.backoff import Backoff
 from yurtcoord.kube.errors import KubeError
 from yurtcoord.kube.gvr import CONFIGMAPS
 from yurtcoord.kube.informer import Informer

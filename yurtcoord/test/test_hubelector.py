@@ -4,8 +4,8 @@ from twisted.internet import defer
 from twisted.internet.task import Clock
 from twisted.trial import unittest
 
-from yurtcoord.hubelector import HubElector
-from yurtcoord.roles import Role
+from yurtcoord.role.hubelector import HubElector
+from yurtcoord.role.roles import Role
 
 CHECK = 5
 

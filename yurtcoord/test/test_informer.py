@@ -7,10 +7,10 @@ from twisted.logger import globalLogPublisher
 from twisted.trial import unittest
 
 from yurtcoord.kube import errors
-from yurtcoord.kube.backoff import Backoff
+from yurtcoord.tx.backoff import Backoff
 from yurtcoord.kube.gvr import CONFIGMAPS, NODES
 from yurtcoord.kube.informer import Informer, object_key
-from yurtcoord.testing.apiserver.clients import start_server_with_client
+from yurtcoord.sim.apiserver.clients import start_server_with_client
 from yurtcoord.testing.poll import poll_until
 
 

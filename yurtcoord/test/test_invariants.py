@@ -8,10 +8,10 @@ from twisted.internet import defer, reactor
 from twisted.trial import unittest
 from twisted.web.client import Agent, HTTPConnectionPool
 
-from yurtcoord.health import DELEGATE_HEARTBEAT_ANNOTATION, NODE_LEASE_NAMESPACE
+from yurtcoord.heartbeat.probes import DELEGATE_HEARTBEAT_ANNOTATION, NODE_LEASE_NAMESPACE
 from yurtcoord.kube.lease import format_micro_time
-from yurtcoord.testing.apiserver import KubeAPIServer
-from yurtcoord.testing.apiserver.requestlog import logged_request
+from yurtcoord.sim.apiserver import KubeAPIServer
+from yurtcoord.sim.apiserver.requestlog import logged_request
 from yurtcoord.testing.invariants import (
     DelegatedWrite, LeadershipChange, changes_per_minute, check_fencing, check_goes_stale,
     check_lease_age, check_single_delegator, delegated_writes, leadership_changes, tenures)

@@ -6,11 +6,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from twisted.trial import unittest
 
-from yurtcoord.poolstore.keycache import (
+from yurtcoord.pool.keycache import (
     KEY_CACHE_FILE_NAME, SORTED_KEYS_LIMIT, ComponentKeyCache, KeyCacheCorrupt, decode_field,
     encode_field, format_lines, parse_lines,
 )
-from yurtcoord.poolstore.keys import ResourceId
+from yurtcoord.pool.keys import ResourceId
 
 PODS = ResourceId("", "v1", "pods")
 NODES = ResourceId("", "v1", "nodes")

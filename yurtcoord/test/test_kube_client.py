@@ -17,7 +17,7 @@ from yurtcoord.kube.client import ClientConfig, KubeClient
 from yurtcoord.kube.gvr import CONFIGMAPS, NODES
 from yurtcoord.kube.kubeconfig import KubeconfigError
 from yurtcoord.kube.tls import TLSConfigError
-from yurtcoord.testing.pki import TestCA
+from yurtcoord.sim.pki import TestCA
 from yurtcoord.testing.poll import poll_until
 
 
@@ -638,7 +638,7 @@ class TestServerFixture:
 
     @defer.inlineCallbacks
     def start_server(self, tls_dir=None, **kwargs):
-        from yurtcoord.testing.apiserver import KubeAPIServer
+        from yurtcoord.sim.apiserver import KubeAPIServer
 
         self.server = KubeAPIServer(reactor, tls_dir=tls_dir, **kwargs)
         url = yield self.server.start(port=0)

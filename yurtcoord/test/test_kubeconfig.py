@@ -8,11 +8,11 @@ from twisted.internet import defer, reactor
 from twisted.internet.utils import getProcessOutputAndValue
 from twisted.trial import unittest
 
-from yurtcoord.config import ConfigError, parse_config
+from yurtcoord.agent.config import ConfigError, parse_config
 from yurtcoord.kube.kubeconfig import (
     UNSUPPORTED_CLUSTER_FIELDS, UNSUPPORTED_USER_FIELDS, KubeconfigError, load_kubeconfig,
 )
-from yurtcoord.service import make_service
+from yurtcoord.agent.service import make_service
 from yurtcoord.test.test_plugin import TWISTD, child_environment, write_ini
 
 CLUSTER = "    server: https://127.0.0.1:6443\n"

@@ -14,10 +14,10 @@ from twisted.web.client import Agent as HTTPAgent, HTTPConnectionPool
 from zope.interface import Interface, implementer
 from zope.interface.verify import verifyObject
 
-from yurtcoord.health import KubeletHealthChecker, ProbeSettings
+from yurtcoord.heartbeat.probes import KubeletHealthChecker, ProbeSettings
 from yurtcoord.kube.lease import format_micro_time
 from yurtcoord.test.test_health import START, FakeLeaseClient, make_clock, make_prober
-from yurtcoord.testing.kubelet import IKubeletStandIn, StandInKubelet
+from yurtcoord.sim.kubelet import IKubeletStandIn, StandInKubelet
 
 URL = "http://127.0.0.1:10248/healthz"
 

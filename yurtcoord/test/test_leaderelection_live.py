@@ -24,7 +24,7 @@ from yurtcoord.kube.client import ClientConfig, KubeClient
 from yurtcoord.kube.gvr import LEASES
 from yurtcoord.kube.lease import LeaseRecord
 from yurtcoord.kube.leaderelection import LeaderElectionConfig, LeaderElector
-from yurtcoord.testing.apiserver import KubeAPIServer
+from yurtcoord.sim.apiserver import KubeAPIServer
 from yurtcoord.testing.poll import poll_until
 
 NS, NAME = "kube-system", "yurthub"

@@ -6,12 +6,12 @@ import tracemalloc
 
 from twisted.trial import unittest
 
-from yurtcoord.config import UploadResource
-from yurtcoord.localcache import (
+from yurtcoord.agent.config import UploadResource
+from yurtcoord.pool.localcache import (
     BadCacheEntry, CachedObject, CachedObjectPath, LocalCacheReader, parse_cache_path,
     parse_resource_dir_name, read_at_most,
 )
-from yurtcoord.poolstore.store import DEFAULT_MAX_BYTES
+from yurtcoord.pool.store import DEFAULT_MAX_BYTES
 
 PODS = UploadResource("kubelet", "pods", "v1")
 NODES = UploadResource("kubelet", "nodes", "v1")

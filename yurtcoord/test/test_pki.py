@@ -17,7 +17,7 @@ from cryptography import x509
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from twisted.trial import unittest
 
-from yurtcoord.testing.pki import TestCA, read_pem
+from yurtcoord.sim.pki import TestCA, read_pem
 
 _HANDSHAKE_DEADLINE = 30.0
 X509_V_ERR_INVALID_PURPOSE = 26  # OpenSSL's "unsuitable certificate purpose"

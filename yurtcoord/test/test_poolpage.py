@@ -12,8 +12,8 @@ from twisted.trial import unittest
 from twisted.web.client import Agent, HTTPConnectionPool
 from zope.interface import implementer
 
-from yurtcoord.metrics import Metrics
-from yurtcoord.status import IStatusSource, InitialStatus, rfc3339, status_site
+from yurtcoord.agent.metrics import Metrics
+from yurtcoord.agent.status import IStatusSource, InitialStatus, rfc3339, status_site
 from yurtcoord.testing.processes import CollectingProcess
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")

@@ -12,11 +12,11 @@ from twisted.trial import unittest
 from yurtcoord.kube import gvr as gvrs
 from yurtcoord.kube.errors import NotFound, ServerError
 from yurtcoord.kube.gvr import GroupVersionResource
-from yurtcoord.poolscope import (
+from yurtcoord.pool.scope import (
     DEFAULT_POOL_SCOPE_RESOURCES, HealthyCloudClient, PoolScopeResources,
     merge_resources, parse_pool_scope_resources, resource_id,
 )
-from yurtcoord.testing.apiserver.clients import start_server_with_client
+from yurtcoord.sim.apiserver.clients import start_server_with_client
 from yurtcoord.testing.poll import poll_until
 
 SERVICES_ENTRY = '[{"group":"","version":"v1","resource":"services"}]'

@@ -11,15 +11,15 @@ from twisted.trial import unittest
 from yurtcoord.etcd.client import EtcdClient, EtcdConfig
 from yurtcoord.etcd.errors import EtcdTimeout, EtcdUnavailable, RequestRejected
 from yurtcoord.kube import gvr
-from yurtcoord.poolstore.keycache import KEY_CACHE_FILE_NAME, ComponentKeyCache
-from yurtcoord.metrics import Metrics
-from yurtcoord.poolstore.keys import InvalidKey, KeyBuildInfo, ResourceId, format_rv
-from yurtcoord.poolstore.store import (
+from yurtcoord.pool.keycache import KEY_CACHE_FILE_NAME, ComponentKeyCache
+from yurtcoord.agent.metrics import Metrics
+from yurtcoord.pool.keys import InvalidKey, KeyBuildInfo, ResourceId, format_rv
+from yurtcoord.pool.store import (
     KeyExists, KeyNotFound, ObjectTooLarge, PoolStore, UpdateConflict, WriteOutcome,
     object_metadata, open_pool_store,
 )
-from yurtcoord.testing.etcd import EtcdProcess, etcd_binary_for
-from yurtcoord.testing import pki
+from yurtcoord.sim.etcd import EtcdProcess, etcd_binary_for
+from yurtcoord.sim import pki
 from yurtcoord.testing.poll import poll_until
 
 ETCD_34 = etcd_binary_for("3.4")

@@ -5,7 +5,7 @@ from hypothesis import strategies as st
 from twisted.trial import unittest
 
 from yurtcoord.kube import gvr
-from yurtcoord.poolstore.keys import (
+from yurtcoord.pool.keys import (
     InvalidKey, KeyBuildInfo, PoolKeyBuilder, ResourceId, format_rv, mirror_rv_key,
     normalize_prefix, parse_rv,
 )

@@ -17,22 +17,22 @@ from twisted.trial import unittest
 
 from yurtcoord.etcd.client import EtcdClient, EtcdConfig
 from yurtcoord.kube import gvr as gvrs
-from yurtcoord.kube.backoff import Backoff
+from yurtcoord.tx.backoff import Backoff
 from yurtcoord.kube.client import ClientConfig, KubeClient
 from yurtcoord.kube.errors import ConnectionFailed
 from yurtcoord.kube.lease import parse_micro_time
-from yurtcoord.metrics import Metrics
-from yurtcoord.poolscope import HealthyCloudClient, PoolScopeResources
-from yurtcoord.poolstore.keycache import ComponentKeyCache
-from yurtcoord.poolstore.keys import KeyBuildInfo, PoolKeyBuilder, format_rv
-from yurtcoord.poolstore.store import ObjectTooLarge, PoolStore, WriteOutcome
-from yurtcoord.poolsync import PoolSyncManager, ResourceMirror, object_bytes
-from yurtcoord.synced import PoolCacheSyncedDetector
+from yurtcoord.agent.metrics import Metrics
+from yurtcoord.pool.scope import HealthyCloudClient, PoolScopeResources
+from yurtcoord.pool.keycache import ComponentKeyCache
+from yurtcoord.pool.keys import KeyBuildInfo, PoolKeyBuilder, format_rv
+from yurtcoord.pool.store import ObjectTooLarge, PoolStore, WriteOutcome
+from yurtcoord.pool.sync import PoolSyncManager, ResourceMirror, object_bytes
+from yurtcoord.pool.synced import PoolCacheSyncedDetector
 from yurtcoord.test.test_poolscope import (
     SERVICES_ENTRY, FakeInformer, capture_log, cloud_discovery, configmap,
 )
-from yurtcoord.testing.apiserver import KubeAPIServer
-from yurtcoord.testing.etcd import EtcdProcess, etcd_binary_for
+from yurtcoord.sim.apiserver import KubeAPIServer
+from yurtcoord.sim.etcd import EtcdProcess, etcd_binary_for
 from yurtcoord.testing.fakekube import FakeKube
 from yurtcoord.testing.poll import poll_until
 

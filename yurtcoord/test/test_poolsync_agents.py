@@ -17,15 +17,15 @@ from twisted.internet import defer, reactor
 from twisted.internet.utils import getProcessOutputAndValue
 from twisted.trial import unittest
 
-from yurtcoord.config import parse_config
+from yurtcoord.agent.config import parse_config
 from yurtcoord.kube.gvr import ENDPOINTS, ENDPOINTSLICES_V1, LEASES
 from yurtcoord.kube.lease import LeaseRecord
-from yurtcoord.poolsync import INFORMER_SYNC_LEASE_NAME, INFORMER_SYNC_LEASE_NAMESPACE
+from yurtcoord.pool.sync import INFORMER_SYNC_LEASE_NAME, INFORMER_SYNC_LEASE_NAMESPACE
 from yurtcoord.test.test_poolsync import make_endpoints, make_slice
 from yurtcoord.test.test_service import (
     PoolWorld, StatusReader, agent_config_text, write_cached_pod,
 )
-from yurtcoord.testing.etcd import etcd_binary_for
+from yurtcoord.sim.etcd import etcd_binary_for
 from yurtcoord.testing.poll import poll_until
 from yurtcoord.testing.world import ProcessWorld, agent_ini, child_environment
 

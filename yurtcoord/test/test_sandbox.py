@@ -23,16 +23,16 @@ from twisted.trial import unittest
 from zope.interface import implementer
 from zope.interface.verify import verifyObject
 
-from yurtcoord.config import parse_duration
+from yurtcoord.agent.config import parse_duration
 from yurtcoord.kube.gvr import ENDPOINTS, ENDPOINTSLICES_V1, NODES
 from yurtcoord.kube.lease import renew_time
-from yurtcoord.sandbox import (
+from yurtcoord.sim.sandbox import (
     CACHED_PODS, HEARTBEAT_INTERVAL, KUBELET_GRACE_PERIOD, SEEDED_SERVICES, Sandbox,
     find_etcd_binary, seed_cloud,
 )
 from yurtcoord.test.test_plugin import TWISTD, TwistdProcess, child_environment, port_is_free
 from yurtcoord.test.test_service import StatusReader
-from yurtcoord.testing.apiserver import KubeAPIServer
+from yurtcoord.sim.apiserver import KubeAPIServer
 from yurtcoord.testing.poll import poll_until
 
 READY_DEADLINE = 60.0

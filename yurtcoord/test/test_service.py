@@ -15,22 +15,22 @@ from twisted.internet.task import Clock
 from twisted.trial import unittest
 from twisted.web.client import Agent as HTTPAgent, HTTPConnectionPool
 
-from yurtcoord.certs import CERTS_SECRET_NAME
-from yurtcoord.config import parse_config
-from yurtcoord.health import DELEGATE_HEARTBEAT_ANNOTATION, NODE_LEASE_NAMESPACE
+from yurtcoord.agent.certs import CERTS_SECRET_NAME
+from yurtcoord.agent.config import parse_config
+from yurtcoord.heartbeat.probes import DELEGATE_HEARTBEAT_ANNOTATION, NODE_LEASE_NAMESPACE
 from yurtcoord.kube.client import ClientConfig, KubeClient
 from yurtcoord.kube.errors import ConnectionFailed
 from yurtcoord.kube.gvr import ENDPOINTS, LEASES, SECRETS
 from yurtcoord.kube.lease import LeaseRecord
-from yurtcoord.poolsync import INFORMER_SYNC_LEASE_NAME, INFORMER_SYNC_LEASE_NAMESPACE
-from yurtcoord.service import make_service
-from yurtcoord.testing.agentini import loopback_agent_ini
-from yurtcoord.testing.apiserver import KubeAPIServer
-from yurtcoord.testing.etcd import EtcdProcess, etcd_binary_for
-from yurtcoord.testing.kubelet import StandInKubelet
-from yurtcoord.testing.pki import TestCA
+from yurtcoord.pool.sync import INFORMER_SYNC_LEASE_NAME, INFORMER_SYNC_LEASE_NAMESPACE
+from yurtcoord.agent.service import make_service
+from yurtcoord.sim.agentini import loopback_agent_ini
+from yurtcoord.sim.apiserver import KubeAPIServer
+from yurtcoord.sim.etcd import EtcdProcess, etcd_binary_for
+from yurtcoord.sim.kubelet import StandInKubelet
+from yurtcoord.sim.pki import TestCA
 from yurtcoord.testing.poll import PollTimeout, poll_until
-from yurtcoord.testing.tcpproxy import TCPProxy
+from yurtcoord.sim.tcpproxy import TCPProxy
 from yurtcoord.testing.world import add_pool_node
 
 ELECTION_NAMESPACE, ELECTION_LEASE = "kube-system", "yurthub"

@@ -15,10 +15,10 @@ from twisted.web.client import Agent, HTTPConnectionPool
 from zope.interface import implementer
 from zope.interface.verify import verifyObject
 
-from yurtcoord.config import parse_config
-from yurtcoord.metrics import Metrics
-from yurtcoord.service import make_service
-from yurtcoord.status import IStatusSource, InitialStatus, rfc3339, status_site
+from yurtcoord.agent.config import parse_config
+from yurtcoord.agent.metrics import Metrics
+from yurtcoord.agent.service import make_service
+from yurtcoord.agent.status import IStatusSource, InitialStatus, rfc3339, status_site
 from yurtcoord.testing.offline import offline_ini
 from yurtcoord.testing.poll import poll_until
 

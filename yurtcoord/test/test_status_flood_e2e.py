@@ -26,10 +26,10 @@ from twisted.internet import defer, protocol, reactor, task
 from twisted.internet.endpoints import TCP4ClientEndpoint, connectProtocol
 from twisted.trial import unittest
 
-from yurtcoord.health import NODE_LEASE_NAMESPACE
+from yurtcoord.heartbeat.probes import NODE_LEASE_NAMESPACE
 from yurtcoord.kube.gvr import LEASES
 from yurtcoord.kube.lease import renew_time
-from yurtcoord.status import MAX_STATUS_CONNECTIONS, STATUS_REQUEST_DEADLINE
+from yurtcoord.agent.status import MAX_STATUS_CONNECTIONS, STATUS_REQUEST_DEADLINE
 from yurtcoord.testing.cloudleases import CloudLeaseChanges
 from yurtcoord.testing.poll import poll_until
 from yurtcoord.testing.world import (

@@ -14,8 +14,8 @@ from twisted.logger import LogLevel, formatEvent, globalLogPublisher
 from twisted.trial import unittest
 from twisted.web.client import Agent, HTTPConnectionPool
 
-from yurtcoord.metrics import Metrics
-from yurtcoord.status import (
+from yurtcoord.agent.metrics import Metrics
+from yurtcoord.agent.status import (
     MAX_STATUS_CONNECTIONS, STATUS_REQUEST_DEADLINE, InitialStatus, StatusSite,
     status_resource, status_site,
 )

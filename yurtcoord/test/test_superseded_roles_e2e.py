@@ -15,7 +15,7 @@ from twisted.internet import defer, reactor
 from twisted.internet.task import LoopingCall
 from twisted.trial import unittest
 
-from yurtcoord.testing.apiserver import KubeAPIServer
+from yurtcoord.sim.apiserver import KubeAPIServer
 from yurtcoord.testing.poll import PollTimeout, poll_until
 from yurtcoord.testing.world import PODS_PREFIX, ProcessWorld
 

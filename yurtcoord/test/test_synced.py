@@ -6,9 +6,9 @@ from twisted.trial import unittest
 
 from yurtcoord.kube import gvr as gvrs
 from yurtcoord.kube.lease import LeaseRecord, build_lease, with_record
-from yurtcoord.synced import PoolCacheSyncedDetector
+from yurtcoord.pool.synced import PoolCacheSyncedDetector
 from yurtcoord.test.test_poolscope import FakeInformer
-from yurtcoord.testing.apiserver.clients import start_server_with_client
+from yurtcoord.sim.apiserver.clients import start_server_with_client
 from yurtcoord.testing.poll import poll_until
 
 STALE = 30.0

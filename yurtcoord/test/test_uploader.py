@@ -10,19 +10,19 @@ from twisted.internet.task import Clock
 from twisted.logger import Logger, globalLogPublisher
 from twisted.trial import unittest
 
-from yurtcoord.config import UploadResource
+from yurtcoord.agent.config import UploadResource
 from yurtcoord.etcd.errors import EtcdUnavailable, RequestRejected
-from yurtcoord.kube.backoff import Backoff
-from yurtcoord.localcache import LocalCacheReader
-from yurtcoord.metrics import Metrics
-from yurtcoord.poolstore.keycache import ComponentKeyCache
-from yurtcoord.poolstore.keys import PoolKeyBuilder, format_rv
-from yurtcoord.poolstore.store import PoolStore, WriteOutcome
+from yurtcoord.tx.backoff import Backoff
+from yurtcoord.pool.localcache import LocalCacheReader
+from yurtcoord.agent.metrics import Metrics
+from yurtcoord.pool.keycache import ComponentKeyCache
+from yurtcoord.pool.keys import PoolKeyBuilder, format_rv
+from yurtcoord.pool.store import PoolStore, WriteOutcome
 from yurtcoord.test.test_poolstore import (
     ETCD_34, ETCD_35, EtcdStoreCase, HangingClient, make_object, poll_until,
 )
 from yurtcoord.testing.processes import CollectingProcess
-from yurtcoord.uploader import (
+from yurtcoord.pool.uploader import (
     LocalCacheUploader, UploadCounts, UploadFailed, api_version_of, resource_of_kind,
 )
 

@@ -26,7 +26,7 @@ class WarningFilterTests(unittest.TestCase):
         with self.assertRaises(DeprecationWarning):
             self.warn("old API", DeprecationWarning, "client.py", module="yurtcoord.kube.client")
         with self.assertRaises(UserWarning):
-            self.warn("careful", UserWarning, "/src/yurtcoord/yurtcoord/uploader.py")
+            self.warn("careful", UserWarning, "/src/yurtcoord/yurtcoord/pool/uploader.py")
         with self.assertRaises(ResourceWarning):
             self.warn("unclosed file", ResourceWarning, "/w/yurtcoord/test/test_x.py")
 

@@ -29,8 +29,8 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import NamedTuple, Optional
 
-from yurtcoord.health import NODE_LEASE_NAMESPACE
-from yurtcoord.testing.apiserver.requestlog import LoggedRequest
+from yurtcoord.heartbeat.probes import NODE_LEASE_NAMESPACE
+from yurtcoord.sim.apiserver.requestlog import LoggedRequest
 
 Window = tuple[float, float]
 

@@ -32,9 +32,9 @@ from twisted.web.client import Agent as HTTPAgent, HTTPConnectionPool
 from zope.interface import implementer
 from twisted.web.iweb import IAgentEndpointFactory
 
-from yurtcoord.testing.apiserver import KubeAPIServer
-from yurtcoord.testing.etcd import EtcdProcess, etcd_binary_for
-from yurtcoord.testing.kubelet import StandInKubelet
+from yurtcoord.sim.apiserver import KubeAPIServer
+from yurtcoord.sim.etcd import EtcdProcess, etcd_binary_for
+from yurtcoord.sim.kubelet import StandInKubelet
 from yurtcoord.testing.netns import Topology, entered
 from yurtcoord.testing.world import TIMINGS, AgentProcess, ProcessWorld, add_pool_node, agent_ini
 

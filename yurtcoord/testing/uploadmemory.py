@@ -16,14 +16,14 @@ import sys
 
 from twisted.internet import defer, task
 
-from yurtcoord.config import UploadResource
+from yurtcoord.agent.config import UploadResource
 from yurtcoord.etcd.client import EtcdClient, EtcdConfig
-from yurtcoord.localcache import LocalCacheReader
-from yurtcoord.metrics import Metrics
+from yurtcoord.pool.localcache import LocalCacheReader
+from yurtcoord.agent.metrics import Metrics
 from yurtcoord.testing.memory import reset_peak, status_kib
-from yurtcoord.poolstore.keycache import ComponentKeyCache
-from yurtcoord.poolstore.store import PoolStore
-from yurtcoord.uploader import SKIP_REASONS, LocalCacheUploader
+from yurtcoord.pool.keycache import ComponentKeyCache
+from yurtcoord.pool.store import PoolStore
+from yurtcoord.pool.uploader import SKIP_REASONS, LocalCacheUploader
 
 UPLOAD_RESOURCES = (UploadResource("kubelet", "pods", "v1"),
                     UploadResource("kubelet", "nodes", "v1"))

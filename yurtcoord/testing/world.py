@@ -32,12 +32,12 @@ from twisted.internet.utils import getProcessOutputAndValue
 from twisted.web.client import Agent as HTTPAgent, HTTPConnectionPool
 
 from yurtcoord.kube.gvr import ENDPOINTS, LEASES, NODES
-from yurtcoord.testing.agentini import loopback_agent_ini
-from yurtcoord.testing.apiserver import KubeAPIServer
-from yurtcoord.testing.etcd import EtcdProcess, etcd_binary_for
-from yurtcoord.testing.kubelet import StandInKubelet
+from yurtcoord.sim.agentini import loopback_agent_ini
+from yurtcoord.sim.apiserver import KubeAPIServer
+from yurtcoord.sim.etcd import EtcdProcess, etcd_binary_for
+from yurtcoord.sim.kubelet import StandInKubelet
 from yurtcoord.testing.poll import PollTimeout, poll_until
-from yurtcoord.testing.tcpproxy import TCPProxy
+from yurtcoord.sim.tcpproxy import TCPProxy
 
 POOL = "pool-a"
 NODEPOOL_LABEL = "apps.openyurt.io/nodepool"

@@ -7,7 +7,7 @@ from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
 
 from yurtcoord.kube.errors import KubeError
-from yurtcoord.testing.apiserver import status
+from yurtcoord.sim.apiserver import status
 
 
 def encode_event(event_type, obj):

@@ -5,7 +5,7 @@ continue token whose snapshot is older than the retained history gets 410."""
 import secrets
 from collections import OrderedDict
 
-from yurtcoord.testing.apiserver import status
+from yurtcoord.sim.apiserver import status
 
 
 class ListPages:

@@ -58,8 +58,8 @@ from twisted.python.failure import Failure
 from yurtcoord.etcd.client import prefix_range_end
 from yurtcoord.etcd.errors import BadResponse, EtcdError, TransactionFailed
 from yurtcoord.etcd.versions import version_warning
-from yurtcoord.poolstore.keycache import POOL_SCOPED_COMPONENT, ComponentKeyCache
-from yurtcoord.poolstore.keys import (
+from yurtcoord.pool.keycache import POOL_SCOPED_COMPONENT, ComponentKeyCache
+from yurtcoord.pool.keys import (
     InvalidKey, KeyBuildInfo, PoolKey, PoolKeyBuilder, ResourceId, format_rv, mirror_rv_key,
     parse_rv,
 )

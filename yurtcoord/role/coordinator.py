@@ -33,8 +33,8 @@ from twisted.internet import defer
 from twisted.logger import Logger
 from zope.interface import implementer
 
-from yurtcoord.roles import Role
-from yurtcoord.status import IStatusSource, rfc3339
+from yurtcoord.role.roles import Role
+from yurtcoord.agent.status import IStatusSource, rfc3339
 
 
 def capped_backoff(initial=0.5, factor=2.0, cap=30.0):
@@ -48,7 +48,7 @@ def capped_backoff(initial=0.5, factor=2.0, cap=30.0):
 
 
 def backoff_policy(backoff):
-    """Retry policy from a ``yurtcoord.kube.backoff.Backoff`` (capped, jittered):
+    """Retry policy from a ``yurtcoord.tx.backoff.Backoff`` (capped, jittered):
     attempt 1 starts it afresh."""
 
     def delay(attempt):

@@ -63,15 +63,15 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 from zope.interface import Interface, implementer
 
-from yurtcoord.config import format_duration
-from yurtcoord.health import DELEGATE_HEARTBEAT_ANNOTATION, NODE_LEASE_NAMESPACE
-from yurtcoord.kube.backoff import Backoff
+from yurtcoord.agent.config import format_duration
+from yurtcoord.heartbeat.probes import DELEGATE_HEARTBEAT_ANNOTATION, NODE_LEASE_NAMESPACE
+from yurtcoord.tx.backoff import Backoff
 from yurtcoord.kube.errors import KubeError, NotFound
 from yurtcoord.kube.gvr import LEASES, NODES
 from yurtcoord.kube.informer import Informer
 from yurtcoord.kube.lease import format_micro_time, owner_reference_to_node, parse_micro_time
 from yurtcoord.kube.leasewriter import CREATED, UNCHANGED, LeaseWriter
-from yurtcoord.roles import IRoleComponent
+from yurtcoord.role.roles import IRoleComponent
 
 MAX_ATTEMPTS = 5
 # Chains in flight over all leases: the cloud client's persistent connections.

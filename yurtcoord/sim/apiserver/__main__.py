@@ -1,11 +1,11 @@
-"""``python -m yurtcoord.testing.apiserver --port N [--tls-dir DIR]``: run the
+"""``python -m yurtcoord.sim.apiserver --port N [--tls-dir DIR]``: run the
 test API server alone; prints its URL on a line once it listens.
 
 With ``--tls-dir`` pointing at an empty directory, a CA, a server pair and a
 client pair (``client.crt``/``client.key``) are created there;
 ``--kubeconfig PATH`` writes a kubeconfig that uses them. ``--request-log PATH``
 appends every answer's record to PATH as a JSON line (see
-``yurtcoord.testing.apiserver.requestlog``)."""
+``yurtcoord.sim.apiserver.requestlog``)."""
 
 import argparse
 import os
@@ -15,7 +15,7 @@ from twisted.internet import defer, task
 
 
 def _parse(argv):
-    parser = argparse.ArgumentParser(prog="python -m yurtcoord.testing.apiserver")
+    parser = argparse.ArgumentParser(prog="python -m yurtcoord.sim.apiserver")
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--interface", default="127.0.0.1")
     parser.add_argument("--tls-dir", default=None)
@@ -30,7 +30,7 @@ def _parse(argv):
 
 
 def main(reactor, argv):
-    from yurtcoord.testing.apiserver import KubeAPIServer
+    from yurtcoord.sim.apiserver import KubeAPIServer
 
     options = _parse(argv)
     if options.verbose:
@@ -42,8 +42,8 @@ def main(reactor, argv):
 
     def started(url):
         if options.kubeconfig:
-            from yurtcoord.testing.apiserver.clients import write_kubeconfig
-            from yurtcoord.testing.pki import CertPair
+            from yurtcoord.sim.apiserver.clients import write_kubeconfig
+            from yurtcoord.sim.pki import CertPair
             pair = None
             if options.tls_dir:
                 pair = CertPair(os.path.join(options.tls_dir, "client.crt"),

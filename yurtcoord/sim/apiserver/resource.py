@@ -10,12 +10,12 @@ from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET
 
 from yurtcoord.kube.errors import KubeError
-from yurtcoord.testing.apiserver import status, table
-from yurtcoord.testing.apiserver.faults import GARBAGE
-from yurtcoord.testing.apiserver.pages import ListPages
-from yurtcoord.testing.apiserver.patch import PatchError, json_patch, merge_patch
-from yurtcoord.testing.apiserver.selectors import ObjectFilter, SelectorError
-from yurtcoord.testing.apiserver.watch import WatchStream
+from yurtcoord.sim.apiserver import status, table
+from yurtcoord.sim.apiserver.faults import GARBAGE
+from yurtcoord.sim.apiserver.pages import ListPages
+from yurtcoord.sim.apiserver.patch import PatchError, json_patch, merge_patch
+from yurtcoord.sim.apiserver.selectors import ObjectFilter, SelectorError
+from yurtcoord.sim.apiserver.watch import WatchStream
 
 VERSION_INFO = {
     "major": "1",

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 
 from twisted.logger import Logger
 
-from yurtcoord.testing.apiserver import status
-from yurtcoord.testing.apiserver.selectors import ObjectFilter
+from yurtcoord.sim.apiserver import status
+from yurtcoord.sim.apiserver.selectors import ObjectFilter
 
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 _GENERATE_ALPHABET = "bcdfghjklmnpqrstvwxz2456789"

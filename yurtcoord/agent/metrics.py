@@ -13,8 +13,8 @@ from prometheus_client import exposition
 from prometheus_client.exposition import generate_latest
 from zope.interface import implementer
 
-from yurtcoord.delegation import REFUSAL_REASONS, IDelegationMetrics
-from yurtcoord.uploader import SKIP_REASONS
+from yurtcoord.heartbeat.delegation import REFUSAL_REASONS, IDelegationMetrics
+from yurtcoord.pool.uploader import SKIP_REASONS
 
 ROLE_VALUES = {"init": 0, "leader": 1, "follower": 2, "pending": 3}
 

@@ -39,7 +39,7 @@ import os
 import stat
 from dataclasses import dataclass
 
-from yurtcoord.poolstore.store import DEFAULT_MAX_BYTES
+from yurtcoord.pool.store import DEFAULT_MAX_BYTES
 
 DEFAULT_CHUNK_SIZE = 500
 # One object must fit one etcd request of the pool store.

@@ -14,12 +14,12 @@ from twisted.protocols import policies
 from twisted.web.server import Site
 from zope.interface import implementer
 
-from yurtcoord.testing.apiserver.catalog import Catalog
-from yurtcoord.testing.apiserver.faults import FaultInjector
-from yurtcoord.testing.apiserver.pages import ListPages
-from yurtcoord.testing.apiserver.requestlog import REQUEST_LOG_LIMIT, json_line, logged_request
-from yurtcoord.testing.apiserver.resource import KubeAPIResource
-from yurtcoord.testing.apiserver.store import ObjectStore
+from yurtcoord.sim.apiserver.catalog import Catalog
+from yurtcoord.sim.apiserver.faults import FaultInjector
+from yurtcoord.sim.apiserver.pages import ListPages
+from yurtcoord.sim.apiserver.requestlog import REQUEST_LOG_LIMIT, json_line, logged_request
+from yurtcoord.sim.apiserver.resource import KubeAPIResource
+from yurtcoord.sim.apiserver.store import ObjectStore
 
 
 class _TrackedConnection(policies.ProtocolWrapper):
@@ -107,7 +107,7 @@ def tls_options(tls_dir):
     if not all(os.path.exists(p) for p in (ca_file, cert_file, key_file)):
         # The CA key lives only in memory, so issue a client pair now
         # (client.crt/client.key, CN=admin, O=system:masters) for later use.
-        from yurtcoord.testing.pki import TestCA
+        from yurtcoord.sim.pki import TestCA
         ca = TestCA(tls_dir)
         ca.server_pair("server")
         ca.client_pair("client", "admin", ["system:masters"])

@@ -38,7 +38,7 @@ import threading
 
 from twisted.logger import Logger
 
-from yurtcoord.poolstore.keys import ResourceId
+from yurtcoord.pool.keys import ResourceId
 
 POOL_SCOPED_COMPONENT = "leader-yurthub"
 KEY_CACHE_FILE_NAME = "component-key-cache"

@@ -15,10 +15,10 @@ from zope.interface import implementer
 from yurtcoord.kube import gvr as gvrs
 from yurtcoord.kube.informer import Informer
 from yurtcoord.kube.lease import renew_time
-from yurtcoord.poolsync import (
+from yurtcoord.pool.sync import (
     INFORMER_SYNC_LEASE_NAME, INFORMER_SYNC_LEASE_NAMESPACE, is_informer_sync_lease,
 )
-from yurtcoord.roles import IRoleComponent
+from yurtcoord.role.roles import IRoleComponent
 
 
 @implementer(IRoleComponent)

@@ -22,7 +22,7 @@ import json
 from twisted.internet import defer
 from twisted.logger import Logger
 
-from yurtcoord.inflight import InFlight, cancellable_sleep
+from yurtcoord.tx.inflight import InFlight, cancellable_sleep
 from yurtcoord.kube import gvr as gvrs
 from yurtcoord.kube.errors import ConnectionFailed, NotFound
 from yurtcoord.kube.gvr import GroupVersionResource

@@ -5,7 +5,7 @@ trusting the pool cache), every key of component ``leader-yurthub`` is deleted (
 keys are first rebuilt from etcd, so keys a previous leader left behind are found
 even when this node's key cache never knew them; keys the node's key cache records
 for another component, such as kube-proxy's uploaded endpointslices, are not pool
-sync's and stay: see ``yurtcoord.poolstore.store``), then one ``ResourceMirror`` per
+sync's and stay: see ``yurtcoord.pool.store``), then one ``ResourceMirror`` per
 pool-scoped resource lists and watches it from a healthy cloud server:
 
 - the first list replaces the component's keys of that resource (stale ones deleted);
@@ -36,18 +36,18 @@ from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
 from zope.interface import implementer
 
-from yurtcoord.inflight import InFlight, cancellable_sleep
+from yurtcoord.tx.inflight import InFlight, cancellable_sleep
 from yurtcoord.kube import gvr as gvrs
-from yurtcoord.kube.backoff import Backoff
+from yurtcoord.tx.backoff import Backoff
 from yurtcoord.kube.errors import NotFound
 from yurtcoord.kube.informer import Informer
 from yurtcoord.kube.lease import LeaseRecord, build_lease, node_owner_reference, with_record
 from yurtcoord.kube.leasewriter import LeaseWriter
-from yurtcoord.poolscope import describe, merge_resources, resource_id
-from yurtcoord.poolstore.keycache import POOL_SCOPED_COMPONENT
-from yurtcoord.poolstore.keys import InvalidKey, KeyBuildInfo
-from yurtcoord.poolstore.store import ObjectTooLarge
-from yurtcoord.roles import IRoleComponent
+from yurtcoord.pool.scope import describe, merge_resources, resource_id
+from yurtcoord.pool.keycache import POOL_SCOPED_COMPONENT
+from yurtcoord.pool.keys import InvalidKey, KeyBuildInfo
+from yurtcoord.pool.store import ObjectTooLarge
+from yurtcoord.role.roles import IRoleComponent
 
 INFORMER_SYNC_LEASE_NAMESPACE = "kube-system"
 INFORMER_SYNC_LEASE_NAME = "leader-informer-sync"

@@ -9,7 +9,7 @@ from twisted.internet import defer
 from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
 
-from yurtcoord.roles import Role
+from yurtcoord.role.roles import Role
 
 
 class HubElector:

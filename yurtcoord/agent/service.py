@@ -45,26 +45,26 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 from twisted.web.client import Agent as HTTPAgent, HTTPConnectionPool
 
-from yurtcoord.certs import CertManager
-from yurtcoord.config import ConfigError
-from yurtcoord.coordinator import Coordinator, backoff_policy
-from yurtcoord.delegation import HeartbeatDelegation
+from yurtcoord.agent.certs import CertManager
+from yurtcoord.agent.config import ConfigError
+from yurtcoord.role.coordinator import Coordinator, backoff_policy
+from yurtcoord.heartbeat.delegation import HeartbeatDelegation
 from yurtcoord.etcd.client import EtcdClient, EtcdConfig
-from yurtcoord.health import CloudHealthChecker, CoordinatorHealthChecker, KubeletHealthChecker
-from yurtcoord.hubelector import HubElector
-from yurtcoord.kube.backoff import Backoff
+from yurtcoord.heartbeat.probes import CloudHealthChecker, CoordinatorHealthChecker, KubeletHealthChecker
+from yurtcoord.role.hubelector import HubElector
+from yurtcoord.tx.backoff import Backoff
 from yurtcoord.kube.client import ClientConfig, KubeClient
 from yurtcoord.kube.errors import ConnectionFailed
 from yurtcoord.kube.leaderelection import LeaderElectionConfig, LeaderElector
 from yurtcoord.kube.resolving import ResolvingClient
-from yurtcoord.localcache import LocalCacheReader
-from yurtcoord.metrics import Metrics
-from yurtcoord.poolscope import HealthyCloudClient, PoolScopeResources
-from yurtcoord.poolstore.store import open_pool_store
-from yurtcoord.poolsync import PoolSyncManager
-from yurtcoord.status import InitialStatus, status_site
-from yurtcoord.synced import PoolCacheSyncedDetector
-from yurtcoord.uploader import LocalCacheUploader
+from yurtcoord.pool.localcache import LocalCacheReader
+from yurtcoord.agent.metrics import Metrics
+from yurtcoord.pool.scope import HealthyCloudClient, PoolScopeResources
+from yurtcoord.pool.store import open_pool_store
+from yurtcoord.pool.sync import PoolSyncManager
+from yurtcoord.agent.status import InitialStatus, status_site
+from yurtcoord.pool.synced import PoolCacheSyncedDetector
+from yurtcoord.pool.uploader import LocalCacheUploader
 
 # Seconds one request to an apiserver may take (probes and elections bound theirs
 # tighter with their own timeouts).

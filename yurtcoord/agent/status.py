@@ -29,8 +29,8 @@ from twisted.logger import Logger
 from twisted.web import http, pages, resource, server
 from zope.interface import Attribute, Interface, implementer
 
-from yurtcoord.httpbody import drop_connection
-from yurtcoord.metrics import METRICS_CONTENT_TYPE
+from yurtcoord.tx.httpbody import drop_connection
+from yurtcoord.agent.metrics import METRICS_CONTENT_TYPE
 
 NOT_FOUND = pages.notFound("No such page", "Pages: / /healthz /readyz /status /metrics")
 # Status connections open at once; more are closed as soon as they are accepted.

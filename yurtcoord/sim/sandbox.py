@@ -3,7 +3,7 @@
 ``twistd -n yurtcoord --sandbox`` shows election, pool sync, local cache upload and
 heartbeat delegation with no cluster: it starts a real etcd (the pool etcd), a
 simulated cloud apiserver and a simulated coordinator apiserver (the Kubernetes API
-test server of ``yurtcoord.testing``), seeds them, and runs N agents built by
+test server of ``yurtcoord.sim.apiserver``), seeds them, and runs N agents built by
 ``make_service`` from configurations written here, each with its own status port and
 its own local cache directory. It prints one line per role change of any agent and
 the URL of each agent's pool page.
@@ -13,7 +13,7 @@ the cloud can be taken from one agent alone: SIGUSR1 cuts the current leader's l
 (it turns follower, another agent leads and forwards its heartbeat to the cloud:
 heartbeat delegation), SIGUSR2 restores every link.
 
-Each agent also has a stand-in kubelet of its own (``yurtcoord.testing.kubelet``) that
+Each agent also has a stand-in kubelet of its own (``yurtcoord.sim.kubelet``) that
 its kubelet liveness check asks, with a short grace period (``KUBELET_GRACE_PERIOD``) so
 that the effect shows within seconds. The control page, on loopback at a URL printed at
 start, lists every node with its role, its kubelet and the age of its node lease in the
@@ -47,16 +47,16 @@ from twisted.web.client import Agent as HTTPAgent, HTTPConnectionPool
 from twisted.web.resource import Resource
 from twisted.web.server import Request, Site
 
-from yurtcoord.config import parse_config
-from yurtcoord.health import NODE_LEASE_NAMESPACE
+from yurtcoord.agent.config import parse_config
+from yurtcoord.heartbeat.probes import NODE_LEASE_NAMESPACE
 from yurtcoord.kube.gvr import ENDPOINTS, ENDPOINTSLICES_V1, LEASES, NODES
 from yurtcoord.kube.lease import renew_time
-from yurtcoord.service import make_service
-from yurtcoord.testing.agentini import loopback_agent_ini
-from yurtcoord.testing.apiserver import KubeAPIServer
-from yurtcoord.testing.etcd import environ_without_etcd_flags, free_port, wheel_etcd_binary
-from yurtcoord.testing.kubelet import StandInKubelet
-from yurtcoord.testing.tcpproxy import TCPProxy
+from yurtcoord.agent.service import make_service
+from yurtcoord.sim.agentini import loopback_agent_ini
+from yurtcoord.sim.apiserver import KubeAPIServer
+from yurtcoord.sim.etcd import environ_without_etcd_flags, free_port, wheel_etcd_binary
+from yurtcoord.sim.kubelet import StandInKubelet
+from yurtcoord.sim.tcpproxy import TCPProxy
 
 DEFAULT_AGENTS = 3
 POOL_NAME = "sandbox-pool"
@@ -740,7 +740,7 @@ def install_signal_handlers(reactor, sandbox, pending=()):
     the reactor does (while the sandbox is starting): a stop then happens as soon as
     the reactor runs, and the start under way gives up (see ``stopService``). The
     reactor replaces the SIGTERM handler when it starts: call again once it runs."""
-    log = Logger(namespace="yurtcoord.sandbox")
+    log = Logger(namespace="yurtcoord.sim.sandbox")
 
     def stop(signum):
         try:

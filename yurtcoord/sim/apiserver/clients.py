@@ -5,7 +5,7 @@ import yaml
 from twisted.internet import defer
 
 from yurtcoord.kube.client import ClientConfig, KubeClient
-from yurtcoord.testing.apiserver.server import KubeAPIServer
+from yurtcoord.sim.apiserver.server import KubeAPIServer
 
 
 def write_kubeconfig(path, url, ca_file=None, client_pair=None, namespace="default"):

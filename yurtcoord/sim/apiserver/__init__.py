@@ -22,8 +22,8 @@ history, watchers), ``resource`` (HTTP routing and verbs), ``watch`` (one
 streaming response), ``faults`` (knobs), ``server`` (sockets and TLS).
 """
 
-from yurtcoord.testing.apiserver.catalog import DEFAULT_TYPES, Catalog, ResourceType
-from yurtcoord.testing.apiserver.server import KubeAPIServer
-from yurtcoord.testing.apiserver.store import ObjectStore
+from yurtcoord.sim.apiserver.catalog import DEFAULT_TYPES, Catalog, ResourceType
+from yurtcoord.sim.apiserver.server import KubeAPIServer
+from yurtcoord.sim.apiserver.store import ObjectStore
 
 __all__ = ["DEFAULT_TYPES", "Catalog", "KubeAPIServer", "ObjectStore", "ResourceType"]

@@ -195,7 +195,7 @@ class EtcdProcess:
     """One etcd member on loopback, with its data dir and log in a private temp dir.
 
     :param binary: an ``EtcdBinary``; default ``default_etcd_binary()``.
-    :param tls_ca: a ``yurtcoord.testing.pki.TestCA``: serve https on the client port
+    :param tls_ca: a ``yurtcoord.sim.pki.TestCA``: serve https on the client port
         and require client certificates signed by that CA. ``client_cert`` is then a
         ``CertPair`` accepted by etcd (etcdctl uses it too).
     :param extra_args: more etcd flags, e.g. ``["--max-request-bytes", "4194304"]``.

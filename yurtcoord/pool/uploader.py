@@ -31,10 +31,10 @@ from twisted.internet.defer import inlineCallbacks
 from twisted.logger import Logger
 
 from yurtcoord.etcd.errors import BadResponse, EtcdError, EtcdTimeout, EtcdUnavailable
-from yurtcoord.kube.backoff import Backoff
-from yurtcoord.localcache import BadCacheEntry, printable_path
-from yurtcoord.poolstore.keys import InvalidKey, KeyBuildInfo
-from yurtcoord.poolstore.store import (
+from yurtcoord.tx.backoff import Backoff
+from yurtcoord.pool.localcache import BadCacheEntry, printable_path
+from yurtcoord.pool.keys import InvalidKey, KeyBuildInfo
+from yurtcoord.pool.store import (
     ConflictRetriesExhausted, PoolStoreError, WriteOutcome, object_metadata,
 )
 
@@ -126,7 +126,7 @@ class LocalCacheUploader:
     :param reader: a ``LocalCacheReader``.
     :param upload_resources: items with ``component``, ``resource``, ``version``,
         ``group`` (``""`` for core).
-    :param metrics: optional ``yurtcoord.metrics.Metrics``.
+    :param metrics: optional ``yurtcoord.agent.metrics.Metrics``.
     :param reactor: clock for retry delays; default the store's.
     :param backoff: a ``Backoff`` for retry delays.
     :param max_attempts: attempts per chunk before the upload fails.
