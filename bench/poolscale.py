@@ -225,8 +225,8 @@ def run(reactor, options):
 
         probe = LagProbe(reactor, PROBE_INTERVAL)
         collections = GCPauses()
-        # Key cache file contents made on the reactor (the pool sync's own; timed here,
-        # not changed); the file I/O runs in a thread.
+        # Key cache snapshots taken on the reactor (the pool sync's own; timed here, not
+        # changed); the file's text is made and written in a thread.
         file_writes = []
         real_snapshot = store.key_cache.snapshot_for_writing
 
@@ -315,8 +315,8 @@ def report(r, options):
         f"  reactor lag: longest {r['longest_stall_ms']:.0f} ms, p99 {r['stall_p99_ms']:.0f} ms,"
         f" {r['stalls_over_50ms']} over 50 ms of {r['probe_samples']} probes",
         f"  CPU of the reactor thread between two probes: longest {r['longest_busy_ms']:.0f} ms;"
-        f" key cache file written {r['key_cache_writes']} times, longest making of its "
-        f"contents {r['key_cache_longest_write_ms']:.0f} ms",
+        f" key cache file written {r['key_cache_writes']} times, longest snapshot of it on "
+        f"the reactor {r['key_cache_longest_write_ms']:.0f} ms",
         f"  garbage collections meanwhile: {r['gc_full_collections']} full, longest "
         f"{r['gc_longest_full_ms']:.0f} ms; longest young {r['gc_longest_young_ms']:.0f} ms",
         f"  read back: {r['objects_in_etcd']} objects in etcd of {r['expected_objects']} "
