@@ -11,10 +11,12 @@ it tracks. Two things keep such collections short and away from bursts of change
   60,000 containers) are not frozen, and the interpreter's own full collections
   would walk them several times during the burst, each time a stall of the reactor
   of tens of milliseconds on a loaded machine. While changes arrive, automatic full
-  collections are held off; one full collection runs once no change arrived for
-  ``quiet`` seconds, or at the latest ``longest`` seconds after the last one (so
-  cyclic garbage cannot grow without bound under an endless stream of changes).
-  Then the interpreter's own thresholds apply again until the next change.
+  collections are held off. Once no change arrived for ``quiet`` seconds, one full
+  collection runs if the long-lived objects grew by a quarter (and by at least
+  ``MIN_GROWTH``) since the last one, the interpreter's own rule for full
+  collections, and the interpreter's thresholds apply again until the next change.
+  Under changes that never stop, a full collection runs every ``longest`` seconds,
+  so cyclic garbage cannot grow without bound.
 
 The thresholds are the interpreter's, shared by the whole process: they are raised
 while any ``QuietCollections`` holds them and put back when the last one lets go.
@@ -27,7 +29,10 @@ import time
 from twisted.logger import Logger
 
 DEFAULT_QUIET = 1.0
-DEFAULT_LONGEST = 30.0
+DEFAULT_LONGEST = 120.0
+# Long-lived objects a burst must add before its end is worth a full collection: fewer
+# are walked quickly whenever the interpreter's own thresholds start one.
+MIN_GROWTH = 10_000
 # A threshold for full collections that is never reached (it counts young collections).
 _NEVER = 1 << 30
 
@@ -72,21 +77,24 @@ class QuietCollections:
         self.frozen = False
         # Full collections this object ran.
         self.collections = 0
-        self._burst_began = None
         self._last_change = None
-        self._last_collection = None
+        # When the current burst began, or when it last had a full collection.
+        self._since = None
+        # Long-lived (generation 2, not frozen) objects after the last full collection.
+        self._long_lived = 0
         self._check = None
         self._stopped = False
 
     @property
     def holding(self) -> bool:
         """Automatic full collections are held off for a burst of changes."""
-        return self._burst_began is not None
+        return self._since is not None
 
     def freeze(self) -> None:
         """Freeze everything the interpreter tracks now (the informers' objects)."""
         gc.freeze()
         self.frozen = True
+        self._long_lived = 0
 
     def busy(self) -> None:
         """A change arrived: hold full collections off until the burst is over."""
@@ -94,40 +102,37 @@ class QuietCollections:
             return
         now = self.reactor.seconds()
         self._last_change = now
-        if self._burst_began is None:
-            self._burst_began = now
+        if self._since is None:
+            self._since = now
             _hold(self)
         if self._check is None:
-            self._check = self.reactor.callLater(self.quiet, self._collect_when_quiet)
+            self._check = self.reactor.callLater(self.quiet, self._check_burst)
 
-    def _collect_when_quiet(self) -> None:
+    def _check_burst(self) -> None:
         self._check = None
         now = self.reactor.seconds()
-        since = self._last_collection if self._last_collection is not None \
-            else self._burst_began
         quiet_for = now - self._last_change
-        if quiet_for < self.quiet and now - since < self.longest:
-            self._check = self.reactor.callLater(
-                min(self.quiet - quiet_for, since + self.longest - now),
-                self._collect_when_quiet)
+        if quiet_for >= self.quiet:
+            long_lived = len(gc.get_objects(2))
+            if long_lived - self._long_lived >= max(MIN_GROWTH, self._long_lived // 4):
+                self._collect("after a burst of changes")
+            self._since = None
+            _release(self)
             return
-        self._collect(now, ended=quiet_for >= self.quiet)
+        if now - self._since >= self.longest:
+            self._collect("during a long burst of changes")
+            self._since = now
+        self._check = self.reactor.callLater(
+            min(self.quiet - quiet_for, self._since + self.longest - now), self._check_burst)
 
-    def _collect(self, now: float, ended: bool) -> None:
+    def _collect(self, why: str) -> None:
         started = time.perf_counter()
         found = gc.collect()
         self.collections += 1
-        self._last_collection = now
+        self._long_lived = len(gc.get_objects(2))
         log.debug("full garbage collection {why}: {found} objects unreachable, "
-                  "{ms:.1f} ms", why="after a burst of changes" if ended
-                  else "during a long burst of changes", found=found,
-                  ms=1000 * (time.perf_counter() - started))
-        if ended:
-            self._burst_began = None
-            self._last_collection = None
-            _release(self)
-        else:
-            self._check = self.reactor.callLater(self.quiet, self._collect_when_quiet)
+                  "{long_lived} long-lived objects left, {ms:.1f} ms", why=why, found=found,
+                  long_lived=self._long_lived, ms=1000 * (time.perf_counter() - started))
 
     def stop(self) -> None:
         """Cancel the timer, give the thresholds back and thaw the heap."""
@@ -135,7 +140,7 @@ class QuietCollections:
         if self._check is not None and self._check.active():
             self._check.cancel()
         self._check = None
-        self._burst_began = None
+        self._since = None
         _release(self)
         if self.frozen:
             self.frozen = False

@@ -10,7 +10,7 @@ import gc
 from twisted.internet.task import Clock
 from twisted.trial import unittest
 
-from yurtcoord.heap import QuietCollections
+from yurtcoord.heap import MIN_GROWTH, QuietCollections
 
 
 def full_collections():
@@ -42,17 +42,35 @@ class QuietCollectionsTests(unittest.TestCase):
         self.clock.advance(0.9)
         self.assertEqual(full_collections(), before, "changes arrived 0.9 s ago")
         self.clock.advance(0.1)
+        # Nothing was collected since this collector began: its first burst ends in one.
         self.assertEqual(full_collections(), before + 1)
         self.assertEqual(collector.collections, 1)
         self.assertFalse(collector.holding)
         self.assertEqual(gc.get_threshold(), self.threshold)
         self.assertEqual(self.clock.getDelayedCalls(), [], "no timer between bursts")
-        # The next burst holds them off again.
+
+    def test_a_burst_ends_in_a_full_collection_only_when_the_heap_grew(self):
+        collector = self.collector(quiet=1.0, longest=30.0)
         collector.busy()
-        self.assertTrue(collector.holding)
         self.clock.advance(1.0)
-        self.assertEqual(full_collections(), before + 2)
+        before = full_collections()
+        # A burst that leaves no long-lived objects behind: the thresholds come back,
+        # the interpreter's own rules decide when to collect.
+        collector.busy()
+        self.assertGreater(gc.get_threshold()[2], 1_000_000)
+        self.clock.advance(1.0)
+        self.assertEqual(full_collections(), before)
         self.assertEqual(gc.get_threshold(), self.threshold)
+        # One that leaves more than a quarter more (lists moved to the oldest generation).
+        grown = max(MIN_GROWTH, len(gc.get_objects(2)) // 4) + 1000
+        kept = [[i] for i in range(grown)]
+        gc.collect(1)
+        collector.busy()
+        self.clock.advance(1.0)
+        self.assertEqual(full_collections(), before + 1)
+        self.assertEqual(collector.collections, 2)
+        self.assertEqual(gc.get_threshold(), self.threshold)
+        self.assertEqual(len(kept), grown)
 
     def test_an_endless_burst_is_collected_every_longest_seconds(self):
         collector = self.collector(quiet=1.0, longest=30.0)

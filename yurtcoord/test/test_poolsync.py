@@ -267,7 +267,7 @@ class PoolSyncClockTests(unittest.TestCase):
         self.successResultOf(self.manager.stop())
         self.assertEqual(gc.get_freeze_count(), 0)
 
-    def test_a_burst_of_changes_holds_full_collections_off_until_it_is_over(self):
+    def test_a_burst_of_changes_holds_full_collections_off_while_it_lasts(self):
         threshold = gc.get_threshold()
         self.addCleanup(gc.set_threshold, *threshold)
         self.addCleanup(gc.unfreeze)
@@ -282,9 +282,10 @@ class PoolSyncClockTests(unittest.TestCase):
         self.assertEqual(gc.get_stats()[2]["collections"], before)
         self.assertGreater(gc.get_threshold()[2], threshold[2])
         self.clock.advance(1.0)
-        self.assertEqual(gc.get_stats()[2]["collections"], before + 1,
-                         "one full collection once the burst is over")
+        # Over: the interpreter's own thresholds apply again (the burst left too few
+        # long-lived objects behind for a full collection of its own).
         self.assertEqual(gc.get_threshold(), threshold)
+        self.assertEqual(gc.get_stats()[2]["collections"], before)
         # A stop in the middle of a burst gives the thresholds back and thaws the heap.
         informer.delete(endpoints("e0", 10))
         self.assertGreater(gc.get_threshold()[2], threshold[2])
