@@ -27,7 +27,11 @@ Entries of the pool-scoped component (``leader-yurthub``) are not trusted from t
 file: the pool store rebuilds them from etcd.  Reads and writes are local file I/O done
 synchronously, once per store operation or drained batch of changes, never per key
 (at 100k keys one write takes tens of milliseconds); ``snapshot_for_writing`` and
-``write_snapshot`` split a write so that its file I/O (two fsyncs) can run in a thread.
+``write_snapshot`` split a write so that it can run in a thread: the snapshot only
+copies the key sets (about a millisecond at 100k keys), and the file's text is made
+from that copy by ``write_snapshot``, in pieces of ``KEYS_PER_PIECE`` keys, so a
+thread making it gives the interpreter back to the reactor between two pieces instead
+of holding it for the tens of milliseconds one join of 100k keys takes.
 """
 
 import contextlib
@@ -55,6 +59,8 @@ _RESERVED_BUT_COMMA = re.compile("[" + re.escape("".join(sorted(_SEPARATORS - {"
 # sorting 100k keys costs about 50 ms of the reactor on every write, so larger sets
 # are written in memory order (yurthub writes its keys in map order, unsorted).
 SORTED_KEYS_LIMIT = 10_000
+# Keys joined at once when the file's text is made (see the module docstring).
+KEYS_PER_PIECE = 4096
 
 log = Logger()
 
@@ -111,32 +117,43 @@ def decode_resource(text):
 
 
 def format_lines(cache):
-    """The file text for ``{component: {ResourceId: set(paths)}}``; components,
-    resources and (up to ``SORTED_KEYS_LIMIT`` per resource) keys sorted.
+    """The file text for ``{component: {ResourceId: keys}}``; components, resources and
+    (up to ``SORTED_KEYS_LIMIT`` per resource) keys sorted.
 
     No line break after the last line: yurthub's reader rejects the empty line after it.
     """
-    lines = []
+    return "".join(format_pieces(cache))
+
+
+def format_pieces(cache):
+    """``format_lines(cache)`` as consecutive pieces of text, none holding more than
+    ``KEYS_PER_PIECE`` keys (see the module docstring for why)."""
+    first_line = True
     for component in sorted(cache):
-        groups = []
+        if not first_line:
+            yield "\n"
+        first_line = False
+        yield f"{encode_field(component)}#"
         resources = cache[component]
+        first_group = True
         for resource in sorted(resources, key=lambda r: (r.group, r.version, r.resource)):
-            keys = _encode_keys(resources[resource])
-            groups.append(f"{encode_resource(resource)}:{keys}")
-        lines.append(f"{encode_field(component)}#{';'.join(groups)}")
-    return "\n".join(lines)
+            yield f"{'' if first_group else ';'}{encode_resource(resource)}:"
+            first_group = False
+            yield from _encode_keys(resources[resource])
 
 
 def _encode_keys(keys):
-    """``,``-joined and encoded keys; a pool of 100k keys takes tens of milliseconds
-    on the reactor, so the usual case (nothing to encode) is found with one scan of
-    the joined text instead of one check per key."""
+    """``,``-joined and encoded keys, piece by piece; a pool of 100k keys takes tens of
+    milliseconds, so the usual case (nothing to encode) is found with one scan of each
+    piece's joined text instead of one check per key."""
     ordered = sorted(keys) if len(keys) <= SORTED_KEYS_LIMIT else list(keys)
-    joined = ",".join(ordered)
-    if (_RESERVED_BUT_COMMA.search(joined) is None
-            and joined.count(",") == max(len(ordered) - 1, 0)):
-        return joined
-    return ",".join(encode_field(k) for k in ordered)
+    for start in range(0, len(ordered), KEYS_PER_PIECE):
+        piece = ordered[start:start + KEYS_PER_PIECE]
+        joined = ",".join(piece)
+        if (_RESERVED_BUT_COMMA.search(joined) is not None
+                or joined.count(",") != len(piece) - 1):
+            joined = ",".join(encode_field(k) for k in piece)
+        yield joined if start == 0 else "," + joined
 
 
 def parse_lines(text, path="<memory>"):
@@ -284,16 +301,21 @@ class ComponentKeyCache:
             raise
 
     def snapshot_for_writing(self):
-        """The file contents as of now, numbered; the cache counts as written from here
-        (set ``dirty`` again if ``write_snapshot`` fails)."""
+        """The cache as of now, numbered, for ``write_snapshot``: a copy of the key sets,
+        not yet the file's text (made by ``write_snapshot``, possibly in a thread). The
+        cache counts as written from here (set ``dirty`` again if ``write_snapshot``
+        fails)."""
         self._snapshots += 1
         self.dirty = False
-        return self._snapshots, format_lines(self._cache).encode("utf-8")
+        copy = {component: {resource: list(keys) for resource, keys in resources.items()}
+                for component, resources in self._cache.items()}
+        return self._snapshots, copy
 
     def write_snapshot(self, snapshot):
-        """Write a ``snapshot_for_writing()`` atomically; safe in a thread (only file
-        I/O, and the rename is skipped when a newer snapshot was written meanwhile)."""
-        number, data = snapshot
+        """Write a ``snapshot_for_writing()`` atomically; safe in a thread (it reads only
+        the snapshot, and the rename is skipped when a newer snapshot was written
+        meanwhile)."""
+        number, cache = snapshot
         directory = os.path.dirname(self.path) or "."
         os.makedirs(directory, exist_ok=True)
         base = os.path.basename(self.path)
@@ -301,7 +323,8 @@ class ComponentKeyCache:
                                          dir=directory)
         try:
             with os.fdopen(fd, "wb") as f:
-                f.write(data)
+                for piece in format_pieces(cache):
+                    f.write(piece.encode("utf-8"))
                 f.flush()
                 os.fsync(f.fileno())
             with self._replace_lock:

@@ -452,12 +452,13 @@ class PoolStore:
         ``key_cache_flush_interval``, once that interval has passed since it.
 
         For callers that change the cache in a stream of small operations (pool sync
-        draining watch events): at 100k keys one write takes tens of milliseconds of
-        the reactor, so a write per operation would keep it busy. The file's contents
-        are made on the reactor and, when the reactor has a thread pool, written (two
-        fsyncs, which wait for a disk shared with etcd) in a thread. The pool-scoped
-        component's entries, which such streams change, are rebuilt from etcd on start
-        anyway; ``close()`` writes whatever is pending.
+        draining watch events): at 100k keys one write takes tens of milliseconds, so
+        a write per operation would keep the reactor busy. When the reactor has a
+        thread pool, only a copy of the key sets is taken on the reactor; the file's
+        text is made from it and written (two fsyncs, which wait for a disk shared with
+        etcd) in a thread. The pool-scoped component's entries, which such streams
+        change, are rebuilt from etcd on start anyway; ``close()`` writes whatever is
+        pending.
         """
         if self.closed:
             # No timers or threads after close(); a write arriving late is written now.

@@ -28,7 +28,6 @@ renewed only while every mirror has listed and none is failing to write.
 the same reactor turn; once its Deferred fired nothing writes to the store.
 """
 
-import gc
 import json
 
 from twisted.internet import defer
@@ -36,6 +35,7 @@ from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
 from zope.interface import implementer
 
+from yurtcoord.tx.heap import QuietCollections
 from yurtcoord.tx.inflight import InFlight, cancellable_sleep
 from yurtcoord.kube import gvr as gvrs
 from yurtcoord.tx.backoff import Backoff
@@ -83,13 +83,15 @@ class ResourceMirror:
     written at most once per drained batch of changes and at most once per
     ``key_cache_flush_interval`` (``PoolStore.flush_key_cache_soon``), never per key:
     at 100k keys one rewrite takes tens of milliseconds of the reactor, and a storm of
-    deletes would otherwise stall it for seconds.
+    deletes would otherwise stall it for seconds. ``busy()`` is called for every change
+    delivered (the manager's ``QuietCollections.busy``, which keeps full garbage
+    collections out of a burst of changes).
     """
 
     log = Logger()
 
     def __init__(self, reactor, store, informer, gvr, kind=None, component=POOL_SCOPED_COMPONENT,
-                 metrics=None, on_change=None, backoff=None):
+                 metrics=None, on_change=None, backoff=None, busy=None):
         self.reactor = reactor
         self.store = store
         self.informer = informer
@@ -98,6 +100,7 @@ class ResourceMirror:
         self.component = component
         self.metrics = metrics
         self._on_change = on_change or (lambda: None)
+        self._busy = busy or (lambda: None)
         self.backoff = backoff if backoff is not None else Backoff(initial=0.5, maximum=10.0)
         self.listed = False
         self.failing = False
@@ -169,6 +172,7 @@ class ResourceMirror:
         if not self._accepting:
             # Before the first list is written, the list snapshot covers every change.
             return
+        self._busy()
         if self.metrics is not None:
             self.metrics.count_pool_sync_event(self.name, event_type)
         if self._relisted():
@@ -420,7 +424,8 @@ class PoolSyncManager:
         self._lists_at_outage = None
         self._in_flight = InFlight()
         self._stopping = []
-        self._froze_heap = False
+        # Freezes the synced heap and holds full collections off during bursts.
+        self._heap = None
 
     @property
     def running(self):
@@ -460,6 +465,7 @@ class PoolSyncManager:
         self.lease = None
         self._lease_writer.forget()  # deleted above
         self._running = True
+        self._heap = QuietCollections(self.reactor)
         self._lists_at_outage = None
         store.on_health_change(self._store_health_changed)
         store.on_new_term(self._store_new_term)
@@ -495,9 +501,7 @@ class PoolSyncManager:
         self.store.remove_health_observer(self._store_health_changed)
         self.store.remove_new_term_observer(self._store_new_term)
         self.store = None
-        if self._froze_heap:
-            self._froze_heap = False
-            gc.unfreeze()
+        self._heap.stop()
         self.log.info("pool sync stopping on node {node}", node=self.node_name)
         return defer.DeferredList(waits, consumeErrors=True).addCallback(lambda _: None)
 
@@ -546,7 +550,8 @@ class PoolSyncManager:
             mirror = ResourceMirror(
                 self.reactor, self.store, informer, gvr, kind=self._kind_of(gvr),
                 component=self.component, metrics=self.metrics,
-                on_change=self._mirror_changed, backoff=self._write_backoff())
+                on_change=self._mirror_changed, backoff=self._write_backoff(),
+                busy=self._heap.busy)
             self.mirrors[rid] = mirror
             self.log.info("pool sync mirrors {resource}", resource=mirror.name)
             mirror.start()
@@ -584,14 +589,12 @@ class PoolSyncManager:
         self.log.info("pool-scoped resources synced on node {node}: {resources}",
                       node=self.node_name,
                       resources=", ".join(m.name for m in self.mirrors.values()) or "none")
-        # The informers now hold every pool-scoped object (100k objects are millions of
-        # containers), and they live as long as this leadership. Left to the cyclic
-        # garbage collector, each full collection would walk them all and stall the
-        # reactor for hundreds of milliseconds during a storm of changes; frozen, they
-        # are skipped (they are still freed by reference counting when replaced).
-        # ``stop()`` unfreezes, so garbage frozen with them is collected after all.
-        gc.freeze()
-        self._froze_heap = True
+        # The informers now hold every pool-scoped object (100k objects are about
+        # 700,000 containers), and they live as long as this leadership. Left to the
+        # cyclic garbage collector, each full collection would walk them all and stall
+        # the reactor for hundreds of milliseconds during a storm of changes; frozen,
+        # they are skipped (see ``yurtcoord.tx.heap``). ``stop()`` thaws them.
+        self._heap.freeze()
         self._lease_loop = LoopingCall(self._renew_lease)
         self._lease_loop.clock = self.reactor
         self._lease_loop_done = self._lease_loop.start(self.informer_lease_renew, now=True)

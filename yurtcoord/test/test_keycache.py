@@ -7,8 +7,8 @@ from hypothesis import strategies as st
 from twisted.trial import unittest
 
 from yurtcoord.pool.keycache import (
-    KEY_CACHE_FILE_NAME, SORTED_KEYS_LIMIT, ComponentKeyCache, KeyCacheCorrupt, decode_field,
-    encode_field, format_lines, parse_lines,
+    KEY_CACHE_FILE_NAME, KEYS_PER_PIECE, SORTED_KEYS_LIMIT, ComponentKeyCache, KeyCacheCorrupt,
+    decode_field, encode_field, format_lines, format_pieces, parse_lines,
 )
 from yurtcoord.pool.keys import ResourceId
 
@@ -121,6 +121,30 @@ class FileTests(KeyCacheFileCase):
         self.assertEqual(again.keys("kubelet", PODS), {"/registry/pods/a/b"})
         self.assertEqual(again.resources("kubelet"), [NODES, PODS])
         self.assertEqual(os.listdir(self.dir), [KEY_CACHE_FILE_NAME])
+
+    def test_a_snapshot_is_written_as_it_was_taken(self):
+        # The file's text is made from the snapshot when it is written (in a thread, for
+        # the pool store), so changes made meanwhile on the reactor must not leak into it.
+        cache = ComponentKeyCache.in_directory(self.dir, rebuilt_components=()).load()
+        cache.add("leader-yurthub", SLICES, ["/registry/endpointslices/d/a",
+                                             "/registry/endpointslices/d/b"])
+        cache.add("kubelet", PODS, ["/registry/pods/a/system:node"])
+        taken = cache.snapshot()
+        snapshot = cache.snapshot_for_writing()
+        self.assertFalse(cache.dirty)
+        cache.discard("leader-yurthub", SLICES, ["/registry/endpointslices/d/a"])
+        cache.add("leader-yurthub", SLICES, ["/registry/endpointslices/d/c"])
+        cache.drop("kubelet")
+        self.assertTrue(cache.dirty)
+        cache.write_snapshot(snapshot)
+        self.assertEqual(self.read(), format_lines(taken))
+        self.assertEqual(self.read(),
+                         "kubelet#_v1_pods:/registry/pods/a/system%3Anode\n"
+                         "leader-yurthub#discovery.k8s.io_v1_endpointslices:"
+                         "/registry/endpointslices/d/a,/registry/endpointslices/d/b")
+        cache.flush()
+        self.assertEqual(ComponentKeyCache(self.path, rebuilt_components=()).load().snapshot(),
+                         cache.snapshot())
 
     def test_flush_without_changes_does_not_write(self):
         cache = ComponentKeyCache(self.path).load()
@@ -330,4 +354,23 @@ class YurthubCompatibilityTests(KeyCacheFileCase):
         self.assertEqual(parse_lines(text), cache)
         self.assertIn("system%3Ax", text)
         plain = {"leader-yurthub": {SLICES: keys - {"/registry/endpointslices/ns/system:x"}}}
+        self.assertEqual(yurthub_reader(format_lines(plain)), as_yurthub_sees(plain))
+
+    def test_the_text_is_made_in_pieces_of_at_most_keys_per_piece_keys(self):
+        # A thread making the text gives the interpreter back between two pieces: no
+        # piece may hold a whole 100k-key resource.
+        many = {f"/registry/endpointslices/ns/svc-{i:06d}"
+                for i in range(SORTED_KEYS_LIMIT + 2 * KEYS_PER_PIECE)}
+        sorted_ones = {f"/registry/pods/ns/p-{i:05d}" for i in range(2 * KEYS_PER_PIECE + 1)}
+        sorted_ones.add("/registry/pods/ns/system:x")
+        cache = {"leader-yurthub": {SLICES: many, PODS: sorted_ones},
+                 "kubelet": {PODS: {"/registry/pods/a/b"}}, "empty": {}}
+        pieces = list(format_pieces(cache))
+        self.assertEqual("".join(pieces), format_lines(cache))
+        self.assertLessEqual(max(piece.count(",") for piece in pieces), KEYS_PER_PIECE)
+        self.assertGreaterEqual(len(pieces), (len(many) + len(sorted_ones)) // KEYS_PER_PIECE)
+        text = format_lines(cache)
+        self.assertEqual(parse_lines(text), cache)
+        self.assertIn("system%3Ax", text)
+        plain = {"leader-yurthub": {SLICES: many}, "kubelet": {PODS: {"/registry/pods/a/b"}}}
         self.assertEqual(yurthub_reader(format_lines(plain)), as_yurthub_sees(plain))

@@ -267,6 +267,32 @@ class PoolSyncClockTests(unittest.TestCase):
         self.successResultOf(self.manager.stop())
         self.assertEqual(gc.get_freeze_count(), 0)
 
+    def test_a_burst_of_changes_holds_full_collections_off_while_it_lasts(self):
+        threshold = gc.get_threshold()
+        self.addCleanup(gc.set_threshold, *threshold)
+        self.addCleanup(gc.unfreeze)
+        informers = self.start()
+        self.sync_all(informers)
+        before = gc.get_stats()[2]["collections"]
+        informer = informers[("", "v1", "endpoints")]
+        for i in range(20):
+            informer.add(endpoints(f"e{i}", 10 + i))
+            self.clock.advance(0.1)
+        self.assertEqual(len(self.store.objects), 20)
+        self.assertEqual(gc.get_stats()[2]["collections"], before)
+        self.assertGreater(gc.get_threshold()[2], threshold[2])
+        self.clock.advance(1.0)
+        # Over: the interpreter's own thresholds apply again (the burst left too few
+        # long-lived objects behind for a full collection of its own).
+        self.assertEqual(gc.get_threshold(), threshold)
+        self.assertEqual(gc.get_stats()[2]["collections"], before)
+        # A stop in the middle of a burst gives the thresholds back and thaws the heap.
+        informer.delete(endpoints("e0", 10))
+        self.assertGreater(gc.get_threshold()[2], threshold[2])
+        self.successResultOf(self.manager.stop())
+        self.assertEqual(gc.get_threshold(), threshold)
+        self.assertEqual(gc.get_freeze_count(), 0)
+
     def test_one_timer_renews_every_period(self):
         self.sync_all(self.start())
         self.assertEqual(len(self.clock.getDelayedCalls()), 1)
@@ -523,7 +549,8 @@ class PoolSyncClockTests(unittest.TestCase):
         self.sync_all(informers)
         self.store.fail = [ConnectionFailed("etcd down")]
         informers[("", "v1", "endpoints")].add(endpoints("a", 5))
-        self.assertEqual(len(self.clock.getDelayedCalls()), 2, "lease loop and write retry")
+        self.assertEqual(len(self.clock.getDelayedCalls()), 3,
+                         "lease loop, write retry and the collection after the burst")
         done = self.manager.stop()
         self.assertTrue(done.called)
         self.assertEqual(self.clock.getDelayedCalls(), [])

@@ -1,0 +1,118 @@
+"""Full garbage collections held off during bursts of changes, on an injected clock.
+
+The collections and thresholds asserted are the interpreter's own (``gc.get_stats``,
+``gc.get_threshold``): while a burst holds them off, no automatic full collection can
+run, so the counts are exact.
+"""
+
+import gc
+
+from twisted.internet.task import Clock
+from twisted.trial import unittest
+
+from yurtcoord.tx.heap import MIN_GROWTH, QuietCollections
+
+
+def full_collections():
+    return gc.get_stats()[2]["collections"]
+
+
+class QuietCollectionsTests(unittest.TestCase):
+
+    def setUp(self):
+        self.clock = Clock()
+        self.threshold = gc.get_threshold()
+        self.addCleanup(gc.set_threshold, *self.threshold)
+        self.addCleanup(gc.unfreeze)
+
+    def collector(self, **kwargs):
+        collector = QuietCollections(self.clock, **kwargs)
+        self.addCleanup(collector.stop)
+        return collector
+
+    def test_a_burst_holds_full_collections_off_until_it_is_quiet(self):
+        collector = self.collector(quiet=1.0, longest=30.0)
+        before = full_collections()
+        collector.busy()
+        self.assertTrue(collector.holding)
+        self.assertEqual(gc.get_threshold()[:2], self.threshold[:2])
+        self.assertGreater(gc.get_threshold()[2], 1_000_000)
+        self.clock.advance(0.5)
+        collector.busy()
+        self.clock.advance(0.9)
+        self.assertEqual(full_collections(), before, "changes arrived 0.9 s ago")
+        self.clock.advance(0.1)
+        # Nothing was collected since this collector began: its first burst ends in one.
+        self.assertEqual(full_collections(), before + 1)
+        self.assertEqual(collector.collections, 1)
+        self.assertFalse(collector.holding)
+        self.assertEqual(gc.get_threshold(), self.threshold)
+        self.assertEqual(self.clock.getDelayedCalls(), [], "no timer between bursts")
+
+    def test_a_burst_ends_in_a_full_collection_only_when_the_heap_grew(self):
+        collector = self.collector(quiet=1.0, longest=30.0)
+        collector.busy()
+        self.clock.advance(1.0)
+        before = full_collections()
+        # A burst that leaves no long-lived objects behind: the thresholds come back,
+        # the interpreter's own rules decide when to collect.
+        collector.busy()
+        self.assertGreater(gc.get_threshold()[2], 1_000_000)
+        self.clock.advance(1.0)
+        self.assertEqual(full_collections(), before)
+        self.assertEqual(gc.get_threshold(), self.threshold)
+        # One that leaves more than a quarter more (lists moved to the oldest generation).
+        grown = max(MIN_GROWTH, len(gc.get_objects(2)) // 4) + 1000
+        kept = [[i] for i in range(grown)]
+        gc.collect(1)
+        collector.busy()
+        self.clock.advance(1.0)
+        self.assertEqual(full_collections(), before + 1)
+        self.assertEqual(collector.collections, 2)
+        self.assertEqual(gc.get_threshold(), self.threshold)
+        self.assertEqual(len(kept), grown)
+
+    def test_an_endless_burst_is_collected_every_longest_seconds(self):
+        collector = self.collector(quiet=1.0, longest=30.0)
+        before = full_collections()
+        for _ in range(130):
+            collector.busy()
+            self.clock.advance(0.5)
+        # Changes every 0.5 s for 65 s: collected at 30 s and 60 s, still held off.
+        self.assertEqual(full_collections(), before + 2)
+        self.assertTrue(collector.holding)
+        self.assertEqual(len(self.clock.getDelayedCalls()), 1)
+        collector.stop()
+        self.assertEqual(gc.get_threshold(), self.threshold)
+        self.assertEqual(self.clock.getDelayedCalls(), [])
+        self.assertEqual(full_collections(), before + 2)
+
+    def test_thresholds_come_back_when_the_last_holder_lets_go(self):
+        first = self.collector(quiet=1.0)
+        second = self.collector(quiet=5.0)
+        first.busy()
+        second.busy()
+        self.clock.advance(1.0)
+        self.assertFalse(first.holding)
+        self.assertTrue(second.holding)
+        self.assertGreater(gc.get_threshold()[2], 1_000_000, "the second one still holds")
+        first.busy()
+        first.stop()
+        self.assertGreater(gc.get_threshold()[2], 1_000_000)
+        self.clock.advance(4.0)
+        self.assertEqual(gc.get_threshold(), self.threshold)
+        self.assertEqual(self.clock.getDelayedCalls(), [])
+
+    def test_freeze_and_stop_thaw_the_heap(self):
+        gc.unfreeze()
+        collector = self.collector()
+        collector.freeze()
+        self.assertGreater(gc.get_freeze_count(), 0)
+        collector.busy()
+        collector.stop()
+        self.assertEqual(gc.get_freeze_count(), 0)
+        self.assertEqual(gc.get_threshold(), self.threshold)
+        # After stop a late change starts nothing.
+        collector.busy()
+        self.assertFalse(collector.holding)
+        self.assertEqual(self.clock.getDelayedCalls(), [])

@@ -1,0 +1,147 @@
+"""Garbage collection while pool sync holds the pool's objects.
+
+A leader's informers hold every pool-scoped object: 100k endpointslices are about
+700,000 containers, and a full collection of the interpreter walks every container
+it tracks. Two things keep such collections short and away from bursts of changes:
+
+- Once the first lists are in, the heap is frozen (``gc.freeze``): the objects held
+  then are never walked again (they are still freed by reference counting when an
+  update replaces them). Thawing on stop lets garbage frozen with them be collected.
+- The objects a burst of changes brings (10,000 updated endpointslices are some
+  60,000 containers) are not frozen, and the interpreter's own full collections
+  would walk them several times during the burst, each time a stall of the reactor
+  of tens of milliseconds on a loaded machine. While changes arrive, automatic full
+  collections are held off. Once no change arrived for ``quiet`` seconds, one full
+  collection runs if the long-lived objects grew by a quarter (and by at least
+  ``MIN_GROWTH``) since the last one, the interpreter's own rule for full
+  collections, and the interpreter's thresholds apply again until the next change.
+  Under changes that never stop, a full collection runs every ``longest`` seconds,
+  so cyclic garbage cannot grow without bound.
+
+The thresholds are the interpreter's, shared by the whole process: they are raised
+while any ``QuietCollections`` holds them and put back when the last one lets go.
+Young collections are left alone: they walk only recent objects.
+"""
+
+import gc
+import time
+
+from twisted.logger import Logger
+
+DEFAULT_QUIET = 1.0
+DEFAULT_LONGEST = 120.0
+# Long-lived objects a burst must add before its end is worth a full collection: fewer
+# are walked quickly whenever the interpreter's own thresholds start one.
+MIN_GROWTH = 10_000
+# A threshold for full collections that is never reached (it counts young collections).
+_NEVER = 1 << 30
+
+log = Logger()
+
+# The collectors holding automatic full collections off, and the thresholds to restore.
+_holders = set()
+_saved_threshold = None
+
+
+def _hold(holder: object) -> None:
+    global _saved_threshold
+    if not _holders:
+        _saved_threshold = gc.get_threshold()
+        gc.set_threshold(_saved_threshold[0], _saved_threshold[1], _NEVER)
+    _holders.add(holder)
+
+
+def _release(holder: object) -> None:
+    global _saved_threshold
+    if holder not in _holders:
+        return
+    _holders.discard(holder)
+    if not _holders and _saved_threshold is not None:
+        gc.set_threshold(*_saved_threshold)
+        _saved_threshold = None
+
+
+class QuietCollections:
+    """Freezes the synced heap and moves full collections out of bursts of changes.
+
+    ``busy()`` is called for every change (cheap: a time stamp and, once per burst,
+    a timer on the injected ``reactor``); ``freeze()`` once the lists are in;
+    ``stop()`` puts the interpreter back as it found it.
+    """
+
+    def __init__(self, reactor, quiet: float = DEFAULT_QUIET,
+                 longest: float = DEFAULT_LONGEST) -> None:
+        self.reactor = reactor
+        self.quiet = quiet
+        self.longest = longest
+        self.frozen = False
+        # Full collections this object ran.
+        self.collections = 0
+        self._last_change = None
+        # When the current burst began, or when it last had a full collection.
+        self._since = None
+        # Long-lived (generation 2, not frozen) objects after the last full collection.
+        self._long_lived = 0
+        self._check = None
+        self._stopped = False
+
+    @property
+    def holding(self) -> bool:
+        """Automatic full collections are held off for a burst of changes."""
+        return self._since is not None
+
+    def freeze(self) -> None:
+        """Freeze everything the interpreter tracks now (the informers' objects)."""
+        gc.freeze()
+        self.frozen = True
+        self._long_lived = 0
+
+    def busy(self) -> None:
+        """A change arrived: hold full collections off until the burst is over."""
+        if self._stopped:
+            return
+        now = self.reactor.seconds()
+        self._last_change = now
+        if self._since is None:
+            self._since = now
+            _hold(self)
+        if self._check is None:
+            self._check = self.reactor.callLater(self.quiet, self._check_burst)
+
+    def _check_burst(self) -> None:
+        self._check = None
+        now = self.reactor.seconds()
+        quiet_for = now - self._last_change
+        if quiet_for >= self.quiet:
+            long_lived = len(gc.get_objects(2))
+            if long_lived - self._long_lived >= max(MIN_GROWTH, self._long_lived // 4):
+                self._collect("after a burst of changes")
+            self._since = None
+            _release(self)
+            return
+        if now - self._since >= self.longest:
+            self._collect("during a long burst of changes")
+            self._since = now
+        self._check = self.reactor.callLater(
+            min(self.quiet - quiet_for, self._since + self.longest - now), self._check_burst)
+
+    def _collect(self, why: str) -> None:
+        started = time.perf_counter()
+        found = gc.collect()
+        self.collections += 1
+        self._long_lived = len(gc.get_objects(2))
+        log.debug("full garbage collection {why}: {found} objects unreachable, "
+                  "{long_lived} long-lived objects left, {ms:.1f} ms", why=why, found=found,
+                  long_lived=self._long_lived, ms=1000 * (time.perf_counter() - started))
+
+    def stop(self) -> None:
+        """Cancel the timer, give the thresholds back and thaw the heap."""
+        self._stopped = True
+        if self._check is not None and self._check.active():
+            self._check.cancel()
+        self._check = None
+        self._since = None
+        _release(self)
+        if self.frozen:
+            self.frozen = False
+            gc.unfreeze()
