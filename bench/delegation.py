@@ -39,9 +39,11 @@ from benchresult import row, write_result  # noqa: E402
 from twisted.internet import defer, protocol, task  # noqa: E402
 from twisted.internet.threads import deferToThread  # noqa: E402
 
-from yurtcoord.heartbeat.probes import DELEGATE_HEARTBEAT_ANNOTATION, NODE_LEASE_NAMESPACE  # noqa: E402
 from yurtcoord.kube.gvr import LEASES  # noqa: E402
 from yurtcoord.kube.lease import format_micro_time  # noqa: E402
+from yurtcoord.names import (  # noqa: E402
+    DELEGATE_HEARTBEAT_ANNOTATION, ELECTION_LEASE_NAME, ELECTION_LEASE_NAMESPACE, NODE_LEASE_NAMESPACE,
+)
 from yurtcoord.sim.apiserver import KubeAPIServer  # noqa: E402
 from yurtcoord.sim.apiserver.selectors import ObjectFilter  # noqa: E402
 from yurtcoord.sim.etcd import EtcdProcess, etcd_binary_for  # noqa: E402
@@ -51,7 +53,6 @@ from yurtcoord.testing.world import (  # noqa: E402
 )
 
 LEADER = "bench-leader"
-ELECTION_NAMESPACE, ELECTION_LEASE = "kube-system", "yurthub"
 TICK = 0.01  # seconds between renewal batches of the load generator
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
@@ -208,7 +209,7 @@ def run(reactor, args):
         pid = transport.pid
 
         def leading():
-            lease = coordinator.store.get(LEASES, ELECTION_LEASE, ELECTION_NAMESPACE)
+            lease = coordinator.store.get(LEASES, ELECTION_LEASE_NAME, ELECTION_LEASE_NAMESPACE)
             return lease is not None and lease["spec"].get("holderIdentity") == LEADER
 
         yield poll_until(leading, 60.0, 0.05, reactor, what="the agent leading the pool")

@@ -64,7 +64,7 @@ def run(reactor, options):
     from twisted.internet import defer, task
 
     from yurtcoord.kube import gvr as gvrs
-    from yurtcoord.pool.sync import INFORMER_SYNC_LEASE_NAME, INFORMER_SYNC_LEASE_NAMESPACE
+    from yurtcoord.names import INFORMER_SYNC_LEASE_NAME, INFORMER_SYNC_LEASE_NAMESPACE
     from yurtcoord.sim.etcd import etcd_binary_for
 
     updates_wanted = int(options.rate * options.seconds)

@@ -23,6 +23,8 @@ import re
 from dataclasses import dataclass, field, fields
 from urllib.parse import urlsplit
 
+from yurtcoord.names import ELECTION_LEASE_NAME, ELECTION_LEASE_NAMESPACE, NODE_POOL_LABEL
+
 DEFAULT_CONFIG_PATH = "/etc/yurtcoord/yurtcoord.ini"
 
 
@@ -367,7 +369,7 @@ SCHEMA = (
     Key("node", "name", OBJECT_NAME, None,
         "required; lease holder identity and node lease name"),
     Key("node", "pool", OPTIONAL_OBJECT_NAME, "",
-        "node pool name (label apps.openyurt.io/nodepool of the pool's Nodes); "
+        f"node pool name (label {NODE_POOL_LABEL} of the pool's Nodes); "
         "required with the coordinator enabled"),
 
     Key("cloud", "servers", URL_LIST, None,
@@ -397,9 +399,10 @@ SCHEMA = (
     Key("coordinator", "insecure", BOOLEAN, "false",
         "plain http etcd/apiserver, no client certs (testing only)"),
 
-    Key("leader_election", "lease_namespace", NAMESPACE, "kube-system",
+    Key("leader_election", "lease_namespace", NAMESPACE, ELECTION_LEASE_NAMESPACE,
         "namespace of the election lease"),
-    Key("leader_election", "lease_name", OBJECT_NAME, "yurthub", "name of the election lease"),
+    Key("leader_election", "lease_name", OBJECT_NAME, ELECTION_LEASE_NAME,
+        "name of the election lease"),
     Key("leader_election", "lease_duration", DURATION, "15s",
         "a lease not renewed for this long may be taken over"),
     Key("leader_election", "renew_deadline", DURATION, "10s",
@@ -668,7 +671,7 @@ def _check_rules(config, raw, source):
     if coordinator.enabled and not config.node.pool:
         raise ConfigError(source, "required when [coordinator] enabled = true: the leader "
                           "forwards heartbeats only of Nodes labelled "
-                          "apps.openyurt.io/nodepool=<pool>", section="node", key="pool")
+                          f"{NODE_POOL_LABEL}=<pool>", section="node", key="pool")
     if not coordinator.insecure:
         for name in ("server", "storage"):
             if urlsplit(getattr(coordinator, name)).scheme != "https":

@@ -64,13 +64,13 @@ from twisted.python.failure import Failure
 from zope.interface import Interface, implementer
 
 from yurtcoord.agent.config import format_duration
-from yurtcoord.heartbeat.probes import DELEGATE_HEARTBEAT_ANNOTATION, NODE_LEASE_NAMESPACE
 from yurtcoord.tx.backoff import Backoff
 from yurtcoord.kube.errors import KubeError, NotFound
 from yurtcoord.kube.gvr import LEASES, NODES
 from yurtcoord.kube.informer import Informer
 from yurtcoord.kube.lease import format_micro_time, owner_reference_to_node, parse_micro_time
 from yurtcoord.kube.leasewriter import CREATED, UNCHANGED, LeaseWriter
+from yurtcoord.names import DELEGATE_HEARTBEAT_ANNOTATION, NODE_LEASE_NAMESPACE, NODE_POOL_LABEL
 from yurtcoord.role.roles import IRoleComponent
 
 MAX_ATTEMPTS = 5
@@ -78,8 +78,6 @@ MAX_ATTEMPTS = 5
 DEFAULT_MAX_CONCURRENT = 16
 # How far ahead of the leader's clock a forwarded renewTime may be.
 DEFAULT_MAX_CLOCK_SKEW = 5.0
-# The label naming a Node's pool.
-NODE_POOL_LABEL = "apps.openyurt.io/nodepool"
 # The only spec fields a pool lease gives its cloud lease.
 FORWARDED_SPEC_FIELDS = ("holderIdentity", "leaseDurationSeconds", "renewTime")
 

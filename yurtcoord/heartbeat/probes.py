@@ -48,9 +48,8 @@ from twisted.logger import Logger
 
 from yurtcoord.kube.lease import format_micro_time, node_owner_reference
 from yurtcoord.kube.leasewriter import LeaseWriter, RetryPolicy
+from yurtcoord.names import DELEGATE_HEARTBEAT_ANNOTATION, NODE_LEASE_NAMESPACE
 
-NODE_LEASE_NAMESPACE = "kube-node-lease"
-DELEGATE_HEARTBEAT_ANNOTATION = "openyurt.io/delegate-heartbeat"
 NODE_LEASE_DURATION_SECONDS = 40
 # Seconds from the pool leader's death until the next leader forwards heartbeats with
 # the default election timings: lease_duration (15 s) + retry_period (2 s).

@@ -28,10 +28,9 @@ from yurtcoord.kube.errors import ConnectionFailed, NotFound
 from yurtcoord.kube.gvr import GroupVersionResource
 from yurtcoord.kube.informer import Informer
 from yurtcoord.kube.resolving import ResolvingClient
-
-POOL_SCOPE_CONFIGMAP_NAMESPACE = "kube-system"
-POOL_SCOPE_CONFIGMAP_NAME = "yurt-hub-cfg"
-POOL_SCOPE_CONFIGMAP_KEY = "pool_scope_resources"
+from yurtcoord.names import (
+    POOL_SCOPE_CONFIGMAP_KEY, POOL_SCOPE_CONFIGMAP_NAME, POOL_SCOPE_CONFIGMAP_NAMESPACE,
+)
 
 DEFAULT_POOL_SCOPE_RESOURCES = (
     gvrs.ENDPOINTS,

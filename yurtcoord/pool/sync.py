@@ -47,10 +47,9 @@ from yurtcoord.pool.scope import describe, merge_resources, resource_id
 from yurtcoord.pool.keycache import POOL_SCOPED_COMPONENT
 from yurtcoord.pool.keys import InvalidKey, KeyBuildInfo
 from yurtcoord.pool.store import ObjectTooLarge
+from yurtcoord.names import INFORMER_SYNC_LEASE_NAME, INFORMER_SYNC_LEASE_NAMESPACE
 from yurtcoord.role.roles import IRoleComponent
 
-INFORMER_SYNC_LEASE_NAMESPACE = "kube-system"
-INFORMER_SYNC_LEASE_NAME = "leader-informer-sync"
 DEFAULT_INFORMER_LEASE_RENEW = 10.0
 
 

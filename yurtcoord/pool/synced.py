@@ -15,9 +15,8 @@ from zope.interface import implementer
 from yurtcoord.kube import gvr as gvrs
 from yurtcoord.kube.informer import Informer
 from yurtcoord.kube.lease import renew_time
-from yurtcoord.pool.sync import (
-    INFORMER_SYNC_LEASE_NAME, INFORMER_SYNC_LEASE_NAMESPACE, is_informer_sync_lease,
-)
+from yurtcoord.names import INFORMER_SYNC_LEASE_NAME, INFORMER_SYNC_LEASE_NAMESPACE
+from yurtcoord.pool.sync import is_informer_sync_lease
 from yurtcoord.role.roles import IRoleComponent
 
 

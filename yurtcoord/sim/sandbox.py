@@ -48,10 +48,10 @@ from twisted.web.resource import Resource
 from twisted.web.server import Request, Site
 
 from yurtcoord.agent.config import parse_config
-from yurtcoord.heartbeat.probes import NODE_LEASE_NAMESPACE
 from yurtcoord.kube.gvr import ENDPOINTS, ENDPOINTSLICES_V1, LEASES, NODES
 from yurtcoord.kube.lease import renew_time
 from yurtcoord.agent.service import make_service
+from yurtcoord.names import NODE_LEASE_NAMESPACE, NODE_POOL_LABEL
 from yurtcoord.sim.agentini import loopback_agent_ini
 from yurtcoord.sim.apiserver import KubeAPIServer
 from yurtcoord.sim.etcd import environ_without_etcd_flags, free_port, wheel_etcd_binary
@@ -206,7 +206,7 @@ def agent_config_text(node: str, cloud_url: str, coordinator_url: str, etcd_url:
 
 def node_object(node):
     return {"apiVersion": "v1", "kind": "Node",
-            "metadata": {"name": node, "labels": {"apps.openyurt.io/nodepool": POOL_NAME,
+            "metadata": {"name": node, "labels": {NODE_POOL_LABEL: POOL_NAME,
                                                    "kubernetes.io/hostname": node}},
             "status": {"conditions": [{"type": "Ready", "status": "True"}]}}
 

@@ -11,7 +11,7 @@ from typing import Iterable, List, Optional, Tuple
 from twisted.internet import task
 from twisted.internet.interfaces import IReactorTime
 
-from yurtcoord.heartbeat.probes import DELEGATE_HEARTBEAT_ANNOTATION, NODE_LEASE_NAMESPACE
+from yurtcoord.names import DELEGATE_HEARTBEAT_ANNOTATION, NODE_LEASE_NAMESPACE
 from yurtcoord.kube.gvr import LEASES
 from yurtcoord.kube.lease import renew_time
 from yurtcoord.sim.apiserver.selectors import ObjectFilter

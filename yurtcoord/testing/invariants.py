@@ -29,7 +29,7 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import NamedTuple, Optional
 
-from yurtcoord.heartbeat.probes import NODE_LEASE_NAMESPACE
+from yurtcoord.names import NODE_LEASE_NAMESPACE
 from yurtcoord.sim.apiserver.requestlog import LoggedRequest
 
 Window = tuple[float, float]

@@ -32,6 +32,9 @@ from twisted.internet.utils import getProcessOutputAndValue
 from twisted.web.client import Agent as HTTPAgent, HTTPConnectionPool
 
 from yurtcoord.kube.gvr import ENDPOINTS, LEASES, NODES
+from yurtcoord.names import (
+    ELECTION_LEASE_NAME, ELECTION_LEASE_NAMESPACE, NODE_LEASE_NAMESPACE, NODE_POOL_LABEL,
+)
 from yurtcoord.sim.agentini import loopback_agent_ini
 from yurtcoord.sim.apiserver import KubeAPIServer
 from yurtcoord.sim.etcd import EtcdProcess, etcd_binary_for
@@ -40,9 +43,7 @@ from yurtcoord.testing.poll import PollTimeout, poll_until
 from yurtcoord.sim.tcpproxy import TCPProxy
 
 POOL = "pool-a"
-NODEPOOL_LABEL = "apps.openyurt.io/nodepool"
-ELECTION_NAMESPACE, ELECTION_LEASE = "kube-system", "yurthub"
-NODE_LEASE_NAMESPACE = "kube-node-lease"
+ELECTION_NAMESPACE, ELECTION_LEASE = ELECTION_LEASE_NAMESPACE, ELECTION_LEASE_NAME
 STORAGE_PREFIX = "/registry"
 MIRROR_RV_PREFIX = "/mirror/rv"
 ENDPOINTS_PREFIX = f"{STORAGE_PREFIX}/services/endpoints/"
@@ -120,7 +121,7 @@ def cached_pod(name, resource_version, namespace="default", padding=0):
 def pool_node(name: str, pool: str = POOL) -> dict:
     """A cloud Node of ``pool``: the leader forwards heartbeats only of such Nodes."""
     return {"apiVersion": "v1", "kind": "Node",
-            "metadata": {"name": name, "labels": {NODEPOOL_LABEL: pool,
+            "metadata": {"name": name, "labels": {NODE_POOL_LABEL: pool,
                                                    "kubernetes.io/hostname": name}},
             "status": {"conditions": [{"type": "Ready", "status": "True"}]}}
 

@@ -17,7 +17,7 @@ import sys
 from typing import Any, NamedTuple, Optional
 from urllib.parse import unquote
 
-from yurtcoord.heartbeat.probes import DELEGATE_HEARTBEAT_ANNOTATION
+from yurtcoord.names import DELEGATE_HEARTBEAT_ANNOTATION
 
 # How many records a server keeps: the newest ones. A few agents renewing leases for
 # minutes make thousands; a record is a few hundred bytes (paths and addresses are
