@@ -1,4 +1,4 @@
-"""Certificates of the pool coordinator, fetched from a Secret in the cloud (SPEC §6.8).
+"""Certificates of the pool coordinator, fetched from a Secret in the cloud.
 
 The cloud keeps Secret ``<namespace>/yurt-coordinator-yurthub-certs``. Its data keys
 map to files in ``pki_dir``:
@@ -18,7 +18,8 @@ secret key                                    file
 - the CA and each certificate/key pair are checked before anything is written: the
   CA must hold PEM certificates; a pair must parse and the key must belong to the
   certificate. A malformed unit is logged (names and reason only, never key
-  material) and its previous files stay in use (fix 15);
+  material) and its previous files stay in use: a bad rotation never takes away
+  certificates that work;
 - a pair is written key and certificate together: both go to temporary files in
   ``pki_dir`` that are synced, then both are renamed over the old ones. Every file is
   mode 0600. Unchanged content is not rewritten, so clients do not reload for nothing;
@@ -44,6 +45,7 @@ import binascii
 import contextlib
 import os
 import tempfile
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from cryptography import x509
@@ -52,10 +54,13 @@ from cryptography.hazmat.primitives import serialization
 from twisted.internet import defer
 from twisted.logger import Logger
 
+from yurtcoord.kube.client import ClientConfig, KubeClient
+from yurtcoord.kube.errors import ConnectionFailed
 from yurtcoord.kube.gvr import SECRETS
 from yurtcoord.kube.informer import Informer
+from yurtcoord.kube.resolving import ResolvingClient
+from yurtcoord.names import CERTS_SECRET_NAME
 
-CERTS_SECRET_NAME = "yurt-coordinator-yurthub-certs"
 FILE_MODE = 0o600
 
 
@@ -393,3 +398,63 @@ class CertManager:
             self._on_change()
         except Exception:
             self.log.failure("certificate change callback failed")
+
+
+class CertificateClient(ResolvingClient):
+    """A ``KubeClient`` whose client certificate comes from the certs Secret.
+
+    The certificate files in ``pki_dir`` do not exist before the certificate manager
+    wrote them (first start of a node), and a TLS client cannot be built without them.
+    This client builds its ``KubeClient`` on the first call made once the files are
+    there. While any file is missing (before the Secret was fetched, or after it was
+    deleted) every call fails with ``ConnectionFailed`` naming the missing files, which
+    the callers treat like an unreachable server (the coordinator prober reports
+    unhealthy, the elector keeps trying).
+    """
+
+    # Building the KubeClient may fail too (unreadable files): fail the call, not
+    # the caller.
+    resolve_errors = (Exception,)
+
+    def __init__(self, reactor, make_config: Callable[[], ClientConfig],
+                 required_files: Iterable[str]) -> None:
+        self._reactor = reactor
+        self._make_config = make_config
+        self._required_files = tuple(required_files)
+        self.client = None
+        self._closed = False
+
+    def _missing(self):
+        return [path for path in self._required_files if not os.path.exists(path)]
+
+    def _resolve(self):
+        if self._closed:
+            raise ConnectionFailed("client is closed")
+        # Checked on every call: certificates removed with the Secret end the use of
+        # this client at once: without certificates the coordinator is unhealthy.
+        missing = self._missing()
+        if missing:
+            raise ConnectionFailed(f"certificates not available: {', '.join(missing)}")
+        if self.client is None:
+            self.client = KubeClient(self._reactor, self._make_config())
+        return self.client
+
+    def create(self, gvr, obj, namespace=None):
+        return self._call("create", gvr, obj, namespace)
+
+    def update(self, gvr, obj, namespace=None):
+        return self._call("update", gvr, obj, namespace)
+
+    def delete(self, gvr, name, namespace=None):
+        return self._call("delete", gvr, name, namespace)
+
+    def drop_connections(self):
+        if self.client is None:
+            return defer.succeed(None)
+        return self.client.drop_connections()
+
+    def close(self):
+        self._closed = True
+        if self.client is None:
+            return defer.succeed(None)
+        return self.client.close()

@@ -34,7 +34,6 @@ that an agent whose peers are down still stops.
 """
 
 import contextlib
-import os
 
 import treq.client
 from twisted.application import service
@@ -45,7 +44,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 from twisted.web.client import Agent as HTTPAgent, HTTPConnectionPool
 
-from yurtcoord.agent.certs import CertManager
+from yurtcoord.agent.certs import CertificateClient, CertManager
 from yurtcoord.agent.config import ConfigError
 from yurtcoord.role.coordinator import Coordinator, backoff_policy
 from yurtcoord.heartbeat.delegation import HeartbeatDelegation
@@ -54,15 +53,13 @@ from yurtcoord.heartbeat.probes import CloudHealthChecker, CoordinatorHealthChec
 from yurtcoord.role.hubelector import HubElector
 from yurtcoord.tx.backoff import Backoff
 from yurtcoord.kube.client import ClientConfig, KubeClient
-from yurtcoord.kube.errors import ConnectionFailed
 from yurtcoord.kube.leaderelection import LeaderElectionConfig, LeaderElector
-from yurtcoord.kube.resolving import ResolvingClient
 from yurtcoord.pool.localcache import LocalCacheReader
 from yurtcoord.agent.metrics import Metrics
 from yurtcoord.pool.scope import HealthyCloudClient, PoolScopeResources
 from yurtcoord.pool.store import open_pool_store
 from yurtcoord.pool.sync import PoolSyncManager
-from yurtcoord.agent.status import InitialStatus, status_site
+from yurtcoord.agent.status import CloudOnlyStatus, status_site
 from yurtcoord.pool.synced import PoolCacheSyncedDetector
 from yurtcoord.pool.uploader import LocalCacheUploader
 
@@ -148,82 +145,6 @@ class StageService(service.Service):
         return self._stop()
 
 
-class CloudOnlyStatus(InitialStatus):
-    """Status of an agent with ``[coordinator] enabled = false``: role init for good,
-    with the live health of the cloud servers its probes renew the node lease on."""
-
-    def __init__(self, node, pool, cloud_checker, since):
-        super().__init__(node, pool, cloud_checker.servers().keys(), since=since)
-        self._cloud_checker = cloud_checker
-
-    def readiness_failures(self):
-        return ["coordinator not enabled on this node (role init)"]
-
-    def status(self):
-        document = super().status()
-        document["cloud"] = dict(self._cloud_checker.servers())
-        return document
-
-
-class CertificateClient(ResolvingClient):
-    """A ``KubeClient`` whose client certificate comes from the certs Secret.
-
-    The certificate files in ``pki_dir`` do not exist before the certificate manager
-    wrote them (first start of a node), and a TLS client cannot be built without them.
-    This client builds its ``KubeClient`` on the first call made once the files are
-    there. While any file is missing (before the Secret was fetched, or after it was
-    deleted) every call fails with ``ConnectionFailed`` naming the missing files, which
-    the callers treat like an unreachable server (the coordinator prober reports
-    unhealthy, the elector keeps trying).
-    """
-
-    # Building the KubeClient may fail too (unreadable files): fail the call, not
-    # the caller.
-    resolve_errors = (Exception,)
-
-    def __init__(self, reactor, make_config, required_files):
-        self._reactor = reactor
-        self._make_config = make_config
-        self._required_files = tuple(required_files)
-        self.client = None
-        self._closed = False
-
-    def _missing(self):
-        return [path for path in self._required_files if not os.path.exists(path)]
-
-    def _resolve(self):
-        if self._closed:
-            raise ConnectionFailed("client is closed")
-        # Checked on every call: certificates removed with the Secret end the use of
-        # this client at once: without certificates the coordinator is unhealthy.
-        missing = self._missing()
-        if missing:
-            raise ConnectionFailed(f"certificates not available: {', '.join(missing)}")
-        if self.client is None:
-            self.client = KubeClient(self._reactor, self._make_config())
-        return self.client
-
-    def create(self, gvr, obj, namespace=None):
-        return self._call("create", gvr, obj, namespace)
-
-    def update(self, gvr, obj, namespace=None):
-        return self._call("update", gvr, obj, namespace)
-
-    def delete(self, gvr, name, namespace=None):
-        return self._call("delete", gvr, name, namespace)
-
-    def drop_connections(self):
-        if self.client is None:
-            return defer.succeed(None)
-        return self.client.drop_connections()
-
-    def close(self):
-        self._closed = True
-        if self.client is None:
-            return defer.succeed(None)
-        return self.client.close()
-
-
 class Agent(service.MultiService):
     """One yurtcoord agent: its config, metrics, parts and their start/stop stages.
 
@@ -265,7 +186,8 @@ class Agent(service.MultiService):
             self.status_source = self.coordinator
         else:
             self.status_source = CloudOnlyStatus(
-                config.node.name, config.node.pool, self.cloud_checker, reactor.seconds())
+                config.node.name, config.node.pool, self.cloud_checker.servers,
+                reactor.seconds())
 
         self.status_http = StatusHTTPService(
             config.server.listen, status_site(self.status_source, self.metrics, reactor),
@@ -443,19 +365,11 @@ class Agent(service.MultiService):
 
         Cancelled (a role change, the agent stopping), it leaves nothing open."""
         coordinator_config, pool_cache = self.config.coordinator, self.config.pool_cache
-
-        @defer.inlineCallbacks
-        def open_store():
-            os.makedirs(pool_cache.local_cache_dir, exist_ok=True)
-            yield self.etcd.status(timeout=STORE_CHECK_TIMEOUT)
-            # Pool-scoped keys are rebuilt by pool sync when it starts (leader only).
-            store = yield open_pool_store(
-                self.reactor, self.etcd, coordinator_config.storage_prefix,
-                pool_cache.local_cache_dir, pool_scoped_resources=(),
-                metrics=self.metrics, close_client=False)
-            return store
-
-        return open_store()
+        # Pool-scoped keys are rebuilt by pool sync when it starts (leader only).
+        return open_pool_store(
+            self.reactor, self.etcd, coordinator_config.storage_prefix,
+            pool_cache.local_cache_dir, pool_scoped_resources=(),
+            check_timeout=STORE_CHECK_TIMEOUT, metrics=self.metrics, close_client=False)
 
     def _upload_local_cache(self, store):
         pool_cache = self.config.pool_cache

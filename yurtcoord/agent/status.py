@@ -22,6 +22,7 @@ import io
 import json
 import time
 from datetime import datetime, timezone
+from collections.abc import Callable, Mapping
 from typing import Optional
 
 from twisted.internet.interfaces import IAddress, IReactorTime
@@ -54,7 +55,8 @@ class IStatusSource(Interface):
         """A list of strings naming each failing readiness condition; empty when ready."""
 
     def status():
-        """The ``/status`` document (SPEC §4) as a JSON-serialisable dict."""
+        """The ``/status`` document (fields as in the README's HTTP surface) as a
+        JSON-serialisable dict."""
 
 
 def rfc3339(seconds):
@@ -106,6 +108,27 @@ class InitialStatus:
         }
 
 
+class CloudOnlyStatus(InitialStatus):
+    """Status of an agent with ``[coordinator] enabled = false``: role init for good,
+    with the live health of the cloud servers its probes renew the node lease on.
+
+    ``cloud_servers()`` maps each cloud server URL to whether it is healthy now (the
+    cloud health checker's ``servers``)."""
+
+    def __init__(self, node: str, pool: str, cloud_servers: Callable[[], Mapping[str, bool]],
+                 since: Optional[float] = None) -> None:
+        super().__init__(node, pool, cloud_servers().keys(), since=since)
+        self._cloud_servers = cloud_servers
+
+    def readiness_failures(self) -> list[str]:
+        return ["coordinator not enabled on this node (role init)"]
+
+    def status(self) -> dict:
+        document = super().status()
+        document["cloud"] = dict(self._cloud_servers())
+        return document
+
+
 class SourcePage(resource.Resource):
     """A leaf page rendered by ``render_page(source)`` → (code, content type, body bytes).
 
@@ -155,7 +178,7 @@ def readyz_page(source):
 
 
 def status_page(source):
-    """The SPEC §4 JSON document."""
+    """The ``/status`` JSON document of ``source``."""
     body = json.dumps(source.status(), indent=2) + "\n"
     return 200, "application/json", body.encode("utf-8")
 

@@ -45,6 +45,7 @@ dials again on the next request), so the store keeps working without being rebui
 
 import functools
 import json
+import os
 from dataclasses import dataclass, field
 
 import txaioetcd
@@ -333,8 +334,7 @@ class PoolStore:
     def on_new_term(self, observer):
         """Call ``observer()`` when a check finds etcd in a new raft term although the
         check before found it reachable: etcd restarted (or elected a new leader) between
-        two checks, unseen by ``on_health_change``. etcd 3.5.0 to 3.5.2 may have lost
-        writes acknowledged just before such a restart (etcd-io/etcd#13766)."""
+        two checks, unseen by ``on_health_change``. See docs/design.md, "etcd that forgets acknowledged writes"."""
         self._term_observers.append(observer)
 
     def remove_new_term_observer(self, observer):
@@ -1046,14 +1046,22 @@ class PoolStore:
 
 @inlineCallbacks
 def open_pool_store(reactor, etcd_client, prefix, local_cache_dir, pool_scoped_resources,
-                    **store_kwargs):
+                    check_timeout=None, **store_kwargs):
     """Load the key cache, rebuild the keys of ``pool_scoped_resources`` from etcd (none
     given: left to pool sync, which rebuilds them when it starts), start health checks.
+
+    With ``check_timeout`` (seconds) etcd must first answer a status request within
+    that time: a store is opened only on an etcd that answers, so a role step against
+    a dead etcd fails fast and is retried instead of hanging in its first write.
+    ``local_cache_dir`` is created when missing (the key cache file lives there).
 
     Fires with a started PoolStore, or fails with an etcd error and leaves nothing
     running. A malformed key cache file is set aside and the cache starts empty
     (``ComponentKeyCache.load_or_set_aside``): it would never mend itself.
     """
+    os.makedirs(local_cache_dir, exist_ok=True)
+    if check_timeout is not None:
+        yield etcd_client.status(timeout=check_timeout)
     key_cache = ComponentKeyCache.in_directory(local_cache_dir).load_or_set_aside()
     store = PoolStore(reactor, etcd_client, prefix, key_cache, **store_kwargs)
     try:

@@ -4,6 +4,7 @@ that must see the new client certificate on new connections."""
 
 import base64
 import os
+import shutil
 import stat
 
 from twisted.internet import defer, reactor
@@ -11,10 +12,11 @@ from twisted.logger import Logger, formatEvent
 from twisted.trial import unittest
 
 from yurtcoord.agent.certs import (
-    CERTS_SECRET_NAME, CertManager, MalformedCerts, check_ca, check_pair,
+    CERTS_SECRET_NAME, CertificateClient, CertManager, MalformedCerts, check_ca, check_pair,
     replace_files_atomically,
 )
 from yurtcoord.kube.client import ClientConfig, KubeClient
+from yurtcoord.kube.errors import ConnectionFailed, NotFound
 from yurtcoord.kube.gvr import NAMESPACES, SECRETS
 from yurtcoord.sim.apiserver import KubeAPIServer
 from yurtcoord.testing.fakeinformer import FakeInformer
@@ -351,3 +353,60 @@ class CertManagerLiveTests(unittest.TestCase):
         yield poll_until(lambda: not self.manager.ready, what="certs dropped")
         self.assertEqual(os.listdir(self.pki_dir), [])
         self.assertGreaterEqual(self.changes, 3)
+
+
+class CertificateClientTests(unittest.TestCase):
+    """A client whose certificate files appear (and vanish) while it is in use, against
+    a TLS API server that requires a client certificate."""
+
+    @defer.inlineCallbacks
+    def setUp(self):
+        base = self.mktemp()
+        tls_dir = os.path.join(base, "tls")
+        self.ca = TestCA(tls_dir)
+        self.ca.server_pair("server")
+        self.pair = self.ca.client_pair("hub", "system:node:edge-1", ["openyurt:yurthub"])
+        self.pki_dir = os.path.join(base, "pki")
+        os.makedirs(self.pki_dir)
+        self.files = {name: os.path.join(self.pki_dir, name)
+                      for name in ("ca.crt", "client.crt", "client.key")}
+        self.server = KubeAPIServer(reactor, tls_dir=tls_dir)
+        url = yield self.server.start()
+        self.addCleanup(self.server.stop)
+        self.client = CertificateClient(
+            reactor,
+            lambda: ClientConfig(server=url, ca_file=self.files["ca.crt"],
+                                 cert_file=self.files["client.crt"],
+                                 key_file=self.files["client.key"], timeout=5),
+            self.files.values())
+        self.addCleanup(self.client.close)
+
+    def install(self):
+        shutil.copy(self.ca.ca_file, self.files["ca.crt"])
+        shutil.copy(self.pair.cert_file, self.files["client.crt"])
+        shutil.copy(self.pair.key_file, self.files["client.key"])
+
+    @defer.inlineCallbacks
+    def test_calls_fail_like_an_unreachable_server_until_the_files_exist(self):
+        error = yield self.assertFailure(self.client.get(NAMESPACES, "default"),
+                                         ConnectionFailed)
+        self.assertIn(self.files["client.key"], str(error))
+        self.assertIsNone(self.client.client)
+        self.install()
+        yield self.assertFailure(self.client.get(SECRETS, "absent", NAMESPACE), NotFound)
+        self.assertEqual(self.server.client_subjects[-1].split(",")[0], "CN=system:node:edge-1")
+
+    @defer.inlineCallbacks
+    def test_a_removed_file_ends_the_use_at_once_and_close_is_final(self):
+        self.install()
+        yield self.assertFailure(self.client.get(SECRETS, "absent", NAMESPACE), NotFound)
+        os.remove(self.files["client.crt"])
+        error = yield self.assertFailure(self.client.get(SECRETS, "absent", NAMESPACE),
+                                         ConnectionFailed)
+        self.assertIn(self.files["client.crt"], str(error))
+        self.assertNotIn(self.files["client.key"], str(error))
+        self.install()
+        yield self.client.close()
+        error = yield self.assertFailure(self.client.get(SECRETS, "absent", NAMESPACE),
+                                         ConnectionFailed)
+        self.assertIn("closed", str(error))

@@ -2,6 +2,7 @@
 
 import json
 import os
+import socket
 
 from twisted.internet import defer, reactor
 from twisted.internet.task import Clock
@@ -303,6 +304,26 @@ class PoolStoreBehaviour(EtcdStoreCase):
         self.assertEqual(store.list_resource_keys_of_component("leader-yurthub", gvr.ENDPOINTS),
                          ["/registry/services/endpoints/kube-system/dns"])
         yield poll_until(lambda: store.healthy, 15.0, what="store healthy")
+
+    @defer.inlineCallbacks
+    def test_open_pool_store_with_a_check_needs_an_answering_etcd(self):
+        probe = socket.socket()
+        probe.bind(("127.0.0.1", 0))
+        closed_port = probe.getsockname()[1]
+        probe.close()
+        nobody = EtcdClient(reactor, EtcdConfig(url=f"http://127.0.0.1:{closed_port}"))
+        self.addCleanup(nobody.close)
+        cache_dir = os.path.join(self.mktemp(), "cache")
+        yield self.assertFailure(
+            open_pool_store(reactor, nobody, "/registry", cache_dir, [], check_timeout=2.0),
+            EtcdUnavailable, EtcdTimeout)
+        self.assertEqual(os.listdir(cache_dir), [])
+        store = yield open_pool_store(reactor, self.client, "/registry", cache_dir, [],
+                                      check_timeout=2.0, health_interval=60.0)
+        self.addCleanup(store.close)
+        key = store.key_func(KeyBuildInfo("kubelet", "pods", "", "v1", "ns", "p"))
+        yield store.create(key, make_object("p", "ns", 3))
+        self.assertEqual(os.listdir(cache_dir), [KEY_CACHE_FILE_NAME])
 
     @defer.inlineCallbacks
     def test_open_pool_store_sets_a_corrupt_key_cache_aside(self):
