@@ -222,7 +222,7 @@ def report(r, options):
         f"{r['initial_sync_to_all_listed_s']:.2f}s",
         f"  informer sync lease on the coordinator        {r['initial_sync_to_lease_s']:.2f}s",
         f"  lease written {lease_gap_ms:.0f} ms after the lists "
-        "(the seed waited a whole informer_lease_renew, 10 s)",
+        "(not a whole informer_lease_renew, 10 s, later)",
         f"  CPU of this process meanwhile                 {r['initial_sync_cpu_s']:.2f}s",
         f"watch -> etcd latency, {r['updates']} updates at {options.rate:g}/s wanted, "
         f"{r['achieved_rate']:.1f}/s sent (PUT sent -> mirror rv read by etcdctl watch):",

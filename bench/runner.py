@@ -78,7 +78,7 @@ mode kept; every mode's result is checked with etcdctl (key count and sample val
 **batched**: `LocalCacheUploader` reading the cache (files, JSON and resourceVersion
 checks included) and writing through `PoolStore.create_or_update_many`: 64 objects per
 transaction, each guarded by a compare, 4 transactions in flight. **one per object**:
-one `PoolStore.create` per object, one at a time (the seed's way), through the same
+one `PoolStore.create` per object, one at a time (the unbatched baseline), through the same
 adapter, on the first {per_object_sample:,} objects (every request waits for an etcd
 disk sync), compared by objects per second. **raw batched**: the same keys and mirror
 values as plain puts, 64 objects (128 operations) per transaction through
@@ -98,9 +98,10 @@ one transaction, so the mirror rv event of key K at resourceVersion R means "K a
 readable in etcd" (times are when the bench reads it from etcdctl: an upper bound).
 Initial sync runs from `manager.start(store)` (which first deletes the informer sync
 lease and old keys) to every object seen in etcd; "lease after the lists" is from all
-lists written to the informer sync lease existing on the coordinator (the seed waited
-one whole `informer_lease_renew`, 10 s). Latency: {rate:g} unconditional PUTs per
-second of distinct endpointslices for {seconds:g} s, from the PUT sent to the cloud to
+lists written to the informer sync lease existing on the coordinator (a renewal loop
+that waits before its first write would add one whole `informer_lease_renew`, 10 s).
+Latency: {rate:g} unconditional PUTs per second of distinct endpointslices for
+{seconds:g} s, from the PUT sent to the cloud to
 its resourceVersion's mirror rv event read from etcdctl. On a loaded machine the p99
 varies widely between runs (17-400 ms over five earlier runs, p50 steady at 4-6 ms)."""
 

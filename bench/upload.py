@@ -9,7 +9,7 @@ One run, a fresh etcd (on loopback, temp dir) per mode, the same objects in each
   (one read and one write transaction per batch).  Peak RSS growth of the process
   during this mode is measured (``VmHWM`` from /proc/self/status); it runs first so
   nothing before it inflated the peak.
-- ``per-object``: the seed's way, one ``PoolStore.create`` (one transaction holding
+- ``per-object``: the unbatched baseline, one ``PoolStore.create`` (one transaction holding
   the object and its mirror rv) per object, one at a time, through the same adapter.
   Each request waits for an etcd disk sync, so this runs on the first
   ``--per-object-sample`` objects only and is compared by objects per second.

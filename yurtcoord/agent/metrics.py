@@ -29,7 +29,8 @@ METRICS_CONTENT_TYPE = getattr(exposition, "CONTENT_TYPE_PLAIN_0_0_4",
 
 @implementer(IDelegationMetrics)
 class Metrics:
-    """Every metric of one agent (SPEC §6.9); components get this object passed in."""
+    """Every metric of one agent (the README's metrics table lists them); components
+    get this object passed in."""
 
     def __init__(self, node, pool=""):
         self.registry = CollectorRegistry(auto_describe=True)

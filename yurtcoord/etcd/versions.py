@@ -1,13 +1,8 @@
 """etcd releases with defects an operator of the pool must hear about.
 
-etcd 3.5.0 to 3.5.2 persist the applied index ahead of the data it covers: an etcd
-killed under load (OOM, SIGKILL, power loss) can restart without writes it had already
-acknowledged (etcd-io/etcd#13766, fixed in 3.5.3). The agents repair what they can: a
-local cache upload interrupted by an outage checks the pool again
-(``yurtcoord.pool.uploader``), the leader's pool sync writes its lists again once etcd is
-back (``yurtcoord.pool.sync``). Writes acknowledged before a crash nobody noticed stay
-lost until the next upload or relist, so the pool store's health check warns in the log
-that the pool etcd should be upgraded.
+etcd 3.5.0 to 3.5.2 can restart after a kill without writes they had acknowledged; the
+pool store's health check warns in the log that such a pool etcd should be upgraded.
+See docs/design.md, "etcd that forgets acknowledged writes".
 """
 
 import re
@@ -27,7 +22,8 @@ def parse_version(text):
 
 
 def loses_acknowledged_writes_on_kill(version):
-    """True for etcd 3.5.0 to 3.5.2 (etcd-io/etcd#13766)."""
+    """True for etcd 3.5.0 to 3.5.2 (see docs/design.md, "etcd that forgets
+    acknowledged writes")."""
     parsed = parse_version(version)
     return parsed is not None and (3, 5, 0) <= parsed < (3, 5, 3)
 

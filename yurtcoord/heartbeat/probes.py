@@ -1,4 +1,4 @@
-"""Health of the cloud apiservers and of the pool coordinator apiserver (SPEC §6.1).
+"""Health of the cloud apiservers and of the pool coordinator apiserver.
 
 A server is judged by writing something that matters: the node's own heartbeat
 lease ``kube-node-lease/<node>``. A server that accepted the heartbeat is healthy;
@@ -16,25 +16,11 @@ copies the pool lease's annotations into the cloud lease while it delegates, and
 node heartbeating the cloud directly again must not keep claiming delegation there
 (other annotations stay untouched).
 
-Delegating cadence. While the cloud is unhealthy the coordinator prober renews the
-pool lease every ``delegating_interval(interval, takeover)`` instead of every
-``interval`` (9 s instead of 10 s with the default timings). Why: when the pool
-leader dies, a cut-off node's cloud lease keeps the last renewTime t0 the dead
-leader forwarded. The next leader wins at most ``takeover`` = lease_duration +
-retry_period after the death (17 s by default: a candidate wakes exactly at the
-observed expiry) and forwards at once the newest pool lease. The node's pool
-renewals lie on a lattice t0 + k*c and the death came less than c after t0, so that
-newest renewal is the last lattice point before t0 + takeover + c: the cloud gap is
-that k*c. With c = interval = 10 s, and also with c = interval / 2 = 5 s, the point
-t0 + 20 s lies inside the range, so the gap can be 20 s plus the jitter of the
-timers, breaking a 20 s bound for a fair share of the deaths. With
-c = W / ceil(W / interval), W = takeover + 1 s, the range ends just past the
-lattice point t0 + W: the gap is at most W (18 s by default) whatever the phase of
-the death, as long as the new leader's start plus one forward take less than the
-1 s margin. Cost: interval / c pool writes (and forwards) per interval and
-delegating node, 1.11 with the defaults (half the interval would cost 2). A flip of
-the cloud's health restarts the cadence with a probe at once, so the mark is set
-(or removed) without waiting for the next renewal.
+While the cloud is unhealthy the coordinator prober renews the pool lease every
+``delegating_interval(interval, takeover)`` instead of every ``interval``, so that a
+cut-off node's cloud lease survives the death of the pool leader; a flip of the
+cloud's health restarts the cadence with a probe at once. See docs/design.md,
+"Delegating cadence".
 """
 
 import copy
@@ -64,7 +50,8 @@ def delegating_interval(interval, takeover=DEFAULT_TAKEOVER_SECONDS,
 
     ``W / ceil(W / interval)`` with ``W = takeover + margin``: never longer than
     ``interval``, and a whole fraction of ``W`` so that the cloud lease's renewTime
-    gap across a leader's death is at most ``W`` (see the module docstring).
+    gap across a leader's death is at most ``W`` (see docs/design.md, "Delegating
+    cadence").
     """
     if interval <= 0:
         raise ValueError("interval must be positive")

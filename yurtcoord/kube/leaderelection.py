@@ -16,8 +16,8 @@ client-go's ``tools/leaderelection``:
   other attempt is one read and one write, and a lost race waits for the next tick.
 - The leader renews every ``retry_period``. If it has not renewed successfully for
   ``renew_deadline`` (counted from the start of its last successful write) it stops
-  leading, before any peer can consider the lease expired (``renew_deadline <
-  lease_duration``, and peers count from a later instant: when they saw the write).
+  leading, before any peer can consider the lease expired. See docs/design.md,
+  "Election timing".
 - On ``stop()`` a leader with ``release_on_cancel`` releases the lease: holder
   cleared, ``leaseDurationSeconds`` = 1, so a peer takes over at its next attempt
   instead of after a whole ``lease_duration``.
@@ -32,12 +32,9 @@ Departures from client-go, on purpose:
   leader's work has stopped before a peer can take over.
 - ``on_new_leader`` is called with a non-empty holder only; ``leader`` is None while
   the lease is free.
-- Candidate cadence: see the timing rules in ``LeaderElector`` (the one place they
-  live). While a live holder is being watched, candidates poll every ``retry_period``
-  and wake exactly when the lease would expire, so a dead holder is replaced within
-  ``lease_duration + retry_period`` (plus request latency). client-go's jitter
-  (``retry_period * (1 + U[0, 1.2))``) is applied when candidates contend: after an
-  error, a conflict, or losing the lease.
+- Candidate cadence (``LeaderElector._next_delay``): a candidate watching a live
+  holder wakes exactly when the lease would expire, so a dead holder is replaced
+  within ``lease_duration + retry_period``. See docs/design.md, "Election timing".
 
 Once ``stop()`` has been called, no callback fires and no late answer of a cancelled
 request changes anything (each answer is checked against the attempt in flight).

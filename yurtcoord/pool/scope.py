@@ -3,7 +3,7 @@
 The set is the defaults (``v1 endpoints``, ``discovery.k8s.io/v1`` and ``v1beta1
 endpointslices``) plus the entries of ConfigMap ``kube-system/yurt-hub-cfg``, key
 ``pool_scope_resources``: a JSON list of ``{"group", "version", "resource"}`` whose
-field names match case-insensitively (SPEC §5). A value that is not such a list is
+field names match case-insensitively. A value that is not such a list is
 reported once per change, naming the ConfigMap and key, and only the defaults are kept.
 
 A resource is kept only when the cloud's discovery (``/api/v1`` or

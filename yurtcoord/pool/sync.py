@@ -1,6 +1,6 @@
 """The leader's pool sync: pool-scoped resources mirrored from the cloud into the pool store.
 
-On ``start(store)`` (SPEC §6.3): the informer sync lease is deleted (followers stop
+On ``start(store)``: the informer sync lease is deleted (followers stop
 trusting the pool cache), every key of component ``leader-yurthub`` is deleted (its
 keys are first rebuilt from etcd, so keys a previous leader left behind are found
 even when this node's key cache never knew them; keys the node's key cache records
@@ -16,12 +16,12 @@ pool-scoped resource lists and watches it from a healthy cloud server:
 
 After the pool etcd was unreachable (a failed write, or the store's health check) or
 restarted between two health checks (a new raft term), a mirror writes its whole list
-again: etcd 3.5.0 to 3.5.2 can restart without writes it had acknowledged
-(etcd-io/etcd#13766), and a watch event is never delivered twice.
+again: etcd may have lost what it acknowledged, and a watch event is never delivered
+twice. See docs/design.md, "etcd that forgets acknowledged writes".
 
 When every resource has listed, the informer sync lease is created at once and then
-renewed every ``informer_lease_renew`` by one ``LoopingCall`` (fix 3: the seed built
-a new ticker per turn and waited a whole period before the first write). The lease is
+renewed every ``informer_lease_renew`` by one ``LoopingCall``, so followers trust the
+pool cache as soon as it is complete rather than a whole period later. The lease is
 renewed only while every mirror has listed and none is failing to write.
 
 ``stop()`` cancels the lease loop, requests in flight, retry timers and informers in
@@ -139,9 +139,8 @@ class ResourceMirror:
     def rewrite(self):
         """Write the informer's whole list again (as one replace) at the next chance.
 
-        For when the pool etcd came back from an outage: etcd 3.5.0 to 3.5.2 may have
-        lost writes it acknowledged just before (etcd-io/etcd#13766). Before the first
-        list nothing is written anyway.
+        For when the pool etcd came back from an outage (see the module docstring).
+        Before the first list nothing is written anyway.
         """
         if self._stopped or not self._accepting:
             return
@@ -289,8 +288,7 @@ class ResourceMirror:
                 yield self._failed(f"writing {len(batch)} changes", e)
                 continue
             if self.failing:
-                # The failures may have been etcd restarting, and some releases lose
-                # writes they acknowledged just before (etcd-io/etcd#13766).
+                # The failures may have been etcd restarting (see the module docstring).
                 self._need_list = True
             self._wrote()
 

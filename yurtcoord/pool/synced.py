@@ -1,4 +1,4 @@
-"""Pool cache synced detection (SPEC §6.4), on leaders and followers alike.
+"""Pool cache synced detection, on leaders and followers alike.
 
 The leader renews Lease ``kube-system/leader-informer-sync`` on the coordinator
 apiserver while the pool-scoped resources in the pool store are current. This

@@ -16,11 +16,8 @@ chunk after ``max_attempts`` does ``upload()`` fail, and then with ``UploadFaile
 caller must not count the local cache as uploaded.
 
 An upload that met an etcd outage reads the whole cache once more when it is done and
-writes again whatever the pool lacks. etcd 3.5.0 to 3.5.2 can lose writes it had
-acknowledged just before it was killed (etcd-io/etcd#13766, fixed in 3.5.3): without
-this second pass those objects would be missing from the pool while the upload counted
-them. The check costs one guarded transaction per batch (all compares fail when
-everything is in place) and changes nothing when nothing was lost.
+writes again whatever the pool lacks, because etcd may have lost writes it
+acknowledged. See docs/design.md, "etcd that forgets acknowledged writes".
 """
 
 import json

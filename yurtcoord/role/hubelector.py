@@ -1,4 +1,4 @@
-"""The hub elector: turns health and the Lease election into a role (SPEC §6.2).
+"""The hub elector: turns health and the Lease election into a role.
 
 Every ``check_interval``: coordinator unhealthy → no candidacy, role pending;
 cloud unhealthy → no candidacy, role follower (a hub without the cloud must not
@@ -22,7 +22,7 @@ class HubElector:
     candidate until stopped. Each candidacy gets its own elector and generation;
     callbacks of an elector that was already dropped are ignored, so a late
     "stopped leading" after the coordinator went away cannot turn ``pending``
-    back into ``follower`` (fix 9).
+    back into ``follower``.
     """
 
     log = Logger()

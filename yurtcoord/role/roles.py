@@ -6,7 +6,7 @@ from zope.interface import Interface
 
 
 class Role(str, enum.Enum):
-    """What an agent does in its pool (SPEC §6.2).
+    """What an agent does in its pool.
 
     ``INIT`` is the state before the first health check decided anything: it is
     neither healthy nor ready.

@@ -59,9 +59,9 @@ class EtcdBinary:
 
     @property
     def loses_acknowledged_writes_on_kill(self):
-        """True for etcd 3.5.0 to 3.5.2: killed under load, it can restart without
-        writes it had acknowledged (etcd-io/etcd#13766, fixed in 3.5.3). Tests that
-        SIGKILL etcd must not expect every acknowledged write back from these."""
+        """True for etcd 3.5.0 to 3.5.2: tests that SIGKILL etcd must not expect every
+        acknowledged write back from these. See docs/design.md, "etcd that forgets
+        acknowledged writes"."""
         return loses_acknowledged_writes_on_kill(self.version)
 
 

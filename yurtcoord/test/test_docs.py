@@ -301,6 +301,70 @@ class HTTPSurfaceTests(unittest.TestCase):
 
 
 # ---------------------------------------------------------------------------------------
+# Comments and docs/design.md.
+
+DESIGN = os.path.join(ROOT, "docs", "design.md")
+BENCH = os.path.join(ROOT, "bench")
+# References to texts that are not in the repository: a specification's sections,
+# numbered fixes, the program this one replaced.
+FOREIGN_REFERENCES = re.compile(r"SPEC\s*§|§\s*\d|\bfix(?:es)?\s+\d+\b|\bthe seed\b", re.I)
+DESIGN_LINK = re.compile(r"docs/design\.md,\s*[\"']([^\"']+)[\"']")
+
+
+def commented_sources():
+    """Product code, the plugin and the benchmarks: what reads as the project itself."""
+    yield from product_sources()
+    for name in sorted(os.listdir(BENCH)):
+        if name.endswith(".py"):
+            yield os.path.join(BENCH, name)
+
+
+def foreign_references(text):
+    """``line: excerpt`` of every reference to a text outside the repository."""
+    return [f"{text.count(chr(10), 0, m.start()) + 1}: {m.group(0)}"
+            for m in FOREIGN_REFERENCES.finditer(text)]
+
+
+def design_links(text):
+    """Section titles of docs/design.md that ``text`` links to; a link may be wrapped
+    over lines of a docstring or of ``#`` comments."""
+    flat = re.sub(r"\s*\n\s*(?:#\s*)?", " ", text)
+    return {re.sub(r"\s+", " ", title) for title in DESIGN_LINK.findall(flat)}
+
+
+def design_sections():
+    return set(re.findall(r"^## (.+?)[ \t]*$", read(DESIGN), re.MULTILINE))
+
+
+class CommentsTests(unittest.TestCase):
+    """Comments say why in the repository's own terms, and their links lead somewhere."""
+
+    def test_no_comment_refers_to_a_text_outside_the_repository(self):
+        found = {os.path.relpath(path, ROOT): foreign_references(read(path))
+                 for path in commented_sources()}
+        self.assertEqual({path: refs for path, refs in found.items() if refs}, {})
+
+    def test_the_check_sees_each_kind_of_reference(self):
+        text = "a (SPEC §6.2)\nb (fix 15)\n# c: the seed's way\nd suffix 3, seeded, §4"
+        self.assertEqual(foreign_references(text),
+                         ["1: SPEC §", "2: fix 15", "3: the seed", "4: §4"])
+
+    def test_every_linked_design_section_exists_and_every_section_is_linked(self):
+        sections = design_sections()
+        linked = {}
+        for path in commented_sources():
+            for title in design_links(read(path)):
+                linked.setdefault(title, []).append(os.path.relpath(path, ROOT))
+        self.assertEqual({t: paths for t, paths in linked.items() if t not in sections}, {})
+        self.assertEqual(sorted(sections - set(linked)), [])
+
+    def test_links_are_found_across_wrapped_lines(self):
+        text = 'x = 1  # see docs/design.md, "Delegating\n    # cadence".\n'
+        text += '"""See docs/design.md,\n    \'Election timing\'."""'
+        self.assertEqual(design_links(text), {"Delegating cadence", "Election timing"})
+
+
+# ---------------------------------------------------------------------------------------
 # Runbook.
 
 def product_sources():
