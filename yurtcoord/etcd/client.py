@@ -521,7 +521,6 @@ class EtcdClient:
         self._reactor = reactor
         self._transport = _Transport(reactor, config)
         self.txaioetcd = GatewayClient(reactor, config.url.rstrip("/"),
-                                       QuietHTTPConnectionPool(reactor, persistent=False),
                                        _TxaioetcdTransport(self._transport), _refuse)
 
     @property

@@ -14,7 +14,8 @@ from typing import Any, Callable, Protocol
 
 import txaioetcd
 from twisted.internet.defer import Deferred
-from twisted.web.client import HTTPConnectionPool
+
+from yurtcoord.tx.twisted_private import QuietHTTPConnectionPool
 
 __all__ = ["GatewayClient", "JSONPoster", "marshal_range_request", "parse_key_value",
            "parse_status", "TXAIOETCD_PREFIX"]
@@ -52,12 +53,18 @@ class GatewayClient(txaioetcd.Client):
     treq's global pool to ``/v3alpha``; here the path is cut from the URL and handed
     to the transport, which knows the gateway prefix etcd serves.
 
-    :param pool: kept by txaioetcd for its own agent, which nothing here uses.
+    txaioetcd's constructor builds an Agent nothing here uses on the pool it is given
+    and sets ``noisy`` on that pool's factory class: the pool given is a
+    ``QuietHTTPConnectionPool``, whose factory class is the agent's own, so no class
+    of Twisted is changed.
+
+    :param refuse: makes the failed Deferred a refused call (``watch``) returns.
     """
 
-    def __init__(self, reactor: Any, url: str, pool: HTTPConnectionPool,
-                 transport: JSONPoster, refuse: Callable[[str], Deferred]):
-        txaioetcd.Client.__init__(self, reactor, url=url, pool=pool)
+    def __init__(self, reactor: Any, url: str, transport: JSONPoster,
+                 refuse: Callable[[str], Deferred]):
+        txaioetcd.Client.__init__(self, reactor, url=url,
+                                  pool=QuietHTTPConnectionPool(reactor, persistent=False))
         self._transport = transport
         self._refuse = refuse
 

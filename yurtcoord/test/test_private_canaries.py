@@ -96,6 +96,7 @@ class TwistedCanaries(Canary):
         self.assertEqual(web_client._HTTP11ClientFactory.noisy, noisy_before)
         self.assertTrue(web_client._HTTP11ClientFactory.noisy)
         self.assertFalse(client._transport.pool._factory.noisy)
+        self.assertFalse(client.txaioetcd._pool._factory.noisy)
 
     def test_chunked_decoder_state(self):
         decoder_class = self.require_attribute(twisted_http, "_ChunkedTransferDecoder")
@@ -168,9 +169,8 @@ class TxaioetcdCanaries(Canary):
 
     def client(self, answer):
         transport = _RecordingTransport(answer)
-        pool = web_client.HTTPConnectionPool(reactor, persistent=False)
-        client = txaioetcd_private.GatewayClient(reactor, "http://127.0.0.1:2379", pool,
-                                                 transport, defer.fail)
+        client = txaioetcd_private.GatewayClient(reactor, "http://127.0.0.1:2379", transport,
+                                                 defer.fail)
         return client, transport
 
     def test_client_keeps_its_url_and_posts_through_post(self):
