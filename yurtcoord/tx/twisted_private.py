@@ -20,7 +20,7 @@ else in the agent imports a private Twisted name (a test scans for it).
   the body protocol separately costs more than decoding it.
 """
 
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 from twisted.web import http as twisted_http
 from twisted.web._newclient import ParseError, TransportProxyProducer
@@ -30,7 +30,7 @@ __all__ = ["ChunkedBodyBatcher", "ParseError", "QuietHTTPConnectionPool",
            "TransportProxyProducer", "batch_chunked_body", "proxied_transport"]
 
 
-def proxied_transport(transport: object) -> object:
+def proxied_transport(transport: Any) -> Any:
     """The connection behind a body protocol's transport: the proxy's producer
     while the response is running, None once it is over; anything else as given."""
     if isinstance(transport, TransportProxyProducer):
@@ -66,7 +66,7 @@ class ChunkedBodyBatcher:
     the bytes not yet consumed, so endings and errors are exactly Twisted's.
     """
 
-    def __init__(self, original: object):
+    def __init__(self, original: Any):
         self._original = original
         self._deliver: Callable[[bytes], object] = original.dataCallback
         state = original.state
@@ -143,7 +143,7 @@ class ChunkedBodyBatcher:
         self._original.noMoreData()
 
 
-def _http_parser(response: object) -> Optional[object]:
+def _http_parser(response: Any) -> Any:
     """The HTTP client protocol's parser of ``response`` (Twisted's or treq's), found
     under the endpoint's and TLS's wrapping protocols; None when it is not there."""
     response = getattr(response, "original", response)
@@ -160,7 +160,7 @@ def _http_parser(response: object) -> Optional[object]:
     return parser
 
 
-def batch_chunked_body(response: object) -> Optional[ChunkedBodyBatcher]:
+def batch_chunked_body(response: Any) -> Optional[ChunkedBodyBatcher]:
     """Put a ``ChunkedBodyBatcher`` under ``response`` (Twisted's or treq's) before
     its body is delivered. Returns the batcher, or None when the response is not
     one being decoded by Twisted's chunked decoder in a state known here; the
