@@ -16,10 +16,12 @@ setup(
     packages=find_packages(exclude=["bench", "bench.*"]) + ["twisted.plugins"],
     package_data={"twisted": ["plugins/yurtcoord_plugin.py"]},
     include_package_data=True,
+    # Twisted, treq and txaioetcd are bounded to the releases the canaries of their
+    # private names (yurtcoord/test/test_private_canaries.py) passed on.
     install_requires=[
-        "twisted[tls]",
-        "treq",
-        "txaioetcd",
+        "twisted[tls]>=26.10,<27",
+        "treq>=26.7,<27",
+        "txaioetcd>=18.10.2,<19",
         "prometheus-client",
         "zope.interface",
         "PyYAML",

@@ -8,14 +8,14 @@ adapter fixes what it lacks:
   404. Requests go to ``EtcdConfig.gateway_prefix`` (``/v3`` by default, which both
   serve); ``"auto"`` probes ``/v3``, ``/v3beta``, ``/v3alpha`` once and keeps the first
   that answers.
-- its single HTTP call (``Client._post``, which ignores the pool and agent it was given)
-  is routed through one ``twisted.web.client.Agent`` with its own
-  ``HTTPConnectionPool``; at most ``max_connections`` requests are in flight, the rest
-  queue.
-- mutual TLS (CA, client certificate, key). The files are checked (``os.stat``) on every
-  request; when one changed, the TLS options are rebuilt, idle pooled connections are
-  closed and busy ones are closed when their request ends, so every request after a
-  certificate rotation handshakes with the new files.
+- its single HTTP call (which ignores the pool and agent it was given; see
+  ``yurtcoord.etcd.txaioetcd_private``) is routed through one
+  ``twisted.web.client.Agent`` with its own ``HTTPConnectionPool``; at most
+  ``max_connections`` requests are in flight, the rest queue.
+- mutual TLS (CA, client certificate, key), re-read when the files change
+  (``yurtcoord.tx.tlsreload``). A rotation replaces the Agent and its pool: the old
+  pool's idle connections are closed at once and its busy ones as soon as their request
+  ends, so every request after a certificate rotation handshakes with the new files.
 - per-request timeouts, covering connect, send and the whole response body.
 - a bound on every answer: a body longer than ``MAX_RESPONSE_BYTES`` (64 MiB,
   ``EtcdConfig.max_response_bytes``) fails with ``ResponseTooLarge`` and its connection
@@ -37,9 +37,7 @@ leases (txaioetcd's ``Lease`` methods post with treq to ``/v3alpha`` directly).
 """
 
 import json
-import os
 import socket
-import weakref
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -47,21 +45,22 @@ import txaioetcd
 from OpenSSL import SSL
 from twisted.internet import defer, error as net_error
 from twisted.internet.defer import Deferred, DeferredSemaphore, inlineCallbacks
-from twisted.internet.ssl import (
-    Certificate,
-    PrivateCertificate,
-    optionsForClientTLS,
-    trustRootFromCertificates,
-)
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 from twisted.web import client as web_client
-from twisted.web._newclient import ParseError
 from twisted.web.http_headers import Headers
-from twisted.web.iweb import IBodyProducer, IPolicyForHTTPS
+from twisted.web.iweb import IBodyProducer
 from zope.interface import implementer
 
+from yurtcoord.etcd.txaioetcd_private import (
+    GatewayClient,
+    marshal_range_request,
+    parse_key_value,
+    parse_status,
+)
 from yurtcoord.tx import httpbody
+from yurtcoord.tx.tlsreload import PEMSource, ReloadingTLSPolicy
+from yurtcoord.tx.twisted_private import ParseError, QuietHTTPConnectionPool
 from yurtcoord.etcd.errors import (
     BadResponse,
     ClientClosed,
@@ -83,7 +82,6 @@ __all__ = ["EtcdConfig", "EtcdClient", "RangePage", "TransactionResult", "prefix
 GATEWAY_PREFIXES = ("/v3", "/v3beta", "/v3alpha")
 # Bytes of one answer read at most (see the module doc).
 MAX_RESPONSE_BYTES = 64 * 1024 * 1024
-_TXAIOETCD_PREFIX = "/v3alpha"
 
 # gRPC status codes the etcd gateway puts in its error bodies.
 _GRPC_DEADLINE_EXCEEDED = 4
@@ -209,118 +207,6 @@ def _as_keyset(key_or_prefix):
     raise TypeError(f"expected bytes prefix or KeySet, got {type(key_or_prefix).__name__}")
 
 
-def _split_pem(data):
-    """PEM certificate blocks in ``data``, in order."""
-    marker = b"-----END CERTIFICATE-----"
-    blocks = []
-    for part in data.split(marker):
-        start = part.find(b"-----BEGIN CERTIFICATE-----")
-        if start >= 0:
-            blocks.append(part[start:] + marker + b"\n")
-    return blocks
-
-
-def _file_stamp(path):
-    st = os.stat(path)
-    return (st.st_ino, st.st_size, st.st_mtime_ns)
-
-
-@implementer(IPolicyForHTTPS)
-class ReloadingClientTLS:
-    """TLS options from CA/cert/key files, rebuilt whenever one of them changes on disk.
-
-    ``creatorForNetloc`` is asked for every request; it stats the files and rebuilds the
-    options when a stamp (inode, size, mtime) changed, then calls ``on_change`` so the
-    owner can close idle connections that still use the old certificate. A file that
-    vanished in the middle of a rotation keeps the last good options; with none, the
-    request fails with ``TLSConfigError``.
-    """
-
-    log = Logger()
-
-    def __init__(self, ca_file, cert_file=None, key_file=None, on_change=None):
-        self._files = tuple(p for p in (ca_file, cert_file, key_file) if p)
-        self._ca_file, self._cert_file, self._key_file = ca_file, cert_file, key_file
-        self._on_change = on_change
-        self._stamps = None
-        self._bad_stamps = None
-        self._trust = None
-        self._client_cert = None
-        self._extra_chain = []
-        self._options = {}
-
-    def _current_stamps(self):
-        return tuple(_file_stamp(p) for p in self._files)
-
-    def _load(self):
-        trust = None
-        if self._ca_file:
-            with open(self._ca_file, "rb") as f:
-                roots = [Certificate.loadPEM(b) for b in _split_pem(f.read())]
-            if not roots:
-                raise ValueError(f"no certificate in {self._ca_file}")
-            trust = trustRootFromCertificates(roots)
-        client_cert, chain = None, []
-        if self._cert_file:
-            with open(self._cert_file, "rb") as f:
-                cert_blocks = _split_pem(f.read())
-            with open(self._key_file, "rb") as f:
-                key_pem = f.read()
-            if not cert_blocks:
-                raise ValueError(f"no certificate in {self._cert_file}")
-            client_cert = PrivateCertificate.loadPEM(key_pem + b"\n" + cert_blocks[0])
-            chain = [Certificate.loadPEM(b).original for b in cert_blocks[1:]]
-        return trust, client_cert, chain
-
-    def refresh(self):
-        """Reload the files if they changed; return True when the options were rebuilt."""
-        try:
-            stamps = self._current_stamps()
-        except OSError as e:
-            if self._stamps is None:
-                raise TLSConfigError(f"TLS files unreadable: {e}") from e
-            if self._bad_stamps != "unreadable":
-                self._bad_stamps = "unreadable"
-                self.log.warn("etcd TLS files unreadable, keeping previous ones: {error}",
-                              error=str(e))
-            return False
-        if stamps == self._stamps:
-            self._bad_stamps = None
-            return False
-        if stamps == self._bad_stamps:
-            return False
-        try:
-            trust, client_cert, chain = self._load()
-        except Exception as e:
-            if self._stamps is None:
-                raise TLSConfigError(f"TLS files invalid: {e}") from e
-            self._bad_stamps = stamps
-            self.log.warn("etcd TLS files invalid, keeping previous ones: {error}", error=str(e))
-            return False
-        first = self._stamps is None
-        self._stamps = stamps
-        self._trust, self._client_cert, self._extra_chain = trust, client_cert, chain
-        self._options = {}
-        if not first:
-            self.log.info("etcd TLS files changed, new connections use them: {files}",
-                          files=",".join(self._files))
-            if self._on_change is not None:
-                self._on_change()
-        return True
-
-    def creatorForNetloc(self, hostname, port):
-        self.refresh()
-        host = hostname.decode("ascii") if isinstance(hostname, bytes) else hostname
-        options = self._options.get(host)
-        if options is None:
-            extra = {"extraCertChain": self._extra_chain} if self._extra_chain else {}
-            options = optionsForClientTLS(host, trustRoot=self._trust,
-                                          clientCertificate=self._client_cert,
-                                          extraCertificateOptions=extra or None)
-            self._options[host] = options
-        return options
-
-
 @implementer(IBodyProducer)
 class _BytesBody:
     """A request body already in memory (no cooperator round trips)."""
@@ -343,49 +229,25 @@ class _BytesBody:
         return None
 
 
-class _GenerationPool(web_client.HTTPConnectionPool):
-    """A connection pool that can retire every connection opened before a point in time,
-    and that never hands out an idle connection whose peer has already closed it.
-
-    After ``new_generation()`` (certificate files changed), idle connections are closed
-    and connections busy at that moment are closed when they finish instead of going
-    back to the pool, so no request after a rotation reuses a handshake made with the
-    old certificate.
-    """
-
-    def __init__(self, reactor, persistent=True):
-        super().__init__(reactor, persistent=persistent)
-        self.generation = 0
-        self._born = weakref.WeakKeyDictionary()
+class _PeekingPool(QuietHTTPConnectionPool):
+    """A connection pool that never hands out an idle connection whose peer has
+    already closed it: the reactor may not have seen yet that etcd closed an idle
+    connection (it died, restarted, and nothing ran in between), and a write sent on
+    it would fail as "maybe applied"."""
 
     def getConnection(self, key, endpoint):
-        # The reactor may not have seen yet that etcd closed an idle connection (it
-        # died, restarted, and nothing ran in between): look before reusing one.
-        for connection in list(self._connections.get(key, ())):
-            if _peer_has_closed(connection):
-                self._timeouts[connection].cancel()
-                self._removeConnection(key, connection)
-        return super().getConnection(key, endpoint)
+        d = super().getConnection(key, endpoint)
+        # Each cached connection is looked at once at most.
+        d.addCallback(self._unless_closed, key, endpoint, self.maxPersistentPerHost)
+        return d
 
-    def _newConnection(self, key, endpoint):
-        generation = self.generation
-        d = super()._newConnection(key, endpoint)
-
-        def tag(connection):
-            self._born[connection] = generation
+    def _unless_closed(self, connection, key, endpoint, tries):
+        if tries <= 0 or not _peer_has_closed(connection):
             return connection
-
-        return d.addCallback(tag)
-
-    def _putConnection(self, key, connection):
-        if self._born.get(connection, self.generation) != self.generation:
-            connection.transport.loseConnection()
-            return
-        super()._putConnection(key, connection)
-
-    def new_generation(self):
-        self.generation += 1
-        return self.closeCachedConnections()
+        connection.transport.abortConnection()
+        d = super().getConnection(key, endpoint)
+        d.addCallback(self._unless_closed, key, endpoint, tries - 1)
+        return d
 
 
 def _peer_has_closed(connection):
@@ -401,24 +263,6 @@ def _peer_has_closed(connection):
     except OSError:
         return True
     return data == b""
-
-
-class _GatewayClient(txaioetcd.Client):
-    """txaioetcd's client with its one HTTP call sent through the adapter's transport."""
-
-    def __init__(self, reactor, url, pool, transport):
-        txaioetcd.Client.__init__(self, reactor, url=url, pool=pool)
-        self._transport = transport
-
-    def _post(self, url, data, timeout):
-        path = url.decode("utf-8")[len(self._url):]
-        if path.startswith(_TXAIOETCD_PREFIX + "/"):
-            path = path[len(_TXAIOETCD_PREFIX):]
-        return self._transport.post(path, data, timeout)
-
-    def watch(self, keys, on_watch, filters=None, start_revision=None, return_previous=None):
-        """Refused: txaioetcd's watch bypasses the transport and drops split JSON lines."""
-        return defer.fail(EtcdError("watch is not supported through this adapter"))
 
 
 def _error_text(value):
@@ -473,19 +317,15 @@ class _Transport:
         self._base = config.url.rstrip("/")
         self._prefix = None if config.gateway_prefix == "auto" else config.gateway_prefix
         self._probe_waiters = []
-        self.pool = _GenerationPool(reactor, persistent=True)
-        self.pool.maxPersistentPerHost = config.max_connections
-        self.pool.cachedConnectionTimeout = config.idle_connection_timeout
-        self.pool.retryAutomatically = False
-        self.pool._factory.noisy = False
+        self.pool = None
+        self._agent = None
         self.tls = None
-        kwargs = {}
         if config.tls:
-            self.tls = ReloadingClientTLS(config.ca_file, config.cert_file, config.key_file,
-                                          on_change=self._drop_idle_connections)
-            kwargs["contextFactory"] = self.tls
-        self._agent = web_client.Agent(reactor, connectTimeout=config.timeout,
-                                       pool=self.pool, **kwargs)
+            self.tls = ReloadingTLSPolicy(
+                PEMSource(config.ca_file), PEMSource(config.cert_file),
+                PEMSource(config.key_file), error=TLSConfigError,
+                on_change=self._replace_pool, name=f"etcd {self._base}")
+        self._replace_pool()
         self._slots = DeferredSemaphore(config.max_connections)
         self._in_flight = InFlight()
         self.closed = False
@@ -495,8 +335,21 @@ class _Transport:
         """The prefix in use (None while "auto" has not probed yet)."""
         return self._prefix
 
-    def _drop_idle_connections(self):
-        self.pool.new_generation()
+    def _replace_pool(self):
+        """A new Agent on a new pool; the old pool (if any) closes its idle connections
+        now and each busy one when its request ends, so no connection handshaken with
+        older certificate files is used again."""
+        old = self.pool
+        self.pool = _PeekingPool(self._reactor, persistent=True)
+        self.pool.maxPersistentPerHost = self._config.max_connections
+        self.pool.cachedConnectionTimeout = self._config.idle_connection_timeout
+        self.pool.retryAutomatically = False
+        kwargs = {"contextFactory": self.tls} if self.tls is not None else {}
+        self._agent = web_client.Agent(self._reactor, connectTimeout=self._config.timeout,
+                                       pool=self.pool, **kwargs)
+        if old is not None:
+            old.cachedConnectionTimeout = 0
+            old.closeCachedConnections()
 
     def post(self, path, payload, timeout=None, idempotent=False):
         """POST ``payload`` as JSON to ``<prefix><path>``; fires with ``(status, body)``."""
@@ -529,6 +382,9 @@ class _Transport:
         if self.closed:
             return defer.fail(ClientClosed("etcd client closed"))
         timeout = timeout or self._config.timeout
+        if self.tls is not None:
+            # Files changed since the last request: the Agent is replaced first.
+            self.tls.refresh()
         url = (self._base + prefix + path).encode("utf-8")
         headers = Headers({b"Content-Type": [b"application/json"]})
         d = self._agent.request(b"POST", url, headers, _BytesBody(body))
@@ -664,8 +520,8 @@ class EtcdClient:
         self.config = config
         self._reactor = reactor
         self._transport = _Transport(reactor, config)
-        self.txaioetcd = _GatewayClient(reactor, config.url.rstrip("/"), self._transport.pool,
-                                        _TxaioetcdTransport(self._transport))
+        self.txaioetcd = GatewayClient(reactor, config.url.rstrip("/"),
+                                       _TxaioetcdTransport(self._transport), _refuse)
 
     @property
     def gateway_prefix(self):
@@ -688,7 +544,7 @@ class EtcdClient:
         op = txaioetcd.OpGet(_as_keyset(keys), count_only=count_only or None,
                              keys_only=keys_only or None, limit=limit or None,
                              revision=revision or None, serializable=serializable or None)
-        d = self._call("/kv/range", op._marshal()["request_range"], timeout, idempotent=True)
+        d = self._call("/kv/range", marshal_range_request(op), timeout, idempotent=True)
         d.addCallback(_parse_range)
         return d
 
@@ -713,7 +569,7 @@ class EtcdClient:
     def status(self, timeout=None):
         """etcd's ``txaioetcd.Status`` (version, db size, leader): a cheap health probe."""
         d = self._call("/maintenance/status", {}, timeout, idempotent=True)
-        d.addCallback(_guard_parse(txaioetcd.Status._parse))
+        d.addCallback(_guard_parse(parse_status))
         return d
 
     # -- writes (through txaioetcd's own methods) --------------------------------
@@ -772,8 +628,12 @@ class EtcdClient:
         return d
 
 
+def _refuse(message):
+    return defer.fail(EtcdError(message))
+
+
 class _TxaioetcdTransport:
-    """The transport as txaioetcd's ``_post`` sees it: JSON in, parsed JSON out."""
+    """The transport as txaioetcd's client sees it: JSON in, parsed JSON out."""
 
     def __init__(self, transport):
         self._transport = transport
@@ -839,7 +699,7 @@ def _parse_range(obj):
                 raise TypeError("a kv without a key")
             if "value" in raw and not isinstance(raw["value"], str):
                 raise TypeError("a kv whose value is not a string")
-            kvs.append(txaioetcd.KeyValue._parse(raw))
+            kvs.append(parse_key_value(raw))
         header = obj.get("header") or {}
         if not isinstance(header, dict):
             raise TypeError(f"header is a {type(header).__name__}, not an object")

@@ -49,23 +49,23 @@ from twisted.internet.error import (
     ConnectError, ConnectingCancelledError, ConnectionLost, DNSLookupError,
 )
 from twisted.python.failure import Failure
-from twisted.web._newclient import RequestTransmissionFailed
 from twisted.web.client import (
-    Agent, HTTPConnectionPool, ResponseFailed, ResponseNeverReceived,
+    Agent, RequestTransmissionFailed, ResponseFailed, ResponseNeverReceived,
 )
 from twisted.web.iweb import IAgentEndpointFactory, IResponse
 from zope.interface import implementer
 
 from yurtcoord.tx import httpbody
 from yurtcoord.tx.inflight import InFlight
+from yurtcoord.tx.twisted_private import QuietHTTPConnectionPool, batch_chunked_body
 from yurtcoord.kube.errors import (
     ConnectionFailed, KubeError, ResponseTooLarge, ServerError, Timeout, decode_json,
     error_for_response,
 )
 from yurtcoord.kube.interfaces import IListWatchClient, IObjectClient
 from yurtcoord.kube.kubeconfig import load_kubeconfig
-from yurtcoord.kube.tls import ReloadingTLSPolicy
-from yurtcoord.kube.watch import IdleWatchdog, WatchStreamProtocol, batch_chunked_body, describe
+from yurtcoord.kube.tls import tls_policy
+from yurtcoord.kube.watch import IdleWatchdog, WatchStreamProtocol, describe
 
 DEFAULT_MAX_CONNECTIONS_PER_HOST = 16
 # Bytes of one answer body, and of one watch line (one event), read at most: far above
@@ -262,17 +262,17 @@ class KubeClient:
         self.server = config.server.rstrip("/")
         self.timeout = config.timeout
         if pool is None:
-            pool = HTTPConnectionPool(reactor, persistent=True)
+            pool = QuietHTTPConnectionPool(reactor, persistent=True)
             pool.maxPersistentPerHost = config.max_connections_per_host
             pool.cachedConnectionTimeout = 90
         self.pool = pool
         self.tls = None
         if parts.scheme == "https":
-            self.tls = ReloadingTLSPolicy(
+            self.tls = tls_policy(
                 ca_file=config.ca_file, ca_data=config.ca_data,
                 cert_file=config.cert_file, cert_data=config.cert_data,
                 key_file=config.key_file, key_data=config.key_data,
-                insecure=config.insecure,
+                insecure=config.insecure, name=f"apiserver {self.server}",
             )
         endpoints = _EndpointFactory(reactor, self.tls, config.timeout)
         self._http = treq.client.HTTPClient(Agent.usingEndpointFactory(reactor, endpoints, pool))

@@ -19,9 +19,10 @@ object) is ``ServerError``; nothing a peer sends raises anything untyped.
 server ended the stream cleanly or the watch was cancelled, with the typed error
 otherwise.
 
-``batch_chunked_body(response)`` makes a chunked watch response deliver all the
-events of one read together: the apiserver sends every event as its own HTTP chunk,
-and Twisted's decoder calls up through the response once per chunk.
+The client puts ``yurtcoord.tx.twisted_private.batch_chunked_body`` under a watch
+response, so all the events of one read arrive together: the apiserver sends every
+event as its own HTTP chunk, and Twisted's decoder calls up through the response once
+per chunk.
 
 ``IdleWatchdog`` ends a stream on which nothing arrived for a while with ``Timeout``:
 a connection that died without a FIN or RST (a NAT or an edge link dropping it)
@@ -34,7 +35,6 @@ from twisted.internet.defer import Deferred
 from twisted.internet.protocol import Protocol
 from twisted.logger import Logger
 from twisted.python.failure import Failure
-from twisted.web import http as twisted_http
 from twisted.web.client import ResponseDone
 from twisted.web.http import PotentialDataLoss
 
@@ -256,122 +256,3 @@ class IdleWatchdog:
         if self._call is not None and self._call.active():
             self._call.cancel()
         self._call = None
-
-
-_HEX_DIGITS = b"0123456789abcdefABCDEF"
-_TWISTED_CHUNKED_DECODER = getattr(twisted_http, "_ChunkedTransferDecoder", None)
-_MAX_CHUNK_SIZE_LINE = getattr(twisted_http, "maxChunkSizeLineLength", 1024)
-
-
-class ChunkedBodyBatcher:
-    """Takes over the chunked framing of a watch body from Twisted's decoder and
-    delivers the payloads of all chunks of one read in one call.
-
-    Only plain data chunks are decoded here. The last chunk, trailers, chunk
-    extensions and anything malformed are handed back to Twisted's decoder, with
-    the bytes not yet consumed, so endings and errors are exactly Twisted's.
-    """
-
-    def __init__(self, original):
-        self._original = original
-        self._deliver = original.dataCallback
-        state = original.state
-        self._buffer = bytes(original._buffer)
-        self._remaining = original.length if state == "BODY" else 0
-        self._expect_crlf = state == "CRLF"
-        self.handed_back = False
-        self.reads = 0
-
-    def dataReceived(self, data):
-        if self.handed_back:
-            self._original.dataReceived(data)
-            return
-        self.reads += 1
-        buf = self._buffer + data if self._buffer else data
-        size = len(buf)
-        pos = 0
-        payloads = []
-        rest_state = None
-        while pos < size:
-            if self._remaining:
-                end = pos + self._remaining
-                if end > size:
-                    payloads.append(buf[pos:])
-                    self._remaining = end - size
-                    pos = size
-                    break
-                payloads.append(buf[pos:end])
-                pos = end
-                self._remaining = 0
-                self._expect_crlf = True
-            if self._expect_crlf:
-                if size - pos < 2:
-                    break
-                if buf[pos] != 13 or buf[pos + 1] != 10:
-                    rest_state = "CRLF"
-                    break
-                pos += 2
-                self._expect_crlf = False
-            eol = buf.find(b"\r\n", pos)
-            if eol < 0:
-                if size - pos >= _MAX_CHUNK_SIZE_LINE:
-                    rest_state = "CHUNK_LENGTH"
-                break
-            field = buf[pos:eol]
-            if (not field or eol - pos >= _MAX_CHUNK_SIZE_LINE
-                    or field.translate(None, _HEX_DIGITS)):
-                # Extensions, an over-long or bad size line: Twisted's decoder decides.
-                rest_state = "CHUNK_LENGTH"
-                break
-            length = int(field, 16)
-            if length == 0:
-                rest_state = "CHUNK_LENGTH"
-                break
-            pos = eol + 2
-            self._remaining = length
-        if rest_state is None:
-            self._buffer = buf[pos:] if pos < size else b""
-        else:
-            self._buffer = b""
-            self.handed_back = True
-            original = self._original
-            original.state = rest_state
-            original._buffer = bytearray(buf[pos:])
-            original._start = 0
-        if payloads:
-            self._deliver(payloads[0] if len(payloads) == 1 else b"".join(payloads))
-        if rest_state is not None:
-            self._original.dataReceived(b"")
-
-    def noMoreData(self):
-        # Until the last chunk was handed back, the original is not FINISHED and
-        # reports the lost data as it would have.
-        self._original.noMoreData()
-
-
-def batch_chunked_body(response):
-    """Put a ``ChunkedBodyBatcher`` under ``response`` (Twisted's or treq's) before
-    its body is delivered. Returns the batcher, or None when the response is not
-    one being decoded by Twisted's chunked decoder in a state known here; the
-    body is then delivered per chunk as usual."""
-    response = getattr(response, "original", response)
-    proxy = getattr(response, "_transport", None)
-    transport = getattr(proxy, "_producer", None)
-    # The HTTP protocol, under the endpoint's and TLS's wrapping protocols.
-    protocol = getattr(transport, "wrappedProtocol", None) or getattr(transport, "protocol", None)
-    for _ in range(4):
-        if protocol is None or hasattr(protocol, "_parser"):
-            break
-        protocol = (getattr(protocol, "_wrappedProtocol", None)
-                    or getattr(protocol, "wrappedProtocol", None))
-    parser = getattr(protocol, "_parser", None)
-    decoder = getattr(parser, "bodyDecoder", None)
-    if (_TWISTED_CHUNKED_DECODER is None or type(decoder) is not _TWISTED_CHUNKED_DECODER
-            or getattr(parser, "response", None) is not response
-            or getattr(decoder, "state", None) not in ("CHUNK_LENGTH", "BODY", "CRLF")
-            or not callable(getattr(decoder, "dataCallback", None))
-            or not isinstance(getattr(decoder, "_buffer", None), bytearray)):
-        return None
-    batcher = ChunkedBodyBatcher(decoder)
-    parser.bodyDecoder = batcher
-    return batcher

@@ -394,6 +394,26 @@ class EtcdClientTLSTestsMixin(OnlineTestsMixin):
                          {b"/busy/warmup"} | {f"/busy/{i}".encode() for i in range(4)})
 
     @defer.inlineCallbacks
+    def test_rotation_replaces_the_pool_and_the_old_one_keeps_no_connection(self):
+        cert_dir = os.path.join(self.ca_dir, "client")
+        os.makedirs(cert_dir)
+        cert_file, key_file = os.path.join(cert_dir, "c.crt"), os.path.join(cert_dir, "c.key")
+        _install_pair(self.etcd.client_cert, cert_file, key_file)
+        client = self.make_client(cert_file=cert_file, key_file=key_file)
+        yield client.put(b"/pool/warmup", b"1")
+        old_pool = client._transport.pool
+        busy = [client.put(f"/pool/{i}".encode(), b"old-cert") for i in range(3)]
+        _install_pair(self.ca.client_pair("fresh", "etcd-test-client-2"), cert_file, key_file)
+        yield client.put(b"/pool/after", b"new-cert")
+        self.assertIsNot(client._transport.pool, old_pool)
+        yield defer.gatherResults(busy)
+        # Busy connections that came back to the old pool are closed on the next turn.
+        yield poll_until(lambda: not any(old_pool._connections.values()), 5.0,
+                         what="the old pool's connections closed")
+        self.assertEqual(old_pool.cachedConnectionTimeout, 0)
+        self.assertEqual(len(self.etcd.read(b"/pool/", prefix=True)), 5)
+
+    @defer.inlineCallbacks
     def test_half_written_certificate_keeps_previous_one(self):
         cert_dir = os.path.join(self.ca_dir, "client")
         os.makedirs(cert_dir)

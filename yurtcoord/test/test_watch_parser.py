@@ -13,8 +13,8 @@ from twisted.web.client import ResponseDone, ResponseFailed
 
 from yurtcoord.kube import errors
 from yurtcoord.kube.client import MAX_RESPONSE_BYTES
-from yurtcoord.kube.watch import (
-    ChunkedBodyBatcher, IdleWatchdog, WatchStreamProtocol, batch_chunked_body)
+from yurtcoord.kube.watch import IdleWatchdog, WatchStreamProtocol
+from yurtcoord.tx.twisted_private import ChunkedBodyBatcher, batch_chunked_body
 
 
 def line(kind, name, rv):

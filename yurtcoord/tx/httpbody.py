@@ -18,10 +18,11 @@ from typing import Callable
 from twisted.internet import defer
 from twisted.internet.interfaces import ITCPTransport
 from twisted.internet.protocol import Protocol
-from twisted.web._newclient import TransportProxyProducer
 from twisted.web.client import ResponseDone
 from twisted.web.http import PotentialDataLoss
 from twisted.web.iweb import IResponse
+
+from yurtcoord.tx.twisted_private import proxied_transport
 
 
 def drop_connection(transport: object) -> None:
@@ -31,12 +32,9 @@ def drop_connection(transport: object) -> None:
     gracefully; the connection it stands for is aborted instead. Anything else that is
     not a TCP or TLS transport is closed with ``loseConnection``.
     """
-    if isinstance(transport, TransportProxyProducer):
-        # The proxy forwards to the connection until the response is over, then
-        # holds None: nothing is left to drop.
-        transport = transport._producer
-        if transport is None:
-            return
+    # The proxy forwards to the connection until the response is over, then holds
+    # None: nothing is left to drop.
+    transport = proxied_transport(transport)
     if ITCPTransport.providedBy(transport):
         transport.abortConnection()
     elif transport is not None:
