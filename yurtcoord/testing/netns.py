@@ -354,14 +354,17 @@ def _list_namespaces(runner: ICommandRunner) -> List[str]:
             if line.strip()]
 
 
-def unavailable_reason(runner: Optional[ICommandRunner] = None) -> Optional[str]:
+def unavailable_reason(runner: Optional[ICommandRunner] = None,
+                       euid: Optional[int] = None) -> Optional[str]:
     """None when this process can make network namespaces and enter them; otherwise
     one line saying why not, for ``SkipTest``: a partition test that cannot cut
-    anything must say so rather than pass."""
+    anything must say so rather than pass. ``euid`` stands for this process's
+    effective uid (tests ask as another user without becoming one)."""
     if not sys.platform.startswith("linux"):
         return f"network namespaces need Linux, not {sys.platform}"
-    if os.geteuid() != 0:
-        return f"network namespaces need root (running as uid {os.geteuid()})"
+    euid = os.geteuid() if euid is None else euid
+    if euid != 0:
+        return f"network namespaces need root (running as uid {euid})"
     for tool, package in (("ip", "iproute2"), ("setpriv", "util-linux")):
         if shutil.which(tool) is None:
             return f"{tool} ({package}) is not on PATH"
