@@ -37,7 +37,7 @@ import signal
 import sys
 import tempfile
 import time
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Callable, Generator, Iterable, Mapping
 
 import treq.client
 from twisted.application import service
@@ -359,7 +359,7 @@ class SandboxEtcd:
         return self._protocol.when_exited()
 
     @defer.inlineCallbacks
-    def healthy(self) -> Any:
+    def healthy(self) -> Generator[defer.Deferred[Any], Any, bool]:
         """True when etcd's ``/health`` says so (one short request)."""
         try:
             response = yield self._http.get(self.client_url + "/health", timeout=1)
@@ -369,7 +369,8 @@ class SandboxEtcd:
         return body.get("health") in ("true", True)
 
     @defer.inlineCallbacks
-    def start(self, abandoned: Callable[[], bool] = lambda: False) -> Any:
+    def start(self, abandoned: Callable[[], bool] = lambda: False,
+              ) -> Generator[defer.Deferred[Any], Any, Any]:
         """Spawn etcd on free ports and fire once it is healthy; ``SandboxError`` with
         the tail of its log when it exits or stays unhealthy. Gives up (stopping etcd,
         ``SandboxStopped``) as soon as ``abandoned()`` is true."""
@@ -397,7 +398,7 @@ class SandboxEtcd:
             shutil.rmtree(self.data_dir, ignore_errors=True)
 
     @defer.inlineCallbacks
-    def stop(self) -> Any:
+    def stop(self) -> Generator[defer.Deferred[Any], Any, None]:
         """SIGTERM etcd and wait for it to exit; SIGKILL after ``ETCD_STOP_TIMEOUT``."""
         for signal_name in ("TERM", "KILL"):
             if self._protocol is None or not self.running:
@@ -698,7 +699,7 @@ class Sandbox(service.MultiService):
     # -- stopping ------------------------------------------------------------------------
 
     @defer.inlineCallbacks
-    def stopService(self) -> Any:
+    def stopService(self) -> Generator[defer.Deferred[Any], Any, None]:
         """Stop the agents (a leader releases its lease), then the apiservers and
         etcd, then remove the temp dir; a start still under way gives up first."""
         self._stopping = True

@@ -6,7 +6,7 @@ open connections are aborted and new ones are accepted and aborted at once (the
 client sees a reset, as through a broken link). ``restore()`` forwards again.
 """
 
-from typing import Any
+from typing import Any, Generator
 
 from twisted.internet import defer, protocol
 from twisted.internet.address import IPv4Address, IPv6Address
@@ -170,7 +170,7 @@ class TCPProxy:
         return defer.gatherResults([side.abort() for side in list(self._sides)])
 
     @defer.inlineCallbacks
-    def stop(self) -> Any:
+    def stop(self) -> Generator[Any, Any, None]:
 
         port, self._port = self._port, None
         if port is not None:

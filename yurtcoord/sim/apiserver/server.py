@@ -4,7 +4,7 @@ client certificate signed by the server's CA)."""
 
 import os
 import weakref
-from typing import IO, Any, Callable
+from typing import IO, Any, Callable, Generator
 
 from OpenSSL import SSL
 from twisted.internet import defer
@@ -223,7 +223,7 @@ class KubeAPIServer:
         return defer.succeed(url)
 
     @defer.inlineCallbacks
-    def stop(self) -> Any:
+    def stop(self) -> Generator[defer.Deferred[Any], Any, None]:
         """Close the listening port and every open connection, watches included."""
         yield self._go_down()
         self.faults.clear()
