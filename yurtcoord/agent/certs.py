@@ -45,8 +45,9 @@ import binascii
 import contextlib
 import os
 import tempfile
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any, Callable
 
 from cryptography import x509
 from cryptography.exceptions import UnsupportedAlgorithm
@@ -81,10 +82,10 @@ class CertUnit:
     """
 
     name: str
-    items: tuple
+    items: tuple[tuple[str, str], ...]
 
     @property
-    def is_pair(self):
+    def is_pair(self) -> bool:
         return len(self.items) == 2
 
 
@@ -109,7 +110,7 @@ def _public_key_bytes(public_key):
                                    serialization.PublicFormat.SubjectPublicKeyInfo)
 
 
-def check_ca(ca_pem):
+def check_ca(ca_pem: bytes) -> None:
     """Raise MalformedCerts unless ``ca_pem`` holds at least one PEM certificate."""
     try:
         certificates = x509.load_pem_x509_certificates(ca_pem)
@@ -119,7 +120,7 @@ def check_ca(ca_pem):
         raise MalformedCerts("CA bundle holds no certificate")
 
 
-def check_pair(cert_pem, key_pem):
+def check_pair(cert_pem: bytes, key_pem: bytes) -> None:
     """Raise MalformedCerts unless the certificate and the unencrypted key parse and
     the key is the certificate's."""
     try:
@@ -171,7 +172,8 @@ def _remove_quietly(path):
         os.unlink(path)
 
 
-def replace_files_atomically(directory, contents, mode=FILE_MODE):
+def replace_files_atomically(directory: str, contents: Mapping[str, bytes],
+                             mode: int = FILE_MODE) -> None:
     """Write ``{file name: bytes}`` into ``directory``: every file to a synced
     temporary first, then all renamed over the old ones, then the directory synced.
     A crash leaves each file either old or new, never partly written."""
@@ -199,20 +201,21 @@ class CertManager:
 
     log = Logger()
 
-    def __init__(self, reactor, cloud_client, pki_dir, namespace, on_change=None,
-                 make_informer=None):
+    def __init__(self, reactor: Any, cloud_client: Any, pki_dir: str, namespace: str,
+                 on_change: Callable[[], object] | None = None,
+                 make_informer: Callable[[], Any] | None = None) -> None:
         self._reactor = reactor
         self._client = cloud_client
         self.pki_dir = pki_dir
         self.namespace = namespace
         self._on_change = on_change or (lambda: None)
         self._make_informer = make_informer or self._default_informer
-        self._informer = None
+        self._informer: Any = None
         self._secret_seen = False
         self.writes = 0
         self.removals = 0
         self.rejected = 0
-        self.last_error = None
+        self.last_error: str | None = None
 
     def _default_informer(self):
         return Informer(self._reactor, self._client, SECRETS, namespace=self.namespace,
@@ -224,36 +227,36 @@ class CertManager:
         return os.path.join(self.pki_dir, file_name)
 
     @property
-    def ca_file(self):
+    def ca_file(self) -> str:
         return self._path(CA_UNIT.items[0][1])
 
     @property
-    def yurthub_client_pair(self):
+    def yurthub_client_pair(self) -> CertPair:
         """Client certificate for the coordinator apiserver and the pool etcd."""
         return CertPair(*(self._path(f) for _, f in YURTHUB_CLIENT_UNIT.items))
 
     @property
-    def node_lease_proxy_pair(self):
+    def node_lease_proxy_pair(self) -> CertPair:
         """Client certificate for writing delegated heartbeats to the cloud."""
         return CertPair(*(self._path(f) for _, f in NODE_LEASE_PROXY_UNIT.items))
 
-    def has_unit(self, unit):
+    def has_unit(self, unit: CertUnit) -> bool:
         return all(os.path.exists(self._path(f)) for _, f in unit.items)
 
     @property
-    def ready(self):
+    def ready(self) -> bool:
         """Every certificate file is in place (checked on disk, so files left by an
         earlier run count until the Secret says otherwise)."""
         return all(self.has_unit(unit) for unit in UNITS)
 
     @property
-    def has_certs(self):
+    def has_certs(self) -> bool:
         """Same as ``ready``: the name the coordinator's health check reads."""
         return self.ready
 
     # -- lifecycle -----------------------------------------------------------------
 
-    def start(self):
+    def start(self) -> defer.Deferred[None]:
         """Create ``pki_dir`` and start watching the Secret."""
         if self._informer is not None:
             return defer.succeed(None)
@@ -270,7 +273,8 @@ class CertManager:
                       namespace=self.namespace, name=CERTS_SECRET_NAME, pki_dir=self.pki_dir)
         return defer.succeed(None)
 
-    def stop(self):
+    def stop(self) -> defer.Deferred[Any]:
+
         informer, self._informer = self._informer, None
         if informer is None:
             return defer.succeed(None)
@@ -416,12 +420,12 @@ class CertificateClient(ResolvingClient):
     # the caller.
     resolve_errors = (Exception,)
 
-    def __init__(self, reactor, make_config: Callable[[], ClientConfig],
+    def __init__(self, reactor: Any, make_config: Callable[[], ClientConfig],
                  required_files: Iterable[str]) -> None:
         self._reactor = reactor
         self._make_config = make_config
         self._required_files = tuple(required_files)
-        self.client = None
+        self.client: KubeClient | None = None
         self._closed = False
 
     def _missing(self):

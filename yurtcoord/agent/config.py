@@ -21,6 +21,7 @@ import configparser
 import difflib
 import re
 from dataclasses import dataclass, field, fields
+from typing import Any, Callable
 from urllib.parse import urlsplit
 
 from yurtcoord.names import ELECTION_LEASE_NAME, ELECTION_LEASE_NAMESPACE, NODE_POOL_LABEL
@@ -70,7 +71,7 @@ _DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|h|m|s)")
 _DURATION_HINT = "not a duration (use 500ms, 15s, 2m)"
 
 
-def parse_duration(text):
+def parse_duration(text: str) -> float:
     """``500ms``, ``15s``, ``2m``, ``1h`` or combinations like ``1m30s`` → float seconds."""
     text = text.strip()
     if not text:
@@ -86,7 +87,7 @@ def parse_duration(text):
     return total
 
 
-def format_duration(seconds):
+def format_duration(seconds: float) -> str:
     """The shortest ini spelling of ``seconds`` that ``parse_duration`` reads back exactly."""
     milliseconds = round(seconds * 1000)
     if abs(milliseconds / 1000 - seconds) > 1e-9:
@@ -243,10 +244,10 @@ class ListenAddress:
     port: int
 
     @property
-    def is_ipv6(self):
+    def is_ipv6(self) -> bool:
         return ":" in self.host
 
-    def url(self, port=None):
+    def url(self, port: int | None = None) -> str:
         """The base URL clients use, with the real ``port`` when 0 was configured."""
         host = f"[{self.host}]" if self.is_ipv6 else self.host
         return f"http://{host}:{self.port if port is None else port}"
@@ -259,7 +260,7 @@ class ListenAddress:
 _LISTEN = re.compile(r"(?:\[(?P<ipv6>[0-9A-Fa-f:.]+)\]|(?P<host>[A-Za-z0-9.-]+)):(?P<port>\d{1,5})")
 
 
-def parse_listen(text):
+def parse_listen(text: str) -> ListenAddress:
     """``host:port`` or ``[ipv6]:port`` → ``ListenAddress``."""
     match = _LISTEN.fullmatch(text.strip())
     if match is None:
@@ -284,7 +285,7 @@ class UploadResource:
     group: str = ""
 
     @property
-    def cache_dir_name(self):
+    def cache_dir_name(self) -> str:
         return f"{self.resource}.{self.version}.{self.group or 'core'}"
 
     def __str__(self):
@@ -298,7 +299,7 @@ _VERSION = re.compile(r"v[1-9][0-9]*(?:(?:alpha|beta)[1-9][0-9]*)?")
 _GROUP = re.compile(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?")
 
 
-def parse_upload_resource(text):
+def parse_upload_resource(text: str) -> UploadResource:
     """``component/resource/version[/group]`` → ``UploadResource``."""
     parts = text.strip().split("/")
     hint = "not component/resource/version[/group] (e.g. kubelet/pods/v1)"
@@ -326,8 +327,8 @@ class ValueType:
     """How one kind of value is read from and written to ini text."""
 
     name: str
-    parse: object
-    render: object = str
+    parse: Callable[[str], Any]
+    render: Callable[[Any], str] = str
 
 
 DURATION = ValueType("duration", _parse_positive_duration, format_duration)
@@ -357,11 +358,11 @@ class Key:
     section: str
     name: str
     type: ValueType
-    default: object
+    default: str | None
     help: str
 
     @property
-    def required(self):
+    def required(self) -> bool:
         return self.default is None
 
 
@@ -581,7 +582,7 @@ def _suggestion(word, candidates):
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 
-def parse_config(text, source_name="<config>"):
+def parse_config(text: str, source_name: str = "<config>") -> "Config":
     """Parse ini ``text``; ``source_name`` is the file name used in error messages."""
     parser = _read_ini(text, source_name)
     schema_keys = {(key.section, key.name): key for key in SCHEMA}
@@ -604,8 +605,8 @@ def parse_config(text, source_name="<config>"):
                     section=section, key=name, value=raw,
                 )
 
-    values = {section: {} for section in SECTIONS}
-    raw_values = {}
+    values: dict[str, dict[str, Any]] = {section: {} for section in SECTIONS}
+    raw_values: dict[tuple[str, str], str] = {}
     for key in SCHEMA:
         raw = parser.get(key.section, key.name, fallback=None)
         if raw is None or (key.required and not raw.strip()):
@@ -628,7 +629,7 @@ def parse_config(text, source_name="<config>"):
     return config
 
 
-def load_config(path):
+def load_config(path: str) -> "Config":
     """Read and parse the ini file at ``path``; any problem is a one-line ``ConfigError``."""
     try:
         with open(path, encoding="utf-8") as handle:
@@ -692,9 +693,9 @@ def _check_rules(config, raw, source):
 # ---------------------------------------------------------------------------------------
 # Rendering: config objects back to ini text (defaults file, docs, round trips).
 
-def render_config(config):
+def render_config(config: "Config") -> str:
     """Ini text that ``parse_config`` reads back into an equal ``Config``."""
-    lines = []
+    lines: list[str] = []
     for section in SECTIONS:
         if lines:
             lines.append("")
@@ -707,7 +708,7 @@ def render_config(config):
     return "\n".join(lines) + "\n"
 
 
-def describe_schema():
+def describe_schema() -> str:
     """The operator reference: one line per key with section, key, type, default, help."""
     rows = []
     for key in SCHEMA:
@@ -716,6 +717,7 @@ def describe_schema():
     return "\n".join(rows) + "\n"
 
 
-def section_fields(section):
+def section_fields(section: str) -> list[str]:
+
     """Field names of a section's dataclass, in schema order (used by tests and docs)."""
     return [f.name for f in fields(_SECTION_CLASSES[section])]

@@ -18,28 +18,29 @@ class GroupVersionResource:
     namespaced: bool = True
 
     @property
-    def group_version(self):
+    def group_version(self) -> str:
         return f"{self.group}/{self.version}" if self.group else self.version
 
     @property
-    def api_prefix(self):
+    def api_prefix(self) -> str:
         """``/api/v1`` or ``/apis/<group>/<version>``."""
         if self.group:
             return f"/apis/{self.group}/{self.version}"
         return f"/api/{self.version}"
 
-    def collection_path(self, namespace=None):
+    def collection_path(self, namespace: str | None = None) -> str:
         """Path of the collection; all namespaces when ``namespace`` is None."""
         if self.namespaced and namespace:
             return f"{self.api_prefix}/namespaces/{quote(namespace, safe='')}/{self.resource}"
         return f"{self.api_prefix}/{self.resource}"
 
-    def object_path(self, name, namespace=None):
+    def object_path(self, name: str, namespace: str | None = None) -> str:
         if self.namespaced and not namespace:
             raise ValueError(f"{self} is namespaced: a namespace is required for {name!r}")
         return f"{self.collection_path(namespace)}/{quote(name, safe='')}"
 
-    def __str__(self):
+    def __str__(self) -> str:
+
         return f"{self.group or 'core'}/{self.version}/{self.resource}"
 
 

@@ -29,12 +29,19 @@ delivered as a delete (of its last matching state), one that starts matching as 
 add. A handler that raises is logged; the informer carries on.
 """
 
+from typing import Any, Callable, List, Optional
+
 from twisted.internet import defer
 from twisted.internet.task import deferLater
 from twisted.logger import Logger
 
 from yurtcoord.tx.backoff import Backoff
 from yurtcoord.kube.errors import Gone, ListTooLong, ResponseTooLarge, ServerError
+from yurtcoord.kube.gvr import GroupVersionResource
+
+# An object of the Kubernetes API as decoded JSON.
+Obj = dict[str, Any]
+Handler = Optional[Callable[..., object]]
 
 MIN_HEALTHY_WATCH_SECONDS = 1.0
 # Objects per list request (client-go's pager uses 500 too).
@@ -45,7 +52,7 @@ DEFAULT_PAGE_SIZE = 500
 MAX_LIST_PAGES = 2000
 
 
-def object_key(obj):
+def object_key(obj: Obj) -> str:
     """``namespace/name``, or ``name`` for cluster-scoped objects."""
     meta = obj.get("metadata") or {}
     namespace = meta.get("namespace")
@@ -53,7 +60,7 @@ def object_key(obj):
     return f"{namespace}/{name}" if namespace else name
 
 
-def resource_version(obj):
+def resource_version(obj: Obj) -> Optional[str]:
     return (obj.get("metadata") or {}).get("resourceVersion")
 
 
@@ -81,14 +88,15 @@ def _page_of(result, gvr):
 class HandlerRegistration:
     """One set of handlers; ``remove()`` stops delivering to it."""
 
-    def __init__(self, informer, on_add, on_update, on_delete, filter):
+    def __init__(self, informer: "Informer", on_add: Handler, on_update: Handler,
+                 on_delete: Handler, filter: Handler) -> None:
         self._informer = informer
         self.on_add = on_add
         self.on_update = on_update
         self.on_delete = on_delete
         self.filter = filter
 
-    def remove(self):
+    def remove(self) -> None:
         self._informer._remove_handler(self)
 
 
@@ -103,10 +111,13 @@ class Informer:
 
     log = Logger()
 
-    def __init__(self, reactor, client, gvr, namespace=None, label_selector=None,
-                 field_selector=None, backoff=None, watch_timeout_seconds=300,
-                 watch_idle_timeout=None, page_size=DEFAULT_PAGE_SIZE,
-                 max_list_pages=MAX_LIST_PAGES):
+    def __init__(self, reactor: Any, client: Any, gvr: GroupVersionResource,
+                 namespace: Optional[str] = None, label_selector: Optional[str] = None,
+                 field_selector: Optional[str] = None, backoff: Optional[Backoff] = None,
+                 watch_timeout_seconds: Optional[int] = 300,
+                 watch_idle_timeout: Optional[float] = None,
+                 page_size: Optional[int] = DEFAULT_PAGE_SIZE,
+                 max_list_pages: int = MAX_LIST_PAGES) -> None:
         if page_size is not None and page_size < 1:
             raise ValueError(f"page_size must be >= 1 or None, got {page_size}")
         if max_list_pages < 1:
@@ -126,23 +137,24 @@ class Informer:
             # silent for much longer than that is a dead connection.
             watch_idle_timeout = watch_timeout_seconds + 60
         self.watch_idle_timeout = watch_idle_timeout
-        self.store = {}
-        self.resource_version = None
+        self.store: dict[str, Obj] = {}
+        self.resource_version: Optional[str] = None
         self.has_synced = False
         self.lists = 0
         self.watches = 0
         # A tuple, replaced on change: delivery iterates it without copying, and a
         # handler added or removed by a handler takes effect from the next event.
-        self._handlers = ()
-        self._sync_waiters = []
-        self._running = None
+        self._handlers: tuple[HandlerRegistration, ...] = ()
+        self._sync_waiters: List[defer.Deferred[bool]] = []
+        self._running: Optional[defer.Deferred[Any]] = None
         self._stopping = False
-        self._pending = None
-        self._watch = None
+        self._pending: Optional[defer.Deferred[Any]] = None
+        self._watch: Any = None
 
     # -- public ------------------------------------------------------------
 
-    def add_handler(self, on_add=None, on_update=None, on_delete=None, filter=None):
+    def add_handler(self, on_add: Handler = None, on_update: Handler = None,
+                    on_delete: Handler = None, filter: Handler = None) -> HandlerRegistration:
         """Register handlers; objects already in the store are delivered as adds."""
         registration = HandlerRegistration(self, on_add, on_update, on_delete, filter)
         self._handlers = self._handlers + (registration,)
@@ -154,25 +166,25 @@ class Informer:
     def _remove_handler(self, registration):
         self._handlers = tuple(h for h in self._handlers if h is not registration)
 
-    def get(self, key):
+    def get(self, key: str) -> Optional[Obj]:
         return self.store.get(key)
 
-    def list(self):
+    def list(self) -> List[Obj]:
         return list(self.store.values())
 
     @property
-    def running(self):
+    def running(self) -> bool:
         return self._running is not None
 
-    def wait_for_sync(self):
+    def wait_for_sync(self) -> defer.Deferred[bool]:
         """Fires True once synced, or False if the informer stops first."""
         if self.has_synced:
             return defer.succeed(True)
-        d = defer.Deferred()
+        d: defer.Deferred[bool] = defer.Deferred()
         self._sync_waiters.append(d)
         return d
 
-    def start(self):
+    def start(self) -> None:
         if self._running is not None:
             return
         self._stopping = False
@@ -184,7 +196,7 @@ class Informer:
         running.addErrback(
             lambda f: self.log.failure("informer loop crashed gvr={gvr}", f, gvr=str(self.gvr)))
 
-    def stop(self):
+    def stop(self) -> defer.Deferred[None]:
         """Cancel everything; the Deferred fires once no connection or timer is left."""
         if self._running is None:
             return defer.succeed(None)
@@ -194,8 +206,11 @@ class Informer:
             self._pending.cancel()
         if self._watch is not None:
             self._watch.cancel()
-        done = defer.Deferred()
-        running.addBoth(lambda _: done.callback(None))
+        done: defer.Deferred[None] = defer.Deferred()
+
+        def ended(_: object) -> None:
+            done.callback(None)
+        running.addBoth(ended)
         return done
 
     # -- the loop ------------------------------------------------------------
@@ -257,7 +272,10 @@ class Informer:
     @defer.inlineCallbacks
     def _list_pages(self):
         """``(items, resourceVersion)`` of one list, ``page_size`` objects per request."""
-        items, token, page_size = [], None, self.page_size
+        items: List[Obj] = []
+        token = None
+        page_size = self.page_size
+
         requests = 0
         while True:
             if requests >= self.max_list_pages:
@@ -379,8 +397,9 @@ class Informer:
         """Make the store equal ``items``, delivering the difference."""
         fresh = {object_key(obj): obj for obj in items}
         for key in [k for k in self.store if k not in fresh]:
-            old = self.store.pop(key)
-            self._deliver_delete(old)
+            gone = self.store.pop(key)
+            self._deliver_delete(gone)
+
         for key, obj in fresh.items():
             old = self.store.get(key)
             self.store[key] = obj

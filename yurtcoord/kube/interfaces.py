@@ -5,7 +5,12 @@ Code that reads and writes single objects takes any ``IObjectClient``: the real
 unit tests. Each is checked against this interface with ``verifyObject``.
 """
 
+from typing import Any, Callable
+
+from twisted.internet.defer import Deferred
 from zope.interface import Interface
+
+from yurtcoord.kube.gvr import GroupVersionResource
 
 
 class IObjectClient(Interface):
@@ -13,17 +18,21 @@ class IObjectClient(Interface):
     fails with a ``yurtcoord.kube.errors`` type (``NotFound``, ``Conflict``,
     ``AlreadyExists``, ...) when the server refuses."""
 
-    def get(gvr, name, namespace=None):
+    def get(gvr: GroupVersionResource, name: str,
+            namespace: str | None = None) -> Deferred[Any]:
         """The object ``namespace/name`` of resource ``gvr`` (a dict)."""
 
-    def create(gvr, obj, namespace=None):
+    def create(gvr: GroupVersionResource, obj: dict[str, Any],
+               namespace: str | None = None) -> Deferred[Any]:
         """Create ``obj``; fires with the object as stored."""
 
-    def update(gvr, obj, namespace=None):
+    def update(gvr: GroupVersionResource, obj: dict[str, Any],
+               namespace: str | None = None) -> Deferred[Any]:
         """Replace the object, guarded by ``obj``'s resourceVersion; fires with the
         object as stored."""
 
-    def delete(gvr, name, namespace=None):
+    def delete(gvr: GroupVersionResource, name: str,
+               namespace: str | None = None) -> Deferred[Any]:
         """Delete the object; fires with the server's answer."""
 
 
@@ -36,11 +45,16 @@ class IListWatchClient(Interface):
     ``yurtcoord.kube.errors`` type), an ``events`` count and ``cancel()``.
     """
 
-    def list(gvr, namespace=None, label_selector=None, field_selector=None,
-             resource_version=None, limit=None, continue_token=None):
+    def list(gvr: GroupVersionResource, namespace: str | None = None,
+             label_selector: str | None = None, field_selector: str | None = None,
+             resource_version: str | None = None, limit: int | None = None,
+             continue_token: str | None = None) -> Deferred[Any]:
         """One page of the objects of ``gvr``."""
 
-    def watch(gvr, on_event, namespace=None, resource_version=None, label_selector=None,
-              field_selector=None, allow_bookmarks=True, timeout_seconds=None,
-              idle_timeout=None):
+    def watch(gvr: GroupVersionResource, on_event: Callable[[str, Any], object],
+              namespace: str | None = None, resource_version: str | None = None,
+              label_selector: str | None = None, field_selector: str | None = None,
+              allow_bookmarks: bool = True, timeout_seconds: int | None = None,
+              idle_timeout: float | None = None) -> Any:
+
         """Start a watch calling ``on_event(type, obj)`` for every event."""

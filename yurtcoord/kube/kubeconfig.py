@@ -25,14 +25,14 @@ class KubeconfigError(ValueError):
 @dataclass(frozen=True)
 class KubeconfigCredentials:
     server: str
-    ca_file: str = None
-    ca_data: bytes = None
-    cert_file: str = None
-    cert_data: bytes = None
-    key_file: str = None
-    key_data: bytes = None
-    token: str = None
-    token_file: str = None
+    ca_file: str | None = None
+    ca_data: bytes | None = None
+    cert_file: str | None = None
+    cert_data: bytes | None = None
+    key_file: str | None = None
+    key_data: bytes | None = None
+    token: str | None = None
+    token_file: str | None = None
     insecure: bool = False
 
 
@@ -105,7 +105,7 @@ def _decode(value, field, path):
         raise KubeconfigError(f"{path}: {field} is not base64: {e}") from None
 
 
-def load_kubeconfig(path: str, context: str = None) -> KubeconfigCredentials:
+def load_kubeconfig(path: str, context: str | None = None) -> KubeconfigCredentials:
     """The credentials of ``context`` (default: current-context) in the file at ``path``."""
     try:
         with open(path, "rb") as f:

@@ -8,7 +8,8 @@ import copy
 import datetime
 import re
 from dataclasses import dataclass
-from typing import Optional
+from collections.abc import Mapping
+from typing import Any, Generator, Optional
 
 from twisted.internet import defer
 
@@ -24,13 +25,13 @@ _RFC3339 = re.compile(
 )
 
 
-def format_micro_time(seconds):
+def format_micro_time(seconds: float) -> str:
     """``seconds`` (POSIX) as a Kubernetes MicroTime string, microsecond precision."""
     moment = datetime.datetime.fromtimestamp(seconds, tz=datetime.timezone.utc)
     return moment.strftime(MICRO_TIME_FORMAT)
 
 
-def parse_micro_time(text):
+def parse_micro_time(text: object) -> float:
     """POSIX seconds of a MicroTime or RFC 3339 time (any fraction length, ``Z`` or
     an offset), as Kubernetes and Go clients write them. ValueError if malformed."""
     if not isinstance(text, str):
@@ -55,13 +56,13 @@ def parse_micro_time(text):
     return whole
 
 
-def _optional_time(value):
+def _optional_time(value: object) -> Optional[float]:
     if value in (None, ""):
         return None
     return parse_micro_time(value)
 
 
-def _optional_int(value):
+def _optional_int(value: Any) -> Optional[int]:
     if value is None or isinstance(value, bool):
         return None
     try:
@@ -86,7 +87,7 @@ class LeaseRecord:
     lease_transitions: int = 0
 
     @classmethod
-    def from_lease(cls, lease):
+    def from_lease(cls, lease: Optional[Mapping[str, Any]]) -> "LeaseRecord":
         """The record of a Lease dict. Malformed times read as None rather than
         failing: a peer's bad timestamp must not stop an election (expiry is judged
         on the local clock anyway)."""
@@ -99,9 +100,9 @@ class LeaseRecord:
             lease_transitions=_optional_int(spec.get("leaseTransitions")) or 0,
         )
 
-    def to_spec(self):
+    def to_spec(self) -> dict[str, Any]:
         """The record as a Lease ``spec`` dict (absent fields left out)."""
-        spec = {"holderIdentity": self.holder_identity}
+        spec: dict[str, Any] = {"holderIdentity": self.holder_identity}
         if self.lease_duration_seconds is not None:
             spec["leaseDurationSeconds"] = self.lease_duration_seconds
         if self.acquire_time is not None:
@@ -112,16 +113,18 @@ class LeaseRecord:
         return spec
 
 
-def _lenient_time(value):
+def _lenient_time(value: object) -> Optional[float]:
     try:
         return _optional_time(value)
     except ValueError:
         return None
 
 
-def build_lease(name, namespace, record, labels=None, annotations=None):
+def build_lease(name: str, namespace: str, record: LeaseRecord,
+                labels: Optional[Mapping[str, str]] = None,
+                annotations: Optional[Mapping[str, str]] = None) -> dict[str, Any]:
     """A new Lease dict carrying ``record`` (a LeaseRecord)."""
-    metadata = {"name": name, "namespace": namespace}
+    metadata: dict[str, Any] = {"name": name, "namespace": namespace}
     if labels:
         metadata["labels"] = dict(labels)
     if annotations:
@@ -134,7 +137,7 @@ def build_lease(name, namespace, record, labels=None, annotations=None):
     }
 
 
-def with_record(lease, record):
+def with_record(lease: dict[str, Any], record: LeaseRecord) -> dict[str, Any]:
     """A copy of ``lease`` (metadata, resourceVersion included) whose election fields
     are replaced by ``record``; other spec fields are kept."""
     updated = copy.deepcopy(lease)
@@ -146,27 +149,27 @@ def with_record(lease, record):
     return updated
 
 
-def holder_identity(lease):
+def holder_identity(lease: Optional[Mapping[str, Any]]) -> str:
     """The holder of a Lease dict, ``""`` when free."""
     return LeaseRecord.from_lease(lease).holder_identity
 
 
-def lease_duration_seconds(lease):
+def lease_duration_seconds(lease: Optional[Mapping[str, Any]]) -> Optional[int]:
     """``spec.leaseDurationSeconds`` or None."""
     return LeaseRecord.from_lease(lease).lease_duration_seconds
 
 
-def renew_time(lease):
+def renew_time(lease: Optional[Mapping[str, Any]]) -> Optional[float]:
     """``spec.renewTime`` as POSIX seconds, or None."""
     return LeaseRecord.from_lease(lease).renew_time
 
 
-def lease_transitions(lease):
+def lease_transitions(lease: Optional[Mapping[str, Any]]) -> int:
     """``spec.leaseTransitions``, 0 when absent."""
     return LeaseRecord.from_lease(lease).lease_transitions
 
 
-def resource_version(obj):
+def resource_version(obj: Optional[Mapping[str, Any]]) -> Optional[str]:
     """``metadata.resourceVersion`` of any object dict, or None."""
     return ((obj or {}).get("metadata") or {}).get("resourceVersion")
 
@@ -183,7 +186,9 @@ def owner_reference_to_node(node: Optional[dict]) -> Optional[dict]:
 
 
 @defer.inlineCallbacks
-def node_owner_reference(client, node_name: str) -> defer.Deferred:
+def node_owner_reference(client: Any, node_name: str,
+                         ) -> Generator[defer.Deferred[Any], Any, Optional[dict]]:
+
     """``owner_reference_to_node`` of Node ``node_name`` as ``client``'s server holds
     it. Fires with None when that server has no such Node, may not show it, or shows
     it without a uid: the lease is then written without an owner. Other errors fail

@@ -6,9 +6,13 @@ on every call and forwards the call to it; when it cannot resolve one, the call 
 like a call to an unreachable server, so callers retry as they would anyway.
 """
 
+from typing import Any, Callable
+
 from twisted.internet import defer
 
 from yurtcoord.kube.errors import ConnectionFailed
+from yurtcoord.kube.gvr import GroupVersionResource
+
 
 
 class FailedWatch:
@@ -17,10 +21,10 @@ class FailedWatch:
     events = 0
     cancelled = False
 
-    def __init__(self, error):
+    def __init__(self, error: BaseException) -> None:
         self.done = defer.fail(error)
 
-    def cancel(self):
+    def cancel(self) -> None:
         self.cancelled = True
 
 
@@ -33,26 +37,33 @@ class ResolvingClient:
     ``FailedWatch`` when resolution raises ``ConnectionFailed``.
     """
 
-    resolve_errors = (ConnectionFailed,)
+    resolve_errors: tuple[type[BaseException], ...] = (ConnectionFailed,)
 
-    def _call(self, method, *args, **kwargs):
+    def _resolve(self) -> Any:
+        """The client to forward the next call to."""
+        raise NotImplementedError
+
+    def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
         try:
             client = self._resolve()
         except self.resolve_errors:
             return defer.fail()
         return getattr(client, method)(*args, **kwargs)
 
-    def request(self, method, path, params=None, body=None, allow_empty=False):
+    def request(self, method: str, path: str, params: dict[str, Any] | None = None,
+                body: object = None, allow_empty: bool = False) -> defer.Deferred[Any]:
         return self._call("request", method, path, params=params, body=body,
                           allow_empty=allow_empty)
 
-    def get(self, gvr, name, namespace=None):
+    def get(self, gvr: GroupVersionResource, name: str,
+            namespace: str | None = None) -> defer.Deferred[Any]:
         return self._call("get", gvr, name, namespace)
 
-    def list(self, gvr, **kwargs):
+    def list(self, gvr: GroupVersionResource, **kwargs: Any) -> defer.Deferred[Any]:
         return self._call("list", gvr, **kwargs)
 
-    def watch(self, gvr, on_event, **kwargs):
+    def watch(self, gvr: GroupVersionResource, on_event: Callable[[str, Any], object],
+              **kwargs: Any) -> Any:
         try:
             client = self._resolve()
         except ConnectionFailed as error:

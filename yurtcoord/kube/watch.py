@@ -30,6 +30,7 @@ would otherwise leave a watch waiting forever.
 """
 
 import json
+from typing import Any, Callable
 
 from twisted.internet.defer import Deferred
 from twisted.internet.protocol import Protocol
@@ -45,16 +46,17 @@ from yurtcoord.kube.errors import (
 
 WATCH_EVENT_TYPES = frozenset(("ADDED", "MODIFIED", "DELETED", "BOOKMARK"))
 _MISSING = object()
-_EMPTY = {}
+_EMPTY: dict[str, Any] = {}
 
 # The decoder itself: json.loads on bytes would sniff the encoding of every line.
 _decode_json = json.JSONDecoder().decode
 # Its scanner (C): a line that is exactly one JSON value, without the decoder's
 # whitespace regexes and wrapper calls; anything else falls back to _decode_json.
-_scan_json = json.JSONDecoder().scan_once
+# (An attribute the decoder sets on itself, which the type stubs leave out.)
+_scan_json: Callable[[str, int], tuple[Any, int]] = vars(json.JSONDecoder())["scan_once"]
 
 
-def describe(failure):
+def describe(failure: Failure) -> str:
     """A short reason for a lost connection; unwraps ResponseFailed's list of causes."""
     reasons = getattr(failure.value, "reasons", None)
     if isinstance(reasons, (list, tuple)) and reasons:
@@ -71,22 +73,23 @@ class WatchStreamProtocol(Protocol):
 
     log = Logger()
 
-    def __init__(self, on_event, url="watch", clock=None, *, max_line):
+    def __init__(self, on_event: Callable[[str, dict[str, Any]], object], url: str = "watch",
+                 clock: Any = None, *, max_line: int) -> None:
         self._on_event = on_event
         self.url = url
         self._clock = clock
         self.max_line = max_line
-        self.finished = Deferred()
+        self.finished: Deferred[BaseException | None] = Deferred()
         self.events = 0
         self.last_activity = clock.seconds() if clock is not None else None
-        self._pending = []
+        self._pending: list[bytes] = []
         # Bytes held in _pending: the unfinished line, never more than max_line.
         self.pending_bytes = 0
-        self._error = None
+        self._error: BaseException | None = None
         self._cancelled = False
         self._ended = False
 
-    def cancel(self):
+    def cancel(self) -> None:
         """Close the connection; ``finished`` then fires with None."""
         if self._ended or self._cancelled:
             return
@@ -96,7 +99,7 @@ class WatchStreamProtocol(Protocol):
     def _abort(self):
         drop_connection(self.transport)
 
-    def expire(self, error):
+    def expire(self, error: BaseException) -> None:
         """End the watch with ``error`` (e.g. nothing received for too long)."""
         self._fail(error)
 
@@ -112,7 +115,7 @@ class WatchStreamProtocol(Protocol):
             f"watch line from {self.url} longer than {self.max_line} bytes, "
             f"connection dropped"))
 
-    def dataReceived(self, data):
+    def dataReceived(self, data: bytes) -> None:
         if self._error is not None or self._cancelled or self._ended:
             return
         if self._clock is not None:
@@ -204,7 +207,8 @@ class WatchStreamProtocol(Protocol):
         else:
             self._fail(ServerError(f"unknown watch event type {kind[:100]!r} from {self.url}"))
 
-    def connectionLost(self, reason=None):
+    def connectionLost(self, reason: Failure | None = None) -> None:
+
         if self._ended:
             return
         self._ended = True
@@ -237,7 +241,7 @@ class IdleWatchdog:
     so busy streams cost one clock read per read, not a timer reset per event.
     """
 
-    def __init__(self, clock, seconds, stream):
+    def __init__(self, clock: Any, seconds: float, stream: WatchStreamProtocol) -> None:
         self._clock = clock
         self._seconds = seconds
         self._stream = stream
@@ -252,7 +256,7 @@ class IdleWatchdog:
         else:
             self._call = self._clock.callLater(self._seconds - idle, self._check)
 
-    def stop(self):
+    def stop(self) -> None:
         if self._call is not None and self._call.active():
             self._call.cancel()
         self._call = None

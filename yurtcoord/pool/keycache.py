@@ -39,10 +39,18 @@ import os
 import re
 import tempfile
 import threading
+from collections.abc import Container, Iterable, Iterator, Mapping
 
 from twisted.logger import Logger
 
-from yurtcoord.pool.keys import ResourceId
+from yurtcoord.pool.keys import ResourceId, ResourceLike
+
+# ``{component: {resource: keys}}``, what the file holds.
+KeyCache = dict[str, dict[ResourceId, set[str]]]
+# The same with any collection of keys, e.g. a snapshot's lists.
+KeyCacheLike = Mapping[str, Mapping[ResourceId, Iterable[str]]]
+# A numbered copy of the cache, made by ``snapshot_for_writing``.
+Snapshot = tuple[int, dict[str, dict[ResourceId, list[str]]]]
 
 POOL_SCOPED_COMPONENT = "leader-yurthub"
 KEY_CACHE_FILE_NAME = "component-key-cache"
@@ -68,21 +76,21 @@ log = Logger()
 class KeyCacheCorrupt(ValueError):
     """The key cache file cannot be parsed; the message names the file and line."""
 
-    def __init__(self, path, line_number, reason):
+    def __init__(self, path: str, line_number: int, reason: str) -> None:
         super().__init__(f"{path}:{line_number}: malformed component key cache line: {reason}")
         self.path = path
         self.line_number = line_number
         self.reason = reason
 
 
-def encode_field(text, reserved=_SEPARATORS):
+def encode_field(text: str, reserved: Container[str] = _SEPARATORS) -> str:
     """Percent-encode the characters the line format uses as separators."""
     if not any(c in reserved for c in text):
         return text
     return "".join(f"%{ord(c):02X}" if c in reserved else c for c in text)
 
 
-def decode_field(text):
+def decode_field(text: str) -> str:
     """Inverse of encode_field; a ``%`` not followed by two hex digits is an error."""
     if "%" not in text:
         return text
@@ -101,12 +109,12 @@ def decode_field(text):
         position = match.end()
 
 
-def encode_resource(resource):
+def encode_resource(resource: ResourceId) -> str:
     return "_".join(encode_field(part, _GVR_SEPARATORS)
                     for part in (resource.group, resource.version, resource.resource))
 
 
-def decode_resource(text):
+def decode_resource(text: str) -> ResourceId:
     parts = text.split("_")
     if len(parts) != 3:
         raise ValueError(f"resource {text!r} is not group_version_resource")
@@ -116,7 +124,7 @@ def decode_resource(text):
     return ResourceId(group, version, resource)
 
 
-def format_lines(cache):
+def format_lines(cache: KeyCacheLike) -> str:
     """The file text for ``{component: {ResourceId: keys}}``; components, resources and
     (up to ``SORTED_KEYS_LIMIT`` per resource) keys sorted.
 
@@ -125,7 +133,7 @@ def format_lines(cache):
     return "".join(format_pieces(cache))
 
 
-def format_pieces(cache):
+def format_pieces(cache: KeyCacheLike) -> Iterator[str]:
     """``format_lines(cache)`` as consecutive pieces of text, none holding more than
     ``KEYS_PER_PIECE`` keys (see the module docstring for why)."""
     first_line = True
@@ -156,9 +164,9 @@ def _encode_keys(keys):
         yield joined if start == 0 else "," + joined
 
 
-def parse_lines(text, path="<memory>"):
+def parse_lines(text: str, path: str = "<memory>") -> KeyCache:
     """Parse file text into ``{component: {ResourceId: set(paths)}}``; blank lines are skipped."""
-    cache = {}
+    cache: KeyCache = {}
     for number, line in enumerate(text.split("\n"), start=1):
         line = line.rstrip("\r")
         if not line:
@@ -173,14 +181,14 @@ def parse_lines(text, path="<memory>"):
     return cache
 
 
-def _parse_line(line):
+def _parse_line(line: str) -> tuple[str, dict[ResourceId, set[str]]]:
     fields = line.split("#")
     if len(fields) != 2:
         raise ValueError("expected exactly one '#' between component and resources")
     component = decode_field(fields[0])
     if not component:
         raise ValueError("empty component name")
-    resources = {}
+    resources: dict[ResourceId, set[str]] = {}
     if fields[1]:
         for group in fields[1].split(";"):
             parts = group.split(":")
@@ -204,10 +212,11 @@ class ComponentKeyCache:
         because the pool store rebuilds them from etcd.
     """
 
-    def __init__(self, path, rebuilt_components=(POOL_SCOPED_COMPONENT,)):
+    def __init__(self, path: str, rebuilt_components: Iterable[str] = (POOL_SCOPED_COMPONENT,),
+                 ) -> None:
         self.path = path
         self.rebuilt_components = frozenset(rebuilt_components)
-        self._cache = {}
+        self._cache: KeyCache = {}
         self.dirty = False
         # Snapshots are numbered; a file is only replaced by a newer snapshot, so a
         # write finishing late (in a thread) never puts back older contents.
@@ -216,12 +225,12 @@ class ComponentKeyCache:
         self._replace_lock = threading.Lock()
 
     @classmethod
-    def in_directory(cls, directory, **kwargs):
+    def in_directory(cls, directory: str, **kwargs: Iterable[str]) -> "ComponentKeyCache":
         return cls(os.path.join(directory, KEY_CACHE_FILE_NAME), **kwargs)
 
     # -- load / save -------------------------------------------------------------
 
-    def load(self):
+    def load(self) -> "ComponentKeyCache":
         """Read the file (absent file → empty cache); remove temp files a crash left behind.
 
         Raises KeyCacheCorrupt naming the file and line when the file is malformed.
@@ -246,7 +255,7 @@ class ComponentKeyCache:
                  path=self.path, components=len(cache))
         return self
 
-    def load_or_set_aside(self):
+    def load_or_set_aside(self) -> "ComponentKeyCache":
         """``load()``, but a malformed file does not stop the agent.
 
         A corrupt file never mends itself, so retrying would keep the pool store
@@ -285,13 +294,13 @@ class ComponentKeyCache:
                     log.warn("cannot remove leftover key cache temp file {path}: {error}",
                              path=leftover, error=e)
 
-    def flush(self):
+    def flush(self) -> None:
         """Write the cache atomically if it changed since the last write."""
         if not self.dirty:
             return
         self.write()
 
-    def write(self):
+    def write(self) -> None:
         """Write the whole cache: temp file, fsync, rename over the file, fsync the directory."""
         snapshot = self.snapshot_for_writing()
         try:
@@ -300,7 +309,7 @@ class ComponentKeyCache:
             self.dirty = True
             raise
 
-    def snapshot_for_writing(self):
+    def snapshot_for_writing(self) -> Snapshot:
         """The cache as of now, numbered, for ``write_snapshot``: a copy of the key sets,
         not yet the file's text (made by ``write_snapshot``, possibly in a thread). The
         cache counts as written from here (set ``dirty`` again if ``write_snapshot``
@@ -311,7 +320,7 @@ class ComponentKeyCache:
                 for component, resources in self._cache.items()}
         return self._snapshots, copy
 
-    def write_snapshot(self, snapshot):
+    def write_snapshot(self, snapshot: Snapshot) -> None:
         """Write a ``snapshot_for_writing()`` atomically; safe in a thread (it reads only
         the snapshot, and the rename is skipped when a newer snapshot was written
         meanwhile)."""
@@ -346,39 +355,39 @@ class ComponentKeyCache:
 
     # -- queries -----------------------------------------------------------------
 
-    def components(self):
+    def components(self) -> list[str]:
         return sorted(self._cache)
 
-    def resources(self, component):
+    def resources(self, component: str) -> list[ResourceId]:
         return sorted(self._cache.get(component, {}),
                       key=lambda r: (r.group, r.version, r.resource))
 
-    def keys(self, component, resource=None):
+    def keys(self, component: str, resource: ResourceLike | None = None) -> frozenset[str]:
         """Keys of a component, of one resource or of all its resources."""
         resources = self._cache.get(component, {})
         if resource is not None:
             return frozenset(resources.get(ResourceId.of(resource), ()))
-        found = set()
+        found: set[str] = set()
         for keys in resources.values():
             found.update(keys)
         return frozenset(found)
 
-    def snapshot(self):
+    def snapshot(self) -> KeyCache:
         """A deep copy, for tests and status pages."""
         return {c: {r: set(k) for r, k in res.items()} for c, res in self._cache.items()}
 
     # -- changes (call flush() afterwards) --------------------------------------
 
-    def add(self, component, resource, keys):
-        keys = set(keys)
-        if not keys:
+    def add(self, component: str, resource: ResourceLike, keys: Iterable[str]) -> None:
+        added = set(keys)
+        if not added:
             return
         bucket = self._cache.setdefault(component, {}).setdefault(ResourceId.of(resource), set())
-        if not keys <= bucket:
-            bucket.update(keys)
+        if not added <= bucket:
+            bucket.update(added)
             self.dirty = True
 
-    def discard(self, component, resource, keys):
+    def discard(self, component: str, resource: ResourceLike, keys: Iterable[str]) -> None:
         bucket = self._cache.get(component, {}).get(ResourceId.of(resource))
         if bucket is None:
             return
@@ -387,19 +396,21 @@ class ComponentKeyCache:
         if len(bucket) != before:
             self.dirty = True
 
-    def set_resource(self, component, resource, keys):
-        resource = ResourceId.of(resource)
-        keys = set(keys)
+    def set_resource(self, component: str, resource: ResourceLike, keys: Iterable[str]) -> None:
+        resource_id = ResourceId.of(resource)
+        wanted = set(keys)
         current = self._cache.setdefault(component, {})
-        if current.get(resource) != keys:
-            current[resource] = keys
+        if current.get(resource_id) != wanted:
+            current[resource_id] = wanted
             self.dirty = True
 
-    def set_component(self, component, resources):
+    def set_component(self, component: str,
+                      resources: Mapping[ResourceLike, Iterable[str]]) -> None:
         """Replace everything known about a component (``{resource: keys}``)."""
         self._cache[component] = {ResourceId.of(r): set(k) for r, k in resources.items()}
         self.dirty = True
 
-    def drop(self, component):
+    def drop(self, component: str) -> None:
+
         if self._cache.pop(component, None) is not None:
             self.dirty = True

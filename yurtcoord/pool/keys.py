@@ -8,6 +8,10 @@ resourceVersion zero-padded to 32 digits, so that etcd can compare versions as b
 """
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Union
+
+if TYPE_CHECKING:
+    from yurtcoord.kube.gvr import GroupVersionResource
 
 # kube-apiserver's SpecialDefaultResourcePrefixes, keyed by (group, resource).
 SPECIAL_RESOURCE_PREFIXES = {
@@ -42,7 +46,7 @@ class ResourceId:
     resource: str
 
     @classmethod
-    def of(cls, gvr):
+    def of(cls, gvr: "ResourceLike") -> "ResourceId":
         """Accept a ResourceId, a GroupVersionResource or a (group, version, resource) tuple."""
         if isinstance(gvr, ResourceId):
             return gvr
@@ -51,8 +55,12 @@ class ResourceId:
             return cls(group, version, resource)
         return cls(gvr.group, gvr.version, gvr.resource)
 
-    def __str__(self):
+    def __str__(self) -> str:
         return f"{self.group}_{self.version}_{self.resource}"
+
+
+# What names a resource type where a ResourceId is expected.
+ResourceLike = Union[ResourceId, "GroupVersionResource", tuple[str, str, str]]
 
 
 @dataclass(frozen=True)
@@ -67,7 +75,7 @@ class KeyBuildInfo:
     name: str = ""
 
     @property
-    def resource_id(self):
+    def resource_id(self) -> ResourceId:
         return ResourceId(self.group, self.version, self.resources)
 
 
@@ -80,14 +88,14 @@ class PoolKey:
     resource: ResourceId
 
     @property
-    def mirror_rv_path(self):
+    def mirror_rv_path(self) -> str:
         return mirror_rv_key(self.path)
 
-    def __str__(self):
+    def __str__(self) -> str:
         return self.path
 
 
-def validate_path_segment(kind, value):
+def validate_path_segment(kind: str, value: str) -> None:
     """Reject names that would break the key layout; keep everything else (``:``, ``%``...)."""
     if not value:
         raise InvalidKey(f"{kind} must not be empty")
@@ -99,13 +107,13 @@ def validate_path_segment(kind, value):
         raise InvalidKey(f"{kind} may not contain control characters: {value!r}")
 
 
-def normalize_prefix(prefix):
+def normalize_prefix(prefix: str | None) -> str:
     """``registry``, ``/registry/`` → ``/registry``, as kube-apiserver joins its --etcd-prefix."""
     stripped = (prefix or "").strip("/")
     return "/" + stripped if stripped else ""
 
 
-def resource_prefix(group, resource):
+def resource_prefix(group: str, resource: str) -> str:
     """The path element kube-apiserver uses for a resource (special prefixes applied)."""
     return SPECIAL_RESOURCE_PREFIXES.get((group, resource), resource)
 
@@ -113,10 +121,10 @@ def resource_prefix(group, resource):
 class PoolKeyBuilder:
     """Builds object keys and list prefixes under one storage prefix."""
 
-    def __init__(self, prefix):
+    def __init__(self, prefix: str | None) -> None:
         self.prefix = normalize_prefix(prefix)
 
-    def object_key(self, info):
+    def object_key(self, info: KeyBuildInfo) -> PoolKey:
         """The key of one object; ``info.name`` is required."""
         if not info.component:
             raise InvalidKey("component must not be empty")
@@ -131,7 +139,7 @@ class PoolKeyBuilder:
         parts.append(info.name)
         return PoolKey("/".join(parts), info.component, info.resource_id)
 
-    def list_prefix(self, group, resource, namespace=None):
+    def list_prefix(self, group: str, resource: str, namespace: str | None = None) -> str:
         """Prefix of all keys of a resource (optionally one namespace); always ends in ``/``.
 
         The trailing ``/`` keeps ``pods/`` from matching ``podsecuritypolicy/...`` and
@@ -145,16 +153,16 @@ class PoolKeyBuilder:
             parts.append(namespace)
         return "/".join(parts) + "/"
 
-    def list_prefix_for(self, info):
+    def list_prefix_for(self, info: KeyBuildInfo) -> str:
         return self.list_prefix(info.group, info.resources, info.namespace or None)
 
 
-def mirror_rv_key(path):
+def mirror_rv_key(path: object) -> str:
     """``/mirror/rv<key>``: where the resourceVersion of the object at ``path`` lives."""
     return MIRROR_RV_PREFIX + str(path)
 
 
-def format_rv(rv):
+def format_rv(rv: int | str) -> str:
     """resourceVersion as 32 zero-padded digits, so byte order equals numeric order."""
     rv = int(rv)
     if rv < 0 or rv >= 10 ** RV_DIGITS:
@@ -162,7 +170,8 @@ def format_rv(rv):
     return f"{rv:0{RV_DIGITS}d}"
 
 
-def parse_rv(value):
+def parse_rv(value: str | bytes) -> int:
+
     """Inverse of format_rv; accepts bytes or str."""
     if isinstance(value, bytes):
         value = value.decode("ascii")

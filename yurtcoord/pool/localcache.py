@@ -37,9 +37,14 @@ a key in the pool store).
 import errno
 import os
 import stat
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Union
 
 from yurtcoord.pool.store import DEFAULT_MAX_BYTES
+
+if TYPE_CHECKING:
+    from yurtcoord.agent.config import UploadResource
 
 DEFAULT_CHUNK_SIZE = 500
 # One object must fit one etcd request of the pool store.
@@ -94,12 +99,16 @@ class BadCacheEntry:
     category: str = "unreadable"
 
 
+# What reading one entry of the cache gives.
+ReadEntry = Union[CachedObject, BadCacheEntry]
+
+
 def printable_path(path: str) -> str:
     """``path`` as it can be logged: bytes that are not UTF-8 as ``\\xNN`` escapes."""
     return os.fsencode(path).decode("utf-8", "backslashreplace")
 
 
-def _utf8(name):
+def _utf8(name: str) -> bool:
     try:
         name.encode("utf-8")
     except UnicodeEncodeError:
@@ -107,7 +116,7 @@ def _utf8(name):
     return True
 
 
-def parse_resource_dir_name(name):
+def parse_resource_dir_name(name: str) -> tuple[str, str, str] | None:
     """``pods.v1.core`` → ("", "v1", "pods"); ``endpointslices.v1.discovery.k8s.io`` →
     ("discovery.k8s.io", "v1", "endpointslices"); a legacy ``pods`` → None."""
     parts = name.split(".", 2)
@@ -117,7 +126,8 @@ def parse_resource_dir_name(name):
     return ("" if group == "core" else group), version, resource
 
 
-def parse_cache_path(cache_dir, path, default_version="", default_group=""):
+def parse_cache_path(cache_dir: str, path: str, default_version: str = "",
+                     default_group: str = "") -> CachedObjectPath:
     """Extract component, group, version, resource, namespace and name from a cache path.
 
     Raises ValueError when the path is not ``<component>/<resource-dir>/[<ns>/]<name>``
@@ -147,7 +157,7 @@ class LocalCacheReader:
 
     def __init__(self, cache_dir: str, chunk_size: int = DEFAULT_CHUNK_SIZE,
                  max_object_bytes: int = MAX_OBJECT_BYTES,
-                 chunk_bytes: int = DEFAULT_CHUNK_BYTES):
+                 chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> None:
         if chunk_size < 1:
             raise ValueError(f"chunk_size must be positive, got {chunk_size}")
         if max_object_bytes < 1:
@@ -160,13 +170,14 @@ class LocalCacheReader:
         self.chunk_bytes = chunk_bytes
 
     @staticmethod
-    def resource_dir_names(upload_resource) -> list:
+    def resource_dir_names(upload_resource: "UploadResource") -> list[str]:
         """Directory names that may hold an upload resource: new layout, then legacy."""
         group = upload_resource.group or "core"
         return [f"{upload_resource.resource}.{upload_resource.version}.{group}",
                 upload_resource.resource]
 
-    def entries(self, upload_resource):
+    def entries(self, upload_resource: "UploadResource",
+                ) -> Iterator[CachedObjectPath | BadCacheEntry]:
         """Yield a CachedObjectPath or BadCacheEntry for every entry, lazily."""
         cluster_scoped = upload_resource.resource in CLUSTER_SCOPED_RESOURCES
         component = upload_resource.component
@@ -259,7 +270,7 @@ class LocalCacheReader:
             raise
         return fd
 
-    def read(self, location: CachedObjectPath):
+    def read(self, location: CachedObjectPath) -> ReadEntry:
         """The object at a location, or a BadCacheEntry saying why it cannot be read."""
         path = location.path
         if not (_utf8(location.name) and _utf8(location.namespace)):
@@ -292,7 +303,7 @@ class LocalCacheReader:
         finally:
             os.close(fd)
 
-    def _read_open_file(self, fd, location):
+    def _read_open_file(self, fd: int, location: CachedObjectPath) -> ReadEntry:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
             return BadCacheEntry(location.path, "not a regular file")
@@ -308,26 +319,31 @@ class LocalCacheReader:
                                  "too_large")
         return CachedObject(location, data)
 
-    def chunks(self, upload_resources):
+    def chunks(self, upload_resources: Iterable["UploadResource"],
+               ) -> Iterator[list[ReadEntry]]:
         """Yield lists of CachedObject/BadCacheEntry, each reading at most chunk_size files
         and ending early once it holds ``chunk_bytes`` of data.
 
         A directory refused for several upload resources (a component directory that is
         a link) is reported once.
         """
-        chunk, held = [], 0
-        refused_dirs = set()
+        chunk: list[ReadEntry] = []
+        held = 0
+        refused_dirs: set[str] = set()
         for upload_resource in upload_resources:
-            for entry in self.entries(upload_resource):
-                if isinstance(entry, CachedObjectPath):
-                    entry = self.read(entry)
+            for listed in self.entries(upload_resource):
+                entry: ReadEntry
+                if isinstance(listed, CachedObjectPath):
+                    entry = self.read(listed)
                     if isinstance(entry, CachedObject):
                         held += len(entry.data)
-                elif entry.path in refused_dirs:
+                elif listed.path in refused_dirs:
                     continue
                 else:
-                    refused_dirs.add(entry.path)
+                    refused_dirs.add(listed.path)
+                    entry = listed
                 chunk.append(entry)
+
                 if len(chunk) >= self.chunk_size or held >= self.chunk_bytes:
                     yield chunk
                     chunk, held = [], 0

@@ -18,6 +18,8 @@ listeners get the new set whenever it changes.
 """
 
 import json
+from collections.abc import Callable, Iterable
+from typing import Any
 
 from twisted.internet import defer
 from twisted.logger import Logger
@@ -38,22 +40,26 @@ DEFAULT_POOL_SCOPE_RESOURCES = (
     gvrs.ENDPOINTSLICES_V1BETA1,
 )
 
+# Told the resolved resources after every change of the set.
+Listener = Callable[[tuple[GroupVersionResource, ...]], object]
+
 DISCOVERY_RETRIES = 3
+
 DISCOVERY_RETRY_INTERVAL = 5.0
 
 
-def resource_id(gvr):
+def resource_id(gvr: GroupVersionResource) -> tuple[str, str, str]:
     """``(group, version, resource)``: the identity of a resource, scope left out."""
     return (gvr.group, gvr.version, gvr.resource)
 
 
-def describe(gvr):
+def describe(gvr: GroupVersionResource) -> str:
     """``endpoints.v1`` / ``endpointslices.v1.discovery.k8s.io``: a name for logs."""
     group, version, resource = resource_id(gvr)
     return f"{resource}.{version}.{group}" if group else f"{resource}.{version}"
 
 
-def parse_pool_scope_resources(text):
+def parse_pool_scope_resources(text: str) -> list[GroupVersionResource]:
     """The GroupVersionResources listed in the ConfigMap value ``text``.
 
     Raises ValueError saying what is wrong: not JSON, not a list, an entry that is
@@ -80,9 +86,11 @@ def parse_pool_scope_resources(text):
     return found
 
 
-def merge_resources(defaults, extra):
+def merge_resources(defaults: Iterable[GroupVersionResource],
+                    extra: Iterable[GroupVersionResource]) -> list[GroupVersionResource]:
     """``defaults`` then ``extra``, each (group, version, resource) once, order kept."""
-    merged, seen = [], set()
+    merged: list[GroupVersionResource] = []
+    seen: set[tuple[str, str, str]] = set()
     for gvr in list(defaults) + list(extra):
         if resource_id(gvr) not in seen:
             seen.add(resource_id(gvr))
@@ -99,11 +107,12 @@ class HealthyCloudClient(ResolvingClient):
     Cloud apiservers share one etcd, so resourceVersions carry over between them.
     """
 
-    def __init__(self, pick_healthy_server, client_for):
+    def __init__(self, pick_healthy_server: Callable[[], str | None],
+                 client_for: Callable[[str], Any]) -> None:
         self._pick = pick_healthy_server
         self._client_for = client_for
 
-    def _resolve(self):
+    def _resolve(self) -> Any:
         url = self._pick()
         if not url:
             raise ConnectionFailed("no healthy cloud server")
@@ -125,22 +134,24 @@ class PoolScopeResources:
 
     log = Logger()
 
-    def __init__(self, reactor, cloud_client, defaults=DEFAULT_POOL_SCOPE_RESOURCES,
-                 retries=DISCOVERY_RETRIES, retry_interval=DISCOVERY_RETRY_INTERVAL,
-                 informer_factory=Informer):
+    def __init__(self, reactor: Any, cloud_client: Any,
+                 defaults: Iterable[GroupVersionResource] = DEFAULT_POOL_SCOPE_RESOURCES,
+                 retries: int = DISCOVERY_RETRIES,
+                 retry_interval: float = DISCOVERY_RETRY_INTERVAL,
+                 informer_factory: Callable[..., Any] = Informer) -> None:
         self.reactor = reactor
         self.cloud_client = cloud_client
         self.defaults = tuple(defaults)
         self.retries = retries
         self.retry_interval = retry_interval
         self._informer_factory = informer_factory
-        self.resources = None
+        self.resources: tuple[GroupVersionResource, ...] | None = None
         self.configured = list(self.defaults)
-        self.kinds = {}
-        self._listeners = []
-        self._informer = None
-        self._sync_wait = None
-        self._resolving = None
+        self.kinds: dict[tuple[str, str, str], str] = {}
+        self._listeners: list[Listener] = []
+        self._informer: Any = None
+        self._sync_wait: defer.Deferred[Any] | None = None
+        self._resolving: defer.Deferred[Any] | None = None
         self._in_flight = InFlight()
         self._dirty = False
         self._running = False
@@ -148,17 +159,17 @@ class PoolScopeResources:
     # -- public ------------------------------------------------------------------
 
     @property
-    def running(self):
+    def running(self) -> bool:
         return self._running
 
-    def add_listener(self, listener):
+    def add_listener(self, listener: "Listener") -> None:
         self._listeners.append(listener)
 
-    def remove_listener(self, listener):
+    def remove_listener(self, listener: "Listener") -> None:
         if listener in self._listeners:
             self._listeners.remove(listener)
 
-    def start(self):
+    def start(self) -> None:
         """Watch the ConfigMap; the first resolution runs once its first list is in."""
         if self._running:
             return
@@ -176,7 +187,7 @@ class PoolScopeResources:
         self._sync_wait.addCallback(self._first_sync)
         self._informer.start()
 
-    def stop(self):
+    def stop(self) -> defer.Deferred[None]:
         """Stop watching and cancel discovery; fires when nothing is left running."""
         if not self._running:
             return defer.succeed(None)
@@ -190,19 +201,19 @@ class PoolScopeResources:
             waits.append(resolving)
         return defer.DeferredList(waits, consumeErrors=True).addCallback(lambda _: None)
 
-    def kind_of(self, gvr):
+    def kind_of(self, gvr: GroupVersionResource) -> str | None:
         """The kind discovery reported for ``gvr``, or None."""
         return self.kinds.get(resource_id(gvr))
 
-    def resolve_now(self):
+    def resolve_now(self) -> defer.Deferred[Any]:
         """Resolve the configured set against discovery now; fires with the result."""
         self._dirty = True
         return self._kick()
 
     # -- ConfigMap ---------------------------------------------------------------------
 
-    def _configmap_changed(self, configmap):
-        extra = []
+    def _configmap_changed(self, configmap: dict[str, Any] | None) -> None:
+        extra: list[GroupVersionResource] = []
         if configmap is not None:
             value = (configmap.get("data") or {}).get(POOL_SCOPE_CONFIGMAP_KEY)
             if value is not None:
@@ -230,15 +241,19 @@ class PoolScopeResources:
 
     # -- resolution ---------------------------------------------------------------------
 
-    def _kick(self):
+    def _kick(self) -> defer.Deferred[Any]:
         if self._resolving is None:
             self._resolving = self._resolve_loop()
             if self._resolving.called:
                 result, self._resolving = self._resolving, None
                 return result
             return self._resolving
-        waiter = defer.Deferred()
-        self._resolving.addBoth(lambda result: waiter.callback(self.resources) or result)
+        waiter: defer.Deferred[Any] = defer.Deferred()
+
+        def resolved(result: object) -> object:
+            waiter.callback(self.resources)
+            return result
+        self._resolving.addBoth(resolved)
         return waiter
 
     @defer.inlineCallbacks
@@ -261,8 +276,8 @@ class PoolScopeResources:
     @defer.inlineCallbacks
     def _resolve(self, configured):
         previous = {resource_id(g): g for g in (self.resources or ())}
-        listings = {}
-        kept = []
+        listings: dict[tuple[str, str], Any] = {}
+        kept: list[GroupVersionResource] = []
         for gvr in configured:
             group_version = (gvr.group, gvr.version)
             if group_version not in listings:

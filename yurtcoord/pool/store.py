@@ -46,7 +46,9 @@ dials again on the next request), so the store keeps working without being rebui
 import functools
 import json
 import os
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import Any, Generator, List, ParamSpec, Tuple, Union
 
 import txaioetcd
 from twisted.internet import defer, threads
@@ -61,7 +63,8 @@ from yurtcoord.etcd.errors import BadResponse, EtcdError, TransactionFailed
 from yurtcoord.etcd.versions import version_warning
 from yurtcoord.pool.keycache import POOL_SCOPED_COMPONENT, ComponentKeyCache
 from yurtcoord.pool.keys import (
-    InvalidKey, KeyBuildInfo, PoolKey, PoolKeyBuilder, ResourceId, format_rv, mirror_rv_key,
+    InvalidKey, KeyBuildInfo, PoolKey, PoolKeyBuilder, ResourceId, ResourceLike, format_rv,
+    mirror_rv_key,
     parse_rv,
 )
 
@@ -80,6 +83,12 @@ _LIST_PAGE_SIZE = 1000
 _MAX_CONFLICT_ROUNDS = 32
 # Characters of an undecodable key shown in the log line that reports it.
 _KEY_EXAMPLE_CHARS = 200
+
+_P = ParamSpec("_P")
+# An object key: a PoolKey, or its path.
+Key = Union[PoolKey, str]
+# What an inlineCallbacks generator of this module yields and returns.
+Steps = Generator[defer.Deferred[Any], Any, Any]
 
 
 class PoolStoreError(Exception):
@@ -121,7 +130,7 @@ class ConflictRetriesExhausted(PoolStoreError):
     """Concurrent writers kept changing the same keys; the batch never got through."""
 
 
-def object_metadata(value):
+def object_metadata(value: bytes | str) -> tuple[str, str, int]:
     """``(name, namespace, resourceVersion)`` of an object's JSON bytes.
 
     Raises ValueError with a short reason: not JSON, not an object, no metadata, or no
@@ -158,14 +167,14 @@ class WriteOutcome:
     landed (connection lost mid-request) to (kind, resourceVersion).
     """
 
-    created: list = field(default_factory=list)
-    updated: list = field(default_factory=list)
-    not_newer: list = field(default_factory=list)
-    too_large: list = field(default_factory=list)
-    decided: set = field(default_factory=set)
-    in_doubt: dict = field(default_factory=dict)
+    created: list[str] = field(default_factory=list)
+    updated: list[str] = field(default_factory=list)
+    not_newer: list[str] = field(default_factory=list)
+    too_large: list[str] = field(default_factory=list)
+    decided: set[str] = field(default_factory=set)
+    in_doubt: dict[str, tuple[str, int]] = field(default_factory=dict)
 
-    def _decide(self, bucket, path):
+    def _decide(self, bucket: list[str], path: str) -> None:
         self.decided.add(path)
         self.in_doubt.pop(path, None)
         bucket.append(path)
@@ -177,30 +186,30 @@ class _Item:
     value: bytes
     rv: int
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if not self.value:
             # An empty value is no object: the coordinator apiserver could not decode it.
             raise ValueError(f"empty value for {self.key.path}: an object is never stored empty")
 
     @property
-    def path(self):
+    def path(self) -> str:
         return self.key.path
 
     @functools.cached_property
-    def path_bytes(self):
+    def path_bytes(self) -> bytes:
         return self.key.path.encode("utf-8")
 
     @functools.cached_property
-    def mirror_bytes(self):
+    def mirror_bytes(self) -> bytes:
         return self.key.mirror_rv_path.encode("utf-8")
 
-    def write_size(self):
+    def write_size(self) -> int:
         """Bytes this item adds to a guarded write: compares, two puts, two reads."""
         return (3 * len(self.path_bytes) + 3 * len(self.mirror_bytes) + len(self.value)
                 + 2 * 32 + 6 * _OP_OVERHEAD)
 
 
-def _returns_deferred(method):
+def _returns_deferred(method: Callable[_P, object]) -> Callable[_P, defer.Deferred[Any]]:
     """Make bad arguments fail the returned Deferred instead of raising at the call, and
     make cancelling it end with CancelledError.
 
@@ -209,17 +218,17 @@ def _returns_deferred(method):
     failure it would retry or log.
     """
     @functools.wraps(method)
-    def wrapper(*args, **kwargs):
+    def wrapper(*args: _P.args, **kwargs: _P.kwargs) -> defer.Deferred[Any]:
         inner = defer.maybeDeferred(method, *args, **kwargs)
         cancelled = []
 
-        def cancel(_outer):
+        def cancel(_outer: object) -> None:
             cancelled.append(True)
             inner.cancel()
 
-        outer = defer.Deferred(cancel)
+        outer: defer.Deferred[Any] = defer.Deferred(cancel)
 
-        def relay(result):
+        def relay(result: object) -> None:
             if outer.called:
                 return None
             if cancelled and isinstance(result, Failure):
@@ -236,7 +245,7 @@ def _returns_deferred(method):
     return wrapper
 
 
-def _as_path(key):
+def _as_path(key: Key) -> str:
     return key.path if isinstance(key, PoolKey) else str(key)
 
 
@@ -299,7 +308,7 @@ class PoolStore:
         self._flush_again = False
 
     @property
-    def prefix(self):
+    def prefix(self) -> str:
         return self.keys.prefix
 
     @property
@@ -308,13 +317,13 @@ class PoolStore:
 
     # -- keys ----------------------------------------------------------------------
 
-    def key_func(self, info):
+    def key_func(self, info: KeyBuildInfo) -> PoolKey:
         """The PoolKey of a KeyBuildInfo (InvalidKey for names etcd paths cannot hold)."""
         return self.keys.object_key(info)
 
     # -- health --------------------------------------------------------------------
 
-    def start(self):
+    def start(self) -> "PoolStore":
         """Start the health loop; the first check runs at once."""
         if self._health_loop is None:
             self._health_loop = LoopingCall(self.check_health)
@@ -322,27 +331,27 @@ class PoolStore:
             self._health_loop.start(self.health_interval, now=True)
         return self
 
-    def on_health_change(self, observer):
+    def on_health_change(self, observer: Callable[[bool], object]) -> None:
         """Call ``observer(healthy)`` on every change of ``healthy``."""
         self._health_observers.append(observer)
 
-    def remove_health_observer(self, observer):
+    def remove_health_observer(self, observer: Callable[[bool], object]) -> None:
         """Stop calling ``observer`` (no error when it was not registered)."""
         if observer in self._health_observers:
             self._health_observers.remove(observer)
 
-    def on_new_term(self, observer):
+    def on_new_term(self, observer: Callable[[], object]) -> None:
         """Call ``observer()`` when a check finds etcd in a new raft term although the
         check before found it reachable: etcd restarted (or elected a new leader) between
         two checks, unseen by ``on_health_change``. See docs/design.md, "etcd that forgets acknowledged writes"."""
         self._term_observers.append(observer)
 
-    def remove_new_term_observer(self, observer):
+    def remove_new_term_observer(self, observer: Callable[[], object]) -> None:
         """Stop calling ``observer`` (no error when it was not registered)."""
         if observer in self._term_observers:
             self._term_observers.remove(observer)
 
-    def check_health(self):
+    def check_health(self) -> defer.Deferred[Any]:
         """Ask etcd for its status now; fires when ``healthy`` reflects the answer.
 
         The health loop calls this every ``health_interval``."""
@@ -405,7 +414,7 @@ class PoolStore:
                 except Exception:
                     self.log.failure("pool store health observer failed")
 
-    def close(self):
+    def close(self) -> defer.Deferred[Any]:
         """Stop the health loop (and the etcd client with ``close_client``)."""
         self.closed = True
         if self._health_loop is not None and self._health_loop.running:
@@ -418,8 +427,8 @@ class PoolStore:
         d = self.etcd.close() if self.close_client else defer.succeed(None)
         if writing is not None:
             # Fires once the key cache write in a thread is over too.
-            def after_write(result):
-                written = defer.Deferred()
+            def after_write(result: object) -> defer.Deferred[Any]:
+                written: defer.Deferred[None] = defer.Deferred()
                 writing.addBoth(lambda _: written.callback(None))
                 return written.addCallback(lambda _: result)
 
@@ -443,11 +452,11 @@ class PoolStore:
     def _submit(self, op, txn, raise_on_failure=True):
         return self._timed(op, self.etcd.submit(txn, raise_on_failure=raise_on_failure))
 
-    def flush_key_cache(self):
+    def flush_key_cache(self) -> None:
         """Write the component key cache file if it changed (errors are logged)."""
         self._flush_cache(None)
 
-    def flush_key_cache_soon(self):
+    def flush_key_cache_soon(self) -> None:
         """Write the key cache file now, or, when the last write is more recent than
         ``key_cache_flush_interval``, once that interval has passed since it.
 
@@ -476,11 +485,12 @@ class PoolStore:
         self._flush_call = self.reactor.callLater(
             self._last_flush + self.key_cache_flush_interval - now, self._write_soon)
 
-    def _write_soon(self):
+    def _write_soon(self) -> None:
         self._flush_call = None
         if not self.key_cache.dirty:
             return
-        if not IReactorThreads.providedBy(self.reactor):
+        reactor = self.reactor
+        if not IReactorThreads.providedBy(reactor):
             self._flush_cache(None)
             return
         self._last_flush = self.reactor.seconds()
@@ -521,7 +531,7 @@ class PoolStore:
 
     @_returns_deferred
     @inlineCallbacks
-    def create(self, key, value, rv=None):
+    def create(self, key: PoolKey, value: bytes, rv: int | None = None) -> Steps:
         """Put the object and its mirror rv only if the key is absent, else KeyExists."""
         item = self._item(key, value, rv)
         self._check_size(item)
@@ -537,7 +547,7 @@ class PoolStore:
 
     @_returns_deferred
     @inlineCallbacks
-    def update(self, key, value, rv):
+    def update(self, key: PoolKey, value: bytes, rv: int) -> Steps:
         """Put both only if the stored mirror rv is lower; else UpdateConflict(stored object).
 
         KeyNotFound when the key is absent.
@@ -561,12 +571,13 @@ class PoolStore:
         self._flush_cache(None)
 
     @_returns_deferred
-    def create_or_update(self, key, value, rv=None):
+    def create_or_update(self, key: PoolKey, value: bytes,
+                         rv: int | None = None) -> defer.Deferred[str]:
         """One object, by resourceVersion; fires with "created", "updated" or "not_newer"."""
         item = self._item(key, value, rv)
         d = self.create_or_update_many([(item.key, item.value, item.rv)])
 
-        def kind(outcome):
+        def kind(outcome: WriteOutcome) -> str:
             if outcome.too_large:
                 raise ObjectTooLarge(item.path, item.write_size(), self._byte_budget)
             if outcome.created:
@@ -580,7 +591,7 @@ class PoolStore:
 
     @_returns_deferred
     @inlineCallbacks
-    def get(self, key):
+    def get(self, key: Key) -> Steps:
         """The stored bytes at ``key`` (PoolKey or path); KeyNotFound if absent."""
         path = _as_path(key)
         kv = yield self._timed("get", self.etcd.get(path.encode("utf-8")))
@@ -590,20 +601,20 @@ class PoolStore:
 
     @_returns_deferred
     @inlineCallbacks
-    def get_resource_version(self, key):
+    def get_resource_version(self, key: Key) -> Steps:
         """The stored mirror resourceVersion of ``key``, or None."""
         kv = yield self._timed("get", self.etcd.get(mirror_rv_key(_as_path(key)).encode()))
         return _rv_or_none(kv.value) if kv is not None else None
 
     @_returns_deferred
-    def list(self, prefix):
+    def list(self, prefix: str) -> defer.Deferred[List[bytes]]:
         """Values of every object under ``prefix`` (which must end in ``/``), by key order."""
         d = self._range_all(self._checked_prefix(prefix), keys_only=False)
         d.addCallback(lambda kvs: [kv.value for kv in kvs])
         return d
 
     @_returns_deferred
-    def list_keys(self, prefix):
+    def list_keys(self, prefix: str) -> defer.Deferred[List[str]]:
         """Key paths under ``prefix`` (which must end in ``/``), in key order; keys that
         are not UTF-8 are left out (reported as in ``recover_pool_scoped_keys``)."""
         d = self._range_all(self._checked_prefix(prefix), keys_only=True)
@@ -649,7 +660,7 @@ class PoolStore:
 
     @_returns_deferred
     @inlineCallbacks
-    def delete(self, key):
+    def delete(self, key: Key) -> Steps:
         """Delete the object and its mirror rv in one transaction (absent key: no error)."""
         path = _as_path(key)
         txn = txaioetcd.Transaction(success=self._delete_ops(path))
@@ -659,12 +670,15 @@ class PoolStore:
 
     # -- component lists ---------------------------------------------------------------
 
-    def list_resource_keys_of_component(self, component, gvr):
+    def list_resource_keys_of_component(self, component: str,
+                                        gvr: ResourceLike) -> List[str]:
         """Key paths the component owns for a resource, from the key cache, sorted."""
         return sorted(self.key_cache.keys(component, gvr))
 
     @_returns_deferred
-    def replace_component_list(self, component, gvr, namespace, objects):
+    def replace_component_list(self, component: str, gvr: ResourceLike, namespace: str | None,
+                               objects: Iterable[bytes | dict[str, Any]],
+                               ) -> defer.Deferred[Tuple[int, int]]:
         """Make the component's objects of ``gvr`` (in ``namespace``, or all) exactly ``objects``.
 
         ``objects`` are JSON bytes or dicts with metadata name and resourceVersion. Every
@@ -680,7 +694,7 @@ class PoolStore:
             raise InvalidKey(f"component must be a non-empty string, got {component!r}")
         resource = ResourceId.of(gvr)
         namespaced = getattr(gvr, "namespaced", None)
-        items = {}
+        items: dict[str, _Item] = {}
         for obj in objects:
             value = obj if isinstance(obj, bytes) else json.dumps(obj).encode("utf-8")
             name, obj_namespace, rv = object_metadata(value)
@@ -704,7 +718,7 @@ class PoolStore:
         d = self._replace_list(component, resource, [items[p] for p in sorted(items)], stale)
         d.addBoth(self._flush_cache)
 
-        def done(_):
+        def done(_: object) -> Tuple[int, int]:
             self.log.info("replaced list of {component} {resource} in {namespace}: "
                           "{count} objects, {deleted} deleted", component=component,
                           resource=str(resource), namespace=namespace or "all namespaces",
@@ -739,7 +753,8 @@ class PoolStore:
             deleted(batch_paths)
 
     @_returns_deferred
-    def delete_many(self, keys, flush_key_cache=True):
+    def delete_many(self, keys: Iterable[Key],
+                    flush_key_cache: bool = True) -> defer.Deferred[int]:
         """Delete objects (PoolKeys or paths) and their mirror rvs, many per transaction.
 
         Absent keys are no error. The key cache forgets each batch once etcd accepted
@@ -748,7 +763,7 @@ class PoolStore:
         (``flush_key_cache()``): one write per drained batch of changes instead of one
         per call. Fires with the number of keys deleted (asked for, present or not).
         """
-        owners = {}
+        owners: dict[str, List[Key]] = {}
         for key in keys:
             path = _as_path(key)
             owners.setdefault(path, []).append(key)
@@ -773,7 +788,7 @@ class PoolStore:
                 self.key_cache.discard(component, resource, [path])
 
     @_returns_deferred
-    def delete_component_resources(self, component):
+    def delete_component_resources(self, component: str) -> defer.Deferred[int]:
         """Delete every key the component owns (all resources), then forget the component."""
         d = self._delete_component(component)
         d.addBoth(self._flush_cache)
@@ -797,7 +812,8 @@ class PoolStore:
 
     @_returns_deferred
     @inlineCallbacks
-    def recover_pool_scoped_keys(self, resources, component=POOL_SCOPED_COMPONENT):
+    def recover_pool_scoped_keys(self, resources: Iterable[Any],
+                                 component: str = POOL_SCOPED_COMPONENT) -> Steps:
         """Rebuild the pool-scoped component's keys from etcd (the file is not trusted).
 
         Every key under the resources' prefixes is adopted except those the key cache
@@ -847,7 +863,9 @@ class PoolStore:
     # -- create or update many by resourceVersion --------------------------------------
 
     @_returns_deferred
-    def create_or_update_many(self, items, outcome=None, flush_key_cache=True):
+    def create_or_update_many(self, items: Iterable[Tuple[PoolKey, bytes, Union[int, str]]],
+                              outcome: WriteOutcome | None = None,
+                              flush_key_cache: bool = True) -> defer.Deferred[WriteOutcome]:
         """Create absent objects and update older ones, many per transaction.
 
         ``items``: iterable of ``(PoolKey, bytes, resourceVersion)``. Fires with a
@@ -863,7 +881,7 @@ class PoolStore:
         cache file to the caller (``key_cache.flush()``), for callers making many calls.
         """
         outcome = outcome if outcome is not None else WriteOutcome()
-        pending = {}
+        pending: dict[str, _Item] = {}
         for key, value, rv in items:
             item = _Item(key, value, int(rv))
             if item.path in outcome.decided:
@@ -886,7 +904,7 @@ class PoolStore:
     def _create_or_update_pending(self, items, outcome):
         entries = [("item", item, item.write_size()) for item in items]
         batches = iter(self._batches(entries, ops_per_entry=2))
-        errors = []
+        errors: List[Failure] = []
 
         @inlineCallbacks
         def worker():
@@ -997,7 +1015,7 @@ class PoolStore:
             self._remember_keys([item])
 
     def _remember_keys(self, items):
-        by_owner = {}
+        by_owner: dict[tuple[str, ResourceId], List[str]] = {}
         for item in items:
             by_owner.setdefault((item.key.component, item.key.resource), []).append(item.path)
         for (component, resource), paths in by_owner.items():
@@ -1032,8 +1050,10 @@ class PoolStore:
         """Group ``(kind, what, size)`` entries so each group fits max_ops and max_bytes."""
         per_batch = max(1, self.max_ops // ops_per_entry)
         budget = self._byte_budget
-        batch, size = [], 0
+        batch: List[Any] = []
+        size = 0
         for entry in entries:
+
             entry_size = entry[2]
             if batch and (len(batch) >= per_batch or size + entry_size > budget):
                 yield batch
@@ -1045,8 +1065,10 @@ class PoolStore:
 
 
 @inlineCallbacks
-def open_pool_store(reactor, etcd_client, prefix, local_cache_dir, pool_scoped_resources,
-                    check_timeout=None, **store_kwargs):
+def open_pool_store(reactor: Any, etcd_client: Any, prefix: str, local_cache_dir: str,
+                    pool_scoped_resources: Iterable[Any],
+                    check_timeout: float | None = None,
+                    **store_kwargs: Any) -> Generator[defer.Deferred[Any], Any, PoolStore]:
     """Load the key cache, rebuild the keys of ``pool_scoped_resources`` from etcd (none
     given: left to pool sync, which rebuilds them when it starts), start health checks.
 

@@ -8,6 +8,8 @@ fresh renewal for ``stale_timeout`` (one ``callLater``, reset on every fresh ren
 means not synced, so a leader that died stops counting within ``stale_timeout``.
 """
 
+from typing import Any, Callable
+
 from twisted.internet import defer
 from twisted.logger import Logger
 from zope.interface import implementer
@@ -32,8 +34,9 @@ class PoolCacheSyncedDetector:
 
     log = Logger()
 
-    def __init__(self, reactor, coordinator_client, stale_timeout, on_synced_change,
-                 informer_factory=Informer):
+    def __init__(self, reactor: Any, coordinator_client: Any, stale_timeout: float,
+                 on_synced_change: Callable[[bool], object],
+                 informer_factory: Callable[..., Any] = Informer) -> None:
         self.reactor = reactor
         self.coordinator = coordinator_client
         self.stale_timeout = float(stale_timeout)
@@ -41,14 +44,14 @@ class PoolCacheSyncedDetector:
         self._informer_factory = informer_factory
         self.synced = False
         self.renewals_seen = 0
-        self._informer = None
-        self._stale_call = None
+        self._informer: Any = None
+        self._stale_call: Any = None
 
     @property
-    def running(self):
+    def running(self) -> bool:
         return self._informer is not None
 
-    def start(self, store=None):
+    def start(self, store: object = None) -> defer.Deferred[None]:
         """Watch the informer sync lease; ``store`` is unused (the lease is not in it)."""
         if self._informer is not None:
             return defer.succeed(None)
@@ -64,7 +67,8 @@ class PoolCacheSyncedDetector:
         self._informer.start()
         return defer.succeed(None)
 
-    def stop(self):
+    def stop(self) -> defer.Deferred[Any]:
+
         """Stop watching and the stale timer; no report is made after this call."""
         informer, self._informer = self._informer, None
         self._cancel_stale()

@@ -21,7 +21,7 @@ acknowledged. See docs/design.md, "etcd that forgets acknowledged writes".
 """
 
 import json
-from typing import NamedTuple
+from typing import Any, Generator, NamedTuple
 
 from twisted.internet import task
 from twisted.internet.defer import inlineCallbacks
@@ -29,7 +29,7 @@ from twisted.logger import Logger
 
 from yurtcoord.etcd.errors import BadResponse, EtcdError, EtcdTimeout, EtcdUnavailable
 from yurtcoord.tx.backoff import Backoff
-from yurtcoord.pool.localcache import BadCacheEntry, printable_path
+from yurtcoord.pool.localcache import BadCacheEntry, CachedObjectPath, printable_path
 from yurtcoord.pool.keys import InvalidKey, KeyBuildInfo
 from yurtcoord.pool.store import (
     ConflictRetriesExhausted, PoolStoreError, WriteOutcome, object_metadata,
@@ -64,7 +64,7 @@ def api_version_of(group: str, version: str) -> str:
     return f"{group}/{version}" if group else version
 
 
-def kind_mismatch(data: bytes, location) -> str:
+def kind_mismatch(data: bytes, location: CachedObjectPath) -> str:
     """Why an object's ``kind``/``apiVersion`` is not that of the directory it was
     found in (``location``: a CachedObjectPath), or ``""`` when they agree.
 
@@ -149,7 +149,7 @@ class LocalCacheUploader:
         self._interrupted = False
 
     @inlineCallbacks
-    def upload(self):
+    def upload(self) -> Generator[Any, Any, UploadCounts]:
         """Upload everything; fires with UploadCounts, or fails with UploadFailed."""
         self.files_seen = 0
         self._interrupted = False
@@ -223,7 +223,9 @@ class LocalCacheUploader:
         at its newest resourceVersion; the other copy counts as not newer.
         ``report=False`` leaves bad entries out silently (they were reported once).
         """
-        items, bad = {}, 0
+        items: dict[Any, Any] = {}
+        bad = 0
+
         shadowed = 0
         skip_bad = self._skip_bad if report else (lambda path, reason, category: None)
         for entry in chunk:

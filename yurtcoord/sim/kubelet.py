@@ -6,12 +6,15 @@ open connection, so the agent's next check is refused as it would be by a kubele
 died; ``start()`` listens again on the same port, like a kubelet restarted by systemd.
 """
 
-from typing import Optional
+from typing import Any, Optional
 
 from twisted.internet import defer
+from twisted.internet.address import IPv4Address, IPv6Address
+from twisted.internet.interfaces import IListeningPort
+
 from twisted.protocols.policies import WrappingFactory
 from twisted.web.resource import Resource
-from twisted.web.server import Site
+from twisted.web.server import Request, Site
 from zope.interface import Attribute, Interface, implementer
 
 HEALTHZ_PATH = "/healthz"
@@ -25,24 +28,24 @@ class IKubeletStandIn(Interface):
     code = Attribute("The HTTP status its healthz answers (200 unless a test changes it).")
     requests = Attribute("How many healthz requests it answered.")
 
-    def start(port=None):
+    def start(port: Optional[int] = None) -> int:
         """Listen on 127.0.0.1:``port`` (0 picks one; None: the port used before)."""
 
-    def stop():
+    def stop() -> defer.Deferred[Any]:
         """Stop listening and drop open connections; a Deferred firing when done."""
 
-    def url():
+    def url() -> str:
         """The healthz URL an agent's ``kubelet_healthz_url`` names."""
 
 
 class _Healthz(Resource):
     isLeaf = True
 
-    def __init__(self, kubelet):
+    def __init__(self, kubelet: "StandInKubelet") -> None:
         super().__init__()
         self._kubelet = kubelet
 
-    def render_GET(self, request):
+    def render_GET(self, request: Request) -> bytes:
         self._kubelet.requests += 1
         request.setResponseCode(self._kubelet.code)
         request.setHeader(b"content-type", b"text/plain")
@@ -53,14 +56,14 @@ class _Healthz(Resource):
 class StandInKubelet:
     """See the module docstring; ``reactor`` serves it."""
 
-    def __init__(self, reactor: object, interface: str = "127.0.0.1") -> None:
+    def __init__(self, reactor: Any, interface: str = "127.0.0.1") -> None:
         self._reactor = reactor
         self._interface = interface
         root = Resource()
         root.putChild(HEALTHZ_PATH.strip("/").encode("ascii"), _Healthz(self))
         self._factory = WrappingFactory(Site(root))
-        self._listening = None
-        self.port = None
+        self._listening: IListeningPort | None = None
+        self.port: int | None = None
         self.code = 200
         self.requests = 0
 
@@ -70,16 +73,19 @@ class StandInKubelet:
 
     def start(self, port: Optional[int] = None) -> int:
         """Listen now (synchronously); returns the port number."""
-        if self._listening is not None:
+        if self._listening is not None and self.port is not None:
             return self.port
         if port is None:
             port = self.port or 0
         self._listening = self._reactor.listenTCP(port, self._factory,
                                                   interface=self._interface)
-        self.port = self._listening.getHost().port
-        return self.port
+        address = self._listening.getHost()
+        assert isinstance(address, (IPv4Address, IPv6Address))
+        self.port = address.port
+        return address.port
 
-    def stop(self) -> defer.Deferred:
+    def stop(self) -> defer.Deferred[Any]:
+
         listening, self._listening = self._listening, None
         if listening is None:
             return defer.succeed(None)

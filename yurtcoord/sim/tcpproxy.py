@@ -6,28 +6,35 @@ open connections are aborted and new ones are accepted and aborted at once (the
 client sees a reset, as through a broken link). ``restore()`` forwards again.
 """
 
+from typing import Any, Generator
+
 from twisted.internet import defer, protocol
+from twisted.internet.address import IPv4Address, IPv6Address
+from twisted.internet.interfaces import IAddress, IConnector, IListeningPort, IReactorTCP
+from twisted.python.failure import Failure
 from twisted.logger import Logger
 
 
 class _Side(protocol.Protocol):
     """One end of a forwarded connection; writes what it receives to its peer."""
 
-    peer = None
+    peer: "_Side | None" = None
     lost = False
+    # A TCP transport: it also aborts, and produces and consumes for its peer.
+    transport: Any
 
-    def __init__(self, proxy):
+    def __init__(self, proxy: "TCPProxy") -> None:
         self.proxy = proxy
-        self._lost = defer.Deferred()
+        self._lost: defer.Deferred[None] = defer.Deferred()
 
-    def connectionMade(self):
+    def connectionMade(self) -> None:
         self.proxy._sides.add(self)
 
-    def dataReceived(self, data):
+    def dataReceived(self, data: bytes) -> None:
         if self.peer is not None and self.peer.transport is not None:
             self.peer.transport.write(data)
 
-    def connectionLost(self, reason):
+    def connectionLost(self, reason: Failure = protocol.connectionDone) -> None:
         self.lost = True
         self.proxy._sides.discard(self)
         peer, self.peer = self.peer, None
@@ -37,7 +44,7 @@ class _Side(protocol.Protocol):
                 peer.transport.loseConnection()
         self._lost.callback(None)
 
-    def abort(self):
+    def abort(self) -> defer.Deferred[None]:
         if self.transport is not None:
             self.transport.abortConnection()
         return self._lost
@@ -46,11 +53,11 @@ class _Side(protocol.Protocol):
 class _Upstream(_Side):
     """The proxy's connection to the target."""
 
-    def __init__(self, proxy, downstream):
+    def __init__(self, proxy: "TCPProxy", downstream: "_Downstream") -> None:
         super().__init__(proxy)
         self.peer = downstream
 
-    def connectionMade(self):
+    def connectionMade(self) -> None:
         super().connectionMade()
         downstream = self.peer
         if downstream is None or downstream.lost or self.proxy.is_cut:
@@ -65,29 +72,29 @@ class _Upstream(_Side):
 class _UpstreamFactory(protocol.ClientFactory):
     noisy = False
 
-    def __init__(self, proxy, downstream):
+    def __init__(self, proxy: "TCPProxy", downstream: "_Downstream") -> None:
         self.proxy = proxy
         self.downstream = downstream
 
-    def startedConnecting(self, connector):
+    def startedConnecting(self, connector: IConnector) -> None:
         self.proxy._connecting.add(connector)
 
-    def buildProtocol(self, addr):
+    def buildProtocol(self, addr: IAddress | None) -> "_Upstream":
         return _Upstream(self.proxy, self.downstream)
 
-    def clientConnectionFailed(self, connector, reason):
+    def clientConnectionFailed(self, connector: IConnector, reason: Failure) -> None:
         self.proxy._connecting.discard(connector)
         if not self.downstream.lost:
             self.downstream.transport.abortConnection()
 
-    def clientConnectionLost(self, connector, reason):
+    def clientConnectionLost(self, connector: IConnector, reason: Failure) -> None:
         self.proxy._connecting.discard(connector)
 
 
 class _Downstream(_Side):
     """A client's connection to the proxy."""
 
-    def connectionMade(self):
+    def connectionMade(self) -> None:
         super().connectionMade()
         if self.proxy.is_cut:
             self.transport.abortConnection()
@@ -97,13 +104,13 @@ class _Downstream(_Side):
                                       _UpstreamFactory(self.proxy, self), timeout=5)
 
 
-class _DownstreamFactory(protocol.Factory):
+class _DownstreamFactory(protocol.ServerFactory):
     noisy = False
 
-    def __init__(self, proxy):
+    def __init__(self, proxy: "TCPProxy") -> None:
         self.proxy = proxy
 
-    def buildProtocol(self, addr):
+    def buildProtocol(self, addr: IAddress | None) -> _Downstream:
         return _Downstream(self.proxy)
 
 
@@ -117,51 +124,54 @@ class TCPProxy:
 
     log = Logger()
 
-    def __init__(self, reactor, target_host, target_port):
+    def __init__(self, reactor: IReactorTCP, target_host: str, target_port: int) -> None:
         self.reactor = reactor
         self.target_host = target_host
         self.target_port = target_port
         self.is_cut = False
-        self.port_number = None
-        self._port = None
-        self._sides = set()
-        self._connecting = set()
+        self.port_number: int | None = None
+        self._port: IListeningPort | None = None
+        self._sides: set[_Side] = set()
+        self._connecting: set[Any] = set()
 
-    def start(self, port=0):
+    def start(self, port: int = 0) -> defer.Deferred[int]:
         self._port = self.reactor.listenTCP(port, _DownstreamFactory(self),
                                             interface="127.0.0.1")
-        self.port_number = self._port.getHost().port
-        return defer.succeed(self.port_number)
+        address = self._port.getHost()
+        assert isinstance(address, (IPv4Address, IPv6Address))
+        self.port_number = address.port
+        return defer.succeed(address.port)
 
-    def url(self, scheme="http"):
+    def url(self, scheme: str = "http") -> str:
         return f"{scheme}://127.0.0.1:{self.port_number}"
 
     @property
-    def connections(self):
+    def connections(self) -> int:
         """Open sockets of the proxy (both ends of every forwarded connection)."""
         return len(self._sides)
 
-    def cut(self):
+    def cut(self) -> defer.Deferred[list[None]]:
         """Abort every forwarded connection and refuse to forward new ones."""
         self.is_cut = True
         self.log.info("tcp proxy to {host}:{port} cut", host=self.target_host,
                       port=self.target_port)
         return self._abort_all()
 
-    def restore(self):
+    def restore(self) -> None:
         """Forward new connections again."""
         self.is_cut = False
         self.log.info("tcp proxy to {host}:{port} restored", host=self.target_host,
                       port=self.target_port)
 
-    def _abort_all(self):
+    def _abort_all(self) -> defer.Deferred[list[None]]:
         for connector in list(self._connecting):
             if connector.state == "connecting":
                 connector.stopConnecting()
         return defer.gatherResults([side.abort() for side in list(self._sides)])
 
     @defer.inlineCallbacks
-    def stop(self):
+    def stop(self) -> Generator[Any, Any, None]:
+
         port, self._port = self._port, None
         if port is not None:
             yield port.stopListening()

@@ -6,7 +6,7 @@ milliseconds, which tells how old a node's renewTime got at any moment, the numb
 the heartbeat bounds are about.
 """
 
-from typing import Iterable, List, Optional, Tuple
+from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 from twisted.internet import task
 from twisted.internet.interfaces import IReactorTime
@@ -14,6 +14,7 @@ from twisted.internet.interfaces import IReactorTime
 from yurtcoord.names import DELEGATE_HEARTBEAT_ANNOTATION, NODE_LEASE_NAMESPACE
 from yurtcoord.kube.gvr import LEASES
 from yurtcoord.kube.lease import renew_time
+from yurtcoord.sim.apiserver import KubeAPIServer
 from yurtcoord.sim.apiserver.selectors import ObjectFilter
 
 
@@ -21,12 +22,12 @@ class CloudLeaseChanges:
     """Every change of the cloud's leases, in any namespace, as it happens:
     ``changes`` = [(seconds, namespace/name, renewTime seconds, delegate annotation)]."""
 
-    def __init__(self, server, clock: IReactorTime):
-        self.changes = []
+    def __init__(self, server: KubeAPIServer, clock: IReactorTime) -> None:
+        self.changes: List[Tuple[float, str, Optional[float], Optional[str]]] = []
         self._clock = clock
         self._watcher = server.store.watch(LEASES, ObjectFilter(), None, self._event)
 
-    def _event(self, event_type, lease):
+    def _event(self, event_type: str, lease: Dict[str, Any]) -> None:
         metadata = lease["metadata"]
         self.changes.append((self._clock.seconds(),
                              f"{metadata['namespace']}/{metadata['name']}",
@@ -39,7 +40,9 @@ class CloudLeaseChanges:
         annotation after ``since``."""
         key = f"{NODE_LEASE_NAMESPACE}/{name}"
         return sorted({renewed for at, changed, renewed, annotation in self.changes
-                       if changed == key and at >= since and annotation == "true"})
+                       if changed == key and at >= since and annotation == "true"
+                       and renewed is not None})
+
 
     def keys(self, since: float = 0.0) -> set:
         return {key for at, key, _, _ in self.changes if at >= since}
@@ -54,12 +57,13 @@ class CloudLeaseSampler:
     ``seen[node]`` lists (first seen at, renewTime) of each distinct renewTime;
     ``ages[node]`` lists (at, age of the renewTime then) of every sample."""
 
-    def __init__(self, server, nodes: Iterable[str], clock: IReactorTime,
-                 every: float = 0.02):
+    def __init__(self, server: KubeAPIServer, nodes: Iterable[str], clock: IReactorTime,
+                 every: float = 0.02) -> None:
         self.server = server
         self.nodes = list(nodes)
-        self.seen = {node: [] for node in self.nodes}
-        self.ages = {node: [] for node in self.nodes}
+        self.seen: Dict[str, List[Tuple[float, float]]] = {node: [] for node in self.nodes}
+        self.ages: Dict[str, List[Tuple[float, float]]] = {node: [] for node in self.nodes}
+
         self._clock = clock
         self._loop = task.LoopingCall(self.sample)
         self._loop.clock = clock

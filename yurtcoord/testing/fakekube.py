@@ -9,11 +9,13 @@ so a test can deliver them late (after the caller gave up on them).
 
 import copy
 from collections import deque
+from typing import Any
 
 from twisted.internet import defer
 from zope.interface import implementer
 
 from yurtcoord.kube.errors import AlreadyExists, Conflict, NotFound
+from yurtcoord.kube.gvr import GroupVersionResource
 from yurtcoord.kube.interfaces import IObjectClient
 
 
@@ -25,16 +27,16 @@ class HeldCall:
     undo the write, as with a real server.
     """
 
-    def __init__(self, verb, outcome):
+    def __init__(self, verb: str, outcome: tuple[Any, BaseException | None]) -> None:
         self.verb = verb
         self._outcome = outcome
         self.cancelled = False
-        self.deferred = defer.Deferred(self._cancel)
+        self.deferred: defer.Deferred[Any] = defer.Deferred(self._cancel)
 
-    def _cancel(self, d):
+    def _cancel(self, d: object) -> None:
         self.cancelled = True
 
-    def deliver(self):
+    def deliver(self) -> None:
         """Fire the caller's Deferred with the answer, unless it was cancelled."""
         if self.deferred.called:
             return
@@ -52,63 +54,69 @@ class FakeKube:
     ``calls`` lists ``(verb, name)`` for every call made, in order.
     """
 
-    def __init__(self):
-        self._objects = {}
+    def __init__(self) -> None:
+        self._objects: dict[tuple[Any, ...], dict[str, Any]] = {}
         self._version = 0
-        self._failures = {}
-        self._hold = set()
-        self.held = []
-        self.calls = []
+        self._failures: dict[str, deque[BaseException]] = {}
+        self._hold: set[str] = set()
+        self.held: list[HeldCall] = []
+        self.calls: list[tuple[str, str]] = []
 
     # Test controls -----------------------------------------------------------
 
-    def fail_next(self, verb, error, count=1):
+    def fail_next(self, verb: str, error: BaseException, count: int = 1) -> None:
         """Make the next ``count`` calls of ``verb`` (get/create/update/delete, or
         ``"*"`` for any) fail with ``error`` without touching the store."""
         queue = self._failures.setdefault(verb, deque())
         queue.extend([error] * count)
 
-    def clear_failures(self):
+    def clear_failures(self) -> None:
         self._failures.clear()
 
-    def hold(self, verb):
+    def hold(self, verb: str) -> None:
         """From now on, keep answers of ``verb`` calls in ``held`` until delivered."""
         self._hold.add(verb)
 
-    def release_hold(self, verb):
+    def release_hold(self, verb: str) -> None:
         """Stop holding new ``verb`` answers (already held ones stay held)."""
         self._hold.discard(verb)
 
-    def deliver_held(self):
+    def deliver_held(self) -> None:
         """Deliver every held answer, oldest first."""
         held, self.held = self.held, []
         for call in held:
             call.deliver()
 
-    def put(self, gvr, obj):
+    def put(self, gvr: GroupVersionResource, obj: dict[str, Any]) -> dict[str, Any]:
         """Store ``obj`` as-is apart from a new resourceVersion, as another client's
         write would; returns the stored copy."""
         return copy.deepcopy(self._store(gvr, obj))
 
-    def peek(self, gvr, name, namespace=None):
+    def peek(self, gvr: GroupVersionResource, name: str,
+             namespace: str | None = None) -> dict[str, Any] | None:
         """The stored object (a copy) or None, without recording a call."""
         stored = self._objects.get(self._key(gvr, name, namespace))
         return copy.deepcopy(stored)
 
     # The client interface ------------------------------------------------------
 
-    def get(self, gvr, name, namespace=None):
+    def get(self, gvr: GroupVersionResource, name: str,
+            namespace: str | None = None) -> defer.Deferred[Any]:
         return self._call("get", name, lambda: self._get(gvr, name, namespace))
 
-    def create(self, gvr, obj, namespace=None):
+    def create(self, gvr: GroupVersionResource, obj: dict[str, Any],
+               namespace: str | None = None) -> defer.Deferred[Any]:
         name = obj["metadata"]["name"]
         return self._call("create", name, lambda: self._create(gvr, obj, namespace))
 
-    def update(self, gvr, obj, namespace=None):
+    def update(self, gvr: GroupVersionResource, obj: dict[str, Any],
+               namespace: str | None = None) -> defer.Deferred[Any]:
         name = obj["metadata"]["name"]
         return self._call("update", name, lambda: self._update(gvr, obj, namespace))
 
-    def delete(self, gvr, name, namespace=None):
+    def delete(self, gvr: GroupVersionResource, name: str,
+               namespace: str | None = None) -> defer.Deferred[Any]:
+
         return self._call("delete", name, lambda: self._delete(gvr, name, namespace))
 
     # Internals -------------------------------------------------------------------

@@ -116,7 +116,8 @@ def delegated_writes(cloud_log: Iterable[LoggedRequest], node_of_peer: Mapping[s
     found = []
     for record in _lease_writes(cloud_log, namespace):
         writer = node_of_peer.get(record.peer, record.peer)
-        if writer != record.name:
+        if record.name is not None and writer != record.name:
+
             found.append(DelegatedWrite(record.at, writer, record.name, record))
     return found
 

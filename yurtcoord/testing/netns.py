@@ -55,7 +55,7 @@ PREFIX = "ycnet"
 SWITCH = "sw"
 
 # The only range a topology's networks may use (RFC 2544 benchmarking networks).
-TEST_RANGE = ipaddress.ip_network("198.18.0.0/15")
+TEST_RANGE = ipaddress.IPv4Network("198.18.0.0/15")
 
 DEFAULT_NETWORKS: Mapping[str, str] = {"wan": "198.18.0.0/24", "lan": "198.19.0.0/24"}
 
@@ -174,7 +174,7 @@ class _ListensInNamespace:
 
     def __init__(self, netns: str, *args: Any) -> None:
         self._netns = netns
-        super().__init__(*args)  # type: ignore[call-arg]
+        super().__init__(*args)
 
     def startListening(self) -> None:
         with entered(self._netns):
@@ -525,7 +525,8 @@ class Topology:
                 parsed = ipaddress.ip_network(subnet)
             except ValueError as error:
                 raise ValueError(f"network {network!r}: {error}") from None
-            if not (parsed.version == 4 and parsed.subnet_of(TEST_RANGE)):
+            if not (isinstance(parsed, ipaddress.IPv4Network) and parsed.subnet_of(TEST_RANGE)):
+
                 raise ValueError(f"network {network!r}: {subnet} is not within {TEST_RANGE}")
             for other, known in self.networks.items():
                 if parsed.overlaps(known):

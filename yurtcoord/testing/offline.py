@@ -9,14 +9,16 @@ import os
 import socket
 
 
-def closed_loopback_port():
+def closed_loopback_port() -> int:
     """A loopback port nothing listens on (bound once, then released)."""
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
+        port: int = probe.getsockname()[1]
+        return port
 
 
-def offline_ini(directory, node="edge-1", pool="pool-a", listen="127.0.0.1:0"):
+def offline_ini(directory: str, node: str = "edge-1", pool: str = "pool-a",
+                listen: str = "127.0.0.1:0") -> str:
     """ini text of an agent whose cloud, coordinator and etcd are all unreachable."""
     directory = os.path.abspath(directory)
     closed = closed_loopback_port()
@@ -31,7 +33,8 @@ def offline_ini(directory, node="edge-1", pool="pool-a", listen="127.0.0.1:0"):
     )
 
 
-def localize_paths(ini_text, directory):
+def localize_paths(ini_text: str, directory: str) -> str:
+
     """``ini_text`` with ``pki_dir`` and ``local_cache_dir`` moved under ``directory``."""
     directory = os.path.abspath(directory)
     lines = []

@@ -27,7 +27,7 @@ Scenarios run side by side, each on a topology of its own, to keep the suite sho
 """
 
 import json
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, Generator, List, Optional, Tuple
 
 import attr
 from twisted.internet import defer
@@ -99,7 +99,7 @@ class Run:
     problems: List[str] = attr.ib(factory=list)
 
     @property
-    def reactor(self):
+    def reactor(self) -> Any:
         return self.world.reactor
 
     def now(self) -> float:
@@ -136,7 +136,7 @@ class Outcome:
 
 def _change_endpoints(world: PartitionWorld, round_name: str) -> None:
     """The cloud keeps changing: update two endpoints, delete one, add one."""
-    store = world.cloud.store
+    store = world.servers()[0].store
     existing = sorted(store.list(ENDPOINTS), key=lambda o: o["metadata"]["name"])
     for obj in existing[:2]:
         obj["subsets"][0]["addresses"][0]["ip"] = f"10.2.0.{len(round_name)}"
@@ -159,7 +159,8 @@ def _one_leader(nodes: List[str]) -> Callable[[dict], bool]:
 
 
 @defer.inlineCallbacks
-def run_scenario(reactor, scenario: Scenario, name_prefix: str = "") -> Outcome:
+def run_scenario(reactor: Any, scenario: Scenario,
+                 name_prefix: str = "") -> Generator[defer.Deferred[Any], Any, Outcome]:
     """Run one scenario on a topology of its own and judge it; never raises (a setup
     failure is reported as a problem), and always removes what it made."""
     world = PartitionWorld(reactor, f"{name_prefix}{scenario.name}",
@@ -169,7 +170,8 @@ def run_scenario(reactor, scenario: Scenario, name_prefix: str = "") -> Outcome:
     try:
         yield world.start()
         for index in range(ENDPOINT_COUNT):
-            world.cloud.store.create(ENDPOINTS, endpoints(f"svc-{index}", f"10.1.0.{index}"))
+            world.servers()[0].store.create(ENDPOINTS,
+                                            endpoints(f"svc-{index}", f"10.1.0.{index}"))
         nodes = scenario.node_names()
         for node in nodes:
             yield world.add_agent(node, pods=PODS_PER_NODE)
@@ -177,6 +179,8 @@ def run_scenario(reactor, scenario: Scenario, name_prefix: str = "") -> Outcome:
         statuses = yield world.wait_for_pool("one leader, all ready", _one_leader(nodes),
                                              START_TIMEOUT)
         leader = leader_of(statuses)
+        if leader is None:
+            raise AssertionError("the pool had a leader a moment ago and has none now")
         followers = sorted(node for node in nodes if node != leader)
         # The dead node: a follower the script does not aim at.
         dead = followers[-1]
@@ -223,7 +227,8 @@ def run_scenario(reactor, scenario: Scenario, name_prefix: str = "") -> Outcome:
 def judge(world: PartitionWorld, run: Run, started: float, stopped_at: float,
           end: float) -> List[str]:
     """Every invariant of the module docstring, from the servers' request logs."""
-    cloud_log, coordinator_log = world.cloud.request_log, world.coordinator.request_log
+    cloud, coordinator = world.servers()
+    cloud_log, coordinator_log = cloud.request_log, coordinator.request_log
     problems = []
     problems += check_single_delegator(cloud_log, coordinator_log, world.node_of_address,
                                        ELECTION_NAMESPACE, ELECTION_LEASE, LEASE_DURATION)
@@ -262,10 +267,10 @@ def measure(world: PartitionWorld, run: Run, started: float, end: float) -> Dict
     who delegated how often, the longest gap between cloud writes of each live node's
     lease, the takeover after the first cut, and the margin between a former leader's
     last delegated write and its successor's first election write."""
-    changes = [c for c in leadership_changes(world.coordinator.request_log,
+    changes = [c for c in leadership_changes(world.servers()[1].request_log,
                                              ELECTION_NAMESPACE, ELECTION_LEASE)
                if c.at >= started]
-    delegated = delegated_writes(world.cloud.request_log, world.node_of_address)
+    delegated = delegated_writes(world.servers()[0].request_log, world.node_of_address)
     writers: Dict[str, int] = {}
     for write in delegated:
         writers[write.writer] = writers.get(write.writer, 0) + 1
@@ -275,7 +280,7 @@ def measure(world: PartitionWorld, run: Run, started: float, end: float) -> Dict
         "delegated_writes": json.dumps(writers, sort_keys=True),
     }
     for node in [run.leader] + run.live_followers():
-        writes = [r.at for r in world.cloud.request_log
+        writes = [r.at for r in world.servers()[0].request_log
                   if r.is_lease_write and r.succeeded and r.name == node
                   and r.namespace == NODE_LEASE_NAMESPACE and started <= r.at <= end]
         edges = [started] + writes + [end]
@@ -306,7 +311,7 @@ def cut_for(host_of: Callable[[Run], List[str]], network: str, direction: str = 
     """A script: cut ``network`` of the hosts ``host_of(run)`` names for ``CUT`` seconds,
     then heal; with ``excused`` the cut leaves no pool member a way to the cloud."""
     @defer.inlineCallbacks
-    def script(run: Run):
+    def script(run: Run) -> Generator[defer.Deferred[Any], Any, None]:
         hosts = host_of(run)
         began = run.now()
         for host in hosts:
@@ -325,7 +330,7 @@ def leader_cut_while_delegating(network: str,
     then the leader's ``network`` is cut (``direction``) for ``CUT`` seconds while it
     is doing so, and another agent must take over, with no overlap."""
     @defer.inlineCallbacks
-    def script(run: Run):
+    def script(run: Run) -> Generator[defer.Deferred[Any], Any, None]:
         cut_off = run.live_followers()[0]
         run.world.cut(cut_off, WAN)
         yield run.wait(DELEGATING)
@@ -339,11 +344,12 @@ def leader_cut_while_delegating(network: str,
 def flapping(host_of: Callable[[Run], List[str]], network: str) -> Callable[[Run], defer.Deferred]:
     """A script: the link flaps every ``FLAP_PERIOD`` seconds for ``FLAP_DURATION``."""
     @defer.inlineCallbacks
-    def script(run: Run):
+    def script(run: Run) -> Generator[defer.Deferred[Any], Any, None]:
         (host,) = host_of(run)
+
         began = run.now()
         yield run.world.topology.flap(host, network, FLAP_PERIOD, FLAP_DURATION)
-        changes = [c for c in leadership_changes(run.world.coordinator.request_log,
+        changes = [c for c in leadership_changes(run.world.servers()[1].request_log,
                                                  ELECTION_NAMESPACE, ELECTION_LEASE)
                    if c[0] >= began]
         rate = changes_per_minute(changes, began, run.now())

@@ -22,7 +22,7 @@ switch, so parallel worlds reuse them):
 
 import os
 import tempfile
-from typing import Dict, List, Optional
+from typing import Any, Dict, Generator, List, Mapping, Optional
 
 import treq.client
 from twisted.internet import defer
@@ -30,10 +30,11 @@ from twisted.internet.endpoints import TCP4ClientEndpoint
 from twisted.internet.threads import deferToThread
 from twisted.web.client import Agent as HTTPAgent, HTTPConnectionPool
 from zope.interface import implementer
+from twisted.web.client import URI
 from twisted.web.iweb import IAgentEndpointFactory
 
 from yurtcoord.sim.apiserver import KubeAPIServer
-from yurtcoord.sim.etcd import EtcdProcess, etcd_binary_for
+from yurtcoord.sim.etcd import EtcdBinary, EtcdProcess, etcd_binary_for
 from yurtcoord.sim.kubelet import StandInKubelet
 from yurtcoord.testing.netns import Topology, entered
 from yurtcoord.testing.world import TIMINGS, AgentProcess, ProcessWorld, add_pool_node, agent_ini
@@ -49,10 +50,10 @@ API_PORT, ETCD_CLIENT_PORT, STATUS_PORT, KUBELET_PORT = 6443, 2379, 10267, 10248
 class _EndpointsOnHost:
     """Connects every request from inside one host's network namespace."""
 
-    def __init__(self, host_reactor: object) -> None:
+    def __init__(self, host_reactor: Any) -> None:
         self._reactor = host_reactor
 
-    def endpointForURI(self, uri):  # noqa: N802 - Twisted's interface name
+    def endpointForURI(self, uri: URI) -> TCP4ClientEndpoint:  # noqa: N802 - Twisted's name
         return TCP4ClientEndpoint(self._reactor, uri.host.decode("ascii"), uri.port,
                                   timeout=2)
 
@@ -70,7 +71,7 @@ class PartitionWorld(ProcessWorld):
     also closes the topology, which removes every namespace, bridge and process it made.
     """
 
-    def __init__(self, reactor, name: str, etcd_binary=None,
+    def __init__(self, reactor: Any, name: str, etcd_binary: EtcdBinary | None = None,
                  kubelet_grace_period: str = TIMINGS["kubelet_grace_period"],
                  timings: Optional[Dict[str, Dict[str, str]]] = None) -> None:
         # Not ProcessWorld.__init__: its servers and etcd live on the test's loopback.
@@ -81,7 +82,7 @@ class PartitionWorld(ProcessWorld):
         self.timings = timings or {}
         self.base_dir = tempfile.mkdtemp(prefix=f"yurtcoord-{name}-")
         self.topology = Topology(reactor, name, NETWORKS)
-        self.hosts = {}
+        self.hosts: Dict[str, Any] = {}
         self.etcd = EtcdProcess(etcd_binary or etcd_binary_for("3.5") or etcd_binary_for("3.4"),
                                 host=ETCD_ADDRESS)
         self.cloud = None
@@ -90,8 +91,8 @@ class PartitionWorld(ProcessWorld):
         self.node_of_address: Dict[str, str] = {}
         self._proxies = []
         self._kubelets = []
-        self._clients = {}
-        self._pools = []
+        self._clients: Dict[str, treq.client.HTTPClient] = {}
+        self._pools: List[HTTPConnectionPool] = []
         self._http_pool = HTTPConnectionPool(reactor, persistent=False)
         self.http = treq.client.HTTPClient(HTTPAgent(reactor, pool=self._http_pool))
         self._stopped = False
@@ -99,7 +100,7 @@ class PartitionWorld(ProcessWorld):
     # -- lifecycle ---------------------------------------------------------------------
 
     @defer.inlineCallbacks
-    def start(self):
+    def start(self) -> Generator[defer.Deferred[Any], Any, None]:
         self.hosts[CLOUD_HOST] = self.topology.add_host(CLOUD_HOST, {WAN: CLOUD_ADDRESS})
         self.hosts[COORDINATOR_HOST] = self.topology.add_host(
             COORDINATOR_HOST, {LAN: COORDINATOR_ADDRESS})
@@ -110,15 +111,21 @@ class PartitionWorld(ProcessWorld):
         yield self.cloud.start(API_PORT, CLOUD_ADDRESS)
         yield self.coordinator.start(API_PORT, COORDINATOR_ADDRESS)
 
-    def _start_etcd(self):
+    def _start_etcd(self) -> None:
         with entered(self.hosts[ETCD_HOST].netns):
             self.etcd.start()
 
     @defer.inlineCallbacks
-    def add_agent(self, node: str, pods: int = 0, **pod_options):
+    def add_agent(self, node: str, pods: int = 0, cloud_urls: int = 1,
+                  etcd_proxy: bool = False, **pod_options: Any,
+                  ) -> Generator[defer.Deferred[Any], Any, AgentProcess]:
         """Prepare an agent on a host of its own (WAN and LAN), with a running stand-in
         kubelet on that host's loopback, its Node in the cloud and ``pods`` good pods in
-        its cache; not started."""
+        its cache; not started. Its one cloud URL and its etcd are the servers'
+        addresses on the test networks: no proxies."""
+        if cloud_urls != 1 or etcd_proxy:
+            raise ValueError(f"agent {node}: a partition world's agents have one cloud URL "
+                             "and no etcd proxy")
         index = len(self.agents) + 1
         addresses = agent_addresses(index)
         host = self.topology.add_host(node, addresses)
@@ -128,9 +135,10 @@ class PartitionWorld(ProcessWorld):
         kubelet = StandInKubelet(host.reactor)
         kubelet.start(KUBELET_PORT)
         self._kubelets.append(kubelet)
-        add_pool_node(self.cloud, node)
+        add_pool_node(self.servers()[0], node)
 
-        def spawn(child, argv, env, path, child_fds):
+        def spawn(child: Any, argv: List[str], env: Dict[str, str], path: str,
+                  child_fds: Dict[int, int]) -> None:
             self.topology.spawn(node, child, argv, env=env, path=path, childFDs=child_fds)
 
         agent = AgentProcess(host.reactor, node, os.path.join(self.base_dir, node), [],
@@ -141,14 +149,14 @@ class PartitionWorld(ProcessWorld):
         yield defer.succeed(None)
         return agent
 
-    def ini_for(self, agent: AgentProcess, **sections) -> str:
-        merged = {section: dict(values) for section, values in self.timings.items()}
+    def ini_for(self, agent: AgentProcess, **sections: Mapping[str, object]) -> str:
+        merged: Dict[str, Dict[str, object]] = {section: dict(values) for section, values in self.timings.items()}
         for section, values in sections.items():
             merged.setdefault(section, {}).update(values)
         return agent_ini(agent.node, [f"http://{CLOUD_ADDRESS}:{API_PORT}"],
                          f"http://{COORDINATOR_ADDRESS}:{API_PORT}", self.etcd.client_url,
                          agent.pki_dir, agent.cache_dir, f"127.0.0.1:{STATUS_PORT}",
-                         kubelet_url=agent.kubelet.url(),
+                         kubelet_url=agent.stand_in_kubelet().url(),
                          kubelet_grace_period=self.kubelet_grace_period, **merged)
 
     def _http_pools(self) -> list:
@@ -172,7 +180,8 @@ class PartitionWorld(ProcessWorld):
             self._clients[agent.node] = client
         return client
 
-    def etcdctl_reactor(self):
+    def etcdctl_reactor(self) -> Any:
+
         return self.hosts[ETCD_HOST].reactor
 
     # -- cuts --------------------------------------------------------------------------

@@ -5,6 +5,8 @@ after a deadline, so a fast machine is not slowed down and a slow one fails with
 message that names what never happened.
 """
 
+from typing import Any, Callable, Generator
+
 from twisted.internet import defer
 from twisted.internet.task import deferLater
 
@@ -16,14 +18,15 @@ class PollTimeout(AssertionError):
     """
 
 
-def _describe(condition, what):
+def _describe(condition: object, what: str | None) -> str:
     if what:
         return what
     name = getattr(condition, "__qualname__", None) or getattr(condition, "__name__", None)
     return name or repr(condition)
 
 
-def poll_until(condition, timeout=10.0, interval=0.01, reactor=None, what=None):
+def poll_until(condition: Callable[[], Any], timeout: float = 10.0, interval: float = 0.01,
+               reactor: Any = None, what: str | None = None) -> defer.Deferred[Any]:
     """Fire once ``condition()`` is true; check it every ``interval`` seconds.
 
     ``condition`` returns a bool or a Deferred firing with one (an errback counts as
@@ -36,7 +39,8 @@ def poll_until(condition, timeout=10.0, interval=0.01, reactor=None, what=None):
     description = _describe(condition, what)
 
     @defer.inlineCallbacks
-    def poll():
+    def poll() -> Generator[defer.Deferred[Any], Any, Any]:
+
         deadline = reactor.seconds() + timeout
         last = None
         while True:

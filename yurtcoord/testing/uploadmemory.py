@@ -13,6 +13,7 @@ did before never blurs the figure; without the reset the figure can only be larg
 
 import json
 import sys
+from typing import Any, Generator
 
 from twisted.internet import defer, task
 
@@ -30,7 +31,8 @@ UPLOAD_RESOURCES = (UploadResource("kubelet", "pods", "v1"),
 
 
 @defer.inlineCallbacks
-def upload(reactor, etcd_url: str, cache_dir: str, key_cache_dir: str):
+def upload(reactor: Any, etcd_url: str, cache_dir: str,
+           key_cache_dir: str) -> Generator[defer.Deferred[Any], Any, None]:
     client = EtcdClient(reactor, EtcdConfig(etcd_url, timeout=10.0))
     store = PoolStore(reactor, client, "/registry",
                       ComponentKeyCache.in_directory(key_cache_dir).load())
@@ -53,7 +55,8 @@ def upload(reactor, etcd_url: str, cache_dir: str, key_cache_dir: str):
                       "counts": counts._asdict(), "skipped": skipped}), flush=True)
 
 
-def main(argv=None):
+def main(argv: list[str] | None = None) -> None:
+
     etcd_url, cache_dir, key_cache_dir = (argv if argv is not None else sys.argv[1:])
     task.react(upload, (etcd_url, cache_dir, key_cache_dir))
 

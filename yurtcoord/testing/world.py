@@ -24,11 +24,13 @@ import os
 import shutil
 import sys
 import tempfile
+from typing import Any, Callable, Generator, Iterable, Mapping
 
 import treq.client
 from twisted.internet import defer, error, protocol
 from twisted.internet.threads import deferToThread
 from twisted.internet.utils import getProcessOutputAndValue
+from twisted.python.failure import Failure
 from twisted.web.client import Agent as HTTPAgent, HTTPConnectionPool
 
 from yurtcoord.kube.gvr import ENDPOINTS, LEASES, NODES
@@ -37,7 +39,7 @@ from yurtcoord.names import (
 )
 from yurtcoord.sim.agentini import loopback_agent_ini
 from yurtcoord.sim.apiserver import KubeAPIServer
-from yurtcoord.sim.etcd import EtcdProcess, etcd_binary_for
+from yurtcoord.sim.etcd import EtcdBinary, EtcdProcess, etcd_binary_for
 from yurtcoord.sim.kubelet import StandInKubelet
 from yurtcoord.testing.poll import PollTimeout, poll_until
 from yurtcoord.sim.tcpproxy import TCPProxy
@@ -77,16 +79,17 @@ LEASE_DURATION, RETRY_PERIOD = 3.0, 0.5
 HEARTBEAT_INTERVAL, HEARTBEAT_TIMEOUT, FAILED_RETRY = 4.0, 1.0, 3
 
 
-def agent_ini(node, cloud_url, coordinator_url, etcd_url, pki_dir, cache_dir, listen,
-              kubelet_url: str = "off",
-              kubelet_grace_period: str = TIMINGS["kubelet_grace_period"], **sections):
+def agent_ini(node: str, cloud_url: str | Iterable[str], coordinator_url: str, etcd_url: str,
+              pki_dir: str, cache_dir: str, listen: str, kubelet_url: str = "off",
+              kubelet_grace_period: str = TIMINGS["kubelet_grace_period"],
+              **sections: Mapping[str, object]) -> str:
     """Ini text of one agent of the fault suite: plain http everywhere, short timings;
     the kubelet check asks ``kubelet_url`` (off by default).
 
     ``cloud_url`` is one URL or a list of them; ``sections`` are merged over the
     suite's, key by key (``coordinator={"enabled": "false"}``)."""
     cloud_urls = [cloud_url] if isinstance(cloud_url, str) else list(cloud_url)
-    base = {
+    base: dict[str, dict[str, object]] = {
         "coordinator": {"storage_prefix": STORAGE_PREFIX},
         "leader_election": {"lease_namespace": ELECTION_NAMESPACE,
                             "lease_name": ELECTION_LEASE,
@@ -108,9 +111,10 @@ def agent_ini(node, cloud_url, coordinator_url, etcd_url, pki_dir, cache_dir, li
                               cache_dir, **base)
 
 
-def cached_pod(name, resource_version, namespace="default", padding=0):
+def cached_pod(name: str, resource_version: int | str, namespace: str = "default",
+               padding: int = 0) -> dict[str, Any]:
     """A pod as yurthub caches it; ``padding`` bytes of annotation make it bigger."""
-    metadata = {"name": name, "namespace": namespace,
+    metadata: dict[str, Any] = {"name": name, "namespace": namespace,
                 "resourceVersion": str(resource_version)}
     if padding:
         metadata["annotations"] = {"example.com/padding": "x" * padding}
@@ -126,20 +130,20 @@ def pool_node(name: str, pool: str = POOL) -> dict:
             "status": {"conditions": [{"type": "Ready", "status": "True"}]}}
 
 
-def add_pool_node(cloud, name, pool=POOL):
+def add_pool_node(cloud: KubeAPIServer, name: str, pool: str = POOL) -> None:
     """Create the Node ``name`` of ``pool`` in the cloud API test server unless it exists."""
     if cloud.store.get(NODES, name) is None:
         cloud.store.create(NODES, pool_node(name, pool))
 
 
-def child_environment():
+def child_environment() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("ETCD")}
     env["PYTHONUNBUFFERED"] = "1"
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [REPO, env.get("PYTHONPATH")]))
     return env
 
 
-def tail(path, lines=40):
+def tail(path: str, lines: int = 40) -> str:
     try:
         with open(path, "rb") as f:
             data = f.read()
@@ -151,12 +155,12 @@ def tail(path, lines=40):
 class _ChildProtocol(protocol.ProcessProtocol):
     """Notices the child's exit; its output goes straight to the log file."""
 
-    def __init__(self):
-        self.ended = defer.Deferred()
-        self.exit_code = None
-        self.signal = None
+    def __init__(self) -> None:
+        self.ended: defer.Deferred[int | None] = defer.Deferred()
+        self.exit_code: int | None = None
+        self.signal: int | None = None
 
-    def processEnded(self, reason):
+    def processEnded(self, reason: Failure) -> None:
         if isinstance(reason.value, (error.ProcessDone, error.ProcessTerminated)):
             self.exit_code = reason.value.exitCode
             self.signal = getattr(reason.value, "signal", None)
@@ -172,8 +176,9 @@ class AgentProcess:
     ``kubelet`` is its stand-in kubelet (None when the agent checks none).
     """
 
-    def __init__(self, reactor, node, directory, cloud_proxies, etcd_proxy=None, kubelet=None,
-                 spawn=None):
+    def __init__(self, reactor: Any, node: str, directory: str, cloud_proxies: Iterable[TCPProxy],
+                 etcd_proxy: TCPProxy | None = None, kubelet: StandInKubelet | None = None,
+                 spawn: Callable[..., object] | None = None) -> None:
         self.reactor = reactor
         # How the child is spawned: ``spawn(protocol, argv, env, path, childFDs)``; by
         # default ``reactor.spawnProcess`` (a world on test networks spawns it inside
@@ -191,27 +196,29 @@ class AgentProcess:
         self.pki_dir = os.path.join(directory, "pki")
         self.ini_path = os.path.join(directory, "yurtcoord.ini")
         self.log_path = os.path.join(directory, "agent.log")
-        self.expected_pods = {}
-        self.url = None
-        self._child = None
+        self.expected_pods: dict[str, int] = {}
+        self.url: str | None = None
+        self._child: _ChildProtocol | None = None
         os.makedirs(self.cache_dir, exist_ok=True)
 
     # -- the local cache ---------------------------------------------------------------
 
-    def write_pod(self, name, resource_version, namespace="default", padding=0):
+    def write_pod(self, name: str, resource_version: int, namespace: str = "default",
+                  padding: int = 0) -> None:
         """A good pod file in the cache (``kubelet/pods.v1.core/<ns>/<name>``)."""
         pod = cached_pod(name, resource_version, namespace, padding)
         self.write_cache_file(namespace, name, json.dumps(pod).encode("utf-8"))
         self.expected_pods[f"{PODS_PREFIX}{namespace}/{name}"] = int(resource_version)
 
-    def write_cache_file(self, namespace, name, data):
+    def write_cache_file(self, namespace: str, name: str, data: bytes) -> None:
         """Any bytes as a cache file: the way to plant bad entries."""
         directory = os.path.join(self.cache_dir, "kubelet", "pods.v1.core", namespace)
         os.makedirs(directory, exist_ok=True)
         with open(os.path.join(directory, name), "wb") as f:
             f.write(data)
 
-    def write_pods(self, count, prefix=None, first_rv=10, padding=0):
+    def write_pods(self, count: int, prefix: str | None = None, first_rv: int = 10,
+                   padding: int = 0) -> None:
         prefix = prefix or f"{self.node}-pod"
         for index in range(count):
             self.write_pod(f"{prefix}-{index}", first_rv + index, padding=padding)
@@ -219,23 +226,25 @@ class AgentProcess:
     # -- the process -------------------------------------------------------------------
 
     @property
-    def running(self):
+    def running(self) -> bool:
         return self._child is not None and not self._child.ended.called
 
     @property
-    def exit_code(self):
+    def exit_code(self) -> int | None:
         return None if self._child is None else self._child.exit_code
 
     @property
-    def exit_signal(self):
+    def exit_signal(self) -> int | None:
         """The number of the signal that ended the agent, if one did."""
         return None if self._child is None else self._child.signal
 
     @property
-    def ended(self):
+    def ended(self) -> defer.Deferred[int | None]:
+        if self._child is None:
+            raise RuntimeError(f"agent {self.node} was never started")
         return self._child.ended
 
-    def start(self, ini_text):
+    def start(self, ini_text: str) -> None:
         with open(self.ini_path, "w", encoding="utf-8") as f:
             f.write(ini_text)
         self._child = _ChildProtocol()
@@ -246,11 +255,12 @@ class AgentProcess:
                 child_environment(), self.directory,
                 {0: null.fileno(), 1: log.fileno(), 2: log.fileno()})
 
-    def _spawn_here(self, child, argv, env, path, child_fds):
+    def _spawn_here(self, child: protocol.ProcessProtocol, argv: list[str], env: dict[str, str],
+                    path: str, child_fds: dict[int, int]) -> None:
         self.reactor.spawnProcess(child, argv[0], argv, env=env, path=path,
                                   childFDs=child_fds)
 
-    def _listening_url(self):
+    def _listening_url(self) -> str | None:
         if self.url is None:
             for line in tail(self.log_path, 200).splitlines():
                 if LISTENING_MARK in line:
@@ -259,7 +269,8 @@ class AgentProcess:
         return self.url
 
     @defer.inlineCallbacks
-    def wait_listening(self, timeout=START_DEADLINE):
+    def wait_listening(self, timeout: float = START_DEADLINE,
+                       ) -> Generator[defer.Deferred[Any], Any, str]:
         """Fire with the status URL once the agent logged it is listening."""
         try:
             yield poll_until(lambda: self._listening_url() or not self.running, timeout,
@@ -271,15 +282,17 @@ class AgentProcess:
                                  f"listening\n{self.log_tail()}")
         return self.url
 
-    def signal(self, name):
+    def signal(self, name: str) -> None:
         """Send ``"KILL"``, ``"TERM"``... to the agent if it still runs."""
-        if self.running:
-            self._child.transport.signalProcess(name)
+        transport = self._child.transport if self._child is not None else None
+        if transport is not None and self.running:
+            transport.signalProcess(name)
+
 
     @defer.inlineCallbacks
-    def stop(self):
+    def stop(self) -> Generator[defer.Deferred[Any], Any, None]:
         """SIGTERM, then SIGKILL if it has not exited within ``STOP_DEADLINE``."""
-        if not self.running:
+        if self._child is None or not self.running:
             return
         self.signal("TERM")
         timer = self.reactor.callLater(STOP_DEADLINE, self.signal, "KILL")
@@ -287,11 +300,18 @@ class AgentProcess:
         if timer.active():
             timer.cancel()
 
-    def log_tail(self, lines=30):
+    def stand_in_kubelet(self) -> StandInKubelet:
+        """The agent's stand-in kubelet (every agent of a world has one)."""
+        if self.kubelet is None:
+            raise RuntimeError(f"agent {self.node} has no stand-in kubelet")
+        return self.kubelet
+
+    def log_tail(self, lines: int = 30) -> str:
+
         return f"--- {self.node} ({self.log_path}), last {lines} lines:\n" + tail(
             self.log_path, lines)
 
-    def log_text(self):
+    def log_text(self) -> str:
         return tail(self.log_path, 10 ** 7)
 
 
@@ -303,34 +323,43 @@ class ProcessWorld:
     safe to call twice. ``kubelet_grace_period`` is the agents' ini value.
     """
 
-    def __init__(self, reactor, etcd_binary=None,
-                 kubelet_grace_period=TIMINGS["kubelet_grace_period"]):
+    def __init__(self, reactor: Any, etcd_binary: EtcdBinary | None = None,
+                 kubelet_grace_period: str = TIMINGS["kubelet_grace_period"]) -> None:
         self.reactor = reactor
         self.kubelet_grace_period = kubelet_grace_period
         self.base_dir = tempfile.mkdtemp(prefix="yurtcoord-world-")
         self.etcd = EtcdProcess(etcd_binary or etcd_binary_for("3.5")
                                 or etcd_binary_for("3.4"))
-        self.cloud = KubeAPIServer(reactor)
-        self.coordinator = KubeAPIServer(reactor)
-        self.agents = {}
-        self._proxies = []
-        self._kubelets = []
+        # None only in a world whose servers are made by start() (see PartitionWorld).
+        self.cloud: KubeAPIServer | None = KubeAPIServer(reactor)
+        self.coordinator: KubeAPIServer | None = KubeAPIServer(reactor)
+        self.agents: dict[str, AgentProcess] = {}
+        self._proxies: list[TCPProxy] = []
+        self._kubelets: list[StandInKubelet] = []
         self._http_pool = HTTPConnectionPool(reactor, persistent=False)
         self.http = treq.client.HTTPClient(
             HTTPAgent(reactor, pool=self._http_pool, connectTimeout=2))
         self._stopped = False
 
+    def servers(self) -> tuple[KubeAPIServer, KubeAPIServer]:
+        """The cloud and the coordinator apiserver."""
+        if self.cloud is None or self.coordinator is None:
+            raise RuntimeError("the world's apiservers are made by start()")
+        return self.cloud, self.coordinator
+
     # -- lifecycle ---------------------------------------------------------------------
 
     @defer.inlineCallbacks
-    def start(self):
+    def start(self) -> Generator[defer.Deferred[Any], Any, None]:
         yield deferToThread(self.etcd.start)
-        yield self.cloud.start()
-        yield self.coordinator.start()
+        cloud, coordinator = self.servers()
+        yield cloud.start()
+        yield coordinator.start()
 
     @defer.inlineCallbacks
     def add_agent(self, node: str, pods: int = 0, cloud_urls: int = 1,
-                  etcd_proxy: bool = False, **pod_options):
+                  etcd_proxy: bool = False, **pod_options: Any,
+                  ) -> Generator[defer.Deferred[Any], Any, AgentProcess]:
         """Prepare an agent (dir, ``cloud_urls`` proxies in front of the cloud, running
         stand-in kubelet, its Node in the cloud, ``pods`` good pods in its cache); not
         started.
@@ -338,20 +367,24 @@ class ProcessWorld:
         With ``etcd_proxy`` the agent reaches the pool etcd through its own TCPProxy
         (``agent.etcd_proxy``), so that its etcd link alone can be cut."""
         proxies = []
+        cloud = self.servers()[0]
+        cloud_port = cloud.port_number
+        assert cloud_port is not None, "the cloud apiserver listens once started"
         for _ in range(cloud_urls):
-            proxy = TCPProxy(self.reactor, "127.0.0.1", self.cloud.port_number)
+            proxy = TCPProxy(self.reactor, "127.0.0.1", cloud_port)
             yield proxy.start()
             self._proxies.append(proxy)
             proxies.append(proxy)
         etcd = None
         if etcd_proxy:
+            assert self.etcd.client_port is not None, "etcd listens once started"
             etcd = TCPProxy(self.reactor, "127.0.0.1", self.etcd.client_port)
             yield etcd.start()
             self._proxies.append(etcd)
         kubelet = StandInKubelet(self.reactor)
         kubelet.start()
         self._kubelets.append(kubelet)
-        add_pool_node(self.cloud, node)
+        add_pool_node(cloud, node)
         agent = AgentProcess(self.reactor, node, os.path.join(self.base_dir, node), proxies,
                              etcd, kubelet)
         if pods:
@@ -360,7 +393,8 @@ class ProcessWorld:
         return agent
 
     @defer.inlineCallbacks
-    def start_agents(self, nodes=None, **sections):
+    def start_agents(self, nodes: Iterable[str] | None = None, **sections: Mapping[str, object],
+                     ) -> Generator[defer.Deferred[Any], Any, None]:
         """Spawn the agents (all prepared ones by default); fire once all listen.
         ``sections`` are merged over the suite's ini (see ``agent_ini``)."""
         chosen = [self.agents[n] for n in (nodes or list(self.agents))]
@@ -374,18 +408,20 @@ class ProcessWorld:
             if not succeeded:
                 result.raiseException()
 
-    def ini_for(self, agent: AgentProcess, **sections) -> str:
+    def ini_for(self, agent: AgentProcess, **sections: Mapping[str, object]) -> str:
         """The ini text ``start_agents`` runs ``agent`` with; ``sections`` are merged
         over the suite's (see ``agent_ini``)."""
         etcd_url = (self.etcd.client_url if agent.etcd_proxy is None
                     else agent.etcd_proxy.url(self.etcd.scheme))
+        coordinator_url = self.servers()[1].url
+        assert coordinator_url is not None, "the coordinator apiserver listens once started"
         return agent_ini(agent.node, [p.url() for p in agent.cloud_proxies],
-                         self.coordinator.url, etcd_url, agent.pki_dir, agent.cache_dir,
-                         "127.0.0.1:0", kubelet_url=agent.kubelet.url(),
+                         coordinator_url, etcd_url, agent.pki_dir, agent.cache_dir,
+                         "127.0.0.1:0", kubelet_url=agent.stand_in_kubelet().url(),
                          kubelet_grace_period=self.kubelet_grace_period, **sections)
 
     @defer.inlineCallbacks
-    def stop(self):
+    def stop(self) -> Generator[defer.Deferred[Any], Any, None]:
         if self._stopped:
             return
         self._stopped = True
@@ -416,19 +452,19 @@ class ProcessWorld:
 
     # -- faults of etcd (blocking steps run in a thread) -------------------------------
 
-    def kill_etcd(self):
+    def kill_etcd(self) -> defer.Deferred[None]:
         return deferToThread(self.etcd.kill)
 
-    def restart_etcd(self):
+    def restart_etcd(self) -> defer.Deferred[EtcdProcess]:
         return deferToThread(self.etcd.restart)
 
     # -- cuts of the cloud -------------------------------------------------------------
 
-    def cut_cloud(self, nodes=None):
+    def cut_cloud(self, nodes: Iterable[str] | None = None) -> defer.Deferred[list[Any]]:
         return defer.gatherResults([proxy.cut() for n in (nodes or list(self.agents))
                                     for proxy in self.agents[n].cloud_proxies])
 
-    def restore_cloud(self, nodes=None):
+    def restore_cloud(self, nodes: Iterable[str] | None = None) -> None:
         for node in nodes or list(self.agents):
             for proxy in self.agents[node].cloud_proxies:
                 proxy.restore()
@@ -437,27 +473,27 @@ class ProcessWorld:
 
     def stop_kubelet(self, node: str) -> defer.Deferred:
         """``node``'s kubelet dies: it stops listening, its connections drop."""
-        return self.agents[node].kubelet.stop()
+        return self.agents[node].stand_in_kubelet().stop()
 
     def start_kubelet(self, node: str) -> None:
         """``node``'s kubelet is back, on the port its agent checks."""
-        self.agents[node].kubelet.start()
+        self.agents[node].stand_in_kubelet().start()
 
     # -- reading the agents ------------------------------------------------------------
 
-    def running_agents(self):
+    def running_agents(self) -> dict[str, AgentProcess]:
         return {node: a for node, a in self.agents.items() if a.running}
 
     def http_for(self, agent: AgentProcess) -> treq.client.HTTPClient:
         """The HTTP client that reaches ``agent``'s status pages."""
         return self.http
 
-    def etcdctl_reactor(self):
+    def etcdctl_reactor(self) -> Any:
         """The reactor that spawns ``etcdctl`` (one where the etcd member is reachable)."""
         return self.reactor
 
     @defer.inlineCallbacks
-    def status(self, agent):
+    def status(self, agent: AgentProcess) -> Generator[defer.Deferred[Any], Any, Any]:
         response = yield self.http_for(agent).get(f"{agent.url}/status", timeout=5)
         body = yield response.content()
         if response.code != 200:
@@ -465,11 +501,12 @@ class ProcessWorld:
         return json.loads(body)
 
     @defer.inlineCallbacks
-    def metrics(self, agent):
+    def metrics(self, agent: AgentProcess,
+                ) -> Generator[defer.Deferred[Any], Any, dict[str, float]]:
         """``{sample name with labels: value}`` of the agent's ``/metrics``."""
         response = yield self.http_for(agent).get(f"{agent.url}/metrics", timeout=5)
         body = yield response.content()
-        samples = {}
+        samples: dict[str, float] = {}
         for line in body.decode("utf-8").splitlines():
             if line and not line.startswith("#"):
                 name, _, value = line.rpartition(" ")
@@ -477,27 +514,29 @@ class ProcessWorld:
         return samples
 
     @defer.inlineCallbacks
-    def statuses(self):
+    def statuses(self) -> Generator[defer.Deferred[Any], Any, dict[str, Any]]:
         """``{node: /status document}`` of every running agent."""
         documents = {}
         for node, agent in self.running_agents().items():
             documents[node] = yield self.status(agent)
         return documents
 
-    def log_tails(self, nodes=None, lines=30):
+    def log_tails(self, nodes: Iterable[str] | None = None, lines: int = 30) -> str:
         return "\n".join(self.agents[n].log_tail(lines) for n in (nodes or list(self.agents)))
 
     @defer.inlineCallbacks
-    def wait_for_pool(self, what, predicate, timeout, interval=0.05):
+    def wait_for_pool(self, what: str, predicate: Callable[[dict[str, Any]], object],
+                      timeout: float, interval: float = 0.05,
+                      ) -> Generator[defer.Deferred[Any], Any, dict[str, Any]]:
         """Poll every running agent's ``/status`` until ``predicate({node: doc})``.
 
         On timeout the assertion names ``what``, the last (role, leader, ready) of each
         agent and the tail of every agent's log.
         """
-        seen = {}
+        seen: dict[str, Any] = {}
 
         @defer.inlineCallbacks
-        def check():
+        def check() -> Generator[defer.Deferred[Any], Any, object]:
             seen["statuses"] = yield self.statuses()
             return predicate(seen["statuses"])
 
@@ -513,7 +552,8 @@ class ProcessWorld:
     # -- reading the pool etcd and judging it ------------------------------------------
 
     @defer.inlineCallbacks
-    def read_etcd(self, prefix):
+    def read_etcd(self, prefix: str,
+                  ) -> Generator[defer.Deferred[Any], Any, dict[str, bytes]]:
         """``{key: value}`` (str keys, bytes values) under ``prefix``, read by etcdctl."""
         env = child_environment()
         env["ETCDCTL_API"] = "3"
@@ -527,7 +567,7 @@ class ProcessWorld:
                 base64.b64decode(kv.get("value", "")) for kv in kvs}
 
     @defer.inlineCallbacks
-    def count_etcd(self, prefix):
+    def count_etcd(self, prefix: str) -> Generator[defer.Deferred[Any], Any, int]:
         """How many keys are under ``prefix`` (the range's count, read with limit 1)."""
         env = child_environment()
         env["ETCDCTL_API"] = "3"
@@ -539,14 +579,15 @@ class ProcessWorld:
             raise AssertionError(f"etcdctl count {prefix} failed ({code}): {err!r}")
         return int(json.loads(out).get("count", 0))
 
-    def cloud_endpoints(self):
+    def cloud_endpoints(self) -> dict[str, int]:
         """``{pool etcd key: resourceVersion}`` of the cloud's endpoints."""
         return {f"{ENDPOINTS_PREFIX}{obj['metadata']['namespace']}/{obj['metadata']['name']}":
                 int(obj["metadata"]["resourceVersion"])
-                for obj in self.cloud.store.list(ENDPOINTS)}
+                for obj in self.servers()[0].store.list(ENDPOINTS)}
 
     @defer.inlineCallbacks
-    def pool_problems(self, agents=None):
+    def pool_problems(self, agents: Iterable[AgentProcess] | None = None,
+                      ) -> Generator[defer.Deferred[Any], Any, list[str]]:
         """Differences between the pool etcd and its sources, as readable lines.
 
         Endpoints must match the cloud exactly (same keys, same resourceVersion); every
@@ -558,7 +599,7 @@ class ProcessWorld:
         mirrors = yield self.read_etcd(f"{MIRROR_RV_PREFIX}{STORAGE_PREFIX}/")
         problems = []
 
-        def stored_rv(key):
+        def stored_rv(key: str) -> int | None:
             try:
                 return int(json.loads(objects[key])["metadata"]["resourceVersion"])
             except (ValueError, KeyError, TypeError):
@@ -590,12 +631,13 @@ class ProcessWorld:
         return problems
 
     @defer.inlineCallbacks
-    def wait_pool_exact(self, timeout, agents=None):
+    def wait_pool_exact(self, timeout: float, agents: Iterable[AgentProcess] | None = None,
+                        ) -> Generator[defer.Deferred[Any], Any, None]:
         """Poll until ``pool_problems()`` is empty; fail listing the first problems."""
-        seen = {}
+        seen: dict[str, Any] = {}
 
         @defer.inlineCallbacks
-        def exact():
+        def exact() -> Generator[defer.Deferred[Any], Any, bool]:
             seen["problems"] = yield self.pool_problems(agents)
             return not seen["problems"]
 
@@ -609,15 +651,15 @@ class ProcessWorld:
 
     # -- the coordinator's leases ------------------------------------------------------
 
-    def node_lease(self, server, node):
+    def node_lease(self, server: KubeAPIServer, node: str) -> dict[str, Any] | None:
         return server.store.get(LEASES, node, NODE_LEASE_NAMESPACE)
 
-    def election_holder(self):
-        lease = self.coordinator.store.get(LEASES, ELECTION_LEASE, ELECTION_NAMESPACE)
+    def election_holder(self) -> str | None:
+        lease = self.servers()[1].store.get(LEASES, ELECTION_LEASE, ELECTION_NAMESPACE)
         return (lease or {}).get("spec", {}).get("holderIdentity")
 
 
-def one_leader_all_ready(statuses, count):
+def one_leader_all_ready(statuses: Mapping[str, Any], count: int) -> bool:
     """Exactly one leader among ``count`` agents, the others followers naming it, all ready."""
     if len(statuses) != count:
         return False
@@ -627,6 +669,7 @@ def one_leader_all_ready(statuses, count):
             and None not in leaders and all(s["ready"] for s in statuses.values()))
 
 
-def leader_of(statuses):
+def leader_of(statuses: Mapping[str, Any]) -> str | None:
+
     return next((node for node, s in statuses.items() if s["role"] == "leader"), None)
 

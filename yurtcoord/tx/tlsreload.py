@@ -20,7 +20,7 @@ PEM material is a file (re-read on change) or bytes given inline (kubeconfig's
 
 import os
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 from OpenSSL import SSL
 from twisted.internet import ssl
@@ -88,7 +88,8 @@ class TLSMaterial:
     """What one load of the files gave: the CA trust root (None: the platform's),
     the client certificate with its key (None: none presented) and its chain."""
 
-    trust: Optional[object]
+    # What ``ssl.trustRootFromCertificates`` returns; its interface is not public.
+    trust: Optional[Any]
     client_cert: Optional[ssl.PrivateCertificate]
     chain: tuple
 
@@ -213,14 +214,15 @@ class ReloadingTLSPolicy:
     def _make_creator(self, host: str) -> IOpenSSLClientConnectionCreator:
         material = self._material
         assert material is not None  # refresh() loaded it or raised
-        chain = {"extraCertChain": list(material.chain)} if material.chain else {}
+        chain = list(material.chain)
         if self.insecure:
-            extra = dict(chain)
-            if material.client_cert is not None:
-                extra.update(privateKey=material.client_cert.privateKey.original,
-                             certificate=material.client_cert.original)
-            context = ssl.CertificateOptions(verify=False, **extra).getContext()
+            client = material.client_cert
+            context = ssl.CertificateOptions(
+                verify=False,
+                privateKey=None if client is None else client.privateKey.original,
+                certificate=None if client is None else client.original,
+                extraCertChain=chain or None).getContext()
             return _UnverifiedCreator(host, context)
-        return ssl.optionsForClientTLS(host, trustRoot=material.trust,
-                                       clientCertificate=material.client_cert,
-                                       extraCertificateOptions=chain or None)
+        return ssl.optionsForClientTLS(
+            host, trustRoot=material.trust, clientCertificate=material.client_cert,
+            extraCertificateOptions={"extraCertChain": chain} if chain else None)

@@ -10,6 +10,8 @@ appends every answer's record to PATH as a JSON line (see
 import argparse
 import os
 import sys
+from typing import Any
+
 
 from twisted.internet import defer, task
 
@@ -29,7 +31,7 @@ def _parse(argv):
     return parser.parse_args(argv)
 
 
-def main(reactor, argv):
+def main(reactor: Any, argv: list[str]) -> defer.Deferred[Any]:
     from yurtcoord.sim.apiserver import KubeAPIServer
 
     options = _parse(argv)
@@ -38,7 +40,8 @@ def main(reactor, argv):
         globalLogBeginner.beginLoggingTo([textFileLogObserver(sys.stderr)])
     server = KubeAPIServer(reactor, tls_dir=options.tls_dir, history=options.history,
                            request_log_path=options.request_log)
-    finished = defer.Deferred()
+    finished: defer.Deferred[None] = defer.Deferred()
+
 
     def started(url):
         if options.kubeconfig:

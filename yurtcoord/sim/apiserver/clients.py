@@ -1,20 +1,24 @@
 """Helpers for tests that talk to the test API server: a kubeconfig for
 kubectl and client-go style clients, and the server with a ``KubeClient`` on it."""
 
+from typing import Any
+
 import yaml
 from twisted.internet import defer
 
 from yurtcoord.kube.client import ClientConfig, KubeClient
 from yurtcoord.sim.apiserver.server import KubeAPIServer
+from yurtcoord.sim.pki import CertPair
 
 
-def write_kubeconfig(path, url, ca_file=None, client_pair=None, namespace="default"):
+def write_kubeconfig(path: str, url: str, ca_file: str | None = None,
+                     client_pair: CertPair | None = None, namespace: str = "default") -> str:
     """Write a kubeconfig pointing at ``url``; with TLS, ``ca_file`` verifies the
     server and ``client_pair`` (a pki.CertPair) authenticates the client."""
     cluster = {"server": url}
     if ca_file:
         cluster["certificate-authority"] = ca_file
-    user = {}
+    user: dict[str, str] = {}
     if client_pair is not None:
         user = {"client-certificate": client_pair.cert_file,
                 "client-key": client_pair.key_file}
@@ -34,8 +38,9 @@ def write_kubeconfig(path, url, ca_file=None, client_pair=None, namespace="defau
 
 
 @defer.inlineCallbacks
-def start_server_with_client(case, reactor, client_timeout=ClientConfig.timeout,
-                             **server_options):
+def start_server_with_client(case: Any, reactor: Any, client_timeout: float = ClientConfig.timeout,
+                             **server_options: Any) -> Any:
+
     """Start a ``KubeAPIServer`` (plain http, free port, ``server_options``) and a
     ``KubeClient`` on it; ``case``'s cleanups close the client, then stop the server.
 

@@ -2,13 +2,14 @@
 patch, whose list-merge keys this server does not model) and JSON patch (RFC 6902)."""
 
 import copy
+from typing import Any
 
 
 class PatchError(ValueError):
     """The patch cannot be applied; the server answers 422 or 400."""
 
 
-def merge_patch(target, patch):
+def merge_patch(target: Any, patch: Any) -> Any:
     if not isinstance(patch, dict):
         return copy.deepcopy(patch)
     result = copy.deepcopy(target) if isinstance(target, dict) else {}
@@ -100,7 +101,8 @@ def _add(doc, parts, value, replace=False):
         raise PatchError(f"cannot add to {type(parent).__name__}")
 
 
-def json_patch(target, operations):
+def json_patch(target: Any, operations: Any) -> Any:
+
     if not isinstance(operations, list):
         raise PatchError("a JSON patch must be a list of operations")
     doc = copy.deepcopy(target)

@@ -7,7 +7,7 @@ from urllib.parse import parse_qsl, unquote
 import yaml
 from twisted.logger import Logger
 from twisted.web.resource import Resource
-from twisted.web.server import NOT_DONE_YET
+from twisted.web.server import NOT_DONE_YET, Request
 
 from yurtcoord.kube.errors import KubeError
 from yurtcoord.sim.apiserver import status, table
@@ -66,7 +66,8 @@ class KubeAPIResource(Resource):
 
     # -- entry ---------------------------------------------------------------
 
-    def render(self, request):
+    def render(self, request: Request) -> bytes | int:
+
         self._server._note_request(request)
         uri = request.uri.decode("utf-8", "replace")
         fault = self._server.faults.take(request.method.decode(),

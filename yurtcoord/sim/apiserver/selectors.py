@@ -2,6 +2,7 @@
 ``labelSelector`` and ``fieldSelector`` query parameters."""
 
 import re
+from typing import Any
 
 _KEY = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
 _VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?$")
@@ -13,7 +14,9 @@ class SelectorError(ValueError):
 
 def _split_top_level(text):
     """Split on commas that are not inside parentheses."""
-    parts, depth, current = [], 0, []
+    parts: list[str] = []
+    depth = 0
+    current: list[str] = []
     for char in text:
         if char == "(":
             depth += 1
@@ -68,11 +71,11 @@ def _parse_requirement(text):
 class LabelSelector:
     """All requirements must hold (they are ANDed, as in Kubernetes)."""
 
-    def __init__(self, text=""):
+    def __init__(self, text: str = "") -> None:
         self.text = text or ""
         self.requirements = [_parse_requirement(p) for p in _split_top_level(self.text)]
 
-    def matches(self, labels):
+    def matches(self, labels: dict[str, str] | None) -> bool:
         labels = labels or {}
         for key, op, value in self.requirements:
             present = key in labels
@@ -109,9 +112,9 @@ class FieldSelector:
     """``=``, ``==`` and ``!=`` on dotted fields (``metadata.name``,
     ``metadata.namespace``, and any other dotted path of the object)."""
 
-    def __init__(self, text=""):
+    def __init__(self, text: str = "") -> None:
         self.text = text or ""
-        self.requirements = []
+        self.requirements: list[tuple[str, str, str]] = []
         for part in _split_top_level(self.text):
             for op in ("!=", "==", "="):
                 if op in part:
@@ -124,7 +127,7 @@ class FieldSelector:
             else:
                 raise SelectorError(f"invalid field selector: {part!r}: expected field=value")
 
-    def matches(self, obj):
+    def matches(self, obj: dict[str, Any]) -> bool:
         for field, op, value in self.requirements:
             actual = _field_value(obj, field)
             if (actual == value) != (op == "="):
@@ -135,13 +138,15 @@ class FieldSelector:
 class ObjectFilter:
     """What a list or watch asks for: a namespace (None = all) and selectors."""
 
-    def __init__(self, namespace=None, label_selector="", field_selector=""):
+    def __init__(self, namespace: str | None = None, label_selector: str = "",
+                 field_selector: str = "") -> None:
         self.namespace = namespace
         self.labels = LabelSelector(label_selector)
         self.fields = FieldSelector(field_selector)
 
-    def matches(self, obj):
+    def matches(self, obj: dict[str, Any] | None) -> bool:
         if obj is None:
+
             return False
         metadata = obj.get("metadata") or {}
         if self.namespace is not None and metadata.get("namespace", "") != self.namespace:

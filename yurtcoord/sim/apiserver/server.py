@@ -4,20 +4,28 @@ client certificate signed by the server's CA)."""
 
 import os
 import weakref
+from typing import IO, Any, Callable, Generator
 
 from OpenSSL import SSL
 from twisted.internet import defer
 from twisted.internet.address import IPv4Address, IPv6Address
-from twisted.internet.interfaces import IOpenSSLContextFactory, IProtocolNegotiationFactory
+from twisted.internet.interfaces import (
+    IDelayedCall, IListeningPort, IOpenSSLContextFactory, IProtocolNegotiationFactory)
+from twisted.internet.protocol import connectionDone
+
 from twisted.logger import Logger
 from twisted.protocols import policies
-from twisted.web.server import Site
+from twisted.python.failure import Failure
+from twisted.web import http
+from twisted.web.server import Request, Site
+
 from zope.interface import implementer
 
 from yurtcoord.sim.apiserver.catalog import Catalog
 from yurtcoord.sim.apiserver.faults import FaultInjector
 from yurtcoord.sim.apiserver.pages import ListPages
-from yurtcoord.sim.apiserver.requestlog import REQUEST_LOG_LIMIT, json_line, logged_request
+from yurtcoord.sim.apiserver.requestlog import (
+    REQUEST_LOG_LIMIT, LoggedRequest, json_line, logged_request)
 from yurtcoord.sim.apiserver.resource import KubeAPIResource
 from yurtcoord.sim.apiserver.store import ObjectStore
 
@@ -25,7 +33,7 @@ from yurtcoord.sim.apiserver.store import ObjectStore
 class _TrackedConnection(policies.ProtocolWrapper):
     """Lets the wrapped HTTP channel clean up before the connection is forgotten."""
 
-    def connectionLost(self, reason):
+    def connectionLost(self, reason: Failure = connectionDone) -> None:
         try:
             self.wrappedProtocol.connectionLost(reason)
         finally:
@@ -41,25 +49,25 @@ class _ConnectionTracker(policies.WrappingFactory):
 
     protocol = _TrackedConnection
 
-    def __init__(self, wrapped):
+    def __init__(self, wrapped: Site) -> None:
         super().__init__(wrapped)
-        self._idle_waiters = []
+        self._idle_waiters: list[defer.Deferred[None]] = []
 
-    def acceptableProtocols(self):
+    def acceptableProtocols(self) -> list[bytes]:
         return self.wrappedFactory.acceptableProtocols()
 
-    def unregisterProtocol(self, p):
+    def unregisterProtocol(self, p: policies.ProtocolWrapper) -> None:
         super().unregisterProtocol(p)
         if not self.protocols:
             waiters, self._idle_waiters = self._idle_waiters, []
             for waiter in waiters:
                 waiter.callback(None)
 
-    def drop_all(self):
+    def drop_all(self) -> defer.Deferred[None]:
         """Abort every connection; the Deferred fires once all are gone."""
         if not self.protocols:
             return defer.succeed(None)
-        waiter = defer.Deferred()
+        waiter: defer.Deferred[None] = defer.Deferred()
         self._idle_waiters.append(waiter)
         for protocol in list(self.protocols):
             if protocol.transport is not None:
@@ -67,7 +75,7 @@ class _ConnectionTracker(policies.WrappingFactory):
         return waiter
 
 
-def subject_of(x509):
+def subject_of(x509: Any) -> str:
     """RFC 4514 subject of a pyOpenSSL certificate, e.g. ``CN=a,O=b``."""
     return x509.to_cryptography().subject.rfc4514_string()
 
@@ -81,7 +89,7 @@ class ClientCertTLSContext:
     selected and speak HTTP/1.1.
     """
 
-    def __init__(self, ca_file, cert_file, key_file):
+    def __init__(self, ca_file: str, cert_file: str, key_file: str) -> None:
         context = SSL.Context(SSL.TLS_SERVER_METHOD)
         context.set_min_proto_version(SSL.TLS1_2_VERSION)
         context.use_certificate_chain_file(cert_file)
@@ -94,11 +102,11 @@ class ClientCertTLSContext:
         context.set_session_id(b"yurtcoord-test-apiserver")
         self._context = context
 
-    def getContext(self):
+    def getContext(self) -> SSL.Context:
         return self._context
 
 
-def tls_options(tls_dir):
+def tls_options(tls_dir: str) -> ClientCertTLSContext:
     """Server TLS from ``tls_dir`` (created with a throwaway CA if absent)
     that requires a client certificate signed by ``tls_dir/ca.crt``."""
     ca_file = os.path.join(tls_dir, "ca.crt")
@@ -119,7 +127,7 @@ class _APISite(Site):
 
     _access = Logger()
 
-    def log(self, request):
+    def log(self, request: http.Request) -> None:
         self._access.debug("apiserver {method} {uri} -> {code}",
                            method=request.method.decode(), code=request.code,
                            uri=request.uri.decode("utf-8", "replace"))
@@ -148,8 +156,9 @@ class KubeAPIServer:
 
     log = Logger()
 
-    def __init__(self, reactor, tls_dir=None, history=1000, bookmark_interval=1.0,
-                 catalog=None, request_log_path=None):
+    def __init__(self, reactor: Any, tls_dir: str | None = None, history: int = 1000,
+                 bookmark_interval: float = 1.0, catalog: Catalog | None = None,
+                 request_log_path: str | None = None) -> None:
         self.reactor = reactor
         self.tls_dir = tls_dir
         self.catalog = catalog or Catalog()
@@ -157,24 +166,25 @@ class KubeAPIServer:
         self.faults = FaultInjector(self)
         self.list_pages = ListPages(self.store)
         self.bookmark_interval = bookmark_interval
-        self.requests = []
-        self.answers = []
-        self.request_log = []
+        self.requests: list[tuple[str, str, dict[str, str]]] = []
+        self.answers: list[tuple[float, str, str, int]] = []
+        self.request_log: list[LoggedRequest] = []
         self.request_log_limit = REQUEST_LOG_LIMIT
         self.request_log_dropped = 0
         self.request_log_path = request_log_path
-        self._request_log_file = None
-        self.client_subjects = []
-        self.port_number = None
-        self.url = None
+        self._request_log_file: IO[str] | None = None
+        self.client_subjects: list[str] = []
+        self.port_number: int | None = None
+        self.url: str | None = None
         self._interface = "127.0.0.1"
-        self._port = None
-        self._port_closing = None
-        self._tls_options = None
-        self._watches = set()
-        self._delayed = set()
+        self._port: IListeningPort | None = None
+        self._port_closing: defer.Deferred[Any] | None = None
+        self._tls_options: ClientCertTLSContext | None = None
+        self._watches: set[Any] = set()
+        self._delayed: set[IDelayedCall] = set()
         # The JSON object answered to a request still being sent, for request_log.
-        self._answered_bodies = weakref.WeakKeyDictionary()
+        self._answered_bodies: weakref.WeakKeyDictionary[Request, Any] = (
+            weakref.WeakKeyDictionary())
         site = _APISite(KubeAPIResource(self), reactor=reactor, parsePOSTFormSubmission=False)
         site.displayTracebacks = False
         site.noisy = False
@@ -185,10 +195,10 @@ class KubeAPIServer:
     # -- lifecycle -----------------------------------------------------------
 
     @property
-    def address(self):
+    def address(self) -> str:
         return f"{self._interface}:{self.port_number}"
 
-    def _listen(self, port):
+    def _listen(self, port: int | None) -> IListeningPort:
         if self.tls_dir is not None:
             if self._tls_options is None:
                 self._tls_options = tls_options(self.tls_dir)
@@ -196,22 +206,24 @@ class KubeAPIServer:
                                           interface=self._interface)
         return self.reactor.listenTCP(port, self._connections, interface=self._interface)
 
-    def start(self, port=0, interface="127.0.0.1"):
+    def start(self, port: int = 0, interface: str = "127.0.0.1") -> defer.Deferred[str]:
         """Listen; the Deferred fires with the base URL."""
         self._interface = interface
         try:
             self._port = self._listen(port)
         except Exception:
             return defer.fail()
-        self.port_number = self._port.getHost().port
+        address = self._port.getHost()
+        assert isinstance(address, (IPv4Address, IPv6Address))
+        self.port_number = address.port
         scheme = "https" if self.tls_dir is not None else "http"
         host = f"[{interface}]" if ":" in interface else interface
-        self.url = f"{scheme}://{host}:{self.port_number}"
-        self.log.info("apiserver listening url={url}", url=self.url)
-        return defer.succeed(self.url)
+        url = self.url = f"{scheme}://{host}:{self.port_number}"
+        self.log.info("apiserver listening url={url}", url=url)
+        return defer.succeed(url)
 
     @defer.inlineCallbacks
-    def stop(self):
+    def stop(self) -> Generator[defer.Deferred[Any], Any, None]:
         """Close the listening port and every open connection, watches included."""
         yield self._go_down()
         self.faults.clear()
@@ -225,8 +237,12 @@ class KubeAPIServer:
             self._port_closing = defer.maybeDeferred(port.stopListening)
         if self._port_closing is None:
             return defer.succeed(None)
-        closing = defer.Deferred()
-        self._port_closing.addBoth(lambda result: closing.callback(None) or result)
+        closing: defer.Deferred[None] = defer.Deferred()
+
+        def closed(result: object) -> object:
+            closing.callback(None)
+            return result
+        self._port_closing.addBoth(closed)
         return closing
 
     @defer.inlineCallbacks
@@ -294,12 +310,12 @@ class KubeAPIServer:
             del self.request_log[:excess]
             self.request_log_dropped += excess
 
-    def _note_answer_body(self, request, body):
+    def _note_answer_body(self, request: Request, body: object) -> None:
         """``body`` is the JSON object being answered to ``request``."""
         self._answered_bodies[request] = body
 
-    def _delay(self, seconds, function, *args):
-        def run():
+    def _delay(self, seconds: float, function: Callable[..., object], *args: object) -> None:
+        def run() -> None:
             self._delayed.discard(call)
             function(*args)
         call = self.reactor.callLater(seconds, run)
@@ -329,6 +345,7 @@ class KubeAPIServer:
             stream.end()
 
     @property
-    def open_watches(self):
+    def open_watches(self) -> int:
+
         """How many watch streams are open right now."""
         return len(self._watches)

@@ -12,14 +12,23 @@ import re
 import uuid
 from collections import deque
 from dataclasses import dataclass
+from typing import Any, Callable
+
+from twisted.internet.interfaces import IReactorTime
 
 from twisted.logger import Logger
 
 from yurtcoord.sim.apiserver import status
+from yurtcoord.kube.gvr import GroupVersionResource
+from yurtcoord.sim.apiserver.catalog import Catalog
 from yurtcoord.sim.apiserver.selectors import ObjectFilter
 
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 _GENERATE_ALPHABET = "bcdfghjklmnpqrstvwxz2456789"
+
+
+# A list of objects. (Inside ObjectStore, ``list`` names its method.)
+Objects = list[dict[str, Any]]
 
 
 @dataclass(frozen=True)
@@ -29,9 +38,9 @@ class WatchEvent:
 
     type: str
     resource_version: int
-    key: tuple
-    object: dict
-    old: dict = None
+    key: tuple[Any, ...]
+    object: dict[str, Any]
+    old: dict[str, Any] | None = None
 
 
 def _copy(obj):
@@ -55,14 +64,16 @@ def _without_volatile(obj):
 class Watcher:
     """A registered watch; ``cancel()`` stops delivery."""
 
-    def __init__(self, store, type_key, object_filter, callback):
+    def __init__(self, store: "ObjectStore", type_key: tuple[str, str, str],
+                 object_filter: ObjectFilter,
+                 callback: Callable[[str, dict[str, Any]], object]) -> None:
         self._store = store
         self.type_key = type_key
         self.filter = object_filter
         self._callback = callback
         self.active = True
 
-    def offer(self, event):
+    def offer(self, event: WatchEvent) -> None:
         """Deliver ``event`` translated through the filter (ADDED/DELETED on
         entering/leaving the selection); events outside it are dropped."""
         if not self.active or event.key[0] != self.type_key:
@@ -83,7 +94,7 @@ class Watcher:
         elif matches_new:
             self._callback(event.type, event.object)
 
-    def cancel(self):
+    def cancel(self) -> None:
         if self.active:
             self.active = False
             self._store._watchers.discard(self)
@@ -98,30 +109,31 @@ class ObjectStore:
 
     log = Logger()
 
-    def __init__(self, catalog, clock, history=1000, seed=None):
+    def __init__(self, catalog: Catalog, clock: IReactorTime, history: int = 1000,
+                 seed: int | None = None) -> None:
         self.catalog = catalog
         self._clock = clock
-        self._objects = {}
+        self._objects: dict[tuple[Any, ...], dict[str, Any]] = {}
         self._rv = 0
-        self._history = deque()
+        self._history: deque[WatchEvent] = deque()
         self._history_limit = max(0, int(history))
         self._oldest_watchable = 0
-        self._watchers = set()
+        self._watchers: set[Watcher] = set()
         self._random = random.Random(seed)
 
     # -- bookkeeping -----------------------------------------------------------
 
     @property
-    def resource_version(self):
+    def resource_version(self) -> int:
         """The current global resourceVersion (an int; the wire form is its string)."""
         return self._rv
 
     @property
-    def oldest_watchable(self):
+    def oldest_watchable(self) -> int:
         """The oldest resourceVersion a watch may start from without a 410."""
         return self._oldest_watchable
 
-    def compact(self):
+    def compact(self) -> None:
         """Forget all history: watches from any older resourceVersion get 410."""
         self._history.clear()
         self._oldest_watchable = self._rv
@@ -201,18 +213,22 @@ class ObjectStore:
 
     # -- reads -----------------------------------------------------------------
 
-    def get(self, gvr, name, namespace=None):
+    def get(self, gvr: GroupVersionResource, name: str,
+            namespace: str | None = None) -> dict[str, Any] | None:
         """A copy of the object, or None."""
         resource_type = self._type(gvr)
         ns = self._namespace_of(resource_type, {}, namespace)
         obj = self._objects.get((self._type_key(resource_type), ns, name))
         return _copy(obj) if obj is not None else None
 
-    def list(self, gvr, namespace=None, label_selector="", field_selector=""):
+    def list(self, gvr: GroupVersionResource, namespace: str | None = None,
+             label_selector: str = "", field_selector: str = "") -> Objects:
         """Copies of the matching objects, sorted by namespace and name."""
         return self.list_with_version(gvr, namespace, label_selector, field_selector)[0]
 
-    def list_with_version(self, gvr, namespace=None, label_selector="", field_selector=""):
+    def list_with_version(self, gvr: GroupVersionResource, namespace: str | None = None,
+                          label_selector: str = "", field_selector: str = "",
+                          ) -> tuple[Objects, int]:
         resource_type = self._type(gvr)
         if not resource_type.gvr.namespaced:
             namespace = None
@@ -226,7 +242,8 @@ class ObjectStore:
 
     # -- writes ----------------------------------------------------------------
 
-    def create(self, gvr, obj, namespace=None):
+    def create(self, gvr: GroupVersionResource, obj: dict[str, Any],
+               namespace: str | None = None) -> dict[str, Any]:
         """Store a new object; the namespace comes from ``namespace`` or the
         object's metadata (``default`` if neither names one)."""
         resource_type = self._type(gvr)
@@ -245,7 +262,8 @@ class ObjectStore:
         self._validate_name(resource_type, name, ns)
         key = (self._type_key(resource_type), ns, name)
         if key in self._objects:
-            raise status.already_exists(resource_type, name)
+            raise status.already_exists(resource_type, str(name))
+
         self._rv += 1
         metadata["name"] = name
         if ns:
@@ -265,7 +283,9 @@ class ObjectStore:
         self._record("ADDED", key, obj)
         return _copy(obj)
 
-    def update(self, gvr, obj, namespace=None, subresource=None):
+    def update(self, gvr: GroupVersionResource, obj: dict[str, Any],
+               namespace: str | None = None, subresource: str | None = None,
+               ) -> dict[str, Any]:
         """Replace an object, PUT-style: a resourceVersion in the object must be
         the current one (else 409 Conflict); none means unconditional. For types
         with a status subresource, a main update keeps the stored status and a
@@ -331,10 +351,12 @@ class ObjectStore:
         self._record("MODIFIED", key, new, current)
         return _copy(new)
 
-    def update_status(self, gvr, obj, namespace=None):
+    def update_status(self, gvr: GroupVersionResource, obj: dict[str, Any],
+                      namespace: str | None = None) -> dict[str, Any]:
         return self.update(gvr, obj, namespace, subresource="status")
 
-    def delete(self, gvr, name, namespace=None, preconditions=None):
+    def delete(self, gvr: GroupVersionResource, name: str, namespace: str | None = None,
+               preconditions: dict[str, Any] | None = None) -> dict[str, Any]:
         """Remove an object and return it as last seen, carrying the
         resourceVersion of the deletion (as the DELETED watch event does)."""
         resource_type = self._type(gvr)
@@ -366,7 +388,8 @@ class ObjectStore:
 
     # -- watch -----------------------------------------------------------------
 
-    def watch(self, gvr, object_filter, since, callback):
+    def watch(self, gvr: GroupVersionResource, object_filter: ObjectFilter, since: int | None,
+              callback: Callable[[str, dict[str, Any]], object]) -> Watcher:
         """Register ``callback(event_type, obj)`` for changes matching the filter.
 
         ``since`` None (or 0) first delivers ADDED for every matching object;
@@ -389,5 +412,6 @@ class ObjectStore:
         self._watchers.add(watcher)
         return watcher
 
-    def watcher_count(self):
+    def watcher_count(self) -> int:
+
         return len(self._watchers)

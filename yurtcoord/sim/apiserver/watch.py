@@ -2,6 +2,7 @@
 fed by the store, with periodic bookmarks and the client's timeout."""
 
 import json
+from typing import Any
 
 from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
@@ -10,7 +11,7 @@ from yurtcoord.kube.errors import KubeError
 from yurtcoord.sim.apiserver import status
 
 
-def encode_event(event_type, obj):
+def encode_event(event_type: str, obj: object) -> bytes:
     return json.dumps({"type": event_type, "object": obj}, separators=(",", ":")).encode() + b"\n"
 
 
@@ -41,7 +42,7 @@ class WatchStream:
         self.stalled = False
         self.events_sent = 0
 
-    def start(self):
+    def start(self) -> None:
         request = self._request
         request.setResponseCode(200)
         request.setHeader(b"content-type", b"application/json")
@@ -65,7 +66,7 @@ class WatchStream:
         if not self.closed and not self.stalled:
             self._request.write(data)
 
-    def stall(self):
+    def stall(self) -> None:
         """Stop writing anything while staying connected."""
         self.stalled = True
 
@@ -73,7 +74,8 @@ class WatchStream:
         self.events_sent += 1
         self._write(encode_event(event_type, self._encoder(obj)))
 
-    def bookmark_line(self):
+    def bookmark_line(self) -> bytes:
+
         return encode_event("BOOKMARK", {
             "kind": self._type.kind,
             "apiVersion": self._type.api_version,
@@ -83,14 +85,14 @@ class WatchStream:
     def _send_bookmark(self):
         self._write(self.bookmark_line())
 
-    def end(self):
+    def end(self) -> None:
         """Finish the response cleanly (terminating chunk; connection stays usable)."""
         if self.closed:
             return
         self._stop()
         self._request.finish()
 
-    def cut(self, mid_line=False):
+    def cut(self, mid_line: bool = False) -> None:
         """Close the connection under the stream; optionally after half an event line."""
         if self.closed:
             return
