@@ -57,7 +57,7 @@ from twisted.logger import Logger
 
 from yurtcoord.kube.client import ClientConfig, KubeClient
 from yurtcoord.kube.errors import ConnectionFailed
-from yurtcoord.kube.gvr import SECRETS
+from yurtcoord.kube.gvr import SECRETS, GroupVersionResource
 from yurtcoord.kube.informer import Informer
 from yurtcoord.kube.resolving import ResolvingClient
 from yurtcoord.names import CERTS_SECRET_NAME
@@ -443,21 +443,24 @@ class CertificateClient(ResolvingClient):
             self.client = KubeClient(self._reactor, self._make_config())
         return self.client
 
-    def create(self, gvr, obj, namespace=None):
+    def create(self, gvr: GroupVersionResource, obj: dict,
+               namespace: str | None = None) -> defer.Deferred[Any]:
         return self._call("create", gvr, obj, namespace)
 
-    def update(self, gvr, obj, namespace=None):
+    def update(self, gvr: GroupVersionResource, obj: dict,
+               namespace: str | None = None) -> defer.Deferred[Any]:
         return self._call("update", gvr, obj, namespace)
 
-    def delete(self, gvr, name, namespace=None):
+    def delete(self, gvr: GroupVersionResource, name: str,
+               namespace: str | None = None) -> defer.Deferred[Any]:
         return self._call("delete", gvr, name, namespace)
 
-    def drop_connections(self):
+    def drop_connections(self) -> defer.Deferred[None]:
         if self.client is None:
             return defer.succeed(None)
         return self.client.drop_connections()
 
-    def close(self):
+    def close(self) -> defer.Deferred[None]:
         self._closed = True
         if self.client is None:
             return defer.succeed(None)
