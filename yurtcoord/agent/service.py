@@ -62,7 +62,7 @@ from yurtcoord.agent.metrics import Metrics
 from yurtcoord.pool.scope import HealthyCloudClient, PoolScopeResources
 from yurtcoord.pool.store import open_pool_store
 from yurtcoord.pool.sync import PoolSyncManager
-from yurtcoord.agent.status import InitialStatus, status_site
+from yurtcoord.agent.status import AgentStatus, InitialStatus, status_site
 from yurtcoord.pool.synced import PoolCacheSyncedDetector
 from yurtcoord.pool.uploader import LocalCacheUploader
 
@@ -262,7 +262,6 @@ class Agent(service.MultiService):
         if config.coordinator.enabled:
             with self._section("coordinator"):
                 self._build_coordinator()
-            self.status_source = self.coordinator
         else:
             self.status_source = CloudOnlyStatus(
                 config.node.name, config.node.pool, self.cloud_checker, reactor.seconds())
@@ -387,12 +386,8 @@ class Agent(service.MultiService):
             reactor, node, self._open_pool_store, self.pool_sync, self.delegation,
             self.synced_detector, self._upload_local_cache,
             retry_delay=backoff_policy(Backoff(initial=ROLE_RETRY_INITIAL,
-                                               maximum=ROLE_RETRY_MAXIMUM)),
-            metrics=self.metrics, pool_name=config.node.pool,
-            cloud_servers=self.cloud_checker.servers,
-            coordinator_healthy=lambda: self.coordinator_checker.healthy,
-            leader=lambda: self.hub_elector.leader,
-            delegated_heartbeats=lambda: self.delegation.delegated_heartbeats)
+                                               maximum=ROLE_RETRY_MAXIMUM)))
+        self.metrics.follow(self.coordinator)
 
         self.election_config = LeaderElectionConfig(
             lease_namespace=election.lease_namespace, lease_name=election.lease_name,
@@ -402,6 +397,9 @@ class Agent(service.MultiService):
         self.hub_elector = HubElector(
             reactor, self.cloud_checker, self.coordinator_checker, self._make_elector,
             election.check_interval, on_role=self.coordinator.set_role)
+        self.status_source = AgentStatus(
+            self.coordinator, config.node.pool, reactor, self.cloud_checker,
+            self.coordinator_checker, self.hub_elector, self.delegation)
 
     def _build_certificate_clients(self, healthy_cloud):
         """Clients whose certificates the certificate manager fetches from the cloud."""
