@@ -146,6 +146,22 @@ class HubElectorTests(unittest.TestCase):
         self.electors[1].started_leading()
         self.assertEqual(self.hub.role, Role.LEADER)
 
+    def test_leader_observers_hear_the_current_candidacy_only(self):
+        seen = []
+        self.hub.add_leader_observer(seen.append)
+        self.hub.add_leader_observer(lambda leader: 1 / 0)
+        self.hub.start()
+        first = self.electors[0]
+        first.new_leader("edge-3")
+        self.cloud.healthy = False
+        self.clock.advance(CHECK)
+        self.cloud.healthy = True
+        self.clock.advance(CHECK)
+        first.new_leader("edge-4")
+        self.electors[1].new_leader("edge-5")
+        self.assertEqual(seen, ["edge-3", "edge-5"])
+        self.assertEqual(len(self.flushLoggedErrors(ZeroDivisionError)), 2)
+
     def test_losing_the_lease_makes_follower_and_stays_candidate(self):
         self.hub.start()
         self.electors[0].started_leading()
