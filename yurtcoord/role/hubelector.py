@@ -5,11 +5,12 @@ cloud unhealthy → no candidacy, role follower (a hub without the cloud must no
 lead); otherwise take part in the election: follower until it wins, then leader.
 """
 
-from typing import Callable
+from typing import Callable, Optional
 
 from twisted.internet import defer
 from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
+from twisted.python.failure import Failure
 
 from yurtcoord.role.roles import Role
 
@@ -44,6 +45,7 @@ class HubElector:
         self._stopping_electors = set()
         self._loop = None
         self._loop_done = None
+        self._health_known = None
 
     @property
     def electing(self):
@@ -62,9 +64,29 @@ class HubElector:
         holder of the election lease; a failing observer is logged."""
         self._leader_observers.append(observer)
 
-    def start(self):
-        if self._loop is not None:
+    def start(self, health_known: Optional[defer.Deferred] = None) -> None:
+        """Check now and every ``check_interval``; with ``health_known``, the first
+        check waits until it fired (the role stays init until then), so that an
+        agent whose first probes are still on the way is not called pending."""
+        if self._loop is not None or self._health_known is not None:
             return
+        if health_known is not None and not health_known.called:
+            self._health_known = health_known
+            health_known.addBoth(self._health_became_known)
+            return
+        self._start_checking()
+
+    def _health_became_known(self, result) -> None:
+        if self._health_known is None:
+            return None  # stopped meanwhile: the wait was cancelled
+        self._health_known = None
+        if isinstance(result, Failure):
+            self.log.warn("waiting for the first health answers failed: {error}; checking "
+                          "anyway", error=result.getErrorMessage())
+        self._start_checking()
+        return None
+
+    def _start_checking(self) -> None:
         self._loop = LoopingCall(self._check_quietly)
         self._loop.clock = self._reactor
         self._loop_done = self._loop.start(self._check_interval, now=True)
@@ -73,6 +95,9 @@ class HubElector:
         """Stop checking and electing; fires once the elector stopped (and a leader
         released its lease)."""
         stopped = []
+        waiting, self._health_known = self._health_known, None
+        if waiting is not None:
+            waiting.cancel()
         if self._loop is not None:
             loop, done = self._loop, self._loop_done
             self._loop = self._loop_done = None

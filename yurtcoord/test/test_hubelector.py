@@ -162,6 +162,22 @@ class HubElectorTests(unittest.TestCase):
         self.assertEqual(seen, ["edge-3", "edge-5"])
         self.assertEqual(len(self.flushLoggedErrors(ZeroDivisionError)), 2)
 
+    def test_first_check_waits_until_health_is_known(self):
+        known = defer.Deferred()
+        self.hub.start(health_known=known)
+        self.clock.advance(CHECK * 3)
+        self.assertEqual((self.hub.role, self.roles, self.electors), (Role.INIT, [], []))
+        known.callback(None)
+        self.assertEqual(self.roles, [Role.FOLLOWER])
+        self.assertEqual(len(self.electors), 1)
+
+    def test_stop_while_waiting_for_health_cancels_the_wait(self):
+        known = defer.Deferred()
+        self.hub.start(health_known=known)
+        self.successResultOf(self.hub.stop())
+        self.assertTrue(known.called, "the wait was cancelled")
+        self.assertEqual((self.roles, self.electors), ([], []))
+
     def test_losing_the_lease_makes_follower_and_stays_candidate(self):
         self.hub.start()
         self.electors[0].started_leading()
