@@ -54,6 +54,7 @@ from yurtcoord.kube.lease import renew_time
 from yurtcoord.agent.service import make_service
 from yurtcoord.sim.agentini import loopback_agent_ini
 from yurtcoord.sim.apiserver import KubeAPIServer
+from yurtcoord.sim.apiserver.selectors import ObjectFilter
 from yurtcoord.sim.etcd import environ_without_etcd_flags, free_port, wheel_etcd_binary
 from yurtcoord.sim.kubelet import StandInKubelet
 from yurtcoord.sim.tcpproxy import TCPProxy
@@ -67,8 +68,9 @@ ETCD_STOP_TIMEOUT = 10.0
 ETCD_POLL_INTERVAL = 0.1
 # Attempts at starting etcd when the free ports chosen were taken in the meantime.
 ETCD_START_ATTEMPTS = 3
-# How often the heartbeat delegations and cloud lease renewals of the pool are looked
-# at for their lines (neither reports its changes; roles, leaders and readiness do).
+# How often the heartbeat delegation counts of the agents are looked at for their
+# lines (delegation reports no changes; roles, leaders, readiness and the cloud's
+# node leases do, and are followed as they change).
 POOL_CHECK_INTERVAL = 0.2
 # An agent that forwarded no heartbeat for this long counts as no longer delegating.
 DELEGATION_QUIET_PERIOD = 6.0
@@ -445,6 +447,7 @@ class Sandbox(service.MultiService):
         self.started = None
         self._stopping = False
         self._pool_check = None
+        self._lease_watch = None
         self._last_ready = {}
         self._delegations = {}
         self._all_ready_reported = False
@@ -473,7 +476,6 @@ class Sandbox(service.MultiService):
 
     def _check_pool(self):
         self._check_delegations()
-        self._check_renewals()
 
     def _check_delegations(self):
         """One line when an agent starts forwarding heartbeats of other nodes to the
@@ -534,6 +536,8 @@ class Sandbox(service.MultiService):
             raise SandboxStopped()
         self._say(f"cloud apiserver {cloud_url}, coordinator apiserver {coordinator_url}")
         seed_cloud(self.cloud.store, self.nodes)
+        self._lease_watch = self.cloud.store.watch(
+            LEASES, ObjectFilter(namespace=NODE_LEASE_NAMESPACE), None, self._cloud_lease_changed)
 
         for node in self.nodes:
             link = TCPProxy(self.reactor, "127.0.0.1", self.cloud.port_number)
@@ -617,14 +621,16 @@ class Sandbox(service.MultiService):
                       f"heartbeats, the cloud lease {NODE_LEASE_NAMESPACE}/{node} stays at "
                       f"renewTime {self._renew_text(node) or 'none'}")
 
-    def _check_renewals(self):
+    def _cloud_lease_changed(self, event_type, lease):
         """One line when a node whose kubelet came back is renewed in the cloud."""
-        for node, stale in list(self._awaiting_renewal.items()):
-            renewed = self._renew_text(node)
-            if renewed is not None and renewed != stale:
-                del self._awaiting_renewal[node]
-                self._say(f"{self._clock()} {node}: cloud lease {NODE_LEASE_NAMESPACE}/{node} "
-                          f"renewed again (renewTime {renewed})")
+        node = lease["metadata"]["name"]
+        if event_type != "MODIFIED" or node not in self._awaiting_renewal:
+            return
+        renewed = (lease.get("spec") or {}).get("renewTime")
+        if renewed is not None and renewed != self._awaiting_renewal[node]:
+            del self._awaiting_renewal[node]
+            self._say(f"{self._clock()} {node}: cloud lease {NODE_LEASE_NAMESPACE}/{node} "
+                      f"renewed again (renewTime {renewed})")
 
     def node_states(self) -> dict:
         """``{node: {...}}`` of the control page: role, kubelet, cloud lease age."""
@@ -707,6 +713,8 @@ class Sandbox(service.MultiService):
     def _stop_everything(self):
         if self._pool_check is not None and self._pool_check.running:
             self._pool_check.stop()
+        if self._lease_watch is not None:
+            self._lease_watch.cancel()
         if self.running:
             yield service.MultiService.stopService(self)
         self.running = 0
