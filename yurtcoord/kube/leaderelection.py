@@ -152,6 +152,16 @@ _ELECTION = TransitionTable("leader election", {
 })
 
 
+@dataclasses.dataclass(frozen=True)
+class _Observation:
+    """The lease as last read or written (``lease``), its record, and the local time
+    that record was first seen (``since``): expiry counts from there."""
+
+    lease: dict
+    record: LeaseRecord
+    since: float
+
+
 class _Attempt:
     """What one try-acquire-or-renew saw and wrote, kept even when it fails midway."""
 
@@ -176,6 +186,11 @@ class LeaderElector:
     namespace=None)`` and ``update(gvr, obj, namespace=None)`` returning Deferreds and
     failing with ``yurtcoord.kube.errors`` types (``KubeClient`` does).
     ``random`` returns floats in [0, 1); inject it to make jitter deterministic.
+
+    Where it is (candidate or leader, waiting or with a request in flight, releasing)
+    is one state of ``_ELECTION``; every timer, answer and call is an input checked
+    against that table in ``_input``. What it last saw of the lease is one
+    ``_Observation``.
     """
 
     log = Logger()
@@ -201,9 +216,7 @@ class LeaderElector:
         self._stop_waiters = []
         self._pending_events = []
 
-        self._observed = None
-        self._observed_time = None
-        self._lease = None
+        self._seen = None  # _Observation, None before the first read
         self._renewed_at = None
         self._reported_leader = None
         self._last_error_kind = None
@@ -223,9 +236,9 @@ class LeaderElector:
     def leader(self):
         """The holder identity last observed on the lease, None while it is free or
         not yet read."""
-        if self._observed is None or not self._observed.holder_identity:
+        if self._seen is None or not self._seen.record.holder_identity:
             return None
-        return self._observed.holder_identity
+        return self._seen.record.holder_identity
 
     @property
     def running(self):
@@ -288,7 +301,7 @@ class LeaderElector:
                       leading=was_leading, release=bool(release))
         if was_leading:
             self._call(self._on_stopped_leading)
-        if was_leading and release and self._lease is not None:
+        if was_leading and release and self._seen is not None:
             done = self._release()
         else:
             done = defer.succeed(False)
@@ -336,7 +349,7 @@ class LeaderElector:
 
     def _observed_expiry(self):
         """Local time at which the observed lease expires if nothing changes."""
-        return self._observed_time + self._lease_duration_of(self._observed)
+        return self._seen.since + self._lease_duration_of(self._seen.record)
 
     def _is_expired(self, record, observed_time, now):
         return observed_time + self._lease_duration_of(record) <= now
@@ -376,9 +389,9 @@ class LeaderElector:
 
     def _record_observation(self, record, seen_at):
         """The observed time restarts only when the record changed."""
-        if record != self._observed:
+        if self._seen is None or record != self._seen.record:
             return seen_at
-        return self._observed_time
+        return self._seen.since
 
     def _try_acquire_or_renew(self, attempt, leading):
         """One write through the lease writer. A leader renews the lease it wrote
@@ -456,16 +469,14 @@ class LeaderElector:
         self._inflight = None
         if attempt.seen is not None:
             record = LeaseRecord.from_lease(attempt.seen)
-            self._observed_time = self._record_observation(record, attempt.seen_at)
-            self._observed = record
-            self._lease = attempt.seen
+            self._seen = _Observation(attempt.seen, record,
+                                      self._record_observation(record, attempt.seen_at))
         if attempt.written is not None:
-            self._observed = LeaseRecord.from_lease(attempt.written)
-            self._observed_time = self._reactor.seconds()
-            self._lease = attempt.written
+            self._seen = _Observation(attempt.written, LeaseRecord.from_lease(attempt.written),
+                                      self._reactor.seconds())
             self._input("written", attempt, result)
         elif (self._state is _Election.RENEWING and attempt.seen is not None
-              and self._observed.holder_identity != self._config.identity):
+              and self._seen.record.holder_identity != self._config.identity):
             self._input("lost", attempt, result)
         else:
             self._input("not_written", attempt, result)
@@ -479,12 +490,12 @@ class LeaderElector:
                 self.log.info("{identity} started leading lease {lease} "
                               "(transitions={transitions})",
                               identity=self._config.identity, lease=self._config.lease_key,
-                              transitions=self._observed.lease_transitions)
+                              transitions=self._seen.record.lease_transitions)
                 self._pending_events.append(lambda: self._call(self._on_started_leading))
             self._arm_deadline()
         elif self._state is _Election.WAITING and before is _Election.RENEWING:
             self._pending_events.append(self._step_down(
-                f"lease now held by {self._observed.holder_identity!r}"))
+                f"lease now held by {self._seen.record.holder_identity!r}"))
         elif isinstance(result, Failure):
             self._log_failure(result)
         self._schedule(self._next_delay(attempt))
@@ -572,9 +583,8 @@ class LeaderElector:
                 self.log.info("{identity} did not release lease {lease}: no longer its holder",
                               identity=cfg.identity, lease=cfg.lease_key)
                 return False
-            self._observed = LeaseRecord.from_lease(written)
-            self._observed_time = self._reactor.seconds()
-            self._lease = written
+            self._seen = _Observation(written, LeaseRecord.from_lease(written),
+                                      self._reactor.seconds())
             self._reported_leader = None
             self.log.info("{identity} released lease {lease}",
                           identity=cfg.identity, lease=cfg.lease_key)
