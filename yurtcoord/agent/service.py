@@ -18,7 +18,8 @@ The parts of an agent with ``[coordinator] enabled = true``:
 - the coordinator with pool sync, heartbeat delegation, the synced detector and the
   local cache upload;
 - the hub elector, electing on the coordinator's Lease with identity = node name;
-- the status pages, served from the coordinator.
+- the status pages, served from an ``AgentStatus`` over the coordinator; the
+  metrics' role and readiness gauges follow the coordinator's observers.
 
 With ``[coordinator] enabled = false`` the agent only probes the cloud (renewing its
 node lease there) and serves its status pages: the role stays ``init`` (never healthy

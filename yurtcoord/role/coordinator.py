@@ -177,8 +177,6 @@ _LIFE = TransitionTable("coordinator", {
     (_Life.IDLE, "stop"): _Life.STOPPED,
     (_Life.WAITING, "stop"): _Life.STOPPED,
     (_Life.APPLYING, "stop"): _Life.STOPPING,
-    (_Life.STOPPING, "stop"): _Life.STOPPING,
-    (_Life.STOPPED, "stop"): _Life.STOPPED,
     (_Life.STOPPING, "done"): _Life.STOPPED,
     (_Life.STOPPING, "failed"): _Life.STOPPED,
     (_Life.STOPPING, "superseded"): _Life.STOPPED,
@@ -324,8 +322,9 @@ class Coordinator:
 
     def stop(self) -> defer.Deferred:
         """Cancel the step in progress, stop every component and close the pool
-        store, exactly once each. Fires once all of that is done."""
-        if self._stopped is not None:
+        store, exactly once each. The first call fires once all of that is done,
+        later ones at once."""
+        if self._life in (_Life.STOPPING, _Life.STOPPED):
             return defer.succeed(None)
         self._stopped = defer.Deferred()
         stopped = self._stopped
@@ -397,8 +396,6 @@ class Coordinator:
         self._start_run()
 
     def _on_stop(self, before: _Life) -> None:
-        if before in (_Life.STOPPING, _Life.STOPPED):
-            return
         self._cancel_retry()
         if before is _Life.APPLYING:
             if self._run is not None:
