@@ -483,13 +483,15 @@ class ReadinessTests(CoordinatorTestCase):
             coordinator_checker=SimpleNamespace(healthy=True),
             hub_elector=SimpleNamespace(leader="edge-2"),
             delegation=SimpleNamespace(delegated_heartbeats=3))
+        self.clock.advance(5)
         c.set_role(FOLLOWER)
+        self.clock.advance(5)
         c.set_pool_cache_synced(True)
         self.assertEqual(status.status(), {
             "node": "edge-1", "pool": "pool-a", "role": "follower", "healthy": True,
             "ready": True, "pool_cache_synced": True, "local_cache_uploaded": True,
             "leader": "edge-2", "cloud": {"https://cloud": True}, "coordinator_healthy": True,
-            "last_transition": "2023-11-14T22:13:20Z", "delegated_heartbeats": 3,
+            "last_transition": "2023-11-14T22:13:25Z", "delegated_heartbeats": 3,
             "uploaded_objects": 7})
 
 
