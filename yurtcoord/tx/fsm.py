@@ -30,10 +30,3 @@ class TransitionTable(Generic[S]):
         except KeyError:
             raise IllegalTransition(
                 f"{self.name}: no transition for input {event!r} in state {state!r}") from None
-
-    def accepts(self, state: S, event: str) -> bool:
-        return (state, event) in self._transitions
-
-    def states(self) -> frozenset:
-        return frozenset(state for state, _ in self._transitions) | frozenset(
-            self._transitions.values())
