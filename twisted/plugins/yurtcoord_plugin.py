@@ -159,8 +159,6 @@ def make_sandbox(reactor, agent_count, log, early_stop_signals=None):
     any point of the start. They are installed again once the reactor runs, since it
     replaces the SIGTERM handler then. Stop signals remembered by
     ``early_stop_signals`` are acted on as if they came now."""
-    from twisted.logger import globalLogPublisher
-
     from yurtcoord.sim.sandbox import Sandbox, install_signal_handlers
 
     def failed(message):
@@ -168,8 +166,7 @@ def make_sandbox(reactor, agent_count, log, early_stop_signals=None):
         atexit.register(_exit_now, EXIT_UNAVAILABLE)
         reactor.stop()
 
-    sandbox = Sandbox(reactor, _print_to_terminal, globalLogPublisher,
-                      agent_count=agent_count, on_failure=failed)
+    sandbox = Sandbox(reactor, _print_to_terminal, agent_count=agent_count, on_failure=failed)
     install_signal_handlers(reactor, sandbox,
                             early_stop_signals.received if early_stop_signals else ())
     reactor.callWhenRunning(install_signal_handlers, reactor, sandbox)

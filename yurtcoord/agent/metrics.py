@@ -114,6 +114,10 @@ class Metrics:
     def set_ready(self, ready):
         self.ready.set(1 if ready else 0)
 
+    def follow(self, coordinator) -> None:
+        """Keep the role, healthy and ready gauges equal to ``coordinator``'s."""
+        follow_coordinator(self, coordinator)
+
     def set_server_healthy(self, server, healthy):
         self.server_healthy.labels(server=server).set(1 if healthy else 0)
 
@@ -149,3 +153,19 @@ class Metrics:
     def render(self):
         """The Prometheus text exposition of this agent's registry (bytes)."""
         return generate_latest(self.registry)
+
+
+def follow_coordinator(gauges, coordinator) -> None:
+    """Set ``gauges``' role, healthy and ready (``set_role``, ``set_healthy``,
+    ``set_ready``) from ``coordinator`` now and from its role and readiness
+    observers after every change: a scrape never needs to ask the coordinator."""
+
+    def role_changed(_previous, role) -> None:
+        gauges.set_role(role.value)
+        gauges.set_healthy(role.is_healthy)
+
+    gauges.set_role(coordinator.role.value)
+    gauges.set_healthy(coordinator.healthy)
+    gauges.set_ready(coordinator.ready)
+    coordinator.add_role_observer(role_changed)
+    coordinator.add_readiness_observer(gauges.set_ready)

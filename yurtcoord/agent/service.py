@@ -18,14 +18,16 @@ The parts of an agent with ``[coordinator] enabled = true``:
 - the coordinator with pool sync, heartbeat delegation, the synced detector and the
   local cache upload;
 - the hub elector, electing on the coordinator's Lease with identity = node name;
-- the status pages, served from the coordinator.
+- the status pages, served from an ``AgentStatus`` over the coordinator; the
+  metrics' role and readiness gauges follow the coordinator's observers.
 
 With ``[coordinator] enabled = false`` the agent only probes the cloud (renewing its
 node lease there) and serves its status pages: the role stays ``init`` (never healthy
 nor ready: it takes no part in the pool), ``/status`` shows the live cloud health.
 
-Start order: status pages, probes, coordinator, hub elector (once every probe
-answered once, so that role ``init`` lasts until health is known). Stop order is the exact
+Start order: status pages, clients (nothing to start), probes, coordinator, hub
+elector (its first check waits until every probe answered once, so that role ``init``
+lasts until health is known). Stop order is the exact
 reverse and sequential, each stage waiting for the previous one: the hub elector stops
 first (a leader releases its lease), then the coordinator stops its components and
 drops the pool store, then the probes stop, then every client closes its connections,
@@ -39,7 +41,6 @@ import treq.client
 from twisted.application import service
 from twisted.internet import defer
 from twisted.internet.endpoints import TCP4ServerEndpoint, TCP6ServerEndpoint
-from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 from twisted.web.client import Agent as HTTPAgent, HTTPConnectionPool
@@ -59,7 +60,7 @@ from yurtcoord.agent.metrics import Metrics
 from yurtcoord.pool.scope import HealthyCloudClient, PoolScopeResources
 from yurtcoord.pool.store import open_pool_store
 from yurtcoord.pool.sync import PoolSyncManager
-from yurtcoord.agent.status import CloudOnlyStatus, status_site
+from yurtcoord.agent.status import AgentStatus, CloudOnlyStatus, status_site
 from yurtcoord.pool.synced import PoolCacheSyncedDetector
 from yurtcoord.pool.uploader import LocalCacheUploader
 
@@ -70,9 +71,8 @@ REQUEST_TIMEOUT = 10.0
 STOP_TIMEOUT = 30.0
 # Seconds the health check of a freshly opened pool store may take.
 STORE_CHECK_TIMEOUT = 5.0
-# The hub elector starts once every prober answered once, checked this often, and
-# at the latest this long after the probes' own timeout.
-FIRST_PROBE_POLL_INTERVAL = 0.05
+# The hub elector's first check waits for every prober's first answer, at the latest
+# this long after the probes' own timeout.
 FIRST_PROBE_SLACK = 0.5
 # Retry delays of a failed role step: a growing backoff, never a busy loop.
 ROLE_RETRY_INITIAL = 0.5
@@ -167,7 +167,6 @@ class Agent(service.MultiService):
         self.metrics = Metrics(config.node.name, config.node.pool)
         self._closers = []
         self.cert_manager = None
-        self._first_probes_wait = None
 
         with self._section("cloud"):
             self.cloud_clients = {
@@ -183,7 +182,6 @@ class Agent(service.MultiService):
         if config.coordinator.enabled:
             with self._section("coordinator"):
                 self._build_coordinator()
-            self.status_source = self.coordinator
         else:
             self.status_source = CloudOnlyStatus(
                 config.node.name, config.node.pool, self.cloud_checker.servers,
@@ -194,14 +192,14 @@ class Agent(service.MultiService):
             reactor)
         self.status_http.setName("status-http")
         self.status_http.setServiceParent(self)
+        # Nothing to start: its stop closes every client, after every stage that
+        # uses them and before the status pages stop listening.
+        StageService("clients", None, self._close_clients).setServiceParent(self)
         StageService("probes", self._start_probes, self._stop_probes).setServiceParent(self)
         if self.coordinator is not None:
             StageService("coordinator", None, self._stop_coordinator).setServiceParent(self)
             StageService("hub-elector", self._start_hub_elector,
                          self._stop_hub_elector).setServiceParent(self)
-        # Not a child (nothing to start): stopped after every stage that uses the
-        # clients and before the status pages (see stopService).
-        self._client_stage = StageService("clients", None, self._close_clients)
 
     # -- building ----------------------------------------------------------------------
 
@@ -309,12 +307,8 @@ class Agent(service.MultiService):
             reactor, node, self._open_pool_store, self.pool_sync, self.delegation,
             self.synced_detector, self._upload_local_cache,
             retry_delay=backoff_policy(Backoff(initial=ROLE_RETRY_INITIAL,
-                                               maximum=ROLE_RETRY_MAXIMUM)),
-            metrics=self.metrics, pool_name=config.node.pool,
-            cloud_servers=self.cloud_checker.servers,
-            coordinator_healthy=lambda: self.coordinator_checker.healthy,
-            leader=lambda: self.hub_elector.leader,
-            delegated_heartbeats=lambda: self.delegation.delegated_heartbeats)
+                                               maximum=ROLE_RETRY_MAXIMUM)))
+        self.metrics.follow(self.coordinator)
 
         self.election_config = LeaderElectionConfig(
             lease_namespace=election.lease_namespace, lease_name=election.lease_name,
@@ -324,6 +318,9 @@ class Agent(service.MultiService):
         self.hub_elector = HubElector(
             reactor, self.cloud_checker, self.coordinator_checker, self._make_elector,
             election.check_interval, on_role=self.coordinator.set_role)
+        self.status_source = AgentStatus(
+            self.coordinator, config.node.pool, reactor, self.cloud_checker,
+            self.coordinator_checker, self.hub_elector, self.delegation)
 
     def _build_certificate_clients(self, healthy_cloud):
         """Clients whose certificates the certificate manager fetches from the cloud."""
@@ -411,27 +408,19 @@ class Agent(service.MultiService):
         return defer.gatherResults(stops, consumeErrors=True)
 
     def _start_hub_elector(self):
-        """Start the hub elector once every prober has answered once (a probe with
-        its retries ends within ``[heartbeat] interval``): role ``init`` means "no
-        health check decided yet", and an elector checking before any probe answered
-        would call every starting agent ``pending`` first."""
+        """Start the hub elector; its first check waits until every prober has
+        answered once (a probe with its retries ends within ``[heartbeat] interval``,
+        and the wait ends at the latest ``FIRST_PROBE_SLACK`` later): role ``init``
+        means "no health check decided yet", and an elector checking before any
+        probe answered would call every starting agent ``pending`` first."""
         probers = [*self.cloud_checker.probers, self.coordinator_checker.prober]
-        deadline = self.reactor.seconds() + self.config.heartbeat.interval + FIRST_PROBE_SLACK
-
-        def first_probes_answered():
-            if all(p.probes for p in probers) or self.reactor.seconds() >= deadline:
-                self._first_probes_wait.stop()
-                self._first_probes_wait = None
-                self.hub_elector.start()
-
-        self._first_probes_wait = LoopingCall(first_probes_answered)
-        self._first_probes_wait.clock = self.reactor
-        self._first_probes_wait.start(FIRST_PROBE_POLL_INTERVAL, now=True)
+        answered = defer.DeferredList([p.when_answered() for p in probers],
+                                      fireOnOneErrback=True, consumeErrors=True)
+        answered.addTimeout(self.config.heartbeat.interval + FIRST_PROBE_SLACK, self.reactor)
+        answered.addErrback(lambda failure: failure.trap(defer.TimeoutError))
+        self.hub_elector.start(health_known=answered)
 
     def _stop_hub_elector(self):
-        wait, self._first_probes_wait = self._first_probes_wait, None
-        if wait is not None and wait.running:
-            wait.stop()
         return self.hub_elector.stop()
 
     def _stop_coordinator(self):
@@ -451,16 +440,12 @@ class Agent(service.MultiService):
 
     @defer.inlineCallbacks
     def stopService(self):
-        """Stop the stages one after the other, in reverse start order; the clients
-        close after every stage that uses them, the status pages last."""
+        """Stop the stages that started one after the other, in reverse start order:
+        the clients close after every stage that uses them, the status pages last."""
         service.Service.stopService(self)
-        stages = list(self)
-        stages.reverse()
-        stages.insert(len(stages) - 1, self._client_stage)
-        for stage in stages:
-            if stage is not self._client_stage and not stage.running:
-                continue
-            yield self._stop_stage(stage)
+        for stage in reversed(list(self)):
+            if stage.running:
+                yield self._stop_stage(stage)
         self.log.info("agent {node} stopped", node=self.config.node.name)
 
     def _stop_stage(self, stage):

@@ -129,6 +129,65 @@ class CloudOnlyStatus(InitialStatus):
         return document
 
 
+@implementer(IStatusSource)
+class AgentStatus:
+    """The status of an agent with its coordinator: what the coordinator knows
+    (role, readiness, caches), the time of its last role change (from its role
+    observer), and what the agent's other parts report when a page is read.
+
+    ``cloud_checker.servers()`` → {url: healthy}; ``coordinator_checker.healthy``;
+    ``hub_elector.leader`` (holder identity or None); ``delegation.delegated_heartbeats``.
+    """
+
+    def __init__(self, coordinator, pool: str, reactor: IReactorTime, cloud_checker,
+                 coordinator_checker, hub_elector, delegation) -> None:
+        self._coordinator = coordinator
+        self.pool = pool
+        self._reactor = reactor
+        self._cloud_checker = cloud_checker
+        self._coordinator_checker = coordinator_checker
+        self._hub_elector = hub_elector
+        self._delegation = delegation
+        self.last_transition = reactor.seconds()
+        coordinator.add_role_observer(self._role_changed)
+
+    def _role_changed(self, _previous, _role) -> None:
+        self.last_transition = self._reactor.seconds()
+
+    @property
+    def role(self) -> str:
+        return self._coordinator.role.value
+
+    @property
+    def healthy(self) -> bool:
+        return self._coordinator.healthy
+
+    @property
+    def ready(self) -> bool:
+        return self._coordinator.ready
+
+    def readiness_failures(self) -> list:
+        return self._coordinator.readiness_failures()
+
+    def status(self) -> dict:
+        coordinator = self._coordinator
+        return {
+            "node": coordinator.node_name,
+            "pool": self.pool,
+            "role": self.role,
+            "healthy": coordinator.healthy,
+            "ready": coordinator.ready,
+            "pool_cache_synced": coordinator.pool_cache_synced,
+            "local_cache_uploaded": coordinator.local_cache_uploaded,
+            "leader": self._hub_elector.leader,
+            "cloud": dict(self._cloud_checker.servers()),
+            "coordinator_healthy": bool(self._coordinator_checker.healthy),
+            "last_transition": rfc3339(self.last_transition),
+            "delegated_heartbeats": self._delegation.delegated_heartbeats,
+            "uploaded_objects": coordinator.uploaded_objects,
+        }
+
+
 class SourcePage(resource.Resource):
     """A leaf page rendered by ``render_page(source)`` → (code, content type, body bytes).
 

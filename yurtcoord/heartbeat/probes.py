@@ -325,6 +325,7 @@ class LeaseProber:
         self.successes = 0
         self.last_error = None
         self._consecutive = 0
+        self._first_answer_waiters = []
         self._cadence = Cadence(reactor, self.probe,
                                 next_interval or (lambda: settings.interval),
                                 f"probe of {server}")
@@ -349,6 +350,15 @@ class LeaseProber:
     def stop(self) -> defer.Deferred:
         """Stop probing; an in-flight probe is cancelled. Fires when nothing is left."""
         return self._cadence.stop()
+
+    def when_answered(self) -> defer.Deferred:
+        """Fires once the first probe has ended (well or not), at once if one has;
+        cancelling it ends the wait only."""
+        if self.probes:
+            return defer.succeed(None)
+        waiter = defer.Deferred(self._first_answer_waiters.remove)
+        self._first_answer_waiters.append(waiter)
+        return waiter
 
     def probe(self) -> defer.Deferred:
         """Renew the node lease on this server now. Fires with the resulting health
@@ -416,6 +426,10 @@ class LeaseProber:
                 self.on_change(self)
             except Exception:
                 self.log.failure("health change handler of {server} raised", server=self.server)
+        # Last: a waiter may read the health this answer decided.
+        waiters, self._first_answer_waiters = self._first_answer_waiters, []
+        for waiter in waiters:
+            waiter.callback(None)
 
 
 def _describe(failure):

@@ -37,10 +37,11 @@ Departures from client-go, on purpose:
   within ``lease_duration + retry_period``. See docs/design.md, "Election timing".
 
 Once ``stop()`` has been called, no callback fires and no late answer of a cancelled
-request changes anything (each answer is checked against the attempt in flight).
+request changes anything: the elector's state (``_ELECTION``) no longer expects it.
 """
 
 import dataclasses
+import enum
 import math
 import random as random_module
 
@@ -51,6 +52,7 @@ from twisted.python.failure import Failure
 from yurtcoord.kube.errors import Conflict, KubeError
 from yurtcoord.kube.lease import LeaseRecord, build_lease, with_record
 from yurtcoord.kube.leasewriter import LeaseWriteFailed, LeaseWriter
+from yurtcoord.tx.fsm import TransitionTable
 
 JITTER_FACTOR = 1.2
 RELEASED_LEASE_DURATION_SECONDS = 1
@@ -104,6 +106,59 @@ class LeaderElectionConfig:
         return int(math.ceil(self.lease_duration))
 
 
+class _Election(enum.Enum):
+    """Where the elector is (see ``_ELECTION``)."""
+
+    STOPPED = "stopped"        # not competing
+    WAITING = "waiting"        # candidate; the next attempt is scheduled
+    TRYING = "trying"          # candidate; an attempt is in flight
+    LEADING = "leading"        # leader; the next renewal is scheduled, deadline armed
+    RENEWING = "renewing"      # leader; a renewal is in flight, deadline armed
+    RELEASING = "releasing"    # stop(): a leader's release is being written
+    RESTARTING = "restarting"  # releasing, and start() was called meanwhile
+
+
+_RUNNING = (_Election.WAITING, _Election.TRYING, _Election.LEADING, _Election.RENEWING)
+_LEADER = (_Election.LEADING, _Election.RENEWING)
+
+# The whole life cycle. Inputs: ``start``, ``stop``, ``released`` (the stop's
+# release ended), ``tick`` (the attempt timer fired), ``written`` / ``lost`` /
+# ``not_written`` (how an attempt ended: we wrote the lease; as leader we saw
+# another holder; nothing written) and ``deadline`` (the renew deadline passed).
+# An attempt cancelled by stop() or the deadline ends in a state that expects no
+# attempt to end (no TRYING or RENEWING): its answer is dropped unread.
+_ELECTION = TransitionTable("leader election", {
+    **{(state, "start"): state for state in _RUNNING},
+    (_Election.STOPPED, "start"): _Election.WAITING,
+    (_Election.RELEASING, "start"): _Election.RESTARTING,
+    (_Election.RESTARTING, "start"): _Election.RESTARTING,
+    **{(state, "stop"): _Election.RELEASING for state in _RUNNING},
+    (_Election.RELEASING, "stop"): _Election.RELEASING,
+    (_Election.RESTARTING, "stop"): _Election.RELEASING,
+    (_Election.RELEASING, "released"): _Election.STOPPED,
+    (_Election.RESTARTING, "released"): _Election.STOPPED,
+    (_Election.WAITING, "tick"): _Election.TRYING,
+    (_Election.LEADING, "tick"): _Election.RENEWING,
+    (_Election.TRYING, "written"): _Election.LEADING,
+    (_Election.TRYING, "not_written"): _Election.WAITING,
+    (_Election.RENEWING, "written"): _Election.LEADING,
+    (_Election.RENEWING, "not_written"): _Election.LEADING,
+    (_Election.RENEWING, "lost"): _Election.WAITING,
+    (_Election.LEADING, "deadline"): _Election.WAITING,
+    (_Election.RENEWING, "deadline"): _Election.WAITING,
+})
+
+
+@dataclasses.dataclass(frozen=True)
+class _Observation:
+    """The lease as last read or written (``lease``), its record, and the local time
+    that record was first seen (``since``): expiry counts from there."""
+
+    lease: dict
+    record: LeaseRecord
+    since: float
+
+
 class _Attempt:
     """What one try-acquire-or-renew saw and wrote, kept even when it fails midway."""
 
@@ -128,6 +183,11 @@ class LeaderElector:
     namespace=None)`` and ``update(gvr, obj, namespace=None)`` returning Deferreds and
     failing with ``yurtcoord.kube.errors`` types (``KubeClient`` does).
     ``random`` returns floats in [0, 1); inject it to make jitter deterministic.
+
+    Where it is (candidate or leader, waiting or with a request in flight, releasing)
+    is one state of ``_ELECTION``; every timer, answer and call is an input checked
+    against that table in ``_input``. What it last saw of the lease is one
+    ``_Observation``.
     """
 
     log = Logger()
@@ -146,19 +206,14 @@ class LeaderElector:
                                    config.lease_name, attempts=2, on_read=self._lease_read)
         self._reading = None
 
-        self._running = False
-        self._generation = 0
+        self._state = _Election.STOPPED
         self._timer = None
         self._deadline = None
         self._inflight = None
-        self._stop_waiters = None
-        self._restart_after_stop = False
+        self._stop_waiters = []
+        self._pending_events = []
 
-        self._observed = None
-        self._observed_time = None
-        self._lease = None
-        self._leading = False
-        self._announced = False
+        self._seen = None  # _Observation, None before the first read
         self._renewed_at = None
         self._reported_leader = None
         self._last_error_kind = None
@@ -172,33 +227,24 @@ class LeaderElector:
     @property
     def is_leader(self):
         """True while we hold the lease and have renewed it within renew_deadline."""
-        return self._leading
+        return self._state in _LEADER
 
     @property
     def leader(self):
         """The holder identity last observed on the lease, None while it is free or
         not yet read."""
-        if self._observed is None or not self._observed.holder_identity:
+        if self._seen is None or not self._seen.record.holder_identity:
             return None
-        return self._observed.holder_identity
+        return self._seen.record.holder_identity
 
     @property
     def running(self):
-        return self._running
+        return self._state in _RUNNING
 
     def start(self):
         """Begin competing for the lease. Does nothing when already running; when a
         stop is still releasing the lease, starts again once that is done."""
-        if self._running:
-            return
-        if self._stop_waiters is not None:
-            self._restart_after_stop = True
-            return
-        self._running = True
-        self._generation += 1
-        self.log.info("leader election started on lease {lease} as {identity}",
-                      lease=self._config.lease_key, identity=self._config.identity)
-        self._schedule(0)
+        self._input("start")
 
     def stop(self, release=None):
         """Stop competing: timers and the request in flight are cancelled at once.
@@ -210,36 +256,78 @@ class LeaderElector:
         leaves the lease to expire, as if the process had died.
         """
         waiter = defer.Deferred()
-        if self._stop_waiters is not None:
-            self._restart_after_stop = False
-            self._stop_waiters.append(waiter)
-            return waiter
-        if not self._running:
+        if self._state is _Election.STOPPED:
             waiter.callback(False)
             return waiter
-        self._stop_waiters = [waiter]
-        self._running = False
-        self._generation += 1
+        self._stop_waiters.append(waiter)
+        self._input("stop", release)
+        return waiter
+
+    # The state machine -------------------------------------------------------------
+
+    def _input(self, event, *args):
+        """Move along ``_ELECTION`` for ``event``, then run that transition's action."""
+        before = self._state
+        self._state = _ELECTION.next(before, event)
+        actions = {"start": self._on_start, "stop": self._on_stop,
+                   "released": self._on_released, "tick": self._on_tick,
+                   "written": self._on_attempt_ended, "not_written": self._on_attempt_ended,
+                   "lost": self._on_attempt_ended, "deadline": self._on_deadline}
+        actions[event](before, *args)
+
+    def _on_start(self, before):
+        if before is not _Election.STOPPED:
+            return
+        self.log.info("leader election started on lease {lease} as {identity}",
+                      lease=self._config.lease_key, identity=self._config.identity)
+        self._schedule(0)
+
+    def _on_stop(self, before, release):
+        if before not in _RUNNING:
+            return  # already releasing: the waiter fires with that release
+        self._pending_events.clear()
         self._cancel_timer()
         self._cancel_deadline()
         self._cancel_inflight()
-        was_leading = self._leading
-        announced = self._announced
-        self._leading = self._announced = False
+        was_leading = before in _LEADER
         if release is None:
             release = self._config.release_on_cancel
         self.log.info("leader election stopping on lease {lease} as {identity} "
                       "(leading={leading}, release={release})",
                       lease=self._config.lease_key, identity=self._config.identity,
                       leading=was_leading, release=bool(release))
-        if announced:
+        if was_leading:
             self._call(self._on_stopped_leading)
-        if was_leading and release and self._lease is not None:
+        if was_leading and release and self._seen is not None:
             done = self._release()
         else:
             done = defer.succeed(False)
-        done.addCallback(self._stopped)
-        return waiter
+        done.addCallback(lambda released: self._input("released", released))
+
+    def _on_released(self, before, released):
+        waiters, self._stop_waiters = self._stop_waiters, []
+        self.log.info("leader election stopped on lease {lease} as {identity}",
+                      lease=self._config.lease_key, identity=self._config.identity)
+        for waiter in waiters:
+            waiter.callback(released)
+        if before is _Election.RESTARTING:
+            self.start()
+
+    def _on_tick(self, before):
+        self._timer = None
+        attempt = _Attempt(self._reactor.seconds())
+        d = self._try_acquire_or_renew(attempt, before is _Election.LEADING)
+        self._inflight = d
+        d.addTimeout(self._attempt_timeout(), self._reactor)
+        d.addBoth(self._attempt_finished, attempt)
+
+    def _on_deadline(self, before):
+        self._deadline = None
+        self._cancel_inflight()
+        self._pending_events.append(self._step_down(
+            f"not renewed for renew_deadline={self._config.renew_deadline}s"))
+        self._schedule(self._jittered(self._config.retry_period))
+        self._run_events()
 
     # Timing rules (all of them) --------------------------------------------------
 
@@ -258,7 +346,7 @@ class LeaderElector:
 
     def _observed_expiry(self):
         """Local time at which the observed lease expires if nothing changes."""
-        return self._observed_time + self._lease_duration_of(self._observed)
+        return self._seen.since + self._lease_duration_of(self._seen.record)
 
     def _is_expired(self, record, observed_time, now):
         return observed_time + self._lease_duration_of(record) <= now
@@ -273,7 +361,7 @@ class LeaderElector:
           jitter, retry_period * (1 + U[0, 1.2)), to spread contending peers.
         """
         period = self._config.retry_period
-        if self._leading:
+        if self._state in _LEADER:
             return period
         if attempt is not None and attempt.held_by_other:
             # Never a zero delay: a rounding slip must not become a busy loop.
@@ -288,27 +376,19 @@ class LeaderElector:
         """A leader that has not renewed for renew_deadline stops leading."""
         self._cancel_deadline()
         due = self._renewed_at + self._config.renew_deadline - self._reactor.seconds()
-        self._deadline = self._reactor.callLater(max(0.0, due), self._renew_deadline_passed)
+        self._deadline = self._reactor.callLater(max(0.0, due), self._input, "deadline")
 
     # Attempts --------------------------------------------------------------------
 
     def _schedule(self, delay):
         self._cancel_timer()
-        self._timer = self._reactor.callLater(delay, self._attempt)
-
-    def _attempt(self):
-        self._timer = None
-        attempt = _Attempt(self._reactor.seconds())
-        d = self._try_acquire_or_renew(attempt, self._leading)
-        self._inflight = d
-        d.addTimeout(self._attempt_timeout(), self._reactor)
-        d.addBoth(self._attempt_finished, attempt, d)
+        self._timer = self._reactor.callLater(delay, self._input, "tick")
 
     def _record_observation(self, record, seen_at):
         """The observed time restarts only when the record changed."""
-        if record != self._observed:
+        if self._seen is None or record != self._seen.record:
             return seen_at
-        return self._observed_time
+        return self._seen.since
 
     def _try_acquire_or_renew(self, attempt, leading):
         """One write through the lease writer. A leader renews the lease it wrote
@@ -375,51 +455,51 @@ class LeaderElector:
                                  seen.lease_transitions + 1)
         return with_record(current, record)
 
-    def _attempt_finished(self, result, attempt, d):
+    def _attempt_finished(self, result, attempt):
+        """How the attempt ended is the next input: we wrote the lease, we saw another
+        holder while leading, or nothing was written."""
         if self._reading is attempt:
             self._reading = None
-        if d is not self._inflight:
+        if self._state not in (_Election.TRYING, _Election.RENEWING):
             # Cancelled by stop() or the renew deadline: a late answer changes nothing.
             return None
         self._inflight = None
-        generation = self._generation
-        now = self._reactor.seconds()
-        events = []
-
         if attempt.seen is not None:
             record = LeaseRecord.from_lease(attempt.seen)
-            self._observed_time = self._record_observation(record, attempt.seen_at)
-            self._observed = record
-            self._lease = attempt.seen
+            self._seen = _Observation(attempt.seen, record,
+                                      self._record_observation(record, attempt.seen_at))
         if attempt.written is not None:
-            self._observed = LeaseRecord.from_lease(attempt.written)
-            self._observed_time = now
-            self._lease = attempt.written
+            self._seen = _Observation(attempt.written, LeaseRecord.from_lease(attempt.written),
+                                      self._reactor.seconds())
+            self._input("written", attempt, result)
+        elif (self._state is _Election.RENEWING and attempt.seen is not None
+              and self._seen.record.holder_identity != self._config.identity):
+            self._input("lost", attempt, result)
+        else:
+            self._input("not_written", attempt, result)
+        return None
 
+    def _on_attempt_ended(self, before, attempt, result):
         if attempt.written is not None:
             self._renewed_at = attempt.started_at
             self._last_error_kind = None
-            if not self._leading:
-                self._leading = True
+            if before is _Election.TRYING:
                 self.log.info("{identity} started leading lease {lease} "
                               "(transitions={transitions})",
                               identity=self._config.identity, lease=self._config.lease_key,
-                              transitions=self._observed.lease_transitions)
-                events.append(self._announce_started)
+                              transitions=self._seen.record.lease_transitions)
+                self._pending_events.append(lambda: self._call(self._on_started_leading))
             self._arm_deadline()
-        elif self._leading and attempt.seen is not None \
-                and self._observed.holder_identity != self._config.identity:
-            events.append(self._step_down(f"lease now held by {self._observed.holder_identity!r}"))
+        elif self._state is _Election.WAITING and before is _Election.RENEWING:
+            self._pending_events.append(self._step_down(
+                f"lease now held by {self._seen.record.holder_identity!r}"))
         elif isinstance(result, Failure):
             self._log_failure(result)
-
-        if self._running:
-            self._schedule(self._next_delay(attempt))
+        self._schedule(self._next_delay(attempt))
         new_leader = self._leader_change()
         if new_leader is not None:
-            events.append(lambda: self._call(self._on_new_leader, new_leader))
-        self._run_events(events, generation)
-        return None
+            self._pending_events.append(lambda: self._call(self._on_new_leader, new_leader))
+        self._run_events()
 
     def _log_failure(self, failure):
         """One line per failed attempt while leading (at most renew_deadline /
@@ -432,7 +512,7 @@ class LeaderElector:
                                  identity=self._config.identity)
             self._last_error_kind = kind
             return
-        if self._leading:
+        if self._state in _LEADER:
             self.log.warn("{identity} could not renew lease {lease}: {error} "
                           "(deadline in {left:.3f}s)",
                           identity=self._config.identity, lease=self._config.lease_key,
@@ -465,42 +545,19 @@ class LeaderElector:
 
     # Leadership changes ----------------------------------------------------------
 
-    def _announce_started(self):
-        if not self._leading or self._announced:
-            return
-        self._announced = True
-        self._call(self._on_started_leading)
-
     def _step_down(self, reason):
-        """Leave the leader state now; returns the event announcing it."""
-        self._leading = False
+        """We left the leader state; returns the event announcing it."""
         self._cancel_deadline()
-        announced, self._announced = self._announced, False
         self.log.warn("{identity} stopped leading lease {lease}: {reason}",
                       identity=self._config.identity, lease=self._config.lease_key,
                       reason=reason)
-        if announced:
-            return lambda: self._call(self._on_stopped_leading)
-        return lambda: None
+        return lambda: self._call(self._on_stopped_leading)
 
-    def _renew_deadline_passed(self):
-        self._deadline = None
-        if not self._leading:
-            return
-        generation = self._generation
-        self._cancel_inflight()
-        event = self._step_down(
-            f"not renewed for renew_deadline={self._config.renew_deadline}s")
-        self._schedule(self._jittered(self._config.retry_period))
-        self._run_events([event], generation)
-
-    def _run_events(self, events, generation):
+    def _run_events(self):
         """Callbacks run last, after our state is consistent; one that stops the
-        elector cancels the rest."""
-        for event in events:
-            if self._generation != generation:
-                return
-            event()
+        elector drops the rest (stop() clears the queue)."""
+        while self._pending_events:
+            self._pending_events.pop(0)()
 
     def _call(self, callback, *args):
         if callback is None:
@@ -523,9 +580,8 @@ class LeaderElector:
                 self.log.info("{identity} did not release lease {lease}: no longer its holder",
                               identity=cfg.identity, lease=cfg.lease_key)
                 return False
-            self._observed = LeaseRecord.from_lease(written)
-            self._observed_time = self._reactor.seconds()
-            self._lease = written
+            self._seen = _Observation(written, LeaseRecord.from_lease(written),
+                                      self._reactor.seconds())
             self._reported_leader = None
             self.log.info("{identity} released lease {lease}",
                           identity=cfg.identity, lease=cfg.lease_key)
@@ -560,16 +616,6 @@ class LeaderElector:
 
         d = self._writer.write(change, attempts=2)
         return d.addCallback(lambda result: result.lease if result.written else None)
-
-    def _stopped(self, released):
-        waiters, self._stop_waiters = self._stop_waiters, None
-        self.log.info("leader election stopped on lease {lease} as {identity}",
-                      lease=self._config.lease_key, identity=self._config.identity)
-        for waiter in waiters:
-            waiter.callback(released)
-        if self._restart_after_stop:
-            self._restart_after_stop = False
-            self.start()
 
     def _cancel_timer(self):
         timer, self._timer = self._timer, None

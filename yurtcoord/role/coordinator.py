@@ -1,12 +1,12 @@
 """The coordinator: applies the hub role to the pool store and the role components.
 
-Only the newest role counts: every role change bumps a generation and at most
-one run of role steps is in progress. A role change cancels the step that run
+Only the newest role counts: at most one run of role steps is in progress, and
+it applies one role. A role change cancels the step that run
 waits on (an upload, opening the pool store, a component start): the run drops
 the old role's work at once and goes on with the newest role in the same
 reactor turn, so an agent that stops leading stops pool sync and heartbeat
-delegation before anything that may wait. A run whose generation is no longer
-current applies none of its results (a store it opened is closed again); its
+delegation before anything that may wait. A run whose role is no longer the
+current one applies none of its results (a store it opened is closed again); its
 cancellation is not a failure. A failed step is retried with capped backoff
 until it succeeds or the role changes. The local cache counts as uploaded only
 after an upload really succeeded: a cancelled upload runs again in the next
@@ -27,14 +27,15 @@ role changes, and a later start waits for that stop to finish, so start and stop
 alternate as ``IRoleComponent`` promises.
 """
 
-from typing import Callable
+import enum
+from typing import Callable, List
 
 from twisted.internet import defer
 from twisted.logger import Logger
-from zope.interface import implementer
+from twisted.python.failure import Failure
 
 from yurtcoord.role.roles import Role
-from yurtcoord.agent.status import IStatusSource, rfc3339
+from yurtcoord.tx.fsm import TransitionTable
 
 
 def capped_backoff(initial=0.5, factor=2.0, cap=30.0):
@@ -151,9 +152,40 @@ class _ComponentSlot:
                       error=failure.getErrorMessage())
 
 
-@implementer(IStatusSource)
+class _Life(enum.Enum):
+    """Where the coordinator's role steps are (see ``_LIFE``)."""
+
+    IDLE = "idle"          # the current role's steps are done (or role init)
+    APPLYING = "applying"  # one run of role steps is in progress
+    WAITING = "waiting"    # the last run failed; its retry is scheduled
+    STOPPING = "stopping"  # stop() cancelled the run in progress
+    STOPPED = "stopped"    # components stopped, pool store closed, for good
+
+
+# The whole life cycle. Inputs: ``role`` (a new role), ``done``/``failed``/
+# ``superseded`` (how a run ended), ``retry`` (the retry delay passed), ``stop``.
+_LIFE = TransitionTable("coordinator", {
+    (_Life.IDLE, "role"): _Life.APPLYING,
+    (_Life.APPLYING, "role"): _Life.APPLYING,
+    (_Life.WAITING, "role"): _Life.APPLYING,
+    (_Life.STOPPING, "role"): _Life.STOPPING,
+    (_Life.STOPPED, "role"): _Life.STOPPED,
+    (_Life.APPLYING, "done"): _Life.IDLE,
+    (_Life.APPLYING, "failed"): _Life.WAITING,
+    (_Life.APPLYING, "superseded"): _Life.APPLYING,
+    (_Life.WAITING, "retry"): _Life.APPLYING,
+    (_Life.IDLE, "stop"): _Life.STOPPED,
+    (_Life.WAITING, "stop"): _Life.STOPPED,
+    (_Life.APPLYING, "stop"): _Life.STOPPING,
+    (_Life.STOPPING, "done"): _Life.STOPPED,
+    (_Life.STOPPING, "failed"): _Life.STOPPED,
+    (_Life.STOPPING, "superseded"): _Life.STOPPED,
+})
+
+
 class Coordinator:
-    """Reacts to role changes (``set_role``) and exposes health and readiness.
+    """Reacts to role changes (``set_role``) and tells its observers about role and
+    readiness changes; the status pages, the metrics and the sandbox subscribe.
 
     Collaborators:
 
@@ -168,22 +200,18 @@ class Coordinator:
     - ``retry_delay(attempt)`` → seconds before retry ``attempt`` (1, 2, ...) of
       a failed run; ``capped_backoff()`` by default, ``backoff_policy(Backoff())``
       for jitter.
-    - ``metrics``: optional, with ``set_role(name)``, ``set_healthy(bool)`` and
-      ``set_ready(bool)``.
-    - For ``status()``: optional callables ``cloud_servers()`` → {url: healthy},
-      ``coordinator_healthy()`` → bool, ``leader()`` → holder identity or None,
-      ``delegated_heartbeats()`` → int.
+
+    The life cycle is the transition table ``_LIFE``: every input goes through
+    ``_input``, which moves to the table's next state and then runs the action of
+    that transition. An input the table does not list for the current state raises.
     """
 
     log = Logger()
 
-    def __init__(self, reactor, node_name, open_pool_store, pool_sync, delegation,
-                 synced_detector, upload_local_cache, retry_delay=None, metrics=None,
-                 pool_name="", cloud_servers=None, coordinator_healthy=None, leader=None,
-                 delegated_heartbeats=None):
+    def __init__(self, reactor, node_name: str, open_pool_store, pool_sync, delegation,
+                 synced_detector, upload_local_cache, retry_delay=None) -> None:
         self._reactor = reactor
         self.node_name = node_name
-        self.pool_name = pool_name
         self._open_pool_store = open_pool_store
         self._pool_sync = _ComponentSlot("pool sync", pool_sync, node_name)
         self._delegation = _ComponentSlot("heartbeat delegation", delegation, node_name)
@@ -191,48 +219,47 @@ class Coordinator:
                                         node_name)
         self._upload_local_cache = upload_local_cache
         self._retry_delay = retry_delay or capped_backoff()
-        self._metrics = metrics
-        self._cloud_servers = cloud_servers or dict
-        self._coordinator_healthy = coordinator_healthy
-        self._leader = leader or (lambda: None)
-        self._delegated_heartbeats = delegated_heartbeats or (lambda: 0)
 
+        self._life = _Life.IDLE
         self.role = Role.INIT
         self.store = None
         self.pool_cache_synced = False
         self.need_upload_local_cache = True
         self.uploaded_objects = 0
-        self.last_transition = reactor.seconds()
         self.failed_attempts = 0
         self.last_error = None
-        self._applied = False
         self._step = "start"
-        self._generation = 0
         self._run = None
         self._retry_call = None
-        self._stopped = False
-        self._role_observers = []
-        self._publish()
+        self._stopped = None
+        self._role_observers: List[Callable[[Role, Role], None]] = []
+        self._readiness_observers: List[Callable[[bool], None]] = []
+        self._last_ready = False
 
     # -- what the status pages and metrics read ---------------------------------
 
     @property
-    def healthy(self):
+    def healthy(self) -> bool:
         return self.role.is_healthy
 
     @property
-    def ready(self):
+    def ready(self) -> bool:
         return not self.readiness_failures()
 
     @property
-    def local_cache_uploaded(self):
+    def local_cache_uploaded(self) -> bool:
         return not self.need_upload_local_cache
 
-    def readiness_failures(self):
+    @property
+    def applying(self) -> bool:
+        """True while a run of role steps is in progress or waits for its retry."""
+        return self._life in (_Life.APPLYING, _Life.WAITING, _Life.STOPPING)
+
+    def readiness_failures(self) -> List[str]:
         if not self.healthy:
             return [f"coordinator not healthy (role {self.role.value})"]
         failures = []
-        if not self._applied:
+        if self._life is not _Life.IDLE:
             detail = f" (last error: {self.last_error})" if self.last_error else ""
             failures.append(f"steps of role {self.role.value} not done yet{detail}")
         if not self.pool_cache_synced:
@@ -241,67 +268,47 @@ class Coordinator:
             failures.append("local cache not uploaded")
         return failures
 
-    def status(self):
-        coordinator_healthy = (self._coordinator_healthy() if self._coordinator_healthy
-                               else self.healthy)
-        return {
-            "node": self.node_name,
-            "pool": self.pool_name,
-            "role": self.role.value,
-            "healthy": self.healthy,
-            "ready": self.ready,
-            "pool_cache_synced": self.pool_cache_synced,
-            "local_cache_uploaded": self.local_cache_uploaded,
-            "leader": self._leader(),
-            "cloud": dict(self._cloud_servers()),
-            "coordinator_healthy": bool(coordinator_healthy),
-            "last_transition": rfc3339(self.last_transition),
-            "delegated_heartbeats": self._delegated_heartbeats(),
-            "uploaded_objects": self.uploaded_objects,
-        }
-
-    # -- inputs ------------------------------------------------------------------
-
-    def set_role(self, role):
-        """The hub elector's newest role; supersedes everything older.
-
-        The step the run waits on is cancelled, and the run goes on with this role
-        before this call returns (up to its first step that has to wait)."""
-        role = Role(role)
-        if self._stopped or role == self.role:
-            return
-        previous, self.role = self.role, role
-        self._generation += 1
-        self._applied = False
-        self.failed_attempts = 0
-        self.last_transition = self._reactor.seconds()
-        self._cancel_retry()
-        self.log.info("role {previous} -> {role} on node {node}",
-                      previous=previous.value, role=role.value, node=self.node_name)
-        self._publish()
-        self._notify_role_observers(previous, role)
-        if self._run is not None:
-            self.log.info("role {role} cancels step {step} of role {previous} on node "
-                          "{node}", role=role.value, step=self._step,
-                          previous=previous.value, node=self.node_name)
-            self._run.cancel()
-        else:
-            self._kick()
+    # -- observers ---------------------------------------------------------------
 
     def add_role_observer(self, observer: Callable[[Role, Role], None]) -> None:
         """Call ``observer(previous, role)`` after every role change, in the turn it
         happens; a failing observer is logged and changes nothing."""
         self._role_observers.append(observer)
 
-    def _notify_role_observers(self, previous: Role, role: Role) -> None:
-        for observer in list(self._role_observers):
+    def add_readiness_observer(self, observer: Callable[[bool], None]) -> None:
+        """Call ``observer(ready)`` each time ``ready`` flips, in the turn it does; a
+        failing observer is logged and changes nothing."""
+        self._readiness_observers.append(observer)
+
+    def _notify(self, observers, *args) -> None:
+        for observer in list(observers):
             try:
-                observer(previous, role)
+                observer(*args)
             except Exception:
-                self.log.failure("role observer {observer!r} failed on node {node}",
+                self.log.failure("observer {observer!r} failed on node {node}",
                                  observer=observer, node=self.node_name)
 
-    def set_pool_cache_synced(self, synced):
+    def _changed(self) -> None:
+        """Something readiness depends on may have changed: tell the readiness
+        observers if it flipped."""
+        ready = self.ready
+        if ready != self._last_ready:
+            self._last_ready = ready
+            self._notify(self._readiness_observers, ready)
+
+    # -- inputs ------------------------------------------------------------------
+
+    def set_role(self, role) -> None:
+        """The hub elector's newest role; supersedes everything older.
+
+        The step the run waits on is cancelled, and the run goes on with this role
+        before this call returns (up to its first step that has to wait)."""
+        role = Role(role)
+        if role == self.role:
+            return
+        self._input("role", role)
+
+    def set_pool_cache_synced(self, synced) -> None:
         """Called by the synced detector. Ignored while detection is not running,
         so a late report after pending cannot mark a dropped cache as synced."""
         synced = bool(synced)
@@ -311,110 +318,174 @@ class Coordinator:
             self.pool_cache_synced = synced
             self.log.info("pool cache synced={synced} on node {node}",
                           synced=synced, node=self.node_name)
-            self._publish()
+            self._changed()
 
-    def stop(self):
+    def stop(self) -> defer.Deferred:
         """Cancel the step in progress, stop every component and close the pool
-        store, exactly once each."""
-        if self._stopped:
+        store, exactly once each. The first call fires once all of that is done,
+        later ones at once."""
+        if self._life in (_Life.STOPPING, _Life.STOPPED):
             return defer.succeed(None)
-        self._stopped = True
-        self._generation += 1
-        self._cancel_retry()
-        running = self._run
-        if running is not None:
-            running.cancel()
-        else:
-            running = defer.succeed(None)
-
-        def shut_down(_):
-            stopped = self._stop_components(self._pool_sync, self._delegation, self._detector)
-            return self._drop_store_after(stopped).addCallback(lambda _: self._publish())
-
-        return running.addCallback(shut_down)
+        self._stopped = defer.Deferred()
+        stopped = self._stopped
+        self._input("stop")
+        return stopped
 
     # -- the state machine -------------------------------------------------------
 
-    def _kick(self):
-        if self._run is not None or self._stopped:
+    def _input(self, event: str, *args) -> None:
+        """Move along ``_LIFE`` for ``event`` and run that transition's action."""
+        before = self._life
+        self._life = _LIFE.next(before, event)
+        actions = {"role": self._on_role, "done": self._on_done, "failed": self._on_failed,
+                   "superseded": self._on_superseded, "retry": self._on_retry,
+                   "stop": self._on_stop}
+        actions[event](before, *args)
+
+    def _on_role(self, before: _Life, role: Role) -> None:
+        if before in (_Life.STOPPING, _Life.STOPPED):
             return
-        run = self._run_newest()
+        previous, self.role = self.role, role
+        self.failed_attempts = 0
+        self._cancel_retry()
+        self.log.info("role {previous} -> {role} on node {node}",
+                      previous=previous.value, role=role.value, node=self.node_name)
+        self._notify(self._role_observers, previous, role)
+        self._changed()
+        if before is _Life.APPLYING:
+            if self._run is not None:
+                self.log.info("role {role} cancels step {step} of role {previous} on "
+                              "node {node}", role=role.value, step=self._step,
+                              previous=previous.value, node=self.node_name)
+                self._run.cancel()
+            # else: the run is still in its first synchronous part; _start_run
+            # cancels it as soon as it returns.
+        else:
+            self._start_run()
+
+    def _on_done(self, before: _Life) -> None:
+        if before is _Life.STOPPING:
+            self._shut_down()
+            return
+        self.failed_attempts = 0
+        self.last_error = None
+        self._changed()
+
+    def _on_failed(self, before: _Life, role: Role, error: Exception) -> None:
+        if before is _Life.STOPPING:
+            self._shut_down()
+            return
+        self.failed_attempts += 1
+        self.last_error = f"{self._step}: {error}"
+        delay = self._retry_delay(self.failed_attempts)
+        self.log.warn("step {step} of role {role} failed on node {node}: {error}; "
+                      "retry {attempt} in {delay}s",
+                      step=self._step, role=role.value, node=self.node_name,
+                      error=error, attempt=self.failed_attempts, delay=delay)
+        self._retry_call = self._reactor.callLater(delay, self._input, "retry")
+        self._changed()
+
+    def _on_superseded(self, before: _Life) -> None:
+        if before is _Life.STOPPING:
+            self._shut_down()
+            return
+        self._start_run()
+
+    def _on_retry(self, before: _Life) -> None:
+        self._retry_call = None
+        self._start_run()
+
+    def _on_stop(self, before: _Life) -> None:
+        self._cancel_retry()
+        if before is _Life.APPLYING:
+            if self._run is not None:
+                self._run.cancel()
+            return
+        self._shut_down()
+
+    def _shut_down(self) -> None:
+        stopped = self._stop_components(self._pool_sync, self._delegation, self._detector)
+        self._drop_store_after(stopped).addCallback(self._shut_down_done)
+
+    def _shut_down_done(self, _result) -> None:
+        self._changed()
+        self._stopped.callback(None)
+
+    def _start_run(self) -> None:
+        """Run the current role's steps; how the run ends is the next input."""
+        role = self.role
+        self._step = "start"
+        run = self._apply(role)
         if not run.called:
             self._run = run
+            if role != self.role:
+                # The role changed during the run's synchronous first part.
+                run.cancel()
+        run.addBoth(self._run_ended_with, role)
 
-    @defer.inlineCallbacks
-    def _run_newest(self):
-        """Apply the newest role; loop while newer roles arrived during a run.
+    def _run_ended_with(self, result, role: Role) -> None:
+        """A run of ``role`` ended with ``result``: done, failed, or superseded (its
+        role is no longer the current one, or it was cancelled)."""
+        self._run = None
+        if isinstance(result, Failure):
+            if role != self.role or result.check(defer.CancelledError, _Superseded):
+                self._input("superseded")
+            else:
+                self._input("failed", role, result.value)
+        elif role != self.role:
+            self._input("superseded")
+        else:
+            self._input("done")
 
-        A run superseded by a newer role (its step cancelled or its result dropped)
-        counts as neither a success nor a failure."""
-        try:
-            while not self._stopped:
-                generation, role = self._generation, self.role
-                self._step = "start"
-                try:
-                    yield self._apply(role, generation)
-                except Exception as error:
-                    if generation != self._generation:
-                        continue  # a newer role arrived: run it
-                    self._schedule_retry(role, error)
-                    break
-                if generation == self._generation:
-                    self._applied = True
-                    self.failed_attempts = 0
-                    self.last_error = None
-                    self._publish()
-                    break
-        finally:
-            self._run = None
-
-    def _apply(self, role, generation):
+    def _apply(self, role: Role) -> defer.Deferred:
         if role == Role.LEADER:
-            return self._apply_leader(generation)
-        if role == Role.FOLLOWER:
-            return self._apply_follower(generation)
-        if role == Role.PENDING:
-            return self._apply_pending(generation)
-        return defer.succeed(None)
+            d = self._apply_leader(role)
+        elif role == Role.FOLLOWER:
+            d = self._apply_follower(role)
+        elif role == Role.PENDING:
+            d = self._apply_pending()
+        else:
+            d = defer.succeed(None)
+        return d
 
-    def _check(self, generation):
-        if generation != self._generation:
+    def _check(self, role: Role) -> None:
+        if role != self.role:
             raise _Superseded()
 
     @defer.inlineCallbacks
-    def _apply_pending(self, generation):
+    def _apply_pending(self):
         self.need_upload_local_cache = True
         self._step = "stop components, close pool store"
         stopped = self._stop_components(self._pool_sync, self._delegation, self._detector)
         yield _wait_for(self._drop_store_after(stopped))
 
     @defer.inlineCallbacks
-    def _apply_leader(self, generation):
-        store = yield self._ensure_store(generation)
+    def _apply_leader(self, role):
+        store = yield self._ensure_store(role)
         for slot in (self._pool_sync, self._delegation, self._detector):
             self._step = f"start {slot.name}"
             yield self._ensure_started(slot, store)
-            self._check(generation)
-        yield self._upload_if_needed(store, generation)
+            self._check(role)
+        yield self._upload_if_needed(store, role)
 
     @defer.inlineCallbacks
-    def _apply_follower(self, generation):
+    def _apply_follower(self, role):
         self._step = "stop leader components"
         yield _wait_for(self._stop_components(self._pool_sync, self._delegation))
-        self._check(generation)
-        store = yield self._ensure_store(generation)
+        self._check(role)
+        store = yield self._ensure_store(role)
         self._step = f"start {self._detector.name}"
         yield self._ensure_started(self._detector, store)
-        self._check(generation)
-        yield self._upload_if_needed(store, generation)
+        self._check(role)
+        yield self._upload_if_needed(store, role)
 
     @defer.inlineCallbacks
-    def _ensure_store(self, generation):
+    def _ensure_store(self, role):
         if self.store is not None:
             return self.store
         self._step = "open pool store"
         store = yield self._open_pool_store()
-        if generation != self._generation:
+        if role != self.role or self._life is not _Life.APPLYING:
             yield _wait_for(self._close_quietly(store))
             raise _Superseded()
         self.store = store
@@ -447,22 +518,22 @@ class Coordinator:
             slot.stop()
         if self._detector in slots and self.pool_cache_synced:
             self.pool_cache_synced = False
-            self._publish()
+            self._changed()
         return defer.DeferredList([slot.stopped() for slot in slots])
 
     @defer.inlineCallbacks
-    def _upload_if_needed(self, store, generation):
+    def _upload_if_needed(self, store, role):
         if not self.need_upload_local_cache:
             return
         self._step = "upload local cache"
         counts = yield self._upload_local_cache(store)
-        self._check(generation)
+        self._check(role)
         uploaded = _uploaded_count(counts)
         self.uploaded_objects = uploaded
         self.need_upload_local_cache = False
         self.log.info("local cache uploaded from node {node}: {uploaded} objects",
                       node=self.node_name, uploaded=uploaded)
-        self._publish()
+        self._changed()
 
     def _drop_store_after(self, stopped):
         """The pool store is never used again; it closes once ``stopped`` fired (the
@@ -481,29 +552,8 @@ class Coordinator:
             node=self.node_name, error=failure.getErrorMessage()))
         return closing
 
-    def _schedule_retry(self, role, error):
-        self.failed_attempts += 1
-        self.last_error = f"{self._step}: {error}"
-        delay = self._retry_delay(self.failed_attempts)
-        self.log.warn("step {step} of role {role} failed on node {node}: {error}; "
-                      "retry {attempt} in {delay}s",
-                      step=self._step, role=role.value, node=self.node_name,
-                      error=error, attempt=self.failed_attempts, delay=delay)
-        self._retry_call = self._reactor.callLater(delay, self._retry)
-
-    def _retry(self):
-        self._retry_call = None
-        self._kick()
-
     def _cancel_retry(self):
         if self._retry_call is not None:
             if self._retry_call.active():
                 self._retry_call.cancel()
             self._retry_call = None
-
-    def _publish(self):
-        if self._metrics is None:
-            return
-        self._metrics.set_role(self.role.value)
-        self._metrics.set_healthy(self.healthy)
-        self._metrics.set_ready(self.ready)

@@ -5,9 +5,12 @@ cloud unhealthy → no candidacy, role follower (a hub without the cloud must no
 lead); otherwise take part in the election: follower until it wins, then leader.
 """
 
+from typing import Callable, Optional
+
 from twisted.internet import defer
 from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
+from twisted.python.failure import Failure
 
 from yurtcoord.role.roles import Role
 
@@ -19,10 +22,10 @@ class HubElector:
     builds a fresh, unstarted leader elector (``LeaderElector``) with
     ``start()``, ``stop()`` (a Deferred; the leader releases its lease) and
     ``leader`` (the observed holder). An elector that lost the lease stays a
-    candidate until stopped. Each candidacy gets its own elector and generation;
-    callbacks of an elector that was already dropped are ignored, so a late
-    "stopped leading" after the coordinator went away cannot turn ``pending``
-    back into ``follower``.
+    candidate until stopped. Each candidacy gets its own elector; callbacks of an
+    elector that is no longer the current one are ignored, so a late "stopped
+    leading" after the coordinator went away cannot turn ``pending`` back into
+    ``follower``.
     """
 
     log = Logger()
@@ -37,10 +40,12 @@ class HubElector:
         self._on_role = on_role
         self.role = Role.INIT
         self._elector = None
-        self._generation = 0
+        self._candidacies = 0
+        self._leader_observers = []
         self._stopping_electors = set()
         self._loop = None
         self._loop_done = None
+        self._health_known = None
 
     @property
     def electing(self):
@@ -54,9 +59,34 @@ class HubElector:
             return None
         return self._elector.leader
 
-    def start(self):
-        if self._loop is not None:
+    def add_leader_observer(self, observer: Callable[[str], None]) -> None:
+        """Call ``observer(identity)`` each time the current candidacy sees a new
+        holder of the election lease; a failing observer is logged."""
+        self._leader_observers.append(observer)
+
+    def start(self, health_known: Optional[defer.Deferred] = None) -> None:
+        """Check now and every ``check_interval``; with ``health_known``, the first
+        check waits until it fired (the role stays init until then), so that an
+        agent whose first probes are still on the way is not called pending."""
+        if self._loop is not None or self._health_known is not None:
             return
+        if health_known is not None and not health_known.called:
+            self._health_known = health_known
+            health_known.addBoth(self._health_became_known)
+            return
+        self._start_checking()
+
+    def _health_became_known(self, result) -> None:
+        if self._health_known is None:
+            return None  # stopped meanwhile: the wait was cancelled
+        self._health_known = None
+        if isinstance(result, Failure):
+            self.log.warn("waiting for the first health answers failed: {error}; checking "
+                          "anyway", error=result.getErrorMessage())
+        self._start_checking()
+        return None
+
+    def _start_checking(self) -> None:
         self._loop = LoopingCall(self._check_quietly)
         self._loop.clock = self._reactor
         self._loop_done = self._loop.start(self._check_interval, now=True)
@@ -65,6 +95,9 @@ class HubElector:
         """Stop checking and electing; fires once the elector stopped (and a leader
         released its lease)."""
         stopped = []
+        waiting, self._health_known = self._health_known, None
+        if waiting is not None:
+            waiting.cancel()
         if self._loop is not None:
             loop, done = self._loop, self._loop_done
             self._loop = self._loop_done = None
@@ -95,11 +128,11 @@ class HubElector:
             self._start_electing()
 
     def _start_electing(self):
-        self._generation += 1
-        generation = self._generation
+        self._candidacies += 1
+        candidacy = []
 
         def current():
-            return self._elector is not None and self._generation == generation
+            return bool(candidacy) and self._elector is candidacy[0]
 
         def started_leading(*_args):
             if current():
@@ -113,16 +146,24 @@ class HubElector:
         def new_leader(identity, *_args):
             if current():
                 self.log.info("pool leader is now {leader}", leader=identity)
+                for observer in list(self._leader_observers):
+                    try:
+                        observer(identity)
+                    except Exception:
+                        self.log.failure("leader observer {observer!r} failed",
+                                         observer=observer)
 
-        self._elector = self._elector_factory(started_leading, stopped_leading, new_leader)
-        self.log.info("starting leader election (candidacy {generation})", generation=generation)
-        self._elector.start()
+        elector = self._elector_factory(started_leading, stopped_leading, new_leader)
+        candidacy.append(elector)
+        self._elector = elector
+        self.log.info("starting leader election (candidacy {candidacy})",
+                      candidacy=self._candidacies)
+        elector.start()
 
     def _stop_electing(self):
         elector, self._elector = self._elector, None
         if elector is None:
             return
-        self._generation += 1
         d = defer.maybeDeferred(elector.stop)
         self._stopping_electors.add(d)
 

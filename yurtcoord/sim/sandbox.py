@@ -57,6 +57,7 @@ from yurtcoord.names import NODE_LEASE_NAMESPACE, NODE_POOL_LABEL
 from yurtcoord.sim.agentini import loopback_agent_ini
 from yurtcoord.sim.apiserver import KubeAPIServer
 from yurtcoord.sim.apiserver.store import ObjectStore
+from yurtcoord.sim.apiserver.selectors import ObjectFilter
 from yurtcoord.sim.etcd import environ_without_etcd_flags, free_port, wheel_etcd_binary
 from yurtcoord.sim.kubelet import StandInKubelet
 from yurtcoord.sim.tcpproxy import TCPProxy
@@ -70,7 +71,9 @@ ETCD_STOP_TIMEOUT = 10.0
 ETCD_POLL_INTERVAL = 0.1
 # Attempts at starting etcd when the free ports chosen were taken in the meantime.
 ETCD_START_ATTEMPTS = 3
-# How often readiness and delegations of the pool are looked at for their lines.
+# How often the heartbeat delegation counts of the agents are looked at for their
+# lines (delegation reports no changes; roles, leaders, readiness and the cloud's
+# node leases do, and are followed as they change).
 POOL_CHECK_INTERVAL = 0.2
 # An agent that forwarded no heartbeat for this long counts as no longer delegating.
 DELEGATION_QUIET_PERIOD = 6.0
@@ -418,20 +421,19 @@ class Sandbox(service.MultiService):
     """The sandbox pool: etcd, the two apiservers, ``agent_count`` agents as children.
 
     ``write_line(text)`` prints one line for the person watching (role changes, URLs,
-    readiness); ``log_publisher`` is the log publisher the agents log to (role changes
-    are read from the coordinators' events there); ``on_failure(message)`` is called
+    readiness), from the observers of each agent's coordinator and hub elector;
+    ``on_failure(message)`` is called
     once when the start failed, after everything started so far was cleaned up.
     ``directory`` is the temp dir while running; ``etcd`` the ``SandboxEtcd``.
     """
 
     log = Logger()
 
-    def __init__(self, reactor, write_line, log_publisher, agent_count=DEFAULT_AGENTS,
+    def __init__(self, reactor, write_line, agent_count=DEFAULT_AGENTS,
                  etcd_binary=None, on_failure=None, temp_parent=None):
         super().__init__()
         self.reactor = reactor
         self.write_line = write_line
-        self.log_publisher = log_publisher
         self.agent_count = agent_count
         self.etcd_binary = etcd_binary
         self.on_failure = on_failure
@@ -449,8 +451,8 @@ class Sandbox(service.MultiService):
         self._awaiting_renewal = {}
         self.started = None
         self._stopping = False
-        self._watching_logs = False
         self._pool_check = None
+        self._lease_watch = None
         self._last_ready = {}
         self._delegations = {}
         self._all_ready_reported = False
@@ -471,18 +473,14 @@ class Sandbox(service.MultiService):
         self._say(f"{self._clock()} {node}: role {previous.value} -> {role.value} "
                   f"(leader: {leader or 'none yet'})")
 
-    def _pool_event(self, event):
-        """Log observer: one line each time an agent observes a new leader (from its
-        hub elector's structured events)."""
-        source = event.get("log_source")
-        for node, agent in self.agents.items():
-            if source is agent.hub_elector and "leader" in event:
-                self._say(f"{self._clock()} {node}: sees leader {event['leader']}")
+    def _leader_seen(self, node, leader):
+        """One line each time an agent observes a new leader; the pool may now be all
+        ready with one leader."""
+        self._say(f"{self._clock()} {node}: sees leader {leader}")
+        self._check_all_ready()
 
     def _check_pool(self):
         self._check_delegations()
-        self._check_readiness()
-        self._check_renewals()
 
     def _check_delegations(self):
         """One line when an agent starts forwarding heartbeats of other nodes to the
@@ -501,15 +499,16 @@ class Sandbox(service.MultiService):
                           f"({count} in total)")
                 self._delegations[node] = (count, last_change, False)
 
-    def _check_readiness(self):
-        """One line when an agent turns ready or unready, and one the first time every
-        agent is ready and names the same leader."""
-        for node, agent in self.agents.items():
-            ready = agent.coordinator.ready
-            if ready != self._last_ready.get(node, False):
-                self._last_ready[node] = ready
-                state = "ready" if ready else "not ready"
-                self._say(f"{self._clock()} {node}: {state} (role {agent.coordinator.role})")
+    def _readiness_changed(self, node, ready):
+        """One line when an agent turns ready or unready."""
+        self._last_ready[node] = ready
+        state = "ready" if ready else "not ready"
+        role = self.agents[node].coordinator.role
+        self._say(f"{self._clock()} {node}: {state} (role {role})")
+        self._check_all_ready()
+
+    def _check_all_ready(self):
+        """One line the first time every agent is ready and names the same leader."""
         if self._all_ready_reported or not all(self._last_ready.get(n) for n in self.nodes):
             return
         leaders = {agent.hub_elector.leader for agent in self.agents.values()}
@@ -542,6 +541,8 @@ class Sandbox(service.MultiService):
             raise SandboxStopped()
         self._say(f"cloud apiserver {cloud_url}, coordinator apiserver {coordinator_url}")
         seed_cloud(self.cloud.store, self.nodes)
+        self._lease_watch = self.cloud.store.watch(
+            LEASES, ObjectFilter(namespace=NODE_LEASE_NAMESPACE), None, self._cloud_lease_changed)
 
         cloud_port = self.cloud.port_number
         assert cloud_port is not None, "the cloud apiserver listens once started"
@@ -554,8 +555,6 @@ class Sandbox(service.MultiService):
         if self._stopping:
             raise SandboxStopped()
 
-        self.log_publisher.addObserver(self._pool_event)
-        self._watching_logs = True
         for index, node in enumerate(self.nodes):
             agent_dir = os.path.join(self.directory, node)
             seed_local_cache(os.path.join(agent_dir, "cache"), node, 100 * (index + 1))
@@ -568,6 +567,10 @@ class Sandbox(service.MultiService):
                 lambda alive, node=node: self._kubelet_changed(node, alive))
             agent.coordinator.add_role_observer(
                 lambda previous, role, node=node: self._role_changed(node, previous, role))
+            agent.coordinator.add_readiness_observer(
+                lambda ready, node=node: self._readiness_changed(node, ready))
+            agent.hub_elector.add_leader_observer(
+                lambda leader, node=node: self._leader_seen(node, leader))
             self.agents[node] = agent
             agent.setServiceParent(self)
             self._say(f"{node} pool page {agent.status_http.url}/")
@@ -625,14 +628,16 @@ class Sandbox(service.MultiService):
                       f"heartbeats, the cloud lease {NODE_LEASE_NAMESPACE}/{node} stays at "
                       f"renewTime {self._renew_text(node) or 'none'}")
 
-    def _check_renewals(self):
+    def _cloud_lease_changed(self, event_type, lease):
         """One line when a node whose kubelet came back is renewed in the cloud."""
-        for node, stale in list(self._awaiting_renewal.items()):
-            renewed = self._renew_text(node)
-            if renewed is not None and renewed != stale:
-                del self._awaiting_renewal[node]
-                self._say(f"{self._clock()} {node}: cloud lease {NODE_LEASE_NAMESPACE}/{node} "
-                          f"renewed again (renewTime {renewed})")
+        node = lease["metadata"]["name"]
+        if event_type != "MODIFIED" or node not in self._awaiting_renewal:
+            return
+        renewed = (lease.get("spec") or {}).get("renewTime")
+        if renewed is not None and renewed != self._awaiting_renewal[node]:
+            del self._awaiting_renewal[node]
+            self._say(f"{self._clock()} {node}: cloud lease {NODE_LEASE_NAMESPACE}/{node} "
+                      f"renewed again (renewTime {renewed})")
 
     def node_states(self) -> dict:
         """``{node: {...}}`` of the control page: role, kubelet, cloud lease age."""
@@ -716,12 +721,11 @@ class Sandbox(service.MultiService):
     def _stop_everything(self):
         if self._pool_check is not None and self._pool_check.running:
             self._pool_check.stop()
+        if self._lease_watch is not None:
+            self._lease_watch.cancel()
         if self.running:
             yield service.MultiService.stopService(self)
         self.running = 0
-        if self._watching_logs:
-            self.log_publisher.removeObserver(self._pool_event)
-            self._watching_logs = False
         if self._control_port is not None:
             yield self._control_port.stopListening()
             self._control_port = None

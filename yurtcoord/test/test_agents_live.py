@@ -285,7 +285,7 @@ class RoleFlipLeakTests(unittest.TestCase):
     def settled(self, role):
         """The coordinator applied ``role`` and, as leader, sees the pool synced."""
         coordinator = self.agent.coordinator
-        if coordinator.role != role or coordinator._run is not None:
+        if coordinator.role != role or coordinator.applying:
             return False
         if role == Role.PENDING:
             return coordinator.store is None

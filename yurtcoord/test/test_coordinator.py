@@ -1,5 +1,7 @@
 """Coordinator role state machine: steps per role, superseded roles, retries, readiness."""
 
+from types import SimpleNamespace
+
 from twisted.internet import defer
 from twisted.internet.task import Clock
 from twisted.logger import capturedLogs
@@ -7,8 +9,11 @@ from twisted.trial import unittest
 from zope.interface import implementer
 from zope.interface.verify import verifyObject
 
+from yurtcoord.agent.metrics import follow_coordinator
+from yurtcoord.agent.status import AgentStatus
 from yurtcoord.role.coordinator import Coordinator, backoff_policy, capped_backoff
 from yurtcoord.tx.backoff import Backoff
+from yurtcoord.tx.fsm import IllegalTransition
 from yurtcoord.role.roles import IRoleComponent, Role
 
 PENDING, LEADER, FOLLOWER = Role.PENDING, Role.LEADER, Role.FOLLOWER
@@ -178,10 +183,8 @@ class CoordinatorTestCase(unittest.TestCase):
         self.metrics = RecordingMetrics()
         self.coordinator = Coordinator(
             self.clock, "edge-1", self.opener, self.pool_sync, self.delegation, self.detector,
-            self.upload, retry_delay=capped_backoff(initial=1, factor=2, cap=4),
-            metrics=self.metrics, pool_name="pool-a",
-            cloud_servers=lambda: {"https://cloud": True}, leader=lambda: "edge-2",
-            delegated_heartbeats=lambda: 3)
+            self.upload, retry_delay=capped_backoff(initial=1, factor=2, cap=4))
+        follow_coordinator(self.metrics, self.coordinator)
 
     def tearDown(self):
         self.successResultOf(self.coordinator.stop())
@@ -269,7 +272,7 @@ class RoleTransitionTests(CoordinatorTestCase):
                                             skipped_bad=4)]
         c.set_role(FOLLOWER)
         self.assertEqual(c.uploaded_objects, 8)
-        self.assertEqual(c.status()["uploaded_objects"], 8)
+        self.assertEqual(c.uploaded_objects, 8)
 
     def test_pending_to_leader_uses_a_new_store(self):
         """Fix 7: the new store is open before sync starts; the old one is never used."""
@@ -474,13 +477,21 @@ class ReadinessTests(CoordinatorTestCase):
 
     def test_status_document(self):
         c = self.coordinator
+        status = AgentStatus(
+            c, "pool-a", self.clock,
+            cloud_checker=SimpleNamespace(servers=lambda: {"https://cloud": True}),
+            coordinator_checker=SimpleNamespace(healthy=True),
+            hub_elector=SimpleNamespace(leader="edge-2"),
+            delegation=SimpleNamespace(delegated_heartbeats=3))
+        self.clock.advance(5)
         c.set_role(FOLLOWER)
+        self.clock.advance(5)
         c.set_pool_cache_synced(True)
-        self.assertEqual(c.status(), {
+        self.assertEqual(status.status(), {
             "node": "edge-1", "pool": "pool-a", "role": "follower", "healthy": True,
             "ready": True, "pool_cache_synced": True, "local_cache_uploaded": True,
             "leader": "edge-2", "cloud": {"https://cloud": True}, "coordinator_healthy": True,
-            "last_transition": "2023-11-14T22:13:20Z", "delegated_heartbeats": 3,
+            "last_transition": "2023-11-14T22:13:25Z", "delegated_heartbeats": 3,
             "uploaded_objects": 7})
 
 
@@ -737,6 +748,27 @@ class SupersededRoleCancelsTests(CoordinatorTestCase):
 
 
 class RoleObserverTests(CoordinatorTestCase):
+    def test_readiness_observers_see_each_flip_once(self):
+        seen = []
+        self.coordinator.add_readiness_observer(seen.append)
+        c = self.coordinator
+        self.opener.hold = True
+        c.set_role(FOLLOWER)
+        self.assertEqual(seen, [])
+        self.opener.release()
+        c.set_pool_cache_synced(True)
+        self.assertEqual(seen, [True])
+        c.set_role(LEADER)
+        self.assertEqual(seen, [True, False, True],
+                         "not ready while the leader's steps run, ready once they are done")
+        c.set_role(PENDING)
+        self.assertEqual(seen, [True, False, True, False])
+
+    def test_illegal_input_is_refused_by_the_table(self):
+        c = self.coordinator
+        self.assertRaises(IllegalTransition, c._input, "done")
+        self.assertRaises(IllegalTransition, c._input, "retry")
+
     def test_observers_see_every_change_once_even_while_a_step_is_cancelled(self):
         seen = []
         self.coordinator.add_role_observer(lambda previous, role: seen.append((previous, role)))

@@ -339,6 +339,20 @@ class LeaseProberTests(unittest.TestCase):
         self.assertEqual(metrics.server_healthy, {"https://cloud-1": True})
         self.successResultOf(prober.stop())
 
+    def test_first_answer_is_told_with_the_health_it_decided(self):
+        self.client.errors = [ServerError("down")] * 3
+        prober = make_prober(self.clock, self.client)
+        seen = []
+        prober.when_answered().addCallback(lambda _: seen.append(prober.healthy))
+        abandoned = prober.when_answered()
+        abandoned.cancel()
+        self.failureResultOf(abandoned, defer.CancelledError)
+        prober.probe()
+        self.assertEqual(seen, [])
+        advance(self.clock, 3)
+        self.assertEqual(seen, [False])
+        self.assertIsNone(self.successResultOf(prober.when_answered()))
+
     def test_first_probe_decides_unhealthy(self):
         self.client.errors = [ServerError("down")] * 3
         prober = make_prober(self.clock, self.client)

@@ -146,6 +146,38 @@ class HubElectorTests(unittest.TestCase):
         self.electors[1].started_leading()
         self.assertEqual(self.hub.role, Role.LEADER)
 
+    def test_leader_observers_hear_the_current_candidacy_only(self):
+        seen = []
+        self.hub.add_leader_observer(seen.append)
+        self.hub.add_leader_observer(lambda leader: 1 / 0)
+        self.hub.start()
+        first = self.electors[0]
+        first.new_leader("edge-3")
+        self.cloud.healthy = False
+        self.clock.advance(CHECK)
+        self.cloud.healthy = True
+        self.clock.advance(CHECK)
+        first.new_leader("edge-4")
+        self.electors[1].new_leader("edge-5")
+        self.assertEqual(seen, ["edge-3", "edge-5"])
+        self.assertEqual(len(self.flushLoggedErrors(ZeroDivisionError)), 2)
+
+    def test_first_check_waits_until_health_is_known(self):
+        known = defer.Deferred()
+        self.hub.start(health_known=known)
+        self.clock.advance(CHECK * 3)
+        self.assertEqual((self.hub.role, self.roles, self.electors), (Role.INIT, [], []))
+        known.callback(None)
+        self.assertEqual(self.roles, [Role.FOLLOWER])
+        self.assertEqual(len(self.electors), 1)
+
+    def test_stop_while_waiting_for_health_cancels_the_wait(self):
+        known = defer.Deferred()
+        self.hub.start(health_known=known)
+        self.successResultOf(self.hub.stop())
+        self.assertTrue(known.called, "the wait was cancelled")
+        self.assertEqual((self.roles, self.electors), ([], []))
+
     def test_losing_the_lease_makes_follower_and_stays_candidate(self):
         self.hub.start()
         self.electors[0].started_leading()

@@ -14,6 +14,7 @@ from yurtcoord.kube.lease import (
     lease_transitions, parse_micro_time, renew_time,
 )
 from yurtcoord.kube.leaderelection import LeaderElectionConfig, LeaderElector
+from yurtcoord.tx.fsm import IllegalTransition
 from yurtcoord.testing.fakekube import FakeKube
 
 NS, NAME = "kube-system", "yurthub"
@@ -543,6 +544,17 @@ class StopTests(ElectionTestCase):
         self.assertTrue(holder["stop"].called)
         self.assertEqual(holder_identity(self.lease()), "")
         self.assertEqual(self.clock.getDelayedCalls(), [])
+
+    def test_inputs_the_table_does_not_list_are_refused(self):
+        """A renew deadline or an attempt answer while stopped cannot happen; if it
+        did, the transition table names it instead of the elector acting on it."""
+        elector, recorder = self.elector()
+        self.assertRaises(IllegalTransition, elector._input, "deadline")
+        self.assertRaises(IllegalTransition, elector._input, "tick")
+        elector.start()
+        self.assertRaises(IllegalTransition, elector._input, "deadline")
+        self.assertFalse(elector.is_leader)
+        self.assertEqual(recorder.names(), [])
 
     def test_restart_after_stop(self):
         elector, recorder = self.elector()

@@ -247,7 +247,7 @@ class AgentServiceTests(unittest.TestCase):
         self.assertEqual(self.world.election_lease().holder_identity, "edge-1")
 
         stopped = []
-        for stage in [*agent, agent._client_stage]:
+        for stage in agent:
             original = stage.stopService
 
             def recording(stage=stage, original=original):
@@ -292,8 +292,7 @@ class AgentServiceTests(unittest.TestCase):
         self.world.coordinator.faults.latency = 0.3
         agent = make_service(self.world.config("edge-1"), reactor)
         roles = []
-        set_role = agent.coordinator.set_role
-        agent.hub_elector._on_role = lambda role: (roles.append(role.value), set_role(role))
+        agent.coordinator.add_role_observer(lambda _previous, role: roles.append(role.value))
         agent.startService()
         self.addCleanup(agent.stopService)
         status = yield self.reader.status(agent.status_http.url)
