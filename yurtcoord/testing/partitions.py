@@ -27,7 +27,7 @@ Scenarios run side by side, each on a topology of its own, to keep the suite sho
 """
 
 import json
-from typing import Any, Callable, Dict, Generator, List, Optional, Tuple
+from typing import Any, Callable, Dict, Generator, List, Tuple
 
 import attr
 from twisted.internet import defer

@@ -2,7 +2,6 @@
 fed by the store, with periodic bookmarks and the client's timeout."""
 
 import json
-from typing import Any
 
 from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
