@@ -32,9 +32,11 @@ add. A handler that raises is logged; the informer carries on.
 from twisted.internet import defer
 from twisted.internet.task import deferLater
 from twisted.logger import Logger
+from zope.interface import implementer
 
 from yurtcoord.tx.backoff import Backoff
 from yurtcoord.kube.errors import Gone, ListTooLong, ResponseTooLarge, ServerError
+from yurtcoord.kube.interfaces import IInformer
 
 MIN_HEALTHY_WATCH_SECONDS = 1.0
 # Objects per list request (client-go's pager uses 500 too).
@@ -92,6 +94,7 @@ class HandlerRegistration:
         self._informer._remove_handler(self)
 
 
+@implementer(IInformer)
 class Informer:
     """Keeps ``store`` equal to the server's objects of ``gvr`` (in ``namespace``,
     matching the selectors), and tells handlers about every change.

@@ -54,10 +54,12 @@ from twisted.internet.interfaces import IReactorThreads
 from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
 from twisted.python.failure import Failure
+from zope.interface import implementer
 
 from yurtcoord.etcd.client import prefix_range_end
 from yurtcoord.etcd.errors import BadResponse, EtcdError, TransactionFailed
 from yurtcoord.etcd.versions import version_warning
+from yurtcoord.pool.interfaces import IPoolStore
 from yurtcoord.pool.keycache import POOL_SCOPED_COMPONENT, ComponentKeyCache
 from yurtcoord.pool.keys import (
     InvalidKey, KeyBuildInfo, PoolKey, PoolKeyBuilder, ResourceId, format_rv, mirror_rv_key,
@@ -239,6 +241,7 @@ def _as_path(key):
     return key.path if isinstance(key, PoolKey) else str(key)
 
 
+@implementer(IPoolStore)
 class PoolStore:
     """Objects of the pool in etcd, with the component key cache beside them.
 

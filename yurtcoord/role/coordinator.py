@@ -27,7 +27,7 @@ role changes, and a later start waits for that stop to finish, so start and stop
 alternate as ``IRoleComponent`` promises.
 """
 
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from twisted.internet import defer
 from twisted.logger import Logger
@@ -35,6 +35,9 @@ from zope.interface import implementer
 
 from yurtcoord.role.roles import Role
 from yurtcoord.agent.status import IStatusSource, rfc3339
+
+if TYPE_CHECKING:
+    from yurtcoord.pool.uploader import UploadCounts
 
 
 def capped_backoff(initial=0.5, factor=2.0, cap=30.0):
@@ -59,24 +62,11 @@ def backoff_policy(backoff):
     return delay
 
 
-def _uploaded_count(counts):
-    """Objects of the node's cache that the pool holds after an upload, from an int or
-    the uploader's counts (``uploaded``, or ``created`` + ``updated`` +
-    ``skipped_not_newer``, as keys or attributes): an object the pool already had at
-    the same or a newer version counts, as a re-upload after a role change finds
-    everything there."""
-    if counts is None:
-        return 0
-    if isinstance(counts, int):
-        return counts
-
-    def field(name):
-        if hasattr(counts, "get"):
-            return counts.get(name)
-        return getattr(counts, name, None)
-    if field("uploaded") is not None:
-        return int(field("uploaded"))
-    return sum(int(field(name) or 0) for name in ("created", "updated", "skipped_not_newer"))
+def _uploaded_count(counts: "UploadCounts") -> int:
+    """Objects of the node's cache that the pool holds after an upload: created,
+    updated, or already there at the same or a newer version, as a re-upload after a
+    role change finds everything there."""
+    return counts.created + counts.updated + counts.skipped_not_newer
 
 
 class _Superseded(Exception):

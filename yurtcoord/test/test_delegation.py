@@ -182,7 +182,7 @@ class DelegationFixture:
     def list_nodes(self, names=None):
         for name in self.pool_nodes if names is None else names:
             self.nodes.add(pool_node(name))
-        self.nodes.sync.callback(True)
+        self.nodes.end_list()
 
     def stored(self, name, cloud=None):
         return (cloud or self.cloud).peek(LEASES, name, NODE_LEASE_NAMESPACE)

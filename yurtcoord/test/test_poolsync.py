@@ -28,12 +28,12 @@ from yurtcoord.pool.keys import KeyBuildInfo, PoolKeyBuilder, format_rv
 from yurtcoord.pool.store import ObjectTooLarge, PoolStore, WriteOutcome
 from yurtcoord.pool.sync import PoolSyncManager, ResourceMirror, object_bytes
 from yurtcoord.pool.synced import PoolCacheSyncedDetector
-from yurtcoord.test.test_poolscope import (
-    SERVICES_ENTRY, FakeInformer, capture_log, cloud_discovery, configmap,
-)
 from yurtcoord.sim.apiserver import KubeAPIServer
 from yurtcoord.sim.etcd import EtcdProcess, etcd_binary_for
+from yurtcoord.testing.discovery import SERVICES_ENTRY, cloud_discovery, configmap
+from yurtcoord.testing.fakeinformer import FakeInformer
 from yurtcoord.testing.fakekube import FakeKube
+from yurtcoord.testing.logcapture import capture_log
 from yurtcoord.testing.poll import poll_until
 
 ETCD_35 = etcd_binary_for("3.5")
@@ -189,12 +189,12 @@ class PoolSyncClockTests(unittest.TestCase):
         """Start and let the ConfigMap list in; returns the resource informers by name."""
         started = self.manager.start(self.store)
         self.successResultOf(started)
-        self.scope_informers[-1].sync(configmaps)
+        self.scope_informers[-1].end_list(configmaps)
         return {(i.gvr.group, i.gvr.version, i.gvr.resource): i for i in self.informers}
 
     def sync_all(self, informers, objects=None):
         for key, informer in informers.items():
-            informer.sync((objects or {}).get(key, ()))
+            informer.end_list((objects or {}).get(key, ()))
 
     def test_start_deletes_lease_and_old_keys_before_mirroring(self):
         self.coordinator.put(gvrs.LEASES, {"metadata": {
@@ -207,7 +207,7 @@ class PoolSyncClockTests(unittest.TestCase):
             "core/v1/endpoints", "discovery.k8s.io/v1/endpointslices",
             "discovery.k8s.io/v1beta1/endpointslices"))
         self.assertEqual(self.informers, [], "no resource informer before the resource set")
-        self.scope_informers[-1].sync()
+        self.scope_informers[-1].end_list()
         self.assertEqual(len(self.informers), 3)
         self.assertTrue(all(i.started for i in self.informers))
 
@@ -235,7 +235,7 @@ class PoolSyncClockTests(unittest.TestCase):
 
     def test_first_list_replaces_component_list(self):
         informers = self.start()
-        informers[("", "v1", "endpoints")].sync([endpoints("a", 5), endpoints("b", 6)])
+        informers[("", "v1", "endpoints")].end_list([endpoints("a", 5), endpoints("b", 6)])
         self.assertIn(("replace", "core/v1/endpoints", 2), self.store.calls)
         stored = self.store.objects["/registry/services/endpoints/default/a"]
         self.assertEqual((stored["apiVersion"], stored["kind"]), ("v1", "Endpoints"))
@@ -245,10 +245,10 @@ class PoolSyncClockTests(unittest.TestCase):
     def test_lease_exists_as_soon_as_all_lists_complete(self):
         informers = self.start()
         names = list(informers)
-        informers[names[0]].sync()
-        informers[names[1]].sync()
+        informers[names[0]].end_list()
+        informers[names[1]].end_list()
         self.assertIsNone(self.lease(), "not all resources listed yet")
-        informers[names[2]].sync()
+        informers[names[2]].end_list()
         # No clock advance: the seed waited a whole informer_lease_renew here.
         lease = self.lease()
         self.assertIsNotNone(lease)
@@ -330,7 +330,7 @@ class PoolSyncClockTests(unittest.TestCase):
     def test_watch_events_are_written_after_the_list(self):
         informers = self.start()
         informer = informers[("", "v1", "endpoints")]
-        informer.sync([endpoints("a", 5)])
+        informer.end_list([endpoints("a", 5)])
         informer.add(endpoints("b", 7))
         informer.add(endpoints("a", 8, ip="10.0.0.9"))
         informer.delete(endpoints("b", 7))
@@ -480,7 +480,7 @@ class PoolSyncClockTests(unittest.TestCase):
 
     def test_object_too_large_is_left_out_of_the_first_list(self):
         informers = self.start()
-        informers[("", "v1", "endpoints")].sync([endpoints("a", 5), endpoints("huge", 6)])
+        informers[("", "v1", "endpoints")].end_list([endpoints("a", 5), endpoints("huge", 6)])
         self.assertEqual([c for c in self.store.calls if c[0] == "replace"][:2], [
             ("replace", "core/v1/endpoints", 2), ("replace", "core/v1/endpoints", 1)])
         self.assertIn("/registry/services/endpoints/default/a", self.store.objects)
@@ -489,7 +489,7 @@ class PoolSyncClockTests(unittest.TestCase):
     def test_failed_deletes_are_retried(self):
         informers = self.start()
         informer = informers[("", "v1", "endpoints")]
-        informer.sync([endpoints(f"e{i}", i + 1) for i in range(40)])
+        informer.end_list([endpoints(f"e{i}", i + 1) for i in range(40)])
         self.store.fail = [ConnectionFailed("etcd down")]
         informer.add(endpoints("x", 100))
         for i in range(40):
@@ -514,7 +514,7 @@ class PoolSyncClockTests(unittest.TestCase):
     def test_key_cache_file_written_once_per_drained_batch(self):
         informers = self.start()
         informer = informers[("", "v1", "endpoints")]
-        informer.sync([endpoints(f"e{i}", i + 1) for i in range(40)])
+        informer.end_list([endpoints(f"e{i}", i + 1) for i in range(40)])
         del self.store.calls[:]
         del self.store.flushes[:]
         # A burst arrives while the first change is being written: two drained batches
@@ -574,7 +574,7 @@ class PoolSyncClockTests(unittest.TestCase):
         informers = self.start()
         self.successResultOf(self.manager.stop())
         for informer in informers.values():
-            informer.sync([endpoints("a", 5)])
+            informer.end_list([endpoints("a", 5)])
         self.assertEqual([c[0] for c in self.store.calls], ["recover", "delete_component"])
 
     def test_configmap_adds_and_removes_a_resource(self):
@@ -586,7 +586,7 @@ class PoolSyncClockTests(unittest.TestCase):
         self.assertFalse(self.manager.all_listed, "services not listed yet")
         self.clock.advance(10)
         self.assertEqual(self.manager.lease_writes, 1, "no renewal while services list")
-        services.sync([{"metadata": {"name": "web", "namespace": "default",
+        services.end_list([{"metadata": {"name": "web", "namespace": "default",
                                      "resourceVersion": "9"}}])
         self.assertIn(("replace", "core/v1/services", 1), self.store.calls)
         self.clock.advance(10)
@@ -602,7 +602,7 @@ class PoolSyncClockTests(unittest.TestCase):
         self.assertIsNotNone(self.lease())
         self.successResultOf(self.manager.start(self.store))
         self.assertIsNone(self.lease(), "a new leadership deletes the lease first")
-        self.scope_informers[-1].sync()
+        self.scope_informers[-1].end_list()
         self.sync_all({(i.gvr.group, i.gvr.version, i.gvr.resource): i
                        for i in self.informers[3:]})
         self.assertIsNotNone(self.lease())

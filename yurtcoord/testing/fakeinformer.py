@@ -1,47 +1,157 @@
 """An informer stand-in for fast unit tests: the test emits the events.
 
 Code under test registers handlers and starts and stops it as it would a
-``yurtcoord.kube.informer.Informer``; the test calls ``add``/``update``/``delete`` to
-deliver events and fires ``sync`` to end the initial list.
+``yurtcoord.kube.informer.Informer`` (both provide ``IInformer``); the test calls
+``add``/``update``/``delete`` to deliver events, ``end_list`` to end the first list
+and ``relist`` for a list after 410.
 """
 
 from twisted.internet import defer
+from zope.interface import implementer
+
+from yurtcoord.kube.interfaces import IInformer
 
 
+def object_key(obj):
+    """(namespace, name) of an object, the key the fake holds it under."""
+    meta = obj["metadata"]
+    return (meta.get("namespace"), meta["name"])
+
+
+@implementer(IInformer)
 class FakeInformer:
-    """Delivers the events a test emits; counts starts and stops.
+    """Holds the objects a test emits and tells the handlers; counts starts and stops.
 
-    ``synced``: None leaves ``sync`` (what ``wait_for_sync()`` returns) unfired for
-    the test to fire; any other value makes it fire at once with that value.
+    Constructed with no arguments, or by ``factory`` with the arguments a real
+    informer gets (kept as attributes for the test to read). ``synced``: None leaves
+    the first list open for the test to end with ``end_list``; any other value ends
+    it at once, ``wait_for_sync()`` firing with that value.
     """
 
-    def __init__(self, synced=None):
-        self.handlers = []
+    def __init__(self, reactor=None, client=None, gvr=None, namespace=None,
+                 field_selector=None, synced=None, **_kwargs):
+        self.reactor = reactor
+        self.client = client
+        self.gvr = gvr
+        self.namespace = namespace
+        self.field_selector = field_selector
+        self.store = {}
+        self.has_synced = False
+        self.lists = 0
         self.started = 0
         self.stopped = 0
-        self.sync = defer.Deferred() if synced is None else defer.succeed(synced)
+        self._handlers = []
+        self._waiters = []
+        self._synced_with = True
+        if synced is not None:
+            self.end_list(synced=synced)
+
+    @classmethod
+    def factory(cls, made):
+        """An informer factory that appends every informer it makes to ``made``."""
+        def make(*args, **kwargs):
+            informer = cls(*args, **kwargs)
+            made.append(informer)
+            return informer
+        return make
+
+    # IInformer -----------------------------------------------------------------
 
     def add_handler(self, on_add=None, on_update=None, on_delete=None, filter=None):
-        self.handlers.append((on_add, on_update, on_delete))
+        handler = _Registration(self, on_add, on_update, on_delete, filter)
+        self._handlers.append(handler)
+        for obj in list(self.store.values()):
+            handler.add(obj)
+        return handler
+
+    def get(self, key):
+        return self.store.get(key)
+
+    def list(self):
+        return list(self.store.values())
+
+    def wait_for_sync(self):
+        if self.has_synced:
+            return defer.succeed(self._synced_with)
+        d = defer.Deferred()
+        self._waiters.append(d)
+        return d
 
     def start(self):
         self.started += 1
 
     def stop(self):
         self.stopped += 1
+        waiters, self._waiters = self._waiters, []
+        for waiter in waiters:
+            waiter.callback(False)
         return defer.succeed(None)
 
-    def wait_for_sync(self):
-        return self.sync
+    # Test controls -------------------------------------------------------------
+
+    def end_list(self, objects=(), synced=True):
+        """The first list: every object delivered as an add, then ``wait_for_sync()``
+        fires with ``synced``."""
+        self.lists += 1
+        for obj in objects:
+            self.add(obj)
+        self.has_synced = True
+        self._synced_with = synced
+        waiters, self._waiters = self._waiters, []
+        for waiter in waiters:
+            waiter.callback(synced)
+
+    def relist(self, objects):
+        """A list after 410: the difference to the store delivered as events."""
+        self.lists += 1
+        fresh = {object_key(obj): obj for obj in objects}
+        for key in [k for k in self.store if k not in fresh]:
+            self.delete(self.store[key])
+        for obj in objects:
+            if self.store.get(object_key(obj)) != obj:
+                self.add(obj)
 
     def add(self, obj):
-        for on_add, _, _ in self.handlers:
-            on_add(obj)
+        """``obj`` arrives: an add, or an update of the object held under its key."""
+        key = object_key(obj)
+        old = self.store.get(key)
+        self.store[key] = obj
+        for handler in list(self._handlers):
+            if old is None:
+                handler.add(obj)
+            else:
+                handler.update(old, obj)
 
     def update(self, old, new):
-        for _, on_update, _ in self.handlers:
-            on_update(old, new)
+        """An update event from ``old`` to ``new``, as the test gives them."""
+        self.store[object_key(new)] = new
+        for handler in list(self._handlers):
+            handler.update(old, new)
 
     def delete(self, obj):
-        for _, _, on_delete in self.handlers:
-            on_delete(obj)
+        old = self.store.pop(object_key(obj), obj)
+        for handler in list(self._handlers):
+            handler.delete(old)
+
+
+class _Registration:
+    def __init__(self, informer, on_add, on_update, on_delete, filter):
+        self.informer = informer
+        self.on_add, self.on_update, self.on_delete = on_add, on_update, on_delete
+        self.filter = filter or (lambda obj: True)
+
+    def add(self, obj):
+        if self.on_add and self.filter(obj):
+            self.on_add(obj)
+
+    def update(self, old, new):
+        if self.on_update and self.filter(new):
+            self.on_update(old, new)
+
+    def delete(self, obj):
+        if self.on_delete and self.filter(obj):
+            self.on_delete(obj)
+
+    def remove(self):
+        if self in self.informer._handlers:
+            self.informer._handlers.remove(self)
