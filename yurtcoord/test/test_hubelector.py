@@ -6,13 +6,10 @@ from twisted.trial import unittest
 
 from yurtcoord.role.hubelector import HubElector
 from yurtcoord.role.roles import Role
+from yurtcoord.testing.fakehealth import FakeHealth
 
 CHECK = 5
 
-
-class StaticHealth:
-    def __init__(self, healthy):
-        self.healthy = healthy
 
 
 class FakeElector:
@@ -38,8 +35,8 @@ class FakeElector:
 class HubElectorTests(unittest.TestCase):
     def setUp(self):
         self.clock = Clock()
-        self.cloud = StaticHealth(True)
-        self.coordinator = StaticHealth(True)
+        self.cloud = FakeHealth(True)
+        self.coordinator = FakeHealth(True)
         self.electors = []
         self.roles = []
 
@@ -232,7 +229,7 @@ class HubElectorWithLeaseElectionTests(unittest.TestCase):
         self.clock = Clock()
         self.clock.advance(1_700_000_000)
         self.client = FakeLeaseClient()
-        self.cloud = StaticHealth(True)
+        self.cloud = FakeHealth(True)
         self.health = {}
         self.roles = {}
         self.hubs = {}
@@ -244,7 +241,7 @@ class HubElectorWithLeaseElectionTests(unittest.TestCase):
                 return LeaderElector(self.clock, self.client, config, started, stopped,
                                      new_leader, random=lambda: 0.0)
 
-            self.health[node] = StaticHealth(True)
+            self.health[node] = FakeHealth(True)
             self.roles[node] = []
             self.hubs[node] = HubElector(self.clock, self.cloud, self.health[node], factory,
                                          CHECK, self.roles[node].append)
