@@ -361,8 +361,8 @@ class PoolStore:
         return d
 
     def _reachable(self, status):
-        self._note_version(getattr(status, "version", None))
-        self._note_term(getattr(status, "raft_term", None))
+        self._note_version(status.version)
+        self._note_term(status.raft_term)
         self._set_healthy(True, None)
 
     def _note_term(self, term):
@@ -668,7 +668,8 @@ class PoolStore:
 
     @_returns_deferred
     def replace_component_list(self, component, gvr, namespace, objects):
-        """Make the component's objects of ``gvr`` (in ``namespace``, or all) exactly ``objects``.
+        """Make the component's objects of ``gvr`` (a ``GroupVersionResource``; in
+        ``namespace``, or all) exactly ``objects``.
 
         ``objects`` are JSON bytes or dicts with metadata name and resourceVersion. Every
         put is guarded by the mirror rv as in ``create_or_update_many``: an object stored
@@ -682,16 +683,16 @@ class PoolStore:
         if not isinstance(component, str) or not component:
             raise InvalidKey(f"component must be a non-empty string, got {component!r}")
         resource = ResourceId.of(gvr)
-        namespaced = getattr(gvr, "namespaced", None)
+        namespaced = gvr.namespaced
         items = {}
         for obj in objects:
             value = obj if isinstance(obj, bytes) else json.dumps(obj).encode("utf-8")
             name, obj_namespace, rv = object_metadata(value)
             if namespace and obj_namespace and obj_namespace != namespace:
                 raise ValueError(f"object {obj_namespace}/{name} is not in namespace {namespace}")
-            if namespace and not obj_namespace and namespaced is not False:
+            if namespace and not obj_namespace and namespaced:
                 obj_namespace = namespace
-            if namespaced is False:
+            if not namespaced:
                 obj_namespace = ""
             key = self.keys.object_key(KeyBuildInfo(
                 component, resource.resource, resource.group, resource.version,

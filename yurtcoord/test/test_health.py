@@ -2,7 +2,6 @@
 
 from twisted.internet import defer
 from twisted.trial import unittest
-from zope.interface.verify import verifyObject
 
 from yurtcoord.heartbeat import probes as health
 from yurtcoord.heartbeat.probes import (
@@ -16,7 +15,6 @@ from yurtcoord.heartbeat.probes import (
 )
 from yurtcoord.kube.errors import ServerError
 from yurtcoord.kube.gvr import LEASES, NODES
-from yurtcoord.kube.interfaces import IObjectClient
 from yurtcoord.kube.leasewriter import LeaseWriteFailed
 from yurtcoord.testing.fakehealth import FakeHealth
 from yurtcoord.testing.fakekube import FakeKube
@@ -77,11 +75,6 @@ def advance(clock, seconds):
             break
         clock.advance(max(0.0, min(due) - clock.seconds()))
     clock.advance(target - clock.seconds())
-
-
-class FakeContractTests(unittest.TestCase):
-    def test_fake_client_provides_the_object_client_interface(self):
-        self.assertTrue(verifyObject(IObjectClient, FakeKube()))
 
 
 class ProbeRetryPolicyTests(unittest.TestCase):

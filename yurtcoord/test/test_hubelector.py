@@ -4,9 +4,11 @@ from twisted.internet import defer
 from twisted.internet.task import Clock
 from twisted.trial import unittest
 
+from yurtcoord.kube.gvr import LEASES
 from yurtcoord.role.hubelector import HubElector
 from yurtcoord.role.roles import Role
 from yurtcoord.testing.fakehealth import FakeHealth
+from yurtcoord.testing.fakekube import FakeKube
 
 CHECK = 5
 
@@ -224,11 +226,10 @@ class HubElectorWithLeaseElectionTests(unittest.TestCase):
 
     def setUp(self):
         from yurtcoord.kube.leaderelection import LeaderElectionConfig, LeaderElector
-        from yurtcoord.test.test_health import FakeLeaseClient
 
         self.clock = Clock()
         self.clock.advance(1_700_000_000)
-        self.client = FakeLeaseClient()
+        self.client = FakeKube()
         self.cloud = FakeHealth(True)
         self.health = {}
         self.roles = {}
@@ -256,7 +257,7 @@ class HubElectorWithLeaseElectionTests(unittest.TestCase):
             self.clock.advance(step)
 
     def lease_holder(self):
-        lease = self.client.objects.get(("kube-system", "yurthub"))
+        lease = self.client.peek(LEASES, "yurthub", "kube-system")
         return lease["spec"].get("holderIdentity") if lease else None
 
     def test_one_leader_and_handover_when_its_coordinator_is_lost(self):

@@ -798,7 +798,7 @@ class HealthLoopTests(unittest.TestCase):
         store.on_health_change(seen.append)
         store.start()
         self.assertEqual(len(client.pending), 1)
-        client.pending[0].callback(object())
+        client.pending[0].callback(Status("3.5.1"))
         self.assertTrue(store.healthy)
         clock.advance(4.9)
         self.assertEqual(len(client.pending), 1)

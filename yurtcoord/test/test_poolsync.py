@@ -24,8 +24,8 @@ from yurtcoord.kube.lease import parse_micro_time
 from yurtcoord.agent.metrics import Metrics
 from yurtcoord.pool.scope import HealthyCloudClient, PoolScopeResources
 from yurtcoord.pool.keycache import ComponentKeyCache
-from yurtcoord.pool.keys import KeyBuildInfo, PoolKeyBuilder, format_rv
-from yurtcoord.pool.store import ObjectTooLarge, PoolStore, WriteOutcome
+from yurtcoord.pool.keys import format_rv
+from yurtcoord.pool.store import PoolStore
 from yurtcoord.pool.sync import PoolSyncManager, ResourceMirror, object_bytes
 from yurtcoord.pool.synced import PoolCacheSyncedDetector
 from yurtcoord.sim.apiserver import KubeAPIServer
@@ -33,6 +33,7 @@ from yurtcoord.sim.etcd import EtcdProcess, etcd_binary_for
 from yurtcoord.testing.discovery import SERVICES_ENTRY, cloud_discovery, configmap
 from yurtcoord.testing.fakeinformer import FakeInformer
 from yurtcoord.testing.fakekube import FakeKube
+from yurtcoord.testing.fakepoolstore import FakePoolStore
 from yurtcoord.testing.logcapture import capture_log
 from yurtcoord.testing.poll import poll_until
 
@@ -41,115 +42,6 @@ NODE = "edge-1"
 # Wall-clock bound for "promptly" on real sockets: far below the 10 s informer_lease_renew.
 PROMPT = 5.0
 START = 1_700_000_000.0
-
-
-class FakePoolStore:
-    """Records the store calls the pool sync makes; ``fail`` errors are raised by the
-    next writes, one per call."""
-
-    def __init__(self):
-        self.keys = PoolKeyBuilder("/registry")
-        self.calls = []
-        self.objects = {}
-        self.fail = []
-        self.fail_deletes = set()
-        # len(calls) at each flush_key_cache_soon().
-        self.flushes = []
-        # The next delete_component_resources stays in flight until cancelled.
-        self.hold_delete_component = False
-        self.health_observers = []
-        self.term_observers = []
-
-    def on_health_change(self, observer):
-        self.health_observers.append(observer)
-
-    def remove_health_observer(self, observer):
-        self.health_observers.remove(observer)
-
-    def on_new_term(self, observer):
-        self.term_observers.append(observer)
-
-    def remove_new_term_observer(self, observer):
-        self.term_observers.remove(observer)
-
-    def new_term(self):
-        for observer in list(self.term_observers):
-            observer()
-
-    def health(self, healthy):
-        for observer in list(self.health_observers):
-            observer(healthy)
-
-    def key_func(self, info):
-        return self.keys.object_key(info)
-
-    def _maybe_fail(self):
-        if self.fail:
-            return defer.fail(self.fail.pop(0))
-        return None
-
-    def recover_pool_scoped_keys(self, resources, component="leader-yurthub"):
-        self.calls.append(("recover", component, tuple(str(g) for g in resources)))
-        return defer.succeed({})
-
-    def delete_component_resources(self, component):
-        self.calls.append(("delete_component", component))
-        if self.hold_delete_component:
-            self.hold_delete_component = False
-            return defer.Deferred(lambda d: self.calls.append(("delete_component cancelled",)))
-        self.objects.clear()
-        return defer.succeed(0)
-
-    def replace_component_list(self, component, gvr, namespace, objects):
-        self.calls.append(("replace", str(gvr), len(objects)))
-        failed = self._maybe_fail()
-        if failed:
-            return failed
-        for value in objects:
-            meta = json.loads(value)["metadata"]
-            if meta["name"].startswith("huge"):
-                return defer.fail(ObjectTooLarge(
-                    f"/registry/services/endpoints/{meta['namespace']}/{meta['name']}",
-                    2 << 20, 1 << 20))
-        prefix = self.keys.list_prefix(gvr.group, gvr.resource)
-        for path in [p for p in self.objects if p.startswith(prefix)]:
-            del self.objects[path]
-        for value in objects:
-            meta = json.loads(value)["metadata"]
-            path = self.key_func(KeyBuildInfo(component, gvr.resource, gvr.group, gvr.version,
-                                              meta.get("namespace") or "", meta["name"])).path
-            self.objects[path] = json.loads(value)
-        return defer.succeed((len(objects), 0))
-
-    def create_or_update_many(self, items, flush_key_cache=True):
-        items = list(items)
-        self.calls.append(("put", sorted(key.path for key, _v, _rv in items)))
-        failed = self._maybe_fail()
-        if failed:
-            return failed
-        outcome = WriteOutcome()
-        for key, value, _rv in items:
-            outcome.created.append(key.path)
-            self.objects[key.path] = json.loads(value)
-        return defer.succeed(outcome)
-
-    def delete_many(self, keys, flush_key_cache=True):
-        """Deletes in order; a key in ``fail_deletes`` fails the call there (the keys
-        before it are deleted, as etcd accepted their transactions)."""
-        keys = list(keys)
-        self.calls.append(("delete_many", [key.path for key in keys]))
-        failed = self._maybe_fail()
-        if failed:
-            return failed
-        for key in keys:
-            if key.path in self.fail_deletes:
-                self.fail_deletes.discard(key.path)
-                return defer.fail(ConnectionFailed("etcd down"))
-            self.objects.pop(key.path, None)
-        return defer.succeed(len(keys))
-
-    def flush_key_cache_soon(self):
-        self.flushes.append(len(self.calls))
 
 
 def endpoints(name, rv, namespace="default", ip="10.0.0.1"):
@@ -516,7 +408,7 @@ class PoolSyncClockTests(unittest.TestCase):
         informer = informers[("", "v1", "endpoints")]
         informer.end_list([endpoints(f"e{i}", i + 1) for i in range(40)])
         del self.store.calls[:]
-        del self.store.flushes[:]
+        del self.store.soon_flushes[:]
         # A burst arrives while the first change is being written: two drained batches
         # (the first change, then the rest), two file writes.
         self.store.fail = [ConnectionFailed("etcd down")]
@@ -525,13 +417,13 @@ class PoolSyncClockTests(unittest.TestCase):
         informer.add(endpoints("x", 100))
         # The first batch failed: the file is written all the same (memory moved on).
         self.assertEqual([c[0] for c in self.store.calls], ["delete_many"])
-        self.assertEqual(self.store.flushes, [1])
+        self.assertEqual(self.store.soon_flushes, [1])
         self.clock.advance(1)
         # The changes, then (after failures) the whole list, which the store writes
         # itself as one operation.
         self.assertEqual([c[0] for c in self.store.calls[1:]],
                          ["put", "delete_many", "replace"])
-        self.assertEqual(self.store.flushes, [1, 3])
+        self.assertEqual(self.store.soon_flushes, [1, 3])
         self.assertEqual(len(self.store.objects), 11)
 
     def test_object_bytes_adds_type_only_when_missing(self):
