@@ -105,6 +105,27 @@ class NoProbingTests(unittest.TestCase):
             self.assertTrue(reason.strip(), site)
 
 
+class TestSupportTests(unittest.TestCase):
+    def test_no_test_module_imports_another(self):
+        """What tests share lives in yurtcoord.testing, not in a test module."""
+        here = os.path.dirname(os.path.abspath(__file__))
+        offending = []
+        for name in sorted(os.listdir(here)):
+            if not (name.startswith("test_") and name.endswith(".py")):
+                continue
+            with open(os.path.join(here, name), encoding="utf-8") as f:
+                tree = ast.parse(f.read(), name)
+            for node in ast.walk(tree):
+                modules = []
+                if isinstance(node, ast.ImportFrom) and node.module:
+                    modules = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+                elif isinstance(node, ast.Import):
+                    modules = [a.name for a in node.names]
+                if any(m.startswith("yurtcoord.test.test_") for m in modules):
+                    offending.append((name, node.lineno))
+        self.assertEqual(offending, [])
+
+
 class RealImplementationTests(unittest.TestCase):
     """The real parts declare the contracts their consumers rely on."""
 

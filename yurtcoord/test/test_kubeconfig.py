@@ -13,7 +13,7 @@ from yurtcoord.kube.kubeconfig import (
     UNSUPPORTED_CLUSTER_FIELDS, UNSUPPORTED_USER_FIELDS, KubeconfigError, load_kubeconfig,
 )
 from yurtcoord.agent.service import make_service
-from yurtcoord.test.test_plugin import TWISTD, child_environment, write_ini
+from yurtcoord.testing.twistd import TWISTD, child_environment, write_ini
 
 CLUSTER = "    server: https://127.0.0.1:6443\n"
 USER = "    token: t0ken\n"

@@ -30,6 +30,7 @@ from yurtcoord.pool.sync import PoolSyncManager, ResourceMirror, object_bytes
 from yurtcoord.pool.synced import PoolCacheSyncedDetector
 from yurtcoord.sim.apiserver import KubeAPIServer
 from yurtcoord.sim.etcd import EtcdProcess, etcd_binary_for
+from yurtcoord.testing.cloudobjects import make_endpoints, make_slice
 from yurtcoord.testing.discovery import SERVICES_ENTRY, cloud_discovery, configmap
 from yurtcoord.testing.fakeinformer import FakeInformer
 from yurtcoord.testing.fakekube import FakeKube
@@ -501,22 +502,6 @@ class PoolSyncClockTests(unittest.TestCase):
 
 
 # -- real sockets: cloud and coordinator test servers, real etcd --------------------------
-
-def make_endpoints(i, namespace):
-    return {"metadata": {"name": f"svc-{i}", "namespace": namespace,
-                         "labels": {"app": f"app-{i % 7}"}},
-            "subsets": [{"addresses": [{"ip": f"10.{i // 250}.{i % 250}.1"}],
-                         "ports": [{"port": 8080, "protocol": "TCP"}]}]}
-
-
-def make_slice(i, namespace):
-    return {"metadata": {"name": f"svc-{i}-abcde", "namespace": namespace,
-                         "labels": {"kubernetes.io/service-name": f"svc-{i}"}},
-            "addressType": "IPv4",
-            "endpoints": [{"addresses": [f"10.{i // 250}.{i % 250}.1"],
-                           "conditions": {"ready": True}}],
-            "ports": [{"port": 8080, "protocol": "TCP"}]}
-
 
 KEY_PREFIXES = {
     "endpoints": "/registry/services/endpoints",

@@ -18,9 +18,8 @@ from yurtcoord.agent.metrics import Metrics
 from yurtcoord.pool.keycache import ComponentKeyCache
 from yurtcoord.pool.keys import format_rv
 from yurtcoord.pool.store import PoolStore
-from yurtcoord.test.test_poolstore import (
-    ETCD_34, ETCD_35, EtcdStoreCase, HangingClient, make_object, poll_until,
-)
+from yurtcoord.testing.etcdstore import ETCD_34, ETCD_35, EtcdStoreCase, HangingClient, make_object
+from yurtcoord.testing.poll import poll_until
 from yurtcoord.testing.fakepoolstore import FakePoolStore
 from yurtcoord.testing.processes import CollectingProcess
 from yurtcoord.pool.uploader import (
