@@ -11,22 +11,9 @@ from yurtcoord.role.coordinator import Coordinator, backoff_policy, capped_backo
 from yurtcoord.tx.backoff import Backoff
 from yurtcoord.pool.uploader import UploadCounts
 from yurtcoord.role.roles import IRoleComponent, Role
+from yurtcoord.testing.fakepoolstore import FakePoolStore
 
 PENDING, LEADER, FOLLOWER = Role.PENDING, Role.LEADER, Role.FOLLOWER
-
-
-class FakeStore:
-    def __init__(self, name, journal):
-        self.name = name
-        self.closes = 0
-        self._journal = journal
-
-    def close(self):
-        self.closes += 1
-        self._journal.append(("close", self.name))
-
-    def __repr__(self):
-        return f"<FakeStore {self.name}>"
 
 
 class StoreOpener:
@@ -58,7 +45,8 @@ class StoreOpener:
         return defer.succeed(store)
 
     def _new_store(self):
-        store = FakeStore(f"s{len(self.stores) + 1}", self._journal)
+        store = FakePoolStore(self._clock, name=f"s{len(self.stores) + 1}",
+                              on_close=lambda closed: self._journal.append(("close", closed.name)))
         self.stores.append(store)
         self._journal.append(("open", store.name))
         return store

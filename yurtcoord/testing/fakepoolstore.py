@@ -29,7 +29,8 @@ class FakePoolStore:
     ``("put", paths)`` and ``("delete_many", paths)`` in order; ``puts`` counts the
     ``create_or_update_many`` calls; ``flushes`` the ``flush_key_cache()`` calls and
     ``soon_flushes`` lists ``len(calls)`` at each ``flush_key_cache_soon()``;
-    ``health_observers`` and ``term_observers`` are the observers registered now.
+    ``health_observers`` and ``term_observers`` are the observers registered now;
+    ``closes`` counts the ``close()`` calls, each also passed to ``on_close(store)``.
 
     Faults: ``fail`` errors are raised by the next writes, one per call; the
     ``create_or_update_many`` calls numbered in ``fail_on`` (from 1) fail with
@@ -40,8 +41,10 @@ class FakePoolStore:
     until cancelled. Objects named ``huge...`` are too large for the store.
     """
 
-    def __init__(self, reactor=None, prefix="/registry"):
+    def __init__(self, reactor=None, prefix="/registry", name="store", on_close=None):
         self.reactor = reactor
+        self.name = name
+        self._on_close = on_close
         self.keys = PoolKeyBuilder(prefix)
         self.calls = []
         self.puts = 0
@@ -55,10 +58,13 @@ class FakePoolStore:
         self.hold_delete_component = False
         self.flushes = 0
         self.soon_flushes = []
-        self.closed = False
+        self.closes = 0
         self.health_observers = []
         self.term_observers = []
         self._last_written = []
+
+    def __repr__(self):
+        return f"<FakePoolStore {self.name}>"
 
     # Test controls ---------------------------------------------------------------
 
@@ -96,7 +102,9 @@ class FakePoolStore:
         self.soon_flushes.append(len(self.calls))
 
     def close(self):
-        self.closed = True
+        self.closes += 1
+        if self._on_close is not None:
+            self._on_close(self)
 
     def recover_pool_scoped_keys(self, resources, component=POOL_SCOPED_COMPONENT):
         self.calls.append(("recover", component, tuple(str(g) for g in resources)))
