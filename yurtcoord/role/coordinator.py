@@ -152,9 +152,8 @@ class Coordinator:
     - ``pool_sync``, ``delegation``, ``synced_detector``: IRoleComponent
       (``start(store)``/``stop()``). The synced detector reports through
       ``set_pool_cache_synced(bool)``.
-    - ``upload_local_cache(store)`` → Deferred firing with the uploaded object
-      count (an int, or counts with ``uploaded`` or ``created`` + ``updated``,
-      as keys or attributes) and errbacking when the upload failed.
+    - ``upload_local_cache(store)`` → Deferred firing with the uploader's
+      ``UploadCounts`` and errbacking when the upload failed.
     - ``retry_delay(attempt)`` → seconds before retry ``attempt`` (1, 2, ...) of
       a failed run; ``capped_backoff()`` by default, ``backoff_policy(Backoff())``
       for jitter.
