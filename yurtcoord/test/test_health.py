@@ -142,14 +142,16 @@ class NodeLeaseWriterTests(unittest.TestCase):
         advance(self.clock, 10)
         self.successResultOf(writer.renew())
         self.assertEqual(node_lease(self.client)["spec"]["leaseDurationSeconds"], 60)
-        self.assertEqual(node_lease(self.client)["spec"]["renewTime"], "2023-11-14T22:13:30.000000Z")
+        self.assertEqual(node_lease(self.client)["spec"]["renewTime"],
+                         "2023-11-14T22:13:30.000000Z")
 
     def test_next_renewal_updates_directly_with_new_time(self):
         writer = self.writer()
         self.successResultOf(writer.renew())
         advance(self.clock, 10)
         self.successResultOf(writer.renew())
-        self.assertEqual(node_lease(self.client)["spec"]["renewTime"], "2023-11-14T22:13:30.000000Z")
+        self.assertEqual(node_lease(self.client)["spec"]["renewTime"],
+                         "2023-11-14T22:13:30.000000Z")
         self.assertEqual(lease_requests(self.client), ["get", "create", "update"])
 
     def test_conflict_is_reread_and_retried_at_once(self):
@@ -160,7 +162,8 @@ class NodeLeaseWriterTests(unittest.TestCase):
         self.successResultOf(writer.renew())
         self.assertEqual(lease_requests(self.client),
                          ["get", "create", "update", "get", "update", "get", "update"])
-        self.assertEqual(node_lease(self.client)["spec"]["renewTime"], "2023-11-14T22:13:30.000000Z")
+        self.assertEqual(node_lease(self.client)["spec"]["renewTime"],
+                         "2023-11-14T22:13:30.000000Z")
 
     def test_last_attempt_in_conflict_is_a_failure(self):
         """Fix 10: a write that never got through must not look like a success."""
@@ -189,7 +192,8 @@ class NodeLeaseWriterTests(unittest.TestCase):
         advance(self.clock, 0.001)  # 2 s after the second failure: read and update
         self.successResultOf(d)
         self.assertEqual(lease_requests(self.client)[3:], ["get", "get", "update"])
-        self.assertEqual(node_lease(self.client)["spec"]["renewTime"], health.format_micro_time(START + 13))
+        self.assertEqual(node_lease(self.client)["spec"]["renewTime"],
+                         health.format_micro_time(START + 13))
 
     def test_failed_retry_errors_fail_the_renewal(self):
         writer = self.writer()
@@ -226,7 +230,8 @@ class NodeLeaseWriterTests(unittest.TestCase):
             "spec": {}})
         writer = self.writer(annotations=lambda: {"drop": None, "add": "x"})
         self.successResultOf(writer.renew())
-        self.assertEqual(node_lease(self.client)["metadata"]["annotations"], {"keep": "me", "add": "x"})
+        self.assertEqual(node_lease(self.client)["metadata"]["annotations"],
+                         {"keep": "me", "add": "x"})
 
 
 class LeaseProberTests(unittest.TestCase):
@@ -263,7 +268,8 @@ class LeaseProberTests(unittest.TestCase):
         advance(self.clock, 10)
         self.assertTrue(prober.healthy)
         advance(self.clock, 2.9)
-        self.assertEqual(node_lease(self.client)["spec"]["renewTime"], health.format_micro_time(START))
+        self.assertEqual(node_lease(self.client)["spec"]["renewTime"],
+                         health.format_micro_time(START))
         advance(self.clock, 0.1)
         self.assertEqual(node_lease(self.client)["spec"]["renewTime"],
                          health.format_micro_time(START + 13))

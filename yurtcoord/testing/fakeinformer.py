@@ -6,13 +6,15 @@ Code under test registers handlers and starts and stops it as it would a
 and ``relist`` for a list after 410.
 """
 
+from typing import Any, Callable, Iterable, List, Optional, Tuple
+
 from twisted.internet import defer
 from zope.interface import implementer
 
 from yurtcoord.kube.interfaces import IInformer
 
 
-def object_key(obj):
+def object_key(obj: dict) -> Tuple[Optional[str], str]:
     """(namespace, name) of an object, the key the fake holds it under."""
     meta = obj["metadata"]
     return (meta.get("namespace"), meta["name"])
@@ -28,8 +30,9 @@ class FakeInformer:
     it at once, ``wait_for_sync()`` firing with that value.
     """
 
-    def __init__(self, reactor=None, client=None, gvr=None, namespace=None,
-                 field_selector=None, synced=None, **_kwargs):
+    def __init__(self, reactor: Any = None, client: Any = None, gvr: Any = None,
+                 namespace: Optional[str] = None, field_selector: Optional[str] = None,
+                 synced: Optional[bool] = None, **_kwargs: Any) -> None:
         self.reactor = reactor
         self.client = client
         self.gvr = gvr
@@ -47,7 +50,7 @@ class FakeInformer:
             self.end_list(synced=synced)
 
     @classmethod
-    def factory(cls, made):
+    def factory(cls, made: List["FakeInformer"]) -> Callable[..., "FakeInformer"]:
         """An informer factory that appends every informer it makes to ``made``."""
         def make(*args, **kwargs):
             informer = cls(*args, **kwargs)
@@ -57,30 +60,32 @@ class FakeInformer:
 
     # IInformer -----------------------------------------------------------------
 
-    def add_handler(self, on_add=None, on_update=None, on_delete=None, filter=None):
+    def add_handler(self, on_add: Optional[Callable] = None, on_update: Optional[Callable] = None,
+                    on_delete: Optional[Callable] = None,
+                    filter: Optional[Callable] = None) -> "_Registration":
         handler = _Registration(self, on_add, on_update, on_delete, filter)
         self._handlers.append(handler)
         for obj in list(self.store.values()):
             handler.add(obj)
         return handler
 
-    def get(self, key):
+    def get(self, key: Tuple[Optional[str], str]) -> Optional[dict]:
         return self.store.get(key)
 
-    def list(self):
+    def list(self) -> List[dict]:
         return list(self.store.values())
 
-    def wait_for_sync(self):
+    def wait_for_sync(self) -> defer.Deferred:
         if self.has_synced:
             return defer.succeed(self._synced_with)
         d = defer.Deferred()
         self._waiters.append(d)
         return d
 
-    def start(self):
+    def start(self) -> None:
         self.started += 1
 
-    def stop(self):
+    def stop(self) -> defer.Deferred:
         self.stopped += 1
         waiters, self._waiters = self._waiters, []
         for waiter in waiters:
@@ -89,7 +94,7 @@ class FakeInformer:
 
     # Test controls -------------------------------------------------------------
 
-    def end_list(self, objects=(), synced=True):
+    def end_list(self, objects: Iterable[dict] = (), synced: bool = True) -> None:
         """The first list: every object delivered as an add, then ``wait_for_sync()``
         fires with ``synced``."""
         self.lists += 1
@@ -101,7 +106,7 @@ class FakeInformer:
         for waiter in waiters:
             waiter.callback(synced)
 
-    def relist(self, objects):
+    def relist(self, objects: List[dict]) -> None:
         """A list after 410: the difference to the store delivered as events."""
         self.lists += 1
         fresh = {object_key(obj): obj for obj in objects}
@@ -111,7 +116,7 @@ class FakeInformer:
             if self.store.get(object_key(obj)) != obj:
                 self.add(obj)
 
-    def add(self, obj):
+    def add(self, obj: dict) -> None:
         """``obj`` arrives: an add, or an update of the object held under its key."""
         key = object_key(obj)
         old = self.store.get(key)
@@ -122,13 +127,13 @@ class FakeInformer:
             else:
                 handler.update(old, obj)
 
-    def update(self, old, new):
+    def update(self, old: dict, new: dict) -> None:
         """An update event from ``old`` to ``new``, as the test gives them."""
         self.store[object_key(new)] = new
         for handler in list(self._handlers):
             handler.update(old, new)
 
-    def delete(self, obj):
+    def delete(self, obj: dict) -> None:
         old = self.store.pop(object_key(obj), obj)
         for handler in list(self._handlers):
             handler.delete(old)
@@ -152,6 +157,6 @@ class _Registration:
         if self.on_delete and self.filter(obj):
             self.on_delete(obj)
 
-    def remove(self):
+    def remove(self) -> None:
         if self in self.informer._handlers:
             self.informer._handlers.remove(self)

@@ -8,6 +8,7 @@ and to hold a call in flight.
 """
 
 import json
+from typing import Any, Callable, Iterable, Optional, Sequence, Tuple
 
 from twisted.internet import defer
 from zope.interface import implementer
@@ -15,7 +16,7 @@ from zope.interface import implementer
 from yurtcoord.etcd.errors import EtcdUnavailable
 from yurtcoord.pool.interfaces import IPoolStore
 from yurtcoord.pool.keycache import POOL_SCOPED_COMPONENT
-from yurtcoord.pool.keys import KeyBuildInfo, PoolKeyBuilder
+from yurtcoord.pool.keys import KeyBuildInfo, PoolKey, PoolKeyBuilder
 from yurtcoord.pool.store import ObjectTooLarge, WriteOutcome
 
 
@@ -41,7 +42,8 @@ class FakePoolStore:
     until cancelled. Objects named ``huge...`` are too large for the store.
     """
 
-    def __init__(self, reactor=None, prefix="/registry", name="store", on_close=None):
+    def __init__(self, reactor: Any = None, prefix: str = "/registry", name: str = "store",
+                 on_close: Optional[Callable[["FakePoolStore"], object]] = None) -> None:
         self.reactor = reactor
         self.name = name
         self._on_close = on_close
@@ -63,54 +65,55 @@ class FakePoolStore:
         self.term_observers = []
         self._last_written = []
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"<FakePoolStore {self.name}>"
 
     # Test controls ---------------------------------------------------------------
 
-    def health(self, healthy):
+    def health(self, healthy: bool) -> None:
         """The store's health flips: every health observer hears of it."""
         for observer in list(self.health_observers):
             observer(healthy)
 
-    def new_term(self):
+    def new_term(self) -> None:
         """etcd reports a new raft term: every term observer hears of it."""
         for observer in list(self.term_observers):
             observer()
 
     # IPoolStore -----------------------------------------------------------------
 
-    def key_func(self, info):
+    def key_func(self, info: KeyBuildInfo) -> PoolKey:
         return self.keys.object_key(info)
 
-    def on_health_change(self, observer):
+    def on_health_change(self, observer: Callable[[bool], object]) -> None:
         self.health_observers.append(observer)
 
-    def remove_health_observer(self, observer):
+    def remove_health_observer(self, observer: Callable[[bool], object]) -> None:
         self.health_observers.remove(observer)
 
-    def on_new_term(self, observer):
+    def on_new_term(self, observer: Callable[[], object]) -> None:
         self.term_observers.append(observer)
 
-    def remove_new_term_observer(self, observer):
+    def remove_new_term_observer(self, observer: Callable[[], object]) -> None:
         self.term_observers.remove(observer)
 
-    def flush_key_cache(self):
+    def flush_key_cache(self) -> None:
         self.flushes += 1
 
-    def flush_key_cache_soon(self):
+    def flush_key_cache_soon(self) -> None:
         self.soon_flushes.append(len(self.calls))
 
-    def close(self):
+    def close(self) -> None:
         self.closes += 1
         if self._on_close is not None:
             self._on_close(self)
 
-    def recover_pool_scoped_keys(self, resources, component=POOL_SCOPED_COMPONENT):
+    def recover_pool_scoped_keys(self, resources: Iterable[Any],
+                                 component: str = POOL_SCOPED_COMPONENT) -> defer.Deferred:
         self.calls.append(("recover", component, tuple(str(g) for g in resources)))
         return defer.succeed({})
 
-    def delete_component_resources(self, component):
+    def delete_component_resources(self, component: str) -> defer.Deferred:
         self.calls.append(("delete_component", component))
         if self.hold_delete_component:
             self.hold_delete_component = False
@@ -120,7 +123,8 @@ class FakePoolStore:
         self.versions.clear()
         return defer.succeed(deleted)
 
-    def replace_component_list(self, component, gvr, namespace, objects):
+    def replace_component_list(self, component: str, gvr: Any, namespace: Optional[str],
+                               objects: Sequence[Any]) -> defer.Deferred:
         self.calls.append(("replace", str(gvr), len(objects)))
         failed = self._maybe_fail()
         if failed:
@@ -143,7 +147,9 @@ class FakePoolStore:
             self.versions[path] = int(obj["metadata"].get("resourceVersion") or 0)
         return defer.succeed((len(objects), 0))
 
-    def create_or_update_many(self, items, outcome=None, flush_key_cache=True):
+    def create_or_update_many(self, items: Iterable[Tuple[PoolKey, bytes, int]],
+                              outcome: Optional[WriteOutcome] = None,
+                              flush_key_cache: bool = True) -> defer.Deferred:
         items = list(items)
         self.puts += 1
         self.calls.append(("put", sorted(key.path for key, _v, _rv in items)))
@@ -173,7 +179,7 @@ class FakePoolStore:
             self._last_written.append(key.path)
         return defer.succeed(outcome)
 
-    def delete_many(self, keys, flush_key_cache=True):
+    def delete_many(self, keys: Iterable[PoolKey], flush_key_cache: bool = True) -> defer.Deferred:
         keys = list(keys)
         self.calls.append(("delete_many", [key.path for key in keys]))
         failed = self._maybe_fail()

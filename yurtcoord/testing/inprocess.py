@@ -30,8 +30,9 @@ def agent_config_text(node, cloud_urls, coordinator_url, etcd_url, pki_dir, cach
                       enabled=True, coordinator_tls=False, heartbeat=None):
     """Ini text of one test agent: short timings (lease 2 s, renew 1.5 s, retry 0.3 s,
     check every 0.3 s, heartbeat every 4 s in up to 3 attempts of 1.2 s (a first
-    write reads the lease and the Node, then creates), healthy after one probe), plain http to the cloud, plain http or TLS (certificates from the
-    certs Secret) to the coordinator."""
+    write reads the lease and the Node, then creates), healthy after one probe), plain
+    http to the cloud, plain http or TLS (certificates from the certs Secret) to the
+    coordinator."""
     return loopback_agent_ini(
         node, POOL, cloud_urls, coordinator_url, etcd_url, pki_dir, cache_dir,
         coordinator={"enabled": "true" if enabled else "false",

@@ -5,7 +5,9 @@ from typing import Optional
 
 from twisted.internet.task import Clock
 
-from yurtcoord.heartbeat.probes import NODE_LEASE_NAMESPACE, LeaseProber, NodeLeaseWriter, ProbeSettings
+from yurtcoord.heartbeat.probes import (
+    NODE_LEASE_NAMESPACE, LeaseProber, NodeLeaseWriter, ProbeSettings,
+)
 from yurtcoord.kube.gvr import LEASES
 from yurtcoord.testing.fakekube import FakeKube
 
