@@ -195,8 +195,8 @@ class CertManager:
     """Keeps ``pki_dir`` equal to the certs Secret of the cloud.
 
     ``cloud_client`` is a KubeClient of the cloud (used by the default informer);
-    ``make_informer()`` may be given instead, returning an informer of that Secret
-    with ``add_handler``, ``start``, ``stop`` and optionally ``wait_for_sync``.
+    ``make_informer()`` may be given instead, returning an ``IInformer`` of that
+    Secret.
     """
 
     log = Logger()
@@ -266,9 +266,7 @@ class CertManager:
         informer.add_handler(self._on_add, self._on_update, self._on_delete)
         self._informer = informer
         informer.start()
-        wait_for_sync = getattr(informer, "wait_for_sync", None)
-        if wait_for_sync is not None:
-            wait_for_sync().addCallback(self._synced, informer)
+        informer.wait_for_sync().addCallback(self._synced, informer)
         self.log.info("certificate manager watching secret {namespace}/{name} pki_dir={pki_dir}",
                       namespace=self.namespace, name=CERTS_SECRET_NAME, pki_dir=self.pki_dir)
         return defer.succeed(None)

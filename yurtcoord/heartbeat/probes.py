@@ -31,7 +31,9 @@ from dataclasses import dataclass
 from twisted.internet import defer
 from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
+from zope.interface import implementer
 
+from yurtcoord.heartbeat.interfaces import ICloudHealthChecker, IHealthChecker
 from yurtcoord.kube.lease import format_micro_time, node_owner_reference
 from yurtcoord.kube.leasewriter import LeaseWriter, RetryPolicy
 from yurtcoord.names import DELEGATE_HEARTBEAT_ANNOTATION, NODE_LEASE_NAMESPACE
@@ -438,6 +440,7 @@ def _describe(failure):
     return f"{failure.type.__name__}: {failure.getErrorMessage()}"
 
 
+@implementer(ICloudHealthChecker)
 class CloudHealthChecker:
     """Health of the cloud: healthy when any cloud server is.
 
@@ -598,6 +601,7 @@ def _not_delegated():
     return {DELEGATE_HEARTBEAT_ANNOTATION: None}
 
 
+@implementer(IHealthChecker)
 class CoordinatorHealthChecker:
     """Health of the coordinator apiserver, judged by writing the node lease there.
 
@@ -606,8 +610,8 @@ class CoordinatorHealthChecker:
     to the cloud, and it is renewed every ``delegating_interval(interval,
     takeover)``; once the cloud is back the annotation is removed and the cadence
     is ``interval`` again. ``takeover`` is the election's lease_duration +
-    retry_period. A cloud checker with ``add_listener`` makes every flip of the
-    cloud's health write at once instead of at the next renewal.
+    retry_period. ``cloud_checker`` is an ``ICloudHealthChecker``: every flip of the
+    cloud's health writes at once instead of at the next renewal.
     """
 
     def __init__(self, reactor, client, node_name, server, cloud_checker, settings,
@@ -620,15 +624,13 @@ class CoordinatorHealthChecker:
         self.prober = LeaseProber(reactor, writer, server, settings,
                                   kubelet=kubelet, metrics=metrics,
                                   next_interval=self._next_interval)
-        add_listener = getattr(cloud_checker, "add_listener", None)
-        if add_listener is not None:
-            add_listener(self._cloud_changed)
+        cloud_checker.add_listener(self._cloud_changed)
 
     def _delegation_annotations(self):
         # Until the cloud's health is known (an agent just started) the annotation is
         # left as the stored lease has it: neither a delegation nor its end is claimed
         # on a guess.
-        if not getattr(self._cloud, "decided", True):
+        if not self._cloud.decided:
             return {}
         if self._cloud.healthy:
             return {DELEGATE_HEARTBEAT_ANNOTATION: None}

@@ -34,6 +34,7 @@ from typing import Any, Callable, List, Optional
 from twisted.internet import defer
 from twisted.internet.task import deferLater
 from twisted.logger import Logger
+from zope.interface import implementer
 
 from yurtcoord.tx.backoff import Backoff
 from yurtcoord.kube.errors import Gone, ListTooLong, ResponseTooLarge, ServerError
@@ -42,6 +43,7 @@ from yurtcoord.kube.gvr import GroupVersionResource
 # An object of the Kubernetes API as decoded JSON.
 Obj = dict[str, Any]
 Handler = Optional[Callable[..., object]]
+from yurtcoord.kube.interfaces import IInformer
 
 MIN_HEALTHY_WATCH_SECONDS = 1.0
 # Objects per list request (client-go's pager uses 500 too).
@@ -100,6 +102,7 @@ class HandlerRegistration:
         self._informer._remove_handler(self)
 
 
+@implementer(IInformer)
 class Informer:
     """Keeps ``store`` equal to the server's objects of ``gvr`` (in ``namespace``,
     matching the selectors), and tells handlers about every change.

@@ -2,13 +2,16 @@
 
 Code that reads and writes single objects takes any ``IObjectClient``: the real
 ``KubeClient``, a client that picks a server per call, or the in-memory fake of the
-unit tests. Each is checked against this interface with ``verifyObject``.
+unit tests. Leases are such objects: the leader elector, the lease writer and the
+node lease probes take an ``IObjectClient`` as their lease API. Code that follows a
+resource takes an ``IInformer``. Each implementation is checked against its
+interface with ``verifyObject``.
 """
 
 from typing import Any, Callable
 
 from twisted.internet.defer import Deferred
-from zope.interface import Interface
+from zope.interface import Attribute, Interface
 
 from yurtcoord.kube.gvr import GroupVersionResource
 
@@ -58,3 +61,40 @@ class IListWatchClient(Interface):
               idle_timeout: float | None = None) -> Any:
 
         """Start a watch calling ``on_event(type, obj)`` for every event."""
+
+
+class IInformer(Interface):
+    """What the agent's parts need of an informer: handlers for every change of the
+    objects it mirrors, the objects it holds now, and the end of its first list.
+
+    The real ``yurtcoord.kube.informer.Informer`` and the unit tests' fake both
+    provide it, so code that consumes an informer calls these members directly.
+    """
+
+    has_synced = Attribute("True once the first list is in the store.")
+    lists = Attribute(
+        "How many lists the informer has made (the first one and every relist after a "
+        "410): a consumer that sees it grow knows the next events are a relist's "
+        "difference.")
+
+    def add_handler(on_add: Callable[..., object] | None = None,
+                    on_update: Callable[..., object] | None = None,
+                    on_delete: Callable[..., object] | None = None,
+                    filter: Callable[..., object] | None = None) -> Any:
+        """Register handlers; objects already held are delivered as adds. Returns a
+        registration with ``remove()``."""
+
+    def get(key: str) -> Any:
+        """The object held under ``key``, or None."""
+
+    def list() -> list[Any]:
+        """Every object held now."""
+
+    def wait_for_sync() -> Deferred[bool]:
+        """A Deferred firing True once synced, or False if the informer stops first."""
+
+    def start() -> None:
+        """Start listing and watching."""
+
+    def stop() -> Deferred[None]:
+        """Stop; the Deferred fires once nothing is left running."""

@@ -57,10 +57,13 @@ from twisted.internet.interfaces import IReactorThreads
 from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
 from twisted.python.failure import Failure
+from zope.interface import implementer
 
 from yurtcoord.etcd.client import prefix_range_end
 from yurtcoord.etcd.errors import BadResponse, EtcdError, TransactionFailed
 from yurtcoord.etcd.versions import version_warning
+from yurtcoord.kube.gvr import GroupVersionResource
+from yurtcoord.pool.interfaces import IPoolStore
 from yurtcoord.pool.keycache import POOL_SCOPED_COMPONENT, ComponentKeyCache
 from yurtcoord.pool.keys import (
     InvalidKey, KeyBuildInfo, PoolKey, PoolKeyBuilder, ResourceId, ResourceLike, format_rv,
@@ -249,6 +252,7 @@ def _as_path(key: Key) -> str:
     return key.path if isinstance(key, PoolKey) else str(key)
 
 
+@implementer(IPoolStore)
 class PoolStore:
     """Objects of the pool in etcd, with the component key cache beside them.
 
@@ -367,8 +371,8 @@ class PoolStore:
         return d
 
     def _reachable(self, status):
-        self._note_version(getattr(status, "version", None))
-        self._note_term(getattr(status, "raft_term", None))
+        self._note_version(status.version)
+        self._note_term(status.raft_term)
         self._set_healthy(True, None)
 
     def _note_term(self, term):
@@ -676,10 +680,12 @@ class PoolStore:
         return sorted(self.key_cache.keys(component, gvr))
 
     @_returns_deferred
-    def replace_component_list(self, component: str, gvr: ResourceLike, namespace: str | None,
+    def replace_component_list(self, component: str, gvr: GroupVersionResource,
+                               namespace: str | None,
                                objects: Iterable[bytes | dict[str, Any]],
                                ) -> defer.Deferred[Tuple[int, int]]:
-        """Make the component's objects of ``gvr`` (in ``namespace``, or all) exactly ``objects``.
+        """Make the component's objects of ``gvr`` (a ``GroupVersionResource``; in
+        ``namespace``, or all) exactly ``objects``.
 
         ``objects`` are JSON bytes or dicts with metadata name and resourceVersion. Every
         put is guarded by the mirror rv as in ``create_or_update_many``: an object stored
@@ -693,16 +699,16 @@ class PoolStore:
         if not isinstance(component, str) or not component:
             raise InvalidKey(f"component must be a non-empty string, got {component!r}")
         resource = ResourceId.of(gvr)
-        namespaced = getattr(gvr, "namespaced", None)
+        namespaced = gvr.namespaced
         items: dict[str, _Item] = {}
         for obj in objects:
             value = obj if isinstance(obj, bytes) else json.dumps(obj).encode("utf-8")
             name, obj_namespace, rv = object_metadata(value)
             if namespace and obj_namespace and obj_namespace != namespace:
                 raise ValueError(f"object {obj_namespace}/{name} is not in namespace {namespace}")
-            if namespace and not obj_namespace and namespaced is not False:
+            if namespace and not obj_namespace and namespaced:
                 obj_namespace = namespace
-            if namespaced is False:
+            if not namespaced:
                 obj_namespace = ""
             key = self.keys.object_key(KeyBuildInfo(
                 component, resource.resource, resource.group, resource.version,

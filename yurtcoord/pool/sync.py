@@ -213,14 +213,14 @@ class ResourceMirror:
         # From here on every change is queued; the list itself is written first.
         self._accepting = True
         self._need_list = True
-        self._lists_seen = getattr(self.informer, "lists", None)
+        self._lists_seen = self.informer.lists
         self._kick()
         return None
 
     def _relisted(self):
         """True (once per list) when the informer delivers the difference of a relist."""
-        lists = getattr(self.informer, "lists", None)
-        if lists is None or lists == self._lists_seen:
+        lists = self.informer.lists
+        if lists == self._lists_seen:
             return False
         self._lists_seen = lists
         return True
@@ -385,7 +385,7 @@ class PoolSyncManager:
     :param cloud_client: ``KubeClient`` or ``HealthyCloudClient`` of the cloud.
     :param pool_scope: a ``PoolScopeResources`` on the same cloud; started here if
         it is not running yet, and then stopped again by ``stop()``.
-    :param informer_factory: ``(reactor, client, gvr)`` → an informer.
+    :param informer_factory: ``(reactor, client, gvr)`` → an ``IInformer``.
     """
 
     log = Logger()
@@ -555,8 +555,7 @@ class PoolSyncManager:
         self._mirror_changed()
 
     def _kind_of(self, gvr):
-        kind_of = getattr(self.pool_scope, "kind_of", None)
-        return kind_of(gvr) if kind_of is not None else None
+        return self.pool_scope.kind_of(gvr)
 
     def _forget(self, mirror):
         """Stop a mirror of a resource no longer pool-scoped and delete its keys."""

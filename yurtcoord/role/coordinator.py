@@ -28,7 +28,7 @@ alternate as ``IRoleComponent`` promises.
 """
 
 import enum
-from typing import Callable, List
+from typing import TYPE_CHECKING, Callable, List
 
 from twisted.internet import defer
 from twisted.logger import Logger
@@ -36,6 +36,9 @@ from twisted.python.failure import Failure
 
 from yurtcoord.role.roles import Role
 from yurtcoord.tx.fsm import TransitionTable
+
+if TYPE_CHECKING:
+    from yurtcoord.pool.uploader import UploadCounts
 
 
 def capped_backoff(initial=0.5, factor=2.0, cap=30.0):
@@ -60,24 +63,11 @@ def backoff_policy(backoff):
     return delay
 
 
-def _uploaded_count(counts):
-    """Objects of the node's cache that the pool holds after an upload, from an int or
-    the uploader's counts (``uploaded``, or ``created`` + ``updated`` +
-    ``skipped_not_newer``, as keys or attributes): an object the pool already had at
-    the same or a newer version counts, as a re-upload after a role change finds
-    everything there."""
-    if counts is None:
-        return 0
-    if isinstance(counts, int):
-        return counts
-
-    def field(name):
-        if hasattr(counts, "get"):
-            return counts.get(name)
-        return getattr(counts, name, None)
-    if field("uploaded") is not None:
-        return int(field("uploaded"))
-    return sum(int(field(name) or 0) for name in ("created", "updated", "skipped_not_newer"))
+def _uploaded_count(counts: "UploadCounts") -> int:
+    """Objects of the node's cache that the pool holds after an upload: created,
+    updated, or already there at the same or a newer version, as a re-upload after a
+    role change finds everything there."""
+    return counts.created + counts.updated + counts.skipped_not_newer
 
 
 class _Superseded(Exception):
@@ -194,9 +184,8 @@ class Coordinator:
     - ``pool_sync``, ``delegation``, ``synced_detector``: IRoleComponent
       (``start(store)``/``stop()``). The synced detector reports through
       ``set_pool_cache_synced(bool)``.
-    - ``upload_local_cache(store)`` → Deferred firing with the uploaded object
-      count (an int, or counts with ``uploaded`` or ``created`` + ``updated``,
-      as keys or attributes) and errbacking when the upload failed.
+    - ``upload_local_cache(store)`` → Deferred firing with the uploader's
+      ``UploadCounts`` and errbacking when the upload failed.
     - ``retry_delay(attempt)`` → seconds before retry ``attempt`` (1, 2, ...) of
       a failed run; ``capped_backoff()`` by default, ``backoff_policy(Backoff())``
       for jitter.

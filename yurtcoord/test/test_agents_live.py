@@ -19,9 +19,9 @@ from twisted.trial import unittest
 from yurtcoord.heartbeat.probes import DELEGATE_HEARTBEAT_ANNOTATION
 from yurtcoord.kube.lease import renew_time
 from yurtcoord.role.roles import Role
-from yurtcoord.test.test_service import PoolWorld, StatusReader, write_cached_pod
 from yurtcoord.testing.poll import poll_until
 from yurtcoord.sim.tcpproxy import TCPProxy
+from yurtcoord.testing.inprocess import PoolWorld, StatusReader, write_cached_pod
 
 NODES = ("edge-1", "edge-2", "edge-3")
 STEP_TIMEOUT = 30.0

@@ -216,13 +216,13 @@ class CertManagerTests(unittest.TestCase):
         self.successResultOf(restarted.start())
         self.addCleanup(restarted.stop)
         self.assertTrue(restarted.ready)
-        informer.sync.callback(True)  # listed: the Secret is gone
+        informer.end_list()  # listed: the Secret is gone
         self.assertFalse(restarted.ready)
         self.assertEqual(os.listdir(self.pki_dir), [])
 
     def test_secret_in_the_initial_list_is_kept(self):
         self.informer.add(secret(self.first.data()))
-        self.informer.sync.callback(True)
+        self.informer.end_list()
         self.assertTrue(self.manager.ready)
 
     def test_events_after_stop_are_ignored(self):

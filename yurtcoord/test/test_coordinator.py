@@ -14,23 +14,11 @@ from yurtcoord.agent.status import AgentStatus
 from yurtcoord.role.coordinator import Coordinator, backoff_policy, capped_backoff
 from yurtcoord.tx.backoff import Backoff
 from yurtcoord.tx.fsm import IllegalTransition
+from yurtcoord.pool.uploader import UploadCounts
 from yurtcoord.role.roles import IRoleComponent, Role
+from yurtcoord.testing.fakepoolstore import FakePoolStore
 
 PENDING, LEADER, FOLLOWER = Role.PENDING, Role.LEADER, Role.FOLLOWER
-
-
-class FakeStore:
-    def __init__(self, name, journal):
-        self.name = name
-        self.closes = 0
-        self._journal = journal
-
-    def close(self):
-        self.closes += 1
-        self._journal.append(("close", self.name))
-
-    def __repr__(self):
-        return f"<FakeStore {self.name}>"
 
 
 class StoreOpener:
@@ -62,7 +50,8 @@ class StoreOpener:
         return defer.succeed(store)
 
     def _new_store(self):
-        store = FakeStore(f"s{len(self.stores) + 1}", self._journal)
+        store = FakePoolStore(self._clock, name=f"s{len(self.stores) + 1}",
+                              on_close=lambda closed: self._journal.append(("close", closed.name)))
         self.stores.append(store)
         self._journal.append(("open", store.name))
         return store
@@ -140,12 +129,12 @@ class Uploader:
     def __init__(self, journal, clock):
         self._journal = journal
         self._clock = clock
-        self.results = []  # per call: an int/dict to fire with, an exception, or a Deferred
+        self.results = []  # per call: UploadCounts to fire with, an exception, or a Deferred
         self.attempt_times = []
 
     def __call__(self, store):
         self.attempt_times.append(self._clock.seconds())
-        result = self.results.pop(0) if self.results else 7
+        result = self.results.pop(0) if self.results else UploadCounts(created=7)
         if isinstance(result, defer.Deferred):
             self._journal.append(("upload", store.name))
             return result
@@ -266,7 +255,6 @@ class RoleTransitionTests(CoordinatorTestCase):
     def test_objects_the_pool_already_had_count_as_uploaded(self):
         """A re-upload after a role change finds the node's objects in the pool already
         (not newer): they are in the pool, so they count; bad files do not."""
-        from yurtcoord.pool.uploader import UploadCounts
         c = self.coordinator
         self.upload.results = [UploadCounts(created=2, updated=1, skipped_not_newer=5,
                                             skipped_bad=4)]
@@ -351,7 +339,7 @@ class SupersededRoleTests(CoordinatorTestCase):
         self.upload.results = [hold]
         c.set_role(LEADER)
         c.set_role(PENDING)
-        hold.callback(99)
+        hold.callback(UploadCounts(created=99))
         self.assertTrue(c.need_upload_local_cache)
         self.assertNotEqual(c.uploaded_objects, 99)
         self.assertEqual(self.running(), {})
@@ -392,7 +380,8 @@ class RetryTests(CoordinatorTestCase):
     def test_failed_upload_leaves_not_ready_and_is_retried(self):
         """Fix 2: the seed cleared needUploadLocalCache although the upload failed."""
         c = self.coordinator
-        self.upload.results = [IOError("etcd went away"), IOError("still away"), 12]
+        self.upload.results = [IOError("etcd went away"), IOError("still away"),
+                               UploadCounts(created=12)]
         c.set_role(FOLLOWER)
         c.set_pool_cache_synced(True)
         self.assertTrue(c.need_upload_local_cache)
@@ -471,7 +460,7 @@ class ReadinessTests(CoordinatorTestCase):
         self.assertTrue(c.ready)
 
     def test_uploaded_count_from_uploader_counts(self):
-        self.upload.results = [{"created": 3, "updated": 2, "skipped_bad": 1}]
+        self.upload.results = [UploadCounts(created=3, updated=2, skipped_bad=1)]
         self.coordinator.set_role(FOLLOWER)
         self.assertEqual(self.coordinator.uploaded_objects, 5)
 

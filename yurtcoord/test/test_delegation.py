@@ -1,7 +1,6 @@
 """Heartbeat delegation: logic with a Clock and in-memory fakes, then end to end on
 real sockets (a plain coordinator API server and a TLS cloud API server)."""
 
-import copy
 import os
 from types import SimpleNamespace
 
@@ -23,6 +22,7 @@ from yurtcoord.kube.errors import Conflict, ServerError
 from yurtcoord.kube.gvr import LEASES, NODES
 from yurtcoord.kube.lease import format_micro_time, parse_micro_time
 from yurtcoord.sim.apiserver import KubeAPIServer
+from yurtcoord.testing.fakehealth import FakeHealth
 from yurtcoord.testing.fakeinformer import FakeInformer
 from yurtcoord.testing.fakekube import FakeKube
 from yurtcoord.sim.pki import TestCA
@@ -85,34 +85,9 @@ def cloud_lease(name, renewed, annotations=None, holder=None):
     }
 
 
-class RecordingKube(FakeKube):
-    """FakeKube that also keeps the bodies of creates and updates."""
-
-    def __init__(self):
-        super().__init__()
-        self.created_bodies = []
-        self.updated_bodies = []
-
-    def create(self, gvr, obj, namespace=None):
-        self.created_bodies.append(copy.deepcopy(obj))
-        return super().create(gvr, obj, namespace)
-
-    def update(self, gvr, obj, namespace=None):
-        self.updated_bodies.append(copy.deepcopy(obj))
-        return super().update(gvr, obj, namespace)
-
-
-class FakeHealth:
-    """``pick_healthy_server`` answering from a list in turn (None = no healthy server)."""
-
-    def __init__(self, servers):
-        self.servers = list(servers)
-        self.picks = 0
-
-    def pick_healthy_server(self):
-        server = self.servers[self.picks % len(self.servers)]
-        self.picks += 1
-        return server
+def sent(kube, verb):
+    """The bodies of the ``verb`` calls (create or update) sent to ``kube``."""
+    return [body for called, body in kube.bodies if called == verb]
 
 
 @implementer(IDelegationMetrics)
@@ -143,9 +118,9 @@ class DelegationFixture:
         self.node_selectors = []
         # The cloud's Nodes as a read of one Node sees them (other pools included).
         self.node_reader = FakeKube()
-        self.clouds = {CLOUD_A: RecordingKube(), CLOUD_B: RecordingKube()}
+        self.clouds = {CLOUD_A: FakeKube(), CLOUD_B: FakeKube()}
         self.cloud = self.clouds[CLOUD_A]
-        self.health = FakeHealth([CLOUD_A])
+        self.health = FakeHealth(picks_from=[CLOUD_A])
         self.metrics = FakeMetrics()
         self.clients_asked = []
         self.delegation = self.build()
@@ -182,7 +157,7 @@ class DelegationFixture:
     def list_nodes(self, names=None):
         for name in self.pool_nodes if names is None else names:
             self.nodes.add(pool_node(name))
-        self.nodes.sync.callback(True)
+        self.nodes.end_list()
 
     def stored(self, name, cloud=None):
         return (cloud or self.cloud).peek(LEASES, name, NODE_LEASE_NAMESPACE)
@@ -205,7 +180,7 @@ class DelegationLogicTests(DelegationFixture, unittest.TestCase):
         self.assertEqual(created["spec"], {"holderIdentity": "node-b",
                                            "leaseDurationSeconds": 40,
                                            "renewTime": lease["spec"]["renewTime"]})
-        [body] = self.cloud.created_bodies
+        [body] = sent(self.cloud, "create")
         self.assertEqual(body["metadata"], {
             "name": "node-b", "namespace": NODE_LEASE_NAMESPACE,
             "annotations": {DELEGATE_HEARTBEAT_ANNOTATION: "true"},
@@ -247,9 +222,9 @@ class DelegationLogicTests(DelegationFixture, unittest.TestCase):
         })
         self.assertEqual(lease["metadata"]["labels"], {"cloud.example/label": "kept"})
         self.assertNotIn("ownerReferences", lease["metadata"])
-        [body] = self.cloud.updated_bodies
+        [body] = sent(self.cloud, "update")
         self.assertEqual(body["metadata"]["resourceVersion"], "1")
-        self.assertEqual(self.cloud.created_bodies, [])
+        self.assertEqual(sent(self.cloud, "create"), [])
         self.assertEqual(self.delegation.delegated_heartbeats, 1)
 
     def test_older_pool_renew_time_never_overwrites_newer_cloud(self):
@@ -260,7 +235,7 @@ class DelegationLogicTests(DelegationFixture, unittest.TestCase):
         lease = self.stored("node-b")
         self.assertEqual(parse_micro_time(lease["spec"]["renewTime"]), T0 + 10)
         self.assertEqual(lease["metadata"]["resourceVersion"], "1")
-        self.assertEqual(self.cloud.updated_bodies, [])
+        self.assertEqual(sent(self.cloud, "update"), [])
         self.assertEqual(self.delegation.skipped, 2)
         self.assertEqual(self.delegation.delegated_heartbeats, 0)
         self.assertEqual(self.delegation.failures, 0)
@@ -312,7 +287,7 @@ class DelegationLogicTests(DelegationFixture, unittest.TestCase):
                          [("get", "node-b"), ("update", "node-b"), ("update", "node-b")])
         self.assertEqual(self.delegation.in_flight, 1)
         self.cloud.deliver_held()
-        renewed = [parse_micro_time(b["spec"]["renewTime"]) for b in self.cloud.updated_bodies]
+        renewed = [parse_micro_time(b["spec"]["renewTime"]) for b in sent(self.cloud, "update")]
         self.assertEqual(renewed, [T0 + 1, T0 + 3])
         self.assertEqual(self.delegation.in_flight, 0)
         self.assertEqual(self.delegation.delegated_heartbeats, 2)
@@ -406,7 +381,7 @@ class DelegationLogicTests(DelegationFixture, unittest.TestCase):
         self.assertEqual(parse_micro_time(self.stored("node-b")["spec"]["renewTime"]), T0 + 1)
 
     def test_a_healthy_server_is_picked_for_every_delegation(self):
-        self.health.servers = [CLOUD_A, CLOUD_B]
+        self.health.picks_from = [CLOUD_A, CLOUD_B]
         self.start()
         self.informer.add(pool_lease("node-b", T0 + 1))
         self.informer.update(pool_lease("node-b", T0 + 1), pool_lease("node-b", T0 + 2))
@@ -418,7 +393,7 @@ class DelegationLogicTests(DelegationFixture, unittest.TestCase):
         self.assertEqual((renewed_a, renewed_b), (T0 + 3, T0 + 2))
 
     def test_no_healthy_server_counts_a_failure_and_retries_the_newest_state(self):
-        self.health.servers = [None]
+        self.health.picks_from = [None]
         self.start()
         self.informer.add(pool_lease("node-b", T0 + 1))
         self.assertEqual(self.delegation.failures, 1)
@@ -429,7 +404,7 @@ class DelegationLogicTests(DelegationFixture, unittest.TestCase):
         self.assertEqual(self.health.picks, 1)
         self.clock.advance(1.0)  # still no server: second failure, backoff doubles
         self.assertEqual(self.delegation.failures, 2)
-        self.health.servers = [CLOUD_A]
+        self.health.picks_from = [CLOUD_A]
         self.clock.advance(1.9)
         self.assertIsNone(self.stored("node-b"))
         self.clock.advance(0.1)
@@ -441,7 +416,7 @@ class DelegationLogicTests(DelegationFixture, unittest.TestCase):
     def test_a_cloud_outage_is_logged_once_not_per_lease(self):
         events = []
         self.delegation.log = Logger(observer=events.append)
-        self.health.servers = [None]
+        self.health.picks_from = [None]
         self.start()
         for i in range(20):
             self.informer.add(pool_lease(f"node-{i}", T0 + 1))
@@ -449,7 +424,7 @@ class DelegationLogicTests(DelegationFixture, unittest.TestCase):
         self.assertEqual(self.delegation.failures, 40)
         warnings = [formatEvent(e) for e in events if e["log_level"] >= LogLevel.warn]
         self.assertEqual(warnings, ["no healthy cloud server: heartbeat delegations wait and retry"])
-        self.health.servers = [CLOUD_A]
+        self.health.picks_from = [CLOUD_A]
         self.clock.advance(2.0)
         self.assertEqual(self.delegation.delegated_heartbeats, 20)
         infos = [formatEvent(e) for e in events if e["log_level"] == LogLevel.info]
@@ -466,7 +441,7 @@ class DelegationLogicTests(DelegationFixture, unittest.TestCase):
         self.assertIsNotNone(self.stored("node-b"))
 
     def test_deleted_pool_lease_cancels_its_retry(self):
-        self.health.servers = [None]
+        self.health.picks_from = [None]
         self.start()
         lease = pool_lease("node-b", T0 + 1)
         self.informer.add(lease)
@@ -477,7 +452,7 @@ class DelegationLogicTests(DelegationFixture, unittest.TestCase):
         self.cloud.hold("get")
         self.start()
         self.informer.add(pool_lease("node-b", T0 + 1))
-        self.health.servers = [None]
+        self.health.picks_from = [None]
         self.cloud.release_hold("get")
         self.informer.add(pool_lease("node-c", T0 + 1))  # fails: a retry timer
         self.assertEqual(len(self.clock.getDelayedCalls()), 1)
@@ -627,7 +602,7 @@ class DelegationRuleTests(DelegationFixture, unittest.TestCase):
         self.informer.add(pool_lease("node-a", NOW - 0.5))
         self.informer.add(pool_lease("node-b", NOW - 0.5))
         self.assertEqual(self.delegation.delegated, 2)
-        self.health.servers = [None]
+        self.health.picks_from = [None]
         self.informer.update(pool_lease("node-a", NOW - 0.5), pool_lease("node-a", NOW))
         self.informer.update(pool_lease("node-b", NOW - 0.5), pool_lease("node-b", NOW))
         self.assertEqual(self.delegation.failures, 2)
@@ -636,7 +611,7 @@ class DelegationRuleTests(DelegationFixture, unittest.TestCase):
         for step in range(1, 21):
             self.clock.advance(0.5)
             if step == 8:
-                self.health.servers = [CLOUD_A]
+                self.health.picks_from = [CLOUD_A]
             self.informer.update(pool_lease("node-a", NOW + (step - 1) * 0.5),
                                  pool_lease("node-a", NOW + step * 0.5))
         self.assertEqual(parse_micro_time(self.stored("node-a")["spec"]["renewTime"]), NOW + 10)
@@ -682,12 +657,12 @@ class DelegationRuleTests(DelegationFixture, unittest.TestCase):
         self.informer.add(pool_lease("node-b", T0 + 1))
         self.assertEqual(self.delegation.delegated, 2)
         # node-a fails to be forwarded and waits for a retry when its Node is deleted.
-        self.health.servers = [None]
+        self.health.picks_from = [None]
         self.informer.update(pool_lease("node-a", T0 + 1), pool_lease("node-a", T0 + 2))
         self.assertEqual(len(self.clock.getDelayedCalls()), 1)
         self.nodes.delete(pool_node("node-a"))
         self.assertEqual(self.clock.getDelayedCalls(), [])
-        self.health.servers = [CLOUD_A]
+        self.health.picks_from = [CLOUD_A]
         # node-b was relabelled into another pool: the informer delivers a delete.
         self.nodes.delete(pool_node("node-b"))
         self.informer.update(pool_lease("node-a", T0 + 2), pool_lease("node-a", T0 + 3))

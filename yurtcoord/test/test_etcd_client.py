@@ -7,7 +7,6 @@ import tempfile
 
 from twisted.internet import defer, protocol, reactor
 from twisted.trial import unittest
-from twisted.web import resource, server
 from txaioetcd import CompValue, CompVersion, KeySet, OpDel, OpGet, OpSet, Transaction
 
 from yurtcoord.etcd.client import EtcdClient, EtcdConfig, prefix_range_end
@@ -25,6 +24,7 @@ from yurtcoord.etcd.errors import (
 )
 from yurtcoord.sim.etcd import EtcdProcess, free_port, make_etcd_test_classes
 from yurtcoord.sim.pki import TestCA
+from yurtcoord.testing.etcdgateway import PUT_OK, ScriptedGatewayMixin, range_answer
 from yurtcoord.testing.poll import poll_until
 
 
@@ -454,32 +454,6 @@ make_etcd_test_classes(EtcdClientTLSTestsMixin, globals())
 # -- misbehaving servers (no etcd needed) ------------------------------------------
 
 
-class _TrackingFactory(protocol.ServerFactory):
-    """Wraps a factory and remembers open server-side connections, for clean teardown."""
-
-    def __init__(self, wrapped):
-        self.wrapped = wrapped
-        self.open = set()
-        self.connections_made = 0
-
-    def buildProtocol(self, addr):
-        proto = self.wrapped.buildProtocol(addr)
-        factory = self
-        original_made, original_lost = proto.connectionMade, proto.connectionLost
-
-        def made():
-            factory.open.add(proto)
-            factory.connections_made += 1
-            original_made()
-
-        def lost(reason):
-            factory.open.discard(proto)
-            original_lost(reason)
-
-        proto.connectionMade, proto.connectionLost = made, lost
-        return proto
-
-
 class _Silent(protocol.Protocol):
     """Accepts the connection, reads the request, never answers."""
 
@@ -490,68 +464,7 @@ class _NotHTTP(protocol.Protocol):
         self.transport.loseConnection()
 
 
-class _ScriptedGateway(resource.Resource):
-    """Answers POSTs from a script: ``answers[path]`` is a list of (status, body) or
-    ``"abort"``, consumed in order (the last one repeats)."""
-
-    isLeaf = True
-
-    def __init__(self, answers):
-        super().__init__()
-        self.answers = answers
-        self.seen = []
-
-    def render_POST(self, request):
-        path = request.path.decode()
-        self.seen.append((path, request.content.read()))
-        script = self.answers.get(path) or [(404, b"404 page not found\n")]
-        answer = script.pop(0) if len(script) > 1 else script[0]
-        if answer == "abort":
-            request.channel.transport.abortConnection()
-            return server.NOT_DONE_YET
-        status, body = answer
-        request.setResponseCode(status)
-        return body
-
-
-def _range_answer(*kvs):
-    import base64
-    return json.dumps({
-        "header": {"revision": "7"},
-        "kvs": [{"key": base64.b64encode(k).decode(), "value": base64.b64encode(v).decode(),
-                 "version": "1", "mod_revision": "7", "create_revision": "7"} for k, v in kvs],
-        "count": str(len(kvs)),
-    }).encode()
-
-
-_PUT_OK = json.dumps({"header": {"revision": "8"}}).encode()
-
-
-class MisbehavingServerTests(unittest.TestCase):
-
-    def listen(self, factory):
-        tracking = _TrackingFactory(factory)
-        port = reactor.listenTCP(0, tracking, interface="127.0.0.1")
-        self.addCleanup(self._stop_server, port, tracking)
-        return f"http://127.0.0.1:{port.getHost().port}", tracking
-
-    @defer.inlineCallbacks
-    def _stop_server(self, port, tracking):
-        yield port.stopListening()
-        for proto in list(tracking.open):
-            proto.transport.abortConnection()
-        yield poll_until(lambda: not tracking.open)
-
-    def gateway(self, answers):
-        gw = _ScriptedGateway(answers)
-        url, tracking = self.listen(server.Site(gw))
-        return url, gw, tracking
-
-    def client(self, url, **options):
-        options.setdefault("timeout", 5.0)
-        client = EtcdClient(reactor, EtcdConfig(url, **options))
-        self.addCleanup(client.close)
-        return client
+class MisbehavingServerTests(ScriptedGatewayMixin, unittest.TestCase):
 
     @defer.inlineCallbacks
     def test_silent_server_times_out_within_the_timeout(self):
@@ -617,8 +530,8 @@ class MisbehavingServerTests(unittest.TestCase):
     @defer.inlineCallbacks
     def test_reads_are_resent_once_after_a_dropped_connection_writes_are_not(self):
         url, gw, tracking = self.gateway({
-            "/v3/kv/range": ["abort", (200, _range_answer((b"/k", b"v")))],
-            "/v3/kv/put": ["abort", (200, _PUT_OK)],
+            "/v3/kv/range": ["abort", (200, range_answer((b"/k", b"v")))],
+            "/v3/kv/put": ["abort", (200, PUT_OK)],
         })
         client = self.client(url)
         kv = yield client.get(b"/k")
@@ -634,8 +547,8 @@ class MisbehavingServerTests(unittest.TestCase):
     def test_auto_prefix_falls_back_to_v3beta(self):
         url, gw, _ = self.gateway({
             "/v3beta/maintenance/status": [(200, b"{\"version\": \"3.3.0\"}")],
-            "/v3beta/kv/put": [(200, _PUT_OK)],
-            "/v3beta/kv/range": [(200, _range_answer((b"/a", b"1"), (b"/b", b"2")))],
+            "/v3beta/kv/put": [(200, PUT_OK)],
+            "/v3beta/kv/range": [(200, range_answer((b"/a", b"1"), (b"/b", b"2")))],
         })
         client = self.client(url, gateway_prefix="auto")
         revisions = yield defer.gatherResults([client.put(b"/a", b"1"), client.put(b"/b", b"2")])
@@ -658,7 +571,7 @@ class MisbehavingServerTests(unittest.TestCase):
 
     @defer.inlineCallbacks
     def test_range_request_carries_limit_keys_only_revision(self):
-        url, gw, _ = self.gateway({"/v3/kv/range": [(200, _range_answer())]})
+        url, gw, _ = self.gateway({"/v3/kv/range": [(200, range_answer())]})
         client = self.client(url)
         page = yield client.range_page(b"/p/", limit=5, keys_only=True, revision=42)
         self.assertEqual((page.kvs, page.more, page.count, page.revision), ([], False, 0, 7))

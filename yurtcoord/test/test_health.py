@@ -1,12 +1,7 @@
 """Health checkers: lease probes, thresholds, delegation annotation, kubelet gating."""
 
-import copy
-
 from twisted.internet import defer
-from twisted.internet.task import Clock
 from twisted.trial import unittest
-from zope.interface import implementer
-from zope.interface.verify import verifyObject
 
 from yurtcoord.heartbeat import probes as health
 from yurtcoord.heartbeat.probes import (
@@ -18,105 +13,38 @@ from yurtcoord.heartbeat.probes import (
     NodeLeaseWriter,
     ProbeSettings,
 )
-from yurtcoord.kube.errors import AlreadyExists, Conflict, NotFound, ServerError
+from yurtcoord.kube.errors import ServerError
 from yurtcoord.kube.gvr import LEASES, NODES
-from yurtcoord.kube.interfaces import IObjectClient
 from yurtcoord.kube.leasewriter import LeaseWriteFailed
+from yurtcoord.testing.fakehealth import FakeHealth
+from yurtcoord.testing.fakekube import FakeKube
+from yurtcoord.testing.leaseprobes import (
+    DEFAULTS, NODE, START, make_clock, make_prober, node_lease,
+)
 from yurtcoord.testing.poll import poll_until
 
-NODE = "edge-1"
-START = 1_700_000_000.0
+def put_node_lease(client, lease):
+    """Store ``lease`` as another writer would (a new resourceVersion)."""
+    client.put(LEASES, lease)
 
 
-@implementer(IObjectClient)
-class FakeLeaseClient:
-    """In-memory apiserver for leases and nodes with resourceVersion checks and fault
-    knobs. ``requests`` names each request: ``get``, ``create``, ``update`` (leases)
-    and ``get node``; it provides ``IObjectClient``."""
+def requests(client):
+    """The calls ``client`` answered, lease calls by verb (``get``, ``create``,
+    ``update``) and reads of the Node as ``get node``."""
+    return [request.replace("get nodes", "get node").replace(" leases", "")
+            for request in client.requests]
 
-    def __init__(self):
-        self.objects = {}
-        self.nodes = {}
-        self.requests = []
-        self.rv = 0
-        self.conflicts_on_update = 0  # next N updates answer 409 (someone else wrote)
-        self.errors = []  # exceptions raised by the next requests, in order
-        self.hang = False  # requests never answer
-        self.hangs = 0  # the next N requests never answer
 
-    def _answer(self, op, compute):
-        self.requests.append(op)
-        if self.hang:
-            return defer.Deferred()
-        if self.hangs:
-            self.hangs -= 1
-            return defer.Deferred()
-        if self.errors:
-            return defer.fail(self.errors.pop(0))
-        try:
-            return defer.succeed(copy.deepcopy(compute()))
-        except Exception as error:
-            return defer.fail(error)
+def lease_requests(client):
+    """The verbs of the lease calls ``client`` answered."""
+    return [request.split()[0] for request in client.requests if request.endswith(" leases")]
 
-    def get(self, gvr, name, namespace=None):
-        if gvr == NODES:
-            def node():
-                if name not in self.nodes:
-                    raise NotFound(name)
-                return self.nodes[name]
 
-            return self._answer("get node", node)
-        assert gvr == LEASES
-
-        def compute():
-            if (namespace, name) not in self.objects:
-                raise NotFound(name)
-            return self.objects[(namespace, name)]
-
-        return self._answer("get", compute)
-
-    def create(self, gvr, obj, namespace=None):
-        def compute():
-            key = (namespace, obj["metadata"]["name"])
-            if key in self.objects:
-                raise AlreadyExists(key[1])
-            return self._store(key, obj)
-
-        return self._answer("create", compute)
-
-    def update(self, gvr, obj, namespace=None):
-        def compute():
-            key = (namespace, obj["metadata"]["name"])
-            if key not in self.objects:
-                raise NotFound(key[1])
-            if self.conflicts_on_update:
-                self.conflicts_on_update -= 1
-                self._store(key, self.objects[key])  # a concurrent writer bumps the rv
-                raise Conflict(key[1])
-            if obj["metadata"].get("resourceVersion") != self.objects[key]["metadata"]["resourceVersion"]:
-                raise Conflict(key[1])
-            return self._store(key, obj)
-
-        return self._answer("update", compute)
-
-    def delete(self, gvr, name, namespace=None):
-        def compute():
-            return self.objects.pop((namespace, name))
-
-        return self._answer("delete", compute)
-
-    def _store(self, key, obj):
-        self.rv += 1
-        obj = copy.deepcopy(obj)
-        obj["metadata"]["resourceVersion"] = str(self.rv)
-        self.objects[key] = obj
-        return obj
-
-    def lease(self):
-        return self.objects.get((health.NODE_LEASE_NAMESPACE, NODE))
-
-    def lease_requests(self):
-        return [op for op in self.requests if op != "get node"]
+def lease_writes(client):
+    """(seconds, renewTime, annotations) of every lease ``client`` accepted."""
+    return [(at, lease["spec"]["renewTime"], dict(lease["metadata"].get("annotations") or {}))
+            for at, lease in client.writes
+            if (lease.get("spec") or {}).get("renewTime")]
 
 
 class RecordingMetrics:
@@ -135,25 +63,6 @@ class FakeResponse:
         return defer.succeed(b"ok" if self.code == 200 else b"fail")
 
 
-class StaticHealth:
-    def __init__(self, healthy):
-        self.healthy = healthy
-
-
-DEFAULTS = ProbeSettings(interval=10, timeout=2, failed_retry=3, healthy_threshold=2)
-
-
-def make_clock():
-    clock = Clock()
-    clock.advance(START)
-    return clock
-
-
-def make_prober(clock, client, settings=None, **kwargs):
-    settings = settings or DEFAULTS
-    writer = NodeLeaseWriter(clock, client, NODE, settings)
-    return LeaseProber(clock, writer, "https://cloud-1", settings, **kwargs)
-
 
 def advance(clock, seconds):
     """Advance by ``seconds`` one due call at a time, each run at its own time: a
@@ -166,11 +75,6 @@ def advance(clock, seconds):
             break
         clock.advance(max(0.0, min(due) - clock.seconds()))
     clock.advance(target - clock.seconds())
-
-
-class FakeContractTests(unittest.TestCase):
-    def test_fake_client_provides_the_object_client_interface(self):
-        self.assertTrue(verifyObject(IObjectClient, FakeLeaseClient()))
 
 
 class ProbeRetryPolicyTests(unittest.TestCase):
@@ -200,53 +104,55 @@ class ProbeRetryPolicyTests(unittest.TestCase):
 class NodeLeaseWriterTests(unittest.TestCase):
     def setUp(self):
         self.clock = make_clock()
-        self.client = FakeLeaseClient()
+        self.client = FakeKube()
 
     def writer(self, **kwargs):
         return NodeLeaseWriter(self.clock, self.client, NODE, DEFAULTS, **kwargs)
 
     def test_creates_missing_lease_with_holder_duration_and_renew_time(self):
         self.successResultOf(self.writer().renew())
-        lease = self.client.lease()
+        lease = node_lease(self.client)
         self.assertEqual(lease["spec"]["holderIdentity"], NODE)
         self.assertEqual(lease["spec"]["leaseDurationSeconds"], 40)
         self.assertEqual(lease["spec"]["renewTime"], "2023-11-14T22:13:20.000000Z")
         self.assertNotIn("ownerReferences", lease["metadata"])
-        self.assertEqual(self.client.requests, ["get", "get node", "create"])
+        self.assertEqual(requests(self.client), ["get", "get node", "create"])
 
     def test_created_lease_names_its_node_as_owner(self):
         """As the kubelet's own lease does: the lease goes when the Node goes."""
-        self.client.nodes[NODE] = {"metadata": {"name": NODE, "uid": "uid-7"}}
+        self.client.put(NODES, {"metadata": {"name": NODE, "uid": "uid-7"}})
         self.successResultOf(self.writer().renew())
-        self.assertEqual(self.client.lease()["metadata"]["ownerReferences"], [
+        self.assertEqual(node_lease(self.client)["metadata"]["ownerReferences"], [
             {"apiVersion": "v1", "kind": "Node", "name": NODE, "uid": "uid-7"}])
 
     def test_node_is_read_only_when_creating(self):
         writer = self.writer()
         self.successResultOf(writer.renew())
-        self.client.objects[(health.NODE_LEASE_NAMESPACE, NODE)]["metadata"]["resourceVersion"] = "99"
+        put_node_lease(self.client, node_lease(self.client))  # someone else writes it
         advance(self.clock, 10)
         self.successResultOf(writer.renew())  # conflict, read again, update
-        self.assertEqual(self.client.requests.count("get node"), 1)
+        self.assertEqual(requests(self.client).count("get node"), 1)
 
     def test_renewal_keeps_the_lease_duration_the_lease_has(self):
-        self.client._store((health.NODE_LEASE_NAMESPACE, NODE), {
+        put_node_lease(self.client, {
             "metadata": {"name": NODE, "namespace": health.NODE_LEASE_NAMESPACE},
             "spec": {"holderIdentity": NODE, "leaseDurationSeconds": 60}})
         writer = self.writer()
         self.successResultOf(writer.renew())
         advance(self.clock, 10)
         self.successResultOf(writer.renew())
-        self.assertEqual(self.client.lease()["spec"]["leaseDurationSeconds"], 60)
-        self.assertEqual(self.client.lease()["spec"]["renewTime"], "2023-11-14T22:13:30.000000Z")
+        self.assertEqual(node_lease(self.client)["spec"]["leaseDurationSeconds"], 60)
+        self.assertEqual(node_lease(self.client)["spec"]["renewTime"],
+                         "2023-11-14T22:13:30.000000Z")
 
     def test_next_renewal_updates_directly_with_new_time(self):
         writer = self.writer()
         self.successResultOf(writer.renew())
         advance(self.clock, 10)
         self.successResultOf(writer.renew())
-        self.assertEqual(self.client.lease()["spec"]["renewTime"], "2023-11-14T22:13:30.000000Z")
-        self.assertEqual(self.client.lease_requests(), ["get", "create", "update"])
+        self.assertEqual(node_lease(self.client)["spec"]["renewTime"],
+                         "2023-11-14T22:13:30.000000Z")
+        self.assertEqual(lease_requests(self.client), ["get", "create", "update"])
 
     def test_conflict_is_reread_and_retried_at_once(self):
         writer = self.writer()
@@ -254,46 +160,48 @@ class NodeLeaseWriterTests(unittest.TestCase):
         self.client.conflicts_on_update = 2
         advance(self.clock, 10)
         self.successResultOf(writer.renew())
-        self.assertEqual(self.client.lease_requests(),
+        self.assertEqual(lease_requests(self.client),
                          ["get", "create", "update", "get", "update", "get", "update"])
-        self.assertEqual(self.client.lease()["spec"]["renewTime"], "2023-11-14T22:13:30.000000Z")
+        self.assertEqual(node_lease(self.client)["spec"]["renewTime"],
+                         "2023-11-14T22:13:30.000000Z")
 
     def test_last_attempt_in_conflict_is_a_failure(self):
         """Fix 10: a write that never got through must not look like a success."""
         writer = self.writer()
         self.successResultOf(writer.renew())
-        written = self.client.lease()["spec"]["renewTime"]
+        written = node_lease(self.client)["spec"]["renewTime"]
         self.client.conflicts_on_update = 3
         advance(self.clock, 10)
         self.failureResultOf(writer.renew(), LeaseWriteFailed)
-        self.assertEqual(self.client.requests.count("update"), 3)  # failed_retry attempts
-        self.assertEqual(self.client.lease()["spec"]["renewTime"], written)
+        self.assertEqual(requests(self.client).count("update"), 3)  # failed_retry attempts
+        self.assertEqual(node_lease(self.client)["spec"]["renewTime"], written)
 
     def test_other_errors_are_retried_after_the_policy_pauses(self):
         writer = self.writer()
         self.successResultOf(writer.renew())
-        self.client.errors = [ServerError("boom"), ServerError("boom")]
+        self.client.fail_next("*", ServerError("boom"), 2)
         advance(self.clock, 10)
         d = writer.renew()
-        self.assertEqual(self.client.lease_requests()[2:], ["update"])
+        self.assertEqual(lease_requests(self.client)[2:], ["update"])
         advance(self.clock, 0.999)
-        self.assertEqual(len(self.client.lease_requests()), 3)
+        self.assertEqual(len(lease_requests(self.client)), 3)
         advance(self.clock, 0.001)  # 1 s after the first failure: read, fails again
-        self.assertEqual(self.client.lease_requests()[3:], ["get"])
+        self.assertEqual(lease_requests(self.client)[3:], ["get"])
         advance(self.clock, 1.999)
         self.assertNoResult(d)
         advance(self.clock, 0.001)  # 2 s after the second failure: read and update
         self.successResultOf(d)
-        self.assertEqual(self.client.lease_requests()[3:], ["get", "get", "update"])
-        self.assertEqual(self.client.lease()["spec"]["renewTime"], health.format_micro_time(START + 13))
+        self.assertEqual(lease_requests(self.client)[3:], ["get", "get", "update"])
+        self.assertEqual(node_lease(self.client)["spec"]["renewTime"],
+                         health.format_micro_time(START + 13))
 
     def test_failed_retry_errors_fail_the_renewal(self):
         writer = self.writer()
-        self.client.errors = [ServerError("boom")] * 3
+        self.client.fail_next("*", ServerError("boom"), 3)
         d = writer.renew()
         advance(self.clock, 3)
         self.failureResultOf(d, ServerError)
-        self.assertEqual(self.client.requests, ["get", "get", "get"])
+        self.assertEqual(requests(self.client), ["get", "get", "get"])
 
     def test_each_attempt_is_bounded_by_the_timeout(self):
         writer = self.writer()
@@ -301,34 +209,35 @@ class NodeLeaseWriterTests(unittest.TestCase):
         d = writer.renew()
         advance(self.clock, 2)  # first attempt times out, pause 1 s
         advance(self.clock, 1)
-        self.assertEqual(len(self.client.requests), 2)
+        self.assertEqual(len(requests(self.client)), 2)
         advance(self.clock, 2)  # second attempt times out, pause 2 s
         advance(self.clock, 2)
         self.successResultOf(d)
-        self.assertEqual(self.client.requests, ["get", "get", "get", "get node", "create"])
+        self.assertEqual(requests(self.client), ["get", "get", "get", "get node", "create"])
 
     def test_read_writes_nothing_and_absence_is_an_answer(self):
         writer = self.writer()
         self.assertIsNone(self.successResultOf(writer.read()))
-        self.assertEqual(self.client.requests, ["get"])
+        self.assertEqual(requests(self.client), ["get"])
         self.successResultOf(writer.renew())
         self.assertEqual(self.successResultOf(writer.read())["spec"]["holderIdentity"], NODE)
-        self.assertEqual(self.client.requests[-1:], ["get"])
+        self.assertEqual(requests(self.client)[-1:], ["get"])
 
     def test_keeps_other_annotations(self):
-        self.client.objects[(health.NODE_LEASE_NAMESPACE, NODE)] = {
+        put_node_lease(self.client, {
             "metadata": {"name": NODE, "namespace": health.NODE_LEASE_NAMESPACE,
-                         "resourceVersion": "7", "annotations": {"keep": "me"}},
-            "spec": {}}
+                         "annotations": {"keep": "me"}},
+            "spec": {}})
         writer = self.writer(annotations=lambda: {"drop": None, "add": "x"})
         self.successResultOf(writer.renew())
-        self.assertEqual(self.client.lease()["metadata"]["annotations"], {"keep": "me", "add": "x"})
+        self.assertEqual(node_lease(self.client)["metadata"]["annotations"],
+                         {"keep": "me", "add": "x"})
 
 
 class LeaseProberTests(unittest.TestCase):
     def setUp(self):
         self.clock = make_clock()
-        self.client = FakeLeaseClient()
+        self.client = FakeKube()
 
     def test_first_probe_decides_healthy(self):
         metrics = RecordingMetrics()
@@ -354,7 +263,7 @@ class LeaseProberTests(unittest.TestCase):
         self.assertIsNone(self.successResultOf(prober.when_answered()))
 
     def test_first_probe_decides_unhealthy(self):
-        self.client.errors = [ServerError("down")] * 3
+        self.client.fail_next("*", ServerError("down"), 3)
         prober = make_prober(self.clock, self.client)
         d = prober.probe()
         advance(self.clock, 3)
@@ -369,13 +278,14 @@ class LeaseProberTests(unittest.TestCase):
         changes = []
         prober.on_change = lambda p: changes.append((self.clock.seconds() - START, p.healthy))
         prober.start()
-        self.client.errors = [ServerError("down")] * 2
+        self.client.fail_next("*", ServerError("down"), 2)
         advance(self.clock, 10)
         self.assertTrue(prober.healthy)
         advance(self.clock, 2.9)
-        self.assertEqual(self.client.lease()["spec"]["renewTime"], health.format_micro_time(START))
+        self.assertEqual(node_lease(self.client)["spec"]["renewTime"],
+                         health.format_micro_time(START))
         advance(self.clock, 0.1)
-        self.assertEqual(self.client.lease()["spec"]["renewTime"],
+        self.assertEqual(node_lease(self.client)["spec"]["renewTime"],
                          health.format_micro_time(START + 13))
         self.assertEqual(changes, [(0.0, True)])
         self.assertEqual((prober.probes, prober.successes), (2, 2))
@@ -386,7 +296,7 @@ class LeaseProberTests(unittest.TestCase):
         changes = []
         prober.on_change = lambda p: changes.append((self.clock.seconds() - START, p.healthy))
         prober.start()
-        self.client.errors = [ServerError("down")] * 3
+        self.client.fail_next("*", ServerError("down"), 3)
         advance(self.clock, 12.9)  # attempts at 10 s, 11 s and 13 s
         self.assertTrue(prober.healthy)
         advance(self.clock, 0.1)
@@ -401,13 +311,7 @@ class LeaseProberTests(unittest.TestCase):
         prober.start()
         self.client.hang = True
         times = []
-        original = self.client._answer
-
-        def answer(op, compute):
-            times.append(self.clock.seconds() - START)
-            return original(op, compute)
-
-        self.client._answer = answer
+        self.client.on_call = lambda verb, name: times.append(self.clock.seconds() - START)
         advance(self.clock, 18.95)
         self.assertTrue(prober.healthy)
         advance(self.clock, 0.1)
@@ -431,7 +335,7 @@ class LeaseProberTests(unittest.TestCase):
         self.assertEqual(prober.probes, 1)
         self.assertEqual(prober.last_error, "probe timed out")
         # The one attempt was cut short at 1 s, when the next probe began.
-        self.assertEqual(self.client.requests, ["get", "get"])
+        self.assertEqual(requests(self.client), ["get", "get"])
         self.successResultOf(prober.stop())
         self.assertEqual(self.clock.getDelayedCalls(), [])
 
@@ -439,7 +343,7 @@ class LeaseProberTests(unittest.TestCase):
         prober = make_prober(self.clock, self.client)
         prober.start()
         self.assertTrue(prober.healthy)
-        self.client.errors = [ServerError("down")] * 3
+        self.client.fail_next("*", ServerError("down"), 3)
         advance(self.clock, 10)
         advance(self.clock, 3)
         self.assertFalse(prober.healthy)
@@ -454,11 +358,11 @@ class LeaseProberTests(unittest.TestCase):
         prober = make_prober(self.clock, self.client,
                              ProbeSettings(interval=10, timeout=2, failed_retry=1,
                                            healthy_threshold=3))
-        self.client.errors = [ServerError("down")]
+        self.client.fail_next("*", ServerError("down"))
         prober.start()
         advance(self.clock, 10)
         advance(self.clock, 10)
-        self.client.errors = [ServerError("down")]
+        self.client.fail_next("*", ServerError("down"))
         advance(self.clock, 10)
         advance(self.clock, 10)
         advance(self.clock, 10)
@@ -509,7 +413,7 @@ class LeaseProberTests(unittest.TestCase):
 
     def test_stop_during_a_pause_between_attempts(self):
         prober = make_prober(self.clock, self.client)
-        self.client.errors = [ServerError("down")]
+        self.client.fail_next("*", ServerError("down"))
         prober.start()
         self.assertEqual(len(self.clock.getDelayedCalls()), 2)  # pause and interval bound
         self.successResultOf(prober.stop())
@@ -520,7 +424,7 @@ class LeaseProberTests(unittest.TestCase):
 class CloudHealthCheckerTests(unittest.TestCase):
     def setUp(self):
         self.clock = make_clock()
-        self.clients = {f"https://cloud-{i}": FakeLeaseClient() for i in range(3)}
+        self.clients = {f"https://cloud-{i}": FakeKube() for i in range(3)}
         self.checker = CloudHealthChecker.for_servers(self.clock, self.clients, NODE, DEFAULTS)
 
     def tearDown(self):
@@ -528,7 +432,7 @@ class CloudHealthCheckerTests(unittest.TestCase):
         self.assertEqual(self.clock.getDelayedCalls(), [])
 
     def requests(self):
-        return {url[-1]: list(client.lease_requests()) for url, client in self.clients.items()}
+        return {url[-1]: list(lease_requests(client)) for url, client in self.clients.items()}
 
     def test_first_round_writes_through_one_and_reads_the_others(self):
         self.checker.start()
@@ -544,40 +448,40 @@ class CloudHealthCheckerTests(unittest.TestCase):
             advance(self.clock, 10)
         self.assertEqual(self.requests(), {"0": ["update"] * 4, "1": ["get", "get"],
                                            "2": ["get", "get"]})
-        self.assertEqual(self.clients["https://cloud-0"].lease()["spec"]["renewTime"],
+        self.assertEqual(node_lease(self.clients["https://cloud-0"])["spec"]["renewTime"],
                          health.format_micro_time(START + 40))
 
     def test_failed_write_moves_at_once_to_a_healthy_server(self):
         self.checker.start()
         advance(self.clock, 10)
-        self.clients["https://cloud-0"].errors = [ServerError("down")] * 3
+        self.clients["https://cloud-0"].fail_next("*", ServerError("down"), 3)
         advance(self.clock, 10)  # round at 20 s: cloud-0's attempts at 20, 21, 23 s
-        self.assertIsNone(self.clients["https://cloud-1"].lease())
+        self.assertIsNone(node_lease(self.clients["https://cloud-1"]))
         advance(self.clock, 3)
         self.assertFalse(self.checker.servers()["https://cloud-0"])
         self.assertEqual(self.checker.writing_server, "https://cloud-1")
-        lease = self.clients["https://cloud-1"].lease()
+        lease = node_lease(self.clients["https://cloud-1"])
         self.assertEqual(lease["spec"]["renewTime"], health.format_micro_time(START + 23))
         advance(self.clock, 7)  # 30 s: the heartbeat stays on cloud-1
-        self.assertEqual(self.clients["https://cloud-1"].lease()["spec"]["renewTime"],
+        self.assertEqual(node_lease(self.clients["https://cloud-1"])["spec"]["renewTime"],
                          health.format_micro_time(START + 30))
         self.assertTrue(self.checker.healthy)
 
     def test_move_skips_unhealthy_servers(self):
-        self.clients["https://cloud-1"].errors = [ServerError("down")] * 3
+        self.clients["https://cloud-1"].fail_next("*", ServerError("down"), 3)
         self.checker.start()
         advance(self.clock, 3)
         self.assertFalse(self.checker.servers()["https://cloud-1"])
         self.clients["https://cloud-0"].hang = True
         advance(self.clock, 7 + 9)  # 10 s: cloud-0 hangs, fails at 19 s
         self.assertEqual(self.checker.writing_server, "https://cloud-2")
-        self.assertEqual(self.clients["https://cloud-2"].lease()["spec"]["renewTime"],
+        self.assertEqual(node_lease(self.clients["https://cloud-2"])["spec"]["renewTime"],
                          health.format_micro_time(START + 19))
-        self.assertIsNone(self.clients["https://cloud-1"].lease())
+        self.assertIsNone(node_lease(self.clients["https://cloud-1"]))
 
     def test_healthy_when_any_server_is(self):
         for client in list(self.clients.values())[:2]:
-            client.errors = [ServerError("down")] * 3
+            client.fail_next("*", ServerError("down"), 3)
         self.checker.start()
         advance(self.clock, 3)
         self.assertTrue(self.checker.healthy)
@@ -587,7 +491,7 @@ class CloudHealthCheckerTests(unittest.TestCase):
 
     def test_unhealthy_when_every_server_is(self):
         for client in self.clients.values():
-            client.errors = [ServerError("down")] * 9
+            client.fail_next("*", ServerError("down"), 9)
         self.checker.start()
         advance(self.clock, 9)
         self.assertFalse(self.checker.healthy)
@@ -595,7 +499,7 @@ class CloudHealthCheckerTests(unittest.TestCase):
         self.assertIsNone(self.checker.pick_healthy_server())
 
     def test_pick_healthy_server_rotates_among_healthy(self):
-        self.clients["https://cloud-1"].errors = [ServerError("down")] * 3
+        self.clients["https://cloud-1"].fail_next("*", ServerError("down"), 3)
         self.checker.start()
         advance(self.clock, 3)
         picks = [self.checker.pick_healthy_server() for _ in range(4)]
@@ -605,7 +509,7 @@ class CloudHealthCheckerTests(unittest.TestCase):
     def test_metrics_stay_per_server(self):
         metrics = RecordingMetrics()
         self.successResultOf(self.checker.stop())
-        self.clients["https://cloud-2"].errors = [ServerError("down")] * 3
+        self.clients["https://cloud-2"].fail_next("*", ServerError("down"), 3)
         self.checker = CloudHealthChecker.for_servers(self.clock, self.clients, NODE, DEFAULTS,
                                                       metrics=metrics)
         self.checker.start()
@@ -617,14 +521,14 @@ class CloudHealthCheckerTests(unittest.TestCase):
 class CoordinatorHealthCheckerTests(unittest.TestCase):
     def setUp(self):
         self.clock = make_clock()
-        self.client = FakeLeaseClient()
-        self.cloud = StaticHealth(True)
+        self.client = FakeKube()
+        self.cloud = FakeHealth(True)
         settings = ProbeSettings(interval=10, timeout=2, failed_retry=3, healthy_threshold=1)
         self.checker = CoordinatorHealthChecker(
             self.clock, self.client, NODE, "https://coordinator", self.cloud, settings)
 
     def annotations(self):
-        return self.client.lease()["metadata"].get("annotations", {})
+        return node_lease(self.client)["metadata"].get("annotations", {})
 
     def test_delegate_annotation_follows_cloud_health(self):
         self.checker.start()
@@ -647,10 +551,10 @@ class CoordinatorHealthCheckerTests(unittest.TestCase):
         self.successResultOf(self.checker.stop())
 
     def test_unhealthy_when_coordinator_refuses(self):
-        self.client.errors = [ServerError("down")]
+        self.client.fail_next("*", ServerError("down"))
         self.checker.start()
         self.assertFalse(self.checker.healthy)
-        self.assertIsNone(self.client.lease())
+        self.assertIsNone(node_lease(self.client))
         self.successResultOf(self.checker.stop())
 
 
@@ -660,28 +564,27 @@ class CloudProberDelegateAnnotationTests(unittest.TestCase):
 
     def setUp(self):
         self.clock = make_clock()
-        self.client = FakeLeaseClient()
+        self.client = FakeKube()
         settings = ProbeSettings(interval=10, timeout=2, failed_retry=3, healthy_threshold=2)
         self.checker = CloudHealthChecker.for_servers(
             self.clock, {"https://cloud-1": self.client}, NODE, settings)
 
     def delegated_cloud_lease(self):
         """The cloud lease as the delegating leader wrote it."""
-        key = (health.NODE_LEASE_NAMESPACE, NODE)
-        lease = copy.deepcopy(self.client.objects[key]) if key in self.client.objects else {
+        lease = node_lease(self.client) or {
             "metadata": {"name": NODE, "namespace": health.NODE_LEASE_NAMESPACE},
             "spec": {"holderIdentity": NODE}}
         lease["metadata"]["annotations"] = {DELEGATE_HEARTBEAT_ANNOTATION: "true",
                                             "example.com/owner": "ops"}
         lease["spec"]["renewTime"] = health.format_micro_time(self.clock.seconds())
-        self.client._store(key, lease)
+        put_node_lease(self.client, lease)
 
     def test_direct_write_after_delegation_removes_only_the_delegate_annotation(self):
         self.delegated_cloud_lease()
         self.checker.start()
-        annotations = self.client.lease()["metadata"]["annotations"]
+        annotations = node_lease(self.client)["metadata"]["annotations"]
         self.assertEqual(annotations, {"example.com/owner": "ops"})
-        self.assertEqual(self.client.lease()["spec"]["renewTime"],
+        self.assertEqual(node_lease(self.client)["spec"]["renewTime"],
                          health.format_micro_time(START))
         self.successResultOf(self.checker.stop())
 
@@ -692,34 +595,17 @@ class CloudProberDelegateAnnotationTests(unittest.TestCase):
         # update conflicts, it re-reads and still removes the annotation.
         self.delegated_cloud_lease()
         advance(self.clock, 5)
-        lease = self.client.lease()
+        lease = node_lease(self.client)
         self.assertEqual(lease["metadata"]["annotations"], {"example.com/owner": "ops"})
         self.assertEqual(lease["spec"]["renewTime"], health.format_micro_time(START + 10))
-        self.assertEqual(self.client.requests[-3:], ["update", "get", "update"])
+        self.assertEqual(requests(self.client)[-3:], ["update", "get", "update"])
         self.successResultOf(self.checker.stop())
 
     def test_lease_without_annotations_stays_without(self):
         self.checker.start()
         advance(self.clock, 10)
-        self.assertNotIn("annotations", self.client.lease()["metadata"])
+        self.assertNotIn("annotations", node_lease(self.client)["metadata"])
         self.successResultOf(self.checker.stop())
-
-
-class RecordingLeaseClient(FakeLeaseClient):
-    """Remembers (clock time, renewTime, annotations) of every lease it accepted."""
-
-    def __init__(self, clock):
-        super().__init__()
-        self.clock = clock
-        self.written = []
-
-    def _store(self, key, obj):
-        stored = super()._store(key, obj)
-        renew = (obj.get("spec") or {}).get("renewTime")
-        if renew:
-            self.written.append((self.clock.seconds(), renew, dict(
-                obj["metadata"].get("annotations") or {})))
-        return stored
 
 
 class DelegatingCadenceTests(unittest.TestCase):
@@ -739,8 +625,8 @@ class DelegatingCadenceTests(unittest.TestCase):
 
     def setUp(self):
         self.clock = make_clock()
-        self.cloud_client = FakeLeaseClient()
-        self.pool_client = RecordingLeaseClient(self.clock)
+        self.cloud_client = FakeKube()
+        self.pool_client = FakeKube(self.clock)
         self.settings = ProbeSettings(interval=10, timeout=2, failed_retry=3,
                                       healthy_threshold=2)
         self.cloud = CloudHealthChecker.for_servers(
@@ -756,7 +642,7 @@ class DelegatingCadenceTests(unittest.TestCase):
 
     def writes_since(self, since):
         return [(at - START, delegated.get(DELEGATE_HEARTBEAT_ANNOTATION))
-                for at, _renew, delegated in self.pool_client.written if at >= since]
+                for at, _renew, delegated in lease_writes(self.pool_client) if at >= since]
 
     def test_cloud_loss_writes_at_once_then_every_nine_seconds_and_back(self):
         self.cloud.start()
@@ -790,7 +676,7 @@ class DelegatingCadenceTests(unittest.TestCase):
         self.checker.start()
         self.pool_client.hangs = 2
         advance(self.clock, 10)  # coordinator probe at 10 s: attempts at 10, 13 hang, 17 s writes
-        self.cloud_client.errors = [ServerError("down")] * 3
+        self.cloud_client.fail_next("*", ServerError("down"), 3)
         self.cloud.restart()  # the cloud fails at 13 s, while the pool write is in flight
         advance(self.clock, 3)
         self.assertFalse(self.cloud.healthy)
@@ -809,9 +695,9 @@ class UnknownCloudHealthTests(unittest.TestCase):
 
     def setUp(self):
         self.clock = make_clock()
-        self.cloud_client = FakeLeaseClient()
+        self.cloud_client = FakeKube()
         self.cloud_client.hang = True  # the cloud's first probe is still on its way
-        self.pool_client = RecordingLeaseClient(self.clock)
+        self.pool_client = FakeKube(self.clock)
         # The cloud's probe fails at 8.25 s, off the 9 s delegating cadence.
         settings = ProbeSettings(interval=10, timeout=1, failed_retry=3, healthy_threshold=2)
         self.cloud = CloudHealthChecker.for_servers(
@@ -825,7 +711,7 @@ class UnknownCloudHealthTests(unittest.TestCase):
 
     def delegated(self):
         return [delegated.get(DELEGATE_HEARTBEAT_ANNOTATION)
-                for _at, _renew, delegated in self.pool_client.written]
+                for _at, _renew, delegated in lease_writes(self.pool_client)]
 
     def test_no_annotation_until_the_cloud_answered_then_at_once(self):
         self.cloud.start()
@@ -842,11 +728,10 @@ class UnknownCloudHealthTests(unittest.TestCase):
         self.assertEqual(self.delegated(), [None, "true"])  # at once, not 10 s later
 
     def test_a_stored_delegation_is_kept_until_the_cloud_answered(self):
-        key = (health.NODE_LEASE_NAMESPACE, NODE)
-        self.pool_client.objects[key] = {
-            "metadata": {"name": NODE, "namespace": key[0], "resourceVersion": "7",
+        put_node_lease(self.pool_client, {
+            "metadata": {"name": NODE, "namespace": health.NODE_LEASE_NAMESPACE,
                          "annotations": {DELEGATE_HEARTBEAT_ANNOTATION: "true"}},
-            "spec": {"holderIdentity": NODE}}
+            "spec": {"holderIdentity": NODE}})
         self.cloud.start()
         self.checker.start()
         self.assertEqual(self.delegated(), ["true"])
@@ -870,7 +755,7 @@ class CloudGapAcrossLeaderDeathTests(unittest.TestCase):
 
     def renewals(self, next_interval):
         clock = make_clock()
-        client = RecordingLeaseClient(clock)
+        client = FakeKube(clock)
         settings = ProbeSettings(interval=10, timeout=2, failed_retry=3, healthy_threshold=1)
         writer = NodeLeaseWriter(clock, client, NODE, settings)
         prober = LeaseProber(clock, writer, "https://coordinator", settings,
@@ -879,7 +764,7 @@ class CloudGapAcrossLeaderDeathTests(unittest.TestCase):
         for _ in range(200):
             clock.advance(0.5)
         self.successResultOf(prober.stop())
-        return [at - START for at, _renew, _annotations in client.written]
+        return [at - START for at, _renew, _annotations in lease_writes(client)]
 
     def worst_gap(self, cadence):
         renewals = self.renewals(cadence)
@@ -907,7 +792,7 @@ class CloudGapAcrossLeaderDeathTests(unittest.TestCase):
 class KubeletGatingTests(unittest.TestCase):
     def setUp(self):
         self.clock = make_clock()
-        self.client = FakeLeaseClient()
+        self.client = FakeKube()
         self.kubelet_code = 200
         self.kubelet_requests = []
 
@@ -926,18 +811,18 @@ class KubeletGatingTests(unittest.TestCase):
         self.kubelet_code = 500
         advance(self.clock, 40)  # kubelet last healthy at START; 40 s is still within grace
         self.assertTrue(self.prober.healthy)
-        writes = len(self.client.requests)
+        writes = len(requests(self.client))
         advance(self.clock, 10)  # 50 s without a healthy kubelet
         self.assertFalse(self.prober.healthy)
-        self.assertEqual(len(self.client.requests), writes)
+        self.assertEqual(len(requests(self.client)), writes)
         self.assertIn("kubelet", self.prober.last_error)
-        renewed = self.client.lease()["spec"]["renewTime"]
+        renewed = node_lease(self.client)["spec"]["renewTime"]
         advance(self.clock, 30)
-        self.assertEqual(self.client.lease()["spec"]["renewTime"], renewed)
+        self.assertEqual(node_lease(self.client)["spec"]["renewTime"], renewed)
         self.kubelet_code = 200
         advance(self.clock, 5)  # kubelet answers again
         advance(self.clock, 5)  # next heartbeat probe writes
-        self.assertNotEqual(self.client.lease()["spec"]["renewTime"], renewed)
+        self.assertNotEqual(node_lease(self.client)["spec"]["renewTime"], renewed)
         self.successResultOf(self.prober.stop())
         self.successResultOf(self.kubelet.stop())
         self.assertEqual(self.clock.getDelayedCalls(), [])
@@ -1084,7 +969,7 @@ class KubeletGatingSeveralServersTests(unittest.TestCase):
 
     def test_dead_kubelet_fails_every_server_without_requests(self):
         clock = make_clock()
-        clients = {f"https://cloud-{i}": FakeLeaseClient() for i in range(3)}
+        clients = {f"https://cloud-{i}": FakeKube() for i in range(3)}
         code = [200]
         kubelet = KubeletHealthChecker(clock, lambda url: defer.succeed(FakeResponse(code[0])),
                                        "http://127.0.0.1:10248/healthz", grace_period=5,
@@ -1094,17 +979,17 @@ class KubeletGatingSeveralServersTests(unittest.TestCase):
         kubelet.start()
         checker.start()
         self.assertTrue(checker.healthy)
-        sent = {url: len(client.requests) for url, client in clients.items()}
+        sent = {url: len(requests(client)) for url, client in clients.items()}
         code[0] = 500  # last healthy at 0 s: dead from 5 s on
         advance(clock, 10)
         self.assertFalse(checker.healthy)
         self.assertEqual(checker.servers(), dict.fromkeys(clients, False))
-        self.assertEqual({url: len(client.requests) for url, client in clients.items()}, sent)
+        self.assertEqual({url: len(requests(client)) for url, client in clients.items()}, sent)
         self.assertEqual(checker.writing_server, "https://cloud-0")
         code[0] = 200  # answers at 15 s
         advance(clock, 20)
         self.assertTrue(checker.healthy)
-        self.assertEqual(clients["https://cloud-0"].lease()["spec"]["renewTime"],
+        self.assertEqual(node_lease(clients["https://cloud-0"])["spec"]["renewTime"],
                          health.format_micro_time(START + 30))
         self.successResultOf(checker.stop())
         self.successResultOf(kubelet.stop())

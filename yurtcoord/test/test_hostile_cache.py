@@ -32,7 +32,7 @@ from yurtcoord.pool.localcache import BadCacheEntry, CachedObject, LocalCacheRea
 from yurtcoord.agent.metrics import Metrics
 from yurtcoord.pool.keycache import ComponentKeyCache
 from yurtcoord.pool.store import PoolStore
-from yurtcoord.test.test_poolstore import ETCD_35, EtcdStoreCase
+from yurtcoord.testing.etcdstore import ETCD_35, EtcdStoreCase
 from yurtcoord.pool.uploader import SKIP_REASONS, LocalCacheUploader
 
 PODS = UploadResource("kubelet", "pods", "v1")

@@ -28,7 +28,7 @@ from yurtcoord.kube import gvr
 from yurtcoord.pool.keycache import ComponentKeyCache
 from yurtcoord.pool.keys import KeyBuildInfo
 from yurtcoord.pool.store import PoolStore, PoolStoreError
-from yurtcoord.test import test_etcd_client
+from yurtcoord.testing.etcdgateway import ScriptedGatewayMixin, range_answer
 
 TYPED = (EtcdError, PoolStoreError)
 STATUSES = st.sampled_from([200, 200, 200, 400, 404, 429, 500, 502, 503, 504, 201, 302])
@@ -189,16 +189,10 @@ class ParseFunctionTests(unittest.TestCase):
         self.assertIsInstance(error, EtcdError)
 
 
-class GatewayOverLoopbackTests(unittest.TestCase):
+class GatewayOverLoopbackTests(ScriptedGatewayMixin, unittest.TestCase):
     """The real client and pool store over loopback HTTP, against a scripted gateway."""
 
     timeout = 300
-    # The scripted gateway's helpers, without the tests that come with them.
-    listen = test_etcd_client.MisbehavingServerTests.listen
-    _stop_server = test_etcd_client.MisbehavingServerTests._stop_server
-    gateway = test_etcd_client.MisbehavingServerTests.gateway
-    client = test_etcd_client.MisbehavingServerTests.client
-
     def serve(self, answer):
         for path in ("/v3/kv/range", "/v3/kv/put", "/v3/kv/txn", "/v3/kv/deleterange",
                      "/v3/maintenance/status"):
@@ -273,7 +267,7 @@ class GatewayOverLoopbackTests(unittest.TestCase):
         self.serve((200, status))
         yield self.store.check_health()
         self.assertTrue(self.store.healthy)
-        self.serve((200, test_etcd_client._range_answer((b"/registry/pods/ns/p", b"{}"))))
+        self.serve((200, range_answer((b"/registry/pods/ns/p", b"{}"))))
         self.assertEqual((yield self.store.list_keys("/registry/pods/")),
                          ["/registry/pods/ns/p"])
         self.assertEqual((yield self.store.get(self.pod)), b"{}")

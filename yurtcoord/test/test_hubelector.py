@@ -4,15 +4,14 @@ from twisted.internet import defer
 from twisted.internet.task import Clock
 from twisted.trial import unittest
 
+from yurtcoord.kube.gvr import LEASES
 from yurtcoord.role.hubelector import HubElector
 from yurtcoord.role.roles import Role
+from yurtcoord.testing.fakehealth import FakeHealth
+from yurtcoord.testing.fakekube import FakeKube
 
 CHECK = 5
 
-
-class StaticHealth:
-    def __init__(self, healthy):
-        self.healthy = healthy
 
 
 class FakeElector:
@@ -38,8 +37,8 @@ class FakeElector:
 class HubElectorTests(unittest.TestCase):
     def setUp(self):
         self.clock = Clock()
-        self.cloud = StaticHealth(True)
-        self.coordinator = StaticHealth(True)
+        self.cloud = FakeHealth(True)
+        self.coordinator = FakeHealth(True)
         self.electors = []
         self.roles = []
 
@@ -259,12 +258,11 @@ class HubElectorWithLeaseElectionTests(unittest.TestCase):
 
     def setUp(self):
         from yurtcoord.kube.leaderelection import LeaderElectionConfig, LeaderElector
-        from yurtcoord.test.test_health import FakeLeaseClient
 
         self.clock = Clock()
         self.clock.advance(1_700_000_000)
-        self.client = FakeLeaseClient()
-        self.cloud = StaticHealth(True)
+        self.client = FakeKube()
+        self.cloud = FakeHealth(True)
         self.health = {}
         self.roles = {}
         self.hubs = {}
@@ -276,7 +274,7 @@ class HubElectorWithLeaseElectionTests(unittest.TestCase):
                 return LeaderElector(self.clock, self.client, config, started, stopped,
                                      new_leader, random=lambda: 0.0)
 
-            self.health[node] = StaticHealth(True)
+            self.health[node] = FakeHealth(True)
             self.roles[node] = []
             self.hubs[node] = HubElector(self.clock, self.cloud, self.health[node], factory,
                                          CHECK, self.roles[node].append)
@@ -291,7 +289,7 @@ class HubElectorWithLeaseElectionTests(unittest.TestCase):
             self.clock.advance(step)
 
     def lease_holder(self):
-        lease = self.client.objects.get(("kube-system", "yurthub"))
+        lease = self.client.peek(LEASES, "yurthub", "kube-system")
         return lease["spec"].get("holderIdentity") if lease else None
 
     def test_one_leader_and_handover_when_its_coordinator_is_lost(self):

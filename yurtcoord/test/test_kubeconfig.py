@@ -13,7 +13,8 @@ from yurtcoord.kube.kubeconfig import (
     UNSUPPORTED_CLUSTER_FIELDS, UNSUPPORTED_USER_FIELDS, KubeconfigError, load_kubeconfig,
 )
 from yurtcoord.agent.service import make_service
-from yurtcoord.test.test_plugin import TWISTD, child_environment, write_ini
+from yurtcoord.sim.agentini import ini_text
+from yurtcoord.testing.twistd import TWISTD, child_environment, write_ini
 
 CLUSTER = "    server: https://127.0.0.1:6443\n"
 USER = "    token: t0ken\n"
@@ -115,9 +116,9 @@ class LoaderTests(unittest.TestCase):
 
 
 def agent_ini(kubeconfig):
-    return ("[node]\nname = edge-1\n"
-            f"[cloud]\nservers = https://127.0.0.1:6443\nkubeconfig = {kubeconfig}\n"
-            "[coordinator]\nenabled = false\n")
+    return ini_text({"node": {"name": "edge-1"},
+                     "cloud": {"servers": "https://127.0.0.1:6443", "kubeconfig": kubeconfig},
+                     "coordinator": {"enabled": "false"}})
 
 
 class AgentTests(unittest.TestCase):

@@ -16,8 +16,9 @@ from zope.interface.verify import verifyObject
 
 from yurtcoord.heartbeat.probes import KubeletHealthChecker, ProbeSettings
 from yurtcoord.kube.lease import format_micro_time
-from yurtcoord.test.test_health import START, FakeLeaseClient, make_clock, make_prober
 from yurtcoord.sim.kubelet import IKubeletStandIn, StandInKubelet
+from yurtcoord.testing.fakekube import FakeKube
+from yurtcoord.testing.leaseprobes import START, make_clock, make_prober, node_lease
 
 URL = "http://127.0.0.1:10248/healthz"
 
@@ -59,7 +60,7 @@ class Gate:
     def __init__(self, test, grace, interval=10.0, check_interval=10.0, up=True,
                  restart_on_back=True):
         self.clock = make_clock()
-        self.client = FakeLeaseClient()
+        self.client = FakeKube()
         self.kubelet = ClockKubelet(up)
         verifyObject(IHealthzGetter, self.kubelet)
         self.events = []
@@ -86,7 +87,7 @@ class Gate:
         """Advance to START + ``seconds``, noting every renewTime written."""
         while self.clock.seconds() < START + seconds - 1e-9:
             self.clock.advance(min(step, START + seconds - self.clock.seconds()))
-            lease = self.client.lease()
+            lease = node_lease(self.client)
             renew = lease["spec"]["renewTime"] if lease else None
             if renew is not None and (not self.renewals or self.renewals[-1] != renew):
                 self.renewals.append(renew)

@@ -6,9 +6,12 @@ from hypothesis import given, settings, strategies as st
 from twisted.internet import defer
 from twisted.internet.task import Clock
 from twisted.trial import unittest
+from zope.interface import implementer
+from zope.interface.verify import verifyObject
 
 from yurtcoord.kube.errors import Conflict, ServerError
 from yurtcoord.kube.gvr import LEASES
+from yurtcoord.kube.interfaces import IObjectClient
 from yurtcoord.kube.lease import (
     LeaseRecord, build_lease, format_micro_time, holder_identity, lease_duration_seconds,
     lease_transitions, parse_micro_time, renew_time,
@@ -630,7 +633,10 @@ class Network:
     def client(self, identity):
         network = self
 
+        @implementer(IObjectClient)
         class Client:
+            """One elector's view of the lease API, through the network's faults."""
+
             def get(self, gvr, name, namespace=None):
                 return network.call(identity, "get", gvr, name, namespace)
 
@@ -639,6 +645,9 @@ class Network:
 
             def update(self, gvr, obj, namespace=None):
                 return network.call(identity, "update", gvr, obj, namespace)
+
+            def delete(self, gvr, name, namespace=None):
+                return network.call(identity, "delete", gvr, name, namespace)
 
         return Client()
 
@@ -683,6 +692,10 @@ class FaultSimulationTests(unittest.TestCase):
     """Three electors with skewed wall clocks under random latency, lost answers,
     partitions and stops: never two leaders at once, callbacks paired, and a single
     leader once the faults are over."""
+
+    def test_the_faulty_network_offers_the_lease_api(self):
+        network = Network(Clock(), FakeKube(), Random(1), 0.1, 0.0)
+        self.assertTrue(verifyObject(IObjectClient, network.client("edge-1")))
 
     STEP = 0.05
 

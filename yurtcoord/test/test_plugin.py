@@ -3,76 +3,21 @@ configuration errors as exactly one line and a non-zero exit."""
 
 import os
 import re
-import socket
-import sys
 
 import treq
-from twisted.internet import defer, error, protocol, reactor
+from twisted.internet import defer, protocol, reactor
 from twisted.internet.utils import getProcessOutputAndValue
 from twisted.trial import unittest
 from twisted.web.client import Agent, HTTPConnectionPool
 
 from yurtcoord.testing.offline import localize_paths, offline_ini
 from yurtcoord.testing.poll import poll_until
+from yurtcoord.testing.twistd import (
+    LISTENING, REPO, TWISTD, TwistdProcess, child_environment, port_is_free, write_ini,
+)
 
-TWISTD = os.path.join(os.path.dirname(sys.executable), "twistd")
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 EXAMPLE_INI = os.path.join(REPO, "etc", "yurtcoord.ini")
-LISTENING = re.compile(r"status pages listening on (http://127\.0\.0\.1:(\d+))")
 START_DEADLINE = 20.0
-
-
-def child_environment():
-    env = dict(os.environ)
-    env["PYTHONUNBUFFERED"] = "1"
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [REPO, env.get("PYTHONPATH")]))
-    return env
-
-
-class TwistdProcess(protocol.ProcessProtocol):
-    """Collects a twistd child's output; ``ended`` fires with its exit code."""
-
-    def __init__(self):
-        self.output = b""
-        self.ended = defer.Deferred()
-        self.exit_code = None
-
-    def outReceived(self, data):
-        self.output += data
-
-    errReceived = outReceived
-
-    def processEnded(self, reason):
-        if isinstance(reason.value, (error.ProcessDone, error.ProcessTerminated)):
-            self.exit_code = reason.value.exitCode
-            self.signal = getattr(reason.value, "signal", None)
-        self.ended.callback(self.exit_code)
-
-    def listening_url(self):
-        match = LISTENING.search(self.output.decode("utf-8", "replace"))
-        return match.group(1) if match else None
-
-
-def write_ini(directory, text):
-    directory = os.path.abspath(directory)
-    os.makedirs(directory, exist_ok=True)
-    path = os.path.join(directory, "yurtcoord.ini")
-    with open(path, "w") as handle:
-        handle.write(text)
-    return path
-
-
-def port_is_free(port):
-    """True when nothing listens on ``port``: a new server (with SO_REUSEADDR, as
-    Twisted and the agent itself use, so closed connections in TIME_WAIT don't count)
-    can bind it."""
-    with socket.socket() as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            probe.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-        return True
 
 
 class RunningAgentTests(unittest.TestCase):

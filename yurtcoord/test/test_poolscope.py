@@ -6,189 +6,26 @@ one test runs against the Kubernetes API test server with the real informer.
 
 from twisted.internet import defer, reactor
 from twisted.internet.task import Clock
-from twisted.logger import Logger, formatEvent
 from twisted.trial import unittest
 
 from yurtcoord.kube import gvr as gvrs
-from yurtcoord.kube.errors import NotFound, ServerError
+from yurtcoord.kube.errors import ServerError
 from yurtcoord.kube.gvr import GroupVersionResource
 from yurtcoord.pool.scope import (
     DEFAULT_POOL_SCOPE_RESOURCES, HealthyCloudClient, PoolScopeResources,
     merge_resources, parse_pool_scope_resources, resource_id,
 )
 from yurtcoord.sim.apiserver.clients import start_server_with_client
+from yurtcoord.testing.discovery import SERVICES_ENTRY, cloud_discovery, configmap
+from yurtcoord.testing.fakeinformer import FakeInformer
+from yurtcoord.testing.logcapture import capture_log
 from yurtcoord.testing.poll import poll_until
-
-SERVICES_ENTRY = '[{"group":"","version":"v1","resource":"services"}]'
-
 
 def ids(resources):
     return [resource_id(g) for g in resources]
 
 
 DEFAULT_IDS = ids(DEFAULT_POOL_SCOPE_RESOURCES)
-
-
-def capture_log(component):
-    """Route ``component.log`` into a list of formatted messages."""
-    messages = []
-    component.log = Logger(observer=lambda event: messages.append(formatEvent(event)))
-    return messages
-
-
-class FakeInformer:
-    """Stands in for ``yurtcoord.kube.informer.Informer``: the test drives the events."""
-
-    created = None
-
-    def __init__(self, reactor, client, gvr, namespace=None, field_selector=None, **_kwargs):
-        self.reactor = reactor
-        self.client = client
-        self.gvr = gvr
-        self.namespace = namespace
-        self.field_selector = field_selector
-        self.store = {}
-        self.has_synced = False
-        self.lists = 0
-        self.started = False
-        self.stopped = False
-        self._handlers = []
-        self._waiters = []
-
-    @classmethod
-    def factory(cls, made):
-        def make(*args, **kwargs):
-            informer = cls(*args, **kwargs)
-            made.append(informer)
-            return informer
-        return make
-
-    @staticmethod
-    def key(obj):
-        meta = obj["metadata"]
-        return (meta.get("namespace"), meta["name"])
-
-    def add_handler(self, on_add=None, on_update=None, on_delete=None, filter=None):
-        handler = _Registration(self, on_add, on_update, on_delete, filter)
-        self._handlers.append(handler)
-        for obj in list(self.store.values()):
-            handler.add(obj)
-        return handler
-
-    def list(self):
-        return list(self.store.values())
-
-    def wait_for_sync(self):
-        if self.has_synced:
-            return defer.succeed(True)
-        d = defer.Deferred()
-        self._waiters.append(d)
-        return d
-
-    def start(self):
-        self.started = True
-
-    def stop(self):
-        self.stopped = True
-        waiters, self._waiters = self._waiters, []
-        for waiter in waiters:
-            waiter.callback(False)
-        return defer.succeed(None)
-
-    # test controls
-    def sync(self, objects=()):
-        """The first list: every object delivered as an add, then synced."""
-        self.lists += 1
-        for obj in objects:
-            self.add(obj)
-        self.has_synced = True
-        waiters, self._waiters = self._waiters, []
-        for waiter in waiters:
-            waiter.callback(True)
-
-    def relist(self, objects):
-        """A list after 410: the difference to the store delivered as events."""
-        self.lists += 1
-        fresh = {self.key(obj): obj for obj in objects}
-        for key in [k for k in self.store if k not in fresh]:
-            self.delete(self.store[key])
-        for obj in objects:
-            if self.store.get(self.key(obj)) != obj:
-                self.add(obj)
-
-    def add(self, obj):
-        old = self.store.get(self.key(obj))
-        self.store[self.key(obj)] = obj
-        for handler in list(self._handlers):
-            if old is None:
-                handler.add(obj)
-            else:
-                handler.update(old, obj)
-
-    def delete(self, obj):
-        old = self.store.pop(self.key(obj))
-        for handler in list(self._handlers):
-            handler.delete(old)
-
-
-class _Registration:
-    def __init__(self, informer, on_add, on_update, on_delete, filter):
-        self.informer = informer
-        self.on_add, self.on_update, self.on_delete = on_add, on_update, on_delete
-        self.filter = filter or (lambda obj: True)
-
-    def add(self, obj):
-        if self.on_add and self.filter(obj):
-            self.on_add(obj)
-
-    def update(self, old, new):
-        if self.on_update and self.filter(new):
-            self.on_update(old, new)
-
-    def delete(self, obj):
-        if self.on_delete and self.filter(obj):
-            self.on_delete(obj)
-
-    def remove(self):
-        if self in self.informer._handlers:
-            self.informer._handlers.remove(self)
-
-
-class ScriptedDiscovery:
-    """``request("GET", path)``: answers from ``served`` ({path: [(resource, namespaced)]}),
-    404 for other paths; ``fail[path]`` errors are raised first, one per call."""
-
-    def __init__(self, served):
-        self.served = served
-        self.fail = {}
-        self.calls = []
-
-    def request(self, method, path, **_kwargs):
-        self.calls.append((method, path))
-        queued = self.fail.get(path)
-        if queued:
-            return defer.fail(queued.pop(0))
-        if path not in self.served:
-            return defer.fail(NotFound("the server could not find the requested resource"))
-        return defer.succeed({"kind": "APIResourceList", "resources": [
-            {"name": name, "namespaced": namespaced, "kind": name.title()}
-            for name, namespaced in self.served[path]]})
-
-
-def cloud_discovery():
-    return ScriptedDiscovery({
-        "/api/v1": [("endpoints", True), ("services", True), ("services/status", True),
-                    ("nodes", False)],
-        "/apis/discovery.k8s.io/v1": [("endpointslices", True)],
-        "/apis/discovery.k8s.io/v1beta1": [("endpointslices", True)],
-    })
-
-
-def configmap(value, rv="1"):
-    return {"apiVersion": "v1", "kind": "ConfigMap",
-            "metadata": {"name": "yurt-hub-cfg", "namespace": "kube-system",
-                         "resourceVersion": rv},
-            "data": {"pool_scope_resources": value}}
 
 
 class ParseTests(unittest.TestCase):
@@ -240,14 +77,14 @@ class PoolScopeClockTests(unittest.TestCase):
         informer = self.informers[-1]
         self.assertEqual((informer.gvr, informer.namespace, informer.field_selector),
                          (gvrs.CONFIGMAPS, "kube-system", "metadata.name=yurt-hub-cfg"))
-        informer.sync(objects)
+        informer.end_list(objects)
         return informer
 
     def test_defaults_resolved_after_the_configmap_list(self):
         self.scope.start()
         self.assertIsNone(self.scope.resources, "nothing resolved before the first list")
         self.assertEqual(self.discovery.calls, [])
-        self.informers[-1].sync()
+        self.informers[-1].end_list()
         self.assertEqual(ids(self.scope.resources), DEFAULT_IDS)
         self.assertEqual(len(self.changes), 1)
         self.assertTrue(all(g.namespaced for g in self.scope.resources))

@@ -24,16 +24,18 @@ from yurtcoord.kube.lease import parse_micro_time
 from yurtcoord.agent.metrics import Metrics
 from yurtcoord.pool.scope import HealthyCloudClient, PoolScopeResources
 from yurtcoord.pool.keycache import ComponentKeyCache
-from yurtcoord.pool.keys import KeyBuildInfo, PoolKeyBuilder, format_rv
-from yurtcoord.pool.store import ObjectTooLarge, PoolStore, WriteOutcome
+from yurtcoord.pool.keys import format_rv
+from yurtcoord.pool.store import PoolStore
 from yurtcoord.pool.sync import PoolSyncManager, ResourceMirror, object_bytes
 from yurtcoord.pool.synced import PoolCacheSyncedDetector
-from yurtcoord.test.test_poolscope import (
-    SERVICES_ENTRY, FakeInformer, capture_log, cloud_discovery, configmap,
-)
 from yurtcoord.sim.apiserver import KubeAPIServer
 from yurtcoord.sim.etcd import EtcdProcess, etcd_binary_for
+from yurtcoord.testing.cloudobjects import make_endpoints, make_slice
+from yurtcoord.testing.discovery import SERVICES_ENTRY, cloud_discovery, configmap
+from yurtcoord.testing.fakeinformer import FakeInformer
 from yurtcoord.testing.fakekube import FakeKube
+from yurtcoord.testing.fakepoolstore import FakePoolStore
+from yurtcoord.testing.logcapture import capture_log
 from yurtcoord.testing.poll import poll_until
 
 ETCD_35 = etcd_binary_for("3.5")
@@ -41,115 +43,6 @@ NODE = "edge-1"
 # Wall-clock bound for "promptly" on real sockets: far below the 10 s informer_lease_renew.
 PROMPT = 5.0
 START = 1_700_000_000.0
-
-
-class FakePoolStore:
-    """Records the store calls the pool sync makes; ``fail`` errors are raised by the
-    next writes, one per call."""
-
-    def __init__(self):
-        self.keys = PoolKeyBuilder("/registry")
-        self.calls = []
-        self.objects = {}
-        self.fail = []
-        self.fail_deletes = set()
-        # len(calls) at each flush_key_cache_soon().
-        self.flushes = []
-        # The next delete_component_resources stays in flight until cancelled.
-        self.hold_delete_component = False
-        self.health_observers = []
-        self.term_observers = []
-
-    def on_health_change(self, observer):
-        self.health_observers.append(observer)
-
-    def remove_health_observer(self, observer):
-        self.health_observers.remove(observer)
-
-    def on_new_term(self, observer):
-        self.term_observers.append(observer)
-
-    def remove_new_term_observer(self, observer):
-        self.term_observers.remove(observer)
-
-    def new_term(self):
-        for observer in list(self.term_observers):
-            observer()
-
-    def health(self, healthy):
-        for observer in list(self.health_observers):
-            observer(healthy)
-
-    def key_func(self, info):
-        return self.keys.object_key(info)
-
-    def _maybe_fail(self):
-        if self.fail:
-            return defer.fail(self.fail.pop(0))
-        return None
-
-    def recover_pool_scoped_keys(self, resources, component="leader-yurthub"):
-        self.calls.append(("recover", component, tuple(str(g) for g in resources)))
-        return defer.succeed({})
-
-    def delete_component_resources(self, component):
-        self.calls.append(("delete_component", component))
-        if self.hold_delete_component:
-            self.hold_delete_component = False
-            return defer.Deferred(lambda d: self.calls.append(("delete_component cancelled",)))
-        self.objects.clear()
-        return defer.succeed(0)
-
-    def replace_component_list(self, component, gvr, namespace, objects):
-        self.calls.append(("replace", str(gvr), len(objects)))
-        failed = self._maybe_fail()
-        if failed:
-            return failed
-        for value in objects:
-            meta = json.loads(value)["metadata"]
-            if meta["name"].startswith("huge"):
-                return defer.fail(ObjectTooLarge(
-                    f"/registry/services/endpoints/{meta['namespace']}/{meta['name']}",
-                    2 << 20, 1 << 20))
-        prefix = self.keys.list_prefix(gvr.group, gvr.resource)
-        for path in [p for p in self.objects if p.startswith(prefix)]:
-            del self.objects[path]
-        for value in objects:
-            meta = json.loads(value)["metadata"]
-            path = self.key_func(KeyBuildInfo(component, gvr.resource, gvr.group, gvr.version,
-                                              meta.get("namespace") or "", meta["name"])).path
-            self.objects[path] = json.loads(value)
-        return defer.succeed((len(objects), 0))
-
-    def create_or_update_many(self, items, flush_key_cache=True):
-        items = list(items)
-        self.calls.append(("put", sorted(key.path for key, _v, _rv in items)))
-        failed = self._maybe_fail()
-        if failed:
-            return failed
-        outcome = WriteOutcome()
-        for key, value, _rv in items:
-            outcome.created.append(key.path)
-            self.objects[key.path] = json.loads(value)
-        return defer.succeed(outcome)
-
-    def delete_many(self, keys, flush_key_cache=True):
-        """Deletes in order; a key in ``fail_deletes`` fails the call there (the keys
-        before it are deleted, as etcd accepted their transactions)."""
-        keys = list(keys)
-        self.calls.append(("delete_many", [key.path for key in keys]))
-        failed = self._maybe_fail()
-        if failed:
-            return failed
-        for key in keys:
-            if key.path in self.fail_deletes:
-                self.fail_deletes.discard(key.path)
-                return defer.fail(ConnectionFailed("etcd down"))
-            self.objects.pop(key.path, None)
-        return defer.succeed(len(keys))
-
-    def flush_key_cache_soon(self):
-        self.flushes.append(len(self.calls))
 
 
 def endpoints(name, rv, namespace="default", ip="10.0.0.1"):
@@ -189,12 +82,12 @@ class PoolSyncClockTests(unittest.TestCase):
         """Start and let the ConfigMap list in; returns the resource informers by name."""
         started = self.manager.start(self.store)
         self.successResultOf(started)
-        self.scope_informers[-1].sync(configmaps)
+        self.scope_informers[-1].end_list(configmaps)
         return {(i.gvr.group, i.gvr.version, i.gvr.resource): i for i in self.informers}
 
     def sync_all(self, informers, objects=None):
         for key, informer in informers.items():
-            informer.sync((objects or {}).get(key, ()))
+            informer.end_list((objects or {}).get(key, ()))
 
     def test_start_deletes_lease_and_old_keys_before_mirroring(self):
         self.coordinator.put(gvrs.LEASES, {"metadata": {
@@ -207,7 +100,7 @@ class PoolSyncClockTests(unittest.TestCase):
             "core/v1/endpoints", "discovery.k8s.io/v1/endpointslices",
             "discovery.k8s.io/v1beta1/endpointslices"))
         self.assertEqual(self.informers, [], "no resource informer before the resource set")
-        self.scope_informers[-1].sync()
+        self.scope_informers[-1].end_list()
         self.assertEqual(len(self.informers), 3)
         self.assertTrue(all(i.started for i in self.informers))
 
@@ -235,7 +128,7 @@ class PoolSyncClockTests(unittest.TestCase):
 
     def test_first_list_replaces_component_list(self):
         informers = self.start()
-        informers[("", "v1", "endpoints")].sync([endpoints("a", 5), endpoints("b", 6)])
+        informers[("", "v1", "endpoints")].end_list([endpoints("a", 5), endpoints("b", 6)])
         self.assertIn(("replace", "core/v1/endpoints", 2), self.store.calls)
         stored = self.store.objects["/registry/services/endpoints/default/a"]
         self.assertEqual((stored["apiVersion"], stored["kind"]), ("v1", "Endpoints"))
@@ -245,10 +138,10 @@ class PoolSyncClockTests(unittest.TestCase):
     def test_lease_exists_as_soon_as_all_lists_complete(self):
         informers = self.start()
         names = list(informers)
-        informers[names[0]].sync()
-        informers[names[1]].sync()
+        informers[names[0]].end_list()
+        informers[names[1]].end_list()
         self.assertIsNone(self.lease(), "not all resources listed yet")
-        informers[names[2]].sync()
+        informers[names[2]].end_list()
         # No clock advance: the seed waited a whole informer_lease_renew here.
         lease = self.lease()
         self.assertIsNotNone(lease)
@@ -330,7 +223,7 @@ class PoolSyncClockTests(unittest.TestCase):
     def test_watch_events_are_written_after_the_list(self):
         informers = self.start()
         informer = informers[("", "v1", "endpoints")]
-        informer.sync([endpoints("a", 5)])
+        informer.end_list([endpoints("a", 5)])
         informer.add(endpoints("b", 7))
         informer.add(endpoints("a", 8, ip="10.0.0.9"))
         informer.delete(endpoints("b", 7))
@@ -480,7 +373,7 @@ class PoolSyncClockTests(unittest.TestCase):
 
     def test_object_too_large_is_left_out_of_the_first_list(self):
         informers = self.start()
-        informers[("", "v1", "endpoints")].sync([endpoints("a", 5), endpoints("huge", 6)])
+        informers[("", "v1", "endpoints")].end_list([endpoints("a", 5), endpoints("huge", 6)])
         self.assertEqual([c for c in self.store.calls if c[0] == "replace"][:2], [
             ("replace", "core/v1/endpoints", 2), ("replace", "core/v1/endpoints", 1)])
         self.assertIn("/registry/services/endpoints/default/a", self.store.objects)
@@ -489,7 +382,7 @@ class PoolSyncClockTests(unittest.TestCase):
     def test_failed_deletes_are_retried(self):
         informers = self.start()
         informer = informers[("", "v1", "endpoints")]
-        informer.sync([endpoints(f"e{i}", i + 1) for i in range(40)])
+        informer.end_list([endpoints(f"e{i}", i + 1) for i in range(40)])
         self.store.fail = [ConnectionFailed("etcd down")]
         informer.add(endpoints("x", 100))
         for i in range(40):
@@ -514,9 +407,9 @@ class PoolSyncClockTests(unittest.TestCase):
     def test_key_cache_file_written_once_per_drained_batch(self):
         informers = self.start()
         informer = informers[("", "v1", "endpoints")]
-        informer.sync([endpoints(f"e{i}", i + 1) for i in range(40)])
+        informer.end_list([endpoints(f"e{i}", i + 1) for i in range(40)])
         del self.store.calls[:]
-        del self.store.flushes[:]
+        del self.store.soon_flushes[:]
         # A burst arrives while the first change is being written: two drained batches
         # (the first change, then the rest), two file writes.
         self.store.fail = [ConnectionFailed("etcd down")]
@@ -525,13 +418,13 @@ class PoolSyncClockTests(unittest.TestCase):
         informer.add(endpoints("x", 100))
         # The first batch failed: the file is written all the same (memory moved on).
         self.assertEqual([c[0] for c in self.store.calls], ["delete_many"])
-        self.assertEqual(self.store.flushes, [1])
+        self.assertEqual(self.store.soon_flushes, [1])
         self.clock.advance(1)
         # The changes, then (after failures) the whole list, which the store writes
         # itself as one operation.
         self.assertEqual([c[0] for c in self.store.calls[1:]],
                          ["put", "delete_many", "replace"])
-        self.assertEqual(self.store.flushes, [1, 3])
+        self.assertEqual(self.store.soon_flushes, [1, 3])
         self.assertEqual(len(self.store.objects), 11)
 
     def test_object_bytes_adds_type_only_when_missing(self):
@@ -574,7 +467,7 @@ class PoolSyncClockTests(unittest.TestCase):
         informers = self.start()
         self.successResultOf(self.manager.stop())
         for informer in informers.values():
-            informer.sync([endpoints("a", 5)])
+            informer.end_list([endpoints("a", 5)])
         self.assertEqual([c[0] for c in self.store.calls], ["recover", "delete_component"])
 
     def test_configmap_adds_and_removes_a_resource(self):
@@ -586,7 +479,7 @@ class PoolSyncClockTests(unittest.TestCase):
         self.assertFalse(self.manager.all_listed, "services not listed yet")
         self.clock.advance(10)
         self.assertEqual(self.manager.lease_writes, 1, "no renewal while services list")
-        services.sync([{"metadata": {"name": "web", "namespace": "default",
+        services.end_list([{"metadata": {"name": "web", "namespace": "default",
                                      "resourceVersion": "9"}}])
         self.assertIn(("replace", "core/v1/services", 1), self.store.calls)
         self.clock.advance(10)
@@ -602,29 +495,13 @@ class PoolSyncClockTests(unittest.TestCase):
         self.assertIsNotNone(self.lease())
         self.successResultOf(self.manager.start(self.store))
         self.assertIsNone(self.lease(), "a new leadership deletes the lease first")
-        self.scope_informers[-1].sync()
+        self.scope_informers[-1].end_list()
         self.sync_all({(i.gvr.group, i.gvr.version, i.gvr.resource): i
                        for i in self.informers[3:]})
         self.assertIsNotNone(self.lease())
 
 
 # -- real sockets: cloud and coordinator test servers, real etcd --------------------------
-
-def make_endpoints(i, namespace):
-    return {"metadata": {"name": f"svc-{i}", "namespace": namespace,
-                         "labels": {"app": f"app-{i % 7}"}},
-            "subsets": [{"addresses": [{"ip": f"10.{i // 250}.{i % 250}.1"}],
-                         "ports": [{"port": 8080, "protocol": "TCP"}]}]}
-
-
-def make_slice(i, namespace):
-    return {"metadata": {"name": f"svc-{i}-abcde", "namespace": namespace,
-                         "labels": {"kubernetes.io/service-name": f"svc-{i}"}},
-            "addressType": "IPv4",
-            "endpoints": [{"addresses": [f"10.{i // 250}.{i % 250}.1"],
-                           "conditions": {"ready": True}}],
-            "ports": [{"port": 8080, "protocol": "TCP"}]}
-
 
 KEY_PREFIXES = {
     "endpoints": "/registry/services/endpoints",

@@ -21,13 +21,12 @@ from yurtcoord.agent.config import parse_config
 from yurtcoord.kube.gvr import ENDPOINTS, ENDPOINTSLICES_V1, LEASES
 from yurtcoord.kube.lease import LeaseRecord
 from yurtcoord.pool.sync import INFORMER_SYNC_LEASE_NAME, INFORMER_SYNC_LEASE_NAMESPACE
-from yurtcoord.test.test_poolsync import make_endpoints, make_slice
-from yurtcoord.test.test_service import (
-    PoolWorld, StatusReader, agent_config_text, write_cached_pod,
-)
 from yurtcoord.sim.etcd import etcd_binary_for
 from yurtcoord.testing.poll import poll_until
-from yurtcoord.testing.world import ProcessWorld, agent_ini, child_environment
+from yurtcoord.testing.twistd import child_environment
+from yurtcoord.testing.world import ProcessWorld, agent_ini
+from yurtcoord.testing.cloudobjects import make_endpoints, make_slice
+from yurtcoord.testing.inprocess import PoolWorld, StatusReader, agent_config_text, write_cached_pod
 
 ETCD_35 = etcd_binary_for("3.5")
 NAMESPACES = ("default", "kube-system", "team-a")
@@ -76,7 +75,7 @@ def count_keys(etcd, prefix):
 
     ``--count-only`` needs ``-w fields`` on etcdctl 3.5, which prints ``"Count" : N``.
     """
-    env = child_environment()
+    env = child_environment(without_etcd=True)
     env["ETCDCTL_API"] = "3"
     command = etcd.etcdctl_command("get", prefix, "--prefix", "--count-only", "-w", "fields")
     out, err, code = yield getProcessOutputAndValue(command[0], command[1:], env=env)

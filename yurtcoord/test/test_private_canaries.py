@@ -15,7 +15,6 @@ import os
 import treq.client
 import txaioetcd
 from twisted.internet import defer, reactor
-from twisted.internet.endpoints import TCP4ClientEndpoint
 from twisted.trial import unittest
 from twisted.web import client as web_client, http as twisted_http, _newclient
 from twisted.web.resource import Resource

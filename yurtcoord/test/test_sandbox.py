@@ -30,10 +30,10 @@ from yurtcoord.sim.sandbox import (
     CACHED_PODS, HEARTBEAT_INTERVAL, KUBELET_GRACE_PERIOD, SEEDED_SERVICES, Sandbox,
     find_etcd_binary, seed_cloud,
 )
-from yurtcoord.test.test_plugin import TWISTD, TwistdProcess, child_environment, port_is_free
-from yurtcoord.test.test_service import StatusReader
+from yurtcoord.testing.twistd import TWISTD, TwistdProcess, child_environment, port_is_free
 from yurtcoord.sim.apiserver import KubeAPIServer
 from yurtcoord.testing.poll import poll_until
+from yurtcoord.testing.inprocess import StatusReader
 
 READY_DEADLINE = 60.0
 OUTPUT_DEADLINE = 30.0

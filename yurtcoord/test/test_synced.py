@@ -7,7 +7,7 @@ from twisted.trial import unittest
 from yurtcoord.kube import gvr as gvrs
 from yurtcoord.kube.lease import LeaseRecord, build_lease, with_record
 from yurtcoord.pool.synced import PoolCacheSyncedDetector
-from yurtcoord.test.test_poolscope import FakeInformer
+from yurtcoord.testing.fakeinformer import FakeInformer
 from yurtcoord.sim.apiserver.clients import start_server_with_client
 from yurtcoord.testing.poll import poll_until
 
@@ -33,7 +33,7 @@ class DetectorClockTests(unittest.TestCase):
             informer_factory=FakeInformer.factory(self.informers))
         self.detector.start(store=None)
         self.informer = self.informers[-1]
-        self.informer.sync()
+        self.informer.end_list()
 
     def tearDown(self):
         self.detector.stop()
@@ -105,7 +105,7 @@ class DetectorClockTests(unittest.TestCase):
         self.detector.start(store=None)
         informer = self.informers[-1]
         self.assertIsNot(informer, self.informer)
-        informer.sync([sync_lease(START)])
+        informer.end_list([sync_lease(START)])
         self.assertEqual(self.reports, [True])
 
 

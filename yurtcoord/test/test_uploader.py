@@ -16,11 +16,11 @@ from yurtcoord.tx.backoff import Backoff
 from yurtcoord.pool.localcache import LocalCacheReader
 from yurtcoord.agent.metrics import Metrics
 from yurtcoord.pool.keycache import ComponentKeyCache
-from yurtcoord.pool.keys import PoolKeyBuilder, format_rv
-from yurtcoord.pool.store import PoolStore, WriteOutcome
-from yurtcoord.test.test_poolstore import (
-    ETCD_34, ETCD_35, EtcdStoreCase, HangingClient, make_object, poll_until,
-)
+from yurtcoord.pool.keys import format_rv
+from yurtcoord.pool.store import PoolStore
+from yurtcoord.testing.etcdstore import ETCD_34, ETCD_35, EtcdStoreCase, HangingClient, make_object
+from yurtcoord.testing.poll import poll_until
+from yurtcoord.testing.fakepoolstore import FakePoolStore
 from yurtcoord.testing.processes import CollectingProcess
 from yurtcoord.pool.uploader import (
     LocalCacheUploader, UploadCounts, UploadFailed, api_version_of, resource_of_kind,
@@ -402,54 +402,16 @@ class UploadMemoryOnEtcd35(EtcdStoreCase, unittest.TestCase):
         self.assertEqual(self.dump(), good)
 
 
-class FlakyStore:
-    """A create-or-update store in memory whose batched write fails ``failures`` times
-    (and on the calls numbered in ``fail_on``).
-
-    ``lose_at``: on that call, the writes of the call before are forgotten and the call
-    fails, as etcd 3.5.0 to 3.5.2 may forget writes it acknowledged just before a kill.
-    """
-
-    def __init__(self, clock, failures=0, error=EtcdUnavailable("down"), lose_at=None,
-                 fail_on=()):
-        self.reactor = clock
-        self.failures = failures
-        self.fail_on = set(fail_on)
-        self.error = error
-        self.lose_at = lose_at
-        self.calls = 0
-        self.flushes = 0
-        self.stored = {}
-        self._last_written = []
-
-    def key_func(self, info):
-        return PoolKeyBuilder("/registry").object_key(info)
-
-    def flush_key_cache(self):
-        self.flushes += 1
-
-    def create_or_update_many(self, items, outcome=None, flush_key_cache=True):
-        self.calls += 1
-        if self.calls == self.lose_at:
-            for path in self._last_written:
-                del self.stored[path]
-            return defer.fail(EtcdUnavailable("etcd restarted"))
-        if self.calls <= self.failures or self.calls in self.fail_on:
-            return defer.fail(self.error)
-        outcome = outcome or WriteOutcome()
-        self._last_written = []
-        for key, _value, rv in items:
-            stored = self.stored.get(key.path)
-            if stored is None:
-                outcome.created.append(key.path)
-            elif stored < rv:
-                outcome.updated.append(key.path)
-            else:
-                outcome.not_newer.append(key.path)
-                continue
-            self.stored[key.path] = rv
-            self._last_written.append(key.path)
-        return defer.succeed(outcome)
+def flaky_store(clock, failures=0, error=None, lose_at=None, fail_on=()):
+    """A pool store whose first ``failures`` batched writes fail with ``error`` (and
+    those numbered in ``fail_on``); ``lose_at``: that call forgets the writes of the
+    call before and fails."""
+    store = FakePoolStore(clock)
+    store.fail_on = set(range(1, failures + 1)) | set(fail_on)
+    if error is not None:
+        store.error = error
+    store.lose_at = lose_at
+    return store
 
 
 class EtcdForgetsOnce:
@@ -508,20 +470,20 @@ class RetryTimingTests(unittest.TestCase):
 
     def test_backoff_between_attempts_on_injected_clock(self):
         clock = Clock()
-        store = FlakyStore(clock, failures=2)
+        store = flaky_store(clock, failures=2)
         uploader = LocalCacheUploader(store, LocalCacheReader(self.local), [PODS],
                                       backoff=Backoff(initial=1.0, maximum=8.0, jitter=0.0))
         d = uploader.upload()
-        self.assertEqual(store.calls, 1)
+        self.assertEqual(store.puts, 1)
         clock.advance(0.99)
-        self.assertEqual(store.calls, 1)
+        self.assertEqual(store.puts, 1)
         clock.advance(0.01)
-        self.assertEqual(store.calls, 2)
+        self.assertEqual(store.puts, 2)
         clock.advance(1.99)
-        self.assertEqual(store.calls, 2)
+        self.assertEqual(store.puts, 2)
         clock.advance(0.01)
         # The third attempt succeeds, and the cache is checked again after the outage.
-        self.assertEqual(store.calls, 4)
+        self.assertEqual(store.puts, 4)
         self.assertEqual(self.successResultOf(d), UploadCounts(1, 0, 0, 0))
         self.assertEqual(store.flushes, 1)
 
@@ -531,34 +493,34 @@ class RetryTimingTests(unittest.TestCase):
                        make_object(name, "ns", 1))
         clock = Clock()
         # Chunks of 2: calls 1-3 write them; call 2 is lost with the failing call 3.
-        store = FlakyStore(clock, lose_at=3)
+        store = flaky_store(clock, lose_at=3)
         uploader = LocalCacheUploader(store, LocalCacheReader(self.local, chunk_size=2),
                                       [PODS], backoff=Backoff(initial=1.0, jitter=0.0))
         d = uploader.upload()
-        self.assertEqual(len(store.stored), 2)
+        self.assertEqual(len(store.versions), 2)
         clock.advance(1.0)
         self.assertEqual(self.successResultOf(d), UploadCounts(6, 0, 0, 0))
-        self.assertEqual(sorted(store.stored), [f"/registry/pods/ns/{n}" for n in "abcdef"])
+        self.assertEqual(sorted(store.versions), [f"/registry/pods/ns/{n}" for n in "abcdef"])
         self.assertEqual(uploader.rewritten, 2)
         # 2 chunks, the failed call, its retry, then 3 chunks checked again.
-        self.assertEqual(store.calls, 7)
+        self.assertEqual(store.puts, 7)
         self.assertEqual(store.flushes, 1)
 
     def test_check_after_an_outage_changes_nothing_when_nothing_was_lost(self):
         clock = Clock()
-        store = FlakyStore(clock, failures=1)
+        store = flaky_store(clock, failures=1)
         uploader = LocalCacheUploader(store, LocalCacheReader(self.local), [PODS],
                                       backoff=Backoff(initial=1.0, jitter=0.0), max_attempts=2)
         d = uploader.upload()
         clock.advance(1.0)
         self.assertEqual(self.successResultOf(d), UploadCounts(1, 0, 0, 0))
         self.assertEqual(uploader.rewritten, 0)
-        self.assertEqual(store.calls, 3)
-        self.assertEqual(store.stored, {"/registry/pods/ns/a": 1})
+        self.assertEqual(store.puts, 3)
+        self.assertEqual(store.versions, {"/registry/pods/ns/a": 1})
 
     def test_check_that_etcd_never_accepts_fails_the_upload_with_first_counts(self):
         clock = Clock()
-        store = FlakyStore(clock, fail_on={1, 3, 4})
+        store = flaky_store(clock, fail_on={1, 3, 4})
         uploader = LocalCacheUploader(store, LocalCacheReader(self.local), [PODS],
                                       backoff=Backoff(initial=1.0, jitter=0.0), max_attempts=2)
         d = uploader.upload()
@@ -566,16 +528,16 @@ class RetryTimingTests(unittest.TestCase):
         clock.advance(1.0)
         failure = self.failureResultOf(d, UploadFailed)
         self.assertEqual(failure.value.counts, UploadCounts(1, 0, 0, 0))
-        self.assertEqual(store.calls, 4)
+        self.assertEqual(store.puts, 4)
         self.assertEqual(store.flushes, 1)
 
     def test_rejected_request_is_not_retried(self):
         clock = Clock()
-        store = FlakyStore(clock, failures=5, error=RequestRejected("bad request"))
+        store = flaky_store(clock, failures=5, error=RequestRejected("bad request"))
         uploader = LocalCacheUploader(store, LocalCacheReader(self.local), [PODS])
         failure = self.failureResultOf(uploader.upload(), UploadFailed)
         self.assertIsInstance(failure.value.cause, RequestRejected)
-        self.assertEqual(store.calls, 1)
+        self.assertEqual(store.puts, 1)
         self.assertEqual(store.flushes, 1)
         self.assertFalse(clock.getDelayedCalls())
 
@@ -612,14 +574,14 @@ class CancellationTests(unittest.TestCase):
 
     def test_cancelled_during_a_retry_pause(self):
         clock = Clock()
-        store = FlakyStore(clock, failures=1)
+        store = flaky_store(clock, failures=1)
         uploader = LocalCacheUploader(store, LocalCacheReader(self.local), [PODS],
                                       backoff=Backoff(initial=1.0, jitter=0.0))
         d = uploader.upload()
-        self.assertEqual(store.calls, 1)
+        self.assertEqual(store.puts, 1)
         d.cancel()
         self.failureResultOf(d, defer.CancelledError)
         self.assertFalse(clock.getDelayedCalls())
         clock.advance(10)
-        self.assertEqual(store.calls, 1)
+        self.assertEqual(store.puts, 1)
         self.assertEqual(store.flushes, 1)

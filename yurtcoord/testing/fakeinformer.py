@@ -1,54 +1,164 @@
 """An informer stand-in for fast unit tests: the test emits the events.
 
 Code under test registers handlers and starts and stops it as it would a
-``yurtcoord.kube.informer.Informer``; the test calls ``add``/``update``/``delete`` to
-deliver events and fires ``sync`` to end the initial list.
+``yurtcoord.kube.informer.Informer`` (both provide ``IInformer``); the test calls
+``add``/``update``/``delete`` to deliver events, ``end_list`` to end the first list
+and ``relist`` for a list after 410.
 """
 
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterable, List, Optional, Tuple
 
 from twisted.internet import defer
+from zope.interface import implementer
+
+from yurtcoord.kube.interfaces import IInformer
 
 Handler = Optional[Callable[..., object]]
 
 
-class FakeInformer:
-    """Delivers the events a test emits; counts starts and stops.
+def object_key(obj: dict) -> Tuple[Optional[str], str]:
+    """(namespace, name) of an object, the key the fake holds it under."""
+    meta = obj["metadata"]
+    return (meta.get("namespace"), meta["name"])
 
-    ``synced``: None leaves ``sync`` (what ``wait_for_sync()`` returns) unfired for
-    the test to fire; any other value makes it fire at once with that value.
+
+@implementer(IInformer)
+class FakeInformer:
+    """Holds the objects a test emits and tells the handlers; counts starts and stops.
+
+    Constructed with no arguments, or by ``factory`` with the arguments a real
+    informer gets (kept as attributes for the test to read). ``synced``: None leaves
+    the first list open for the test to end with ``end_list``; any other value ends
+    it at once, ``wait_for_sync()`` firing with that value.
     """
 
-    def __init__(self, synced: object = None) -> None:
-        self.handlers: list[tuple[Any, Any, Any]] = []
+    def __init__(self, reactor: Any = None, client: Any = None, gvr: Any = None,
+                 namespace: Optional[str] = None, field_selector: Optional[str] = None,
+                 synced: Optional[bool] = None, **_kwargs: Any) -> None:
+        self.reactor = reactor
+        self.client = client
+        self.gvr = gvr
+        self.namespace = namespace
+        self.field_selector = field_selector
+        self.store = {}
+        self.has_synced = False
+        self.lists = 0
         self.started = 0
         self.stopped = 0
-        self.sync: defer.Deferred[Any] = (
-            defer.Deferred() if synced is None else defer.succeed(synced))
+        self._handlers = []
+        self._waiters = []
+        self._synced_with = True
+        if synced is not None:
+            self.end_list(synced=synced)
 
-    def add_handler(self, on_add: Handler = None, on_update: Handler = None,
-                    on_delete: Handler = None, filter: Handler = None) -> None:
-        self.handlers.append((on_add, on_update, on_delete))
+    @classmethod
+    def factory(cls, made: List["FakeInformer"]) -> Callable[..., "FakeInformer"]:
+        """An informer factory that appends every informer it makes to ``made``."""
+        def make(*args, **kwargs):
+            informer = cls(*args, **kwargs)
+            made.append(informer)
+            return informer
+        return make
+
+    # IInformer -----------------------------------------------------------------
+
+    def add_handler(self, on_add: Optional[Callable] = None, on_update: Optional[Callable] = None,
+                    on_delete: Optional[Callable] = None,
+                    filter: Optional[Callable] = None) -> "_Registration":
+        handler = _Registration(self, on_add, on_update, on_delete, filter)
+        self._handlers.append(handler)
+        for obj in list(self.store.values()):
+            handler.add(obj)
+        return handler
+
+    def get(self, key: Tuple[Optional[str], str]) -> Optional[dict]:
+        return self.store.get(key)
+
+    def list(self) -> List[dict]:
+        return list(self.store.values())
+
+    def wait_for_sync(self) -> defer.Deferred:
+        if self.has_synced:
+            return defer.succeed(self._synced_with)
+        d = defer.Deferred()
+        self._waiters.append(d)
+        return d
 
     def start(self) -> None:
         self.started += 1
 
-    def stop(self) -> defer.Deferred[None]:
+    def stop(self) -> defer.Deferred:
         self.stopped += 1
+        waiters, self._waiters = self._waiters, []
+        for waiter in waiters:
+            waiter.callback(False)
         return defer.succeed(None)
 
-    def wait_for_sync(self) -> defer.Deferred[Any]:
-        return self.sync
+    # Test controls -------------------------------------------------------------
 
-    def add(self, obj: dict[str, Any]) -> None:
-        for on_add, _, _ in self.handlers:
-            on_add(obj)
+    def end_list(self, objects: Iterable[dict] = (), synced: bool = True) -> None:
+        """The first list: every object delivered as an add, then ``wait_for_sync()``
+        fires with ``synced``."""
+        self.lists += 1
+        for obj in objects:
+            self.add(obj)
+        self.has_synced = True
+        self._synced_with = synced
+        waiters, self._waiters = self._waiters, []
+        for waiter in waiters:
+            waiter.callback(synced)
 
-    def update(self, old: dict[str, Any], new: dict[str, Any]) -> None:
-        for _, on_update, _ in self.handlers:
-            on_update(old, new)
+    def relist(self, objects: List[dict]) -> None:
+        """A list after 410: the difference to the store delivered as events."""
+        self.lists += 1
+        fresh = {object_key(obj): obj for obj in objects}
+        for key in [k for k in self.store if k not in fresh]:
+            self.delete(self.store[key])
+        for obj in objects:
+            if self.store.get(object_key(obj)) != obj:
+                self.add(obj)
 
-    def delete(self, obj: dict[str, Any]) -> None:
+    def add(self, obj: dict) -> None:
+        """``obj`` arrives: an add, or an update of the object held under its key."""
+        key = object_key(obj)
+        old = self.store.get(key)
+        self.store[key] = obj
+        for handler in list(self._handlers):
+            if old is None:
+                handler.add(obj)
+            else:
+                handler.update(old, obj)
 
-        for _, _, on_delete in self.handlers:
-            on_delete(obj)
+    def update(self, old: dict, new: dict) -> None:
+        """An update event from ``old`` to ``new``, as the test gives them."""
+        self.store[object_key(new)] = new
+        for handler in list(self._handlers):
+            handler.update(old, new)
+
+    def delete(self, obj: dict) -> None:
+        old = self.store.pop(object_key(obj), obj)
+        for handler in list(self._handlers):
+            handler.delete(old)
+
+
+class _Registration:
+    def __init__(self, informer, on_add, on_update, on_delete, filter):
+        self.informer = informer
+        self.on_add, self.on_update, self.on_delete = on_add, on_update, on_delete
+        self.filter = filter or (lambda obj: True)
+
+    def add(self, obj):
+        if self.on_add and self.filter(obj):
+            self.on_add(obj)
+
+    def update(self, old, new):
+        if self.on_update and self.filter(new):
+            self.on_update(old, new)
+
+    def delete(self, obj):
+        if self.on_delete and self.filter(obj):
+            self.on_delete(obj)
+
+    def remove(self) -> None:
+        if self in self.informer._handlers:
+            self.informer._handlers.remove(self)

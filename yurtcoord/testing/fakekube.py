@@ -1,10 +1,13 @@
 """An in-memory stand-in for ``KubeClient``'s get/create/update/delete, for fast unit
-tests of code that reads and writes objects with optimistic concurrency.
+tests of code that reads and writes objects with optimistic concurrency: the one
+fake ``IObjectClient``, and so the one fake lease API (the leader elector, the lease
+writer, the node lease probes and delegation all write leases through it).
 
 It keeps one resourceVersion counter like an apiserver, answers ``Conflict`` to an
 update whose resourceVersion is stale, ``AlreadyExists`` and ``NotFound`` as the real
-client raises them, and can be told to fail the next calls or to hold answers back
-so a test can deliver them late (after the caller gave up on them).
+client raises them, and can be told to fail the next calls, to lose them (no answer
+ever), to let a concurrent writer win the next updates, or to hold answers back so a
+test can deliver them late (after the caller gave up on them).
 """
 
 import copy
@@ -51,16 +54,34 @@ class HeldCall:
 class FakeKube:
     """Objects of any resource kept in memory, keyed by (resource, namespace, name).
 
-    ``calls`` lists ``(verb, name)`` for every call made, in order.
+    ``calls`` lists ``(verb, name)`` for every call made, in order; ``requests`` the
+    same calls as ``"verb resource"`` (``"get leases"``, ``"get nodes"``);
+    ``bodies`` the ``(verb, object)`` sent by every create and update, as sent;
+    ``writes`` the ``(seconds, object)`` stored by every accepted create or update,
+    the time read from ``clock`` (None without one). ``on_call(verb, name)``, when
+    set, is called as each call arrives.
+
+    Knobs: ``hang`` makes every call get no answer (the request is lost before the
+    server), ``hangs`` the next N calls; ``conflicts_on_update`` makes the next N
+    updates lose to a concurrent writer (the stored resourceVersion moves on and the
+    update answers ``Conflict``).
     """
 
-    def __init__(self) -> None:
-        self._objects: dict[tuple[Any, ...], dict[str, Any]] = {}
+    def __init__(self, clock=None):
+        self._objects = {}
         self._version = 0
-        self._failures: dict[str, deque[BaseException]] = {}
-        self._hold: set[str] = set()
-        self.held: list[HeldCall] = []
-        self.calls: list[tuple[str, str]] = []
+        self._failures = {}
+        self._hold = set()
+        self._clock = clock
+        self.held = []
+        self.calls = []
+        self.requests = []
+        self.bodies = []
+        self.writes = []
+        self.on_call = None
+        self.hang = False
+        self.hangs = 0
+        self.conflicts_on_update = 0
 
     # Test controls -----------------------------------------------------------
 
@@ -100,29 +121,36 @@ class FakeKube:
 
     # The client interface ------------------------------------------------------
 
-    def get(self, gvr: GroupVersionResource, name: str,
-            namespace: str | None = None) -> defer.Deferred[Any]:
-        return self._call("get", name, lambda: self._get(gvr, name, namespace))
+    def get(self, gvr, name, namespace=None):
+        return self._call("get", gvr, name, lambda: self._get(gvr, name, namespace))
 
     def create(self, gvr: GroupVersionResource, obj: dict[str, Any],
                namespace: str | None = None) -> defer.Deferred[Any]:
         name = obj["metadata"]["name"]
-        return self._call("create", name, lambda: self._create(gvr, obj, namespace))
+        self.bodies.append(("create", copy.deepcopy(obj)))
+        return self._call("create", gvr, name, lambda: self._create(gvr, obj, namespace))
 
     def update(self, gvr: GroupVersionResource, obj: dict[str, Any],
                namespace: str | None = None) -> defer.Deferred[Any]:
         name = obj["metadata"]["name"]
-        return self._call("update", name, lambda: self._update(gvr, obj, namespace))
+        self.bodies.append(("update", copy.deepcopy(obj)))
+        return self._call("update", gvr, name, lambda: self._update(gvr, obj, namespace))
 
-    def delete(self, gvr: GroupVersionResource, name: str,
-               namespace: str | None = None) -> defer.Deferred[Any]:
-
-        return self._call("delete", name, lambda: self._delete(gvr, name, namespace))
+    def delete(self, gvr, name, namespace=None):
+        return self._call("delete", gvr, name, lambda: self._delete(gvr, name, namespace))
 
     # Internals -------------------------------------------------------------------
 
-    def _call(self, verb, name, action):
+    def _call(self, verb, gvr, name, action):
         self.calls.append((verb, name))
+        self.requests.append(f"{verb} {gvr.resource}")
+        if self.on_call is not None:
+            self.on_call(verb, name)
+        if self.hang:
+            return defer.Deferred()
+        if self.hangs:
+            self.hangs -= 1
+            return defer.Deferred()
         error = self._next_failure(verb)
         result = None
         if error is None:
@@ -176,7 +204,12 @@ class FakeKube:
             raise AlreadyExists(f"{gvr} {ns}/{name} already exists")
         fresh = copy.deepcopy(obj)
         fresh["metadata"].pop("resourceVersion", None)
-        return copy.deepcopy(self._store(gvr, fresh, ns))
+        return copy.deepcopy(self._written(self._store(gvr, fresh, ns)))
+
+    def _written(self, stored):
+        at = self._clock.seconds() if self._clock is not None else None
+        self.writes.append((at, copy.deepcopy(stored)))
+        return stored
 
     def _update(self, gvr, obj, namespace):
         ns = self._namespace_of(gvr, obj, namespace)
@@ -184,10 +217,14 @@ class FakeKube:
         stored = self._objects.get(self._key(gvr, name, ns))
         if stored is None:
             raise NotFound(f"{gvr} {ns}/{name} not found")
+        if self.conflicts_on_update:
+            self.conflicts_on_update -= 1
+            self._store(gvr, stored, ns)
+            raise Conflict(f"{gvr} {ns}/{name}: written by someone else meanwhile")
         wanted = (obj.get("metadata") or {}).get("resourceVersion")
         if wanted and wanted != stored["metadata"]["resourceVersion"]:
             raise Conflict(f"{gvr} {ns}/{name}: resourceVersion {wanted} is stale")
-        return copy.deepcopy(self._store(gvr, obj, ns))
+        return copy.deepcopy(self._written(self._store(gvr, obj, ns)))
 
     def _delete(self, gvr, name, namespace):
         stored = self._objects.pop(self._key(gvr, name, namespace), None)

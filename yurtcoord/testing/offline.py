@@ -8,6 +8,8 @@ off the machine and leaves nothing behind.
 import os
 import socket
 
+from yurtcoord.sim.agentini import ini_text
+
 
 def closed_loopback_port() -> int:
     """A loopback port nothing listens on (bound once, then released)."""
@@ -21,16 +23,15 @@ def offline_ini(directory: str, node: str = "edge-1", pool: str = "pool-a",
                 listen: str = "127.0.0.1:0") -> str:
     """ini text of an agent whose cloud, coordinator and etcd are all unreachable."""
     directory = os.path.abspath(directory)
-    closed = closed_loopback_port()
-    return (
-        f"[node]\nname = {node}\npool = {pool}\n"
-        f"[cloud]\nservers = https://127.0.0.1:{closed}\n"
-        f"[coordinator]\nserver = https://127.0.0.1:{closed}\n"
-        f"storage = https://127.0.0.1:{closed}\n"
-        f"pki_dir = {os.path.join(directory, 'pki')}\n"
-        f"[pool_cache]\nlocal_cache_dir = {os.path.join(directory, 'cache')}\n"
-        f"[server]\nlisten = {listen}\n"
-    )
+    closed = f"https://127.0.0.1:{closed_loopback_port()}"
+    return ini_text({
+        "node": {"name": node, "pool": pool},
+        "cloud": {"servers": closed},
+        "coordinator": {"server": closed, "storage": closed,
+                        "pki_dir": os.path.join(directory, "pki")},
+        "pool_cache": {"local_cache_dir": os.path.join(directory, "cache")},
+        "server": {"listen": listen},
+    })
 
 
 def localize_paths(ini_text: str, directory: str) -> str:

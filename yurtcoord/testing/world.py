@@ -22,7 +22,6 @@ import base64
 import json
 import os
 import shutil
-import sys
 import tempfile
 from typing import Any, Callable, Generator, Iterable, Mapping
 
@@ -43,6 +42,7 @@ from yurtcoord.sim.etcd import EtcdBinary, EtcdProcess, etcd_binary_for
 from yurtcoord.sim.kubelet import StandInKubelet
 from yurtcoord.testing.poll import PollTimeout, poll_until
 from yurtcoord.sim.tcpproxy import TCPProxy
+from yurtcoord.testing.twistd import TWISTD, child_environment
 
 POOL = "pool-a"
 ELECTION_NAMESPACE, ELECTION_LEASE = ELECTION_LEASE_NAMESPACE, ELECTION_LEASE_NAME
@@ -51,8 +51,6 @@ MIRROR_RV_PREFIX = "/mirror/rv"
 ENDPOINTS_PREFIX = f"{STORAGE_PREFIX}/services/endpoints/"
 PODS_PREFIX = f"{STORAGE_PREFIX}/pods/"
 LISTENING_MARK = "status pages listening on "
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-TWISTD = os.path.join(os.path.dirname(sys.executable), "twistd")
 # Seconds an agent gets to exit after SIGTERM before it is killed.
 STOP_DEADLINE = 15.0
 # Seconds an agent gets from spawn to listening on its status port.
@@ -134,13 +132,6 @@ def add_pool_node(cloud: KubeAPIServer, name: str, pool: str = POOL) -> None:
     """Create the Node ``name`` of ``pool`` in the cloud API test server unless it exists."""
     if cloud.store.get(NODES, name) is None:
         cloud.store.create(NODES, pool_node(name, pool))
-
-
-def child_environment() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ETCD")}
-    env["PYTHONUNBUFFERED"] = "1"
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [REPO, env.get("PYTHONPATH")]))
-    return env
 
 
 def tail(path: str, lines: int = 40) -> str:
@@ -252,7 +243,7 @@ class AgentProcess:
             self._spawn(
                 self._child,
                 [TWISTD, "--nodaemon", "--pidfile=", "yurtcoord", "--config", self.ini_path],
-                child_environment(), self.directory,
+                child_environment(without_etcd=True), self.directory,
                 {0: null.fileno(), 1: log.fileno(), 2: log.fileno()})
 
     def _spawn_here(self, child: protocol.ProcessProtocol, argv: list[str], env: dict[str, str],
@@ -555,7 +546,7 @@ class ProcessWorld:
     def read_etcd(self, prefix: str,
                   ) -> Generator[defer.Deferred[Any], Any, dict[str, bytes]]:
         """``{key: value}`` (str keys, bytes values) under ``prefix``, read by etcdctl."""
-        env = child_environment()
+        env = child_environment(without_etcd=True)
         env["ETCDCTL_API"] = "3"
         command = self.etcd.etcdctl_command("get", prefix, "--prefix", "-w", "json")
         out, err, code = yield getProcessOutputAndValue(command[0], command[1:], env=env,
@@ -569,7 +560,7 @@ class ProcessWorld:
     @defer.inlineCallbacks
     def count_etcd(self, prefix: str) -> Generator[defer.Deferred[Any], Any, int]:
         """How many keys are under ``prefix`` (the range's count, read with limit 1)."""
-        env = child_environment()
+        env = child_environment(without_etcd=True)
         env["ETCDCTL_API"] = "3"
         command = self.etcd.etcdctl_command("get", prefix, "--prefix", "--limit", "1",
                                             "--keys-only", "-w", "json")

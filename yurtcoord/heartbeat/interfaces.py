@@ -1,0 +1,43 @@
+"""The contracts of the health checkers.
+
+The hub elector reads ``healthy`` of the cloud and coordinator checkers; the
+coordinator's lease prober also follows the cloud's health (``decided`` and
+``add_listener``) to mark its lease delegated; delegation asks the cloud checker
+for a healthy server. The real checkers in ``yurtcoord.heartbeat.probes`` and the
+unit tests' fake provide these interfaces and are checked with ``verifyObject``,
+so consumers call the members directly.
+"""
+
+from zope.interface import Attribute, Interface
+
+
+class IHealthChecker(Interface):
+    """A server (or a set of them) probed on a cadence."""
+
+    healthy = Attribute("True while the last probes succeeded often enough.")
+
+    def start():
+        """Start probing."""
+
+    def restart():
+        """Probe now (right after the probe in flight, if any)."""
+
+    def stop():
+        """Stop probing; the Deferred fires once no probe is left running."""
+
+
+class ICloudHealthChecker(IHealthChecker):
+    """The cloud's health, over every cloud server."""
+
+    decided = Attribute(
+        "False until the cloud's health is known: no server was found healthy yet and "
+        "some server has not answered its first probe.")
+
+    def add_listener(callback):
+        """Call ``callback(healthy)`` when the health becomes known and on every flip."""
+
+    def servers():
+        """``{url: healthy}`` of every cloud server."""
+
+    def pick_healthy_server():
+        """A healthy server URL, rotating among the healthy ones; None when none is."""

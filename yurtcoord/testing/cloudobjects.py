@@ -1,0 +1,19 @@
+"""Numbered cloud objects of services, many of which make a big pool to mirror."""
+
+
+def make_endpoints(i: int, namespace: str) -> dict:
+    """Endpoints ``svc-i`` of one address and port."""
+    return {"metadata": {"name": f"svc-{i}", "namespace": namespace,
+                         "labels": {"app": f"app-{i % 7}"}},
+            "subsets": [{"addresses": [{"ip": f"10.{i // 250}.{i % 250}.1"}],
+                         "ports": [{"port": 8080, "protocol": "TCP"}]}]}
+
+
+def make_slice(i: int, namespace: str) -> dict:
+    """The EndpointSlice of ``svc-i``: one ready address, one port."""
+    return {"metadata": {"name": f"svc-{i}-abcde", "namespace": namespace,
+                         "labels": {"kubernetes.io/service-name": f"svc-{i}"}},
+            "addressType": "IPv4",
+            "endpoints": [{"addresses": [f"10.{i // 250}.{i % 250}.1"],
+                           "conditions": {"ready": True}}],
+            "ports": [{"port": 8080, "protocol": "TCP"}]}

@@ -1,0 +1,47 @@
+"""A cloud's API discovery and pool scope ConfigMap, scripted for unit tests of the
+pool scope and of pool sync."""
+
+from twisted.internet import defer
+
+from yurtcoord.kube.errors import NotFound
+
+SERVICES_ENTRY = '[{"group":"","version":"v1","resource":"services"}]'
+
+
+class ScriptedDiscovery:
+    """``request("GET", path)``: answers from ``served`` ({path: [(resource, namespaced)]}),
+    404 for other paths; ``fail[path]`` errors are raised first, one per call."""
+
+    def __init__(self, served):
+        self.served = served
+        self.fail = {}
+        self.calls = []
+
+    def request(self, method, path, **_kwargs):
+        self.calls.append((method, path))
+        queued = self.fail.get(path)
+        if queued:
+            return defer.fail(queued.pop(0))
+        if path not in self.served:
+            return defer.fail(NotFound("the server could not find the requested resource"))
+        return defer.succeed({"kind": "APIResourceList", "resources": [
+            {"name": name, "namespaced": namespaced, "kind": name.title()}
+            for name, namespaced in self.served[path]]})
+
+
+def cloud_discovery() -> ScriptedDiscovery:
+    """The discovery answers of a cloud serving the default pool-scoped resources."""
+    return ScriptedDiscovery({
+        "/api/v1": [("endpoints", True), ("services", True), ("services/status", True),
+                    ("nodes", False)],
+        "/apis/discovery.k8s.io/v1": [("endpointslices", True)],
+        "/apis/discovery.k8s.io/v1beta1": [("endpointslices", True)],
+    })
+
+
+def configmap(value: str, rv: str = "1") -> dict:
+    """The yurt-hub-cfg ConfigMap with ``pool_scope_resources`` set to ``value``."""
+    return {"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": "yurt-hub-cfg", "namespace": "kube-system",
+                         "resourceVersion": rv},
+            "data": {"pool_scope_resources": value}}

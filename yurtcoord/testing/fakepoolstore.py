@@ -1,0 +1,199 @@
+"""A pool store in memory for fast unit tests of its writers: the leader's pool sync
+and the local cache uploader.
+
+It provides ``IPoolStore`` as ``yurtcoord.pool.store.PoolStore`` does, records every
+call, keeps what was written, and can be told to fail calls, to lose the writes of a
+call (as etcd 3.5.0 to 3.5.2 may forget writes it acknowledged just before a kill)
+and to hold a call in flight.
+"""
+
+import json
+from typing import Any, Callable, Iterable, Optional, Sequence, Tuple
+
+from twisted.internet import defer
+from zope.interface import implementer
+
+from yurtcoord.etcd.errors import EtcdUnavailable
+from yurtcoord.pool.interfaces import IPoolStore
+from yurtcoord.pool.keycache import POOL_SCOPED_COMPONENT
+from yurtcoord.pool.keys import KeyBuildInfo, PoolKey, PoolKeyBuilder
+from yurtcoord.pool.store import ObjectTooLarge, WriteOutcome
+
+
+@implementer(IPoolStore)
+class FakePoolStore:
+    """Objects by key path in ``objects`` (decoded) with their resourceVersion in
+    ``versions``; a write of a key is taken only when newer than what is stored.
+
+    Records: ``calls`` lists ``("recover", component, resources)``,
+    ``("delete_component", component)``, ``("replace", resource, count)``,
+    ``("put", paths)`` and ``("delete_many", paths)`` in order; ``puts`` counts the
+    ``create_or_update_many`` calls; ``flushes`` the ``flush_key_cache()`` calls and
+    ``soon_flushes`` lists ``len(calls)`` at each ``flush_key_cache_soon()``;
+    ``health_observers`` and ``term_observers`` are the observers registered now;
+    ``closes`` counts the ``close()`` calls, each also passed to ``on_close(store)``.
+
+    Faults: ``fail`` errors are raised by the next writes, one per call; the
+    ``create_or_update_many`` calls numbered in ``fail_on`` (from 1) fail with
+    ``error``; on call number ``lose_at`` the writes of the call before are forgotten
+    and the call fails with ``EtcdUnavailable``; a key in ``fail_deletes`` fails the
+    ``delete_many`` reaching it (the keys before it are deleted);
+    ``hold_delete_component`` keeps the next ``delete_component_resources`` in flight
+    until cancelled. Objects named ``huge...`` are too large for the store.
+    """
+
+    def __init__(self, reactor: Any = None, prefix: str = "/registry", name: str = "store",
+                 on_close: Optional[Callable[["FakePoolStore"], object]] = None) -> None:
+        self.reactor = reactor
+        self.name = name
+        self._on_close = on_close
+        self.keys = PoolKeyBuilder(prefix)
+        self.calls = []
+        self.puts = 0
+        self.objects = {}
+        self.versions = {}
+        self.fail = []
+        self.fail_on = set()
+        self.error = EtcdUnavailable("down")
+        self.lose_at = None
+        self.fail_deletes = set()
+        self.hold_delete_component = False
+        self.flushes = 0
+        self.soon_flushes = []
+        self.closes = 0
+        self.health_observers = []
+        self.term_observers = []
+        self._last_written = []
+
+    def __repr__(self) -> str:
+        return f"<FakePoolStore {self.name}>"
+
+    # Test controls ---------------------------------------------------------------
+
+    def health(self, healthy: bool) -> None:
+        """The store's health flips: every health observer hears of it."""
+        for observer in list(self.health_observers):
+            observer(healthy)
+
+    def new_term(self) -> None:
+        """etcd reports a new raft term: every term observer hears of it."""
+        for observer in list(self.term_observers):
+            observer()
+
+    # IPoolStore -----------------------------------------------------------------
+
+    def key_func(self, info: KeyBuildInfo) -> PoolKey:
+        return self.keys.object_key(info)
+
+    def on_health_change(self, observer: Callable[[bool], object]) -> None:
+        self.health_observers.append(observer)
+
+    def remove_health_observer(self, observer: Callable[[bool], object]) -> None:
+        self.health_observers.remove(observer)
+
+    def on_new_term(self, observer: Callable[[], object]) -> None:
+        self.term_observers.append(observer)
+
+    def remove_new_term_observer(self, observer: Callable[[], object]) -> None:
+        self.term_observers.remove(observer)
+
+    def flush_key_cache(self) -> None:
+        self.flushes += 1
+
+    def flush_key_cache_soon(self) -> None:
+        self.soon_flushes.append(len(self.calls))
+
+    def close(self) -> None:
+        self.closes += 1
+        if self._on_close is not None:
+            self._on_close(self)
+
+    def recover_pool_scoped_keys(self, resources: Iterable[Any],
+                                 component: str = POOL_SCOPED_COMPONENT) -> defer.Deferred:
+        self.calls.append(("recover", component, tuple(str(g) for g in resources)))
+        return defer.succeed({})
+
+    def delete_component_resources(self, component: str) -> defer.Deferred:
+        self.calls.append(("delete_component", component))
+        if self.hold_delete_component:
+            self.hold_delete_component = False
+            return defer.Deferred(lambda d: self.calls.append(("delete_component cancelled",)))
+        deleted = len(self.objects)
+        self.objects.clear()
+        self.versions.clear()
+        return defer.succeed(deleted)
+
+    def replace_component_list(self, component: str, gvr: Any, namespace: Optional[str],
+                               objects: Sequence[Any]) -> defer.Deferred:
+        self.calls.append(("replace", str(gvr), len(objects)))
+        failed = self._maybe_fail()
+        if failed:
+            return failed
+        listed = {}
+        for value in objects:
+            obj = json.loads(value)
+            meta = obj["metadata"]
+            path = self.key_func(KeyBuildInfo(component, gvr.resource, gvr.group, gvr.version,
+                                              meta.get("namespace") or "", meta["name"])).path
+            if meta["name"].startswith("huge"):
+                return defer.fail(ObjectTooLarge(path, 2 << 20, 1 << 20))
+            listed[path] = obj
+        prefix = self.keys.list_prefix(gvr.group, gvr.resource)
+        for path in [p for p in self.objects if p.startswith(prefix)]:
+            del self.objects[path]
+            self.versions.pop(path, None)
+        for path, obj in listed.items():
+            self.objects[path] = obj
+            self.versions[path] = int(obj["metadata"].get("resourceVersion") or 0)
+        return defer.succeed((len(objects), 0))
+
+    def create_or_update_many(self, items: Iterable[Tuple[PoolKey, bytes, int]],
+                              outcome: Optional[WriteOutcome] = None,
+                              flush_key_cache: bool = True) -> defer.Deferred:
+        items = list(items)
+        self.puts += 1
+        self.calls.append(("put", sorted(key.path for key, _v, _rv in items)))
+        if self.puts == self.lose_at:
+            for path in self._last_written:
+                self.objects.pop(path, None)
+                self.versions.pop(path, None)
+            return defer.fail(EtcdUnavailable("etcd restarted"))
+        failed = self._maybe_fail()
+        if failed:
+            return failed
+        if self.puts in self.fail_on:
+            return defer.fail(self.error)
+        outcome = outcome if outcome is not None else WriteOutcome()
+        self._last_written = []
+        for key, value, rv in items:
+            stored = self.versions.get(key.path)
+            if stored is None:
+                outcome.created.append(key.path)
+            elif stored < rv:
+                outcome.updated.append(key.path)
+            else:
+                outcome.not_newer.append(key.path)
+                continue
+            self.objects[key.path] = json.loads(value)
+            self.versions[key.path] = rv
+            self._last_written.append(key.path)
+        return defer.succeed(outcome)
+
+    def delete_many(self, keys: Iterable[PoolKey], flush_key_cache: bool = True) -> defer.Deferred:
+        keys = list(keys)
+        self.calls.append(("delete_many", [key.path for key in keys]))
+        failed = self._maybe_fail()
+        if failed:
+            return failed
+        for key in keys:
+            if key.path in self.fail_deletes:
+                self.fail_deletes.discard(key.path)
+                return defer.fail(EtcdUnavailable("etcd down"))
+            self.objects.pop(key.path, None)
+            self.versions.pop(key.path, None)
+        return defer.succeed(len(keys))
+
+    def _maybe_fail(self):
+        if self.fail:
+            return defer.fail(self.fail.pop(0))
+        return None
