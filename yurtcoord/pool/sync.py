@@ -79,12 +79,13 @@ WRITE_LIST = "list"
 def _merge_writes(old, new):
     """The write to keep of two pending writes of one mirror: a whole list covers
     every change (it is read from the informer when it runs); two batches of changes
-    become one, the newer change of a key winning."""
+    become one, the newer change of a key winning. The older batch is the queue's
+    own (pending, or failed and done with) and grows in place: a burst of single
+    changes arriving while a write runs costs one dict update each, not a copy."""
     if old == WRITE_LIST or new == WRITE_LIST:
         return WRITE_LIST
-    merged = dict(old)
-    merged.update(new)
-    return merged
+    old.update(new)
+    return old
 
 
 class ResourceMirror:

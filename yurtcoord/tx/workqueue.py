@@ -22,9 +22,11 @@ The clock and the retry policy are injected, so tests drive the queue with
 ``twisted.internet.task.Clock`` and deterministic delays.
 """
 
+from __future__ import annotations
+
 from collections import deque
 from typing import (Any, Callable, Deque, Dict, Generic, Hashable, List, Optional, Protocol,
-                    TypeVar)
+                    Tuple, TypeVar)
 
 from twisted.internet import defer
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
@@ -48,13 +50,13 @@ class _Slot(Generic[T]):
     """What the queue knows of one key: the pending item, the running one, the retry
     timer, its retry policy, and whether it waits in the ready queue."""
 
-    __slots__ = ("pending", "has_pending", "running", "retry", "policy", "failures",
-                 "queued", "discard_running")
+    __slots__ = ("pending", "running", "retry", "policy", "failures", "queued",
+                 "discard_running")
 
     def __init__(self, policy: RetryPolicy) -> None:
-        self.pending: Optional[T] = None
-        self.has_pending = False
-        self.running: Optional[defer.Deferred] = None
+        # The pending item in a box, so that any value (None too) can be an item.
+        self.pending: Optional[Tuple[T]] = None
+        self.running: Optional[defer.Deferred[Any]] = None
         self.retry: Optional[IDelayedCall] = None
         self.policy = policy
         self.failures = 0
@@ -64,17 +66,16 @@ class _Slot(Generic[T]):
 
     @property
     def idle(self) -> bool:
-        return not self.has_pending and self.running is None and self.retry is None
+        return self.pending is None and self.running is None and self.retry is None
 
-    def take(self) -> T:
-        item = self.pending
-        self.pending = None
-        self.has_pending = False
-        return item  # type: ignore[return-value]
+    def take(self) -> Optional[Tuple[T]]:
+        """The pending item (boxed), or None; nothing is pending afterwards."""
+        pending, self.pending = self.pending, None
+        return pending
 
-    def put(self, item: T) -> None:
-        self.pending = item
-        self.has_pending = True
+    def offer(self, item: T, merge: Callable[[T, T], T]) -> None:
+        """Make ``item`` the pending item, merged with the one pending already."""
+        self.pending = (item,) if self.pending is None else (merge(self.pending[0], item),)
 
 
 class WorkQueue(Generic[K, T]):
@@ -150,7 +151,7 @@ class WorkQueue(Generic[K, T]):
         slot = self._slots.get(key)
         if slot is None:
             slot = self._slots[key] = _Slot(self._make_policy())
-        slot.put(self._merge(slot.pending, item) if slot.has_pending else item)  # type: ignore[arg-type]
+        slot.offer(item, self._merge)
         self._enqueue(key, slot)
 
     def forget(self, key: K) -> None:
@@ -170,14 +171,14 @@ class WorkQueue(Generic[K, T]):
         else:
             del self._slots[key]
 
-    def stop(self) -> defer.Deferred:
+    def stop(self) -> defer.Deferred[None]:
         """Cancel every running item and retry timer and forget every key, in this
         reactor turn; the Deferred fires once the cancelled items have ended. Nothing
         of a cancelled item is reported. The queue may be used again afterwards."""
         slots, self._slots = self._slots, {}
         self._ready.clear()
         self._active = 0
-        running: List[defer.Deferred] = []
+        running: List[defer.Deferred[Any]] = []
         for slot in slots.values():
             if slot.retry is not None and slot.retry.active():
                 slot.retry.cancel()
@@ -193,7 +194,7 @@ class WorkQueue(Generic[K, T]):
     # -- running -------------------------------------------------------------------------
 
     def _enqueue(self, key: K, slot: "_Slot[T]") -> None:
-        if slot.has_pending and slot.running is None and slot.retry is None \
+        if slot.pending is not None and slot.running is None and slot.retry is None \
                 and not slot.queued:
             slot.queued = True
             self._ready.append(key)
@@ -215,7 +216,10 @@ class WorkQueue(Generic[K, T]):
             self._pumping = False
 
     def _run(self, key: K, slot: "_Slot[T]") -> None:
-        item = slot.take()
+        pending = slot.take()
+        if pending is None:
+            return
+        (item,) = pending
         self._active += 1
         d = defer.maybeDeferred(self._work, key, item)
         slot.running = d
@@ -223,7 +227,7 @@ class WorkQueue(Generic[K, T]):
         d.addBoth(self._finished, key, slot, item, d)
 
     def _finished(self, result: Any, key: K, slot: "_Slot[T]", item: T,
-                  d: defer.Deferred) -> None:
+                  d: defer.Deferred[Any]) -> None:
         if slot.running is not d:
             return None  # stopped meanwhile: nothing of this item is reported
         slot.running = None
@@ -238,9 +242,10 @@ class WorkQueue(Generic[K, T]):
             slot.failures += 1
             delay = slot.policy.next_delay()
             if not discard:
-                slot.put(self._merge(item, slot.pending) if slot.has_pending  # type: ignore[arg-type]
-                         else item)
-            if slot.has_pending:
+                newer, slot.pending = slot.pending, (item,)
+                if newer is not None:
+                    slot.offer(newer[0], self._merge)
+            if slot.pending is not None:
                 slot.retry = self._clock.callLater(delay, self._retry, key, slot)
             if self._on_failure is not None:
                 self._on_failure(key, item, result, slot.failures, delay)
