@@ -226,6 +226,19 @@ class WorkQueueTests(unittest.TestCase):
         self.assertEqual(self.failed, [("a", 1, Boom, 1, 1.0)])
         self.assertTrue(queue.has_work("a"))
 
+    def test_an_exception_while_reporting_is_logged_and_the_queue_goes_on(self):
+        def report(key, item, result, failures):
+            raise Boom(key)
+
+        self.outcome = lambda key, item: defer.succeed(item)
+        queue = WorkQueue(self.clock, self.work, lambda old, new: new,
+                          lambda: Backoff(initial=1.0, jitter=0.0), on_success=report)
+        queue.add("a", 1)
+        queue.add("b", 2)
+        self.assertEqual([key for key, _, _ in self.started], ["a", "b"])
+        self.assertEqual(len(self.flushLoggedErrors(Boom)), 2)
+        self.assertEqual((queue.in_flight, queue.has_work("a")), (0, False))
+
     def test_max_concurrent_must_be_positive(self):
         with self.assertRaises(ValueError):
             self.queue(max_concurrent=0)

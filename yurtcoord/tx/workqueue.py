@@ -30,6 +30,7 @@ from typing import (Any, Callable, Deque, Dict, Generic, Hashable, List, Optiona
 
 from twisted.internet import defer
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
+from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 K = TypeVar("K", bound=Hashable)
@@ -94,7 +95,12 @@ class WorkQueue(Generic[K, T]):
         ``failures`` counts the failed attempts of that key just before it.
     :param on_failure: ``(key, item, failure, failures, delay)`` after an attempt
         failed; ``failures`` counts this one, ``delay`` is the pause before a retry.
+
+    An exception raised by ``on_success`` or ``on_failure`` is logged; the queue
+    goes on, so a defect in reporting cannot stall every key.
     """
+
+    log = Logger()
 
     def __init__(self, clock: IReactorTime, work: Callable[[K, T], Any],
                  merge: Callable[[T, T], T], make_policy: Callable[[], RetryPolicy],
@@ -237,7 +243,7 @@ class WorkQueue(Generic[K, T]):
             failures, slot.failures = slot.failures, 0
             slot.policy.reset()
             if self._on_success is not None:
-                self._on_success(key, item, result, failures)
+                self._report(self._on_success, key, item, result, failures)
         else:
             slot.failures += 1
             delay = slot.policy.next_delay()
@@ -248,7 +254,7 @@ class WorkQueue(Generic[K, T]):
             if slot.pending is not None:
                 slot.retry = self._clock.callLater(delay, self._retry, key, slot)
             if self._on_failure is not None:
-                self._on_failure(key, item, result, slot.failures, delay)
+                self._report(self._on_failure, key, item, result, slot.failures, delay)
         if self._slots.get(key) is slot:
             if slot.idle:
                 del self._slots[key]
@@ -257,6 +263,12 @@ class WorkQueue(Generic[K, T]):
                 return None
         self._pump()
         return None
+
+    def _report(self, report: Callable[..., None], key: K, *args: Any) -> None:
+        try:
+            report(key, *args)
+        except Exception:
+            self.log.failure("reporting the outcome of work on {key!r} failed", key=key)
 
     def _retry(self, key: K, slot: "_Slot[T]") -> None:
         slot.retry = None
