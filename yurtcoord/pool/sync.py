@@ -334,8 +334,7 @@ class ResourceMirror:
             return
         self.failing = False
         if write != WRITE_LIST:
-            # The failures may have been etcd restarting, and some releases lose
-            # writes they acknowledged just before (etcd-io/etcd#13766).
+            # The failures may have been etcd restarting (see the module docstring).
             self._queue.add(self.name, WRITE_LIST)
         self.log.info("pool sync of {resource} writes again", resource=self.name)
         self._on_change()
