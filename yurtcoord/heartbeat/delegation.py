@@ -55,8 +55,7 @@ errors, conflicts to the end) is counted and the newest state of that lease is
 retried after a capped backoff, so a heartbeat is not lost until the next renewal.
 """
 
-from collections import deque
-from typing import Callable, Optional
+from typing import Callable, Optional, Tuple
 
 from twisted.internet import defer
 from twisted.logger import Logger
@@ -72,6 +71,7 @@ from yurtcoord.kube.lease import format_micro_time, owner_reference_to_node, par
 from yurtcoord.kube.leasewriter import CREATED, UNCHANGED, LeaseWriter
 from yurtcoord.names import DELEGATE_HEARTBEAT_ANNOTATION, NODE_LEASE_NAMESPACE, NODE_POOL_LABEL
 from yurtcoord.role.roles import IRoleComponent
+from yurtcoord.tx.workqueue import WorkQueue
 
 MAX_ATTEMPTS = 5
 # Chains in flight over all leases: the cloud client's persistent connections.
@@ -175,42 +175,27 @@ class NoHealthyCloudServer(Exception):
     """No cloud server is healthy: the heartbeat cannot be forwarded now."""
 
 
-class _Pending:
-    """The newest pool state of one lease waiting to be delegated, and since when
-    the oldest state it replaced has been waiting (for the latency metric)."""
+class _Heartbeat:
+    """One pool state of a lease waiting to be delegated, and since when the oldest
+    state it replaced has been waiting (for the latency metric)."""
 
     __slots__ = ("lease", "renew_time", "since")
 
-    def __init__(self, lease, since):
+    def __init__(self, lease: dict, since: float, renew_time: Optional[float] = None) -> None:
         self.lease = lease
-        self.renew_time = renew_time_of(lease)
+        self.renew_time = renew_time_of(lease) if renew_time is None else renew_time
         self.since = since
 
-    def offer(self, lease):
-        """Keep ``lease`` unless it renews earlier than the state already pending."""
-        renewed = renew_time_of(lease)
-        if self.renew_time is not None and (renewed is None or renewed < self.renew_time):
-            return
-        self.lease = lease
-        self.renew_time = renewed
 
-
-class _LeaseSlot:
-    """Delegation state of one pool lease: pending state, running chain, retry timer,
-    and whether it waits in the queue for a free request slot."""
-
-    __slots__ = ("pending", "chain", "retry_call", "backoff", "queued")
-
-    def __init__(self, backoff):
-        self.pending = None
-        self.chain = None
-        self.retry_call = None
-        self.backoff = backoff
-        self.queued = False
-
-    @property
-    def idle(self):
-        return self.pending is None and self.chain is None and self.retry_call is None
+def _newest(old: _Heartbeat, new: _Heartbeat) -> _Heartbeat:
+    """The state to forward of two states of one lease: ``new`` unless it renews
+    earlier than ``old`` (a delegation never moves a lease backwards), waiting
+    since the older of the two."""
+    since = min(old.since, new.since)
+    if old.renew_time is not None and (new.renew_time is None
+                                       or new.renew_time < old.renew_time):
+        return _Heartbeat(old.lease, since, old.renew_time)
+    return _Heartbeat(new.lease, since, new.renew_time)
 
 
 @implementer(IRoleComponent)
@@ -265,15 +250,15 @@ class HeartbeatDelegation:
         self.max_clock_skew = max_clock_skew
         self.heartbeat_interval = heartbeat_interval
         self._metrics = metrics
-        self._make_backoff = make_backoff or (lambda: Backoff(initial=0.5, maximum=5.0))
         self._max_attempts = max_attempts
-        self._max_concurrent = max_concurrent
         self._informer = None
         self._node_informer = None
-        self._slots = {}
-        self._ready = deque()
-        self._active = 0
-        self._pumping = False
+        # One chain per lease, the newest state pending, per-lease backoff.
+        self._queue: WorkQueue[str, _Heartbeat] = WorkQueue(
+            reactor, self._delegate_state, _newest,
+            make_backoff or (lambda: Backoff(initial=0.5, maximum=5.0)),
+            max_concurrent=max_concurrent, on_success=self._delegated,
+            on_failure=self._delegation_failed)
         # key -> (server, LeaseWriter): the writer of each lease on its last server.
         self._writers = {}
         self._cloud_unavailable = False
@@ -330,12 +315,12 @@ class HeartbeatDelegation:
     @property
     def in_flight(self):
         """How many lease delegations are running right now."""
-        return self._active
+        return self._queue.in_flight
 
     @property
     def queued(self):
         """How many leases wait for a free request slot."""
-        return sum(1 for slot in self._slots.values() if slot.queued)
+        return self._queue.queued
 
     @property
     def pool_nodes_listed(self) -> bool:
@@ -382,7 +367,7 @@ class HeartbeatDelegation:
         self._running = False
         informers = [self._informer, self._node_informer]
         self._informer = self._node_informer = None
-        chains = self._cancel_all()
+        chains, cancelled = self._cancel_all()
         waits = []
         for informer in informers:
             if informer is not None:
@@ -391,13 +376,14 @@ class HeartbeatDelegation:
                     "stopping an informer of the heartbeat delegation failed: {error}",
                     error=f.getErrorMessage()))
                 waits.append(stopped)
-        self.log.info("heartbeat delegation stopped, cancelled={cancelled}", cancelled=len(chains))
-        return defer.DeferredList(waits + chains, consumeErrors=True).addCallback(lambda _: None)
+        self.log.info("heartbeat delegation stopped, cancelled={cancelled}", cancelled=cancelled)
+        return defer.DeferredList(waits + [chains], consumeErrors=True).addCallback(lambda _: None)
 
     def _cancel_all(self):
-        slots, self._slots = self._slots, {}
-        self._ready.clear()
-        self._active = 0
+        """Cancel every chain, retry and lookup; returns the Deferred of the
+        cancelled chains and how many there were."""
+        cancelled = self._queue.in_flight
+        chains = self._queue.stop()
         # A new term starts from what the cloud says, not from what we wrote before.
         self._writers.clear()
         self._nodes.clear()
@@ -409,18 +395,7 @@ class HeartbeatDelegation:
         classifying, self._classifying = self._classifying, {}
         for lookup in classifying.values():
             lookup.cancel()
-        chains = []
-        for slot in slots.values():
-            if slot.retry_call is not None and slot.retry_call.active():
-                slot.retry_call.cancel()
-            slot.retry_call = None
-            slot.pending = None
-            slot.queued = False
-            if slot.chain is not None:
-                chain, slot.chain = slot.chain, None
-                chain.cancel()
-                chains.append(chain)
-        return chains
+        return chains, cancelled
 
     # -- the pool's Nodes ----------------------------------------------------------
 
@@ -597,120 +572,57 @@ class HeartbeatDelegation:
                           detail=detail)
 
     def _accept(self, key, lease):
-        slot = self._slots.get(key)
-        if slot is None:
-            slot = self._slots[key] = _LeaseSlot(self._make_backoff())
-        if slot.pending is None:
-            slot.pending = _Pending(lease, self._reactor.seconds())
-        else:
-            slot.pending.offer(lease)
-        self._enqueue(key, slot)
+        self._queue.add(key, _Heartbeat(lease, self._reactor.seconds()))
 
     def _forget_pending(self, key):
-        slot = self._slots.get(key)
-        if slot is None:
-            return
-        slot.pending = None
-        if slot.retry_call is not None:
-            if slot.retry_call.active():
-                slot.retry_call.cancel()
-            slot.retry_call = None
-        if slot.idle:
-            slot.queued = False
-            del self._slots[key]
+        self._queue.forget(key)
 
-    # -- the queue and one chain per lease ---------------------------------------
+    # -- one chain per lease (the queue runs them) ---------------------------------
 
-    def _enqueue(self, key, slot):
-        """Queue a lease with a pending state, unless it is running, waiting for a
-        retry or already queued; then start what the concurrency bound allows."""
-        if slot.pending is not None and slot.chain is None and slot.retry_call is None \
-                and not slot.queued:
-            slot.queued = True
-            self._ready.append(key)
-        self._pump()
+    def _delegate_state(self, key: str, state: _Heartbeat) -> defer.Deferred:
+        return self._delegate(key, state.lease)
 
-    def _pump(self):
-        if self._pumping:
-            return  # the outer loop picks up what was queued meanwhile
-        self._pumping = True
-        try:
-            while self._ready and self._active < self._max_concurrent:
-                key = self._ready.popleft()
-                slot = self._slots.get(key)
-                if slot is None or not slot.queued:
-                    continue
-                slot.queued = False
-                self._run(key, slot)
-        finally:
-            self._pumping = False
-
-    def _run(self, key, slot):
-        pending, slot.pending = slot.pending, None
-        if pending is None:
-            if slot.idle:
-                self._slots.pop(key, None)
-            return
-        self._active += 1
-        chain = slot.chain = self._delegate(key, pending.lease)
-        # May run at once when the chain finished synchronously (no healthy server).
-        chain.addBoth(self._finished, key, slot, pending)
-
-    def _finished(self, result, key, slot, pending):
-        if self._slots.get(key) is not slot or slot.chain is None:
-            return None  # stopped meanwhile: nothing of this chain is reported
-        slot.chain = None
-        self._active -= 1
-        seconds = max(0.0, self._reactor.seconds() - pending.since)
-        ok = not isinstance(result, Failure)
+    def _delegated(self, key: str, state: _Heartbeat, result: Tuple[str, Optional[str]],
+                   failures: int) -> None:
+        seconds = max(0.0, self._reactor.seconds() - state.since)
         if self._metrics is not None:
-            self._metrics.observe_delegation(seconds, ok)
-        if ok:
-            outcome, server = result
-            if self._cloud_unavailable:
-                self._cloud_unavailable = False
-                self.log.info("heartbeat delegations reach the cloud again via {server}",
-                              server=server)
-            if slot.backoff.failures:
-                self.log.info("heartbeat delegation of {lease} recovered after {failures} failures",
-                              lease=key, failures=slot.backoff.failures)
-            slot.backoff.reset()
-            if outcome == UNCHANGED:
-                self.skipped += 1
-            else:
-                self.delegated += 1
-                if outcome == CREATED:
-                    self.created += 1
-            self.log.debug("delegated heartbeat {lease} outcome={outcome} seconds={seconds:.3f}",
-                           lease=key, outcome=outcome, seconds=seconds)
-            if slot.idle:
-                self._slots.pop(key, None)
-            self._enqueue(key, slot)
-            return None
+            self._metrics.observe_delegation(seconds, True)
+        outcome, server = result
+        if self._cloud_unavailable:
+            self._cloud_unavailable = False
+            self.log.info("heartbeat delegations reach the cloud again via {server}",
+                          server=server)
+        if failures:
+            self.log.info("heartbeat delegation of {lease} recovered after {failures} failures",
+                          lease=key, failures=failures)
+        if outcome == UNCHANGED:
+            self.skipped += 1
+        else:
+            self.delegated += 1
+            if outcome == CREATED:
+                self.created += 1
+        self.log.debug("delegated heartbeat {lease} outcome={outcome} seconds={seconds:.3f}",
+                       lease=key, outcome=outcome, seconds=seconds)
+
+    def _delegation_failed(self, key: str, state: _Heartbeat, failure: Failure,
+                           failures: int, delay: float) -> None:
+        """Counted; the queue retries the newest state of the lease after ``delay``."""
         self.failures += 1
-        if slot.pending is None:
-            # Retry this state unless a newer one arrived meanwhile.
-            slot.pending = pending
-        delay = slot.backoff.next_delay()
+        if self._metrics is not None:
+            self._metrics.observe_delegation(
+                max(0.0, self._reactor.seconds() - state.since), False)
         # One line per outage, not one per node and retry: a cut cloud fails every
         # lease every few seconds.
-        if result.check(NoHealthyCloudServer) and not self._cloud_unavailable:
+        if failure.check(NoHealthyCloudServer) and not self._cloud_unavailable:
             self._cloud_unavailable = True
             self.log.warn("no healthy cloud server: heartbeat delegations wait and retry")
-        if slot.backoff.failures == 1 and not result.check(NoHealthyCloudServer):
+        if failures == 1 and not failure.check(NoHealthyCloudServer):
             self.log.warn("heartbeat delegation of {lease} failed: {error}; retry in {delay:.2f}s",
-                          lease=key, error=_describe(result), delay=delay)
+                          lease=key, error=_describe(failure), delay=delay)
         else:
             self.log.debug("heartbeat delegation of {lease} failed again: {error}; "
-                           "retry in {delay:.2f}s", lease=key, error=_describe(result), delay=delay)
-        slot.retry_call = self._reactor.callLater(delay, self._retry, key, slot)
-        self._pump()
-        return None
-
-    def _retry(self, key, slot):
-        slot.retry_call = None
-        if self._slots.get(key) is slot:
-            self._enqueue(key, slot)
+                           "retry in {delay:.2f}s", lease=key, error=_describe(failure),
+                           delay=delay)
 
     def _delegate(self, key, pool_lease):
         """One delegation of ``pool_lease``; fires with (outcome, server), outcome

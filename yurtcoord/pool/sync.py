@@ -36,7 +36,8 @@ from twisted.logger import Logger
 from zope.interface import implementer
 
 from yurtcoord.tx.heap import QuietCollections
-from yurtcoord.tx.inflight import InFlight, cancellable_sleep
+from yurtcoord.tx.inflight import InFlight
+from yurtcoord.tx.workqueue import WorkQueue
 from yurtcoord.kube import gvr as gvrs
 from yurtcoord.tx.backoff import Backoff
 from yurtcoord.kube.errors import NotFound
@@ -70,10 +71,26 @@ def object_bytes(obj, gvr, kind=None):
     return json.dumps(obj, separators=(",", ":")).encode("utf-8")
 
 
+# The pending write of a mirror that writes the informer's whole list (as one replace).
+WRITE_LIST = "list"
+
+
+def _merge_writes(old, new):
+    """The write to keep of two pending writes of one mirror: a whole list covers
+    every change (it is read from the informer when it runs); two batches of changes
+    become one, the newer change of a key winning. The older batch is the queue's
+    own (pending, or failed and done with) and grows in place: a burst of single
+    changes arriving while a write runs costs one dict update each, not a copy."""
+    if old == WRITE_LIST or new == WRITE_LIST:
+        return WRITE_LIST
+    old.update(new)
+    return old
+
+
 class ResourceMirror:
     """Keeps the pool store's copy of one resource equal to the cloud's.
 
-    Writes go through one queue, one store call at a time, coalesced per key (the
+    Writes go through a ``WorkQueue``, one store call at a time, coalesced per key (the
     newest change of a key wins), so the order of changes to one key is kept while
     a burst of changes becomes few etcd transactions. A list (the first, or a relist
     the informer made after 410) supersedes every queued change: it is written as
@@ -90,7 +107,7 @@ class ResourceMirror:
     log = Logger()
 
     def __init__(self, reactor, store, informer, gvr, kind=None, component=POOL_SCOPED_COMPONENT,
-                 metrics=None, on_change=None, backoff=None, busy=None):
+                 metrics=None, on_change=None, make_backoff=None, busy=None):
         self.reactor = reactor
         self.store = store
         self.informer = informer
@@ -100,20 +117,21 @@ class ResourceMirror:
         self.metrics = metrics
         self._on_change = on_change or (lambda: None)
         self._busy = busy or (lambda: None)
-        self.backoff = backoff if backoff is not None else Backoff(initial=0.5, maximum=10.0)
         self.listed = False
         self.failing = False
         self.writes = 0
         # Whole lists written (first list, relists, rewrites).
         self.lists_written = 0
-        self._pending = {}
         self._accepting = False
         self._stopped = False
-        self._writer = None
-        self._in_flight = InFlight()
+        # One key (this resource): its pending write, the write running and the
+        # retry pause after a failed one.
+        self._queue = WorkQueue(
+            reactor, self._write, _merge_writes,
+            make_backoff or (lambda: Backoff(initial=0.5, maximum=10.0)),
+            on_success=self._wrote, on_failure=self._failed)
         self._registration = None
         self._sync_wait = None
-        self._need_list = False
         self._lists_seen = None
         self._next_turn = None
 
@@ -124,8 +142,16 @@ class ResourceMirror:
     @property
     def idle(self):
         """Listed, nothing queued and no write running: the store equals the informer."""
-        return (self.listed and not self._pending and not self._need_list
-                and self._writer is None)
+        return self.listed and not self._relisting and not self._queue.has_work(self.name)
+
+    @property
+    def writing(self):
+        """Whether a write to the pool store is running now."""
+        return self._queue.running(self.name)
+
+    @property
+    def _relisting(self):
+        return self._next_turn is not None and self._next_turn.active()
 
     def start(self):
         self._registration = self.informer.add_handler(
@@ -144,8 +170,7 @@ class ResourceMirror:
         """
         if self._stopped or not self._accepting:
             return
-        self._need_list = True
-        self._kick()
+        self._queue.add(self.name, WRITE_LIST)
 
     def stop(self):
         """Stop the informer, cancel writes and retries; fires when all is quiet."""
@@ -153,15 +178,11 @@ class ResourceMirror:
             return defer.succeed(None)
         self._stopped = True
         self._accepting = False
-        self._pending.clear()
         if self._registration is not None:
             self._registration.remove()
         if self._next_turn is not None and self._next_turn.active():
             self._next_turn.cancel()
-        self._in_flight.cancel_all()
-        waits = [self.informer.stop()]
-        if self._writer is not None:
-            waits.append(self._writer)
+        waits = [self.informer.stop(), self._queue.stop()]
         return defer.DeferredList(waits, consumeErrors=True).addCallback(lambda _: None)
 
     # -- events --------------------------------------------------------------------
@@ -176,24 +197,23 @@ class ResourceMirror:
         if self._relisted():
             # A relist (after 410) delivers its difference in one go: write the
             # informer's whole new list once it is over, not change by change.
-            self._need_list = True
             self._kick_next_turn()
             return
-        if self._need_list:
+        if self._relisting:
             return
         key = self._key(obj)
         if key is None:
             return
         if event_type == "DELETED":
-            self._pending[key.path] = (key, None, None)
+            change = (key, None, None)
         else:
             rv = _resource_version(obj)
             if rv is None:
                 self.log.warn("{resource} {key} has no numeric resourceVersion; not mirrored",
                               resource=self.name, key=key.path)
                 return
-            self._pending[key.path] = (key, object_bytes(obj, self.gvr, self.kind), rv)
-        self._kick()
+            change = (key, object_bytes(obj, self.gvr, self.kind), rv)
+        self._queue.add(self.name, {key.path: change})
 
     def _key(self, obj):
         meta = obj.get("metadata") or {}
@@ -212,9 +232,8 @@ class ResourceMirror:
             return None
         # From here on every change is queued; the list itself is written first.
         self._accepting = True
-        self._need_list = True
         self._lists_seen = self.informer.lists
-        self._kick()
+        self._queue.add(self.name, WRITE_LIST)
         return None
 
     def _relisted(self):
@@ -237,68 +256,29 @@ class ResourceMirror:
 
     # -- the write queue ---------------------------------------------------------------
 
-    def _kick(self):
-        if self._writer is not None or self._stopped:
-            return
-        if not (self._pending or self._need_list):
-            return
-        writer = self._drain_and_finish()
-        if not writer.called:
-            self._writer = writer
-
     def _kick_next_turn(self):
-        """Kick once the informer's current delivery (a whole relist) is over."""
-        if self._next_turn is None or not self._next_turn.active():
-            self._next_turn = self.reactor.callLater(0, self._kick)
+        """Write the whole list once the informer's current delivery (a whole relist)
+        is over; changes delivered until then are covered by it."""
+        if not self._relisting:
+            self._next_turn = self.reactor.callLater(
+                0, self._queue.add, self.name, WRITE_LIST)
 
-    @defer.inlineCallbacks
-    def _drain_and_finish(self):
-        try:
-            yield self._drain()
-        finally:
-            self._writer = None
-        if not self._stopped and (self._pending or self._need_list):
-            self._kick()
-
-    @defer.inlineCallbacks
-    def _drain(self):
-        while (self._need_list or self._pending) and not self._stopped:
-            if self._need_list:
-                # The snapshot covers every change delivered so far.
-                self._need_list = False
-                self._pending.clear()
-                try:
-                    yield self._write_list(self._snapshot())
-                except Exception as e:
-                    if self._stopped:
-                        return
-                    self._need_list = True
-                    yield self._failed("writing the list", e)
-                    continue
-                self._wrote()
-                continue
-            batch, self._pending = self._pending, {}
-            try:
-                yield self._write_changes(batch)
-            except Exception as e:
-                if self._stopped:
-                    return
-                for path, entry in batch.items():
-                    self._pending.setdefault(path, entry)
-                yield self._failed(f"writing {len(batch)} changes", e)
-                continue
-            if self.failing:
-                # The failures may have been etcd restarting (see the module docstring).
-                self._need_list = True
-            self._wrote()
+    def _write(self, _name, write):
+        """One write the queue runs: the informer's whole list, or a batch of
+        changes (the entries written are removed from it, so a retry after a
+        failure writes only the rest)."""
+        if write == WRITE_LIST:
+            # The snapshot covers every change delivered so far.
+            return self._write_list(self._snapshot())
+        return self._write_changes(write)
 
     @defer.inlineCallbacks
     def _write_list(self, snapshot):
         """Replace the component's objects of this resource with ``snapshot``."""
         while True:
             try:
-                yield self._in_flight.track(self.store.replace_component_list(
-                    self.component, self.gvr, None, list(snapshot.values())))
+                yield self.store.replace_component_list(
+                    self.component, self.gvr, None, list(snapshot.values()))
             except ObjectTooLarge as e:
                 if snapshot.pop(e.key, None) is None:
                     raise
@@ -334,8 +314,7 @@ class ResourceMirror:
         puts = [entry for entry in batch.values() if entry[1] is not None]
         deletes = [entry[0] for entry in batch.values() if entry[1] is None]
         if puts:
-            outcome = yield self._in_flight.track(
-                self.store.create_or_update_many(puts, flush_key_cache=False))
+            outcome = yield self.store.create_or_update_many(puts, flush_key_cache=False)
             for path in outcome.too_large:
                 self.log.error("{resource} {key} too large for the pool store; not mirrored",
                                resource=self.name, key=path)
@@ -343,38 +322,30 @@ class ResourceMirror:
                 batch.pop(key.path, None)
             self.writes += len(puts)
         if deletes:
-            yield self._in_flight.track(self.store.delete_many(deletes, flush_key_cache=False))
+            yield self.store.delete_many(deletes, flush_key_cache=False)
             for key in deletes:
                 batch.pop(key.path, None)
             self.writes += len(deletes)
 
-    def _wrote(self):
-        if self.failing:
-            self.failing = False
-            self.backoff.reset()
-            self.log.info("pool sync of {resource} writes again", resource=self.name)
-            self._on_change()
-        else:
-            self.backoff.reset()
+    def _wrote(self, _name, write, _result, _failures):
+        if not self.failing:
+            return
+        self.failing = False
+        if write != WRITE_LIST:
+            # The failures may have been etcd restarting (see the module docstring).
+            self._queue.add(self.name, WRITE_LIST)
+        self.log.info("pool sync of {resource} writes again", resource=self.name)
+        self._on_change()
 
-    def _failed(self, what, error):
-        delay = self.backoff.next_delay()
+    def _failed(self, _name, write, failure, _failures, delay):
+        what = "writing the list" if write == WRITE_LIST else f"writing {len(write)} changes"
         first = not self.failing
         self.failing = True
         self.log.warn("pool sync of {resource} failed {what}: {error}; retry in {delay:.2f}s",
-                      resource=self.name, what=what, error=str(error) or type(error).__name__,
-                      delay=delay)
+                      resource=self.name, what=what,
+                      error=failure.getErrorMessage() or failure.type.__name__, delay=delay)
         if first:
             self._on_change()
-        pause = self._in_flight.track(cancellable_sleep(self.reactor, delay))
-        return pause.addErrback(self._ignore_cancel)
-
-    # -- plumbing ----------------------------------------------------------------------
-
-    @staticmethod
-    def _ignore_cancel(failure):
-        failure.trap(defer.CancelledError)
-        return None
 
 
 @implementer(IRoleComponent)
@@ -547,7 +518,7 @@ class PoolSyncManager:
             mirror = ResourceMirror(
                 self.reactor, self.store, informer, gvr, kind=self._kind_of(gvr),
                 component=self.component, metrics=self.metrics,
-                on_change=self._mirror_changed, backoff=self._write_backoff(),
+                on_change=self._mirror_changed, make_backoff=self._write_backoff,
                 busy=self._heap.busy)
             self.mirrors[rid] = mirror
             self.log.info("pool sync mirrors {resource}", resource=mirror.name)

@@ -380,6 +380,22 @@ class DelegationLogicTests(DelegationFixture, unittest.TestCase):
         self.assertEqual(self.cloud.calls, [("get", "node-b"), ("create", "node-b")])
         self.assertEqual(parse_micro_time(self.stored("node-b")["spec"]["renewTime"]), T0 + 1)
 
+    def test_annotation_removed_while_a_failing_chain_runs_is_not_retried(self):
+        self.cloud.fail_next("get", ServerError("boom"))
+        self.cloud.hold("get")
+        self.start()
+        self.informer.add(pool_lease("node-b", T0 + 1))
+        self.informer.update(pool_lease("node-b", T0 + 1),
+                             pool_lease("node-b", T0 + 2, delegated=False))
+        self.cloud.release_hold("get")
+        self.cloud.deliver_held()
+        self.assertEqual(self.delegation.failures, 1)
+        # The node writes to the cloud itself again: its old state is not retried.
+        self.assertEqual(self.clock.getDelayedCalls(), [])
+        self.clock.advance(60)
+        self.assertEqual(self.cloud.calls, [("get", "node-b")])
+        self.assertIsNone(self.stored("node-b"))
+
     def test_a_healthy_server_is_picked_for_every_delegation(self):
         self.health.picks_from = [CLOUD_A, CLOUD_B]
         self.start()

@@ -842,7 +842,7 @@ class PoolSyncLiveTests(unittest.TestCase):
         manager = self.new_manager()
         yield manager.start(self.new_store())
         yield poll_until(lambda: manager.all_listed or any(
-            m._writer is not None for m in manager.mirrors.values()),
+            m.writing for m in manager.mirrors.values()),
             timeout=30, what="a list being written")
         stopping = manager.stop()
         yield stopping
