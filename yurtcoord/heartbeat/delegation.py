@@ -65,7 +65,7 @@ from zope.interface import Interface, implementer
 
 from yurtcoord.agent.config import format_duration
 from yurtcoord.heartbeat.probes import DELEGATE_HEARTBEAT_ANNOTATION, NODE_LEASE_NAMESPACE
-from yurtcoord.tx.backoff import Backoff
+from yurtcoord.tx.retry import DELEGATION_RETRY, Retries
 from yurtcoord.kube.errors import KubeError, NotFound
 from yurtcoord.kube.gvr import LEASES, NODES
 from yurtcoord.kube.informer import Informer
@@ -238,7 +238,7 @@ class HeartbeatDelegation:
     - ``heartbeat_interval``: the pool's ``[heartbeat] interval`` in seconds; with
       ``max_clock_skew`` it bounds the age of a renewal that is still forwarded;
     - ``metrics``: optional, an ``IDelegationMetrics``;
-    - ``make_backoff()`` → a ``Backoff`` for the retries of one lease.
+    - ``make_backoff()`` → a ``yurtcoord.tx.retry.Retries`` for the retries of one lease.
 
     ``max_concurrent`` bounds the chains in flight over all leases (others wait in
     a FIFO queue): as many as the cloud client keeps persistent connections, so a
@@ -267,7 +267,7 @@ class HeartbeatDelegation:
         self.max_clock_skew = max_clock_skew
         self.heartbeat_interval = heartbeat_interval
         self._metrics = metrics
-        self._make_backoff = make_backoff or (lambda: Backoff(initial=0.5, maximum=5.0))
+        self._make_backoff = make_backoff or (lambda: Retries(DELEGATION_RETRY))
         self._max_attempts = max_attempts
         self._max_concurrent = max_concurrent
         self._informer = None

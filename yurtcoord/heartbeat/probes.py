@@ -47,7 +47,8 @@ from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
 
 from yurtcoord.kube.lease import format_micro_time, node_owner_reference
-from yurtcoord.kube.leasewriter import LeaseWriter, RetryPolicy
+from yurtcoord.kube.leasewriter import LeaseWriter
+from yurtcoord.tx.retry import RetryPolicy, backoff_policy
 
 NODE_LEASE_NAMESPACE = "kube-node-lease"
 DELEGATE_HEARTBEAT_ANNOTATION = "openyurt.io/delegate-heartbeat"
@@ -95,11 +96,8 @@ def probe_retry_policy(interval: float, timeout: float, failed_retry: int) -> Re
         raise ValueError(f"failed_retry must be at least 1, got {failed_retry}")
     slack = max(0.0, interval - failed_retry * timeout)
     first = slack / 2 ** (failed_retry - 1)
-
-    def policy(failures: int) -> float:
-        return first * 2 ** (failures - 1)
-
-    return policy
+    # The last pause (before attempt failed_retry) is slack / 2: the cap never binds.
+    return backoff_policy(initial=first, maximum=slack, factor=2.0, jitter=0.0)
 
 
 @dataclass(frozen=True)

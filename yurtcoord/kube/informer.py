@@ -33,7 +33,7 @@ from twisted.internet import defer
 from twisted.internet.task import deferLater
 from twisted.logger import Logger
 
-from yurtcoord.tx.backoff import Backoff
+from yurtcoord.tx.retry import INFORMER_RETRY, Retries
 from yurtcoord.kube.errors import Gone, ListTooLong, ResponseTooLarge, ServerError
 
 MIN_HEALTHY_WATCH_SECONDS = 1.0
@@ -119,7 +119,7 @@ class Informer:
         self.namespace = namespace
         self.label_selector = label_selector
         self.field_selector = field_selector
-        self.backoff = backoff if backoff is not None else Backoff(initial=0.5, maximum=30.0)
+        self.backoff = backoff if backoff is not None else Retries(INFORMER_RETRY)
         self.watch_timeout_seconds = watch_timeout_seconds
         if watch_idle_timeout is None and watch_timeout_seconds:
             # The server ends every stream after watch_timeout_seconds; a stream

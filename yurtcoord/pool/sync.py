@@ -38,7 +38,7 @@ from zope.interface import implementer
 from yurtcoord.tx.heap import QuietCollections
 from yurtcoord.tx.inflight import InFlight, cancellable_sleep
 from yurtcoord.kube import gvr as gvrs
-from yurtcoord.tx.backoff import Backoff
+from yurtcoord.tx.retry import POOL_WRITE_RETRY, Retries
 from yurtcoord.kube.errors import NotFound
 from yurtcoord.kube.informer import Informer
 from yurtcoord.kube.lease import LeaseRecord, build_lease, node_owner_reference, with_record
@@ -101,7 +101,7 @@ class ResourceMirror:
         self.metrics = metrics
         self._on_change = on_change or (lambda: None)
         self._busy = busy or (lambda: None)
-        self.backoff = backoff if backoff is not None else Backoff(initial=0.5, maximum=10.0)
+        self.backoff = backoff if backoff is not None else Retries(POOL_WRITE_RETRY)
         self.listed = False
         self.failing = False
         self.writes = 0
@@ -405,7 +405,7 @@ class PoolSyncManager:
         self.informer_lease_renew = float(informer_lease_renew)
         self.metrics = metrics
         self._informer_factory = informer_factory
-        self._write_backoff = write_backoff or (lambda: Backoff(initial=0.5, maximum=10.0))
+        self._write_backoff = write_backoff or (lambda: Retries(POOL_WRITE_RETRY))
         self.component = component
         self.store = None
         self.mirrors = {}

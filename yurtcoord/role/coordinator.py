@@ -35,28 +35,7 @@ from zope.interface import implementer
 
 from yurtcoord.role.roles import Role
 from yurtcoord.agent.status import IStatusSource, rfc3339
-
-
-def capped_backoff(initial=0.5, factor=2.0, cap=30.0):
-    """Retry policy: ``attempt`` (1, 2, ...) → delay in seconds, growing by
-    ``factor`` from ``initial`` up to ``cap``."""
-
-    def delay(attempt):
-        return min(cap, initial * factor ** (attempt - 1))
-
-    return delay
-
-
-def backoff_policy(backoff):
-    """Retry policy from a ``yurtcoord.tx.backoff.Backoff`` (capped, jittered):
-    attempt 1 starts it afresh."""
-
-    def delay(attempt):
-        if attempt == 1:
-            backoff.reset()
-        return backoff.next_delay()
-
-    return delay
+from yurtcoord.tx.retry import ROLE_RETRY
 
 
 def _uploaded_count(counts):
@@ -166,8 +145,7 @@ class Coordinator:
       count (an int, or counts with ``uploaded`` or ``created`` + ``updated``,
       as keys or attributes) and errbacking when the upload failed.
     - ``retry_delay(attempt)`` → seconds before retry ``attempt`` (1, 2, ...) of
-      a failed run; ``capped_backoff()`` by default, ``backoff_policy(Backoff())``
-      for jitter.
+      a failed run: a ``yurtcoord.tx.retry`` policy, ``ROLE_RETRY`` by default.
     - ``metrics``: optional, with ``set_role(name)``, ``set_healthy(bool)`` and
       ``set_ready(bool)``.
     - For ``status()``: optional callables ``cloud_servers()`` → {url: healthy},
@@ -190,7 +168,7 @@ class Coordinator:
         self._detector = _ComponentSlot("synced detection", synced_detector,
                                         node_name)
         self._upload_local_cache = upload_local_cache
-        self._retry_delay = retry_delay or capped_backoff()
+        self._retry_delay = retry_delay or ROLE_RETRY
         self._metrics = metrics
         self._cloud_servers = cloud_servers or dict
         self._coordinator_healthy = coordinator_healthy
