@@ -65,8 +65,9 @@ from zope.interface import Interface, implementer
 
 from yurtcoord.agent.config import format_duration
 from yurtcoord.heartbeat.probes import DELEGATE_HEARTBEAT_ANNOTATION, NODE_LEASE_NAMESPACE
+from yurtcoord.tx.failures import describe_failure
 from yurtcoord.tx.retry import DELEGATION_RETRY, Retries
-from yurtcoord.kube.errors import KubeError, NotFound
+from yurtcoord.kube.errors import NotFound
 from yurtcoord.kube.gvr import LEASES, NODES
 from yurtcoord.kube.informer import Informer
 from yurtcoord.kube.lease import format_micro_time, owner_reference_to_node, parse_micro_time
@@ -573,7 +574,7 @@ class HeartbeatDelegation:
         if isinstance(result, Failure):
             if not result.check(NotFound):
                 self.log.debug("reading node {node} failed: {error}", node=name,
-                               error=_describe(result))
+                               error=describe_failure(result))
                 return None  # not known why: the next renewal asks again
             reason = REFUSED_NO_SUCH_NODE
         elif self._in_pool(result):
@@ -701,10 +702,11 @@ class HeartbeatDelegation:
             self.log.warn("no healthy cloud server: heartbeat delegations wait and retry")
         if slot.backoff.failures == 1 and not result.check(NoHealthyCloudServer):
             self.log.warn("heartbeat delegation of {lease} failed: {error}; retry in {delay:.2f}s",
-                          lease=key, error=_describe(result), delay=delay)
+                          lease=key, error=describe_failure(result), delay=delay)
         else:
             self.log.debug("heartbeat delegation of {lease} failed again: {error}; "
-                           "retry in {delay:.2f}s", lease=key, error=_describe(result), delay=delay)
+                           "retry in {delay:.2f}s", lease=key, error=describe_failure(result),
+                           delay=delay)
         slot.retry_call = self._reactor.callLater(delay, self._retry, key, slot)
         self._pump()
         return None
@@ -771,10 +773,3 @@ def _absent_detail(reason, name, pool):
     if reason == REFUSED_NOT_POOL_MEMBER:
         return f"node {name} is not labelled {NODE_POOL_LABEL}={pool}"
     return f"the cloud has no node {name}"
-
-
-def _describe(failure):
-    error = failure.value
-    if isinstance(error, KubeError):
-        return str(error)
-    return f"{failure.type.__name__}: {failure.getErrorMessage()}"

@@ -48,6 +48,8 @@ from twisted.logger import Logger
 
 from yurtcoord.kube.lease import format_micro_time, node_owner_reference
 from yurtcoord.kube.leasewriter import LeaseWriter
+from yurtcoord.tx.failures import describe_failure
+from yurtcoord.tx.inflight import InFlight
 from yurtcoord.tx.retry import RetryPolicy, backoff_policy
 
 NODE_LEASE_NAMESPACE = "kube-node-lease"
@@ -392,7 +394,7 @@ class LeaseProber:
             # A probe abandoned (the prober stopped) tells nothing about the server.
             if failure.check(defer.CancelledError):
                 return failure
-            self._record(False, _describe(failure))
+            self._record(False, _probe_error(failure))
             return False
 
         d.addCallbacks(answered, failed)
@@ -430,10 +432,11 @@ class LeaseProber:
                 self.log.failure("health change handler of {server} raised", server=self.server)
 
 
-def _describe(failure):
+def _probe_error(failure):
+    """Why a probe failed; a probe cut off by its timeout says so plainly."""
     if failure.check(defer.TimeoutError, defer.CancelledError):
         return "probe timed out"
-    return f"{failure.type.__name__}: {failure.getErrorMessage()}"
+    return describe_failure(failure)
 
 
 class CloudHealthChecker:

@@ -38,6 +38,7 @@ from twisted.web import http as twisted_http
 from twisted.web.client import ResponseDone
 from twisted.web.http import PotentialDataLoss
 
+from yurtcoord.tx.failures import describe_failure
 from yurtcoord.tx.httpbody import drop_connection
 from yurtcoord.kube.errors import (
     ConnectionFailed, ResponseTooLarge, ServerError, Timeout, error_from_status,
@@ -52,15 +53,6 @@ _decode_json = json.JSONDecoder().decode
 # Its scanner (C): a line that is exactly one JSON value, without the decoder's
 # whitespace regexes and wrapper calls; anything else falls back to _decode_json.
 _scan_json = json.JSONDecoder().scan_once
-
-
-def describe(failure):
-    """A short reason for a lost connection; unwraps ResponseFailed's list of causes."""
-    reasons = getattr(failure.value, "reasons", None)
-    if isinstance(reasons, (list, tuple)) and reasons:
-        return "; ".join(r.getErrorMessage() if isinstance(r, Failure) else str(r)
-                         for r in reasons)
-    return failure.getErrorMessage()
 
 
 class WatchStreamProtocol(Protocol):
@@ -223,7 +215,8 @@ class WatchStreamProtocol(Protocol):
         elif reason is None or reason.check(ResponseDone, PotentialDataLoss):
             result = None
         else:
-            result = ConnectionFailed(f"watch stream from {self.url} lost: {describe(reason)}")
+            result = ConnectionFailed(
+                f"watch stream from {self.url} lost: {describe_failure(reason)}")
         if result is None:
             self.finished.callback(None)
         else:
