@@ -76,7 +76,7 @@ from yurtcoord.etcd.errors import (
     TooManyOperations,
     TransactionFailed,
 )
-from yurtcoord.tx.inflight import InFlight
+from yurtcoord.tx.inflight import InFlight, cancellable_sleep
 
 __all__ = ["EtcdConfig", "EtcdClient", "RangePage", "TransactionResult", "prefix_range_end",
            "prefix_keyset"]
@@ -757,7 +757,7 @@ class EtcdClient:
         """Cancel requests in flight (they fail with ``ClientClosed``) and close connections."""
         d = self._transport.close()
         # Aborted connections finish closing on the next reactor turn.
-        d.addCallback(lambda _: _next_turn(self._reactor))
+        d.addCallback(lambda _: cancellable_sleep(self._reactor, 0))
         return d
 
 
@@ -777,12 +777,6 @@ def _require_bytes(**values):
     for name, value in values.items():
         if not isinstance(value, bytes):
             raise TypeError(f"{name} must be bytes, not {type(value).__name__}")
-
-
-def _next_turn(reactor):
-    d = Deferred()
-    reactor.callLater(0, d.callback, None)
-    return d
 
 
 def _guard_parse(parse):
