@@ -689,7 +689,8 @@ class KubeletHealthChecker:
         self.last_healthy = None
         self._loop = None
         self._loop_done = None
-        self._in_flight = None
+        # The checks still waiting on the kubelet, cancelled at stop.
+        self._checks = InFlight()
         self._stopping = False
         self._listeners = []
         self._dead = False
@@ -755,8 +756,7 @@ class KubeletHealthChecker:
         self._stopping = True
         loop, done = self._loop, self._loop_done
         self._loop = self._loop_done = None
-        if self._in_flight is not None:
-            self._in_flight.cancel()
+        self._checks.cancel_all()
         if loop.running:
             loop.stop()
         return done
@@ -770,12 +770,9 @@ class KubeletHealthChecker:
             yield response.content()
             return response.code == 200
 
-        d = ask()
-        d.addTimeout(self._timeout, self._reactor)
-        self._in_flight = d
+        d = self._checks.track(ask().addTimeout(self._timeout, self._reactor))
 
         def answered(healthy):
-            self._in_flight = None
             if self._stopping:
                 return healthy
             if healthy:
@@ -787,10 +784,9 @@ class KubeletHealthChecker:
             return healthy
 
         def failed(failure):
-            self._in_flight = None
             if not self._stopping:
                 self.log.debug("kubelet healthz {url} failed: {error}",
-                               url=self.url, error=_describe(failure))
+                               url=self.url, error=_probe_error(failure))
                 self.is_alive()
             return False
 
