@@ -35,6 +35,7 @@ from twisted.logger import Logger
 
 from yurtcoord.tx.retry import INFORMER_RETRY, Retries
 from yurtcoord.kube.errors import Gone, ListTooLong, ResponseTooLarge, ServerError
+from yurtcoord.kube.lease import resource_version
 
 MIN_HEALTHY_WATCH_SECONDS = 1.0
 # Objects per list request (client-go's pager uses 500 too).
@@ -51,10 +52,6 @@ def object_key(obj):
     namespace = meta.get("namespace")
     name = meta.get("name", "")
     return f"{namespace}/{name}" if namespace else name
-
-
-def resource_version(obj):
-    return (obj.get("metadata") or {}).get("resourceVersion")
 
 
 def _page_of(result, gvr):

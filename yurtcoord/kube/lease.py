@@ -166,9 +166,18 @@ def lease_transitions(lease):
     return LeaseRecord.from_lease(lease).lease_transitions
 
 
-def resource_version(obj):
+def resource_version(obj: Optional[dict]) -> Optional[str]:
     """``metadata.resourceVersion`` of any object dict, or None."""
     return ((obj or {}).get("metadata") or {}).get("resourceVersion")
+
+
+def resource_version_number(obj: Optional[dict]) -> Optional[int]:
+    """``metadata.resourceVersion`` of any object dict as a number, or None when it is
+    absent or not a decimal number (as the pool store orders versions)."""
+    rv = resource_version(obj)
+    if isinstance(rv, str) and rv.isdigit():
+        return int(rv)
+    return None
 
 
 def owner_reference_to_node(node: Optional[dict]) -> Optional[dict]:

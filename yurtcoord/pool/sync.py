@@ -42,6 +42,7 @@ from yurtcoord.tx.retry import POOL_WRITE_RETRY, Retries
 from yurtcoord.kube.errors import NotFound
 from yurtcoord.kube.informer import Informer
 from yurtcoord.kube.lease import LeaseRecord, build_lease, node_owner_reference, with_record
+from yurtcoord.kube.lease import resource_version_number as _resource_version
 from yurtcoord.kube.leasewriter import LeaseWriter
 from yurtcoord.pool.scope import describe, merge_resources, resource_id
 from yurtcoord.pool.keycache import POOL_SCOPED_COMPONENT
@@ -651,10 +652,3 @@ class PoolSyncManager:
         if owner is not None:
             lease["metadata"]["ownerReferences"] = [owner]
         return lease
-
-
-def _resource_version(obj):
-    rv = (obj.get("metadata") or {}).get("resourceVersion")
-    if isinstance(rv, str) and rv.isdigit():
-        return int(rv)
-    return None
