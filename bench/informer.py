@@ -64,7 +64,7 @@ def config_map(i, namespace):
 def run_yurtcoord_consumer(url, namespace, count):
     from twisted.internet import defer, task
 
-    from yurtcoord.tx.backoff import Backoff
+    from yurtcoord.tx.retry import Retries, backoff_policy
     from yurtcoord.kube.client import ClientConfig, KubeClient
     from yurtcoord.kube.gvr import CONFIGMAPS
     from yurtcoord.kube.informer import Informer
@@ -73,7 +73,7 @@ def run_yurtcoord_consumer(url, namespace, count):
     def main(reactor):
         client = KubeClient(reactor, ClientConfig(server=url, insecure=True, timeout=30))
         informer = Informer(reactor, client, CONFIGMAPS, namespace=namespace,
-                            backoff=Backoff(initial=0.01, maximum=0.05))
+                            backoff=Retries(backoff_policy(initial=0.01, maximum=0.05)))
         finished = defer.Deferred()
         state = {"n": 0}
 

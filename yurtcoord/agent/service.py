@@ -47,12 +47,12 @@ from twisted.web.client import Agent as HTTPAgent, HTTPConnectionPool
 
 from yurtcoord.agent.certs import CertificateClient, CertManager
 from yurtcoord.agent.config import ConfigError
-from yurtcoord.role.coordinator import Coordinator, backoff_policy
+from yurtcoord.role.coordinator import Coordinator
 from yurtcoord.heartbeat.delegation import HeartbeatDelegation
 from yurtcoord.etcd.client import EtcdClient, EtcdConfig
 from yurtcoord.heartbeat.probes import CloudHealthChecker, CoordinatorHealthChecker, KubeletHealthChecker
 from yurtcoord.role.hubelector import HubElector
-from yurtcoord.tx.backoff import Backoff
+from yurtcoord.tx.retry import ROLE_RETRY
 from yurtcoord.kube.client import ClientConfig, KubeClient
 from yurtcoord.kube.leaderelection import LeaderElectionConfig, LeaderElector
 from yurtcoord.pool.localcache import LocalCacheReader
@@ -74,9 +74,6 @@ STORE_CHECK_TIMEOUT = 5.0
 # The hub elector's first check waits for every prober's first answer, at the latest
 # this long after the probes' own timeout.
 FIRST_PROBE_SLACK = 0.5
-# Retry delays of a failed role step: a growing backoff, never a busy loop.
-ROLE_RETRY_INITIAL = 0.5
-ROLE_RETRY_MAXIMUM = 30.0
 
 
 class StatusHTTPService(service.Service):
@@ -306,8 +303,7 @@ class Agent(service.MultiService):
         self.coordinator = Coordinator(
             reactor, node, self._open_pool_store, self.pool_sync, self.delegation,
             self.synced_detector, self._upload_local_cache,
-            retry_delay=backoff_policy(Backoff(initial=ROLE_RETRY_INITIAL,
-                                               maximum=ROLE_RETRY_MAXIMUM)))
+            retry_delay=ROLE_RETRY)
         self.metrics.follow(self.coordinator)
 
         self.election_config = LeaderElectionConfig(

@@ -61,6 +61,7 @@ from yurtcoord.etcd.txaioetcd_private import (
 from yurtcoord.tx import httpbody
 from yurtcoord.tx.tlsreload import PEMSource, ReloadingTLSPolicy
 from yurtcoord.tx.twisted_private import ParseError, QuietHTTPConnectionPool
+from yurtcoord.tx.failures import describe_failure, is_cancellation
 from yurtcoord.etcd.errors import (
     BadResponse,
     ClientClosed,
@@ -74,7 +75,7 @@ from yurtcoord.etcd.errors import (
     TooManyOperations,
     TransactionFailed,
 )
-from yurtcoord.tx.inflight import InFlight
+from yurtcoord.tx.inflight import InFlight, cancellable_sleep
 
 __all__ = ["EtcdConfig", "EtcdClient", "RangePage", "TransactionResult", "prefix_range_end",
            "prefix_keyset"]
@@ -397,27 +398,23 @@ class _Transport:
         if failure.check(EtcdError):
             return failure
         reasons = getattr(failure.value, "reasons", None) or []
-        # Only our timeout and close() cancel requests; the HTTP client may wrap the
-        # cancellation in ResponseNeverReceived/ResponseFailed, and a cancel while still
-        # connecting (a cut link drops the SYN) is ConnectingCancelledError.
-        cancellations = (defer.CancelledError, net_error.ConnectingCancelledError)
-        cancelled = failure.check(*cancellations) or any(
-            r.check(*cancellations) for r in reasons)
+        # Only our timeout and close() cancel requests.
+        cancelled = is_cancellation(failure)
         if self.closed and cancelled:
             raise ClientClosed("etcd client closed")
         if cancelled or failure.check(defer.TimeoutError, net_error.TimeoutError):
             raise EtcdTimeout(f"etcd did not answer {path} within {timeout}s")
         if any(r.check(ParseError) for r in reasons):
             raise BadResponse(f"etcd answered {path} with something that is not HTTP: "
-                              f"{_describe(failure)}")
+                              f"{describe_failure(failure)}")
         if failure.check(*_CONNECTION_FAILURES):
             not_delivered = bool(failure.check(*_NOT_DELIVERED))
-            error = EtcdUnavailable(f"etcd unreachable at {self._base}: {_describe(failure)}")
+            error = EtcdUnavailable(f"etcd unreachable at {self._base}: {describe_failure(failure)}")
             error.maybe_applied = not not_delivered
             raise _Resendable(error, not_delivered=not_delivered)
         self.log.error("etcd request {path} failed unexpectedly: {error}", path=path,
-                       error=_describe(failure))
-        raise EtcdError(f"etcd request {path} failed: {_describe(failure)}")
+                       error=describe_failure(failure))
+        raise EtcdError(f"etcd request {path} failed: {describe_failure(failure)}")
 
     def parse(self, status_and_body):
         """The JSON object of a 200 answer, else the typed error the answer means."""
@@ -495,14 +492,6 @@ def _read_response(response, limit, path):
         response.code))
     d.addCallback(lambda body: (response.code, body))
     return d
-
-
-def _describe(failure):
-    value = failure.value
-    reasons = getattr(value, "reasons", None)
-    if reasons:
-        return "; ".join(f"{r.type.__name__}: {r.getErrorMessage()}" for r in reasons)
-    return f"{failure.type.__name__}: {failure.getErrorMessage()}"
 
 
 class EtcdClient:
@@ -624,7 +613,7 @@ class EtcdClient:
         """Cancel requests in flight (they fail with ``ClientClosed``) and close connections."""
         d = self._transport.close()
         # Aborted connections finish closing on the next reactor turn.
-        d.addCallback(lambda _: _next_turn(self._reactor))
+        d.addCallback(lambda _: cancellable_sleep(self._reactor, 0))
         return d
 
 
@@ -648,12 +637,6 @@ def _require_bytes(**values):
     for name, value in values.items():
         if not isinstance(value, bytes):
             raise TypeError(f"{name} must be bytes, not {type(value).__name__}")
-
-
-def _next_turn(reactor):
-    d = Deferred()
-    reactor.callLater(0, d.callback, None)
-    return d
 
 
 def _guard_parse(parse):

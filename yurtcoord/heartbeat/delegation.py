@@ -63,8 +63,9 @@ from twisted.python.failure import Failure
 from zope.interface import Interface, implementer
 
 from yurtcoord.agent.config import format_duration
-from yurtcoord.tx.backoff import Backoff
-from yurtcoord.kube.errors import KubeError, NotFound
+from yurtcoord.tx.failures import describe_failure
+from yurtcoord.tx.retry import DELEGATION_RETRY, Retries
+from yurtcoord.kube.errors import NotFound
 from yurtcoord.kube.gvr import LEASES, NODES
 from yurtcoord.kube.informer import Informer
 from yurtcoord.kube.lease import format_micro_time, owner_reference_to_node, parse_micro_time
@@ -221,7 +222,7 @@ class HeartbeatDelegation:
     - ``heartbeat_interval``: the pool's ``[heartbeat] interval`` in seconds; with
       ``max_clock_skew`` it bounds the age of a renewal that is still forwarded;
     - ``metrics``: optional, an ``IDelegationMetrics``;
-    - ``make_backoff()`` → a ``Backoff`` for the retries of one lease.
+    - ``make_backoff()`` → a ``yurtcoord.tx.retry.Retries`` for the retries of one lease.
 
     ``max_concurrent`` bounds the chains in flight over all leases (others wait in
     a FIFO queue): as many as the cloud client keeps persistent connections, so a
@@ -256,7 +257,7 @@ class HeartbeatDelegation:
         # One chain per lease, the newest state pending, per-lease backoff.
         self._queue: WorkQueue[str, _Heartbeat] = WorkQueue(
             reactor, self._delegate_state, _newest,
-            make_backoff or (lambda: Backoff(initial=0.5, maximum=5.0)),
+            make_backoff or (lambda: Retries(DELEGATION_RETRY)),
             max_concurrent=max_concurrent, on_success=self._delegated,
             on_failure=self._delegation_failed)
         # key -> (server, LeaseWriter): the writer of each lease on its last server.
@@ -546,7 +547,7 @@ class HeartbeatDelegation:
         if isinstance(result, Failure):
             if not result.check(NotFound):
                 self.log.debug("reading node {node} failed: {error}", node=name,
-                               error=_describe(result))
+                               error=describe_failure(result))
                 return None  # not known why: the next renewal asks again
             reason = REFUSED_NO_SUCH_NODE
         elif self._in_pool(result):
@@ -618,10 +619,10 @@ class HeartbeatDelegation:
             self.log.warn("no healthy cloud server: heartbeat delegations wait and retry")
         if failures == 1 and not failure.check(NoHealthyCloudServer):
             self.log.warn("heartbeat delegation of {lease} failed: {error}; retry in {delay:.2f}s",
-                          lease=key, error=_describe(failure), delay=delay)
+                          lease=key, error=describe_failure(failure), delay=delay)
         else:
             self.log.debug("heartbeat delegation of {lease} failed again: {error}; "
-                           "retry in {delay:.2f}s", lease=key, error=_describe(failure),
+                           "retry in {delay:.2f}s", lease=key, error=describe_failure(failure),
                            delay=delay)
 
     def _delegate(self, key, pool_lease):
@@ -681,10 +682,3 @@ def _absent_detail(reason, name, pool):
     if reason == REFUSED_NOT_POOL_MEMBER:
         return f"node {name} is not labelled {NODE_POOL_LABEL}={pool}"
     return f"the cloud has no node {name}"
-
-
-def _describe(failure):
-    error = failure.value
-    if isinstance(error, KubeError):
-        return str(error)
-    return f"{failure.type.__name__}: {failure.getErrorMessage()}"

@@ -35,8 +35,11 @@ from zope.interface import implementer
 
 from yurtcoord.heartbeat.interfaces import ICloudHealthChecker, IHealthChecker
 from yurtcoord.kube.lease import format_micro_time, node_owner_reference
-from yurtcoord.kube.leasewriter import LeaseWriter, RetryPolicy
+from yurtcoord.kube.leasewriter import LeaseWriter
 from yurtcoord.names import DELEGATE_HEARTBEAT_ANNOTATION, NODE_LEASE_NAMESPACE
+from yurtcoord.tx.failures import describe_failure
+from yurtcoord.tx.inflight import InFlight
+from yurtcoord.tx.retry import RetryPolicy, backoff_policy
 
 NODE_LEASE_DURATION_SECONDS = 40
 # Seconds from the pool leader's death until the next leader forwards heartbeats with
@@ -83,11 +86,8 @@ def probe_retry_policy(interval: float, timeout: float, failed_retry: int) -> Re
         raise ValueError(f"failed_retry must be at least 1, got {failed_retry}")
     slack = max(0.0, interval - failed_retry * timeout)
     first = slack / 2 ** (failed_retry - 1)
-
-    def policy(failures: int) -> float:
-        return first * 2 ** (failures - 1)
-
-    return policy
+    # The last pause (before attempt failed_retry) is slack / 2: the cap never binds.
+    return backoff_policy(initial=first, maximum=slack, factor=2.0, jitter=0.0)
 
 
 @dataclass(frozen=True)
@@ -392,7 +392,7 @@ class LeaseProber:
             # A probe abandoned (the prober stopped) tells nothing about the server.
             if failure.check(defer.CancelledError):
                 return failure
-            self._record(False, _describe(failure))
+            self._record(False, _probe_error(failure))
             return False
 
         d.addCallbacks(answered, failed)
@@ -434,10 +434,11 @@ class LeaseProber:
             waiter.callback(None)
 
 
-def _describe(failure):
+def _probe_error(failure):
+    """Why a probe failed; a probe cut off by its timeout says so plainly."""
     if failure.check(defer.TimeoutError, defer.CancelledError):
         return "probe timed out"
-    return f"{failure.type.__name__}: {failure.getErrorMessage()}"
+    return describe_failure(failure)
 
 
 @implementer(ICloudHealthChecker)
@@ -690,7 +691,8 @@ class KubeletHealthChecker:
         self.last_healthy = None
         self._loop = None
         self._loop_done = None
-        self._in_flight = None
+        # The checks still waiting on the kubelet, cancelled at stop.
+        self._checks = InFlight()
         self._stopping = False
         self._listeners = []
         self._dead = False
@@ -756,8 +758,7 @@ class KubeletHealthChecker:
         self._stopping = True
         loop, done = self._loop, self._loop_done
         self._loop = self._loop_done = None
-        if self._in_flight is not None:
-            self._in_flight.cancel()
+        self._checks.cancel_all()
         if loop.running:
             loop.stop()
         return done
@@ -771,12 +772,9 @@ class KubeletHealthChecker:
             yield response.content()
             return response.code == 200
 
-        d = ask()
-        d.addTimeout(self._timeout, self._reactor)
-        self._in_flight = d
+        d = self._checks.track(ask().addTimeout(self._timeout, self._reactor))
 
         def answered(healthy):
-            self._in_flight = None
             if self._stopping:
                 return healthy
             if healthy:
@@ -788,10 +786,9 @@ class KubeletHealthChecker:
             return healthy
 
         def failed(failure):
-            self._in_flight = None
             if not self._stopping:
                 self.log.debug("kubelet healthz {url} failed: {error}",
-                               url=self.url, error=_describe(failure))
+                               url=self.url, error=_probe_error(failure))
                 self.is_alive()
             return False
 

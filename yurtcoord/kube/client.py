@@ -45,9 +45,7 @@ from twisted.internet.abstract import isIPAddress, isIPv6Address
 from twisted.internet.endpoints import (
     HostnameEndpoint, TCP4ClientEndpoint, TCP6ClientEndpoint, wrapClientTLS,
 )
-from twisted.internet.error import (
-    ConnectError, ConnectingCancelledError, ConnectionLost, DNSLookupError,
-)
+from twisted.internet.error import ConnectError, ConnectionLost, DNSLookupError
 from twisted.python.failure import Failure
 from twisted.web.client import (
     Agent, RequestTransmissionFailed, ResponseFailed, ResponseNeverReceived,
@@ -56,6 +54,7 @@ from twisted.web.iweb import IAgentEndpointFactory, IResponse
 from zope.interface import implementer
 
 from yurtcoord.tx import httpbody
+from yurtcoord.tx.failures import describe_failure, is_cancellation
 from yurtcoord.tx.inflight import InFlight
 from yurtcoord.tx.twisted_private import QuietHTTPConnectionPool, batch_chunked_body
 from yurtcoord.kube.errors import (
@@ -65,7 +64,7 @@ from yurtcoord.kube.errors import (
 from yurtcoord.kube.interfaces import IListWatchClient, IObjectClient
 from yurtcoord.kube.kubeconfig import load_kubeconfig
 from yurtcoord.kube.tls import tls_policy
-from yurtcoord.kube.watch import IdleWatchdog, WatchStreamProtocol, describe
+from yurtcoord.kube.watch import IdleWatchdog, WatchStreamProtocol
 
 DEFAULT_MAX_CONNECTIONS_PER_HOST = 16
 # Bytes of one answer body, and of one watch line (one event), read at most: far above
@@ -169,23 +168,9 @@ def _connection_error(failure, url):
     if failure.check(ConnectError, DNSLookupError, ConnectionLost):
         return ConnectionFailed(f"cannot reach {url}: {failure.getErrorMessage()}")
     if failure.check(ResponseNeverReceived, ResponseFailed, RequestTransmissionFailed):
-        detail = describe(failure)
+        detail = describe_failure(failure)
         return ConnectionFailed(f"connection to {url} failed: {detail}")
     return None
-
-
-# What a cancelled request fails with: a cancel while the connection is still being
-# made (a cut link drops the SYN, so connecting hangs) is ConnectingCancelledError.
-_CANCELLATIONS = (defer.CancelledError, ConnectingCancelledError)
-
-
-def _cancelled(failure):
-    if failure.check(*_CANCELLATIONS):
-        return True
-    reasons = getattr(failure.value, "reasons", None)
-    if not isinstance(reasons, (list, tuple)):
-        return False
-    return any(isinstance(r, Failure) and r.check(*_CANCELLATIONS) for r in reasons)
 
 
 def _decode_json(body, url):
@@ -239,7 +224,7 @@ class Watch:
             return
         self._on_close(self)
         if isinstance(result, Failure):
-            if self.cancelled and _cancelled(result):
+            if self.cancelled and is_cancellation(result):
                 self.done.callback(None)
             else:
                 self.done.errback(result)
@@ -308,23 +293,13 @@ class KubeClient:
 
     def _arm_timeout(self, d, url, what):
         """Fail ``d`` with Timeout (aborting its connection) after the client timeout."""
-        state = {"expired": False}
 
-        def expire():
-            state["expired"] = True
-            d.cancel()
-
-        call = self.reactor.callLater(self.timeout, expire)
-
-        def disarm(result):
-            if call.active():
-                call.cancel()
-            if state["expired"] and isinstance(result, Failure) and _cancelled(result):
-                raise Timeout(f"no complete answer to {what} {url} within {self.timeout}s")
+        def timed_out(result, timeout):
+            if isinstance(result, Failure) and is_cancellation(result):
+                raise Timeout(f"no complete answer to {what} {url} within {timeout}s")
             return result
 
-        d.addBoth(disarm)
-        return d
+        return d.addTimeout(self.timeout, self.reactor, onTimeoutCancel=timed_out)
 
     def request(self, method, path, params=None, body=None, allow_empty=False):
         """One API call; the decoded JSON answer (None for an empty body if allowed)."""
@@ -354,7 +329,7 @@ class KubeClient:
     def _map_failure(self, failure, url):
         if failure.check(KubeError):
             return failure
-        if _cancelled(failure):
+        if is_cancellation(failure):
             if self._closed:
                 return Failure(ConnectionFailed(f"client closed during the request to {url}"))
             # Cancelled by the caller (a timeout has already become Timeout).
@@ -410,7 +385,7 @@ class KubeClient:
         d = self._start("GET", url)
 
         def failed(failure):
-            if watch.cancelled and _cancelled(failure):
+            if watch.cancelled and is_cancellation(failure):
                 watch._finish(None)
             else:
                 watch._finish(self._map_failure(failure, url))

@@ -36,7 +36,7 @@ from twisted.internet.task import deferLater
 from twisted.logger import Logger
 from zope.interface import implementer
 
-from yurtcoord.tx.backoff import Backoff
+from yurtcoord.tx.retry import INFORMER_RETRY, Retries
 from yurtcoord.kube.errors import Gone, ListTooLong, ResponseTooLarge, ServerError
 from yurtcoord.kube.gvr import GroupVersionResource
 
@@ -44,6 +44,7 @@ from yurtcoord.kube.gvr import GroupVersionResource
 Obj = dict[str, Any]
 Handler = Optional[Callable[..., object]]
 from yurtcoord.kube.interfaces import IInformer
+from yurtcoord.kube.lease import resource_version
 
 MIN_HEALTHY_WATCH_SECONDS = 1.0
 # Objects per list request (client-go's pager uses 500 too).
@@ -60,10 +61,6 @@ def object_key(obj: Obj) -> str:
     namespace = meta.get("namespace")
     name = meta.get("name", "")
     return f"{namespace}/{name}" if namespace else name
-
-
-def resource_version(obj: Obj) -> Optional[str]:
-    return (obj.get("metadata") or {}).get("resourceVersion")
 
 
 def _page_of(result, gvr):
@@ -116,7 +113,7 @@ class Informer:
 
     def __init__(self, reactor: Any, client: Any, gvr: GroupVersionResource,
                  namespace: Optional[str] = None, label_selector: Optional[str] = None,
-                 field_selector: Optional[str] = None, backoff: Optional[Backoff] = None,
+                 field_selector: Optional[str] = None, backoff: Optional[Retries] = None,
                  watch_timeout_seconds: Optional[int] = 300,
                  watch_idle_timeout: Optional[float] = None,
                  page_size: Optional[int] = DEFAULT_PAGE_SIZE,
@@ -133,7 +130,7 @@ class Informer:
         self.namespace = namespace
         self.label_selector = label_selector
         self.field_selector = field_selector
-        self.backoff = backoff if backoff is not None else Backoff(initial=0.5, maximum=30.0)
+        self.backoff = backoff if backoff is not None else Retries(INFORMER_RETRY)
         self.watch_timeout_seconds = watch_timeout_seconds
         if watch_idle_timeout is None and watch_timeout_seconds:
             # The server ends every stream after watch_timeout_seconds; a stream

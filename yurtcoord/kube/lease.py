@@ -174,6 +174,15 @@ def resource_version(obj: Optional[Mapping[str, Any]]) -> Optional[str]:
     return ((obj or {}).get("metadata") or {}).get("resourceVersion")
 
 
+def resource_version_number(obj: Optional[dict]) -> Optional[int]:
+    """``metadata.resourceVersion`` of any object dict as a number, or None when it is
+    absent or not a decimal number (as the pool store orders versions)."""
+    rv = resource_version(obj)
+    if isinstance(rv, str) and rv.isdigit():
+        return int(rv)
+    return None
+
+
 def owner_reference_to_node(node: Optional[dict]) -> Optional[dict]:
     """The ownerReference the kubelet puts on its node lease, naming ``node`` (apiVersion
     v1, kind Node, name, uid), so the lease goes when the Node goes; None for a Node

@@ -20,8 +20,9 @@ One write:
 - A conflict (the lease changed since it was read, was created meanwhile, or was
   deleted under an update) reads the lease again and asks ``change`` again, at once.
 - Any other error ends the write, unless ``retry_errors``: then the next attempt
-  follows after the retry policy's delay. A heartbeat must survive one lost request;
-  the elector and the delegation have retry cadences of their own.
+  follows after the retry policy's delay (``yurtcoord.tx.retry.LEASE_WRITE_RETRY``
+  unless given). A heartbeat must survive one lost request; the elector and the
+  delegation have retry cadences of their own.
 - Each attempt (a read and a write at most) is bounded by ``attempt_timeout``. The
   caller bounds the whole write by cancelling the returned Deferred (``addTimeout``).
 
@@ -32,13 +33,13 @@ with ``LeaseWriteFailed``: a lease write that was not written is never a success
 from dataclasses import dataclass
 from typing import Callable, Optional
 
-from twisted.application.internet import backoffPolicy
 from twisted.internet import defer, task
 from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 
 from yurtcoord.kube.errors import AlreadyExists, Conflict, NotFound
 from yurtcoord.kube.gvr import LEASES
+from yurtcoord.tx.retry import LEASE_WRITE_RETRY, RetryPolicy
 
 CREATED = "created"
 UPDATED = "updated"
@@ -46,14 +47,6 @@ UNCHANGED = "unchanged"
 
 Lease = dict
 Change = Callable[[Optional[Lease]], "Optional[Lease] | defer.Deferred"]
-RetryPolicy = Callable[[int], float]
-
-
-def default_retry_policy() -> RetryPolicy:
-    """Delays between attempts that failed with an error: 0.5 s, 1 s, 2 s, ... at most
-    5 s, no jitter (a lease write's attempts are few and its caller's cadence spreads
-    the agents)."""
-    return backoffPolicy(initialDelay=0.5, maxDelay=5.0, factor=2.0, jitter=lambda: 0.0)
 
 
 class LeaseWriteFailed(Exception):
@@ -100,7 +93,7 @@ class LeaseWriter:
         self.name = name
         self._attempts = attempts
         self._retry_errors = retry_errors
-        self._retry_policy = retry_policy or default_retry_policy()
+        self._retry_policy = retry_policy or LEASE_WRITE_RETRY
         self._attempt_timeout = attempt_timeout
         self._on_read = on_read
         # The lease as the server held it after our last write or read: the next

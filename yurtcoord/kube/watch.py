@@ -39,6 +39,7 @@ from twisted.python.failure import Failure
 from twisted.web.client import ResponseDone
 from twisted.web.http import PotentialDataLoss
 
+from yurtcoord.tx.failures import describe_failure
 from yurtcoord.tx.httpbody import drop_connection
 from yurtcoord.kube.errors import (
     ConnectionFailed, ResponseTooLarge, ServerError, Timeout, error_from_status,
@@ -54,15 +55,6 @@ _decode_json = json.JSONDecoder().decode
 # whitespace regexes and wrapper calls; anything else falls back to _decode_json.
 # (An attribute the decoder sets on itself, which the type stubs leave out.)
 _scan_json: Callable[[str, int], tuple[Any, int]] = vars(json.JSONDecoder())["scan_once"]
-
-
-def describe(failure: Failure) -> str:
-    """A short reason for a lost connection; unwraps ResponseFailed's list of causes."""
-    reasons = getattr(failure.value, "reasons", None)
-    if isinstance(reasons, (list, tuple)) and reasons:
-        return "; ".join(r.getErrorMessage() if isinstance(r, Failure) else str(r)
-                         for r in reasons)
-    return failure.getErrorMessage()
 
 
 class WatchStreamProtocol(Protocol):
@@ -227,7 +219,8 @@ class WatchStreamProtocol(Protocol):
         elif reason is None or reason.check(ResponseDone, PotentialDataLoss):
             result = None
         else:
-            result = ConnectionFailed(f"watch stream from {self.url} lost: {describe(reason)}")
+            result = ConnectionFailed(
+                f"watch stream from {self.url} lost: {describe_failure(reason)}")
         if result is None:
             self.finished.callback(None)
         else:

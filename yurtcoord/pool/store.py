@@ -70,6 +70,7 @@ from yurtcoord.pool.keys import (
     mirror_rv_key,
     parse_rv,
 )
+from yurtcoord.tx.inflight import InFlight
 
 DEFAULT_MAX_OPS = 128
 # Seconds between two writes of the key cache file by ``flush_key_cache_soon``.
@@ -295,7 +296,8 @@ class PoolStore:
         # The version the pool etcd last reported (health checks), None before.
         self.etcd_version = None
         self._health_loop = None
-        self._health_check = None
+        # The health checks still waiting on etcd, cancelled at close.
+        self._health_checks = InFlight()
         self._health_observers = []
         self._term_observers = []
         # etcd's raft term at the last check that reached it.
@@ -359,15 +361,8 @@ class PoolStore:
         """Ask etcd for its status now; fires when ``healthy`` reflects the answer.
 
         The health loop calls this every ``health_interval``."""
-        d = self.etcd.status(timeout=self.health_timeout)
-        self._health_check = d
+        d = self._health_checks.track(self.etcd.status(timeout=self.health_timeout))
         d.addCallbacks(self._reachable, lambda failure: self._set_healthy(False, failure))
-
-        def done(result):
-            self._health_check = None
-            return result
-
-        d.addBoth(done)
         return d
 
     def _reachable(self, status):
@@ -424,8 +419,7 @@ class PoolStore:
         if self._health_loop is not None and self._health_loop.running:
             self._health_loop.stop()
         self._health_loop = None
-        if self._health_check is not None:
-            self._health_check.cancel()
+        self._health_checks.cancel_all()
         self._flush_cache(None)
         writing = self._thread_write
         d = self.etcd.close() if self.close_client else defer.succeed(None)

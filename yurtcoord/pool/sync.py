@@ -39,10 +39,11 @@ from yurtcoord.tx.heap import QuietCollections
 from yurtcoord.tx.inflight import InFlight
 from yurtcoord.tx.workqueue import WorkQueue
 from yurtcoord.kube import gvr as gvrs
-from yurtcoord.tx.backoff import Backoff
+from yurtcoord.tx.retry import POOL_WRITE_RETRY, Retries
 from yurtcoord.kube.errors import NotFound
 from yurtcoord.kube.informer import Informer
 from yurtcoord.kube.lease import LeaseRecord, build_lease, node_owner_reference, with_record
+from yurtcoord.kube.lease import resource_version_number as _resource_version
 from yurtcoord.kube.leasewriter import LeaseWriter
 from yurtcoord.pool.scope import describe, merge_resources, resource_id
 from yurtcoord.pool.keycache import POOL_SCOPED_COMPONENT
@@ -128,7 +129,7 @@ class ResourceMirror:
         # retry pause after a failed one.
         self._queue = WorkQueue(
             reactor, self._write, _merge_writes,
-            make_backoff or (lambda: Backoff(initial=0.5, maximum=10.0)),
+            make_backoff or (lambda: Retries(POOL_WRITE_RETRY)),
             on_success=self._wrote, on_failure=self._failed)
         self._registration = None
         self._sync_wait = None
@@ -373,7 +374,7 @@ class PoolSyncManager:
         self.informer_lease_renew = float(informer_lease_renew)
         self.metrics = metrics
         self._informer_factory = informer_factory
-        self._write_backoff = write_backoff or (lambda: Backoff(initial=0.5, maximum=10.0))
+        self._write_backoff = write_backoff or (lambda: Retries(POOL_WRITE_RETRY))
         self.component = component
         self.store = None
         self.mirrors = {}
@@ -618,10 +619,3 @@ class PoolSyncManager:
         if owner is not None:
             lease["metadata"]["ownerReferences"] = [owner]
         return lease
-
-
-def _resource_version(obj):
-    rv = (obj.get("metadata") or {}).get("resourceVersion")
-    if isinstance(rv, str) and rv.isdigit():
-        return int(rv)
-    return None

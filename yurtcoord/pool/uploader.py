@@ -28,7 +28,7 @@ from twisted.internet.defer import inlineCallbacks
 from twisted.logger import Logger
 
 from yurtcoord.etcd.errors import BadResponse, EtcdError, EtcdTimeout, EtcdUnavailable
-from yurtcoord.tx.backoff import Backoff
+from yurtcoord.tx.retry import POOL_WRITE_RETRY, Retries
 from yurtcoord.pool.localcache import BadCacheEntry, CachedObjectPath, printable_path
 from yurtcoord.pool.keys import InvalidKey, KeyBuildInfo
 from yurtcoord.pool.store import (
@@ -125,7 +125,7 @@ class LocalCacheUploader:
         ``group`` (``""`` for core).
     :param metrics: optional ``yurtcoord.agent.metrics.Metrics``.
     :param reactor: clock for retry delays; default the store's.
-    :param backoff: a ``Backoff`` for retry delays.
+    :param backoff: a ``yurtcoord.tx.retry.Retries`` for retry delays.
     :param max_attempts: attempts per chunk before the upload fails.
     """
 
@@ -140,7 +140,7 @@ class LocalCacheUploader:
         self.upload_resources = tuple(upload_resources)
         self.metrics = metrics
         self.reactor = reactor if reactor is not None else store.reactor
-        self.backoff = backoff if backoff is not None else Backoff(initial=0.5, maximum=10.0)
+        self.backoff = backoff if backoff is not None else Retries(POOL_WRITE_RETRY)
         self.max_attempts = max_attempts
         self.files_seen = 0
         self.retries = 0

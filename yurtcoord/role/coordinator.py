@@ -36,31 +36,10 @@ from twisted.python.failure import Failure
 
 from yurtcoord.role.roles import Role
 from yurtcoord.tx.fsm import TransitionTable
+from yurtcoord.tx.retry import ROLE_RETRY
 
 if TYPE_CHECKING:
     from yurtcoord.pool.uploader import UploadCounts
-
-
-def capped_backoff(initial=0.5, factor=2.0, cap=30.0):
-    """Retry policy: ``attempt`` (1, 2, ...) → delay in seconds, growing by
-    ``factor`` from ``initial`` up to ``cap``."""
-
-    def delay(attempt):
-        return min(cap, initial * factor ** (attempt - 1))
-
-    return delay
-
-
-def backoff_policy(backoff):
-    """Retry policy from a ``yurtcoord.tx.backoff.Backoff`` (capped, jittered):
-    attempt 1 starts it afresh."""
-
-    def delay(attempt):
-        if attempt == 1:
-            backoff.reset()
-        return backoff.next_delay()
-
-    return delay
 
 
 def _uploaded_count(counts: "UploadCounts") -> int:
@@ -187,8 +166,7 @@ class Coordinator:
     - ``upload_local_cache(store)`` → Deferred firing with the uploader's
       ``UploadCounts`` and errbacking when the upload failed.
     - ``retry_delay(attempt)`` → seconds before retry ``attempt`` (1, 2, ...) of
-      a failed run; ``capped_backoff()`` by default, ``backoff_policy(Backoff())``
-      for jitter.
+      a failed run: a ``yurtcoord.tx.retry`` policy, ``ROLE_RETRY`` by default.
 
     The life cycle is the transition table ``_LIFE``: every input goes through
     ``_input``, which moves to the table's next state and then runs the action of
@@ -207,7 +185,7 @@ class Coordinator:
         self._detector = _ComponentSlot("synced detection", synced_detector,
                                         node_name)
         self._upload_local_cache = upload_local_cache
-        self._retry_delay = retry_delay or capped_backoff()
+        self._retry_delay = retry_delay or ROLE_RETRY
 
         self._life = _Life.IDLE
         self.role = Role.INIT

@@ -11,9 +11,9 @@ from zope.interface.verify import verifyObject
 
 from yurtcoord.agent.metrics import follow_coordinator
 from yurtcoord.agent.status import AgentStatus
-from yurtcoord.role.coordinator import Coordinator, backoff_policy, capped_backoff
-from yurtcoord.tx.backoff import Backoff
+from yurtcoord.role.coordinator import Coordinator
 from yurtcoord.tx.fsm import IllegalTransition
+from yurtcoord.tx.retry import backoff_policy
 from yurtcoord.pool.uploader import UploadCounts
 from yurtcoord.role.roles import IRoleComponent, Role
 from yurtcoord.testing.fakepoolstore import FakePoolStore
@@ -172,7 +172,7 @@ class CoordinatorTestCase(unittest.TestCase):
         self.metrics = RecordingMetrics()
         self.coordinator = Coordinator(
             self.clock, "edge-1", self.opener, self.pool_sync, self.delegation, self.detector,
-            self.upload, retry_delay=capped_backoff(initial=1, factor=2, cap=4))
+            self.upload, retry_delay=backoff_policy(initial=1, maximum=4, jitter=0.0))
         follow_coordinator(self.metrics, self.coordinator)
 
     def tearDown(self):
@@ -521,17 +521,6 @@ class StopTests(CoordinatorTestCase):
         self.assertEqual(len(self.opener.stores), 100)
         self.assertTrue(all(s.closes == 1 for s in self.opener.stores))
         self.assertEqual(self.clock.getDelayedCalls(), [])
-
-
-class RetryPolicyTests(unittest.TestCase):
-    def test_capped_backoff_grows_and_caps(self):
-        delay = capped_backoff(initial=0.5, factor=2, cap=3)
-        self.assertEqual([delay(n) for n in range(1, 6)], [0.5, 1, 2, 3, 3])
-
-    def test_backoff_policy_restarts_at_first_attempt(self):
-        delay = backoff_policy(Backoff(initial=1, maximum=8, jitter=0.5, random=lambda: 0.5))
-        self.assertEqual([delay(n) for n in (1, 2, 3, 4, 5)], [0.75, 1.5, 3, 6, 6])
-        self.assertEqual(delay(1), 0.75)
 
 
 class HubElectorDrivesCoordinatorTests(CoordinatorTestCase):

@@ -16,7 +16,7 @@ from yurtcoord.heartbeat.delegation import (
     DELEGATE_HEARTBEAT_ANNOTATION, MAX_ATTEMPTS, NODE_LEASE_NAMESPACE, NODE_POOL_LABEL,
     HeartbeatDelegation, IDelegationMetrics, lease_for_create, merged_cloud_lease,
 )
-from yurtcoord.tx.backoff import Backoff
+from yurtcoord.tx.retry import Retries, backoff_policy
 from yurtcoord.kube.client import ClientConfig, KubeClient
 from yurtcoord.kube.errors import Conflict, ServerError
 from yurtcoord.kube.gvr import LEASES, NODES
@@ -131,7 +131,7 @@ class DelegationFixture:
             return self.clouds[url]
 
         def make_backoff():
-            return Backoff(initial=1.0, maximum=4.0, jitter=0.0)
+            return Retries(backoff_policy(initial=1.0, maximum=4.0, jitter=0.0))
 
         def make_node_informer(label_selector):
             self.node_selectors.append(label_selector)
@@ -800,7 +800,7 @@ class DelegationLiveTests(unittest.TestCase):
             self.cloud.store.create(NODES, pool_node(name))
         self.delegation = HeartbeatDelegation.for_coordinator(
             reactor, self.pool_client, self.proxy_client, cloud_health, clients.__getitem__,
-            POOL, make_backoff=lambda: Backoff(initial=0.05, maximum=0.5),
+            POOL, make_backoff=lambda: Retries(backoff_policy(initial=0.05, maximum=0.5)),
             heartbeat_interval=3600.0)
         self.addCleanup(self.delegation.stop)
         # Renewals a little in the past of the real clock (fresh, with the hour-long

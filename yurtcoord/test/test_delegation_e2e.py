@@ -21,7 +21,7 @@ from twisted.trial import unittest
 
 from yurtcoord.agent.config import parse_duration
 from yurtcoord.heartbeat.probes import DELEGATE_HEARTBEAT_ANNOTATION, NODE_LEASE_NAMESPACE
-from yurtcoord.kube.lease import format_micro_time as micro_time
+from yurtcoord.kube.lease import format_micro_time
 from yurtcoord.kube.gvr import LEASES, NODES
 from yurtcoord.kube.lease import renew_time
 from yurtcoord.testing.cloudleases import CloudLeaseChanges, CloudLeaseSampler
@@ -52,7 +52,7 @@ def forged_lease(namespace, name, holder, renewed):
             "metadata": {"name": name, "namespace": namespace,
                          "annotations": {DELEGATE_HEARTBEAT_ANNOTATION: "true"}},
             "spec": {"holderIdentity": holder, "leaseDurationSeconds": 40,
-                     "renewTime": micro_time(renewed)}}
+                     "renewTime": format_micro_time(renewed)}}
 
 
 def write_lease(store, lease):
@@ -204,7 +204,7 @@ class ForgedLeaseTests(DelegationE2EBase):
         # A cloud renewTime an hour ahead, as an unchecked forward would have left it,
         # does not hold back the cut node's genuine renewals.
         planted = world.node_lease(world.cloud, cut)
-        planted["spec"]["renewTime"] = micro_time(reactor.seconds() + 3600)
+        planted["spec"]["renewTime"] = format_micro_time(reactor.seconds() + 3600)
         world.cloud.store.update(LEASES, planted, namespace=NODE_LEASE_NAMESPACE)
         planted_at = reactor.seconds()
         yield poll_until(

@@ -249,7 +249,7 @@ class LeaseProberTests(unittest.TestCase):
         self.successResultOf(prober.stop())
 
     def test_first_answer_is_told_with_the_health_it_decided(self):
-        self.client.errors = [ServerError("down")] * 3
+        self.client.fail_next("*", ServerError("down"), 3)
         prober = make_prober(self.clock, self.client)
         seen = []
         prober.when_answered().addCallback(lambda _: seen.append(prober.healthy))

@@ -25,7 +25,7 @@ from twisted.web.server import NOT_DONE_YET, Site
 from yurtcoord.etcd import errors as etcd_errors
 from yurtcoord.etcd.client import EtcdClient, EtcdConfig
 from yurtcoord.kube import errors
-from yurtcoord.tx.backoff import Backoff
+from yurtcoord.tx.retry import Retries, backoff_policy
 from yurtcoord.kube.client import MAX_RESPONSE_BYTES, ClientConfig, KubeClient
 from yurtcoord.kube.gvr import CONFIGMAPS
 from yurtcoord.kube.informer import MAX_LIST_PAGES, Informer
@@ -190,7 +190,7 @@ class EndlessWatchLineTests(PeerFixture, unittest.TestCase):
         self.peer.routes[(path, True)] = self.endless(LINE_START, 10 * MB)
         client = self.kube_client(url, max_response_bytes=256 * 1024)
         reconnects = self.log_events("informer reconnecting")
-        backoff = Backoff(initial=0.05, maximum=0.2, jitter=0.0)
+        backoff = Retries(backoff_policy(initial=0.05, maximum=0.2, jitter=0.0))
         informer = Informer(reactor, client, CONFIGMAPS, namespace="ns", backoff=backoff)
         informer.start()
         self.addCleanup(informer.stop)
@@ -284,7 +284,7 @@ class EndlessListTests(PeerFixture, unittest.TestCase):
         self.peer.routes[("/api/v1/namespaces/ns/configmaps", False)] = endless_pages
         client = self.kube_client(url)
         failures = self.log_events("informer list failed")
-        backoff = Backoff(initial=0.05, maximum=0.2, jitter=0.0)
+        backoff = Retries(backoff_policy(initial=0.05, maximum=0.2, jitter=0.0))
         informer = Informer(reactor, client, CONFIGMAPS, namespace="ns", backoff=backoff,
                             page_size=1, max_list_pages=25)
         informer.start()

@@ -27,7 +27,7 @@ from twisted.web.client import ResponseDone, ResponseFailed
 from zope.interface import implementer
 from zope.interface.verify import verifyObject
 
-from yurtcoord.tx.backoff import Backoff
+from yurtcoord.tx.retry import Retries, backoff_policy
 from yurtcoord.kube.errors import KubeError
 from yurtcoord.kube.gvr import CONFIGMAPS
 from yurtcoord.kube.informer import Informer
@@ -232,7 +232,8 @@ class InformerPropertyTests(unittest.TestCase):
             clock = Clock()
             client = ScriptedStreams([], payloads, points)
             informer = Informer(clock, client, CONFIGMAPS, namespace="ns",
-                                backoff=Backoff(initial=0.5, maximum=4.0, jitter=0.0),
+                                backoff=Retries(backoff_policy(initial=0.5, maximum=4.0,
+                                                               jitter=0.0)),
                                 watch_timeout_seconds=None)
             informer.start()
             for _ in range(20 * len(payloads) + 10):

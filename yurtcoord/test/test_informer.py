@@ -7,7 +7,7 @@ from twisted.logger import globalLogPublisher
 from twisted.trial import unittest
 
 from yurtcoord.kube import errors
-from yurtcoord.tx.backoff import Backoff
+from yurtcoord.tx.retry import Retries, backoff_policy
 from yurtcoord.kube.gvr import CONFIGMAPS, NODES
 from yurtcoord.kube.informer import Informer, object_key
 from yurtcoord.sim.apiserver.clients import start_server_with_client
@@ -94,7 +94,8 @@ class InformerUnitTests(unittest.TestCase):
     def setUp(self):
         self.clock = Clock()
         self.client = ScriptedClient()
-        self.backoff = Backoff(initial=1.0, maximum=8.0, jitter=0.5, random=lambda: 0.0)
+        self.backoff = Retries(backoff_policy(initial=1.0, maximum=8.0, jitter=0.5,
+                                             random=lambda: 0.0))
         self.informer = Informer(self.clock, self.client, CONFIGMAPS, namespace="ns",
                                  label_selector="app=x", backoff=self.backoff,
                                  watch_timeout_seconds=60)
@@ -182,7 +183,7 @@ class InformerUnitTests(unittest.TestCase):
 
     def test_one_object_too_large_fails_the_list_and_backs_off(self):
         informer = Informer(self.clock, self.client, CONFIGMAPS, namespace="ns", page_size=2,
-                            backoff=Backoff(initial=1.0, maximum=8.0, jitter=0.0))
+                            backoff=Retries(backoff_policy(initial=1.0, maximum=8.0, jitter=0.0)))
         self.addCleanup(informer.stop)
         informer.start()
         self.client.list_calls[-1][1].errback(errors.ResponseTooLarge("page too large"))
@@ -203,7 +204,7 @@ class InformerUnitTests(unittest.TestCase):
         globalLogPublisher.addObserver(observer)
         self.addCleanup(globalLogPublisher.removeObserver, observer)
         informer = Informer(self.clock, self.client, CONFIGMAPS, namespace="ns",
-                            backoff=Backoff(initial=1.0, maximum=1.0, jitter=0.0))
+                            backoff=Retries(backoff_policy(initial=1.0, maximum=1.0, jitter=0.0)))
         self.addCleanup(informer.stop)
         informer.start()
         shapes = [{"items": "abc"}, {"items": [1]}, {"items": [{"metadata": []}]},
@@ -283,12 +284,12 @@ class InformerUnitTests(unittest.TestCase):
         self.assertTrue(self.informer.has_synced)
 
     def test_jitter_shrinks_delays_within_bounds(self):
-        backoff = Backoff(initial=1.0, maximum=8.0, jitter=0.5, random=lambda: 1.0)
+        backoff = Retries(backoff_policy(initial=1.0, maximum=8.0, jitter=0.5, random=lambda: 1.0))
         self.assertEqual([backoff.next_delay() for _ in range(5)], [0.5, 1.0, 2.0, 4.0, 4.0])
         backoff.reset()
         self.assertEqual(backoff.next_delay(), 0.5)
         with self.assertRaises(ValueError):
-            Backoff(initial=2.0, maximum=1.0)
+            Retries(backoff_policy(initial=2.0, maximum=1.0))
 
     def test_watch_ending_at_once_without_events_backs_off(self):
         watch = self.started_and_listed(10)
@@ -392,7 +393,7 @@ class InformerAgainstTestServerTests(unittest.TestCase):
             self, reactor, client_timeout=2.0, history=1000, bookmark_interval=0.2)
         self.informer = Informer(
             reactor, self.client, CONFIGMAPS, namespace="ns",
-            backoff=Backoff(initial=0.05, maximum=0.4, jitter=0.5))
+            backoff=Retries(backoff_policy(initial=0.05, maximum=0.4, jitter=0.5)))
         self.addCleanup(self.informer.stop)
         self.recorder = Recorder(self)
         self.informer.add_handler(self.recorder.on_add, self.recorder.on_update,
@@ -475,7 +476,8 @@ class InformerAgainstTestServerTests(unittest.TestCase):
                 return d
 
         informer = Informer(self.reactor, ChangesAfterFirstPage(self.client), CONFIGMAPS,
-                            namespace="ns", backoff=Backoff(initial=0.05, maximum=0.4))
+                            namespace="ns",
+                            backoff=Retries(backoff_policy(initial=0.05, maximum=0.4)))
         self.addCleanup(informer.stop)
         informer.start()
         yield informer.wait_for_sync()

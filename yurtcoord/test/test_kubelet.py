@@ -262,3 +262,33 @@ class StandInKubeletTests(unittest.TestCase):
         self.assertFalse((yield checker.check()))
         kubelet.start()
         self.assertTrue((yield checker.check()))
+
+
+@implementer(IHealthzGetter)
+class HangingKubelet:
+    """A kubelet's healthz that never answers; notes which requests were cancelled."""
+
+    def __init__(self):
+        self.requests = []
+        self.cancelled = []
+
+    def get(self, url):
+        d = defer.Deferred(self.cancelled.append)
+        self.requests.append(d)
+        return d
+
+
+class StopTests(unittest.TestCase):
+    def test_stop_cancels_every_check_still_waiting(self):
+        clock = make_clock()
+        kubelet = HangingKubelet()
+        verifyObject(IHealthzGetter, kubelet)
+        checker = KubeletHealthChecker(clock, kubelet.get, URL, 30, interval=10, timeout=2)
+        checker.start()  # the first check is under way
+        extra = checker.check()  # and one more, asked from outside the loop
+        self.assertEqual(len(kubelet.requests), 2)
+        stopped = checker.stop()
+        self.assertCountEqual(kubelet.cancelled, kubelet.requests)
+        self.assertIs(self.successResultOf(extra), False)
+        self.successResultOf(stopped)
+        self.assertEqual(clock.getDelayedCalls(), [])

@@ -9,6 +9,7 @@ from yurtcoord.kube.client import ClientConfig, KubeClient
 from yurtcoord.kube.errors import Conflict, ServerError
 from yurtcoord.kube.gvr import LEASES
 from yurtcoord.kube.interfaces import IObjectClient
+from yurtcoord.kube.lease import resource_version, resource_version_number
 from yurtcoord.kube.leasewriter import (
     CREATED, UNCHANGED, UPDATED, LeaseWriteFailed, LeaseWriter,
 )
@@ -227,3 +228,16 @@ class LeaseWriterTests(unittest.TestCase):
         self.assertEqual(self.stored_renew(), "C")
         with self.assertRaises(ValueError):
             writer.write(renew_to("D"), attempts=0)
+
+
+class ResourceVersionTests(unittest.TestCase):
+    def test_the_version_of_any_object_or_none(self):
+        self.assertEqual(resource_version({"metadata": {"resourceVersion": "42"}}), "42")
+        for obj in (None, {}, {"metadata": None}, {"metadata": {}}):
+            self.assertIsNone(resource_version(obj), obj)
+
+    def test_the_version_as_a_number_only_when_it_is_decimal(self):
+        self.assertEqual(resource_version_number({"metadata": {"resourceVersion": "42"}}), 42)
+        for rv in ("", "4a", "-1", " 7", None, 42):
+            self.assertIsNone(
+                resource_version_number({"metadata": {"resourceVersion": rv}}), rv)

@@ -766,6 +766,19 @@ class HealthLoopTests(unittest.TestCase):
         self.assertEqual(seen, [True, False])
         self.assertFalse(clock.getDelayedCalls())
 
+    def test_close_cancels_every_health_check_still_waiting(self):
+        clock = Clock()
+        client = FakeStatusClient()
+        store = PoolStore(clock, client, "/registry", ComponentKeyCache(self.mktemp()),
+                          health_interval=5.0)
+        store.start()  # the loop's check is under way
+        asked = store.check_health()  # and one more, asked from outside the loop
+        self.assertEqual(len(client.pending), 2)
+        store.close()
+        self.assertTrue(all(d.called for d in client.pending))
+        self.assertIsNone(self.successResultOf(asked))
+        self.assertFalse(store.healthy)
+
     def test_etcd_version_logged_once_and_bad_releases_warned(self):
         events = []
         globalLogPublisher.addObserver(events.append)

@@ -12,7 +12,7 @@ from twisted.trial import unittest
 
 from yurtcoord.agent.config import UploadResource
 from yurtcoord.etcd.errors import EtcdUnavailable, RequestRejected
-from yurtcoord.tx.backoff import Backoff
+from yurtcoord.tx.retry import Retries, backoff_policy
 from yurtcoord.pool.localcache import LocalCacheReader
 from yurtcoord.agent.metrics import Metrics
 from yurtcoord.pool.keycache import ComponentKeyCache
@@ -38,7 +38,12 @@ def write_file(path, data):
 
 
 def quick_backoff():
-    return Backoff(initial=0.05, maximum=0.5, jitter=0.0)
+    return steady_backoff(initial=0.05, maximum=0.5)
+
+
+def steady_backoff(initial=1.0, maximum=30.0):
+    """Retry pauses without jitter, so a Clock test knows each one."""
+    return Retries(backoff_policy(initial=initial, maximum=maximum, jitter=0.0))
 
 
 class UploadBehaviour(EtcdStoreCase):
@@ -472,7 +477,7 @@ class RetryTimingTests(unittest.TestCase):
         clock = Clock()
         store = flaky_store(clock, failures=2)
         uploader = LocalCacheUploader(store, LocalCacheReader(self.local), [PODS],
-                                      backoff=Backoff(initial=1.0, maximum=8.0, jitter=0.0))
+                                      backoff=steady_backoff(maximum=8.0))
         d = uploader.upload()
         self.assertEqual(store.puts, 1)
         clock.advance(0.99)
@@ -495,7 +500,7 @@ class RetryTimingTests(unittest.TestCase):
         # Chunks of 2: calls 1-3 write them; call 2 is lost with the failing call 3.
         store = flaky_store(clock, lose_at=3)
         uploader = LocalCacheUploader(store, LocalCacheReader(self.local, chunk_size=2),
-                                      [PODS], backoff=Backoff(initial=1.0, jitter=0.0))
+                                      [PODS], backoff=steady_backoff())
         d = uploader.upload()
         self.assertEqual(len(store.versions), 2)
         clock.advance(1.0)
@@ -510,7 +515,7 @@ class RetryTimingTests(unittest.TestCase):
         clock = Clock()
         store = flaky_store(clock, failures=1)
         uploader = LocalCacheUploader(store, LocalCacheReader(self.local), [PODS],
-                                      backoff=Backoff(initial=1.0, jitter=0.0), max_attempts=2)
+                                      backoff=steady_backoff(), max_attempts=2)
         d = uploader.upload()
         clock.advance(1.0)
         self.assertEqual(self.successResultOf(d), UploadCounts(1, 0, 0, 0))
@@ -522,7 +527,7 @@ class RetryTimingTests(unittest.TestCase):
         clock = Clock()
         store = flaky_store(clock, fail_on={1, 3, 4})
         uploader = LocalCacheUploader(store, LocalCacheReader(self.local), [PODS],
-                                      backoff=Backoff(initial=1.0, jitter=0.0), max_attempts=2)
+                                      backoff=steady_backoff(), max_attempts=2)
         d = uploader.upload()
         clock.advance(1.0)
         clock.advance(1.0)
@@ -558,7 +563,7 @@ class CancellationTests(unittest.TestCase):
                           ComponentKeyCache.in_directory(self.local), parallel_batches=1,
                           max_ops=4)
         uploader = LocalCacheUploader(store, LocalCacheReader(self.local), [PODS],
-                                      backoff=Backoff(initial=1.0, jitter=0.0))
+                                      backoff=steady_backoff())
         d = uploader.upload()
         self.assertNoResult(d)
         d.cancel()
@@ -576,7 +581,7 @@ class CancellationTests(unittest.TestCase):
         clock = Clock()
         store = flaky_store(clock, failures=1)
         uploader = LocalCacheUploader(store, LocalCacheReader(self.local), [PODS],
-                                      backoff=Backoff(initial=1.0, jitter=0.0))
+                                      backoff=steady_backoff())
         d = uploader.upload()
         self.assertEqual(store.puts, 1)
         d.cancel()

@@ -5,7 +5,8 @@ open to run its course, and a client that closes must end its requests at once: 
 tracks such Deferreds while they run and cancels the ones still running.
 """
 
-from twisted.internet import defer
+from twisted.internet import defer, task
+from twisted.internet.interfaces import IReactorTime
 
 
 class InFlight:
@@ -30,8 +31,7 @@ class InFlight:
             d.cancel()
 
 
-def cancellable_sleep(reactor, seconds):
-    """A pause of ``seconds`` on ``reactor``; cancelling it fails with CancelledError."""
-    d = defer.Deferred(lambda d: call.cancel() if call.active() else None)
-    call = reactor.callLater(seconds, d.callback, None)
-    return d
+def cancellable_sleep(reactor: IReactorTime, seconds: float) -> defer.Deferred:
+    """A pause of ``seconds`` on ``reactor`` (Twisted's ``deferLater``); cancelling it
+    fails with CancelledError."""
+    return task.deferLater(reactor, seconds, lambda: None)
