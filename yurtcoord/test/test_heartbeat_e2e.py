@@ -24,8 +24,9 @@ from yurtcoord.agent.config import parse_config, parse_duration
 from yurtcoord.heartbeat.probes import DELEGATE_HEARTBEAT_ANNOTATION
 from yurtcoord.testing.cloudleases import CloudLeaseSampler
 from yurtcoord.testing.poll import PollTimeout, poll_until
+from yurtcoord.testing.twistd import REPO
 from yurtcoord.testing.world import (
-    REPO, TIMINGS, AgentProcess, ProcessWorld, leader_of, one_leader_all_ready,
+    TIMINGS, AgentProcess, ProcessWorld, leader_of, one_leader_all_ready,
 )
 
 EXAMPLE_INI = os.path.join(REPO, "etc", "yurtcoord.ini")
