@@ -178,7 +178,7 @@ class Coordinator:
     log = Logger()
 
     def __init__(self, reactor: IReactorTime, node_name: str,
-                 open_pool_store: Callable[[], defer.Deferred[IPoolStore]],
+                 open_pool_store: Callable[[], defer.Deferred[Any]],
                  pool_sync: IRoleComponent, delegation: IRoleComponent,
                  synced_detector: IRoleComponent,
                  upload_local_cache: Callable[[IPoolStore], defer.Deferred["UploadCounts"]],
