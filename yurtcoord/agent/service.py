@@ -37,7 +37,7 @@ that an agent whose peers are down still stops.
 
 import contextlib
 import functools
-from typing import Any, Callable, Generator, Iterator, Optional
+from typing import Any, Callable, Generator, Iterator, Mapping, Optional, TypeVar
 
 import treq.client
 from twisted.application import service
@@ -77,6 +77,8 @@ STORE_CHECK_TIMEOUT = 5.0
 # The hub elector's first check waits for every prober's first answer, at the latest
 # this long after the probes' own timeout.
 FIRST_PROBE_SLACK = 0.5
+
+_Closeable = TypeVar("_Closeable")
 
 
 class StatusHTTPService(service.Service):
@@ -218,7 +220,7 @@ class Agent(service.MultiService):
             raise ConfigError(self.config.source, f"cannot build the clients: {error}",
                               section=section) from None
 
-    def _own(self, closeable: Any) -> Any:
+    def _own(self, closeable: _Closeable) -> _Closeable:
         """Remember ``closeable`` for the last stop stage (``close()`` it)."""
         self._closers.append(closeable)
         return closeable
@@ -237,9 +239,10 @@ class Agent(service.MultiService):
                 overrides["insecure"] = True
             return ClientConfig.from_kubeconfig(cloud.kubeconfig, server=url,
                                                 timeout=REQUEST_TIMEOUT, **overrides)
-        values: dict[str, Any] = dict(server=url, ca_file=cloud.ca_file, cert_file=cloud.cert_file,
-                      key_file=cloud.key_file, token_file=cloud.token_file,
-                      insecure=cloud.insecure, timeout=REQUEST_TIMEOUT)
+        values: dict[str, Any] = dict(
+            server=url, ca_file=cloud.ca_file, cert_file=cloud.cert_file,
+            key_file=cloud.key_file, token_file=cloud.token_file,
+            insecure=cloud.insecure, timeout=REQUEST_TIMEOUT)
         values.update(overrides)
         return ClientConfig(**values)
 
@@ -275,6 +278,9 @@ class Agent(service.MultiService):
 
         healthy_cloud = HealthyCloudClient(self.cloud_checker.pick_healthy_server,
                                            self.cloud_clients.__getitem__)
+        # Plain clients without TLS; with it, clients that reload their certificates.
+        self.coordinator_client: KubeClient | CertificateClient
+        self.lease_proxy_clients: Mapping[str, KubeClient | CertificateClient]
         if coordinator_config.insecure:
             self.coordinator_client = self._own(KubeClient(reactor, ClientConfig(
                 server=coordinator_config.server, insecure=True, timeout=REQUEST_TIMEOUT)))

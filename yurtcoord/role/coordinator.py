@@ -310,9 +310,10 @@ class Coordinator:
         """Move along ``_LIFE`` for ``event`` and run that transition's action."""
         before = self._life
         self._life = _LIFE.next(before, event)
-        actions: dict[str, Callable[..., None]] = {"role": self._on_role, "done": self._on_done, "failed": self._on_failed,
-                   "superseded": self._on_superseded, "retry": self._on_retry,
-                   "stop": self._on_stop}
+        actions: dict[str, Callable[..., None]] = {
+            "role": self._on_role, "done": self._on_done, "failed": self._on_failed,
+            "superseded": self._on_superseded, "retry": self._on_retry,
+            "stop": self._on_stop}
         actions[event](before, *args)
 
     def _on_role(self, before: _Life, role: Role) -> None:
