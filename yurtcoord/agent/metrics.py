@@ -8,6 +8,8 @@ The ``node_yurthub_*`` gauges keep yurthub's names and values so existing dashbo
 keep working. yurthub has no value for role ``init``; yurtcoord exports it as 0.
 """
 
+from typing import TYPE_CHECKING, Protocol
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 from prometheus_client import exposition
 from prometheus_client.exposition import generate_latest
@@ -15,6 +17,10 @@ from zope.interface import implementer
 
 from yurtcoord.heartbeat.delegation import REFUSAL_REASONS, IDelegationMetrics
 from yurtcoord.pool.uploader import SKIP_REASONS
+from yurtcoord.role.roles import Role
+
+if TYPE_CHECKING:
+    from yurtcoord.role.coordinator import Coordinator
 
 ROLE_VALUES = {"init": 0, "leader": 1, "follower": 2, "pending": 3}
 
@@ -32,7 +38,7 @@ class Metrics:
     """Every metric of one agent (the README's metrics table lists them); components
     get this object passed in."""
 
-    def __init__(self, node, pool=""):
+    def __init__(self, node: str, pool: str = "") -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         registry = self.registry
 
@@ -104,63 +110,73 @@ class Metrics:
         self.set_healthy(False)
         self.set_ready(False)
 
-    def set_role(self, role):
+    def set_role(self, role: str) -> None:
         """``role`` is one of init, pending, follower, leader."""
         self.role.set(ROLE_VALUES[role])
 
-    def set_healthy(self, healthy):
+    def set_healthy(self, healthy: bool) -> None:
         self.healthy.set(1 if healthy else 0)
 
-    def set_ready(self, ready):
+    def set_ready(self, ready: bool) -> None:
         self.ready.set(1 if ready else 0)
 
-    def follow(self, coordinator) -> None:
+    def follow(self, coordinator: "Coordinator") -> None:
         """Keep the role, healthy and ready gauges equal to ``coordinator``'s."""
         follow_coordinator(self, coordinator)
 
-    def set_server_healthy(self, server, healthy):
+    def set_server_healthy(self, server: str, healthy: bool) -> None:
         self.server_healthy.labels(server=server).set(1 if healthy else 0)
 
-    def observe_delegation(self, seconds, succeeded):
+    def observe_delegation(self, seconds: float, succeeded: bool) -> None:
         """One finished delegation: counted, timed, and counted as failure if it failed."""
         self.delegations.inc()
         if not succeeded:
             self.delegation_failures.inc()
         self.delegation_latency.observe(seconds)
 
-    def count_delegation_refused(self, reason):
+    def count_delegation_refused(self, reason: str) -> None:
         """One delegated pool lease state not forwarded: ``namespace``,
         ``not_pool_member``, ``no_such_node``, ``holder_mismatch`` or
         ``renew_time_in_future``."""
         self.delegation_refused.labels(reason=reason).inc()
 
-    def count_uploaded(self, count=1):
+    def count_uploaded(self, count: int = 1) -> None:
         self.uploaded_objects.inc(count)
 
-    def count_skipped(self, reason, count=1):
+    def count_skipped(self, reason: str, count: int = 1) -> None:
         self.skipped_objects.labels(reason=reason).inc(count)
 
-    def count_pool_sync_event(self, resource, event_type):
+    def count_pool_sync_event(self, resource: str, event_type: str) -> None:
         """``event_type`` is LIST, ADDED, MODIFIED, DELETED or another watch event type."""
         self.pool_sync_events.labels(resource=resource, type=event_type).inc()
 
-    def observe_store_request(self, op, seconds):
+    def observe_store_request(self, op: str, seconds: float) -> None:
         self.pool_store_latency.labels(op=op).observe(seconds)
 
-    def count_undecodable_keys(self, count):
+    def count_undecodable_keys(self, count: int) -> None:
         self.pool_store_undecodable_keys.inc(count)
 
-    def render(self):
+    def render(self) -> bytes:
         """The Prometheus text exposition of this agent's registry (bytes)."""
         return generate_latest(self.registry)
 
 
-def follow_coordinator(gauges, coordinator) -> None:
+class RoleGauges(Protocol):
+    """The gauges ``follow_coordinator`` keeps: ``Metrics`` has them."""
+
+    def set_role(self, role: str) -> None: ...
+
+    def set_healthy(self, healthy: bool) -> None: ...
+
+    def set_ready(self, ready: bool) -> None: ...
+
+
+def follow_coordinator(gauges: RoleGauges, coordinator: "Coordinator") -> None:
     """Set ``gauges``' role, healthy and ready (``set_role``, ``set_healthy``,
     ``set_ready``) from ``coordinator`` now and from its role and readiness
     observers after every change: a scrape never needs to ask the coordinator."""
 
-    def role_changed(_previous, role) -> None:
+    def role_changed(_previous: Role, role: Role) -> None:
         gauges.set_role(role.value)
         gauges.set_healthy(role.is_healthy)
 

@@ -36,17 +36,19 @@ that an agent whose peers are down still stops.
 """
 
 import contextlib
+import functools
+from typing import Any, Callable, Generator, Iterator, Mapping, Optional, TypeVar
 
 import treq.client
 from twisted.application import service
-from twisted.internet import defer
+from twisted.internet import defer, tcp
 from twisted.internet.endpoints import TCP4ServerEndpoint, TCP6ServerEndpoint
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 from twisted.web.client import Agent as HTTPAgent, HTTPConnectionPool
 
-from yurtcoord.agent.certs import CertificateClient, CertManager
-from yurtcoord.agent.config import ConfigError
+from yurtcoord.agent.certs import CertificateClient, CertManager, CertPair
+from yurtcoord.agent.config import Config, ConfigError, ListenAddress
 from yurtcoord.role.coordinator import Coordinator
 from yurtcoord.heartbeat.delegation import HeartbeatDelegation
 from yurtcoord.etcd.client import EtcdClient, EtcdConfig
@@ -58,11 +60,12 @@ from yurtcoord.kube.leaderelection import LeaderElectionConfig, LeaderElector
 from yurtcoord.pool.localcache import LocalCacheReader
 from yurtcoord.agent.metrics import Metrics
 from yurtcoord.pool.scope import HealthyCloudClient, PoolScopeResources
-from yurtcoord.pool.store import open_pool_store
+from yurtcoord.pool.interfaces import IPoolStore
+from yurtcoord.pool.store import PoolStore, open_pool_store
 from yurtcoord.pool.sync import PoolSyncManager
-from yurtcoord.agent.status import AgentStatus, CloudOnlyStatus, status_site
+from yurtcoord.agent.status import AgentStatus, CloudOnlyStatus, StatusSite, status_site
 from yurtcoord.pool.synced import PoolCacheSyncedDetector
-from yurtcoord.pool.uploader import LocalCacheUploader
+from yurtcoord.pool.uploader import LocalCacheUploader, UploadCounts
 
 # Seconds one request to an apiserver may take (probes and elections bound theirs
 # tighter with their own timeouts).
@@ -75,6 +78,8 @@ STORE_CHECK_TIMEOUT = 5.0
 # this long after the probes' own timeout.
 FIRST_PROBE_SLACK = 0.5
 
+_Closeable = TypeVar("_Closeable")
+
 
 class StatusHTTPService(service.Service):
     """Listens on ``[server] listen`` with the status site; stops listening on stop.
@@ -85,27 +90,27 @@ class StatusHTTPService(service.Service):
 
     log = Logger()
 
-    def __init__(self, listen, site, reactor):
+    def __init__(self, listen: ListenAddress, site: StatusSite, reactor: Any) -> None:
         self.listen = listen
         self.site = site
         self.reactor = reactor
-        self.port = None
+        self.port: Optional[tcp.Port] = None
 
     @property
-    def url(self):
+    def url(self) -> Optional[str]:
         if self.port is None:
             return None
         return self.listen.url(self.port.getHost().port)
 
-    def _endpoint(self):
+    def _endpoint(self) -> TCP4ServerEndpoint | TCP6ServerEndpoint:
         endpoint_class = TCP6ServerEndpoint if self.listen.is_ipv6 else TCP4ServerEndpoint
         return endpoint_class(self.reactor, self.listen.port, interface=self.listen.host)
 
-    def startService(self):
+    def startService(self) -> None:
         """Listen now; a port that cannot be bound fails the start (raises)."""
         super().startService()
         # TCP endpoints listen synchronously: the Deferred has fired when listen returns.
-        outcome = []
+        outcome: list[Any] = []
         self._endpoint().listen(self.site).addBoth(outcome.append)
         if isinstance(outcome[0], Failure):
             self.running = 0
@@ -113,7 +118,7 @@ class StatusHTTPService(service.Service):
         self.port = outcome[0]
         self.log.info("status pages listening on {url}", url=self.url)
 
-    def stopService(self):
+    def stopService(self) -> Optional[defer.Deferred[Any]]:
         super().stopService()
         port, self.port = self.port, None
         if port is None:
@@ -125,17 +130,18 @@ class StageService(service.Service):
     """One start/stop stage of the agent: ``start()`` runs when the stage starts,
     ``stop()`` (may return a Deferred) when it stops."""
 
-    def __init__(self, name, start=None, stop=None):
+    def __init__(self, name: str, start: Optional[Callable[[], object]] = None,
+                 stop: Optional[Callable[[], Optional[defer.Deferred[Any]]]] = None) -> None:
         self.setName(name)
         self._start = start
         self._stop = stop
 
-    def startService(self):
+    def startService(self) -> None:
         super().startService()
         if self._start is not None:
             self._start()
 
-    def stopService(self):
+    def stopService(self) -> Optional[defer.Deferred[Any]]:
         super().stopService()
         if self._stop is None:
             return None
@@ -156,26 +162,30 @@ class Agent(service.MultiService):
 
     log = Logger()
 
-    def __init__(self, config, reactor, stop_timeout=STOP_TIMEOUT):
+    def __init__(self, config: Config, reactor: Any, stop_timeout: float = STOP_TIMEOUT) -> None:
         super().__init__()
         self.config = config
         self.reactor = reactor
         self.stop_timeout = stop_timeout
         self.metrics = Metrics(config.node.name, config.node.pool)
-        self._closers = []
-        self.cert_manager = None
+        self._closers: list[Any] = []
+        self.cert_manager: Optional[CertManager] = None
 
         with self._section("cloud"):
             self.cloud_clients = {
                 url: self._own(KubeClient(reactor, self._cloud_client_config(url)))
                 for url in config.cloud.servers}
-        self.kubelet_checker = self._build_kubelet_checker()
+        # Read by tests and the sandbox, which build agents they know have one: the
+        # checker, the coordinator and the hub elector are typed loosely (Any) so that
+        # those readers need not narrow the None of an agent without them.
+        self.kubelet_checker: Any = self._build_kubelet_checker()
         self.cloud_checker = CloudHealthChecker.for_servers(
             reactor, self.cloud_clients, config.node.name, config.heartbeat,
             kubelet=self.kubelet_checker, metrics=self.metrics)
 
-        self.coordinator = None
-        self.hub_elector = None
+        self.coordinator: Any = None
+        self.hub_elector: Any = None
+        self.status_source: AgentStatus | CloudOnlyStatus
         if config.coordinator.enabled:
             with self._section("coordinator"):
                 self._build_coordinator()
@@ -201,7 +211,7 @@ class Agent(service.MultiService):
     # -- building ----------------------------------------------------------------------
 
     @contextlib.contextmanager
-    def _section(self, section):
+    def _section(self, section: str) -> Iterator[None]:
         """Credentials that do not load (unreadable CA, broken kubeconfig) are a
         configuration error of ``section``, reported as one line, not a traceback."""
         try:
@@ -210,16 +220,17 @@ class Agent(service.MultiService):
             raise ConfigError(self.config.source, f"cannot build the clients: {error}",
                               section=section) from None
 
-    def _own(self, closeable):
+    def _own(self, closeable: _Closeable) -> _Closeable:
         """Remember ``closeable`` for the last stop stage (``close()`` it)."""
         self._closers.append(closeable)
         return closeable
 
-    def _cloud_client_config(self, url, cert_pair=None):
+    def _cloud_client_config(self, url: str,
+                             cert_pair: Optional[CertPair] = None) -> ClientConfig:
         """Client config for cloud server ``url``; with ``cert_pair`` its client
         certificate replaces the configured cloud credentials (node-lease-proxy)."""
         cloud = self.config.cloud
-        overrides = {}
+        overrides: dict[str, Any] = {}
         if cert_pair is not None:
             overrides = dict(cert_file=cert_pair.cert_file, key_file=cert_pair.key_file,
                              cert_data=None, key_data=None, token=None, token_file=None)
@@ -228,13 +239,14 @@ class Agent(service.MultiService):
                 overrides["insecure"] = True
             return ClientConfig.from_kubeconfig(cloud.kubeconfig, server=url,
                                                 timeout=REQUEST_TIMEOUT, **overrides)
-        values = dict(server=url, ca_file=cloud.ca_file, cert_file=cloud.cert_file,
-                      key_file=cloud.key_file, token_file=cloud.token_file,
-                      insecure=cloud.insecure, timeout=REQUEST_TIMEOUT)
+        values: dict[str, Any] = dict(
+            server=url, ca_file=cloud.ca_file, cert_file=cloud.cert_file,
+            key_file=cloud.key_file, token_file=cloud.token_file,
+            insecure=cloud.insecure, timeout=REQUEST_TIMEOUT)
         values.update(overrides)
         return ClientConfig(**values)
 
-    def _build_kubelet_checker(self):
+    def _build_kubelet_checker(self) -> Optional[KubeletHealthChecker]:
         """The kubelet liveness gate of every probe; None with ``kubelet_healthz_url =
         off`` (a node with no kubelet)."""
         heartbeat = self.config.heartbeat
@@ -250,7 +262,7 @@ class Agent(service.MultiService):
         checker.add_listener(self._kubelet_changed)
         return checker
 
-    def _kubelet_changed(self, alive):
+    def _kubelet_changed(self, alive: bool) -> None:
         """A kubelet that answers again gets its node renewed at once, not at the next
         slot of each prober; a dead one is refused by the next probe anyway."""
         if not alive:
@@ -259,13 +271,16 @@ class Agent(service.MultiService):
         if self.coordinator is not None:
             self.coordinator_checker.restart()
 
-    def _build_coordinator(self):
+    def _build_coordinator(self) -> None:
         config, reactor, node = self.config, self.reactor, self.config.node.name
         coordinator_config = config.coordinator
         pool_cache = config.pool_cache
 
         healthy_cloud = HealthyCloudClient(self.cloud_checker.pick_healthy_server,
                                            self.cloud_clients.__getitem__)
+        # Plain clients without TLS; with it, clients that reload their certificates.
+        self.coordinator_client: KubeClient | CertificateClient
+        self.lease_proxy_clients: Mapping[str, KubeClient | CertificateClient]
         if coordinator_config.insecure:
             self.coordinator_client = self._own(KubeClient(reactor, ClientConfig(
                 server=coordinator_config.server, insecure=True, timeout=REQUEST_TIMEOUT)))
@@ -274,10 +289,10 @@ class Agent(service.MultiService):
             # through the cloud clients and their configured credentials.
             self.lease_proxy_clients = self.cloud_clients
         else:
-            self._build_certificate_clients(healthy_cloud)
-            pair = self.cert_manager.yurthub_client_pair
+            cert_manager = self._build_certificate_clients(healthy_cloud)
+            pair = cert_manager.yurthub_client_pair
             etcd_config = EtcdConfig(url=coordinator_config.storage,
-                                     ca_file=self.cert_manager.ca_file,
+                                     ca_file=cert_manager.ca_file,
                                      cert_file=pair.cert_file, key_file=pair.key_file)
         self.etcd = self._own(EtcdClient(reactor, etcd_config))
 
@@ -318,8 +333,9 @@ class Agent(service.MultiService):
             self.coordinator, config.node.pool, reactor, self.cloud_checker,
             self.coordinator_checker, self.hub_elector, self.delegation)
 
-    def _build_certificate_clients(self, healthy_cloud):
-        """Clients whose certificates the certificate manager fetches from the cloud."""
+    def _build_certificate_clients(self, healthy_cloud: HealthyCloudClient) -> CertManager:
+        """Clients whose certificates the certificate manager fetches from the cloud;
+        returns that certificate manager (also ``cert_manager``)."""
         reactor, coordinator_config = self.reactor, self.config.coordinator
         self.cert_manager = CertManager(
             reactor, healthy_cloud, coordinator_config.pki_dir,
@@ -335,25 +351,28 @@ class Agent(service.MultiService):
         proxy_pair = self.cert_manager.node_lease_proxy_pair
         self.lease_proxy_clients = {
             url: self._own(CertificateClient(
-                reactor, lambda url=url: self._cloud_client_config(url, proxy_pair),
+                reactor, functools.partial(self._cloud_client_config, url, proxy_pair),
                 (proxy_pair.cert_file, proxy_pair.key_file)))
             for url in self.config.cloud.servers}
+        return self.cert_manager
 
-    def _make_elector(self, started_leading, stopped_leading, new_leader):
+    def _make_elector(self, started_leading: Callable[..., None],
+                      stopped_leading: Callable[..., None],
+                      new_leader: Callable[..., None]) -> LeaderElector:
         return LeaderElector(self.reactor, self.coordinator_client, self.election_config,
                              started_leading, stopped_leading, new_leader)
 
-    def _pool_cache_synced_changed(self, synced):
+    def _pool_cache_synced_changed(self, synced: bool) -> None:
         self.coordinator.set_pool_cache_synced(synced)
 
-    def _certificates_changed(self):
+    def _certificates_changed(self) -> None:
         """New certificate files: idle connections still use the old ones, drop them."""
         for client in [self.coordinator_client, *self.lease_proxy_clients.values()]:
             client.drop_connections()
 
     # -- what the coordinator calls ----------------------------------------------------------
 
-    def _open_pool_store(self):
+    def _open_pool_store(self) -> defer.Deferred[PoolStore]:
         """A started pool store over the agent's etcd client, once etcd answered.
 
         Cancelled (a role change, the agent stopping), it leaves nothing open."""
@@ -364,7 +383,7 @@ class Agent(service.MultiService):
             pool_cache.local_cache_dir, pool_scoped_resources=(),
             check_timeout=STORE_CHECK_TIMEOUT, metrics=self.metrics, close_client=False)
 
-    def _upload_local_cache(self, store):
+    def _upload_local_cache(self, store: IPoolStore) -> defer.Deferred[UploadCounts]:
         pool_cache = self.config.pool_cache
         uploader = LocalCacheUploader(
             store, LocalCacheReader(pool_cache.local_cache_dir),
@@ -373,15 +392,15 @@ class Agent(service.MultiService):
 
     # -- starting and stopping ----------------------------------------------------------
 
-    def _probers(self):
-        probers = [self.cloud_checker]
+    def _probers(self) -> list[Any]:
+        probers: list[Any] = [self.cloud_checker]
         if self.coordinator is not None:
             probers.append(self.coordinator_checker)
             if self.cert_manager is not None:
                 probers.append(self.cert_manager)
         return probers
 
-    def _start_probes(self):
+    def _start_probes(self) -> None:
         if self.kubelet_checker is not None:
             self.kubelet_checker.start()
         else:
@@ -391,19 +410,20 @@ class Agent(service.MultiService):
         for prober in self._probers():
             # A prober that cannot start (pki_dir not writable) leaves the coordinator
             # unhealthy, which /status and /healthz show; the agent keeps serving.
-            defer.maybeDeferred(prober.start).addErrback(
-                lambda failure, prober=prober: self.log.error(
-                    "cannot start {prober} on node {node}: {error}",
-                    prober=type(prober).__name__, node=self.config.node.name,
-                    error=failure.getErrorMessage()))
+            defer.maybeDeferred(prober.start).addErrback(self._prober_not_started, prober)
 
-    def _stop_probes(self):
+    def _prober_not_started(self, failure: Failure, prober: Any) -> None:
+        self.log.error("cannot start {prober} on node {node}: {error}",
+                       prober=type(prober).__name__, node=self.config.node.name,
+                       error=failure.getErrorMessage())
+
+    def _stop_probes(self) -> defer.Deferred[Any]:
         stops = [defer.maybeDeferred(p.stop) for p in reversed(self._probers())]
         if self.kubelet_checker is not None:
             stops.append(self.kubelet_checker.stop())
         return defer.gatherResults(stops, consumeErrors=True)
 
-    def _start_hub_elector(self):
+    def _start_hub_elector(self) -> None:
         """Start the hub elector; its first check waits until every prober has
         answered once (a probe with its retries ends within ``[heartbeat] interval``,
         and the wait ends at the latest ``FIRST_PROBE_SLACK`` later): role ``init``
@@ -416,26 +436,26 @@ class Agent(service.MultiService):
         answered.addErrback(lambda failure: failure.trap(defer.TimeoutError))
         self.hub_elector.start(health_known=answered)
 
-    def _stop_hub_elector(self):
+    def _stop_hub_elector(self) -> defer.Deferred[None]:
         return self.hub_elector.stop()
 
-    def _stop_coordinator(self):
+    def _stop_coordinator(self) -> defer.Deferred[None]:
         # The coordinator cancels its current step: opening the store or uploading
         # could otherwise retry for a long time against a dead etcd.
         return self.coordinator.stop()
 
-    def _close_clients(self):
+    def _close_clients(self) -> defer.Deferred[Any]:
         return defer.gatherResults([defer.maybeDeferred(c.close) for c in self._closers],
                                    consumeErrors=True)
 
-    def startService(self):
+    def startService(self) -> None:
         self.log.info("agent {node} of pool {pool} starting (coordinator {enabled})",
                       node=self.config.node.name, pool=self.config.node.pool,
                       enabled="enabled" if self.config.coordinator.enabled else "disabled")
         super().startService()
 
     @defer.inlineCallbacks
-    def stopService(self):
+    def stopService(self) -> Generator[defer.Deferred[Any], Any, None]:
         """Stop the stages that started one after the other, in reverse start order:
         the clients close after every stage that uses them, the status pages last."""
         service.Service.stopService(self)
@@ -444,19 +464,19 @@ class Agent(service.MultiService):
                 yield self._stop_stage(stage)
         self.log.info("agent {node} stopped", node=self.config.node.name)
 
-    def _stop_stage(self, stage):
+    def _stop_stage(self, stage: service.IService) -> defer.Deferred[Any]:
         d = defer.maybeDeferred(stage.stopService)
         d.addTimeout(self.stop_timeout, self.reactor)
 
-        def failed(failure):
+        def failed(failure: Failure) -> None:
             self.log.warn("stopping {stage} of agent {node} failed: {error}",
                           stage=stage.name, node=self.config.node.name,
-                          error=failure.getErrorMessage() or failure.type.__name__)
+                          error=failure.getErrorMessage() or type(failure.value).__name__)
 
         return d.addErrback(failed)
 
 
-def make_service(config, reactor):
+def make_service(config: Config, reactor: Any) -> Agent:
     """The agent's root ``MultiService`` for ``config``, using ``reactor`` for all I/O."""
     agent = Agent(config, reactor)
     agent.setName(f"yurtcoord-{config.node.name}")

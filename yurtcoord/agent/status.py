@@ -22,16 +22,25 @@ import io
 import json
 import time
 from datetime import datetime, timezone
-from collections.abc import Callable, Mapping
-from typing import Optional
+from collections.abc import Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Optional
 
-from twisted.internet.interfaces import IAddress, IReactorTime
+from twisted.internet.interfaces import IAddress, IDelayedCall, IReactorTime
+from twisted.internet.protocol import connectionDone
+from twisted.python.failure import Failure
 from twisted.logger import Logger
 from twisted.web import http, pages, resource, server
 from zope.interface import Attribute, Interface, implementer
 
 from yurtcoord.tx.httpbody import drop_connection
-from yurtcoord.agent.metrics import METRICS_CONTENT_TYPE
+from yurtcoord.agent.metrics import METRICS_CONTENT_TYPE, Metrics
+from yurtcoord.heartbeat.interfaces import ICloudHealthChecker, IHealthChecker
+from yurtcoord.role.roles import Role
+
+if TYPE_CHECKING:
+    from yurtcoord.heartbeat.delegation import HeartbeatDelegation
+    from yurtcoord.role.coordinator import Coordinator
+    from yurtcoord.role.hubelector import HubElector
 
 NOT_FOUND = pages.notFound("No such page", "Pages: / /healthz /readyz /status /metrics")
 # Status connections open at once; more are closed as soon as they are accepted.
@@ -51,15 +60,19 @@ class IStatusSource(Interface):
     healthy = Attribute("True when the role is leader or follower")
     ready = Attribute("True when healthy, pool cache synced and local cache uploaded")
 
-    def readiness_failures():
+    def readiness_failures() -> list[str]:
         """A list of strings naming each failing readiness condition; empty when ready."""
 
-    def status():
+    def status() -> dict[str, Any]:
         """The ``/status`` document (fields as in the README's HTTP surface) as a
         JSON-serialisable dict."""
 
 
-def rfc3339(seconds):
+# A page: (HTTP code, content type, body) of a status source.
+PageRenderer = Callable[[IStatusSource], "tuple[int, str, bytes]"]
+
+
+def rfc3339(seconds: float) -> str:
     """Epoch ``seconds`` → RFC 3339 UTC text, e.g. ``2026-01-02T03:04:05Z``."""
     moment = datetime.fromtimestamp(seconds, tz=timezone.utc)
     return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
@@ -77,20 +90,21 @@ class InitialStatus:
     healthy = False
     ready = False
 
-    def __init__(self, node, pool, cloud_servers, since=None):
+    def __init__(self, node: str, pool: str, cloud_servers: Iterable[str],
+                 since: Optional[float] = None) -> None:
         self.node = node
         self.pool = pool
         self.cloud_servers = tuple(cloud_servers)
         self.since = time.time() if since is None else since
 
-    def readiness_failures(self):
+    def readiness_failures(self) -> list[str]:
         return [
             "coordinator not healthy (role init)",
             "pool cache not synced",
             "local cache not uploaded",
         ]
 
-    def status(self):
+    def status(self) -> dict[str, Any]:
         return {
             "node": self.node,
             "pool": self.pool,
@@ -123,7 +137,7 @@ class CloudOnlyStatus(InitialStatus):
     def readiness_failures(self) -> list[str]:
         return ["coordinator not enabled on this node (role init)"]
 
-    def status(self) -> dict:
+    def status(self) -> dict[str, Any]:
         document = super().status()
         document["cloud"] = dict(self._cloud_servers())
         return document
@@ -139,8 +153,9 @@ class AgentStatus:
     ``hub_elector.leader`` (holder identity or None); ``delegation.delegated_heartbeats``.
     """
 
-    def __init__(self, coordinator, pool: str, reactor: IReactorTime, cloud_checker,
-                 coordinator_checker, hub_elector, delegation) -> None:
+    def __init__(self, coordinator: "Coordinator", pool: str, reactor: IReactorTime,
+                 cloud_checker: ICloudHealthChecker, coordinator_checker: IHealthChecker,
+                 hub_elector: "HubElector", delegation: "HeartbeatDelegation") -> None:
         self._coordinator = coordinator
         self.pool = pool
         self._reactor = reactor
@@ -151,7 +166,7 @@ class AgentStatus:
         self.last_transition = reactor.seconds()
         coordinator.add_role_observer(self._role_changed)
 
-    def _role_changed(self, _previous, _role) -> None:
+    def _role_changed(self, _previous: Role, _role: Role) -> None:
         self.last_transition = self._reactor.seconds()
 
     @property
@@ -166,10 +181,10 @@ class AgentStatus:
     def ready(self) -> bool:
         return self._coordinator.ready
 
-    def readiness_failures(self) -> list:
+    def readiness_failures(self) -> list[str]:
         return self._coordinator.readiness_failures()
 
-    def status(self) -> dict:
+    def status(self) -> dict[str, Any]:
         coordinator = self._coordinator
         return {
             "node": coordinator.node_name,
@@ -197,12 +212,12 @@ class SourcePage(resource.Resource):
     isLeaf = True
     log = Logger()
 
-    def __init__(self, source, render_page):
+    def __init__(self, source: IStatusSource, render_page: PageRenderer) -> None:
         super().__init__()
         self.source = source
         self.render_page = render_page
 
-    def render_GET(self, request):
+    def render_GET(self, request: server.Request) -> object:
         if request.postpath not in ([], [b""]):
             return NOT_FOUND.render(request)
         try:
@@ -217,18 +232,18 @@ class SourcePage(resource.Resource):
         return body
 
 
-def _text(code, text):
+def _text(code: int, text: str) -> tuple[int, str, bytes]:
     return code, "text/plain; charset=utf-8", text.encode("utf-8")
 
 
-def healthz_page(source):
+def healthz_page(source: IStatusSource) -> tuple[int, str, bytes]:
     """200 ``ok`` when the coordinator is healthy (leader or follower), else 503."""
     if source.healthy:
         return _text(200, "ok\n")
     return _text(503, f"not healthy: role {source.role}\n")
 
 
-def readyz_page(source):
+def readyz_page(source: IStatusSource) -> tuple[int, str, bytes]:
     """200 ``ok`` when ready, else 503 naming each failing condition on its own line."""
     if source.ready:
         return _text(200, "ok\n")
@@ -236,17 +251,17 @@ def readyz_page(source):
     return _text(503, "".join(f"not ready: {failure}\n" for failure in failures))
 
 
-def status_page(source):
+def status_page(source: IStatusSource) -> tuple[int, str, bytes]:
     """The ``/status`` JSON document of ``source``."""
     body = json.dumps(source.status(), indent=2) + "\n"
     return 200, "application/json", body.encode("utf-8")
 
 
-def metrics_page(metrics):
+def metrics_page(metrics: Metrics) -> PageRenderer:
     """Prometheus text; refreshes the role/health/readiness/server gauges from the source
     first, so a scrape never shows older values than the status pages."""
 
-    def render(source):
+    def render(source: IStatusSource) -> tuple[int, str, bytes]:
         metrics.set_role(source.role)
         metrics.set_healthy(source.healthy)
         metrics.set_ready(source.ready)
@@ -384,7 +399,7 @@ _POOL_PAGE_SCRIPT = """
 """
 
 
-def _page_value(kind, value):
+def _page_value(kind: str, value: object) -> tuple[str, str]:
     """(text, CSS class) of one value as the page shows it, before escaping."""
     if kind == "bool":
         return ("yes", "yes") if value else ("no", "no")
@@ -395,17 +410,17 @@ def _page_value(kind, value):
     return str(value), ""
 
 
-def _escaped(value):
+def _escaped(value: object) -> str:
     return html.escape(str(value), quote=True)
 
 
-def render_pool_page(status, readiness_failures):
+def render_pool_page(status: Mapping[str, Any], readiness_failures: Iterable[str]) -> str:
     """The pool page's HTML for one ``/status`` document: rendered here so that it
     shows the pool without JavaScript, refreshed by its inline script every
     ``POOL_PAGE_REFRESH_MS`` from ``/status`` and ``/readyz``. Every value is escaped
     (node names and server URLs come from configuration and the cluster)."""
 
-    def value(key, kind):
+    def value(key: str, kind: str) -> str:
         text, css = _page_value(kind, status.get(key))
         classes = f"value {css}" if css else "value"
         return (f'<span class="{classes}" data-field="{key}" data-kind="{kind}">'
@@ -455,7 +470,7 @@ def render_pool_page(status, readiness_failures):
 """
 
 
-def pool_page(source):
+def pool_page(source: IStatusSource) -> tuple[int, str, bytes]:
     """``GET /``: the pool as this agent sees it, as a self-refreshing HTML page."""
     status = source.status()
     failures = [] if source.ready else source.readiness_failures()
@@ -466,11 +481,11 @@ def pool_page(source):
 class StatusRoot(resource.Resource):
     """Root of the status pages; any other path is a plain 404."""
 
-    def getChild(self, path, request):
+    def getChild(self, path: bytes, request: server.Request) -> resource.IResource:
         return NOT_FOUND
 
 
-def status_resource(source, metrics):
+def status_resource(source: IStatusSource, metrics: Metrics) -> StatusRoot:
     """The resource tree: the pool page at ``/`` and the four pages beside it."""
     root = StatusRoot()
     root.putChild(b"", SourcePage(source, pool_page))
@@ -490,34 +505,35 @@ class StatusChannel(http.HTTPChannel):
     ``site.request_deadline`` seconds at most.
     """
 
-    _deadline = None
+    site: "StatusSite"
+    _deadline: Optional[IDelayedCall] = None
     _busy = False
     _lost = False
     _body_bytes = 0
 
-    def connectionMade(self):
+    def connectionMade(self) -> None:
         super().connectionMade()
         self._arm()
 
-    def _arm(self):
+    def _arm(self) -> None:
         self._disarm()
         self._deadline = self.callLater(self.site.request_deadline, self._too_slow)
 
-    def _disarm(self):
+    def _disarm(self) -> None:
         if self._deadline is not None and self._deadline.active():
             self._deadline.cancel()
         self._deadline = None
 
-    def _too_slow(self):
+    def _too_slow(self) -> None:
         self._deadline = None
         self.site.log_dropped(self, f"no whole request within {self.site.request_deadline}s")
         drop_connection(self.transport)
 
-    def allHeadersReceived(self):
+    def allHeadersReceived(self) -> None:
         self._body_bytes = 0
         super().allHeadersReceived()
 
-    def rawDataReceived(self, data):
+    def rawDataReceived(self, data: bytes) -> None:
         # The body of the request being received (later requests pipelined behind
         # one being answered are only buffered here, and counted when their turn comes).
         if not self._busy:
@@ -530,12 +546,12 @@ class StatusChannel(http.HTTPChannel):
                 return
         super().rawDataReceived(data)
 
-    def allContentReceived(self):
+    def allContentReceived(self) -> None:
         self._disarm()
         self._busy = True
         super().allContentReceived()
 
-    def requestDone(self, request):
+    def requestDone(self, request: server.Request) -> None:
         self._busy = False
         super().requestDone(request)
         # A request pipelined behind this one may have been answered meanwhile. A
@@ -544,7 +560,7 @@ class StatusChannel(http.HTTPChannel):
         if not self._busy and not self._lost and self._deadline is None:
             self._arm()
 
-    def connectionLost(self, reason):
+    def connectionLost(self, reason: Failure = connectionDone) -> None:
         self._lost = True
         self._disarm()
         self.site.channel_closed()
@@ -562,14 +578,16 @@ class StatusSite(server.Site):
 
     # Not ``log``: that is the access log method of Twisted's Site.
     logger = Logger()
-    protocol = StatusChannel
+    # Twisted types a site's channels as its HTTP/2-negotiating wrapper; this site
+    # builds plain HTTP/1.1 ``StatusChannel``s.
+    protocol: Callable[[], Any] = StatusChannel
     displayTracebacks = False
     noisy = False
 
     def __init__(self, root: resource.Resource, reactor: IReactorTime,
                  max_connections: int = MAX_STATUS_CONNECTIONS,
                  request_deadline: float = STATUS_REQUEST_DEADLINE,
-                 max_request_body: int = MAX_STATUS_REQUEST_BODY):
+                 max_request_body: int = MAX_STATUS_REQUEST_BODY) -> None:
         # No idle timeout of Twisted's own: the request deadline covers idle clients.
         super().__init__(root, reactor=reactor, timeout=None)
         self.max_connections = max_connections
@@ -577,9 +595,10 @@ class StatusSite(server.Site):
         self.max_request_body = max_request_body
         self.open_connections = 0
         self.refused = 0
-        self._refusing_since = None
+        self._refusing_since: Optional[int] = None
 
-    def buildProtocol(self, addr: IAddress) -> Optional[StatusChannel]:
+    def buildProtocol(self, addr: Optional[IAddress]) -> Any:
+        """A ``StatusChannel``, or None (the connection is closed) at the limit."""
         if self.open_connections >= self.max_connections:
             self.refused += 1
             if self._refusing_since is None:
@@ -591,11 +610,11 @@ class StatusSite(server.Site):
         self.open_connections += 1
         return channel
 
-    def startFactory(self):
+    def startFactory(self) -> None:
         """Nothing to open: the access log goes to the debug log (see ``log``), so
         Twisted's log file and its once-a-second date timer are not needed."""
 
-    def stopFactory(self):
+    def stopFactory(self) -> None:
         """Nothing to close: ``startFactory`` opened nothing."""
 
     def channel_closed(self) -> None:
@@ -608,14 +627,16 @@ class StatusSite(server.Site):
                              refused=refused)
 
     def log_dropped(self, channel: StatusChannel, why: str) -> None:
+        transport = channel.transport
+        peer = str(transport.getPeer()) if transport is not None else "?"
         self.logger.debug("status connection from {peer} dropped: {why}",
-                          peer=str(channel.transport.getPeer()), why=why)
+                          peer=peer, why=why)
 
     def getContentFile(self, length: Optional[int]) -> io.BytesIO:
         """Where a request body goes: memory (it is at most ``max_request_body``)."""
         return io.BytesIO()
 
-    def log(self, request: server.Request) -> None:
+    def log(self, request: http.Request) -> None:
         """The access log: debug only (the pool page polls twice every 2 s)."""
         self.logger.debug(
             "status request {method} {path} {code} from {client}",
@@ -623,6 +644,6 @@ class StatusSite(server.Site):
             code=request.code, client=request.getClientAddress().host)
 
 
-def status_site(source, metrics, reactor):
+def status_site(source: IStatusSource, metrics: Metrics, reactor: IReactorTime) -> StatusSite:
     """A ``StatusSite`` serving ``status_resource``; no tracebacks to clients."""
     return StatusSite(status_resource(source, metrics), reactor)

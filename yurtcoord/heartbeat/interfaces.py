@@ -8,6 +8,9 @@ unit tests' fake provide these interfaces and are checked with ``verifyObject``,
 so consumers call the members directly.
 """
 
+from typing import Any, Callable, Optional
+
+from twisted.internet import defer
 from zope.interface import Attribute, Interface
 
 
@@ -16,13 +19,13 @@ class IHealthChecker(Interface):
 
     healthy = Attribute("True while the last probes succeeded often enough.")
 
-    def start():
+    def start() -> None:
         """Start probing."""
 
-    def restart():
+    def restart() -> None:
         """Probe now (right after the probe in flight, if any)."""
 
-    def stop():
+    def stop() -> defer.Deferred[Any]:
         """Stop probing; the Deferred fires once no probe is left running."""
 
 
@@ -33,11 +36,11 @@ class ICloudHealthChecker(IHealthChecker):
         "False until the cloud's health is known: no server was found healthy yet and "
         "some server has not answered its first probe.")
 
-    def add_listener(callback):
+    def add_listener(callback: Callable[[bool], object]) -> None:
         """Call ``callback(healthy)`` when the health becomes known and on every flip."""
 
-    def servers():
+    def servers() -> dict[str, bool]:
         """``{url: healthy}`` of every cloud server."""
 
-    def pick_healthy_server():
+    def pick_healthy_server() -> Optional[str]:
         """A healthy server URL, rotating among the healthy ones; None when none is."""

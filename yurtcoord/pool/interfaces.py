@@ -6,7 +6,20 @@ the in-memory fake of the unit tests. Both are checked against it with
 ``verifyObject``, so the writers call these members without probing for them.
 """
 
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any, Optional, Tuple, Union
+
+from twisted.internet import defer
 from zope.interface import Attribute, Interface
+
+from yurtcoord.kube.gvr import GroupVersionResource
+from yurtcoord.pool.keycache import POOL_SCOPED_COMPONENT
+from yurtcoord.pool.keys import KeyBuildInfo, PoolKey
+
+if TYPE_CHECKING:
+    from yurtcoord.pool.store import WriteOutcome
 
 
 class IPoolStore(Interface):
@@ -15,44 +28,51 @@ class IPoolStore(Interface):
 
     reactor = Attribute("The reactor (or clock) the store's timers run on.")
 
-    def key_func(info):
+    def key_func(info: KeyBuildInfo) -> PoolKey:
         """The pool key of the object described by a ``KeyBuildInfo``; raises
         ``InvalidKey`` for names that cannot be keys."""
 
-    def create_or_update_many(items, outcome=None, flush_key_cache=True):
+    def create_or_update_many(items: Iterable[Tuple[PoolKey, bytes, Union[int, str]]],
+                              outcome: Optional[WriteOutcome] = None,
+                              flush_key_cache: bool = True) -> defer.Deferred[WriteOutcome]:
         """Write ``(key, value, rv)`` items, each only if newer than what is stored;
         fires with a ``WriteOutcome``."""
 
-    def replace_component_list(component, gvr, namespace, objects):
+    def replace_component_list(component: str, gvr: GroupVersionResource,
+                               namespace: Optional[str],
+                               objects: Iterable[Union[bytes, dict[str, Any]]],
+                               ) -> defer.Deferred[Tuple[int, int]]:
         """Make the keys of ``component``'s ``gvr`` in ``namespace`` exactly
         ``objects``; fires with (written, deleted)."""
 
-    def delete_many(keys, flush_key_cache=True):
+    def delete_many(keys: Iterable[Union[PoolKey, str]],
+                    flush_key_cache: bool = True) -> defer.Deferred[int]:
         """Delete ``keys``; fires with the number deleted."""
 
-    def delete_component_resources(component):
+    def delete_component_resources(component: str) -> defer.Deferred[int]:
         """Delete every key of ``component``; fires with the number deleted."""
 
-    def recover_pool_scoped_keys(resources, component=None):
+    def recover_pool_scoped_keys(resources: Iterable[Any],
+                                 component: str = POOL_SCOPED_COMPONENT) -> defer.Deferred[Any]:
         """Rebuild the key cache of ``resources`` from what etcd holds."""
 
-    def flush_key_cache():
+    def flush_key_cache() -> None:
         """Write the key cache now."""
 
-    def flush_key_cache_soon():
+    def flush_key_cache_soon() -> None:
         """Write the key cache after the writes in progress."""
 
-    def on_health_change(observer):
+    def on_health_change(observer: Callable[[bool], object]) -> None:
         """Call ``observer(healthy)`` whenever the store's health flips."""
 
-    def remove_health_observer(observer):
+    def remove_health_observer(observer: Callable[[bool], object]) -> None:
         """Stop calling ``observer`` on health changes."""
 
-    def on_new_term(observer):
+    def on_new_term(observer: Callable[[], object]) -> None:
         """Call ``observer()`` when etcd reports a new raft term."""
 
-    def remove_new_term_observer(observer):
+    def remove_new_term_observer(observer: Callable[[], object]) -> None:
         """Stop calling ``observer`` on new terms."""
 
-    def close():
+    def close() -> defer.Deferred[Any]:
         """Stop the store's timers; the store is not used afterwards."""

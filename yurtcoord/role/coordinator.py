@@ -28,15 +28,17 @@ alternate as ``IRoleComponent`` promises.
 """
 
 import enum
-from typing import TYPE_CHECKING, Callable, List
+from typing import TYPE_CHECKING, Any, Callable, Generator, List, Optional
 
 from twisted.internet import defer
+from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
-from yurtcoord.role.roles import Role
+from yurtcoord.pool.interfaces import IPoolStore
+from yurtcoord.role.roles import IRoleComponent, Role
 from yurtcoord.tx.fsm import TransitionTable
-from yurtcoord.tx.retry import ROLE_RETRY
+from yurtcoord.tx.retry import ROLE_RETRY, RetryPolicy
 
 if TYPE_CHECKING:
     from yurtcoord.pool.uploader import UploadCounts
@@ -53,15 +55,15 @@ class _Superseded(Exception):
     """The role changed while a step was in progress: drop this run."""
 
 
-def _wait_for(d: defer.Deferred) -> defer.Deferred:
+def _wait_for(d: defer.Deferred[Any]) -> defer.Deferred[None]:
     """A Deferred that fires when ``d`` does; cancelling it ends the wait, not ``d``.
 
     For the work a role change must not cut short: a component stopping, a store
     closing.
     """
-    waiter = defer.Deferred()
+    waiter: defer.Deferred[None] = defer.Deferred()
 
-    def relay(result):
+    def relay(result: object) -> object:
         if not waiter.called:
             waiter.callback(None)
         return result
@@ -80,15 +82,15 @@ class _ComponentSlot:
 
     log = Logger()
 
-    def __init__(self, name: str, component, node_name: str):
+    def __init__(self, name: str, component: IRoleComponent, node_name: str) -> None:
         self.name = name
         self.component = component
         self.node_name = node_name
-        self.store = None
-        self._stopping = None
+        self.store: Optional[IPoolStore] = None
+        self._stopping: Optional[defer.Deferred[None]] = None
 
     @property
-    def running(self):
+    def running(self) -> bool:
         return self.store is not None
 
     def stop(self) -> None:
@@ -103,18 +105,18 @@ class _ComponentSlot:
             if not stopping.called:
                 self._stopping = stopping
 
-    def stopped(self) -> defer.Deferred:
+    def stopped(self) -> defer.Deferred[None]:
         """Fires when no stop of the component is in progress (at once when none is)."""
         if self._stopping is None:
             return defer.succeed(None)
         return _wait_for(self._stopping)
 
-    def _stop_done(self, _result):
+    def _stop_done(self, _result: object) -> None:
         self._stopping = None
         self.log.info("{component} stopped on node {node}", component=self.name,
                       node=self.node_name)
 
-    def _stop_failed(self, failure):
+    def _stop_failed(self, failure: Failure) -> None:
         self._stopping = None
         self.log.warn("stopping {component} failed on node {node}: {error}",
                       component=self.name, node=self.node_name,
@@ -175,8 +177,12 @@ class Coordinator:
 
     log = Logger()
 
-    def __init__(self, reactor, node_name: str, open_pool_store, pool_sync, delegation,
-                 synced_detector, upload_local_cache, retry_delay=None) -> None:
+    def __init__(self, reactor: IReactorTime, node_name: str,
+                 open_pool_store: Callable[[], defer.Deferred[Any]],
+                 pool_sync: IRoleComponent, delegation: IRoleComponent,
+                 synced_detector: IRoleComponent,
+                 upload_local_cache: Callable[[IPoolStore], defer.Deferred["UploadCounts"]],
+                 retry_delay: Optional[RetryPolicy] = None) -> None:
         self._reactor = reactor
         self.node_name = node_name
         self._open_pool_store = open_pool_store
@@ -189,16 +195,16 @@ class Coordinator:
 
         self._life = _Life.IDLE
         self.role = Role.INIT
-        self.store = None
+        self.store: Optional[IPoolStore] = None
         self.pool_cache_synced = False
         self.need_upload_local_cache = True
         self.uploaded_objects = 0
         self.failed_attempts = 0
-        self.last_error = None
+        self.last_error: Optional[str] = None
         self._step = "start"
-        self._run = None
-        self._retry_call = None
-        self._stopped = None
+        self._run: Optional[defer.Deferred[None]] = None
+        self._retry_call: Optional[IDelayedCall] = None
+        self._stopped: Optional[defer.Deferred[None]] = None
         self._role_observers: List[Callable[[Role, Role], None]] = []
         self._readiness_observers: List[Callable[[bool], None]] = []
         self._last_ready = False
@@ -225,7 +231,7 @@ class Coordinator:
     def readiness_failures(self) -> List[str]:
         if not self.healthy:
             return [f"coordinator not healthy (role {self.role.value})"]
-        failures = []
+        failures: List[str] = []
         if self._life is not _Life.IDLE:
             detail = f" (last error: {self.last_error})" if self.last_error else ""
             failures.append(f"steps of role {self.role.value} not done yet{detail}")
@@ -247,7 +253,7 @@ class Coordinator:
         failing observer is logged and changes nothing."""
         self._readiness_observers.append(observer)
 
-    def _notify(self, observers, *args) -> None:
+    def _notify(self, observers: List[Callable[..., None]], *args: object) -> None:
         for observer in list(observers):
             try:
                 observer(*args)
@@ -265,7 +271,7 @@ class Coordinator:
 
     # -- inputs ------------------------------------------------------------------
 
-    def set_role(self, role) -> None:
+    def set_role(self, role: Role | str) -> None:
         """The hub elector's newest role; supersedes everything older.
 
         The step the run waits on is cancelled, and the run goes on with this role
@@ -275,7 +281,7 @@ class Coordinator:
             return
         self._input("role", role)
 
-    def set_pool_cache_synced(self, synced) -> None:
+    def set_pool_cache_synced(self, synced: bool) -> None:
         """Called by the synced detector. Ignored while detection is not running,
         so a late report after pending cannot mark a dropped cache as synced."""
         synced = bool(synced)
@@ -287,7 +293,7 @@ class Coordinator:
                           synced=synced, node=self.node_name)
             self._changed()
 
-    def stop(self) -> defer.Deferred:
+    def stop(self) -> defer.Deferred[None]:
         """Cancel the step in progress, stop every component and close the pool
         store, exactly once each. The first call fires once all of that is done,
         later ones at once."""
@@ -300,13 +306,14 @@ class Coordinator:
 
     # -- the state machine -------------------------------------------------------
 
-    def _input(self, event: str, *args) -> None:
+    def _input(self, event: str, *args: Any) -> None:
         """Move along ``_LIFE`` for ``event`` and run that transition's action."""
         before = self._life
         self._life = _LIFE.next(before, event)
-        actions = {"role": self._on_role, "done": self._on_done, "failed": self._on_failed,
-                   "superseded": self._on_superseded, "retry": self._on_retry,
-                   "stop": self._on_stop}
+        actions: dict[str, Callable[..., None]] = {
+            "role": self._on_role, "done": self._on_done, "failed": self._on_failed,
+            "superseded": self._on_superseded, "retry": self._on_retry,
+            "stop": self._on_stop}
         actions[event](before, *args)
 
     def _on_role(self, before: _Life, role: Role) -> None:
@@ -338,7 +345,7 @@ class Coordinator:
         self.last_error = None
         self._changed()
 
-    def _on_failed(self, before: _Life, role: Role, error: Exception) -> None:
+    def _on_failed(self, before: _Life, role: Role, error: BaseException) -> None:
         if before is _Life.STOPPING:
             self._shut_down()
             return
@@ -374,9 +381,11 @@ class Coordinator:
         stopped = self._stop_components(self._pool_sync, self._delegation, self._detector)
         self._drop_store_after(stopped).addCallback(self._shut_down_done)
 
-    def _shut_down_done(self, _result) -> None:
+    def _shut_down_done(self, _result: object) -> None:
         self._changed()
-        self._stopped.callback(None)
+        # Only stop() leads here, and it made the Deferred first.
+        if self._stopped is not None:
+            self._stopped.callback(None)
 
     def _start_run(self) -> None:
         """Run the current role's steps; how the run ends is the next input."""
@@ -390,7 +399,7 @@ class Coordinator:
                 run.cancel()
         run.addBoth(self._run_ended_with, role)
 
-    def _run_ended_with(self, result, role: Role) -> None:
+    def _run_ended_with(self, result: object, role: Role) -> None:
         """A run of ``role`` ended with ``result``: done, failed, or superseded (its
         role is no longer the current one, or it was cancelled)."""
         self._run = None
@@ -404,7 +413,7 @@ class Coordinator:
         else:
             self._input("done")
 
-    def _apply(self, role: Role) -> defer.Deferred:
+    def _apply(self, role: Role) -> defer.Deferred[None]:
         if role == Role.LEADER:
             d = self._apply_leader(role)
         elif role == Role.FOLLOWER:
@@ -420,14 +429,14 @@ class Coordinator:
             raise _Superseded()
 
     @defer.inlineCallbacks
-    def _apply_pending(self):
+    def _apply_pending(self) -> Generator[defer.Deferred[Any], Any, None]:
         self.need_upload_local_cache = True
         self._step = "stop components, close pool store"
         stopped = self._stop_components(self._pool_sync, self._delegation, self._detector)
         yield _wait_for(self._drop_store_after(stopped))
 
     @defer.inlineCallbacks
-    def _apply_leader(self, role):
+    def _apply_leader(self, role: Role) -> Generator[defer.Deferred[Any], Any, None]:
         store = yield self._ensure_store(role)
         for slot in (self._pool_sync, self._delegation, self._detector):
             self._step = f"start {slot.name}"
@@ -436,7 +445,7 @@ class Coordinator:
         yield self._upload_if_needed(store, role)
 
     @defer.inlineCallbacks
-    def _apply_follower(self, role):
+    def _apply_follower(self, role: Role) -> Generator[defer.Deferred[Any], Any, None]:
         self._step = "stop leader components"
         yield _wait_for(self._stop_components(self._pool_sync, self._delegation))
         self._check(role)
@@ -447,7 +456,7 @@ class Coordinator:
         yield self._upload_if_needed(store, role)
 
     @defer.inlineCallbacks
-    def _ensure_store(self, role):
+    def _ensure_store(self, role: Role) -> Generator[defer.Deferred[Any], Any, IPoolStore]:
         if self.store is not None:
             return self.store
         self._step = "open pool store"
@@ -459,7 +468,8 @@ class Coordinator:
         return store
 
     @defer.inlineCallbacks
-    def _ensure_started(self, slot, store):
+    def _ensure_started(self, slot: _ComponentSlot,
+                        store: IPoolStore) -> Generator[defer.Deferred[Any], Any, None]:
         if slot.store is store:
             return
         # Start only after the last stop finished, also one of a superseded run.
@@ -475,7 +485,7 @@ class Coordinator:
         self.log.info("{component} started on node {node}",
                       component=slot.name, node=self.node_name)
 
-    def _stop_components(self, *slots):
+    def _stop_components(self, *slots: _ComponentSlot) -> defer.Deferred[Any]:
         """Call the ``stop()`` of each running slot now, in this turn.
 
         Returns a Deferred that fires (never fails) once no stop of them is in
@@ -489,7 +499,8 @@ class Coordinator:
         return defer.DeferredList([slot.stopped() for slot in slots])
 
     @defer.inlineCallbacks
-    def _upload_if_needed(self, store, role):
+    def _upload_if_needed(self, store: IPoolStore,
+                          role: Role) -> Generator[defer.Deferred[Any], Any, None]:
         if not self.need_upload_local_cache:
             return
         self._step = "upload local cache"
@@ -502,7 +513,7 @@ class Coordinator:
                       node=self.node_name, uploaded=uploaded)
         self._changed()
 
-    def _drop_store_after(self, stopped):
+    def _drop_store_after(self, stopped: defer.Deferred[Any]) -> defer.Deferred[Any]:
         """The pool store is never used again; it closes once ``stopped`` fired (the
         components stopped), also when a newer role cancels the run meanwhile.
         Returns ``stopped``, firing after the close."""
@@ -511,7 +522,7 @@ class Coordinator:
             stopped.addCallback(lambda _: self._close_quietly(store))
         return stopped
 
-    def _close_quietly(self, store):
+    def _close_quietly(self, store: IPoolStore) -> defer.Deferred[Any]:
         """Close ``store``; the returned Deferred never fails (a failure is logged)."""
         closing = defer.maybeDeferred(store.close)
         closing.addErrback(lambda failure: self.log.warn(
@@ -519,7 +530,7 @@ class Coordinator:
             node=self.node_name, error=failure.getErrorMessage()))
         return closing
 
-    def _cancel_retry(self):
+    def _cancel_retry(self) -> None:
         if self._retry_call is not None:
             if self._retry_call.active():
                 self._retry_call.cancel()

@@ -5,13 +5,15 @@ cloud unhealthy → no candidacy, role follower (a hub without the cloud must no
 lead); otherwise take part in the election: follower until it wins, then leader.
 """
 
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 from twisted.internet import defer
+from twisted.internet.interfaces import IReactorTime
 from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
+from yurtcoord.heartbeat.interfaces import IHealthChecker
 from yurtcoord.role.roles import Role
 
 
@@ -30,8 +32,11 @@ class HubElector:
 
     log = Logger()
 
-    def __init__(self, reactor, cloud_checker, coordinator_checker, elector_factory,
-                 check_interval, on_role):
+    def __init__(self, reactor: IReactorTime, cloud_checker: IHealthChecker,
+                 coordinator_checker: IHealthChecker,
+                 elector_factory: Callable[[Callable[..., None], Callable[..., None],
+                                            Callable[..., None]], Any],
+                 check_interval: float, on_role: Callable[[Role], object]) -> None:
         self._reactor = reactor
         self._cloud = cloud_checker
         self._coordinator = coordinator_checker
@@ -39,20 +44,20 @@ class HubElector:
         self._check_interval = check_interval
         self._on_role = on_role
         self.role = Role.INIT
-        self._elector = None
+        self._elector: Any = None
         self._candidacies = 0
-        self._leader_observers = []
-        self._stopping_electors = set()
-        self._loop = None
-        self._loop_done = None
-        self._health_known = None
+        self._leader_observers: list[Callable[[str], None]] = []
+        self._stopping_electors: set[defer.Deferred[Any]] = set()
+        self._loop: LoopingCall | None = None
+        self._loop_done: defer.Deferred[LoopingCall] | None = None
+        self._health_known: defer.Deferred[Any] | None = None
 
     @property
-    def electing(self):
+    def electing(self) -> bool:
         return self._elector is not None
 
     @property
-    def leader(self):
+    def leader(self) -> str | None:
         """Holder identity of the election lease as last observed; None when not
         taking part in the election or when the lease is free."""
         if self._elector is None:
@@ -64,7 +69,7 @@ class HubElector:
         holder of the election lease; a failing observer is logged."""
         self._leader_observers.append(observer)
 
-    def start(self, health_known: Optional[defer.Deferred] = None) -> None:
+    def start(self, health_known: Optional[defer.Deferred[Any]] = None) -> None:
         """Check now and every ``check_interval``; with ``health_known``, the first
         check waits until it fired (the role stays init until then), so that an
         agent whose first probes are still on the way is not called pending."""
@@ -76,7 +81,7 @@ class HubElector:
             return
         self._start_checking()
 
-    def _health_became_known(self, result) -> None:
+    def _health_became_known(self, result: object) -> None:
         if self._health_known is None:
             return None  # stopped meanwhile: the wait was cancelled
         self._health_known = None
@@ -91,10 +96,10 @@ class HubElector:
         self._loop.clock = self._reactor
         self._loop_done = self._loop.start(self._check_interval, now=True)
 
-    def stop(self):
+    def stop(self) -> defer.Deferred[None]:
         """Stop checking and electing; fires once the elector stopped (and a leader
         released its lease)."""
-        stopped = []
+        stopped: list[defer.Deferred[Any]] = []
         waiting, self._health_known = self._health_known, None
         if waiting is not None:
             waiting.cancel()
@@ -103,19 +108,20 @@ class HubElector:
             self._loop = self._loop_done = None
             if loop.running:
                 loop.stop()
-            stopped.append(done)
+            if done is not None:
+                stopped.append(done)
         self._stop_electing()
         stopped.extend(self._stopping_electors)
         return defer.gatherResults(stopped, consumeErrors=True).addCallback(lambda _: None)
 
-    def _check_quietly(self):
+    def _check_quietly(self) -> None:
         # One bad check (e.g. an on_role callback raising) must not end the loop.
         try:
             self.check()
         except Exception:
             self.log.failure("hub role check failed")
 
-    def check(self):
+    def check(self) -> None:
         """One health check; called by the loop every ``check_interval``."""
         if not self._coordinator.healthy:
             self._stop_electing()
@@ -127,23 +133,23 @@ class HubElector:
             self._set_role(Role.FOLLOWER)
             self._start_electing()
 
-    def _start_electing(self):
+    def _start_electing(self) -> None:
         self._candidacies += 1
-        candidacy = []
+        candidacy: list[Any] = []
 
-        def current():
+        def current() -> bool:
             return bool(candidacy) and self._elector is candidacy[0]
 
-        def started_leading(*_args):
+        def started_leading(*_args: object) -> None:
             if current():
                 self._set_role(Role.LEADER)
 
-        def stopped_leading(*_args):
+        def stopped_leading(*_args: object) -> None:
             if current():
                 # Lost the lease; the elector stays a candidate.
                 self._set_role(Role.FOLLOWER)
 
-        def new_leader(identity, *_args):
+        def new_leader(identity: str, *_args: object) -> None:
             if current():
                 self.log.info("pool leader is now {leader}", leader=identity)
                 for observer in list(self._leader_observers):
@@ -160,23 +166,23 @@ class HubElector:
                       candidacy=self._candidacies)
         elector.start()
 
-    def _stop_electing(self):
+    def _stop_electing(self) -> None:
         elector, self._elector = self._elector, None
         if elector is None:
             return
         d = defer.maybeDeferred(elector.stop)
         self._stopping_electors.add(d)
 
-        def done(result):
+        def done(result: object) -> object:
             self._stopping_electors.discard(d)
             return result
 
-        def failed(failure):
+        def failed(failure: Failure) -> None:
             self.log.failure("stopping the leader elector failed", failure)
 
         d.addBoth(done).addErrback(failed)
 
-    def _set_role(self, role):
+    def _set_role(self, role: Role) -> None:
         if role == self.role:
             return
         previous, self.role = self.role, role

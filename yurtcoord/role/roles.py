@@ -1,8 +1,15 @@
 """Roles of an agent in its pool, and the interface of the components a role runs."""
 
-import enum
+from __future__ import annotations
 
+import enum
+from typing import TYPE_CHECKING, Any
+
+from twisted.internet import defer
 from zope.interface import Interface
+
+if TYPE_CHECKING:
+    from yurtcoord.pool.interfaces import IPoolStore
 
 
 class Role(str, enum.Enum):
@@ -17,22 +24,22 @@ class Role(str, enum.Enum):
     LEADER = "leader"
     FOLLOWER = "follower"
 
-    def __str__(self):
+    def __str__(self) -> str:
         return self.value
 
     @property
-    def metric_value(self):
+    def metric_value(self) -> int:
         """Value of gauge ``node_yurthub_yurt_coordinator_yurthub_role``
         (yurthub's numbering: 1 leader, 2 follower, 3 pending; 0 before any decision)."""
         return _METRIC_VALUES[self]
 
     @property
-    def is_healthy(self):
+    def is_healthy(self) -> bool:
         """A leader or follower hub can use the pool; pending and init cannot."""
         return self in (Role.LEADER, Role.FOLLOWER)
 
 
-_METRIC_VALUES = {Role.INIT: 0, Role.LEADER: 1, Role.FOLLOWER: 2, Role.PENDING: 3}
+_METRIC_VALUES: dict[Role, int] = {Role.INIT: 0, Role.LEADER: 1, Role.FOLLOWER: 2, Role.PENDING: 3}
 
 
 class IRoleComponent(Interface):
@@ -44,7 +51,7 @@ class IRoleComponent(Interface):
     guard against overlapping calls.
     """
 
-    def start(store):
+    def start(store: IPoolStore) -> defer.Deferred[None]:
         """Begin working against the open pool ``store``.
 
         Returns a Deferred that fires once the component runs, or errbacks if it
@@ -53,7 +60,7 @@ class IRoleComponent(Interface):
         leave nothing of the component running.
         """
 
-    def stop():
+    def stop() -> defer.Deferred[Any]:
         """Stop all work: watches, timers and requests of this component.
 
         Returns a Deferred that fires when nothing of the component is left
