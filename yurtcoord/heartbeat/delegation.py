@@ -11,7 +11,7 @@ tell who wrote a lease: the leader is the only place that can check it. A delega
 lease is forwarded only when
 
 - it lives in ``kube-node-lease`` (reason ``namespace`` otherwise);
-- its ``holderIdentity`` is its name (``holder_mismatch``);
+- it has a name and its ``holderIdentity`` is that name (``holder_mismatch``);
 - its renewTime is at most ``max_clock_skew`` ahead of the leader's clock
   (``renew_time_in_future``): a renewTime an hour ahead would otherwise stay in the
   cloud and hide the node's death for that hour;
@@ -55,9 +55,10 @@ errors, conflicts to the end) is counted and the newest state of that lease is
 retried after a capped backoff, so a heartbeat is not lost until the next renewal.
 """
 
-from typing import Callable, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
 from twisted.internet import defer
+from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 from zope.interface import Interface, implementer
@@ -67,12 +68,14 @@ from yurtcoord.tx.failures import describe_failure
 from yurtcoord.tx.retry import DELEGATION_RETRY, Retries
 from yurtcoord.kube.errors import NotFound
 from yurtcoord.kube.gvr import LEASES, NODES
+from yurtcoord.heartbeat.interfaces import ICloudHealthChecker
 from yurtcoord.kube.informer import Informer
+from yurtcoord.kube.interfaces import IInformer, IListWatchClient, IObjectClient
 from yurtcoord.kube.lease import format_micro_time, owner_reference_to_node, parse_micro_time
 from yurtcoord.kube.leasewriter import CREATED, UNCHANGED, LeaseWriter
 from yurtcoord.names import DELEGATE_HEARTBEAT_ANNOTATION, NODE_LEASE_NAMESPACE, NODE_POOL_LABEL
 from yurtcoord.role.roles import IRoleComponent
-from yurtcoord.tx.workqueue import WorkQueue
+from yurtcoord.tx.workqueue import RetryPolicy, WorkQueue
 
 MAX_ATTEMPTS = 5
 # Chains in flight over all leases: the cloud client's persistent connections.
@@ -98,10 +101,10 @@ DEFAULT_HEARTBEAT_INTERVAL = 10.0
 class IDelegationMetrics(Interface):
     """What the delegation reports to the agent's metrics."""
 
-    def observe_delegation(seconds, succeeded):
+    def observe_delegation(seconds: float, succeeded: bool) -> None:
         """One finished delegation, ``seconds`` after its pool event."""
 
-    def count_delegation_refused(reason):
+    def count_delegation_refused(reason: str) -> None:
         """One delegated pool lease state not forwarded, for ``reason``."""
 
 
@@ -133,7 +136,7 @@ def node_pool(node: dict) -> Optional[str]:
     return ((node.get("metadata") or {}).get("labels") or {}).get(NODE_POOL_LABEL)
 
 
-def _forwarded_annotation(pool_lease):
+def _forwarded_annotation(pool_lease: dict) -> Optional[str]:
     return ((pool_lease.get("metadata") or {}).get("annotations") or {}).get(
         DELEGATE_HEARTBEAT_ANNOTATION)
 
@@ -231,12 +234,16 @@ class HeartbeatDelegation:
 
     log = Logger()
 
-    def __init__(self, reactor, make_informer: Callable, make_node_informer: Callable,
-                 node_client, pick_healthy_server: Callable, cloud_client_for: Callable,
-                 pool: str, max_clock_skew: float = DEFAULT_MAX_CLOCK_SKEW, metrics=None,
-                 make_backoff: Optional[Callable] = None, max_attempts: int = MAX_ATTEMPTS,
+    def __init__(self, reactor: IReactorTime, make_informer: Callable[[], IInformer],
+                 make_node_informer: Callable[[str], IInformer], node_client: IObjectClient,
+                 pick_healthy_server: Callable[[], Optional[str]],
+                 cloud_client_for: Callable[[str], IObjectClient],
+                 pool: str, max_clock_skew: float = DEFAULT_MAX_CLOCK_SKEW,
+                 metrics: Optional[IDelegationMetrics] = None,
+                 make_backoff: Optional[Callable[[], RetryPolicy]] = None,
+                 max_attempts: int = MAX_ATTEMPTS,
                  max_concurrent: int = DEFAULT_MAX_CONCURRENT,
-                 heartbeat_interval: float = DEFAULT_HEARTBEAT_INTERVAL):
+                 heartbeat_interval: float = DEFAULT_HEARTBEAT_INTERVAL) -> None:
         if max_concurrent < 1:
             raise ValueError("max_concurrent must be at least 1")
         if not pool:
@@ -252,8 +259,8 @@ class HeartbeatDelegation:
         self.heartbeat_interval = heartbeat_interval
         self._metrics = metrics
         self._max_attempts = max_attempts
-        self._informer = None
-        self._node_informer = None
+        self._informer: Optional[IInformer] = None
+        self._node_informer: Optional[IInformer] = None
         # One chain per lease, the newest state pending, per-lease backoff.
         self._queue: WorkQueue[str, _Heartbeat] = WorkQueue(
             reactor, self._delegate_state, _newest,
@@ -261,23 +268,23 @@ class HeartbeatDelegation:
             max_concurrent=max_concurrent, on_success=self._delegated,
             on_failure=self._delegation_failed)
         # key -> (server, LeaseWriter): the writer of each lease on its last server.
-        self._writers = {}
+        self._writers: Dict[str, Tuple[str, LeaseWriter]] = {}
         self._cloud_unavailable = False
         self._running = False
         # The pool's Nodes by name, once the node informer listed; leases offered
         # before that wait in ``_waiting`` (key -> newest lease).
-        self._nodes = {}
+        self._nodes: Dict[str, dict] = {}
         self._nodes_synced = False
-        self._waiting = {}
+        self._waiting: Dict[str, dict] = {}
         # Node name -> reason, for names found missing from the pool by a cloud read;
         # name -> Deferred of that read while it runs.
-        self._absent = {}
-        self._classifying = {}
+        self._absent: Dict[str, str] = {}
+        self._classifying: Dict[str, defer.Deferred[Any]] = {}
         # Node name -> the newest delegated lease refused because its Node was not
         # in the pool: forwarded if the Node shows up in the pool after all.
-        self._parked = {}
+        self._parked: Dict[str, dict] = {}
         # (key, reason) pairs already logged.
-        self._logged = set()
+        self._logged: Set[Tuple[str, str]] = set()
         # Counters for /status and tests; they survive leadership terms.
         self.delegated = 0
         self.created = 0
@@ -286,17 +293,18 @@ class HeartbeatDelegation:
         self.refused = dict.fromkeys(REFUSAL_REASONS, 0)
 
     @classmethod
-    def for_coordinator(cls, reactor, coordinator_client, cloud_reader, cloud_health,
-                        cloud_client_for: Callable, pool: str,
-                        **options) -> "HeartbeatDelegation":
+    def for_coordinator(cls, reactor: IReactorTime, coordinator_client: IListWatchClient,
+                        cloud_reader: Any, cloud_health: ICloudHealthChecker,
+                        cloud_client_for: Callable[[str], IObjectClient], pool: str,
+                        **options: Any) -> "HeartbeatDelegation":
         """The delegation as an agent runs it: an ``Informer`` of the leases on the
         coordinator apiserver, an ``Informer`` of the pool's Nodes read through
         ``cloud_reader`` (a client of whichever cloud server is healthy), and the
         cloud health checker's pick."""
-        def make_informer():
+        def make_informer() -> IInformer:
             return Informer(reactor, coordinator_client, LEASES)
 
-        def make_node_informer(label_selector):
+        def make_node_informer(label_selector: str) -> IInformer:
             return Informer(reactor, cloud_reader, NODES, label_selector=label_selector)
 
         return cls(reactor, make_informer, make_node_informer, cloud_reader,
@@ -305,21 +313,21 @@ class HeartbeatDelegation:
     # -- what /status reads ------------------------------------------------------
 
     @property
-    def delegated_heartbeats(self):
+    def delegated_heartbeats(self) -> int:
         """Heartbeats written to the cloud (created or updated) so far."""
         return self.delegated
 
     @property
-    def running(self):
+    def running(self) -> bool:
         return self._running
 
     @property
-    def in_flight(self):
+    def in_flight(self) -> int:
         """How many lease delegations are running right now."""
         return self._queue.in_flight
 
     @property
-    def queued(self):
+    def queued(self) -> int:
         """How many leases wait for a free request slot."""
         return self._queue.queued
 
@@ -330,7 +338,7 @@ class HeartbeatDelegation:
 
     # -- IRoleComponent ----------------------------------------------------------
 
-    def start(self, store=None):
+    def start(self, store: object = None) -> defer.Deferred[None]:
         """Watch the pool's Nodes in the cloud and the leases on the coordinator; the
         lease informer's initial list offers every currently delegated lease at once
         (forwarded once the Nodes are listed). The pool store is not used."""
@@ -351,7 +359,7 @@ class HeartbeatDelegation:
         started.addErrback(self._start_failed, informer)
         return started
 
-    def _start_failed(self, failure, informer):
+    def _start_failed(self, failure: Failure, informer: IInformer) -> Failure:
         if informer is self._informer:
             self._running = False
             self._informer = None
@@ -363,13 +371,13 @@ class HeartbeatDelegation:
                       error=failure.getErrorMessage())
         return failure
 
-    def stop(self):
+    def stop(self) -> defer.Deferred[None]:
         """Stop watching and cancel every request and timer, in this reactor turn."""
         self._running = False
         informers = [self._informer, self._node_informer]
         self._informer = self._node_informer = None
         chains, cancelled = self._cancel_all()
-        waits = []
+        waits: List[defer.Deferred[Any]] = []
         for informer in informers:
             if informer is not None:
                 stopped = defer.maybeDeferred(informer.stop)
@@ -380,7 +388,7 @@ class HeartbeatDelegation:
         self.log.info("heartbeat delegation stopped, cancelled={cancelled}", cancelled=cancelled)
         return defer.DeferredList(waits + [chains], consumeErrors=True).addCallback(lambda _: None)
 
-    def _cancel_all(self):
+    def _cancel_all(self) -> Tuple[defer.Deferred[None], int]:
         """Cancel every chain, retry and lookup; returns the Deferred of the
         cancelled chains and how many there were."""
         cancelled = self._queue.in_flight
@@ -400,10 +408,10 @@ class HeartbeatDelegation:
 
     # -- the pool's Nodes ----------------------------------------------------------
 
-    def _in_pool(self, node):
+    def _in_pool(self, node: dict) -> bool:
         return node_pool(node) == self.pool
 
-    def _nodes_listed(self, synced, informer):
+    def _nodes_listed(self, synced: bool, informer: IInformer) -> None:
         if not synced or informer is not self._node_informer or not self._running:
             return
         self._nodes_synced = True
@@ -414,21 +422,21 @@ class HeartbeatDelegation:
         for lease in waiting.values():
             self._offer(lease)
 
-    def _on_node(self, node):
+    def _on_node(self, node: dict) -> None:
         if not self._running:
             return
-        name = (node.get("metadata") or {}).get("name")
+        name = _name_of(node)
         self._nodes[name] = node
         self._absent.pop(name, None)
         parked = self._parked.pop(name, None)
         if parked is not None and self._nodes_synced:
             self._offer(parked)
 
-    def _on_node_gone(self, node):
+    def _on_node_gone(self, node: dict) -> None:
         """A pool Node deleted or moved out of the pool: its heartbeats stop here."""
         if not self._running:
             return
-        name = (node.get("metadata") or {}).get("name")
+        name = _name_of(node)
         self._nodes.pop(name, None)
         self._absent.pop(name, None)
         key = f"{NODE_LEASE_NAMESPACE}/{name}"
@@ -438,13 +446,13 @@ class HeartbeatDelegation:
 
     # -- informer events ---------------------------------------------------------
 
-    def _on_add(self, lease):
+    def _on_add(self, lease: dict) -> None:
         self._offer(lease)
 
-    def _on_update(self, old, new):
+    def _on_update(self, old: dict, new: dict) -> None:
         self._offer(new)
 
-    def _on_delete(self, lease):
+    def _on_delete(self, lease: dict) -> None:
         if not self._running:
             return
         key = lease_key(lease)
@@ -454,7 +462,7 @@ class HeartbeatDelegation:
         self._logged = {logged for logged in self._logged if logged[0] != key}
         self._forget_pending(key)
 
-    def _offer(self, lease):
+    def _offer(self, lease: dict) -> None:
         if not self._running:
             return
         key = lease_key(lease)
@@ -485,14 +493,14 @@ class HeartbeatDelegation:
         self._parked.pop(name, None)
         self._accept(key, lease)
 
-    def _unpark(self, lease):
+    def _unpark(self, lease: dict) -> None:
         """Forget the parked state of ``lease``'s name if it is this lease's."""
-        name = (lease.get("metadata") or {}).get("name")
+        name = _name_of(lease)
         parked = self._parked.get(name)
         if parked is not None and lease_key(parked) == lease_key(lease):
             del self._parked[name]
 
-    def _refusal(self, lease):
+    def _refusal(self, lease: dict) -> Optional[Tuple[str, str]]:
         """(reason, detail) when the lease itself says it must not be forwarded."""
         metadata = lease.get("metadata") or {}
         spec = lease.get("spec") or {}
@@ -500,7 +508,11 @@ class HeartbeatDelegation:
         if namespace != NODE_LEASE_NAMESPACE:
             return REFUSED_NAMESPACE, f"namespace {namespace!r} is not {NODE_LEASE_NAMESPACE}"
         holder = spec.get("holderIdentity")
-        if holder != metadata.get("name"):
+        name = metadata.get("name")
+        if not name:
+            # Names no node; an absent holderIdentity would otherwise equal it.
+            return REFUSED_HOLDER_MISMATCH, "the lease has no name"
+        if holder != name:
             return REFUSED_HOLDER_MISMATCH, f"holderIdentity {holder!r} is not the lease's name"
         renewed = renew_time_of(lease)
         ahead = None if renewed is None else renewed - self._reactor.seconds()
@@ -510,7 +522,7 @@ class HeartbeatDelegation:
                 f"clock (max_clock_skew {format_duration(self.max_clock_skew)})")
         return self._staleness(lease)
 
-    def _staleness(self, lease):
+    def _staleness(self, lease: dict) -> Optional[Tuple[str, str]]:
         """(reason, detail) when the lease's renewTime is too old to be forwarded now."""
         renewed = renew_time_of(lease)
         if renewed is None:
@@ -524,7 +536,7 @@ class HeartbeatDelegation:
             f"heartbeat interval {format_duration(self.heartbeat_interval)} + max_clock_skew "
             f"{format_duration(self.max_clock_skew)}: the node stopped renewing")
 
-    def _not_in_pool(self, key, name):
+    def _not_in_pool(self, key: str, name: str) -> None:
         """A delegated lease whose name is not a Node of the pool: refused; a cloud
         read of the Node, once per name, says why."""
         self._forget_pending(key)
@@ -538,7 +550,8 @@ class HeartbeatDelegation:
         self._classifying[name] = lookup
         lookup.addBoth(self._classified, key, name, lookup)
 
-    def _classified(self, result, key, name, lookup):
+    def _classified(self, result: Any, key: str, name: str,
+                    lookup: defer.Deferred[Any]) -> None:
         if self._classifying.get(name) is not lookup:
             return None  # stopped meanwhile
         del self._classifying[name]
@@ -558,11 +571,11 @@ class HeartbeatDelegation:
         self._refuse(key, reason, _absent_detail(reason, name, self.pool))
         return None
 
-    def _refuse(self, key, reason, detail):
+    def _refuse(self, key: str, reason: str, detail: str) -> None:
         self._forget_pending(key)
         self._count_refusal(key, reason, detail)
 
-    def _count_refusal(self, key, reason, detail):
+    def _count_refusal(self, key: str, reason: str, detail: str) -> None:
         self.refused[reason] += 1
         if self._metrics is not None:
             self._metrics.count_delegation_refused(reason)
@@ -572,15 +585,16 @@ class HeartbeatDelegation:
                           "(reason={reason}): {detail}", lease=key, reason=reason,
                           detail=detail)
 
-    def _accept(self, key, lease):
+    def _accept(self, key: str, lease: dict) -> None:
         self._queue.add(key, _Heartbeat(lease, self._reactor.seconds()))
 
-    def _forget_pending(self, key):
+    def _forget_pending(self, key: str) -> None:
         self._queue.forget(key)
 
     # -- one chain per lease (the queue runs them) ---------------------------------
 
-    def _delegate_state(self, key: str, state: _Heartbeat) -> defer.Deferred:
+    def _delegate_state(self, key: str, state: _Heartbeat
+                        ) -> defer.Deferred[Tuple[str, Optional[str]]]:
         return self._delegate(key, state.lease)
 
     def _delegated(self, key: str, state: _Heartbeat, result: Tuple[str, Optional[str]],
@@ -625,7 +639,8 @@ class HeartbeatDelegation:
                            "retry in {delay:.2f}s", lease=key, error=describe_failure(failure),
                            delay=delay)
 
-    def _delegate(self, key, pool_lease):
+    def _delegate(self, key: str, pool_lease: dict
+                  ) -> defer.Deferred[Tuple[str, Optional[str]]]:
         """One delegation of ``pool_lease``; fires with (outcome, server), outcome
         being ``LeaseWriter``'s created, updated or unchanged."""
         pool_renewed = renew_time_of(pool_lease)
@@ -646,7 +661,7 @@ class HeartbeatDelegation:
         except Exception as error:
             return defer.fail(error)
 
-        def change(current):
+        def change(current: Optional[dict]) -> Optional[dict]:
             if current is None:
                 return lease_for_create(pool_lease, node)
             cloud_renewed = renew_time_of(current)
@@ -661,7 +676,7 @@ class HeartbeatDelegation:
 
         return writer.write(change).addCallback(lambda written: (written.outcome, server))
 
-    def _writer(self, key, server):
+    def _writer(self, key: str, server: str) -> LeaseWriter:
         """The lease writer of ``key`` on ``server``; a new one when the server changed."""
         known = self._writers.get(key)
         if known is not None and known[0] == server:
@@ -673,12 +688,18 @@ class HeartbeatDelegation:
         return writer
 
 
-def _newer_or_equal(lease, than):
+def _name_of(obj: dict) -> str:
+    """``metadata.name`` of an object, "" when it has none (no lease of that name is
+    ever accepted)."""
+    return str((obj.get("metadata") or {}).get("name") or "")
+
+
+def _newer_or_equal(lease: dict, than: dict) -> bool:
     renewed, other = renew_time_of(lease), renew_time_of(than)
     return other is None or (renewed is not None and renewed >= other)
 
 
-def _absent_detail(reason, name, pool):
+def _absent_detail(reason: str, name: str, pool: str) -> str:
     if reason == REFUSED_NOT_POOL_MEMBER:
         return f"node {name} is not labelled {NODE_POOL_LABEL}={pool}"
     return f"the cloud has no node {name}"

@@ -25,21 +25,29 @@ cloud's health restarts the cadence with a probe at once. See docs/design.md,
 
 import copy
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Generator, List, Optional, Set, Tuple, Union
 
 from twisted.internet import defer
+from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
+from twisted.python.failure import Failure
 from zope.interface import implementer
 
 from yurtcoord.heartbeat.interfaces import ICloudHealthChecker, IHealthChecker
+from yurtcoord.kube.interfaces import IObjectClient
 from yurtcoord.kube.lease import format_micro_time, node_owner_reference
 from yurtcoord.kube.leasewriter import LeaseWriter
 from yurtcoord.names import DELEGATE_HEARTBEAT_ANNOTATION, NODE_LEASE_NAMESPACE
 from yurtcoord.tx.failures import describe_failure
 from yurtcoord.tx.inflight import InFlight
 from yurtcoord.tx.retry import RetryPolicy, backoff_policy
+
+if TYPE_CHECKING:
+    from yurtcoord.agent.config import HeartbeatConfig
+    from yurtcoord.agent.metrics import Metrics
 
 NODE_LEASE_DURATION_SECONDS = 40
 # Seconds from the pool leader's death until the next leader forwards heartbeats with
@@ -49,8 +57,8 @@ DEFAULT_TAKEOVER_SECONDS = 17.0
 TAKEOVER_MARGIN_SECONDS = 1.0
 
 
-def delegating_interval(interval, takeover=DEFAULT_TAKEOVER_SECONDS,
-                        margin=TAKEOVER_MARGIN_SECONDS):
+def delegating_interval(interval: float, takeover: float = DEFAULT_TAKEOVER_SECONDS,
+                        margin: float = TAKEOVER_MARGIN_SECONDS) -> float:
     """Seconds between pool lease renewals while the cloud is unhealthy.
 
     ``W / ceil(W / interval)`` with ``W = takeover + margin``: never longer than
@@ -103,6 +111,12 @@ class ProbeSettings:
     healthy_threshold: int = 2
 
 
+# The timings a prober is given: ``ProbeSettings`` or the agent's ``[heartbeat]`` section.
+Settings = Union[ProbeSettings, "HeartbeatConfig"]
+# The annotations a node lease writer sets, None meaning "remove".
+Annotations = Mapping[str, Optional[str]]
+
+
 class NodeLeaseWriter:
     """Renews ``kube-node-lease/<node>`` on one apiserver through a ``LeaseWriter``.
 
@@ -117,7 +131,9 @@ class NodeLeaseWriter:
     renewal keeps the duration the lease already has.
     """
 
-    def __init__(self, clock, client, node_name: str, settings, annotations=None):
+    def __init__(self, clock: IReactorTime, client: IObjectClient, node_name: str,
+                 settings: Settings,
+                 annotations: Optional[Callable[[], Annotations]] = None) -> None:
         self._clock = clock
         self._client = client
         self._node = node_name
@@ -129,13 +145,13 @@ class NodeLeaseWriter:
                                             settings.failed_retry),
             attempt_timeout=settings.timeout)
 
-    def renew(self) -> defer.Deferred:
+    def renew(self) -> defer.Deferred[Optional[dict]]:
         """Write a fresh renewTime. Fires with the written lease; fails with
         ``LeaseWriteFailed`` when the last attempt still conflicted, or with the last
         attempt's error."""
         return self._writer.write(self._change).addCallback(lambda result: result.lease)
 
-    def read(self) -> defer.Deferred:
+    def read(self) -> defer.Deferred[Optional[dict]]:
         """Read the lease, with the same attempts, pauses and timeouts as a renewal
         (a server is checked without writing). Fires with the lease, None when the
         server has none."""
@@ -147,12 +163,12 @@ class NodeLeaseWriter:
         """Read the lease before the next write: another writer may have renewed it."""
         self._writer.forget()
 
-    def _change(self, current):
+    def _change(self, current: Optional[dict]) -> Union[dict, defer.Deferred[dict]]:
         if current is None:
             return self._fresh_lease()
         return self._renewed(current)
 
-    def _apply_annotations(self, metadata):
+    def _apply_annotations(self, metadata: dict) -> None:
         annotations = dict(metadata.get("annotations") or {})
         for name, value in self._annotations().items():
             if value is None:
@@ -165,9 +181,9 @@ class NodeLeaseWriter:
             metadata.pop("annotations", None)
 
     @defer.inlineCallbacks
-    def _fresh_lease(self):
+    def _fresh_lease(self) -> Generator[Any, Any, dict]:
         owner = yield node_owner_reference(self._client, self._node)
-        metadata = {"name": self._node, "namespace": NODE_LEASE_NAMESPACE}
+        metadata: dict[str, Any] = {"name": self._node, "namespace": NODE_LEASE_NAMESPACE}
         if owner is not None:
             metadata["ownerReferences"] = [owner]
         lease = {
@@ -178,7 +194,7 @@ class NodeLeaseWriter:
         }
         return self._renewed(lease)
 
-    def _renewed(self, lease):
+    def _renewed(self, lease: dict) -> dict:
         lease = copy.deepcopy(lease)
         self._apply_annotations(lease.setdefault("metadata", {}))
         spec = lease.setdefault("spec", {})
@@ -201,20 +217,21 @@ class Cadence:
 
     log = Logger()
 
-    def __init__(self, reactor, run, next_interval, name: str):
+    def __init__(self, reactor: IReactorTime, run: Callable[[], Any],
+                 next_interval: Callable[[], float], name: str) -> None:
         self._reactor = reactor
         self._run = run
         self._next_interval = next_interval
         self._name = name
         self._running = False
-        self._timer = None
-        self._due = None
-        self._in_flight = None
+        self._timer: Optional[IDelayedCall] = None
+        self._due = 0.0
+        self._in_flight: Optional[defer.Deferred[Any]] = None
         # Set from the start of a run to its end, also when it ends at once: a
         # restart() asked meanwhile (from a health change it caused) runs after it.
         self._busy = False
         self._run_again = False
-        self._stop_waiters = []
+        self._stop_waiters: List[defer.Deferred[None]] = []
 
     @property
     def running(self) -> bool:
@@ -235,7 +252,7 @@ class Cadence:
         self._cancel_timer()
         self._tick(self._reactor.seconds())
 
-    def stop(self) -> defer.Deferred:
+    def stop(self) -> defer.Deferred[None]:
         """Fires once the run in flight (cancelled) has ended."""
         if not self._running:
             return defer.succeed(None)
@@ -244,17 +261,17 @@ class Cadence:
         self._cancel_timer()
         if self._in_flight is None:
             return defer.succeed(None)
-        waiter = defer.Deferred()
+        waiter: defer.Deferred[None] = defer.Deferred()
         self._stop_waiters.append(waiter)
         self._in_flight.cancel()
         return waiter
 
-    def _cancel_timer(self):
+    def _cancel_timer(self) -> None:
         timer, self._timer = self._timer, None
         if timer is not None and timer.active():
             timer.cancel()
 
-    def _tick(self, due):
+    def _tick(self, due: float) -> None:
         self._timer = None
         self._due = due
         self._busy = True
@@ -265,12 +282,12 @@ class Cadence:
             self._in_flight = d
         d.addBoth(self._ran)
 
-    def _run_failed(self, failure):
+    def _run_failed(self, failure: Failure) -> None:
         # A run cancelled by stop() ends however its parts report the cancellation.
         if self._running:
             self.log.failure("{name} raised", failure, name=self._name)
 
-    def _ran(self, _result):
+    def _ran(self, _result: object) -> None:
         self._in_flight = None
         self._busy = False
         if not self._running:
@@ -313,8 +330,11 @@ class LeaseProber:
 
     log = Logger()
 
-    def __init__(self, reactor, writer, server, settings, kubelet=None, metrics=None,
-                 next_interval=None, on_change=None):
+    def __init__(self, reactor: IReactorTime, writer: NodeLeaseWriter, server: str,
+                 settings: Settings, kubelet: Optional["KubeletHealthChecker"] = None,
+                 metrics: Optional["Metrics"] = None,
+                 next_interval: Optional[Callable[[], float]] = None,
+                 on_change: Optional[Callable[["LeaseProber"], object]] = None) -> None:
         self._reactor = reactor
         self._writer = writer
         self.server = server
@@ -325,9 +345,9 @@ class LeaseProber:
         self.healthy = False
         self.probes = 0
         self.successes = 0
-        self.last_error = None
+        self.last_error: Optional[str] = None
         self._consecutive = 0
-        self._first_answer_waiters = []
+        self._first_answer_waiters: List[defer.Deferred[None]] = []
         self._cadence = Cadence(reactor, self.probe,
                                 next_interval or (lambda: settings.interval),
                                 f"probe of {server}")
@@ -349,56 +369,56 @@ class LeaseProber:
         from there; nothing when not started."""
         self._cadence.restart()
 
-    def stop(self) -> defer.Deferred:
+    def stop(self) -> defer.Deferred[None]:
         """Stop probing; an in-flight probe is cancelled. Fires when nothing is left."""
         return self._cadence.stop()
 
-    def when_answered(self) -> defer.Deferred:
+    def when_answered(self) -> defer.Deferred[None]:
         """Fires once the first probe has ended (well or not), at once if one has;
         cancelling it ends the wait only."""
         if self.probes:
             return defer.succeed(None)
-        waiter = defer.Deferred(self._first_answer_waiters.remove)
+        waiter: defer.Deferred[None] = defer.Deferred(self._first_answer_waiters.remove)
         self._first_answer_waiters.append(waiter)
         return waiter
 
-    def probe(self) -> defer.Deferred:
+    def probe(self) -> defer.Deferred[bool]:
         """Renew the node lease on this server now. Fires with the resulting health
         (never errbacks)."""
         return self.write().addCallback(lambda _ok: self.healthy)
 
-    def write(self) -> defer.Deferred:
+    def write(self) -> defer.Deferred[bool]:
         """One probe that renews the node lease. Fires with True when the lease was
         written, whatever the resulting health (never errbacks)."""
         return self._probe(self._writer.renew)
 
-    def check(self) -> defer.Deferred:
+    def check(self) -> defer.Deferred[bool]:
         """One probe that reads the node lease (absent is an answer too). Fires with
         True when the server answered (never errbacks)."""
         return self._probe(self._writer.read)
 
-    def _probe(self, send):
+    def _probe(self, send: Callable[[], defer.Deferred[Optional[dict]]]
+               ) -> defer.Deferred[bool]:
         if self._kubelet is not None and not self._kubelet.is_alive():
             self._record(False, "kubelet has not been healthy for its grace period")
             return defer.succeed(False)
         d = send()
         d.addTimeout(self._settings.interval, self._reactor)
 
-        def answered(_lease):
+        def answered(_lease: Optional[dict]) -> bool:
             self._record(True)
             return True
 
-        def failed(failure):
+        def failed(failure: Failure) -> Union[bool, Failure]:
             # A probe abandoned (the prober stopped) tells nothing about the server.
             if failure.check(defer.CancelledError):
                 return failure
             self._record(False, _probe_error(failure))
             return False
 
-        d.addCallbacks(answered, failed)
-        return d
+        return d.addCallbacks(answered, failed)
 
-    def _record(self, ok, error=None):
+    def _record(self, ok: bool, error: Optional[str] = None) -> None:
         first = self.probes == 0
         self.probes += 1
         was = self.healthy
@@ -434,7 +454,7 @@ class LeaseProber:
             waiter.callback(None)
 
 
-def _probe_error(failure):
+def _probe_error(failure: Failure) -> str:
     """Why a probe failed; a probe cut off by its timeout says so plainly."""
     if failure.check(defer.TimeoutError, defer.CancelledError):
         return "probe timed out"
@@ -464,7 +484,8 @@ class CloudHealthChecker:
 
     log = Logger()
 
-    def __init__(self, reactor, probers, interval: float, kubelet=None):
+    def __init__(self, reactor: IReactorTime, probers: Iterable[LeaseProber], interval: float,
+                 kubelet: Optional["KubeletHealthChecker"] = None) -> None:
         if not probers:
             raise ValueError("at least one cloud server is required")
         self._probers = list(probers)
@@ -472,14 +493,17 @@ class CloudHealthChecker:
         self._writing = 0
         self._next_check = 1 % len(self._probers)
         self._next = 0
-        self._listeners = []
+        self._listeners: List[Callable[[bool], object]] = []
         self._last_state = (self.decided, self.healthy)
         self._cadence = Cadence(reactor, self._round, lambda: interval, "cloud heartbeat")
         for prober in self._probers:
             prober.on_change = self._prober_changed
 
     @classmethod
-    def for_servers(cls, reactor, clients, node_name, settings, kubelet=None, metrics=None):
+    def for_servers(cls, reactor: IReactorTime, clients: Mapping[str, IObjectClient],
+                    node_name: str, settings: Settings,
+                    kubelet: Optional["KubeletHealthChecker"] = None,
+                    metrics: Optional["Metrics"] = None) -> "CloudHealthChecker":
         """One prober per cloud server; ``clients`` maps server URL to its client.
 
         Each writes the node lease without the delegate annotation: a node that
@@ -495,7 +519,7 @@ class CloudHealthChecker:
         return cls(reactor, probers, settings.interval, kubelet=kubelet)
 
     @property
-    def probers(self):
+    def probers(self) -> Tuple[LeaseProber, ...]:
         return tuple(self._probers)
 
     @property
@@ -504,17 +528,17 @@ class CloudHealthChecker:
         return self._probers[self._writing].server
 
     @property
-    def healthy(self):
+    def healthy(self) -> bool:
         return any(p.healthy for p in self._probers)
 
     @property
-    def decided(self):
+    def decided(self) -> bool:
         return self.healthy or all(p.probes for p in self._probers)
 
-    def add_listener(self, callback):
+    def add_listener(self, callback: Callable[[bool], object]) -> None:
         self._listeners.append(callback)
 
-    def _prober_changed(self, _prober):
+    def _prober_changed(self, _prober: LeaseProber) -> None:
         state = (self.decided, self.healthy)
         if state == self._last_state:
             return
@@ -526,11 +550,11 @@ class CloudHealthChecker:
             except Exception:
                 self.log.failure("cloud health listener raised")
 
-    def servers(self):
+    def servers(self) -> dict[str, bool]:
         """``{url: healthy}`` of every cloud server, for ``/status``."""
         return {p.server: p.healthy for p in self._probers}
 
-    def pick_healthy_server(self):
+    def pick_healthy_server(self) -> Optional[str]:
         """A healthy server URL, rotating among the healthy ones; None when none is."""
         count = len(self._probers)
         for offset in range(count):
@@ -540,7 +564,7 @@ class CloudHealthChecker:
                 return self._probers[index].server
         return None
 
-    def _round(self):
+    def _round(self) -> defer.Deferred[Any]:
         """One interval: the heartbeat through the writing server (moving on when it
         fails) and read probes of the others. While the kubelet counts as dead every
         server's probe fails at once, without a request."""
@@ -550,7 +574,7 @@ class CloudHealthChecker:
         probes.extend(self._probers[index].check() for index in self._to_check())
         return defer.gatherResults(probes, consumeErrors=True)
 
-    def _to_check(self):
+    def _to_check(self) -> List[int]:
         count = len(self._probers)
         others = [i for i in range(count) if i != self._writing]
         if not others:
@@ -565,10 +589,10 @@ class CloudHealthChecker:
         return [index]
 
     @defer.inlineCallbacks
-    def _heartbeat(self):
+    def _heartbeat(self) -> Generator[Any, Any, bool]:
         count = len(self._probers)
         started = index = self._writing
-        tried = set()
+        tried: Set[int] = set()
         while True:
             tried.add(index)
             written = yield self._probers[index].write()
@@ -594,11 +618,11 @@ class CloudHealthChecker:
         """Probe now (right after the round in flight, if any)."""
         self._cadence.restart()
 
-    def stop(self) -> defer.Deferred:
+    def stop(self) -> defer.Deferred[None]:
         return self._cadence.stop()
 
 
-def _not_delegated():
+def _not_delegated() -> Annotations:
     return {DELEGATE_HEARTBEAT_ANNOTATION: None}
 
 
@@ -615,8 +639,11 @@ class CoordinatorHealthChecker:
     cloud's health writes at once instead of at the next renewal.
     """
 
-    def __init__(self, reactor, client, node_name, server, cloud_checker, settings,
-                 kubelet=None, metrics=None, takeover=DEFAULT_TAKEOVER_SECONDS):
+    def __init__(self, reactor: IReactorTime, client: IObjectClient, node_name: str,
+                 server: str, cloud_checker: ICloudHealthChecker, settings: Settings,
+                 kubelet: Optional["KubeletHealthChecker"] = None,
+                 metrics: Optional["Metrics"] = None,
+                 takeover: float = DEFAULT_TAKEOVER_SECONDS) -> None:
         self._cloud = cloud_checker
         self._interval = settings.interval
         self.delegating_interval = delegating_interval(settings.interval, takeover)
@@ -627,7 +654,7 @@ class CoordinatorHealthChecker:
                                   next_interval=self._next_interval)
         cloud_checker.add_listener(self._cloud_changed)
 
-    def _delegation_annotations(self):
+    def _delegation_annotations(self) -> Annotations:
         # Until the cloud's health is known (an agent just started) the annotation is
         # left as the stored lease has it: neither a delegation nor its end is claimed
         # on a guess.
@@ -637,28 +664,28 @@ class CoordinatorHealthChecker:
             return {DELEGATE_HEARTBEAT_ANNOTATION: None}
         return {DELEGATE_HEARTBEAT_ANNOTATION: "true"}
 
-    def _next_interval(self):
+    def _next_interval(self) -> float:
         return self._interval if self._cloud.healthy else self.delegating_interval
 
-    def _cloud_changed(self, _healthy):
+    def _cloud_changed(self, _healthy: bool) -> None:
         self.prober.restart()
 
     @property
-    def server(self):
+    def server(self) -> str:
         return self.prober.server
 
     @property
-    def healthy(self):
+    def healthy(self) -> bool:
         return self.prober.healthy
 
-    def start(self):
+    def start(self) -> None:
         self.prober.start()
 
     def restart(self) -> None:
         """Probe now (right after the probe in flight, if any)."""
         self.prober.restart()
 
-    def stop(self):
+    def stop(self) -> defer.Deferred[None]:
         return self.prober.stop()
 
 
@@ -680,31 +707,33 @@ class KubeletHealthChecker:
 
     log = Logger()
 
-    def __init__(self, reactor, http_get, url, grace_period, interval=5.0, timeout=2.0):
+    def __init__(self, reactor: IReactorTime, http_get: Callable[[str], defer.Deferred[Any]],
+                 url: str, grace_period: float, interval: float = 5.0,
+                 timeout: float = 2.0) -> None:
         self._reactor = reactor
         self._http_get = http_get
         self.url = url
         self._grace = grace_period
         self._interval = interval
         self._timeout = timeout
-        self._started_at = None
-        self.last_healthy = None
-        self._loop = None
-        self._loop_done = None
+        self._started_at: Optional[float] = None
+        self.last_healthy: Optional[float] = None
+        self._loop: Optional[LoopingCall] = None
+        self._loop_done: Optional[defer.Deferred[LoopingCall]] = None
         # The checks still waiting on the kubelet, cancelled at stop.
         self._checks = InFlight()
         self._stopping = False
-        self._listeners = []
+        self._listeners: List[Callable[[bool], object]] = []
         self._dead = False
 
     def add_listener(self, callback: Callable[[bool], object]) -> None:
         """``callback(alive)`` when the kubelet turns dead and when it is back."""
         self._listeners.append(callback)
 
-    def _since(self):
+    def _since(self) -> Optional[float]:
         return self.last_healthy if self.last_healthy is not None else self._started_at
 
-    def is_alive(self):
+    def is_alive(self) -> bool:
         since = self._since()
         if since is None:
             return True
@@ -713,9 +742,10 @@ class KubeletHealthChecker:
             self._turned(False)
         return alive
 
-    def _turned(self, alive):
+    def _turned(self, alive: bool) -> None:
         self._dead = not alive
-        silent = round(self._reactor.seconds() - self._since(), 1)
+        since = self._since()
+        silent = 0.0 if since is None else round(self._reactor.seconds() - since, 1)
         if not alive and self.last_healthy is None:
             self.log.warn(
                 "kubelet {url} has not answered since the agent started {seconds}s ago "
@@ -734,7 +764,7 @@ class KubeletHealthChecker:
             except Exception:
                 self.log.failure("kubelet liveness listener raised")
 
-    def start(self):
+    def start(self) -> None:
         if self._loop is not None:
             return
         self._stopping = False
@@ -746,14 +776,14 @@ class KubeletHealthChecker:
         self._loop.clock = self._reactor
         self._loop_done = self._loop.start(self._interval, now=True)
 
-    def _check_quietly(self):
+    def _check_quietly(self) -> defer.Deferred[Any]:
         d = defer.maybeDeferred(self.check)
         d.addErrback(lambda failure: self.log.failure(
             "kubelet check of {url} raised", failure, url=self.url))
         return d
 
-    def stop(self):
-        if self._loop is None:
+    def stop(self) -> defer.Deferred[Any]:
+        if self._loop is None or self._loop_done is None:
             return defer.succeed(None)
         self._stopping = True
         loop, done = self._loop, self._loop_done
@@ -763,18 +793,18 @@ class KubeletHealthChecker:
             loop.stop()
         return done
 
-    def check(self):
+    def check(self) -> defer.Deferred[bool]:
         """Ask the kubelet once. Fires with True when it answered 200 (never errbacks)."""
 
         @defer.inlineCallbacks
-        def ask():
+        def ask() -> Generator[Any, Any, bool]:
             response = yield self._http_get(self.url)
             yield response.content()
             return response.code == 200
 
         d = self._checks.track(ask().addTimeout(self._timeout, self._reactor))
 
-        def answered(healthy):
+        def answered(healthy: bool) -> bool:
             if self._stopping:
                 return healthy
             if healthy:
@@ -785,7 +815,7 @@ class KubeletHealthChecker:
                 self.is_alive()
             return healthy
 
-        def failed(failure):
+        def failed(failure: Failure) -> bool:
             if not self._stopping:
                 self.log.debug("kubelet healthz {url} failed: {error}",
                                url=self.url, error=_probe_error(failure))

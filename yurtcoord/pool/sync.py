@@ -29,10 +29,14 @@ the same reactor turn; once its Deferred fired nothing writes to the store.
 """
 
 import json
+from typing import (TYPE_CHECKING, Any, Callable, Dict, Generator, Iterable, List, Optional,
+                    Tuple, Union)
 
 from twisted.internet import defer
+from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
+from twisted.python.failure import Failure
 from zope.interface import implementer
 
 from yurtcoord.tx.heap import QuietCollections
@@ -41,27 +45,34 @@ from yurtcoord.tx.workqueue import WorkQueue
 from yurtcoord.kube import gvr as gvrs
 from yurtcoord.tx.retry import POOL_WRITE_RETRY, Retries
 from yurtcoord.kube.errors import NotFound
+from yurtcoord.kube.gvr import GroupVersionResource
 from yurtcoord.kube.informer import Informer
+from yurtcoord.kube.interfaces import IInformer, IObjectClient
 from yurtcoord.kube.lease import LeaseRecord, build_lease, node_owner_reference, with_record
 from yurtcoord.kube.lease import resource_version_number as _resource_version
 from yurtcoord.kube.leasewriter import LeaseWriter
-from yurtcoord.pool.scope import describe, merge_resources, resource_id
+from yurtcoord.pool.interfaces import IPoolStore
+from yurtcoord.pool.scope import PoolScopeResources, describe, merge_resources, resource_id
 from yurtcoord.pool.keycache import POOL_SCOPED_COMPONENT
-from yurtcoord.pool.keys import InvalidKey, KeyBuildInfo
+from yurtcoord.pool.keys import InvalidKey, KeyBuildInfo, PoolKey
 from yurtcoord.pool.store import ObjectTooLarge
 from yurtcoord.names import INFORMER_SYNC_LEASE_NAME, INFORMER_SYNC_LEASE_NAMESPACE
 from yurtcoord.role.roles import IRoleComponent
+from yurtcoord.tx.workqueue import RetryPolicy
+
+if TYPE_CHECKING:
+    from yurtcoord.agent.metrics import Metrics
 
 DEFAULT_INFORMER_LEASE_RENEW = 10.0
 
 
-def is_informer_sync_lease(obj):
+def is_informer_sync_lease(obj: Optional[dict]) -> bool:
     meta = (obj or {}).get("metadata") or {}
     return (meta.get("name") == INFORMER_SYNC_LEASE_NAME
             and meta.get("namespace") == INFORMER_SYNC_LEASE_NAMESPACE)
 
 
-def object_bytes(obj, gvr, kind=None):
+def object_bytes(obj: dict, gvr: GroupVersionResource, kind: Optional[str] = None) -> bytes:
     """The JSON bytes stored for ``obj``: list items lack apiVersion/kind, which the
     coordinator apiserver needs to decode what it reads from etcd."""
     if "apiVersion" not in obj or ("kind" not in obj and kind):
@@ -74,15 +85,22 @@ def object_bytes(obj, gvr, kind=None):
 
 # The pending write of a mirror that writes the informer's whole list (as one replace).
 WRITE_LIST = "list"
+# ``(group, version, resource)`` of a mirrored resource (``resource_id``).
+ResourceId = Tuple[str, str, str]
+# One queued change of a key: the key, and the object's bytes and resourceVersion
+# (both None for a delete).
+Change = Tuple[PoolKey, Optional[bytes], Optional[int]]
+# What a mirror's queue holds: WRITE_LIST, or a batch of changes by key path.
+Write = Union[str, Dict[str, Change]]
 
 
-def _merge_writes(old, new):
+def _merge_writes(old: Write, new: Write) -> Write:
     """The write to keep of two pending writes of one mirror: a whole list covers
     every change (it is read from the informer when it runs); two batches of changes
     become one, the newer change of a key winning. The older batch is the queue's
     own (pending, or failed and done with) and grows in place: a burst of single
     changes arriving while a write runs costs one dict update each, not a copy."""
-    if old == WRITE_LIST or new == WRITE_LIST:
+    if isinstance(old, str) or isinstance(new, str):
         return WRITE_LIST
     old.update(new)
     return old
@@ -107,8 +125,12 @@ class ResourceMirror:
 
     log = Logger()
 
-    def __init__(self, reactor, store, informer, gvr, kind=None, component=POOL_SCOPED_COMPONENT,
-                 metrics=None, on_change=None, make_backoff=None, busy=None):
+    def __init__(self, reactor: IReactorTime, store: IPoolStore, informer: IInformer,
+                 gvr: GroupVersionResource, kind: Optional[str] = None,
+                 component: str = POOL_SCOPED_COMPONENT, metrics: Optional["Metrics"] = None,
+                 on_change: Optional[Callable[[], None]] = None,
+                 make_backoff: Optional[Callable[[], RetryPolicy]] = None,
+                 busy: Optional[Callable[[], None]] = None) -> None:
         self.reactor = reactor
         self.store = store
         self.informer = informer
@@ -127,34 +149,34 @@ class ResourceMirror:
         self._stopped = False
         # One key (this resource): its pending write, the write running and the
         # retry pause after a failed one.
-        self._queue = WorkQueue(
+        self._queue: WorkQueue[str, Write] = WorkQueue(
             reactor, self._write, _merge_writes,
             make_backoff or (lambda: Retries(POOL_WRITE_RETRY)),
             on_success=self._wrote, on_failure=self._failed)
-        self._registration = None
-        self._sync_wait = None
-        self._lists_seen = None
-        self._next_turn = None
+        self._registration: Any = None
+        self._sync_wait: Optional[defer.Deferred[bool]] = None
+        self._lists_seen: Optional[int] = None
+        self._next_turn: Optional[IDelayedCall] = None
 
     @property
-    def name(self):
+    def name(self) -> str:
         return describe(self.gvr)
 
     @property
-    def idle(self):
+    def idle(self) -> bool:
         """Listed, nothing queued and no write running: the store equals the informer."""
         return self.listed and not self._relisting and not self._queue.has_work(self.name)
 
     @property
-    def writing(self):
+    def writing(self) -> bool:
         """Whether a write to the pool store is running now."""
         return self._queue.running(self.name)
 
     @property
-    def _relisting(self):
+    def _relisting(self) -> bool:
         return self._next_turn is not None and self._next_turn.active()
 
-    def start(self):
+    def start(self) -> None:
         self._registration = self.informer.add_handler(
             on_add=lambda obj: self._changed("ADDED", obj),
             on_update=lambda _old, new: self._changed("MODIFIED", new),
@@ -163,7 +185,7 @@ class ResourceMirror:
         self._sync_wait.addCallback(self._first_list)
         self.informer.start()
 
-    def rewrite(self):
+    def rewrite(self) -> None:
         """Write the informer's whole list again (as one replace) at the next chance.
 
         For when the pool etcd came back from an outage (see the module docstring).
@@ -173,7 +195,7 @@ class ResourceMirror:
             return
         self._queue.add(self.name, WRITE_LIST)
 
-    def stop(self):
+    def stop(self) -> defer.Deferred[None]:
         """Stop the informer, cancel writes and retries; fires when all is quiet."""
         if self._stopped:
             return defer.succeed(None)
@@ -188,7 +210,7 @@ class ResourceMirror:
 
     # -- events --------------------------------------------------------------------
 
-    def _changed(self, event_type, obj):
+    def _changed(self, event_type: str, obj: dict) -> None:
         if not self._accepting:
             # Before the first list is written, the list snapshot covers every change.
             return
@@ -206,7 +228,7 @@ class ResourceMirror:
         if key is None:
             return
         if event_type == "DELETED":
-            change = (key, None, None)
+            change: Change = (key, None, None)
         else:
             rv = _resource_version(obj)
             if rv is None:
@@ -216,7 +238,7 @@ class ResourceMirror:
             change = (key, object_bytes(obj, self.gvr, self.kind), rv)
         self._queue.add(self.name, {key.path: change})
 
-    def _key(self, obj):
+    def _key(self, obj: dict) -> Optional[PoolKey]:
         meta = obj.get("metadata") or {}
         namespace = (meta.get("namespace") or "") if self.gvr.namespaced else ""
         try:
@@ -228,7 +250,7 @@ class ResourceMirror:
                           error=str(e))
             return None
 
-    def _first_list(self, synced):
+    def _first_list(self, synced: bool) -> None:
         if not synced or self._stopped:
             return None
         # From here on every change is queued; the list itself is written first.
@@ -237,7 +259,7 @@ class ResourceMirror:
         self._queue.add(self.name, WRITE_LIST)
         return None
 
-    def _relisted(self):
+    def _relisted(self) -> bool:
         """True (once per list) when the informer delivers the difference of a relist."""
         lists = self.informer.lists
         if lists == self._lists_seen:
@@ -245,9 +267,9 @@ class ResourceMirror:
         self._lists_seen = lists
         return True
 
-    def _snapshot(self):
+    def _snapshot(self) -> Dict[str, bytes]:
         """``{key path: bytes}`` of every object the informer holds now."""
-        snapshot = {}
+        snapshot: Dict[str, bytes] = {}
         for obj in self.informer.list():
             key = self._key(obj)
             if key is None or _resource_version(obj) is None:
@@ -257,24 +279,24 @@ class ResourceMirror:
 
     # -- the write queue ---------------------------------------------------------------
 
-    def _kick_next_turn(self):
+    def _kick_next_turn(self) -> None:
         """Write the whole list once the informer's current delivery (a whole relist)
         is over; changes delivered until then are covered by it."""
         if not self._relisting:
             self._next_turn = self.reactor.callLater(
                 0, self._queue.add, self.name, WRITE_LIST)
 
-    def _write(self, _name, write):
+    def _write(self, _name: str, write: Write) -> defer.Deferred[None]:
         """One write the queue runs: the informer's whole list, or a batch of
         changes (the entries written are removed from it, so a retry after a
         failure writes only the rest)."""
-        if write == WRITE_LIST:
+        if isinstance(write, str):
             # The snapshot covers every change delivered so far.
             return self._write_list(self._snapshot())
         return self._write_changes(write)
 
     @defer.inlineCallbacks
-    def _write_list(self, snapshot):
+    def _write_list(self, snapshot: Dict[str, bytes]) -> Generator[Any, Any, None]:
         """Replace the component's objects of this resource with ``snapshot``."""
         while True:
             try:
@@ -302,7 +324,7 @@ class ResourceMirror:
             self._on_change()
 
     @defer.inlineCallbacks
-    def _write_changes(self, batch):
+    def _write_changes(self, batch: Dict[str, Change]) -> Generator[Any, Any, None]:
         """Write queued changes; entries written are removed from ``batch``. The key
         cache file is written (soon) at the end, whether the writes succeeded or not."""
         try:
@@ -311,7 +333,8 @@ class ResourceMirror:
             self.store.flush_key_cache_soon()
 
     @defer.inlineCallbacks
-    def _write_puts_and_deletes(self, batch):
+    def _write_puts_and_deletes(self, batch: Dict[str, Change]
+                                ) -> Generator[Any, Any, None]:
         puts = [entry for entry in batch.values() if entry[1] is not None]
         deletes = [entry[0] for entry in batch.values() if entry[1] is None]
         if puts:
@@ -328,23 +351,25 @@ class ResourceMirror:
                 batch.pop(key.path, None)
             self.writes += len(deletes)
 
-    def _wrote(self, _name, write, _result, _failures):
+    def _wrote(self, _name: str, write: Write, _result: object, _failures: int) -> None:
         if not self.failing:
             return
         self.failing = False
-        if write != WRITE_LIST:
+        if not isinstance(write, str):
             # The failures may have been etcd restarting (see the module docstring).
             self._queue.add(self.name, WRITE_LIST)
         self.log.info("pool sync of {resource} writes again", resource=self.name)
         self._on_change()
 
-    def _failed(self, _name, write, failure, _failures, delay):
-        what = "writing the list" if write == WRITE_LIST else f"writing {len(write)} changes"
+    def _failed(self, _name: str, write: Write, failure: Failure, _failures: int,
+                delay: float) -> None:
+        what = "writing the list" if isinstance(write, str) else f"writing {len(write)} changes"
         first = not self.failing
         self.failing = True
         self.log.warn("pool sync of {resource} failed {what}: {error}; retry in {delay:.2f}s",
                       resource=self.name, what=what,
-                      error=failure.getErrorMessage() or failure.type.__name__, delay=delay)
+                      error=failure.getErrorMessage() or type(failure.value).__name__,
+                      delay=delay)
         if first:
             self._on_change()
 
@@ -362,10 +387,14 @@ class PoolSyncManager:
 
     log = Logger()
 
-    def __init__(self, reactor, node_name, coordinator_client, cloud_client, pool_scope,
-                 informer_lease_renew=DEFAULT_INFORMER_LEASE_RENEW, metrics=None,
-                 informer_factory=Informer, write_backoff=None,
-                 component=POOL_SCOPED_COMPONENT):
+    def __init__(self, reactor: IReactorTime, node_name: str, coordinator_client: IObjectClient,
+                 cloud_client: Any, pool_scope: PoolScopeResources,
+                 informer_lease_renew: float = DEFAULT_INFORMER_LEASE_RENEW,
+                 metrics: Optional["Metrics"] = None,
+                 informer_factory: Callable[[IReactorTime, Any, GroupVersionResource],
+                                            IInformer] = Informer,
+                 write_backoff: Optional[Callable[[], RetryPolicy]] = None,
+                 component: str = POOL_SCOPED_COMPONENT) -> None:
         self.reactor = reactor
         self.node_name = node_name
         self.coordinator = coordinator_client
@@ -376,32 +405,32 @@ class PoolSyncManager:
         self._informer_factory = informer_factory
         self._write_backoff = write_backoff or (lambda: Retries(POOL_WRITE_RETRY))
         self.component = component
-        self.store = None
-        self.mirrors = {}
-        self.lease = None
+        self.store: Optional[IPoolStore] = None
+        self.mirrors: Dict[ResourceId, ResourceMirror] = {}
+        self.lease: Optional[dict] = None
         self.lease_writes = 0
         # Renews the lease it wrote last; a conflict, a lease deleted behind our back
         # or one created meanwhile is read again at once.
         self._lease_writer = LeaseWriter(reactor, coordinator_client,
                                          INFORMER_SYNC_LEASE_NAMESPACE,
                                          INFORMER_SYNC_LEASE_NAME, attempts=3)
-        self._lease_loop = None
-        self._lease_loop_done = None
+        self._lease_loop: Optional[LoopingCall] = None
+        self._lease_loop_done: Optional[defer.Deferred[LoopingCall]] = None
         self._started_scope = False
         self._running = False
         # ``{resource id: lists_written}`` when the store went unreachable, else None.
-        self._lists_at_outage = None
+        self._lists_at_outage: Optional[Dict[ResourceId, int]] = None
         self._in_flight = InFlight()
-        self._stopping = []
+        self._stopping: List[defer.Deferred[None]] = []
         # Freezes the synced heap and holds full collections off during bursts.
-        self._heap = None
+        self._heap: Optional[QuietCollections] = None
 
     @property
-    def running(self):
+    def running(self) -> bool:
         return self._running
 
     @property
-    def all_listed(self):
+    def all_listed(self) -> bool:
         """Every pool-scoped resource has listed and writes without failing."""
         return (self.pool_scope.resources is not None
                 and all(m.listed and not m.failing for m in self.mirrors.values()))
@@ -409,7 +438,7 @@ class PoolSyncManager:
     # -- IRoleComponent ------------------------------------------------------------------
 
     @defer.inlineCallbacks
-    def start(self, store):
+    def start(self, store: IPoolStore) -> Generator[Any, Any, None]:
         if self._running:
             return
         # Stops of mirrors dropped by a previous run must finish before this store is used.
@@ -445,7 +474,7 @@ class PoolSyncManager:
         if self.pool_scope.resources is not None:
             self._resources_changed(self.pool_scope.resources)
 
-    def stop(self):
+    def stop(self) -> defer.Deferred[None]:
         if not self._running:
             if self._stopping:
                 return defer.DeferredList(list(self._stopping), consumeErrors=True) \
@@ -453,28 +482,33 @@ class PoolSyncManager:
             return defer.succeed(None)
         self._running = False
         self.pool_scope.remove_listener(self._resources_changed)
-        waits = []
+        waits: List[defer.Deferred[Any]] = []
         if self._started_scope:
             self._started_scope = False
             waits.append(self.pool_scope.stop())
         self._in_flight.cancel_all()
         if self._lease_loop is not None:
             loop, self._lease_loop = self._lease_loop, None
+            done, self._lease_loop_done = self._lease_loop_done, None
             if loop.running:
                 loop.stop()
-            waits.append(self._lease_loop_done)
+            if done is not None:
+                waits.append(done)
         mirrors, self.mirrors = self.mirrors, {}
         for mirror in mirrors.values():
             waits.append(mirror.stop())
         waits.extend(self._stopping)
-        self.store.remove_health_observer(self._store_health_changed)
-        self.store.remove_new_term_observer(self._store_new_term)
-        self.store = None
-        self._heap.stop()
+        store, self.store = self.store, None
+        heap, self._heap = self._heap, None
+        # start() set both before it set _running.
+        assert store is not None and heap is not None
+        store.remove_health_observer(self._store_health_changed)
+        store.remove_new_term_observer(self._store_new_term)
+        heap.stop()
         self.log.info("pool sync stopping on node {node}", node=self.node_name)
         return defer.DeferredList(waits, consumeErrors=True).addCallback(lambda _: None)
 
-    def _store_health_changed(self, healthy):
+    def _store_health_changed(self, healthy: bool) -> None:
         """After the pool etcd was unreachable, every mirror that has not written a whole
         list since writes it again: an outage with no write attempted would otherwise
         hide writes etcd lost, and a mirror that recovered from failed writes has just
@@ -490,12 +524,12 @@ class PoolSyncManager:
             self._rewrite("reachable again", [
                 m for rid, m in self.mirrors.items() if at_outage.get(rid) == m.lists_written])
 
-    def _store_new_term(self):
+    def _store_new_term(self) -> None:
         """etcd restarted between two health checks: the same repair as after an outage."""
         if self._running:
             self._rewrite("in a new raft term", list(self.mirrors.values()))
 
-    def _rewrite(self, why, mirrors):
+    def _rewrite(self, why: str, mirrors: List[ResourceMirror]) -> None:
         self.log.info("pool etcd {why}: pool sync writes {count} lists again", why=why,
                       count=len(mirrors))
         for mirror in mirrors:
@@ -503,8 +537,9 @@ class PoolSyncManager:
 
     # -- resources -------------------------------------------------------------------------
 
-    def _resources_changed(self, resources):
-        if not self._running:
+    def _resources_changed(self, resources: Iterable[GroupVersionResource]) -> None:
+        store, heap = self.store, self._heap
+        if not self._running or store is None or heap is None:
             return
         wanted = {resource_id(g): g for g in resources}
         for rid in [r for r in self.mirrors if r not in wanted
@@ -517,26 +552,26 @@ class PoolSyncManager:
                 continue
             informer = self._informer_factory(self.reactor, self.cloud_client, gvr)
             mirror = ResourceMirror(
-                self.reactor, self.store, informer, gvr, kind=self._kind_of(gvr),
+                self.reactor, store, informer, gvr, kind=self._kind_of(gvr),
                 component=self.component, metrics=self.metrics,
                 on_change=self._mirror_changed, make_backoff=self._write_backoff,
-                busy=self._heap.busy)
+                busy=heap.busy)
             self.mirrors[rid] = mirror
             self.log.info("pool sync mirrors {resource}", resource=mirror.name)
             mirror.start()
         self._mirror_changed()
 
-    def _kind_of(self, gvr):
+    def _kind_of(self, gvr: GroupVersionResource) -> Optional[str]:
         return self.pool_scope.kind_of(gvr)
 
-    def _forget(self, mirror):
+    def _forget(self, mirror: ResourceMirror) -> None:
         """Stop a mirror of a resource no longer pool-scoped and delete its keys."""
         store = self.store
 
         @defer.inlineCallbacks
-        def stop_and_clean():
+        def stop_and_clean() -> Generator[Any, Any, None]:
             yield mirror.stop()
-            if self._running and self.store is store:
+            if self._running and store is not None and self.store is store:
                 try:
                     yield self._in_flight.track(store.replace_component_list(
                         self.component, mirror.gvr, None, []))
@@ -545,14 +580,20 @@ class PoolSyncManager:
                         self.log.warn("could not delete keys of {resource}: {error}",
                                       resource=mirror.name, error=str(e))
 
+        def stopped(result: Any) -> Any:
+            self._stopping.remove(d)
+            return result
+
         d = stop_and_clean()
         self._stopping.append(d)
-        d.addBoth(lambda result: self._stopping.remove(d) or result)
+        d.addBoth(stopped)
 
     # -- informer sync lease -------------------------------------------------------------------
 
-    def _mirror_changed(self):
-        if not self._running or self._lease_loop is not None or not self.all_listed:
+    def _mirror_changed(self) -> None:
+        heap = self._heap
+        if (not self._running or heap is None or self._lease_loop is not None
+                or not self.all_listed):
             return
         self.log.info("pool-scoped resources synced on node {node}: {resources}",
                       node=self.node_name,
@@ -562,14 +603,14 @@ class PoolSyncManager:
         # cyclic garbage collector, each full collection would walk them all and stall
         # the reactor for hundreds of milliseconds during a storm of changes; frozen,
         # they are skipped (see ``yurtcoord.tx.heap``). ``stop()`` thaws them.
-        self._heap.freeze()
+        heap.freeze()
         self._lease_loop = LoopingCall(self._renew_lease)
         self._lease_loop.clock = self.reactor
         self._lease_loop_done = self._lease_loop.start(self.informer_lease_renew, now=True)
         self._lease_loop_done.addErrback(
             lambda f: self.log.failure("informer sync lease loop failed", f))
 
-    def _renew_lease(self):
+    def _renew_lease(self) -> Optional[defer.Deferred[None]]:
         if not self.all_listed:
             self.log.warn("informer sync lease not renewed on node {node}: pool-scoped "
                           "resources are not all synced", node=self.node_name)
@@ -578,7 +619,7 @@ class PoolSyncManager:
         d.addErrback(self._lease_failed)
         return d
 
-    def _lease_failed(self, failure):
+    def _lease_failed(self, failure: Failure) -> None:
         if failure.check(defer.CancelledError) or not self._running:
             return None
         self.log.warn("informer sync lease write failed on node {node}: {error}",
@@ -587,7 +628,7 @@ class PoolSyncManager:
         return None
 
     @defer.inlineCallbacks
-    def _write_lease(self):
+    def _write_lease(self) -> Generator[Any, Any, None]:
         previous = self.lease
         result = yield self._in_flight.track(self._lease_writer.write(self._lease_change))
         self.lease = result.lease
@@ -597,7 +638,7 @@ class PoolSyncManager:
                           namespace=INFORMER_SYNC_LEASE_NAMESPACE,
                           name=INFORMER_SYNC_LEASE_NAME, node=self.node_name)
 
-    def _lease_change(self, current):
+    def _lease_change(self, current: Optional[dict]) -> Union[dict, defer.Deferred[dict]]:
         """The informer sync lease to write over ``current`` (None: absent): held by
         this node for ``informer_lease_renew``, its acquireTime kept while this node
         held it already. A lease created here names this node's Node as owner."""
@@ -612,7 +653,7 @@ class PoolSyncManager:
         return with_record(current, record)
 
     @defer.inlineCallbacks
-    def _new_lease(self, now, duration):
+    def _new_lease(self, now: float, duration: int) -> Generator[Any, Any, dict]:
         lease = build_lease(INFORMER_SYNC_LEASE_NAME, INFORMER_SYNC_LEASE_NAMESPACE,
                             LeaseRecord(self.node_name, duration, now, now, 0))
         owner = yield node_owner_reference(self.coordinator, self.node_name)

@@ -552,6 +552,23 @@ class DelegationRuleTests(DelegationFixture, unittest.TestCase):
         self.assertEqual(parse_micro_time(self.stored("node-a")["spec"]["renewTime"]), T0 + 2)
         self.assertEqual(parse_micro_time(self.stored("node-c")["spec"]["renewTime"]), T0 + 2)
 
+    def test_a_lease_without_a_name_is_refused_and_the_others_still_forwarded(self):
+        # An empty name and holderIdentity are equal, yet such a lease names no node:
+        # it is refused as it arrives, without reading the cloud (a read of the Node ""
+        # would ask for the whole Node collection), and the genuine leases waiting for
+        # the Nodes' list with it are forwarded once the list is in.
+        nameless = pool_lease("", T0 + 1)
+        self.start(listed=False)
+        self.informer.add(nameless)
+        self.informer.add(pool_lease("node-a", T0 + 2))
+        self.informer.add(pool_lease("node-b", T0 + 2))
+        self.list_nodes()
+        self.assertEqual(self.delegation.refused["holder_mismatch"], 1)
+        self.assertEqual(self.metrics.refused, ["holder_mismatch"])
+        self.assertEqual(self.node_reader.calls, [])
+        self.assertEqual(parse_micro_time(self.stored("node-a")["spec"]["renewTime"]), T0 + 2)
+        self.assertEqual(parse_micro_time(self.stored("node-b")["spec"]["renewTime"]), T0 + 2)
+
     def test_a_refused_lease_is_logged_once_per_lease_and_reason(self):
         events = []
         self.delegation.log = Logger(observer=events.append)

@@ -25,7 +25,9 @@ Young collections are left alone: they walk only recent objects.
 
 import gc
 import time
+from typing import Optional, Set, Tuple
 
+from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.logger import Logger
 
 DEFAULT_QUIET = 1.0
@@ -39,8 +41,8 @@ _NEVER = 1 << 30
 log = Logger()
 
 # The collectors holding automatic full collections off, and the thresholds to restore.
-_holders = set()
-_saved_threshold = None
+_holders: Set[object] = set()
+_saved_threshold: Optional[Tuple[int, int, int]] = None
 
 
 def _hold(holder: object) -> None:
@@ -69,7 +71,7 @@ class QuietCollections:
     ``stop()`` puts the interpreter back as it found it.
     """
 
-    def __init__(self, reactor, quiet: float = DEFAULT_QUIET,
+    def __init__(self, reactor: IReactorTime, quiet: float = DEFAULT_QUIET,
                  longest: float = DEFAULT_LONGEST) -> None:
         self.reactor = reactor
         self.quiet = quiet
@@ -77,12 +79,12 @@ class QuietCollections:
         self.frozen = False
         # Full collections this object ran.
         self.collections = 0
-        self._last_change = None
+        self._last_change: Optional[float] = None
         # When the current burst began, or when it last had a full collection.
-        self._since = None
+        self._since: Optional[float] = None
         # Long-lived (generation 2, not frozen) objects after the last full collection.
         self._long_lived = 0
-        self._check = None
+        self._check: Optional[IDelayedCall] = None
         self._stopped = False
 
     @property
@@ -110,6 +112,8 @@ class QuietCollections:
 
     def _check_burst(self) -> None:
         self._check = None
+        # Only busy() schedules this check, and it sets both first.
+        assert self._last_change is not None and self._since is not None
         now = self.reactor.seconds()
         quiet_for = now - self._last_change
         if quiet_for >= self.quiet:

@@ -13,11 +13,12 @@ when the close is clean (``PotentialDataLoss``), as HTTP/1.0 servers end answers
 Cancelling the returned Deferred drops the connection too.
 """
 
-from typing import Callable
+from typing import Any, Callable, List
 
 from twisted.internet import defer
 from twisted.internet.interfaces import ITCPTransport
-from twisted.internet.protocol import Protocol
+from twisted.internet.protocol import Protocol, connectionDone
+from twisted.python.failure import Failure
 from twisted.web.client import ResponseDone
 from twisted.web.http import PotentialDataLoss
 from twisted.web.iweb import IResponse
@@ -34,11 +35,11 @@ def drop_connection(transport: object) -> None:
     """
     # The proxy forwards to the connection until the response is over, then holds
     # None: nothing is left to drop.
-    transport = proxied_transport(transport)
-    if ITCPTransport.providedBy(transport):
-        transport.abortConnection()
-    elif transport is not None:
-        transport.loseConnection()
+    connection = proxied_transport(transport)
+    if ITCPTransport.providedBy(connection):
+        connection.abortConnection()
+    elif connection is not None:
+        connection.loseConnection()
 
 
 class BoundedBodyReader(Protocol):
@@ -49,17 +50,17 @@ class BoundedBodyReader(Protocol):
     ``deferred`` drops the connection and fails it at once.
     """
 
-    def __init__(self, limit: int, too_large: Callable[[int], Exception]):
+    def __init__(self, limit: int, too_large: Callable[[int], Exception]) -> None:
         self.limit = limit
         self._too_large = too_large
-        self._chunks = []
+        self._chunks: List[bytes] = []
         self.size = 0
-        self.deferred = defer.Deferred(self._cancel)
+        self.deferred: defer.Deferred[bytes] = defer.Deferred(self._cancel)
 
-    def _cancel(self, deferred):
+    def _cancel(self, deferred: defer.Deferred[Any]) -> None:
         drop_connection(self.transport)
 
-    def dataReceived(self, data):
+    def dataReceived(self, data: bytes) -> None:
         if self.deferred.called:
             return
         self.size += len(data)
@@ -71,7 +72,7 @@ class BoundedBodyReader(Protocol):
             return
         self._chunks.append(data)
 
-    def connectionLost(self, reason):
+    def connectionLost(self, reason: Failure = connectionDone) -> None:
         if self.deferred.called:
             return
         if reason.check(ResponseDone, PotentialDataLoss):
@@ -83,7 +84,7 @@ class BoundedBodyReader(Protocol):
 
 
 def read_body(response: IResponse, limit: int,
-              too_large: Callable[[int], Exception]) -> defer.Deferred:
+              too_large: Callable[[int], Exception]) -> defer.Deferred[bytes]:
     """The whole body of ``response`` (bytes), at most ``limit`` bytes; see the module
     doc. Cancellable: cancelling drops the connection."""
     reader = BoundedBodyReader(limit, too_large)
