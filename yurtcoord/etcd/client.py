@@ -39,17 +39,18 @@ leases (txaioetcd's ``Lease`` methods post with treq to ``/v3alpha`` directly).
 import json
 import socket
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Any, Callable, Coroutine, Generator, Optional, Union
 
 import txaioetcd
 from OpenSSL import SSL
 from twisted.internet import defer, error as net_error
+from twisted.internet.interfaces import IConsumer, IReactorTime
 from twisted.internet.defer import Deferred, DeferredSemaphore, inlineCallbacks
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 from twisted.web import client as web_client
 from twisted.web.http_headers import Headers
-from twisted.web.iweb import IBodyProducer
+from twisted.web.iweb import IBodyProducer, IResponse
 from zope.interface import implementer
 
 from yurtcoord.etcd.txaioetcd_private import (
@@ -137,10 +138,10 @@ class EtcdConfig:
     timeout: float = 5.0
     gateway_prefix: str = "/v3"
     max_connections: int = 16
-    idle_connection_timeout: float = 60.0
+    idle_connection_timeout: int = 60
     max_response_bytes: int = MAX_RESPONSE_BYTES
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if not (self.url.startswith("http://") or self.url.startswith("https://")):
             raise ValueError(f"etcd url must start with http:// or https://: {self.url!r}")
         if (self.cert_file is None) != (self.key_file is None):
@@ -153,7 +154,7 @@ class EtcdConfig:
             raise ValueError("max_response_bytes must be >= 1")
 
     @property
-    def tls(self):
+    def tls(self) -> bool:
         return self.url.startswith("https://")
 
 
@@ -162,7 +163,7 @@ class RangePage:
     """One range answer: ``kvs`` (``txaioetcd.KeyValue``), whether ``more`` keys exist
     beyond ``limit``, the total ``count`` in the range and the store ``revision``."""
 
-    kvs: list
+    kvs: list[Any]
     more: bool
     count: int
     revision: Optional[int]
@@ -175,10 +176,10 @@ class TransactionResult:
 
     succeeded: bool
     revision: Optional[int]
-    responses: list = field(default_factory=list)
+    responses: list[Any] = field(default_factory=list)
 
 
-def prefix_range_end(prefix):
+def prefix_range_end(prefix: bytes) -> bytes:
     """The etcd ``range_end`` covering every key that starts with ``prefix``.
 
     Trailing ``0xff`` bytes cannot be incremented and are dropped first; an empty or
@@ -193,14 +194,14 @@ def prefix_range_end(prefix):
     return bytes(end)
 
 
-def prefix_keyset(prefix):
+def prefix_keyset(prefix: bytes) -> txaioetcd.KeySet:
     """A ``txaioetcd.KeySet`` for all keys under ``prefix`` (correct for any last byte)."""
     if not prefix:
         return txaioetcd.KeySet(b"\x00", range_end=b"\x00")
     return txaioetcd.KeySet(prefix, range_end=prefix_range_end(prefix))
 
 
-def _as_keyset(key_or_prefix):
+def _as_keyset(key_or_prefix: Union[bytes, txaioetcd.KeySet]) -> txaioetcd.KeySet:
     if isinstance(key_or_prefix, txaioetcd.KeySet):
         return key_or_prefix
     if isinstance(key_or_prefix, bytes):
@@ -212,21 +213,21 @@ def _as_keyset(key_or_prefix):
 class _BytesBody:
     """A request body already in memory (no cooperator round trips)."""
 
-    def __init__(self, data):
+    def __init__(self, data: bytes) -> None:
         self._data = data
         self.length = len(data)
 
-    def startProducing(self, consumer):
+    def startProducing(self, consumer: IConsumer) -> "Deferred[None]":
         consumer.write(self._data)
         return defer.succeed(None)
 
-    def pauseProducing(self):
+    def pauseProducing(self) -> None:
         return None
 
-    def resumeProducing(self):
+    def resumeProducing(self) -> None:
         return None
 
-    def stopProducing(self):
+    def stopProducing(self) -> None:
         return None
 
 
@@ -236,13 +237,14 @@ class _PeekingPool(QuietHTTPConnectionPool):
     connection (it died, restarted, and nothing ran in between), and a write sent on
     it would fail as "maybe applied"."""
 
-    def getConnection(self, key, endpoint):
+    def getConnection(self, key: Any, endpoint: Any) -> "Deferred[Any]":
         d = super().getConnection(key, endpoint)
         # Each cached connection is looked at once at most.
         d.addCallback(self._unless_closed, key, endpoint, self.maxPersistentPerHost)
         return d
 
-    def _unless_closed(self, connection, key, endpoint, tries):
+    def _unless_closed(self, connection: Any, key: Any, endpoint: Any,
+                       tries: int) -> Any:
         if tries <= 0 or not _peer_has_closed(connection):
             return connection
         connection.transport.abortConnection()
@@ -251,7 +253,7 @@ class _PeekingPool(QuietHTTPConnectionPool):
         return d
 
 
-def _peer_has_closed(connection):
+def _peer_has_closed(connection: Any) -> bool:
     """True when the socket under a pooled connection shows EOF or an error (no read)."""
     transport = connection.transport
     sock = getattr(transport, "socket", None)
@@ -266,7 +268,7 @@ def _peer_has_closed(connection):
     return data == b""
 
 
-def _error_text(value):
+def _error_text(value: object) -> str:
     """An error body's message as bounded text, whatever JSON type the peer sent."""
     if isinstance(value, str):
         text = value
@@ -279,7 +281,7 @@ def _error_text(value):
     return text
 
 
-def _error_code(value):
+def _error_code(value: object) -> Optional[int]:
     """The gRPC code of an error body, None when it is not a plain integer."""
     if isinstance(value, bool):
         return None
@@ -290,7 +292,7 @@ def _error_code(value):
     return None
 
 
-def _grpc_error(status, obj):
+def _grpc_error(status: int, obj: dict[str, Any]) -> EtcdError:
     """Map an etcd gateway error body to a typed error (any field of any JSON type)."""
     message = (_error_text(obj.get("message")) or _error_text(obj.get("error"))
                or f"HTTP {status}")
@@ -312,60 +314,62 @@ class _Transport:
 
     log = Logger()
 
-    def __init__(self, reactor, config):
+    def __init__(self, reactor: IReactorTime, config: EtcdConfig) -> None:
         self._reactor = reactor
         self._config = config
         self._base = config.url.rstrip("/")
         self._prefix = None if config.gateway_prefix == "auto" else config.gateway_prefix
-        self._probe_waiters = []
-        self.pool = None
-        self._agent = None
-        self.tls = None
+        self._probe_waiters: list[Deferred[str]] = []
+        self.tls: Optional[ReloadingTLSPolicy] = None
         if config.tls:
             self.tls = ReloadingTLSPolicy(
                 PEMSource(config.ca_file), PEMSource(config.cert_file),
                 PEMSource(config.key_file), error=TLSConfigError,
                 on_change=self._replace_pool, name=f"etcd {self._base}")
-        self._replace_pool()
+        self.pool, self._agent = self._new_pool()
         self._slots = DeferredSemaphore(config.max_connections)
         self._in_flight = InFlight()
         self.closed = False
 
     @property
-    def gateway_prefix(self):
+    def gateway_prefix(self) -> Optional[str]:
         """The prefix in use (None while "auto" has not probed yet)."""
         return self._prefix
 
-    def _replace_pool(self):
+    def _replace_pool(self) -> None:
         """A new Agent on a new pool; the old pool (if any) closes its idle connections
         now and each busy one when its request ends, so no connection handshaken with
         older certificate files is used again."""
         old = self.pool
-        self.pool = _PeekingPool(self._reactor, persistent=True)
-        self.pool.maxPersistentPerHost = self._config.max_connections
-        self.pool.cachedConnectionTimeout = self._config.idle_connection_timeout
-        self.pool.retryAutomatically = False
-        kwargs = {"contextFactory": self.tls} if self.tls is not None else {}
-        self._agent = web_client.Agent(self._reactor, connectTimeout=self._config.timeout,
-                                       pool=self.pool, **kwargs)
-        if old is not None:
-            old.cachedConnectionTimeout = 0
-            old.closeCachedConnections()
+        self.pool, self._agent = self._new_pool()
+        old.cachedConnectionTimeout = 0
+        old.closeCachedConnections()
 
-    def post(self, path, payload, timeout=None, idempotent=False):
+    def _new_pool(self) -> tuple[_PeekingPool, web_client.Agent]:
+        pool = _PeekingPool(self._reactor, persistent=True)
+        pool.maxPersistentPerHost = self._config.max_connections
+        pool.cachedConnectionTimeout = self._config.idle_connection_timeout
+        pool.retryAutomatically = False
+        kwargs = {"contextFactory": self.tls} if self.tls is not None else {}
+        agent = web_client.Agent(self._reactor, connectTimeout=self._config.timeout,
+                                 pool=pool, **kwargs)
+        return pool, agent
+
+    def post(self, path: str, payload: Any, timeout: Optional[float] = None,
+             idempotent: bool = False) -> "Deferred[tuple[int, bytes]]":
         """POST ``payload`` as JSON to ``<prefix><path>``; fires with ``(status, body)``."""
         if self.closed:
             return defer.fail(ClientClosed("etcd client closed"))
         if self._prefix is None:
-            d = self._detect_prefix()
-            d.addCallback(lambda _: self.post(path, payload, timeout, idempotent))
-            return d
+            return self._detect_prefix().addCallback(
+                lambda _: self.post(path, payload, timeout, idempotent))
         body = json.dumps(payload).encode("utf-8")
         return self._slots.run(self._send_with_retry, self._prefix, path, body, timeout,
                                idempotent)
 
     @inlineCallbacks
-    def _send_with_retry(self, prefix, path, body, timeout, idempotent):
+    def _send_with_retry(self, prefix: str, path: str, body: bytes, timeout: Optional[float],
+                         idempotent: bool) -> Generator["Deferred[Any]", Any, tuple[int, bytes]]:
         try:
             result = yield self._send(prefix, path, body, timeout)
         except _Resendable as e:
@@ -379,7 +383,8 @@ class _Transport:
                 raise again.error
         return result
 
-    def _send(self, prefix, path, body, timeout):
+    def _send(self, prefix: str, path: str, body: bytes,
+              timeout: Optional[float]) -> "Deferred[tuple[int, bytes]]":
         if self.closed:
             return defer.fail(ClientClosed("etcd client closed"))
         timeout = timeout or self._config.timeout
@@ -394,7 +399,7 @@ class _Transport:
         d.addErrback(self._translate, path, timeout)
         return self._in_flight.track(d)
 
-    def _translate(self, failure, path, timeout):
+    def _translate(self, failure: Failure, path: str, timeout: float) -> Failure:
         if failure.check(EtcdError):
             return failure
         reasons = getattr(failure.value, "reasons", None) or []
@@ -416,7 +421,7 @@ class _Transport:
                        error=describe_failure(failure))
         raise EtcdError(f"etcd request {path} failed: {describe_failure(failure)}")
 
-    def parse(self, status_and_body):
+    def parse(self, status_and_body: tuple[int, bytes]) -> dict[str, Any]:
         """The JSON object of a 200 answer, else the typed error the answer means."""
         status, body = status_and_body
         try:
@@ -437,16 +442,16 @@ class _Transport:
             raise EtcdTimeout("etcd gateway timeout: HTTP 504")
         raise BadResponse(f"etcd answered HTTP {status} with an unexpected body", status, body)
 
-    def _detect_prefix(self):
+    def _detect_prefix(self) -> "Deferred[str]":
         """Find the gateway prefix once; concurrent callers wait for the same probe."""
-        waiter = Deferred()
+        waiter: Deferred[str] = Deferred()
         self._probe_waiters.append(waiter)
         if len(self._probe_waiters) == 1:
             probe = defer.ensureDeferred(self._probe_prefixes())
             probe.addBoth(self._probe_done)
         return waiter
 
-    def _probe_done(self, result):
+    def _probe_done(self, result: "str | Failure") -> None:
         waiters, self._probe_waiters = self._probe_waiters, []
         for waiter in waiters:
             if isinstance(result, Failure):
@@ -454,7 +459,7 @@ class _Transport:
             else:
                 waiter.callback(result)
 
-    async def _probe_prefixes(self):
+    async def _probe_prefixes(self) -> str:
         for prefix in GATEWAY_PREFIXES:
             try:
                 answer = await self._slots.run(self._send, prefix, "/maintenance/status",
@@ -470,7 +475,7 @@ class _Transport:
             return prefix
         raise BadResponse(f"no etcd gateway at {self._base} (tried {', '.join(GATEWAY_PREFIXES)})")
 
-    def close(self):
+    def close(self) -> "Deferred[Any]":
         self.closed = True
         self._in_flight.cancel_all()
         return self.pool.closeCachedConnections()
@@ -479,13 +484,14 @@ class _Transport:
 class _Resendable(Exception):
     """Internal: a connection-level failure, with whether the request surely never arrived."""
 
-    def __init__(self, error, not_delivered):
+    def __init__(self, error: EtcdError, not_delivered: bool) -> None:
         super().__init__(str(error))
         self.error = error
         self.not_delivered = not_delivered
 
 
-def _read_response(response, limit, path):
+def _read_response(response: IResponse, limit: int,
+                   path: str) -> "Deferred[tuple[int, bytes]]":
     """``(status, body)``; a body ended by connection close (no length) still counts."""
     d = httpbody.read_body(response, limit, lambda limit: ResponseTooLarge(
         f"etcd answer to {path} longer than {limit} bytes, connection dropped",
@@ -505,7 +511,7 @@ class EtcdClient:
 
     log = Logger()
 
-    def __init__(self, reactor, config):
+    def __init__(self, reactor: IReactorTime, config: EtcdConfig) -> None:
         self.config = config
         self._reactor = reactor
         self._transport = _Transport(reactor, config)
@@ -513,18 +519,20 @@ class EtcdClient:
                                        _TxaioetcdTransport(self._transport), _refuse)
 
     @property
-    def gateway_prefix(self):
+    def gateway_prefix(self) -> Optional[str]:
         return self._transport.gateway_prefix
 
-    def _call(self, path, payload, timeout=None, idempotent=False):
+    def _call(self, path: str, payload: Any, timeout: Optional[float] = None,
+              idempotent: bool = False) -> "Deferred[dict[str, Any]]":
         d = self._transport.post(path, payload, timeout, idempotent)
-        d.addCallback(self._transport.parse)
-        return d
+        return d.addCallback(self._transport.parse)
 
     # -- reads -------------------------------------------------------------------
 
-    def range_page(self, keys, keys_only=False, limit=None, revision=None, count_only=False,
-                   serializable=False, timeout=None):
+    def range_page(self, keys: Union[bytes, txaioetcd.KeySet], keys_only: bool = False,
+                   limit: Optional[int] = None, revision: Optional[int] = None,
+                   count_only: bool = False, serializable: bool = False,
+                   timeout: Optional[float] = None) -> "Deferred[RangePage]":
         """One range request over ``keys`` (bytes prefix or ``KeySet``) → ``RangePage``.
 
         ``limit`` caps the keys returned (``more`` tells whether there were more);
@@ -534,10 +542,11 @@ class EtcdClient:
                              keys_only=keys_only or None, limit=limit or None,
                              revision=revision or None, serializable=serializable or None)
         d = self._call("/kv/range", marshal_range_request(op), timeout, idempotent=True)
-        d.addCallback(_parse_range)
-        return d
+        return d.addCallback(_parse_range)
 
-    def range(self, keys, keys_only=False, limit=None, revision=None, timeout=None):
+    def range(self, keys: Union[bytes, txaioetcd.KeySet], keys_only: bool = False,
+              limit: Optional[int] = None, revision: Optional[int] = None,
+              timeout: Optional[float] = None) -> "Deferred[list[Any]]":
         """``KeyValue``s under a prefix (bytes) or in a ``KeySet``, ordered by key.
 
         The bytes form is a prefix: pass ``b"/registry/pods/"`` with its trailing
@@ -545,17 +554,16 @@ class EtcdClient:
         """
         d = self.range_page(keys, keys_only=keys_only, limit=limit, revision=revision,
                             timeout=timeout)
-        d.addCallback(lambda page: page.kvs)
-        return d
+        return d.addCallback(lambda page: page.kvs)
 
-    def get(self, key, timeout=None):
+    def get(self, key: bytes, timeout: Optional[float] = None) -> "Deferred[Any]":
         """The ``KeyValue`` stored at ``key``, or None."""
         _require_bytes(key=key)
         d = self.range_page(txaioetcd.KeySet(key), timeout=timeout)
         d.addCallback(lambda page: page.kvs[0] if page.kvs else None)
         return d
 
-    def status(self, timeout=None):
+    def status(self, timeout: Optional[float] = None) -> "Deferred[Any]":
         """etcd's ``txaioetcd.Status`` (version, db size, leader): a cheap health probe."""
         d = self._call("/maintenance/status", {}, timeout, idempotent=True)
         d.addCallback(_guard_parse(parse_status))
@@ -563,28 +571,30 @@ class EtcdClient:
 
     # -- writes (through txaioetcd's own methods) --------------------------------
 
-    def put(self, key, value, timeout=None):
+    def put(self, key: bytes, value: bytes,
+            timeout: Optional[float] = None) -> "Deferred[Optional[int]]":
         """Store ``value`` at ``key``; fires with the new store revision."""
         _require_bytes(key=key, value=value)
         d = _guarded(self.txaioetcd.set(key, value, timeout=timeout))
         d.addCallback(lambda rev: rev.header.revision if rev.header else None)
         return d
 
-    def delete(self, key, timeout=None):
+    def delete(self, key: bytes, timeout: Optional[float] = None) -> "Deferred[int]":
         """Delete one key; fires with the number deleted (0 or 1)."""
         _require_bytes(key=key)
         d = _guarded(self.txaioetcd.delete(txaioetcd.KeySet(key), timeout=timeout))
         d.addCallback(lambda deleted: deleted.deleted)
         return d
 
-    def delete_prefix(self, prefix, timeout=None):
+    def delete_prefix(self, prefix: bytes, timeout: Optional[float] = None) -> "Deferred[int]":
         """Delete every key under ``prefix`` (bytes); fires with the number deleted."""
         _require_bytes(prefix=prefix)
         d = _guarded(self.txaioetcd.delete(prefix_keyset(prefix), timeout=timeout))
         d.addCallback(lambda deleted: deleted.deleted)
         return d
 
-    def submit(self, txn, raise_on_failure=True, timeout=None):
+    def submit(self, txn: txaioetcd.Transaction, raise_on_failure: bool = True,
+               timeout: Optional[float] = None) -> "Deferred[TransactionResult]":
         """Run a ``txaioetcd.Transaction``; fires with a ``TransactionResult``.
 
         When the compare fails: ``TransactionFailed`` (carrying the failure branch's
@@ -592,16 +602,17 @@ class EtcdClient:
         """
         d = _guarded(self.txaioetcd.submit(txn, timeout=timeout))
 
-        def succeeded(success):
+        def succeeded(success: Any) -> TransactionResult:
             header = success.header
             return TransactionResult(True, header.revision if header else None,
                                      list(success.responses))
 
-        def failed(failure):
+        def failed(failure: Failure) -> TransactionResult:
             failure.trap(txaioetcd.Failed)
-            header = failure.value.header
+            failed_txn: txaioetcd.Failed = failure.value
+            header = failed_txn.header
             revision = header.revision if header else None
-            responses = list(failure.value.responses)
+            responses = list(failed_txn.responses)
             if raise_on_failure:
                 raise TransactionFailed(revision, responses)
             return TransactionResult(False, revision, responses)
@@ -609,7 +620,7 @@ class EtcdClient:
         d.addCallbacks(succeeded, failed)
         return d
 
-    def close(self):
+    def close(self) -> "Deferred[Any]":
         """Cancel requests in flight (they fail with ``ClientClosed``) and close connections."""
         d = self._transport.close()
         # Aborted connections finish closing on the next reactor turn.
@@ -617,30 +628,30 @@ class EtcdClient:
         return d
 
 
-def _refuse(message):
+def _refuse(message: str) -> "Deferred[Any]":
     return defer.fail(EtcdError(message))
 
 
 class _TxaioetcdTransport:
     """The transport as txaioetcd's client sees it: JSON in, parsed JSON out."""
 
-    def __init__(self, transport):
+    def __init__(self, transport: _Transport) -> None:
         self._transport = transport
 
-    def post(self, path, data, timeout):
+    def post(self, path: str, data: dict[str, Any],
+             timeout: Optional[float]) -> "Deferred[dict[str, Any]]":
         d = self._transport.post(path, data, timeout, idempotent=False)
-        d.addCallback(self._transport.parse)
-        return d
+        return d.addCallback(self._transport.parse)
 
 
-def _require_bytes(**values):
+def _require_bytes(**values: object) -> None:
     for name, value in values.items():
         if not isinstance(value, bytes):
             raise TypeError(f"{name} must be bytes, not {type(value).__name__}")
 
 
-def _guard_parse(parse):
-    def guarded(obj):
+def _guard_parse(parse: Callable[[dict[str, Any]], Any]) -> Callable[[dict[str, Any]], Any]:
+    def guarded(obj: dict[str, Any]) -> Any:
         try:
             return parse(obj)
         except _PARSE_ERRORS as e:
@@ -650,17 +661,17 @@ def _guard_parse(parse):
     return guarded
 
 
-def _guarded(d):
+def _guarded(d: "Deferred[Any]") -> "Deferred[Any]":
     """Turn txaioetcd's own parsing failures (on a malformed answer) into BadResponse."""
 
-    def translate(failure):
+    def translate(failure: Failure) -> Failure:
         if failure.check(EtcdError, txaioetcd.Failed):
             return failure
         if failure.check(txaioetcd.Error):
-            err = failure.value
+            err: txaioetcd.Error = failure.value
             raise _grpc_error(200, {"code": err.code, "message": err.message or ""})
         if failure.type is Exception or failure.check(*_PARSE_ERRORS):
-            raise BadResponse(f"unexpected etcd answer shape: {failure.type.__name__}: "
+            raise BadResponse(f"unexpected etcd answer shape: {type(failure.value).__name__}: "
                               f"{_error_text(failure.getErrorMessage())}")
         return failure
 
@@ -668,7 +679,7 @@ def _guarded(d):
     return d
 
 
-def _parse_range(obj):
+def _parse_range(obj: dict[str, Any]) -> RangePage:
     """A range answer as a ``RangePage``. Every field is checked for its JSON type:
     ``bool([False])`` is true and a kv without a key has the key None, and either
     would reach the store's paging as a page that goes on or a key it cannot extend."""

@@ -37,6 +37,7 @@ re-read when its files change; see ``yurtcoord.kube.tls``.
 import json
 import os
 from dataclasses import dataclass, field
+from typing import Any, Callable, Generator, Optional
 from urllib.parse import urlencode, urlsplit
 
 import treq.client
@@ -45,18 +46,24 @@ from twisted.internet.abstract import isIPAddress, isIPv6Address
 from twisted.internet.endpoints import (
     HostnameEndpoint, TCP4ClientEndpoint, TCP6ClientEndpoint, wrapClientTLS,
 )
+from twisted.internet.interfaces import IReactorTime, IStreamClientEndpoint
 from twisted.internet.error import ConnectError, ConnectionLost, DNSLookupError
 from twisted.python.failure import Failure
 from twisted.web.client import (
     Agent, RequestTransmissionFailed, ResponseFailed, ResponseNeverReceived,
 )
+from twisted.web.client import URI
 from twisted.web.iweb import IAgentEndpointFactory, IResponse
 from zope.interface import implementer
 
 from yurtcoord.tx import httpbody
 from yurtcoord.tx.failures import describe_failure, is_cancellation
 from yurtcoord.tx.inflight import InFlight
-from yurtcoord.tx.twisted_private import QuietHTTPConnectionPool, batch_chunked_body
+from yurtcoord.tx.tlsreload import ReloadingTLSPolicy
+from yurtcoord.tx.twisted_private import (
+    ChunkedBodyBatcher, QuietHTTPConnectionPool, batch_chunked_body,
+)
+from yurtcoord.kube.gvr import GroupVersionResource
 from yurtcoord.kube.errors import (
     ConnectionFailed, KubeError, ResponseTooLarge, ServerError, Timeout, decode_json,
     error_for_response,
@@ -82,25 +89,26 @@ class ClientConfig:
     """
 
     server: str
-    ca_file: str = None
-    cert_file: str = None
-    key_file: str = None
-    token: str = field(default=None, repr=False)
-    token_file: str = None
+    ca_file: Optional[str] = None
+    cert_file: Optional[str] = None
+    key_file: Optional[str] = None
+    token: Optional[str] = field(default=None, repr=False)
+    token_file: Optional[str] = None
     insecure: bool = False
     timeout: float = 10.0
-    ca_data: bytes = field(default=None, repr=False)
-    cert_data: bytes = field(default=None, repr=False)
-    key_data: bytes = field(default=None, repr=False)
+    ca_data: Optional[bytes] = field(default=None, repr=False)
+    cert_data: Optional[bytes] = field(default=None, repr=False)
+    key_data: Optional[bytes] = field(default=None, repr=False)
     max_connections_per_host: int = DEFAULT_MAX_CONNECTIONS_PER_HOST
     user_agent: str = "yurtcoord"
     max_response_bytes: int = MAX_RESPONSE_BYTES
 
     @classmethod
-    def from_kubeconfig(cls, path, context=None, **overrides):
+    def from_kubeconfig(cls, path: str, context: Optional[str] = None,
+                        **overrides: Any) -> "ClientConfig":
         """Server, CA, client certificate and token of the kubeconfig's current context."""
         creds = load_kubeconfig(path, context)
-        values = dict(
+        values: dict[str, Any] = dict(
             server=creds.server, ca_file=creds.ca_file, ca_data=creds.ca_data,
             cert_file=creds.cert_file, cert_data=creds.cert_data,
             key_file=creds.key_file, key_data=creds.key_data,
@@ -116,15 +124,17 @@ class _EndpointFactory:
     to directly: ``HostnameEndpoint`` reports a refused connection only after its
     0.3 s attempt delay, which would slow every reconnect to a server that is down."""
 
-    def __init__(self, reactor, tls_policy, connect_timeout):
+    def __init__(self, reactor: IReactorTime, tls_policy: Optional[ReloadingTLSPolicy],
+                 connect_timeout: float) -> None:
         self._reactor = reactor
         self._tls_policy = tls_policy
         self._timeout = connect_timeout
 
-    def endpointForURI(self, uri):
+    def endpointForURI(self, uri: URI) -> IStreamClientEndpoint:
         host = uri.host.decode("ascii")
         if host.startswith("[") and host.endswith("]"):
             host = host[1:-1]
+        endpoint: IStreamClientEndpoint
         if isIPAddress(host):
             endpoint = TCP4ClientEndpoint(self._reactor, host, uri.port, timeout=self._timeout)
         elif isIPv6Address(host):
@@ -132,6 +142,8 @@ class _EndpointFactory:
         else:
             endpoint = HostnameEndpoint(self._reactor, host, uri.port, timeout=self._timeout)
         if uri.scheme == b"https":
+            if self._tls_policy is None:
+                raise ValueError(f"https URL {uri.toBytes()!r} on a client without TLS")
             return wrapClientTLS(self._tls_policy.creatorForNetloc(uri.host, uri.port), endpoint)
         return endpoint
 
@@ -139,13 +151,13 @@ class _EndpointFactory:
 class _BearerToken:
     """The token header value; a token file is re-read when its mtime changes."""
 
-    def __init__(self, token=None, token_file=None):
+    def __init__(self, token: Optional[str] = None, token_file: Optional[str] = None) -> None:
         self._token = token.strip() if token else None
         self._file = token_file or None
-        self._stamp = None
-        self._value = None
+        self._stamp: Optional[tuple[int, int]] = None
+        self._value: Optional[str] = None
 
-    def header(self):
+    def header(self) -> Optional[bytes]:
         if self._file:
             try:
                 st = os.stat(self._file)
@@ -163,7 +175,7 @@ class _BearerToken:
         return f"Bearer {token}".encode("ascii") if token else None
 
 
-def _connection_error(failure, url):
+def _connection_error(failure: Failure, url: str) -> Optional[ConnectionFailed]:
     """The typed error for a transport-level failure, or None if it is not one."""
     if failure.check(ConnectError, DNSLookupError, ConnectionLost):
         return ConnectionFailed(f"cannot reach {url}: {failure.getErrorMessage()}")
@@ -173,7 +185,7 @@ def _connection_error(failure, url):
     return None
 
 
-def _decode_json(body, url):
+def _decode_json(body: bytes, url: str) -> dict[str, Any]:
     """A successful answer: every object the API returns is a JSON object."""
     try:
         obj = decode_json(body)
@@ -185,7 +197,7 @@ def _decode_json(body, url):
     return obj
 
 
-def read_body(response: IResponse, limit: int, url: str) -> defer.Deferred:
+def read_body(response: IResponse, limit: int, url: str) -> "defer.Deferred[bytes]":
     """The whole body of ``response``, at most ``limit`` bytes (past that,
     ``ResponseTooLarge`` and the connection is dropped); cancellable (drops it too)."""
     return httpbody.read_body(response, limit, lambda limit: ResponseTooLarge(
@@ -195,21 +207,21 @@ def read_body(response: IResponse, limit: int, url: str) -> defer.Deferred:
 class Watch:
     """A running watch. ``done`` fires once the connection is closed (see module doc)."""
 
-    def __init__(self, url, on_close):
+    def __init__(self, url: str, on_close: Callable[["Watch"], object]) -> None:
         self.url = url
-        self.done = defer.Deferred()
+        self.done: defer.Deferred[None] = defer.Deferred()
         self.cancelled = False
-        self._request = None
-        self._stream = None
-        self._body_batcher = None
+        self._request: Optional[defer.Deferred[Any]] = None
+        self._stream: Optional[WatchStreamProtocol] = None
+        self._body_batcher: Optional[ChunkedBodyBatcher] = None
         self._on_close = on_close
 
     @property
-    def events(self):
+    def events(self) -> int:
         """How many events were delivered so far."""
         return self._stream.events if self._stream is not None else 0
 
-    def cancel(self):
+    def cancel(self) -> None:
         """Close the connection; ``done`` then fires with None."""
         if self.done.called or self.cancelled:
             return
@@ -219,7 +231,7 @@ class Watch:
         elif self._request is not None:
             self._request.cancel()
 
-    def _finish(self, result):
+    def _finish(self, result: object) -> None:
         if self.done.called:
             return
         self._on_close(self)
@@ -236,7 +248,8 @@ class Watch:
 class KubeClient:
     """get / list / create / update / delete / watch against one apiserver."""
 
-    def __init__(self, reactor, config, pool=None):
+    def __init__(self, reactor: IReactorTime, config: ClientConfig,
+                 pool: Optional[QuietHTTPConnectionPool] = None) -> None:
         parts = urlsplit(config.server)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(f"apiserver URL must be http(s)://host[:port], got {config.server!r}")
@@ -251,7 +264,7 @@ class KubeClient:
             pool.maxPersistentPerHost = config.max_connections_per_host
             pool.cachedConnectionTimeout = 90
         self.pool = pool
-        self.tls = None
+        self.tls: Optional[ReloadingTLSPolicy] = None
         if parts.scheme == "https":
             self.tls = tls_policy(
                 ca_file=config.ca_file, ca_data=config.ca_data,
@@ -262,21 +275,21 @@ class KubeClient:
         endpoints = _EndpointFactory(reactor, self.tls, config.timeout)
         self._http = treq.client.HTTPClient(Agent.usingEndpointFactory(reactor, endpoints, pool))
         self._token = _BearerToken(config.token, config.token_file)
-        self._watches = set()
+        self._watches: set[Watch] = set()
         self._requests = InFlight()
         self._closed = False
 
     # -- plumbing ---------------------------------------------------------
 
-    def _url(self, path, params=None):
+    def _url(self, path: str, params: Optional[dict[str, Any]] = None) -> str:
         if params:
             query = urlencode([(k, v) for k, v in params.items() if v is not None])
             if query:
                 return f"{self.server}{path}?{query}"
         return f"{self.server}{path}"
 
-    def _headers(self, has_body=False):
-        headers = {b"Accept": [b"application/json"], b"User-Agent": [self.config.user_agent.encode()]}
+    def _headers(self, has_body: bool = False) -> dict[bytes | str, list[bytes | str]]:
+        headers: dict[bytes | str, list[bytes | str]] = {b"Accept": [b"application/json"], b"User-Agent": [self.config.user_agent.encode()]}
         if has_body:
             headers[b"Content-Type"] = [b"application/json"]
         auth = self._token.header()
@@ -284,33 +297,34 @@ class KubeClient:
             headers[b"Authorization"] = [auth]
         return headers
 
-    def _start(self, method, url, body=None):
+    def _start(self, method: str, url: str, body: Any = None) -> "defer.Deferred[Any]":
         if self._closed:
             return defer.fail(ConnectionFailed(f"client for {self.server} is closed"))
         data = json.dumps(body, separators=(",", ":")).encode() if body is not None else None
         return self._http.request(method, url, headers=self._headers(data is not None),
                                   data=data, unbuffered=True)
 
-    def _arm_timeout(self, d, url, what):
+    def _arm_timeout(self, d: "defer.Deferred[Any]", url: str, what: str) -> "defer.Deferred[Any]":
         """Fail ``d`` with Timeout (aborting its connection) after the client timeout."""
 
-        def timed_out(result, timeout):
+        def timed_out(result: object, timeout: float) -> object:
             if isinstance(result, Failure) and is_cancellation(result):
                 raise Timeout(f"no complete answer to {what} {url} within {timeout}s")
             return result
 
         return d.addTimeout(self.timeout, self.reactor, onTimeoutCancel=timed_out)
 
-    def request(self, method, path, params=None, body=None, allow_empty=False):
+    def request(self, method: str, path: str, params: Optional[dict[str, Any]] = None,
+                body: Any = None, allow_empty: bool = False) -> "defer.Deferred[Any]":
         """One API call; the decoded JSON answer (None for an empty body if allowed)."""
         url = self._url(path, params)
         d = self._start(method, url, body)
 
-        def got_response(response):
+        def got_response(response: IResponse) -> "defer.Deferred[tuple[int, bytes]]":
             return read_body(response, self.config.max_response_bytes, url).addCallback(
                 lambda raw: (response.code, raw))
 
-        def got_body(result):
+        def got_body(result: tuple[int, bytes]) -> Optional[dict[str, Any]]:
             code, raw = result
             if code >= 300:
                 raise error_for_response(code, raw, url)
@@ -326,7 +340,7 @@ class KubeClient:
         d.addErrback(self._map_failure, url)
         return self._requests.track(d)
 
-    def _map_failure(self, failure, url):
+    def _map_failure(self, failure: Failure, url: str) -> Failure:
         if failure.check(KubeError):
             return failure
         if is_cancellation(failure):
@@ -341,32 +355,41 @@ class KubeClient:
 
     # -- the API ----------------------------------------------------------
 
-    def get(self, gvr, name, namespace=None):
+    def get(self, gvr: GroupVersionResource, name: str,
+            namespace: Optional[str] = None) -> "defer.Deferred[Any]":
         return self.request("GET", gvr.object_path(name, namespace))
 
-    def list(self, gvr, namespace=None, label_selector=None, field_selector=None,
-             resource_version=None, limit=None, continue_token=None):
+    def list(self, gvr: GroupVersionResource, namespace: Optional[str] = None,
+             label_selector: Optional[str] = None, field_selector: Optional[str] = None,
+             resource_version: Optional[str] = None, limit: Optional[int] = None,
+             continue_token: Optional[str] = None) -> "defer.Deferred[Any]":
         params = {
             "labelSelector": label_selector, "fieldSelector": field_selector,
             "resourceVersion": resource_version, "limit": limit, "continue": continue_token,
         }
         return self.request("GET", gvr.collection_path(namespace), params)
 
-    def create(self, gvr, obj, namespace=None):
+    def create(self, gvr: GroupVersionResource, obj: dict[str, Any],
+               namespace: Optional[str] = None) -> "defer.Deferred[Any]":
         namespace = namespace or (obj.get("metadata") or {}).get("namespace")
         return self.request("POST", gvr.collection_path(namespace if gvr.namespaced else None),
                             body=obj)
 
-    def update(self, gvr, obj, namespace=None):
+    def update(self, gvr: GroupVersionResource, obj: dict[str, Any],
+               namespace: Optional[str] = None) -> "defer.Deferred[Any]":
         meta = obj.get("metadata") or {}
         namespace = namespace or meta.get("namespace")
         return self.request("PUT", gvr.object_path(meta["name"], namespace), body=obj)
 
-    def delete(self, gvr, name, namespace=None):
+    def delete(self, gvr: GroupVersionResource, name: str,
+               namespace: Optional[str] = None) -> "defer.Deferred[Any]":
         return self.request("DELETE", gvr.object_path(name, namespace), allow_empty=True)
 
-    def watch(self, gvr, on_event, namespace=None, resource_version=None, label_selector=None,
-              field_selector=None, allow_bookmarks=True, timeout_seconds=None, idle_timeout=None):
+    def watch(self, gvr: GroupVersionResource, on_event: Callable[[str, Any], object],
+              namespace: Optional[str] = None, resource_version: Optional[str] = None,
+              label_selector: Optional[str] = None, field_selector: Optional[str] = None,
+              allow_bookmarks: bool = True, timeout_seconds: Optional[int] = None,
+              idle_timeout: Optional[float] = None) -> Watch:
         """Start a watch; ``on_event(type, obj)`` for ADDED/MODIFIED/DELETED/BOOKMARK.
 
         ``timeout_seconds`` asks the server to end the stream after that long;
@@ -384,13 +407,13 @@ class KubeClient:
         self._watches.add(watch)
         d = self._start("GET", url)
 
-        def failed(failure):
+        def failed(failure: Failure) -> None:
             if watch.cancelled and is_cancellation(failure):
                 watch._finish(None)
             else:
                 watch._finish(self._map_failure(failure, url))
 
-        def got_response(response):
+        def got_response(response: IResponse) -> None:
             watch._request = None
             if response.code != 200:
                 body_d = read_body(response, self.config.max_response_bytes, url)
@@ -406,7 +429,11 @@ class KubeClient:
             response.deliverBody(stream)
             if idle_timeout:
                 watchdog = IdleWatchdog(self.reactor, idle_timeout, stream)
-                stream.finished.addBoth(lambda result: watchdog.stop() or result)
+                def stop_watchdog(result: object) -> object:
+                    watchdog.stop()
+                    return result
+
+                stream.finished.addBoth(stop_watchdog)
             if watch.cancelled:
                 stream.cancel()
             stream.finished.addBoth(watch._finish)
@@ -417,12 +444,12 @@ class KubeClient:
         d.addCallbacks(got_response, failed)
         return watch
 
-    def drop_connections(self):
+    def drop_connections(self) -> "defer.Deferred[Any]":
         """Close idle pooled connections, so the next requests reconnect (new certs)."""
         return self.pool.closeCachedConnections()
 
     @defer.inlineCallbacks
-    def close(self):
+    def close(self) -> Generator["defer.Deferred[Any]", Any, None]:
         """Cancel running watches and requests (they fail with ConnectionFailed) and
         close every pooled connection. Requests made afterwards fail at once."""
         self._closed = True

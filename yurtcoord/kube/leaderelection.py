@@ -44,14 +44,17 @@ import dataclasses
 import enum
 import math
 import random as random_module
+from typing import Any, Callable, Optional
 
 from twisted.internet import defer
+from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from yurtcoord.kube.errors import Conflict, KubeError
+from yurtcoord.kube.interfaces import IObjectClient
 from yurtcoord.kube.lease import LeaseRecord, build_lease, with_record
-from yurtcoord.kube.leasewriter import LeaseWriteFailed, LeaseWriter
+from yurtcoord.kube.leasewriter import Lease, LeaseWrite, LeaseWriteFailed, LeaseWriter
 from yurtcoord.tx.fsm import TransitionTable
 
 JITTER_FACTOR = 1.2
@@ -75,7 +78,7 @@ class LeaderElectionConfig:
     retry_period: float = 2.0
     release_on_cancel: bool = True
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         for name in ("lease_namespace", "lease_name", "identity"):
             value = getattr(self, name)
             if not isinstance(value, str) or not value:
@@ -96,11 +99,11 @@ class LeaderElectionConfig:
                 f"renew_deadline ({self.renew_deadline})")
 
     @property
-    def lease_key(self):
+    def lease_key(self) -> str:
         return f"{self.lease_namespace}/{self.lease_name}"
 
     @property
-    def lease_duration_seconds(self):
+    def lease_duration_seconds(self) -> int:
         """What we write into ``leaseDurationSeconds``: whole seconds, rounded up so
         peers never wait less than we promised."""
         return int(math.ceil(self.lease_duration))
@@ -154,7 +157,7 @@ class _Observation:
     """The lease as last read or written (``lease``), its record, and the local time
     that record was first seen (``since``): expiry counts from there."""
 
-    lease: dict
+    lease: Lease
     record: LeaseRecord
     since: float
 
@@ -162,16 +165,16 @@ class _Observation:
 class _Attempt:
     """What one try-acquire-or-renew saw and wrote, kept even when it fails midway."""
 
-    def __init__(self, started_at):
+    def __init__(self, started_at: float) -> None:
         self.started_at = started_at
-        self.seen = None
-        self.seen_at = None
-        self.written = None
+        self.seen: Optional[Lease] = None
+        self.seen_at: Optional[float] = None
+        self.written: Optional[Lease] = None
         self.held_by_other = False
         self.from_known = False
 
 
-def _error_kind(failure):
+def _error_kind(failure: Failure) -> str:
     return type(failure.value).__name__
 
 
@@ -192,8 +195,12 @@ class LeaderElector:
 
     log = Logger()
 
-    def __init__(self, reactor, lease_client, config, on_started_leading=None,
-                 on_stopped_leading=None, on_new_leader=None, random=None):
+    def __init__(self, reactor: IReactorTime, lease_client: IObjectClient,
+                 config: LeaderElectionConfig,
+                 on_started_leading: Optional[Callable[[], object]] = None,
+                 on_stopped_leading: Optional[Callable[[], object]] = None,
+                 on_new_leader: Optional[Callable[[str], object]] = None,
+                 random: Optional[Callable[[], float]] = None) -> None:
         self._reactor = reactor
         self._config = config
         self._on_started_leading = on_started_leading
@@ -204,33 +211,33 @@ class LeaderElector:
         # attempt in ``_reading``.
         self._writer = LeaseWriter(reactor, lease_client, config.lease_namespace,
                                    config.lease_name, attempts=2, on_read=self._lease_read)
-        self._reading = None
+        self._reading: Optional[_Attempt] = None
 
         self._state = _Election.STOPPED
-        self._timer = None
-        self._deadline = None
-        self._inflight = None
-        self._stop_waiters = []
-        self._pending_events = []
+        self._timer: Optional[IDelayedCall] = None
+        self._deadline: Optional[IDelayedCall] = None
+        self._inflight: Optional[defer.Deferred[Any]] = None
+        self._stop_waiters: list[defer.Deferred[bool]] = []
+        self._pending_events: list[Callable[[], None]] = []
 
-        self._seen = None  # _Observation, None before the first read
-        self._renewed_at = None
-        self._reported_leader = None
-        self._last_error_kind = None
+        self._seen: Optional[_Observation] = None  # None before the first read
+        self._renewed_at: Optional[float] = None
+        self._reported_leader: Optional[str] = None
+        self._last_error_kind: Optional[str] = None
 
     # Public surface -------------------------------------------------------------
 
     @property
-    def config(self):
+    def config(self) -> LeaderElectionConfig:
         return self._config
 
     @property
-    def is_leader(self):
+    def is_leader(self) -> bool:
         """True while we hold the lease and have renewed it within renew_deadline."""
         return self._state in _LEADER
 
     @property
-    def leader(self):
+    def leader(self) -> Optional[str]:
         """The holder identity last observed on the lease, None while it is free or
         not yet read."""
         if self._seen is None or not self._seen.record.holder_identity:
@@ -238,15 +245,15 @@ class LeaderElector:
         return self._seen.record.holder_identity
 
     @property
-    def running(self):
+    def running(self) -> bool:
         return self._state in _RUNNING
 
-    def start(self):
+    def start(self) -> None:
         """Begin competing for the lease. Does nothing when already running; when a
         stop is still releasing the lease, starts again once that is done."""
         self._input("start")
 
-    def stop(self, release=None):
+    def stop(self, release: Optional[bool] = None) -> "defer.Deferred[bool]":
         """Stop competing: timers and the request in flight are cancelled at once.
 
         If we were leading, ``on_stopped_leading`` is called before this returns and,
@@ -255,7 +262,7 @@ class LeaderElector:
         False otherwise; no callback fires after this call. ``stop(release=False)``
         leaves the lease to expire, as if the process had died.
         """
-        waiter = defer.Deferred()
+        waiter: defer.Deferred[bool] = defer.Deferred()
         if self._state is _Election.STOPPED:
             waiter.callback(False)
             return waiter
@@ -265,24 +272,24 @@ class LeaderElector:
 
     # The state machine -------------------------------------------------------------
 
-    def _input(self, event, *args):
+    def _input(self, event: str, *args: Any) -> None:
         """Move along ``_ELECTION`` for ``event``, then run that transition's action."""
         before = self._state
         self._state = _ELECTION.next(before, event)
-        actions = {"start": self._on_start, "stop": self._on_stop,
+        actions: dict[str, Callable[..., None]] = {"start": self._on_start, "stop": self._on_stop,
                    "released": self._on_released, "tick": self._on_tick,
                    "written": self._on_attempt_ended, "not_written": self._on_attempt_ended,
                    "lost": self._on_attempt_ended, "deadline": self._on_deadline}
         actions[event](before, *args)
 
-    def _on_start(self, before):
+    def _on_start(self, before: _Election) -> None:
         if before is not _Election.STOPPED:
             return
         self.log.info("leader election started on lease {lease} as {identity}",
                       lease=self._config.lease_key, identity=self._config.identity)
         self._schedule(0)
 
-    def _on_stop(self, before, release):
+    def _on_stop(self, before: _Election, release: Optional[bool]) -> None:
         if before not in _RUNNING:
             return  # already releasing: the waiter fires with that release
         self._pending_events.clear()
@@ -304,7 +311,7 @@ class LeaderElector:
             done = defer.succeed(False)
         done.addCallback(lambda released: self._input("released", released))
 
-    def _on_released(self, before, released):
+    def _on_released(self, before: _Election, released: bool) -> None:
         waiters, self._stop_waiters = self._stop_waiters, []
         self.log.info("leader election stopped on lease {lease} as {identity}",
                       lease=self._config.lease_key, identity=self._config.identity)
@@ -313,7 +320,7 @@ class LeaderElector:
         if before is _Election.RESTARTING:
             self.start()
 
-    def _on_tick(self, before):
+    def _on_tick(self, before: _Election) -> None:
         self._timer = None
         attempt = _Attempt(self._reactor.seconds())
         d = self._try_acquire_or_renew(attempt, before is _Election.LEADING)
@@ -321,7 +328,7 @@ class LeaderElector:
         d.addTimeout(self._attempt_timeout(), self._reactor)
         d.addBoth(self._attempt_finished, attempt)
 
-    def _on_deadline(self, before):
+    def _on_deadline(self, before: _Election) -> None:
         self._deadline = None
         self._cancel_inflight()
         self._pending_events.append(self._step_down(
@@ -331,12 +338,12 @@ class LeaderElector:
 
     # Timing rules (all of them) --------------------------------------------------
 
-    def _attempt_timeout(self):
+    def _attempt_timeout(self) -> float:
         """Each attempt is bounded by renew_deadline; a leader's attempt is also cut
         short by its renew deadline timer (``_arm_deadline``)."""
         return self._config.renew_deadline
 
-    def _lease_duration_of(self, record):
+    def _lease_duration_of(self, record: LeaseRecord) -> float:
         """The lease's own duration counts (a released lease says 1 s); ours when
         the lease carries none."""
         duration = record.lease_duration_seconds
@@ -344,14 +351,25 @@ class LeaderElector:
             return self._config.lease_duration
         return duration
 
-    def _observed_expiry(self):
+    def _observed_expiry(self) -> float:
         """Local time at which the observed lease expires if nothing changes."""
-        return self._seen.since + self._lease_duration_of(self._seen.record)
+        seen = self._observation()
+        return seen.since + self._lease_duration_of(seen.record)
 
-    def _is_expired(self, record, observed_time, now):
+    def _observation(self) -> _Observation:
+        """The lease as last seen, asked for only after an attempt read or wrote it."""
+        assert self._seen is not None, "no lease observed yet"
+        return self._seen
+
+    def _renewed(self) -> float:
+        """When we last renewed, asked for only while leading."""
+        assert self._renewed_at is not None, "never renewed"
+        return self._renewed_at
+
+    def _is_expired(self, record: LeaseRecord, observed_time: float, now: float) -> bool:
         return observed_time + self._lease_duration_of(record) <= now
 
-    def _next_delay(self, attempt):
+    def _next_delay(self, attempt: Optional[_Attempt]) -> float:
         """When to try next after ``attempt``:
         - leader: every retry_period (renewals, and retries of failed renewals);
         - candidate watching a live holder: every retry_period, and exactly at the
@@ -369,28 +387,29 @@ class LeaderElector:
             return max(MIN_DELAY, min(period, until_expiry))
         return self._jittered(period)
 
-    def _jittered(self, period):
+    def _jittered(self, period: float) -> float:
         return period * (1.0 + self._random() * JITTER_FACTOR)
 
-    def _arm_deadline(self):
+    def _arm_deadline(self) -> None:
         """A leader that has not renewed for renew_deadline stops leading."""
         self._cancel_deadline()
-        due = self._renewed_at + self._config.renew_deadline - self._reactor.seconds()
+        due = self._renewed() + self._config.renew_deadline - self._reactor.seconds()
         self._deadline = self._reactor.callLater(max(0.0, due), self._input, "deadline")
 
     # Attempts --------------------------------------------------------------------
 
-    def _schedule(self, delay):
+    def _schedule(self, delay: float) -> None:
         self._cancel_timer()
         self._timer = self._reactor.callLater(delay, self._input, "tick")
 
-    def _record_observation(self, record, seen_at):
+    def _record_observation(self, record: LeaseRecord, seen_at: float) -> float:
         """The observed time restarts only when the record changed."""
         if self._seen is None or record != self._seen.record:
             return seen_at
         return self._seen.since
 
-    def _try_acquire_or_renew(self, attempt, leading):
+    def _try_acquire_or_renew(self, attempt: _Attempt,
+                              leading: bool) -> "defer.Deferred[_Attempt]":
         """One write through the lease writer. A leader renews the lease it wrote
         last, directly; when that conflicts the writer reads the lease again at once
         and the ordinary rules decide (a second attempt). A candidate, or a leader
@@ -403,7 +422,7 @@ class LeaderElector:
         attempt.from_known = self._writer.known is not None
         attempts = 2 if attempt.from_known else 1
 
-        def change(current):
+        def change(current: Optional[Lease]) -> Optional[Lease]:
             if current is not None and current is not attempt.seen:
                 # The lease we wrote last: its resourceVersion proves nobody wrote since.
                 record = dataclasses.replace(
@@ -415,14 +434,14 @@ class LeaderElector:
 
         d = self._writer.write(change, attempts=attempts)
 
-        def written(result):
+        def written(result: LeaseWrite) -> _Attempt:
             if result.written:
                 attempt.written = result.lease
             return attempt
 
         return d.addCallback(written)
 
-    def _lease_read(self, lease):
+    def _lease_read(self, lease: Optional[Lease]) -> None:
         """Every read of the lease during an attempt is an observation, whatever is
         written after it."""
         attempt = self._reading
@@ -433,7 +452,7 @@ class LeaderElector:
                           lease=self._config.lease_key)
         attempt.seen, attempt.seen_at = lease, self._reactor.seconds()
 
-    def _acquire_or_renew(self, attempt, current):
+    def _acquire_or_renew(self, attempt: _Attempt, current: Optional[Lease]) -> Optional[Lease]:
         """The lease to write after reading ``current`` (None: absent), or None to
         write nothing (held by a live other holder)."""
         cfg = self._config
@@ -455,7 +474,7 @@ class LeaderElector:
                                  seen.lease_transitions + 1)
         return with_record(current, record)
 
-    def _attempt_finished(self, result, attempt):
+    def _attempt_finished(self, result: "_Attempt | Failure", attempt: _Attempt) -> None:
         """How the attempt ended is the next input: we wrote the lease, we saw another
         holder while leading, or nothing was written."""
         if self._reading is attempt:
@@ -465,6 +484,8 @@ class LeaderElector:
             return None
         self._inflight = None
         if attempt.seen is not None:
+            # A read records the lease and its time together (``_lease_read``).
+            assert attempt.seen_at is not None
             record = LeaseRecord.from_lease(attempt.seen)
             self._seen = _Observation(attempt.seen, record,
                                       self._record_observation(record, attempt.seen_at))
@@ -473,13 +494,14 @@ class LeaderElector:
                                       self._reactor.seconds())
             self._input("written", attempt, result)
         elif (self._state is _Election.RENEWING and attempt.seen is not None
-              and self._seen.record.holder_identity != self._config.identity):
+              and self._observation().record.holder_identity != self._config.identity):
             self._input("lost", attempt, result)
         else:
             self._input("not_written", attempt, result)
         return None
 
-    def _on_attempt_ended(self, before, attempt, result):
+    def _on_attempt_ended(self, before: _Election, attempt: _Attempt,
+                          result: "_Attempt | Failure") -> None:
         if attempt.written is not None:
             self._renewed_at = attempt.started_at
             self._last_error_kind = None
@@ -487,12 +509,12 @@ class LeaderElector:
                 self.log.info("{identity} started leading lease {lease} "
                               "(transitions={transitions})",
                               identity=self._config.identity, lease=self._config.lease_key,
-                              transitions=self._seen.record.lease_transitions)
+                              transitions=self._observation().record.lease_transitions)
                 self._pending_events.append(lambda: self._call(self._on_started_leading))
             self._arm_deadline()
         elif self._state is _Election.WAITING and before is _Election.RENEWING:
             self._pending_events.append(self._step_down(
-                f"lease now held by {self._seen.record.holder_identity!r}"))
+                f"lease now held by {self._observation().record.holder_identity!r}"))
         elif isinstance(result, Failure):
             self._log_failure(result)
         self._schedule(self._next_delay(attempt))
@@ -501,7 +523,7 @@ class LeaderElector:
             self._pending_events.append(lambda: self._call(self._on_new_leader, new_leader))
         self._run_events()
 
-    def _log_failure(self, failure):
+    def _log_failure(self, failure: Failure) -> None:
         """One line per failed attempt while leading (at most renew_deadline /
         retry_period of them); as a candidate, one per change of error kind."""
         kind = _error_kind(failure)
@@ -517,7 +539,7 @@ class LeaderElector:
                           "(deadline in {left:.3f}s)",
                           identity=self._config.identity, lease=self._config.lease_key,
                           error=failure.value,
-                          left=self._renewed_at + self._config.renew_deadline
+                          left=self._renewed() + self._config.renew_deadline
                           - self._reactor.seconds())
         elif failure.check(Conflict, LeaseWriteFailed):
             self.log.debug("{identity} lost a race for lease {lease}",
@@ -528,7 +550,7 @@ class LeaderElector:
                           error=failure.value)
         self._last_error_kind = kind
 
-    def _leader_change(self):
+    def _leader_change(self) -> Optional[str]:
         """The newly observed holder, if it differs from the last one reported."""
         holder = self.leader
         if holder is None:
@@ -545,7 +567,7 @@ class LeaderElector:
 
     # Leadership changes ----------------------------------------------------------
 
-    def _step_down(self, reason):
+    def _step_down(self, reason: str) -> Callable[[], None]:
         """We left the leader state; returns the event announcing it."""
         self._cancel_deadline()
         self.log.warn("{identity} stopped leading lease {lease}: {reason}",
@@ -553,13 +575,13 @@ class LeaderElector:
                       reason=reason)
         return lambda: self._call(self._on_stopped_leading)
 
-    def _run_events(self):
+    def _run_events(self) -> None:
         """Callbacks run last, after our state is consistent; one that stops the
         elector drops the rest (stop() clears the queue)."""
         while self._pending_events:
             self._pending_events.pop(0)()
 
-    def _call(self, callback, *args):
+    def _call(self, callback: Optional[Callable[..., object]], *args: Any) -> None:
         if callback is None:
             return
         try:
@@ -570,12 +592,12 @@ class LeaderElector:
 
     # Stopping --------------------------------------------------------------------
 
-    def _release(self):
+    def _release(self) -> "defer.Deferred[bool]":
         cfg = self._config
         d = self._write_release()
         d.addTimeout(cfg.renew_deadline, self._reactor)
 
-        def released(written):
+        def released(written: Optional[Lease]) -> bool:
             if written is None:
                 self.log.info("{identity} did not release lease {lease}: no longer its holder",
                               identity=cfg.identity, lease=cfg.lease_key)
@@ -587,15 +609,14 @@ class LeaderElector:
                           identity=cfg.identity, lease=cfg.lease_key)
             return True
 
-        def not_released(failure):
+        def not_released(failure: Failure) -> bool:
             self.log.warn("{identity} could not release lease {lease}: {error}",
                           identity=cfg.identity, lease=cfg.lease_key, error=failure.value)
             return False
 
-        d.addCallbacks(released, not_released)
-        return d
+        return d.addCallbacks(released, not_released)
 
-    def _write_release(self):
+    def _write_release(self) -> "defer.Deferred[Optional[Lease]]":
         """Clear the holder, duration 1 s, from the lease we wrote last. A renewal
         cancelled by stop() may still have been written, making that copy stale: on
         a conflict the writer reads the lease again and it is released only if we
@@ -603,7 +624,7 @@ class LeaderElector:
         cfg = self._config
         self._reading = None
 
-        def change(current):
+        def change(current: Optional[Lease]) -> Optional[Lease]:
             if current is None:
                 return None
             seen = LeaseRecord.from_lease(current)
@@ -617,17 +638,17 @@ class LeaderElector:
         d = self._writer.write(change, attempts=2)
         return d.addCallback(lambda result: result.lease if result.written else None)
 
-    def _cancel_timer(self):
+    def _cancel_timer(self) -> None:
         timer, self._timer = self._timer, None
         if timer is not None and timer.active():
             timer.cancel()
 
-    def _cancel_deadline(self):
+    def _cancel_deadline(self) -> None:
         deadline, self._deadline = self._deadline, None
         if deadline is not None and deadline.active():
             deadline.cancel()
 
-    def _cancel_inflight(self):
+    def _cancel_inflight(self) -> None:
         inflight, self._inflight = self._inflight, None
         if inflight is not None:
             inflight.cancel()

@@ -31,7 +31,7 @@ with ``LeaseWriteFailed``: a lease write that was not written is never a success
 """
 
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Any, Callable, Generator, Optional
 
 from twisted.internet import defer, task
 from twisted.internet.interfaces import IReactorTime
@@ -39,14 +39,15 @@ from twisted.logger import Logger
 
 from yurtcoord.kube.errors import AlreadyExists, Conflict, NotFound
 from yurtcoord.kube.gvr import LEASES
+from yurtcoord.kube.interfaces import IObjectClient
 from yurtcoord.tx.retry import LEASE_WRITE_RETRY, RetryPolicy
 
 CREATED = "created"
 UPDATED = "updated"
 UNCHANGED = "unchanged"
 
-Lease = dict
-Change = Callable[[Optional[Lease]], "Optional[Lease] | defer.Deferred"]
+Lease = dict[str, Any]
+Change = Callable[[Optional[Lease]], "Optional[Lease] | defer.Deferred[Optional[Lease]]"]
 
 
 class LeaseWriteFailed(Exception):
@@ -80,11 +81,11 @@ class LeaseWriter:
 
     log = Logger()
 
-    def __init__(self, clock: IReactorTime, client, namespace: str, name: str,
+    def __init__(self, clock: IReactorTime, client: IObjectClient, namespace: str, name: str,
                  attempts: int = 1, retry_errors: bool = False,
                  retry_policy: Optional[RetryPolicy] = None,
                  attempt_timeout: Optional[float] = None,
-                 on_read: Optional[Callable[[Optional[Lease]], None]] = None):
+                 on_read: Optional[Callable[[Optional[Lease]], None]] = None) -> None:
         if attempts < 1:
             raise ValueError(f"attempts must be at least 1, got {attempts}")
         self._clock = clock
@@ -114,7 +115,8 @@ class LeaseWriter:
         """Read the lease again at the next write."""
         self._known = None
 
-    def write(self, change: Change, attempts: Optional[int] = None) -> defer.Deferred:
+    def write(self, change: Change,
+              attempts: Optional[int] = None) -> "defer.Deferred[LeaseWrite]":
         """One write (see the module docstring); fires with a ``LeaseWrite``.
 
         ``attempts`` overrides the writer's for this write only: the elector renews
@@ -124,11 +126,12 @@ class LeaseWriter:
         return self._write(change, attempts or self._attempts)
 
     @defer.inlineCallbacks
-    def _write(self, change, attempts):
+    def _write(self, change: Change,
+               attempts: int) -> Generator["defer.Deferred[Any]", Any, LeaseWrite]:
         current, self._known = self._known, None
         from_cache = current is not None
         failures = 0
-        last_error = None
+        last_error: Optional[Exception] = None
         for attempt in range(1, attempts + 1):
             if last_error is not None and not isinstance(last_error, (Conflict, NotFound)):
                 failures += 1
@@ -156,10 +159,14 @@ class LeaseWriter:
         if isinstance(last_error, (Conflict, NotFound)):
             raise LeaseWriteFailed(
                 f"lease {self.key} still conflicted after {attempts} attempts")
+        # Every attempt that did not return or raise recorded its error.
+        assert last_error is not None
         raise last_error
 
     @defer.inlineCallbacks
-    def _attempt(self, change, current, from_cache):
+    def _attempt(self, change: Change, current: Optional[Lease],
+                 from_cache: bool) -> Generator[Any, Any, LeaseWrite]:
+        # Yields Deferreds, and what ``change`` returns, which may be a plain value.
         if not from_cache:
             try:
                 current = yield self._client.get(LEASES, self.name, namespace=self.namespace)
