@@ -54,11 +54,13 @@ from cryptography.exceptions import UnsupportedAlgorithm
 from cryptography.hazmat.primitives import serialization
 from twisted.internet import defer
 from twisted.logger import Logger
+from zope.interface import implementer
 
 from yurtcoord.kube.client import ClientConfig, KubeClient
 from yurtcoord.kube.errors import ConnectionFailed
 from yurtcoord.kube.gvr import SECRETS, GroupVersionResource
 from yurtcoord.kube.informer import Informer
+from yurtcoord.kube.interfaces import IObjectClient
 from yurtcoord.kube.resolving import ResolvingClient
 from yurtcoord.names import CERTS_SECRET_NAME
 
@@ -402,6 +404,7 @@ class CertManager:
             self.log.failure("certificate change callback failed")
 
 
+@implementer(IObjectClient)
 class CertificateClient(ResolvingClient):
     """A ``KubeClient`` whose client certificate comes from the certs Secret.
 

@@ -21,7 +21,7 @@ import configparser
 import difflib
 import re
 from dataclasses import dataclass, field, fields
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 from urllib.parse import urlsplit
 
 from yurtcoord.names import ELECTION_LEASE_NAME, ELECTION_LEASE_NAMESPACE, NODE_POOL_LABEL
@@ -454,11 +454,11 @@ class NodeConfig:
 @dataclass(frozen=True)
 class CloudConfig:
     servers: tuple
-    ca_file: object
-    cert_file: object
-    key_file: object
-    token_file: object
-    kubeconfig: object
+    ca_file: Optional[str]
+    cert_file: Optional[str]
+    key_file: Optional[str]
+    token_file: Optional[str]
+    kubeconfig: Optional[str]
     insecure: bool
 
 
@@ -489,7 +489,7 @@ class HeartbeatConfig:
     failed_retry: int
     healthy_threshold: int
     timeout: float
-    kubelet_healthz_url: object
+    kubelet_healthz_url: Optional[str]
     kubelet_grace_period: float
     max_clock_skew: float
 

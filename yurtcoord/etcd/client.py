@@ -39,7 +39,7 @@ leases (txaioetcd's ``Lease`` methods post with treq to ``/v3alpha`` directly).
 import json
 import socket
 from dataclasses import dataclass, field
-from typing import Any, Callable, Coroutine, Generator, Optional, Union
+from typing import Any, Callable, Generator, Optional, Union
 
 import txaioetcd
 from OpenSSL import SSL
@@ -393,11 +393,12 @@ class _Transport:
             self.tls.refresh()
         url = (self._base + prefix + path).encode("utf-8")
         headers = Headers({b"Content-Type": [b"application/json"]})
-        d = self._agent.request(b"POST", url, headers, _BytesBody(body))
-        d.addCallback(_read_response, self._config.max_response_bytes, path)
-        d.addTimeout(timeout, self._reactor)
-        d.addErrback(self._translate, path, timeout)
-        return self._in_flight.track(d)
+        answered: Deferred[tuple[int, bytes]] = self._agent.request(
+            b"POST", url, headers, _BytesBody(body)).addCallback(
+                _read_response, self._config.max_response_bytes, path)
+        answered.addTimeout(timeout, self._reactor)
+        answered.addErrback(self._translate, path, timeout)
+        return self._in_flight.track(answered)
 
     def _translate(self, failure: Failure, path: str, timeout: float) -> Failure:
         if failure.check(EtcdError):
@@ -493,11 +494,9 @@ class _Resendable(Exception):
 def _read_response(response: IResponse, limit: int,
                    path: str) -> "Deferred[tuple[int, bytes]]":
     """``(status, body)``; a body ended by connection close (no length) still counts."""
-    d = httpbody.read_body(response, limit, lambda limit: ResponseTooLarge(
+    return httpbody.read_body(response, limit, lambda limit: ResponseTooLarge(
         f"etcd answer to {path} longer than {limit} bytes, connection dropped",
-        response.code))
-    d.addCallback(lambda body: (response.code, body))
-    return d
+        response.code)).addCallback(lambda body: (response.code, body))
 
 
 class EtcdClient:

@@ -47,7 +47,7 @@ UPDATED = "updated"
 UNCHANGED = "unchanged"
 
 Lease = dict[str, Any]
-Change = Callable[[Optional[Lease]], "Optional[Lease] | defer.Deferred[Optional[Lease]]"]
+Change = Callable[[Optional[Lease]], "Optional[Lease] | defer.Deferred[Any]"]
 
 
 class LeaseWriteFailed(Exception):

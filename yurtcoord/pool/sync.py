@@ -30,7 +30,7 @@ the same reactor turn; once its Deferred fired nothing writes to the store.
 
 import json
 from typing import (TYPE_CHECKING, Any, Callable, Dict, Generator, Iterable, List, Optional,
-                    Tuple, Union)
+                    Tuple, Union, cast)
 
 from twisted.internet import defer
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
@@ -335,7 +335,9 @@ class ResourceMirror:
     @defer.inlineCallbacks
     def _write_puts_and_deletes(self, batch: Dict[str, Change]
                                 ) -> Generator[Any, Any, None]:
-        puts = [entry for entry in batch.values() if entry[1] is not None]
+        # A change with a value is a put; the store checks each put's resourceVersion.
+        puts = cast(List[Tuple[PoolKey, bytes, Union[int, str]]],
+                    [entry for entry in batch.values() if entry[1] is not None])
         deletes = [entry[0] for entry in batch.values() if entry[1] is None]
         if puts:
             outcome = yield self.store.create_or_update_many(puts, flush_key_cache=False)
