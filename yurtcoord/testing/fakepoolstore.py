@@ -8,12 +8,13 @@ and to hold a call in flight.
 """
 
 import json
-from typing import Any, Callable, Iterable, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
 from twisted.internet import defer
 from zope.interface import implementer
 
 from yurtcoord.etcd.errors import EtcdUnavailable
+from yurtcoord.kube.gvr import GroupVersionResource
 from yurtcoord.pool.interfaces import IPoolStore
 from yurtcoord.pool.keycache import POOL_SCOPED_COMPONENT
 from yurtcoord.pool.keys import KeyBuildInfo, PoolKey, PoolKeyBuilder
@@ -48,22 +49,22 @@ class FakePoolStore:
         self.name = name
         self._on_close = on_close
         self.keys = PoolKeyBuilder(prefix)
-        self.calls = []
+        self.calls: List[Tuple[Any, ...]] = []
         self.puts = 0
-        self.objects = {}
-        self.versions = {}
-        self.fail = []
-        self.fail_on = set()
-        self.error = EtcdUnavailable("down")
-        self.lose_at = None
-        self.fail_deletes = set()
+        self.objects: Dict[str, Any] = {}
+        self.versions: Dict[str, int] = {}
+        self.fail: List[BaseException] = []
+        self.fail_on: Set[int] = set()
+        self.error: BaseException = EtcdUnavailable("down")
+        self.lose_at: Optional[int] = None
+        self.fail_deletes: Set[str] = set()
         self.hold_delete_component = False
         self.flushes = 0
-        self.soon_flushes = []
+        self.soon_flushes: List[int] = []
         self.closes = 0
-        self.health_observers = []
-        self.term_observers = []
-        self._last_written = []
+        self.health_observers: List[Callable[[bool], object]] = []
+        self.term_observers: List[Callable[[], object]] = []
+        self._last_written: List[str] = []
 
     def __repr__(self) -> str:
         return f"<FakePoolStore {self.name}>"
@@ -109,27 +110,31 @@ class FakePoolStore:
             self._on_close(self)
 
     def recover_pool_scoped_keys(self, resources: Iterable[Any],
-                                 component: str = POOL_SCOPED_COMPONENT) -> defer.Deferred:
+                                 component: str = POOL_SCOPED_COMPONENT,
+                                 ) -> defer.Deferred[Dict[Any, Any]]:
         self.calls.append(("recover", component, tuple(str(g) for g in resources)))
         return defer.succeed({})
 
-    def delete_component_resources(self, component: str) -> defer.Deferred:
+    def delete_component_resources(self, component: str) -> defer.Deferred[int]:
         self.calls.append(("delete_component", component))
         if self.hold_delete_component:
             self.hold_delete_component = False
-            return defer.Deferred(lambda d: self.calls.append(("delete_component cancelled",)))
+            held: defer.Deferred[int] = defer.Deferred(
+                lambda d: self.calls.append(("delete_component cancelled",)))
+            return held
         deleted = len(self.objects)
         self.objects.clear()
         self.versions.clear()
         return defer.succeed(deleted)
 
-    def replace_component_list(self, component: str, gvr: Any, namespace: Optional[str],
-                               objects: Sequence[Any]) -> defer.Deferred:
+    def replace_component_list(self, component: str, gvr: GroupVersionResource,
+                               namespace: Optional[str], objects: Sequence[bytes | str],
+                               ) -> defer.Deferred[Tuple[int, int]]:
         self.calls.append(("replace", str(gvr), len(objects)))
         failed = self._maybe_fail()
         if failed:
             return failed
-        listed = {}
+        listed: Dict[str, Any] = {}
         for value in objects:
             obj = json.loads(value)
             meta = obj["metadata"]
@@ -149,7 +154,7 @@ class FakePoolStore:
 
     def create_or_update_many(self, items: Iterable[Tuple[PoolKey, bytes, int]],
                               outcome: Optional[WriteOutcome] = None,
-                              flush_key_cache: bool = True) -> defer.Deferred:
+                              flush_key_cache: bool = True) -> defer.Deferred[WriteOutcome]:
         items = list(items)
         self.puts += 1
         self.calls.append(("put", sorted(key.path for key, _v, _rv in items)))
@@ -179,7 +184,8 @@ class FakePoolStore:
             self._last_written.append(key.path)
         return defer.succeed(outcome)
 
-    def delete_many(self, keys: Iterable[PoolKey], flush_key_cache: bool = True) -> defer.Deferred:
+    def delete_many(self, keys: Iterable[PoolKey],
+                    flush_key_cache: bool = True) -> defer.Deferred[int]:
         keys = list(keys)
         self.calls.append(("delete_many", [key.path for key in keys]))
         failed = self._maybe_fail()
@@ -193,7 +199,7 @@ class FakePoolStore:
             self.versions.pop(key.path, None)
         return defer.succeed(len(keys))
 
-    def _maybe_fail(self):
+    def _maybe_fail(self) -> Optional[defer.Deferred[Any]]:
         if self.fail:
             return defer.fail(self.fail.pop(0))
         return None
