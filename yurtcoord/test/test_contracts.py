@@ -148,6 +148,15 @@ class FakeImplementationTests(unittest.TestCase):
         self.assertTrue(verifyObject(IInformer, informer))
         self.assertEqual(made, [informer])
 
+    def test_fake_informer_keys_objects_as_the_informer_does(self):
+        # ``get`` takes the key the real informer holds an object under.
+        informer = FakeInformer()
+        node = {"metadata": {"name": "node-a"}}
+        lease = {"metadata": {"name": "node-a", "namespace": "kube-node-lease"}}
+        informer.end_list([node, lease])
+        self.assertEqual((informer.get("node-a"), informer.get("kube-node-lease/node-a")),
+                         (node, lease))
+
     def test_fake_object_client_is_the_fake_lease_api(self):
         self.assertTrue(verifyObject(IObjectClient, FakeKube()))
 

@@ -1,7 +1,9 @@
 """Numbered cloud objects of services, many of which make a big pool to mirror."""
 
+from typing import Any
 
-def make_endpoints(i: int, namespace: str) -> dict:
+
+def make_endpoints(i: int, namespace: str) -> dict[str, Any]:
     """Endpoints ``svc-i`` of one address and port."""
     return {"metadata": {"name": f"svc-{i}", "namespace": namespace,
                          "labels": {"app": f"app-{i % 7}"}},
@@ -9,7 +11,7 @@ def make_endpoints(i: int, namespace: str) -> dict:
                          "ports": [{"port": 8080, "protocol": "TCP"}]}]}
 
 
-def make_slice(i: int, namespace: str) -> dict:
+def make_slice(i: int, namespace: str) -> dict[str, Any]:
     """The EndpointSlice of ``svc-i``: one ready address, one port."""
     return {"metadata": {"name": f"svc-{i}-abcde", "namespace": namespace,
                          "labels": {"kubernetes.io/service-name": f"svc-{i}"}},

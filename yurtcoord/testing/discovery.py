@@ -1,6 +1,8 @@
 """A cloud's API discovery and pool scope ConfigMap, scripted for unit tests of the
 pool scope and of pool sync."""
 
+from typing import Any, Dict, List, Mapping, Tuple
+
 from twisted.internet import defer
 
 from yurtcoord.kube.errors import NotFound
@@ -12,12 +14,12 @@ class ScriptedDiscovery:
     """``request("GET", path)``: answers from ``served`` ({path: [(resource, namespaced)]}),
     404 for other paths; ``fail[path]`` errors are raised first, one per call."""
 
-    def __init__(self, served):
+    def __init__(self, served: Mapping[str, List[Tuple[str, bool]]]) -> None:
         self.served = served
-        self.fail = {}
-        self.calls = []
+        self.fail: Dict[str, List[BaseException]] = {}
+        self.calls: List[Tuple[str, str]] = []
 
-    def request(self, method, path, **_kwargs):
+    def request(self, method: str, path: str, **_kwargs: Any) -> defer.Deferred[Any]:
         self.calls.append((method, path))
         queued = self.fail.get(path)
         if queued:
@@ -39,7 +41,7 @@ def cloud_discovery() -> ScriptedDiscovery:
     })
 
 
-def configmap(value: str, rv: str = "1") -> dict:
+def configmap(value: str, rv: str = "1") -> Dict[str, Any]:
     """The yurt-hub-cfg ConfigMap with ``pool_scope_resources`` set to ``value``."""
     return {"apiVersion": "v1", "kind": "ConfigMap",
             "metadata": {"name": "yurt-hub-cfg", "namespace": "kube-system",

@@ -3,6 +3,7 @@ tests of the pool store and of what writes through it."""
 
 import json
 import os
+from typing import TYPE_CHECKING, Any, Dict, Iterable, Optional, Tuple
 
 from twisted.internet import defer, reactor
 from twisted.trial import unittest
@@ -10,33 +11,39 @@ from twisted.trial import unittest
 from yurtcoord.etcd.client import EtcdClient, EtcdConfig
 from yurtcoord.etcd.errors import EtcdTimeout
 from yurtcoord.pool.keycache import KEY_CACHE_FILE_NAME, ComponentKeyCache
-from yurtcoord.pool.keys import KeyBuildInfo
-from yurtcoord.pool.store import PoolStore
-from yurtcoord.sim.etcd import EtcdProcess, etcd_binary_for
+from yurtcoord.pool.keys import KeyBuildInfo, PoolKey
+from yurtcoord.pool.store import PoolStore, Steps
+from yurtcoord.sim.etcd import EtcdBinary, EtcdProcess, etcd_binary_for
 
 ETCD_34 = etcd_binary_for("3.4")
 ETCD_35 = etcd_binary_for("3.5")
 
+if TYPE_CHECKING:
+    _TestCase = unittest.TestCase
+else:
+    _TestCase = object
 
-def make_object(name, namespace, rv, kind="Pod", padding=0):
+
+def make_object(name: str, namespace: Optional[str], rv: int | str, kind: str = "Pod",
+                padding: int = 0) -> bytes:
     """Compact JSON bytes of a Kubernetes-like object (exact bytes are what etcd must hold)."""
     metadata = {"name": name, "resourceVersion": str(rv)}
     if namespace:
         metadata["namespace"] = namespace
-    obj = {"apiVersion": "v1", "kind": kind, "metadata": metadata}
+    obj: Dict[str, Any] = {"apiVersion": "v1", "kind": kind, "metadata": metadata}
     if padding:
         obj["spec"] = {"padding": "x" * padding}
     return json.dumps(obj, separators=(",", ":")).encode()
 
 
-class EtcdStoreCase:
+class EtcdStoreCase(_TestCase):
     """Starts a real etcd per test and a PoolStore on it; mixed into trial TestCases."""
 
-    etcd_binary = None
-    etcd_args = ()
-    store_kwargs = {}
+    etcd_binary: Optional[EtcdBinary] = None
+    etcd_args: Tuple[str, ...] = ()
+    store_kwargs: Dict[str, Any] = {}
 
-    def setUp(self):
+    def setUp(self) -> None:
         if self.etcd_binary is None:
             raise unittest.SkipTest("this etcd version is not installed")
         self.etcd = EtcdProcess(self.etcd_binary, extra_args=self.etcd_args).start()
@@ -47,29 +54,30 @@ class EtcdStoreCase:
         self.key_cache = ComponentKeyCache.in_directory(self.cache_dir).load()
         self.store = self.new_store(self.client, self.key_cache, **self.store_kwargs)
 
-    def new_client(self):
+    def new_client(self) -> EtcdClient:
         client = EtcdClient(reactor, EtcdConfig(self.etcd.client_url, timeout=5.0))
         self.addCleanup(client.close)
         return client
 
-    def new_store(self, client, key_cache, **kwargs):
+    def new_store(self, client: Any, key_cache: ComponentKeyCache, **kwargs: Any) -> PoolStore:
         store = PoolStore(reactor, client, "/registry", key_cache, **kwargs)
         self.addCleanup(store.close)
         return store
 
-    def key(self, resource, name, namespace="", component="kubelet", group="", version="v1"):
+    def key(self, resource: str, name: str, namespace: str = "", component: str = "kubelet",
+            group: str = "", version: str = "v1") -> PoolKey:
         return self.store.key_func(KeyBuildInfo(component, resource, group, version,
                                                 namespace, name))
 
-    def dump(self, prefix="/registry/"):
+    def dump(self, prefix: str = "/registry/") -> Dict[str, bytes]:
         """``{key: value}`` under prefix as etcdctl sees it, str keys."""
         return {k.decode(): v for k, v in self.etcd.read(prefix, prefix=True).items()}
 
-    def mirrors(self, prefix="/registry/"):
+    def mirrors(self, prefix: str = "/registry/") -> Dict[str, str]:
         mirrors = self.dump("/mirror/rv" + prefix)
         return {k[len("/mirror/rv"):]: v.decode() for k, v in mirrors.items()}
 
-    def cache_file(self):
+    def cache_file(self) -> str:
         path = os.path.join(self.cache_dir, KEY_CACHE_FILE_NAME)
         if not os.path.exists(path):
             return ""
@@ -77,7 +85,7 @@ class EtcdStoreCase:
             return f.read()
 
     @defer.inlineCallbacks
-    def create_all(self, objects):
+    def create_all(self, objects: Iterable[Tuple[PoolKey, bytes]]) -> Steps:
         """Create ``[(key, bytes)]`` in the store."""
         for key, value in objects:
             yield self.store.create(key, value)
@@ -86,7 +94,7 @@ class EtcdStoreCase:
 class HangingClient:
     """Requests never answer; cancelling one fails it the way the etcd client does."""
 
-    def _hang(self, *args, **kwargs):
+    def _hang(self, *args: Any, **kwargs: Any) -> defer.Deferred[Any]:
         return defer.Deferred(lambda d: d.errback(EtcdTimeout("request cancelled")))
 
     submit = get = range_page = status = _hang

@@ -6,20 +6,15 @@ Code under test registers handlers and starts and stops it as it would a
 and ``relist`` for a list after 410.
 """
 
-from typing import Any, Callable, Iterable, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Optional
 
 from twisted.internet import defer
 from zope.interface import implementer
 
+from yurtcoord.kube.informer import Obj, object_key
 from yurtcoord.kube.interfaces import IInformer
 
 Handler = Optional[Callable[..., object]]
-
-
-def object_key(obj: dict) -> Tuple[Optional[str], str]:
-    """(namespace, name) of an object, the key the fake holds it under."""
-    meta = obj["metadata"]
-    return (meta.get("namespace"), meta["name"])
 
 
 @implementer(IInformer)
@@ -40,13 +35,14 @@ class FakeInformer:
         self.gvr = gvr
         self.namespace = namespace
         self.field_selector = field_selector
-        self.store = {}
+        # Keyed as the real informer keys its store: ``namespace/name``, or ``name``.
+        self.store: Dict[str, Obj] = {}
         self.has_synced = False
         self.lists = 0
         self.started = 0
         self.stopped = 0
-        self._handlers = []
-        self._waiters = []
+        self._handlers: List[_Registration] = []
+        self._waiters: List[defer.Deferred[bool]] = []
         self._synced_with = True
         if synced is not None:
             self.end_list(synced=synced)
@@ -54,7 +50,7 @@ class FakeInformer:
     @classmethod
     def factory(cls, made: List["FakeInformer"]) -> Callable[..., "FakeInformer"]:
         """An informer factory that appends every informer it makes to ``made``."""
-        def make(*args, **kwargs):
+        def make(*args: Any, **kwargs: Any) -> "FakeInformer":
             informer = cls(*args, **kwargs)
             made.append(informer)
             return informer
@@ -62,32 +58,31 @@ class FakeInformer:
 
     # IInformer -----------------------------------------------------------------
 
-    def add_handler(self, on_add: Optional[Callable] = None, on_update: Optional[Callable] = None,
-                    on_delete: Optional[Callable] = None,
-                    filter: Optional[Callable] = None) -> "_Registration":
+    def add_handler(self, on_add: Handler = None, on_update: Handler = None,
+                    on_delete: Handler = None, filter: Handler = None) -> "_Registration":
         handler = _Registration(self, on_add, on_update, on_delete, filter)
         self._handlers.append(handler)
         for obj in list(self.store.values()):
             handler.add(obj)
         return handler
 
-    def get(self, key: Tuple[Optional[str], str]) -> Optional[dict]:
+    def get(self, key: str) -> Optional[Obj]:
         return self.store.get(key)
 
-    def list(self) -> List[dict]:
+    def list(self) -> List[Obj]:
         return list(self.store.values())
 
-    def wait_for_sync(self) -> defer.Deferred:
+    def wait_for_sync(self) -> "defer.Deferred[bool]":
         if self.has_synced:
             return defer.succeed(self._synced_with)
-        d = defer.Deferred()
+        d: defer.Deferred[bool] = defer.Deferred()
         self._waiters.append(d)
         return d
 
     def start(self) -> None:
         self.started += 1
 
-    def stop(self) -> defer.Deferred:
+    def stop(self) -> "defer.Deferred[None]":
         self.stopped += 1
         waiters, self._waiters = self._waiters, []
         for waiter in waiters:
@@ -96,7 +91,7 @@ class FakeInformer:
 
     # Test controls -------------------------------------------------------------
 
-    def end_list(self, objects: Iterable[dict] = (), synced: bool = True) -> None:
+    def end_list(self, objects: Iterable[Obj] = (), synced: bool = True) -> None:
         """The first list: every object delivered as an add, then ``wait_for_sync()``
         fires with ``synced``."""
         self.lists += 1
@@ -108,7 +103,7 @@ class FakeInformer:
         for waiter in waiters:
             waiter.callback(synced)
 
-    def relist(self, objects: List[dict]) -> None:
+    def relist(self, objects: List[Obj]) -> None:
         """A list after 410: the difference to the store delivered as events."""
         self.lists += 1
         fresh = {object_key(obj): obj for obj in objects}
@@ -118,7 +113,7 @@ class FakeInformer:
             if self.store.get(object_key(obj)) != obj:
                 self.add(obj)
 
-    def add(self, obj: dict) -> None:
+    def add(self, obj: Obj) -> None:
         """``obj`` arrives: an add, or an update of the object held under its key."""
         key = object_key(obj)
         old = self.store.get(key)
@@ -129,33 +124,34 @@ class FakeInformer:
             else:
                 handler.update(old, obj)
 
-    def update(self, old: dict, new: dict) -> None:
+    def update(self, old: Obj, new: Obj) -> None:
         """An update event from ``old`` to ``new``, as the test gives them."""
         self.store[object_key(new)] = new
         for handler in list(self._handlers):
             handler.update(old, new)
 
-    def delete(self, obj: dict) -> None:
+    def delete(self, obj: Obj) -> None:
         old = self.store.pop(object_key(obj), obj)
         for handler in list(self._handlers):
             handler.delete(old)
 
 
 class _Registration:
-    def __init__(self, informer, on_add, on_update, on_delete, filter):
+    def __init__(self, informer: FakeInformer, on_add: Handler, on_update: Handler,
+                 on_delete: Handler, filter: Handler) -> None:
         self.informer = informer
         self.on_add, self.on_update, self.on_delete = on_add, on_update, on_delete
-        self.filter = filter or (lambda obj: True)
+        self.filter: Callable[..., object] = filter or (lambda obj: True)
 
-    def add(self, obj):
+    def add(self, obj: Obj) -> None:
         if self.on_add and self.filter(obj):
             self.on_add(obj)
 
-    def update(self, old, new):
+    def update(self, old: Obj, new: Obj) -> None:
         if self.on_update and self.filter(new):
             self.on_update(old, new)
 
-    def delete(self, obj):
+    def delete(self, obj: Obj) -> None:
         if self.on_delete and self.filter(obj):
             self.on_delete(obj)
 

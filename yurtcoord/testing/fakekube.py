@@ -12,14 +12,19 @@ test can deliver them late (after the caller gave up on them).
 
 import copy
 from collections import deque
-from typing import Any
+from typing import Any, Callable, Deque, Dict, List, Optional, Set, Tuple
 
 from twisted.internet import defer
+from twisted.internet.interfaces import IReactorTime
 from zope.interface import implementer
 
 from yurtcoord.kube.errors import AlreadyExists, Conflict, NotFound
 from yurtcoord.kube.gvr import GroupVersionResource
 from yurtcoord.kube.interfaces import IObjectClient
+
+Obj = Dict[str, Any]
+# (resource, namespace or None for cluster-scoped resources, name)
+Key = Tuple[str, Optional[str], str]
 
 
 class HeldCall:
@@ -67,18 +72,18 @@ class FakeKube:
     update answers ``Conflict``).
     """
 
-    def __init__(self, clock=None):
-        self._objects = {}
+    def __init__(self, clock: Optional[IReactorTime] = None) -> None:
+        self._objects: Dict[Key, Obj] = {}
         self._version = 0
-        self._failures = {}
-        self._hold = set()
+        self._failures: Dict[str, Deque[BaseException]] = {}
+        self._hold: Set[str] = set()
         self._clock = clock
-        self.held = []
-        self.calls = []
-        self.requests = []
-        self.bodies = []
-        self.writes = []
-        self.on_call = None
+        self.held: List[HeldCall] = []
+        self.calls: List[Tuple[str, str]] = []
+        self.requests: List[str] = []
+        self.bodies: List[Tuple[str, Obj]] = []
+        self.writes: List[Tuple[Optional[float], Obj]] = []
+        self.on_call: Optional[Callable[[str, str], object]] = None
         self.hang = False
         self.hangs = 0
         self.conflicts_on_update = 0
@@ -121,7 +126,8 @@ class FakeKube:
 
     # The client interface ------------------------------------------------------
 
-    def get(self, gvr, name, namespace=None):
+    def get(self, gvr: GroupVersionResource, name: str,
+            namespace: str | None = None) -> defer.Deferred[Any]:
         return self._call("get", gvr, name, lambda: self._get(gvr, name, namespace))
 
     def create(self, gvr: GroupVersionResource, obj: dict[str, Any],
@@ -136,12 +142,14 @@ class FakeKube:
         self.bodies.append(("update", copy.deepcopy(obj)))
         return self._call("update", gvr, name, lambda: self._update(gvr, obj, namespace))
 
-    def delete(self, gvr, name, namespace=None):
+    def delete(self, gvr: GroupVersionResource, name: str,
+               namespace: str | None = None) -> defer.Deferred[Any]:
         return self._call("delete", gvr, name, lambda: self._delete(gvr, name, namespace))
 
     # Internals -------------------------------------------------------------------
 
-    def _call(self, verb, gvr, name, action):
+    def _call(self, verb: str, gvr: GroupVersionResource, name: str,
+              action: Callable[[], Obj]) -> defer.Deferred[Any]:
         self.calls.append((verb, name))
         self.requests.append(f"{verb} {gvr.resource}")
         if self.on_call is not None:
@@ -152,7 +160,7 @@ class FakeKube:
             self.hangs -= 1
             return defer.Deferred()
         error = self._next_failure(verb)
-        result = None
+        result: Optional[Obj] = None
         if error is None:
             try:
                 result = action()
@@ -166,7 +174,7 @@ class FakeKube:
             return defer.fail(error)
         return defer.succeed(result)
 
-    def _next_failure(self, verb):
+    def _next_failure(self, verb: str) -> Optional[BaseException]:
         for key in (verb, "*"):
             queue = self._failures.get(key)
             if queue:
@@ -174,13 +182,15 @@ class FakeKube:
         return None
 
     @staticmethod
-    def _key(gvr, name, namespace):
+    def _key(gvr: GroupVersionResource, name: str, namespace: Optional[str]) -> Key:
         return (str(gvr), namespace if gvr.namespaced else None, name)
 
-    def _namespace_of(self, gvr, obj, namespace):
+    def _namespace_of(self, gvr: GroupVersionResource, obj: Obj,
+                      namespace: Optional[str]) -> Optional[str]:
         return namespace or (obj.get("metadata") or {}).get("namespace")
 
-    def _store(self, gvr, obj, namespace=None):
+    def _store(self, gvr: GroupVersionResource, obj: Obj,
+               namespace: Optional[str] = None) -> Obj:
         stored = copy.deepcopy(obj)
         metadata = stored.setdefault("metadata", {})
         ns = self._namespace_of(gvr, stored, namespace)
@@ -191,13 +201,13 @@ class FakeKube:
         self._objects[self._key(gvr, metadata["name"], ns)] = stored
         return stored
 
-    def _get(self, gvr, name, namespace):
+    def _get(self, gvr: GroupVersionResource, name: str, namespace: Optional[str]) -> Obj:
         stored = self._objects.get(self._key(gvr, name, namespace))
         if stored is None:
             raise NotFound(f"{gvr} {namespace}/{name} not found")
         return copy.deepcopy(stored)
 
-    def _create(self, gvr, obj, namespace):
+    def _create(self, gvr: GroupVersionResource, obj: Obj, namespace: Optional[str]) -> Obj:
         ns = self._namespace_of(gvr, obj, namespace)
         name = obj["metadata"]["name"]
         if self._key(gvr, name, ns) in self._objects:
@@ -206,12 +216,12 @@ class FakeKube:
         fresh["metadata"].pop("resourceVersion", None)
         return copy.deepcopy(self._written(self._store(gvr, fresh, ns)))
 
-    def _written(self, stored):
+    def _written(self, stored: Obj) -> Obj:
         at = self._clock.seconds() if self._clock is not None else None
         self.writes.append((at, copy.deepcopy(stored)))
         return stored
 
-    def _update(self, gvr, obj, namespace):
+    def _update(self, gvr: GroupVersionResource, obj: Obj, namespace: Optional[str]) -> Obj:
         ns = self._namespace_of(gvr, obj, namespace)
         name = obj["metadata"]["name"]
         stored = self._objects.get(self._key(gvr, name, ns))
@@ -226,7 +236,7 @@ class FakeKube:
             raise Conflict(f"{gvr} {ns}/{name}: resourceVersion {wanted} is stale")
         return copy.deepcopy(self._written(self._store(gvr, obj, ns)))
 
-    def _delete(self, gvr, name, namespace):
+    def _delete(self, gvr: GroupVersionResource, name: str, namespace: Optional[str]) -> Obj:
         stored = self._objects.pop(self._key(gvr, name, namespace), None)
         if stored is None:
             raise NotFound(f"{gvr} {namespace}/{name} not found")

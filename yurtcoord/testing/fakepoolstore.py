@@ -8,12 +8,13 @@ and to hold a call in flight.
 """
 
 import json
-from typing import Any, Callable, Iterable, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Optional, Set, Tuple, Union
 
 from twisted.internet import defer
 from zope.interface import implementer
 
 from yurtcoord.etcd.errors import EtcdUnavailable
+from yurtcoord.kube.gvr import GroupVersionResource
 from yurtcoord.pool.interfaces import IPoolStore
 from yurtcoord.pool.keycache import POOL_SCOPED_COMPONENT
 from yurtcoord.pool.keys import KeyBuildInfo, PoolKey, PoolKeyBuilder
@@ -48,22 +49,22 @@ class FakePoolStore:
         self.name = name
         self._on_close = on_close
         self.keys = PoolKeyBuilder(prefix)
-        self.calls = []
+        self.calls: List[Tuple[Any, ...]] = []
         self.puts = 0
-        self.objects = {}
-        self.versions = {}
-        self.fail = []
-        self.fail_on = set()
-        self.error = EtcdUnavailable("down")
-        self.lose_at = None
-        self.fail_deletes = set()
+        self.objects: Dict[str, Any] = {}
+        self.versions: Dict[str, int] = {}
+        self.fail: List[BaseException] = []
+        self.fail_on: Set[int] = set()
+        self.error: BaseException = EtcdUnavailable("down")
+        self.lose_at: Optional[int] = None
+        self.fail_deletes: Set[str] = set()
         self.hold_delete_component = False
         self.flushes = 0
-        self.soon_flushes = []
+        self.soon_flushes: List[int] = []
         self.closes = 0
-        self.health_observers = []
-        self.term_observers = []
-        self._last_written = []
+        self.health_observers: List[Callable[[bool], object]] = []
+        self.term_observers: List[Callable[[], object]] = []
+        self._last_written: List[str] = []
 
     def __repr__(self) -> str:
         return f"<FakePoolStore {self.name}>"
@@ -103,35 +104,42 @@ class FakePoolStore:
     def flush_key_cache_soon(self) -> None:
         self.soon_flushes.append(len(self.calls))
 
-    def close(self) -> None:
+    def close(self) -> defer.Deferred[Any]:
         self.closes += 1
         if self._on_close is not None:
             self._on_close(self)
+        return defer.succeed(None)
 
     def recover_pool_scoped_keys(self, resources: Iterable[Any],
-                                 component: str = POOL_SCOPED_COMPONENT) -> defer.Deferred:
+                                 component: str = POOL_SCOPED_COMPONENT,
+                                 ) -> defer.Deferred[Dict[Any, Any]]:
         self.calls.append(("recover", component, tuple(str(g) for g in resources)))
         return defer.succeed({})
 
-    def delete_component_resources(self, component: str) -> defer.Deferred:
+    def delete_component_resources(self, component: str) -> defer.Deferred[int]:
         self.calls.append(("delete_component", component))
         if self.hold_delete_component:
             self.hold_delete_component = False
-            return defer.Deferred(lambda d: self.calls.append(("delete_component cancelled",)))
+            held: defer.Deferred[int] = defer.Deferred(
+                lambda d: self.calls.append(("delete_component cancelled",)))
+            return held
         deleted = len(self.objects)
         self.objects.clear()
         self.versions.clear()
         return defer.succeed(deleted)
 
-    def replace_component_list(self, component: str, gvr: Any, namespace: Optional[str],
-                               objects: Sequence[Any]) -> defer.Deferred:
+    def replace_component_list(self, component: str, gvr: GroupVersionResource,
+                               namespace: Optional[str],
+                               objects: Iterable[bytes | Dict[str, Any]],
+                               ) -> defer.Deferred[Tuple[int, int]]:
+        objects = list(objects)
         self.calls.append(("replace", str(gvr), len(objects)))
         failed = self._maybe_fail()
         if failed:
             return failed
-        listed = {}
+        listed: Dict[str, Any] = {}
         for value in objects:
-            obj = json.loads(value)
+            obj = value if isinstance(value, dict) else json.loads(value)
             meta = obj["metadata"]
             path = self.key_func(KeyBuildInfo(component, gvr.resource, gvr.group, gvr.version,
                                               meta.get("namespace") or "", meta["name"])).path
@@ -147,9 +155,9 @@ class FakePoolStore:
             self.versions[path] = int(obj["metadata"].get("resourceVersion") or 0)
         return defer.succeed((len(objects), 0))
 
-    def create_or_update_many(self, items: Iterable[Tuple[PoolKey, bytes, int]],
+    def create_or_update_many(self, items: Iterable[Tuple[PoolKey, bytes, Union[int, str]]],
                               outcome: Optional[WriteOutcome] = None,
-                              flush_key_cache: bool = True) -> defer.Deferred:
+                              flush_key_cache: bool = True) -> defer.Deferred[WriteOutcome]:
         items = list(items)
         self.puts += 1
         self.calls.append(("put", sorted(key.path for key, _v, _rv in items)))
@@ -165,7 +173,8 @@ class FakePoolStore:
             return defer.fail(self.error)
         outcome = outcome if outcome is not None else WriteOutcome()
         self._last_written = []
-        for key, value, rv in items:
+        for key, value, given_rv in items:
+            rv = int(given_rv)  # the store compares resourceVersions as numbers
             stored = self.versions.get(key.path)
             if stored is None:
                 outcome.created.append(key.path)
@@ -179,21 +188,22 @@ class FakePoolStore:
             self._last_written.append(key.path)
         return defer.succeed(outcome)
 
-    def delete_many(self, keys: Iterable[PoolKey], flush_key_cache: bool = True) -> defer.Deferred:
-        keys = list(keys)
-        self.calls.append(("delete_many", [key.path for key in keys]))
+    def delete_many(self, keys: Iterable[PoolKey | str],
+                    flush_key_cache: bool = True) -> defer.Deferred[int]:
+        paths = [key.path if isinstance(key, PoolKey) else key for key in keys]
+        self.calls.append(("delete_many", paths))
         failed = self._maybe_fail()
         if failed:
             return failed
-        for key in keys:
-            if key.path in self.fail_deletes:
-                self.fail_deletes.discard(key.path)
+        for path in paths:
+            if path in self.fail_deletes:
+                self.fail_deletes.discard(path)
                 return defer.fail(EtcdUnavailable("etcd down"))
-            self.objects.pop(key.path, None)
-            self.versions.pop(key.path, None)
-        return defer.succeed(len(keys))
+            self.objects.pop(path, None)
+            self.versions.pop(path, None)
+        return defer.succeed(len(paths))
 
-    def _maybe_fail(self):
+    def _maybe_fail(self) -> Optional[defer.Deferred[Any]]:
         if self.fail:
             return defer.fail(self.fail.pop(0))
         return None

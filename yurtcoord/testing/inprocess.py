@@ -5,14 +5,16 @@ and the config text of each agent; and a reader of the agents' status pages."""
 import base64
 import json
 import os
+from typing import Any, Dict, Generator, List, Mapping, Optional, Sequence, Tuple
 
 import treq.client
 from twisted.internet import defer, reactor
+from twisted.trial import unittest
 from twisted.web.client import Agent as HTTPAgent, HTTPConnectionPool
 
 from yurtcoord.agent.certs import CERTS_SECRET_NAME
-from yurtcoord.agent.config import parse_config
-from yurtcoord.agent.service import make_service
+from yurtcoord.agent.config import Config, parse_config
+from yurtcoord.agent.service import Agent, make_service
 from yurtcoord.heartbeat.probes import NODE_LEASE_NAMESPACE
 from yurtcoord.kube.gvr import LEASES
 from yurtcoord.kube.lease import LeaseRecord
@@ -26,8 +28,10 @@ __all__ = ["ELECTION_LEASE", "ELECTION_NAMESPACE", "POOL", "PoolWorld", "StatusR
            "agent_config_text", "write_cached_pod"]
 
 
-def agent_config_text(node, cloud_urls, coordinator_url, etcd_url, pki_dir, cache_dir,
-                      enabled=True, coordinator_tls=False, heartbeat=None):
+def agent_config_text(node: str, cloud_urls: Sequence[str], coordinator_url: str, etcd_url: str,
+                      pki_dir: str, cache_dir: str, enabled: bool = True,
+                      coordinator_tls: bool = False,
+                      heartbeat: Optional[Mapping[str, str]] = None) -> str:
     """Ini text of one test agent: short timings (lease 2 s, renew 1.5 s, retry 0.3 s,
     check every 0.3 s, heartbeat every 4 s in up to 3 attempts of 1.2 s (a first
     write reads the lease and the Node, then creates), healthy after one probe), plain
@@ -46,7 +50,8 @@ def agent_config_text(node, cloud_urls, coordinator_url, etcd_url, pki_dir, cach
         pool_cache={"informer_lease_renew": "1s", "stale_timeout": "3s"})
 
 
-def write_cached_pod(cache_dir, name, resource_version, namespace="default"):
+def write_cached_pod(cache_dir: str, name: str, resource_version: int | str,
+                     namespace: str = "default") -> None:
     """A pod in the node's yurthub disk cache layout (``kubelet/pods.v1.core``)."""
     directory = os.path.join(cache_dir, "kubelet", "pods.v1.core", namespace)
     os.makedirs(directory, exist_ok=True)
@@ -60,31 +65,31 @@ def write_cached_pod(cache_dir, name, resource_version, namespace="default"):
 class StatusReader:
     """GETs an agent's status pages over a non-persistent pool (no idle sockets left)."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         pool = HTTPConnectionPool(reactor, persistent=False)
         self.http = treq.client.HTTPClient(HTTPAgent(reactor, pool=pool, connectTimeout=2))
 
     @defer.inlineCallbacks
-    def get(self, base_url, page):
+    def get(self, base_url: str, page: str) -> Generator[Any, Any, Tuple[int, bytes]]:
         """``(code, body bytes)`` of ``base_url/page``."""
         response = yield self.http.get(f"{base_url}/{page}")
         body = yield response.content()
         return response.code, body
 
     @defer.inlineCallbacks
-    def status(self, base_url):
+    def status(self, base_url: str) -> Generator[Any, Any, Any]:
         code, body = yield self.get(base_url, "status")
         if code != 200:
             raise AssertionError(f"/status answered {code}: {body!r}")
         return json.loads(body)
 
     @defer.inlineCallbacks
-    def metrics(self, base_url):
+    def metrics(self, base_url: str) -> Generator[Any, Any, Dict[str, float]]:
         """``{name or name{labels}: value}`` of the Prometheus text page."""
         code, body = yield self.get(base_url, "metrics")
         if code != 200:
             raise AssertionError(f"/metrics answered {code}")
-        samples = {}
+        samples: Dict[str, float] = {}
         for line in body.decode("utf-8").splitlines():
             if line and not line.startswith("#"):
                 name, _, value = line.rpartition(" ")
@@ -100,7 +105,7 @@ class PoolWorld:
     certificates of a test CA, and the cloud holds the certs Secret with them.
     """
 
-    def __init__(self, test, tls=False):
+    def __init__(self, test: unittest.TestCase, tls: bool = False) -> None:
         self.test = test
         self.tls = tls
         self.cloud = KubeAPIServer(reactor)
@@ -113,9 +118,9 @@ class PoolWorld:
         else:
             self.coordinator = KubeAPIServer(reactor)
             self.etcd = EtcdProcess(binary)
-        self.agents = []
+        self.agents: List[Agent] = []
 
-    def certs_secret(self):
+    def certs_secret(self) -> Dict[str, Any]:
         """The certs Secret (SPEC §5) with client pairs of the test CA."""
         yurthub = self.ca.client_pair("yurthub-client", "system:node:yurthub",
                                       ["system:nodes"])
@@ -135,7 +140,7 @@ class PoolWorld:
                 "type": "Opaque", "data": data}
 
     @defer.inlineCallbacks
-    def start(self):
+    def start(self) -> Generator[Any, Any, None]:
         self.etcd.start()
         self.test.addCleanup(self.etcd.stop)
         yield self.cloud.start()
@@ -143,17 +148,22 @@ class PoolWorld:
         yield self.coordinator.start()
         self.test.addCleanup(self.coordinator.stop)
 
-    def config(self, node, cloud_urls=None, enabled=True, heartbeat=None):
+    def config(self, node: str, cloud_urls: Optional[Sequence[str]] = None, enabled: bool = True,
+               heartbeat: Optional[Mapping[str, str]] = None) -> Config:
+        cloud_url, coordinator_url = self.cloud.url, self.coordinator.url
+        if cloud_url is None or coordinator_url is None:
+            raise RuntimeError(f"config of {node} asked before PoolWorld.start(): the API "
+                               "test servers have no URL yet")
         base = self.test.mktemp()
         cache_dir = os.path.join(base, "cache")
         os.makedirs(cache_dir)
-        text = agent_config_text(node, cloud_urls or [self.cloud.url], self.coordinator.url,
+        text = agent_config_text(node, cloud_urls or [cloud_url], coordinator_url,
                                  self.etcd.client_url, os.path.join(base, "pki"), cache_dir,
                                  enabled=enabled, coordinator_tls=self.tls,
                                  heartbeat=heartbeat)
         return parse_config(text, f"<{node}>")
 
-    def start_agent(self, config):
+    def start_agent(self, config: Config) -> Agent:
         """Build and start an agent, its Node of the pool created in the cloud first;
         it is stopped at cleanup unless stopped before."""
         add_pool_node(self.cloud, config.node.name, config.node.pool)
@@ -164,14 +174,14 @@ class PoolWorld:
         return agent
 
     @staticmethod
-    def _stop_if_running(agent):
+    def _stop_if_running(agent: Agent) -> Optional[defer.Deferred[None]]:
         if agent.running:
             return agent.stopService()
         return None
 
-    def election_lease(self):
+    def election_lease(self) -> Optional[LeaseRecord]:
         lease = self.coordinator.store.get(LEASES, ELECTION_LEASE, ELECTION_NAMESPACE)
         return LeaseRecord.from_lease(lease) if lease is not None else None
 
-    def node_lease(self, server, node):
+    def node_lease(self, server: KubeAPIServer, node: str) -> Optional[Dict[str, Any]]:
         return server.store.get(LEASES, node, NODE_LEASE_NAMESPACE)

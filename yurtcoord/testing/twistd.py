@@ -5,8 +5,10 @@ import os
 import re
 import socket
 import sys
+from typing import Dict, Optional
 
 from twisted.internet import defer, error, protocol
+from twisted.python.failure import Failure
 
 TWISTD = os.path.join(os.path.dirname(sys.executable), "twistd")
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -14,7 +16,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 LISTENING = re.compile(r"status pages listening on (http://127\.0\.0\.1:(\d+))")
 
 
-def child_environment(without_etcd: bool = False) -> dict:
+def child_environment(without_etcd: bool = False) -> Dict[str, str]:
     """This environment for a ``twistd`` child, importing yurtcoord from this tree and
     writing its output unbuffered. ``without_etcd`` leaves out the ``ETCD*`` variables
     (etcd reads them as flags), for children of a world that runs its own etcd."""
@@ -29,23 +31,24 @@ def child_environment(without_etcd: bool = False) -> dict:
 class TwistdProcess(protocol.ProcessProtocol):
     """Collects a twistd child's output; ``ended`` fires with its exit code."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.output = b""
-        self.ended = defer.Deferred()
-        self.exit_code = None
+        self.ended: defer.Deferred[Optional[int]] = defer.Deferred()
+        self.exit_code: Optional[int] = None
+        self.signal: Optional[int] = None
 
-    def outReceived(self, data):
+    def outReceived(self, data: bytes) -> None:
         self.output += data
 
     errReceived = outReceived
 
-    def processEnded(self, reason):
+    def processEnded(self, reason: Failure) -> None:
         if isinstance(reason.value, (error.ProcessDone, error.ProcessTerminated)):
             self.exit_code = reason.value.exitCode
-            self.signal = getattr(reason.value, "signal", None)
+            self.signal = reason.value.signal
         self.ended.callback(self.exit_code)
 
-    def listening_url(self):
+    def listening_url(self) -> Optional[str]:
         """The status pages' URL the child logged, None before it did."""
         match = LISTENING.search(self.output.decode("utf-8", "replace"))
         return match.group(1) if match else None
