@@ -121,7 +121,8 @@ class PoolWorld:
         self.agents: List[Agent] = []
 
     def certs_secret(self) -> Dict[str, Any]:
-        """The certs Secret (SPEC §5) with client pairs of the test CA."""
+        """The certs Secret (the coordinator certificates an agent reads from the cloud) with
+        client pairs of the test CA."""
         yurthub = self.ca.client_pair("yurthub-client", "system:node:yurthub",
                                       ["system:nodes"])
         proxy = self.ca.client_pair("lease-proxy-client", "system:node-lease-proxy")
