@@ -98,10 +98,6 @@ class Run:
     notes: Dict[str, object] = attr.ib(factory=dict)
     problems: List[str] = attr.ib(factory=list)
 
-    @property
-    def reactor(self) -> Any:
-        return self.world.reactor
-
     def now(self) -> float:
         return self.world.reactor.seconds()
 

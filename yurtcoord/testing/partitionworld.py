@@ -115,10 +115,9 @@ class PartitionWorld(ProcessWorld):
         with entered(self.hosts[ETCD_HOST].netns):
             self.etcd.start()
 
-    @defer.inlineCallbacks
     def add_agent(self, node: str, pods: int = 0, cloud_urls: int = 1,
                   etcd_proxy: bool = False, **pod_options: Any,
-                  ) -> Generator[defer.Deferred[Any], Any, AgentProcess]:
+                  ) -> defer.Deferred[AgentProcess]:
         """Prepare an agent on a host of its own (WAN and LAN), with a running stand-in
         kubelet on that host's loopback, its Node in the cloud and ``pods`` good pods in
         its cache; not started. Its one cloud URL and its etcd are the servers'
@@ -146,8 +145,7 @@ class PartitionWorld(ProcessWorld):
         if pods:
             agent.write_pods(pods, **pod_options)
         self.agents[node] = agent
-        yield defer.succeed(None)
-        return agent
+        return defer.succeed(agent)
 
     def ini_for(self, agent: AgentProcess, **sections: Mapping[str, object]) -> str:
         merged: Dict[str, Dict[str, object]] = {section: dict(values) for section, values in self.timings.items()}
