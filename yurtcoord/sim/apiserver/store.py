@@ -242,16 +242,23 @@ class ObjectStore:
 
     # -- writes ----------------------------------------------------------------
 
-    def create(self, gvr: GroupVersionResource, obj: dict[str, Any],
-               namespace: str | None = None) -> dict[str, Any]:
-        """Store a new object; the namespace comes from ``namespace`` or the
-        object's metadata (``default`` if neither names one)."""
+    def _incoming(self, gvr: GroupVersionResource, obj: dict[str, Any],
+                  namespace: str | None) -> tuple[Any, dict[str, Any], dict[str, Any], Any]:
+        """A written object checked against its type and copied, with its metadata
+        dict (made if absent) and its namespace: what create and update start from."""
         resource_type = self._type(gvr)
         self._check_object(resource_type, obj)
         obj = _copy(obj)
         metadata = obj.get("metadata") or {}
         obj["metadata"] = metadata
-        ns = self._namespace_of(resource_type, metadata, namespace)
+        return resource_type, obj, metadata, self._namespace_of(resource_type, metadata,
+                                                                namespace)
+
+    def create(self, gvr: GroupVersionResource, obj: dict[str, Any],
+               namespace: str | None = None) -> dict[str, Any]:
+        """Store a new object; the namespace comes from ``namespace`` or the
+        object's metadata (``default`` if neither names one)."""
+        resource_type, obj, metadata, ns = self._incoming(gvr, obj, namespace)
         name = metadata.get("name")
         if not name and metadata.get("generateName"):
             for _ in range(100):
@@ -290,12 +297,7 @@ class ObjectStore:
         the current one (else 409 Conflict); none means unconditional. For types
         with a status subresource, a main update keeps the stored status and a
         ``subresource="status"`` update changes only the status."""
-        resource_type = self._type(gvr)
-        self._check_object(resource_type, obj)
-        obj = _copy(obj)
-        metadata = obj.get("metadata") or {}
-        obj["metadata"] = metadata
-        ns = self._namespace_of(resource_type, metadata, namespace)
+        resource_type, obj, metadata, ns = self._incoming(gvr, obj, namespace)
         name = metadata.get("name")
         if not name:
             raise status.invalid(resource_type, name, "metadata.name", "Required value: name is required")
