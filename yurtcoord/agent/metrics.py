@@ -27,6 +27,10 @@ ROLE_VALUES = {"init": 0, "leader": 1, "follower": 2, "pending": 3}
 # Latency buckets (seconds) for requests to apiservers and etcd on a local network.
 REQUEST_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
+# Reactor lag buckets (seconds): from a busy moment (5 ms) to a stall that misses
+# several heartbeat intervals.
+REACTOR_LAG_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
 # generate_latest writes the classic text format 0.0.4; newer prometheus-client releases
 # moved CONTENT_TYPE_LATEST on to 1.0.0, so name the format explicitly.
 METRICS_CONTENT_TYPE = getattr(exposition, "CONTENT_TYPE_PLAIN_0_0_4",
@@ -106,6 +110,11 @@ class Metrics:
             "when the pool-scoped keys were rebuilt.",
             registry=registry)
 
+        self.reactor_lag = Histogram(
+            "yurtcoord_reactor_lag_seconds",
+            "How much later than due the reactor ran the lag probe's timer.",
+            buckets=REACTOR_LAG_BUCKETS, registry=registry)
+
         self.set_role("init")
         self.set_healthy(False)
         self.set_ready(False)
@@ -155,6 +164,9 @@ class Metrics:
 
     def count_undecodable_keys(self, count: int) -> None:
         self.pool_store_undecodable_keys.inc(count)
+
+    def observe_reactor_lag(self, seconds: float) -> None:
+        self.reactor_lag.observe(seconds)
 
     def render(self) -> bytes:
         """The Prometheus text exposition of this agent's registry (bytes)."""

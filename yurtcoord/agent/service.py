@@ -25,14 +25,14 @@ With ``[coordinator] enabled = false`` the agent only probes the cloud (renewing
 node lease there) and serves its status pages: the role stays ``init`` (never healthy
 nor ready: it takes no part in the pool), ``/status`` shows the live cloud health.
 
-Start order: status pages, clients (nothing to start), probes, coordinator, hub
-elector (its first check waits until every probe answered once, so that role ``init``
-lasts until health is known). Stop order is the exact
-reverse and sequential, each stage waiting for the previous one: the hub elector stops
-first (a leader releases its lease), then the coordinator stops its components and
-drops the pool store, then the probes stop, then every client closes its connections,
-and the status pages stop listening last. Each stage is bounded by ``STOP_TIMEOUT`` so
-that an agent whose peers are down still stops.
+Start order: status pages, the reactor lag probe, clients (nothing to start), probes,
+coordinator, hub elector (its first check waits until every probe answered once, so
+that role ``init`` lasts until health is known). Stop order is the exact reverse and
+sequential, each stage waiting for the previous one: the hub elector stops first (a
+leader releases its lease), then the coordinator stops its components and drops the
+pool store, then the probes stop, then every client closes its connections, then the
+reactor lag probe stops, and the status pages stop listening last. Each stage is
+bounded by ``STOP_TIMEOUT`` so that an agent whose peers are down still stops.
 """
 
 import contextlib
@@ -54,6 +54,7 @@ from yurtcoord.heartbeat.delegation import HeartbeatDelegation
 from yurtcoord.etcd.client import EtcdClient, EtcdConfig
 from yurtcoord.heartbeat.probes import CloudHealthChecker, CoordinatorHealthChecker, KubeletHealthChecker
 from yurtcoord.role.hubelector import HubElector
+from yurtcoord.tx.reactorlag import ReactorLagProbe
 from yurtcoord.tx.retry import ROLE_RETRY
 from yurtcoord.kube.client import ClientConfig, KubeClient
 from yurtcoord.kube.leaderelection import LeaderElectionConfig, LeaderElector
@@ -151,8 +152,8 @@ class StageService(service.Service):
 class Agent(service.MultiService):
     """One yurtcoord agent: its config, metrics, parts and their start/stop stages.
 
-    Attributes for tests and the sandbox: ``metrics``, ``status_source``,
-    ``status_http`` (``.url``), ``cloud_clients`` ({url: KubeClient}),
+    Attributes for tests and the sandbox: ``metrics``, ``reactor_lag``,
+    ``status_source``, ``status_http`` (``.url``), ``cloud_clients`` ({url: KubeClient}),
     ``cloud_checker``, ``kubelet_checker`` (None with ``kubelet_healthz_url = off``);
     with the coordinator enabled also ``coordinator_client``,
     ``coordinator_checker``, ``etcd``, ``coordinator``, ``hub_elector``,
@@ -199,6 +200,11 @@ class Agent(service.MultiService):
             reactor)
         self.status_http.setName("status-http")
         self.status_http.setServiceParent(self)
+        # Measures, from the moment the status pages listen, how late timers run.
+        self.reactor_lag = ReactorLagProbe(reactor, warn_after=config.heartbeat.timeout)
+        self.reactor_lag.add_observer(self.metrics.observe_reactor_lag)
+        StageService("reactor-lag", self.reactor_lag.start,
+                     self._stop_reactor_lag).setServiceParent(self)
         # Nothing to start: its stop closes every client, after every stage that
         # uses them and before the status pages stop listening.
         StageService("clients", None, self._close_clients).setServiceParent(self)
@@ -443,6 +449,9 @@ class Agent(service.MultiService):
         # The coordinator cancels its current step: opening the store or uploading
         # could otherwise retry for a long time against a dead etcd.
         return self.coordinator.stop()
+
+    def _stop_reactor_lag(self) -> None:
+        self.reactor_lag.stop()
 
     def _close_clients(self) -> defer.Deferred[Any]:
         return defer.gatherResults([defer.maybeDeferred(c.close) for c in self._closers],

@@ -4,6 +4,7 @@ config, against a cloud and a coordinator Kubernetes API test server and a real 
 """
 
 import os
+import time
 
 from twisted.internet import defer, reactor
 from twisted.internet.task import Clock
@@ -95,7 +96,7 @@ class AgentServiceTests(unittest.TestCase):
         yield agent.stopService()
 
         self.assertEqual(stopped, ["hub-elector", "coordinator", "probes", "clients",
-                                   "status-http"])
+                                   "reactor-lag", "status-http"])
         record = self.world.election_lease()
         self.assertEqual(record.holder_identity, "")
         self.assertEqual(record.lease_duration_seconds, 1)
@@ -196,6 +197,31 @@ class AgentServiceTests(unittest.TestCase):
         yield agent.stopService()
         self.assertIsNone(agent.status_http.port)
 
+
+    @defer.inlineCallbacks
+    def test_a_reactor_blocked_on_purpose_shows_in_the_lag_histogram(self):
+        agent = self.world.start_agent(self.world.config("edge-1", enabled=False))
+        yield self.wait_for_status(agent, "status served", lambda s: True)
+        before = yield self.reader.metrics(agent.status_http.url)
+        self.assertEqual(before['yurtcoord_reactor_lag_seconds_bucket{le="+Inf"}'],
+                         before["yurtcoord_reactor_lag_seconds_count"])
+        # Block the reactor thread for 0.6 s: the probe's call due in it runs late.
+        reactor.callLater(0, time.sleep, 0.6)
+
+        @defer.inlineCallbacks
+        def stall_seen():
+            samples = yield self.reader.metrics(agent.status_http.url)
+            late = (samples["yurtcoord_reactor_lag_seconds_count"]
+                    - samples['yurtcoord_reactor_lag_seconds_bucket{le="0.25"}'])
+            before_late = (before["yurtcoord_reactor_lag_seconds_count"]
+                           - before['yurtcoord_reactor_lag_seconds_bucket{le="0.25"}'])
+            return late > before_late and samples["yurtcoord_reactor_lag_seconds_sum"] >= (
+                before["yurtcoord_reactor_lag_seconds_sum"] + 0.4)
+
+        yield poll_until(stall_seen, STEP_TIMEOUT, 0.05, reactor, what="a lag over 0.25 s")
+        self.assertGreaterEqual(agent.reactor_lag.longest, 0.4)
+        yield agent.stopService()
+        self.assertFalse(agent.reactor_lag.running)
 
     @defer.inlineCallbacks
     def test_a_dead_kubelet_stops_the_heartbeats_and_the_role(self):
