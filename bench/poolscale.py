@@ -70,35 +70,33 @@ STORM_TIMEOUT = 300.0
 
 
 class LagProbe:
-    """How late a ``LoopingCall`` every ``interval`` runs: the reactor's stalls.
+    """The agent's reactor lag probe every ``interval``, keeping every lag it measures.
 
-    ``lags`` are wall-clock; ``busy`` is the CPU time this thread used between two
-    calls, which tells a stall of our own code from the machine giving the CPU to
-    another process (both cores are shared)."""
+    ``lags`` are how late each call ran (wall clock); ``busy`` is the CPU time this
+    thread used between two calls, which tells a stall of our own code from the
+    machine giving the CPU to another process (both cores are shared)."""
 
     def __init__(self, reactor, interval):
-        from twisted.internet import task
+        from yurtcoord.tx.reactorlag import ReactorLagProbe
 
-        self.interval = interval
         self.lags = []
         self.busy = []
-        self._last = self._last_cpu = None
-        self._loop = task.LoopingCall(self._tick)
-        self._loop.clock = reactor
+        self._last_cpu = None
+        self._probe = ReactorLagProbe(reactor, interval)
+        self._probe.add_observer(self._observe)
 
     def start(self):
-        self._last, self._last_cpu = time.perf_counter(), time.thread_time()
-        self._loop.start(self.interval, now=False)
+        self._last_cpu = time.thread_time()
+        self._probe.start()
 
     def stop(self):
-        if self._loop.running:
-            self._loop.stop()
+        self._probe.stop()
 
-    def _tick(self):
-        now, cpu = time.perf_counter(), time.thread_time()
-        self.lags.append(max(0.0, now - self._last - self.interval))
+    def _observe(self, lag):
+        cpu = time.thread_time()
+        self.lags.append(lag)
         self.busy.append(cpu - self._last_cpu)
-        self._last, self._last_cpu = now, cpu
+        self._last_cpu = cpu
 
 
 class GCPauses:
