@@ -31,7 +31,7 @@ from yurtcoord.kube.gvr import GroupVersionResource
 from yurtcoord.heartbeat.probes import DELEGATE_HEARTBEAT_ANNOTATION
 from yurtcoord.sim.apiserver import Catalog, KubeAPIServer, ObjectStore, ResourceType
 from yurtcoord.sim.apiserver.requestlog import (
-    LoggedRequest, json_line, logged_request, read_request_log)
+    LoggedRequest, json_line, logged_request, read_request_log, request_attributes)
 from yurtcoord.sim.apiserver.selectors import (
     FieldSelector, LabelSelector, ObjectFilter, SelectorError)
 from yurtcoord.sim.apiserver.watch import WatchStream
@@ -553,10 +553,10 @@ class RequestLogTests(ServerTestCase):
         yield self.logged(2)
         posted, put = self.server.request_log
         self.assertEqual(posted[1:], ("127.0.0.1", "POST", NODE_LEASES, 201, "kube-node-lease",
-                                      "edge-1", "edge-1", "2026-01-01T00:00:01.000000Z", False))
+                                      "edge-1", "edge-1", "2026-01-01T00:00:01.000000Z", False, ""))
         self.assertEqual(put[1:], ("127.0.0.1", "PUT", NODE_LEASES + "/edge-1", 200,
                                    "kube-node-lease", "edge-1", "edge-1",
-                                   "2026-01-01T00:00:11.000000Z", True))
+                                   "2026-01-01T00:00:11.000000Z", True, ""))
         self.assertTrue(put.is_lease_write)
         self.assertEqual([r.at for r in self.server.request_log],
                          [at for at, _method, _path, _code in self.server.answers])
@@ -599,7 +599,7 @@ class RequestLogTests(ServerTestCase):
         yield self.logged(3)
         deleted, missing = self.server.request_log[1:]
         self.assertEqual(deleted[1:], ("127.0.0.1", "DELETE", NODE_LEASES + "/edge-1", 200,
-                                       "kube-node-lease", "edge-1", None, None, None))
+                                       "kube-node-lease", "edge-1", None, None, None, ""))
         self.assertTrue(deleted.is_lease_delete)
         self.assertEqual((missing.code, missing.name), (404, None))
 
@@ -610,7 +610,8 @@ class RequestLogTests(ServerTestCase):
         self.assertEqual(code, 503)
         yield self.logged(1)
         self.assertEqual(self.server.request_log[0][1:],
-                         ("127.0.0.1", "POST", NODE_LEASES, 503, None, None, None, None, None))
+                         ("127.0.0.1", "POST", NODE_LEASES, 503, None, None, None, None, None,
+                          ""))
 
     def test_the_log_keeps_the_newest_records_and_counts_the_others(self):
         http = InMemoryHTTP()
@@ -653,6 +654,58 @@ class RequestLogTests(ServerTestCase):
         yield self.call("GET", NODE_LEASES + "/edge-1")
         yield self.logged(2)
         self.assertEqual(read_request_log(path), list(self.server.request_log))
+
+    @defer.inlineCallbacks
+    def test_every_request_keeps_its_query(self):
+        yield self.call("GET", NODE_LEASES + "?fieldSelector=metadata.name%3Dedge-1&limit=5")
+        yield self.logged(1)
+        self.assertEqual(self.server.request_log[0].query,
+                         "fieldSelector=metadata.name%3Dedge-1&limit=5")
+        self.assertEqual(self.server.request_log[0].path, NODE_LEASES)
+
+    def test_request_attributes_read_a_record_as_the_authorizer_does(self):
+        def attributes(method, path, query=""):
+            record = logged_request(1.0, "127.0.0.1", method, path, 200, query=query)
+            attrs = request_attributes(record)
+            return (attrs.verb, attrs.group, attrs.resource, attrs.subresource,
+                    attrs.namespace, attrs.name)
+
+        lease = "/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases"
+        self.assertEqual(attributes("GET", lease + "/edge-1"),
+                         ("get", "coordination.k8s.io", "leases", "", "kube-node-lease",
+                          "edge-1"))
+        self.assertEqual(attributes("PUT", lease + "/edge-1")[0], "update")
+        self.assertEqual(attributes("PATCH", lease + "/edge-1")[0], "patch")
+        self.assertEqual(attributes("POST", lease), ("create", "coordination.k8s.io",
+                                                     "leases", "", "kube-node-lease", ""))
+        self.assertEqual(attributes("DELETE", lease + "/edge-1")[0], "delete")
+        self.assertEqual(attributes("DELETE", lease)[0], "deletecollection")
+        self.assertEqual(attributes("GET", lease, "limit=500"),
+                         ("list", "coordination.k8s.io", "leases", "", "kube-node-lease", ""))
+        self.assertEqual(attributes("GET", lease, "watch=true&resourceVersion=5")[0], "watch")
+        self.assertEqual(attributes("GET", lease, "watch=false")[0], "list")
+        # A list or watch of one name by field selector is authorized by that name.
+        self.assertEqual(attributes("GET", "/api/v1/namespaces/kube-system/secrets",
+                                    "watch=1&fieldSelector=metadata.name%3Dcerts"),
+                         ("watch", "", "secrets", "", "kube-system", "certs"))
+        self.assertEqual(attributes("GET", "/api/v1/namespaces/kube-system/secrets",
+                                    "fieldSelector=metadata.name%21%3Dcerts")[5], "")
+        self.assertEqual(attributes("GET", "/api/v1/nodes", "labelSelector=a%3Db"),
+                         ("list", "", "nodes", "", "", ""))
+        self.assertEqual(attributes("PUT", "/api/v1/nodes/edge-1/status"),
+                         ("update", "", "nodes", "status", "", "edge-1"))
+        self.assertEqual(attributes("GET", "/api/v1/namespaces/kube-system"),
+                         ("get", "", "namespaces", "", "kube-system", "kube-system"))
+        self.assertEqual(attributes("PUT", "/api/v1/namespaces/x/status"),
+                         ("update", "", "namespaces", "status", "x", "x"))
+        self.assertEqual(attributes("GET", "/api/v1/watch/namespaces/d/endpoints"),
+                         ("watch", "", "endpoints", "", "d", ""))
+        self.assertEqual(attributes("GET", "/apis/discovery.k8s.io/v1/endpointslices"),
+                         ("list", "discovery.k8s.io", "endpointslices", "", "", ""))
+        for path in ("/api/v1", "/apis/discovery.k8s.io/v1", "/apis", "/version", "/healthz"):
+            attrs = request_attributes(logged_request(1.0, "127.0.0.1", "GET", path, 200))
+            self.assertFalse(attrs.is_resource_request, path)
+            self.assertEqual((attrs.verb, attrs.path), ("get", path))
 
     def test_odd_lease_bodies_never_break_the_record(self):
         for body in ({"kind": "Lease", "apiVersion": "coordination.k8s.io/v1"},

@@ -4,7 +4,10 @@ Tests of partitions judge the agents by what the servers saw, not by what the
 agents say about themselves: which client (by IP address) wrote which Lease, with
 which holder and renewTime, and when the answer went out. A record names the lease
 only for Lease writes and deletes (``coordination.k8s.io`` leases), the requests
-such checks are about; every other request is logged with method, path and code.
+such checks are about; every other request is logged with method, path, query and
+code. ``request_attributes`` reads a record as the apiserver's authorizer sees the
+request (verb, API group, resource, subresource, namespace, name), so that the RBAC
+rules an agent needs can be checked against what it really asked.
 
 A server run as its own process (in a network namespace of its own, say) also
 writes each record as one JSON line to a file (``--request-log``), which
@@ -15,7 +18,7 @@ import json
 import re
 import sys
 from typing import Any, NamedTuple, Optional
-from urllib.parse import unquote
+from urllib.parse import parse_qs, unquote
 
 from yurtcoord.names import DELEGATE_HEARTBEAT_ANNOTATION
 
@@ -33,7 +36,8 @@ class LoggedRequest(NamedTuple):
     """One answered request as the server saw it.
 
     ``at`` is the server's reactor time when the answer was sent in full; ``peer``
-    the client's IP address. For a successful (2xx) write of a Lease, ``namespace``,
+    the client's IP address; ``query`` the query string as sent (``""`` when none).
+    For a successful (2xx) write of a Lease, ``namespace``,
     ``name``, ``holder`` (``spec.holderIdentity``, ``""`` when absent),
     ``renew_time`` (``spec.renewTime`` as written, or None) and ``delegated``
     (whether the ``openyurt.io/delegate-heartbeat`` annotation says "true") are those
@@ -51,6 +55,7 @@ class LoggedRequest(NamedTuple):
     holder: Optional[str] = None
     renew_time: Optional[str] = None
     delegated: Optional[bool] = None
+    query: str = ""
 
     @property
     def succeeded(self) -> bool:
@@ -87,10 +92,12 @@ def _text(value: Any) -> Optional[str]:
 
 
 def logged_request(at: float, peer: str, method: str, path: str, code: int,
-                   body: Any = None) -> LoggedRequest:
+                   body: Any = None, query: str = "") -> LoggedRequest:
     """The record of one answer; ``body`` is the JSON object answered (None when the
-    answer was not JSON). Lease fields are filled as ``LoggedRequest`` says."""
-    record = LoggedRequest(at, sys.intern(peer), sys.intern(method), sys.intern(path), code)
+    answer was not JSON), ``query`` the request's query string. Lease fields are
+    filled as ``LoggedRequest`` says."""
+    record = LoggedRequest(at, sys.intern(peer), sys.intern(method), sys.intern(path), code,
+                           query=query)
     if not 200 <= code < 300:
         return record
     if method in WRITE_METHODS and _is_lease(body):
@@ -109,6 +116,94 @@ def logged_request(at: float, peer: str, method: str, path: str, code: int,
             return record._replace(namespace=unquote(match.group(1)),
                                    name=unquote(match.group(2)))
     return record
+
+
+class RequestAttributes(NamedTuple):
+    """What the apiserver's authorizer sees of one request.
+
+    For a resource request (``resource`` set) ``verb`` is one of get, list, watch,
+    create, update, patch, delete, deletecollection; ``group`` is ``""`` for the core
+    group, ``namespace`` ``""`` for a cluster-wide request, ``name`` ``""`` when the
+    request names no object (a list or watch names one through a ``fieldSelector``
+    of ``metadata.name=<name>``, as the apiserver reads it). For any other path
+    (discovery such as ``/api/v1``, ``/version``) ``resource`` is ``""``, ``verb`` the
+    method in lower case and ``path`` the one to match against non-resource URLs.
+    """
+
+    verb: str
+    group: str
+    resource: str
+    subresource: str
+    namespace: str
+    name: str
+    path: str
+
+    @property
+    def is_resource_request(self) -> bool:
+        return bool(self.resource)
+
+    def describe(self) -> str:
+        """One line naming the request, e.g. ``update coordination.k8s.io leases
+        kube-node-lease/edge-1``."""
+        if not self.is_resource_request:
+            return f"{self.verb} {self.path}"
+        resource = f"{self.resource}/{self.subresource}" if self.subresource else self.resource
+        where = "/".join(part for part in (self.namespace, self.name) if part)
+        return f"{self.verb} {self.group or 'core'} {resource} {where or '(all)'}".rstrip()
+
+
+_VERB_OF_METHOD = {"POST": "create", "GET": "get", "HEAD": "get", "PUT": "update",
+                   "PATCH": "patch", "DELETE": "delete"}
+# Subresources of a Namespace object: /api/v1/namespaces/<name>/status is the
+# namespace's own status, not a resource "status" inside the namespace.
+_NAMESPACE_SUBRESOURCES = frozenset(("status", "finalize"))
+_TRUE = frozenset(("1", "t", "T", "true", "TRUE", "True"))
+
+
+def _name_of_field_selector(selector: str) -> str:
+    """The name a ``fieldSelector`` requires exactly (``metadata.name=x``), or ``""``."""
+    for term in selector.split(","):
+        field, equals, value = term.partition("=")
+        if equals and not field.endswith("!") and field.strip() == "metadata.name":
+            return value[1:] if value.startswith("=") else value
+    return ""
+
+
+def request_attributes(record: LoggedRequest) -> RequestAttributes:
+    """``record`` as the authorizer sees it (see ``RequestAttributes``), read from its
+    method, path and query the way the apiserver reads a request."""
+    parts = [unquote(part) for part in record.path.strip("/").split("/") if part]
+    non_resource = RequestAttributes(record.method.lower(), "", "", "", "", "", record.path)
+    if len(parts) < 3 or parts[0] not in ("api", "apis"):
+        return non_resource
+    if parts[0] == "apis":
+        if len(parts) < 4:
+            return non_resource
+        group, parts = parts[1], parts[3:]
+    else:
+        group, parts = "", parts[2:]
+    verb = _VERB_OF_METHOD.get(record.method, "")
+    if parts[0] == "watch":  # the old /api/v1/watch/... form
+        verb, parts = "watch", parts[1:]
+        if not parts:
+            return non_resource
+    namespace = ""
+    if parts[0] == "namespaces" and len(parts) > 1:
+        namespace = parts[1]
+        if len(parts) > 2 and parts[2] not in _NAMESPACE_SUBRESOURCES:
+            parts = parts[2:]
+    resource = parts[0]
+    name = parts[1] if len(parts) > 1 else ""
+    subresource = parts[2] if len(parts) > 2 else ""
+    query = parse_qs(record.query, keep_blank_values=True)
+    if not name and verb == "get":
+        verb = "watch" if query.get("watch", [""])[-1] in _TRUE else "list"
+    if not name and verb in ("list", "watch"):
+        name = _name_of_field_selector(query.get("fieldSelector", [""])[-1])
+    if not name and verb == "delete":
+        verb = "deletecollection"
+    return RequestAttributes(verb, group, resource, subresource, namespace, name,
+                             record.path)
 
 
 def json_line(record: LoggedRequest) -> str:

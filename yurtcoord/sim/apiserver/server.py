@@ -143,8 +143,8 @@ class KubeAPIServer:
     query) of every request, ``answers`` (at, method, path, code) of every answer
     sent in full (reactor time, in the order they finished; a request left
     unanswered or whose connection broke has none), ``request_log`` the same
-    answers as ``LoggedRequest`` records with the client's address and, for Lease
-    writes, the lease as answered (the newest ``request_log_limit`` of them, a tenth
+    answers as ``LoggedRequest`` records with the client's address, the query
+    and, for Lease writes, the lease as answered (the newest ``request_log_limit`` of them, a tenth
     more between trims; ``request_log_dropped`` counts the older ones let go; with
     ``request_log_path`` each is also appended to that file as a JSON line, none
     dropped), and
@@ -272,6 +272,7 @@ class KubeAPIServer:
                  for k, v in (request.args or {}).items()}
         method = request.method.decode()
         self.requests.append((method, path, query))
+        raw_query = request.uri.partition(b"?")[2].decode("utf-8", "replace")
         address = request.getClientAddress()
         peer = address.host if isinstance(address, (IPv4Address, IPv6Address)) else ""
 
@@ -279,7 +280,7 @@ class KubeAPIServer:
             at = self.reactor.seconds()
             self.answers.append((at, method, path, request.code))
             record = logged_request(at, peer, method, path, request.code,
-                                    self._answered_bodies.pop(request, None))
+                                    self._answered_bodies.pop(request, None), raw_query)
             self.request_log.append(record)
             self._trim_request_log()
             self._write_request_log(record)
