@@ -25,7 +25,7 @@ from yurtcoord.sim.pki import TestCA
 from yurtcoord.testing.world import ELECTION_LEASE, ELECTION_NAMESPACE, POOL, add_pool_node
 
 __all__ = ["ELECTION_LEASE", "ELECTION_NAMESPACE", "POOL", "PoolWorld", "StatusReader",
-           "agent_config_text", "write_cached_pod"]
+           "agent_config_text", "certs_secret", "write_cached_pod"]
 
 
 def agent_config_text(node: str, cloud_urls: Sequence[str], coordinator_url: str, etcd_url: str,
@@ -97,6 +97,26 @@ class StatusReader:
         return samples
 
 
+def certs_secret(ca: TestCA) -> Dict[str, Any]:
+    """The certs Secret (the coordinator certificates an agent reads from the cloud) with
+    client pairs issued by ``ca``."""
+    yurthub = ca.client_pair("yurthub-client", "system:node:yurthub", ["system:nodes"])
+    proxy = ca.client_pair("lease-proxy-client", "system:node-lease-proxy")
+    files = {
+        "ca.crt": ca.ca_file,
+        "yurt-coordinator-yurthub-client.crt": yurthub.cert_file,
+        "yurt-coordinator-yurthub-client.key": yurthub.key_file,
+        "node-lease-proxy-client.crt": proxy.cert_file,
+        "node-lease-proxy-client.key": proxy.key_file,
+    }
+    data = {}
+    for key, path in files.items():
+        with open(path, "rb") as f:
+            data[key] = base64.b64encode(f.read()).decode("ascii")
+    return {"metadata": {"name": CERTS_SECRET_NAME, "namespace": "kube-system"},
+            "type": "Opaque", "data": data}
+
+
 class PoolWorld:
     """A cloud and a coordinator API test server and a real etcd 3.5 (3.4 when 3.5
     is missing), plus temp dirs, for agents built with ``make_service``.
@@ -121,24 +141,8 @@ class PoolWorld:
         self.agents: List[Agent] = []
 
     def certs_secret(self) -> Dict[str, Any]:
-        """The certs Secret (the coordinator certificates an agent reads from the cloud) with
-        client pairs of the test CA."""
-        yurthub = self.ca.client_pair("yurthub-client", "system:node:yurthub",
-                                      ["system:nodes"])
-        proxy = self.ca.client_pair("lease-proxy-client", "system:node-lease-proxy")
-        files = {
-            "ca.crt": self.ca.ca_file,
-            "yurt-coordinator-yurthub-client.crt": yurthub.cert_file,
-            "yurt-coordinator-yurthub-client.key": yurthub.key_file,
-            "node-lease-proxy-client.crt": proxy.cert_file,
-            "node-lease-proxy-client.key": proxy.key_file,
-        }
-        data = {}
-        for key, path in files.items():
-            with open(path, "rb") as f:
-                data[key] = base64.b64encode(f.read()).decode("ascii")
-        return {"metadata": {"name": CERTS_SECRET_NAME, "namespace": "kube-system"},
-                "type": "Opaque", "data": data}
+        """The certs Secret of this world's test CA (see ``certs_secret``)."""
+        return certs_secret(self.ca)
 
     @defer.inlineCallbacks
     def start(self) -> Generator[Any, Any, None]:
