@@ -193,7 +193,7 @@ class RBACPolicy:
             if not _subjects_of(binding) & wanted:
                 continue
             ref = binding.get("roleRef") or {}
-            ref_kind, ref_name = ref.get("kind"), ref.get("name", "")
+            ref_kind, ref_name = str(ref.get("kind", "")), str(ref.get("name", ""))
             if kind == "ClusterRoleBinding" and ref_kind != "ClusterRole":
                 raise ValueError(f"ClusterRoleBinding {name}: roleRef {ref_kind} {ref_name} "
                                  "is not a ClusterRole")
