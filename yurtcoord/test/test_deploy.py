@@ -21,6 +21,7 @@ configuration, and their RBAC is exactly what the agents ask of each apiserver.
 import glob
 import json
 import os
+import subprocess
 from typing import Any
 
 import yaml
@@ -161,6 +162,29 @@ class ManifestTests(unittest.TestCase):
         # Pods of the DaemonSet are those of the ConfigMap's pool.
         pool_label = "apps.openyurt.io/nodepool"
         self.assertEqual(pod["nodeSelector"][pool_label], config.node.pool)
+
+    def test_the_init_container_writes_the_node_name_into_the_ini(self):
+        pod = the("DaemonSet")["spec"]["template"]["spec"]
+        (init,) = pod["initContainers"]
+        (node_name,) = init["env"]
+        self.assertEqual(node_name["valueFrom"]["fieldRef"]["fieldPath"], "spec.nodeName")
+        template_mount, config_mount = (m["mountPath"] for m in init["volumeMounts"])
+        # Its shell command, run here with temp dirs in place of its two mounts.
+        template_dir, config_dir = self.mktemp(), self.mktemp()
+        os.makedirs(template_dir)
+        os.makedirs(config_dir)
+        with open(os.path.join(template_dir, "yurtcoord.ini"), "w", encoding="utf-8") as f:
+            f.write(self.config_text())
+        self.assertEqual(init["command"][:2], ["sh", "-c"])
+        script = (init["command"][2].replace(template_mount + "/", template_dir + "/")
+                  .replace(config_mount + "/", config_dir + "/"))
+        subprocess.run(["sh", "-c", script], check=True, timeout=30,
+                       env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+                            node_name["name"]: "edge-7"})
+        written = os.path.join(config_dir, "yurtcoord.ini")
+        with open(written, encoding="utf-8") as f:
+            config = parse_config(f.read(), written)
+        self.assertEqual((config.node.name, config.node.pool), ("edge-7", "pool-a"))
 
     def test_the_dockerfile_starts_the_agent_the_way_the_daemonset_does(self):
         with open(os.path.join(DEPLOY, "Dockerfile"), encoding="utf-8") as f:
