@@ -1206,7 +1206,7 @@ class StandaloneTests(unittest.TestCase):
             created, ready = read_request_log(path)
             self.assertEqual(created[1:], ("127.0.0.1", "POST", NODE_LEASES, 201,
                                            "kube-node-lease", "edge-1", "edge-1",
-                                           "2026-01-01T00:00:01.000000Z", False))
+                                           "2026-01-01T00:00:01.000000Z", False, ""))
             self.assertEqual(ready[1:5], ("127.0.0.1", "GET", "/readyz", 200))
             self.assertLess(abs(created.at - time.time()), 60)
         return self.run_module(["--request-log", path], check)

@@ -20,7 +20,6 @@ are allowed by the cluster's built-in ``system:discovery`` ClusterRole, which ev
 authenticated user holds, unless a shipped rule names their URL.
 """
 
-from fnmatch import fnmatchcase
 from typing import Any, Iterable, Mapping, NamedTuple, Sequence
 
 from yurtcoord.sim.apiserver.requestlog import RequestAttributes
