@@ -21,7 +21,6 @@ from yurtcoord.sim.etcd import (
     etcd_binaries,
     etcd_binary_at,
     etcd_binary_for,
-    find_etcd,
     make_etcd_test_classes,
 )
 from yurtcoord.sim.pki import TestCA
@@ -178,6 +177,13 @@ class EtcdFromReactorTests(unittest.TestCase):
         os.chmod(path, 0o755)
         return path
 
+    def test_a_binary_at_a_path_is_labelled_by_its_path_until_its_version_is_known(self):
+        path = self.script("#!/bin/sh\nexit 0\n")
+        self.assertEqual(etcd_binary_at(path).label, f"etcd {path}")
+        binaries = etcd_binaries()
+        if binaries:
+            self.assertEqual(binaries[0].label, f"etcd {binaries[0].version}")
+
     @defer.inlineCallbacks
     def test_start_keeps_the_reactor_running_and_stop_terminates_in_order(self):
         binary = etcd_binary_for("3")
@@ -246,31 +252,3 @@ class EtcdFromReactorTests(unittest.TestCase):
         self.assertFalse(os.path.exists(f"/proc/{pid}/cmdline")
                          and base_dir in open(f"/proc/{pid}/cmdline").read())
         self.assertFalse(os.path.exists(base_dir))
-
-
-class FindEtcdTests(unittest.TestCase):
-
-    def executable(self, name="etcd"):
-        path = os.path.join(os.path.abspath(self.mktemp()), name)
-        os.makedirs(os.path.dirname(path))
-        with open(path, "w") as handle:
-            handle.write("#!/bin/sh\nexit 0\n")
-        os.chmod(path, 0o755)
-        return path
-
-    def test_etcd_bin_then_path_and_only_executable_files(self):
-        chosen, on_path = self.executable(), self.executable()
-        path = os.path.dirname(on_path)
-        self.assertEqual(find_etcd({"ETCD_BIN": chosen, "PATH": path}), chosen)
-        self.assertEqual(find_etcd({"PATH": path}), on_path)
-        self.assertEqual(find_etcd({"ETCD_BIN": os.path.dirname(chosen), "PATH": path}),
-                         on_path)
-        os.chmod(chosen, 0o644)
-        self.assertEqual(find_etcd({"ETCD_BIN": chosen, "PATH": path}), on_path)
-
-    def test_a_binary_at_a_path_is_labelled_by_its_path_until_its_version_is_known(self):
-        path = self.executable()
-        self.assertEqual(etcd_binary_at(path).label, f"etcd {path}")
-        binaries = etcd_binaries()
-        if binaries:
-            self.assertEqual(binaries[0].label, f"etcd {binaries[0].version}")

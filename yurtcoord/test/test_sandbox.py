@@ -558,6 +558,9 @@ class SandboxPartsTests(unittest.TestCase):
         # An ETCD_BIN that is not an executable file is passed over.
         self.assertEqual(find_etcd_binary({"ETCD_BIN": os.path.dirname(chosen),
                                            "PATH": os.path.dirname(on_path)}), on_path)
+        os.chmod(chosen, 0o644)
+        self.assertEqual(find_etcd_binary({"ETCD_BIN": chosen,
+                                           "PATH": os.path.dirname(on_path)}), on_path)
 
     def test_cloud_is_seeded_with_nodes_endpoints_and_slices(self):
         server = KubeAPIServer(reactor)
