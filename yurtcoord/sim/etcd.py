@@ -40,7 +40,10 @@ from dataclasses import dataclass
 from typing import Any, Callable, Generator, Iterator, Mapping
 
 from twisted.internet import defer, threads
+from twisted.internet.interfaces import IReadDescriptor
 from twisted.internet.task import deferLater
+from twisted.python.failure import Failure
+from zope.interface import implementer
 
 from yurtcoord.sim.pki import CertPair, TestCA
 
@@ -286,6 +289,47 @@ def _run_from_reactor(reactor: Any, steps: _Steps,
         else:
             yield deferLater(reactor, step, lambda: None)
             answer = None
+
+
+@implementer(IReadDescriptor)
+class _ExitWatch:
+    """Fires ``exited`` with the exit status of ``process`` once it exits: its pidfd
+    turns readable then, so the reactor notices without a thread or a poll (Linux)."""
+
+    def __init__(self, reactor: Any, process: "subprocess.Popen[bytes]") -> None:
+        self.exited: defer.Deferred[int | None] = defer.Deferred()
+        self._reactor = reactor
+        self._process = process
+        self._fd = -1
+        if process.poll() is not None:
+            self.exited.callback(process.returncode)
+            return
+        try:
+            self._fd = os.pidfd_open(process.pid)
+        except ProcessLookupError:
+            self.exited.callback(process.wait())
+            return
+        reactor.addReader(self)
+
+    def fileno(self) -> int:
+        return self._fd
+
+    def logPrefix(self) -> str:
+        return "etcd-exit"
+
+    def doRead(self) -> None:
+        self._close()
+        self.exited.callback(self._process.wait())
+
+    def connectionLost(self, reason: Failure) -> None:
+        """The reactor stops with etcd still running: nobody waits any more."""
+        self._close()
+
+    def _close(self) -> None:
+        if self._fd >= 0:
+            self._reactor.removeReader(self)
+            os.close(self._fd)
+            self._fd = -1
 
 
 def environ_without_etcd_flags() -> dict[str, str]:
@@ -594,12 +638,11 @@ class EtcdProcess:
                                          terminate_and_remove)
 
     def when_exited(self, reactor: Any) -> "defer.Deferred[int | None]":
-        """Fires with etcd's exit status once it exited (None if it never started); one
-        thread of the reactor's pool waits for it meanwhile."""
-        process = self._process
-        if process is None:
+        """Fires with etcd's exit status once it exited (None if it never started),
+        noticed by ``reactor`` as it happens."""
+        if self._process is None:
             return defer.succeed(None)
-        return threads.deferToThreadPool(reactor, reactor.getThreadPool(), process.wait)
+        return _ExitWatch(reactor, self._process).exited
 
     def log_tail(self, lines: int = 40) -> str:
         """The last ``lines`` lines of etcd's log (``"(no log)"`` when there is none)."""

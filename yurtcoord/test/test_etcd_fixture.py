@@ -24,7 +24,6 @@ from yurtcoord.sim.etcd import (
     make_etcd_test_classes,
 )
 from yurtcoord.sim.pki import TestCA
-from yurtcoord.testing.poll import poll_until
 
 
 class EtcdBinariesTests(unittest.TestCase):
@@ -233,7 +232,7 @@ class EtcdFromReactorTests(unittest.TestCase):
         self.assertFalse(etcd.is_running())
 
     @defer.inlineCallbacks
-    def test_an_abandoned_start_gives_up_and_stop_leaves_nothing(self):
+    def test_an_abandoned_start_gives_up_and_an_exit_is_noticed(self):
         hanging = self.script("#!/bin/sh\nexec python3 -c 'import time; time.sleep(300)' \"$@\"\n")
         etcd = EtcdProcess(etcd_binary_at(hanging))
         self.addCleanup(etcd.stop)
@@ -242,13 +241,15 @@ class EtcdFromReactorTests(unittest.TestCase):
                                            abandoned=lambda: bool(abandoned))
         self.assertTrue(etcd.is_running())
         pid, base_dir = etcd.pid, etcd.base_dir
-        yield poll_until(lambda: etcd.log_tail() != "(no log)", 30, 0.02, reactor,
-                         what="the start under way")
         abandoned.append(True)
         yield self.assertFailure(starting, EtcdFixtureError)
         self.assertTrue(etcd.is_running(), "giving up leaves the stop to stop_from_reactor")
-        yield etcd.stop_from_reactor(reactor)
+
+        exited = etcd.when_exited(reactor)
+        self.assertFalse(exited.called)
+        os.kill(pid, signal.SIGKILL)
+        self.assertEqual((yield exited), -signal.SIGKILL)
         self.assertFalse(etcd.is_running())
-        self.assertFalse(os.path.exists(f"/proc/{pid}/cmdline")
-                         and base_dir in open(f"/proc/{pid}/cmdline").read())
+        self.assertEqual((yield etcd.when_exited(reactor)), -signal.SIGKILL)
+        yield etcd.stop_from_reactor(reactor)
         self.assertFalse(os.path.exists(base_dir))
