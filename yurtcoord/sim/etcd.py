@@ -561,7 +561,7 @@ class EtcdCluster:
 
     def _new_members(self) -> None:
         names = [f"member-{i}" for i in range(self.size)]
-        ports = set()
+        ports: set[int] = set()
         while len(ports) < 2 * self.size:
             ports.add(free_port())
         pairs = list(zip(sorted(ports)[::2], sorted(ports)[1::2]))
