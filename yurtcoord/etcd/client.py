@@ -331,7 +331,9 @@ def _grpc_error(status: int, obj: dict[str, Any]) -> EtcdError:
         # and may still be committed.
         unavailable.maybe_applied = "timed out" in message
         return unavailable
-    if code == _GRPC_DEADLINE_EXCEEDED or status == 504:
+    if code == _GRPC_DEADLINE_EXCEEDED or status == 504 or message == "context deadline exceeded":
+        # etcd answers a write it proposed but could not commit in time (no quorum)
+        # with "context deadline exceeded" (gRPC code 2, HTTP 500): it may still land.
         return EtcdTimeout(f"etcd deadline exceeded: {message}")
     if "request is too large" in message or (
             code == _GRPC_RESOURCE_EXHAUSTED and "larger than max" in message):
