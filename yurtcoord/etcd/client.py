@@ -434,17 +434,32 @@ class _Transport:
             except EtcdTimeout as e:
                 self.members.failed(base, str(e))
                 raise
-            if result[0] != 200 and several:
-                refusal = self._refusal(result)
-                if refusal is not None:
-                    self.members.failed(base, str(refusal))
-                    if idempotent and sends_left > 0 and not self.closed:
-                        continue
+            refusal = self._refusal(base, path, result) if several else None
+            if refusal is not None:
+                self.members.failed(base, str(refusal))
+                if idempotent and sends_left > 0 and not self.closed:
+                    continue
+                if result[0] == 200:
+                    raise refusal
             return result
 
-    def _refusal(self, status_and_body: tuple[int, bytes]) -> Optional[EtcdError]:
+    def _refusal(self, base: str, path: str,
+                 status_and_body: tuple[int, bytes]) -> Optional[EtcdError]:
         """The error of a gateway answer that says its member cannot serve now (no
-        leader, leader changed, timed out, unavailable), None for any other answer."""
+        leader, leader changed, timed out, unavailable), None for any other answer.
+        A member's status answers without a leader too: then the member is as good as
+        unavailable for everything else, and its status says so."""
+        status, body = status_and_body
+        if status == 200:
+            if path != "/maintenance/status":
+                return None
+            try:
+                leader = json.loads(body).get("leader")
+            except (ValueError, RecursionError, AttributeError):
+                return None
+            if leader in (None, "0", 0):
+                return EtcdUnavailable(f"etcd member at {base} has no raft leader")
+            return None
         try:
             self.parse(status_and_body)
         except TLSConfigError:

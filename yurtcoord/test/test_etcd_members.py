@@ -303,6 +303,29 @@ class ClientOnMembersTests(ScriptedGatewayMixin, unittest.TestCase):
         self.assertTrue(error.maybe_applied)
 
     @defer.inlineCallbacks
+    def test_a_status_without_a_leader_moves_on(self):
+        leaderless = json.dumps({"header": {"revision": "3", "raft_term": "4"},
+                                 "version": "3.5.1", "dbSize": "20480"}).encode()
+        led = json.dumps({"header": {"revision": "3", "raft_term": "4"}, "version": "3.5.1",
+                          "dbSize": "20480", "leader": "1234"}).encode()
+        (first, second), client = self.members(
+            {"/v3/maintenance/status": [(200, leaderless)], "/health": [UNHEALTHY]},
+            {"/v3/maintenance/status": [(200, led)]})
+        status = yield client.status()
+        self.assertEqual(status.version, "3.5.1")
+        self.assertEqual(client.member, client.config.more_urls[0])
+        self.assertEqual(self.posts(first), ["/v3/maintenance/status"])
+
+    @defer.inlineCallbacks
+    def test_a_status_without_a_leader_on_every_member_is_unavailable(self):
+        leaderless = json.dumps({"header": {"revision": "3"}, "version": "3.4.23"}).encode()
+        _gateways, client = self.members(
+            {"/v3/maintenance/status": [(200, leaderless)], "/health": [UNHEALTHY]},
+            {"/v3/maintenance/status": [(200, leaderless)], "/health": [UNHEALTHY]})
+        yield self.assertFailure(client.status(), EtcdUnavailable)
+        self.assertIsNone(client.member)
+
+    @defer.inlineCallbacks
     def test_other_refusals_do_not_move_on(self):
         refused = (400, json.dumps({"error": "etcdserver: key is not provided", "code": 3,
                                     "message": "etcdserver: key is not provided"}).encode())

@@ -131,6 +131,9 @@ class PoolStoreOnClusterMixin(_ClusterStoreCase):
         yield store.create(self.key(store, "before"), make_object("before", "ns", 1))
         first.kill()
         second.kill()
+        # The member left answers its status but has no leader: the store is unhealthy.
+        yield poll_until(lambda: store.check_health().addCallback(lambda _: not store.healthy),
+                         timeout=DEADLINE, interval=0.2, what="the store unhealthy")
         key = self.key(store, "during")
         value = make_object("during", "ns", 2)
         last: list[Optional[BaseException]] = [None]
@@ -170,6 +173,8 @@ class PoolStoreOnClusterMixin(_ClusterStoreCase):
         yield poll_until(written, timeout=DEADLINE, interval=0.2,
                          what="a write accepted once a member is back")
         self.assertIn(self.client.member, (second.client_url, third.client_url))
+        yield store.check_health()
+        self.assertTrue(store.healthy)
         self.assertEqual(self.cluster.read("/registry/", prefix=True), {
             self.key(store, "before").path.encode(): make_object("before", "ns", 1),
             key.path.encode(): value})
