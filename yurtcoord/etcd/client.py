@@ -38,8 +38,9 @@ Reconnecting needs nothing special: a connection etcd closed is dropped from the
 and before an idle connection is reused its socket is peeked, so one closed while the
 reactor was not looking is dropped too. A request on a connection at the moment etcd
 died fails with ``EtcdUnavailable`` and the next request dials again. Reads (range,
-status) and requests that provably never reached etcd are resent once; writes are
-not (etcd may have applied them).
+status) and requests that provably never reached etcd are resent once (to the next
+member when there are several, each member once); writes are not (etcd may have
+applied them).
 Not offered: watches (txaioetcd's watch receiver loses JSON split across reads) and
 leases (txaioetcd's ``Lease`` methods post with treq to ``/v3alpha`` directly).
 """
@@ -462,8 +463,6 @@ class _Transport:
             return None
         try:
             self.parse(status_and_body)
-        except TLSConfigError:
-            return None
         except (EtcdUnavailable, EtcdTimeout) as e:
             return e
         except EtcdError:
