@@ -326,6 +326,20 @@ class ClientOnMembersTests(ScriptedGatewayMixin, unittest.TestCase):
         self.assertIsNone(client.member)
 
     @defer.inlineCallbacks
+    def test_a_write_that_timed_out_in_etcd_may_have_landed_one_refused_for_no_leader_not(self):
+        timed_out = (503, json.dumps({
+            "error": "etcdserver: request timed out, possibly due to previous leader failure",
+            "code": 14,
+            "message": "etcdserver: request timed out, possibly due to previous leader failure",
+        }).encode())
+        _url, _gateway, _tracking = self.gateway({"/v3/kv/put": [timed_out, NO_LEADER]})
+        client = self.client(_url)
+        error = yield self.assertFailure(client.put(b"k", b"v"), EtcdUnavailable)
+        self.assertTrue(error.maybe_applied)
+        error = yield self.assertFailure(client.put(b"k", b"v"), EtcdUnavailable)
+        self.assertFalse(error.maybe_applied)
+
+    @defer.inlineCallbacks
     def test_other_refusals_do_not_move_on(self):
         refused = (400, json.dumps({"error": "etcdserver: key is not provided", "code": 3,
                                     "message": "etcdserver: key is not provided"}).encode())
