@@ -225,6 +225,28 @@ def _parse_url_list(text):
     return tuple(_check_url(item) for item in items)
 
 
+def _parse_etcd_urls(text):
+    """The pool etcd's members: one URL or several, comma-separated; each named when
+    it is not a URL or appears twice, and all of one scheme (one TLS setting)."""
+    items = _split_list(text)
+    if not items:
+        raise _BadValue("needs at least one etcd URL")
+    urls = []
+    for item in items:
+        try:
+            url = _check_url(item)
+        except _BadValue as error:
+            raise _BadValue(f"{item!r}: {error}") from None
+        if url in urls:
+            raise _BadValue(f"{url!r} appears twice: list each etcd member once")
+        urls.append(url)
+    schemes = {urlsplit(url).scheme for url in urls}
+    if len(schemes) > 1:
+        raise _BadValue("mixes http:// and https://: every etcd member of a pool is "
+                        "reached the same way")
+    return tuple(urls)
+
+
 def _format_list(values):
     return ", ".join(str(value) for value in values)
 
@@ -343,6 +365,7 @@ PATH = ValueType("path", _parse_text)
 URL = ValueType("URL", _check_url)
 KUBELET_URL = ValueType("URL or off", _parse_kubelet_url, _format_kubelet_url)
 URL_LIST = ValueType("comma-separated URLs", _parse_url_list, _format_list)
+ETCD_URLS = ValueType("comma-separated URLs", _parse_etcd_urls, _format_list)
 ETCD_PREFIX = ValueType("etcd key prefix", _parse_etcd_prefix)
 LISTEN = ValueType("host:port", parse_listen)
 UPLOAD_RESOURCES = ValueType(
@@ -389,8 +412,9 @@ SCHEMA = (
     Key("coordinator", "enabled", BOOLEAN, "true", "run the pool coordinator"),
     Key("coordinator", "server", URL, "https://yurt-coordinator-apiserver:443",
         "the coordinator apiserver"),
-    Key("coordinator", "storage", URL, "https://yurt-coordinator-etcd:2379",
-        "the pool etcd behind the coordinator apiserver"),
+    Key("coordinator", "storage", ETCD_URLS, "https://yurt-coordinator-etcd:2379",
+        "the pool etcd behind the coordinator apiserver: one or more members of one "
+        "etcd cluster, comma-separated"),
     Key("coordinator", "storage_prefix", ETCD_PREFIX, "/registry",
         "same as the coordinator apiserver's --etcd-prefix"),
     Key("coordinator", "pki_dir", PATH, "/var/lib/yurtcoord/pki",
@@ -466,7 +490,7 @@ class CloudConfig:
 class CoordinatorConfig:
     enabled: bool
     server: str
-    storage: str
+    storage: tuple
     storage_prefix: str
     pki_dir: str
     secret_namespace: str
@@ -675,7 +699,9 @@ def _check_rules(config, raw, source):
                           f"{NODE_POOL_LABEL}=<pool>", section="node", key="pool")
     if not coordinator.insecure:
         for name in ("server", "storage"):
-            if urlsplit(getattr(coordinator, name)).scheme != "https":
+            value = getattr(coordinator, name)
+            urls = (value,) if isinstance(value, str) else value
+            if any(urlsplit(url).scheme != "https" for url in urls):
                 fail("coordinator", name,
                      "http:// is only allowed with insecure = true; use https://")
 

@@ -290,14 +290,16 @@ class Agent(service.MultiService):
         if coordinator_config.insecure:
             self.coordinator_client = self._own(KubeClient(reactor, ClientConfig(
                 server=coordinator_config.server, insecure=True, timeout=REQUEST_TIMEOUT)))
-            etcd_config = EtcdConfig(url=coordinator_config.storage)
+            etcd_config = EtcdConfig(url=coordinator_config.storage[0],
+                                     more_urls=coordinator_config.storage[1:])
             # No node-lease-proxy certificate without TLS: delegated heartbeats go
             # through the cloud clients and their configured credentials.
             self.lease_proxy_clients = self.cloud_clients
         else:
             cert_manager = self._build_certificate_clients(healthy_cloud)
             pair = cert_manager.yurthub_client_pair
-            etcd_config = EtcdConfig(url=coordinator_config.storage,
+            etcd_config = EtcdConfig(url=coordinator_config.storage[0],
+                                     more_urls=coordinator_config.storage[1:],
                                      ca_file=cert_manager.ca_file,
                                      cert_file=pair.cert_file, key_file=pair.key_file)
         self.etcd = self._own(EtcdClient(reactor, etcd_config))
@@ -337,7 +339,8 @@ class Agent(service.MultiService):
             election.check_interval, on_role=self.coordinator.set_role)
         self.status_source = AgentStatus(
             self.coordinator, config.node.pool, reactor, self.cloud_checker,
-            self.coordinator_checker, self.hub_elector, self.delegation)
+            self.coordinator_checker, self.hub_elector, self.delegation,
+            etcd_member=lambda: self.etcd.member)
 
     def _build_certificate_clients(self, healthy_cloud: HealthyCloudClient) -> CertManager:
         """Clients whose certificates the certificate manager fetches from the cloud;

@@ -119,6 +119,7 @@ class InitialStatus:
             "last_transition": rfc3339(self.since),
             "delegated_heartbeats": 0,
             "uploaded_objects": 0,
+            "etcd_member": None,
         }
 
 
@@ -150,12 +151,15 @@ class AgentStatus:
     observer), and what the agent's other parts report when a page is read.
 
     ``cloud_checker.servers()`` → {url: healthy}; ``coordinator_checker.healthy``;
-    ``hub_elector.leader`` (holder identity or None); ``delegation.delegated_heartbeats``.
+    ``hub_elector.leader`` (holder identity or None); ``delegation.delegated_heartbeats``;
+    ``etcd_member()``, the pool etcd member the pool store's requests go to now (None
+    while no member serves).
     """
 
     def __init__(self, coordinator: "Coordinator", pool: str, reactor: IReactorTime,
                  cloud_checker: ICloudHealthChecker, coordinator_checker: IHealthChecker,
-                 hub_elector: "HubElector", delegation: "HeartbeatDelegation") -> None:
+                 hub_elector: "HubElector", delegation: "HeartbeatDelegation",
+                 etcd_member: Callable[[], Optional[str]] = lambda: None) -> None:
         self._coordinator = coordinator
         self.pool = pool
         self._reactor = reactor
@@ -163,6 +167,7 @@ class AgentStatus:
         self._coordinator_checker = coordinator_checker
         self._hub_elector = hub_elector
         self._delegation = delegation
+        self._etcd_member = etcd_member
         self.last_transition = reactor.seconds()
         coordinator.add_role_observer(self._role_changed)
 
@@ -200,6 +205,7 @@ class AgentStatus:
             "last_transition": rfc3339(self.last_transition),
             "delegated_heartbeats": self._delegation.delegated_heartbeats,
             "uploaded_objects": coordinator.uploaded_objects,
+            "etcd_member": self._etcd_member(),
         }
 
 
@@ -284,6 +290,7 @@ POOL_PAGE_FIELDS = (
     ("uploaded_objects", "uploaded objects", "text"),
     ("delegated_heartbeats", "delegated heartbeats", "text"),
     ("last_transition", "last role change", "text"),
+    ("etcd_member", "pool etcd member", "text"),
 )
 # Milliseconds between two refreshes of the pool page in the browser.
 POOL_PAGE_REFRESH_MS = 2000

@@ -26,12 +26,21 @@ adapter fixes what it lacks:
 - ``range`` honours ``limit``, ``keys_only`` and ``revision`` (txaioetcd's ``get`` drops
   them) and prefix ends are computed correctly for keys ending in ``0xff``.
 
+Several members of one etcd cluster (``EtcdConfig.more_urls``): requests go to one
+member at a time and move on to the next when it fails to serve (no connection, no
+answer in time, no leader or a lost one); a skipped member comes back once its
+``/health`` answers (``yurtcoord.etcd.members``). A read, or any request that surely
+never reached the member, is resent on the next member; a write that reached a member
+is never resent elsewhere: its failure carries ``maybe_applied`` and the caller
+resolves the doubt, as with one member. One TLS policy serves every member.
+
 Reconnecting needs nothing special: a connection etcd closed is dropped from the pool,
 and before an idle connection is reused its socket is peeked, so one closed while the
 reactor was not looking is dropped too. A request on a connection at the moment etcd
 died fails with ``EtcdUnavailable`` and the next request dials again. Reads (range,
-status) and requests that provably never reached etcd are resent once; writes are
-not (etcd may have applied them).
+status) and requests that provably never reached etcd are resent once (to the next
+member when there are several, each member once); writes are not (etcd may have
+applied them).
 Not offered: watches (txaioetcd's watch receiver loses JSON split across reads) and
 leases (txaioetcd's ``Lease`` methods post with treq to ``/v3alpha`` directly).
 """
@@ -53,6 +62,7 @@ from twisted.web.http_headers import Headers
 from twisted.web.iweb import IBodyProducer, IResponse
 from zope.interface import implementer
 
+from yurtcoord.etcd.members import MemberSet
 from yurtcoord.etcd.txaioetcd_private import (
     GatewayClient,
     marshal_range_request,
@@ -89,6 +99,8 @@ MAX_RESPONSE_BYTES = 64 * 1024 * 1024
 _GRPC_DEADLINE_EXCEEDED = 4
 _GRPC_RESOURCE_EXHAUSTED = 8
 _GRPC_UNAVAILABLE = 14
+# Bytes of a member's /health answer read at most.
+_HEALTH_BYTES = 64 * 1024
 # Characters of an error message kept in a typed error (a peer may send megabytes).
 _MESSAGE_CHARS = 1024
 # What parsing a malformed answer can raise: wrong types and missing fields, numbers
@@ -120,7 +132,9 @@ _NOT_DELIVERED = (net_error.ConnectError, web_client.RequestNotSent,
 class EtcdConfig:
     """Where etcd is and how to talk to it.
 
-    :param url: ``http://host:port`` or ``https://host:port``.
+    :param url: ``http://host:port`` or ``https://host:port``: the (first) etcd member.
+    :param more_urls: the other members of the same etcd cluster, same scheme, tried in
+        this order after ``url`` (see the module doc).
     :param ca_file: PEM CA bundle verifying etcd's server certificate (https).
     :param cert_file: PEM client certificate (optionally followed by its chain).
     :param key_file: PEM private key of ``cert_file``.
@@ -140,10 +154,20 @@ class EtcdConfig:
     max_connections: int = 16
     idle_connection_timeout: int = 60
     max_response_bytes: int = MAX_RESPONSE_BYTES
+    more_urls: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not (self.url.startswith("http://") or self.url.startswith("https://")):
             raise ValueError(f"etcd url must start with http:// or https://: {self.url!r}")
+        scheme = self.url.split(":", 1)[0]
+        for url in self.more_urls:
+            if not url.startswith(scheme + "://"):
+                raise ValueError(f"every etcd member url must start with {scheme}:// "
+                                 f"as {self.url!r} does: {url!r}")
+        bases = [url.rstrip("/") for url in self.urls]
+        for url in bases:
+            if bases.count(url) > 1:
+                raise ValueError(f"etcd member url appears twice: {url!r}")
         if (self.cert_file is None) != (self.key_file is None):
             raise ValueError("cert_file and key_file go together")
         if self.gateway_prefix != "auto" and self.gateway_prefix not in GATEWAY_PREFIXES:
@@ -156,6 +180,11 @@ class EtcdConfig:
     @property
     def tls(self) -> bool:
         return self.url.startswith("https://")
+
+    @property
+    def urls(self) -> tuple[str, ...]:
+        """Every member's URL, ``url`` first."""
+        return (self.url,) + tuple(self.more_urls)
 
 
 @dataclass
@@ -298,8 +327,14 @@ def _grpc_error(status: int, obj: dict[str, Any]) -> EtcdError:
                or f"HTTP {status}")
     code = _error_code(obj.get("code"))
     if code == _GRPC_UNAVAILABLE or status == 503:
-        return EtcdUnavailable(f"etcd unavailable: {message}")
-    if code == _GRPC_DEADLINE_EXCEEDED or status == 504:
+        unavailable = EtcdUnavailable(f"etcd unavailable: {message}")
+        # "etcdserver: request timed out[, possibly due to ...]": the write was proposed
+        # and may still be committed.
+        unavailable.maybe_applied = "timed out" in message
+        return unavailable
+    if code == _GRPC_DEADLINE_EXCEEDED or status == 504 or message == "context deadline exceeded":
+        # etcd answers a write it proposed but could not commit in time (no quorum)
+        # with "context deadline exceeded" (gRPC code 2, HTTP 500): it may still land.
         return EtcdTimeout(f"etcd deadline exceeded: {message}")
     if "request is too large" in message or (
             code == _GRPC_RESOURCE_EXHAUSTED and "larger than max" in message):
@@ -317,7 +352,8 @@ class _Transport:
     def __init__(self, reactor: IReactorTime, config: EtcdConfig) -> None:
         self._reactor = reactor
         self._config = config
-        self._base = config.url.rstrip("/")
+        self.members = MemberSet(reactor, [url.rstrip("/") for url in config.urls],
+                                 self.probe_health)
         self._prefix = None if config.gateway_prefix == "auto" else config.gateway_prefix
         self._probe_waiters: list[Deferred[str]] = []
         self.tls: Optional[ReloadingTLSPolicy] = None
@@ -325,7 +361,7 @@ class _Transport:
             self.tls = ReloadingTLSPolicy(
                 PEMSource(config.ca_file), PEMSource(config.cert_file),
                 PEMSource(config.key_file), error=TLSConfigError,
-                on_change=self._replace_pool, name=f"etcd {self._base}")
+                on_change=self._replace_pool, name=f"etcd {', '.join(self.members.urls)}")
         self.pool, self._agent = self._new_pool()
         self._slots = DeferredSemaphore(config.max_connections)
         self._in_flight = InFlight()
@@ -367,23 +403,95 @@ class _Transport:
         return self._slots.run(self._send_with_retry, self._prefix, path, body, timeout,
                                idempotent)
 
+    def _member(self) -> str:
+        """The member for the next request; EtcdUnavailable at once when none serves."""
+        base = self.members.pick()
+        if base is None:
+            raise EtcdUnavailable(f"no etcd member serves (each is skipped until its "
+                                  f"/health answers): {self.members.no_member_reason()}")
+        return base
+
     @inlineCallbacks
     def _send_with_retry(self, prefix: str, path: str, body: bytes, timeout: Optional[float],
                          idempotent: bool) -> Generator["Deferred[Any]", Any, tuple[int, bytes]]:
-        try:
-            result = yield self._send(prefix, path, body, timeout)
-        except _Resendable as e:
-            if self.closed or not (idempotent or e.not_delivered):
-                raise e.error
-            self.log.debug("etcd request {path} failed on a connection, resending once: {error}",
-                           path=path, error=str(e.error))
+        """Send on the current member. A connection failure is resent (when the request
+        is idempotent or surely never arrived) on the next member, or once on the only
+        one; a gateway answer saying the member cannot serve is resent on the next
+        member when idempotent, else returned for ``parse`` to raise."""
+        several = len(self.members.urls) > 1
+        sends_left = len(self.members.urls) if several else 2
+        while True:
+            base = self._member()
+            sends_left -= 1
             try:
-                result = yield self._send(prefix, path, body, timeout)
-            except _Resendable as again:
-                raise again.error
-        return result
+                result = yield self._send(base, prefix, path, body, timeout)
+            except _Resendable as e:
+                self.members.failed(base, str(e.error))
+                if self.closed or not (idempotent or e.not_delivered) or sends_left <= 0:
+                    raise e.error
+                self.log.debug("etcd request {path} failed on a connection, resending: "
+                               "{error}", path=path, error=str(e.error))
+                continue
+            except EtcdTimeout as e:
+                self.members.failed(base, str(e))
+                raise
+            refusal = self._refusal(base, path, result) if several else None
+            if refusal is not None:
+                self.members.failed(base, str(refusal))
+                if idempotent and sends_left > 0 and not self.closed:
+                    continue
+                if result[0] == 200:
+                    raise refusal
+            return result
 
-    def _send(self, prefix: str, path: str, body: bytes,
+    def _refusal(self, base: str, path: str,
+                 status_and_body: tuple[int, bytes]) -> Optional[EtcdError]:
+        """The error of a gateway answer that says its member cannot serve now (no
+        leader, leader changed, timed out, unavailable), None for any other answer.
+        A member's status answers without a leader too: then the member is as good as
+        unavailable for everything else, and its status says so."""
+        status, body = status_and_body
+        if status == 200:
+            if path != "/maintenance/status":
+                return None
+            try:
+                leader = json.loads(body).get("leader")
+            except (ValueError, RecursionError, AttributeError):
+                return None
+            if leader in (None, "0", 0):
+                return EtcdUnavailable(f"etcd member at {base} has no raft leader")
+            return None
+        try:
+            self.parse(status_and_body)
+        except (EtcdUnavailable, EtcdTimeout) as e:
+            return e
+        except EtcdError:
+            return None
+        return None
+
+    def probe_health(self, base: str) -> "Deferred[bool]":
+        """True when the member at ``base`` answers ``/health`` with ``"health": "true"``
+        within the request timeout (through the same TLS policy as every request)."""
+        if self.closed:
+            return defer.succeed(False)
+        if self.tls is not None:
+            self.tls.refresh()
+        answered: Deferred[tuple[int, bytes]] = self._agent.request(
+            b"GET", (base + "/health").encode("utf-8")).addCallback(
+                _read_response, _HEALTH_BYTES, "/health")
+        answered.addTimeout(self._config.timeout, self._reactor)
+
+        def healthy(status_and_body: tuple[int, bytes]) -> bool:
+            try:
+                obj = json.loads(status_and_body[1])
+            except (ValueError, RecursionError):
+                return False
+            return isinstance(obj, dict) and obj.get("health") in ("true", True)
+
+        verdict: Deferred[bool] = answered.addCallback(healthy)
+        return self._in_flight.track(verdict)
+
+    def _send(self, base: str, prefix: str, path: str, body: bytes,
               timeout: Optional[float]) -> "Deferred[tuple[int, bytes]]":
         if self.closed:
             return defer.fail(ClientClosed("etcd client closed"))
@@ -391,16 +499,16 @@ class _Transport:
         if self.tls is not None:
             # Files changed since the last request: the Agent is replaced first.
             self.tls.refresh()
-        url = (self._base + prefix + path).encode("utf-8")
+        url = (base + prefix + path).encode("utf-8")
         headers = Headers({b"Content-Type": [b"application/json"]})
         answered: Deferred[tuple[int, bytes]] = self._agent.request(
             b"POST", url, headers, _BytesBody(body)).addCallback(
                 _read_response, self._config.max_response_bytes, path)
         answered.addTimeout(timeout, self._reactor)
-        answered.addErrback(self._translate, path, timeout)
+        answered.addErrback(self._translate, base, path, timeout)
         return self._in_flight.track(answered)
 
-    def _translate(self, failure: Failure, path: str, timeout: float) -> Failure:
+    def _translate(self, failure: Failure, base: str, path: str, timeout: float) -> Failure:
         if failure.check(EtcdError):
             return failure
         reasons = getattr(failure.value, "reasons", None) or []
@@ -409,13 +517,13 @@ class _Transport:
         if self.closed and cancelled:
             raise ClientClosed("etcd client closed")
         if cancelled or failure.check(defer.TimeoutError, net_error.TimeoutError):
-            raise EtcdTimeout(f"etcd did not answer {path} within {timeout}s")
+            raise EtcdTimeout(f"etcd at {base} did not answer {path} within {timeout}s")
         if any(r.check(ParseError) for r in reasons):
             raise BadResponse(f"etcd answered {path} with something that is not HTTP: "
                               f"{describe_failure(failure)}")
         if failure.check(*_CONNECTION_FAILURES):
             not_delivered = bool(failure.check(*_NOT_DELIVERED))
-            error = EtcdUnavailable(f"etcd unreachable at {self._base}: {describe_failure(failure)}")
+            error = EtcdUnavailable(f"etcd unreachable at {base}: {describe_failure(failure)}")
             error.maybe_applied = not not_delivered
             raise _Resendable(error, not_delivered=not_delivered)
         self.log.error("etcd request {path} failed unexpectedly: {error}", path=path,
@@ -461,23 +569,29 @@ class _Transport:
                 waiter.callback(result)
 
     async def _probe_prefixes(self) -> str:
+        base = self._member()
         for prefix in GATEWAY_PREFIXES:
             try:
-                answer = await self._slots.run(self._send, prefix, "/maintenance/status",
-                                               b"{}", None)
+                answer = await self._slots.run(self._send, base, prefix,
+                                               "/maintenance/status", b"{}", None)
             except _Resendable as e:
+                self.members.failed(base, str(e.error))
                 raise e.error
+            except EtcdTimeout as e:
+                self.members.failed(base, str(e))
+                raise
             if answer[0] == 404:
                 continue
             self.parse(answer)
             self._prefix = prefix
             self.log.info("etcd gateway prefix detected: {prefix} at {url}", prefix=prefix,
-                          url=self._base)
+                          url=base)
             return prefix
-        raise BadResponse(f"no etcd gateway at {self._base} (tried {', '.join(GATEWAY_PREFIXES)})")
+        raise BadResponse(f"no etcd gateway at {base} (tried {', '.join(GATEWAY_PREFIXES)})")
 
     def close(self) -> "Deferred[Any]":
         self.closed = True
+        self.members.close()
         self._in_flight.cancel_all()
         return self.pool.closeCachedConnections()
 
@@ -520,6 +634,11 @@ class EtcdClient:
     @property
     def gateway_prefix(self) -> Optional[str]:
         return self._transport.gateway_prefix
+
+    @property
+    def member(self) -> Optional[str]:
+        """The URL of the etcd member requests go to now; None while no member serves."""
+        return self._transport.members.current
 
     def _call(self, path: str, payload: Any, timeout: Optional[float] = None,
               idempotent: bool = False) -> "Deferred[dict[str, Any]]":

@@ -351,17 +351,22 @@ class EtcdProcess:
         the test's independent reader.
     :param base_dir: the directory for data, log and certs (created; removed by
         ``stop()``), e.g. inside a service's own temp dir; default a new temp dir.
+    :param initial_cluster: etcd's ``--initial-cluster`` (``name=peer URL,...``) for a
+        member of a cluster of several (see ``EtcdCluster``, which sets the ports);
+        None for a cluster of this one member. A member of a cluster gets server
+        certificate files of its own name.
     """
 
     def __init__(self, binary: EtcdBinary | None = None, tls_ca: TestCA | None = None,
                  extra_args: tuple[str, ...] | list[str] = (), name: str = "yurtcoord-test",
                  host: str = "127.0.0.1",
-                 base_dir: str | None = None) -> None:
+                 base_dir: str | None = None, *, initial_cluster: str | None = None) -> None:
         self.binary = binary or default_etcd_binary()
         self.host = host
         self.tls_ca = tls_ca
         self.extra_args = list(extra_args)
         self.name = name
+        self.initial_cluster = initial_cluster
         self.base_dir = self._make_base_dir(base_dir)
         self.data_dir = os.path.join(self.base_dir, "data")
         self.log_file = os.path.join(self.base_dir, "etcd.log")
@@ -372,8 +377,9 @@ class EtcdProcess:
         self._process: subprocess.Popen[bytes] | None = None
         _live.add(self)
         if tls_ca is not None:
-            self.server_cert = tls_ca.server_pair("etcd-server")
-            self.client_cert = tls_ca.client_pair("etcd-client", "etcd-test-client")
+            suffix = "" if initial_cluster is None else f"-{name}"
+            self.server_cert = tls_ca.server_pair("etcd-server" + suffix)
+            self.client_cert = tls_ca.client_pair("etcd-client" + suffix, "etcd-test-client")
 
     @staticmethod
     def _make_base_dir(base_dir: str | None) -> str:
@@ -431,7 +437,7 @@ class EtcdProcess:
             "--advertise-client-urls", self.client_url,
             "--listen-peer-urls", self.peer_url,
             "--initial-advertise-peer-urls", self.peer_url,
-            "--initial-cluster", f"{self.name}={self.peer_url}",
+            "--initial-cluster", self.initial_cluster or f"{self.name}={self.peer_url}",
             "--initial-cluster-state", "new" if new_cluster else "existing",
             "--logger", "zap",
             "--log-outputs", "stderr",
@@ -697,6 +703,189 @@ class EtcdProcess:
         if isinstance(value, str):
             value = value.encode()
         self.etcdctl("put", key, input=value)
+
+
+_live_clusters: "weakref.WeakSet[EtcdCluster]" = weakref.WeakSet()
+
+
+@atexit.register
+def _stop_leftover_clusters() -> None:
+    """Clusters whose test forgot ``stop()`` must not outlive the run either."""
+    for cluster in list(_live_clusters):
+        cluster.stop()
+
+
+class EtcdCluster:
+    """A cluster of ``size`` etcd members on loopback, each an ``EtcdProcess``.
+
+    :param binary: an ``EtcdBinary`` for every member; default ``default_etcd_binary()``.
+    :param size: members (3 by default: one may be lost with the cluster still serving).
+    :param tls_ca: a ``yurtcoord.sim.pki.TestCA``: every member serves https with a
+        server certificate of its own and requires client certificates signed by that
+        CA; ``client_cert`` is one such client pair (any member's works with every member).
+    :param extra_args: more etcd flags for every member.
+
+    ``start()`` blocks until every member reports healthy (a member is healthy once the
+    cluster has a leader); one member is killed, terminated, frozen or restarted
+    through ``members[i]``, or by index through the methods below. ``stop()`` (also at
+    exit) kills every member and removes every temp dir.
+    """
+
+    def __init__(self, binary: EtcdBinary | None = None, size: int = 3,
+                 tls_ca: TestCA | None = None,
+                 extra_args: tuple[str, ...] | list[str] = ()) -> None:
+        if size < 1:
+            raise ValueError(f"an etcd cluster needs at least one member, not {size}")
+        self.binary = binary or default_etcd_binary()
+        self.tls_ca = tls_ca
+        self.size = size
+        self.extra_args = list(extra_args)
+        self.members: list[EtcdProcess] = []
+        _live_clusters.add(self)
+
+    @property
+    def version(self) -> str:
+        return self.binary.version
+
+    @property
+    def client_urls(self) -> list[str]:
+        """Every member's client URL, in member order."""
+        return [member.client_url for member in self.members]
+
+    @property
+    def client_cert(self) -> CertPair | None:
+        """A client pair every member accepts (None without TLS)."""
+        return self.members[0].client_cert if self.members else None
+
+    def _new_members(self) -> None:
+        names = [f"member-{i}" for i in range(self.size)]
+        ports: set[int] = set()
+        while len(ports) < 2 * self.size:
+            ports.add(free_port())
+        pairs = list(zip(sorted(ports)[::2], sorted(ports)[1::2]))
+        initial = ",".join(f"{name}=http://127.0.0.1:{peer}"
+                           for name, (_client, peer) in zip(names, pairs))
+        self.members = []
+        for name, (client_port, peer_port) in zip(names, pairs):
+            member = EtcdProcess(self.binary, tls_ca=self.tls_ca, extra_args=self.extra_args,
+                                 name=name, initial_cluster=initial)
+            member.client_port, member.peer_port = client_port, peer_port
+            self.members.append(member)
+
+    def start(self, deadline: float = START_DEADLINE) -> "EtcdCluster":
+        """Start every member on fresh free ports; block until each reports healthy.
+
+        A port taken between choosing and binding is retried with new ports.
+        """
+        if any(member.is_running() for member in self.members):
+            raise EtcdFixtureError("etcd cluster already running")
+        last_error = EtcdFixtureError("etcd cluster did not start")
+        for _attempt in range(3):
+            self.stop()
+            self._new_members()
+            for member in self.members:
+                member._spawn()
+            try:
+                for member in self.members:
+                    member.wait_ready(deadline)
+                return self
+            except EtcdFixtureError as e:
+                last_error = e
+                in_use = any("address already in use" in _tail(member.log_file, 20)
+                             for member in self.members)
+                if not in_use:
+                    break
+        self.stop()
+        raise last_error
+
+    def wait_healthy(self, deadline: float = START_DEADLINE) -> None:
+        """Block until every running member reports healthy."""
+        for member in self.members:
+            if member.is_running():
+                member.wait_ready(deadline)
+
+    def running(self) -> list[EtcdProcess]:
+        return [member for member in self.members if member.is_running()]
+
+    def leader(self, deadline: float = ETCDCTL_DEADLINE) -> EtcdProcess:
+        """The member that is the raft leader now, as the running members report it
+        (``etcdctl endpoint status``); waits for an election in progress."""
+        give_up = time.monotonic() + deadline
+        while True:
+            for member in self.running():
+                try:
+                    status = json.loads(member.etcdctl("endpoint", "status", "-w", "json"))
+                except (EtcdFixtureError, ValueError):
+                    continue
+                for entry in status:
+                    own = entry["Status"]["header"]["member_id"]
+                    if own == entry["Status"]["leader"]:
+                        return member
+            if time.monotonic() > give_up:
+                raise EtcdFixtureError(f"no etcd member reports itself leader within "
+                                       f"{deadline}s")
+            time.sleep(_POLL_INTERVAL * 5)
+
+    def followers(self) -> list[EtcdProcess]:
+        """The running members that are not the leader."""
+        leader = self.leader()
+        return [member for member in self.running() if member is not leader]
+
+    def kill(self, index: int) -> EtcdProcess:
+        """SIGKILL member ``index``; its data dir stays for ``restart``."""
+        member = self.members[index]
+        member.kill()
+        return member
+
+    def terminate(self, index: int) -> EtcdProcess:
+        member = self.members[index]
+        member.terminate()
+        return member
+
+    def restart(self, index: int, deadline: float = START_DEADLINE) -> EtcdProcess:
+        """Start member ``index`` again on its data dir and ports; blocks until healthy
+        (which needs a quorum of the cluster running)."""
+        return self.members[index].restart(deadline)
+
+    def freeze(self, index: int) -> EtcdProcess:
+        member = self.members[index]
+        member.freeze()
+        return member
+
+    def thaw(self, index: int) -> EtcdProcess:
+        member = self.members[index]
+        member.thaw()
+        return member
+
+    def stop(self) -> None:
+        """Kill every member and remove its temp dir. Safe to call twice."""
+        for member in self.members:
+            member.stop()
+
+    def __enter__(self) -> "EtcdCluster":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # -- independent reader ------------------------------------------------------
+
+    def etcdctl(self, *args: object, input: bytes | None = None) -> str:
+        """etcdctl against the first running member (see ``EtcdProcess.etcdctl``)."""
+        return self._reader().etcdctl(*args, input=input)
+
+    def read(self, key: str | bytes, prefix: bool = False) -> dict[bytes, bytes]:
+        """``{key: value}`` as a running member answers (a linearizable read)."""
+        return self._reader().read(key, prefix=prefix)
+
+    def put(self, key: str | bytes, value: str | bytes) -> None:
+        self._reader().put(key, value)
+
+    def _reader(self) -> EtcdProcess:
+        running = self.running()
+        if not running:
+            raise EtcdFixtureError("no etcd member of the cluster is running")
+        return running[0]
 
 
 TEST_VERSIONS = ("3.4", "3.5")

@@ -92,7 +92,7 @@ class ParseValuesTests(unittest.TestCase):
         coordinator = config.coordinator
         self.assertEqual(coordinator.enabled, True)
         self.assertEqual(coordinator.server, "https://yurt-coordinator-apiserver:443")
-        self.assertEqual(coordinator.storage, "https://yurt-coordinator-etcd:2379")
+        self.assertEqual(coordinator.storage, ("https://yurt-coordinator-etcd:2379",))
         self.assertEqual(coordinator.storage_prefix, "/registry")
         self.assertEqual(coordinator.pki_dir, "/var/lib/yurtcoord/pki")
         self.assertEqual(coordinator.secret_namespace, "kube-system")
@@ -251,7 +251,7 @@ class ExampleFileTests(unittest.TestCase):
         # The example's peers are loopback addresses, so that it runs on a test machine.
         self.assertEqual(example.coordinator, dataclasses.replace(
             defaults.coordinator, server="https://127.0.0.1:10443",
-            storage="https://127.0.0.1:12379"))
+            storage=("https://127.0.0.1:12379",)))
         self.assertEqual(example.leader_election, defaults.leader_election)
         self.assertEqual(example.heartbeat, defaults.heartbeat)
         self.assertEqual(example.pool_cache, defaults.pool_cache)
@@ -386,6 +386,50 @@ class ErrorTests(ConfigErrorAssertions, unittest.TestCase):
                                "only allowed with insecure = true")
         self.assertConfigError(with_section("coordinator", "server = http://api:8080"),
                                "coordinator", "server", "http://api:8080",
+                               "only allowed with insecure = true")
+
+    def test_storage_takes_several_etcd_members(self):
+        config = parse_config(with_section(
+            "coordinator", "storage = https://e1:2379, https://e2:2379/ ,https://e3:2379"),
+            SOURCE)
+        self.assertEqual(config.coordinator.storage,
+                         ("https://e1:2379", "https://e2:2379", "https://e3:2379"))
+        rendered = parse_config(render_config(config), SOURCE)
+        self.assertEqual(rendered.coordinator.storage, config.coordinator.storage)
+
+    def test_one_storage_url_reads_as_before(self):
+        config = parse_config(with_section("coordinator", "storage = https://etcd:2379/"),
+                              SOURCE)
+        self.assertEqual(config.coordinator.storage, ("https://etcd:2379",))
+
+    def test_bad_storage_member_is_named(self):
+        value = "https://e1:2379, e2:2379"
+        message = self.assertConfigError(with_section("coordinator", f"storage = {value}"),
+                                         "coordinator", "storage", value, "not a URL")
+        self.assertIn("'e2:2379': not a URL", message)
+        value = "https://e1:2379, https://e2:99999"
+        message = self.assertConfigError(with_section("coordinator", f"storage = {value}"),
+                                         "coordinator", "storage", value, "bad port")
+        self.assertIn("'https://e2:99999'", message)
+        self.assertConfigError(with_section("coordinator", "storage = ,"),
+                               "coordinator", "storage", ",", "at least one etcd URL")
+
+    def test_duplicate_storage_member_is_refused(self):
+        value = "https://e1:2379, https://e2:2379, https://e1:2379/"
+        message = self.assertConfigError(with_section("coordinator", f"storage = {value}"),
+                                         "coordinator", "storage", value, "appears twice")
+        self.assertIn("'https://e1:2379' appears twice", message)
+
+    def test_storage_members_share_one_scheme(self):
+        value = "http://e1:2379, https://e2:2379"
+        self.assertConfigError(
+            with_section("coordinator", f"storage = {value}\ninsecure = true"),
+            "coordinator", "storage", value, "mixes http:// and https://")
+
+    def test_http_storage_member_requires_insecure(self):
+        value = "http://e1:2379, http://e2:2379"
+        self.assertConfigError(with_section("coordinator", f"storage = {value}"),
+                               "coordinator", "storage", value,
                                "only allowed with insecure = true")
 
     def test_bad_listen(self):

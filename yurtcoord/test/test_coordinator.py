@@ -481,7 +481,7 @@ class ReadinessTests(CoordinatorTestCase):
             "ready": True, "pool_cache_synced": True, "local_cache_uploaded": True,
             "leader": "edge-2", "cloud": {"https://cloud": True}, "coordinator_healthy": True,
             "last_transition": "2023-11-14T22:13:25Z", "delegated_heartbeats": 3,
-            "uploaded_objects": 7})
+            "uploaded_objects": 7, "etcd_member": None})
 
 
 class StopTests(CoordinatorTestCase):

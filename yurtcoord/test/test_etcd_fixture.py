@@ -7,6 +7,7 @@ import shutil
 import signal
 import ssl
 import tempfile
+import time
 import urllib.error
 import urllib.request
 
@@ -15,6 +16,7 @@ from twisted.internet.task import LoopingCall
 from twisted.trial import unittest
 
 from yurtcoord.sim.etcd import (
+    EtcdCluster,
     EtcdFixtureError,
     EtcdProcess,
     EtcdStartError,
@@ -148,6 +150,23 @@ class EtcdFixtureTestsMixin:
         self.assertEqual(etcd.read("/tls"), {b"/tls": b"yes"})
 
 
+def _answers_healthy(member):
+    try:
+        return member.health(timeout=5)
+    except OSError:
+        return False
+
+
+def _eventually(condition, deadline=30.0):
+    """True once ``condition()`` is, polled until ``deadline`` seconds passed."""
+    give_up = time.monotonic() + deadline
+    while not condition():
+        if time.monotonic() > give_up:
+            return False
+        time.sleep(0.1)
+    return True
+
+
 def _server_version(etcd):
     status = json.loads(etcd.etcdctl("endpoint", "status", "-w", "json"))
     return status[0]["Status"]["version"]
@@ -253,3 +272,93 @@ class EtcdFromReactorTests(unittest.TestCase):
         self.assertEqual((yield etcd.when_exited(reactor)), -signal.SIGKILL)
         yield etcd.stop_from_reactor(reactor)
         self.assertFalse(os.path.exists(base_dir))
+
+
+class EtcdClusterTestsMixin:
+    """A cluster of three members, per etcd version."""
+
+    def start_cluster(self, **kwargs):
+        cluster = EtcdCluster(self.etcd_binary, **kwargs)
+        self.addCleanup(cluster.stop)
+        return cluster.start()
+
+    def test_three_members_serve_one_keyspace_with_one_leader(self):
+        cluster = self.start_cluster()
+        self.assertEqual(len(cluster.members), 3)
+        self.assertEqual(len(set(cluster.client_urls)), 3)
+        self.assertTrue(all(url.startswith("http://127.0.0.1:") for url in cluster.client_urls))
+        members = json.loads(cluster.etcdctl("member", "list", "-w", "json"))["members"]
+        self.assertEqual(sorted(m["name"] for m in members),
+                         ["member-0", "member-1", "member-2"])
+        leader = cluster.leader()
+        self.assertIn(leader, cluster.members)
+        self.assertEqual(len(cluster.followers()), 2)
+        cluster.members[0].put("/k", "v")
+        for member in cluster.members:
+            self.assertTrue(member.health())
+            self.assertEqual(member.read("/k"), {b"/k": b"v"})
+            self.assertEqual(_server_version(member), self.etcd_binary.version)
+
+    def test_killing_the_leader_elects_another_and_restart_rejoins(self):
+        cluster = self.start_cluster()
+        cluster.put("/before", "1")
+        old = cluster.leader()
+        index = cluster.members.index(old)
+        cluster.kill(index)
+        self.assertFalse(old.is_running())
+        new = cluster.leader()
+        self.assertIsNot(new, old)
+        new.put("/during", "2")
+        cluster.restart(index)
+        self.assertTrue(old.health())
+        self.assertEqual(old.read("/", prefix=True), {b"/before": b"1", b"/during": b"2"})
+
+    def test_two_of_three_down_is_unhealthy_until_one_is_back(self):
+        cluster = self.start_cluster()
+        cluster.kill(0)
+        cluster.terminate(1)
+        # The last member notices the lost quorum within an election timeout or so;
+        # meanwhile its /health may also not answer in time.
+        self.assertTrue(_eventually(lambda: not _answers_healthy(cluster.members[2])))
+        cluster.restart(1)
+        self.assertTrue(_eventually(lambda: _answers_healthy(cluster.members[2])))
+
+    def test_freeze_and_thaw_one_member(self):
+        cluster = self.start_cluster()
+        cluster.freeze(1)
+        self.addCleanup(cluster.members[1].thaw)
+        self.assertRaises(OSError, cluster.members[1].health, 0.3)
+        cluster.thaw(1)
+        self.assertTrue(cluster.members[1].health())
+
+    def test_tls_members_have_their_own_server_certificates_and_one_ca(self):
+        ca_dir = tempfile.mkdtemp(prefix="yurtcoord-ca-")
+        self.addCleanup(shutil.rmtree, ca_dir, True)
+        ca = TestCA(ca_dir)
+        cluster = self.start_cluster(tls_ca=ca)
+        self.assertTrue(all(url.startswith("https://127.0.0.1:") for url in cluster.client_urls))
+        self.assertEqual(len({m.server_cert.cert_file for m in cluster.members}), 3)
+        cluster.put("/tls", "yes")
+        client_cert = cluster.client_cert
+        for member in cluster.members:
+            context = ssl.create_default_context(cafile=ca.ca_file)
+            context.load_cert_chain(client_cert.cert_file, client_cert.key_file)
+            with urllib.request.urlopen(member.client_url + "/health", timeout=5,
+                                        context=context) as answer:
+                self.assertEqual(json.loads(answer.read())["health"], "true")
+            no_cert = ssl.create_default_context(cafile=ca.ca_file)
+            with self.assertRaises((ssl.SSLError, urllib.error.URLError, ConnectionError)):
+                urllib.request.urlopen(member.client_url + "/health", timeout=5,
+                                       context=no_cert).read()
+            self.assertEqual(member.read("/tls"), {b"/tls": b"yes"})
+
+    def test_stop_removes_every_member(self):
+        cluster = self.start_cluster(size=1)
+        bases = [member.base_dir for member in cluster.members]
+        cluster.stop()
+        self.assertEqual(cluster.running(), [])
+        self.assertFalse(any(os.path.exists(base) for base in bases))
+        cluster.stop()
+
+
+make_etcd_test_classes(EtcdClusterTestsMixin, globals())

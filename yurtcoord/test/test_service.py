@@ -66,6 +66,7 @@ class AgentServiceTests(unittest.TestCase):
         self.assertTrue(status["coordinator_healthy"])
         self.assertTrue(status["pool_cache_synced"])
         self.assertTrue(status["local_cache_uploaded"])
+        self.assertEqual(status["etcd_member"], config.coordinator.storage[0])
         code, body = yield self.reader.get(agent.status_http.url, "healthz")
         self.assertEqual((code, body), (200, b"ok\n"))
         code, _ = yield self.reader.get(agent.status_http.url, "readyz")

@@ -27,7 +27,7 @@ from yurtcoord.testing.poll import poll_until
 STATUS_KEYS = {
     "node", "pool", "role", "healthy", "ready", "pool_cache_synced", "local_cache_uploaded",
     "leader", "cloud", "coordinator_healthy", "last_transition", "delegated_heartbeats",
-    "uploaded_objects",
+    "uploaded_objects", "etcd_member",
 }
 
 
@@ -122,7 +122,7 @@ class StatusPagesTests(HTTPTestMixin, unittest.TestCase):
             "ready": False, "pool_cache_synced": False, "local_cache_uploaded": False,
             "leader": None, "cloud": {"https://10.0.0.1:6443": False},
             "coordinator_healthy": False, "last_transition": "1970-01-01T00:00:00Z",
-            "delegated_heartbeats": 0, "uploaded_objects": 0,
+            "delegated_heartbeats": 0, "uploaded_objects": 0, "etcd_member": None,
         })
 
     @defer.inlineCallbacks

@@ -71,6 +71,9 @@ ROLE_RETRY = backoff_policy(initial=0.5, maximum=30.0)
 INFORMER_RETRY = backoff_policy(initial=0.5, maximum=30.0)
 # A pool etcd write of the local cache upload or of pool sync.
 POOL_WRITE_RETRY = backoff_policy(initial=0.5, maximum=10.0)
+# The /health probe of a pool etcd member skipped after a failed request: soon after
+# the failure (a member restarts in about a second), then every few seconds.
+ETCD_MEMBER_PROBE_RETRY = backoff_policy(initial=0.5, maximum=5.0)
 # A heartbeat the leader forwards to the cloud: retried well within a renewal interval.
 DELEGATION_RETRY = backoff_policy(initial=0.5, maximum=5.0)
 # A lease write whose attempt failed with an error (not a conflict): 1 s, 2 s, 4 s,

@@ -1,0 +1,365 @@
+"""Which etcd member the client's requests go to: member selection, skipping and
+re-admission after ``/health`` on a ``task.Clock``, then the client on scripted
+gateways over real sockets (switching on the errors etcd answers while it has no
+leader, never resending a delivered write to another member)."""
+
+import json
+from typing import Any
+
+from twisted.internet import defer, reactor
+from twisted.internet.task import Clock
+from twisted.logger import Logger
+from twisted.trial import unittest
+from twisted.web import server
+
+from yurtcoord.etcd.client import EtcdConfig
+from yurtcoord.etcd.errors import EtcdTimeout, EtcdUnavailable, RequestRejected
+from yurtcoord.etcd.members import MemberSet
+from yurtcoord.testing.etcdgateway import (
+    PUT_OK,
+    ScriptedGateway,
+    ScriptedGatewayMixin,
+    range_answer,
+)
+from yurtcoord.testing.poll import poll_until
+from yurtcoord.tx.retry import backoff_policy
+
+A, B, C = "http://a:2379", "http://b:2379", "http://c:2379"
+# Pauses before the probes of a skipped member: 0.5, 1, 2, 4, then 4 s.
+POLICY = backoff_policy(initial=0.5, maximum=4.0, jitter=0.0)
+
+NO_LEADER = (503, json.dumps({"error": "etcdserver: no leader", "code": 14,
+                              "message": "etcdserver: no leader"}).encode())
+LEADER_CHANGED = (503, json.dumps({"error": "etcdserver: leader changed", "code": 14,
+                                   "message": "etcdserver: leader changed"}).encode())
+# What etcd 3.4 and 3.5 answer a put (after 7 s) when the member lost its quorum.
+DEADLINE_EXCEEDED = (500, json.dumps({"error": "context deadline exceeded", "code": 2,
+                                      "message": "context deadline exceeded"}).encode())
+HEALTHY = (200, b'{"health":"true"}')
+UNHEALTHY = (503, b'{"health":"false","reason":"RAFT NO LEADER"}')
+
+
+class Probes:
+    """The health probe of a ``MemberSet``: each call waits for the test's answer."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[float, str, "defer.Deferred[bool]"]] = []
+
+    def __call__(self, url: str) -> "defer.Deferred[bool]":
+        d: defer.Deferred[bool] = defer.Deferred()
+        self.calls.append((self.clock.seconds(), url, d))
+        return d
+
+    clock: Clock
+
+
+class MemberSetTests(unittest.TestCase):
+
+    def setUp(self) -> None:
+        self.clock = Clock()
+        self.probes = Probes()
+        self.probes.clock = self.clock
+        self.events: list[dict[str, Any]] = []
+        self.members = self.member_set([A, B, C])
+
+    def member_set(self, urls: list[str]) -> MemberSet:
+        members = MemberSet(self.clock, urls, self.probes, policy=POLICY)
+        members.log = Logger(observer=self.events.append)
+        self.addCleanup(members.close)
+        return members
+
+    def switches(self) -> list[tuple[Any, Any, str]]:
+        return [(e["from"], e["to"], e["reason"]) for e in self.events
+                if e.get("log_format", "").startswith("etcd member switch")]
+
+    def test_requests_go_to_the_first_member_until_it_fails(self):
+        self.assertEqual(self.members.pick(), A)
+        self.members.failed(A, "connection refused")
+        self.assertEqual(self.members.pick(), B)
+        self.assertEqual(self.members.current, B)
+        self.assertEqual(self.members.skipped(), {A: "connection refused"})
+        self.assertEqual(self.switches(), [(A, B, "connection refused")])
+
+    def test_one_switch_is_logged_once_however_many_requests_fail_with_it(self):
+        for _ in range(5):
+            self.members.failed(A, "timed out")
+        self.assertEqual(self.switches(), [(A, B, "timed out")])
+        self.assertEqual(len(self.probes.calls), 0)
+        self.assertEqual(len(self.clock.getDelayedCalls()), 1)
+
+    def test_a_failed_member_that_is_not_current_is_skipped_without_a_switch(self):
+        self.members.failed(B, "refused")
+        self.assertEqual(self.members.current, A)
+        self.assertEqual(self.switches(), [])
+        self.members.failed(A, "no leader")
+        self.assertEqual(self.members.current, C)
+        self.assertEqual(self.switches(), [(A, C, "no leader")])
+
+    def test_a_skipped_member_is_probed_on_the_policy_and_readmitted_when_healthy(self):
+        self.members.failed(A, "refused")
+        self.clock.advance(0.49)
+        self.assertEqual(self.probes.calls, [])
+        self.clock.advance(0.01)
+        self.assertEqual([(t, url) for t, url, _d in self.probes.calls], [(0.5, A)])
+        self.probes.calls[0][2].callback(False)
+        self.clock.advance(0.99)
+        self.assertEqual(len(self.probes.calls), 1)
+        self.clock.advance(0.01)
+        self.assertEqual(len(self.probes.calls), 2)
+        self.assertEqual(self.probes.calls[1][0], 1.5)
+        self.probes.calls[1][2].errback(EtcdUnavailable("refused"))
+        self.clock.advance(2.0)
+        self.assertEqual(self.probes.calls[2][0], 3.5)
+        self.assertEqual(self.members.skipped(), {A: "refused"})
+        self.probes.calls[2][2].callback(True)
+        self.assertEqual(self.members.skipped(), {})
+        # Re-admitted, not taken back: B keeps the requests (no flapping).
+        self.assertEqual(self.members.current, B)
+        self.assertEqual(self.clock.getDelayedCalls(), [])
+        self.assertEqual(self.switches(), [(A, B, "refused")])
+
+    def test_probes_back_off_to_the_policy_maximum(self):
+        self.members.failed(A, "refused")
+        for pause in (0.5, 1.0, 2.0, 4.0, 4.0, 4.0):
+            self.clock.advance(pause)
+            self.probes.calls[-1][2].callback(False)
+        self.assertEqual([t for t, _url, _d in self.probes.calls],
+                         [0.5, 1.5, 3.5, 7.5, 11.5, 15.5])
+        self.assertEqual([call.getTime() for call in self.clock.getDelayedCalls()], [19.5])
+
+    def test_a_readmitted_member_that_fails_again_starts_the_policy_afresh(self):
+        self.members.failed(A, "refused")
+        self.clock.advance(0.5)
+        self.probes.calls[0][2].callback(False)
+        self.clock.advance(1.0)
+        self.probes.calls[1][2].callback(True)
+        self.members.failed(B, "refused")
+        self.assertEqual(self.members.current, C)
+        self.members.failed(C, "refused")
+        self.assertEqual(self.members.current, A)
+        self.members.failed(A, "refused again")
+        self.assertEqual(self.members.skipped()[A], "refused again")
+        self.assertEqual(sorted(call.getTime() for call in self.clock.getDelayedCalls()),
+                         [2.0, 2.0, 2.0])
+
+    def test_every_member_skipped_means_no_member_until_one_is_healthy(self):
+        for url in (A, B, C):
+            self.members.failed(url, f"{url} refused")
+        self.assertIsNone(self.members.pick())
+        self.assertEqual(self.members.no_member_reason(),
+                         f"{A}: {A} refused; {B}: {B} refused; {C}: {C} refused")
+        self.clock.advance(0.5)
+        by_url = {url: d for _t, url, d in self.probes.calls}
+        self.assertEqual(sorted(by_url), [A, B, C])
+        by_url[B].callback(False)
+        by_url[C].callback(True)
+        self.assertEqual(self.members.pick(), C)
+        by_url[A].callback(True)
+        self.assertEqual(self.members.pick(), C)
+        self.assertEqual(self.switches(), [
+            (A, B, f"{A} refused"), (B, C, f"{B} refused"), (C, None, f"{C} refused"),
+            (None, C, f"{C} is healthy again")])
+
+    def test_one_member_is_never_skipped(self):
+        members = self.member_set([A])
+        members.failed(A, "refused")
+        self.assertEqual(members.pick(), A)
+        self.assertEqual(members.skipped(), {})
+        self.assertEqual(self.clock.getDelayedCalls(), [])
+
+    def test_close_stops_every_probe(self):
+        self.members.failed(A, "refused")
+        self.members.failed(B, "refused")
+        self.clock.advance(0.5)
+        self.members.failed(C, "refused")
+        self.members.close()
+        self.assertEqual(self.clock.getDelayedCalls(), [])
+        for _t, _url, d in self.probes.calls:
+            self.assertTrue(d.called)
+
+    def test_urls_must_be_distinct_and_present(self):
+        self.assertRaises(ValueError, MemberSet, self.clock, [A, B, A], self.probes)
+        self.assertRaises(ValueError, MemberSet, self.clock, [], self.probes)
+
+
+class EtcdConfigMembersTests(unittest.TestCase):
+
+    def test_urls_lists_every_member_first_one_first(self):
+        config = EtcdConfig("https://a:2379", more_urls=("https://b:2379",))
+        self.assertEqual(config.urls, ("https://a:2379", "https://b:2379"))
+        self.assertEqual(EtcdConfig("http://a:2379").urls, ("http://a:2379",))
+
+    def test_members_share_a_scheme_and_appear_once(self):
+        with self.assertRaisesRegex(ValueError, "must start with https://"):
+            EtcdConfig("https://a:2379", more_urls=("http://b:2379",))
+        with self.assertRaisesRegex(ValueError, "appears twice"):
+            EtcdConfig("http://a:2379", more_urls=("http://a:2379/",))
+
+
+class HealthGateway(ScriptedGateway):
+    """A scripted gateway that also answers ``GET /health`` from ``answers["/health"]``."""
+
+    def render_GET(self, request: server.Request) -> Any:
+        return self.render_POST(request)
+
+
+class ClientOnMembersTests(ScriptedGatewayMixin, unittest.TestCase):
+    """The client on two or three scripted members over real sockets."""
+
+    def members(self, *scripts: dict) -> tuple[list[HealthGateway], Any]:
+        gateways, urls = [], []
+        for script in scripts:
+            gateway = HealthGateway(script)
+            url, _tracking = self.listen(server.Site(gateway))
+            gateways.append(gateway)
+            urls.append(url)
+        client = self.client(urls[0], more_urls=tuple(urls[1:]), timeout=1.0)
+        return gateways, client
+
+    def posts(self, gateway: ScriptedGateway) -> list[str]:
+        return [path for path, _body in gateway.seen if path != "/health"]
+
+    @defer.inlineCallbacks
+    def test_a_read_answered_no_leader_moves_on_and_is_resent(self):
+        for refusal in (NO_LEADER, LEADER_CHANGED):
+            (first, second), client = self.members(
+                {"/v3/kv/range": [refusal], "/health": [UNHEALTHY]},
+                {"/v3/kv/range": [(200, range_answer((b"k", b"v")))]})
+            kv = yield client.get(b"k")
+            self.assertEqual(kv.value, b"v")
+            self.assertEqual((self.posts(first), self.posts(second)),
+                             (["/v3/kv/range"], ["/v3/kv/range"]))
+            self.assertEqual(client.member, client.config.more_urls[0])
+
+    @defer.inlineCallbacks
+    def test_a_write_answered_no_leader_is_not_resent_but_the_next_request_moves_on(self):
+        (first, second), client = self.members(
+            {"/v3/kv/put": [NO_LEADER], "/health": [UNHEALTHY]},
+            {"/v3/kv/put": [(200, PUT_OK)]})
+        with self.assertRaisesRegex(EtcdUnavailable, "etcdserver: no leader"):
+            yield client.put(b"k", b"v")
+        self.assertEqual((self.posts(first), self.posts(second)), (["/v3/kv/put"], []))
+        revision = yield client.put(b"k", b"v")
+        self.assertEqual(revision, 8)
+        self.assertEqual((self.posts(first), self.posts(second)),
+                         (["/v3/kv/put"], ["/v3/kv/put"]))
+
+    @defer.inlineCallbacks
+    def test_a_write_whose_connection_died_stays_in_doubt_and_is_not_resent(self):
+        (first, second), client = self.members(
+            {"/v3/kv/put": ["abort"], "/health": [UNHEALTHY]},
+            {"/v3/kv/put": [(200, PUT_OK)]})
+        error = yield self.assertFailure(client.put(b"k", b"v"), EtcdUnavailable)
+        self.assertTrue(error.maybe_applied)
+        self.assertEqual((self.posts(first), self.posts(second)), (["/v3/kv/put"], []))
+        self.assertEqual(client.member, client.config.more_urls[0])
+
+    @defer.inlineCallbacks
+    def test_a_write_that_never_reached_a_member_goes_to_the_next(self):
+        _url, gateway, _tracking = self.gateway({"/v3/kv/put": [(200, PUT_OK)]})
+        closed = self.closed_port_url()
+        client = self.client(closed, more_urls=(_url,), timeout=1.0)
+        revision = yield client.put(b"k", b"v")
+        self.assertEqual(revision, 8)
+        self.assertEqual(gateway.seen[0][0], "/v3/kv/put")
+        self.assertEqual(client.member, _url)
+
+    @defer.inlineCallbacks
+    def test_a_timeout_moves_the_next_request_on(self):
+        hung = HungGateway()
+        hung_url, _tracking = self.listen(server.Site(hung))
+        second_url, second, _t2 = self.gateway(
+            {"/v3/kv/range": [(200, range_answer((b"k", b"v")))]})
+        client = self.client(hung_url, more_urls=(second_url,), timeout=0.3)
+        yield self.assertFailure(client.get(b"k"), EtcdTimeout)
+        self.assertEqual(client.member, second_url)
+        kv = yield client.get(b"k")
+        self.assertEqual(kv.value, b"v")
+
+    @defer.inlineCallbacks
+    def test_no_member_serving_fails_at_once_and_a_healthy_one_is_used_again(self):
+        (first, second), client = self.members(
+            {"/v3/kv/range": [NO_LEADER, (200, range_answer((b"k", b"1")))],
+             "/health": [UNHEALTHY, HEALTHY]},
+            {"/v3/kv/range": [NO_LEADER], "/health": [UNHEALTHY]})
+        error = yield self.assertFailure(client.get(b"k"), EtcdUnavailable)
+        self.assertIn("etcdserver: no leader", str(error))
+        self.assertIsNone(client.member)
+        error = yield self.assertFailure(client.get(b"k"), EtcdUnavailable)
+        self.assertIn("no etcd member serves", str(error))
+        self.assertIn(f"{client.config.url}: etcd unavailable: etcdserver: no leader",
+                      str(error))
+        self.assertEqual(self.posts(first) + self.posts(second),
+                         ["/v3/kv/range", "/v3/kv/range"])
+        yield poll_until(lambda: client.member == client.config.url, timeout=15.0)
+        kv = yield client.get(b"k")
+        self.assertEqual(kv.value, b"1")
+
+    @defer.inlineCallbacks
+    def test_a_put_answered_context_deadline_exceeded_may_be_applied(self):
+        _url, _gateway, _tracking = self.gateway({"/v3/kv/put": [DEADLINE_EXCEEDED]})
+        client = self.client(_url)
+        error = yield self.assertFailure(client.put(b"k", b"v"), EtcdTimeout)
+        self.assertTrue(error.maybe_applied)
+
+    @defer.inlineCallbacks
+    def test_a_status_without_a_leader_moves_on(self):
+        leaderless = json.dumps({"header": {"revision": "3", "raft_term": "4"},
+                                 "version": "3.5.1", "dbSize": "20480"}).encode()
+        led = json.dumps({"header": {"revision": "3", "raft_term": "4"}, "version": "3.5.1",
+                          "dbSize": "20480", "leader": "1234"}).encode()
+        (first, second), client = self.members(
+            {"/v3/maintenance/status": [(200, leaderless)], "/health": [UNHEALTHY]},
+            {"/v3/maintenance/status": [(200, led)]})
+        status = yield client.status()
+        self.assertEqual(status.version, "3.5.1")
+        self.assertEqual(client.member, client.config.more_urls[0])
+        self.assertEqual(self.posts(first), ["/v3/maintenance/status"])
+
+    @defer.inlineCallbacks
+    def test_a_status_without_a_leader_on_every_member_is_unavailable(self):
+        leaderless = json.dumps({"header": {"revision": "3"}, "version": "3.4.23"}).encode()
+        _gateways, client = self.members(
+            {"/v3/maintenance/status": [(200, leaderless)], "/health": [UNHEALTHY]},
+            {"/v3/maintenance/status": [(200, leaderless)], "/health": [UNHEALTHY]})
+        yield self.assertFailure(client.status(), EtcdUnavailable)
+        self.assertIsNone(client.member)
+
+    @defer.inlineCallbacks
+    def test_a_write_that_timed_out_in_etcd_may_have_landed_one_refused_for_no_leader_not(self):
+        timed_out = (503, json.dumps({
+            "error": "etcdserver: request timed out, possibly due to previous leader failure",
+            "code": 14,
+            "message": "etcdserver: request timed out, possibly due to previous leader failure",
+        }).encode())
+        _url, _gateway, _tracking = self.gateway({"/v3/kv/put": [timed_out, NO_LEADER]})
+        client = self.client(_url)
+        error = yield self.assertFailure(client.put(b"k", b"v"), EtcdUnavailable)
+        self.assertTrue(error.maybe_applied)
+        error = yield self.assertFailure(client.put(b"k", b"v"), EtcdUnavailable)
+        self.assertFalse(error.maybe_applied)
+
+    @defer.inlineCallbacks
+    def test_other_refusals_do_not_move_on(self):
+        refused = (400, json.dumps({"error": "etcdserver: key is not provided", "code": 3,
+                                    "message": "etcdserver: key is not provided"}).encode())
+        (first, second), client = self.members({"/v3/kv/range": [refused]}, {})
+        yield self.assertFailure(client.get(b"k"), RequestRejected)
+        self.assertEqual(client.member, client.config.url)
+        self.assertEqual(self.posts(second), [])
+
+    def closed_port_url(self) -> str:
+        port = reactor.listenTCP(0, server.Site(HealthGateway({})), interface="127.0.0.1")
+        number = port.getHost().port
+        port.stopListening()
+        return f"http://127.0.0.1:{number}"
+
+
+class HungGateway(ScriptedGateway):
+    """Reads every request and never answers."""
+
+    def __init__(self) -> None:
+        super().__init__({})
+
+    def render_POST(self, request: server.Request) -> Any:
+        return server.NOT_DONE_YET
