@@ -25,6 +25,7 @@ from datetime import datetime, timezone
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Optional
 
+from twisted.internet.defer import Deferred, succeed
 from twisted.internet.interfaces import IAddress, IDelayedCall, IReactorTime
 from twisted.internet.protocol import connectionDone
 from twisted.python.failure import Failure
@@ -42,7 +43,8 @@ if TYPE_CHECKING:
     from yurtcoord.role.coordinator import Coordinator
     from yurtcoord.role.hubelector import HubElector
 
-NOT_FOUND = pages.notFound("No such page", "Pages: / /healthz /readyz /status /metrics")
+NOT_FOUND = pages.notFound("No such page",
+                           "Pages: / /healthz /readyz /status /pool /metrics")
 # Status connections open at once; more are closed as soon as they are accepted.
 MAX_STATUS_CONNECTIONS = 64
 # Seconds a status connection may take to send one whole request, counted from when
@@ -66,6 +68,44 @@ class IStatusSource(Interface):
     def status() -> dict[str, Any]:
         """The ``/status`` document (fields as in the README's HTTP surface) as a
         JSON-serialisable dict."""
+
+
+class IPoolView(Interface):
+    """The pool as one agent sees it: the ``/pool`` document (fields as in the
+    README's HTTP surface)."""
+
+    last_document = Attribute("The last document built, or None before the first.")
+
+    def document() -> "Deferred[dict[str, Any]]":
+        """The current document; never fails (a failed read is named under
+        ``errors``)."""
+
+
+@implementer(IPoolView)
+class NoPoolView:
+    """The ``/pool`` document of an agent without a coordinator: only its own node,
+    nothing read, and ``errors`` saying why."""
+
+    def __init__(self, source: IStatusSource) -> None:
+        self._source = source
+        self.last_document: Optional[dict[str, Any]] = None
+
+    def document(self) -> "Deferred[dict[str, Any]]":
+        status = self._source.status()
+        self.last_document = {
+            "node": status.get("node"), "pool": status.get("pool"),
+            "role": status.get("role"), "ready": bool(status.get("ready")),
+            "generated": rfc3339(time.time()), "generated_at": round(time.time(), 3),
+            "stale_after_seconds": None, "cloud_read": False, "leader": None,
+            "election": {"holder": None, "lease_age": None,
+                         "lease_duration_seconds": None, "expired": None},
+            "members": [], "leader_changes": [],
+            "cache": {"synced": False, "informer_sync_lease_age": None,
+                      "informer_sync_holder": None, "resources": {}},
+            "errors": {"pool view": "this agent takes no part in the pool "
+                                    f"(role {status.get('role')})"},
+        }
+        return succeed(self.last_document)
 
 
 # A page: (HTTP code, content type, body) of a status source.
@@ -478,6 +518,47 @@ def pool_page(source: IStatusSource) -> tuple[int, str, bytes]:
     return 200, "text/html; charset=utf-8", body.encode("utf-8")
 
 
+class PoolDocumentPage(resource.Resource):
+    """``GET /pool``: the pool view's JSON document, answered once it is built (the
+    view bounds every read it makes). A client gone meanwhile gets nothing; a defect
+    of the view gives a 500 and one log line, as the other pages."""
+
+    isLeaf = True
+    log = Logger()
+
+    def __init__(self, view: IPoolView) -> None:
+        super().__init__()
+        self.view = view
+
+    def render_GET(self, request: server.Request) -> object:
+        if request.postpath not in ([], [b""]):
+            return NOT_FOUND.render(request)
+        gone: list[bool] = []
+        request.notifyFinish().addErrback(lambda _failure: gone.append(True))
+
+        def answer(document: dict[str, Any]) -> None:
+            body = (json.dumps(document, indent=2) + "\n").encode("utf-8")
+            self._finish(request, gone, 200, "application/json", body)
+
+        def failed(failure: Failure) -> None:
+            self.log.failure("status page /pool failed to read the pool view", failure)
+            self._finish(request, gone, 500, "text/plain; charset=utf-8", b"internal error\n")
+
+        self.view.document().addCallbacks(answer, failed)
+        return server.NOT_DONE_YET
+
+    @staticmethod
+    def _finish(request: server.Request, gone: list[bool], code: int, content_type: str,
+                body: bytes) -> None:
+        if gone:
+            return
+        request.setResponseCode(code)
+        request.setHeader(b"content-type", content_type.encode("ascii"))
+        request.setHeader(b"cache-control", b"no-store")
+        request.write(body)
+        request.finish()
+
+
 class StatusRoot(resource.Resource):
     """Root of the status pages; any other path is a plain 404."""
 
@@ -485,13 +566,17 @@ class StatusRoot(resource.Resource):
         return NOT_FOUND
 
 
-def status_resource(source: IStatusSource, metrics: Metrics) -> StatusRoot:
-    """The resource tree: the pool page at ``/`` and the four pages beside it."""
+def status_resource(source: IStatusSource, metrics: Metrics,
+                    pool_view: Optional[IPoolView] = None) -> StatusRoot:
+    """The resource tree: the pool page at ``/`` and the five pages beside it;
+    ``/pool`` serves ``pool_view`` (``NoPoolView`` without one)."""
+    view = pool_view if pool_view is not None else NoPoolView(source)
     root = StatusRoot()
     root.putChild(b"", SourcePage(source, pool_page))
     root.putChild(b"healthz", SourcePage(source, healthz_page))
     root.putChild(b"readyz", SourcePage(source, readyz_page))
     root.putChild(b"status", SourcePage(source, status_page))
+    root.putChild(b"pool", PoolDocumentPage(view))
     root.putChild(b"metrics", SourcePage(source, metrics_page(metrics)))
     return root
 
@@ -644,6 +729,7 @@ class StatusSite(server.Site):
             code=request.code, client=request.getClientAddress().host)
 
 
-def status_site(source: IStatusSource, metrics: Metrics, reactor: IReactorTime) -> StatusSite:
+def status_site(source: IStatusSource, metrics: Metrics, reactor: IReactorTime,
+                pool_view: Optional[IPoolView] = None) -> StatusSite:
     """A ``StatusSite`` serving ``status_resource``; no tracebacks to clients."""
-    return StatusSite(status_resource(source, metrics), reactor)
+    return StatusSite(status_resource(source, metrics, pool_view), reactor)
