@@ -362,6 +362,8 @@ tr.stale td { background: #fff0ee; }
 #timeline { background: #fff; border: 1px solid #d0d7de; padding: 8px; }
 #timeline svg { display: block; width: 100%; height: auto; }
 .muted { color: var(--muted); }
+.legend { margin: 4px 0 0; font-size: 13px; }
+.legend .key { display: inline-block; width: 10px; height: 10px; margin: 0 4px 0 8px; }
 """
 
 _POOL_PAGE_SCRIPT = """
@@ -497,7 +499,7 @@ _POOL_PAGE_SCRIPT = """
     var scale = WIDTH / SPAN, origin = pool.generated_at - SPAN;
     for (var i = 0; i < segments.length; i++) {
       var s = segments[i], x = (s[0] - origin) * scale;
-      var width = Math.max(1, (s[1] - s[0]) * scale);
+      var width = Math.max(3, (s[1] - s[0]) * scale);
       var rect = svgChild(svg, "rect", {x: x.toFixed(1), y: 4, width: width.toFixed(1),
         height: BAR, fill: COLOURS[leaders.indexOf(s[2]) %% COLOURS.length],
         "data-leader": s[2]});
@@ -513,6 +515,16 @@ _POOL_PAGE_SCRIPT = """
     svgChild(svg, "text", {x: WIDTH, y: HEIGHT - 6, "font-size": 11, fill: "#666",
                            "text-anchor": "end"}, "now");
     box.appendChild(svg);
+    var legend = document.createElement("p");
+    legend.className = "legend";
+    for (var j = 0; j < leaders.length; j++) {
+      var key = document.createElement("span");
+      key.className = "key";
+      key.style.background = COLOURS[j %% COLOURS.length];
+      legend.appendChild(key);
+      legend.appendChild(document.createTextNode(leaders[j] + " "));
+    }
+    box.appendChild(legend);
   }
   function renderCache(pool) {
     var cache = pool.cache || {};
@@ -646,7 +658,7 @@ def render_timeline(pool: Mapping[str, Any]) -> str:
     start_of_view = float(now) - TIMELINE_SECONDS
     parts = []
     for start, end, leader in segments:
-        x, width = (start - start_of_view) * scale, max(1.0, (end - start) * scale)
+        x, width = (start - start_of_view) * scale, max(3.0, (end - start) * scale)
         parts.append(
             f'<rect x="{x:.1f}" y="4" width="{width:.1f}" height="{TIMELINE_BAR}" '
             f'fill="{colour[leader]}" data-leader="{_escaped(leader)}">'
@@ -659,9 +671,11 @@ def render_timeline(pool: Mapping[str, Any]) -> str:
                  "1 hour ago</text>")
     parts.append(f'<text x="{TIMELINE_WIDTH}" y="{TIMELINE_HEIGHT - 6}" font-size="11" '
                  'fill="#666" text-anchor="end">now</text>')
+    legend = "".join(f'<span class="key" style="background: {colour[leader]}"></span>'
+                     f"{_escaped(leader)} " for leader in leaders)
     return (f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {TIMELINE_WIDTH} '
             f'{TIMELINE_HEIGHT}" role="img" aria-label="leader timeline">'
-            + "".join(parts) + "</svg>")
+            + "".join(parts) + f'</svg><p class="legend">{legend}</p>')
 
 
 def _member_row(member: Mapping[str, Any]) -> str:

@@ -4,10 +4,9 @@ the page's own script refreshed from ``/status`` so that it names the current le
 
 import os
 import re
-import shutil
 
 import treq.client
-from twisted.internet import defer, error, reactor
+from twisted.internet import defer, reactor
 from twisted.trial import unittest
 from twisted.web.client import Agent, HTTPConnectionPool
 from zope.interface import implementer
@@ -18,17 +17,12 @@ from yurtcoord.agent.status import (
     TIMELINE_SECONDS, IPoolView, IStatusSource, InitialStatus, leader_segments, rfc3339,
     status_site,
 )
-from yurtcoord.testing.processes import CollectingProcess
+from yurtcoord.testing.chromium import (
+    LEADER_FIELD, MEMBER_ROW, PNG_MAGIC, RECT_LEADERS, STALE_ROW, run_chromium,
+)
 
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-CHROMIUM_TIMEOUT = 90.0
-PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 EVIL_NODE = "<img src=x onerror=alert(1)>&\"edge'"
 EVIL_SERVER = "https://cloud.example/<script>alert(2)</script>"
-LEADER_FIELD = re.compile(r'data-field="leader"[^>]*>([^<]*)<')
-MEMBER_ROW = re.compile(r'<tr class="(?:member|stale)" data-node="([^"]*)"')
-STALE_ROW = re.compile(r'<tr class="stale" data-node="([^"]*)" data-heartbeat="stale"')
-RECT_LEADERS = re.compile(r'<rect [^>]*data-leader="([^"]*)"')
 
 
 @implementer(IStatusSource)
@@ -107,14 +101,6 @@ class ChangingPoolView:
         return defer.succeed(self.last_document)
 
 
-class ChromiumRun(CollectingProcess):
-    """One chromium child; ``ended`` fires with (exit code, stdout, stderr)."""
-
-    def processEnded(self, reason):
-        code = getattr(reason.value, "exitCode", None)
-        self.ended.callback((code, self.out, self.err))
-
-
 class PoolPageTests(unittest.TestCase):
     def setUp(self):
         self.pool = HTTPConnectionPool(reactor, persistent=False)
@@ -188,41 +174,7 @@ class PoolPageTests(unittest.TestCase):
     # -- in a browser --------------------------------------------------------------------
 
     def chromium(self, *arguments):
-        """Run headless chromium with ``arguments``; (exit code, stdout, stderr)."""
-        if CHROMIUM is None:
-            raise unittest.SkipTest("chromium is not installed (Debian package chromium)")
-        profile = os.path.abspath(self.mktemp())
-        os.makedirs(profile)
-        run = ChromiumRun()
-        argv = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
-                "--no-first-run", "--disable-background-networking",
-                "--disable-component-update", "--disable-sync",
-                f"--user-data-dir={profile}", *arguments]
-        env = {k: v for k, v in os.environ.items() if k in ("PATH", "LANG", "TZ")}
-        env["HOME"] = profile
-        transport = reactor.spawnProcess(run, CHROMIUM, argv, env=env, path=profile)
-
-        def give_up():
-            try:
-                transport.signalProcess("KILL")
-            except error.ProcessExitedAlready:
-                return
-
-        killer = reactor.callLater(CHROMIUM_TIMEOUT, give_up)
-
-        def ended(result):
-            if killer.active():
-                killer.cancel()
-            return result
-
-        def kill_if_running():
-            if run.ended.called:
-                return None
-            give_up()
-            return run.ended
-
-        self.addCleanup(kill_if_running)
-        return run.ended.addBoth(ended)
+        return run_chromium(self, reactor, *arguments)
 
     @defer.inlineCallbacks
     def test_chromium_takes_a_screenshot(self):
