@@ -219,15 +219,17 @@ class PoolView:
     # -- reading -------------------------------------------------------------------
 
     def _bounded(self, what: str, errors: dict[str, str],
-                 read: Callable[[], "defer.Deferred[Any]"]) -> "defer.Deferred[Any]":
-        """``read()`` within ``read_timeout``; a failure is noted under ``what`` in
-        ``errors`` and gives None."""
+                 read: Callable[[], "defer.Deferred[Any]"],
+                 timeout: Optional[float] = None) -> "defer.Deferred[Any]":
+        """``read()`` within ``timeout`` (default ``read_timeout``); a failure is noted
+        under ``what`` in ``errors`` and gives None."""
+        timeout = self.read_timeout if timeout is None else timeout
         d = defer.maybeDeferred(read)
-        d.addTimeout(self.read_timeout, self._reactor)
+        d.addTimeout(timeout, self._reactor)
 
         def failed(failure: Failure) -> None:
             if failure.check(defer.TimeoutError):
-                errors[what] = f"no answer within {self.read_timeout:g}s"
+                errors[what] = f"no answer within {timeout:g}s"
             else:
                 errors[what] = describe_failure(failure)
             return None
@@ -329,7 +331,7 @@ class PoolView:
         document["leader"] = holder
         document["members"] = [
             self._member(member, cloud_leases.get(member), pool_leases.get(member),
-                         cloud_read, holder, now)
+                         cloud_read and member in cloud_leases, holder, now)
             for member in sorted(members)]
         sync_lease = answers["informer sync lease"]
         if isinstance(sync_lease, Mapping):
@@ -344,11 +346,14 @@ class PoolView:
     @defer.inlineCallbacks
     def _cloud_leases(self, members: list[str], errors: dict[str, str]
                       ) -> Generator["defer.Deferred[Any]", Any, dict[str, Any]]:
-        """The cloud node lease of each member (None where it has none); reads that
-        fail are named in ``errors`` under ``cloud node lease <member>``."""
+        """The cloud node lease of each member whose read succeeded (None where the
+        cloud has none), ``CLOUD_LEASE_READS`` at a time and all within one
+        ``read_timeout``; the others are named in ``errors`` under ``cloud node lease
+        <member>`` and left out."""
         semaphore = defer.DeferredSemaphore(CLOUD_LEASE_READS)
+        deadline = self._reactor.seconds() + self.read_timeout
         found: dict[str, Any] = {}
-        missing: dict[str, str] = {}
+        failed: dict[str, str] = {}
 
         def read(member: str) -> "defer.Deferred[Any]":
             d = self._cloud.get(LEASES, member, NODE_LEASE_NAMESPACE)
@@ -359,19 +364,29 @@ class PoolView:
 
             return d.addErrback(absent)
 
-        def one(member: str) -> "defer.Deferred[None]":
-            d = semaphore.run(self._bounded, f"cloud node lease {member}", missing,
-                              lambda: read(member))
-            return d.addCallback(lambda lease: found.__setitem__(member, lease))
+        def bounded(member: str) -> "defer.Deferred[None]":
+            what = f"cloud node lease {member}"
+            left = deadline - self._reactor.seconds()
+            if left <= 0:
+                failed[what] = f"not read: the cloud lease reads took {self.read_timeout:g}s"
+                return defer.succeed(None)
 
-        yield defer.gatherResults([one(member) for member in members], consumeErrors=True)
-        errors.update(missing)
+            def keep(lease: Any) -> None:
+                if what not in failed:
+                    found[member] = lease
+
+            return self._bounded(what, failed, lambda: read(member), left).addCallback(keep)
+
+        yield defer.gatherResults([semaphore.run(bounded, member) for member in members],
+                                  consumeErrors=True)
+        errors.update(failed)
         return found
 
     def _member(self, member: str, cloud_lease: Any, pool_lease: Any, cloud_read: bool,
                 leader: Optional[str], now: float) -> dict[str, Any]:
         cloud_lease = cloud_lease if isinstance(cloud_lease, Mapping) else None
         pool_lease = pool_lease if isinstance(pool_lease, Mapping) else None
+        # Judged on the cloud lease when the cloud answered for this member.
         path, age = heartbeat_path(cloud_lease if cloud_read else pool_lease, now,
                                    self.stale_after)
         _pool_path, pool_age = heartbeat_path(pool_lease, now, self.stale_after)

@@ -14,6 +14,7 @@ from twisted.web.client import Agent, HTTPConnectionPool
 from zope.interface import implementer
 from zope.interface.verify import verifyObject
 
+from yurtcoord.agent import poolview
 from yurtcoord.agent.metrics import Metrics
 from yurtcoord.agent.poolview import (
     DELEGATED, DIRECT, LEADER_CHANGES_KEPT, STALE, LeaderHistory, PoolView, heartbeat_path,
@@ -194,6 +195,35 @@ class PoolViewTests(unittest.TestCase):
         self.assertEqual(sorted(members), ["edge-1", "edge-2", "edge-3", "edge-4"])
         self.assertEqual(members["edge-3"]["heartbeat"], STALE)
         self.assertEqual(document["leader"], "edge-2")
+
+    @defer.inlineCallbacks
+    def test_a_member_whose_cloud_lease_cannot_be_read_is_judged_on_the_pool_lease(self):
+        self.cloud.faults.fail_next(1, code=503, path="/kube-node-lease/leases/edge-2")
+        document = yield self.view.document()
+        self.assertEqual(list(document["errors"]), ["cloud node lease edge-2"])
+        self.assertIn("503", document["errors"]["cloud node lease edge-2"])
+        members = self.members(document)
+        # Not stale for want of an answer: its pool lease is fresh and delegated.
+        self.assertEqual(members["edge-2"]["heartbeat"], DELEGATED)
+        self.assertIsNone(members["edge-2"]["cloud_lease_age"])
+        self.assertEqual(members["edge-3"]["heartbeat"], STALE)
+        self.assertEqual(members["edge-1"]["heartbeat"], DIRECT)
+
+    @defer.inlineCallbacks
+    def test_cloud_lease_reads_share_one_deadline(self):
+        # Every cloud lease read hangs, one read at a time: all of them end within one
+        # read timeout, not one timeout each.
+        self.patch(poolview, "CLOUD_LEASE_READS", 1)
+        self.cloud.faults.hang_next(5, path="/kube-node-lease/leases/")
+        view = self.make_view(read_timeout=1.0)
+        started = time.monotonic()
+        document = yield view.document()
+        self.assertLess(time.monotonic() - started, 3.0)
+        self.assertEqual(sorted(document["errors"]),
+                         [f"cloud node lease edge-{i}" for i in range(1, 6)])
+        self.assertEqual(self.members(document)["edge-3"]["heartbeat"], STALE)
+        self.assertEqual(self.members(document)["edge-1"]["heartbeat"], DIRECT)
+        yield self.cloud.faults.drop_connections()
 
     @defer.inlineCallbacks
     def test_a_hung_read_ends_within_the_read_timeout(self):
