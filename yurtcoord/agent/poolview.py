@@ -220,14 +220,18 @@ class PoolView:
 
     def _bounded(self, what: str, errors: dict[str, str],
                  read: Callable[[], "defer.Deferred[Any]"],
-                 timeout: Optional[float] = None) -> "defer.Deferred[Any]":
+                 timeout: Optional[float] = None,
+                 absent_ok: bool = False) -> "defer.Deferred[Any]":
         """``read()`` within ``timeout`` (default ``read_timeout``); a failure is noted
-        under ``what`` in ``errors`` and gives None."""
+        under ``what`` in ``errors`` and gives None. With ``absent_ok`` a NotFound is
+        no failure: it gives None (a lease nobody wrote yet)."""
         timeout = self.read_timeout if timeout is None else timeout
         d = defer.maybeDeferred(read)
         d.addTimeout(timeout, self._reactor)
 
         def failed(failure: Failure) -> None:
+            if absent_ok and failure.check(NotFound):
+                return None
             if failure.check(defer.TimeoutError):
                 errors[what] = f"no answer within {timeout:g}s"
             else:
@@ -266,7 +270,8 @@ class PoolView:
         namespace, name = self._election_lease
         reads: dict[str, defer.Deferred[Any]] = {
             "election lease": self._bounded(
-                "election lease", errors, lambda: coordinator.get(LEASES, name, namespace)),
+                "election lease", errors, lambda: coordinator.get(LEASES, name, namespace),
+                absent_ok=True),
             "pool node leases": self._bounded(
                 "pool node leases", errors,
                 lambda: coordinator.list(LEASES, namespace=NODE_LEASE_NAMESPACE,
@@ -274,7 +279,8 @@ class PoolView:
             "informer sync lease": self._bounded(
                 "informer sync lease", errors,
                 lambda: coordinator.get(LEASES, INFORMER_SYNC_LEASE_NAME,
-                                        INFORMER_SYNC_LEASE_NAMESPACE)),
+                                        INFORMER_SYNC_LEASE_NAMESPACE),
+                absent_ok=True),
         }
         if cloud_read:
             reads["cloud nodes"] = self._bounded(
@@ -319,7 +325,8 @@ class PoolView:
         election = answers["election lease"]
         holder: Optional[str] = None
         if isinstance(election, Mapping):
-            holder = holder_identity(election) or None
+            identity = holder_identity(election)
+            holder = identity if isinstance(identity, str) and identity else None
             renewed, duration = renew_time(election), lease_duration_seconds(election)
             age = None if renewed is None else max(0.0, now - renewed)
             expired = holder is None or age is None or (
@@ -338,7 +345,9 @@ class PoolView:
             renewed = renew_time(sync_lease)
             document["cache"]["informer_sync_lease_age"] = _rounded(
                 None if renewed is None else max(0.0, now - renewed))
-            document["cache"]["informer_sync_holder"] = holder_identity(sync_lease) or None
+            identity = holder_identity(sync_lease)
+            document["cache"]["informer_sync_holder"] = (
+                identity if isinstance(identity, str) and identity else None)
         document["cache"]["resources"] = resources
         document["errors"] = dict(sorted(errors.items()))
         return document

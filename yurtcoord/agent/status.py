@@ -843,7 +843,7 @@ class PoolDocumentPage(resource.Resource):
             self.log.failure("status page /pool failed to read the pool view", failure)
             self._finish(request, gone, 500, "text/plain; charset=utf-8", b"internal error\n")
 
-        self.view.document().addCallbacks(answer, failed)
+        self.view.document().addCallback(answer).addErrback(failed)
         return server.NOT_DONE_YET
 
     @staticmethod

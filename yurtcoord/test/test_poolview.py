@@ -173,6 +173,34 @@ class PoolViewTests(unittest.TestCase):
         self.assertFalse(any(m["leader"] for m in document["members"]))
 
     @defer.inlineCallbacks
+    def test_leases_nobody_wrote_yet_are_no_errors(self):
+        self.coordinator.store.delete(LEASES, ELECTION[1], ELECTION[0])
+        self.coordinator.store.delete(LEASES, INFORMER_SYNC_LEASE_NAME,
+                                      INFORMER_SYNC_LEASE_NAMESPACE)
+        document = yield self.view.document()
+        self.assertEqual(document["errors"], {})
+        self.assertIsNone(document["leader"])
+        self.assertIsNone(document["election"]["holder"])
+        self.assertIsNone(document["cache"]["informer_sync_lease_age"])
+
+    @defer.inlineCallbacks
+    def test_hostile_leases_do_not_break_the_document(self):
+        current = self.coordinator.store.get(LEASES, ELECTION[1], ELECTION[0])
+        current["spec"] = {"holderIdentity": {"x": 1}, "renewTime": 7,
+                           "leaseDurationSeconds": "forever"}
+        self.coordinator.store.update(LEASES, current)
+        self.coordinator.store.create(LEASES, {
+            "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+            "metadata": {"name": "edge-6", "namespace": NODE_LEASE_NAMESPACE,
+                         "annotations": {DELEGATE_HEARTBEAT_ANNOTATION: "true"}},
+            "spec": {"renewTime": {"no": "time"}}})
+        document = yield self.view.document()
+        json.dumps(document)
+        self.assertIsNone(document["leader"])
+        self.assertEqual(self.members(document)["edge-6"]["heartbeat"], STALE)
+        self.assertEqual(self.members(document)["edge-2"]["heartbeat"], DELEGATED)
+
+    @defer.inlineCallbacks
     def test_failed_reads_are_named_and_the_rest_is_shown(self):
         self.coordinator.faults.fail_next(1, code=500, path="/kube-node-lease/")
         self.keys[b"/registry/services/endpoints/"] = None
@@ -276,6 +304,37 @@ class PoolViewTests(unittest.TestCase):
         self.assertEqual((document["node"], document["members"], document["leader"]),
                          ("edge-9", [], None))
         self.assertIn("role init", document["errors"]["pool view"])
+
+
+@implementer(IPoolView)
+class BrokenPoolView:
+    """A pool view with a defect: its document fails."""
+
+    last_document = None
+
+    def document(self):
+        return defer.fail(RuntimeError("defect"))
+
+
+class BrokenViewTests(unittest.TestCase):
+    @defer.inlineCallbacks
+    def test_a_defect_of_the_view_is_a_500_and_the_server_keeps_serving(self):
+        verifyObject(IPoolView, BrokenPoolView())
+        pool = HTTPConnectionPool(reactor, persistent=False)
+        self.addCleanup(pool.closeCachedConnections)
+        http = treq.client.HTTPClient(Agent(reactor, pool=pool))
+        site = status_site(FollowerStatus(), Metrics("edge-1", "pool-a"), reactor,
+                           BrokenPoolView())
+        port = reactor.listenTCP(0, site, interface="127.0.0.1")
+        self.addCleanup(port.stopListening)
+        base = f"http://127.0.0.1:{port.getHost().port}"
+        response = yield http.get(base + "/pool")
+        self.assertEqual((response.code, (yield response.content())),
+                         (500, b"internal error\n"))
+        self.assertEqual(len(self.flushLoggedErrors(RuntimeError)), 1)
+        response = yield http.get(base + "/status")
+        yield response.content()
+        self.assertEqual(response.code, 200)
 
 
 class HeartbeatPathTests(unittest.TestCase):
