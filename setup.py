@@ -16,6 +16,7 @@ setup(
     packages=find_packages(exclude=["bench", "bench.*"]) + ["twisted.plugins"],
     package_data={"twisted": ["plugins/yurtcoord_plugin.py"]},
     include_package_data=True,
+    entry_points={"console_scripts": ["yurtcoordctl = yurtcoord.agent.ctl:main"]},
     # Twisted, treq and txaioetcd are bounded to the releases the canaries of their
     # private names (yurtcoord/test/test_private_canaries.py) passed on.
     install_requires=[

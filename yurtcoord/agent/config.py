@@ -460,7 +460,8 @@ SCHEMA = (
     Key("pool_cache", "local_cache_dir", PATH, "/etc/kubernetes/cache",
         "the node's yurthub disk cache"),
 
-    Key("server", "listen", LISTEN, "127.0.0.1:10267", "/healthz /readyz /status /metrics"),
+    Key("server", "listen", LISTEN, "127.0.0.1:10267",
+        "/ /healthz /readyz /status /pool /metrics"),
 )
 
 SECTIONS = tuple(dict.fromkeys(key.section for key in SCHEMA))

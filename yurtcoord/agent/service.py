@@ -19,7 +19,9 @@ The parts of an agent with ``[coordinator] enabled = true``:
   local cache upload;
 - the hub elector, electing on the coordinator's Lease with identity = node name;
 - the status pages, served from an ``AgentStatus`` over the coordinator; the
-  metrics' role and readiness gauges follow the coordinator's observers.
+  metrics' role and readiness gauges follow the coordinator's observers;
+- the pool view of ``/pool`` (``PoolView``), reading through the clients above and
+  following the hub elector's and the coordinator's leader observers.
 
 With ``[coordinator] enabled = false`` the agent only probes the cloud (renewing its
 node lease there) and serves its status pages: the role stays ``init`` (never healthy
@@ -49,6 +51,7 @@ from twisted.web.client import Agent as HTTPAgent, HTTPConnectionPool
 
 from yurtcoord.agent.certs import CertificateClient, CertManager, CertPair
 from yurtcoord.agent.config import Config, ConfigError, ListenAddress
+from yurtcoord.agent.poolview import POOL_READ_TIMEOUT, LeaderHistory, PoolView
 from yurtcoord.role.coordinator import Coordinator
 from yurtcoord.heartbeat.delegation import HeartbeatDelegation
 from yurtcoord.etcd.client import EtcdClient, EtcdConfig
@@ -157,8 +160,8 @@ class Agent(service.MultiService):
     ``cloud_checker``, ``kubelet_checker`` (None with ``kubelet_healthz_url = off``);
     with the coordinator enabled also ``coordinator_client``,
     ``coordinator_checker``, ``etcd``, ``coordinator``, ``hub_elector``,
-    ``pool_sync``, ``delegation``, ``synced_detector``, ``cert_manager`` (None with
-    ``insecure``).
+    ``pool_sync``, ``delegation``, ``synced_detector``, ``pool_view``,
+    ``cert_manager`` (None with ``insecure``).
     """
 
     log = Logger()
@@ -186,6 +189,7 @@ class Agent(service.MultiService):
 
         self.coordinator: Any = None
         self.hub_elector: Any = None
+        self.pool_view: Optional[PoolView] = None
         self.status_source: AgentStatus | CloudOnlyStatus
         if config.coordinator.enabled:
             with self._section("coordinator"):
@@ -196,8 +200,8 @@ class Agent(service.MultiService):
                 reactor.seconds())
 
         self.status_http = StatusHTTPService(
-            config.server.listen, status_site(self.status_source, self.metrics, reactor),
-            reactor)
+            config.server.listen,
+            status_site(self.status_source, self.metrics, reactor, self.pool_view), reactor)
         self.status_http.setName("status-http")
         self.status_http.setServiceParent(self)
         # Measures, from the moment the status pages listen, how late timers run.
@@ -341,6 +345,33 @@ class Agent(service.MultiService):
             self.coordinator, config.node.pool, reactor, self.cloud_checker,
             self.coordinator_checker, self.hub_elector, self.delegation,
             etcd_member=lambda: self.etcd.member)
+        self._build_pool_view(healthy_cloud)
+
+    def _build_pool_view(self, healthy_cloud: HealthyCloudClient) -> None:
+        """The ``/pool`` document's builder, over the clients built above; it hears of
+        leader changes from the hub elector and the coordinator."""
+        config, node = self.config, self.config.node.name
+        history = LeaderHistory(self.reactor, node)
+        self.hub_elector.add_leader_observer(history.leader_seen)
+        self.coordinator.add_role_observer(history.role_changed)
+        election, heartbeat = config.leader_election, config.heartbeat
+
+        def pool_resources() -> tuple[Any, ...]:
+            return self.pool_scope.resources or self.pool_scope.defaults
+
+        self.pool_view = PoolView(
+            self.reactor, self.status_source, node, config.node.pool,
+            self.coordinator_client, healthy_cloud,
+            lambda: bool(self.cloud_checker.healthy), self._count_pool_keys,
+            config.coordinator.storage_prefix, pool_resources,
+            (election.lease_namespace, election.lease_name),
+            stale_after=heartbeat.interval + heartbeat.max_clock_skew, history=history)
+
+    def _count_pool_keys(self, prefix: bytes) -> defer.Deferred[int]:
+        """How many keys the pool etcd holds under ``prefix`` (a count, no values)."""
+        d = self.etcd.range_page(prefix, count_only=True, serializable=True,
+                                 timeout=POOL_READ_TIMEOUT)
+        return d.addCallback(lambda page: page.count)
 
     def _build_certificate_clients(self, healthy_cloud: HealthyCloudClient) -> CertManager:
         """Clients whose certificates the certificate manager fetches from the cloud;

@@ -25,6 +25,7 @@ from datetime import datetime, timezone
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Optional
 
+from twisted.internet.defer import Deferred, succeed
 from twisted.internet.interfaces import IAddress, IDelayedCall, IReactorTime
 from twisted.internet.protocol import connectionDone
 from twisted.python.failure import Failure
@@ -42,7 +43,8 @@ if TYPE_CHECKING:
     from yurtcoord.role.coordinator import Coordinator
     from yurtcoord.role.hubelector import HubElector
 
-NOT_FOUND = pages.notFound("No such page", "Pages: / /healthz /readyz /status /metrics")
+NOT_FOUND = pages.notFound("No such page",
+                           "Pages: / /healthz /readyz /status /pool /metrics")
 # Status connections open at once; more are closed as soon as they are accepted.
 MAX_STATUS_CONNECTIONS = 64
 # Seconds a status connection may take to send one whole request, counted from when
@@ -66,6 +68,44 @@ class IStatusSource(Interface):
     def status() -> dict[str, Any]:
         """The ``/status`` document (fields as in the README's HTTP surface) as a
         JSON-serialisable dict."""
+
+
+class IPoolView(Interface):
+    """The pool as one agent sees it: the ``/pool`` document (fields as in the
+    README's HTTP surface)."""
+
+    last_document = Attribute("The last document built, or None before the first.")
+
+    def document() -> "Deferred[dict[str, Any]]":
+        """The current document; never fails (a failed read is named under
+        ``errors``)."""
+
+
+@implementer(IPoolView)
+class NoPoolView:
+    """The ``/pool`` document of an agent without a coordinator: only its own node,
+    nothing read, and ``errors`` saying why."""
+
+    def __init__(self, source: IStatusSource) -> None:
+        self._source = source
+        self.last_document: Optional[dict[str, Any]] = None
+
+    def document(self) -> "Deferred[dict[str, Any]]":
+        status = self._source.status()
+        self.last_document = {
+            "node": status.get("node"), "pool": status.get("pool"),
+            "role": status.get("role"), "ready": bool(status.get("ready")),
+            "generated": rfc3339(time.time()), "generated_at": round(time.time(), 3),
+            "stale_after_seconds": None, "cloud_read": False, "leader": None,
+            "election": {"holder": None, "lease_age": None,
+                         "lease_duration_seconds": None, "expired": None},
+            "members": [], "leader_changes": [],
+            "cache": {"synced": False, "informer_sync_lease_age": None,
+                      "informer_sync_holder": None, "resources": {}},
+            "errors": {"pool view": "this agent takes no part in the pool "
+                                    f"(role {status.get('role')})"},
+        }
+        return succeed(self.last_document)
 
 
 # A page: (HTTP code, content type, body) of a status source.
@@ -321,11 +361,23 @@ h2 { font-size: 16px; margin: 18px 0 8px; }
 .role-pending, .role-init { color: #9a6700; }
 #refresh.stale { color: #ffb4a9; }
 ul { background: #fff; border: 1px solid #d0d7de; margin: 0; padding: 8px 32px; }
+tr.stale td { background: #fff0ee; }
+.badge { display: inline-block; font-size: 11px; font-weight: 700; padding: 1px 6px;
+         border-radius: 8px; margin-left: 6px; color: #fff; background: var(--bad); }
+.path-direct { color: var(--ok); } .path-delegated { color: #0550ae; }
+.path-stale { color: var(--bad); font-weight: 700; }
+#timeline { background: #fff; border: 1px solid #d0d7de; padding: 8px; }
+#timeline svg { display: block; width: 100%; height: auto; }
+.muted { color: var(--muted); }
+.legend { margin: 4px 0 0; font-size: 13px; }
+.legend .key { display: inline-block; width: 10px; height: 10px; margin: 0 4px 0 8px; }
 """
 
 _POOL_PAGE_SCRIPT = """
 (function () {
   "use strict";
+  var SPAN = %(span)d, WIDTH = %(width)d, HEIGHT = %(height)d, BAR = %(bar)d;
+  var COLOURS = %(colours)s;
   function show(el, kind, value) {
     if (kind === "bool") {
       el.textContent = value ? "yes" : "no";
@@ -379,6 +431,141 @@ _POOL_PAGE_SCRIPT = """
       list.appendChild(item);
     }
   }
+  function clear(el) { while (el.firstChild) { el.removeChild(el.firstChild); } }
+  function age(value) {
+    return typeof value === "number" ? value.toFixed(1) + "s" : "none";
+  }
+  function renderMembers(pool) {
+    var body = document.getElementById("members");
+    clear(body);
+    var members = pool.members || [];
+    for (var i = 0; i < members.length; i++) {
+      var m = members[i], path = String(m.heartbeat), stale = path === "stale";
+      var row = document.createElement("tr");
+      row.className = stale ? "stale" : "member";
+      row.setAttribute("data-node", String(m.node));
+      row.setAttribute("data-heartbeat", path);
+      cell(row, String(m.node));
+      if (stale) {
+        var badge = document.createElement("span");
+        badge.className = "badge";
+        badge.textContent = "STALE";
+        row.firstChild.appendChild(badge);
+      }
+      cell(row, path, "path-" + path);
+      cell(row, age(m.lease_age));
+      cell(row, m.leader === true ? "leader" : "", m.leader === true ? "role-leader" : "");
+      var upload = m.upload;
+      cell(row, upload ? (upload.uploaded ? "uploaded (" + upload.objects + ")"
+                                          : "not uploaded") : "unknown");
+      body.appendChild(row);
+    }
+    if (!members.length) {
+      var empty = document.createElement("tr");
+      cell(empty, "no members known yet", "none");
+      body.appendChild(empty);
+    }
+  }
+  function segmentsOf(changes, now) {
+    var points = [], segments = [];
+    for (var i = 0; i < changes.length; i++) {
+      if (typeof changes[i].at === "number" && changes[i].leader) {
+        points.push([changes[i].at, String(changes[i].leader)]);
+      }
+    }
+    for (var j = 0; j < points.length; j++) {
+      var end = j + 1 < points.length ? points[j + 1][0] : now;
+      var start = Math.max(points[j][0], now - SPAN);
+      end = Math.min(end, now);
+      if (end > start) { segments.push([start, end, points[j][1]]); }
+    }
+    return segments;
+  }
+  function svgChild(svg, tag, attributes, text) {
+    var el = document.createElementNS(svg.namespaceURI, tag);
+    for (var name in attributes) { el.setAttribute(name, String(attributes[name])); }
+    if (text !== undefined) { el.textContent = text; }
+    svg.appendChild(el);
+    return el;
+  }
+  function renderTimeline(pool) {
+    var box = document.getElementById("timeline");
+    clear(box);
+    var segments = segmentsOf(pool.leader_changes || [], pool.generated_at);
+    if (!segments.length) {
+      var note = document.createElement("p");
+      note.className = "muted";
+      note.textContent = "no leader change seen by this agent in the last hour";
+      box.appendChild(note);
+      return;
+    }
+    var svg = document.getElementById("timeline-svg").content.firstElementChild
+      .cloneNode(false);
+    var leaders = segments.map(function (s) { return s[2]; }).filter(
+      function (name, i, all) { return all.indexOf(name) === i; }).sort();
+    var scale = WIDTH / SPAN, origin = pool.generated_at - SPAN;
+    for (var i = 0; i < segments.length; i++) {
+      var s = segments[i], x = (s[0] - origin) * scale;
+      var width = Math.max(3, (s[1] - s[0]) * scale);
+      var rect = svgChild(svg, "rect", {x: x.toFixed(1), y: 4, width: width.toFixed(1),
+        height: BAR, fill: COLOURS[leaders.indexOf(s[2]) %% COLOURS.length],
+        "data-leader": s[2]});
+      svgChild(rect, "title", {}, s[2] + ": " + new Date(s[0] * 1000).toISOString() +
+               " to " + new Date(s[1] * 1000).toISOString());
+      if (width > 8 * s[2].length) {
+        svgChild(svg, "text", {x: (x + 4).toFixed(1), y: 23, fill: "#fff",
+                               "font-size": 12}, s[2]);
+      }
+    }
+    svgChild(svg, "text", {x: 0, y: HEIGHT - 6, "font-size": 11, fill: "#666"},
+             "1 hour ago");
+    svgChild(svg, "text", {x: WIDTH, y: HEIGHT - 6, "font-size": 11, fill: "#666",
+                           "text-anchor": "end"}, "now");
+    box.appendChild(svg);
+    var legend = document.createElement("p");
+    legend.className = "legend";
+    for (var j = 0; j < leaders.length; j++) {
+      var key = document.createElement("span");
+      key.className = "key";
+      key.style.background = COLOURS[j %% COLOURS.length];
+      legend.appendChild(key);
+      legend.appendChild(document.createTextNode(leaders[j] + " "));
+    }
+    box.appendChild(legend);
+  }
+  function renderCache(pool) {
+    var cache = pool.cache || {};
+    document.getElementById("sync-age").textContent = age(cache.informer_sync_lease_age);
+    document.getElementById("sync-holder").textContent = cache.informer_sync_holder || "none";
+    var synced = document.getElementById("sync-synced");
+    synced.textContent = cache.synced ? "yes" : "no";
+    synced.className = cache.synced ? "yes" : "no";
+    var body = document.getElementById("cache-resources");
+    clear(body);
+    var names = Object.keys(cache.resources || {}).sort();
+    for (var i = 0; i < names.length; i++) {
+      var row = document.createElement("tr");
+      var count = cache.resources[names[i]];
+      cell(row, names[i]);
+      cell(row, count === null ? "none" : String(count));
+      body.appendChild(row);
+    }
+    var list = document.getElementById("pool-errors");
+    clear(list);
+    var errors = Object.keys(pool.errors || {}).sort();
+    for (var j = 0; j < errors.length; j++) {
+      var item = document.createElement("li");
+      item.className = "no";
+      item.textContent = errors[j] + ": " + pool.errors[errors[j]];
+      list.appendChild(item);
+    }
+    list.hidden = !errors.length;
+  }
+  function renderPool(pool) {
+    renderMembers(pool);
+    renderTimeline(pool);
+    renderCache(pool);
+  }
   function mark(text, stale) {
     var el = document.getElementById("refresh");
     el.textContent = text;
@@ -392,9 +579,18 @@ _POOL_PAGE_SCRIPT = """
     var readiness = fetch("readyz", {cache: "no-store"}).then(function (response) {
       return response.text().then(function (text) { return [response.status, text]; });
     });
-    Promise.all([status, readiness]).then(function (results) {
+    var pool = fetch("pool", {cache: "no-store"}).then(function (response) {
+      return response.ok ? response.json() : null;
+    }).catch(function () { return null; });
+    Promise.all([status, readiness, pool]).then(function (results) {
+      var pool = results[2];
+      if ((results[0].leader === null || results[0].leader === undefined) &&
+          pool && pool.leader) {
+        results[0].leader = pool.leader;
+      }
       render(results[0]);
       renderReadiness(results[1][0], results[1][1]);
+      if (pool) { renderPool(pool); }
       mark("live, updated " + new Date().toLocaleTimeString(), false);
     }).catch(function (error) {
       mark("cannot reach this agent (" + error.message + "); showing the last answer", true);
@@ -421,11 +617,144 @@ def _escaped(value: object) -> str:
     return html.escape(str(value), quote=True)
 
 
-def render_pool_page(status: Mapping[str, Any], readiness_failures: Iterable[str]) -> str:
-    """The pool page's HTML for one ``/status`` document: rendered here so that it
-    shows the pool without JavaScript, refreshed by its inline script every
-    ``POOL_PAGE_REFRESH_MS`` from ``/status`` and ``/readyz``. Every value is escaped
-    (node names and server URLs come from configuration and the cluster)."""
+# The leader timeline: seconds it spans back from the document's time, its size, and
+# the colours its leaders get in turn (by name order).
+TIMELINE_SECONDS = 3600
+TIMELINE_WIDTH, TIMELINE_HEIGHT, TIMELINE_BAR = 720, 56, 28
+TIMELINE_COLOURS = ("#0969da", "#1a7f37", "#8250df", "#bf3989", "#9a6700", "#cf222e",
+                    "#1b7c83", "#6e7781")
+
+
+def _age_text(seconds: object) -> str:
+    if not isinstance(seconds, (int, float)) or isinstance(seconds, bool):
+        return "none"
+    return f"{seconds:.1f}s"
+
+
+def leader_segments(changes: Iterable[Mapping[str, Any]], now: float,
+                    span: float = TIMELINE_SECONDS) -> list[tuple[float, float, str]]:
+    """``(start, end, leader)`` of who led when within ``span`` seconds before ``now``,
+    from the leader changes (oldest first, each with ``at`` and ``leader``): a leader
+    leads from its change to the next one, the last one until ``now``."""
+    points = [(float(c["at"]), str(c["leader"])) for c in changes
+              if isinstance(c, Mapping) and isinstance(c.get("at"), (int, float))
+              and not isinstance(c.get("at"), bool) and c.get("leader")]
+    segments = []
+    for i, (at, leader) in enumerate(points):
+        end = points[i + 1][0] if i + 1 < len(points) else now
+        start, end = max(at, now - span), min(end, now)
+        if end > start:
+            segments.append((start, end, leader))
+    return segments
+
+
+def render_timeline(pool: Mapping[str, Any]) -> str:
+    """The inline SVG of who led when over the last ``TIMELINE_SECONDS``; every name
+    escaped. The page's script draws the same from each ``/pool`` it reads."""
+    now = pool.get("generated_at")
+    changes = pool.get("leader_changes")
+    if not isinstance(now, (int, float)) or not isinstance(changes, list):
+        return '<p class="muted">no pool view yet</p>'
+    segments = leader_segments(changes, float(now))
+    if not segments:
+        return '<p class="muted">no leader change seen by this agent in the last hour</p>'
+    leaders = sorted({leader for _, _, leader in segments})
+    colour = {leader: TIMELINE_COLOURS[i % len(TIMELINE_COLOURS)]
+              for i, leader in enumerate(leaders)}
+    scale = TIMELINE_WIDTH / TIMELINE_SECONDS
+    start_of_view = float(now) - TIMELINE_SECONDS
+    parts = []
+    for start, end, leader in segments:
+        x, width = (start - start_of_view) * scale, max(3.0, (end - start) * scale)
+        parts.append(
+            f'<rect x="{x:.1f}" y="4" width="{width:.1f}" height="{TIMELINE_BAR}" '
+            f'fill="{colour[leader]}" data-leader="{_escaped(leader)}">'
+            f"<title>{_escaped(leader)}: {_escaped(rfc3339(start))} to "
+            f"{_escaped(rfc3339(end))}</title></rect>")
+        if width > 8 * len(leader):
+            parts.append(f'<text x="{x + 4:.1f}" y="23" fill="#fff" font-size="12">'
+                         f"{_escaped(leader)}</text>")
+    parts.append(f'<text x="0" y="{TIMELINE_HEIGHT - 6}" font-size="11" fill="#666">'
+                 "1 hour ago</text>")
+    parts.append(f'<text x="{TIMELINE_WIDTH}" y="{TIMELINE_HEIGHT - 6}" font-size="11" '
+                 'fill="#666" text-anchor="end">now</text>')
+    legend = "".join(f'<span class="key" style="background: {colour[leader]}"></span>'
+                     f"{_escaped(leader)} " for leader in leaders)
+    return (f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {TIMELINE_WIDTH} '
+            f'{TIMELINE_HEIGHT}" role="img" aria-label="leader timeline">'
+            + "".join(parts) + f'</svg><p class="legend">{legend}</p>')
+
+
+def _member_row(member: Mapping[str, Any]) -> str:
+    path = str(member.get("heartbeat"))
+    stale = path == "stale"
+    upload = member.get("upload")
+    upload_text = "unknown"
+    if isinstance(upload, Mapping):
+        upload_text = (f"uploaded ({upload.get('objects')})" if upload.get("uploaded")
+                       else "not uploaded")
+    badge = '<span class="badge">STALE</span>' if stale else ""
+    leader = '<span class="role-leader">leader</span>' if member.get("leader") is True else ""
+    return (f'<tr class="{"stale" if stale else "member"}" '
+            f'data-node="{_escaped(member.get("node"))}" data-heartbeat="{_escaped(path)}">'
+            f'<td>{_escaped(member.get("node"))}{badge}</td>'
+            f'<td class="path-{_escaped(path)}">{_escaped(path)}</td>'
+            f'<td>{_escaped(_age_text(member.get("lease_age")))}</td>'
+            f"<td>{leader}</td><td>{_escaped(upload_text)}</td></tr>")
+
+
+def render_pool_sections(pool: Optional[Mapping[str, Any]]) -> str:
+    """Members, leader timeline, pool cache and the reads that failed, from one
+    ``/pool`` document (None: not built yet); every value escaped."""
+    def part(key: str, kind: type) -> Any:
+        value = (pool or {}).get(key)
+        return value if isinstance(value, kind) else kind()
+
+    members = part("members", list)
+    member_rows = "".join(_member_row(m) for m in members if isinstance(m, Mapping)) or (
+        '<tr><td class="none" colspan="5">no members known yet</td></tr>')
+    cache = part("cache", dict)
+    resources = cache.get("resources") if isinstance(cache.get("resources"), dict) else {}
+    resource_rows = "".join(
+        f"<tr><td>{_escaped(name)}</td><td>{_escaped('none' if n is None else n)}</td></tr>"
+        for name, n in sorted(resources.items()))
+    errors = part("errors", dict)
+    error_items = "".join(f'<li class="no">{_escaped(what)}: {_escaped(why)}</li>'
+                          for what, why in sorted(errors.items()))
+    synced_text, synced_css = _page_value("bool", cache.get("synced"))
+    return f"""<h2>Members</h2>
+<table><thead><tr><th>node</th><th>heartbeat</th><th>lease age</th><th>leader</th>
+<th>upload</th></tr></thead>
+<tbody id="members">{member_rows}</tbody></table>
+<h2>Leader timeline (last hour)</h2>
+<div id="timeline">{render_timeline(pool or {})}</div>
+<h2>Pool cache</h2>
+<table><tbody id="cache-freshness">
+<tr><th scope="row">informer sync lease age</th><td id="sync-age">{
+    _escaped(_age_text(cache.get("informer_sync_lease_age")))}</td></tr>
+<tr><th scope="row">renewed by</th><td id="sync-holder">{
+    _escaped(cache.get("informer_sync_holder") or "none")}</td></tr>
+<tr><th scope="row">synced</th><td id="sync-synced" class="{synced_css}">{
+    _escaped(synced_text)}</td></tr>
+</tbody></table>
+<table><thead><tr><th>pool-scoped resource</th><th>objects</th></tr></thead>
+<tbody id="cache-resources">{resource_rows}</tbody></table>
+<ul id="pool-errors"{'' if error_items else ' hidden'}>{error_items}</ul>
+"""
+
+
+def render_pool_page(status: Mapping[str, Any], readiness_failures: Iterable[str],
+                     pool_document: Optional[Mapping[str, Any]] = None) -> str:
+    """The pool page's HTML for one ``/status`` document and the last ``/pool``
+    document (None before the first): rendered here so that it shows the pool without
+    JavaScript, refreshed by its inline script every ``POOL_PAGE_REFRESH_MS`` from
+    ``/status``, ``/readyz`` and ``/pool``. Every value is escaped (node names and
+    server URLs come from configuration and the cluster). The leader shown is the
+    one this agent's election saw, else the holder of the election lease on the
+    coordinator apiserver (a follower cut off from the cloud does not elect)."""
+    if (status.get("leader") is None and pool_document is not None
+            and pool_document.get("leader")):
+        status = dict(status, leader=pool_document.get("leader"))
 
     def value(key: str, kind: str) -> str:
         text, css = _page_value(kind, status.get(key))
@@ -470,19 +799,70 @@ def render_pool_page(status: Mapping[str, Any], readiness_failures: Iterable[str
 <tbody id="cloud-servers">{cloud_rows}</tbody></table>
 <h2>Readiness</h2>
 <ul id="readiness">{readiness}</ul>
-</main>
-<script>{_POOL_PAGE_SCRIPT % {"refresh_ms": POOL_PAGE_REFRESH_MS}}</script>
+{render_pool_sections(pool_document)}</main>
+<template id="timeline-svg"><svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {
+    TIMELINE_WIDTH} {TIMELINE_HEIGHT}" role="img" aria-label="leader timeline"></svg></template>
+<script>{_POOL_PAGE_SCRIPT % {
+    "refresh_ms": POOL_PAGE_REFRESH_MS, "span": TIMELINE_SECONDS, "width": TIMELINE_WIDTH,
+    "height": TIMELINE_HEIGHT, "bar": TIMELINE_BAR,
+    "colours": json.dumps(list(TIMELINE_COLOURS))}}</script>
 </body>
 </html>
 """
 
 
-def pool_page(source: IStatusSource) -> tuple[int, str, bytes]:
-    """``GET /``: the pool as this agent sees it, as a self-refreshing HTML page."""
-    status = source.status()
-    failures = [] if source.ready else source.readiness_failures()
-    body = render_pool_page(status, failures)
-    return 200, "text/html; charset=utf-8", body.encode("utf-8")
+def pool_page(view: IPoolView) -> PageRenderer:
+    """``GET /``: the pool as this agent sees it, as a self-refreshing HTML page, with
+    the view's last ``/pool`` document (its script reads a fresh one at once)."""
+
+    def render(source: IStatusSource) -> tuple[int, str, bytes]:
+        status = source.status()
+        failures = [] if source.ready else source.readiness_failures()
+        body = render_pool_page(status, failures, view.last_document)
+        return 200, "text/html; charset=utf-8", body.encode("utf-8")
+
+    return render
+
+
+class PoolDocumentPage(resource.Resource):
+    """``GET /pool``: the pool view's JSON document, answered once it is built (the
+    view bounds every read it makes). A client gone meanwhile gets nothing; a defect
+    of the view gives a 500 and one log line, as the other pages."""
+
+    isLeaf = True
+    log = Logger()
+
+    def __init__(self, view: IPoolView) -> None:
+        super().__init__()
+        self.view = view
+
+    def render_GET(self, request: server.Request) -> object:
+        if request.postpath not in ([], [b""]):
+            return NOT_FOUND.render(request)
+        gone: list[bool] = []
+        request.notifyFinish().addErrback(lambda _failure: gone.append(True))
+
+        def answer(document: dict[str, Any]) -> None:
+            body = (json.dumps(document, indent=2) + "\n").encode("utf-8")
+            self._finish(request, gone, 200, "application/json", body)
+
+        def failed(failure: Failure) -> None:
+            self.log.failure("status page /pool failed to read the pool view", failure)
+            self._finish(request, gone, 500, "text/plain; charset=utf-8", b"internal error\n")
+
+        self.view.document().addCallback(answer).addErrback(failed)
+        return server.NOT_DONE_YET
+
+    @staticmethod
+    def _finish(request: server.Request, gone: list[bool], code: int, content_type: str,
+                body: bytes) -> None:
+        if gone:
+            return
+        request.setResponseCode(code)
+        request.setHeader(b"content-type", content_type.encode("ascii"))
+        request.setHeader(b"cache-control", b"no-store")
+        request.write(body)
+        request.finish()
 
 
 class StatusRoot(resource.Resource):
@@ -492,13 +872,17 @@ class StatusRoot(resource.Resource):
         return NOT_FOUND
 
 
-def status_resource(source: IStatusSource, metrics: Metrics) -> StatusRoot:
-    """The resource tree: the pool page at ``/`` and the four pages beside it."""
+def status_resource(source: IStatusSource, metrics: Metrics,
+                    pool_view: Optional[IPoolView] = None) -> StatusRoot:
+    """The resource tree: the pool page at ``/`` and the five pages beside it;
+    ``/pool`` serves ``pool_view`` (``NoPoolView`` without one)."""
+    view = pool_view if pool_view is not None else NoPoolView(source)
     root = StatusRoot()
-    root.putChild(b"", SourcePage(source, pool_page))
+    root.putChild(b"", SourcePage(source, pool_page(view)))
     root.putChild(b"healthz", SourcePage(source, healthz_page))
     root.putChild(b"readyz", SourcePage(source, readyz_page))
     root.putChild(b"status", SourcePage(source, status_page))
+    root.putChild(b"pool", PoolDocumentPage(view))
     root.putChild(b"metrics", SourcePage(source, metrics_page(metrics)))
     return root
 
@@ -651,6 +1035,7 @@ class StatusSite(server.Site):
             code=request.code, client=request.getClientAddress().host)
 
 
-def status_site(source: IStatusSource, metrics: Metrics, reactor: IReactorTime) -> StatusSite:
+def status_site(source: IStatusSource, metrics: Metrics, reactor: IReactorTime,
+                pool_view: Optional[IPoolView] = None) -> StatusSite:
     """A ``StatusSite`` serving ``status_resource``; no tracebacks to clients."""
-    return StatusSite(status_resource(source, metrics), reactor)
+    return StatusSite(status_resource(source, metrics, pool_view), reactor)

@@ -21,7 +21,7 @@ from twisted.trial import unittest
 
 from yurtcoord.agent.config import SCHEMA, SECTIONS, ConfigError, parse_config, parse_duration
 from yurtcoord.agent.metrics import Metrics
-from yurtcoord.agent.status import InitialStatus, status_resource
+from yurtcoord.agent.status import InitialStatus, NoPoolView, status_resource
 from yurtcoord.pool.uploader import SKIP_REASONS
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -290,7 +290,7 @@ class HTTPSurfaceTests(unittest.TestCase):
     def test_every_page_of_the_status_site_is_documented(self):
         root = status_resource(InitialStatus("edge-1", "pool-a", ()), Metrics("edge-1"))
         paths = sorted("/" + name.decode("ascii") for name in root.children)
-        self.assertEqual(paths, ["/", "/healthz", "/metrics", "/readyz", "/status"])
+        self.assertEqual(paths, ["/", "/healthz", "/metrics", "/pool", "/readyz", "/status"])
         for path in paths:
             self.assertIn(f"`GET {path}`", self.section)
 
@@ -298,6 +298,26 @@ class HTTPSurfaceTests(unittest.TestCase):
         fields = InitialStatus("edge-1", "pool-a", ("https://cloud:6443",)).status()
         documented = set(re.findall(r"^\| `([a-z_]+)` \|", self.section, re.MULTILINE))
         self.assertEqual(documented, set(fields))
+
+    def test_every_pool_field_is_documented(self):
+        section = section_of(read(README), "Pool view")
+        documented = {name for row in re.findall(r"^\| (`[^|]+`) \|", section, re.MULTILINE)
+                      for name in re.findall(r"`([a-z_.\[\]]+)`", row)}
+        document = self.successResultOf(
+            NoPoolView(InitialStatus("edge-1", "pool-a", ())).document())
+        fields = set(document) | {f"cache.{key}" for key in document["cache"]}
+        fields |= {f"members[].{key}" for key in POOL_MEMBER_FIELDS}
+        # election's parts are named in one row: `holder`, `lease_age`, ...
+        fields -= {"election"}
+        self.assertEqual(fields - documented, set())
+        self.assertIn("| `election` |", section)
+        for key in document["election"]:
+            self.assertIn(f"`{key}`", section)
+
+
+# The fields of one member of a /pool document.
+POOL_MEMBER_FIELDS = ("node", "heartbeat", "stale", "lease_age", "cloud_lease_age",
+                      "pool_lease_age", "leader", "this_agent", "upload")
 
 
 # ---------------------------------------------------------------------------------------

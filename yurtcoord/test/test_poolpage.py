@@ -4,24 +4,25 @@ the page's own script refreshed from ``/status`` so that it names the current le
 
 import os
 import re
-import shutil
 
 import treq.client
-from twisted.internet import defer, error, reactor
+from twisted.internet import defer, reactor
 from twisted.trial import unittest
 from twisted.web.client import Agent, HTTPConnectionPool
 from zope.interface import implementer
+from zope.interface.verify import verifyObject
 
 from yurtcoord.agent.metrics import Metrics
-from yurtcoord.agent.status import IStatusSource, InitialStatus, rfc3339, status_site
-from yurtcoord.testing.processes import CollectingProcess
+from yurtcoord.agent.status import (
+    TIMELINE_SECONDS, IPoolView, IStatusSource, InitialStatus, leader_segments, rfc3339,
+    status_site,
+)
+from yurtcoord.testing.chromium import (
+    LEADER_FIELD, MEMBER_ROW, PNG_MAGIC, RECT_LEADERS, STALE_ROW, run_chromium,
+)
 
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-CHROMIUM_TIMEOUT = 90.0
-PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 EVIL_NODE = "<img src=x onerror=alert(1)>&\"edge'"
 EVIL_SERVER = "https://cloud.example/<script>alert(2)</script>"
-LEADER_FIELD = re.compile(r'data-field="leader"[^>]*>([^<]*)<')
 
 
 @implementer(IStatusSource)
@@ -55,12 +56,49 @@ class ChangingLeaderStatus:
         }
 
 
-class ChromiumRun(CollectingProcess):
-    """One chromium child; ``ended`` fires with (exit code, stdout, stderr)."""
+NOW = 1_780_000_000.0
 
-    def processEnded(self, reason):
-        code = getattr(reason.value, "exitCode", None)
-        self.ended.callback((code, self.out, self.err))
+
+def pool_document(stale=(), leader="edge-<1>", now=NOW):
+    """A /pool document of three members (``stale`` ones stale), who led: edge-3 two
+    hours ago, ``leader`` from 40 minutes ago, edge-3 again for the last 10 minutes."""
+    members = []
+    for node in (EVIL_NODE, "edge-3", leader):
+        path = "stale" if node in stale else "direct"
+        members.append({"node": node, "heartbeat": path, "stale": path == "stale",
+                        "lease_age": 31.0 if path == "stale" else 1.5,
+                        "cloud_lease_age": None, "pool_lease_age": 1.5,
+                        "leader": node == "edge-3", "this_agent": node == EVIL_NODE,
+                        "upload": {"uploaded": True, "objects": 42}
+                        if node == EVIL_NODE else None})
+    changes = [{"time": rfc3339(at), "at": at, "leader": name}
+               for at, name in ((now - 7200, "edge-3"), (now - 2400, leader),
+                                (now - 600, "edge-3"))]
+    return {"node": EVIL_NODE, "pool": "pool-<a>", "role": "follower", "ready": False,
+            "generated": rfc3339(now), "generated_at": now, "stale_after_seconds": 9.0,
+            "cloud_read": False, "leader": "edge-3",
+            "election": {"holder": "edge-3", "lease_age": 0.5,
+                         "lease_duration_seconds": 15, "expired": False},
+            "members": members, "leader_changes": changes,
+            "cache": {"synced": True, "informer_sync_lease_age": 2.5,
+                      "informer_sync_holder": "edge-3",
+                      "resources": {"endpoints": 5, "<evil>": None}},
+            "errors": {"cloud nodes": "no healthy <cloud> server"}}
+
+
+@implementer(IPoolView)
+class ChangingPoolView:
+    """A pool view whose documents are ``documents`` in turn, the last one repeated."""
+
+    def __init__(self, *documents):
+        self.documents = list(documents)
+        self.reads = 0
+        self.last_document = None
+
+    def document(self):
+        self.last_document = self.documents[min(self.reads, len(self.documents) - 1)]
+        self.reads += 1
+        return defer.succeed(self.last_document)
 
 
 class PoolPageTests(unittest.TestCase):
@@ -69,8 +107,8 @@ class PoolPageTests(unittest.TestCase):
         self.addCleanup(self.pool.closeCachedConnections)
         self.http = treq.client.HTTPClient(Agent(reactor, pool=self.pool))
 
-    def serve(self, source):
-        site = status_site(source, Metrics("edge-2", "pool-a"), reactor)
+    def serve(self, source, view=None):
+        site = status_site(source, Metrics("edge-2", "pool-a"), reactor, view)
         port = reactor.listenTCP(0, site, interface="127.0.0.1")
         self.addCleanup(port.stopListening)
         return f"http://127.0.0.1:{port.getHost().port}"
@@ -136,41 +174,7 @@ class PoolPageTests(unittest.TestCase):
     # -- in a browser --------------------------------------------------------------------
 
     def chromium(self, *arguments):
-        """Run headless chromium with ``arguments``; (exit code, stdout, stderr)."""
-        if CHROMIUM is None:
-            raise unittest.SkipTest("chromium is not installed (Debian package chromium)")
-        profile = os.path.abspath(self.mktemp())
-        os.makedirs(profile)
-        run = ChromiumRun()
-        argv = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
-                "--no-first-run", "--disable-background-networking",
-                "--disable-component-update", "--disable-sync",
-                f"--user-data-dir={profile}", *arguments]
-        env = {k: v for k, v in os.environ.items() if k in ("PATH", "LANG", "TZ")}
-        env["HOME"] = profile
-        transport = reactor.spawnProcess(run, CHROMIUM, argv, env=env, path=profile)
-
-        def give_up():
-            try:
-                transport.signalProcess("KILL")
-            except error.ProcessExitedAlready:
-                return
-
-        killer = reactor.callLater(CHROMIUM_TIMEOUT, give_up)
-
-        def ended(result):
-            if killer.active():
-                killer.cancel()
-            return result
-
-        def kill_if_running():
-            if run.ended.called:
-                return None
-            give_up()
-            return run.ended
-
-        self.addCleanup(kill_if_running)
-        return run.ended.addBoth(ended)
+        return run_chromium(self, reactor, *arguments)
 
     @defer.inlineCallbacks
     def test_chromium_takes_a_screenshot(self):
@@ -201,3 +205,75 @@ class PoolPageTests(unittest.TestCase):
         self.assertIn("live, updated", dom)
         self.assertRegex(dom, r'<li class="no">pool cache not synced</li>')
         self.assertIn("10.0.0.2:6443", dom)
+
+    @defer.inlineCallbacks
+    def test_page_renders_the_pool_view_escaped(self):
+        source = ChangingLeaderStatus(EVIL_NODE, None, None)
+        view = ChangingPoolView(pool_document(stale=("edge-3",)))
+        verifyObject(IPoolView, view)
+        view.document()
+        base = self.serve(source, view)
+        response, page = yield self.get(base + "/")
+        self.assertEqual(response.code, 200)
+        self.assertNotIn("<img", page)
+        self.assertNotIn("<evil>", page)
+        self.assertIn("&lt;evil&gt;", page)
+        self.assertIn("no healthy &lt;cloud&gt; server", page)
+        # The follower's own election saw no leader: the coordinator's lease names it.
+        self.assertEqual(LEADER_FIELD.findall(page), ["edge-3"])
+        self.assertEqual(STALE_ROW.findall(page), ["edge-3"])
+        self.assertEqual(len(MEMBER_ROW.findall(page)), 3)
+        self.assertIn('data-node="edge-&lt;1&gt;"', page)
+        self.assertIn('<td id="sync-age">2.5s</td>', page)
+        self.assertIn("<td>endpoints</td><td>5</td>", page)
+        self.assertIn("<td>uploaded (42)</td>", page)
+        svg = page.split('<div id="timeline">', 1)[1].split("</div>", 1)[0]
+        self.assertTrue(svg.startswith("<svg "), svg[:80])
+        self.assertEqual(RECT_LEADERS.findall(svg), ["edge-3", "edge-&lt;1&gt;", "edge-3"])
+        self.assertNotRegex(page, r"<(script|link|img|iframe)[^>]*\b(src|href)=")
+        script = page.split("<script>", 1)[1].split("</script>", 1)[0]
+        self.assertNotIn("http", script)
+        self.assertIn('fetch("pool"', script)
+
+    def test_leader_segments_cover_the_last_hour(self):
+        changes = pool_document()["leader_changes"]
+        # edge-3's first term began before the hour: cut at its start.
+        self.assertEqual(leader_segments(changes, NOW), [
+            (NOW - TIMELINE_SECONDS, NOW - 2400, "edge-3"), (NOW - 2400, NOW - 600, "edge-<1>"),
+            (NOW - 600, NOW, "edge-3")])
+        self.assertEqual(leader_segments(changes[:1], NOW), [
+            (NOW - TIMELINE_SECONDS, NOW, "edge-3")])
+        self.assertEqual(leader_segments([], NOW), [])
+        self.assertEqual(leader_segments([{"at": "x", "leader": "a"}, {"leader": "b"}], NOW), [])
+
+    @defer.inlineCallbacks
+    def test_chromium_shows_members_leader_timeline_and_a_member_going_stale(self):
+        source = ChangingLeaderStatus("edge-2", None, None)
+        view = ChangingPoolView(pool_document(), pool_document(stale=("edge-3",)))
+        base = self.serve(source, view)
+        directory = os.path.abspath(self.mktemp())
+        os.makedirs(directory)
+        shot = os.path.join(directory, "pool-page.png")
+        code, dom, err = yield self.chromium("--virtual-time-budget=3000", "--dump-dom",
+                                             base + "/")
+        self.assertEqual(code, 0, err.decode("utf-8", "replace")[-2000:])
+        dom = dom.decode("utf-8")
+        # The page was served before any /pool read, then its script read /pool.
+        self.assertGreaterEqual(view.reads, 1)
+        self.assertEqual(LEADER_FIELD.findall(dom), ["edge-3"])
+        self.assertEqual(len(MEMBER_ROW.findall(dom)), 3)
+        self.assertEqual(STALE_ROW.findall(dom), ["edge-3"] if view.reads > 1 else [])
+        self.assertEqual(sorted(set(RECT_LEADERS.findall(dom))), ["edge-&lt;1&gt;", "edge-3"])
+        self.assertNotIn("<img", dom)
+        self.assertIn("no healthy &lt;cloud&gt; server", dom)
+        code, _out, err = yield self.chromium(f"--screenshot={shot}", "--window-size=1000,1400",
+                                              base + "/")
+        self.assertEqual(code, 0, err.decode("utf-8", "replace")[-2000:])
+        with open(shot, "rb") as handle:
+            self.assertTrue(handle.read(8) == PNG_MAGIC)
+        code, dom, err = yield self.chromium("--virtual-time-budget=3000", "--dump-dom",
+                                             base + "/")
+        dom = dom.decode("utf-8")
+        self.assertEqual(STALE_ROW.findall(dom), ["edge-3"])
+        self.assertRegex(dom, r'data-node="edge-3" data-heartbeat="stale"><td>edge-3'
+                              r'<span class="badge">STALE</span>')

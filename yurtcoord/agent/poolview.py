@@ -1,0 +1,418 @@
+"""The pool as one agent sees it: the document of ``GET /pool``.
+
+``/status`` tells what this agent is; ``/pool`` tells what the pool is, read through
+the coordinator apiserver and the pool etcd and, while a cloud server is healthy,
+the cloud:
+
+- members: the cloud Nodes labelled with the pool and the node leases on the
+  coordinator apiserver, each with the age of its node lease and its heartbeat path.
+  A lease renewed within ``[heartbeat] interval`` + ``max_clock_skew`` is fresh (a
+  live node renews at least once an interval; the leader uses the same rule before it
+  forwards a delegated heartbeat). The lease that decides is the cloud's when the
+  cloud was read, otherwise the coordinator's. Fresh and marked with the delegation
+  annotation (which the leader copies into the cloud lease while it forwards, and a
+  node writing the cloud directly removes) is ``delegated``, fresh without it is
+  ``direct``, anything else ``stale``;
+- the holder of the election lease, read from the coordinator apiserver whether or
+  not this agent takes part in the election (a follower cut off from the cloud does
+  not, yet the coordinator still names the leader);
+- the last ``LEADER_CHANGES_KEPT`` leader changes this agent saw, from the hub
+  elector's and the coordinator's observers (never from reading leases);
+- the pool cache: keys per pool-scoped resource in the pool etcd (a count, no values)
+  and the age of the leader's informer sync lease;
+- the upload state of this agent's own node (the only member whose upload it knows).
+
+Every read is bounded by ``POOL_READ_TIMEOUT`` (on top of the clients' own bounds) and
+a read that fails leaves its part empty and names itself under ``errors``: the
+document is always built. A document is served again for ``POOL_VIEW_TTL`` seconds
+and requests arriving while one is being built share it, so a flood of ``/pool``
+requests costs one round of reads per ``POOL_VIEW_TTL``.
+"""
+
+import collections
+import functools
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, Generator, Optional
+
+from twisted.internet import defer
+from twisted.internet.interfaces import IReactorTime
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+from zope.interface import implementer
+
+from yurtcoord.agent.status import IPoolView, IStatusSource, rfc3339
+from yurtcoord.heartbeat.delegation import is_delegated
+from yurtcoord.kube.errors import NotFound
+from yurtcoord.kube.gvr import LEASES, NODES, GroupVersionResource
+from yurtcoord.kube.lease import holder_identity, lease_duration_seconds, renew_time
+from yurtcoord.names import (
+    INFORMER_SYNC_LEASE_NAME, INFORMER_SYNC_LEASE_NAMESPACE, NODE_LEASE_NAMESPACE,
+    NODE_POOL_LABEL,
+)
+from yurtcoord.pool.keys import PoolKeyBuilder
+from yurtcoord.role.roles import Role
+from yurtcoord.tx.failures import describe_failure
+
+# Seconds a built document is served again before the next one is built.
+POOL_VIEW_TTL = 1.0
+# Seconds one read of a ``/pool`` document may take; it then counts as failed.
+POOL_READ_TIMEOUT = 3.0
+# Objects one list of Nodes or node leases may hold (one page); more are left out
+# and ``errors`` says so.
+MEMBER_LIST_LIMIT = 500
+# Cloud node leases read at once (one GET per member).
+CLOUD_LEASE_READS = 8
+# Leader changes a document lists, the newest last.
+LEADER_CHANGES_KEPT = 20
+
+DIRECT, DELEGATED, STALE = "direct", "delegated", "stale"
+
+
+def heartbeat_path(lease: Optional[Mapping[str, Any]], now: float,
+                   stale_after: float) -> tuple[str, Optional[float]]:
+    """``(path, lease age in seconds)`` of one node lease at ``now``: ``stale`` when
+    absent, without renewTime or renewed more than ``stale_after`` ago, else
+    ``delegated`` when it carries the delegation annotation and ``direct`` when not."""
+    if lease is None:
+        return STALE, None
+    try:
+        renewed = renew_time(lease)
+    except (TypeError, ValueError, AttributeError):
+        renewed = None
+    if renewed is None:
+        return STALE, None
+    age = max(0.0, now - renewed)
+    if age > stale_after:
+        return STALE, age
+    return (DELEGATED if is_delegated(dict(lease)) else DIRECT), age
+
+
+def resource_name(gvr: GroupVersionResource) -> str:
+    """``endpoints`` / ``endpointslices.discovery.k8s.io``: one name per stored resource
+    (versions of a resource share their keys in the pool etcd)."""
+    return f"{gvr.resource}.{gvr.group}" if gvr.group else gvr.resource
+
+
+def _rounded(seconds: Optional[float]) -> Optional[float]:
+    return None if seconds is None else round(seconds, 1)
+
+
+def _name(obj: Any) -> Optional[str]:
+    if not isinstance(obj, Mapping):
+        return None
+    metadata = obj.get("metadata")
+    name = metadata.get("name") if isinstance(metadata, Mapping) else None
+    return name if isinstance(name, str) and name else None
+
+
+def _items(answer: Any) -> list[Any]:
+    items = answer.get("items") if isinstance(answer, Mapping) else None
+    return list(items) if isinstance(items, list) else []
+
+
+def _truncated(answer: Any) -> bool:
+    metadata = answer.get("metadata") if isinstance(answer, Mapping) else None
+    return bool(metadata.get("continue")) if isinstance(metadata, Mapping) else False
+
+
+class LeaderHistory:
+    """The last ``kept`` leader changes, fed by observers: ``leader_seen(identity)``
+    from the hub elector, ``role_changed(previous, role)`` from the coordinator (this
+    agent becoming leader). A repeat of the current leader is not a change."""
+
+    def __init__(self, clock: IReactorTime, node: str, kept: int = LEADER_CHANGES_KEPT) -> None:
+        self._clock = clock
+        self._node = node
+        self._changes: collections.deque[tuple[float, str]] = collections.deque(maxlen=kept)
+
+    def leader_seen(self, identity: str) -> None:
+        if not identity or (self._changes and self._changes[-1][1] == identity):
+            return
+        self._changes.append((self._clock.seconds(), identity))
+
+    def role_changed(self, _previous: Role, role: Role) -> None:
+        if role == Role.LEADER:
+            self.leader_seen(self._node)
+
+    def changes(self) -> list[dict[str, Any]]:
+        """Oldest first: ``{"time": RFC 3339, "at": epoch seconds, "leader": identity}``."""
+        return [{"time": rfc3339(at), "at": round(at, 3), "leader": identity}
+                for at, identity in self._changes]
+
+
+@implementer(IPoolView)
+class PoolView:
+    """Builds the ``/pool`` document of one agent (see the module doc).
+
+    :param status: the agent's status source (role, readiness, its own upload).
+    :param coordinator_client: client of the coordinator apiserver (``get``, ``list``).
+    :param cloud_client: client of whichever cloud server is healthy (``get``, ``list``).
+    :param cloud_healthy: whether a cloud server is healthy now; the cloud is read only then.
+    :param count_keys: ``count_keys(prefix)`` → Deferred number of pool etcd keys
+        under ``prefix`` (bytes).
+    :param pool_resources: the pool-scoped resources now.
+    :param election_lease: ``(namespace, name)`` of the election Lease.
+    :param stale_after: seconds after which a node lease is stale.
+    """
+
+    log = Logger()
+
+    def __init__(self, reactor: IReactorTime, status: IStatusSource, node: str, pool: str,
+                 coordinator_client: Any, cloud_client: Any,
+                 cloud_healthy: Callable[[], bool],
+                 count_keys: Callable[[bytes], "defer.Deferred[int]"],
+                 storage_prefix: str,
+                 pool_resources: Callable[[], Iterable[GroupVersionResource]],
+                 election_lease: tuple[str, str], stale_after: float,
+                 history: LeaderHistory, ttl: float = POOL_VIEW_TTL,
+                 read_timeout: float = POOL_READ_TIMEOUT) -> None:
+        self._reactor = reactor
+        self._status = status
+        self.node = node
+        self.pool = pool
+        self._coordinator = coordinator_client
+        self._cloud = cloud_client
+        self._cloud_healthy = cloud_healthy
+        self._count_keys = count_keys
+        self._keys = PoolKeyBuilder(storage_prefix)
+        self._pool_resources = pool_resources
+        self._election_lease = election_lease
+        self.stale_after = stale_after
+        self.history = history
+        self.ttl = ttl
+        self.read_timeout = read_timeout
+        self.last_document: Optional[dict[str, Any]] = None
+        self.builds = 0
+        self._built_at: Optional[float] = None
+        self._waiting: Optional[list[defer.Deferred[dict[str, Any]]]] = None
+
+    # -- serving -------------------------------------------------------------------
+
+    def document(self) -> "defer.Deferred[dict[str, Any]]":
+        """The current document: the last one while younger than ``ttl``, else the one
+        being built (shared by every caller meanwhile). Never fails."""
+        now = self._reactor.seconds()
+        if (self.last_document is not None and self._built_at is not None
+                and now - self._built_at < self.ttl):
+            return defer.succeed(self.last_document)
+        answer: defer.Deferred[dict[str, Any]] = defer.Deferred()
+        if self._waiting is not None:
+            self._waiting.append(answer)
+            return answer
+        self._waiting = [answer]
+        self._build().addBoth(self._built)
+        return answer
+
+    def _built(self, result: object) -> None:
+        if isinstance(result, Failure):
+            # Only a defect of this module gets here: show it, never fail the page.
+            self.log.failure("building the pool view failed", result)
+            result = self._base({"pool view": describe_failure(result)})
+        assert isinstance(result, dict)
+        self.builds += 1
+        self.last_document = result
+        self._built_at = self._reactor.seconds()
+        waiting, self._waiting = self._waiting or [], None
+        for answer in waiting:
+            answer.callback(result)
+
+    # -- reading -------------------------------------------------------------------
+
+    def _bounded(self, what: str, errors: dict[str, str],
+                 read: Callable[[], "defer.Deferred[Any]"],
+                 timeout: Optional[float] = None,
+                 absent_ok: bool = False) -> "defer.Deferred[Any]":
+        """``read()`` within ``timeout`` (default ``read_timeout``); a failure is noted
+        under ``what`` in ``errors`` and gives None. With ``absent_ok`` a NotFound is
+        no failure: it gives None (a lease nobody wrote yet)."""
+        timeout = self.read_timeout if timeout is None else timeout
+        d = defer.maybeDeferred(read)
+        d.addTimeout(timeout, self._reactor)
+
+        def failed(failure: Failure) -> None:
+            if absent_ok and failure.check(NotFound):
+                return None
+            if failure.check(defer.TimeoutError):
+                errors[what] = f"no answer within {timeout:g}s"
+            else:
+                errors[what] = describe_failure(failure)
+            return None
+
+        return d.addErrback(failed)
+
+    def _base(self, errors: dict[str, str]) -> dict[str, Any]:
+        status = self._status.status()
+        return {
+            "node": self.node,
+            "pool": self.pool,
+            "role": status.get("role"),
+            "ready": bool(status.get("ready")),
+            "generated": rfc3339(self._reactor.seconds()),
+            "generated_at": round(self._reactor.seconds(), 3),
+            "stale_after_seconds": self.stale_after,
+            "cloud_read": False,
+            "leader": None,
+            "election": {"holder": None, "lease_age": None, "lease_duration_seconds": None,
+                         "expired": None},
+            "members": [],
+            "leader_changes": self.history.changes(),
+            "cache": {"synced": bool(status.get("pool_cache_synced")),
+                      "informer_sync_lease_age": None, "informer_sync_holder": None,
+                      "resources": {}},
+            "errors": dict(errors),
+        }
+
+    @defer.inlineCallbacks
+    def _build(self) -> Generator["defer.Deferred[Any]", Any, dict[str, Any]]:
+        errors: dict[str, str] = {}
+        coordinator, cloud = self._coordinator, self._cloud
+        cloud_read = bool(self._cloud_healthy())
+        namespace, name = self._election_lease
+        reads: dict[str, defer.Deferred[Any]] = {
+            "election lease": self._bounded(
+                "election lease", errors, lambda: coordinator.get(LEASES, name, namespace),
+                absent_ok=True),
+            "pool node leases": self._bounded(
+                "pool node leases", errors,
+                lambda: coordinator.list(LEASES, namespace=NODE_LEASE_NAMESPACE,
+                                         limit=MEMBER_LIST_LIMIT)),
+            "informer sync lease": self._bounded(
+                "informer sync lease", errors,
+                lambda: coordinator.get(LEASES, INFORMER_SYNC_LEASE_NAME,
+                                        INFORMER_SYNC_LEASE_NAMESPACE),
+                absent_ok=True),
+        }
+        if cloud_read:
+            reads["cloud nodes"] = self._bounded(
+                "cloud nodes", errors,
+                lambda: cloud.list(NODES, label_selector=f"{NODE_POOL_LABEL}={self.pool}",
+                                   limit=MEMBER_LIST_LIMIT))
+        counts: dict[str, defer.Deferred[Any]] = {}
+        for gvr in self._pool_resources():
+            resource = resource_name(gvr)
+            if resource not in counts:
+                prefix = self._keys.list_prefix(gvr.group, gvr.resource).encode("utf-8")
+                counts[resource] = self._bounded(
+                    f"pool cache {resource}", errors,
+                    functools.partial(self._count_keys, prefix))
+        answers = {}
+        for what, d in reads.items():
+            answers[what] = yield d
+        resources = {}
+        for resource, d in counts.items():
+            resources[resource] = yield d
+
+        pool_leases: dict[str, Any] = {}
+        for lease in _items(answers["pool node leases"]):
+            lease_name = _name(lease)
+            if lease_name is not None:
+                pool_leases[lease_name] = lease
+        if _truncated(answers["pool node leases"]):
+            errors["pool node leases"] = f"more than {MEMBER_LIST_LIMIT}; the rest left out"
+        members = set(pool_leases) | {self.node}
+        cloud_leases: dict[str, Any] = {}
+        if cloud_read and "cloud nodes" not in errors:
+            members |= {n for n in map(_name, _items(answers["cloud nodes"])) if n}
+            if _truncated(answers["cloud nodes"]):
+                errors["cloud nodes"] = f"more than {MEMBER_LIST_LIMIT}; the rest left out"
+            cloud_leases = yield self._cloud_leases(sorted(members), errors)
+        else:
+            cloud_read = False
+
+        document = self._base(errors)
+        now = self._reactor.seconds()
+        document["cloud_read"] = cloud_read
+        election = answers["election lease"]
+        holder: Optional[str] = None
+        if isinstance(election, Mapping):
+            identity = holder_identity(election)
+            holder = identity if isinstance(identity, str) and identity else None
+            renewed, duration = renew_time(election), lease_duration_seconds(election)
+            age = None if renewed is None else max(0.0, now - renewed)
+            expired = holder is None or age is None or (
+                duration is not None and age > duration)
+            document["election"] = {"holder": holder, "lease_age": _rounded(age),
+                                    "lease_duration_seconds": duration, "expired": expired}
+            if expired:
+                holder = None
+        document["leader"] = holder
+        document["members"] = [
+            self._member(member, cloud_leases.get(member), pool_leases.get(member),
+                         cloud_read and member in cloud_leases, holder, now)
+            for member in sorted(members)]
+        sync_lease = answers["informer sync lease"]
+        if isinstance(sync_lease, Mapping):
+            renewed = renew_time(sync_lease)
+            document["cache"]["informer_sync_lease_age"] = _rounded(
+                None if renewed is None else max(0.0, now - renewed))
+            identity = holder_identity(sync_lease)
+            document["cache"]["informer_sync_holder"] = (
+                identity if isinstance(identity, str) and identity else None)
+        document["cache"]["resources"] = resources
+        document["errors"] = dict(sorted(errors.items()))
+        return document
+
+    @defer.inlineCallbacks
+    def _cloud_leases(self, members: list[str], errors: dict[str, str]
+                      ) -> Generator["defer.Deferred[Any]", Any, dict[str, Any]]:
+        """The cloud node lease of each member whose read succeeded (None where the
+        cloud has none), ``CLOUD_LEASE_READS`` at a time and all within one
+        ``read_timeout``; the others are named in ``errors`` under ``cloud node lease
+        <member>`` and left out."""
+        semaphore = defer.DeferredSemaphore(CLOUD_LEASE_READS)
+        deadline = self._reactor.seconds() + self.read_timeout
+        found: dict[str, Any] = {}
+        failed: dict[str, str] = {}
+
+        def read(member: str) -> "defer.Deferred[Any]":
+            d = self._cloud.get(LEASES, member, NODE_LEASE_NAMESPACE)
+
+            def absent(failure: Failure) -> None:
+                failure.trap(NotFound)
+                return None
+
+            return d.addErrback(absent)
+
+        def bounded(member: str) -> "defer.Deferred[None]":
+            what = f"cloud node lease {member}"
+            left = deadline - self._reactor.seconds()
+            if left <= 0:
+                failed[what] = f"not read: the cloud lease reads took {self.read_timeout:g}s"
+                return defer.succeed(None)
+
+            def keep(lease: Any) -> None:
+                if what not in failed:
+                    found[member] = lease
+
+            return self._bounded(what, failed, lambda: read(member), left).addCallback(keep)
+
+        yield defer.gatherResults([semaphore.run(bounded, member) for member in members],
+                                  consumeErrors=True)
+        errors.update(failed)
+        return found
+
+    def _member(self, member: str, cloud_lease: Any, pool_lease: Any, cloud_read: bool,
+                leader: Optional[str], now: float) -> dict[str, Any]:
+        cloud_lease = cloud_lease if isinstance(cloud_lease, Mapping) else None
+        pool_lease = pool_lease if isinstance(pool_lease, Mapping) else None
+        # Judged on the cloud lease when the cloud answered for this member.
+        path, age = heartbeat_path(cloud_lease if cloud_read else pool_lease, now,
+                                   self.stale_after)
+        _pool_path, pool_age = heartbeat_path(pool_lease, now, self.stale_after)
+        cloud_age = heartbeat_path(cloud_lease, now, self.stale_after)[1] if cloud_read else None
+        upload = None
+        if member == self.node:
+            status = self._status.status()
+            upload = {"uploaded": bool(status.get("local_cache_uploaded")),
+                      "objects": status.get("uploaded_objects")}
+        return {
+            "node": member,
+            "heartbeat": path,
+            "stale": path == STALE,
+            "lease_age": _rounded(age),
+            "cloud_lease_age": _rounded(cloud_age),
+            "pool_lease_age": _rounded(pool_age),
+            "leader": leader is not None and member == leader,
+            "this_agent": member == self.node,
+            "upload": upload,
+        }
