@@ -444,18 +444,6 @@ class CertificateClient(ResolvingClient):
             self.client = KubeClient(self._reactor, self._make_config())
         return self.client
 
-    def create(self, gvr: GroupVersionResource, obj: dict,
-               namespace: str | None = None) -> defer.Deferred[Any]:
-        return self._call("create", gvr, obj, namespace)
-
-    def update(self, gvr: GroupVersionResource, obj: dict,
-               namespace: str | None = None) -> defer.Deferred[Any]:
-        return self._call("update", gvr, obj, namespace)
-
-    def delete(self, gvr: GroupVersionResource, name: str,
-               namespace: str | None = None) -> defer.Deferred[Any]:
-        return self._call("delete", gvr, name, namespace)
-
     def drop_connections(self) -> defer.Deferred[None]:
         if self.client is None:
             return defer.succeed(None)
