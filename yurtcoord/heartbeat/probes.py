@@ -634,9 +634,9 @@ class ServerSet:
             written = yield self._probers[index].write().addBoth(self._probed, index)
             if written:
                 if index != started:
-                    self.log.info("{name} heartbeat now written through {new}: {old} failed",
-                                  name=self.name, new=self._probers[index].server,
-                                  old=self._probers[started].server)
+                    self.log.info("heartbeat now written through {new}: {old} failed",
+                                  new=self._probers[index].server,
+                                  old=self._probers[started].server, servers=self.name)
                 return True
             untried = [(index + step) % count for step in range(1, count)
                        if (index + step) % count not in tried]
