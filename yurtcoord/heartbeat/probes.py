@@ -487,7 +487,9 @@ class ServerSet:
     cut, timed out): while that server still counts as healthy it is probed at once
     instead of at its next slot, and ``pick_server`` avoids it until that probe has
     ended, so that requests move to another server at once and a dead server is
-    known within one probe rather than one interval.
+    known within one probe rather than one interval. A set of one server has
+    nowhere else to send requests: there it changes nothing, and the server is
+    probed at its slots as ever.
 
     ``add_listener(callback)``: ``callback(healthy)`` is called when the set's
     health becomes known and whenever it flips.
@@ -581,6 +583,8 @@ class ServerSet:
     def suspect(self, server: str) -> None:
         """A request to ``server`` got no answer: probe it now if it still counts as
         healthy (see the class docstring)."""
+        if len(self._probers) < 2:
+            return
         for index, prober in enumerate(self._probers):
             if prober.server != server or not prober.healthy or index in self._suspected:
                 continue

@@ -666,11 +666,15 @@ class SeveralCoordinatorServersTests(unittest.TestCase):
         client = FakeKube(self.clock)
         checker = CoordinatorHealthChecker(self.clock, {self.A: client}, NODE, self.cloud,
                                            DEFAULTS)
-        client.fail_next("*", ServerError("down"), 3)
         checker.start()
         advance(self.clock, 3)
-        self.assertFalse(checker.healthy)
+        # A request that got no answer changes nothing: no early probe.
+        sent = len(client.requests)
         checker.suspect(self.A)
+        self.assertEqual((checker.pick_server(), len(client.requests)), (self.A, sent))
+        client.fail_next("*", ServerError("down"), 3)
+        advance(self.clock, 10)
+        self.assertFalse(checker.healthy)
         self.assertEqual(checker.pick_server(), self.A)
         self.successResultOf(checker.stop())
 
