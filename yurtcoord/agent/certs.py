@@ -58,7 +58,7 @@ from zope.interface import implementer
 
 from yurtcoord.kube.client import ClientConfig, KubeClient
 from yurtcoord.kube.errors import ConnectionFailed
-from yurtcoord.kube.gvr import SECRETS, GroupVersionResource
+from yurtcoord.kube.gvr import SECRETS
 from yurtcoord.kube.informer import Informer
 from yurtcoord.kube.interfaces import IObjectClient
 from yurtcoord.kube.resolving import ResolvingClient

@@ -26,7 +26,7 @@ from twisted.logger import Logger
 
 from yurtcoord.tx.inflight import InFlight, cancellable_sleep
 from yurtcoord.kube import gvr as gvrs
-from yurtcoord.kube.errors import ConnectionFailed, NotFound
+from yurtcoord.kube.errors import NotFound
 from yurtcoord.kube.gvr import GroupVersionResource
 from yurtcoord.kube.informer import Informer
 from yurtcoord.kube.resolving import PickedServerClient
