@@ -4,8 +4,9 @@ Two Kubernetes API test servers serve one object store, as two coordinator
 apiservers serve one pool etcd; two agents are given both URLs. One server goes
 down: the leader keeps the election lease (its renewals land on the other server),
 no agent leaves ready, and each agent's ``/status`` and ``/metrics`` show which
-server is down; the server comes back and is used again. Checked through the agents'
-pages and the servers' own stores and answer logs, polled with bounded deadlines.
+server is down; the server comes back, answers the agents' probes and is shown
+healthy again. Checked through the agents' pages and the servers' own stores and
+answer logs, polled with bounded deadlines.
 """
 
 from twisted.internet import defer, reactor
@@ -143,7 +144,7 @@ class TwoCoordinatorServersTests(unittest.TestCase):
         print(f"first server down to the first election renewal through the second: "
               f"{renewals[0] - down_at:.2f} s")
 
-        # The first server comes back: shown healthy again and used again.
+        # The first server comes back: probed (read) and shown healthy again.
         yield first.faults.up()
         up_at = reactor.seconds()
         yield self.wait_for_pool(
