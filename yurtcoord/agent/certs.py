@@ -58,7 +58,7 @@ from zope.interface import implementer
 
 from yurtcoord.kube.client import ClientConfig, KubeClient
 from yurtcoord.kube.errors import ConnectionFailed
-from yurtcoord.kube.gvr import SECRETS, GroupVersionResource
+from yurtcoord.kube.gvr import SECRETS
 from yurtcoord.kube.informer import Informer
 from yurtcoord.kube.interfaces import IObjectClient
 from yurtcoord.kube.resolving import ResolvingClient
@@ -443,18 +443,6 @@ class CertificateClient(ResolvingClient):
         if self.client is None:
             self.client = KubeClient(self._reactor, self._make_config())
         return self.client
-
-    def create(self, gvr: GroupVersionResource, obj: dict,
-               namespace: str | None = None) -> defer.Deferred[Any]:
-        return self._call("create", gvr, obj, namespace)
-
-    def update(self, gvr: GroupVersionResource, obj: dict,
-               namespace: str | None = None) -> defer.Deferred[Any]:
-        return self._call("update", gvr, obj, namespace)
-
-    def delete(self, gvr: GroupVersionResource, name: str,
-               namespace: str | None = None) -> defer.Deferred[Any]:
-        return self._call("delete", gvr, name, namespace)
 
     def drop_connections(self) -> defer.Deferred[None]:
         if self.client is None:

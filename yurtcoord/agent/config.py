@@ -226,29 +226,48 @@ def _parse_url_list(text):
 
 
 def _parse_etcd_urls(text):
-    """The pool etcd's members: one URL or several, comma-separated; each named when
-    it is not a URL or appears twice, and all of one scheme (one TLS setting)."""
-    items = _split_list(text)
-    if not items:
-        raise _BadValue("needs at least one etcd URL")
-    urls = []
-    for item in items:
-        try:
-            url = _check_url(item)
-        except _BadValue as error:
-            raise _BadValue(f"{item!r}: {error}") from None
-        if url in urls:
-            raise _BadValue(f"{url!r} appears twice: list each etcd member once")
-        urls.append(url)
+    """The pool etcd's members: distinct URLs (see ``_parse_distinct_url_list``), all of
+    one scheme (one TLS setting)."""
+    urls = _parse_distinct_url_list(text)
     schemes = {urlsplit(url).scheme for url in urls}
     if len(schemes) > 1:
         raise _BadValue("mixes http:// and https://: every etcd member of a pool is "
                         "reached the same way")
-    return tuple(urls)
+    return urls
 
 
 def _format_list(values):
     return ", ".join(str(value) for value in values)
+
+
+def _server_identity(url):
+    """What makes two spellings of a URL the same server: scheme, host (any case),
+    port (the scheme's default when left out) and path."""
+    parts = urlsplit(url)
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    return parts.scheme, (parts.hostname or "").lower(), port, parts.path.rstrip("/")
+
+
+def _parse_distinct_url_list(text):
+    """One or more URLs, comma-separated, each of them once; an error names the URL
+    at fault, since the operator sees the whole list as the value."""
+    items = _split_list(text)
+    if not items:
+        raise _BadValue("needs at least one URL")
+    urls: list[str] = []
+    seen: dict[tuple, str] = {}
+    for item in items:
+        try:
+            url = _check_url(item)
+        except _BadValue as error:
+            raise _BadValue(f"{item!r} is {error}") from None
+        identity = _server_identity(url)
+        if identity in seen:
+            raise _BadValue(f"{item!r} names the same server as {seen[identity]!r}: "
+                            "list each server once")
+        seen[identity] = item
+        urls.append(url)
+    return tuple(urls)
 
 
 def _parse_etcd_prefix(text):
@@ -365,7 +384,9 @@ PATH = ValueType("path", _parse_text)
 URL = ValueType("URL", _check_url)
 KUBELET_URL = ValueType("URL or off", _parse_kubelet_url, _format_kubelet_url)
 URL_LIST = ValueType("comma-separated URLs", _parse_url_list, _format_list)
-ETCD_URLS = ValueType("comma-separated URLs", _parse_etcd_urls, _format_list)
+ETCD_URLS = ValueType("comma-separated distinct URLs", _parse_etcd_urls, _format_list)
+DISTINCT_URL_LIST = ValueType("comma-separated distinct URLs", _parse_distinct_url_list,
+                              _format_list)
 ETCD_PREFIX = ValueType("etcd key prefix", _parse_etcd_prefix)
 LISTEN = ValueType("host:port", parse_listen)
 UPLOAD_RESOURCES = ValueType(
@@ -410,8 +431,9 @@ SCHEMA = (
         "allow http:// and skip verification (testing only)"),
 
     Key("coordinator", "enabled", BOOLEAN, "true", "run the pool coordinator"),
-    Key("coordinator", "server", URL, "https://yurt-coordinator-apiserver:443",
-        "the coordinator apiserver"),
+    Key("coordinator", "server", DISTINCT_URL_LIST, "https://yurt-coordinator-apiserver:443",
+        "one or more coordinator apiserver URLs over the pool etcd, comma-separated; "
+        "healthy while any of them is"),
     Key("coordinator", "storage", ETCD_URLS, "https://yurt-coordinator-etcd:2379",
         "the pool etcd behind the coordinator apiserver: one or more members of one "
         "etcd cluster, comma-separated"),
@@ -490,7 +512,7 @@ class CloudConfig:
 @dataclass(frozen=True)
 class CoordinatorConfig:
     enabled: bool
-    server: str
+    server: tuple
     storage: tuple
     storage_prefix: str
     pki_dir: str
@@ -700,11 +722,10 @@ def _check_rules(config, raw, source):
                           f"{NODE_POOL_LABEL}=<pool>", section="node", key="pool")
     if not coordinator.insecure:
         for name in ("server", "storage"):
-            value = getattr(coordinator, name)
-            urls = (value,) if isinstance(value, str) else value
-            if any(urlsplit(url).scheme != "https" for url in urls):
-                fail("coordinator", name,
-                     "http:// is only allowed with insecure = true; use https://")
+            for url in getattr(coordinator, name):
+                if urlsplit(url).scheme != "https":
+                    fail("coordinator", name,
+                         f"http:// ({url}) is only allowed with insecure = true; use https://")
 
     election = config.leader_election
     if not election.lease_duration > election.renew_deadline:

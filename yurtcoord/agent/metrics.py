@@ -67,6 +67,10 @@ class Metrics:
             "node_yurthub_server_healthy_status",
             "healthy status of remote servers. 1: healthy, 0: unhealthy",
             ["server"], registry=registry)
+        self.coordinator_server_healthy = Gauge(
+            "yurtcoord_coordinator_server_healthy_status",
+            "healthy status of the coordinator apiservers. 1: healthy, 0: unhealthy",
+            ["server"], registry=registry)
 
         self.delegations = Counter(
             "yurtcoord_heartbeat_delegations",
@@ -134,7 +138,12 @@ class Metrics:
         follow_coordinator(self, coordinator)
 
     def set_server_healthy(self, server: str, healthy: bool) -> None:
+        """Health of cloud apiserver ``server`` (URL)."""
         self.server_healthy.labels(server=server).set(1 if healthy else 0)
+
+    def set_coordinator_server_healthy(self, server: str, healthy: bool) -> None:
+        """Health of coordinator apiserver ``server`` (URL)."""
+        self.coordinator_server_healthy.labels(server=server).set(1 if healthy else 0)
 
     def observe_delegation(self, seconds: float, succeeded: bool) -> None:
         """One finished delegation: counted, timed, and counted as failure if it failed."""

@@ -7,9 +7,13 @@ stopping the parts in the right order.
 
 The parts of an agent with ``[coordinator] enabled = true``:
 
-- one ``KubeClient`` per cloud server, and one for the coordinator apiserver;
+- one ``KubeClient`` per cloud server, and one per coordinator apiserver; the
+  elector, pool sync, delegation and the synced detector reach the coordinator
+  through one client that sends each request to the server the coordinator health
+  checker picks (a healthy one), so they fail over between coordinator apiservers
+  as the cloud parts do between cloud servers;
 - the cloud health checker (one lease prober per cloud server), the coordinator
-  health checker and, unless ``kubelet_healthz_url = off``, the kubelet liveness checker
+  health checker (one lease prober per coordinator apiserver) and, unless ``kubelet_healthz_url = off``, the kubelet liveness checker
   that every probe consults;
 - with TLS to the coordinator (``insecure = false``): the certificate manager that
   writes the certs Secret into ``pki_dir``;
@@ -61,6 +65,7 @@ from yurtcoord.tx.reactorlag import ReactorLagProbe
 from yurtcoord.tx.retry import ROLE_RETRY
 from yurtcoord.kube.client import ClientConfig, KubeClient
 from yurtcoord.kube.leaderelection import LeaderElectionConfig, LeaderElector
+from yurtcoord.kube.resolving import PickedServerClient
 from yurtcoord.pool.localcache import LocalCacheReader
 from yurtcoord.agent.metrics import Metrics
 from yurtcoord.pool.scope import HealthyCloudClient, PoolScopeResources
@@ -158,10 +163,10 @@ class Agent(service.MultiService):
     Attributes for tests and the sandbox: ``metrics``, ``reactor_lag``,
     ``status_source``, ``status_http`` (``.url``), ``cloud_clients`` ({url: KubeClient}),
     ``cloud_checker``, ``kubelet_checker`` (None with ``kubelet_healthz_url = off``);
-    with the coordinator enabled also ``coordinator_client``,
-    ``coordinator_checker``, ``etcd``, ``coordinator``, ``hub_elector``,
-    ``pool_sync``, ``delegation``, ``synced_detector``, ``pool_view``,
-    ``cert_manager`` (None with ``insecure``).
+    with the coordinator enabled also ``coordinator_clients`` ({url: client}),
+    ``coordinator_client`` (the one that picks among them), ``coordinator_checker``,
+    ``etcd``, ``coordinator``, ``hub_elector``, ``pool_sync``, ``delegation``,
+    ``synced_detector``, ``pool_view``, ``cert_manager`` (None with ``insecure``).
     """
 
     log = Logger()
@@ -289,11 +294,13 @@ class Agent(service.MultiService):
         healthy_cloud = HealthyCloudClient(self.cloud_checker.pick_healthy_server,
                                            self.cloud_clients.__getitem__)
         # Plain clients without TLS; with it, clients that reload their certificates.
-        self.coordinator_client: KubeClient | CertificateClient
+        self.coordinator_clients: Mapping[str, KubeClient | CertificateClient]
         self.lease_proxy_clients: Mapping[str, KubeClient | CertificateClient]
         if coordinator_config.insecure:
-            self.coordinator_client = self._own(KubeClient(reactor, ClientConfig(
-                server=coordinator_config.server, insecure=True, timeout=REQUEST_TIMEOUT)))
+            self.coordinator_clients = {
+                url: self._own(KubeClient(reactor, ClientConfig(
+                    server=url, insecure=True, timeout=REQUEST_TIMEOUT)))
+                for url in coordinator_config.server}
             etcd_config = EtcdConfig(url=coordinator_config.storage[0],
                                      more_urls=coordinator_config.storage[1:])
             # No node-lease-proxy certificate without TLS: delegated heartbeats go
@@ -310,9 +317,12 @@ class Agent(service.MultiService):
 
         election = config.leader_election
         self.coordinator_checker = CoordinatorHealthChecker(
-            reactor, self.coordinator_client, node, coordinator_config.server,
-            self.cloud_checker, config.heartbeat, kubelet=self.kubelet_checker,
+            reactor, self.coordinator_clients, node, self.cloud_checker, config.heartbeat,
+            kubelet=self.kubelet_checker, metrics=self.metrics,
             takeover=election.lease_duration + election.retry_period)
+        self.coordinator_client = PickedServerClient(
+            self.coordinator_checker.pick_server, self.coordinator_clients.__getitem__,
+            what="coordinator apiserver", on_unreachable=self.coordinator_checker.suspect)
 
         self.pool_scope = PoolScopeResources(reactor, healthy_cloud)
         self.pool_sync = PoolSyncManager(
@@ -382,12 +392,15 @@ class Agent(service.MultiService):
             coordinator_config.secret_namespace, on_change=self._certificates_changed)
         ca_file = self.cert_manager.ca_file
         pair = self.cert_manager.yurthub_client_pair
-        self.coordinator_client = self._own(CertificateClient(
-            reactor,
-            lambda: ClientConfig(server=coordinator_config.server, ca_file=ca_file,
-                                 cert_file=pair.cert_file, key_file=pair.key_file,
-                                 timeout=REQUEST_TIMEOUT),
-            (ca_file, pair.cert_file, pair.key_file)))
+        # The same client certificate for every coordinator apiserver.
+        self.coordinator_clients = {
+            url: self._own(CertificateClient(
+                reactor,
+                functools.partial(ClientConfig, server=url, ca_file=ca_file,
+                                  cert_file=pair.cert_file, key_file=pair.key_file,
+                                  timeout=REQUEST_TIMEOUT),
+                (ca_file, pair.cert_file, pair.key_file)))
+            for url in coordinator_config.server}
         proxy_pair = self.cert_manager.node_lease_proxy_pair
         self.lease_proxy_clients = {
             url: self._own(CertificateClient(
@@ -407,7 +420,7 @@ class Agent(service.MultiService):
 
     def _certificates_changed(self) -> None:
         """New certificate files: idle connections still use the old ones, drop them."""
-        for client in [self.coordinator_client, *self.lease_proxy_clients.values()]:
+        for client in [*self.coordinator_clients.values(), *self.lease_proxy_clients.values()]:
             client.drop_connections()
 
     # -- what the coordinator calls ----------------------------------------------------------
@@ -469,7 +482,7 @@ class Agent(service.MultiService):
         and the wait ends at the latest ``FIRST_PROBE_SLACK`` later): role ``init``
         means "no health check decided yet", and an elector checking before any
         probe answered would call every starting agent ``pending`` first."""
-        probers = [*self.cloud_checker.probers, self.coordinator_checker.prober]
+        probers = [*self.cloud_checker.probers, *self.coordinator_checker.probers]
         answered = defer.DeferredList([p.when_answered() for p in probers],
                                       fireOnOneErrback=True, consumeErrors=True)
         answered.addTimeout(self.config.heartbeat.interval + FIRST_PROBE_SLACK, self.reactor)

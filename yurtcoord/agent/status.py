@@ -35,7 +35,7 @@ from zope.interface import Attribute, Interface, implementer
 
 from yurtcoord.tx.httpbody import drop_connection
 from yurtcoord.agent.metrics import METRICS_CONTENT_TYPE, Metrics
-from yurtcoord.heartbeat.interfaces import ICloudHealthChecker, IHealthChecker
+from yurtcoord.heartbeat.interfaces import ICloudHealthChecker, ICoordinatorHealthChecker
 from yurtcoord.role.roles import Role
 
 if TYPE_CHECKING:
@@ -123,7 +123,9 @@ class InitialStatus:
     """The status of an agent whose coordinator does not exist yet: role init, not
     healthy, not ready, nothing known about any server.
 
-    ``since`` is the epoch time the agent entered this state (default: now).
+    ``since`` is the epoch time the agent entered this state (default: now);
+    ``coordinator_servers`` the coordinator apiserver URLs (none when the coordinator
+    is not enabled).
     """
 
     role = "init"
@@ -131,10 +133,12 @@ class InitialStatus:
     ready = False
 
     def __init__(self, node: str, pool: str, cloud_servers: Iterable[str],
-                 since: Optional[float] = None) -> None:
+                 since: Optional[float] = None,
+                 coordinator_servers: Iterable[str] = ()) -> None:
         self.node = node
         self.pool = pool
         self.cloud_servers = tuple(cloud_servers)
+        self.coordinator_servers = tuple(coordinator_servers)
         self.since = time.time() if since is None else since
 
     def readiness_failures(self) -> list[str]:
@@ -156,6 +160,7 @@ class InitialStatus:
             "leader": None,
             "cloud": {url: False for url in self.cloud_servers},
             "coordinator_healthy": False,
+            "coordinator_servers": {url: False for url in self.coordinator_servers},
             "last_transition": rfc3339(self.since),
             "delegated_heartbeats": 0,
             "uploaded_objects": 0,
@@ -190,14 +195,16 @@ class AgentStatus:
     (role, readiness, caches), the time of its last role change (from its role
     observer), and what the agent's other parts report when a page is read.
 
-    ``cloud_checker.servers()`` → {url: healthy}; ``coordinator_checker.healthy``;
+    ``cloud_checker.servers()`` → {url: healthy}; ``coordinator_checker.healthy``
+    and ``coordinator_checker.servers()`` → {url: healthy};
     ``hub_elector.leader`` (holder identity or None); ``delegation.delegated_heartbeats``;
     ``etcd_member()``, the pool etcd member the pool store's requests go to now (None
     while no member serves).
     """
 
     def __init__(self, coordinator: "Coordinator", pool: str, reactor: IReactorTime,
-                 cloud_checker: ICloudHealthChecker, coordinator_checker: IHealthChecker,
+                 cloud_checker: ICloudHealthChecker,
+                 coordinator_checker: ICoordinatorHealthChecker,
                  hub_elector: "HubElector", delegation: "HeartbeatDelegation",
                  etcd_member: Callable[[], Optional[str]] = lambda: None) -> None:
         self._coordinator = coordinator
@@ -242,6 +249,7 @@ class AgentStatus:
             "leader": self._hub_elector.leader,
             "cloud": dict(self._cloud_checker.servers()),
             "coordinator_healthy": bool(self._coordinator_checker.healthy),
+            "coordinator_servers": dict(self._coordinator_checker.servers()),
             "last_transition": rfc3339(self.last_transition),
             "delegated_heartbeats": self._delegation.delegated_heartbeats,
             "uploaded_objects": coordinator.uploaded_objects,

@@ -1,6 +1,8 @@
 """The contracts of the health checkers.
 
 The hub elector reads ``healthy`` of the cloud and coordinator checkers; the
+status pages read each server's health (``servers()``) of both; the clients of the
+coordinator apiservers ask the coordinator checker where to send each request; the
 coordinator's lease prober also follows the cloud's health (``decided`` and
 ``add_listener``) to mark its lease delegated; delegation asks the cloud checker
 for a healthy server. The real checkers in ``yurtcoord.heartbeat.probes`` and the
@@ -44,3 +46,19 @@ class ICloudHealthChecker(IHealthChecker):
 
     def pick_healthy_server() -> Optional[str]:
         """A healthy server URL, rotating among the healthy ones; None when none is."""
+
+
+class ICoordinatorHealthChecker(IHealthChecker):
+    """The coordinator's health, over every coordinator apiserver."""
+
+    def servers() -> dict[str, bool]:
+        """``{url: healthy}`` of every coordinator apiserver."""
+
+    def pick_server() -> str:
+        """The coordinator apiserver the next request goes to: the one the node lease
+        is written through while it is healthy, else another healthy one, else the
+        one the node lease is written through."""
+
+    def suspect(server: str) -> None:
+        """A request to ``server`` got no answer: probe it now, and send requests
+        elsewhere until that probe has ended."""

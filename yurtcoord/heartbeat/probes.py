@@ -6,9 +6,10 @@ one that did not is not, whatever else it still answers. A probe survives what a
 single request may meet on a busy link: it is one lease write tried up to
 ``failed_retry`` times (``probe_retry_policy`` says when), and only a probe whose
 every attempt failed turns a server unhealthy. Several cloud URLs usually lead to
-one cloud, so the node lease is written through one of them per interval and the
-others are read (``CloudHealthChecker``): a node never races itself for its lease. The coordinator prober
-writes the same lease to the coordinator apiserver and marks it for delegation
+one cloud, and several coordinator apiservers share the pool etcd, so the node lease
+is written through one server of such a set per interval and the others are read
+(``ServerSet``): a node never races itself for its lease. The coordinator prober
+writes the same lease to the coordinator apiservers and marks it for delegation
 while the cloud is unreachable, so the pool leader forwards it to the cloud.
 
 A cloud prober removes that mark from the cloud lease when it writes: the leader
@@ -36,7 +37,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
-from yurtcoord.heartbeat.interfaces import ICloudHealthChecker, IHealthChecker
+from yurtcoord.heartbeat.interfaces import ICloudHealthChecker, ICoordinatorHealthChecker
 from yurtcoord.kube.interfaces import IObjectClient
 from yurtcoord.kube.lease import format_micro_time, node_owner_reference
 from yurtcoord.kube.leasewriter import LeaseWriter
@@ -332,7 +333,7 @@ class LeaseProber:
 
     def __init__(self, reactor: IReactorTime, writer: NodeLeaseWriter, server: str,
                  settings: Settings, kubelet: Optional["KubeletHealthChecker"] = None,
-                 metrics: Optional["Metrics"] = None,
+                 report_health: Optional[Callable[[str, bool], object]] = None,
                  next_interval: Optional[Callable[[], float]] = None,
                  on_change: Optional[Callable[["LeaseProber"], object]] = None) -> None:
         self._reactor = reactor
@@ -340,7 +341,7 @@ class LeaseProber:
         self.server = server
         self._settings = settings
         self._kubelet = kubelet
-        self._metrics = metrics
+        self._report_health = report_health
         self.on_change = on_change
         self.healthy = False
         self.probes = 0
@@ -432,8 +433,8 @@ class LeaseProber:
             self._consecutive = 0
             self.last_error = error
             self.healthy = False
-        if self._metrics is not None:
-            self._metrics.set_server_healthy(self.server, self.healthy)
+        if self._report_health is not None:
+            self._report_health(self.server, self.healthy)
         if first or was != self.healthy:
             if self.healthy:
                 self.log.info("server {server} is healthy", server=self.server)
@@ -461,62 +462,62 @@ def _probe_error(failure: Failure) -> str:
     return describe_failure(failure)
 
 
-@implementer(ICloudHealthChecker)
-class CloudHealthChecker:
-    """Health of the cloud: healthy when any cloud server is.
+class ServerSet:
+    """Health of several apiservers in front of one store: healthy when any is.
 
-    The heartbeat goes to the cloud once per ``interval``, through one server: the
-    writing server, the last one whose write succeeded. The other servers are
-    probed by reading the node lease, one of them per interval in turn (and, until
-    each has been probed once, all of them), so that with several URLs in front of
-    one cloud a node neither writes its lease twice nor conflicts with itself, and
-    sends at most twice the requests it sends with one URL. When the write fails the
-    heartbeat moves at once to another server, a healthy one first, else the next
-    one, until one took it or every server failed this interval.
+    The node lease is written once per interval, through one server: the writing
+    server, the last one whose write succeeded. The other servers are probed by
+    reading the node lease, one of them per interval in turn (and, until each has
+    been probed once, all of them), so that with several URLs in front of one store a
+    node neither writes its lease twice nor conflicts with itself, and sends at most
+    twice the requests it sends with one URL. When the write fails the heartbeat
+    moves at once to another server, a healthy one first, else the next one, until
+    one took it or every server failed this interval. With one server this is that
+    server's prober renewing the lease every interval.
 
-    ``decided`` is False until the cloud's health is known: no server has been found
+    The cloud servers are one such set (``CloudHealthChecker``), the coordinator
+    apiservers over the pool etcd another (``CoordinatorHealthChecker``).
+    ``next_interval()`` is asked after every round for the step to the next one;
+    ``name`` ("cloud", "coordinator") names the set in logs.
+
+    ``decided`` is False until the set's health is known: no server has been found
     healthy yet and some server has not answered its first probe.
 
-    ``add_listener(callback)``: ``callback(healthy)`` is called when the cloud's
-    health becomes known and whenever it flips (the coordinator prober restarts its
-    cadence on it).
+    ``suspect(url)`` tells the set that a request to ``url`` got no answer (refused,
+    cut, timed out): while that server still counts as healthy it is probed at once
+    instead of at its next slot, and ``pick_server`` avoids it until that probe has
+    ended, so that requests move to another server at once and a dead server is
+    known within one probe rather than one interval. A set of one server has
+    nowhere else to send requests: there it changes nothing, and the server is
+    probed at its slots as ever.
+
+    ``add_listener(callback)``: ``callback(healthy)`` is called when the set's
+    health becomes known and whenever it flips.
     """
 
     log = Logger()
 
-    def __init__(self, reactor: IReactorTime, probers: Iterable[LeaseProber], interval: float,
-                 kubelet: Optional["KubeletHealthChecker"] = None) -> None:
-        if not probers:
-            raise ValueError("at least one cloud server is required")
+    def __init__(self, reactor: IReactorTime, probers: Iterable[LeaseProber],
+                 next_interval: Callable[[], float],
+                 kubelet: Optional["KubeletHealthChecker"] = None,
+                 name: str = "cloud") -> None:
         self._probers = list(probers)
+        if not self._probers:
+            raise ValueError(f"at least one {name} server is required")
+        self.name = name
         self._kubelet = kubelet
         self._writing = 0
         self._next_check = 1 % len(self._probers)
         self._next = 0
+        # Servers (indexes) suspected since their last probe began, and the one to
+        # read first in the next round.
+        self._suspected: Set[int] = set()
+        self._check_first: Optional[int] = None
         self._listeners: List[Callable[[bool], object]] = []
         self._last_state = (self.decided, self.healthy)
-        self._cadence = Cadence(reactor, self._round, lambda: interval, "cloud heartbeat")
+        self._cadence = Cadence(reactor, self._round, next_interval, f"{name} heartbeat")
         for prober in self._probers:
             prober.on_change = self._prober_changed
-
-    @classmethod
-    def for_servers(cls, reactor: IReactorTime, clients: Mapping[str, IObjectClient],
-                    node_name: str, settings: Settings,
-                    kubelet: Optional["KubeletHealthChecker"] = None,
-                    metrics: Optional["Metrics"] = None) -> "CloudHealthChecker":
-        """One prober per cloud server; ``clients`` maps server URL to its client.
-
-        Each writes the node lease without the delegate annotation: a node that
-        heartbeats the cloud directly is not delegating (see the module docstring).
-        """
-        probers = [
-            LeaseProber(reactor,
-                        NodeLeaseWriter(reactor, client, node_name, settings,
-                                        annotations=_not_delegated),
-                        url, settings, kubelet=kubelet, metrics=metrics)
-            for url, client in clients.items()
-        ]
-        return cls(reactor, probers, settings.interval, kubelet=kubelet)
 
     @property
     def probers(self) -> Tuple[LeaseProber, ...]:
@@ -548,10 +549,10 @@ class CloudHealthChecker:
             try:
                 callback(healthy)
             except Exception:
-                self.log.failure("cloud health listener raised")
+                self.log.failure("{name} health listener raised", name=self.name)
 
     def servers(self) -> dict[str, bool]:
-        """``{url: healthy}`` of every cloud server, for ``/status``."""
+        """``{url: healthy}`` of every server, for ``/status``."""
         return {p.server: p.healthy for p in self._probers}
 
     def pick_healthy_server(self) -> Optional[str]:
@@ -564,24 +565,63 @@ class CloudHealthChecker:
                 return self._probers[index].server
         return None
 
+    def pick_server(self) -> str:
+        """The server a request goes to: the one the heartbeat is written through
+        while it is healthy, else another healthy one; a server suspected since its
+        last probe began only when no other is healthy; while none is healthy, the
+        heartbeat's server (with one server, always that server)."""
+        writing = self._writing
+        healthy = [i for i in range(len(self._probers)) if self._probers[i].healthy]
+        trusted = [i for i in healthy if i not in self._suspected]
+        for candidates in (trusted, healthy):
+            if writing in candidates:
+                return self._probers[writing].server
+            if candidates:
+                return self._probers[candidates[0]].server
+        return self._probers[writing].server
+
+    def suspect(self, server: str) -> None:
+        """A request to ``server`` got no answer: probe it now if it still counts as
+        healthy (see the class docstring)."""
+        if len(self._probers) < 2:
+            return
+        for index, prober in enumerate(self._probers):
+            if prober.server != server or not prober.healthy or index in self._suspected:
+                continue
+            self._suspected.add(index)
+            if index != self._writing:
+                self._check_first = index
+            self.log.info("{name} server {server} did not answer a request: probing it now",
+                          name=self.name, server=server)
+            self._cadence.restart()
+
+    def _probed(self, result: object, index: int) -> object:
+        self._suspected.discard(index)
+        return result
+
     def _round(self) -> defer.Deferred[Any]:
         """One interval: the heartbeat through the writing server (moving on when it
         fails) and read probes of the others. While the kubelet counts as dead every
         server's probe fails at once, without a request."""
         if self._kubelet is not None and not self._kubelet.is_alive():
+            self._suspected.clear()
             return defer.gatherResults([p.write() for p in self._probers])
         probes = [self._heartbeat()]
-        probes.extend(self._probers[index].check() for index in self._to_check())
+        probes.extend(self._probers[index].check().addBoth(self._probed, index)
+                      for index in self._to_check())
         return defer.gatherResults(probes, consumeErrors=True)
 
     def _to_check(self) -> List[int]:
         count = len(self._probers)
         others = [i for i in range(count) if i != self._writing]
+        first, self._check_first = self._check_first, None
         if not others:
             return []
         unprobed = [i for i in others if not self._probers[i].probes]
         if unprobed:
             return unprobed
+        if first is not None and first != self._writing:
+            return [first]
         index = self._next_check
         if index == self._writing:
             index = (index + 1) % count
@@ -595,12 +635,12 @@ class CloudHealthChecker:
         tried: Set[int] = set()
         while True:
             tried.add(index)
-            written = yield self._probers[index].write()
+            written = yield self._probers[index].write().addBoth(self._probed, index)
             if written:
                 if index != started:
                     self.log.info("heartbeat now written through {new}: {old} failed",
                                   new=self._probers[index].server,
-                                  old=self._probers[started].server)
+                                  old=self._probers[started].server, servers=self.name)
                 return True
             untried = [(index + step) % count for step in range(1, count)
                        if (index + step) % count not in tried]
@@ -608,7 +648,7 @@ class CloudHealthChecker:
                 return False
             healthy = [i for i in untried if self._probers[i].healthy]
             index = self._writing = (healthy or untried)[0]
-            # This server's copy of the lease is older than what the cloud holds now.
+            # This server's copy of the lease is older than what the set holds now.
             self._probers[index].writer.forget()
 
     def start(self) -> None:
@@ -622,13 +662,49 @@ class CloudHealthChecker:
         return self._cadence.stop()
 
 
+@implementer(ICloudHealthChecker)
+class CloudHealthChecker(ServerSet):
+    """Health of the cloud: healthy when any cloud server is (see ``ServerSet``).
+
+    ``add_listener(callback)``: ``callback(healthy)`` is called when the cloud's
+    health becomes known and whenever it flips (the coordinator prober restarts its
+    cadence on it).
+    """
+
+    def __init__(self, reactor: IReactorTime, probers: Iterable[LeaseProber], interval: float,
+                 kubelet: Optional["KubeletHealthChecker"] = None) -> None:
+        super().__init__(reactor, probers, lambda: interval, kubelet=kubelet, name="cloud")
+
+    @classmethod
+    def for_servers(cls, reactor: IReactorTime, clients: Mapping[str, IObjectClient],
+                    node_name: str, settings: Settings,
+                    kubelet: Optional["KubeletHealthChecker"] = None,
+                    metrics: Optional["Metrics"] = None) -> "CloudHealthChecker":
+        """One prober per cloud server; ``clients`` maps server URL to its client.
+
+        Each writes the node lease without the delegate annotation: a node that
+        heartbeats the cloud directly is not delegating (see the module docstring).
+        """
+        probers = [
+            LeaseProber(reactor,
+                        NodeLeaseWriter(reactor, client, node_name, settings,
+                                        annotations=_not_delegated),
+                        url, settings, kubelet=kubelet,
+                        report_health=None if metrics is None else metrics.set_server_healthy)
+            for url, client in clients.items()
+        ]
+        return cls(reactor, probers, settings.interval, kubelet=kubelet)
+
+
 def _not_delegated() -> Annotations:
     return {DELEGATE_HEARTBEAT_ANNOTATION: None}
 
 
-@implementer(IHealthChecker)
-class CoordinatorHealthChecker:
-    """Health of the coordinator apiserver, judged by writing the node lease there.
+@implementer(ICoordinatorHealthChecker)
+class CoordinatorHealthChecker(ServerSet):
+    """Health of the coordinator apiservers, judged by writing the node lease there:
+    healthy while any of them is. The apiservers share the pool etcd, so they are one
+    ``ServerSet``: the lease is written through one of them, the others are read.
 
     While ``cloud_checker`` reports the cloud unhealthy the written lease carries
     ``openyurt.io/delegate-heartbeat: "true"`` so that the pool leader forwards it
@@ -637,21 +713,29 @@ class CoordinatorHealthChecker:
     is ``interval`` again. ``takeover`` is the election's lease_duration +
     retry_period. ``cloud_checker`` is an ``ICloudHealthChecker``: every flip of the
     cloud's health writes at once instead of at the next renewal.
+
+    ``clients`` maps each coordinator apiserver URL to its client; ``metrics`` gets
+    each server's health (``set_coordinator_server_healthy``).
     """
 
-    def __init__(self, reactor: IReactorTime, client: IObjectClient, node_name: str,
-                 server: str, cloud_checker: ICloudHealthChecker, settings: Settings,
+    def __init__(self, reactor: IReactorTime, clients: Mapping[str, IObjectClient],
+                 node_name: str, cloud_checker: ICloudHealthChecker, settings: Settings,
                  kubelet: Optional["KubeletHealthChecker"] = None,
                  metrics: Optional["Metrics"] = None,
                  takeover: float = DEFAULT_TAKEOVER_SECONDS) -> None:
         self._cloud = cloud_checker
         self._interval = settings.interval
         self.delegating_interval = delegating_interval(settings.interval, takeover)
-        writer = NodeLeaseWriter(reactor, client, node_name, settings,
-                                 annotations=self._delegation_annotations)
-        self.prober = LeaseProber(reactor, writer, server, settings,
-                                  kubelet=kubelet, metrics=metrics,
-                                  next_interval=self._next_interval)
+        report = None if metrics is None else metrics.set_coordinator_server_healthy
+        probers = [
+            LeaseProber(reactor,
+                        NodeLeaseWriter(reactor, client, node_name, settings,
+                                        annotations=self._delegation_annotations),
+                        url, settings, kubelet=kubelet, report_health=report)
+            for url, client in clients.items()
+        ]
+        super().__init__(reactor, probers, self._next_interval, kubelet=kubelet,
+                         name="coordinator")
         cloud_checker.add_listener(self._cloud_changed)
 
     def _delegation_annotations(self) -> Annotations:
@@ -668,25 +752,7 @@ class CoordinatorHealthChecker:
         return self._interval if self._cloud.healthy else self.delegating_interval
 
     def _cloud_changed(self, _healthy: bool) -> None:
-        self.prober.restart()
-
-    @property
-    def server(self) -> str:
-        return self.prober.server
-
-    @property
-    def healthy(self) -> bool:
-        return self.prober.healthy
-
-    def start(self) -> None:
-        self.prober.start()
-
-    def restart(self) -> None:
-        """Probe now (right after the probe in flight, if any)."""
-        self.prober.restart()
-
-    def stop(self) -> defer.Deferred[None]:
-        return self.prober.stop()
+        self.restart()
 
 
 class KubeletHealthChecker:

@@ -9,10 +9,12 @@ like a call to an unreachable server, so callers retry as they would anyway.
 from typing import Any, Callable
 
 from twisted.internet import defer
+from twisted.python.failure import Failure
+from zope.interface import implementer
 
-from yurtcoord.kube.errors import ConnectionFailed
+from yurtcoord.kube.errors import ConnectionFailed, Timeout
 from yurtcoord.kube.gvr import GroupVersionResource
-
+from yurtcoord.kube.interfaces import IListWatchClient, IObjectClient
 
 
 class FailedWatch:
@@ -29,7 +31,7 @@ class FailedWatch:
 
 
 class ResolvingClient:
-    """Forwards the read calls of a ``KubeClient`` to the client ``_resolve()`` gives.
+    """Forwards the calls of a ``KubeClient`` to the client ``_resolve()`` gives.
 
     Subclasses implement ``_resolve()``: a ``KubeClient``, or raise
     ``ConnectionFailed`` saying why there is none. A call whose resolution raises one
@@ -59,13 +61,100 @@ class ResolvingClient:
             namespace: str | None = None) -> defer.Deferred[Any]:
         return self._call("get", gvr, name, namespace)
 
-    def list(self, gvr: GroupVersionResource, **kwargs: Any) -> defer.Deferred[Any]:
-        return self._call("list", gvr, **kwargs)
+    def create(self, gvr: GroupVersionResource, obj: dict,
+               namespace: str | None = None) -> defer.Deferred[Any]:
+        return self._call("create", gvr, obj, namespace)
+
+    def update(self, gvr: GroupVersionResource, obj: dict,
+               namespace: str | None = None) -> defer.Deferred[Any]:
+        return self._call("update", gvr, obj, namespace)
+
+    def delete(self, gvr: GroupVersionResource, name: str,
+               namespace: str | None = None) -> defer.Deferred[Any]:
+        return self._call("delete", gvr, name, namespace)
+
+    def list(self, gvr: GroupVersionResource, namespace: str | None = None,
+             label_selector: str | None = None, field_selector: str | None = None,
+             resource_version: str | None = None, limit: int | None = None,
+             continue_token: str | None = None) -> defer.Deferred[Any]:
+        return self._call("list", gvr, namespace=namespace, label_selector=label_selector,
+                          field_selector=field_selector, resource_version=resource_version,
+                          limit=limit, continue_token=continue_token)
 
     def watch(self, gvr: GroupVersionResource, on_event: Callable[[str, Any], object],
-              **kwargs: Any) -> Any:
+              namespace: str | None = None, resource_version: str | None = None,
+              label_selector: str | None = None, field_selector: str | None = None,
+              allow_bookmarks: bool = True, timeout_seconds: int | None = None,
+              idle_timeout: float | None = None) -> Any:
         try:
             client = self._resolve()
         except ConnectionFailed as error:
             return FailedWatch(error)
-        return client.watch(gvr, on_event, **kwargs)
+        return client.watch(gvr, on_event, namespace=namespace,
+                            resource_version=resource_version, label_selector=label_selector,
+                            field_selector=field_selector, allow_bookmarks=allow_bookmarks,
+                            timeout_seconds=timeout_seconds, idle_timeout=idle_timeout)
+
+
+@implementer(IObjectClient, IListWatchClient)
+class PickedServerClient(ResolvingClient):
+    """A client for "the server ``pick()`` names now", among servers in front of one
+    store (several cloud apiservers over the cloud's etcd, several coordinator
+    apiservers over the pool etcd).
+
+    Every call asks ``pick()`` for a server URL and sends the request through
+    ``client_for(url)`` (the caller owns and closes those clients), so an elector's
+    next attempt, or an informer that reconnects after a failure, moves on to the
+    server picked then. The servers share one store, so resourceVersions carry over
+    between them. While ``pick()`` names none (None or empty), a call fails with
+    ``ConnectionFailed("no <what>")``. ``on_unreachable(url)``, when given, is told of
+    every call or watch through ``url`` that got no answer (``ConnectionFailed``,
+    ``Timeout``), so that whoever picks can stop picking a server that died.
+    """
+
+    def __init__(self, pick: Callable[[], str | None], client_for: Callable[[str], Any],
+                 what: str = "server",
+                 on_unreachable: Callable[[str], object] | None = None) -> None:
+        self._pick = pick
+        self._client_for = client_for
+        self._what = what
+        self._on_unreachable = on_unreachable
+
+    def _url(self) -> str:
+        url = self._pick()
+        if not url:
+            raise ConnectionFailed(f"no {self._what}")
+        return url
+
+    def _resolve(self) -> Any:
+        return self._client_for(self._url())
+
+    def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        try:
+            url = self._url()
+        except ConnectionFailed:
+            return defer.fail()
+        d = getattr(self._client_for(url), method)(*args, **kwargs)
+        return d.addErrback(self._failed, url)
+
+    def watch(self, gvr: GroupVersionResource, on_event: Callable[[str, Any], object],
+              namespace: str | None = None, resource_version: str | None = None,
+              label_selector: str | None = None, field_selector: str | None = None,
+              allow_bookmarks: bool = True, timeout_seconds: int | None = None,
+              idle_timeout: float | None = None) -> Any:
+        try:
+            url = self._url()
+        except ConnectionFailed as error:
+            return FailedWatch(error)
+        watch = self._client_for(url).watch(
+            gvr, on_event, namespace=namespace, resource_version=resource_version,
+            label_selector=label_selector, field_selector=field_selector,
+            allow_bookmarks=allow_bookmarks, timeout_seconds=timeout_seconds,
+            idle_timeout=idle_timeout)
+        watch.done.addErrback(self._failed, url)
+        return watch
+
+    def _failed(self, failure: Failure, url: str) -> Failure:
+        if self._on_unreachable is not None and failure.check(ConnectionFailed, Timeout):
+            self._on_unreachable(url)
+        return failure

@@ -26,10 +26,10 @@ from twisted.logger import Logger
 
 from yurtcoord.tx.inflight import InFlight, cancellable_sleep
 from yurtcoord.kube import gvr as gvrs
-from yurtcoord.kube.errors import ConnectionFailed, NotFound
+from yurtcoord.kube.errors import NotFound
 from yurtcoord.kube.gvr import GroupVersionResource
 from yurtcoord.kube.informer import Informer
-from yurtcoord.kube.resolving import ResolvingClient
+from yurtcoord.kube.resolving import PickedServerClient
 from yurtcoord.names import (
     POOL_SCOPE_CONFIGMAP_KEY, POOL_SCOPE_CONFIGMAP_NAME, POOL_SCOPE_CONFIGMAP_NAMESPACE,
 )
@@ -98,7 +98,7 @@ def merge_resources(defaults: Iterable[GroupVersionResource],
     return merged
 
 
-class HealthyCloudClient(ResolvingClient):
+class HealthyCloudClient(PickedServerClient):
     """A client for "whichever cloud server is healthy now".
 
     Every call asks ``pick_healthy_server()`` for a server URL and sends the request
@@ -109,14 +109,7 @@ class HealthyCloudClient(ResolvingClient):
 
     def __init__(self, pick_healthy_server: Callable[[], str | None],
                  client_for: Callable[[str], Any]) -> None:
-        self._pick = pick_healthy_server
-        self._client_for = client_for
-
-    def _resolve(self) -> Any:
-        url = self._pick()
-        if not url:
-            raise ConnectionFailed("no healthy cloud server")
-        return self._client_for(url)
+        super().__init__(pick_healthy_server, client_for, what="healthy cloud server")
 
 
 class PoolScopeResources:

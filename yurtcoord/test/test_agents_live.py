@@ -299,7 +299,7 @@ class RoleFlipLeakTests(unittest.TestCase):
 
         @defer.inlineCallbacks
         def measure():
-            for client in [agent.coordinator_client, *agent.cloud_clients.values()]:
+            for client in [*agent.coordinator_clients.values(), *agent.cloud_clients.values()]:
                 yield client.drop_connections()
             yield agent.etcd._transport.pool.closeCachedConnections()
             counts = resource_counts()

@@ -91,7 +91,7 @@ class ParseValuesTests(unittest.TestCase):
             (None, None, None, None, None, False))
         coordinator = config.coordinator
         self.assertEqual(coordinator.enabled, True)
-        self.assertEqual(coordinator.server, "https://yurt-coordinator-apiserver:443")
+        self.assertEqual(coordinator.server, ("https://yurt-coordinator-apiserver:443",))
         self.assertEqual(coordinator.storage, ("https://yurt-coordinator-etcd:2379",))
         self.assertEqual(coordinator.storage_prefix, "/registry")
         self.assertEqual(coordinator.pki_dir, "/var/lib/yurtcoord/pki")
@@ -250,7 +250,7 @@ class ExampleFileTests(unittest.TestCase):
         defaults = parse_config(MINIMAL, SOURCE)
         # The example's peers are loopback addresses, so that it runs on a test machine.
         self.assertEqual(example.coordinator, dataclasses.replace(
-            defaults.coordinator, server="https://127.0.0.1:10443",
+            defaults.coordinator, server=("https://127.0.0.1:10443",),
             storage=("https://127.0.0.1:12379",)))
         self.assertEqual(example.leader_election, defaults.leader_election)
         self.assertEqual(example.heartbeat, defaults.heartbeat)
@@ -406,19 +406,20 @@ class ErrorTests(ConfigErrorAssertions, unittest.TestCase):
         value = "https://e1:2379, e2:2379"
         message = self.assertConfigError(with_section("coordinator", f"storage = {value}"),
                                          "coordinator", "storage", value, "not a URL")
-        self.assertIn("'e2:2379': not a URL", message)
+        self.assertIn("'e2:2379' is not a URL", message)
         value = "https://e1:2379, https://e2:99999"
         message = self.assertConfigError(with_section("coordinator", f"storage = {value}"),
                                          "coordinator", "storage", value, "bad port")
         self.assertIn("'https://e2:99999'", message)
         self.assertConfigError(with_section("coordinator", "storage = ,"),
-                               "coordinator", "storage", ",", "at least one etcd URL")
+                               "coordinator", "storage", ",", "at least one URL")
 
     def test_duplicate_storage_member_is_refused(self):
         value = "https://e1:2379, https://e2:2379, https://e1:2379/"
         message = self.assertConfigError(with_section("coordinator", f"storage = {value}"),
-                                         "coordinator", "storage", value, "appears twice")
-        self.assertIn("'https://e1:2379' appears twice", message)
+                                         "coordinator", "storage", value,
+                                         "names the same server as")
+        self.assertIn("'https://e1:2379/' names the same server as 'https://e1:2379'", message)
 
     def test_storage_members_share_one_scheme(self):
         value = "http://e1:2379, https://e2:2379"
@@ -431,6 +432,43 @@ class ErrorTests(ConfigErrorAssertions, unittest.TestCase):
         self.assertConfigError(with_section("coordinator", f"storage = {value}"),
                                "coordinator", "storage", value,
                                "only allowed with insecure = true")
+
+    def test_several_coordinator_servers(self):
+        config = parse_config(with_section(
+            "coordinator", "server = https://api-1:443/, https://API-2:8443"), SOURCE)
+        self.assertEqual(config.coordinator.server, ("https://api-1:443", "https://API-2:8443"))
+        self.assertEqual(parse_config(render_config(config), SOURCE), config)
+        one = parse_config(with_section("coordinator", "server = https://api-1:443"), SOURCE)
+        self.assertEqual(one.coordinator.server, ("https://api-1:443",))
+
+    def test_bad_coordinator_server_is_named(self):
+        message = self.assertConfigError(
+            with_section("coordinator", "server = https://api-1, api-2:443"),
+            "coordinator", "server", "https://api-1, api-2:443", "'api-2:443' is not a URL")
+        self.assertNotIn("'https://api-1' is", message)
+        self.assertConfigError(with_section("coordinator", "server = https://a, https://b:0x1"),
+                               "coordinator", "server", "https://a, https://b:0x1",
+                               "'https://b:0x1' is not a URL: bad port")
+        self.assertConfigError(with_section("coordinator", "server = ,"),
+                               "coordinator", "server", ",", "at least one URL")
+        self.assertConfigError(
+            with_section("coordinator", "server = https://a:443, http://b:8080"),
+            "coordinator", "server", "https://a:443, http://b:8080",
+            "http:// (http://b:8080) is only allowed with insecure = true")
+
+    def test_duplicate_coordinator_servers_are_refused(self):
+        for value, again, first in (
+                ("https://a:443, https://b, https://a:443", "https://a:443", "https://a:443"),
+                ("https://a, https://A:443/", "https://A:443/", "https://a"),
+                ("http://a, http://a:80", "http://a:80", "http://a")):
+            self.assertConfigError(
+                with_section("coordinator", f"server = {value}\ninsecure = true"),
+                "coordinator", "server", value,
+                f"{again!r} names the same server as {first!r}")
+        # Other ports or paths are other servers.
+        config = parse_config(with_section(
+            "coordinator", "server = https://a, https://a:8443, https://a/b"), SOURCE)
+        self.assertEqual(len(config.coordinator.server), 3)
 
     def test_bad_listen(self):
         for value in ("10267", "localhost", "127.0.0.1:", "::1:80", "host:70000", "a b:1"):

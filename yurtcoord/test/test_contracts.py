@@ -9,10 +9,13 @@ from twisted.internet.task import Clock
 from twisted.trial import unittest
 from zope.interface.verify import verifyClass, verifyObject
 
-from yurtcoord.heartbeat.interfaces import ICloudHealthChecker, IHealthChecker
+from yurtcoord.heartbeat.interfaces import (
+    ICloudHealthChecker, ICoordinatorHealthChecker, IHealthChecker,
+)
 from yurtcoord.heartbeat.probes import CloudHealthChecker, CoordinatorHealthChecker
 from yurtcoord.kube.client import KubeClient
 from yurtcoord.kube.informer import Informer
+from yurtcoord.kube.resolving import PickedServerClient
 from yurtcoord.kube.interfaces import IInformer, IListWatchClient, IObjectClient
 from yurtcoord.pool.interfaces import IPoolStore
 from yurtcoord.pool.store import PoolStore
@@ -134,7 +137,9 @@ class RealImplementationTests(unittest.TestCase):
         for interface, cls in ((IObjectClient, KubeClient), (IListWatchClient, KubeClient),
                                (IInformer, Informer), (IPoolStore, PoolStore),
                                (ICloudHealthChecker, CloudHealthChecker),
-                               (IHealthChecker, CoordinatorHealthChecker)):
+                               (ICoordinatorHealthChecker, CoordinatorHealthChecker),
+                               (IObjectClient, PickedServerClient),
+                               (IListWatchClient, PickedServerClient)):
             self.assertTrue(verifyClass(interface, cls), (interface, cls))
 
 

@@ -469,7 +469,9 @@ class ReadinessTests(CoordinatorTestCase):
         status = AgentStatus(
             c, "pool-a", self.clock,
             cloud_checker=SimpleNamespace(servers=lambda: {"https://cloud": True}),
-            coordinator_checker=SimpleNamespace(healthy=True),
+            coordinator_checker=SimpleNamespace(
+                healthy=True, servers=lambda: {"https://coordinator-1": True,
+                                               "https://coordinator-2": False}),
             hub_elector=SimpleNamespace(leader="edge-2"),
             delegation=SimpleNamespace(delegated_heartbeats=3))
         self.clock.advance(5)
@@ -480,6 +482,8 @@ class ReadinessTests(CoordinatorTestCase):
             "node": "edge-1", "pool": "pool-a", "role": "follower", "healthy": True,
             "ready": True, "pool_cache_synced": True, "local_cache_uploaded": True,
             "leader": "edge-2", "cloud": {"https://cloud": True}, "coordinator_healthy": True,
+            "coordinator_servers": {"https://coordinator-1": True,
+                                    "https://coordinator-2": False},
             "last_transition": "2023-11-14T22:13:25Z", "delegated_heartbeats": 3,
             "uploaded_objects": 7, "etcd_member": None})
 

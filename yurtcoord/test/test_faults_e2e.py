@@ -19,14 +19,16 @@ from twisted.internet import defer, reactor, threads
 from twisted.trial import unittest
 
 from yurtcoord.heartbeat.probes import DELEGATE_HEARTBEAT_ANNOTATION
-from yurtcoord.kube.gvr import CONFIGMAPS, ENDPOINTS
+from yurtcoord.kube.gvr import CONFIGMAPS, ENDPOINTS, LEASES
 from yurtcoord.testing.poll import PollTimeout, poll_until
 from yurtcoord.testing.world import (
-    LEASE_DURATION, RETRY_PERIOD, ProcessWorld, leader_of, one_leader_all_ready,
+    ELECTION_LEASE, ELECTION_NAMESPACE, HEARTBEAT_INTERVAL, LEASE_DURATION, RETRY_PERIOD,
+    ProcessWorld, leader_of, one_leader_all_ready,
 )
 
 STEP_TIMEOUT = 30.0
 SETTLE_TIMEOUT = 45.0
+COORDINATOR_SERVER_GAUGE = "yurtcoord_coordinator_server_healthy_status"
 
 
 def endpoints(name, ip, namespace="default"):
@@ -46,10 +48,11 @@ class FaultSuiteBase(unittest.TestCase):
     nodes = ("edge-1", "edge-2", "edge-3")
     pods_per_agent = 20
     initial_endpoints = 50
+    coordinator_servers = 1
 
     @defer.inlineCallbacks
     def setUp(self):
-        self.world = ProcessWorld(reactor)
+        self.world = ProcessWorld(reactor, coordinator_servers=self.coordinator_servers)
         self.addCleanup(self.world.stop)
         yield self.world.start()
         for index in range(self.initial_endpoints):
@@ -239,6 +242,82 @@ class CoordinatorRestartTests(FaultSuiteBase):
         up_at = reactor.seconds()
         yield self.check_settled_and_exact()
         report("coordinator_up_to_exact", reactor.seconds() - up_at)
+        for agent in self.world.agents.values():
+            self.assertTrue(agent.running, agent.log_tail())
+
+
+class CoordinatorServerLossTests(FaultSuiteBase):
+    """One of two coordinator apiservers over one store stops and comes back: the
+    agents move to the other one at once, none leaves ready, the leader keeps its
+    election lease, and the pool stays exact."""
+
+    coordinator_servers = 2
+
+    def election_lease(self):
+        return self.world.coordinator.store.get(LEASES, ELECTION_LEASE, ELECTION_NAMESPACE)
+
+    @defer.inlineCallbacks
+    def test_one_coordinator_apiserver_stopped_then_back(self):
+        statuses = yield self.start_and_settle()
+        yield self.world.wait_pool_exact(STEP_TIMEOUT)
+        leader = leader_of(statuses)
+        first, second = self.world.coordinators
+        before = self.election_lease()["spec"]
+        self.assertEqual(before["holderIdentity"], leader)
+        urls = [first.url, second.url]
+        for document in statuses.values():
+            self.assertEqual(document["coordinator_servers"], dict.fromkeys(urls, True))
+
+        yield first.faults.down()
+        down_at = reactor.seconds()
+        self.change_cloud_endpoints("while-one-coordinator-down")
+        # Every sample of every agent, until the outage has lasted several lease
+        # durations: ready, the same leader, the lease never changing hands.
+        wrong = []
+
+        def all_ready_same_leader(documents):
+            for node, document in documents.items():
+                if not document["ready"] or document["role"] not in ("leader", "follower"):
+                    wrong.append((node, document["role"], document["ready"]))
+            spec = self.election_lease()["spec"]
+            if (spec["holderIdentity"], spec.get("leaseTransitions", 0),
+                    spec["acquireTime"]) != (leader, before.get("leaseTransitions", 0),
+                                             before["acquireTime"]):
+                wrong.append(("lease", spec))
+            return (reactor.seconds() - down_at > 3 * LEASE_DURATION + HEARTBEAT_INTERVAL
+                    and all(d["coordinator_servers"] == {first.url: False, second.url: True}
+                            and d["coordinator_healthy"] for d in documents.values()))
+
+        yield self.world.wait_for_pool("every agent on the second coordinator apiserver",
+                                       all_ready_same_leader, timeout=STEP_TIMEOUT)
+        self.assertEqual(wrong, [])
+        renewals = [at for at, method, path, code in second.answers
+                    if at >= down_at and method == "PUT" and code == 200
+                    and path.endswith(f"/leases/{ELECTION_LEASE}")]
+        self.assertTrue(renewals, "no election lease renewal through the second server")
+        report("coordinator_server_down_to_renewal_through_the_other", renewals[0] - down_at)
+        spec = self.election_lease()["spec"]
+        self.assertGreater(spec["renewTime"], before["renewTime"])
+        for node, agent in self.world.running_agents().items():
+            response = yield self.world.http.get(f"{agent.url}/readyz", timeout=5)
+            yield response.content()
+            self.assertEqual((node, response.code), (node, 200))
+            samples = yield self.world.metrics(agent)
+            self.assertEqual(
+                samples[f'{COORDINATOR_SERVER_GAUGE}{{server="{first.url}"}}'], 0.0)
+        yield self.world.wait_pool_exact(STEP_TIMEOUT)
+
+        yield first.faults.up()
+        up_at = reactor.seconds()
+        yield self.world.wait_for_pool(
+            "every agent seeing both coordinator apiservers healthy",
+            lambda s: one_leader_all_ready(s, len(self.nodes)) and all(
+                d["coordinator_servers"] == dict.fromkeys(urls, True) for d in s.values()),
+            timeout=STEP_TIMEOUT)
+        report("coordinator_server_up_to_healthy", reactor.seconds() - up_at)
+        self.assertEqual(self.world.election_holder(), leader)
+        self.assertEqual(self.election_lease()["spec"].get("leaseTransitions", 0),
+                         before.get("leaseTransitions", 0))
         for agent in self.world.agents.values():
             self.assertTrue(agent.running, agent.log_tail())
 

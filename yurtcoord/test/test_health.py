@@ -13,9 +13,10 @@ from yurtcoord.heartbeat.probes import (
     NodeLeaseWriter,
     ProbeSettings,
 )
-from yurtcoord.kube.errors import ServerError
+from yurtcoord.kube.errors import ConnectionFailed, NotFound, ServerError, Timeout
 from yurtcoord.kube.gvr import LEASES, NODES
 from yurtcoord.kube.leasewriter import LeaseWriteFailed
+from yurtcoord.kube.resolving import PickedServerClient
 from yurtcoord.testing.fakehealth import FakeHealth
 from yurtcoord.testing.fakekube import FakeKube
 from yurtcoord.testing.leaseprobes import (
@@ -50,9 +51,13 @@ def lease_writes(client):
 class RecordingMetrics:
     def __init__(self):
         self.server_healthy = {}
+        self.coordinator_server_healthy = {}
 
     def set_server_healthy(self, server, healthy):
         self.server_healthy[server] = healthy
+
+    def set_coordinator_server_healthy(self, server, healthy):
+        self.coordinator_server_healthy[server] = healthy
 
 
 class FakeResponse:
@@ -241,7 +246,7 @@ class LeaseProberTests(unittest.TestCase):
 
     def test_first_probe_decides_healthy(self):
         metrics = RecordingMetrics()
-        prober = make_prober(self.clock, self.client, metrics=metrics)
+        prober = make_prober(self.clock, self.client, report_health=metrics.set_server_healthy)
         self.assertFalse(prober.healthy)
         prober.start()
         self.assertTrue(prober.healthy)
@@ -525,7 +530,7 @@ class CoordinatorHealthCheckerTests(unittest.TestCase):
         self.cloud = FakeHealth(True)
         settings = ProbeSettings(interval=10, timeout=2, failed_retry=3, healthy_threshold=1)
         self.checker = CoordinatorHealthChecker(
-            self.clock, self.client, NODE, "https://coordinator", self.cloud, settings)
+            self.clock, {"https://coordinator": self.client}, NODE, self.cloud, settings)
 
     def annotations(self):
         return node_lease(self.client)["metadata"].get("annotations", {})
@@ -556,6 +561,157 @@ class CoordinatorHealthCheckerTests(unittest.TestCase):
         self.assertFalse(self.checker.healthy)
         self.assertIsNone(node_lease(self.client))
         self.successResultOf(self.checker.stop())
+
+
+class SeveralCoordinatorServersTests(unittest.TestCase):
+    """Coordinator apiservers over one pool etcd are one set, as the cloud servers
+    are: the node lease is written through one and read from the others, the
+    coordinator is healthy while any is, and requests go to the heartbeat's server
+    while it is healthy, elsewhere as soon as one of them got no answer."""
+
+    A, B = "https://coordinator-a", "https://coordinator-b"
+
+    def setUp(self):
+        self.clock = make_clock()
+        self.clients = {self.A: FakeKube(self.clock), self.B: FakeKube(self.clock)}
+        self.cloud = FakeHealth(True)
+        self.metrics = RecordingMetrics()
+        self.checker = CoordinatorHealthChecker(self.clock, self.clients, NODE, self.cloud,
+                                                DEFAULTS, metrics=self.metrics)
+
+    def tearDown(self):
+        self.successResultOf(self.checker.stop())
+        self.assertEqual(self.clock.getDelayedCalls(), [])
+
+    def requests(self, url):
+        return lease_requests(self.clients[url])
+
+    def test_one_lease_write_and_one_read_per_interval(self):
+        self.checker.start()
+        advance(self.clock, 20)
+        self.assertEqual(self.checker.servers(), {self.A: True, self.B: True})
+        self.assertEqual(self.metrics.coordinator_server_healthy, {self.A: True, self.B: True})
+        self.assertEqual(self.metrics.server_healthy, {})
+        self.assertEqual(lease_requests(self.clients[self.A]),
+                         ["get", "create", "update", "update"])
+        self.assertEqual(lease_requests(self.clients[self.B]), ["get", "get", "get"])
+        self.assertEqual(self.checker.pick_server(), self.A)
+
+    def test_healthy_while_any_server_is(self):
+        self.clients[self.B].fail_next("*", ServerError("down"), 100)
+        self.checker.start()
+        advance(self.clock, 3)
+        self.assertEqual(self.checker.servers(), {self.A: True, self.B: False})
+        self.assertEqual(self.metrics.coordinator_server_healthy, {self.A: True, self.B: False})
+        self.assertTrue(self.checker.healthy)
+        self.clients[self.A].hang = True
+        # Round at 10 s: A hangs (attempts cut at 12, 15 and 19 s); B was unhealthy.
+        advance(self.clock, 7 + 8.5)
+        self.assertTrue(self.checker.healthy)
+        advance(self.clock, 0.5)
+        self.assertFalse(self.checker.healthy)
+        self.assertEqual(self.checker.servers(), {self.A: False, self.B: False})
+        # With none healthy, requests still go somewhere: the heartbeat's server.
+        self.assertIn(self.checker.pick_server(), (self.A, self.B))
+
+    def test_failed_write_moves_the_heartbeat_and_the_requests(self):
+        self.cloud.flip(False)  # the lease is written delegated
+        self.checker.start()
+        advance(self.clock, 10)
+        self.clients[self.A].fail_next("*", ServerError("down"), 3)
+        advance(self.clock, 9)  # round at 18 s (delegating cadence 9 s): 18, 19, 21 s
+        self.assertEqual(self.checker.pick_server(), self.A)
+        advance(self.clock, 2)
+        self.assertEqual(self.checker.servers(), {self.A: False, self.B: True})
+        self.assertEqual(self.checker.writing_server, self.B)
+        self.assertEqual(self.checker.pick_server(), self.B)
+        lease = node_lease(self.clients[self.B])
+        self.assertEqual(lease["spec"]["renewTime"], health.format_micro_time(START + 21))
+        self.assertEqual(lease["metadata"]["annotations"],
+                         {DELEGATE_HEARTBEAT_ANNOTATION: "true"})
+        self.assertTrue(self.checker.healthy)
+
+    def test_suspected_writing_server_is_probed_at_once_and_avoided_meanwhile(self):
+        self.checker.start()
+        advance(self.clock, 3)
+        self.clients[self.A].fail_next("*", ServerError("down"), 3)
+        self.checker.suspect(self.A)
+        # Requests leave A at once, before its probe has ended.
+        self.assertEqual(self.checker.pick_server(), self.B)
+        self.assertTrue(self.checker.servers()[self.A])
+        advance(self.clock, 3)  # the probe of A at 3 s: attempts at 3, 4 and 6 s
+        self.assertEqual(self.checker.servers(), {self.A: False, self.B: True})
+        self.assertEqual(node_lease(self.clients[self.B])["spec"]["renewTime"],
+                         health.format_micro_time(START + 6))
+        # A server already known unhealthy is not probed again on suspicion.
+        sent = len(self.clients[self.A].requests)
+        self.checker.suspect(self.A)
+        self.assertEqual(len(self.clients[self.A].requests), sent)
+        self.assertEqual(self.checker.pick_server(), self.B)
+
+    def test_suspected_server_that_answers_is_trusted_again(self):
+        self.checker.start()
+        advance(self.clock, 4)
+        reads = self.requests(self.B).count("get")
+        self.checker.suspect(self.B)
+        # B is read at once and answers: nothing changes, the requests stay on A.
+        self.assertEqual(self.requests(self.B).count("get"), reads + 1)
+        self.assertEqual(self.checker.servers(), {self.A: True, self.B: True})
+        self.clients[self.A].hang = True
+        self.checker.suspect(self.A)
+        self.assertEqual(self.checker.pick_server(), self.B)
+        self.assertEqual(self.checker.writing_server, self.A)
+
+    def test_one_server_takes_every_request_whatever_its_health(self):
+        client = FakeKube(self.clock)
+        checker = CoordinatorHealthChecker(self.clock, {self.A: client}, NODE, self.cloud,
+                                           DEFAULTS)
+        checker.start()
+        advance(self.clock, 3)
+        # A request that got no answer changes nothing: no early probe.
+        sent = len(client.requests)
+        checker.suspect(self.A)
+        self.assertEqual((checker.pick_server(), len(client.requests)), (self.A, sent))
+        client.fail_next("*", ServerError("down"), 3)
+        advance(self.clock, 10)
+        self.assertFalse(checker.healthy)
+        self.assertEqual(checker.pick_server(), self.A)
+        self.successResultOf(checker.stop())
+
+
+class PickedServerClientTests(unittest.TestCase):
+    """The client of the coordinator apiservers asks the checker's pick for every
+    call and tells it of every call that got no answer."""
+
+    def setUp(self):
+        self.clients = {"https://a": FakeKube(), "https://b": FakeKube()}
+        self.picked = ["https://a"]
+        self.unreachable = []
+        self.client = PickedServerClient(lambda: self.picked[0], self.clients.__getitem__,
+                                         what="coordinator apiserver",
+                                         on_unreachable=self.unreachable.append)
+
+    def test_calls_go_to_the_server_picked_then(self):
+        self.successResultOf(self.client.create(LEASES, {"metadata": {
+            "name": "x", "namespace": "ns"}}, "ns"))
+        self.assertIsNotNone(self.clients["https://a"].peek(LEASES, "x", "ns"))
+        self.picked[0] = "https://b"
+        self.failureResultOf(self.client.get(LEASES, "x", "ns"), NotFound)
+        self.assertEqual(self.unreachable, [])
+
+    def test_no_answer_is_reported_with_the_server(self):
+        self.clients["https://a"].fail_next("get", ConnectionFailed("refused"))
+        self.clients["https://a"].fail_next("update", Timeout("late"))
+        self.failureResultOf(self.client.get(LEASES, "x", "ns"), ConnectionFailed)
+        self.failureResultOf(self.client.update(LEASES, {"metadata": {
+            "name": "x", "namespace": "ns", "resourceVersion": "1"}}, "ns"), Timeout)
+        self.assertEqual(self.unreachable, ["https://a", "https://a"])
+
+    def test_nothing_picked_fails_like_an_unreachable_server(self):
+        self.picked[0] = None
+        failure = self.failureResultOf(self.client.get(LEASES, "x", "ns"), ConnectionFailed)
+        self.assertIn("no coordinator apiserver", str(failure.value))
+        self.assertEqual(self.unreachable, [])
 
 
 class CloudProberDelegateAnnotationTests(unittest.TestCase):
@@ -632,7 +788,7 @@ class DelegatingCadenceTests(unittest.TestCase):
         self.cloud = CloudHealthChecker.for_servers(
             self.clock, {"https://cloud-1": self.cloud_client}, NODE, self.settings)
         self.checker = CoordinatorHealthChecker(
-            self.clock, self.pool_client, NODE, "https://coordinator", self.cloud,
+            self.clock, {"https://coordinator": self.pool_client}, NODE, self.cloud,
             self.settings)
 
     def tearDown(self):
@@ -703,7 +859,7 @@ class UnknownCloudHealthTests(unittest.TestCase):
         self.cloud = CloudHealthChecker.for_servers(
             self.clock, {"https://cloud-1": self.cloud_client}, NODE, settings)
         self.checker = CoordinatorHealthChecker(
-            self.clock, self.pool_client, NODE, "https://coordinator", self.cloud, settings)
+            self.clock, {"https://coordinator": self.pool_client}, NODE, self.cloud, settings)
 
     def tearDown(self):
         self.successResultOf(self.cloud.stop())
@@ -885,7 +1041,7 @@ class LiveHealthCheckerTests(unittest.TestCase):
             reactor, {self.servers[n].url: self.clients[n] for n in ("cloud-a", "cloud-b")},
             NODE, settings)
         self.coordinator = CoordinatorHealthChecker(
-            reactor, self.clients["coordinator"], NODE, self.servers["coordinator"].url,
+            reactor, {self.servers["coordinator"].url: self.clients["coordinator"]}, NODE,
             self.cloud, settings)
 
     @defer.inlineCallbacks
@@ -960,7 +1116,7 @@ class LiveHealthCheckerTests(unittest.TestCase):
         yield self.poll_until(lambda: not self.coordinator.healthy, "coordinator unhealthy")
         yield self.servers["coordinator"].faults.up()
         yield self.poll_until(lambda: self.coordinator.healthy, "coordinator healthy again")
-        self.assertGreaterEqual(self.coordinator.prober.successes, 3)
+        self.assertGreaterEqual(self.coordinator.probers[0].successes, 3)
 
 
 class KubeletGatingSeveralServersTests(unittest.TestCase):

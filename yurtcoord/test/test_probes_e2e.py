@@ -9,6 +9,8 @@
   each a TCP proxy in front of the one cloud test server. From the server's answer
   log: requests per interval with three URLs at most twice those with one, and no
   409 in steady state.
+- Two coordinator apiservers over one store: one node lease write per interval
+  through the first, one read of the second, no 409, the election on the first.
 
 Measured values are printed as ``PROBES-E2E <name>=<value>`` lines.
 """
@@ -198,6 +200,58 @@ class SeveralCloudURLsTests(unittest.TestCase):
         self.assertEqual(one_codes, [200])
         self.assertEqual(three_codes, [200])  # no 409 (nor anything else) in steady state
         self.assertNotIn(409, [a[3] for a in self.world.cloud.answers])
+
+
+class SeveralCoordinatorServersTests(unittest.TestCase):
+    """One leading node with two coordinator apiservers over one store: its node
+    lease is written through one of them once per interval and read from the
+    other, never conflicting with itself, and the election goes to the first."""
+
+    timeout = 240
+    node = "edge-1"
+
+    @defer.inlineCallbacks
+    def setUp(self):
+        self.world = ProcessWorld(reactor, coordinator_servers=2)
+        self.addCleanup(self.world.stop)
+        yield self.world.start()
+
+    def writes(self, server):
+        return [a for a in server.answers
+                if a[1] == "PUT" and a[2] == lease_path(self.node)]
+
+    @defer.inlineCallbacks
+    def test_one_write_and_one_read_per_interval_and_no_conflicts(self):
+        first, second = self.world.coordinators
+        agent = yield self.world.add_agent(self.node)
+        yield self.world.start_agents([self.node])
+        yield self.world.wait_for_pool(
+            "the node leading and ready with both coordinator apiservers healthy",
+            lambda s: one_leader_all_ready(s, 1) and s[self.node]["coordinator_servers"] == {
+                first.url: True, second.url: True}, SETTLE_TIMEOUT)
+        metrics = yield self.world.metrics(agent)
+        self.assertEqual(
+            {name: value for name, value in metrics.items()
+             if name.startswith("yurtcoord_coordinator_server_healthy_status{")},
+            {f'yurtcoord_coordinator_server_healthy_status{{server="{url}"}}': 1.0
+             for url in (first.url, second.url)})
+        start = len(self.writes(first))
+        yield poll_until(lambda: len(self.writes(first)) >= start + ROUNDS + 2,
+                         STEP_TIMEOUT + ROUNDS * HEARTBEAT_INTERVAL, 0.1, reactor,
+                         what=f"{ROUNDS + 2} heartbeat writes through the first server")
+        writes = self.writes(first)
+        begin = writes[start][0] - HEARTBEAT_INTERVAL / 2
+        end = writes[start + ROUNDS][0] - HEARTBEAT_INTERVAL / 2
+        lease = {name: [a[1] for a in server.answers
+                        if begin <= a[0] < end and a[2] == lease_path(self.node)]
+                 for name, server in (("first", first), ("second", second))}
+        report("two_coordinator_servers_node_lease_requests_in_5_rounds", lease)
+        self.assertEqual(lease, {"first": ["PUT"] * ROUNDS, "second": ["GET"] * ROUNDS})
+        for server in (first, second):
+            self.assertNotIn(409, [a[3] for a in server.answers])
+        election = [a for a in second.answers if "/leases/" in a[2]
+                    and not a[2].endswith(lease_path(self.node))]
+        self.assertEqual(election, [])  # the election and sync leases go to the first
 
 
 @defer.inlineCallbacks

@@ -278,14 +278,15 @@ class AgentOverTLSTests(unittest.TestCase):
 
     @defer.inlineCallbacks
     def setUp(self):
-        self.world = PoolWorld(self, tls=True)
+        self.world = PoolWorld(self, tls=True, coordinator_servers=2)
         yield self.world.start()
         self.reader = StatusReader()
 
     @defer.inlineCallbacks
     def test_agent_waits_for_the_certs_secret_then_leads_over_tls(self):
         config = self.world.config("edge-1")
-        self.assertTrue(config.coordinator.server.startswith("https://"))
+        self.assertEqual(len(config.coordinator.server), 2)
+        self.assertTrue(all(url.startswith("https://") for url in config.coordinator.server))
         agent = self.world.start_agent(config)
         self.assertIsNotNone(agent.cert_manager)
         with self.assertRaises(ConnectionFailed) as raised:
@@ -304,8 +305,14 @@ class AgentOverTLSTests(unittest.TestCase):
         yield poll_until(leading_and_ready, STEP_TIMEOUT, 0.02, reactor,
                          what="edge-1 leading and ready over TLS")
         self.assertEqual(self.world.election_lease().holder_identity, "edge-1")
-        self.assertIn("CN=system:node:yurthub,O=system:nodes",
-                      set(self.world.coordinator.client_subjects))
+        # The one client certificate is used with every coordinator apiserver.
+        for server in self.world.coordinators:
+            yield poll_until(
+                lambda: "CN=system:node:yurthub,O=system:nodes" in server.client_subjects,
+                STEP_TIMEOUT, 0.02, reactor, what=f"{server.url} seeing the client cert")
+        status = yield self.reader.status(agent.status_http.url)
+        self.assertEqual(status["coordinator_servers"],
+                         {server.url: True for server in self.world.coordinators})
         pki_files = sorted(os.listdir(config.coordinator.pki_dir))
         self.assertIn("yurt-coordinator-yurthub-client.key", pki_files)
         self.assertEqual(os.stat(os.path.join(

@@ -26,8 +26,8 @@ from yurtcoord.testing.poll import poll_until
 
 STATUS_KEYS = {
     "node", "pool", "role", "healthy", "ready", "pool_cache_synced", "local_cache_uploaded",
-    "leader", "cloud", "coordinator_healthy", "last_transition", "delegated_heartbeats",
-    "uploaded_objects", "etcd_member",
+    "leader", "cloud", "coordinator_healthy", "coordinator_servers", "last_transition",
+    "delegated_heartbeats", "uploaded_objects", "etcd_member",
 }
 
 
@@ -51,6 +51,7 @@ class StaticStatus:
             "ready": self.ready, "pool_cache_synced": self.ready,
             "local_cache_uploaded": self.ready, "leader": "edge-2" if self.role == "leader"
             else None, "cloud": dict(self._cloud), "coordinator_healthy": self.healthy,
+            "coordinator_servers": {"https://coordinator:443": self.healthy},
             "last_transition": rfc3339(0), "delegated_heartbeats": 4, "uploaded_objects": 17,
         }
 
@@ -121,7 +122,8 @@ class StatusPagesTests(HTTPTestMixin, unittest.TestCase):
             "node": "edge-1", "pool": "pool-a", "role": "init", "healthy": False,
             "ready": False, "pool_cache_synced": False, "local_cache_uploaded": False,
             "leader": None, "cloud": {"https://10.0.0.1:6443": False},
-            "coordinator_healthy": False, "last_transition": "1970-01-01T00:00:00Z",
+            "coordinator_healthy": False, "coordinator_servers": {},
+            "last_transition": "1970-01-01T00:00:00Z",
             "delegated_heartbeats": 0, "uploaded_objects": 0, "etcd_member": None,
         })
 
@@ -284,6 +286,8 @@ class CloudOnlyStatusTests(unittest.TestCase):
         self.assertEqual(self.source.status()["cloud"],
                          {"https://a:6443": True, "https://b:6443": True})
         self.assertEqual(document["last_transition"], "1970-01-01T00:00:00Z")
+        # No coordinator apiserver is used without the coordinator.
+        self.assertEqual(document["coordinator_servers"], {})
 
 
 class ComposedAgentTests(HTTPTestMixin, unittest.TestCase):
@@ -308,6 +312,8 @@ class ComposedAgentTests(HTTPTestMixin, unittest.TestCase):
         self.assertEqual((document["node"], document["pool"]), ("edge-9", "pool-z"))
         self.assertIn(document["role"], ("init", "pending"))
         self.assertEqual(list(document["cloud"].values()), [False])
+        self.assertEqual(list(document["coordinator_servers"]),
+                         list(config.coordinator.server))
         response, body = yield self.fetch(url + "/healthz")
         self.assertEqual(response.code, 503)
 

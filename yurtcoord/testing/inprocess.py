@@ -122,22 +122,30 @@ class PoolWorld:
     is missing), plus temp dirs, for agents built with ``make_service``.
 
     With ``tls`` the coordinator apiserver and etcd serve TLS and require client
-    certificates of a test CA, and the cloud holds the certs Secret with them.
+    certificates of a test CA, and the cloud holds the certs Secret with them. With
+    ``coordinator_servers`` above 1 there are that many coordinator apiservers
+    (``coordinators``, the first also ``coordinator``) serving one store, as
+    apiservers over one pool etcd do, and every agent is given all of them.
     """
 
-    def __init__(self, test: unittest.TestCase, tls: bool = False) -> None:
+    def __init__(self, test: unittest.TestCase, tls: bool = False,
+                 coordinator_servers: int = 1) -> None:
         self.test = test
         self.tls = tls
         self.cloud = KubeAPIServer(reactor)
         binary = etcd_binary_for("3.5") or etcd_binary_for("3.4")
+        tls_dir = None
         if tls:
             self.ca = TestCA(test.mktemp())
             self.ca.server_pair("server")
-            self.coordinator = KubeAPIServer(reactor, tls_dir=self.ca.directory)
+            tls_dir = self.ca.directory
             self.etcd = EtcdProcess(binary, tls_ca=self.ca)
         else:
-            self.coordinator = KubeAPIServer(reactor)
             self.etcd = EtcdProcess(binary)
+        self.coordinator = KubeAPIServer(reactor, tls_dir=tls_dir)
+        self.coordinators = [self.coordinator] + [
+            KubeAPIServer(reactor, tls_dir=tls_dir, store=self.coordinator.store)
+            for _ in range(coordinator_servers - 1)]
         self.agents: List[Agent] = []
 
     def certs_secret(self) -> Dict[str, Any]:
@@ -150,19 +158,22 @@ class PoolWorld:
         self.test.addCleanup(self.etcd.stop)
         yield self.cloud.start()
         self.test.addCleanup(self.cloud.stop)
-        yield self.coordinator.start()
-        self.test.addCleanup(self.coordinator.stop)
+        for server in self.coordinators:
+            yield server.start()
+            self.test.addCleanup(server.stop)
 
     def config(self, node: str, cloud_urls: Optional[Sequence[str]] = None, enabled: bool = True,
                heartbeat: Optional[Mapping[str, str]] = None) -> Config:
-        cloud_url, coordinator_url = self.cloud.url, self.coordinator.url
-        if cloud_url is None or coordinator_url is None:
+        cloud_url = self.cloud.url
+        coordinator_urls = [server.url for server in self.coordinators]
+        if cloud_url is None or None in coordinator_urls:
             raise RuntimeError(f"config of {node} asked before PoolWorld.start(): the API "
                                "test servers have no URL yet")
         base = self.test.mktemp()
         cache_dir = os.path.join(base, "cache")
         os.makedirs(cache_dir)
-        text = agent_config_text(node, cloud_urls or [cloud_url], coordinator_url,
+        text = agent_config_text(node, cloud_urls or [cloud_url],
+                                 ", ".join(url for url in coordinator_urls if url),
                                  self.etcd.client_url, os.path.join(base, "pki"), cache_dir,
                                  enabled=enabled, coordinator_tls=self.tls,
                                  heartbeat=heartbeat)

@@ -2,7 +2,9 @@
 
 ``ProcessWorld`` owns one real etcd (``EtcdProcess``), a cloud and a coordinator
 Kubernetes API test server served from the test's own reactor (so that their fault
-knobs are plain method calls), and any number of agents, each a child process with
+knobs are plain method calls; with ``coordinator_servers=2`` two coordinator
+apiservers serving one store, as two apiservers over one pool etcd, both given to
+every agent), and any number of agents, each a child process with
 its own ini file, status port, local cache dir, pki dir and log file in the world's
 temp dir. Every agent reaches the cloud through a ``TCPProxy`` of its own, so the
 cloud can be cut for one agent or for all, and has a stand-in kubelet of its own served
@@ -311,11 +313,18 @@ class ProcessWorld:
 
     ``start()`` and ``stop()`` bracket it; ``stop()`` kills every agent, closes the
     servers, proxies and stand-in kubelets, stops etcd and removes the temp dir, and is
-    safe to call twice. ``kubelet_grace_period`` is the agents' ini value.
+    safe to call twice. ``kubelet_grace_period`` is the agents' ini value;
+    ``coordinator_servers`` the number of coordinator apiservers (``coordinators``,
+    the first of them also ``coordinator``), all serving the first one's store.
     """
 
+    # The coordinator apiservers after the first (none in a world that makes its
+    # servers in start()).
+    _more_coordinators: tuple[KubeAPIServer, ...] = ()
+
     def __init__(self, reactor: Any, etcd_binary: EtcdBinary | None = None,
-                 kubelet_grace_period: str = TIMINGS["kubelet_grace_period"]) -> None:
+                 kubelet_grace_period: str = TIMINGS["kubelet_grace_period"],
+                 coordinator_servers: int = 1) -> None:
         self.reactor = reactor
         self.kubelet_grace_period = kubelet_grace_period
         self.base_dir = tempfile.mkdtemp(prefix="yurtcoord-world-")
@@ -324,6 +333,8 @@ class ProcessWorld:
         # None only in a world whose servers are made by start() (see PartitionWorld).
         self.cloud: KubeAPIServer | None = KubeAPIServer(reactor)
         self.coordinator: KubeAPIServer | None = KubeAPIServer(reactor)
+        self._more_coordinators = tuple(KubeAPIServer(reactor, store=self.coordinator.store)
+                                        for _ in range(coordinator_servers - 1))
         self.agents: dict[str, AgentProcess] = {}
         self._proxies: list[TCPProxy] = []
         self._kubelets: list[StandInKubelet] = []
@@ -338,6 +349,11 @@ class ProcessWorld:
             raise RuntimeError("the world's apiservers are made by start()")
         return self.cloud, self.coordinator
 
+    @property
+    def coordinators(self) -> list[KubeAPIServer]:
+        """Every coordinator apiserver, in the order agents are given them."""
+        return [self.servers()[1], *self._more_coordinators]
+
     # -- lifecycle ---------------------------------------------------------------------
 
     @defer.inlineCallbacks
@@ -346,6 +362,8 @@ class ProcessWorld:
         cloud, coordinator = self.servers()
         yield cloud.start()
         yield coordinator.start()
+        for server in self._more_coordinators:
+            yield server.start()
 
     @defer.inlineCallbacks
     def add_agent(self, node: str, pods: int = 0, cloud_urls: int = 1,
@@ -404,10 +422,10 @@ class ProcessWorld:
         over the suite's (see ``agent_ini``)."""
         etcd_url = (self.etcd.client_url if agent.etcd_proxy is None
                     else agent.etcd_proxy.url(self.etcd.scheme))
-        coordinator_url = self.servers()[1].url
-        assert coordinator_url is not None, "the coordinator apiserver listens once started"
+        coordinator_urls = [server.url for server in self.coordinators]
+        assert None not in coordinator_urls, "the coordinator apiservers listen once started"
         return agent_ini(agent.node, [p.url() for p in agent.cloud_proxies],
-                         coordinator_url, etcd_url, agent.pki_dir, agent.cache_dir,
+                         ", ".join(url for url in coordinator_urls if url), etcd_url, agent.pki_dir, agent.cache_dir,
                          "127.0.0.1:0", kubelet_url=agent.stand_in_kubelet().url(),
                          kubelet_grace_period=self.kubelet_grace_period, **sections)
 
@@ -423,7 +441,7 @@ class ProcessWorld:
             # Also the kubelets of agents a test dropped from ``agents``.
             for kubelet in self._kubelets:
                 yield kubelet.stop()
-            for server in (self.cloud, self.coordinator):
+            for server in (self.cloud, self.coordinator, *self._more_coordinators):
                 if server is not None:  # a world whose start failed early
                     yield server.stop()
             for pool in self._http_pools():

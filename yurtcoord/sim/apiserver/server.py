@@ -151,18 +151,26 @@ class KubeAPIServer:
     ``client_subjects`` the
     RFC 4514 subjects of TLS client certificates, in order. ``history`` bounds the
     watch replay window; ``bookmark_interval`` is the seconds between BOOKMARK
-    events on watches that allow them.
+    events on watches that allow them. With ``store`` (another server's ``store``)
+    both servers serve that one store, as two apiservers serve one etcd: a write
+    through either is seen, and watched, through both, with the same
+    resourceVersions; each keeps its own port, faults and logs.
     """
 
     log = Logger()
 
     def __init__(self, reactor: Any, tls_dir: str | None = None, history: int = 1000,
                  bookmark_interval: float = 1.0, catalog: Catalog | None = None,
-                 request_log_path: str | None = None) -> None:
+                 request_log_path: str | None = None,
+                 store: ObjectStore | None = None) -> None:
         self.reactor = reactor
         self.tls_dir = tls_dir
-        self.catalog = catalog or Catalog()
-        self.store = ObjectStore(self.catalog, reactor, history)
+        if store is not None:
+            self.catalog = store.catalog
+            self.store = store
+        else:
+            self.catalog = catalog or Catalog()
+            self.store = ObjectStore(self.catalog, reactor, history)
         self.faults = FaultInjector(self)
         self.list_pages = ListPages(self.store)
         self.bookmark_interval = bookmark_interval
