@@ -34,6 +34,7 @@ from yurtcoord.sim.apiserver.requestlog import (
     LoggedRequest, json_line, logged_request, read_request_log)
 from yurtcoord.sim.apiserver.selectors import (
     FieldSelector, LabelSelector, ObjectFilter, SelectorError)
+from yurtcoord.sim.apiserver.storage import IObjectStorage, MemoryStorage
 from yurtcoord.sim.apiserver.watch import WatchStream
 from yurtcoord.sim.pki import CertPair, TestCA
 from yurtcoord.testing.poll import poll_until
@@ -1044,7 +1045,7 @@ class WatchStreamClockTests(unittest.TestCase):
 
     def stream(self, **kwargs):
         resource_type = Catalog().type_of(gvrs.CONFIGMAPS)
-        stream = WatchStream(self.request, self.clock, self.store, resource_type,
+        stream = WatchStream(self.request, self.clock, MemoryStorage(self.store), resource_type,
                              ObjectFilter("default"), None, on_close=self.closed.append,
                              **kwargs)
         stream.start()
@@ -1345,3 +1346,52 @@ class PaginationTests(ServerTestCase):
         self.assertStatus(body, 410, "Expired")
         code, body = yield self.call("GET", CM, params={"continue": "made-up"})
         self.assertEqual(code, 410)
+
+
+class ListAtRevisionTests(ServerTestCase):
+    history = 4
+
+    @defer.inlineCallbacks
+    def test_exact_revision_lists_the_state_then(self):
+        yield self.call("POST", CM, configmap("a", data={"v": "1"}))
+        yield self.call("POST", CM, configmap("b"))
+        _, listed = yield self.call("GET", CM)
+        then = listed["metadata"]["resourceVersion"]
+        yield self.call("PUT", CM + "/a", configmap("a", data={"v": "2"}))
+        yield self.call("DELETE", CM + "/b")
+        yield self.call("POST", CM, configmap("c"))
+        code, old = yield self.call("GET", CM, params={
+            "resourceVersion": then, "resourceVersionMatch": "Exact"})
+        self.assertEqual(code, 200, old)
+        self.assertEqual(old["metadata"]["resourceVersion"], then)
+        self.assertEqual(old["items"], listed["items"])
+        code, now = yield self.call("GET", CM)
+        self.assertEqual([(i["metadata"]["name"], i.get("data")) for i in now["items"]],
+                         [("a", {"v": "2"}), ("c", {})])
+        code, body = yield self.call("GET", CM, params={
+            "resourceVersion": "0", "resourceVersionMatch": "Exact"})
+        self.assertEqual(code, 400)
+
+    @defer.inlineCallbacks
+    def test_exact_revision_older_than_history_is_410(self):
+        for name in "abcdef":
+            yield self.call("POST", CM, configmap(name))
+        code, body = yield self.call("GET", CM, params={
+            "resourceVersion": "1", "resourceVersionMatch": "Exact"})
+        self.assertEqual(code, 410)
+        self.assertStatus(body, 410, "Expired")
+
+    def test_memory_storage_provides_the_interface(self):
+        from zope.interface.verify import verifyObject
+        from yurtcoord.sim.apiserver.storage import IStorageWatch
+        self.assertTrue(verifyObject(IObjectStorage, self.server.storage))
+        watch = self.successResultOf(self.server.storage.watch(
+            gvrs.CONFIGMAPS, ObjectFilter(), None, lambda *_: None))
+        self.assertTrue(verifyObject(IStorageWatch, watch))
+        watch.cancel()
+
+    def test_server_on_a_given_storage_has_no_synchronous_store(self):
+        server = KubeAPIServer(reactor, storage=self.server.storage)
+        with self.assertRaises(AttributeError) as raised:
+            server.store
+        self.assertIn("server.storage", str(raised.exception))
