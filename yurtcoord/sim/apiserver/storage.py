@@ -76,7 +76,9 @@ class IObjectStorage(Interface):
         object. 410 when ``since`` is older than what the storage keeps."""
 
     def compact() -> "Deferred[None]":
-        """Forget all history up to now: older revisions get 410."""
+        """Forget the history: a watch or list from before the newest change gets 410
+        (the in-memory store forgets that change too; etcd keeps the revision it was
+        compacted at)."""
 
     def close() -> "Deferred[None]":
         """Release connections; the storage is not used afterwards."""
