@@ -151,12 +151,14 @@ class _WatchProtocol(LineStreamProtocol):
             result = message.get("result")
             if not isinstance(result, dict):
                 raise TypeError("no result")
-            header = result.get("header") or {}
+            header = result.get("header")
+            header = {} if header is None else header
             if not isinstance(header, dict):
                 raise TypeError("header is not an object")
             revision = _int(header.get("revision"), "revision")
             compacted = _int(result.get("compact_revision"), "compact_revision")
-            raw_events = result.get("events") or []
+            raw_events = result.get("events")
+            raw_events = [] if raw_events is None else raw_events
             if not isinstance(raw_events, list):
                 raise TypeError("events is not a list")
             events = [_key_event(raw) for raw in raw_events]
