@@ -33,7 +33,7 @@ class EtcdStorageInterfaceTests(unittest.TestCase):
 
     def test_provides_the_storage_interface(self):
         client = EtcdClient(reactor, EtcdConfig("http://127.0.0.1:1"))
-        storage = EtcdStorage(client)
+        storage = EtcdStorage(client, reactor)
         self.addCleanup(storage.close)
         self.assertTrue(verifyObject(IObjectStorage, storage))
 
@@ -198,6 +198,27 @@ class EtcdAPIServerTestsMixin(EtcdStoreCase, ServerTestCase):
         self.assertEqual(seen, [("ADDED", "a"), ("DELETED", "a")])
 
     @defer.inlineCallbacks
+    def test_etcd_down_is_a_server_error_and_serving_resumes_when_it_is_back(self):
+        yield self.call("POST", CM, configmap("a"))
+        reader = yield self.open_watch(CM + "?watch=1")
+        yield self.wait(lambda: len(reader.lines) == 1, "the initial ADDED")
+        self.etcd.kill()
+        # The watch ends cleanly: its client watches again from what it saw.
+        yield self.wait(lambda: reader.ended is not None, "the watch to end")
+        self.assertEqual(reader.ended, "clean")
+        self.assertEqual(self.server.storage.watch_count(), 0)
+        code, body = yield self.call("GET", CM + "/a")
+        self.assertEqual(code, 500)
+        self.assertIn("etcd", body["message"])
+        code, body = yield self.call("POST", CM, configmap("b"))
+        self.assertEqual(code, 500)
+        self.etcd.restart()
+        code, body = yield self.call("POST", CM, configmap("b"))
+        self.assertEqual(code, 201, body)
+        code, body = yield self.call("GET", CM)
+        self.assertEqual([i["metadata"]["name"] for i in body["items"]], ["a", "b"])
+
+    @defer.inlineCallbacks
     def test_mirror_keys_are_never_objects(self):
         key = self.key("pods", "p", "default")
         yield self.store.create_or_update_many([(key, _pod("p", "default", 7), 7)])
@@ -278,6 +299,48 @@ class EtcdAPIServerTestsMixin(EtcdStoreCase, ServerTestCase):
                                 if path.startswith("/registry/pods/")))
 
 
+class SelectorPagingTests(ServerTestCase):
+    """Pages of a selector list fill up across storage reads, in both modes (the
+    classes per etcd version below run these with the objects in etcd)."""
+
+    @defer.inlineCallbacks
+    def test_pages_with_a_selector_read_on_until_full(self):
+        for index in range(9):
+            namespace = "default" if index % 2 else "apps"
+            yield self.call("POST", f"/api/v1/namespaces/{namespace}/configmaps",
+                            configmap(f"cm-{index}", labels={"pick": str(index % 3 == 0)}))
+        names, token, pages = [], None, 0
+        while True:
+            params = {"limit": "2", "labelSelector": "pick=True"}
+            if token:
+                params["continue"] = token
+            code, page = yield self.call("GET", "/api/v1/configmaps", params=params)
+            self.assertEqual(code, 200, page)
+            names += [(i["metadata"]["namespace"], i["metadata"]["name"]) for i in page["items"]]
+            pages += 1
+            token = page["metadata"].get("continue")
+            if not token:
+                break
+        self.assertEqual(names, [("apps", "cm-0"), ("apps", "cm-6"), ("default", "cm-3")])
+        self.assertEqual(pages, 2)
+        code, page = yield self.call("GET", "/api/v1/configmaps", params={"limit": "4"})
+        self.assertEqual(page["metadata"]["remainingItemCount"], 5)
+        code, page = yield self.call("GET", "/api/v1/namespaces/default/configmaps",
+                                     params={"limit": "3", "continue": page["metadata"]["continue"]})
+        self.assertEqual([i["metadata"]["name"] for i in page["items"]],
+                         ["cm-1", "cm-3", "cm-5"])
+
+
+class EtcdSelectorPagingTestsMixin(EtcdStoreCase, SelectorPagingTests):
+
+    def setUp(self):
+        EtcdStoreCase.setUp(self)
+        return SelectorPagingTests.setUp(self)
+
+    def make_storage(self):
+        return storage_for(reactor, self.etcd.client_url)
+
+
 def _pod(name, namespace, rv):
     return json.dumps({
         "apiVersion": "v1", "kind": "Pod",
@@ -289,5 +352,6 @@ def _pod(name, namespace, rv):
 
 
 make_etcd_test_classes(EtcdAPIServerTestsMixin, globals())
-# A TestCase itself (through ServerTestCase): only the classes per etcd version run.
-del EtcdAPIServerTestsMixin
+make_etcd_test_classes(EtcdSelectorPagingTestsMixin, globals())
+# TestCases themselves (through ServerTestCase): only the classes per etcd version run.
+del EtcdAPIServerTestsMixin, EtcdSelectorPagingTestsMixin

@@ -26,11 +26,12 @@ from typing import Any, Generator
 import txaioetcd
 from twisted.internet import defer
 from twisted.internet.defer import Deferred
+from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
-from yurtcoord.etcd.client import EtcdClient, prefix_keyset
+from yurtcoord.etcd.client import EtcdClient, prefix_keyset, prefix_range_end
 from yurtcoord.etcd.errors import EtcdError, RequestRejected
 from yurtcoord.etcd.watch import EtcdWatch, KeyEvent, WatchCompacted, WatchResponse
 from yurtcoord.kube.errors import KubeError
@@ -40,7 +41,8 @@ from yurtcoord.pool.keys import (
 from yurtcoord.sim.apiserver import status
 from yurtcoord.sim.apiserver.catalog import Catalog, ResourceType
 from yurtcoord.sim.apiserver.selectors import ObjectFilter
-from yurtcoord.sim.apiserver.storage import EventCallback, IObjectStorage, IStorageWatch
+from yurtcoord.sim.apiserver.storage import (
+    EventCallback, IObjectStorage, IStorageWatch, StoragePage)
 from yurtcoord.sim.apiserver.store import (
     check_preconditions, decorate, deliver, generated_name, incoming, namespace_of,
     new_object, replacement, served_type, validate_name)
@@ -53,6 +55,7 @@ _COMPONENT = "kube-apiserver"
 # and names tried for a generateName.
 _ATTEMPTS = 10
 _MIRROR = MIRROR_RV_PREFIX.encode()
+_log = Logger()
 
 
 def _encode(obj: dict[str, Any]) -> bytes:
@@ -70,6 +73,8 @@ def _etcd_error(failure: Failure) -> Failure:
     if failure.check(RequestRejected) and "compacted" in str(failure.value):
         raise status.error(410, f"too old resource version: {failure.value}")
     if failure.check(EtcdError):
+        _log.warn("etcd request of the API server failed: {error}",
+                  error=failure.getErrorMessage())
         raise status.error(500, f"etcd: {failure.value}")
     return failure
 
@@ -155,14 +160,13 @@ class EtcdStorageWatch:
 @implementer(IObjectStorage)
 class EtcdStorage:
     """Objects of the catalog's types in etcd under ``prefix`` (``/registry``), through
-    ``client`` (an ``EtcdClient``, closed with the storage)."""
+    ``client`` (an ``EtcdClient``, closed with the storage); ``clock`` gives creation
+    timestamps."""
 
     log = Logger()
 
-    def __init__(self, client: EtcdClient, catalog: Catalog | None = None,
-                 prefix: str = "/registry", clock: Any = None, seed: int | None = None) -> None:
-        if clock is None:
-            from twisted.internet import reactor as clock
+    def __init__(self, client: EtcdClient, clock: IReactorTime, catalog: Catalog | None = None,
+                 prefix: str = "/registry", seed: int | None = None) -> None:
         self._client = client
         self.catalog = catalog or Catalog()
         self._keys = PoolKeyBuilder(prefix)
@@ -240,6 +244,29 @@ class EtcdStorage:
         items = [self._decode(resource_type, kv.key, kv.value, kv.mod_revision)
                  for kv in page.kvs if not kv.key.startswith(_MIRROR)]
         return items, revision or page.revision or 0
+
+    def list_page(self, gvr: GroupVersionResource, namespace: str | None,
+                  revision: int | None, after: str | None,
+                  limit: int | None) -> "Deferred[StoragePage]":
+        return defer.ensureDeferred(
+            self._list_page(gvr, namespace, revision, after, limit)).addErrback(_etcd_error)
+
+    async def _list_page(self, gvr: GroupVersionResource, namespace: str | None,
+                         revision: int | None, after: str | None,
+                         limit: int | None) -> StoragePage:
+        resource_type = served_type(self.catalog, gvr)
+        if not resource_type.gvr.namespaced:
+            namespace = None
+        prefix = self._prefix(resource_type, namespace)
+        # A position is the key below the resource's own prefix (all namespaces).
+        start = self._prefix(resource_type, None) + after.encode() + b"\x00" if after else prefix
+        page = await self._client.range_page(
+            txaioetcd.KeySet(max(start, prefix), range_end=prefix_range_end(prefix)),
+            limit=limit, revision=revision)
+        items = [self._decode(resource_type, kv.key, kv.value, kv.mod_revision)
+                 for kv in page.kvs if not kv.key.startswith(_MIRROR)]
+        return StoragePage(items, revision or page.revision or 0,
+                           max(0, page.count - len(page.kvs)))
 
     # -- writes ------------------------------------------------------------------
 
@@ -383,6 +410,6 @@ def storage_for(reactor: Any, urls: str, prefix: str = "/registry",
     first = [url.strip() for url in urls.split(",") if url.strip()]
     if not first:
         raise ValueError(f"no etcd URL in {urls!r}")
-    return EtcdStorage(EtcdClient(reactor, EtcdConfig(first[0], **config)), catalog, prefix,
-                       reactor)
+    return EtcdStorage(EtcdClient(reactor, EtcdConfig(first[0], **config)), reactor, catalog,
+                       prefix)
 

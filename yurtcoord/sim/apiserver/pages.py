@@ -20,7 +20,7 @@ from yurtcoord.kube.errors import Gone
 from yurtcoord.kube.gvr import GroupVersionResource
 from yurtcoord.sim.apiserver import status
 from yurtcoord.sim.apiserver.selectors import ObjectFilter
-from yurtcoord.sim.apiserver.storage import IObjectStorage
+from yurtcoord.sim.apiserver.storage import IObjectStorage, position
 
 Items = list[dict[str, Any]]
 
@@ -31,20 +31,13 @@ _TOO_OLD = ("The provided continue parameter is too old to display a consistent 
 @dataclass
 class ListPage:
     """One answer: its items, the revision they were listed at, the token of the next
-    page (None on the last) and how many objects remain after this page."""
+    page (None on the last) and how many objects of the range remain after this page
+    (whether or not they match the selectors)."""
 
     items: Items
     revision: int
     token: str | None = None
     remaining: int = 0
-
-
-def position(obj: dict[str, Any]) -> str:
-    """The object's place in a list: its key below the resource, ``namespace/name``."""
-    metadata = obj.get("metadata") or {}
-    namespace = metadata.get("namespace")
-    name = str(metadata.get("name", ""))
-    return f"{namespace}/{name}" if namespace else name
 
 
 def _encode(revision: int, start: str) -> str:
@@ -76,25 +69,31 @@ class ListPages:
              token: str | None = None,
              revision: int | None = None) -> Generator[Deferred[Any], Any, ListPage]:
         """The first page (``token`` None) or the page a continue token names; the
-        first page as of now, or as of ``revision`` when given."""
-        start = None
+        first page as of now, or as of ``revision`` when given. The storage is read
+        ``limit`` objects at a time until ``limit`` of them match the filter."""
+        after = None
         if token:
-            revision, start = _decode(token)
-        try:
-            items, revision = yield self._storage.list(gvr, namespace, revision)
-        except Gone:
-            if token:
-                raise status.error(410, _TOO_OLD)
-            raise
-        keyed = sorted(((position(item), item) for item in items
-                        if object_filter.matches(item)), key=lambda pair: pair[0])
-        if start is not None:
-            keyed = [pair for pair in keyed if pair[0] > start]
-        if not limit or len(keyed) <= limit:
-            return ListPage([item for _, item in keyed], revision)
-        sent = keyed[:limit]
-        return ListPage([item for _, item in sent], revision,
-                        _encode(revision, sent[-1][0]), len(keyed) - limit)
+            revision, after = _decode(token)
+        items: Items = []
+        while True:
+            try:
+                read = yield self._storage.list_page(gvr, namespace, revision, after, limit)
+            except Gone:
+                if token:
+                    raise status.error(410, _TOO_OLD)
+                raise
+            revision = read.revision
+            for index, item in enumerate(read.items):
+                after = position(item)
+                if object_filter.matches(item):
+                    items.append(item)
+                    if limit and len(items) == limit:
+                        remaining = read.remaining + len(read.items) - index - 1
+                        if not remaining:
+                            return ListPage(items, revision)
+                        return ListPage(items, revision, _encode(revision, after), remaining)
+            if not limit or not read.remaining or not read.items:
+                return ListPage(items, revision)
 
     @staticmethod
     def parse_limit(raw: str | None) -> int | None:

@@ -9,6 +9,7 @@ Errors are the ``KubeError``s the HTTP layer turns into Status answers (404, 409
 410 ...), failed through the Deferred.
 """
 
+from dataclasses import dataclass
 from typing import Any, Callable
 
 from twisted.internet import defer
@@ -22,6 +23,26 @@ from yurtcoord.sim.apiserver.store import ObjectStore, Watcher
 
 Objects = list[dict[str, Any]]
 EventCallback = Callable[[str, dict[str, Any]], object]
+
+
+def position(obj: dict[str, Any]) -> str:
+    """The object's place in a list of its type: its key below the resource's
+    prefix, ``namespace/name`` (``name`` for cluster-scoped objects); lists are in
+    this order, the order of the keys in etcd."""
+    metadata = obj.get("metadata") or {}
+    namespace = metadata.get("namespace")
+    name = str(metadata.get("name", ""))
+    return f"{namespace}/{name}" if namespace else name
+
+
+@dataclass
+class StoragePage:
+    """Part of a list: ``items`` in position order, the ``revision`` they were read
+    at, and how many objects of the range come after them (``remaining``)."""
+
+    items: Objects
+    revision: int
+    remaining: int
 
 
 class IStorageWatch(Interface):
@@ -54,6 +75,12 @@ class IObjectStorage(Interface):
         namespaces for None) sorted by namespace and name, as they are now
         (``revision`` None) or were at ``revision``; 410 when that revision is no
         longer kept."""
+
+    def list_page(gvr: GroupVersionResource, namespace: str | None, revision: int | None,
+                  after: str | None, limit: int | None) -> "Deferred[StoragePage]":
+        """At most ``limit`` (None: all) objects of ``gvr`` (in ``namespace``) whose
+        position comes after ``after`` (None: from the first), now or at
+        ``revision``; 410 when that revision is no longer kept."""
 
     def create(gvr: GroupVersionResource, obj: dict[str, Any],
                namespace: str | None = None) -> "Deferred[dict[str, Any]]":
@@ -124,6 +151,18 @@ class MemoryStorage:
                 return self.store.list_with_version(gvr, namespace)
             return self.store.list_at(gvr, namespace, revision), revision
         return defer.maybeDeferred(listed)
+
+    def list_page(self, gvr: GroupVersionResource, namespace: str | None,
+                  revision: int | None, after: str | None,
+                  limit: int | None) -> "Deferred[StoragePage]":
+        def paged(listed: tuple[Objects, int]) -> StoragePage:
+            items, at = listed
+            keyed = sorted(((position(item), item) for item in items), key=lambda p: p[0])
+            if after is not None:
+                keyed = [pair for pair in keyed if pair[0] > after]
+            taken = keyed[:limit] if limit else keyed
+            return StoragePage([item for _, item in taken], at, len(keyed) - len(taken))
+        return self.list(gvr, namespace, revision).addCallback(paged)
 
     def create(self, gvr: GroupVersionResource, obj: dict[str, Any],
                namespace: str | None = None) -> "Deferred[dict[str, Any]]":
