@@ -5,11 +5,15 @@ gateway's stream, 410 after compaction; and what the agents' pool store writes i
 exactly what kubectl reads back through it."""
 
 import base64
+import contextlib
 import json
 import os
 import shutil
+import signal
+import sys
 
 from twisted.internet import defer, reactor
+from twisted.internet.error import ProcessExitedAlready
 from twisted.internet.utils import getProcessOutputAndValue
 from twisted.trial import unittest
 from zope.interface.verify import verifyObject
@@ -25,6 +29,7 @@ from yurtcoord.sim.apiserver.storage import IObjectStorage, IStorageWatch
 from yurtcoord.sim.etcd import make_etcd_test_classes
 from yurtcoord.testing.apiservercase import CM, ServerTestCase, configmap
 from yurtcoord.testing.etcdstore import EtcdStoreCase
+from yurtcoord.testing.processes import CollectingProcess
 
 KUBECTL = shutil.which("kubectl") or "/usr/bin/kubectl"
 
@@ -217,6 +222,31 @@ class EtcdAPIServerTestsMixin(EtcdStoreCase, ServerTestCase):
         self.assertEqual(code, 201, body)
         code, body = yield self.call("GET", CM)
         self.assertEqual([i["metadata"]["name"] for i in body["items"]], ["a", "b"])
+
+    @defer.inlineCallbacks
+    def test_standalone_module_with_etcd(self):
+        output = CollectingProcess()
+        process = reactor.spawnProcess(output, sys.executable, [
+            sys.executable, "-m", "yurtcoord.sim.apiserver", "--port", "0",
+            "--etcd", f"{self.etcd.client_url},http://127.0.0.1:1", "--etcd-prefix", "/pool/"],
+            env=dict(os.environ))
+        try:
+            yield self.wait(lambda: b"\n" in output.out, "the URL line")
+            url = output.out.decode().splitlines()[0]
+            response = yield self.http.post(
+                url + CM, json.dumps(configmap("standalone")).encode(),
+                headers={b"Content-Type": [b"application/json"]})
+            created = yield response.json()
+            self.assertEqual(response.code, 201, created)
+            self.assertEqual(created["metadata"]["resourceVersion"],
+                             str(self.etcd_kv("/pool/configmaps/default/standalone")
+                                 ["mod_revision"]))
+        finally:
+            if not output.ended.called:
+                with contextlib.suppress(ProcessExitedAlready):
+                    process.signalProcess(signal.SIGTERM)
+            reason = yield output.ended
+        self.assertEqual(getattr(reason, "exitCode", None), 0)
 
     @defer.inlineCallbacks
     def test_mirror_keys_are_never_objects(self):
