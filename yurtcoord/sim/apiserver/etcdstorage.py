@@ -51,9 +51,10 @@ Objects = list[dict[str, Any]]
 
 # The component name key building asks for; ownership means nothing to the server.
 _COMPONENT = "kube-apiserver"
-# Times an unconditional update or delete is tried when the object changed under it,
-# and names tried for a generateName.
-_ATTEMPTS = 10
+# Times an unconditional update or delete is tried when the object changed under it
+# (as many as concurrent writers can win before it; kube-apiserver retries without
+# bound), and names tried for a generateName.
+_ATTEMPTS = 64
 _MIRROR = MIRROR_RV_PREFIX.encode()
 _log = Logger()
 

@@ -36,8 +36,9 @@ OPENAPI_V2_PROTOBUF = b"application/com.github.proto-openapi.spec.v2.v1.0+protob
 _TRUE = ("1", "true", "True", "TRUE", "yes")
 _MERGE_TYPES = ("application/merge-patch+json", "application/strategic-merge-patch+json")
 _JSON_PATCH = "application/json-patch+json"
-# Times a PATCH is applied again when the object changed under it.
-_PATCH_ATTEMPTS = 5
+# Times a PATCH is applied again when the object changed under it: as many as
+# concurrent writers can win before it (kube-apiserver retries without bound).
+_PATCH_ATTEMPTS = 64
 
 
 def _dumps(obj):
