@@ -26,9 +26,11 @@ from yurtcoord.sim.apiserver.clients import write_kubeconfig
 from yurtcoord.sim.apiserver.etcdstorage import EtcdStorage, storage_for
 from yurtcoord.sim.apiserver.selectors import ObjectFilter
 from yurtcoord.sim.apiserver.storage import IObjectStorage, IStorageWatch
-from yurtcoord.sim.etcd import make_etcd_test_classes
+from yurtcoord.sim.etcd import EtcdProcess, make_etcd_test_classes
+from yurtcoord.sim.pki import TestCA
 from yurtcoord.testing.apiservercase import CM, ServerTestCase, configmap
 from yurtcoord.testing.etcdstore import EtcdStoreCase
+from yurtcoord.testing.poll import poll_until
 from yurtcoord.testing.processes import CollectingProcess
 
 KUBECTL = shutil.which("kubectl") or "/usr/bin/kubectl"
@@ -397,6 +399,36 @@ class EtcdSelectorPagingTestsMixin(EtcdStoreCase, SelectorPagingTests):
         return storage_for(reactor, self.etcd.client_url)
 
 
+class EtcdTLSAPIServerTestsMixin:
+    """The storage's reads, writes and watch stream over etcd's mutual TLS."""
+
+    etcd_binary = None
+
+    @defer.inlineCallbacks
+    def test_reads_writes_and_watches_over_mutual_tls(self):
+        ca = TestCA(self.mktemp())
+        etcd = EtcdProcess(self.etcd_binary, tls_ca=ca).start()
+        self.addCleanup(etcd.stop)
+        storage = storage_for(reactor, etcd.client_url, ca_file=ca.ca_file,
+                              cert_file=etcd.client_cert.cert_file,
+                              key_file=etcd.client_cert.key_file)
+        self.addCleanup(storage.close)
+        seen = []
+        watch = yield storage.watch(gvrs.LEASES, ObjectFilter("kube-node-lease"), None,
+                                    lambda kind, obj: seen.append((kind, obj)))
+        self.addCleanup(watch.cancel)
+        created = yield storage.create(gvrs.LEASES, {
+            "metadata": {"name": "edge-1", "namespace": "kube-node-lease"},
+            "spec": {"holderIdentity": "edge-1"}})
+        yield poll_until(lambda: seen, what="the ADDED event")
+        self.assertEqual(seen, [("ADDED", created)])
+        items, revision = yield storage.list(gvrs.LEASES)
+        self.assertEqual((items, revision),
+                         ([created], int(created["metadata"]["resourceVersion"])))
+        self.assertIn(b"/registry/leases/kube-node-lease/edge-1",
+                      etcd.read("/registry/", prefix=True))
+
+
 def _pod(name, namespace, rv):
     return json.dumps({
         "apiVersion": "v1", "kind": "Pod",
@@ -409,5 +441,6 @@ def _pod(name, namespace, rv):
 
 make_etcd_test_classes(EtcdAPIServerTestsMixin, globals())
 make_etcd_test_classes(EtcdSelectorPagingTestsMixin, globals())
+make_etcd_test_classes(EtcdTLSAPIServerTestsMixin, globals())
 # TestCases themselves (through ServerTestCase): only the classes per etcd version run.
 del EtcdAPIServerTestsMixin, EtcdSelectorPagingTestsMixin
