@@ -39,8 +39,8 @@ KUBECTL = shutil.which("kubectl") or "/usr/bin/kubectl"
 class EtcdStorageInterfaceTests(unittest.TestCase):
 
     def test_provides_the_storage_interface(self):
-        client = EtcdClient(reactor, EtcdConfig("http://127.0.0.1:1"))
-        storage = EtcdStorage(client, reactor)
+        storage = EtcdStorage(lambda: EtcdClient(reactor, EtcdConfig("http://127.0.0.1:1")),
+                              reactor)
         self.addCleanup(storage.close)
         self.assertTrue(verifyObject(IObjectStorage, storage))
 
@@ -275,6 +275,15 @@ class EtcdAPIServerTestsMixin(EtcdStoreCase, ServerTestCase):
                     process.signalProcess(signal.SIGTERM)
             reason = yield output.ended
         self.assertEqual(getattr(reason, "exitCode", None), 0)
+
+    @defer.inlineCallbacks
+    def test_a_server_stopped_and_started_again_serves_from_etcd(self):
+        yield self.call("POST", CM, configmap("a"))
+        yield self.server.stop()
+        url = yield self.server.start()
+        self.url = url
+        code, body = yield self.call("GET", CM + "/a")
+        self.assertEqual(code, 200, body)
 
     @defer.inlineCallbacks
     def test_mirror_keys_are_never_objects(self):

@@ -21,7 +21,7 @@ is left out of lists and watches all the same.
 
 import json
 import random
-from typing import Any, Generator
+from typing import Any, Callable, Generator
 
 import txaioetcd
 from twisted.internet import defer
@@ -161,19 +161,28 @@ class EtcdStorageWatch:
 @implementer(IObjectStorage)
 class EtcdStorage:
     """Objects of the catalog's types in etcd under ``prefix`` (``/registry``), through
-    ``client`` (an ``EtcdClient``, closed with the storage); ``clock`` gives creation
-    timestamps."""
+    an ``EtcdClient`` that ``connect()`` makes when one is needed and ``close()``
+    closes (so that a server stopped and started again has a new one); ``clock``
+    gives creation timestamps."""
 
     log = Logger()
 
-    def __init__(self, client: EtcdClient, clock: IReactorTime, catalog: Catalog | None = None,
-                 prefix: str = "/registry", seed: int | None = None) -> None:
-        self._client = client
+    def __init__(self, connect: Callable[[], EtcdClient], clock: IReactorTime,
+                 catalog: Catalog | None = None, prefix: str = "/registry",
+                 seed: int | None = None) -> None:
+        self._connect = connect
+        self._current: EtcdClient | None = None
         self.catalog = catalog or Catalog()
         self._keys = PoolKeyBuilder(prefix)
         self._clock = clock
         self._random = random.Random(seed)
         self._watches: set[EtcdStorageWatch] = set()
+
+    @property
+    def _client(self) -> EtcdClient:
+        if self._current is None:
+            self._current = self._connect()
+        return self._current
 
     @property
     def prefix(self) -> str:
@@ -400,7 +409,10 @@ class EtcdStorage:
     def close(self) -> "Deferred[None]":
         for watch in list(self._watches):
             watch.cancel()
-        return self._client.close().addCallback(lambda _: None)
+        client, self._current = self._current, None
+        if client is None:
+            return defer.succeed(None)
+        return client.close().addCallback(lambda _: None)
 
 
 def storage_for(reactor: Any, urls: str, prefix: str = "/registry",
@@ -411,6 +423,6 @@ def storage_for(reactor: Any, urls: str, prefix: str = "/registry",
     first = [url.strip() for url in urls.split(",") if url.strip()]
     if not first:
         raise ValueError(f"no etcd URL in {urls!r}")
-    return EtcdStorage(EtcdClient(reactor, EtcdConfig(first[0], **config)), reactor, catalog,
-                       prefix)
+    etcd_config = EtcdConfig(first[0], **config)
+    return EtcdStorage(lambda: EtcdClient(reactor, etcd_config), reactor, catalog, prefix)
 
