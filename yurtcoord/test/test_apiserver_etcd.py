@@ -20,6 +20,8 @@ from zope.interface.verify import verifyObject
 
 from yurtcoord.etcd.client import EtcdClient, EtcdConfig
 from yurtcoord.kube import gvr as gvrs
+from yurtcoord.kube.client import ClientConfig, KubeClient
+from yurtcoord.kube.informer import Informer
 from yurtcoord.pool.keycache import POOL_SCOPED_COMPONENT
 from yurtcoord.pool.keys import format_rv
 from yurtcoord.sim.apiserver.clients import write_kubeconfig
@@ -32,6 +34,7 @@ from yurtcoord.testing.apiservercase import CM, ServerTestCase, configmap
 from yurtcoord.testing.etcdstore import EtcdStoreCase
 from yurtcoord.testing.poll import poll_until
 from yurtcoord.testing.processes import CollectingProcess
+from yurtcoord.tx.retry import Retries, backoff_policy
 
 KUBECTL = shutil.which("kubectl") or "/usr/bin/kubectl"
 
@@ -284,6 +287,46 @@ class EtcdAPIServerTestsMixin(EtcdStoreCase, ServerTestCase):
         self.url = url
         code, body = yield self.call("GET", CM + "/a")
         self.assertEqual(code, 200, body)
+
+    @defer.inlineCallbacks
+    def test_the_agents_informer_lists_in_pages_watches_and_relists_after_410(self):
+        client = KubeClient(reactor, ClientConfig(server=self.url, insecure=True))
+        self.addCleanup(client.close)
+        for index in range(5):
+            yield self.call("POST", CM, configmap(f"cm-{index}"))
+        informer = Informer(reactor, client, gvrs.CONFIGMAPS, namespace="default",
+                            page_size=2, backoff=Retries(backoff_policy(initial=0.05,
+                                                                        maximum=0.2)))
+        self.addCleanup(informer.stop)
+        informer.start()
+        yield informer.wait_for_sync()
+
+        @defer.inlineCallbacks
+        def converged():
+            _, listed = yield self.call("GET", CM)
+            return ({f"default/{i['metadata']['name']}": i for i in listed["items"]}
+                    == informer.store)
+
+        self.assertTrue((yield converged()))
+        self.assertEqual(sum(1 for _, path, query in self.server.requests
+                             if path == CM and query.get("limit") == "2"), 3)
+        yield self.call("PUT", CM + "/cm-0", configmap("cm-0", data={"v": "1"}))
+        yield self.call("DELETE", CM + "/cm-1")
+        yield self.wait(lambda: informer.store.get("default/cm-0", {}).get("data") == {"v": "1"}
+                        and "default/cm-1" not in informer.store, "the changes watched")
+        # The server down, changes the informer has not seen, then compaction: once
+        # the server is back, the watch from its version gets 410 and it lists again.
+        yield self.wait(lambda: self.server.open_watches == 1, "the watch")
+        yield self.server.faults.down()
+        yield self.server.storage.create(gvrs.CONFIGMAPS, configmap("late"))
+        yield self.server.storage.delete(gvrs.CONFIGMAPS, "cm-2", "default")
+        yield self.server.storage.compact()
+        self.assertEqual(informer.lists, 1)
+        yield self.server.faults.up()
+        yield self.wait(lambda: informer.lists == 2, "a second list")
+        yield self.wait(lambda: "default/late" in informer.store
+                        and "default/cm-2" not in informer.store, "the relisted state")
+        self.assertTrue((yield converged()))
 
     @defer.inlineCallbacks
     def test_mirror_keys_are_never_objects(self):
