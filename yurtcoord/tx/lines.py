@@ -65,12 +65,13 @@ class LineStreamProtocol(Protocol):
         # the piece after the last newline is the unfinished tail.
         lines = data.split(b"\n")
         tail = lines.pop()
+        max_line, handle, stopped = self.max_line, self.line, self.stopped
         for line in lines:
-            if len(line) > self.max_line:
+            if len(line) > max_line:
                 self.too_long()
                 return
-            self.line(line)
-            if self.stopped():
+            handle(line)
+            if stopped():
                 return
         if tail:
             if len(tail) > self.max_line:
