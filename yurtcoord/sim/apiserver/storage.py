@@ -19,20 +19,13 @@ from zope.interface import Attribute, Interface, implementer
 from yurtcoord.kube.gvr import GroupVersionResource
 from yurtcoord.sim.apiserver.catalog import Catalog
 from yurtcoord.sim.apiserver.selectors import ObjectFilter
-from yurtcoord.sim.apiserver.store import ObjectStore, Watcher
+from yurtcoord.sim.apiserver.store import ObjectStore, Watcher, position
+
+__all__ = ["IObjectStorage", "IStorageWatch", "MemoryStorage", "MemoryWatch", "StoragePage",
+           "position"]
 
 Objects = list[dict[str, Any]]
 EventCallback = Callable[[str, dict[str, Any]], object]
-
-
-def position(obj: dict[str, Any]) -> str:
-    """The object's place in a list of its type: its key below the resource's
-    prefix, ``namespace/name`` (``name`` for cluster-scoped objects); lists are in
-    this order, the order of the keys in etcd."""
-    metadata = obj.get("metadata") or {}
-    namespace = metadata.get("namespace")
-    name = str(metadata.get("name", ""))
-    return f"{namespace}/{name}" if namespace else name
 
 
 @dataclass
@@ -155,14 +148,8 @@ class MemoryStorage:
     def list_page(self, gvr: GroupVersionResource, namespace: str | None,
                   revision: int | None, after: str | None,
                   limit: int | None) -> "Deferred[StoragePage]":
-        def paged(listed: tuple[Objects, int]) -> StoragePage:
-            items, at = listed
-            keyed = sorted(((position(item), item) for item in items), key=lambda p: p[0])
-            if after is not None:
-                keyed = [pair for pair in keyed if pair[0] > after]
-            taken = keyed[:limit] if limit else keyed
-            return StoragePage([item for _, item in taken], at, len(keyed) - len(taken))
-        return self.list(gvr, namespace, revision).addCallback(paged)
+        return defer.maybeDeferred(
+            lambda: StoragePage(*self.store.list_page(gvr, namespace, revision, after, limit)))
 
     def create(self, gvr: GroupVersionResource, obj: dict[str, Any],
                namespace: str | None = None) -> "Deferred[dict[str, Any]]":

@@ -5,12 +5,13 @@ Writes made directly through this store (from tests) and writes made over HTTP
 follow the same rules and produce the same watch events.
 """
 
+import bisect
 import copy
 import datetime
 import random
 import re
 import uuid
-from collections import deque
+from collections import OrderedDict, deque
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -25,6 +26,8 @@ from yurtcoord.sim.apiserver.selectors import ObjectFilter
 
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 _GENERATE_ALPHABET = "bcdfghjklmnpqrstvwxz2456789"
+# Sorted snapshots kept for the pages of lists.
+_SNAPSHOTS = 8
 
 
 # A list of objects. (Inside ObjectStore, ``list`` names its method.)
@@ -232,6 +235,16 @@ def check_preconditions(resource_type: ResourceType, name: str, current: dict[st
             f"ResourceVersion in object meta: {meta['resourceVersion']}")
 
 
+def position(obj: dict[str, Any]) -> str:
+    """The object's place in a list of its type: its key below the resource's
+    prefix, ``namespace/name`` (``name`` for cluster-scoped objects); lists are in
+    this order, the order of the keys in etcd."""
+    metadata = obj.get("metadata") or {}
+    namespace = metadata.get("namespace")
+    name = str(metadata.get("name", ""))
+    return f"{namespace}/{name}" if namespace else name
+
+
 def deliver(object_filter: ObjectFilter, callback: Callable[[str, dict[str, Any]], object],
             event_type: str, obj: dict[str, Any], old: dict[str, Any] | None,
             resource_version: int) -> None:
@@ -302,6 +315,11 @@ class ObjectStore:
         self._oldest_watchable = 0
         self._watchers: set[Watcher] = set()
         self._random = random.Random(seed)
+        # Sorted lists of the objects of one type at one revision, for the pages of a
+        # list: the stored dicts are never changed in place (a write stores a new
+        # one), so the pages share them and only each page is copied.
+        self._snapshots: OrderedDict[tuple[Any, ...], tuple[list[str], Objects]] = (
+            OrderedDict())
 
     # -- bookkeeping -----------------------------------------------------------
 
@@ -370,31 +388,68 @@ class ObjectStore:
         ]
         return items, self._rv
 
-    def list_at(self, gvr: GroupVersionResource, namespace: str | None,
-                revision: int) -> Objects:
-        """The objects of ``gvr`` (in ``namespace``) as they were at ``revision``,
-        rebuilt by undoing the retained history after it: 410 when that history is
-        no longer retained, 504 for a revision the store has not reached."""
+    def list_page(self, gvr: GroupVersionResource, namespace: str | None,
+                  revision: int | None, after: str | None,
+                  limit: int | None) -> tuple[Objects, int, int]:
+        """``(objects, revision, remaining)``: copies of at most ``limit`` objects of
+        ``gvr`` (in ``namespace``) positioned after ``after``, now or at ``revision``,
+        and how many come after them."""
+        resource_type = self._type(gvr)
+        if not resource_type.gvr.namespaced:
+            namespace = None
+        at = self._rv if revision is None else revision
+        self._check_revision(at)
+        cache_key = (self._type_key(resource_type), namespace, at)
+        snapshot = self._snapshots.pop(cache_key, None)
+        if snapshot is None:
+            objects = (self._objects_at(resource_type, namespace, at) if at != self._rv else
+                       self._objects_at(resource_type, namespace, None))
+            keyed = sorted(((position(obj), obj) for obj in objects), key=lambda p: p[0])
+            snapshot = ([p for p, _ in keyed], [obj for _, obj in keyed])
+        self._snapshots[cache_key] = snapshot
+        while len(self._snapshots) > _SNAPSHOTS:
+            self._snapshots.popitem(last=False)
+        positions, objects = snapshot
+        start = bisect.bisect_right(positions, after) if after is not None else 0
+        end = min(len(objects), start + limit) if limit else len(objects)
+        return [_copy(obj) for obj in objects[start:end]], at, len(objects) - end
+
+    def _check_revision(self, revision: int) -> None:
         if revision > self._rv:
             raise status.error(504, f"Too large resource version: {revision}, "
                                     f"current: {self._rv}")
         if revision < self._oldest_watchable:
             raise status.expired(revision, self._oldest_watchable)
-        resource_type = self._type(gvr)
+
+    def _objects_at(self, resource_type: ResourceType, namespace: str | None,
+                    revision: int | None) -> Objects:
+        """The stored objects (not copies) of a type, now (``revision`` None) or at
+        ``revision`` by undoing the retained history after it."""
         type_key = self._type_key(resource_type)
         objects = {key: obj for key, obj in self._objects.items() if key[0] == type_key}
-        for event in reversed(self._history):
-            if event.resource_version <= revision:
-                break
-            if event.key[0] != type_key:
-                continue
-            if event.type == "ADDED":
-                objects.pop(event.key, None)
-            elif event.old is not None:
-                objects[event.key] = event.old
+        if revision is not None:
+            for event in reversed(self._history):
+                if event.resource_version <= revision:
+                    break
+                if event.key[0] != type_key:
+                    continue
+                if event.type == "ADDED":
+                    objects.pop(event.key, None)
+                elif event.old is not None:
+                    objects[event.key] = event.old
         object_filter = ObjectFilter(namespace if resource_type.gvr.namespaced else None)
-        return [_copy(obj) for key, obj in sorted(objects.items())
-                if object_filter.matches(obj)]
+        return [obj for obj in objects.values() if object_filter.matches(obj)]
+
+    def list_at(self, gvr: GroupVersionResource, namespace: str | None,
+                revision: int) -> Objects:
+        """The objects of ``gvr`` (in ``namespace``) as they were at ``revision``,
+        rebuilt by undoing the retained history after it: 410 when that history is
+        no longer retained, 504 for a revision the store has not reached."""
+        self._check_revision(revision)
+        objects = self._objects_at(self._type(gvr), namespace, revision)
+        objects.sort(key=lambda obj: (obj["metadata"].get("namespace", ""),
+                                      obj["metadata"]["name"]))
+        return [_copy(obj) for obj in objects]
 
     # -- writes ----------------------------------------------------------------
 
