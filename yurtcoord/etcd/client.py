@@ -657,7 +657,9 @@ class EtcdClient:
         """Watch ``keys`` (bytes prefix or ``KeySet``) from ``start_revision`` (None:
         from now) over the gateway's watch stream; ``on_response`` gets every
         ``yurtcoord.etcd.watch.WatchResponse``. Fires with the running
-        ``yurtcoord.etcd.watch.EtcdWatch`` once etcd accepted the stream."""
+        ``yurtcoord.etcd.watch.EtcdWatch`` once etcd accepted the stream; the stream
+        keeps its own connection until the watch is cancelled (``close()`` does not
+        end it) or etcd ends it."""
         from yurtcoord.etcd.watch import EtcdWatch, watch_request
 
         keyset = _as_keyset(keys)

@@ -37,7 +37,7 @@ from yurtcoord.sim.apiserver.selectors import (
 from yurtcoord.sim.apiserver.storage import IObjectStorage, MemoryStorage
 from yurtcoord.sim.apiserver.watch import WatchStream
 from yurtcoord.sim.pki import CertPair, TestCA
-from yurtcoord.testing.apiservercase import CM, ServerTestCase, WatchReader, configmap
+from yurtcoord.testing.apiservercase import CM, ServerTestCase, configmap
 from yurtcoord.testing.poll import poll_until
 from yurtcoord.testing.processes import CollectingProcess
 

@@ -117,8 +117,13 @@ class EtcdStorageWatch:
             if result.check(KubeError):
                 self.ended.errback(result)
                 return
-            self.log.info("etcd watch of {resource} ended: {error}",
-                          resource=self._type.gvr.resource, error=result.getErrorMessage())
+            if result.check(EtcdError):
+                self.log.info("etcd watch of {resource} ended: {error}",
+                              resource=self._type.gvr.resource,
+                              error=result.getErrorMessage())
+            else:
+                self.log.failure("etcd watch of {resource} failed", result,
+                                 resource=self._type.gvr.resource)
         # The client watches again from the last version it saw.
         self.ended.callback(None)
 
