@@ -220,6 +220,25 @@ class EtcdAPIServerTestsMixin(EtcdStoreCase, ServerTestCase):
         self.assertIsNone(self.etcd_kv("/registry/configmaps/default/big"))
 
     @defer.inlineCallbacks
+    def test_watch_of_one_namespace_with_bookmarks_at_the_last_change(self):
+        reader = yield self.open_watch(CM + "?watch=1&allowWatchBookmarks=true")
+        yield self.wait(lambda: "BOOKMARK" in reader.types(), "a first bookmark")
+        yield self.call("POST", "/api/v1/namespaces/other/configmaps", configmap("x"))
+        code, created = yield self.call("POST", CM, configmap("a"))
+        yield self.call("POST", "/api/v1/namespaces/other/configmaps", configmap("y"))
+        rv = created["metadata"]["resourceVersion"]
+        yield self.wait(lambda: any(
+            e["type"] == "BOOKMARK" and e["object"]["metadata"]["resourceVersion"] == rv
+            for e in reader.lines), "a bookmark at the change")
+        events = [e for e in reader.lines if e["type"] != "BOOKMARK"]
+        self.assertEqual([(e["type"], e["object"]["metadata"]["name"]) for e in events],
+                         [("ADDED", "a")])
+        bookmarks = [int(e["object"]["metadata"]["resourceVersion"])
+                     for e in reader.lines if e["type"] == "BOOKMARK"]
+        self.assertEqual(bookmarks, sorted(bookmarks))
+        self.assertLessEqual(bookmarks[-1], int(rv))
+
+    @defer.inlineCallbacks
     def test_watch_translates_selector_transitions(self):
         seen = []
         watch = yield self.server.storage.watch(
