@@ -41,8 +41,9 @@ died fails with ``EtcdUnavailable`` and the next request dials again. Reads (ran
 status) and requests that provably never reached etcd are resent once (to the next
 member when there are several, each member once); writes are not (etcd may have
 applied them).
-Not offered: watches (txaioetcd's watch receiver loses JSON split across reads) and
-leases (txaioetcd's ``Lease`` methods post with treq to ``/v3alpha`` directly).
+Watches go over the gateway's watch stream with the project's own line reader
+(``yurtcoord.etcd.watch``; txaioetcd's watch receiver loses JSON split across reads).
+Not offered: leases (txaioetcd's ``Lease`` methods post with treq to ``/v3alpha`` directly).
 """
 
 import json
@@ -595,6 +596,35 @@ class _Transport:
         self._in_flight.cancel_all()
         return self.pool.closeCachedConnections()
 
+    def stream(self, path: str, payload: Any,
+               timeout: Optional[float] = None) -> "Deferred[IResponse]":
+        """POST ``payload`` and fire with the response once its headers arrived, its
+        body unread: for answers that stream (watches). Outside the request slots,
+        since a stream stays open; ``timeout`` bounds only the wait for the headers."""
+        if self.closed:
+            return defer.fail(ClientClosed("etcd client closed"))
+        if self._prefix is None:
+            return self._detect_prefix().addCallback(
+                lambda _: self.stream(path, payload, timeout))
+        timeout = timeout or self._config.timeout
+        if self.tls is not None:
+            self.tls.refresh()
+        url = (self._base + self._prefix + path).encode("utf-8")
+        headers = Headers({b"Content-Type": [b"application/json"]})
+        body = json.dumps(payload).encode("utf-8")
+        d: Deferred[IResponse] = self._agent.request(b"POST", url, headers, _BytesBody(body))
+        d.addTimeout(timeout, self._reactor)
+
+        def translate(failure: Failure) -> Failure:
+            try:
+                self._translate(failure, path, timeout)
+            except _Resendable as e:
+                raise e.error
+            return failure
+
+        d.addErrback(translate)
+        return self._in_flight.track(d)
+
 
 class _Resendable(Exception):
     """Internal: a connection-level failure, with whether the request surely never arrived."""
@@ -737,6 +767,42 @@ class EtcdClient:
 
         d.addCallbacks(succeeded, failed)
         return d
+
+    # -- watches and compaction -----------------------------------------------------
+
+    def watch(self, keys: Union[bytes, txaioetcd.KeySet], on_response: Callable[[Any], object],
+              start_revision: Optional[int] = None, prev_kv: bool = False,
+              timeout: Optional[float] = None) -> "Deferred[Any]":
+        """Watch ``keys`` (bytes prefix or ``KeySet``) from ``start_revision`` (None:
+        from now) over the gateway's watch stream; ``on_response`` gets every
+        ``yurtcoord.etcd.watch.WatchResponse``. Fires with the running
+        ``yurtcoord.etcd.watch.EtcdWatch`` once etcd accepted the stream; the stream
+        keeps its own connection until the watch is cancelled (``close()`` does not
+        end it) or etcd ends it."""
+        from yurtcoord.etcd.watch import EtcdWatch, watch_request
+
+        keyset = _as_keyset(keys)
+        payload = watch_request(keyset.key, keyset.range_end, start_revision,
+                                prev_kv)
+        watch = EtcdWatch(on_response)
+
+        def answered(response: IResponse) -> Any:
+            if response.code != 200:
+                return _read_response(response, 64 * 1024, "/watch").addCallback(
+                    self._transport.parse).addCallback(
+                        lambda _: defer.fail(BadResponse(
+                            f"etcd answered a watch with HTTP {response.code}", response.code)))
+            response.deliverBody(watch.protocol)
+            return watch
+
+        return self._transport.stream("/watch", payload, timeout).addCallback(answered)
+
+    def compact(self, revision: int, physical: bool = True,
+                timeout: Optional[float] = None) -> "Deferred[Any]":
+        """Compact etcd's history up to ``revision``: reads and watches of older
+        revisions fail from then on."""
+        return self._call("/kv/compaction", {"revision": revision, "physical": physical},
+                          timeout)
 
     def close(self) -> "Deferred[Any]":
         """Cancel requests in flight (they fail with ``ClientClosed``) and close connections."""

@@ -1,9 +1,8 @@
 """The watch stream of the Kubernetes API: newline-delimited JSON events.
 
 ``WatchStreamProtocol`` receives the body of a ``?watch=1`` response. Events arrive
-as one JSON object per line, but reads do not respect lines: one read may end in the
-middle of a line and another may carry many lines. The protocol keeps the unfinished
-tail of a read until its newline arrives. When the stream ends with an unfinished
+as one JSON object per line, split into lines by ``yurtcoord.tx.lines``, which keeps
+the unfinished tail of a read until its newline arrives. When the stream ends with an unfinished
 line, the connection was cut: that tail is discarded and the stream fails with
 ``ConnectionFailed``. An ``ERROR`` event carries a ``Status``; it becomes the typed
 error (410 → ``Gone``) and the connection is closed.
@@ -33,7 +32,6 @@ import json
 from typing import Any, Callable
 
 from twisted.internet.defer import Deferred
-from twisted.internet.protocol import Protocol
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 from twisted.web.client import ResponseDone
@@ -41,6 +39,7 @@ from twisted.web.http import PotentialDataLoss
 
 from yurtcoord.tx.failures import describe_failure
 from yurtcoord.tx.httpbody import drop_connection
+from yurtcoord.tx.lines import LineStreamProtocol
 from yurtcoord.kube.errors import (
     ConnectionFailed, ResponseTooLarge, ServerError, Timeout, error_from_status,
 )
@@ -57,7 +56,7 @@ _decode_json = json.JSONDecoder().decode
 _scan_json: Callable[[str, int], tuple[Any, int]] = vars(json.JSONDecoder())["scan_once"]
 
 
-class WatchStreamProtocol(Protocol):
+class WatchStreamProtocol(LineStreamProtocol):
     """Splits a watch body into events and hands each to ``on_event(type, obj)``.
 
     An exception raised by ``on_event`` ends the watch with that exception.
@@ -67,16 +66,13 @@ class WatchStreamProtocol(Protocol):
 
     def __init__(self, on_event: Callable[[str, dict[str, Any]], object], url: str = "watch",
                  clock: Any = None, *, max_line: int) -> None:
+        super().__init__(max_line)
         self._on_event = on_event
         self.url = url
         self._clock = clock
-        self.max_line = max_line
         self.finished: Deferred[BaseException | None] = Deferred()
         self.events = 0
         self.last_activity = clock.seconds() if clock is not None else None
-        self._pending: list[bytes] = []
-        # Bytes held in _pending: the unfinished line, never more than max_line.
-        self.pending_bytes = 0
         self._error: BaseException | None = None
         self._cancelled = False
         self._ended = False
@@ -98,61 +94,28 @@ class WatchStreamProtocol(Protocol):
     def _fail(self, error):
         if self._error is None and not self._cancelled:
             self._error = error
-            self._pending = []
-            self.pending_bytes = 0
+            self.take_pending()
             self._abort()
 
-    def _too_long(self):
+    def too_long(self) -> None:
         self._fail(ResponseTooLarge(
             f"watch line from {self.url} longer than {self.max_line} bytes, "
             f"connection dropped"))
+
+    def stopped(self) -> bool:
+        return self._error is not None or self._cancelled
 
     def dataReceived(self, data: bytes) -> None:
         if self._error is not None or self._cancelled or self._ended:
             return
         if self._clock is not None:
             self.last_activity = self._clock.seconds()
-        if self._pending:
-            end = data.find(b"\n")
-            if end < 0:
-                self._pending.append(data)
-                self.pending_bytes += len(data)
-                if self.pending_bytes > self.max_line:
-                    self._too_long()
-                return
-            if self.pending_bytes + end > self.max_line:
-                self._too_long()
-                return
-            self._pending.append(data[:end])
-            line = b"".join(self._pending)
-            self._pending = []
-            self.pending_bytes = 0
-            self._line(line)
-            if self._error is not None or self._cancelled:
-                return
-            data = data[end + 1:]
-        # One split per read (a batched read carries a hundred events or more);
-        # the piece after the last newline is the unfinished tail.
-        lines = data.split(b"\n")
-        tail = lines.pop()
-        for line in lines:
-            if len(line) > self.max_line:
-                self._too_long()
-                return
-            self._line(line)
-            if self._error is not None or self._cancelled:
-                return
-        if tail:
-            if len(tail) > self.max_line:
-                self._too_long()
-                return
-            self._pending.append(tail)
-            self.pending_bytes = len(tail)
+        super().dataReceived(data)
 
     def _not_an_event(self, line, why):
         self._fail(ServerError(f"{why} from {self.url}: {line[:200]!r}"))
 
-    def _line(self, line):
+    def line(self, line: bytes) -> None:
         try:
             text = line.decode("utf-8")
             event, end = _scan_json(text, 0)
@@ -204,9 +167,7 @@ class WatchStreamProtocol(Protocol):
         if self._ended:
             return
         self._ended = True
-        partial = len(b"".join(self._pending).strip())
-        self._pending = []
-        self.pending_bytes = 0
+        partial = len(self.take_pending().strip())
         if self._error is not None:
             result = self._error
         elif self._cancelled:

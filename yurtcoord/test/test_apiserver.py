@@ -34,55 +34,17 @@ from yurtcoord.sim.apiserver.requestlog import (
     LoggedRequest, json_line, logged_request, read_request_log, request_attributes)
 from yurtcoord.sim.apiserver.selectors import (
     FieldSelector, LabelSelector, ObjectFilter, SelectorError)
+from yurtcoord.sim.apiserver.storage import IObjectStorage, MemoryStorage
 from yurtcoord.sim.apiserver.watch import WatchStream
 from yurtcoord.sim.pki import CertPair, TestCA
+from yurtcoord.testing.apiservercase import CM, ServerTestCase, configmap
 from yurtcoord.testing.poll import poll_until
 from yurtcoord.testing.processes import CollectingProcess
 
-CM = "/api/v1/namespaces/default/configmaps"
 # Property tests run a fixed example set by default (stable CI); set
 # YURTCOORD_HYPOTHESIS_EXAMPLES to search more widely with fresh randomness.
 EXAMPLES = int(os.environ.get("YURTCOORD_HYPOTHESIS_EXAMPLES", "200"))
 DERANDOMIZE = "YURTCOORD_HYPOTHESIS_EXAMPLES" not in os.environ
-
-
-def configmap(name, labels=None, data=None, namespace=None):
-    metadata = {"name": name}
-    if labels:
-        metadata["labels"] = labels
-    if namespace:
-        metadata["namespace"] = namespace
-    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": metadata, "data": data or {}}
-
-
-class WatchReader:
-    """Collects the lines of a streaming response as they arrive."""
-
-    def __init__(self, response):
-        self.response = response
-        self.lines = []
-        self.partial = b""
-        self.done = treq.collect(response, self._data)
-        self.ended = None
-        self.done.addCallbacks(self._ok, self._failed)
-
-    def _data(self, data):
-        self.partial += data
-        while b"\n" in self.partial:
-            line, self.partial = self.partial.split(b"\n", 1)
-            try:
-                self.lines.append(json.loads(line))
-            except ValueError:
-                self.lines.append({"type": "UNPARSEABLE", "raw": line})
-
-    def _ok(self, _):
-        self.ended = "clean"
-
-    def _failed(self, failure):
-        self.ended = failure
-
-    def types(self):
-        return [event["type"] for event in self.lines]
 
 
 @implementer(IPolicyForHTTPS)
@@ -103,70 +65,6 @@ class ClientCertPolicy:
     def creatorForNetloc(self, hostname, port):
         return ssl.optionsForClientTLS("localhost", trustRoot=self._ca,
                                        clientCertificate=self._client)
-
-
-class ServerTestCase(unittest.TestCase):
-    """Starts a plain-HTTP server and a non-persistent treq client per test."""
-
-    tls = False
-    history = 1000
-
-    @defer.inlineCallbacks
-    def setUp(self):
-        tls_dir = None
-        if self.tls:
-            tls_dir = tempfile.mkdtemp(prefix="apiserver-tls-")
-            self.addCleanup(shutil.rmtree, tls_dir, True)
-            self.ca = TestCA(tls_dir)
-            self.ca.server_pair("server")
-        self.server = KubeAPIServer(reactor, tls_dir=tls_dir, history=self.history,
-                                    bookmark_interval=0.05)
-        self.url = yield self.server.start()
-        self.readers = []
-        self.addCleanup(self._stop_server)
-        self.pool = HTTPConnectionPool(reactor, persistent=False)
-        self.addCleanup(self.pool.closeCachedConnections)
-        self.http = treq.client.HTTPClient(Agent(reactor, pool=self.pool))
-
-    def request(self, method, path, body=None, raw=None, **kwargs):
-        data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
-        headers = kwargs.pop("headers", {b"Content-Type": [b"application/json"]})
-        return self.http.request(method, self.url + path, data=data, headers=headers, **kwargs)
-
-    @defer.inlineCallbacks
-    def call(self, method, path, body=None, raw=None, **kwargs):
-        response = yield self.request(method, path, body, raw, **kwargs)
-        content = yield response.content()
-        try:
-            decoded = json.loads(content)
-        except ValueError:
-            decoded = content
-        return response.code, decoded
-
-    @defer.inlineCallbacks
-    def open_watch(self, path):
-        response = yield self.request("GET", path)
-        self.assertEqual(response.code, 200)
-        reader = WatchReader(response)
-        self.readers.append(reader)
-        return reader
-
-    @defer.inlineCallbacks
-    def _stop_server(self):
-        yield self.server.stop()
-        for reader in self.readers:
-            yield reader.done
-
-    def wait(self, condition, message="condition", timeout=10.0):
-        return poll_until(condition, timeout=timeout, what=message)
-
-    def assertStatus(self, body, code, reason):
-        self.assertEqual(body["kind"], "Status")
-        self.assertEqual(body["apiVersion"], "v1")
-        self.assertEqual(body["status"], "Failure")
-        self.assertEqual(body["code"], code)
-        self.assertEqual(body["reason"], reason)
-        self.assertTrue(body["message"])
 
 
 class CrudTests(ServerTestCase):
@@ -1097,7 +995,7 @@ class WatchStreamClockTests(unittest.TestCase):
 
     def stream(self, **kwargs):
         resource_type = Catalog().type_of(gvrs.CONFIGMAPS)
-        stream = WatchStream(self.request, self.clock, self.store, resource_type,
+        stream = WatchStream(self.request, self.clock, MemoryStorage(self.store), resource_type,
                              ObjectFilter("default"), None, on_close=self.closed.append,
                              **kwargs)
         stream.start()
@@ -1398,3 +1296,52 @@ class PaginationTests(ServerTestCase):
         self.assertStatus(body, 410, "Expired")
         code, body = yield self.call("GET", CM, params={"continue": "made-up"})
         self.assertEqual(code, 410)
+
+
+class ListAtRevisionTests(ServerTestCase):
+    history = 4
+
+    @defer.inlineCallbacks
+    def test_exact_revision_lists_the_state_then(self):
+        yield self.call("POST", CM, configmap("a", data={"v": "1"}))
+        yield self.call("POST", CM, configmap("b"))
+        _, listed = yield self.call("GET", CM)
+        then = listed["metadata"]["resourceVersion"]
+        yield self.call("PUT", CM + "/a", configmap("a", data={"v": "2"}))
+        yield self.call("DELETE", CM + "/b")
+        yield self.call("POST", CM, configmap("c"))
+        code, old = yield self.call("GET", CM, params={
+            "resourceVersion": then, "resourceVersionMatch": "Exact"})
+        self.assertEqual(code, 200, old)
+        self.assertEqual(old["metadata"]["resourceVersion"], then)
+        self.assertEqual(old["items"], listed["items"])
+        code, now = yield self.call("GET", CM)
+        self.assertEqual([(i["metadata"]["name"], i.get("data")) for i in now["items"]],
+                         [("a", {"v": "2"}), ("c", {})])
+        code, body = yield self.call("GET", CM, params={
+            "resourceVersion": "0", "resourceVersionMatch": "Exact"})
+        self.assertEqual(code, 400)
+
+    @defer.inlineCallbacks
+    def test_exact_revision_older_than_history_is_410(self):
+        for name in "abcdef":
+            yield self.call("POST", CM, configmap(name))
+        code, body = yield self.call("GET", CM, params={
+            "resourceVersion": "1", "resourceVersionMatch": "Exact"})
+        self.assertEqual(code, 410)
+        self.assertStatus(body, 410, "Expired")
+
+    def test_memory_storage_provides_the_interface(self):
+        from zope.interface.verify import verifyObject
+        from yurtcoord.sim.apiserver.storage import IStorageWatch
+        self.assertTrue(verifyObject(IObjectStorage, self.server.storage))
+        watch = self.successResultOf(self.server.storage.watch(
+            gvrs.CONFIGMAPS, ObjectFilter(), None, lambda *_: None))
+        self.assertTrue(verifyObject(IStorageWatch, watch))
+        watch.cancel()
+
+    def test_server_on_a_given_storage_has_no_synchronous_store(self):
+        server = KubeAPIServer(reactor, storage=self.server.storage)
+        with self.assertRaises(AttributeError) as raised:
+            server.store
+        self.assertIn("server.storage", str(raised.exception))

@@ -1,5 +1,7 @@
 """Wire conformance of the test API server, judged by clients written
-elsewhere: the official ``kubernetes`` Python client and ``kubectl``."""
+elsewhere: the official ``kubernetes`` Python client and ``kubectl``; once with
+the objects in memory and once more with them in a real etcd (3.4 and 3.5), as
+the coordinator apiserver keeps them."""
 
 import contextlib
 import datetime
@@ -20,6 +22,8 @@ from twisted.trial import unittest
 from yurtcoord.kube import gvr as gvrs
 from yurtcoord.sim.apiserver import KubeAPIServer
 from yurtcoord.sim.apiserver.clients import write_kubeconfig
+from yurtcoord.sim.apiserver.etcdstorage import storage_for
+from yurtcoord.sim.etcd import EtcdProcess, make_etcd_test_classes
 from yurtcoord.sim.pki import TestCA
 from yurtcoord.testing.poll import poll_until
 from yurtcoord.testing.processes import CollectingProcess
@@ -29,6 +33,8 @@ KUBECTL = shutil.which("kubectl") or "/usr/bin/kubectl"
 
 class _ServerCase(unittest.TestCase):
     tls = False
+    # Set (by make_etcd_test_classes) for the classes that keep the objects in etcd.
+    etcd_binary = None
 
     @defer.inlineCallbacks
     def setUp(self):
@@ -39,7 +45,13 @@ class _ServerCase(unittest.TestCase):
             tls_dir = os.path.join(self.workdir, "pki")
             self.ca = TestCA(tls_dir)
             self.ca.server_pair("server")
-        self.server = KubeAPIServer(reactor, tls_dir=tls_dir, bookmark_interval=0.2)
+        storage = None
+        if self.etcd_binary is not None:
+            self.etcd = EtcdProcess(self.etcd_binary).start()
+            self.addCleanup(self.etcd.stop)
+            storage = storage_for(reactor, self.etcd.client_url)
+        self.server = KubeAPIServer(reactor, tls_dir=tls_dir, bookmark_interval=0.2,
+                                    storage=storage)
         self.url = yield self.server.start()
         self.addCleanup(self.server.stop)
 
@@ -77,21 +89,21 @@ class KubernetesClientTests(_ServerCase):
             api.create_namespaced_lease, "kube-node-lease", self.lease("pool", "edge-1"))
         self.assertEqual(created.spec.holder_identity, "edge-1")
         self.assertTrue(created.metadata.uid)
-        self.assertEqual(created.metadata.resource_version, "1")
+        first_rv = int(created.metadata.resource_version)
         got = yield threads.deferToThread(api.read_namespaced_lease, "pool", "kube-node-lease")
         self.assertEqual(got.spec.renew_time.year, 2026)
         self.assertEqual(got.kind, "Lease")
         listed = yield threads.deferToThread(api.list_namespaced_lease, "kube-node-lease")
         self.assertEqual([i.metadata.name for i in listed.items], ["pool"])
-        self.assertEqual(listed.metadata.resource_version, "1")
+        self.assertEqual(listed.metadata.resource_version, str(first_rv))
 
         got.spec.holder_identity = "edge-2"
         replaced = yield threads.deferToThread(
             api.replace_namespaced_lease, "pool", "kube-node-lease", got)
         self.assertEqual(replaced.spec.holder_identity, "edge-2")
-        self.assertEqual(replaced.metadata.resource_version, "2")
+        self.assertEqual(replaced.metadata.resource_version, str(first_rv + 1))
 
-        got.spec.holder_identity = "edge-3"  # still carries resourceVersion 1
+        got.spec.holder_identity = "edge-3"  # still carries the first resourceVersion
         failure = yield self.assertFailure(threads.deferToThread(
             api.replace_namespaced_lease, "pool", "kube-node-lease", got), ApiException)
         self.assertEqual(failure.status, 409)
@@ -164,10 +176,13 @@ class KubernetesClientTests(_ServerCase):
         created = yield threads.deferToThread(
             core.create_namespaced_config_map, "default",
             kube.V1ConfigMap(metadata=kube.V1ObjectMeta(name="old")))
-        yield threads.deferToThread(
-            core.create_namespaced_config_map, "default",
-            kube.V1ConfigMap(metadata=kube.V1ObjectMeta(name="new")))
-        self.server.store.compact()
+        for name in ("new", "newer"):
+            yield threads.deferToThread(
+                core.create_namespaced_config_map, "default",
+                kube.V1ConfigMap(metadata=kube.V1ObjectMeta(name=name)))
+        # etcd keeps the revision it was compacted at: the change after the one
+        # watched from ("new") is gone once the store is compacted at "newer".
+        yield self.server.storage.compact()
 
         def consume():
             return list(kube_watch.Watch().stream(
@@ -226,7 +241,7 @@ class KubectlTests(_ServerCase):
         self.assertIn("No resources found", out + err)
         out, err, code = yield self.kubectl("create", "-f", manifest)
         self.assertEqual((code, out.strip()), (0, "configmap/hello created"), err)
-        stored = self.server.store.get(gvrs.CONFIGMAPS, "hello", "default")
+        stored = yield self.server.storage.get(gvrs.CONFIGMAPS, "hello", "default")
         self.assertEqual(stored["data"], {"greeting": "hi"})
         out, err, code = yield self.kubectl("get", "configmaps")
         self.assertEqual(code, 0, err)
@@ -253,7 +268,7 @@ class KubectlTests(_ServerCase):
         self.assertEqual((code, out.strip()), (0, "node/edge-1 created"), err)
         out, err, code = yield self.kubectl("label", "node", "edge-1", "role=leader")
         self.assertEqual(code, 0, err)
-        node = self.server.store.get(gvrs.NODES, "edge-1")
+        node = yield self.server.storage.get(gvrs.NODES, "edge-1")
         self.assertEqual(node["metadata"]["labels"], {"pool": "hangzhou", "role": "leader"})
         out, err, code = yield self.kubectl("get", "nodes", "-l", "role in (leader)", "-o", "name")
         self.assertEqual((code, out.split()), (0, ["node/edge-1"]), err)
@@ -263,7 +278,8 @@ class KubectlTests(_ServerCase):
     @defer.inlineCallbacks
     def test_chunked_get(self):
         for index in range(7):
-            self.server.store.create(gvrs.CONFIGMAPS, {"metadata": {"name": f"cm-{index}"}})
+            yield self.server.storage.create(gvrs.CONFIGMAPS,
+                                             {"metadata": {"name": f"cm-{index}"}})
         out, err, code = yield self.kubectl("get", "configmaps", "--chunk-size", "3")
         self.assertEqual(code, 0, err)
         self.assertEqual([line.split()[0] for line in out.splitlines()[1:]],
@@ -283,7 +299,7 @@ class KubectlTests(_ServerCase):
             env=self.env())
         try:
             yield self.wait(lambda: self.server.open_watches == 1, "kubectl to watch")
-            self.server.store.create(gvrs.LEASES, {
+            yield self.server.storage.create(gvrs.LEASES, {
                 "metadata": {"name": "edge-9", "namespace": "kube-node-lease"},
                 "spec": {"holderIdentity": "edge-9"}})
             yield self.wait(lambda: b"edge-9" in process.out, "the first event")
@@ -335,3 +351,10 @@ class KubernetesClientTLSTests(_ServerCase):
                          {"CN=system:node:edge-7,O=system:nodes"})
         self.assertEqual(len(self.server.client_subjects), 2)
 
+
+# The same clients against the objects kept in etcd.
+for _tests in (KubernetesClientTests, KubectlTests, KubectlTLSTests, KubernetesClientTLSTests):
+    make_etcd_test_classes(type(_tests.__name__ + "Mixin", (_tests,), {
+        "__module__": __name__,
+        "__doc__": f"{_tests.__doc__.rstrip('.')}, the objects in etcd."}), globals())
+del _tests

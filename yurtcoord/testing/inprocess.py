@@ -144,7 +144,7 @@ class PoolWorld:
             self.etcd = EtcdProcess(binary)
         self.coordinator = KubeAPIServer(reactor, tls_dir=tls_dir)
         self.coordinators = [self.coordinator] + [
-            KubeAPIServer(reactor, tls_dir=tls_dir, store=self.coordinator.store)
+            KubeAPIServer(reactor, tls_dir=tls_dir, storage=self.coordinator.storage)
             for _ in range(coordinator_servers - 1)]
         self.agents: List[Agent] = []
 

@@ -333,7 +333,7 @@ class ProcessWorld:
         # None only in a world whose servers are made by start() (see PartitionWorld).
         self.cloud: KubeAPIServer | None = KubeAPIServer(reactor)
         self.coordinator: KubeAPIServer | None = KubeAPIServer(reactor)
-        self._more_coordinators = tuple(KubeAPIServer(reactor, store=self.coordinator.store)
+        self._more_coordinators = tuple(KubeAPIServer(reactor, storage=self.coordinator.storage)
                                         for _ in range(coordinator_servers - 1))
         self.agents: dict[str, AgentProcess] = {}
         self._proxies: list[TCPProxy] = []

@@ -17,9 +17,20 @@ Which types are served is ``server.catalog``: ``remove(gvr)`` one (its
 discovery then 404s, like a cloud that dropped an API version) or ``add`` a
 ``ResourceType`` (e.g. a custom resource), also while running.
 
-The pieces: ``catalog`` (served types, discovery), ``store`` (objects,
-history, watchers), ``resource`` (HTTP routing and verbs), ``watch`` (one
-streaming response), ``faults`` (knobs), ``server`` (sockets and TLS).
+The objects live behind ``server.storage`` (an ``IObjectStorage``, every call
+answering with a Deferred): in memory by default (``server.store`` is that
+ObjectStore, for synchronous test writes), or in etcd in kube-apiserver's key
+layout, as a pool's coordinator apiserver keeps them::
+
+    storage = etcdstorage.storage_for(reactor, "http://127.0.0.1:2379", "/registry")
+    server = KubeAPIServer(reactor, storage=storage)
+    yield server.storage.create(LEASES, lease)
+
+The pieces: ``catalog`` (served types, discovery), ``storage`` (the storage
+contract, the in-memory storage), ``store`` (objects, history, watchers in
+memory), ``etcdstorage`` (objects in etcd), ``pages`` (LIST pages), ``resource``
+(HTTP routing and verbs), ``watch`` (one streaming response), ``faults``
+(knobs), ``server`` (sockets and TLS).
 """
 
 from yurtcoord.sim.apiserver.catalog import DEFAULT_TYPES, Catalog, ResourceType

@@ -5,7 +5,10 @@ With ``--tls-dir`` pointing at an empty directory, a CA, a server pair and a
 client pair (``client.crt``/``client.key``) are created there;
 ``--kubeconfig PATH`` writes a kubeconfig that uses them. ``--request-log PATH``
 appends every answer's record to PATH as a JSON line (see
-``yurtcoord.sim.apiserver.requestlog``)."""
+``yurtcoord.sim.apiserver.requestlog``). ``--etcd URL[,URL...]`` keeps the objects
+in etcd, under ``--etcd-prefix`` (``/registry``) in kube-apiserver's key layout, as
+the coordinator apiserver of a pool does (``--etcd-cafile``, ``--etcd-certfile``,
+``--etcd-keyfile`` for etcd's TLS)."""
 
 import argparse
 import os
@@ -26,6 +29,14 @@ def _parse(argv):
                         help="write a kubeconfig for this server to this path")
     parser.add_argument("--request-log", default=None,
                         help="append a JSON line per answered request to this path")
+    parser.add_argument("--etcd", default=None, metavar="URL[,URL...]",
+                        help="keep the objects in etcd (kube-apiserver's key layout) "
+                             "instead of in memory")
+    parser.add_argument("--etcd-prefix", default="/registry",
+                        help="the key prefix of the objects in etcd (default /registry)")
+    parser.add_argument("--etcd-cafile", default=None)
+    parser.add_argument("--etcd-certfile", default=None)
+    parser.add_argument("--etcd-keyfile", default=None)
     parser.add_argument("--verbose", action="store_true",
                         help="log every request to stderr")
     return parser.parse_args(argv)
@@ -38,8 +49,14 @@ def main(reactor: Any, argv: list[str]) -> defer.Deferred[Any]:
     if options.verbose:
         from twisted.logger import globalLogBeginner, textFileLogObserver
         globalLogBeginner.beginLoggingTo([textFileLogObserver(sys.stderr)])
+    storage = None
+    if options.etcd:
+        from yurtcoord.sim.apiserver.etcdstorage import storage_for
+        storage = storage_for(reactor, options.etcd, options.etcd_prefix,
+                              ca_file=options.etcd_cafile, cert_file=options.etcd_certfile,
+                              key_file=options.etcd_keyfile)
     server = KubeAPIServer(reactor, tls_dir=options.tls_dir, history=options.history,
-                           request_log_path=options.request_log)
+                           request_log_path=options.request_log, storage=storage)
     finished: defer.Deferred[None] = defer.Deferred()
 
 

@@ -1,60 +1,102 @@
-"""Paginated LIST (``limit`` / ``continue``): every page of one list comes
-from the snapshot taken by its first request, as etcd-backed lists do, and a
-continue token whose snapshot is older than the retained history gets 410."""
+"""LIST answers, whole or in pages (``limit`` / ``continue``).
 
-import secrets
-from collections import OrderedDict
-from typing import TYPE_CHECKING, Any
+As kube-apiserver does, the continue token carries the revision of the first page
+and the key of the last object sent: every later page is listed from the storage at
+that revision, after that key, so all pages of one list show one snapshot, and a
+token whose revision is no longer kept gets 410. Objects come in key order
+(``namespace/name``), the order of the keys in etcd.
+"""
 
+import base64
+import binascii
+import json
+from dataclasses import dataclass
+from typing import Any, Generator
+
+from twisted.internet import defer
+from twisted.internet.defer import Deferred
+
+from yurtcoord.kube.errors import Gone
+from yurtcoord.kube.gvr import GroupVersionResource
 from yurtcoord.sim.apiserver import status
-
-if TYPE_CHECKING:
-    from yurtcoord.sim.apiserver.store import ObjectStore
+from yurtcoord.sim.apiserver.selectors import ObjectFilter
+from yurtcoord.sim.apiserver.storage import IObjectStorage, position
 
 Items = list[dict[str, Any]]
 
+_TOO_OLD = ("The provided continue parameter is too old to display a consistent list "
+            "result. You can start a new list without the continue parameter.")
+
+
+@dataclass
+class ListPage:
+    """One answer: its items, the revision they were listed at, the token of the next
+    page (None on the last) and how many objects of the range remain after this page
+    (whether or not they match the selectors)."""
+
+    items: Items
+    revision: int
+    token: str | None = None
+    remaining: int = 0
+
+
+def _encode(revision: int, start: str) -> str:
+    raw = json.dumps({"v": "meta.k8s.io/v1", "rv": revision, "start": start})
+    return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
+
+
+def _decode(token: str) -> tuple[int, str]:
+    try:
+        raw = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4))
+        decoded = json.loads(raw)
+        revision, start = decoded["rv"], decoded["start"]
+    except (binascii.Error, ValueError, TypeError, KeyError):
+        raise status.error(410, _TOO_OLD)
+    if type(revision) is not int or revision < 1 or not isinstance(start, str):
+        raise status.error(410, _TOO_OLD)
+    return revision, start
+
 
 class ListPages:
-    """Snapshots of the remaining items of paginated lists, keyed by token."""
+    """Answers LIST requests from an ``IObjectStorage``."""
 
-    def __init__(self, store: "ObjectStore", keep: int = 256) -> None:
-        self._store = store
-        self._keep = keep
-        self._pages: OrderedDict[str, tuple[Items, int]] = OrderedDict()
+    def __init__(self, storage: IObjectStorage) -> None:
+        self._storage = storage
 
-    def first(self, items: Items, resource_version: int,
-              limit: int | None) -> tuple[Items, str | None]:
-        """The first page and the continue token (None when nothing remains)."""
-        return self._page(items, resource_version, limit)
-
-    def next(self, token: str, limit: int | None) -> tuple[Items, int, str | None]:
-        """(items, resourceVersion, next token) for a continue token."""
-        saved = self._pages.pop(token, None)
-        if saved is None or saved[1] < self._store.oldest_watchable:
-            raise status.error(
-                410, "The provided continue parameter is too old to display a consistent "
-                     "list result. You can start a new list without the continue parameter.")
-        items, resource_version = saved
-        page, next_token = self._page(items, resource_version, limit)
-        return page, resource_version, next_token
-
-    def _page(self, items: Items, resource_version: int,
-              limit: int | None) -> tuple[Items, str | None]:
-        if not limit or len(items) <= limit:
-            return items, None
-        token = secrets.token_urlsafe(12)
-        self._pages[token] = (items[limit:], resource_version)
-        while len(self._pages) > self._keep:
-            self._pages.popitem(last=False)
-        return items[:limit], token
-
-    def remaining(self, token: str) -> int:
-        saved = self._pages.get(token)
-        return len(saved[0]) if saved else 0
+    @defer.inlineCallbacks
+    def page(self, gvr: GroupVersionResource, namespace: str | None,
+             object_filter: ObjectFilter, limit: int | None,
+             token: str | None = None,
+             revision: int | None = None) -> Generator[Deferred[Any], Any, ListPage]:
+        """The first page (``token`` None) or the page a continue token names; the
+        first page as of now, or as of ``revision`` when given. The storage is read
+        ``limit`` objects at a time until ``limit`` of them match the filter."""
+        after = None
+        if token:
+            revision, after = _decode(token)
+        items: Items = []
+        while True:
+            try:
+                read = yield self._storage.list_page(gvr, namespace, revision, after, limit)
+            except Gone:
+                if token:
+                    raise status.error(410, _TOO_OLD)
+                raise
+            revision = read.revision
+            for index, item in enumerate(read.items):
+                after = position(item)
+                if object_filter.matches(item):
+                    items.append(item)
+                    if limit and len(items) == limit:
+                        remaining = read.remaining + len(read.items) - index - 1
+                        if not remaining:
+                            return ListPage(items, revision)
+                        return ListPage(items, revision, _encode(revision, after), remaining)
+            if not limit or not read.remaining or not read.items:
+                return ListPage(items, revision)
 
     @staticmethod
     def parse_limit(raw: str | None) -> int | None:
-
         if raw in (None, ""):
             return None
         try:

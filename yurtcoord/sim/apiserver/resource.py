@@ -5,16 +5,19 @@ import json
 from urllib.parse import parse_qsl, unquote
 
 import yaml
+from twisted.internet import defer
 from twisted.logger import Logger
+from twisted.python.failure import Failure
 from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET, Request
 
-from yurtcoord.kube.errors import KubeError
+from yurtcoord.kube.errors import Conflict, KubeError, NotFound
 from yurtcoord.sim.apiserver import status, table
 from yurtcoord.sim.apiserver.faults import GARBAGE
 from yurtcoord.sim.apiserver.pages import ListPages
 from yurtcoord.sim.apiserver.patch import PatchError, json_patch, merge_patch
 from yurtcoord.sim.apiserver.selectors import ObjectFilter, SelectorError
+from yurtcoord.sim.apiserver.storage import IObjectStorage
 from yurtcoord.sim.apiserver.watch import WatchStream
 
 VERSION_INFO = {
@@ -33,6 +36,9 @@ OPENAPI_V2_PROTOBUF = b"application/com.github.proto-openapi.spec.v2.v1.0+protob
 _TRUE = ("1", "true", "True", "TRUE", "yes")
 _MERGE_TYPES = ("application/merge-patch+json", "application/strategic-merge-patch+json")
 _JSON_PATCH = "application/json-patch+json"
+# Times a PATCH is applied again when the object changed under it: as many as
+# concurrent writers can win before it (kube-apiserver retries without bound).
+_PATCH_ATTEMPTS = 64
 
 
 def _dumps(obj):
@@ -61,8 +67,8 @@ class KubeAPIResource(Resource):
         self._server = server
 
     @property
-    def _store(self):
-        return self._server.store
+    def _store(self) -> IObjectStorage:
+        return self._server.storage
 
     # -- entry ---------------------------------------------------------------
 
@@ -99,14 +105,15 @@ class KubeAPIResource(Resource):
                 request.setHeader(b"content-type", b"application/json")
                 self._finish(request, GARBAGE)
             return
-        try:
-            self._dispatch(request)
-        except KubeError as error:
-            self._write_status(request, status.status_of(error))
-        except Exception:
-            self.log.failure("unexpected error answering {method} {path}",
-                             method=request.method, path=request.path)
-            self._write_status(request, status.failure(500, "internal error in test server"))
+        defer.maybeDeferred(self._dispatch, request).addErrback(self._failed, request)
+
+    def _failed(self, failure: Failure, request: Request) -> None:
+        if isinstance(failure.value, KubeError):
+            self._write_status(request, status.status_of(failure.value))
+            return
+        self.log.failure("unexpected error answering {method} {path}", failure,
+                         method=request.method, path=request.path)
+        self._write_status(request, status.failure(500, "internal error in test server"))
 
     # -- output --------------------------------------------------------------
 
@@ -305,37 +312,51 @@ class KubeAPIResource(Resource):
         except SelectorError as error:
             raise status.bad_request(f"unable to parse requirement: {error}")
 
+    @defer.inlineCallbacks
     def _get(self, request, route, query):
         watching = route.legacy_watch or query.get("watch") in _TRUE
         if watching:
             return self._watch(request, route, query)
         encoder = table.encoder_for(request, route.type)
         if route.name is not None:
-            obj = self._store.get(route.type.gvr, route.name, route.namespace)
+            obj = yield self._store.get(route.type.gvr, route.name, route.namespace)
             if obj is None:
                 raise status.not_found(route.type, route.name)
             return self._write_json(request, 200, encoder.one(obj) if encoder else obj)
         object_filter = self._filter(route, query)
         limit = ListPages.parse_limit(query.get("limit"))
-        pages = self._server.list_pages
-        if query.get("continue"):
-            items, rv, token = pages.next(query["continue"], limit)
-        else:
-            items, rv = self._store.list_with_version(route.type.gvr, None)
-            items, token = pages.first(
-                [item for item in items if object_filter.matches(item)], rv, limit)
+        namespace = route.namespace if route.type.gvr.namespaced else None
+        page = yield self._server.list_pages.page(
+            route.type.gvr, namespace, object_filter, limit, query.get("continue") or None,
+            self._exact_revision(query))
+        items, rv, token = page.items, page.revision, page.token
         if encoder:
             return self._write_json(request, 200, encoder.many(items, rv, token))
         metadata = {"resourceVersion": str(rv)}
         if token:
             metadata["continue"] = token
-            metadata["remainingItemCount"] = pages.remaining(token)
+            metadata["remainingItemCount"] = page.remaining
         return self._write_json(request, 200, {
             "kind": route.type.list_kind,
             "apiVersion": route.type.api_version,
             "metadata": metadata,
             "items": items,
         })
+
+    @staticmethod
+    def _exact_revision(query):
+        """The revision a LIST asks for with ``resourceVersionMatch=Exact``, else None
+        (any other resourceVersion is served the current state, which is never older)."""
+        match = query.get("resourceVersionMatch", "")
+        if match in ("", "NotOlderThan"):
+            return None
+        if match != "Exact":
+            raise status.bad_request(f"invalid resourceVersionMatch {match!r}")
+        raw = query.get("resourceVersion", "")
+        if not (raw.isascii() and raw.isdigit()) or int(raw) < 1:
+            raise status.bad_request(
+                f"resourceVersionMatch=Exact needs a resourceVersion above 0, not {raw!r}")
+        return int(raw)
 
     def _watch(self, request, route, query):
         object_filter = self._filter(route, query)
@@ -369,8 +390,8 @@ class KubeAPIResource(Resource):
         self._check_namespace(route, body)
         if route.type.gvr.namespaced and route.namespace is None:
             raise self._no_such_path()
-        created = self._store.create(route.type.gvr, body, route.namespace)
-        self._write_json(request, 201, created)
+        d = self._store.create(route.type.gvr, body, route.namespace)
+        return d.addCallback(lambda created: self._write_json(request, 201, created))
 
     def _put(self, request, route, query):
         if route.name is None:
@@ -379,17 +400,36 @@ class KubeAPIResource(Resource):
         self._check_kind(route.type, body)
         self._check_namespace(route, body)
         self._check_name(route, body)
-        updated = self._store.update(route.type.gvr, body, route.namespace, route.subresource)
-        self._write_json(request, 200, updated)
+        d = self._store.update(route.type.gvr, body, route.namespace, route.subresource)
+        return d.addCallback(lambda updated: self._write_json(request, 200, updated))
 
+    @defer.inlineCallbacks
     def _patch(self, request, route, query):
         if route.name is None:
             raise status.error(405, "PATCH needs an object name in the path")
         content_type = (request.getHeader(b"content-type") or b"").decode().split(";")[0].strip()
         patch_body = self._body(request)
-        current = self._store.get(route.type.gvr, route.name, route.namespace)
-        if current is None:
-            raise status.not_found(route.type, route.name)
+        for attempt in range(_PATCH_ATTEMPTS):
+            current = yield self._store.get(route.type.gvr, route.name, route.namespace)
+            if current is None:
+                raise status.not_found(route.type, route.name)
+            patched, wanted_rv = self._patched(route, content_type, patch_body, current)
+            # Applied to the version read: a write in between is a conflict, and the
+            # patch is applied again to the newer version (unless the client named one).
+            patched["metadata"]["resourceVersion"] = (
+                wanted_rv or current["metadata"]["resourceVersion"])
+            try:
+                updated = yield self._store.update(route.type.gvr, patched, route.namespace,
+                                                   route.subresource)
+            except Conflict:
+                if wanted_rv or attempt == _PATCH_ATTEMPTS - 1:
+                    raise
+                continue
+            return self._write_json(request, 200, updated)
+
+    def _patched(self, route, content_type, patch_body, current):
+        """The object ``patch_body`` makes of ``current``, and the resourceVersion the
+        patch itself names (None when it names none)."""
         try:
             if content_type in _MERGE_TYPES:
                 if not isinstance(patch_body, dict):
@@ -414,13 +454,9 @@ class KubeAPIResource(Resource):
         self._check_name(route, patched)
         if not isinstance(patched.get("metadata"), dict):
             patched["metadata"] = {}
-        if wanted_rv:
-            patched["metadata"]["resourceVersion"] = wanted_rv
-        else:
-            patched["metadata"].pop("resourceVersion", None)
-        updated = self._store.update(route.type.gvr, patched, route.namespace, route.subresource)
-        self._write_json(request, 200, updated)
+        return patched, wanted_rv
 
+    @defer.inlineCallbacks
     def _delete(self, request, route, query):
         options = self._body(request, allow_empty=True) or {}
         if not isinstance(options, dict):
@@ -433,14 +469,17 @@ class KubeAPIResource(Resource):
         gvr = route.type.gvr
         if route.name is None:
             object_filter = self._filter(route, query)
-            items, _ = self._store.list_with_version(gvr, None)
+            items, _ = yield self._store.list(gvr, object_filter.namespace)
             for item in items:
                 if object_filter.matches(item):
                     meta = item["metadata"]
-                    self._store.delete(gvr, meta["name"], meta.get("namespace"))
+                    try:
+                        yield self._store.delete(gvr, meta["name"], meta.get("namespace"))
+                    except NotFound:
+                        pass  # deleted by someone else meanwhile
             return self._write_json(request, 200, status.success(
                 group=gvr.group, kind=gvr.resource))
-        deleted = self._store.delete(gvr, route.name, route.namespace, preconditions)
+        deleted = yield self._store.delete(gvr, route.name, route.namespace, preconditions)
         self._write_json(request, 200, status.success(
             name=route.name, group=gvr.group, kind=gvr.resource,
             uid=deleted["metadata"]["uid"]))

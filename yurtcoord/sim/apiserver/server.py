@@ -27,6 +27,7 @@ from yurtcoord.sim.apiserver.pages import ListPages
 from yurtcoord.sim.apiserver.requestlog import (
     REQUEST_LOG_LIMIT, LoggedRequest, json_line, logged_request)
 from yurtcoord.sim.apiserver.resource import KubeAPIResource
+from yurtcoord.sim.apiserver.storage import IObjectStorage, MemoryStorage
 from yurtcoord.sim.apiserver.store import ObjectStore
 
 
@@ -138,8 +139,10 @@ class KubeAPIServer:
 
     ``start(port, interface)`` fires with the base URL (also ``url``,
     ``port_number``); ``stop()`` closes the port and every connection.
-    ``store`` is the ObjectStore (direct writes emit watch events like HTTP
-    writes); ``faults`` the FaultInjector; ``requests`` lists (method, path,
+    ``storage`` is where the objects live (an ``IObjectStorage``: in memory by
+    default, or the one given, e.g. an ``EtcdStorage``); ``store`` is the in-memory
+    ObjectStore behind the default storage, for tests that write and read
+    synchronously (direct writes emit watch events like HTTP writes); ``faults`` the FaultInjector; ``requests`` lists (method, path,
     query) of every request, ``answers`` (at, method, path, code) of every answer
     sent in full (reactor time, in the order they finished; a request left
     unanswered or whose connection broke has none), ``request_log`` the same
@@ -162,17 +165,23 @@ class KubeAPIServer:
     def __init__(self, reactor: Any, tls_dir: str | None = None, history: int = 1000,
                  bookmark_interval: float = 1.0, catalog: Catalog | None = None,
                  request_log_path: str | None = None,
-                 store: ObjectStore | None = None) -> None:
+                 storage: IObjectStorage | None = None) -> None:
         self.reactor = reactor
         self.tls_dir = tls_dir
-        if store is not None:
-            self.catalog = store.catalog
-            self.store = store
-        else:
+        self._store: ObjectStore | None = None
+        if storage is None:
             self.catalog = catalog or Catalog()
-            self.store = ObjectStore(self.catalog, reactor, history)
+            self._store = ObjectStore(self.catalog, reactor, history)
+            storage = MemoryStorage(self._store)
+        else:
+            self.catalog = storage.catalog
+            if isinstance(storage, MemoryStorage):
+                # Several servers over one in-memory store (replicas of one apiserver)
+                # keep the synchronous accessors of that store.
+                self._store = storage.store
+        self.storage: IObjectStorage = storage
         self.faults = FaultInjector(self)
-        self.list_pages = ListPages(self.store)
+        self.list_pages = ListPages(storage)
         self.bookmark_interval = bookmark_interval
         self.requests: list[tuple[str, str, dict[str, str]]] = []
         self.answers: list[tuple[float, str, str, int]] = []
@@ -199,6 +208,15 @@ class KubeAPIServer:
         self._site = site
         self._connections = _ConnectionTracker(site)
         self._connections.noisy = False
+
+    @property
+    def store(self) -> ObjectStore:
+        """The in-memory store, for tests that write and read synchronously."""
+        if self._store is None:
+            raise AttributeError(
+                "this API server keeps its objects in etcd and has no synchronous store: "
+                "use server.storage (every call answers with a Deferred)")
+        return self._store
 
     # -- lifecycle -----------------------------------------------------------
 
@@ -235,6 +253,7 @@ class KubeAPIServer:
         """Close the listening port and every open connection, watches included."""
         yield self._go_down()
         self.faults.clear()
+        yield self.storage.close()
         if self._request_log_file is not None:
             log_file, self._request_log_file = self._request_log_file, None
             log_file.close()

@@ -1,13 +1,16 @@
 """One watch stream: a chunked HTTP response carrying one JSON event per line,
-fed by the store, with periodic bookmarks and the client's timeout."""
+fed by a storage watch, with periodic bookmarks and the client's timeout; it ends
+when the storage ends the watch."""
 
 import json
 
 from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
+from twisted.python.failure import Failure
 
 from yurtcoord.kube.errors import KubeError
 from yurtcoord.sim.apiserver import status
+from yurtcoord.sim.apiserver.storage import IStorageWatch
 
 
 def encode_event(event_type: str, obj: object) -> bytes:
@@ -48,12 +51,32 @@ class WatchStream:
         request.setHeader(b"cache-control", b"no-cache, private")
         request.notifyFinish().addBoth(self._finished)
         request.write(b"")
-        try:
-            self._watcher = self._store.watch(self._type.gvr, self._filter, self._since, self._send)
-        except KubeError as error:
-            self._write(encode_event("ERROR", status.status_of(error)))
-            self.end()
+        self._store.watch(self._type.gvr, self._filter, self._since, self._send).addCallbacks(
+            self._watching, self._failed)
+
+    def _failed(self, failure: Failure) -> None:
+        """The storage refused or ended the watch: a KubeError is sent as an ERROR
+        event (410 when the revision is gone) before the stream ends."""
+        if self.closed:
             return
+        if isinstance(failure.value, KubeError):
+            self._write(encode_event("ERROR", status.status_of(failure.value)))
+        else:
+            self.log.failure("watch of {resource} failed", failure,
+                             resource=self._type.gvr.resource)
+            self._write(encode_event("ERROR", status.failure(500, "watch failed")))
+        self.end()
+
+    def _ended(self, result: object) -> None:
+        if not self.closed:
+            self.end()
+
+    def _watching(self, watcher: IStorageWatch) -> None:
+        if self.closed:
+            watcher.cancel()
+            return
+        self._watcher = watcher
+        watcher.ended.addCallbacks(self._ended, self._failed)
         if self._bookmarks and self._bookmark_interval:
             self._bookmark_loop = LoopingCall(self._send_bookmark)
             self._bookmark_loop.clock = self._clock
@@ -78,7 +101,8 @@ class WatchStream:
         return encode_event("BOOKMARK", {
             "kind": self._type.kind,
             "apiVersion": self._type.api_version,
-            "metadata": {"resourceVersion": str(self._store.resource_version)},
+            "metadata": {"resourceVersion": str(
+                self._watcher.resource_version if self._watcher is not None else 0)},
         })
 
     def _send_bookmark(self):

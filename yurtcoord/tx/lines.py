@@ -1,0 +1,81 @@
+"""Newline-delimited streams: the one splitter of a streamed body into lines.
+
+Both streams the project reads line by line come through here: the Kubernetes watch
+(``yurtcoord.kube.watch``) and the etcd gateway's watch (``yurtcoord.etcd.watch``),
+each a JSON object per line. Reads do not respect lines: one read may end in the
+middle of a line and another may carry many lines, so the unfinished tail of a read
+is kept until its newline arrives. A line longer than ``max_line`` bytes calls
+``too_long()`` instead of growing without bound: a peer that streams a line without
+end costs at most that much memory.
+"""
+
+from twisted.internet.protocol import Protocol
+
+
+class LineStreamProtocol(Protocol):
+    """Hands every complete line (without its newline) to ``line(bytes)``.
+
+    Subclasses implement ``line`` and ``too_long`` and say through ``stopped`` when
+    no more lines are wanted (the stream failed or was cancelled); ``pending`` holds
+    the unfinished tail, ``pending_bytes`` its length.
+    """
+
+    def __init__(self, max_line: int) -> None:
+        self.max_line = max_line
+        self._pending: list[bytes] = []
+        # Bytes held in _pending: the unfinished line, never more than max_line.
+        self.pending_bytes = 0
+
+    def line(self, line: bytes) -> None:
+        raise NotImplementedError
+
+    def too_long(self) -> None:
+        raise NotImplementedError
+
+    def stopped(self) -> bool:
+        """True once lines are no longer wanted."""
+        return False
+
+    def take_pending(self) -> bytes:
+        """The unfinished tail, which is then forgotten (at the end of the stream)."""
+        tail = b"".join(self._pending)
+        self._pending = []
+        self.pending_bytes = 0
+        return tail
+
+    def dataReceived(self, data: bytes) -> None:
+        if self._pending:
+            end = data.find(b"\n")
+            if end < 0:
+                self._pending.append(data)
+                self.pending_bytes += len(data)
+                if self.pending_bytes > self.max_line:
+                    self.too_long()
+                return
+            if self.pending_bytes + end > self.max_line:
+                self.too_long()
+                return
+            self._pending.append(data[:end])
+            line = self.take_pending()
+            self.line(line)
+            if self.stopped():
+                return
+            data = data[end + 1:]
+        # One split per read (a batched read carries a hundred lines or more);
+        # the piece after the last newline is the unfinished tail.
+        lines = data.split(b"\n")
+        tail = lines.pop()
+        max_line, handle, stopped = self.max_line, self.line, self.stopped
+        for line in lines:
+            if len(line) > max_line:
+                self.too_long()
+                return
+            handle(line)
+            if stopped():
+                return
+        if tail:
+            if len(tail) > self.max_line:
+                self.too_long()
+                return
+            self._pending.append(tail)
+            self.pending_bytes = len(tail)
