@@ -598,18 +598,24 @@ class _Transport:
 
     def stream(self, path: str, payload: Any,
                timeout: Optional[float] = None) -> "Deferred[IResponse]":
-        """POST ``payload`` and fire with the response once its headers arrived, its
-        body unread: for answers that stream (watches). Outside the request slots,
-        since a stream stays open; ``timeout`` bounds only the wait for the headers."""
+        """POST ``payload`` to the current member and fire with the response once its
+        headers arrived, its body unread: for answers that stream (watches). Outside
+        the request slots, since a stream stays open; ``timeout`` bounds only the wait
+        for the headers. A member that cannot be reached is skipped from then on, as
+        for every request, so the caller's next attempt goes to the next member."""
         if self.closed:
             return defer.fail(ClientClosed("etcd client closed"))
         if self._prefix is None:
             return self._detect_prefix().addCallback(
                 lambda _: self.stream(path, payload, timeout))
+        try:
+            base = self._member()
+        except EtcdUnavailable:
+            return defer.fail()
         timeout = timeout or self._config.timeout
         if self.tls is not None:
             self.tls.refresh()
-        url = (self._base + self._prefix + path).encode("utf-8")
+        url = (base + self._prefix + path).encode("utf-8")
         headers = Headers({b"Content-Type": [b"application/json"]})
         body = json.dumps(payload).encode("utf-8")
         d: Deferred[IResponse] = self._agent.request(b"POST", url, headers, _BytesBody(body))
@@ -617,9 +623,13 @@ class _Transport:
 
         def translate(failure: Failure) -> Failure:
             try:
-                self._translate(failure, path, timeout)
+                self._translate(failure, base, path, timeout)
             except _Resendable as e:
+                self.members.failed(base, str(e.error))
                 raise e.error
+            except EtcdTimeout as e:
+                self.members.failed(base, str(e))
+                raise
             return failure
 
         d.addErrback(translate)

@@ -1340,8 +1340,8 @@ class ListAtRevisionTests(ServerTestCase):
         self.assertTrue(verifyObject(IStorageWatch, watch))
         watch.cancel()
 
-    def test_server_on_a_given_storage_has_no_synchronous_store(self):
+    def test_servers_on_one_memory_storage_share_its_synchronous_store(self):
         server = KubeAPIServer(reactor, storage=self.server.storage)
-        with self.assertRaises(AttributeError) as raised:
-            server.store
-        self.assertIn("server.storage", str(raised.exception))
+        self.assertIs(server.store, self.server.store)
+        self.server.store.create(gvrs.CONFIGMAPS, configmap("shared"))
+        self.assertIsNotNone(server.store.get(gvrs.CONFIGMAPS, "shared", "default"))

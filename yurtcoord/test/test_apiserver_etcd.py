@@ -24,6 +24,7 @@ from yurtcoord.kube.client import ClientConfig, KubeClient
 from yurtcoord.kube.informer import Informer
 from yurtcoord.pool.keycache import POOL_SCOPED_COMPONENT
 from yurtcoord.pool.keys import format_rv
+from yurtcoord.sim.apiserver import KubeAPIServer
 from yurtcoord.sim.apiserver.clients import write_kubeconfig
 from yurtcoord.sim.apiserver.etcdstorage import EtcdStorage, storage_for
 from yurtcoord.sim.apiserver.selectors import ObjectFilter
@@ -59,6 +60,14 @@ class EtcdStorageInterfaceTests(unittest.TestCase):
                          b"/registry/endpointslices/kube-system/s")
         with self.assertRaises(ValueError):
             storage_for(reactor, " , ")
+
+    def test_a_server_on_etcd_has_no_synchronous_store(self):
+        storage = storage_for(reactor, "http://127.0.0.1:1")
+        self.addCleanup(storage.close)
+        server = KubeAPIServer(reactor, storage=storage)
+        with self.assertRaises(AttributeError) as raised:
+            server.store
+        self.assertIn("server.storage", str(raised.exception))
 
 
 class EtcdAPIServerTestsMixin(EtcdStoreCase, ServerTestCase):
