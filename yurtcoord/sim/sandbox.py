@@ -58,7 +58,7 @@ from yurtcoord.agent.service import Agent, make_service
 from yurtcoord.heartbeat.delegation import FORWARDED_OUTCOMES, HeartbeatDelegation
 from yurtcoord.names import NODE_LEASE_NAMESPACE, NODE_POOL_LABEL
 from yurtcoord.role.roles import Role
-from yurtcoord.sim.agentini import loopback_agent_ini
+from yurtcoord.sim.agentini import SANDBOX, loopback_agent_ini
 from yurtcoord.sim.apiserver import KubeAPIServer
 from yurtcoord.sim.apiserver.store import ObjectStore
 from yurtcoord.sim.apiserver.selectors import ObjectFilter
@@ -87,8 +87,8 @@ SEEDED_SERVICES = {
 CACHED_PODS = ("web-0", "cache-0", "log-agent")
 # The sandbox agents' heartbeat interval and kubelet grace period (ini text): short, so
 # that a stopped kubelet's node goes stale within seconds.
-HEARTBEAT_INTERVAL = "2s"
-KUBELET_GRACE_PERIOD = "6s"
+HEARTBEAT_INTERVAL = str(SANDBOX["heartbeat"]["interval"])
+KUBELET_GRACE_PERIOD = str(SANDBOX["heartbeat"]["kubelet_grace_period"])
 
 # Starts etcd (argv[1:]) in a new session, bound to die with its parent (Linux
 # PR_SET_PDEATHSIG): nothing the sandbox started survives the sandbox.
@@ -235,20 +235,12 @@ def find_etcd_binary(environ: Mapping[str, str] | None = None) -> str:
 
 def agent_config_text(node: str, cloud_url: str, coordinator_url: str, etcd_url: str,
                       agent_dir: str, kubelet_url: str) -> str:
-    """Ini text of one sandbox agent: plain http everywhere, timings short enough to
-    watch an election happen and long enough for a busy laptop; its kubelet check asks
-    ``kubelet_url``."""
+    """Ini text of one sandbox agent: plain http everywhere, the sandbox's timings
+    (``SANDBOX``); its kubelet check asks ``kubelet_url``."""
     return loopback_agent_ini(
         node, POOL_NAME, [cloud_url], coordinator_url, etcd_url,
-        os.path.join(agent_dir, "pki"), os.path.join(agent_dir, "cache"),
-        leader_election={"lease_duration": "6s", "renew_deadline": "4s",
-                         "retry_period": "1s", "check_interval": "1s"},
-        heartbeat={"interval": HEARTBEAT_INTERVAL, "failed_retry": "3",
-                   "healthy_threshold": "1", "timeout": "2s",
-                   "kubelet_healthz_url": kubelet_url,
-                   "kubelet_grace_period": KUBELET_GRACE_PERIOD},
-        pool_cache={"informer_lease_renew": "3s", "stale_timeout": "10s",
-                    "upload_resources": "kubelet/pods/v1, kubelet/nodes/v1"})
+        os.path.join(agent_dir, "pki"), os.path.join(agent_dir, "cache"), SANDBOX,
+        heartbeat={"kubelet_healthz_url": kubelet_url})
 
 
 def role_of(agent: Agent) -> str:

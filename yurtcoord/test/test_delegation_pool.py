@@ -32,12 +32,12 @@ from yurtcoord.heartbeat.probes import DELEGATE_HEARTBEAT_ANNOTATION, NODE_LEASE
 from yurtcoord.kube.gvr import LEASES
 from yurtcoord.kube.lease import format_micro_time, renew_time
 from yurtcoord.role.roles import Role
-from yurtcoord.sim.agentini import loopback_agent_ini
+from yurtcoord.sim.agentini import TEST_ELECTION_LEASE, loopback_agent_ini
 from yurtcoord.sim.apiserver.selectors import ObjectFilter
 from yurtcoord.testing.poll import poll_until
 from yurtcoord.sim.tcpproxy import TCPProxy
 from yurtcoord.testing.world import add_pool_node
-from yurtcoord.testing.inprocess import ELECTION_LEASE, ELECTION_NAMESPACE, POOL, PoolWorld
+from yurtcoord.testing.inprocess import POOL, PoolWorld
 
 NODES = ("edge-1", "edge-2", "edge-3")
 GHOST = "edge-ghost"
@@ -54,8 +54,7 @@ def default_timings_config_text(node, cloud_url, coordinator_url, etcd_url, pki_
     """Ini of one agent that leaves every timing at its default."""
     return loopback_agent_ini(
         node, POOL, [cloud_url], coordinator_url, etcd_url, pki_dir, cache_dir,
-        leader_election={"lease_namespace": ELECTION_NAMESPACE,
-                         "lease_name": ELECTION_LEASE})
+        TEST_ELECTION_LEASE)
 
 
 class RecordingLeaseProxyClient:

@@ -48,17 +48,10 @@ def pool_config(world, node, informer_lease_renew, stale_timeout, cloud_urls=Non
     cache_dir = os.path.join(base, "cache")
     os.makedirs(cache_dir)
     text = agent_config_text(node, cloud_urls or [world.cloud.url], world.coordinator.url,
-                             world.etcd.client_url, os.path.join(base, "pki"), cache_dir)
-    text = _replace_once(text, "informer_lease_renew = 1s",
-                         f"informer_lease_renew = {informer_lease_renew}")
-    text = _replace_once(text, "stale_timeout = 3s", f"stale_timeout = {stale_timeout}")
+                             world.etcd.client_url, os.path.join(base, "pki"), cache_dir,
+                             pool_cache={"informer_lease_renew": informer_lease_renew,
+                                         "stale_timeout": stale_timeout})
     return parse_config(text, f"<{node}>")
-
-
-def _replace_once(text, old, new):
-    if text.count(old) != 1:
-        raise AssertionError(f"agent config template no longer has {old!r} once")
-    return text.replace(old, new)
 
 
 def seed_cloud(cloud, count):
@@ -301,11 +294,9 @@ class KilledLeaderTests(unittest.TestCase):
     def start_agent(self, agent):
         ini = agent_ini(agent.node, agent.cloud_proxy.url(), self.world.coordinator.url,
                         self.world.etcd.client_url, agent.pki_dir, agent.cache_dir,
-                        "127.0.0.1:0")
-        ini = _replace_once(ini, "informer_lease_renew = 1s",
-                            f"informer_lease_renew = {self.RENEW:g}s")
-        ini = _replace_once(ini, "stale_timeout = 4s",
-                            f"stale_timeout = {self.STALE_TIMEOUT:g}s")
+                        "127.0.0.1:0",
+                        pool_cache={"informer_lease_renew": f"{self.RENEW:g}s",
+                                    "stale_timeout": f"{self.STALE_TIMEOUT:g}s"})
         agent.start(ini)
         return agent.wait_listening()
 

@@ -18,7 +18,7 @@ from yurtcoord.agent.service import Agent, make_service
 from yurtcoord.heartbeat.probes import NODE_LEASE_NAMESPACE
 from yurtcoord.kube.gvr import LEASES
 from yurtcoord.kube.lease import LeaseRecord
-from yurtcoord.sim.agentini import loopback_agent_ini
+from yurtcoord.sim.agentini import IN_PROCESS_SUITE, loopback_agent_ini
 from yurtcoord.sim.apiserver import KubeAPIServer
 from yurtcoord.sim.etcd import EtcdProcess, etcd_binary_for
 from yurtcoord.sim.pki import TestCA
@@ -31,23 +31,18 @@ __all__ = ["ELECTION_LEASE", "ELECTION_NAMESPACE", "POOL", "PoolWorld", "StatusR
 def agent_config_text(node: str, cloud_urls: Sequence[str], coordinator_url: str, etcd_url: str,
                       pki_dir: str, cache_dir: str, enabled: bool = True,
                       coordinator_tls: bool = False,
-                      heartbeat: Optional[Mapping[str, str]] = None) -> str:
-    """Ini text of one test agent: short timings (lease 2 s, renew 1.5 s, retry 0.3 s,
-    check every 0.3 s, heartbeat every 4 s in up to 3 attempts of 1.2 s (a first
-    write reads the lease and the Node, then creates), healthy after one probe), plain
+                      heartbeat: Optional[Mapping[str, str]] = None,
+                      **sections: Mapping[str, object]) -> str:
+    """Ini text of one test agent: the short timings of ``IN_PROCESS_SUITE``, plain
     http to the cloud, plain http or TLS (certificates from the certs Secret) to the
-    coordinator."""
+    coordinator; ``heartbeat`` and ``sections`` are merged over those, key by key."""
     return loopback_agent_ini(
         node, POOL, cloud_urls, coordinator_url, etcd_url, pki_dir, cache_dir,
-        coordinator={"enabled": "true" if enabled else "false",
-                     "insecure": "false" if coordinator_tls else "true"},
-        leader_election={"lease_namespace": ELECTION_NAMESPACE,
-                         "lease_name": ELECTION_LEASE, "lease_duration": "2s",
-                         "renew_deadline": "1500ms", "retry_period": "300ms",
-                         "check_interval": "300ms"},
-        heartbeat={"interval": "4s", "failed_retry": "3", "healthy_threshold": "1",
-                   "timeout": "1200ms", **(heartbeat or {})},
-        pool_cache={"informer_lease_renew": "1s", "stale_timeout": "3s"})
+        IN_PROCESS_SUITE,
+        {"coordinator": {"enabled": "true" if enabled else "false",
+                         "insecure": "false" if coordinator_tls else "true"},
+         "heartbeat": heartbeat or {}},
+        **sections)
 
 
 def write_cached_pod(cache_dir: str, name: str, resource_version: int | str,

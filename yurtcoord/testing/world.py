@@ -36,7 +36,8 @@ from yurtcoord.kube.gvr import ENDPOINTS, LEASES, NODES
 from yurtcoord.names import (
     ELECTION_LEASE_NAME, ELECTION_LEASE_NAMESPACE, NODE_LEASE_NAMESPACE, NODE_POOL_LABEL,
 )
-from yurtcoord.sim.agentini import loopback_agent_ini
+from yurtcoord.agent.config import parse_duration
+from yurtcoord.sim.agentini import FAULT_SUITE, loopback_agent_ini
 from yurtcoord.sim.apiserver import KubeAPIServer
 from yurtcoord.sim.etcd import EtcdBinary, EtcdProcess, etcd_binary_for
 from yurtcoord.sim.kubelet import StandInKubelet
@@ -56,57 +57,33 @@ STOP_DEADLINE = 15.0
 # Seconds an agent gets from spawn to listening on its status port.
 START_DEADLINE = 30.0
 
-# Short timings of the fault suite (seconds, as written in the ini). A heartbeat probe
-# tries failed_retry attempts of up to heartbeat_timeout within heartbeat_interval:
-# 1 s attempts leave room for a slow cloud (answers 0.6 s late), and 3 of them with
-# their pauses (0.25 s, 0.5 s) end within the 4 s interval.
-TIMINGS = {
-    "lease_duration": "3s",
-    "renew_deadline": "2s",
-    "retry_period": "500ms",
-    "check_interval": "500ms",
-    "heartbeat_interval": "4s",
-    "heartbeat_timeout": "1s",
-    "heartbeat_failed_retry": "3",
-    # Long enough that a busy test reactor serving the stand-in kubelets does not make
-    # a live kubelet look dead, and longer than the heartbeat interval at which the
-    # kubelet is asked; tests of the kubelet gate pass a shorter one.
-    "kubelet_grace_period": "10s",
-}
-LEASE_DURATION, RETRY_PERIOD = 3.0, 0.5
-HEARTBEAT_INTERVAL, HEARTBEAT_TIMEOUT, FAILED_RETRY = 4.0, 1.0, 3
+# The fault suite's timings (ini sections, see ``FAULT_SUITE``) and, in seconds, the
+# ones its tests compute bounds from.
+TIMINGS = FAULT_SUITE
+LEASE_DURATION = parse_duration(str(TIMINGS["leader_election"]["lease_duration"]))
+RETRY_PERIOD = parse_duration(str(TIMINGS["leader_election"]["retry_period"]))
+HEARTBEAT_INTERVAL = parse_duration(str(TIMINGS["heartbeat"]["interval"]))
+HEARTBEAT_TIMEOUT = parse_duration(str(TIMINGS["heartbeat"]["timeout"]))
+FAILED_RETRY = int(str(TIMINGS["heartbeat"]["failed_retry"]))
+KUBELET_GRACE_PERIOD = str(TIMINGS["heartbeat"]["kubelet_grace_period"])
 
 
 def agent_ini(node: str, cloud_url: str | Iterable[str], coordinator_url: str, etcd_url: str,
               pki_dir: str, cache_dir: str, listen: str, kubelet_url: str = "off",
-              kubelet_grace_period: str = TIMINGS["kubelet_grace_period"],
+              kubelet_grace_period: str = KUBELET_GRACE_PERIOD,
               **sections: Mapping[str, object]) -> str:
-    """Ini text of one agent of the fault suite: plain http everywhere, short timings;
-    the kubelet check asks ``kubelet_url`` (off by default).
+    """Ini text of one agent of the fault suite: plain http everywhere, the suite's
+    timings (``FAULT_SUITE``); the kubelet check asks ``kubelet_url`` (off by default).
 
     ``cloud_url`` is one URL or a list of them; ``sections`` are merged over the
     suite's, key by key (``coordinator={"enabled": "false"}``)."""
     cloud_urls = [cloud_url] if isinstance(cloud_url, str) else list(cloud_url)
-    base: dict[str, dict[str, object]] = {
-        "coordinator": {"storage_prefix": STORAGE_PREFIX},
-        "leader_election": {"lease_namespace": ELECTION_NAMESPACE,
-                            "lease_name": ELECTION_LEASE,
-                            "lease_duration": TIMINGS["lease_duration"],
-                            "renew_deadline": TIMINGS["renew_deadline"],
-                            "retry_period": TIMINGS["retry_period"],
-                            "check_interval": TIMINGS["check_interval"]},
-        "heartbeat": {"interval": TIMINGS["heartbeat_interval"],
-                      "failed_retry": TIMINGS["heartbeat_failed_retry"],
-                      "healthy_threshold": "1", "timeout": TIMINGS["heartbeat_timeout"],
-                      "kubelet_healthz_url": kubelet_url,
-                      "kubelet_grace_period": kubelet_grace_period},
-        "pool_cache": {"informer_lease_renew": "1s", "stale_timeout": "4s"},
-        "server": {"listen": listen},
-    }
-    for section, values in sections.items():
-        base.setdefault(section, {}).update(values)
-    return loopback_agent_ini(node, POOL, cloud_urls, coordinator_url, etcd_url, pki_dir,
-                              cache_dir, **base)
+    return loopback_agent_ini(
+        node, POOL, cloud_urls, coordinator_url, etcd_url, pki_dir, cache_dir, FAULT_SUITE,
+        {"heartbeat": {"kubelet_healthz_url": kubelet_url,
+                       "kubelet_grace_period": kubelet_grace_period},
+         "server": {"listen": listen}},
+        **sections)
 
 
 def cached_pod(name: str, resource_version: int | str, namespace: str = "default",
@@ -315,7 +292,7 @@ class ProcessWorld:
     """
 
     def __init__(self, reactor: Any, etcd_binary: EtcdBinary | None = None,
-                 kubelet_grace_period: str = TIMINGS["kubelet_grace_period"]) -> None:
+                 kubelet_grace_period: str = KUBELET_GRACE_PERIOD) -> None:
         self.reactor = reactor
         self.kubelet_grace_period = kubelet_grace_period
         self.base_dir = tempfile.mkdtemp(prefix="yurtcoord-world-")
