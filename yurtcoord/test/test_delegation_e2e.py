@@ -84,9 +84,7 @@ class DelegationE2EBase(unittest.TestCase):
         self.leader = leader_of(statuses)
 
     def pool_annotation(self, node):
-        lease = self.world.node_lease(self.world.coordinator, node) or {}
-        return (lease.get("metadata", {}).get("annotations") or {}).get(
-            DELEGATE_HEARTBEAT_ANNOTATION)
+        return self.world.delegate_annotation(self.world.coordinator, node)
 
     @defer.inlineCallbacks
     def cut_off(self, node):

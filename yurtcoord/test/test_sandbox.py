@@ -39,7 +39,7 @@ from yurtcoord.testing.fakehealth import FakeHealth
 from yurtcoord.testing.fakeinformer import FakeInformer
 from yurtcoord.testing.fakekube import FakeKube
 from yurtcoord.testing.poll import poll_until
-from yurtcoord.testing.inprocess import StatusReader
+from yurtcoord.testing.agentpages import StatusReader, wait_for_statuses
 
 READY_DEADLINE = 60.0
 OUTPUT_DEADLINE = 30.0
@@ -142,14 +142,7 @@ class SandboxTests(unittest.TestCase):
 
     @defer.inlineCallbacks
     def wait_for_one_leader_all_ready(self, run, pages):
-        seen = {}
-
-        @defer.inlineCallbacks
-        def one_leader_all_ready():
-            statuses = {}
-            for node, url in pages.items():
-                statuses[node] = yield self.reader.status(url)
-            seen["statuses"] = statuses
+        def one_leader_all_ready(statuses):
             leaders = [n for n, s in statuses.items() if s["role"] == "leader"]
             return (len(leaders) == 1
                     and all(s["ready"] for s in statuses.values())
@@ -157,15 +150,10 @@ class SandboxTests(unittest.TestCase):
                     and all(s["role"] == "follower" for n, s in statuses.items()
                             if n not in leaders))
 
-        try:
-            yield poll_until(one_leader_all_ready, READY_DEADLINE, 0.1, reactor,
-                             what="one leader, every other agent follower, all ready")
-        except AssertionError as error:
-            summary = {n: (s["role"], s["leader"], s["ready"])
-                       for n, s in (seen.get("statuses") or {}).items()}
-            raise AssertionError(f"{error}; last (role, leader, ready): {summary}\n"
-                                 f"{run.output[-3000:]}") from None
-        statuses = seen["statuses"]
+        statuses = yield wait_for_statuses(
+            lambda: self.reader.statuses(pages),
+            "one leader, every other agent follower, all ready", one_leader_all_ready,
+            READY_DEADLINE, reactor, 0.1, details=lambda: run.output[-3000:])
         return next(n for n, s in statuses.items() if s["role"] == "leader"), statuses
 
     @defer.inlineCallbacks
@@ -287,14 +275,8 @@ class SandboxTests(unittest.TestCase):
         before = yield self.reader.status(pages[leader])
         cut_at = reactor.seconds()
         run.child.transport.signalProcess(signal.SIGUSR1)
-        seen = {}
 
-        @defer.inlineCallbacks
-        def new_leader_delegating():
-            statuses = {}
-            for node, url in pages.items():
-                statuses[node] = yield self.reader.status(url)
-            seen["statuses"] = statuses
+        def new_leader_delegating(statuses):
             leaders = [n for n, s in statuses.items() if s["role"] == "leader"]
             return (statuses[leader]["role"] == "follower"
                     and list(statuses[leader]["cloud"].values()) == [False]
@@ -302,13 +284,12 @@ class SandboxTests(unittest.TestCase):
                     and statuses[leaders[0]]["delegated_heartbeats"]
                     > before["delegated_heartbeats"])
 
-        try:
-            yield poll_until(new_leader_delegating, READY_DEADLINE, 0.1, reactor,
-                             what=f"a new leader delegating the heartbeat of {leader}")
-        except AssertionError as error:
-            raise AssertionError(f"{error}; last statuses {seen.get('statuses')}") from None
+        statuses = yield wait_for_statuses(
+            lambda: self.reader.statuses(pages),
+            f"a new leader delegating the heartbeat of {leader}", new_leader_delegating,
+            READY_DEADLINE, reactor, 0.1, details=lambda: run.output[-3000:])
         failover_took = reactor.seconds() - cut_at
-        new_leader = next(n for n, s in seen["statuses"].items() if s["role"] == "leader")
+        new_leader = next(n for n, s in statuses.items() if s["role"] == "leader")
         self.assertIn(f"cloud link of {leader} cut", run.output)
         yield poll_until(
             lambda: re.search(rf"{new_leader}: delegating heartbeats of nodes without the "
