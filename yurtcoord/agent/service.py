@@ -37,7 +37,7 @@ that an agent whose peers are down still stops.
 
 import contextlib
 import functools
-from typing import Any, Callable, Generator, Iterator, Mapping, Optional, TypeVar
+from typing import Any, Callable, Generator, Iterator, Mapping, Optional, Protocol, TypeVar
 
 import treq.client
 from twisted.application import service
@@ -78,7 +78,16 @@ STORE_CHECK_TIMEOUT = 5.0
 # this long after the probes' own timeout.
 FIRST_PROBE_SLACK = 0.5
 
-_Closeable = TypeVar("_Closeable")
+
+class _SupportsClose(Protocol):
+    def close(self) -> object: ...
+
+
+_Closeable = TypeVar("_Closeable", bound=_SupportsClose)
+
+
+# What the probes stage starts and stops besides the kubelet checker.
+_Prober = CloudHealthChecker | CoordinatorHealthChecker | CertManager
 
 
 class StatusHTTPService(service.Service):
@@ -168,7 +177,7 @@ class Agent(service.MultiService):
         self.reactor = reactor
         self.stop_timeout = stop_timeout
         self.metrics = Metrics(config.node.name, config.node.pool)
-        self._closers: list[Any] = []
+        self._closers: list[_SupportsClose] = []
         self.cert_manager: Optional[CertManager] = None
 
         with self._section("cloud"):
@@ -395,8 +404,8 @@ class Agent(service.MultiService):
 
     # -- starting and stopping ----------------------------------------------------------
 
-    def _probers(self) -> list[Any]:
-        probers: list[Any] = [self.cloud_checker]
+    def _probers(self) -> list["_Prober"]:
+        probers: list[_Prober] = [self.cloud_checker]
         if self.coordinator is not None:
             probers.append(self.coordinator_checker)
             if self.cert_manager is not None:
@@ -415,7 +424,7 @@ class Agent(service.MultiService):
             # unhealthy, which /status and /healthz show; the agent keeps serving.
             defer.maybeDeferred(prober.start).addErrback(self._prober_not_started, prober)
 
-    def _prober_not_started(self, failure: Failure, prober: Any) -> None:
+    def _prober_not_started(self, failure: Failure, prober: "_Prober") -> None:
         self.log.error("cannot start {prober} on node {node}: {error}",
                        prober=type(prober).__name__, node=self.config.node.name,
                        error=failure.getErrorMessage())

@@ -464,7 +464,8 @@ class Sandbox(service.MultiService):
     """The sandbox pool: etcd, the two apiservers, ``agent_count`` agents as children.
 
     ``write_line(text)`` prints one line for the person watching (role changes, URLs,
-    readiness), from the observers of each agent's coordinator and hub elector;
+    readiness), from the observers of each agent's coordinator, hub elector and heartbeat
+    delegation;
     ``on_failure(message)`` is called
     once when the start failed, after everything started so far was cleaned up.
     ``directory`` is the temp dir while running; ``etcd`` the ``SandboxEtcd``.

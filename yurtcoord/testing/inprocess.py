@@ -4,10 +4,11 @@ and the config text of each agent.
 
 This is the pool world for tests that reach into an agent (its coordinator, hub
 elector, delegation) or swap one of its parts; ``world.ProcessWorld`` runs each agent
-as a separate ``twistd`` process instead, for faults that need one (kill, SIGTERM,
-separate clocks of failure). What the two share is not written twice: the ini text
-(``sim.agentini``), the reader of the agents' pages (``agentpages``), the pool's Nodes
-in the cloud and the node lease reader (``world``)."""
+as a separate ``twistd`` process instead, for faults that need one (an agent killed,
+sent SIGTERM, or failing apart from the test's reactor). What the two share is written
+once: the ini text (``sim.agentini``), the reader of the agents' pages
+(``agentpages``), and in ``world`` the pool's Nodes in the cloud, the readers of node
+leases and their delegate annotation, and the pods of a node's local cache."""
 
 import base64
 import os

@@ -21,7 +21,8 @@ This is the pool world for faults that need an agent to be a process of its own 
 killed, sent SIGTERM, or fails apart from the test's reactor); ``inprocess.PoolWorld``
 builds the agents in the test process instead, for tests that reach into them. The two
 share the ini text (``sim.agentini``), the reader of the agents' pages
-(``agentpages``), ``add_pool_node`` and ``read_node_lease``.
+(``agentpages``), ``add_pool_node``, ``read_node_lease``, ``read_delegate_annotation``
+and ``write_cached_pod``.
 """
 
 import base64
