@@ -43,7 +43,7 @@ bounded by ``STOP_TIMEOUT`` so that an agent whose peers are down still stops.
 
 import contextlib
 import functools
-from typing import Any, Callable, Generator, Iterator, Mapping, Optional, TypeVar
+from typing import Any, Callable, Generator, Iterator, Mapping, Optional, Protocol, TypeVar
 
 import treq.client
 from twisted.application import service
@@ -87,7 +87,16 @@ STORE_CHECK_TIMEOUT = 5.0
 # this long after the probes' own timeout.
 FIRST_PROBE_SLACK = 0.5
 
-_Closeable = TypeVar("_Closeable")
+
+class _SupportsClose(Protocol):
+    def close(self) -> object: ...
+
+
+_Closeable = TypeVar("_Closeable", bound=_SupportsClose)
+
+
+# What the probes stage starts and stops besides the kubelet checker.
+_Prober = CloudHealthChecker | CoordinatorHealthChecker | CertManager
 
 
 class StatusHTTPService(service.Service):
@@ -163,10 +172,11 @@ class Agent(service.MultiService):
     Attributes for tests and the sandbox: ``metrics``, ``reactor_lag``,
     ``status_source``, ``status_http`` (``.url``), ``cloud_clients`` ({url: KubeClient}),
     ``cloud_checker``, ``kubelet_checker`` (None with ``kubelet_healthz_url = off``);
-    with the coordinator enabled also ``coordinator_clients`` ({url: client}),
-    ``coordinator_client`` (the one that picks among them), ``coordinator_checker``,
-    ``etcd``, ``coordinator``, ``hub_elector``, ``pool_sync``, ``delegation``,
-    ``synced_detector``, ``pool_view``, ``cert_manager`` (None with ``insecure``).
+    ``coordinator``, ``hub_elector``, ``delegation`` and ``pool_view`` (None with the
+    coordinator disabled); with the coordinator enabled also ``coordinator_clients``
+    ({url: client}), ``coordinator_client`` (the one that picks among them),
+    ``coordinator_checker``, ``etcd``, ``pool_sync``, ``synced_detector``,
+    ``cert_manager`` (None with ``insecure``).
     """
 
     log = Logger()
@@ -177,23 +187,22 @@ class Agent(service.MultiService):
         self.reactor = reactor
         self.stop_timeout = stop_timeout
         self.metrics = Metrics(config.node.name, config.node.pool)
-        self._closers: list[Any] = []
+        self._closers: list[_SupportsClose] = []
         self.cert_manager: Optional[CertManager] = None
 
         with self._section("cloud"):
             self.cloud_clients = {
                 url: self._own(KubeClient(reactor, self._cloud_client_config(url)))
                 for url in config.cloud.servers}
-        # Read by tests and the sandbox, which build agents they know have one: the
-        # checker, the coordinator and the hub elector are typed loosely (Any) so that
-        # those readers need not narrow the None of an agent without them.
-        self.kubelet_checker: Any = self._build_kubelet_checker()
+        self.kubelet_checker: Optional[KubeletHealthChecker] = self._build_kubelet_checker()
         self.cloud_checker = CloudHealthChecker.for_servers(
             reactor, self.cloud_clients, config.node.name, config.heartbeat,
             kubelet=self.kubelet_checker, metrics=self.metrics)
 
-        self.coordinator: Any = None
-        self.hub_elector: Any = None
+        # The parts of an agent with the coordinator enabled; None without it.
+        self.coordinator: Optional[Coordinator] = None
+        self.hub_elector: Optional[HubElector] = None
+        self.delegation: Optional[HeartbeatDelegation] = None
         self.pool_view: Optional[PoolView] = None
         self.status_source: AgentStatus | CloudOnlyStatus
         if config.coordinator.enabled:
@@ -218,10 +227,13 @@ class Agent(service.MultiService):
         # uses them and before the status pages stop listening.
         StageService("clients", None, self._close_clients).setServiceParent(self)
         StageService("probes", self._start_probes, self._stop_probes).setServiceParent(self)
-        if self.coordinator is not None:
-            StageService("coordinator", None, self._stop_coordinator).setServiceParent(self)
-            StageService("hub-elector", self._start_hub_elector,
-                         self._stop_hub_elector).setServiceParent(self)
+        coordinator, hub_elector = self.coordinator, self.hub_elector
+        if coordinator is not None and hub_elector is not None:
+            # The coordinator cancels its current step when it stops: opening the
+            # store or uploading could otherwise retry for long against a dead etcd.
+            StageService("coordinator", None, coordinator.stop).setServiceParent(self)
+            StageService("hub-elector", functools.partial(self._start_hub_elector, hub_elector),
+                         hub_elector.stop).setServiceParent(self)
 
     # -- building ----------------------------------------------------------------------
 
@@ -328,7 +340,7 @@ class Agent(service.MultiService):
         self.pool_sync = PoolSyncManager(
             reactor, node, self.coordinator_client, healthy_cloud, self.pool_scope,
             informer_lease_renew=pool_cache.informer_lease_renew, metrics=self.metrics)
-        self.delegation = HeartbeatDelegation.for_coordinator(
+        self.delegation = delegation = HeartbeatDelegation.for_coordinator(
             reactor, self.coordinator_client, healthy_cloud, self.cloud_checker,
             self.lease_proxy_clients.__getitem__, config.node.pool,
             max_clock_skew=config.heartbeat.max_clock_skew,
@@ -337,39 +349,40 @@ class Agent(service.MultiService):
             reactor, self.coordinator_client, pool_cache.stale_timeout,
             on_synced_change=self._pool_cache_synced_changed)
 
-        self.coordinator = Coordinator(
-            reactor, node, self._open_pool_store, self.pool_sync, self.delegation,
+        self.coordinator = coordinator = Coordinator(
+            reactor, node, self._open_pool_store, self.pool_sync, delegation,
             self.synced_detector, self._upload_local_cache,
             retry_delay=ROLE_RETRY)
-        self.metrics.follow(self.coordinator)
+        self.metrics.follow(coordinator)
 
         self.election_config = LeaderElectionConfig(
             lease_namespace=election.lease_namespace, lease_name=election.lease_name,
             identity=node, lease_duration=election.lease_duration,
             renew_deadline=election.renew_deadline, retry_period=election.retry_period,
             release_on_cancel=True)
-        self.hub_elector = HubElector(
+        self.hub_elector = hub_elector = HubElector(
             reactor, self.cloud_checker, self.coordinator_checker, self._make_elector,
-            election.check_interval, on_role=self.coordinator.set_role)
+            election.check_interval, on_role=coordinator.set_role)
         self.status_source = AgentStatus(
-            self.coordinator, config.node.pool, reactor, self.cloud_checker,
-            self.coordinator_checker, self.hub_elector, self.delegation,
+            coordinator, config.node.pool, reactor, self.cloud_checker,
+            self.coordinator_checker, hub_elector, delegation,
             etcd_member=lambda: self.etcd.member)
-        self._build_pool_view(healthy_cloud)
+        self.pool_view = self._build_pool_view(healthy_cloud, coordinator, hub_elector)
 
-    def _build_pool_view(self, healthy_cloud: HealthyCloudClient) -> None:
+    def _build_pool_view(self, healthy_cloud: HealthyCloudClient, coordinator: Coordinator,
+                         hub_elector: HubElector) -> PoolView:
         """The ``/pool`` document's builder, over the clients built above; it hears of
         leader changes from the hub elector and the coordinator."""
         config, node = self.config, self.config.node.name
         history = LeaderHistory(self.reactor, node)
-        self.hub_elector.add_leader_observer(history.leader_seen)
-        self.coordinator.add_role_observer(history.role_changed)
+        hub_elector.add_leader_observer(history.leader_seen)
+        coordinator.add_role_observer(history.role_changed)
         election, heartbeat = config.leader_election, config.heartbeat
 
         def pool_resources() -> tuple[Any, ...]:
             return self.pool_scope.resources or self.pool_scope.defaults
 
-        self.pool_view = PoolView(
+        return PoolView(
             self.reactor, self.status_source, node, config.node.pool,
             self.coordinator_client, healthy_cloud,
             lambda: bool(self.cloud_checker.healthy), self._count_pool_keys,
@@ -416,7 +429,8 @@ class Agent(service.MultiService):
                              started_leading, stopped_leading, new_leader)
 
     def _pool_cache_synced_changed(self, synced: bool) -> None:
-        self.coordinator.set_pool_cache_synced(synced)
+        if self.coordinator is not None:
+            self.coordinator.set_pool_cache_synced(synced)
 
     def _certificates_changed(self) -> None:
         """New certificate files: idle connections still use the old ones, drop them."""
@@ -445,8 +459,8 @@ class Agent(service.MultiService):
 
     # -- starting and stopping ----------------------------------------------------------
 
-    def _probers(self) -> list[Any]:
-        probers: list[Any] = [self.cloud_checker]
+    def _probers(self) -> list["_Prober"]:
+        probers: list[_Prober] = [self.cloud_checker]
         if self.coordinator is not None:
             probers.append(self.coordinator_checker)
             if self.cert_manager is not None:
@@ -465,7 +479,7 @@ class Agent(service.MultiService):
             # unhealthy, which /status and /healthz show; the agent keeps serving.
             defer.maybeDeferred(prober.start).addErrback(self._prober_not_started, prober)
 
-    def _prober_not_started(self, failure: Failure, prober: Any) -> None:
+    def _prober_not_started(self, failure: Failure, prober: "_Prober") -> None:
         self.log.error("cannot start {prober} on node {node}: {error}",
                        prober=type(prober).__name__, node=self.config.node.name,
                        error=failure.getErrorMessage())
@@ -476,7 +490,7 @@ class Agent(service.MultiService):
             stops.append(self.kubelet_checker.stop())
         return defer.gatherResults(stops, consumeErrors=True)
 
-    def _start_hub_elector(self) -> None:
+    def _start_hub_elector(self, hub_elector: HubElector) -> None:
         """Start the hub elector; its first check waits until every prober has
         answered once (a probe with its retries ends within ``[heartbeat] interval``,
         and the wait ends at the latest ``FIRST_PROBE_SLACK`` later): role ``init``
@@ -487,15 +501,7 @@ class Agent(service.MultiService):
                                       fireOnOneErrback=True, consumeErrors=True)
         answered.addTimeout(self.config.heartbeat.interval + FIRST_PROBE_SLACK, self.reactor)
         answered.addErrback(lambda failure: failure.trap(defer.TimeoutError))
-        self.hub_elector.start(health_known=answered)
-
-    def _stop_hub_elector(self) -> defer.Deferred[None]:
-        return self.hub_elector.stop()
-
-    def _stop_coordinator(self) -> defer.Deferred[None]:
-        # The coordinator cancels its current step: opening the store or uploading
-        # could otherwise retry for a long time against a dead etcd.
-        return self.coordinator.stop()
+        hub_elector.start(health_known=answered)
 
     def _stop_reactor_lag(self) -> None:
         self.reactor_lag.stop()

@@ -72,9 +72,10 @@ from yurtcoord.heartbeat.interfaces import ICloudHealthChecker
 from yurtcoord.kube.informer import Informer
 from yurtcoord.kube.interfaces import IInformer, IListWatchClient, IObjectClient
 from yurtcoord.kube.lease import format_micro_time, owner_reference_to_node, parse_micro_time
-from yurtcoord.kube.leasewriter import CREATED, UNCHANGED, LeaseWriter
+from yurtcoord.kube.leasewriter import CREATED, UNCHANGED, UPDATED, LeaseWriter
 from yurtcoord.names import DELEGATE_HEARTBEAT_ANNOTATION, NODE_LEASE_NAMESPACE, NODE_POOL_LABEL
 from yurtcoord.role.roles import IRoleComponent
+from yurtcoord.tx.observers import Observers
 from yurtcoord.tx.workqueue import RetryPolicy, WorkQueue
 
 MAX_ATTEMPTS = 5
@@ -94,6 +95,9 @@ REFUSED_RENEW_TIME_IN_FUTURE = "renew_time_in_future"
 REFUSED_STALE = "stale"
 REFUSAL_REASONS = (REFUSED_NAMESPACE, REFUSED_NOT_POOL_MEMBER, REFUSED_NO_SUCH_NODE,
                    REFUSED_HOLDER_MISMATCH, REFUSED_RENEW_TIME_IN_FUTURE, REFUSED_STALE)
+# The outcomes of a forwarded heartbeat a delegation observer is told (``LeaseWriter``'s);
+# a refused one is told its reason, one of ``REFUSAL_REASONS``.
+FORWARDED_OUTCOMES = (CREATED, UPDATED)
 # The agents' ``[heartbeat] interval`` unless the caller names it.
 DEFAULT_HEARTBEAT_INTERVAL = 10.0
 
@@ -291,6 +295,8 @@ class HeartbeatDelegation:
         self.skipped = 0
         self.failures = 0
         self.refused = dict.fromkeys(REFUSAL_REASONS, 0)
+        self._observers: Observers[[str, str]] = Observers(
+            f"heartbeat delegations of pool {pool}")
 
     @classmethod
     def for_coordinator(cls, reactor: IReactorTime, coordinator_client: IListWatchClient,
@@ -309,6 +315,16 @@ class HeartbeatDelegation:
 
         return cls(reactor, make_informer, make_node_informer, cloud_reader,
                    cloud_health.pick_healthy_server, cloud_client_for, pool, **options)
+
+    # -- observers ---------------------------------------------------------------
+
+    def add_delegation_observer(self, observer: Callable[[str, str], object]) -> None:
+        """Call ``observer(node, outcome)`` once for each delegated heartbeat of
+        ``node`` written to the cloud (outcome ``created`` or ``updated``, see
+        ``FORWARDED_OUTCOMES``) and once for each one refused (outcome the reason, one
+        of ``REFUSAL_REASONS``), in the turn it happens. A state the cloud already had
+        (``skipped``) is neither. A failing observer is logged and changes nothing."""
+        self._observers.add(observer)
 
     # -- what /status reads ------------------------------------------------------
 
@@ -579,6 +595,7 @@ class HeartbeatDelegation:
         self.refused[reason] += 1
         if self._metrics is not None:
             self._metrics.count_delegation_refused(reason)
+        self._observers.notify(key.partition("/")[2], reason)
         if (key, reason) not in self._logged:
             self._logged.add((key, reason))
             self.log.warn("heartbeat lease {lease} not forwarded to the cloud "
@@ -616,6 +633,7 @@ class HeartbeatDelegation:
             self.delegated += 1
             if outcome == CREATED:
                 self.created += 1
+            self._observers.notify(key.partition("/")[2], outcome)
         self.log.debug("delegated heartbeat {lease} outcome={outcome} seconds={seconds:.3f}",
                        lease=key, outcome=outcome, seconds=seconds)
 

@@ -38,6 +38,7 @@ from twisted.python.failure import Failure
 from yurtcoord.pool.interfaces import IPoolStore
 from yurtcoord.role.roles import IRoleComponent, Role
 from yurtcoord.tx.fsm import TransitionTable
+from yurtcoord.tx.observers import Observers
 from yurtcoord.tx.retry import ROLE_RETRY, RetryPolicy
 
 if TYPE_CHECKING:
@@ -205,8 +206,10 @@ class Coordinator:
         self._run: Optional[defer.Deferred[None]] = None
         self._retry_call: Optional[IDelayedCall] = None
         self._stopped: Optional[defer.Deferred[None]] = None
-        self._role_observers: List[Callable[[Role, Role], None]] = []
-        self._readiness_observers: List[Callable[[bool], None]] = []
+        self._role_observers: Observers[[Role, Role]] = Observers(
+            f"role changes on node {node_name}")
+        self._readiness_observers: Observers[[bool]] = Observers(
+            f"readiness changes on node {node_name}")
         self._last_ready = False
 
     # -- what the status pages and metrics read ---------------------------------
@@ -246,20 +249,12 @@ class Coordinator:
     def add_role_observer(self, observer: Callable[[Role, Role], None]) -> None:
         """Call ``observer(previous, role)`` after every role change, in the turn it
         happens; a failing observer is logged and changes nothing."""
-        self._role_observers.append(observer)
+        self._role_observers.add(observer)
 
     def add_readiness_observer(self, observer: Callable[[bool], None]) -> None:
         """Call ``observer(ready)`` each time ``ready`` flips, in the turn it does; a
         failing observer is logged and changes nothing."""
-        self._readiness_observers.append(observer)
-
-    def _notify(self, observers: List[Callable[..., None]], *args: object) -> None:
-        for observer in list(observers):
-            try:
-                observer(*args)
-            except Exception:
-                self.log.failure("observer {observer!r} failed on node {node}",
-                                 observer=observer, node=self.node_name)
+        self._readiness_observers.add(observer)
 
     def _changed(self) -> None:
         """Something readiness depends on may have changed: tell the readiness
@@ -267,7 +262,7 @@ class Coordinator:
         ready = self.ready
         if ready != self._last_ready:
             self._last_ready = ready
-            self._notify(self._readiness_observers, ready)
+            self._readiness_observers.notify(ready)
 
     # -- inputs ------------------------------------------------------------------
 
@@ -324,7 +319,7 @@ class Coordinator:
         self._cancel_retry()
         self.log.info("role {previous} -> {role} on node {node}",
                       previous=previous.value, role=role.value, node=self.node_name)
-        self._notify(self._role_observers, previous, role)
+        self._role_observers.notify(previous, role)
         self._changed()
         if before is _Life.APPLYING:
             if self._run is not None:

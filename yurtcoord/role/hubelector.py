@@ -15,6 +15,7 @@ from twisted.python.failure import Failure
 
 from yurtcoord.heartbeat.interfaces import IHealthChecker
 from yurtcoord.role.roles import Role
+from yurtcoord.tx.observers import Observers
 
 
 class HubElector:
@@ -46,7 +47,7 @@ class HubElector:
         self.role = Role.INIT
         self._elector: Any = None
         self._candidacies = 0
-        self._leader_observers: list[Callable[[str], None]] = []
+        self._leader_observers: Observers[[str]] = Observers("pool leader changes")
         self._stopping_electors: set[defer.Deferred[Any]] = set()
         self._loop: LoopingCall | None = None
         self._loop_done: defer.Deferred[LoopingCall] | None = None
@@ -67,7 +68,7 @@ class HubElector:
     def add_leader_observer(self, observer: Callable[[str], None]) -> None:
         """Call ``observer(identity)`` each time the current candidacy sees a new
         holder of the election lease; a failing observer is logged."""
-        self._leader_observers.append(observer)
+        self._leader_observers.add(observer)
 
     def start(self, health_known: Optional[defer.Deferred[Any]] = None) -> None:
         """Check now and every ``check_interval``; with ``health_known``, the first
@@ -152,12 +153,7 @@ class HubElector:
         def new_leader(identity: str, *_args: object) -> None:
             if current():
                 self.log.info("pool leader is now {leader}", leader=identity)
-                for observer in list(self._leader_observers):
-                    try:
-                        observer(identity)
-                    except Exception:
-                        self.log.failure("leader observer {observer!r} failed",
-                                         observer=observer)
+                self._leader_observers.notify(identity)
 
         elector = self._elector_factory(started_leading, stopped_leading, new_leader)
         candidacy.append(elector)

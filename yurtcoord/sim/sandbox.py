@@ -30,6 +30,7 @@ session (Ctrl-C in a terminal reaches the sandbox only, which stops the agents b
 etcd) and killed by the kernel if the sandbox process dies without stopping it.
 """
 
+import functools
 import html
 import json
 import os
@@ -37,11 +38,11 @@ import shutil
 import signal
 import tempfile
 import time
-from typing import Any, Generator, Iterable, Mapping
+from typing import Any, Callable, Generator, Iterable, Mapping
 
 from twisted.application import service
 from twisted.internet import defer, error
-from twisted.internet.task import LoopingCall
+from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.logger import Logger
 from twisted.web.resource import Resource
 from twisted.web.server import Request, Site
@@ -49,9 +50,11 @@ from twisted.web.server import Request, Site
 from yurtcoord.agent.config import parse_config
 from yurtcoord.kube.gvr import ENDPOINTS, ENDPOINTSLICES_V1, LEASES, NODES
 from yurtcoord.kube.lease import renew_time
-from yurtcoord.agent.service import make_service
+from yurtcoord.agent.service import Agent, make_service
+from yurtcoord.heartbeat.delegation import FORWARDED_OUTCOMES, HeartbeatDelegation
 from yurtcoord.names import NODE_LEASE_NAMESPACE, NODE_POOL_LABEL
-from yurtcoord.sim.agentini import loopback_agent_ini
+from yurtcoord.role.roles import Role
+from yurtcoord.sim.agentini import SANDBOX, loopback_agent_ini
 from yurtcoord.sim.apiserver import KubeAPIServer
 from yurtcoord.sim.apiserver.store import ObjectStore
 from yurtcoord.sim.apiserver.selectors import ObjectFilter
@@ -67,10 +70,6 @@ NAMESPACE = "default"
 # Seconds etcd may take to answer /health, and to exit after SIGTERM (then SIGKILL).
 ETCD_START_TIMEOUT = 30.0
 ETCD_STOP_TIMEOUT = 10.0
-# How often the heartbeat delegation counts of the agents are looked at for their
-# lines (delegation reports no changes; roles, leaders, readiness and the cloud's
-# node leases do, and are followed as they change).
-POOL_CHECK_INTERVAL = 0.2
 # An agent that forwarded no heartbeat for this long counts as no longer delegating.
 DELEGATION_QUIET_PERIOD = 6.0
 # Services seeded into the cloud: name → endpoint addresses.
@@ -83,8 +82,8 @@ SEEDED_SERVICES = {
 CACHED_PODS = ("web-0", "cache-0", "log-agent")
 # The sandbox agents' heartbeat interval and kubelet grace period (ini text): short, so
 # that a stopped kubelet's node goes stale within seconds.
-HEARTBEAT_INTERVAL = "2s"
-KUBELET_GRACE_PERIOD = "6s"
+HEARTBEAT_INTERVAL = str(SANDBOX["heartbeat"]["interval"])
+KUBELET_GRACE_PERIOD = str(SANDBOX["heartbeat"]["kubelet_grace_period"])
 
 class KubeletControlPage(Resource):
     """The sandbox's control page: ``GET /`` lists each node with its role, its
@@ -155,6 +154,47 @@ class KubeletControlPage(Resource):
             "<th>age</th><th></th></tr>" + "".join(rows) + "</table></body></html>")
 
 
+class DelegationLines:
+    """The sandbox's lines about heartbeat delegation, from each agent's delegation
+    observer: one when an agent starts forwarding heartbeats of other nodes to the
+    cloud, one when it has forwarded none for ``DELEGATION_QUIET_PERIOD`` (a timer
+    restarted by every forward)."""
+
+    def __init__(self, reactor: IReactorTime, say: Callable[[str], None]) -> None:
+        self._reactor = reactor
+        self._say = say
+        # Agent node -> its quiet timer while it delegates.
+        self._quiet: dict[str, IDelayedCall] = {}
+
+    def follow(self, node: str, delegation: HeartbeatDelegation) -> None:
+        """Tell the lines of the agent of ``node`` from ``delegation``."""
+        delegation.add_delegation_observer(
+            lambda _forwarded_node, outcome: self._observed(node, delegation, outcome))
+
+    def _observed(self, node: str, delegation: HeartbeatDelegation, outcome: str) -> None:
+        if outcome not in FORWARDED_OUTCOMES:
+            return
+        timer = self._quiet.get(node)
+        if timer is not None:
+            timer.reset(DELEGATION_QUIET_PERIOD)
+            return
+        self._say(f"{node}: delegating heartbeats of nodes without the cloud "
+                  f"({delegation.delegated_heartbeats} so far)")
+        self._quiet[node] = self._reactor.callLater(
+            DELEGATION_QUIET_PERIOD, self._went_quiet, node, delegation)
+
+    def _went_quiet(self, node: str, delegation: HeartbeatDelegation) -> None:
+        del self._quiet[node]
+        self._say(f"{node}: no heartbeat to delegate any more "
+                  f"({delegation.delegated_heartbeats} in total)")
+
+    def stop(self) -> None:
+        """Cancel every quiet timer."""
+        quiet, self._quiet = self._quiet, {}
+        for timer in quiet.values():
+            timer.cancel()
+
+
 class SandboxError(Exception):
     """The sandbox could not start; the message says why in one line."""
 
@@ -175,20 +215,22 @@ def find_etcd_binary(environ: Mapping[str, str] | None = None) -> str:
 
 def agent_config_text(node: str, cloud_url: str, coordinator_url: str, etcd_url: str,
                       agent_dir: str, kubelet_url: str) -> str:
-    """Ini text of one sandbox agent: plain http everywhere, timings short enough to
-    watch an election happen and long enough for a busy laptop; its kubelet check asks
-    ``kubelet_url``."""
+    """Ini text of one sandbox agent: plain http everywhere, the sandbox's timings
+    (``SANDBOX``); its kubelet check asks ``kubelet_url``."""
     return loopback_agent_ini(
         node, POOL_NAME, [cloud_url], coordinator_url, etcd_url,
-        os.path.join(agent_dir, "pki"), os.path.join(agent_dir, "cache"),
-        leader_election={"lease_duration": "6s", "renew_deadline": "4s",
-                         "retry_period": "1s", "check_interval": "1s"},
-        heartbeat={"interval": HEARTBEAT_INTERVAL, "failed_retry": "3",
-                   "healthy_threshold": "1", "timeout": "2s",
-                   "kubelet_healthz_url": kubelet_url,
-                   "kubelet_grace_period": KUBELET_GRACE_PERIOD},
-        pool_cache={"informer_lease_renew": "3s", "stale_timeout": "10s",
-                    "upload_resources": "kubelet/pods/v1, kubelet/nodes/v1"})
+        os.path.join(agent_dir, "pki"), os.path.join(agent_dir, "cache"), SANDBOX,
+        heartbeat={"kubelet_healthz_url": kubelet_url})
+
+
+def role_of(agent: Agent) -> str:
+    """The agent's role (``init`` for an agent without a coordinator)."""
+    return (agent.coordinator.role if agent.coordinator is not None else Role.INIT).value
+
+
+def leader_seen_by(agent: Agent) -> str | None:
+    """The pool leader the agent sees; None when it sees none or takes no part."""
+    return agent.hub_elector.leader if agent.hub_elector is not None else None
 
 
 def node_object(node: str) -> dict[str, Any]:
@@ -241,7 +283,8 @@ class Sandbox(service.MultiService):
     """The sandbox pool: etcd, the two apiservers, ``agent_count`` agents as children.
 
     ``write_line(text)`` prints one line for the person watching (role changes, URLs,
-    readiness), from the observers of each agent's coordinator and hub elector;
+    readiness), from the observers of each agent's coordinator, hub elector and heartbeat
+    delegation;
     ``on_failure(message)`` is called
     once when the start failed, after everything started so far was cleaned up.
     ``directory`` is the temp dir while running; ``etcd`` the ``EtcdProcess`` of the
@@ -264,7 +307,7 @@ class Sandbox(service.MultiService):
         self.etcd = None
         self.cloud = KubeAPIServer(reactor)
         self.coordinator = KubeAPIServer(reactor)
-        self.agents = {}
+        self.agents: dict[str, Agent] = {}
         self.cloud_links = {}
         self.kubelets = {}
         self.control_url = None
@@ -272,10 +315,10 @@ class Sandbox(service.MultiService):
         self._awaiting_renewal = {}
         self.started = None
         self._stopping = False
-        self._pool_check = None
+        self._delegation_lines = DelegationLines(
+            reactor, lambda text: self._say(f"{self._clock()} {text}"))
         self._lease_watch = None
         self._last_ready = {}
-        self._delegations = {}
         self._all_ready_reported = False
         self._started_at = None
         self._cleaned = None
@@ -290,7 +333,7 @@ class Sandbox(service.MultiService):
 
     def _role_changed(self, node, previous, role):
         """One line per role change of one of our agents."""
-        leader = self.agents[node].hub_elector.leader
+        leader = leader_seen_by(self.agents[node])
         self._say(f"{self._clock()} {node}: role {previous.value} -> {role.value} "
                   f"(leader: {leader or 'none yet'})")
 
@@ -300,31 +343,11 @@ class Sandbox(service.MultiService):
         self._say(f"{self._clock()} {node}: sees leader {leader}")
         self._check_all_ready()
 
-    def _check_pool(self):
-        self._check_delegations()
-
-    def _check_delegations(self):
-        """One line when an agent starts forwarding heartbeats of other nodes to the
-        cloud, one when it has forwarded none for ``DELEGATION_QUIET_PERIOD``."""
-        now = self.reactor.seconds()
-        for node, agent in self.agents.items():
-            count = agent.delegation.delegated_heartbeats
-            last_count, last_change, active = self._delegations.get(node, (0, now, False))
-            if count > last_count:
-                if not active:
-                    self._say(f"{self._clock()} {node}: delegating heartbeats of nodes "
-                              f"without the cloud ({count} so far)")
-                self._delegations[node] = (count, now, True)
-            elif active and now - last_change >= DELEGATION_QUIET_PERIOD:
-                self._say(f"{self._clock()} {node}: no heartbeat to delegate any more "
-                          f"({count} in total)")
-                self._delegations[node] = (count, last_change, False)
-
     def _readiness_changed(self, node, ready):
         """One line when an agent turns ready or unready."""
         self._last_ready[node] = ready
         state = "ready" if ready else "not ready"
-        role = self.agents[node].coordinator.role
+        role = role_of(self.agents[node])
         self._say(f"{self._clock()} {node}: {state} (role {role})")
         self._check_all_ready()
 
@@ -332,7 +355,7 @@ class Sandbox(service.MultiService):
         """One line the first time every agent is ready and names the same leader."""
         if self._all_ready_reported or not all(self._last_ready.get(n) for n in self.nodes):
             return
-        leaders = {agent.hub_elector.leader for agent in self.agents.values()}
+        leaders = {leader_seen_by(agent) for agent in self.agents.values()}
         if len(leaders) == 1 and None not in leaders:
             self._all_ready_reported = True
             took = self.reactor.seconds() - self._started_at
@@ -380,20 +403,20 @@ class Sandbox(service.MultiService):
                                   etcd.client_url, agent_dir, self.kubelets[node].url()),
                 f"<sandbox {node}>")
             agent = make_service(config, self.reactor)
-            agent.kubelet_checker.add_listener(
-                lambda alive, node=node: self._kubelet_changed(node, alive))
-            agent.coordinator.add_role_observer(
-                lambda previous, role, node=node: self._role_changed(node, previous, role))
-            agent.coordinator.add_readiness_observer(
-                lambda ready, node=node: self._readiness_changed(node, ready))
-            agent.hub_elector.add_leader_observer(
-                lambda leader, node=node: self._leader_seen(node, leader))
+            coordinator, hub_elector = agent.coordinator, agent.hub_elector
+            kubelet_checker, delegation = agent.kubelet_checker, agent.delegation
+            if (coordinator is None or hub_elector is None or kubelet_checker is None
+                    or delegation is None):
+                raise SandboxError(f"{node}: its configuration built an agent without a "
+                                   "coordinator or without a kubelet check")
+            kubelet_checker.add_listener(functools.partial(self._kubelet_changed, node))
+            coordinator.add_role_observer(functools.partial(self._role_changed, node))
+            coordinator.add_readiness_observer(functools.partial(self._readiness_changed, node))
+            hub_elector.add_leader_observer(functools.partial(self._leader_seen, node))
+            self._delegation_lines.follow(node, delegation)
             self.agents[node] = agent
             agent.setServiceParent(self)
             self._say(f"{node} pool page {agent.status_http.url}/")
-        self._pool_check = LoopingCall(self._check_pool)
-        self._pool_check.clock = self.reactor
-        self._pool_check.start(POOL_CHECK_INTERVAL, now=False)
         self._say(f"{len(self.nodes)} agents started; Ctrl-C stops the sandbox")
         self._say(f"kill -USR1 {os.getpid()} cuts the leader's cloud link (failover and "
                   f"heartbeat delegation), kill -USR2 {os.getpid()} restores every link")
@@ -499,9 +522,10 @@ class Sandbox(service.MultiService):
             lease = self._cloud_lease(node)
             renewed = renew_time(lease) if lease else None
             states[node] = {
-                "role": agent.coordinator.role if agent is not None else "not started",
+                "role": role_of(agent) if agent is not None else "not started",
                 "kubelet_running": self.kubelets[node].running,
                 "agent_sees_kubelet_alive": (agent is not None
+                                             and agent.kubelet_checker is not None
                                              and agent.kubelet_checker.is_alive()),
                 "cloud_lease_renew_time": self._renew_text(node),
                 "cloud_lease_age_seconds": None if renewed is None else round(now - renewed, 1),
@@ -513,7 +537,7 @@ class Sandbox(service.MultiService):
     def cut_leader_cloud(self) -> defer.Deferred[list[None]] | None:
         """Take the cloud from the current leader only (SIGUSR1)."""
         leader = next((node for node, agent in self.agents.items()
-                       if agent.coordinator.role == "leader"), None)
+                       if role_of(agent) == Role.LEADER.value), None)
         if leader is None:
             self._say(f"{self._clock()} no leader right now: no cloud link cut")
             return None
@@ -571,8 +595,7 @@ class Sandbox(service.MultiService):
 
     @defer.inlineCallbacks
     def _stop_everything(self):
-        if self._pool_check is not None and self._pool_check.running:
-            self._pool_check.stop()
+        self._delegation_lines.stop()
         if self._lease_watch is not None:
             self._lease_watch.cancel()
         if self.running:

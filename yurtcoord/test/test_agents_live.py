@@ -21,7 +21,8 @@ from yurtcoord.kube.lease import renew_time
 from yurtcoord.role.roles import Role
 from yurtcoord.testing.poll import poll_until
 from yurtcoord.sim.tcpproxy import TCPProxy
-from yurtcoord.testing.inprocess import PoolWorld, StatusReader, write_cached_pod
+from yurtcoord.testing.agentpages import StatusReader
+from yurtcoord.testing.inprocess import PoolWorld, write_cached_pod
 
 NODES = ("edge-1", "edge-2", "edge-3")
 STEP_TIMEOUT = 30.0
@@ -55,30 +56,9 @@ class ThreeAgentPoolTests(unittest.TestCase):
 
     # -- reading the agents ------------------------------------------------------------
 
-    @defer.inlineCallbacks
-    def statuses(self):
-        documents = {}
-        for node, agent in self.agents.items():
-            documents[node] = yield self.reader.status(agent.status_http.url)
-        return documents
-
-    @defer.inlineCallbacks
     def wait_for_pool(self, what, predicate, timeout=STEP_TIMEOUT):
-        """Poll every agent's ``/status`` until ``predicate({node: document})``."""
-        seen = {}
-
-        @defer.inlineCallbacks
-        def check():
-            seen["statuses"] = yield self.statuses()
-            return predicate(seen["statuses"])
-
-        try:
-            yield poll_until(check, timeout, 0.05, reactor, what=what)
-        except AssertionError as error:
-            summary = {n: (s["role"], s["leader"], s["ready"])
-                       for n, s in (seen.get("statuses") or {}).items()}
-            raise AssertionError(f"{error}; last (role, leader, ready): {summary}") from None
-        return seen["statuses"]
+        """Poll every running agent's ``/status`` until ``predicate({node: document})``."""
+        return self.world.wait_for_pool(what, predicate, timeout)
 
     @defer.inlineCallbacks
     def wait_for_metrics(self, node, role, healthy, ready):
@@ -114,9 +94,7 @@ class ThreeAgentPoolTests(unittest.TestCase):
             yield self.wait_for_metrics(node, role, healthy=True, ready=ready)
 
     def pool_lease_annotation(self, node):
-        lease = self.world.node_lease(self.world.coordinator, node) or {}
-        return (lease.get("metadata", {}).get("annotations") or {}).get(
-            DELEGATE_HEARTBEAT_ANNOTATION)
+        return self.world.delegate_annotation(self.world.coordinator, node)
 
     # -- the scenario ------------------------------------------------------------------
 

@@ -12,8 +12,9 @@ answer logs, polled with bounded deadlines.
 from twisted.internet import defer, reactor
 from twisted.trial import unittest
 
+from yurtcoord.testing.agentpages import StatusReader
 from yurtcoord.testing.inprocess import (
-    ELECTION_LEASE, ELECTION_NAMESPACE, PoolWorld, StatusReader, write_cached_pod,
+    ELECTION_LEASE, ELECTION_NAMESPACE, PoolWorld, write_cached_pod,
 )
 from yurtcoord.testing.poll import poll_until
 

@@ -759,6 +759,78 @@ class DelegationRuleTests(DelegationFixture, unittest.TestCase):
         self.assertEqual((self.delegation.delegated, self.delegation.skipped), (1, 1))
 
 
+class DelegationObserverTests(DelegationFixture, unittest.TestCase):
+    """Observers hear of every forwarded and every refused heartbeat, once each."""
+
+    pool_nodes = ("node-a", "node-b", "node-c")
+
+    def setUp(self):
+        super().setUp()
+        self.heard = []
+        self.delegation.add_delegation_observer(
+            lambda node, outcome: self.heard.append((node, outcome)))
+
+    def test_each_forward_is_heard_once_with_its_node_and_outcome(self):
+        self.start()
+        self.informer.add(pool_lease("node-b", T0 + 1))
+        self.assertEqual(self.heard, [("node-b", "created")])
+        self.informer.update(pool_lease("node-b", T0 + 1), pool_lease("node-b", T0 + 2))
+        self.informer.add(pool_lease("node-c", T0 + 2))
+        self.assertEqual(self.heard, [("node-b", "created"), ("node-b", "updated"),
+                                      ("node-c", "created")])
+        self.assertEqual(len(self.heard), self.delegation.delegated_heartbeats)
+        self.assertEqual(self.clock.getDelayedCalls(), [])
+
+    def test_a_state_the_cloud_already_has_is_not_heard(self):
+        self.cloud.put(LEASES, cloud_lease("node-b", T0 + 10))
+        self.start()
+        self.informer.add(pool_lease("node-b", T0 + 5))
+        self.assertEqual(self.delegation.skipped, 1)
+        self.assertEqual(self.heard, [])
+
+    def test_a_forward_that_failed_first_is_heard_once_when_it_is_written(self):
+        self.cloud.fail_next("get", ServerError("boom"), count=2)
+        self.start()
+        self.informer.add(pool_lease("node-b", T0 + 1))
+        self.assertEqual(self.heard, [])
+        self.clock.advance(1.0)
+        self.assertEqual(self.heard, [])
+        self.clock.advance(2.0)
+        self.assertEqual(self.delegation.failures, 2)
+        self.assertEqual(self.heard, [("node-b", "created")])
+        self.clock.advance(60)
+        self.assertEqual(self.heard, [("node-b", "created")])
+
+    def test_each_refusal_is_heard_with_its_reason(self):
+        self.node_reader.put(NODES, pool_node("node-other", pool="pool-b"))
+        self.start()
+        impostor = pool_lease("node-b", T0 + 1)
+        impostor["spec"]["holderIdentity"] = "node-a"
+        self.informer.add(impostor)
+        self.informer.add(pool_lease("node-other", T0 + 1))
+        self.informer.add(pool_lease("node-c", NOW + 3600))
+        self.assertEqual(self.heard, [("node-b", "holder_mismatch"),
+                                      ("node-other", "not_pool_member"),
+                                      ("node-c", "renew_time_in_future")])
+        self.assertEqual(self.cloud.calls, [])
+
+    def test_a_failing_observer_is_logged_and_the_forward_still_counts(self):
+        def broken(node, outcome):
+            raise RuntimeError("observer broke")
+
+        delegation = self.build()
+        delegation.add_delegation_observer(broken)
+        delegation.add_delegation_observer(
+            lambda node, outcome: self.heard.append((node, outcome)))
+        self.delegation = delegation
+        self.start()
+        self.informer.add(pool_lease("node-b", T0 + 1))
+        self.assertEqual(len(self.flushLoggedErrors(RuntimeError)), 1)
+        self.assertEqual(self.heard, [("node-b", "created")])
+        self.assertEqual(delegation.delegated_heartbeats, 1)
+        self.assertIsNotNone(self.stored("node-b"))
+
+
 class LeaseShapingTests(unittest.TestCase):
     def test_lease_for_create_carries_the_forwarded_fields_only(self):
         lease = pool_lease("node-b", T0, annotations={"b": "2"})

@@ -19,7 +19,6 @@ Measured figures are printed as ``DELEGATION-E2E <name>=<value>`` lines.
 from twisted.internet import defer, reactor, task
 from twisted.trial import unittest
 
-from yurtcoord.agent.config import parse_duration
 from yurtcoord.heartbeat.probes import DELEGATE_HEARTBEAT_ANNOTATION, NODE_LEASE_NAMESPACE
 from yurtcoord.kube.lease import format_micro_time
 from yurtcoord.kube.gvr import LEASES, NODES
@@ -27,12 +26,12 @@ from yurtcoord.kube.lease import renew_time
 from yurtcoord.testing.cloudleases import CloudLeaseChanges, CloudLeaseSampler
 from yurtcoord.testing.poll import poll_until
 from yurtcoord.testing.world import (
-    LEASE_DURATION, POOL, RETRY_PERIOD, TIMINGS, ProcessWorld, add_pool_node, leader_of,
-    one_leader_all_ready,
+    HEARTBEAT_INTERVAL, LEASE_DURATION, POOL, RETRY_PERIOD, ProcessWorld, add_pool_node,
+    leader_of, one_leader_all_ready,
 )
 
 NODES_OF_POOL = ("edge-1", "edge-2", "edge-3")
-INTERVAL = parse_duration(TIMINGS["heartbeat_interval"])
+INTERVAL = HEARTBEAT_INTERVAL
 TAKEOVER = LEASE_DURATION + RETRY_PERIOD
 MAX_RENEW_AGE = 2 * INTERVAL + TAKEOVER
 SAMPLE_EVERY = 0.05
@@ -85,9 +84,7 @@ class DelegationE2EBase(unittest.TestCase):
         self.leader = leader_of(statuses)
 
     def pool_annotation(self, node):
-        lease = self.world.node_lease(self.world.coordinator, node) or {}
-        return (lease.get("metadata", {}).get("annotations") or {}).get(
-            DELEGATE_HEARTBEAT_ANNOTATION)
+        return self.world.delegate_annotation(self.world.coordinator, node)
 
     @defer.inlineCallbacks
     def cut_off(self, node):

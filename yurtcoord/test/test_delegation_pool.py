@@ -22,22 +22,20 @@ a process killed with SIGKILL would leave the election lease held, and the agent
 stops at once in the same reactor turn. Peers must wait for the lease to expire.
 """
 
-import os
 
 from twisted.internet import defer, reactor
 from twisted.trial import unittest
 
-from yurtcoord.agent.config import parse_config
 from yurtcoord.heartbeat.probes import DELEGATE_HEARTBEAT_ANNOTATION, NODE_LEASE_NAMESPACE
 from yurtcoord.kube.gvr import LEASES
 from yurtcoord.kube.lease import format_micro_time, renew_time
 from yurtcoord.role.roles import Role
-from yurtcoord.sim.agentini import loopback_agent_ini
+from yurtcoord.sim.agentini import IN_PROCESS_SUITE, TEST_ELECTION_LEASE
 from yurtcoord.sim.apiserver.selectors import ObjectFilter
 from yurtcoord.testing.poll import poll_until
 from yurtcoord.sim.tcpproxy import TCPProxy
 from yurtcoord.testing.world import add_pool_node
-from yurtcoord.testing.inprocess import ELECTION_LEASE, ELECTION_NAMESPACE, POOL, PoolWorld
+from yurtcoord.testing.inprocess import POOL, PoolWorld
 
 NODES = ("edge-1", "edge-2", "edge-3")
 GHOST = "edge-ghost"
@@ -47,15 +45,6 @@ MAX_GAP_ACROSS_LEADER_DEATH = 20.0
 # cloud healthy again after 2 successes, a new leader <= 17 s after a death.
 STEP_TIMEOUT = 30.0
 RESTORE_TIMEOUT = 50.0
-
-
-def default_timings_config_text(node, cloud_url, coordinator_url, etcd_url, pki_dir,
-                                 cache_dir):
-    """Ini of one agent that leaves every timing at its default."""
-    return loopback_agent_ini(
-        node, POOL, [cloud_url], coordinator_url, etcd_url, pki_dir, cache_dir,
-        leader_election={"lease_namespace": ELECTION_NAMESPACE,
-                         "lease_name": ELECTION_LEASE})
 
 
 class RecordingLeaseProxyClient:
@@ -159,9 +148,7 @@ class PoolAgents:
                    for n in electing if n != leader)
 
     def pool_annotation(self, node):
-        lease = self.world.node_lease(self.world.coordinator, node) or {}
-        return (lease.get("metadata", {}).get("annotations") or {}).get(
-            DELEGATE_HEARTBEAT_ANNOTATION)
+        return self.world.delegate_annotation(self.world.coordinator, node)
 
     def kill(self, node):
         """Stop ``node`` abruptly: its lease is not released (see the module docstring)."""
@@ -190,8 +177,11 @@ def renew_ghost(coordinator, annotations=None):
         coordinator.store.update(LEASES, lease, namespace=NODE_LEASE_NAMESPACE)
 
 
-class DelegationPoolDefaultTimingsTests(unittest.TestCase):
-    timeout = 240
+class PoolTestCase(unittest.TestCase):
+    """A ``PoolWorld`` with the pool's agents running, each with the ``timings`` preset
+    and its own cloud proxy, and a log of the cloud's lease changes."""
+
+    timings = IN_PROCESS_SUITE
 
     @defer.inlineCallbacks
     def setUp(self):
@@ -203,21 +193,19 @@ class DelegationPoolDefaultTimingsTests(unittest.TestCase):
         yield self.pool.start(self.config)
 
     def config(self, node, cloud_url):
-        base = self.mktemp()
-        cache_dir = os.path.join(base, "cache")
-        os.makedirs(cache_dir)
-        text = default_timings_config_text(
-            node, cloud_url, self.world.coordinator.url, self.world.etcd.client_url,
-            os.path.join(base, "pki"), cache_dir)
-        return parse_config(text, f"<{node}>")
+        return self.world.config(node, cloud_urls=[cloud_url], timings=self.timings)
+
+
+class DelegationPoolDefaultTimingsTests(PoolTestCase):
+    timeout = 240
+    # Every timing at its default.
+    timings = TEST_ELECTION_LEASE
 
     def cloud_lease(self, node):
         return self.world.node_lease(self.world.cloud, node)
 
     def cloud_annotation(self, node):
-        lease = self.cloud_lease(node) or {}
-        return (lease.get("metadata", {}).get("annotations") or {}).get(
-            DELEGATE_HEARTBEAT_ANNOTATION)
+        return self.world.delegate_annotation(self.world.cloud, node)
 
     def delegated_renewals(self, node, since):
         """renewTimes of ``node``'s cloud lease written after ``since`` with the
@@ -323,7 +311,7 @@ class DelegationPoolDefaultTimingsTests(unittest.TestCase):
               {name: round(value, 2) for name, value in timings.items()})
 
 
-class DelegationPoolShortTimingsTests(unittest.TestCase):
+class DelegationPoolShortTimingsTests(PoolTestCase):
     """Pool-level checks that need no default timings (test timings of
     ``test_service``: heartbeat every 0.3 s, lease 2 s)."""
 
@@ -331,12 +319,7 @@ class DelegationPoolShortTimingsTests(unittest.TestCase):
 
     @defer.inlineCallbacks
     def setUp(self):
-        self.world = PoolWorld(self)
-        yield self.world.start()
-        self.cloud_log = CloudLeaseLog(self.world.cloud)
-        self.addCleanup(self.cloud_log.stop)
-        self.pool = PoolAgents(self, self.world)
-        yield self.pool.start(lambda node, url: self.world.config(node, cloud_urls=[url]))
+        yield super().setUp()
         # The ghost is a Node of the pool whose lease is written straight into the
         # coordinator's store.
         add_pool_node(self.world.cloud, GHOST, POOL)

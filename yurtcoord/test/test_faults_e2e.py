@@ -18,7 +18,6 @@ import signal
 from twisted.internet import defer, reactor, threads
 from twisted.trial import unittest
 
-from yurtcoord.heartbeat.probes import DELEGATE_HEARTBEAT_ANNOTATION
 from yurtcoord.kube.gvr import CONFIGMAPS, ENDPOINTS, LEASES
 from yurtcoord.testing.poll import PollTimeout, poll_until
 from yurtcoord.testing.world import (
@@ -326,9 +325,7 @@ class CloudCutTests(FaultSuiteBase):
     """Every agent loses the cloud: nobody may lead; heartbeats wait in the coordinator."""
 
     def delegate_annotation(self, node):
-        lease = self.world.node_lease(self.world.coordinator, node) or {}
-        return (lease.get("metadata", {}).get("annotations") or {}).get(
-            DELEGATE_HEARTBEAT_ANNOTATION)
+        return self.world.delegate_annotation(self.world.coordinator, node)
 
     @defer.inlineCallbacks
     def test_cloud_cut_for_all_agents_then_restored(self):

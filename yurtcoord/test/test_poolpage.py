@@ -3,7 +3,6 @@ escaped, no external assets, and, in headless Chromium, a screenshot and a DOM t
 the page's own script refreshed from ``/status`` so that it names the current leader."""
 
 import os
-import re
 
 import treq.client
 from twisted.internet import defer, reactor

@@ -8,7 +8,6 @@ import time
 from typing import Any, Generator, Optional
 
 from twisted.internet import defer, reactor, task
-from twisted.trial import unittest
 
 from yurtcoord.etcd.client import EtcdClient, EtcdConfig
 from yurtcoord.etcd.errors import EtcdError, EtcdUnavailable

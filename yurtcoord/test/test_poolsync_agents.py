@@ -11,13 +11,11 @@ Times are taken when an answer arrives, so every "became X at" is at most one po
 round late; bounds are checked on those observed times.
 """
 
-import os
 
 from twisted.internet import defer, reactor
 from twisted.internet.utils import getProcessOutputAndValue
 from twisted.trial import unittest
 
-from yurtcoord.agent.config import parse_config
 from yurtcoord.kube.gvr import ENDPOINTS, ENDPOINTSLICES_V1, LEASES
 from yurtcoord.kube.lease import LeaseRecord
 from yurtcoord.pool.sync import INFORMER_SYNC_LEASE_NAME, INFORMER_SYNC_LEASE_NAMESPACE
@@ -26,7 +24,7 @@ from yurtcoord.testing.poll import poll_until
 from yurtcoord.testing.twistd import child_environment
 from yurtcoord.testing.world import ProcessWorld, agent_ini
 from yurtcoord.testing.cloudobjects import make_endpoints, make_slice
-from yurtcoord.testing.inprocess import PoolWorld, StatusReader, agent_config_text, write_cached_pod
+from yurtcoord.testing.inprocess import PoolWorld, write_cached_pod
 
 ETCD_35 = etcd_binary_for("3.5")
 NAMESPACES = ("default", "kube-system", "team-a")
@@ -44,21 +42,9 @@ NOT_SYNCED_AFTER_DELETE = 1.0
 
 def pool_config(world, node, informer_lease_renew, stale_timeout, cloud_urls=None):
     """``PoolWorld.config`` with the pool cache timings of this module."""
-    base = world.test.mktemp()
-    cache_dir = os.path.join(base, "cache")
-    os.makedirs(cache_dir)
-    text = agent_config_text(node, cloud_urls or [world.cloud.url], world.coordinator.url,
-                             world.etcd.client_url, os.path.join(base, "pki"), cache_dir)
-    text = _replace_once(text, "informer_lease_renew = 1s",
-                         f"informer_lease_renew = {informer_lease_renew}")
-    text = _replace_once(text, "stale_timeout = 3s", f"stale_timeout = {stale_timeout}")
-    return parse_config(text, f"<{node}>")
-
-
-def _replace_once(text, old, new):
-    if text.count(old) != 1:
-        raise AssertionError(f"agent config template no longer has {old!r} once")
-    return text.replace(old, new)
+    return world.config(node, cloud_urls=cloud_urls,
+                        pool_cache={"informer_lease_renew": informer_lease_renew,
+                                    "stale_timeout": stale_timeout})
 
 
 def seed_cloud(cloud, count):
@@ -121,7 +107,6 @@ class InProcessPoolTests(unittest.TestCase):
             raise unittest.SkipTest("etcd 3.5 not available")
         self.world = PoolWorld(self)
         yield self.world.start()
-        self.reader = StatusReader()
         self.agents = {}
 
     def start_agents(self, nodes, informer_lease_renew="10s", stale_timeout="30s"):
@@ -130,12 +115,8 @@ class InProcessPoolTests(unittest.TestCase):
             write_cached_pod(config.pool_cache.local_cache_dir, f"pod-of-{node}", 5)
             self.agents[node] = self.world.start_agent(config)
 
-    @defer.inlineCallbacks
     def statuses(self):
-        documents = yield defer.gatherResults(
-            [self.reader.status(agent.status_http.url) for agent in self.agents.values()],
-            consumeErrors=True)
-        return dict(zip(self.agents, documents))
+        return self.world.statuses()
 
     @defer.inlineCallbacks
     def pool_etcd_complete(self, count):
@@ -301,11 +282,9 @@ class KilledLeaderTests(unittest.TestCase):
     def start_agent(self, agent):
         ini = agent_ini(agent.node, agent.cloud_proxy.url(), self.world.coordinator.url,
                         self.world.etcd.client_url, agent.pki_dir, agent.cache_dir,
-                        "127.0.0.1:0")
-        ini = _replace_once(ini, "informer_lease_renew = 1s",
-                            f"informer_lease_renew = {self.RENEW:g}s")
-        ini = _replace_once(ini, "stale_timeout = 4s",
-                            f"stale_timeout = {self.STALE_TIMEOUT:g}s")
+                        "127.0.0.1:0",
+                        pool_cache={"informer_lease_renew": f"{self.RENEW:g}s",
+                                    "stale_timeout": f"{self.STALE_TIMEOUT:g}s"})
         agent.start(ini)
         return agent.wait_listening()
 

@@ -16,6 +16,7 @@ import signal
 
 from twisted.internet import defer, reactor
 from twisted.internet.interfaces import IReactorCore, IReactorFromThreads
+from twisted.internet.task import Clock
 from twisted.internet.testing import MemoryReactorClock
 from twisted.internet.utils import getProcessOutputAndValue
 from twisted.logger import Logger
@@ -26,15 +27,20 @@ from zope.interface.verify import verifyObject
 
 from yurtcoord.agent.config import parse_duration
 from yurtcoord.kube.gvr import ENDPOINTS, ENDPOINTSLICES_V1, NODES
-from yurtcoord.kube.lease import renew_time
+from yurtcoord.heartbeat.delegation import HeartbeatDelegation
+from yurtcoord.kube.lease import format_micro_time, renew_time
+from yurtcoord.names import DELEGATE_HEARTBEAT_ANNOTATION, NODE_LEASE_NAMESPACE, NODE_POOL_LABEL
 from yurtcoord.sim.sandbox import (
-    CACHED_PODS, HEARTBEAT_INTERVAL, KUBELET_GRACE_PERIOD, SEEDED_SERVICES, Sandbox,
-    find_etcd_binary, seed_cloud,
+    CACHED_PODS, DELEGATION_QUIET_PERIOD, HEARTBEAT_INTERVAL, KUBELET_GRACE_PERIOD,
+    SEEDED_SERVICES, DelegationLines, Sandbox, find_etcd_binary, seed_cloud,
 )
 from yurtcoord.testing.twistd import TWISTD, TwistdProcess, child_environment, port_is_free
 from yurtcoord.sim.apiserver import KubeAPIServer
+from yurtcoord.testing.fakehealth import FakeHealth
+from yurtcoord.testing.fakeinformer import FakeInformer
+from yurtcoord.testing.fakekube import FakeKube
 from yurtcoord.testing.poll import poll_until
-from yurtcoord.testing.inprocess import StatusReader
+from yurtcoord.testing.agentpages import StatusReader, wait_for_statuses
 
 READY_DEADLINE = 60.0
 OUTPUT_DEADLINE = 30.0
@@ -137,14 +143,7 @@ class SandboxTests(unittest.TestCase):
 
     @defer.inlineCallbacks
     def wait_for_one_leader_all_ready(self, run, pages):
-        seen = {}
-
-        @defer.inlineCallbacks
-        def one_leader_all_ready():
-            statuses = {}
-            for node, url in pages.items():
-                statuses[node] = yield self.reader.status(url)
-            seen["statuses"] = statuses
+        def one_leader_all_ready(statuses):
             leaders = [n for n, s in statuses.items() if s["role"] == "leader"]
             return (len(leaders) == 1
                     and all(s["ready"] for s in statuses.values())
@@ -152,15 +151,10 @@ class SandboxTests(unittest.TestCase):
                     and all(s["role"] == "follower" for n, s in statuses.items()
                             if n not in leaders))
 
-        try:
-            yield poll_until(one_leader_all_ready, READY_DEADLINE, 0.1, reactor,
-                             what="one leader, every other agent follower, all ready")
-        except AssertionError as error:
-            summary = {n: (s["role"], s["leader"], s["ready"])
-                       for n, s in (seen.get("statuses") or {}).items()}
-            raise AssertionError(f"{error}; last (role, leader, ready): {summary}\n"
-                                 f"{run.output[-3000:]}") from None
-        statuses = seen["statuses"]
+        statuses = yield wait_for_statuses(
+            lambda: self.reader.statuses(pages),
+            "one leader, every other agent follower, all ready", one_leader_all_ready,
+            READY_DEADLINE, reactor, 0.1, details=lambda: run.output[-3000:])
         return next(n for n, s in statuses.items() if s["role"] == "leader"), statuses
 
     @defer.inlineCallbacks
@@ -282,14 +276,8 @@ class SandboxTests(unittest.TestCase):
         before = yield self.reader.status(pages[leader])
         cut_at = reactor.seconds()
         run.child.transport.signalProcess(signal.SIGUSR1)
-        seen = {}
 
-        @defer.inlineCallbacks
-        def new_leader_delegating():
-            statuses = {}
-            for node, url in pages.items():
-                statuses[node] = yield self.reader.status(url)
-            seen["statuses"] = statuses
+        def new_leader_delegating(statuses):
             leaders = [n for n, s in statuses.items() if s["role"] == "leader"]
             return (statuses[leader]["role"] == "follower"
                     and list(statuses[leader]["cloud"].values()) == [False]
@@ -297,13 +285,12 @@ class SandboxTests(unittest.TestCase):
                     and statuses[leaders[0]]["delegated_heartbeats"]
                     > before["delegated_heartbeats"])
 
-        try:
-            yield poll_until(new_leader_delegating, READY_DEADLINE, 0.1, reactor,
-                             what=f"a new leader delegating the heartbeat of {leader}")
-        except AssertionError as error:
-            raise AssertionError(f"{error}; last statuses {seen.get('statuses')}") from None
+        statuses = yield wait_for_statuses(
+            lambda: self.reader.statuses(pages),
+            f"a new leader delegating the heartbeat of {leader}", new_leader_delegating,
+            READY_DEADLINE, reactor, 0.1, details=lambda: run.output[-3000:])
         failover_took = reactor.seconds() - cut_at
-        new_leader = next(n for n, s in seen["statuses"].items() if s["role"] == "leader")
+        new_leader = next(n for n, s in statuses.items() if s["role"] == "leader")
         self.assertIn(f"cloud link of {leader} cut", run.output)
         yield poll_until(
             lambda: re.search(rf"{new_leader}: delegating heartbeats of nodes without the "
@@ -572,3 +559,64 @@ class SandboxPartsTests(unittest.TestCase):
         slices = server.store.list(ENDPOINTSLICES_V1, "default")
         self.assertEqual({s["metadata"]["labels"]["kubernetes.io/service-name"] for s in slices},
                          set(SEEDED_SERVICES))
+
+
+class DelegationLinesTests(unittest.TestCase):
+    """The sandbox's delegation lines follow the delegation's observer: one line when
+    an agent starts forwarding, one after ``DELEGATION_QUIET_PERIOD`` without any."""
+
+    def setUp(self):
+        self.clock = Clock()
+        self.clock.advance(1_800_000_000.0)
+        self.leases = FakeInformer()
+        nodes = FakeInformer()
+        cloud = FakeKube()
+        self.delegation = HeartbeatDelegation(
+            self.clock, lambda: self.leases, lambda _selector: nodes, FakeKube(),
+            FakeHealth(picks_from=["https://cloud:6443"]).pick_healthy_server,
+            lambda _url: cloud, "pool-a")
+        self.lines = []
+        self.followed = DelegationLines(self.clock, self.lines.append)
+        self.followed.follow("edge-2", self.delegation)
+        self.successResultOf(self.delegation.start(None))
+        nodes.end_list([{"metadata": {"name": "edge-1", "labels": {NODE_POOL_LABEL: "pool-a"}}}])
+
+    def renew(self, holder="edge-1"):
+        """A renewal of edge-1's delegated lease, as the pool leader's informer sees it."""
+        self.leases.add({
+            "metadata": {"name": "edge-1", "namespace": NODE_LEASE_NAMESPACE,
+                         "annotations": {DELEGATE_HEARTBEAT_ANNOTATION: "true"}},
+            "spec": {"holderIdentity": holder,
+                     "renewTime": format_micro_time(self.clock.seconds())}})
+
+    def test_one_line_when_delegating_starts_and_one_after_the_quiet_period(self):
+        self.renew()
+        self.assertEqual(self.lines, ["edge-2: delegating heartbeats of nodes without the "
+                                      "cloud (1 so far)"])
+        for _ in range(3):
+            self.clock.advance(DELEGATION_QUIET_PERIOD - 1)
+            self.renew()
+        self.assertEqual(self.delegation.delegated_heartbeats, 4)
+        self.assertEqual(len(self.lines), 1)
+        self.clock.advance(DELEGATION_QUIET_PERIOD - 0.01)
+        self.assertEqual(len(self.lines), 1)
+        self.clock.advance(0.01)
+        self.assertEqual(self.lines[1:], ["edge-2: no heartbeat to delegate any more "
+                                          "(4 in total)"])
+        self.assertEqual(self.clock.getDelayedCalls(), [])
+        self.renew()
+        self.assertEqual(self.lines[2:], ["edge-2: delegating heartbeats of nodes without "
+                                          "the cloud (5 so far)"])
+
+    def test_a_refused_heartbeat_is_no_delegation(self):
+        self.renew(holder="edge-9")
+        self.assertEqual(self.delegation.refused["holder_mismatch"], 1)
+        self.assertEqual(self.lines, [])
+        self.assertEqual(self.clock.getDelayedCalls(), [])
+
+    def test_stop_cancels_the_quiet_timer(self):
+        self.renew()
+        self.followed.stop()
+        self.assertEqual(self.clock.getDelayedCalls(), [])
+        self.clock.advance(DELEGATION_QUIET_PERIOD)
+        self.assertEqual(len(self.lines), 1)

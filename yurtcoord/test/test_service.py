@@ -19,7 +19,8 @@ from yurtcoord.pool.sync import INFORMER_SYNC_LEASE_NAME, INFORMER_SYNC_LEASE_NA
 from yurtcoord.agent.service import make_service
 from yurtcoord.sim.apiserver import KubeAPIServer
 from yurtcoord.sim.kubelet import StandInKubelet
-from yurtcoord.testing.inprocess import PoolWorld, StatusReader, write_cached_pod
+from yurtcoord.testing.agentpages import StatusReader
+from yurtcoord.testing.inprocess import PoolWorld, write_cached_pod
 from yurtcoord.testing.poll import PollTimeout, poll_until
 from yurtcoord.sim.tcpproxy import TCPProxy
 

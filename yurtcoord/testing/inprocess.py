@@ -1,100 +1,57 @@
 """A pool of agents built in the test's own process by ``make_service``, over real
 sockets: a cloud and a coordinator Kubernetes API test server, a real etcd, temp dirs
-and the config text of each agent; and a reader of the agents' status pages."""
+and the config text of each agent.
+
+This is the pool world for tests that reach into an agent (its coordinator, hub
+elector, delegation) or swap one of its parts; ``world.ProcessWorld`` runs each agent
+as a separate ``twistd`` process instead, for faults that need one (an agent killed,
+sent SIGTERM, or failing apart from the test's reactor). What the two share is written
+once: the ini text (``sim.agentini``), the reader of the agents' pages
+(``agentpages``), and in ``world`` the pool's Nodes in the cloud, the readers of node
+leases and their delegate annotation, and the pods of a node's local cache."""
 
 import base64
-import json
 import os
-from typing import Any, Dict, Generator, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Generator, List, Mapping, Optional, Sequence
 
-import treq.client
 from twisted.internet import defer, reactor
 from twisted.trial import unittest
-from twisted.web.client import Agent as HTTPAgent, HTTPConnectionPool
 
 from yurtcoord.agent.certs import CERTS_SECRET_NAME
 from yurtcoord.agent.config import Config, parse_config
 from yurtcoord.agent.service import Agent, make_service
-from yurtcoord.heartbeat.probes import NODE_LEASE_NAMESPACE
 from yurtcoord.kube.gvr import LEASES
 from yurtcoord.kube.lease import LeaseRecord
-from yurtcoord.sim.agentini import loopback_agent_ini
+from yurtcoord.sim.agentini import IN_PROCESS_SUITE, Sections, loopback_agent_ini
 from yurtcoord.sim.apiserver import KubeAPIServer
 from yurtcoord.sim.etcd import EtcdProcess, etcd_binary_for
 from yurtcoord.sim.pki import TestCA
-from yurtcoord.testing.world import ELECTION_LEASE, ELECTION_NAMESPACE, POOL, add_pool_node
+from yurtcoord.testing.agentpages import Statuses, StatusReader, wait_for_statuses
+from yurtcoord.testing.world import (
+    ELECTION_LEASE, ELECTION_NAMESPACE, POOL, add_pool_node, read_delegate_annotation,
+    read_node_lease, write_cached_pod,
+)
 
-__all__ = ["ELECTION_LEASE", "ELECTION_NAMESPACE", "POOL", "PoolWorld", "StatusReader",
-           "agent_config_text", "certs_secret", "write_cached_pod"]
+__all__ = ["ELECTION_LEASE", "ELECTION_NAMESPACE", "POOL", "PoolWorld", "agent_config_text",
+           "certs_secret", "write_cached_pod"]
 
 
 def agent_config_text(node: str, cloud_urls: Sequence[str], coordinator_url: str, etcd_url: str,
                       pki_dir: str, cache_dir: str, enabled: bool = True,
                       coordinator_tls: bool = False,
-                      heartbeat: Optional[Mapping[str, str]] = None) -> str:
-    """Ini text of one test agent: short timings (lease 2 s, renew 1.5 s, retry 0.3 s,
-    check every 0.3 s, heartbeat every 4 s in up to 3 attempts of 1.2 s (a first
-    write reads the lease and the Node, then creates), healthy after one probe), plain
-    http to the cloud, plain http or TLS (certificates from the certs Secret) to the
-    coordinator."""
+                      heartbeat: Optional[Mapping[str, str]] = None,
+                      timings: Sections = IN_PROCESS_SUITE,
+                      **sections: Mapping[str, object]) -> str:
+    """Ini text of one test agent: the short timings of ``IN_PROCESS_SUITE`` (or
+    ``timings``), plain http to the cloud, plain http or TLS (certificates from the
+    certs Secret) to the coordinator; ``heartbeat`` and ``sections`` are merged over
+    those, key by key."""
     return loopback_agent_ini(
-        node, POOL, cloud_urls, coordinator_url, etcd_url, pki_dir, cache_dir,
-        coordinator={"enabled": "true" if enabled else "false",
-                     "insecure": "false" if coordinator_tls else "true"},
-        leader_election={"lease_namespace": ELECTION_NAMESPACE,
-                         "lease_name": ELECTION_LEASE, "lease_duration": "2s",
-                         "renew_deadline": "1500ms", "retry_period": "300ms",
-                         "check_interval": "300ms"},
-        heartbeat={"interval": "4s", "failed_retry": "3", "healthy_threshold": "1",
-                   "timeout": "1200ms", **(heartbeat or {})},
-        pool_cache={"informer_lease_renew": "1s", "stale_timeout": "3s"})
-
-
-def write_cached_pod(cache_dir: str, name: str, resource_version: int | str,
-                     namespace: str = "default") -> None:
-    """A pod in the node's yurthub disk cache layout (``kubelet/pods.v1.core``)."""
-    directory = os.path.join(cache_dir, "kubelet", "pods.v1.core", namespace)
-    os.makedirs(directory, exist_ok=True)
-    pod = {"apiVersion": "v1", "kind": "Pod",
-           "metadata": {"name": name, "namespace": namespace,
-                        "resourceVersion": str(resource_version)}}
-    with open(os.path.join(directory, name), "w", encoding="utf-8") as f:
-        json.dump(pod, f)
-
-
-class StatusReader:
-    """GETs an agent's status pages over a non-persistent pool (no idle sockets left)."""
-
-    def __init__(self) -> None:
-        pool = HTTPConnectionPool(reactor, persistent=False)
-        self.http = treq.client.HTTPClient(HTTPAgent(reactor, pool=pool, connectTimeout=2))
-
-    @defer.inlineCallbacks
-    def get(self, base_url: str, page: str) -> Generator[Any, Any, Tuple[int, bytes]]:
-        """``(code, body bytes)`` of ``base_url/page``."""
-        response = yield self.http.get(f"{base_url}/{page}")
-        body = yield response.content()
-        return response.code, body
-
-    @defer.inlineCallbacks
-    def status(self, base_url: str) -> Generator[Any, Any, Any]:
-        code, body = yield self.get(base_url, "status")
-        if code != 200:
-            raise AssertionError(f"/status answered {code}: {body!r}")
-        return json.loads(body)
-
-    @defer.inlineCallbacks
-    def metrics(self, base_url: str) -> Generator[Any, Any, Dict[str, float]]:
-        """``{name or name{labels}: value}`` of the Prometheus text page."""
-        code, body = yield self.get(base_url, "metrics")
-        if code != 200:
-            raise AssertionError(f"/metrics answered {code}")
-        samples: Dict[str, float] = {}
-        for line in body.decode("utf-8").splitlines():
-            if line and not line.startswith("#"):
-                name, _, value = line.rpartition(" ")
-                samples[name] = float(value)
-        return samples
+        node, POOL, cloud_urls, coordinator_url, etcd_url, pki_dir, cache_dir, timings,
+        {"coordinator": {"enabled": "true" if enabled else "false",
+                         "insecure": "false" if coordinator_tls else "true"},
+         "heartbeat": heartbeat or {}},
+        **sections)
 
 
 def certs_secret(ca: TestCA) -> Dict[str, Any]:
@@ -119,7 +76,9 @@ def certs_secret(ca: TestCA) -> Dict[str, Any]:
 
 class PoolWorld:
     """A cloud and a coordinator API test server and a real etcd 3.5 (3.4 when 3.5
-    is missing), plus temp dirs, for agents built with ``make_service``.
+    is missing), plus temp dirs, for agents built with ``make_service`` in the test
+    process; ``statuses()`` and ``wait_for_pool()`` read them as ``ProcessWorld``
+    reads its agent processes, through the shared ``StatusReader`` (``reader``).
 
     With ``tls`` the coordinator apiserver and etcd serve TLS and require client
     certificates of a test CA, and the cloud holds the certs Secret with them. With
@@ -147,6 +106,7 @@ class PoolWorld:
             KubeAPIServer(reactor, tls_dir=tls_dir, storage=self.coordinator.storage)
             for _ in range(coordinator_servers - 1)]
         self.agents: List[Agent] = []
+        self.reader = StatusReader()
 
     def certs_secret(self) -> Dict[str, Any]:
         """The certs Secret of this world's test CA (see ``certs_secret``)."""
@@ -163,7 +123,11 @@ class PoolWorld:
             self.test.addCleanup(server.stop)
 
     def config(self, node: str, cloud_urls: Optional[Sequence[str]] = None, enabled: bool = True,
-               heartbeat: Optional[Mapping[str, str]] = None) -> Config:
+               heartbeat: Optional[Mapping[str, str]] = None,
+               timings: Sections = IN_PROCESS_SUITE,
+               **sections: Mapping[str, object]) -> Config:
+        """The config of agent ``node`` (see ``agent_config_text``), with a pki and a
+        cache dir of its own under the test's temp dir."""
         cloud_url = self.cloud.url
         coordinator_urls = [server.url for server in self.coordinators]
         if cloud_url is None or None in coordinator_urls:
@@ -176,7 +140,7 @@ class PoolWorld:
                                  ", ".join(url for url in coordinator_urls if url),
                                  self.etcd.client_url, os.path.join(base, "pki"), cache_dir,
                                  enabled=enabled, coordinator_tls=self.tls,
-                                 heartbeat=heartbeat)
+                                 heartbeat=heartbeat, timings=timings, **sections)
         return parse_config(text, f"<{node}>")
 
     def start_agent(self, config: Config) -> Agent:
@@ -199,5 +163,22 @@ class PoolWorld:
         lease = self.coordinator.store.get(LEASES, ELECTION_LEASE, ELECTION_NAMESPACE)
         return LeaseRecord.from_lease(lease) if lease is not None else None
 
-    def node_lease(self, server: KubeAPIServer, node: str) -> Optional[Dict[str, Any]]:
-        return server.store.get(LEASES, node, NODE_LEASE_NAMESPACE)
+    node_lease = staticmethod(read_node_lease)
+    delegate_annotation = staticmethod(read_delegate_annotation)
+
+    # -- reading the agents' pages -----------------------------------------------------
+
+    def running_agents(self) -> Dict[str, Agent]:
+        """``{node: agent}`` of every agent started and not stopped."""
+        return {agent.config.node.name: agent for agent in self.agents if agent.running}
+
+    def statuses(self) -> "defer.Deferred[Statuses]":
+        """``{node: /status document}`` of every running agent."""
+        return self.reader.statuses({node: str(agent.status_http.url)
+                                     for node, agent in self.running_agents().items()})
+
+    def wait_for_pool(self, what: str, predicate: Callable[[Statuses], object],
+                      timeout: float, interval: float = 0.05) -> "defer.Deferred[Statuses]":
+        """Poll every running agent's ``/status`` until ``predicate({node: doc})``; on
+        timeout the assertion names ``what`` and each agent's last (role, leader, ready)."""
+        return wait_for_statuses(self.statuses, what, predicate, timeout, reactor, interval)

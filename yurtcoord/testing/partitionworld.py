@@ -37,7 +37,10 @@ from yurtcoord.sim.apiserver import KubeAPIServer
 from yurtcoord.sim.etcd import EtcdBinary, EtcdProcess, etcd_binary_for
 from yurtcoord.sim.kubelet import StandInKubelet
 from yurtcoord.testing.netns import Topology, entered
-from yurtcoord.testing.world import TIMINGS, AgentProcess, ProcessWorld, add_pool_node, agent_ini
+from yurtcoord.sim.agentini import merge_sections
+from yurtcoord.testing.world import (
+    KUBELET_GRACE_PERIOD, AgentProcess, ProcessWorld, add_pool_node, agent_ini,
+)
 
 WAN, LAN = "wan", "lan"
 NETWORKS = {WAN: "198.18.0.0/24", LAN: "198.19.0.0/24"}
@@ -72,7 +75,7 @@ class PartitionWorld(ProcessWorld):
     """
 
     def __init__(self, reactor: Any, name: str, etcd_binary: EtcdBinary | None = None,
-                 kubelet_grace_period: str = TIMINGS["kubelet_grace_period"],
+                 kubelet_grace_period: str = KUBELET_GRACE_PERIOD,
                  timings: Optional[Dict[str, Dict[str, str]]] = None) -> None:
         # Not ProcessWorld.__init__: its servers and etcd live on the test's loopback.
         self.reactor = reactor
@@ -148,9 +151,7 @@ class PartitionWorld(ProcessWorld):
         return defer.succeed(agent)
 
     def ini_for(self, agent: AgentProcess, **sections: Mapping[str, object]) -> str:
-        merged: Dict[str, Dict[str, object]] = {section: dict(values) for section, values in self.timings.items()}
-        for section, values in sections.items():
-            merged.setdefault(section, {}).update(values)
+        merged = merge_sections(self.timings, sections)
         return agent_ini(agent.node, [f"http://{CLOUD_ADDRESS}:{API_PORT}"],
                          f"http://{COORDINATOR_ADDRESS}:{API_PORT}", self.etcd.client_url,
                          agent.pki_dir, agent.cache_dir, f"127.0.0.1:{STATUS_PORT}",

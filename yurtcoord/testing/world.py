@@ -18,6 +18,13 @@ client) with the cloud's pool-scoped objects and with what the agents' local cac
 hold: an object missing, left over, or with a lower resourceVersion than its source is
 a problem. Blocking etcd steps (start, kill, restart) run in a thread so that the
 in-process apiservers keep answering the agents meanwhile.
+
+This is the pool world for faults that need an agent to be a process of its own (it is
+killed, sent SIGTERM, or fails apart from the test's reactor); ``inprocess.PoolWorld``
+builds the agents in the test process instead, for tests that reach into them. The two
+share the ini text (``sim.agentini``), the reader of the agents' pages
+(``agentpages``), ``add_pool_node``, ``read_node_lease``, ``read_delegate_annotation``
+and ``write_cached_pod``.
 """
 
 import base64
@@ -36,12 +43,15 @@ from twisted.web.client import Agent as HTTPAgent, HTTPConnectionPool
 
 from yurtcoord.kube.gvr import ENDPOINTS, LEASES, NODES
 from yurtcoord.names import (
-    ELECTION_LEASE_NAME, ELECTION_LEASE_NAMESPACE, NODE_LEASE_NAMESPACE, NODE_POOL_LABEL,
+    DELEGATE_HEARTBEAT_ANNOTATION, ELECTION_LEASE_NAME, ELECTION_LEASE_NAMESPACE,
+    NODE_LEASE_NAMESPACE, NODE_POOL_LABEL,
 )
-from yurtcoord.sim.agentini import loopback_agent_ini
+from yurtcoord.agent.config import parse_duration
+from yurtcoord.sim.agentini import FAULT_SUITE, loopback_agent_ini
 from yurtcoord.sim.apiserver import KubeAPIServer
 from yurtcoord.sim.etcd import EtcdBinary, EtcdProcess, etcd_binary_for
 from yurtcoord.sim.kubelet import StandInKubelet
+from yurtcoord.testing.agentpages import Statuses, StatusReader, wait_for_statuses
 from yurtcoord.testing.poll import PollTimeout, poll_until
 from yurtcoord.sim.tcpproxy import TCPProxy
 from yurtcoord.testing.twistd import TWISTD, child_environment
@@ -57,58 +67,36 @@ LISTENING_MARK = "status pages listening on "
 STOP_DEADLINE = 15.0
 # Seconds an agent gets from spawn to listening on its status port.
 START_DEADLINE = 30.0
+# Seconds one read of an agent's page may take.
+PAGE_TIMEOUT = 5.0
 
-# Short timings of the fault suite (seconds, as written in the ini). A heartbeat probe
-# tries failed_retry attempts of up to heartbeat_timeout within heartbeat_interval:
-# 1 s attempts leave room for a slow cloud (answers 0.6 s late), and 3 of them with
-# their pauses (0.25 s, 0.5 s) end within the 4 s interval.
-TIMINGS = {
-    "lease_duration": "3s",
-    "renew_deadline": "2s",
-    "retry_period": "500ms",
-    "check_interval": "500ms",
-    "heartbeat_interval": "4s",
-    "heartbeat_timeout": "1s",
-    "heartbeat_failed_retry": "3",
-    # Long enough that a busy test reactor serving the stand-in kubelets does not make
-    # a live kubelet look dead, and longer than the heartbeat interval at which the
-    # kubelet is asked; tests of the kubelet gate pass a shorter one.
-    "kubelet_grace_period": "10s",
-}
-LEASE_DURATION, RETRY_PERIOD = 3.0, 0.5
-HEARTBEAT_INTERVAL, HEARTBEAT_TIMEOUT, FAILED_RETRY = 4.0, 1.0, 3
+# The fault suite's timings (ini sections, see ``FAULT_SUITE``) and, in seconds, the
+# ones its tests compute bounds from.
+TIMINGS = FAULT_SUITE
+LEASE_DURATION = parse_duration(str(TIMINGS["leader_election"]["lease_duration"]))
+RETRY_PERIOD = parse_duration(str(TIMINGS["leader_election"]["retry_period"]))
+HEARTBEAT_INTERVAL = parse_duration(str(TIMINGS["heartbeat"]["interval"]))
+HEARTBEAT_TIMEOUT = parse_duration(str(TIMINGS["heartbeat"]["timeout"]))
+FAILED_RETRY = int(str(TIMINGS["heartbeat"]["failed_retry"]))
+KUBELET_GRACE_PERIOD = str(TIMINGS["heartbeat"]["kubelet_grace_period"])
 
 
 def agent_ini(node: str, cloud_url: str | Iterable[str], coordinator_url: str, etcd_url: str,
               pki_dir: str, cache_dir: str, listen: str, kubelet_url: str = "off",
-              kubelet_grace_period: str = TIMINGS["kubelet_grace_period"],
+              kubelet_grace_period: str = KUBELET_GRACE_PERIOD,
               **sections: Mapping[str, object]) -> str:
-    """Ini text of one agent of the fault suite: plain http everywhere, short timings;
-    the kubelet check asks ``kubelet_url`` (off by default).
+    """Ini text of one agent of the fault suite: plain http everywhere, the suite's
+    timings (``FAULT_SUITE``); the kubelet check asks ``kubelet_url`` (off by default).
 
     ``cloud_url`` is one URL or a list of them; ``sections`` are merged over the
     suite's, key by key (``coordinator={"enabled": "false"}``)."""
     cloud_urls = [cloud_url] if isinstance(cloud_url, str) else list(cloud_url)
-    base: dict[str, dict[str, object]] = {
-        "coordinator": {"storage_prefix": STORAGE_PREFIX},
-        "leader_election": {"lease_namespace": ELECTION_NAMESPACE,
-                            "lease_name": ELECTION_LEASE,
-                            "lease_duration": TIMINGS["lease_duration"],
-                            "renew_deadline": TIMINGS["renew_deadline"],
-                            "retry_period": TIMINGS["retry_period"],
-                            "check_interval": TIMINGS["check_interval"]},
-        "heartbeat": {"interval": TIMINGS["heartbeat_interval"],
-                      "failed_retry": TIMINGS["heartbeat_failed_retry"],
-                      "healthy_threshold": "1", "timeout": TIMINGS["heartbeat_timeout"],
-                      "kubelet_healthz_url": kubelet_url,
-                      "kubelet_grace_period": kubelet_grace_period},
-        "pool_cache": {"informer_lease_renew": "1s", "stale_timeout": "4s"},
-        "server": {"listen": listen},
-    }
-    for section, values in sections.items():
-        base.setdefault(section, {}).update(values)
-    return loopback_agent_ini(node, POOL, cloud_urls, coordinator_url, etcd_url, pki_dir,
-                              cache_dir, **base)
+    return loopback_agent_ini(
+        node, POOL, cloud_urls, coordinator_url, etcd_url, pki_dir, cache_dir, FAULT_SUITE,
+        {"heartbeat": {"kubelet_healthz_url": kubelet_url,
+                       "kubelet_grace_period": kubelet_grace_period},
+         "server": {"listen": listen}},
+        **sections)
 
 
 def cached_pod(name: str, resource_version: int | str, namespace: str = "default",
@@ -120,6 +108,22 @@ def cached_pod(name: str, resource_version: int | str, namespace: str = "default
         metadata["annotations"] = {"example.com/padding": "x" * padding}
     return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata,
             "spec": {"nodeName": "edge"}}
+
+
+def write_cache_file(cache_dir: str, namespace: str, name: str, data: bytes) -> None:
+    """Any bytes as the cached pod ``namespace/name`` of a node's yurthub disk cache
+    (``kubelet/pods.v1.core/<ns>/<name>``): also the way to plant bad entries."""
+    directory = os.path.join(cache_dir, "kubelet", "pods.v1.core", namespace)
+    os.makedirs(directory, exist_ok=True)
+    with open(os.path.join(directory, name), "wb") as f:
+        f.write(data)
+
+
+def write_cached_pod(cache_dir: str, name: str, resource_version: int | str,
+                     namespace: str = "default", padding: int = 0) -> None:
+    """A good pod (``cached_pod``) in a node's yurthub disk cache."""
+    pod = cached_pod(name, resource_version, namespace, padding)
+    write_cache_file(cache_dir, namespace, name, json.dumps(pod).encode("utf-8"))
 
 
 def pool_node(name: str, pool: str = POOL) -> dict:
@@ -134,6 +138,20 @@ def add_pool_node(cloud: KubeAPIServer, name: str, pool: str = POOL) -> None:
     """Create the Node ``name`` of ``pool`` in the cloud API test server unless it exists."""
     if cloud.store.get(NODES, name) is None:
         cloud.store.create(NODES, pool_node(name, pool))
+
+
+def read_node_lease(server: KubeAPIServer, node: str) -> dict[str, Any] | None:
+    """``node``'s lease in ``kube-node-lease`` on ``server`` (the cloud or the
+    coordinator apiserver), None when there is none."""
+    return server.store.get(LEASES, node, NODE_LEASE_NAMESPACE)
+
+
+def read_delegate_annotation(server: KubeAPIServer, node: str) -> str | None:
+    """The delegate-heartbeat annotation of ``node``'s lease on ``server`` (``"true"``
+    while the node asks the pool leader to forward it), None without lease or annotation."""
+    lease = read_node_lease(server, node) or {}
+    return (lease.get("metadata", {}).get("annotations") or {}).get(
+        DELEGATE_HEARTBEAT_ANNOTATION)
 
 
 def tail(path: str, lines: int = 40) -> str:
@@ -199,16 +217,12 @@ class AgentProcess:
     def write_pod(self, name: str, resource_version: int, namespace: str = "default",
                   padding: int = 0) -> None:
         """A good pod file in the cache (``kubelet/pods.v1.core/<ns>/<name>``)."""
-        pod = cached_pod(name, resource_version, namespace, padding)
-        self.write_cache_file(namespace, name, json.dumps(pod).encode("utf-8"))
+        write_cached_pod(self.cache_dir, name, resource_version, namespace, padding)
         self.expected_pods[f"{PODS_PREFIX}{namespace}/{name}"] = int(resource_version)
 
     def write_cache_file(self, namespace: str, name: str, data: bytes) -> None:
         """Any bytes as a cache file: the way to plant bad entries."""
-        directory = os.path.join(self.cache_dir, "kubelet", "pods.v1.core", namespace)
-        os.makedirs(directory, exist_ok=True)
-        with open(os.path.join(directory, name), "wb") as f:
-            f.write(data)
+        write_cache_file(self.cache_dir, namespace, name, data)
 
     def write_pods(self, count: int, prefix: str | None = None, first_rv: int = 10,
                    padding: int = 0) -> None:
@@ -323,7 +337,7 @@ class ProcessWorld:
     _more_coordinators: tuple[KubeAPIServer, ...] = ()
 
     def __init__(self, reactor: Any, etcd_binary: EtcdBinary | None = None,
-                 kubelet_grace_period: str = TIMINGS["kubelet_grace_period"],
+                 kubelet_grace_period: str = KUBELET_GRACE_PERIOD,
                  coordinator_servers: int = 1) -> None:
         self.reactor = reactor
         self.kubelet_grace_period = kubelet_grace_period
@@ -501,29 +515,20 @@ class ProcessWorld:
         """The reactor that spawns ``etcdctl`` (one where the etcd member is reachable)."""
         return self.reactor
 
-    @defer.inlineCallbacks
-    def status(self, agent: AgentProcess) -> Generator[defer.Deferred[Any], Any, Any]:
-        response = yield self.http_for(agent).get(f"{agent.url}/status", timeout=5)
-        body = yield response.content()
-        if response.code != 200:
-            raise AssertionError(f"{agent.node} /status answered {response.code}")
-        return json.loads(body)
+    def reader_for(self, agent: AgentProcess) -> StatusReader:
+        """The reader of ``agent``'s pages (through ``http_for(agent)``)."""
+        return StatusReader(self.http_for(agent), timeout=PAGE_TIMEOUT)
 
-    @defer.inlineCallbacks
-    def metrics(self, agent: AgentProcess,
-                ) -> Generator[defer.Deferred[Any], Any, dict[str, float]]:
+    def status(self, agent: AgentProcess) -> defer.Deferred[Any]:
+        """The agent's ``/status`` document."""
+        return self.reader_for(agent).status(str(agent.url))
+
+    def metrics(self, agent: AgentProcess) -> defer.Deferred[dict[str, float]]:
         """``{sample name with labels: value}`` of the agent's ``/metrics``."""
-        response = yield self.http_for(agent).get(f"{agent.url}/metrics", timeout=5)
-        body = yield response.content()
-        samples: dict[str, float] = {}
-        for line in body.decode("utf-8").splitlines():
-            if line and not line.startswith("#"):
-                name, _, value = line.rpartition(" ")
-                samples[name] = float(value)
-        return samples
+        return self.reader_for(agent).metrics(str(agent.url))
 
     @defer.inlineCallbacks
-    def statuses(self) -> Generator[defer.Deferred[Any], Any, dict[str, Any]]:
+    def statuses(self) -> Generator[defer.Deferred[Any], Any, Statuses]:
         """``{node: /status document}`` of every running agent."""
         documents = {}
         for node, agent in self.running_agents().items():
@@ -533,30 +538,15 @@ class ProcessWorld:
     def log_tails(self, nodes: Iterable[str] | None = None, lines: int = 30) -> str:
         return "\n".join(self.agents[n].log_tail(lines) for n in (nodes or list(self.agents)))
 
-    @defer.inlineCallbacks
-    def wait_for_pool(self, what: str, predicate: Callable[[dict[str, Any]], object],
-                      timeout: float, interval: float = 0.05,
-                      ) -> Generator[defer.Deferred[Any], Any, dict[str, Any]]:
+    def wait_for_pool(self, what: str, predicate: Callable[[Statuses], object],
+                      timeout: float, interval: float = 0.05) -> defer.Deferred[Statuses]:
         """Poll every running agent's ``/status`` until ``predicate({node: doc})``.
 
         On timeout the assertion names ``what``, the last (role, leader, ready) of each
         agent and the tail of every agent's log.
         """
-        seen: dict[str, Any] = {}
-
-        @defer.inlineCallbacks
-        def check() -> Generator[defer.Deferred[Any], Any, object]:
-            seen["statuses"] = yield self.statuses()
-            return predicate(seen["statuses"])
-
-        try:
-            yield poll_until(check, timeout, interval, self.reactor, what=what)
-        except PollTimeout as e:
-            summary = {n: (s["role"], s["leader"], s["ready"])
-                       for n, s in (seen.get("statuses") or {}).items()}
-            raise PollTimeout(f"{e}; last (role, leader, ready): {summary}\n"
-                              f"{self.log_tails()}") from None
-        return seen["statuses"]
+        return wait_for_statuses(self.statuses, what, predicate, timeout, self.reactor,
+                                 interval, details=self.log_tails)
 
     # -- reading the pool etcd and judging it ------------------------------------------
 
@@ -660,8 +650,8 @@ class ProcessWorld:
 
     # -- the coordinator's leases ------------------------------------------------------
 
-    def node_lease(self, server: KubeAPIServer, node: str) -> dict[str, Any] | None:
-        return server.store.get(LEASES, node, NODE_LEASE_NAMESPACE)
+    node_lease = staticmethod(read_node_lease)
+    delegate_annotation = staticmethod(read_delegate_annotation)
 
     def election_holder(self) -> str | None:
         lease = self.servers()[1].store.get(LEASES, ELECTION_LEASE, ELECTION_NAMESPACE)
