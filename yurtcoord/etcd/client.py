@@ -569,18 +569,21 @@ class _Transport:
             else:
                 waiter.callback(result)
 
+    def _unanswered(self, base: str, error: "_Resendable | EtcdTimeout") -> EtcdError:
+        """The error of a request to ``base`` that got no answer (no connection, or
+        none in time); ``base`` is skipped from now on, until its ``/health`` answers."""
+        reported = error.error if isinstance(error, _Resendable) else error
+        self.members.failed(base, str(reported))
+        return reported
+
     async def _probe_prefixes(self) -> str:
         base = self._member()
         for prefix in GATEWAY_PREFIXES:
             try:
                 answer = await self._slots.run(self._send, base, prefix,
                                                "/maintenance/status", b"{}", None)
-            except _Resendable as e:
-                self.members.failed(base, str(e.error))
-                raise e.error
-            except EtcdTimeout as e:
-                self.members.failed(base, str(e))
-                raise
+            except (_Resendable, EtcdTimeout) as e:
+                raise self._unanswered(base, e) from None
             if answer[0] == 404:
                 continue
             self.parse(answer)
@@ -624,12 +627,8 @@ class _Transport:
         def translate(failure: Failure) -> Failure:
             try:
                 self._translate(failure, base, path, timeout)
-            except _Resendable as e:
-                self.members.failed(base, str(e.error))
-                raise e.error
-            except EtcdTimeout as e:
-                self.members.failed(base, str(e))
-                raise
+            except (_Resendable, EtcdTimeout) as e:
+                raise self._unanswered(base, e) from None
             return failure
 
         d.addErrback(translate)

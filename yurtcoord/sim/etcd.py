@@ -208,7 +208,8 @@ def free_port() -> int:
         return port
 
 
-def _tail(path, lines=40):
+def tail(path: str, lines: int = 40) -> str:
+    """The last ``lines`` lines of the log file at ``path`` ("(no log)" when unreadable)."""
     try:
         with open(path, "rb") as f:
             data = f.read()
@@ -490,7 +491,7 @@ class EtcdProcess:
             except EtcdFixtureError as e:
                 last_error = e
                 yield self.kill
-                if "address already in use" not in _tail(self.log_file, 20):
+                if "address already in use" not in tail(self.log_file, 20):
                     break
                 shutil.rmtree(self.data_dir, ignore_errors=True)
         raise last_error
@@ -521,7 +522,7 @@ class EtcdProcess:
             if process.poll() is not None:
                 raise EtcdStartError(
                     f"{self.binary.label} exited while starting (status {process.returncode})",
-                    _tail(self.log_file))
+                    tail(self.log_file))
             why_not = yield self._why_unhealthy
             if why_not is None:
                 return
@@ -529,7 +530,7 @@ class EtcdProcess:
             yield _POLL_INTERVAL
         yield self.kill
         raise EtcdStartError(
-            f"{self.binary.label} not healthy within {deadline:g}s ({last})", _tail(self.log_file))
+            f"{self.binary.label} not healthy within {deadline:g}s ({last})", tail(self.log_file))
 
     def _why_unhealthy(self) -> str | None:
         """None when ``/health`` says true, else why not (one short request)."""
@@ -652,7 +653,7 @@ class EtcdProcess:
 
     def log_tail(self, lines: int = 40) -> str:
         """The last ``lines`` lines of etcd's log (``"(no log)"`` when there is none)."""
-        return _tail(self.log_file, lines)
+        return tail(self.log_file, lines)
 
     # -- independent reader ------------------------------------------------------
 
@@ -791,7 +792,7 @@ class EtcdCluster:
                 return self
             except EtcdFixtureError as e:
                 last_error = e
-                in_use = any("address already in use" in _tail(member.log_file, 20)
+                in_use = any("address already in use" in tail(member.log_file, 20)
                              for member in self.members)
                 if not in_use:
                     break

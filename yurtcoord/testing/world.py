@@ -49,7 +49,7 @@ from yurtcoord.names import (
 from yurtcoord.agent.config import parse_duration
 from yurtcoord.sim.agentini import FAULT_SUITE, loopback_agent_ini
 from yurtcoord.sim.apiserver import KubeAPIServer
-from yurtcoord.sim.etcd import EtcdBinary, EtcdProcess, etcd_binary_for
+from yurtcoord.sim.etcd import EtcdBinary, EtcdProcess, etcd_binary_for, tail
 from yurtcoord.sim.kubelet import StandInKubelet
 from yurtcoord.testing.agentpages import Statuses, StatusReader, wait_for_statuses
 from yurtcoord.testing.poll import PollTimeout, poll_until
@@ -152,15 +152,6 @@ def read_delegate_annotation(server: KubeAPIServer, node: str) -> str | None:
     lease = read_node_lease(server, node) or {}
     return (lease.get("metadata", {}).get("annotations") or {}).get(
         DELEGATE_HEARTBEAT_ANNOTATION)
-
-
-def tail(path: str, lines: int = 40) -> str:
-    try:
-        with open(path, "rb") as f:
-            data = f.read()
-    except OSError:
-        return "(no log)"
-    return "\n".join(data.decode("utf-8", "replace").splitlines()[-lines:])
 
 
 class _ChildProtocol(protocol.ProcessProtocol):
