@@ -818,8 +818,9 @@ class EtcdCluster:
                 except (EtcdFixtureError, ValueError):
                     continue
                 for entry in status:
+                    # A member without a leader leaves "leader" out (it would be 0).
                     own = entry["Status"]["header"]["member_id"]
-                    if own == entry["Status"]["leader"]:
+                    if own == entry["Status"].get("leader"):
                         return member
             if time.monotonic() > give_up:
                 raise EtcdFixtureError(f"no etcd member reports itself leader within "

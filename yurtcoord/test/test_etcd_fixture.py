@@ -167,6 +167,15 @@ def _eventually(condition, deadline=30.0):
     return True
 
 
+def _names_no_leader(cluster):
+    """True when ``cluster.leader()`` gives up within half a second."""
+    try:
+        cluster.leader(deadline=0.5)
+    except EtcdFixtureError as error:
+        return "no etcd member reports itself leader" in str(error)
+    return False
+
+
 def _server_version(etcd):
     status = json.loads(etcd.etcdctl("endpoint", "status", "-w", "json"))
     return status[0]["Status"]["version"]
@@ -320,6 +329,9 @@ class EtcdClusterTestsMixin:
         # The last member notices the lost quorum within an election timeout or so;
         # meanwhile its /health may also not answer in time.
         self.assertTrue(_eventually(lambda: not _answers_healthy(cluster.members[2])))
+        # Once the member left steps down (an election timeout after it lost its
+        # quorum, if it led), asking for the leader waits, then says there is none.
+        self.assertTrue(_eventually(lambda: _names_no_leader(cluster)))
         cluster.restart(1)
         self.assertTrue(_eventually(lambda: _answers_healthy(cluster.members[2])))
 
