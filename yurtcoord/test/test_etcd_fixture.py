@@ -283,6 +283,72 @@ class EtcdFromReactorTests(unittest.TestCase):
         self.assertFalse(os.path.exists(base_dir))
 
 
+class EtcdClusterFromReactorTests(unittest.TestCase):
+    """``EtcdCluster.start_from_reactor`` and ``stop_from_reactor``, and one member
+    killed and restarted from the reactor: the steps of the blocking calls, with the
+    reactor running meanwhile."""
+
+    timeout = 120
+
+    @defer.inlineCallbacks
+    def test_start_kill_the_leader_restart_it_and_stop_with_the_reactor_running(self):
+        binary = etcd_binary_for("3")
+        if binary is None:
+            raise unittest.SkipTest("no etcd installed")
+        base_dir = os.path.join(os.path.abspath(self.mktemp()), "etcd")
+        cluster = EtcdCluster(binary, base_dir=base_dir)
+        self.addCleanup(cluster.stop)
+        ticks = []
+        ticker = LoopingCall(lambda: ticks.append(reactor.seconds()))
+        ticker.start(0.01)
+        try:
+            started = yield cluster.start_from_reactor(reactor)
+        finally:
+            ticker.stop()
+        self.assertIs(started, cluster)
+        self.assertGreaterEqual(len(ticks), 2, "the reactor stood still while etcd started")
+        self.assertEqual([m.base_dir for m in cluster.members],
+                         [os.path.join(base_dir, f"member-{i}") for i in range(3)])
+        for member in cluster.members:
+            self.assertTrue(member.health())
+            self.assertEqual(os.getsid(member.pid), member.pid)
+        cluster.put("/before", "1")
+
+        leader = yield cluster.leader_from_reactor(reactor)
+        exited = leader.when_exited(reactor)
+        yield leader.kill_from_reactor(reactor)
+        self.assertEqual((yield exited), -signal.SIGKILL)
+        new_leader = yield cluster.leader_from_reactor(reactor)
+        self.assertIsNot(new_leader, leader)
+        new_leader.put("/during", "2")
+        restarted = yield leader.restart_from_reactor(reactor)
+        self.assertIs(restarted, leader)
+        self.assertTrue(leader.health())
+        self.assertEqual(leader.read("/", prefix=True), {b"/before": b"1", b"/during": b"2"})
+
+        pids = [member.pid for member in cluster.members]
+        yield cluster.stop_from_reactor(reactor)
+        self.assertEqual(cluster.running(), [])
+        self.assertFalse(any(os.path.exists(f"/proc/{pid}") for pid in pids))
+        self.assertEqual(os.listdir(base_dir), [], "a member's directory left behind")
+
+    @defer.inlineCallbacks
+    def test_a_member_that_exits_fails_the_start_and_nothing_is_left(self):
+        fake = os.path.join(os.path.abspath(self.mktemp()), "etcd")
+        os.makedirs(os.path.dirname(fake))
+        with open(fake, "w") as handle:
+            handle.write("#!/bin/sh\necho 'etcd: cannot bind the client port' >&2\nexit 3\n")
+        os.chmod(fake, 0o755)
+        base_dir = os.path.join(os.path.abspath(self.mktemp()), "etcd")
+        cluster = EtcdCluster(etcd_binary_at(fake), base_dir=base_dir)
+        self.addCleanup(cluster.stop)
+        failure = yield self.assertFailure(cluster.start_from_reactor(reactor), EtcdStartError)
+        self.assertEqual(failure.reason, f"etcd {fake} exited while starting (status 3)")
+        self.assertIn("cannot bind the client port", failure.log_tail)
+        self.assertEqual(cluster.running(), [])
+        self.assertEqual(os.listdir(base_dir), [])
+
+
 class EtcdClusterTestsMixin:
     """A cluster of three members, per etcd version."""
 
