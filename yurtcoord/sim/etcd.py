@@ -53,6 +53,11 @@ from yurtcoord.etcd.versions import loses_acknowledged_writes_on_kill
 
 START_DEADLINE = 30.0
 STOP_DEADLINE = 10.0
+# Seconds a member of a cluster left without a running majority may take to exit after
+# SIGTERM before SIGKILL: a leader told to stop tries to hand its leadership over to
+# the peer it was connected to longest, which may be one just stopped (or frozen), and
+# then waits etcd's whole request timeout (7 s or more) for nothing.
+LONE_STOP_DEADLINE = 1.0
 ETCDCTL_DEADLINE = 30.0
 # Attempts at a start when the free ports chosen were taken before etcd bound them.
 START_ATTEMPTS = 3
@@ -849,9 +854,15 @@ class EtcdCluster:
                           ) -> Generator["defer.Deferred[None]", None, None]:
         """Stop every member as ``EtcdProcess.stop_from_reactor`` does, one after the
         other: a leader told to stop hands its leadership to a member still running
-        and waits for that, which a member stopping at the same time would not take."""
+        and waits for that, which a member stopping at the same time would not take.
+        Once the members left running would be no majority there is nothing to hand
+        over: such a member gets ``LONE_STOP_DEADLINE`` before SIGKILL."""
+        majority = self.size // 2 + 1
         for member in self.members:
-            yield member.stop_from_reactor(reactor, deadline)
+            left = [other for other in self.running() if other is not member]
+            alone = self.size > 1 and len(left) < majority
+            yield member.stop_from_reactor(
+                reactor, min(deadline, LONE_STOP_DEADLINE) if alone else deadline)
 
     def leader_from_reactor(self, reactor: Any, deadline: float = ETCDCTL_DEADLINE,
                             ) -> "defer.Deferred[EtcdProcess]":

@@ -16,6 +16,7 @@ from twisted.internet.task import LoopingCall
 from twisted.trial import unittest
 
 from yurtcoord.sim.etcd import (
+    STOP_DEADLINE,
     EtcdCluster,
     EtcdFixtureError,
     EtcdProcess,
@@ -331,6 +332,32 @@ class EtcdClusterFromReactorTests(unittest.TestCase):
         self.assertEqual(cluster.running(), [])
         self.assertFalse(any(os.path.exists(f"/proc/{pid}") for pid in pids))
         self.assertEqual(os.listdir(base_dir), [], "a member's directory left behind")
+
+    @defer.inlineCallbacks
+    def test_a_leader_stopped_without_a_majority_left_does_not_wait_to_hand_over(self):
+        # member-1 leads; member-2 is frozen, so its connections stay open and the
+        # leader, once member-0 is stopped, would try to hand its leadership over to it
+        # and wait etcd's request timeout for an answer that never comes.
+        binary = etcd_binary_for("3")
+        if binary is None:
+            raise unittest.SkipTest("no etcd installed")
+        cluster = EtcdCluster(binary)
+        self.addCleanup(cluster.stop)
+        yield cluster.start_from_reactor(reactor)
+        leader = yield cluster.leader_from_reactor(reactor)
+        members = json.loads(leader.etcdctl("member", "list", "-w", "json"))["members"]
+        ids = {member["name"]: member["ID"] for member in members}
+        if leader is not cluster.members[1]:
+            leader.etcdctl("move-leader", format(ids["member-1"], "x"))
+        self.assertIs((yield cluster.leader_from_reactor(reactor)), cluster.members[1])
+        cluster.freeze(2)
+        started = time.monotonic()
+        yield cluster.stop_from_reactor(reactor)
+        took = time.monotonic() - started
+        self.assertEqual(cluster.running(), [])
+        # Two members stopped with LONE_STOP_DEADLINE; not the 7 s and more of a
+        # hand-over to a frozen member, nor STOP_DEADLINE for the frozen one.
+        self.assertLess(took, STOP_DEADLINE, "stopping waited for a hand-over")
 
     @defer.inlineCallbacks
     def test_a_member_that_exits_fails_the_start_and_nothing_is_left(self):
