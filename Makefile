@@ -12,15 +12,17 @@ $(VENV)/.installed: setup.py
 
 venv: $(VENV)/.installed
 
-# Runs the sandbox: a real etcd, a simulated cloud and coordinator apiserver and a pool
-# of 3 agents on loopback (AGENTS=N for another size). The terminal shows role changes
+# Runs the sandbox: a real 3-member etcd cluster, a simulated cloud and coordinator
+# apiserver and a pool of 3 agents on loopback (AGENTS=N for another size,
+# ETCD_MEMBERS=1 for one etcd on a small machine). The terminal shows role changes
 # and each agent's pool page URL; the agents' full log goes to SANDBOX_LOG. Ctrl-C stops
 # everything and removes the sandbox's temp dir.
 AGENTS ?= 3
+ETCD_MEMBERS ?= 3
 SANDBOX_LOG ?= /tmp/yurtcoord-sandbox.log
 run: venv
 	@echo "yurtcoord sandbox: full log in $(SANDBOX_LOG)"
-	$(VENV)/bin/twistd --nodaemon --pidfile= --logfile=$(SANDBOX_LOG) yurtcoord --sandbox --sandbox-agents $(AGENTS)
+	$(VENV)/bin/twistd --nodaemon --pidfile= --logfile=$(SANDBOX_LOG) yurtcoord --sandbox --sandbox-agents $(AGENTS) --sandbox-etcd-members $(ETCD_MEMBERS)
 
 # Installs everything the tests need (venv, pip packages, etcd) and runs the suite.
 test:

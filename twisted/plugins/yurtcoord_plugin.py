@@ -10,7 +10,8 @@ SIGTERM is the normal way to stop an agent (systemd, kubelet, supervisors): it s
 the services and exits with status 0. Twisted's default handler would re-raise the
 signal after shutdown, making every ordinary stop look like a crash.
 
-``--sandbox`` runs the embedded pool of ``yurtcoord.sim.sandbox`` instead of one agent:
+``--sandbox`` runs the embedded pool of ``yurtcoord.sim.sandbox`` instead of one agent
+(``--sandbox-agents N`` agents over a pool etcd of ``--sandbox-etcd-members N``):
 Ctrl-C (SIGINT) and SIGTERM both stop it with status 0 once everything it started is
 gone (SIGUSR1/SIGUSR2 cut and restore the leader's cloud link); a sandbox that cannot
 start (no etcd) says why in one line and exits with 69. twistd starts the services
@@ -59,12 +60,14 @@ class EarlyStopSignals:
 
 
 class Options(usage.Options):
-    synopsis = "[--config PATH | --sandbox [--sandbox-agents N]]"
+    synopsis = "[--config PATH | --sandbox [--sandbox-agents N] [--sandbox-etcd-members N]]"
     longdesc = "Runs the yurtcoord pool coordinator agent of one edge node."
 
     optParameters = [
         ["config", "c", DEFAULT_CONFIG_PATH, "Path of the agent's ini configuration."],
         ["sandbox-agents", None, 3, "Number of agents in the sandbox pool.", int],
+        ["sandbox-etcd-members", None, 3,
+         "Members of the sandbox's pool etcd cluster (1 for a small machine).", int],
     ]
     optFlags = [
         ["sandbox", None, "Run a self-contained demo pool on loopback (no cluster needed)."],
@@ -73,6 +76,8 @@ class Options(usage.Options):
     def postOptions(self):
         if self["sandbox-agents"] < 1:
             raise usage.UsageError("--sandbox-agents must be 1 or more")
+        if self["sandbox-etcd-members"] < 1:
+            raise usage.UsageError("--sandbox-etcd-members must be 1 or more")
         if self["sandbox"]:
             self["early_stop_signals"] = EarlyStopSignals()
             self["early_stop_signals"].install()
@@ -133,7 +138,8 @@ class YurtcoordServiceMaker:
         log = Logger(namespace="yurtcoord")
         if options["sandbox"]:
             return make_sandbox(reactor, options["sandbox-agents"], log,
-                                options.get("early_stop_signals"))
+                                options.get("early_stop_signals"),
+                                etcd_members=options["sandbox-etcd-members"])
         try:
             agent = make_service(options["loaded_config"], reactor)
         except ConfigError as error:
@@ -150,7 +156,7 @@ def _print_to_terminal(line):
     stream.flush()
 
 
-def make_sandbox(reactor, agent_count, log, early_stop_signals=None):
+def make_sandbox(reactor, agent_count, log, early_stop_signals=None, etcd_members=3):
     """The sandbox service; its start failure stops the reactor and, once twistd has
     finished its own shutdown, ends the process with ``EXIT_UNAVAILABLE``.
 
@@ -166,7 +172,8 @@ def make_sandbox(reactor, agent_count, log, early_stop_signals=None):
         atexit.register(_exit_now, EXIT_UNAVAILABLE)
         reactor.stop()
 
-    sandbox = Sandbox(reactor, _print_to_terminal, agent_count=agent_count, on_failure=failed)
+    sandbox = Sandbox(reactor, _print_to_terminal, agent_count=agent_count, on_failure=failed,
+                      etcd_members=etcd_members)
     install_signal_handlers(reactor, sandbox,
                             early_stop_signals.received if early_stop_signals else ())
     reactor.callWhenRunning(install_signal_handlers, reactor, sandbox)

@@ -16,7 +16,9 @@ A service that runs etcd beside a running reactor (the sandbox) uses the same me
 command line, port retries, health check and stop policy through
 ``start_from_reactor()``, ``stop_from_reactor()`` and ``when_exited()``: every wait
 happens off the reactor thread, and etcd is still spawned from the reactor thread, the
-thread whose exit the kernel watches to kill etcd with its parent.
+thread whose exit the kernel watches to kill etcd with its parent. ``EtcdCluster``
+starts and stops its members the same way, and one member is killed and restarted
+from the reactor with ``kill_from_reactor()`` and ``restart_from_reactor()``.
 """
 
 import atexit
@@ -51,6 +53,11 @@ from yurtcoord.etcd.versions import loses_acknowledged_writes_on_kill
 
 START_DEADLINE = 30.0
 STOP_DEADLINE = 10.0
+# Seconds a member of a cluster left without a running majority may take to exit after
+# SIGTERM before SIGKILL: a leader told to stop tries to hand its leadership over to
+# the peer it was connected to longest, which may be one just stopped (or frozen), and
+# then waits etcd's whole request timeout (7 s or more) for nothing.
+LONE_STOP_DEADLINE = 1.0
 ETCDCTL_DEADLINE = 30.0
 # Attempts at a start when the free ports chosen were taken before etcd bound them.
 START_ATTEMPTS = 3
@@ -68,6 +75,7 @@ class EtcdStartError(EtcdFixtureError):
     def __init__(self, reason: str, log_tail: str) -> None:
         super().__init__(f"{reason}; log tail:\n{log_tail}")
         self.reason = reason
+        self.log_tail = log_tail
 
 
 @dataclass(frozen=True)
@@ -501,11 +509,14 @@ class EtcdProcess:
 
         Blocks until healthy.
         """
-        if self.is_running():
-            self.terminate()
-        self._spawn()
-        self.wait_ready(deadline)
+        _run_blocking(self._restart_steps(deadline))
         return self
+
+    def _restart_steps(self, deadline: float) -> _Steps:
+        if self.is_running():
+            yield self.terminate
+        self._spawn()
+        yield from self._ready_steps(deadline)
 
     def wait_ready(self, deadline: float = START_DEADLINE) -> None:
         """Poll ``/health`` every few ms until it says true; ``EtcdStartError`` with the
@@ -632,6 +643,18 @@ class EtcdProcess:
         d = _run_from_reactor(reactor, self._start_steps(deadline), abandoned)
         return d.addCallback(lambda _: self)
 
+    def restart_from_reactor(self, reactor: Any, deadline: float = START_DEADLINE,
+                             ) -> "defer.Deferred[EtcdProcess]":
+        """``restart()`` without blocking ``reactor``, called from its thread: fires
+        with this process once healthy again (which needs a quorum of its cluster),
+        fails with ``EtcdStartError`` as a start does."""
+        d = _run_from_reactor(reactor, self._restart_steps(deadline), lambda: False)
+        return d.addCallback(lambda _: self)
+
+    def kill_from_reactor(self, reactor: Any) -> "defer.Deferred[None]":
+        """``kill()`` without blocking ``reactor``: SIGKILL, reaped in its thread pool."""
+        return threads.deferToThreadPool(reactor, reactor.getThreadPool(), self.kill)
+
     def stop_from_reactor(self, reactor: Any, deadline: float = STOP_DEADLINE,
                           ) -> "defer.Deferred[None]":
         """The stop of a service: SIGTERM, wait for etcd to exit (SIGKILL after
@@ -725,22 +748,33 @@ class EtcdCluster:
         server certificate of its own and requires client certificates signed by that
         CA; ``client_cert`` is one such client pair (any member's works with every member).
     :param extra_args: more etcd flags for every member.
+    :param base_dir: the directory under which each member keeps its own directory
+        (``member-0``, ...; each removed by ``stop()``, this one left); default a new
+        temp dir per member.
 
     ``start()`` blocks until every member reports healthy (a member is healthy once the
     cluster has a leader); one member is killed, terminated, frozen or restarted
     through ``members[i]``, or by index through the methods below. ``stop()`` (also at
     exit) kills every member and removes every temp dir.
+
+    A service running the cluster beside a running reactor (the sandbox) starts it with
+    ``start_from_reactor()`` (the same steps as ``start()``, run as
+    ``EtcdProcess.start_from_reactor`` runs its own) and stops it with
+    ``stop_from_reactor()``; one member is restarted with
+    ``EtcdProcess.restart_from_reactor`` and killed with ``kill_from_reactor``.
     """
 
     def __init__(self, binary: EtcdBinary | None = None, size: int = 3,
                  tls_ca: TestCA | None = None,
-                 extra_args: tuple[str, ...] | list[str] = ()) -> None:
+                 extra_args: tuple[str, ...] | list[str] = (),
+                 base_dir: str | None = None) -> None:
         if size < 1:
             raise ValueError(f"an etcd cluster needs at least one member, not {size}")
         self.binary = binary or default_etcd_binary()
         self.tls_ca = tls_ca
         self.size = size
         self.extra_args = list(extra_args)
+        self.base_dir = base_dir
         self.members: list[EtcdProcess] = []
         _live_clusters.add(self)
 
@@ -768,8 +802,9 @@ class EtcdCluster:
                            for name, (_client, peer) in zip(names, pairs))
         self.members = []
         for name, (client_port, peer_port) in zip(names, pairs):
+            base_dir = None if self.base_dir is None else os.path.join(self.base_dir, name)
             member = EtcdProcess(self.binary, tls_ca=self.tls_ca, extra_args=self.extra_args,
-                                 name=name, initial_cluster=initial)
+                                 name=name, base_dir=base_dir, initial_cluster=initial)
             member.client_port, member.peer_port = client_port, peer_port
             self.members.append(member)
 
@@ -778,26 +813,63 @@ class EtcdCluster:
 
         A port taken between choosing and binding is retried with new ports.
         """
+        _run_blocking(self._start_steps(deadline))
+        return self
+
+    def start_from_reactor(self, reactor: Any, deadline: float = START_DEADLINE,
+                           abandoned: Callable[[], bool] = lambda: False,
+                           ) -> "defer.Deferred[EtcdCluster]":
+        """``start()`` without blocking ``reactor``, called from its thread (every
+        member is spawned from it): fires with this cluster once every member is
+        healthy, fails as ``EtcdProcess.start_from_reactor`` does (the failed start
+        has stopped every member and removed its directory). Once ``abandoned()`` is
+        true it gives up with ``EtcdFixtureError``; ``stop_from_reactor()`` cleans up."""
+        d = _run_from_reactor(reactor, self._start_steps(deadline), abandoned)
+        return d.addCallback(lambda _: self)
+
+    def _start_steps(self, deadline: float) -> _Steps:
         if any(member.is_running() for member in self.members):
             raise EtcdFixtureError("etcd cluster already running")
         last_error = EtcdFixtureError("etcd cluster did not start")
-        for _attempt in range(3):
-            self.stop()
+        for _attempt in range(START_ATTEMPTS):
+            if self.members:
+                yield self.stop
             self._new_members()
             for member in self.members:
                 member._spawn()
             try:
                 for member in self.members:
-                    member.wait_ready(deadline)
-                return self
+                    yield from member._ready_steps(deadline)
+                return
             except EtcdFixtureError as e:
                 last_error = e
                 in_use = any("address already in use" in tail(member.log_file, 20)
                              for member in self.members)
                 if not in_use:
                     break
-        self.stop()
+        yield self.stop
         raise last_error
+
+    @defer.inlineCallbacks
+    def stop_from_reactor(self, reactor: Any, deadline: float = STOP_DEADLINE,
+                          ) -> Generator["defer.Deferred[None]", None, None]:
+        """Stop every member as ``EtcdProcess.stop_from_reactor`` does, one after the
+        other: a leader told to stop hands its leadership to a member still running
+        and waits for that, which a member stopping at the same time would not take.
+        Once the members left running would be no majority there is nothing to hand
+        over: such a member gets ``LONE_STOP_DEADLINE`` before SIGKILL."""
+        majority = self.size // 2 + 1
+        for member in self.members:
+            left = [other for other in self.running() if other is not member]
+            alone = self.size > 1 and len(left) < majority
+            yield member.stop_from_reactor(
+                reactor, min(deadline, LONE_STOP_DEADLINE) if alone else deadline)
+
+    def leader_from_reactor(self, reactor: Any, deadline: float = ETCDCTL_DEADLINE,
+                            ) -> "defer.Deferred[EtcdProcess]":
+        """``leader()`` without blocking ``reactor``: asked in its thread pool."""
+        return threads.deferToThreadPool(reactor, reactor.getThreadPool(), self.leader,
+                                         deadline)
 
     def wait_healthy(self, deadline: float = START_DEADLINE) -> None:
         """Block until every running member reports healthy."""
@@ -819,8 +891,9 @@ class EtcdCluster:
                 except (EtcdFixtureError, ValueError):
                     continue
                 for entry in status:
+                    # A member without a leader leaves "leader" out (it would be 0).
                     own = entry["Status"]["header"]["member_id"]
-                    if own == entry["Status"]["leader"]:
+                    if own == entry["Status"].get("leader"):
                         return member
             if time.monotonic() > give_up:
                 raise EtcdFixtureError(f"no etcd member reports itself leader within "

@@ -1,7 +1,8 @@
 """The embedded sandbox: a whole node pool on loopback in one process.
 
 ``twistd -n yurtcoord --sandbox`` shows election, pool sync, local cache upload and
-heartbeat delegation with no cluster: it starts a real etcd (the pool etcd), a
+heartbeat delegation with no cluster: it starts a real etcd cluster (the pool etcd,
+``yurtcoord.sim.sandboxetcd``: 3 members, or ``--sandbox-etcd-members N``), a
 simulated cloud apiserver and a simulated coordinator apiserver (the Kubernetes API
 test server of ``yurtcoord.sim.apiserver``), seeds them, and runs N agents built by
 ``make_service`` from configurations written here, each with its own status port and
@@ -23,11 +24,16 @@ go stale in the cloud after the grace period, a started one brings it back. The 
 prints each step: the kubelet stopped or started, the agent counting it dead or back,
 and the node lease renewed again in the cloud.
 
+The control page also kills and restarts one etcd member, or the raft leader, and
+shows which member each agent uses (``POST /etcd/...``, ``GET /etcd``; see
+``yurtcoord.sim.sandboxetcd``).
+
 Everything lives in one temp dir (etcd's data, the agents' caches and pki dirs) that
-is removed on stop, also when the start failed half way. etcd is run by the same
-``EtcdProcess`` the tests use (``yurtcoord.sim.etcd``), from the reactor: in its own
-session (Ctrl-C in a terminal reaches the sandbox only, which stops the agents before
-etcd) and killed by the kernel if the sandbox process dies without stopping it.
+is removed on stop, also when the start failed half way. The etcd members are run by
+the same ``EtcdCluster`` the tests use (``yurtcoord.sim.etcd``), from the reactor: each
+in its own session (Ctrl-C in a terminal reaches the sandbox only, which stops the
+agents before etcd) and killed by the kernel if the sandbox process dies without
+stopping it.
 """
 
 import functools
@@ -58,8 +64,9 @@ from yurtcoord.sim.agentini import SANDBOX, loopback_agent_ini
 from yurtcoord.sim.apiserver import KubeAPIServer
 from yurtcoord.sim.apiserver.store import ObjectStore
 from yurtcoord.sim.apiserver.selectors import ObjectFilter
-from yurtcoord.sim.etcd import (
-    EtcdFixtureError, EtcdProcess, EtcdStartError, etcd_binary_at, find_etcd,
+from yurtcoord.sim.etcd import EtcdFixtureError, EtcdStartError, find_etcd
+from yurtcoord.sim.sandboxetcd import (
+    DEFAULT_MEMBERS, AgentEtcd, SandboxEtcd, etcd_state_json,
 )
 from yurtcoord.sim.kubelet import StandInKubelet
 from yurtcoord.sim.tcpproxy import TCPProxy
@@ -67,9 +74,6 @@ from yurtcoord.sim.tcpproxy import TCPProxy
 DEFAULT_AGENTS = 3
 POOL_NAME = "sandbox-pool"
 NAMESPACE = "default"
-# Seconds etcd may take to answer /health, and to exit after SIGTERM (then SIGKILL).
-ETCD_START_TIMEOUT = 30.0
-ETCD_STOP_TIMEOUT = 10.0
 # An agent that forwarded no heartbeat for this long counts as no longer delegating.
 DELEGATION_QUIET_PERIOD = 6.0
 # Services seeded into the cloud: name → endpoint addresses.
@@ -90,7 +94,8 @@ class KubeletControlPage(Resource):
     kubelet, what its agent makes of it and the age of its node lease in the cloud,
     with a button to stop or start the kubelet; ``GET /state`` is the same as JSON;
     ``POST /kubelet/<node>/stop`` and ``POST /kubelet/<node>/start`` act and redirect
-    to ``/``."""
+    to ``/``. The pool etcd's part (``GET /etcd``, ``POST /etcd/...``, its section of
+    the page) is ``SandboxEtcd``'s."""
 
     isLeaf = True
 
@@ -106,12 +111,17 @@ class KubeletControlPage(Resource):
         if path == ["state"]:
             request.setHeader(b"content-type", b"application/json")
             return json.dumps(self._sandbox.node_states(), indent=1).encode("utf-8")
+        if path == ["etcd"]:
+            request.setHeader(b"content-type", b"application/json")
+            return etcd_state_json(self._sandbox.etcd)
         request.setResponseCode(404)
-        return b"not found: try / or /state\n"
+        return b"not found: try /, /state or /etcd\n"
 
-    def render_POST(self, request: "Request") -> bytes:
+    def render_POST(self, request: "Request") -> bytes | int:
         path = [part.decode("utf-8", "replace") for part in request.postpath or []]
         request.setHeader(b"content-type", b"text/plain; charset=utf-8")
+        if path[:1] == ["etcd"] and self._sandbox.etcd is not None:
+            return self._sandbox.etcd.render_post(request, path[1:])
         if (len(path) != 3 or path[0] != "kubelet" or path[1] not in self._sandbox.kubelets
                 or path[2] not in ("stop", "start")):
             request.setResponseCode(404)
@@ -151,7 +161,9 @@ class KubeletControlPage(Resource):
             "within seconds.</p>"
             "<table border='1' cellpadding='4'><tr><th>node</th><th>role</th>"
             "<th>kubelet</th><th>agent sees it</th><th>cloud renewTime</th>"
-            "<th>age</th><th></th></tr>" + "".join(rows) + "</table></body></html>")
+            "<th>age</th><th></th></tr>" + "".join(rows) + "</table>"
+            + (self._sandbox.etcd.page_section() if self._sandbox.etcd is not None else "")
+            + "</body></html>")
 
 
 class DelegationLines:
@@ -287,24 +299,26 @@ class Sandbox(service.MultiService):
     delegation;
     ``on_failure(message)`` is called
     once when the start failed, after everything started so far was cleaned up.
-    ``directory`` is the temp dir while running; ``etcd`` the ``EtcdProcess`` of the
-    pool etcd.
+    ``directory`` is the temp dir while running; ``etcd`` the ``SandboxEtcd`` of the
+    pool etcd, a cluster of ``etcd_members`` members.
     """
 
     log = Logger()
 
     def __init__(self, reactor, write_line, agent_count=DEFAULT_AGENTS,
-                 etcd_binary=None, on_failure=None, temp_parent=None):
+                 etcd_binary=None, on_failure=None, temp_parent=None,
+                 etcd_members=DEFAULT_MEMBERS):
         super().__init__()
         self.reactor = reactor
         self.write_line = write_line
         self.agent_count = agent_count
         self.etcd_binary = etcd_binary
+        self.etcd_members = etcd_members
         self.on_failure = on_failure
         self.temp_parent = temp_parent
         self.nodes = [f"edge-{index}" for index in range(1, agent_count + 1)]
         self.directory = None
-        self.etcd = None
+        self.etcd: SandboxEtcd | None = None
         self.cloud = KubeAPIServer(reactor)
         self.coordinator = KubeAPIServer(reactor)
         self.agents: dict[str, Agent] = {}
@@ -400,7 +414,8 @@ class Sandbox(service.MultiService):
             seed_local_cache(os.path.join(agent_dir, "cache"), node, 100 * (index + 1))
             config = parse_config(
                 agent_config_text(node, self.cloud_links[node].url(), coordinator_url,
-                                  etcd.client_url, agent_dir, self.kubelets[node].url()),
+                                  ", ".join(etcd.storage_for(index)), agent_dir,
+                                  self.kubelets[node].url()),
                 f"<sandbox {node}>")
             agent = make_service(config, self.reactor)
             coordinator, hub_elector = agent.coordinator, agent.hub_elector
@@ -427,40 +442,44 @@ class Sandbox(service.MultiService):
                   f"kubelet (kubelet grace period {KUBELET_GRACE_PERIOD}, heartbeat interval "
                   f"{HEARTBEAT_INTERVAL}); or curl -X POST "
                   f"{self.control_url}/kubelet/{self.nodes[0]}/stop (or /start)")
+        self._say(f"etcd controls on the control page: curl -X POST "
+                  f"{self.control_url}/etcd/leader/kill kills the raft leader, "
+                  f"{self.control_url}/etcd/<0-{len(etcd.members) - 1}>/kill and /restart "
+                  f"one member; {self.control_url}/etcd shows which member each agent uses")
+
+    # -- the pool etcd (yurtcoord.sim.sandboxetcd) ------------------------------------
 
     @defer.inlineCallbacks
-    def _start_etcd(self, directory: str) -> Generator[defer.Deferred[Any], Any, EtcdProcess]:
-        """The pool etcd, data and log under ``directory``, in a session of its own and
-        bound to die with the sandbox; ``SandboxError`` in one line when it cannot start."""
+    def _start_etcd(self, directory: str) -> Generator[defer.Deferred[Any], Any, SandboxEtcd]:
+        """The pool etcd cluster, data and logs under ``directory``, each member in a
+        session of its own and bound to die with the sandbox; ``SandboxError`` in one
+        line when it cannot start."""
         binary = self.etcd_binary or find_etcd_binary()
-        self.etcd = etcd = EtcdProcess(etcd_binary_at(binary), name="sandbox",
-                                       base_dir=os.path.join(directory, "etcd"))
+        self.etcd = etcd = SandboxEtcd(
+            self.reactor, binary, self.etcd_members, os.path.join(directory, "etcd"),
+            self._say, lambda text: self._say(f"{self._clock()} {text}"), self._agents_etcd)
         try:
-            yield etcd.start_from_reactor(self.reactor, ETCD_START_TIMEOUT,
-                                          abandoned=lambda: self._stopping)
+            yield etcd.start(abandoned=lambda: self._stopping)
         except EtcdFixtureError as failure:
             if self._stopping:
                 raise SandboxStopped() from None
             if not isinstance(failure, EtcdStartError):
                 raise SandboxError(str(failure)) from None
-            tail = " | ".join(etcd.log_tail(5).splitlines())
+            tail = " | ".join(failure.log_tail.splitlines()[-5:])
             raise SandboxError(f"{failure.reason}: {tail}") from None
-        self.log.info("etcd started pid={pid} url={url}", pid=etcd.pid, url=etcd.client_url)
-        self._say(f"etcd pid {etcd.pid} on {etcd.client_url} ({binary})")
-        etcd.when_exited(self.reactor).addCallback(self._etcd_exited)
         return etcd
+
+    def _agents_etcd(self) -> dict[str, AgentEtcd]:
+        """Each agent's ``[coordinator] storage`` and the member it uses now (its
+        ``/status`` ``etcd_member``)."""
+        return {node: (agent.config.coordinator.storage,
+                       agent.status_source.status()["etcd_member"])
+                for node, agent in self.agents.items()}
 
     @defer.inlineCallbacks
     def _stop_etcd(self) -> Generator[defer.Deferred[Any], Any, None]:
-        """SIGTERM the pool etcd and wait for it (SIGKILL after ``ETCD_STOP_TIMEOUT``),
-        then remove its data."""
-        etcd = self.etcd
-        if etcd is None:
-            return
-        was_running = etcd.is_running()
-        yield etcd.stop_from_reactor(self.reactor, ETCD_STOP_TIMEOUT)
-        if was_running:
-            self.log.info("etcd pid={pid} stopped", pid=etcd.pid)
+        if self.etcd is not None:
+            yield self.etcd.stop()
 
     # -- the stand-in kubelets -----------------------------------------------------------
 
@@ -551,18 +570,6 @@ class Sandbox(service.MultiService):
         for node in cut:
             self.cloud_links[node].restore()
         self._say(f"{self._clock()} cloud links restored: {', '.join(cut) or 'none was cut'}")
-
-    def _etcd_exited(self, _):
-        """etcd died under a running sandbox: say so; the agents report the pool
-        store as unusable on their pages until the sandbox is stopped."""
-        etcd = self.etcd
-        if self._stopping or self._cleaned is not None or etcd is None:
-            return
-        self.log.error("etcd pid={pid} exited unexpectedly: {tail}", pid=etcd.pid,
-                       tail=" | ".join(etcd.log_tail(5).splitlines()))
-        last_lines = " | ".join(etcd.log_tail(2).splitlines())
-        self._say(f"{self._clock()} etcd pid {etcd.pid} exited unexpectedly "
-                  f"({last_lines}); Ctrl-C stops the sandbox")
 
     def _start_failed(self, failure):
         if failure.check(SandboxStopped):

@@ -16,6 +16,7 @@ from twisted.internet.task import LoopingCall
 from twisted.trial import unittest
 
 from yurtcoord.sim.etcd import (
+    STOP_DEADLINE,
     EtcdCluster,
     EtcdFixtureError,
     EtcdProcess,
@@ -167,6 +168,15 @@ def _eventually(condition, deadline=30.0):
     return True
 
 
+def _names_no_leader(cluster):
+    """True when ``cluster.leader()`` gives up within half a second."""
+    try:
+        cluster.leader(deadline=0.5)
+    except EtcdFixtureError as error:
+        return "no etcd member reports itself leader" in str(error)
+    return False
+
+
 def _server_version(etcd):
     status = json.loads(etcd.etcdctl("endpoint", "status", "-w", "json"))
     return status[0]["Status"]["version"]
@@ -274,6 +284,98 @@ class EtcdFromReactorTests(unittest.TestCase):
         self.assertFalse(os.path.exists(base_dir))
 
 
+class EtcdClusterFromReactorTests(unittest.TestCase):
+    """``EtcdCluster.start_from_reactor`` and ``stop_from_reactor``, and one member
+    killed and restarted from the reactor: the steps of the blocking calls, with the
+    reactor running meanwhile."""
+
+    timeout = 120
+
+    @defer.inlineCallbacks
+    def test_start_kill_the_leader_restart_it_and_stop_with_the_reactor_running(self):
+        binary = etcd_binary_for("3")
+        if binary is None:
+            raise unittest.SkipTest("no etcd installed")
+        base_dir = os.path.join(os.path.abspath(self.mktemp()), "etcd")
+        cluster = EtcdCluster(binary, base_dir=base_dir)
+        self.addCleanup(cluster.stop)
+        ticks = []
+        ticker = LoopingCall(lambda: ticks.append(reactor.seconds()))
+        ticker.start(0.01)
+        try:
+            started = yield cluster.start_from_reactor(reactor)
+        finally:
+            ticker.stop()
+        self.assertIs(started, cluster)
+        self.assertGreaterEqual(len(ticks), 2, "the reactor stood still while etcd started")
+        self.assertEqual([m.base_dir for m in cluster.members],
+                         [os.path.join(base_dir, f"member-{i}") for i in range(3)])
+        for member in cluster.members:
+            self.assertTrue(member.health())
+            self.assertEqual(os.getsid(member.pid), member.pid)
+        cluster.put("/before", "1")
+
+        leader = yield cluster.leader_from_reactor(reactor)
+        exited = leader.when_exited(reactor)
+        yield leader.kill_from_reactor(reactor)
+        self.assertEqual((yield exited), -signal.SIGKILL)
+        new_leader = yield cluster.leader_from_reactor(reactor)
+        self.assertIsNot(new_leader, leader)
+        new_leader.put("/during", "2")
+        restarted = yield leader.restart_from_reactor(reactor)
+        self.assertIs(restarted, leader)
+        self.assertTrue(leader.health())
+        self.assertEqual(leader.read("/", prefix=True), {b"/before": b"1", b"/during": b"2"})
+
+        pids = [member.pid for member in cluster.members]
+        yield cluster.stop_from_reactor(reactor)
+        self.assertEqual(cluster.running(), [])
+        self.assertFalse(any(os.path.exists(f"/proc/{pid}") for pid in pids))
+        self.assertEqual(os.listdir(base_dir), [], "a member's directory left behind")
+
+    @defer.inlineCallbacks
+    def test_a_leader_stopped_without_a_majority_left_does_not_wait_to_hand_over(self):
+        # member-1 leads; member-2 is frozen, so its connections stay open and the
+        # leader, once member-0 is stopped, would try to hand its leadership over to it
+        # and wait etcd's request timeout for an answer that never comes.
+        binary = etcd_binary_for("3")
+        if binary is None:
+            raise unittest.SkipTest("no etcd installed")
+        cluster = EtcdCluster(binary)
+        self.addCleanup(cluster.stop)
+        yield cluster.start_from_reactor(reactor)
+        leader = yield cluster.leader_from_reactor(reactor)
+        members = json.loads(leader.etcdctl("member", "list", "-w", "json"))["members"]
+        ids = {member["name"]: member["ID"] for member in members}
+        if leader is not cluster.members[1]:
+            leader.etcdctl("move-leader", format(ids["member-1"], "x"))
+        self.assertIs((yield cluster.leader_from_reactor(reactor)), cluster.members[1])
+        cluster.freeze(2)
+        started = time.monotonic()
+        yield cluster.stop_from_reactor(reactor)
+        took = time.monotonic() - started
+        self.assertEqual(cluster.running(), [])
+        # Two members stopped with LONE_STOP_DEADLINE; not the 7 s and more of a
+        # hand-over to a frozen member, nor STOP_DEADLINE for the frozen one.
+        self.assertLess(took, STOP_DEADLINE, "stopping waited for a hand-over")
+
+    @defer.inlineCallbacks
+    def test_a_member_that_exits_fails_the_start_and_nothing_is_left(self):
+        fake = os.path.join(os.path.abspath(self.mktemp()), "etcd")
+        os.makedirs(os.path.dirname(fake))
+        with open(fake, "w") as handle:
+            handle.write("#!/bin/sh\necho 'etcd: cannot bind the client port' >&2\nexit 3\n")
+        os.chmod(fake, 0o755)
+        base_dir = os.path.join(os.path.abspath(self.mktemp()), "etcd")
+        cluster = EtcdCluster(etcd_binary_at(fake), base_dir=base_dir)
+        self.addCleanup(cluster.stop)
+        failure = yield self.assertFailure(cluster.start_from_reactor(reactor), EtcdStartError)
+        self.assertEqual(failure.reason, f"etcd {fake} exited while starting (status 3)")
+        self.assertIn("cannot bind the client port", failure.log_tail)
+        self.assertEqual(cluster.running(), [])
+        self.assertEqual(os.listdir(base_dir), [])
+
+
 class EtcdClusterTestsMixin:
     """A cluster of three members, per etcd version."""
 
@@ -320,6 +422,9 @@ class EtcdClusterTestsMixin:
         # The last member notices the lost quorum within an election timeout or so;
         # meanwhile its /health may also not answer in time.
         self.assertTrue(_eventually(lambda: not _answers_healthy(cluster.members[2])))
+        # Once the member left steps down (an election timeout after it lost its
+        # quorum, if it led), asking for the leader waits, then says there is none.
+        self.assertTrue(_eventually(lambda: _names_no_leader(cluster)))
         cluster.restart(1)
         self.assertTrue(_eventually(lambda: _answers_healthy(cluster.members[2])))
 

@@ -6,7 +6,12 @@ node's stand-in kubelet from the control page makes its node lease go stale in t
 cloud and starting it brings the lease back, and a stop
 (SIGINT as from Ctrl-C, or SIGTERM) exits 0 leaving no etcd and no temp dir behind,
 also when etcd cannot start, dies, or is still starting; a SIGKILLed sandbox takes its
-etcd with it."""
+etcd with it.
+
+The pool etcd is a cluster of three members that every agent is given in its storage
+list: killing the raft leader from the control page leaves every agent ready and the
+pool etcd whole, and a restarted member comes back healthy with what it missed;
+``--sandbox-etcd-members 1`` runs one member."""
 
 import json
 import os
@@ -26,6 +31,7 @@ from zope.interface import implementer
 from zope.interface.verify import verifyObject
 
 from yurtcoord.agent.config import parse_duration
+from yurtcoord.etcd.client import EtcdConfig
 from yurtcoord.kube.gvr import ENDPOINTS, ENDPOINTSLICES_V1, NODES
 from yurtcoord.heartbeat.delegation import HeartbeatDelegation
 from yurtcoord.kube.lease import format_micro_time, renew_time
@@ -43,10 +49,17 @@ from yurtcoord.testing.poll import poll_until
 from yurtcoord.testing.agentpages import StatusReader, wait_for_statuses
 
 READY_DEADLINE = 60.0
+# After the etcd raft leader is killed, every agent is ready on a live member within
+# etcd's election (generous on a busy machine) and one request that timed out and its
+# retry.
+ETCD_ELECTION_ALLOWANCE = 5.0
+ETCD_FAILOVER_DEADLINE = ETCD_ELECTION_ALLOWANCE + 2 * EtcdConfig("http://127.0.0.1:2379").timeout
 OUTPUT_DEADLINE = 30.0
 STOP_DEADLINE = 60.0
 TEMP_DIR_LINE = re.compile(r"^\[sandbox\] temp dir (\S+)$", re.M)
-ETCD_LINE = re.compile(r"^\[sandbox\] etcd pid (\d+) on (http://127\.0\.0\.1:\d+)", re.M)
+ETCD_CLUSTER_LINE = re.compile(r"^\[sandbox\] etcd cluster of (\d+) members? ", re.M)
+ETCD_LINE = re.compile(
+    r"^\[sandbox\] etcd (member-\d+) pid (\d+) on (http://127\.0\.0\.1:\d+)$", re.M)
 PAGE_LINE = re.compile(r"^\[sandbox\] (edge-\d+) pool page (http://127\.0\.0\.1:(\d+))/$", re.M)
 ROLE_LINE = re.compile(
     r"^\[sandbox\] \d\d:\d\d:\d\d (edge-\d+): role (\w+) -> (\w+) \(leader: ([^)]*)\)$", re.M)
@@ -101,9 +114,17 @@ class SandboxRun:
         match = TEMP_DIR_LINE.search(self.output)
         return match.group(1) if match else None
 
-    def etcd_pid(self):
-        match = ETCD_LINE.search(self.output)
-        return int(match.group(1)) if match else None
+    def etcd_members(self):
+        """``[(name, pid, client URL)]`` of the pool etcd's members as started, once
+        every member's line is printed; [] before."""
+        size = ETCD_CLUSTER_LINE.search(self.output)
+        members = [(name, int(pid), url) for name, pid, url in ETCD_LINE.findall(self.output)]
+        if size is None or len(members) < int(size.group(1)):
+            return []
+        return members[:int(size.group(1))]
+
+    def etcd_urls(self):
+        return [url for _name, _pid, url in self.etcd_members()]
 
     def pages(self):
         return {node: url for node, url, _port in PAGE_LINE.findall(self.output)}
@@ -181,13 +202,14 @@ class SandboxTests(unittest.TestCase):
         self.assertEqual(leader_lines[-1], (leader, leader))
 
     @defer.inlineCallbacks
-    def check_pool_etcd(self, run, nodes):
-        """Read the pool etcd with etcdctl: every agent's cached node and pods were
-        uploaded, and the leader synced the cloud's endpoints and endpointslices."""
+    def check_pool_etcd(self, run, nodes, member_url=None, more_keys=()):
+        """Read the pool etcd with etcdctl from one member (``member_url``, by default
+        the first): every agent's cached node and pods were uploaded, and the leader
+        synced the cloud's endpoints and endpointslices (and ``more_keys``)."""
         etcdctl = shutil.which("etcdctl")
         if etcdctl is None:
             return
-        expected = set()
+        expected = set(more_keys)
         for node in nodes:
             expected.add(f"/registry/minions/{node}")
             expected.update(f"/registry/pods/default/{node}-{pod}" for pod in CACHED_PODS)
@@ -196,7 +218,7 @@ class SandboxTests(unittest.TestCase):
             expected.add(f"/registry/endpointslices/default/{service}-sandbox")
         env = {k: v for k, v in os.environ.items() if not k.startswith("ETCD")}
         env["ETCDCTL_API"] = "3"
-        _, etcd_url = ETCD_LINE.search(run.output).groups()
+        etcd_url = member_url or run.etcd_urls()[0]
         seen = {}
 
         @defer.inlineCallbacks
@@ -208,16 +230,33 @@ class SandboxTests(unittest.TestCase):
             return code == 0 and expected <= seen["keys"]
 
         yield poll_until(all_there, OUTPUT_DEADLINE, 0.1, reactor,
-                         what=f"the pool etcd holding {sorted(expected)}")
+                         what=f"the pool etcd member {etcd_url} holding {sorted(expected)}")
 
     @defer.inlineCallbacks
-    def stop_and_check_clean(self, run, signal_name, pages, etcd_stopped=True):
-        temp_dir, etcd_pid = run.temp_dir(), run.etcd_pid()
+    def etcd_state(self, run):
+        """The control page's ``GET /etcd``: the members and each agent's storage."""
+        code, body = yield self.reader.get(self.control_url(run), "etcd")
+        self.assertEqual(code, 200, body)
+        return json.loads(body)
+
+    def control_url(self, run):
+        match = CONTROL_LINE.search(run.output)
+        self.assertIsNotNone(match, run.output)
+        return match.group(1)
+
+    @defer.inlineCallbacks
+    def stop_and_check_clean(self, run, signal_name, pages):
+        """Stop the sandbox with ``signal_name``: it exits 0, every etcd member running
+        then is stopped in order, no process, port or directory is left."""
+        temp_dir = run.temp_dir()
         self.assertTrue(temp_dir and os.path.isdir(temp_dir), run.output)
         self.assertTrue(temp_dir.startswith(run.tmpdir + os.sep), temp_dir)
-        self.assertIsNotNone(etcd_pid, run.output)
-        if etcd_stopped:
-            self.assertIn(etcd_pid, processes_mentioning(temp_dir))
+        self.assertTrue(run.etcd_members(), run.output)
+        running = {member["name"]: member["pid"]
+                   for member in (yield self.etcd_state(run))["members"] if member["running"]}
+        for pid in running.values():
+            self.assertIn(pid, processes_mentioning(temp_dir))
+        etcd_pids = set(running.values()) | {pid for _name, pid, _url in run.etcd_members()}
         stop_at = reactor.seconds()
         run.child.transport.signalProcess(signal_name)
         yield poll_until(lambda: run.child.ended.called, STOP_DEADLINE, 0.05, reactor,
@@ -225,17 +264,18 @@ class SandboxTests(unittest.TestCase):
         stop_took = reactor.seconds() - stop_at
         self.assertEqual(run.child.exit_code, 0, run.output[-3000:])
         self.assertEqual(processes_mentioning(temp_dir), [], "processes left behind")
-        self.assertFalse(os.path.exists(f"/proc/{etcd_pid}") and
-                         temp_dir in open(f"/proc/{etcd_pid}/cmdline", "rb").read().decode(
-                             "utf-8", "replace"), "etcd still running")
+        for pid in etcd_pids:
+            self.assertFalse(os.path.exists(f"/proc/{pid}") and
+                             temp_dir in open(f"/proc/{pid}/cmdline", "rb").read().decode(
+                                 "utf-8", "replace"), f"etcd pid {pid} still running")
         self.assertFalse(os.path.exists(temp_dir), "temp dir left behind")
         self.assertEqual(os.listdir(run.tmpdir), [])
         for url in pages.values():
             port = int(url.rsplit(":", 1)[1])
             self.assertTrue(port_is_free(port), f"status port {port} still bound")
-        if etcd_stopped:
+        for name, pid in running.items():
             # Stopped in order (SIGTERM, waited for), not merely killed with the sandbox.
-            self.assertIn(f"etcd pid={etcd_pid} stopped", run.output)
+            self.assertIn(f"etcd member {name} pid={pid} stopped", run.output)
         self.assertIn(f"[sandbox] stopped; removed {temp_dir}", run.output)
         self.assertNotIn("Traceback", run.output)
         return stop_took
@@ -268,6 +308,116 @@ class SandboxTests(unittest.TestCase):
               f"(printed {printed_took}s after start of the service), leader's cloud cut "
               f"to new leader delegating {failover_took:.1f}s, stop after SIGINT "
               f"{stop_took:.1f}s")
+
+    @defer.inlineCallbacks
+    def test_three_etcd_members_serve_on_when_the_raft_leader_is_killed_and_it_restarts(self):
+        run = SandboxRun(self)
+        pages = yield self.wait_for_pages(run, 3)
+        pool_leader, _ = yield self.wait_for_one_leader_all_ready(run, pages)
+        self.assertEqual(ETCD_CLUSTER_LINE.search(run.output).group(1), "3", run.output)
+        urls = run.etcd_urls()
+        self.assertEqual(len(set(urls)), 3, run.output)
+
+        # Every agent is given every member, starting with a member of its own.
+        state = yield self.etcd_state(run)
+        self.assertEqual(sorted(state["agents"]), sorted(pages))
+        for node, agent in state["agents"].items():
+            self.assertEqual(sorted(agent["storage"]), sorted(urls), node)
+        self.assertEqual(len({agent["storage"][0] for agent in state["agents"].values()}), 3)
+        for node, url in pages.items():
+            status = yield self.reader.status(url)
+            self.assertIn(status["etcd_member"], urls)
+            self.assertIn(node, state["members"][urls.index(status["etcd_member"])]["agents"])
+        yield self.check_pool_etcd(run, sorted(pages))
+
+        raft_leader = yield self.raft_leader(urls)
+        control = self.control_url(run)
+        killed_at = reactor.seconds()
+        code, body = yield self.post(f"{control}/etcd/leader/kill")
+        self.assertEqual(code, 303, body)
+        match = re.match(rb"etcd (member-(\d+)) \(pid (\d+), the raft leader\) killed", body)
+        self.assertIsNotNone(match, body)
+        name, index, pid = match.group(1).decode(), int(match.group(2)), int(match.group(3))
+        self.assertEqual(urls[index], raft_leader, "the member killed was not the raft leader")
+        self.assertFalse(os.path.exists(f"/proc/{pid}"), "the killed member still runs")
+        live = [url for url in urls if url != raft_leader]
+
+        # The pool leader mirrors a cloud change made after the kill.
+        cloud = CLOUD_LINE.search(run.output).group(1)
+        response = yield self.reader.http.post(
+            f"{cloud}/api/v1/namespaces/default/endpoints",
+            json={"apiVersion": "v1", "kind": "Endpoints",
+                  "metadata": {"name": "after-kill", "namespace": "default"},
+                  "subsets": [{"addresses": [{"ip": "10.244.9.9"}],
+                               "ports": [{"port": 8080}]}]})
+        self.assertEqual(response.code, 201, (yield response.content()))
+
+        # Every agent stays or is ready again with the same pool leader, and each uses
+        # a live member once it asked etcd (its /pool counts the pool cache's keys).
+        seen = {}
+
+        @defer.inlineCallbacks
+        def every_agent_ready_on_a_live_member():
+            statuses, pools = {}, {}
+            for node, url in pages.items():
+                code, body = yield self.reader.get(url, "pool")
+                pools[node] = (code, json.loads(body) if code == 200 else body)
+                statuses[node] = yield self.reader.status(url)
+            seen.update(statuses=statuses, pools=pools)
+            return all(status["ready"] and status["leader"] == pool_leader
+                       and status["etcd_member"] in live
+                       and pools[node][0] == 200 and not pools[node][1]["errors"]
+                       for node, status in statuses.items())
+
+        try:
+            yield poll_until(every_agent_ready_on_a_live_member, ETCD_FAILOVER_DEADLINE, 0.2,
+                             reactor, what="every agent ready on a live etcd member")
+        except AssertionError as error:
+            raise AssertionError(f"{error}; last statuses {seen.get('statuses')}, pool "
+                                 f"documents {seen.get('pools')}\n{run.output[-3000:]}") from None
+        ready_again = reactor.seconds() - killed_at
+        after_kill = run.output.split(f"etcd {name} (pid {pid}, the raft leader) killed")[1]
+        went_unready = re.findall(r"(edge-\d+): not ready", after_kill)
+        yield self.check_pool_etcd(
+            run, sorted(pages), member_url=live[0],
+            more_keys=["/registry/services/endpoints/default/after-kill"])
+        mirrored = reactor.seconds() - killed_at
+        self.assertNotIn(f"etcd {name} pid {pid} exited unexpectedly", run.output)
+
+        # Restarted, the member is healthy and has caught up with the writes it missed.
+        code, body = yield self.post(f"{control}/etcd/{index}/restart")
+        self.assertEqual(code, 303, body)
+        match = re.match(rb"etcd member-\d+ restarted \(pid (\d+)\) and healthy", body)
+        self.assertIsNotNone(match, body)
+        code, body = yield self.reader.get(raft_leader, "health")
+        self.assertEqual((code, json.loads(body)["health"]), (200, "true"))
+        yield self.check_pool_etcd(
+            run, sorted(pages), member_url=raft_leader,
+            more_keys=["/registry/services/endpoints/default/after-kill"])
+        member = (yield self.etcd_state(run))["members"][index]
+        self.assertEqual((member["running"], member["pid"]), (True, int(match.group(1))))
+
+        stop_took = yield self.stop_and_check_clean(run, "TERM", pages)
+        print(f"sandbox, 3 etcd members: raft leader {name} killed, every agent ready on a "
+              f"live member {ready_again:.1f}s later (agents that went not ready meanwhile: "
+              f"{sorted(set(went_unready)) or 'none'}), a cloud change made after the kill "
+              f"mirrored into etcd {mirrored:.1f}s after it; stop after SIGTERM "
+              f"{stop_took:.1f}s")
+
+    @defer.inlineCallbacks
+    def raft_leader(self, urls):
+        """The client URL of the member that is the raft leader, as etcdctl reads it."""
+        env = {k: v for k, v in os.environ.items() if not k.startswith("ETCD")}
+        env["ETCDCTL_API"] = "3"
+        out, err, code = yield getProcessOutputAndValue(
+            shutil.which("etcdctl") or "etcdctl",
+            ["--endpoints", ",".join(urls), "--command-timeout", "5s", "endpoint", "status",
+             "-w", "json"], env=env)
+        self.assertEqual(code, 0, err)
+        leaders = [entry["Endpoint"] for entry in json.loads(out)
+                   if entry["Status"]["header"]["member_id"] == entry["Status"].get("leader")]
+        self.assertEqual(len(leaders), 1, out)
+        return leaders[0]
 
     @defer.inlineCallbacks
     def cut_and_restore_the_leaders_cloud(self, run, pages, leader):
@@ -390,28 +540,40 @@ class SandboxTests(unittest.TestCase):
         self.assertIn(f"{node}: its agent sees the kubelet answer again", run.output)
 
     @defer.inlineCallbacks
-    def test_etcd_killed_under_the_sandbox_is_reported_and_stop_stays_clean(self):
-        run = SandboxRun(self, "--sandbox-agents", "1")
-        pages = yield self.wait_for_pages(run, 1)
+    def test_one_etcd_member_by_flag_killed_under_the_sandbox_is_reported(self):
+        # The flag for a small machine: one etcd, which every agent is given alone.
+        run = SandboxRun(self, "--sandbox-agents", "2", "--sandbox-etcd-members", "1")
+        pages = yield self.wait_for_pages(run, 2)
         yield self.wait_for_one_leader_all_ready(run, pages)
-        os.kill(run.etcd_pid(), 9)
-        yield poll_until(lambda: f"etcd pid {run.etcd_pid()} exited unexpectedly" in run.output,
+        self.assertEqual(ETCD_CLUSTER_LINE.search(run.output).group(1), "1", run.output)
+        [(name, pid, url)] = run.etcd_members()
+        state = yield self.etcd_state(run)
+        self.assertEqual(state["agents"], {node: {"storage": [url], "etcd_member": url}
+                                           for node in pages})
+        self.assertEqual(state["members"][0]["agents"], sorted(pages))
+        for node in pages:
+            self.assertEqual((yield self.reader.status(pages[node]))["etcd_member"], url)
+        yield self.check_pool_etcd(run, sorted(pages))
+
+        os.kill(pid, 9)
+        yield poll_until(lambda: f"etcd {name} pid {pid} exited unexpectedly" in run.output,
                          OUTPUT_DEADLINE, 0.05, reactor, what="the etcd exit reported")
-        stop_took = yield self.stop_and_check_clean(run, "TERM", pages, etcd_stopped=False)
+        stop_took = yield self.stop_and_check_clean(run, "TERM", pages)
         print(f"sandbox without its etcd stopped {stop_took:.1f}s after SIGTERM")
 
     @defer.inlineCallbacks
-    def test_etcd_dies_with_a_killed_sandbox(self):
+    def test_every_etcd_member_dies_with_a_killed_sandbox(self):
         run = SandboxRun(self, "--sandbox-agents", "1")
-        yield poll_until(lambda: run.etcd_pid() or run.child.ended.called, READY_DEADLINE,
-                         0.05, reactor, what="the etcd line")
-        etcd_pid, temp_dir = run.etcd_pid(), run.temp_dir()
-        self.assertIsNotNone(etcd_pid, run.output)
-        self.assertIn(etcd_pid, processes_mentioning(temp_dir))
+        yield poll_until(lambda: run.etcd_members() or run.child.ended.called,
+                         READY_DEADLINE, 0.05, reactor, what="the etcd lines")
+        etcd_pids, temp_dir = [pid for _n, pid, _u in run.etcd_members()], run.temp_dir()
+        self.assertEqual(len(etcd_pids), 3, run.output)
+        for pid in etcd_pids:
+            self.assertIn(pid, processes_mentioning(temp_dir))
         run.child.transport.signalProcess("KILL")
         yield run.child.ended
         # Nobody is left to stop etcd or remove the temp dir: the kernel kills etcd.
-        yield poll_until(lambda: etcd_pid not in processes_mentioning(temp_dir),
+        yield poll_until(lambda: not set(etcd_pids) & set(processes_mentioning(temp_dir)),
                          STOP_DEADLINE, 0.05, reactor, what="etcd to die with the sandbox")
         shutil.rmtree(temp_dir)
 
@@ -475,7 +637,7 @@ class SandboxTests(unittest.TestCase):
         # reactor: the signal lands before the reactor has installed its handlers.
         steps = {
             "the first line": lambda run: run.temp_dir(),
-            "etcd healthy, apiservers starting": lambda run: run.etcd_pid(),
+            "etcd healthy, apiservers starting": lambda run: run.etcd_members(),
             "agents starting": lambda run: run.pages(),
         }
         for step, condition in steps.items():
