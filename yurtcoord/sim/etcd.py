@@ -819,7 +819,8 @@ class EtcdCluster:
                     continue
                 for entry in status:
                     own = entry["Status"]["header"]["member_id"]
-                    if own == entry["Status"]["leader"]:
+                    # An election in progress leaves the leader out (0).
+                    if own == entry["Status"].get("leader"):
                         return member
             if time.monotonic() > give_up:
                 raise EtcdFixtureError(f"no etcd member reports itself leader within "
