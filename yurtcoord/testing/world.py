@@ -1,6 +1,7 @@
 """A pool whose agents run as separate ``twistd -n yurtcoord`` processes, for fault tests.
 
-``ProcessWorld`` owns one real etcd (``EtcdProcess``), a cloud and a coordinator
+``ProcessWorld`` owns one real etcd (``EtcdProcess``; with ``etcd_members=3`` an
+``EtcdCluster`` of three members, all given to every agent), a cloud and a coordinator
 Kubernetes API test server served from the test's own reactor (so that their fault
 knobs are plain method calls; with ``coordinator_servers=2`` two coordinator
 apiservers serving one store, as two apiservers over one pool etcd, both given to
