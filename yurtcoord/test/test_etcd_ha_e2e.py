@@ -263,8 +263,9 @@ class EtcdClusterFaultsMixin:
         on the members left; no agent that was ready is not ready for longer than
         ``NOT_READY_BOUND``; the pool etcd ends exact. The member stays down.
 
-        Measured on a loaded 2-core machine (longest not-ready stretch of edge-2 and
-        edge-3): see the report."""
+        Measured on a loaded 2-core machine, etcd 3.4.23 and 3.5.1, three runs each:
+        no agent was ever seen not ready (longest stretch 0.00 s); a new etcd leader
+        was reported 1.1 to 1.4 s after the kill."""
         uploader = self.world.agents["edge-1"]
         uploader.write_pods(5000, padding=200)
         # edge-2 also caches older copies of some of edge-1's pods: the newer win.
@@ -291,7 +292,12 @@ class EtcdClusterFaultsMixin:
     def test_etcd_leader_killed_while_the_leader_mirrors_endpoints(self):
         """The pool runs settled; the cloud gets 3000 new endpoints at once and the
         etcd raft leader is SIGKILLed while pool sync writes them. No agent is not
-        ready for longer than ``NOT_READY_BOUND``; the pool etcd ends exact."""
+        ready for longer than ``NOT_READY_BOUND``; the pool etcd ends exact.
+
+        Measured on a loaded 2-core machine, three runs on each version: longest
+        not-ready stretch 0.00 s, except one run on etcd 3.4.23 where every agent was
+        not ready for 4.8 to 4.9 s (a pool store health check fell into the election,
+        and the next one, 5 s later, found the new leader)."""
         yield self.start_and_settle()
         yield self.world.wait_pool_exact(STEP_TIMEOUT)
         watch = self.watch_readiness()
@@ -316,7 +322,10 @@ class EtcdClusterFaultsMixin:
     def test_etcd_follower_killed(self):
         """The pool runs settled; one follower member is SIGKILLed and the cloud
         changes. No agent is not ready for longer than ``NOT_READY_BOUND``; the pool
-        etcd ends exact, the leader member unchanged."""
+        etcd ends exact, the leader member unchanged, every agent on another member.
+
+        Measured on a loaded 2-core machine, three runs on each version: no agent was
+        ever seen not ready (the follower killed was the one the agents used)."""
         yield self.start_and_settle()
         yield self.world.wait_pool_exact(STEP_TIMEOUT)
         leader = yield self.world.etcd_leader()
@@ -345,7 +354,11 @@ class EtcdClusterFaultsMixin:
         """Two members of three are SIGKILLed: the cluster has no quorum. Every agent's
         ``/readyz`` fails with ``pool etcd unreachable`` naming each member and its
         failure. The members start again and the pool recovers by itself: every
-        agent ready, the pool etcd exact, changes made meanwhile included."""
+        agent ready, the pool etcd exact, changes made meanwhile included.
+
+        Measured on a loaded 2-core machine, etcd 3.4.23 and 3.5.1: every /readyz
+        named the members 9.9 to 10.1 s after the kill (two health checks of the pool
+        store); all ready and exact 3.3 to 4.6 s after both members were healthy."""
         yield self.start_and_settle()
         yield self.world.wait_pool_exact(STEP_TIMEOUT)
         leader = yield self.world.etcd_leader()
