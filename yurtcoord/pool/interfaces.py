@@ -27,6 +27,9 @@ class IPoolStore(Interface):
     health and of etcd terms (a new term may have lost acknowledged writes)."""
 
     reactor = Attribute("The reactor (or clock) the store's timers run on.")
+    unreachable = Attribute("None while etcd answers the store's health checks; else why "
+                            "the last check failed (for a cluster: each member and its "
+                            "failure).")
 
     def key_func(info: KeyBuildInfo) -> PoolKey:
         """The pool key of the object described by a ``KeyBuildInfo``; raises

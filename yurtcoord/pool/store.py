@@ -293,6 +293,8 @@ class PoolStore:
         self.close_client = close_client
         self.parallel_batches = parallel_batches
         self.healthy = False
+        # Why the last health check failed, None after a good one (and before any).
+        self.unreachable: str | None = None
         # The version the pool etcd last reported (health checks), None before.
         self.etcd_version = None
         self._health_loop = None
@@ -400,6 +402,8 @@ class PoolStore:
     def _set_healthy(self, healthy, failure):
         if self.closed:
             return
+        self.unreachable = None if healthy else (
+            failure.getErrorMessage() if failure else "no answer")
         if healthy != self.healthy:
             self.healthy = healthy
             if healthy:

@@ -242,6 +242,8 @@ class Coordinator:
             failures.append("pool cache not synced")
         if self.need_upload_local_cache:
             failures.append("local cache not uploaded")
+        if self.store is not None and self.store.unreachable is not None:
+            failures.append(f"pool etcd unreachable: {self.store.unreachable}")
         return failures
 
     # -- observers ---------------------------------------------------------------
@@ -460,7 +462,13 @@ class Coordinator:
             yield _wait_for(self._close_quietly(store))
             raise _Superseded()
         self.store = store
+        store.on_health_change(self._store_health_changed)
+        self._changed()
         return store
+
+    def _store_health_changed(self, _healthy: bool) -> None:
+        """The pool etcd became unreachable or answers again: readiness follows."""
+        self._changed()
 
     @defer.inlineCallbacks
     def _ensure_started(self, slot: _ComponentSlot,
@@ -514,6 +522,8 @@ class Coordinator:
         Returns ``stopped``, firing after the close."""
         store, self.store = self.store, None
         if store is not None:
+            store.remove_health_observer(self._store_health_changed)
+            self._changed()
             stopped.addCallback(lambda _: self._close_quietly(store))
         return stopped
 

@@ -891,7 +891,8 @@ class EtcdCluster:
                 except (EtcdFixtureError, ValueError):
                     continue
                 for entry in status:
-                    # A member without a leader leaves "leader" out (it would be 0).
+                    # A member without a leader (an election in progress) leaves
+                    # "leader" out (it would be 0).
                     own = entry["Status"]["header"]["member_id"]
                     if own == entry["Status"].get("leader"):
                         return member

@@ -459,6 +459,30 @@ class ReadinessTests(CoordinatorTestCase):
         c.set_pool_cache_synced(True)
         self.assertTrue(c.ready)
 
+    def test_unreachable_pool_etcd_is_a_readiness_failure_naming_its_members(self):
+        """While the open pool store's health checks fail (no etcd member serves, as
+        when a quorum of the cluster is down), /readyz says so with the members and
+        their failures; the next good check makes the agent ready again."""
+        c = self.coordinator
+        flips = []
+        c.add_readiness_observer(flips.append)
+        c.set_role(FOLLOWER)
+        c.set_pool_cache_synced(True)
+        self.assertTrue(c.ready)
+        reason = ("no etcd member serves (each is skipped until its /health answers): "
+                  "http://127.0.0.1:2379: Connection refused; "
+                  "http://127.0.0.1:2381: etcd member at http://127.0.0.1:2381 has no "
+                  "raft leader")
+        self.opener.stores[-1].health(False, reason)
+        self.assertEqual(c.readiness_failures(), [f"pool etcd unreachable: {reason}"])
+        self.assertEqual((self.metrics.role, self.metrics.ready), ("follower", False))
+        self.opener.stores[-1].health(True)
+        self.assertTrue(c.ready)
+        self.assertEqual(flips, [True, False, True])
+        c.set_role(PENDING)
+        self.assertEqual(self.opener.stores[-1].health_observers, [],
+                         "the dropped store's health is no longer followed")
+
     def test_uploaded_count_from_uploader_counts(self):
         self.upload.results = [UploadCounts(created=3, updated=2, skipped_bad=1)]
         self.coordinator.set_role(FOLLOWER)

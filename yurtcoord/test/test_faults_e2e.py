@@ -48,10 +48,12 @@ class FaultSuiteBase(unittest.TestCase):
     pods_per_agent = 20
     initial_endpoints = 50
     coordinator_servers = 1
+    etcd_members = 1
 
     @defer.inlineCallbacks
     def setUp(self):
-        self.world = ProcessWorld(reactor, coordinator_servers=self.coordinator_servers)
+        self.world = ProcessWorld(reactor, coordinator_servers=self.coordinator_servers,
+                                  etcd_members=self.etcd_members)
         self.addCleanup(self.world.stop)
         yield self.world.start()
         for index in range(self.initial_endpoints):
@@ -319,6 +321,20 @@ class CoordinatorServerLossTests(FaultSuiteBase):
                          before.get("leaseTransitions", 0))
         for agent in self.world.agents.values():
             self.assertTrue(agent.running, agent.log_tail())
+
+
+class CoordinatorServerLossOverEtcdClusterTests(CoordinatorServerLossTests):
+    """The same loss of one coordinator apiserver, with the pool etcd a cluster of
+    three members under the agents (every member in ``storage``)."""
+
+    etcd_members = 3
+
+    @defer.inlineCallbacks
+    def test_one_coordinator_apiserver_stopped_then_back(self):
+        yield super().test_one_coordinator_apiserver_stopped_then_back()
+        statuses = yield self.world.statuses()
+        for node, document in statuses.items():
+            self.assertIn(document["etcd_member"], self.world.etcd_urls(), node)
 
 
 class CloudCutTests(FaultSuiteBase):

@@ -158,6 +158,12 @@ class PoolStoreOnClusterMixin(_ClusterStoreCase):
         for url in self.cluster.client_urls:
             self.assertIn(url, message)
         self.assertIsNone(self.client.member)
+        # The store's health says why, as the agent's /readyz shows it.
+        yield store.check_health()
+        self.assertFalse(store.healthy)
+        self.assertIn("no etcd member serves", store.unreachable)
+        for url in self.cluster.client_urls:
+            self.assertIn(url, store.unreachable)
 
         self.cluster.restart(1)
 
@@ -174,6 +180,7 @@ class PoolStoreOnClusterMixin(_ClusterStoreCase):
         self.assertIn(self.client.member, (second.client_url, third.client_url))
         yield store.check_health()
         self.assertTrue(store.healthy)
+        self.assertIsNone(store.unreachable)
         self.assertEqual(self.cluster.read("/registry/", prefix=True), {
             self.key(store, "before").path.encode(): make_object("before", "ns", 1),
             key.path.encode(): value})

@@ -63,6 +63,7 @@ class FakePoolStore:
         self.soon_flushes: List[int] = []
         self.closes = 0
         self.health_observers: List[Callable[[bool], object]] = []
+        self.unreachable: Optional[str] = None
         self.term_observers: List[Callable[[], object]] = []
         self._last_written: List[str] = []
 
@@ -71,8 +72,10 @@ class FakePoolStore:
 
     # Test controls ---------------------------------------------------------------
 
-    def health(self, healthy: bool) -> None:
-        """The store's health flips: every health observer hears of it."""
+    def health(self, healthy: bool, reason: str = "down") -> None:
+        """The store's health flips (``reason``: why etcd is unreachable): every
+        health observer hears of it."""
+        self.unreachable = None if healthy else reason
         for observer in list(self.health_observers):
             observer(healthy)
 

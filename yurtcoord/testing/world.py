@@ -1,6 +1,7 @@
 """A pool whose agents run as separate ``twistd -n yurtcoord`` processes, for fault tests.
 
-``ProcessWorld`` owns one real etcd (``EtcdProcess``), a cloud and a coordinator
+``ProcessWorld`` owns one real etcd (``EtcdProcess``; with ``etcd_members=3`` an
+``EtcdCluster`` of three members, all given to every agent), a cloud and a coordinator
 Kubernetes API test server served from the test's own reactor (so that their fault
 knobs are plain method calls; with ``coordinator_servers=2`` two coordinator
 apiservers serving one store, as two apiservers over one pool etcd, both given to
@@ -49,7 +50,7 @@ from yurtcoord.names import (
 from yurtcoord.agent.config import parse_duration
 from yurtcoord.sim.agentini import FAULT_SUITE, loopback_agent_ini
 from yurtcoord.sim.apiserver import KubeAPIServer
-from yurtcoord.sim.etcd import EtcdBinary, EtcdProcess, etcd_binary_for, tail
+from yurtcoord.sim.etcd import EtcdBinary, EtcdCluster, EtcdProcess, etcd_binary_for, tail
 from yurtcoord.sim.kubelet import StandInKubelet
 from yurtcoord.testing.agentpages import Statuses, StatusReader, wait_for_statuses
 from yurtcoord.testing.poll import PollTimeout, poll_until
@@ -321,20 +322,26 @@ class ProcessWorld:
     safe to call twice. ``kubelet_grace_period`` is the agents' ini value;
     ``coordinator_servers`` the number of coordinator apiservers (``coordinators``,
     the first of them also ``coordinator``), all serving the first one's store.
+    ``etcd_members`` above 1 runs the pool etcd as an ``EtcdCluster`` of that size
+    (``etcd_cluster``; see "The pool etcd as a cluster" below).
     """
 
     # The coordinator apiservers after the first (none in a world that makes its
     # servers in start()).
     _more_coordinators: tuple[KubeAPIServer, ...] = ()
+    # The pool etcd cluster of a world of several members (None: ``etcd`` alone).
+    etcd_cluster: EtcdCluster | None = None
 
     def __init__(self, reactor: Any, etcd_binary: EtcdBinary | None = None,
                  kubelet_grace_period: str = KUBELET_GRACE_PERIOD,
-                 coordinator_servers: int = 1) -> None:
+                 coordinator_servers: int = 1, etcd_members: int = 1) -> None:
         self.reactor = reactor
         self.kubelet_grace_period = kubelet_grace_period
         self.base_dir = tempfile.mkdtemp(prefix="yurtcoord-world-")
-        self.etcd = EtcdProcess(etcd_binary or etcd_binary_for("3.5")
-                                or etcd_binary_for("3.4"))
+        binary = etcd_binary or etcd_binary_for("3.5") or etcd_binary_for("3.4")
+        self.etcd = EtcdProcess(binary)
+        self.etcd_cluster = (EtcdCluster(binary, size=etcd_members) if etcd_members > 1
+                             else None)
         # None only in a world whose servers are made by start() (see PartitionWorld).
         self.cloud: KubeAPIServer | None = KubeAPIServer(reactor)
         self.coordinator: KubeAPIServer | None = KubeAPIServer(reactor)
@@ -363,7 +370,7 @@ class ProcessWorld:
 
     @defer.inlineCallbacks
     def start(self) -> Generator[defer.Deferred[Any], Any, None]:
-        yield deferToThread(self.etcd.start)
+        yield deferToThread(self._etcd_service().start)
         cloud, coordinator = self.servers()
         yield cloud.start()
         yield coordinator.start()
@@ -391,6 +398,7 @@ class ProcessWorld:
             proxies.append(proxy)
         etcd = None
         if etcd_proxy:
+            assert self.etcd_cluster is None, "an etcd proxy fronts a single etcd member"
             assert self.etcd.client_port is not None, "etcd listens once started"
             etcd = TCPProxy(self.reactor, "127.0.0.1", self.etcd.client_port)
             yield etcd.start()
@@ -425,7 +433,7 @@ class ProcessWorld:
     def ini_for(self, agent: AgentProcess, **sections: Mapping[str, object]) -> str:
         """The ini text ``start_agents`` runs ``agent`` with; ``sections`` are merged
         over the suite's (see ``agent_ini``)."""
-        etcd_url = (self.etcd.client_url if agent.etcd_proxy is None
+        etcd_url = (", ".join(self.etcd_urls()) if agent.etcd_proxy is None
                     else agent.etcd_proxy.url(self.etcd.scheme))
         coordinator_urls = [server.url for server in self.coordinators]
         assert None not in coordinator_urls, "the coordinator apiservers listen once started"
@@ -452,7 +460,10 @@ class ProcessWorld:
             for pool in self._http_pools():
                 yield pool.closeCachedConnections()
         finally:
+            # The single member's temp dir exists in a world of a cluster too.
             yield deferToThread(self.etcd.stop)
+            if self.etcd_cluster is not None:
+                yield deferToThread(self.etcd_cluster.stop)
             yield self._tear_down_network()
             shutil.rmtree(self.base_dir, ignore_errors=True)
 
@@ -466,11 +477,58 @@ class ProcessWorld:
 
     # -- faults of etcd (blocking steps run in a thread) -------------------------------
 
-    def kill_etcd(self) -> defer.Deferred[None]:
-        return deferToThread(self.etcd.kill)
+    def kill_etcd(self, member: int | None = None) -> defer.Deferred[Any]:
+        """SIGKILL the pool etcd; in a cluster, member number ``member``."""
+        if self.etcd_cluster is None:
+            return deferToThread(self.etcd.kill)
+        return deferToThread(self.etcd_cluster.kill, self._member_index(member))
 
-    def restart_etcd(self) -> defer.Deferred[EtcdProcess]:
-        return deferToThread(self.etcd.restart)
+    def restart_etcd(self, member: int | None = None) -> defer.Deferred[EtcdProcess]:
+        """Start the pool etcd again on its data; in a cluster, member ``member``
+        (healthy once a quorum of the cluster runs)."""
+        if self.etcd_cluster is None:
+            return deferToThread(self.etcd.restart)
+        return deferToThread(self.etcd_cluster.restart, self._member_index(member))
+
+    # -- the pool etcd as a cluster ----------------------------------------------------
+    # With ``etcd_members`` above 1 every agent's ``storage`` lists every member, the
+    # faults above take a member's index, and the judge reads from a running member.
+
+    def _etcd_service(self) -> EtcdCluster | EtcdProcess:
+        """What starts and stops the pool etcd: the cluster, or the single member."""
+        return self.etcd_cluster if self.etcd_cluster is not None else self.etcd
+
+    def _member_index(self, member: int | None) -> int:
+        if member is None:
+            raise ValueError("the pool etcd is a cluster: say which member (its index)")
+        return member
+
+    def etcd_urls(self) -> list[str]:
+        """The client URL of every pool etcd member, in member order."""
+        if self.etcd_cluster is None:
+            return [self.etcd.client_url]
+        return self.etcd_cluster.client_urls
+
+    def etcd_members(self) -> list[EtcdProcess]:
+        """Every pool etcd member (one without a cluster)."""
+        return [self.etcd] if self.etcd_cluster is None else list(self.etcd_cluster.members)
+
+    def etcd_leader(self) -> defer.Deferred[int]:
+        """The index of the member that is the raft leader now (waits for an election)."""
+        cluster = self.etcd_cluster
+        if cluster is None:
+            return defer.succeed(0)
+        return deferToThread(lambda: cluster.members.index(cluster.leader()))
+
+    def etcd_reader(self) -> EtcdProcess:
+        """The member ``etcdctl`` reads from: a running one (reads are linearizable, so
+        any member of a cluster with a quorum answers what the cluster holds)."""
+        if self.etcd_cluster is None:
+            return self.etcd
+        running = self.etcd_cluster.running()
+        if not running:
+            raise AssertionError("no pool etcd member is running")
+        return running[0]
 
     # -- cuts of the cloud -------------------------------------------------------------
 
@@ -547,7 +605,7 @@ class ProcessWorld:
         """``{key: value}`` (str keys, bytes values) under ``prefix``, read by etcdctl."""
         env = child_environment(without_etcd=True)
         env["ETCDCTL_API"] = "3"
-        command = self.etcd.etcdctl_command("get", prefix, "--prefix", "-w", "json")
+        command = self.etcd_reader().etcdctl_command("get", prefix, "--prefix", "-w", "json")
         out, err, code = yield getProcessOutputAndValue(command[0], command[1:], env=env,
                                                         reactor=self.etcdctl_reactor())
         if code != 0:
@@ -561,7 +619,7 @@ class ProcessWorld:
         """How many keys are under ``prefix`` (the range's count, read with limit 1)."""
         env = child_environment(without_etcd=True)
         env["ETCDCTL_API"] = "3"
-        command = self.etcd.etcdctl_command("get", prefix, "--prefix", "--limit", "1",
+        command = self.etcd_reader().etcdctl_command("get", prefix, "--prefix", "--limit", "1",
                                             "--keys-only", "-w", "json")
         out, err, code = yield getProcessOutputAndValue(command[0], command[1:], env=env,
                                                         reactor=self.etcdctl_reactor())
