@@ -71,6 +71,13 @@ class IPoolStore(Interface):
     def remove_health_observer(observer: Callable[[bool], object]) -> None:
         """Stop calling ``observer`` on health changes."""
 
+    def on_unreachable_change(observer: Callable[[Optional[str]], object]) -> None:
+        """Call ``observer(reason or None)`` when the store starts or stops counting
+        the pool etcd as unreachable."""
+
+    def remove_unreachable_observer(observer: Callable[[Optional[str]], object]) -> None:
+        """Stop calling ``observer`` on unreachable changes."""
+
     def on_new_term(observer: Callable[[], object]) -> None:
         """Call ``observer()`` when etcd reports a new raft term."""
 

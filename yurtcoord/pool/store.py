@@ -95,6 +95,12 @@ Key = Union[PoolKey, str]
 Steps = Generator[defer.Deferred[Any], Any, Any]
 
 
+# Failed health checks in a row before the pool etcd counts as unreachable for the
+# agent's readiness: one check that times out on a busy machine, or lands on a member
+# in the middle of an election, is not an outage.
+UNREACHABLE_AFTER_CHECKS = 2
+
+
 class PoolStoreError(Exception):
     """Base of the store's own (non-etcd) errors."""
 
@@ -293,8 +299,11 @@ class PoolStore:
         self.close_client = close_client
         self.parallel_batches = parallel_batches
         self.healthy = False
-        # Why the last health check failed, None after a good one (and before any).
+        # Why the health checks fail, once ``UNREACHABLE_AFTER_CHECKS`` failed in a
+        # row; None after a good one (and before any).
         self.unreachable: str | None = None
+        self._failed_checks = 0
+        self._unreachable_observers: list[Callable[[str | None], object]] = []
         # The version the pool etcd last reported (health checks), None before.
         self.etcd_version = None
         self._health_loop = None
@@ -347,6 +356,17 @@ class PoolStore:
         """Stop calling ``observer`` (no error when it was not registered)."""
         if observer in self._health_observers:
             self._health_observers.remove(observer)
+
+    def on_unreachable_change(self, observer: Callable[[str | None], object]) -> None:
+        """Call ``observer(unreachable)`` when the pool etcd starts or stops counting as
+        unreachable (``UNREACHABLE_AFTER_CHECKS`` failed checks in a row; the reason,
+        or None after a good check)."""
+        self._unreachable_observers.append(observer)
+
+    def remove_unreachable_observer(self, observer: Callable[[str | None], object]) -> None:
+        """Stop calling ``observer`` (no error when it was not registered)."""
+        if observer in self._unreachable_observers:
+            self._unreachable_observers.remove(observer)
 
     def on_new_term(self, observer: Callable[[], object]) -> None:
         """Call ``observer()`` when a check finds etcd in a new raft term although the
@@ -402,8 +422,16 @@ class PoolStore:
     def _set_healthy(self, healthy, failure):
         if self.closed:
             return
-        self.unreachable = None if healthy else (
+        self._failed_checks = 0 if healthy else self._failed_checks + 1
+        was_unreachable = self.unreachable is not None
+        self.unreachable = None if self._failed_checks < UNREACHABLE_AFTER_CHECKS else (
             failure.getErrorMessage() if failure else "no answer")
+        if was_unreachable != (self.unreachable is not None):
+            for unreachable_observer in list(self._unreachable_observers):
+                try:
+                    unreachable_observer(self.unreachable)
+                except Exception:
+                    self.log.failure("pool store unreachable observer failed")
         if healthy != self.healthy:
             self.healthy = healthy
             if healthy:

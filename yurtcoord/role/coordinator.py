@@ -462,11 +462,11 @@ class Coordinator:
             yield _wait_for(self._close_quietly(store))
             raise _Superseded()
         self.store = store
-        store.on_health_change(self._store_health_changed)
+        store.on_unreachable_change(self._store_unreachable_changed)
         self._changed()
         return store
 
-    def _store_health_changed(self, _healthy: bool) -> None:
+    def _store_unreachable_changed(self, _reason: Optional[str]) -> None:
         """The pool etcd became unreachable or answers again: readiness follows."""
         self._changed()
 
@@ -522,7 +522,7 @@ class Coordinator:
         Returns ``stopped``, firing after the close."""
         store, self.store = self.store, None
         if store is not None:
-            store.remove_health_observer(self._store_health_changed)
+            store.remove_unreachable_observer(self._store_unreachable_changed)
             self._changed()
             stopped.addCallback(lambda _: self._close_quietly(store))
         return stopped

@@ -473,15 +473,15 @@ class ReadinessTests(CoordinatorTestCase):
                   "http://127.0.0.1:2379: Connection refused; "
                   "http://127.0.0.1:2381: etcd member at http://127.0.0.1:2381 has no "
                   "raft leader")
-        self.opener.stores[-1].health(False, reason)
+        self.opener.stores[-1].unreachable_for(reason)
         self.assertEqual(c.readiness_failures(), [f"pool etcd unreachable: {reason}"])
         self.assertEqual((self.metrics.role, self.metrics.ready), ("follower", False))
-        self.opener.stores[-1].health(True)
+        self.opener.stores[-1].unreachable_for(None)
         self.assertTrue(c.ready)
         self.assertEqual(flips, [True, False, True])
         c.set_role(PENDING)
-        self.assertEqual(self.opener.stores[-1].health_observers, [],
-                         "the dropped store's health is no longer followed")
+        self.assertEqual(self.opener.stores[-1].unreachable_observers, [],
+                         "the dropped store's reachability is no longer followed")
 
     def test_uploaded_count_from_uploader_counts(self):
         self.upload.results = [UploadCounts(created=3, updated=2, skipped_bad=1)]

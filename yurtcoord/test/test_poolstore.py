@@ -766,6 +766,39 @@ class HealthLoopTests(unittest.TestCase):
         self.assertEqual(seen, [True, False])
         self.assertFalse(clock.getDelayedCalls())
 
+    def test_unreachable_after_two_failed_checks_in_a_row_and_until_a_good_one(self):
+        """One failed check (a timeout on a busy machine, a member mid-election) leaves
+        readiness alone; the second in a row makes the pool etcd unreachable, with the
+        latest reason; the next good check ends it."""
+        clock = Clock()
+        client = FakeStatusClient()
+        store = PoolStore(clock, client, "/registry", ComponentKeyCache(self.mktemp()),
+                          health_interval=5.0)
+        seen = []
+        store.on_unreachable_change(seen.append)
+        store.start()
+        client.pending[0].callback(Status("3.5.1"))
+        clock.advance(5)
+        client.pending[1].errback(EtcdUnavailable("first"))
+        self.assertFalse(store.healthy)
+        self.assertIsNone(store.unreachable)
+        clock.advance(5)
+        client.pending[2].callback(Status("3.5.1"))
+        clock.advance(5)
+        client.pending[3].errback(EtcdUnavailable("one"))
+        self.assertEqual(seen, [])
+        clock.advance(5)
+        client.pending[4].errback(EtcdUnavailable("two"))
+        self.assertEqual(store.unreachable, "two")
+        clock.advance(5)
+        client.pending[5].errback(EtcdUnavailable("three"))
+        self.assertEqual(store.unreachable, "three")
+        clock.advance(5)
+        client.pending[6].callback(Status("3.5.1"))
+        self.assertIsNone(store.unreachable)
+        self.assertEqual(seen, ["two", None])
+        store.close()
+
     def test_close_cancels_every_health_check_still_waiting(self):
         clock = Clock()
         client = FakeStatusClient()

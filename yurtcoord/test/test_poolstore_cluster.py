@@ -158,7 +158,9 @@ class PoolStoreOnClusterMixin(_ClusterStoreCase):
         for url in self.cluster.client_urls:
             self.assertIn(url, message)
         self.assertIsNone(self.client.member)
-        # The store's health says why, as the agent's /readyz shows it.
+        # The store's health says why, as the agent's /readyz shows it (after two
+        # failed checks in a row).
+        yield store.check_health()
         yield store.check_health()
         self.assertFalse(store.healthy)
         self.assertIn("no etcd member serves", store.unreachable)

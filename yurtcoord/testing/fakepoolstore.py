@@ -64,6 +64,7 @@ class FakePoolStore:
         self.closes = 0
         self.health_observers: List[Callable[[bool], object]] = []
         self.unreachable: Optional[str] = None
+        self.unreachable_observers: List[Callable[[Optional[str]], object]] = []
         self.term_observers: List[Callable[[], object]] = []
         self._last_written: List[str] = []
 
@@ -73,11 +74,16 @@ class FakePoolStore:
     # Test controls ---------------------------------------------------------------
 
     def health(self, healthy: bool, reason: str = "down") -> None:
-        """The store's health flips (``reason``: why etcd is unreachable): every
-        health observer hears of it."""
-        self.unreachable = None if healthy else reason
+        """The store's health flips: every health observer hears of it."""
         for observer in list(self.health_observers):
             observer(healthy)
+
+    def unreachable_for(self, reason: Optional[str]) -> None:
+        """The pool etcd starts (``reason``) or stops (None) counting as unreachable:
+        every unreachable observer hears of it."""
+        self.unreachable = reason
+        for observer in list(self.unreachable_observers):
+            observer(reason)
 
     def new_term(self) -> None:
         """etcd reports a new raft term: every term observer hears of it."""
@@ -94,6 +100,12 @@ class FakePoolStore:
 
     def remove_health_observer(self, observer: Callable[[bool], object]) -> None:
         self.health_observers.remove(observer)
+
+    def on_unreachable_change(self, observer: Callable[[Optional[str]], object]) -> None:
+        self.unreachable_observers.append(observer)
+
+    def remove_unreachable_observer(self, observer: Callable[[Optional[str]], object]) -> None:
+        self.unreachable_observers.remove(observer)
 
     def on_new_term(self, observer: Callable[[], object]) -> None:
         self.term_observers.append(observer)
