@@ -66,10 +66,16 @@ sensitive to other load than wall-clock rates. Consumers: yurtcoord's `Informer`
 into models, as its documentation shows). `--mode live` (objects created while the
 consumers watch) is bounded by how fast the test server creates objects, so no ratio
 is claimed from it. Watch bodies are read with all HTTP chunks of one socket read
-delivered together (the apiserver sends one chunk per event); before that change the
-ratio was 1.6-2.2x on a quiet machine, where the official client drains ~37,000-40,000
-events/s. Wall-clock ratios still move with the machine's load (single rounds under
-load: 1.4-3.1x); events per CPU second is the steadier measure."""
+delivered together (the apiserver sends one chunk per event; `ChunkedBodyBatcher` in
+`yurtcoord/tx/twisted_private.py`, which writes the private state of Twisted's chunked
+decoder). It stays because without it the ratio does not hold 2x: on 2026-12-01
+(20:10-20:16 UTC, load average 0.95 -> 5.52, other tests sharing the 2 cores) four runs
+of this benchmark with it and four without, alternating, gave median ratios of 2.67x,
+2.03x, 2.31x, 3.15x with it and 1.19x, 2.06x, 2.06x, 2.50x without; 10 of the 20 single
+rounds without it were below 2x (lowest 0.81x), 4 of 20 with it (lowest 1.63x); events
+per CPU second draining were 2.47-2.73x the official client's with it and 1.90-2.22x
+without. Wall-clock ratios move with the machine's load (single rounds under load:
+1.4-3.1x, and more); events per CPU second is the steadier measure."""
 
 METHOD_UPLOAD = """\
 {objects:,} pods of about {size:,} bytes (10 namespaces) in a yurthub disk cache; a
