@@ -1,6 +1,6 @@
 """Runs every benchmark, one after the other, and regenerates bench/RESULTS.md.
 
-    bench/run [--quick] [--output PATH] [--only NAME ...]
+    bench/run [--quick] [--output PATH] [--only NAME ... | --keep NAME ...]
 
 Each benchmark runs as its own process (its own session, so that anything it leaves
 behind is killed with it) with ``--json`` pointing into a temp dir; its output is
@@ -66,10 +66,16 @@ sensitive to other load than wall-clock rates. Consumers: yurtcoord's `Informer`
 into models, as its documentation shows). `--mode live` (objects created while the
 consumers watch) is bounded by how fast the test server creates objects, so no ratio
 is claimed from it. Watch bodies are read with all HTTP chunks of one socket read
-delivered together (the apiserver sends one chunk per event); before that change the
-ratio was 1.6-2.2x on a quiet machine, where the official client drains ~37,000-40,000
-events/s. Wall-clock ratios still move with the machine's load (single rounds under
-load: 1.4-3.1x); events per CPU second is the steadier measure."""
+delivered together (the apiserver sends one chunk per event; `ChunkedBodyBatcher` in
+`yurtcoord/tx/twisted_private.py`, which writes the private state of Twisted's chunked
+decoder). It stays because without it the ratio does not hold 2x: on 2026-12-01
+(20:10-20:16 UTC, load average 0.95 -> 5.52, other tests sharing the 2 cores) four runs
+of this benchmark with it and four without, alternating, gave median ratios of 2.67x,
+2.03x, 2.31x, 3.15x with it and 1.19x, 2.06x, 2.06x, 2.50x without; 10 of the 20 single
+rounds without it were below 2x (lowest 0.81x), 4 of 20 with it (lowest 1.63x); events
+per CPU second draining were 2.47-2.73x the official client's with it and 1.90-2.22x
+without. Wall-clock ratios move with the machine's load (single rounds under load:
+1.4-3.1x, and more); events per CPU second is the steadier measure."""
 
 METHOD_UPLOAD = """\
 {objects:,} pods of about {size:,} bytes (10 namespaces) in a yurthub disk cache; a
@@ -232,6 +238,7 @@ class Outcome:
         self.skipped = None
         self.seconds = 0.0
         self.load_before = self.load_after = None
+        self.kept = None  # (title, table lines, method lines) from the previous results
 
 
 def display_command(command):
@@ -344,11 +351,18 @@ def render(outcomes, header):
              f"at end: {header['load_end']} (other processes may share the machine: "
              "wall-clock figures vary with it)",
              f"- whole run: {header['seconds'] / 60:.1f} min"
-             + (" (quick smoke run: one round, short windows)" if header["quick"] else ""),
-             "", "| benchmark | measure | result | target | met |", "|---|---|---|---|---|"]
+             + (" (quick smoke run: one round, short windows)" if header["quick"] else "")]
+    kept = [o.kept[0] for o in outcomes if o.kept is not None]
+    if kept:
+        lines.append("- rows kept from the previous results, not measured in this run: "
+                     + ", ".join(kept))
+    lines += header.get("notes", [])
+    lines += ["", "| benchmark | measure | result | target | met |", "|---|---|---|---|---|"]
     for outcome in outcomes:
         name = outcome.benchmark.name
-        if outcome.result is not None:
+        if outcome.kept is not None:
+            lines += outcome.kept[1]
+        elif outcome.result is not None:
             name = outcome.result.get("benchmark", name)
             for row in outcome.result["rows"]:
                 lines.append(f"| {cell(name)} | {cell(row['measure'])} | {cell(row['result'])} "
@@ -362,6 +376,10 @@ def render(outcomes, header):
     described = set()  # methods already written out (both uploads share one)
     for outcome in outcomes:
         benchmark = outcome.benchmark
+        if outcome.kept is not None:
+            lines += outcome.kept[2]
+            described.add(benchmark.method)
+            continue
         if outcome.skipped:
             continue
         title = outcome.result["benchmark"] if outcome.result else benchmark.name
@@ -377,7 +395,66 @@ def render(outcomes, header):
             lines += [textwrap.fill(text, width=88, break_long_words=False,
                                     break_on_hyphens=False), ""]
             described.add(benchmark.method)
+    for section in header.get("sections", []):
+        while lines and not lines[-1]:
+            lines.pop()
+        lines += [""] + section
     return "\n".join(lines).rstrip() + "\n"
+
+
+# -- the previous results ------------------------------------------------------------------
+
+class Previous:
+    """What a run of some benchmarks keeps from the results file it rewrites: the table
+    rows and method section of each benchmark it does not run, the header's notes on
+    kept rows and every section after the method part."""
+
+    def __init__(self, text):
+        self.notes = []
+        self.rows = []  # (title, line)
+        self.methods = []  # (title, lines)
+        self.sections = []  # lines, the "## ..." heading first
+        part = "header"
+        for line in text.splitlines():
+            if line == "## Method":
+                part = "method"
+                continue
+            if line.startswith("## "):
+                part = "section"
+                self.sections.append([line])
+                continue
+            if part == "header":
+                if line.startswith("| ") and not line.startswith("| benchmark |"):
+                    self.rows.append((line[2:].split(" | ", 1)[0], line))
+                elif line.startswith("- ") and " rows: " in line.split(":", 1)[0] + ": ":
+                    self.notes.append(line)
+            elif part == "method":
+                if line.startswith("### "):
+                    self.methods.append((line[4:], [line]))
+                elif self.methods:
+                    self.methods[-1][1].append(line)
+            else:
+                self.sections[-1].append(line)
+
+    @classmethod
+    def read(cls, path):
+        try:
+            with open(path, encoding="utf-8") as f:
+                return cls(f.read())
+        except FileNotFoundError:
+            return cls("")
+
+    def kept(self, benchmark, quick):
+        """(title, table lines, method lines) of ``benchmark`` as last measured with
+        this run's settings, found by its command line; None when it is not there."""
+        command = display_command(benchmark.command(quick, "-"))
+        for title, lines in self.methods:
+            if len(lines) > 2 and lines[2].startswith(f"`{command}`"):
+                while lines and not lines[-1]:
+                    lines = lines[:-1]
+                rows = [line for row_title, line in self.rows if row_title == title]
+                return title, rows, lines + [""]
+        return None
 
 
 def main(argv):
@@ -387,12 +464,29 @@ def main(argv):
     parser.add_argument("--output", metavar="PATH",
                         help="where to write the results (default: bench/RESULTS.md, "
                              "or bench/RESULTS-quick.md with --quick)")
-    parser.add_argument("--only", nargs="+", metavar="NAME",
-                        choices=[b.name for b in BENCHMARKS], help="run only these")
+    chosen = parser.add_mutually_exclusive_group()
+    chosen.add_argument("--only", nargs="+", metavar="NAME",
+                        choices=[b.name for b in BENCHMARKS],
+                        help="run only these, keep the others' rows from the output file")
+    chosen.add_argument("--keep", nargs="+", metavar="NAME",
+                        choices=[b.name for b in BENCHMARKS],
+                        help="run all but these, keep their rows from the output file")
     options = parser.parse_args(argv)
     output = options.output or os.path.join(
         BENCH, "RESULTS-quick.md" if options.quick else "RESULTS.md")
-    selected = [b for b in BENCHMARKS if not options.only or b.name in options.only]
+    if options.only:
+        selected = [b for b in BENCHMARKS if b.name in options.only]
+    else:
+        selected = [b for b in BENCHMARKS if b.name not in (options.keep or ())]
+    previous = Previous.read(output)
+    kept = {}
+    for benchmark in BENCHMARKS:
+        if benchmark in selected:
+            continue
+        kept[benchmark.name] = previous.kept(benchmark, options.quick)
+        if kept[benchmark.name] is None and options.keep:
+            parser.error(f"{output} has no result of {benchmark.name} with this run's "
+                         "settings to keep")
 
     header = {"quick": options.quick,
               "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
@@ -405,11 +499,24 @@ def main(argv):
     workdir = tempfile.mkdtemp(prefix="yurtcoord-bench-run-")
     started = time.monotonic()
     try:
-        outcomes = [run_benchmark(b, options.quick, workdir, header["etcd"]) for b in selected]
+        outcomes = []
+        for benchmark in BENCHMARKS:
+            if benchmark in selected:
+                outcomes.append(run_benchmark(benchmark, options.quick, workdir,
+                                              header["etcd"]))
+            elif kept[benchmark.name] is not None:
+                outcome = Outcome(benchmark, benchmark.command(options.quick, "-"))
+                outcome.kept = kept[benchmark.name]
+                outcomes.append(outcome)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     header["seconds"] = time.monotonic() - started
     header["load_end"] = load_average()
+    kept_titles = [o.kept[0] for o in outcomes if o.kept is not None]
+    header["notes"] = [note for note in previous.notes
+                       if any(title.startswith(note[2:].split(" rows: ", 1)[0])
+                              for title in kept_titles)]
+    header["sections"] = previous.sections
     with open(output, "w", encoding="utf-8") as f:
         f.write(render(outcomes, header))
     failed = [o.benchmark.name for o in outcomes if o.failure]
