@@ -53,7 +53,7 @@ from typing import Any, Callable, Generator, Optional, Union
 
 import txaioetcd
 from OpenSSL import SSL
-from twisted.internet import defer, error as net_error
+from twisted.internet import defer, error as net_error, tcp
 from twisted.internet.interfaces import IConsumer, IReactorTime
 from twisted.internet.defer import Deferred, DeferredSemaphore, inlineCallbacks
 from twisted.logger import Logger
@@ -73,7 +73,7 @@ from yurtcoord.etcd.txaioetcd_private import (
 from yurtcoord.tx import httpbody
 from yurtcoord.tx.tlsreload import PEMSource, ReloadingTLSPolicy
 from yurtcoord.tx.twisted_private import ParseError, QuietHTTPConnectionPool
-from yurtcoord.tx.failures import describe_failure, is_cancellation
+from yurtcoord.tx.failures import causes, describe_failure, is_cancellation
 from yurtcoord.etcd.errors import (
     BadResponse,
     ClientClosed,
@@ -286,9 +286,9 @@ class _PeekingPool(QuietHTTPConnectionPool):
 def _peer_has_closed(connection: Any) -> bool:
     """True when the socket under a pooled connection shows EOF or an error (no read)."""
     transport = connection.transport
-    sock = getattr(transport, "socket", None)
-    if sock is None:
-        return False
+    if not isinstance(transport, tcp.Connection):
+        return False  # a TLS connection: its bytes are not ours to peek at
+    sock = transport.getHandle()
     try:
         data = sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
     except (BlockingIOError, InterruptedError):
@@ -512,7 +512,7 @@ class _Transport:
     def _translate(self, failure: Failure, base: str, path: str, timeout: float) -> Failure:
         if failure.check(EtcdError):
             return failure
-        reasons = getattr(failure.value, "reasons", None) or []
+        reasons = causes(failure)
         # Only our timeout and close() cancel requests.
         cancelled = is_cancellation(failure)
         if self.closed and cancelled:

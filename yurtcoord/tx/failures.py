@@ -23,7 +23,8 @@ _WRAPPERS = (ResponseFailed, ResponseNeverReceived, RequestTransmissionFailed,
 _CANCELLATIONS = (CancelledError, ConnectingCancelledError)
 
 
-def _causes(failure: Failure) -> list:
+def causes(failure: Failure) -> list:
+    """The causes a failure of the HTTP client wraps (its ``reasons``), else none."""
     value = failure.value
     if isinstance(value, _WRAPPERS) and value.reasons:
         return list(value.reasons)
@@ -33,10 +34,10 @@ def _causes(failure: Failure) -> list:
 def describe_failure(failure: Failure) -> str:
     """``Type: message`` of ``failure``; for a failure of the HTTP client that wraps
     its causes, those of every cause, joined by ``; ``."""
-    causes = _causes(failure)
-    if causes:
+    wrapped = causes(failure)
+    if wrapped:
         return "; ".join(describe_failure(cause) if isinstance(cause, Failure)
-                         else f"{type(cause).__name__}: {cause}" for cause in causes)
+                         else f"{type(cause).__name__}: {cause}" for cause in wrapped)
     return f"{type(failure.value).__name__}: {failure.getErrorMessage()}"
 
 
@@ -46,4 +47,4 @@ def is_cancellation(failure: Failure) -> bool:
     if failure.check(*_CANCELLATIONS):
         return True
     return any(isinstance(cause, Failure) and cause.check(*_CANCELLATIONS)
-               for cause in _causes(failure))
+               for cause in causes(failure))
