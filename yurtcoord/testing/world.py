@@ -3,14 +3,24 @@
 ``ProcessWorld`` owns one real etcd (``EtcdProcess``), a cloud and a coordinator
 Kubernetes API test server served from the test's own reactor (so that their fault
 knobs are plain method calls; with ``coordinator_servers=2`` two coordinator
-apiservers serving one store, as two apiservers over one pool etcd, both given to
-every agent), and any number of agents, each a child process with
+apiservers serving one storage, both given to every agent), and any number of agents,
+each a child process with
 its own ini file, status port, local cache dir, pki dir and log file in the world's
 temp dir. Every agent reaches the cloud through a ``TCPProxy`` of its own, so the
 cloud can be cut for one agent or for all, and has a stand-in kubelet of its own served
 from the test's reactor (``stop_kubelet`` / ``start_kubelet``), so one node's kubelet
 can die and come back. Each agent also exists in the cloud as a Node labelled with the
 world's pool, as a real pool member does.
+
+The coordinator apiservers keep their objects in the pool etcd, under the agents'
+``[coordinator] storage_prefix``, as a pool's coordinator apiserver does: the leases
+the agents write through them are keys of that etcd, and what the leader mirrors and
+each agent uploads straight into etcd is what they serve (so an etcd outage is also
+an outage of every coordinator apiserver). Their objects are read with the Deferred
+helpers ``coordinator_object``, ``coordinator_lease``, ``election_lease``,
+``election_holder``, ``coordinator_node_lease`` and ``coordinator_delegate_annotation``
+(the cloud stays in memory: ``cloud.store`` is synchronous). ``coordinator_in_etcd=False``
+keeps the coordinator's objects in memory, apart from the pool etcd.
 
 It also judges the outcome: ``statuses()`` reads every live agent's ``/status``, and
 ``pool_problems()`` compares the pool etcd (read with ``etcdctl``, an independent
@@ -41,7 +51,8 @@ from twisted.internet.utils import getProcessOutputAndValue
 from twisted.python.failure import Failure
 from twisted.web.client import Agent as HTTPAgent, HTTPConnectionPool
 
-from yurtcoord.kube.gvr import ENDPOINTS, LEASES, NODES
+from yurtcoord.etcd.client import EtcdClient, EtcdConfig
+from yurtcoord.kube.gvr import ENDPOINTS, LEASES, NODES, GroupVersionResource
 from yurtcoord.names import (
     DELEGATE_HEARTBEAT_ANNOTATION, ELECTION_LEASE_NAME, ELECTION_LEASE_NAMESPACE,
     NODE_LEASE_NAMESPACE, NODE_POOL_LABEL,
@@ -49,6 +60,7 @@ from yurtcoord.names import (
 from yurtcoord.agent.config import parse_duration
 from yurtcoord.sim.agentini import FAULT_SUITE, loopback_agent_ini
 from yurtcoord.sim.apiserver import KubeAPIServer
+from yurtcoord.sim.apiserver.etcdstorage import EtcdStorage
 from yurtcoord.sim.etcd import EtcdBinary, EtcdProcess, etcd_binary_for
 from yurtcoord.sim.kubelet import StandInKubelet
 from yurtcoord.testing.agentpages import Statuses, StatusReader, wait_for_statuses
@@ -329,24 +341,30 @@ class ProcessWorld:
     servers, proxies and stand-in kubelets, stops etcd and removes the temp dir, and is
     safe to call twice. ``kubelet_grace_period`` is the agents' ini value;
     ``coordinator_servers`` the number of coordinator apiservers (``coordinators``,
-    the first of them also ``coordinator``), all serving the first one's store.
+    the first of them also ``coordinator``), all serving the first one's storage: the
+    pool etcd, or with ``coordinator_in_etcd=False`` an in-memory store.
     """
 
     # The coordinator apiservers after the first (none in a world that makes its
     # servers in start()).
     _more_coordinators: tuple[KubeAPIServer, ...] = ()
+    # Whether the coordinator apiservers keep their objects in the pool etcd (a world
+    # that makes its servers in start() keeps them in memory).
+    coordinator_in_etcd = False
 
     def __init__(self, reactor: Any, etcd_binary: EtcdBinary | None = None,
                  kubelet_grace_period: str = KUBELET_GRACE_PERIOD,
-                 coordinator_servers: int = 1) -> None:
+                 coordinator_servers: int = 1, coordinator_in_etcd: bool = True) -> None:
         self.reactor = reactor
         self.kubelet_grace_period = kubelet_grace_period
         self.base_dir = tempfile.mkdtemp(prefix="yurtcoord-world-")
         self.etcd = EtcdProcess(etcd_binary or etcd_binary_for("3.5")
                                 or etcd_binary_for("3.4"))
+        self.coordinator_in_etcd = coordinator_in_etcd
         # None only in a world whose servers are made by start() (see PartitionWorld).
         self.cloud: KubeAPIServer | None = KubeAPIServer(reactor)
-        self.coordinator: KubeAPIServer | None = KubeAPIServer(reactor)
+        self.coordinator: KubeAPIServer | None = KubeAPIServer(
+            reactor, storage=self.coordinator_storage())
         self._more_coordinators = tuple(KubeAPIServer(reactor, storage=self.coordinator.storage)
                                         for _ in range(coordinator_servers - 1))
         self.agents: dict[str, AgentProcess] = {}
@@ -367,6 +385,28 @@ class ProcessWorld:
     def coordinators(self) -> list[KubeAPIServer]:
         """Every coordinator apiserver, in the order agents are given them."""
         return [self.servers()[1], *self._more_coordinators]
+
+    # -- the coordinator apiservers' storage -------------------------------------------
+
+    def coordinator_storage(self) -> EtcdStorage | None:
+        """A new storage for a coordinator apiserver: the pool etcd under the agents'
+        storage prefix (None, the in-memory default, with ``coordinator_in_etcd``
+        false). Its etcd client is made at first use, from ``coordinator_etcd_config``,
+        so that the members' ports are known by then."""
+        if not self.coordinator_in_etcd:
+            return None
+        return EtcdStorage(lambda: EtcdClient(self.reactor, self.coordinator_etcd_config()),
+                           self.reactor, prefix=STORAGE_PREFIX)
+
+    def coordinator_etcd_config(self) -> EtcdConfig:
+        """How the coordinator apiservers reach the pool etcd: every member the agents
+        use, with the members' client certificate when etcd serves TLS."""
+        etcd = self.etcd
+        tls: dict[str, str] = {}
+        if etcd.tls_ca is not None and etcd.client_cert is not None:
+            tls = {"ca_file": etcd.tls_ca.ca_file, "cert_file": etcd.client_cert.cert_file,
+                   "key_file": etcd.client_cert.key_file}
+        return EtcdConfig(etcd.client_url, **tls)
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -648,14 +688,43 @@ class ProcessWorld:
             raise PollTimeout(f"{e}\n{len(problems)} problems, first ones:\n{listed}\n"
                               f"{self.log_tails()}") from None
 
-    # -- the coordinator's leases ------------------------------------------------------
+    # -- the leases -------------------------------------------------------------------
 
+    # Synchronous, of an in-memory server (the cloud).
     node_lease = staticmethod(read_node_lease)
     delegate_annotation = staticmethod(read_delegate_annotation)
 
-    def election_holder(self) -> str | None:
-        lease = self.servers()[1].store.get(LEASES, ELECTION_LEASE, ELECTION_NAMESPACE)
-        return (lease or {}).get("spec", {}).get("holderIdentity")
+    # Of the coordinator apiservers, in etcd or in memory alike: through their storage,
+    # every answer a Deferred.
+
+    def coordinator_object(self, gvr: GroupVersionResource, name: str,
+                           namespace: str | None = None,
+                           ) -> defer.Deferred[dict[str, Any] | None]:
+        """The coordinator's object, as its apiservers serve it; None when absent."""
+        return self.servers()[1].storage.get(gvr, name, namespace)
+
+    def coordinator_lease(self, name: str, namespace: str,
+                          ) -> defer.Deferred[dict[str, Any] | None]:
+        return self.coordinator_object(LEASES, name, namespace)
+
+    def election_lease(self) -> defer.Deferred[dict[str, Any] | None]:
+        """The pool's leader election lease in the coordinator."""
+        return self.coordinator_lease(ELECTION_LEASE, ELECTION_NAMESPACE)
+
+    def election_holder(self) -> defer.Deferred[str | None]:
+        """The holder of the election lease, None without lease or holder."""
+        return self.election_lease().addCallback(
+            lambda lease: (lease or {}).get("spec", {}).get("holderIdentity"))
+
+    def coordinator_node_lease(self, node: str) -> defer.Deferred[dict[str, Any] | None]:
+        """``node``'s lease in ``kube-node-lease`` in the coordinator."""
+        return self.coordinator_lease(node, NODE_LEASE_NAMESPACE)
+
+    def coordinator_delegate_annotation(self, node: str) -> defer.Deferred[str | None]:
+        """The delegate-heartbeat annotation of ``node``'s lease in the coordinator."""
+        return self.coordinator_node_lease(node).addCallback(
+            lambda lease: ((lease or {}).get("metadata", {}).get("annotations") or {}).get(
+                DELEGATE_HEARTBEAT_ANNOTATION))
 
 
 def one_leader_all_ready(statuses: Mapping[str, Any], count: int) -> bool:
