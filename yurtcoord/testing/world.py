@@ -402,11 +402,11 @@ class ProcessWorld:
         """How the coordinator apiservers reach the pool etcd: every member the agents
         use, with the members' client certificate when etcd serves TLS."""
         etcd = self.etcd
-        tls: dict[str, str] = {}
-        if etcd.tls_ca is not None and etcd.client_cert is not None:
-            tls = {"ca_file": etcd.tls_ca.ca_file, "cert_file": etcd.client_cert.cert_file,
-                   "key_file": etcd.client_cert.key_file}
-        return EtcdConfig(etcd.client_url, **tls)
+        if etcd.tls_ca is None or etcd.client_cert is None:
+            return EtcdConfig(etcd.client_url)
+        return EtcdConfig(etcd.client_url, ca_file=etcd.tls_ca.ca_file,
+                          cert_file=etcd.client_cert.cert_file,
+                          key_file=etcd.client_cert.key_file)
 
     # -- lifecycle ---------------------------------------------------------------------
 
