@@ -18,7 +18,6 @@ exact against the cloud and the agents' caches:
 etcd is read with ``etcdctl``, an independent client.
 """
 
-import base64
 import json
 import os
 
@@ -108,33 +107,12 @@ class ServedPoolTests(unittest.TestCase):
         return json.loads(out)
 
     @defer.inlineCallbacks
-    def etcd_kvs(self, key, *args):
-        """``etcdctl get <key> <args>``: ``{key: (JSON or text value, mod revision)}``."""
-        env = child_environment(without_etcd=True)
-        env["ETCDCTL_API"] = "3"
-        command = self.world.etcd.etcdctl_command("get", key, *args, "-w", "json")
-        out, err, code = yield getProcessOutputAndValue(command[0], command[1:], env=env,
-                                                        reactor=reactor)
-        if code != 0:
-            raise AssertionError(f"etcdctl get {key} failed ({code}): {err!r}")
-        found = {}
-        for kv in json.loads(out).get("kvs", []):
-            value = base64.b64decode(kv.get("value", "")).decode("utf-8")
-            try:
-                value = json.loads(value)
-            except ValueError:
-                pass
-            found[base64.b64decode(kv["key"]).decode("utf-8")] = (
-                value, int(kv["mod_revision"]))
-        return found
-
-    @defer.inlineCallbacks
     def mirror_rvs(self, resource):
         """``{(namespace, name): mirrored resourceVersion}`` of one resource's objects."""
         prefix = f"{MIRROR_RV_PREFIX}{STORAGE_PREFIX}/{resource}/"
-        kvs = yield self.etcd_kvs(prefix, "--prefix")
+        entries = yield self.world.read_etcd_revisions(prefix, prefix=True)
         rvs = {}
-        for key, (value, _revision) in kvs.items():
+        for key, (value, _revision) in entries.items():
             namespace, name = key[len(prefix):].split("/", 1)
             rvs[(namespace, name)] = int(value)
         return rvs
@@ -144,11 +122,12 @@ class ServedPoolTests(unittest.TestCase):
         """``obj``, as the coordinator served it, is the value of ``key`` in etcd at
         the revision it reports as its resourceVersion, and that revision is the
         key's mod revision."""
-        revision = obj["metadata"]["resourceVersion"]
-        kvs = yield self.etcd_kvs(key, "--rev", revision)
-        self.assertIn(key, kvs, f"{key} not in the pool etcd at revision {revision}")
-        stored, mod_revision = kvs[key]
-        self.assertEqual(mod_revision, int(revision), key)
+        revision = int(obj["metadata"]["resourceVersion"])
+        entries = yield self.world.read_etcd_revisions(key, revision=revision)
+        self.assertIn(key, entries, f"{key} not in the pool etcd at revision {revision}")
+        value, mod_revision = entries[key]
+        stored = json.loads(value)
+        self.assertEqual(mod_revision, revision, key)
         self.assertEqual(stored["spec"], obj["spec"], key)
         self.assertEqual(without_version(stored)["metadata"], without_version(obj)["metadata"],
                          key)
@@ -190,7 +169,8 @@ class ServedPoolTests(unittest.TestCase):
         self.assertEqual(slice_rvs, {key: int(obj["metadata"]["resourceVersion"])
                                      for key, obj in cloud_slices.items()})
         for (namespace, name), obj in sorted(served.items()):
-            stored = yield self.etcd_kvs(f"{STORAGE_PREFIX}/endpointslices/{namespace}/{name}")
+            stored = yield self.world.read_etcd_revisions(
+                f"{STORAGE_PREFIX}/endpointslices/{namespace}/{name}")
             (_value, mod_revision), = stored.values()
             self.assertEqual(int(obj["metadata"]["resourceVersion"]), mod_revision, name)
 

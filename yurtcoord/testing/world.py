@@ -591,32 +591,41 @@ class ProcessWorld:
     # -- reading the pool etcd and judging it ------------------------------------------
 
     @defer.inlineCallbacks
-    def read_etcd(self, prefix: str,
-                  ) -> Generator[defer.Deferred[Any], Any, dict[str, bytes]]:
-        """``{key: value}`` (str keys, bytes values) under ``prefix``, read by etcdctl."""
+    def _etcdctl_json(self, *args: str) -> Generator[defer.Deferred[Any], Any, Any]:
+        """The JSON answer of ``etcdctl <args> -w json``."""
         env = child_environment(without_etcd=True)
         env["ETCDCTL_API"] = "3"
-        command = self.etcd.etcdctl_command("get", prefix, "--prefix", "-w", "json")
+        command = self.etcd.etcdctl_command(*args, "-w", "json")
         out, err, code = yield getProcessOutputAndValue(command[0], command[1:], env=env,
                                                         reactor=self.etcdctl_reactor())
         if code != 0:
-            raise AssertionError(f"etcdctl get {prefix} failed ({code}): {err!r}")
-        kvs = json.loads(out).get("kvs", [])
+            raise AssertionError(f"etcdctl {' '.join(args)} failed ({code}): {err!r}")
+        return json.loads(out)
+
+    @defer.inlineCallbacks
+    def read_etcd_revisions(self, key: str, prefix: bool = False, revision: int | None = None,
+                            ) -> Generator[defer.Deferred[Any], Any, dict[str, tuple[bytes, int]]]:
+        """``{key: (value, mod revision)}`` of ``key`` (every key under it with
+        ``prefix``), as it is or as it was at ``revision``, read by etcdctl."""
+        args = ["get", key] + (["--prefix"] if prefix else [])
+        if revision is not None:
+            args += ["--rev", str(revision)]
+        answer = yield self._etcdctl_json(*args)
         return {base64.b64decode(kv["key"]).decode("utf-8"):
-                base64.b64decode(kv.get("value", "")) for kv in kvs}
+                (base64.b64decode(kv.get("value", "")), int(kv["mod_revision"]))
+                for kv in answer.get("kvs", [])}
+
+    def read_etcd(self, prefix: str) -> defer.Deferred[dict[str, bytes]]:
+        """``{key: value}`` (str keys, bytes values) under ``prefix``, read by etcdctl."""
+        return self.read_etcd_revisions(prefix, prefix=True).addCallback(
+            lambda entries: {key: value for key, (value, _) in entries.items()})
 
     @defer.inlineCallbacks
     def count_etcd(self, prefix: str) -> Generator[defer.Deferred[Any], Any, int]:
         """How many keys are under ``prefix`` (the range's count, read with limit 1)."""
-        env = child_environment(without_etcd=True)
-        env["ETCDCTL_API"] = "3"
-        command = self.etcd.etcdctl_command("get", prefix, "--prefix", "--limit", "1",
-                                            "--keys-only", "-w", "json")
-        out, err, code = yield getProcessOutputAndValue(command[0], command[1:], env=env,
-                                                        reactor=self.etcdctl_reactor())
-        if code != 0:
-            raise AssertionError(f"etcdctl count {prefix} failed ({code}): {err!r}")
-        return int(json.loads(out).get("count", 0))
+        answer = yield self._etcdctl_json("get", prefix, "--prefix", "--limit", "1",
+                                          "--keys-only")
+        return int(answer.get("count", 0))
 
     def cloud_endpoints(self) -> dict[str, int]:
         """``{pool etcd key: resourceVersion}`` of the cloud's endpoints."""
