@@ -1,9 +1,9 @@
 """The pool cache is served: kubectl against the coordinator apiserver sees what the
 agents wrote into the pool etcd.
 
-A ``ProcessWorld`` (a real etcd, three ``twistd`` agent processes) whose coordinator
-apiserver keeps its objects in that etcd. Once the pool has settled and its etcd is
-exact against the cloud and the agents' caches:
+A ``ProcessWorld`` (a real etcd, three ``twistd`` agent processes) whose two
+coordinator apiservers keep their objects in that etcd. Once the pool has settled and
+its etcd is exact against the cloud and the agents' caches:
 
 - ``kubectl get endpointslices -A -o json`` on the coordinator lists exactly the
   cloud's endpointslices, same names, namespaces and content apart from the
@@ -13,7 +13,8 @@ exact against the cloud and the agents' caches:
   and the mirror rv key of each holds the cached resourceVersion;
 - the election lease, every agent's node lease and the informer sync lease, which the
   agents write through the coordinator apiserver, are keys of the pool etcd: what
-  kubectl reads is the value etcdctl reads at the revision kubectl reports.
+  kubectl reads is the value etcdctl reads at the revision kubectl reports;
+- the second coordinator apiserver serves the same objects, same resourceVersions.
 
 etcd is read with ``etcdctl``, an independent client.
 """
@@ -73,7 +74,7 @@ class ServedPoolTests(unittest.TestCase):
 
     @defer.inlineCallbacks
     def setUp(self):
-        self.world = ProcessWorld(reactor)
+        self.world = ProcessWorld(reactor, coordinator_servers=2)
         self.addCleanup(self.world.stop)
         yield self.world.start()
         cloud = self.world.cloud
@@ -210,6 +211,11 @@ class ServedPoolTests(unittest.TestCase):
         yield self.assert_served_as_stored(
             sync, f"{STORAGE_PREFIX}/leases/{INFORMER_SYNC_LEASE_NAMESPACE}/"
                   f"{INFORMER_SYNC_LEASE_NAME}")
+        # The other coordinator apiserver serves the same etcd.
+        other = world.coordinators[1]
+        for resource, listed in (("endpointslices", served), ("pods", served_pods)):
+            again = yield self.kubectl(other, "get", resource, "-A")
+            self.assertEqual({identity(obj): obj for obj in again["items"]}, listed, resource)
         # None of them is in the coordinator apiserver's memory: it has none.
         with self.assertRaises(AttributeError):
             coordinator.store
