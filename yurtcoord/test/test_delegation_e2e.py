@@ -54,15 +54,16 @@ def forged_lease(namespace, name, holder, renewed):
                      "renewTime": format_micro_time(renewed)}}
 
 
-def write_lease(store, lease):
-    """Create or replace ``lease`` in an API test server's store."""
+@defer.inlineCallbacks
+def write_lease(storage, lease):
+    """Create or replace ``lease`` in an API test server's storage."""
     metadata = lease["metadata"]
-    current = store.get(LEASES, metadata["name"], metadata["namespace"])
+    current = yield storage.get(LEASES, metadata["name"], metadata["namespace"])
     if current is None:
-        store.create(LEASES, lease, namespace=metadata["namespace"])
+        yield storage.create(LEASES, lease, namespace=metadata["namespace"])
     else:
         metadata["resourceVersion"] = current["metadata"]["resourceVersion"]
-        store.update(LEASES, lease, namespace=metadata["namespace"])
+        yield storage.update(LEASES, lease, namespace=metadata["namespace"])
 
 
 class DelegationE2EBase(unittest.TestCase):
@@ -84,7 +85,7 @@ class DelegationE2EBase(unittest.TestCase):
         self.leader = leader_of(statuses)
 
     def pool_annotation(self, node):
-        return self.world.delegate_annotation(self.world.coordinator, node)
+        return self.world.coordinator_delegate_annotation(node)
 
     @defer.inlineCallbacks
     def cut_off(self, node):
@@ -92,7 +93,8 @@ class DelegationE2EBase(unittest.TestCase):
         heartbeats."""
         yield self.world.cut_cloud([node])
         cut_at = reactor.seconds()
-        yield poll_until(lambda: self.pool_annotation(node) == "true", STEP_TIMEOUT, 0.05,
+        yield poll_until(lambda: self.pool_annotation(node).addCallback(lambda a: a == "true"),
+                         STEP_TIMEOUT, 0.05,
                          reactor, what=f"{node}'s pool lease marked for delegation")
         yield self.wait_delegated(node, cut_at, 2, f"two heartbeats of {node} forwarded")
         return cut_at
@@ -163,7 +165,7 @@ class ForgedLeaseTests(DelegationE2EBase):
         renewals = 4
         for _ in range(renewals):
             for lease in forge().values():
-                write_lease(world.coordinator.store, lease)
+                yield write_lease(world.coordinator.storage, lease)
             yield task.deferLater(reactor, INTERVAL, lambda: None)
         seen = {}
 

@@ -433,15 +433,17 @@ def endpoint_slice(name: str, version: str) -> dict[str, Any]:
 class CertsProcessWorld(ProcessWorld):
     """A ``ProcessWorld`` whose coordinator apiserver and etcd serve TLS with client
     certificates of a test CA; the agents read those from the certs Secret in the
-    cloud (put there by ``start``)."""
+    cloud (put there by ``start``). The coordinator apiserver keeps its objects in
+    that etcd, as its client."""
 
     def __init__(self, reactor: Any) -> None:
         super().__init__(reactor)
         self.ca = TestCA(os.path.join(self.base_dir, "ca"))
         self.ca.server_pair("server")
-        self.coordinator = KubeAPIServer(reactor, tls_dir=self.ca.directory)
         self.etcd = EtcdProcess(etcd_binary_for("3.5") or etcd_binary_for("3.4"),
                                 tls_ca=self.ca)
+        self.coordinator = KubeAPIServer(reactor, tls_dir=self.ca.directory,
+                                         storage=self.coordinator_storage())
 
     @defer.inlineCallbacks
     def start(self):

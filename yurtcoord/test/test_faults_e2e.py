@@ -18,10 +18,10 @@ import signal
 from twisted.internet import defer, reactor, threads
 from twisted.trial import unittest
 
-from yurtcoord.kube.gvr import CONFIGMAPS, ENDPOINTS, LEASES
+from yurtcoord.kube.gvr import CONFIGMAPS, ENDPOINTS
 from yurtcoord.testing.poll import PollTimeout, poll_until
 from yurtcoord.testing.world import (
-    ELECTION_LEASE, ELECTION_NAMESPACE, HEARTBEAT_INTERVAL, LEASE_DURATION, RETRY_PERIOD,
+    ELECTION_LEASE, HEARTBEAT_INTERVAL, LEASE_DURATION, RETRY_PERIOD,
     ProcessWorld, leader_of, one_leader_all_ready,
 )
 
@@ -82,7 +82,8 @@ class FaultSuiteBase(unittest.TestCase):
     def check_settled_and_exact(self, count=None):
         statuses = yield self.settled(count)
         leader = leader_of(statuses)
-        self.assertEqual(self.world.election_holder(), leader)
+        holder = yield self.world.election_holder()
+        self.assertEqual(holder, leader)
         yield self.world.wait_pool_exact(STEP_TIMEOUT)
         return statuses
 
@@ -254,16 +255,13 @@ class CoordinatorServerLossTests(FaultSuiteBase):
 
     coordinator_servers = 2
 
-    def election_lease(self):
-        return self.world.coordinator.store.get(LEASES, ELECTION_LEASE, ELECTION_NAMESPACE)
-
     @defer.inlineCallbacks
     def test_one_coordinator_apiserver_stopped_then_back(self):
         statuses = yield self.start_and_settle()
         yield self.world.wait_pool_exact(STEP_TIMEOUT)
         leader = leader_of(statuses)
         first, second = self.world.coordinators
-        before = self.election_lease()["spec"]
+        before = (yield self.world.election_lease())["spec"]
         self.assertEqual(before["holderIdentity"], leader)
         urls = [first.url, second.url]
         for document in statuses.values():
@@ -276,11 +274,13 @@ class CoordinatorServerLossTests(FaultSuiteBase):
         # durations: ready, the same leader, the lease never changing hands.
         wrong = []
 
-        def all_ready_same_leader(documents):
+        @defer.inlineCallbacks
+        def all_ready_same_leader():
+            documents = yield self.world.statuses()
             for node, document in documents.items():
                 if not document["ready"] or document["role"] not in ("leader", "follower"):
                     wrong.append((node, document["role"], document["ready"]))
-            spec = self.election_lease()["spec"]
+            spec = (yield self.world.election_lease())["spec"]
             if (spec["holderIdentity"], spec.get("leaseTransitions", 0),
                     spec["acquireTime"]) != (leader, before.get("leaseTransitions", 0),
                                              before["acquireTime"]):
@@ -289,15 +289,18 @@ class CoordinatorServerLossTests(FaultSuiteBase):
                     and all(d["coordinator_servers"] == {first.url: False, second.url: True}
                             and d["coordinator_healthy"] for d in documents.values()))
 
-        yield self.world.wait_for_pool("every agent on the second coordinator apiserver",
-                                       all_ready_same_leader, timeout=STEP_TIMEOUT)
+        try:
+            yield poll_until(all_ready_same_leader, STEP_TIMEOUT, 0.05, reactor,
+                             what="every agent on the second coordinator apiserver")
+        except PollTimeout as e:
+            raise PollTimeout(f"{e}\n{self.world.log_tails()}") from None
         self.assertEqual(wrong, [])
         renewals = [at for at, method, path, code in second.answers
                     if at >= down_at and method == "PUT" and code == 200
                     and path.endswith(f"/leases/{ELECTION_LEASE}")]
         self.assertTrue(renewals, "no election lease renewal through the second server")
         report("coordinator_server_down_to_renewal_through_the_other", renewals[0] - down_at)
-        spec = self.election_lease()["spec"]
+        spec = (yield self.world.election_lease())["spec"]
         self.assertGreater(spec["renewTime"], before["renewTime"])
         for node, agent in self.world.running_agents().items():
             response = yield self.world.http.get(f"{agent.url}/readyz", timeout=5)
@@ -316,8 +319,9 @@ class CoordinatorServerLossTests(FaultSuiteBase):
                 d["coordinator_servers"] == dict.fromkeys(urls, True) for d in s.values()),
             timeout=STEP_TIMEOUT)
         report("coordinator_server_up_to_healthy", reactor.seconds() - up_at)
-        self.assertEqual(self.world.election_holder(), leader)
-        self.assertEqual(self.election_lease()["spec"].get("leaseTransitions", 0),
+        after = yield self.world.election_lease()
+        self.assertEqual(after["spec"]["holderIdentity"], leader)
+        self.assertEqual(after["spec"].get("leaseTransitions", 0),
                          before.get("leaseTransitions", 0))
         for agent in self.world.agents.values():
             self.assertTrue(agent.running, agent.log_tail())
@@ -340,8 +344,13 @@ class CoordinatorServerLossOverEtcdClusterTests(CoordinatorServerLossTests):
 class CloudCutTests(FaultSuiteBase):
     """Every agent loses the cloud: nobody may lead; heartbeats wait in the coordinator."""
 
-    def delegate_annotation(self, node):
-        return self.world.delegate_annotation(self.world.coordinator, node)
+    @defer.inlineCallbacks
+    def annotations(self):
+        """``{node: delegate annotation of its lease in the coordinator}``."""
+        found = {}
+        for node in self.nodes:
+            found[node] = yield self.world.coordinator_delegate_annotation(node)
+        return found
 
     @defer.inlineCallbacks
     def test_cloud_cut_for_all_agents_then_restored(self):
@@ -355,7 +364,8 @@ class CloudCutTests(FaultSuiteBase):
             timeout=STEP_TIMEOUT)
         report("cloud_cut_to_all_follower", reactor.seconds() - cut_at)
         yield poll_until(
-            lambda: all(self.delegate_annotation(n) == "true" for n in self.nodes),
+            lambda: self.annotations().addCallback(
+                lambda found: all(value == "true" for value in found.values())),
             STEP_TIMEOUT, 0.05, reactor,
             what="the delegate annotation on every node lease in the coordinator")
         self.change_cloud_endpoints("while-cloud-cut")
@@ -364,7 +374,8 @@ class CloudCutTests(FaultSuiteBase):
         yield self.check_settled_and_exact()
         report("cloud_restore_to_exact", reactor.seconds() - restored_at)
         yield poll_until(
-            lambda: all(self.delegate_annotation(n) is None for n in self.nodes),
+            lambda: self.annotations().addCallback(
+                lambda found: all(value is None for value in found.values())),
             STEP_TIMEOUT, 0.05, reactor,
             what="the delegate annotation removed from every node lease")
 

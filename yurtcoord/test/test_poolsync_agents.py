@@ -329,6 +329,8 @@ class KilledLeaderTests(unittest.TestCase):
         self.assertLessEqual(delay, self.STALE_TIMEOUT + 1.0)
         # ...and not earlier: staleness, not a delete or a release, ended it.
         self.assertGreaterEqual(delay, self.STALE_TIMEOUT - self.RENEW - 0.5)
-        lease = informer_sync_lease(self.world.coordinator)
+        lease = yield self.world.coordinator_lease(INFORMER_SYNC_LEASE_NAME,
+                                                   INFORMER_SYNC_LEASE_NAMESPACE)
         self.assertEqual(lease["spec"]["holderIdentity"], "edge-1")
-        self.assertEqual(self.world.election_holder(), "edge-1")
+        holder = yield self.world.election_holder()
+        self.assertEqual(holder, "edge-1")

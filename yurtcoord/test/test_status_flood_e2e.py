@@ -33,7 +33,7 @@ from yurtcoord.agent.status import MAX_STATUS_CONNECTIONS, STATUS_REQUEST_DEADLI
 from yurtcoord.testing.cloudleases import CloudLeaseChanges
 from yurtcoord.testing.poll import poll_until
 from yurtcoord.testing.world import (
-    ELECTION_LEASE, ELECTION_NAMESPACE, HEARTBEAT_INTERVAL, LEASE_DURATION, ProcessWorld,
+    HEARTBEAT_INTERVAL, LEASE_DURATION, ProcessWorld,
     leader_of,
     one_leader_all_ready,
 )
@@ -148,8 +148,9 @@ class StatusFloodTests(unittest.TestCase):
     def agent_pid(self, node):
         return self.world.agents[node]._child.transport.pid
 
+    @defer.inlineCallbacks
     def election(self):
-        lease = self.world.coordinator.store.get(LEASES, ELECTION_LEASE, ELECTION_NAMESPACE)
+        lease = yield self.world.election_lease()
         spec = (lease or {}).get("spec", {})
         return spec.get("holderIdentity"), renew_time(lease) if lease else None
 
@@ -177,8 +178,9 @@ class StatusFloodTests(unittest.TestCase):
         fds = []
         samples = []
 
+        @defer.inlineCallbacks
         def sample():
-            holder, renewed = self.election()
+            holder, renewed = yield self.election()
             now = reactor.seconds()
             own = self.own_lease_renewed(leader)
             samples.append((now, holder, now - renewed if renewed else None,

@@ -4,14 +4,24 @@
 ``EtcdCluster`` of three members, all given to every agent), a cloud and a coordinator
 Kubernetes API test server served from the test's own reactor (so that their fault
 knobs are plain method calls; with ``coordinator_servers=2`` two coordinator
-apiservers serving one store, as two apiservers over one pool etcd, both given to
-every agent), and any number of agents, each a child process with
+apiservers serving one storage, both given to every agent), and any number of agents,
+each a child process with
 its own ini file, status port, local cache dir, pki dir and log file in the world's
 temp dir. Every agent reaches the cloud through a ``TCPProxy`` of its own, so the
 cloud can be cut for one agent or for all, and has a stand-in kubelet of its own served
 from the test's reactor (``stop_kubelet`` / ``start_kubelet``), so one node's kubelet
 can die and come back. Each agent also exists in the cloud as a Node labelled with the
 world's pool, as a real pool member does.
+
+The coordinator apiservers keep their objects in the pool etcd, under the agents'
+``[coordinator] storage_prefix``, as a pool's coordinator apiserver does: the leases
+the agents write through them are keys of that etcd, and what the leader mirrors and
+each agent uploads straight into etcd is what they serve (so an etcd outage is also
+an outage of every coordinator apiserver). Their objects are read with the Deferred
+helpers ``coordinator_object``, ``coordinator_lease``, ``election_lease``,
+``election_holder``, ``coordinator_node_lease`` and ``coordinator_delegate_annotation``
+(the cloud stays in memory: ``cloud.store`` is synchronous). ``coordinator_in_etcd=False``
+keeps the coordinator's objects in memory, apart from the pool etcd.
 
 It also judges the outcome: ``statuses()`` reads every live agent's ``/status``, and
 ``pool_problems()`` compares the pool etcd (read with ``etcdctl``, an independent
@@ -42,7 +52,8 @@ from twisted.internet.utils import getProcessOutputAndValue
 from twisted.python.failure import Failure
 from twisted.web.client import Agent as HTTPAgent, HTTPConnectionPool
 
-from yurtcoord.kube.gvr import ENDPOINTS, LEASES, NODES
+from yurtcoord.etcd.client import EtcdClient, EtcdConfig
+from yurtcoord.kube.gvr import ENDPOINTS, LEASES, NODES, GroupVersionResource
 from yurtcoord.names import (
     DELEGATE_HEARTBEAT_ANNOTATION, ELECTION_LEASE_NAME, ELECTION_LEASE_NAMESPACE,
     NODE_LEASE_NAMESPACE, NODE_POOL_LABEL,
@@ -50,6 +61,7 @@ from yurtcoord.names import (
 from yurtcoord.agent.config import parse_duration
 from yurtcoord.sim.agentini import FAULT_SUITE, loopback_agent_ini
 from yurtcoord.sim.apiserver import KubeAPIServer
+from yurtcoord.sim.apiserver.etcdstorage import EtcdStorage
 from yurtcoord.sim.etcd import EtcdBinary, EtcdCluster, EtcdProcess, etcd_binary_for, tail
 from yurtcoord.sim.kubelet import StandInKubelet
 from yurtcoord.testing.agentpages import Statuses, StatusReader, wait_for_statuses
@@ -321,7 +333,8 @@ class ProcessWorld:
     servers, proxies and stand-in kubelets, stops etcd and removes the temp dir, and is
     safe to call twice. ``kubelet_grace_period`` is the agents' ini value;
     ``coordinator_servers`` the number of coordinator apiservers (``coordinators``,
-    the first of them also ``coordinator``), all serving the first one's store.
+    the first of them also ``coordinator``), all serving the first one's storage: the
+    pool etcd, or with ``coordinator_in_etcd=False`` an in-memory store.
     ``etcd_members`` above 1 runs the pool etcd as an ``EtcdCluster`` of that size
     (``etcd_cluster``; see "The pool etcd as a cluster" below).
     """
@@ -331,10 +344,14 @@ class ProcessWorld:
     _more_coordinators: tuple[KubeAPIServer, ...] = ()
     # The pool etcd cluster of a world of several members (None: ``etcd`` alone).
     etcd_cluster: EtcdCluster | None = None
+    # Whether the coordinator apiservers keep their objects in the pool etcd (a world
+    # that makes its servers in start() keeps them in memory).
+    coordinator_in_etcd = False
 
     def __init__(self, reactor: Any, etcd_binary: EtcdBinary | None = None,
                  kubelet_grace_period: str = KUBELET_GRACE_PERIOD,
-                 coordinator_servers: int = 1, etcd_members: int = 1) -> None:
+                 coordinator_servers: int = 1, etcd_members: int = 1,
+                 coordinator_in_etcd: bool = True) -> None:
         self.reactor = reactor
         self.kubelet_grace_period = kubelet_grace_period
         self.base_dir = tempfile.mkdtemp(prefix="yurtcoord-world-")
@@ -342,9 +359,11 @@ class ProcessWorld:
         self.etcd = EtcdProcess(binary)
         self.etcd_cluster = (EtcdCluster(binary, size=etcd_members) if etcd_members > 1
                              else None)
+        self.coordinator_in_etcd = coordinator_in_etcd
         # None only in a world whose servers are made by start() (see PartitionWorld).
         self.cloud: KubeAPIServer | None = KubeAPIServer(reactor)
-        self.coordinator: KubeAPIServer | None = KubeAPIServer(reactor)
+        self.coordinator: KubeAPIServer | None = KubeAPIServer(
+            reactor, storage=self.coordinator_storage())
         self._more_coordinators = tuple(KubeAPIServer(reactor, storage=self.coordinator.storage)
                                         for _ in range(coordinator_servers - 1))
         self.agents: dict[str, AgentProcess] = {}
@@ -365,6 +384,29 @@ class ProcessWorld:
     def coordinators(self) -> list[KubeAPIServer]:
         """Every coordinator apiserver, in the order agents are given them."""
         return [self.servers()[1], *self._more_coordinators]
+
+    # -- the coordinator apiservers' storage -------------------------------------------
+
+    def coordinator_storage(self) -> EtcdStorage | None:
+        """A new storage for a coordinator apiserver: the pool etcd under the agents'
+        storage prefix (None, the in-memory default, with ``coordinator_in_etcd``
+        false). Its etcd client is made at first use, from ``coordinator_etcd_config``,
+        so that the members' ports are known by then."""
+        if not self.coordinator_in_etcd:
+            return None
+        return EtcdStorage(lambda: EtcdClient(self.reactor, self.coordinator_etcd_config()),
+                           self.reactor, prefix=STORAGE_PREFIX)
+
+    def coordinator_etcd_config(self) -> EtcdConfig:
+        """How the coordinator apiservers reach the pool etcd: every member the agents
+        use, with the members' client certificate when etcd serves TLS."""
+        first, *more = self.etcd_urls()
+        member = self.etcd_members()[0]
+        if member.tls_ca is None or member.client_cert is None:
+            return EtcdConfig(first, more_urls=tuple(more))
+        return EtcdConfig(first, more_urls=tuple(more), ca_file=member.tls_ca.ca_file,
+                          cert_file=member.client_cert.cert_file,
+                          key_file=member.client_cert.key_file)
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -600,32 +642,41 @@ class ProcessWorld:
     # -- reading the pool etcd and judging it ------------------------------------------
 
     @defer.inlineCallbacks
-    def read_etcd(self, prefix: str,
-                  ) -> Generator[defer.Deferred[Any], Any, dict[str, bytes]]:
-        """``{key: value}`` (str keys, bytes values) under ``prefix``, read by etcdctl."""
+    def _etcdctl_json(self, *args: str) -> Generator[defer.Deferred[Any], Any, Any]:
+        """The JSON answer of ``etcdctl <args> -w json``."""
         env = child_environment(without_etcd=True)
         env["ETCDCTL_API"] = "3"
-        command = self.etcd_reader().etcdctl_command("get", prefix, "--prefix", "-w", "json")
+        command = self.etcd_reader().etcdctl_command(*args, "-w", "json")
         out, err, code = yield getProcessOutputAndValue(command[0], command[1:], env=env,
                                                         reactor=self.etcdctl_reactor())
         if code != 0:
-            raise AssertionError(f"etcdctl get {prefix} failed ({code}): {err!r}")
-        kvs = json.loads(out).get("kvs", [])
+            raise AssertionError(f"etcdctl {' '.join(args)} failed ({code}): {err!r}")
+        return json.loads(out)
+
+    @defer.inlineCallbacks
+    def read_etcd_revisions(self, key: str, prefix: bool = False, revision: int | None = None,
+                            ) -> Generator[defer.Deferred[Any], Any, dict[str, tuple[bytes, int]]]:
+        """``{key: (value, mod revision)}`` of ``key`` (every key under it with
+        ``prefix``), as it is or as it was at ``revision``, read by etcdctl."""
+        args = ["get", key] + (["--prefix"] if prefix else [])
+        if revision is not None:
+            args += ["--rev", str(revision)]
+        answer = yield self._etcdctl_json(*args)
         return {base64.b64decode(kv["key"]).decode("utf-8"):
-                base64.b64decode(kv.get("value", "")) for kv in kvs}
+                (base64.b64decode(kv.get("value", "")), int(kv["mod_revision"]))
+                for kv in answer.get("kvs", [])}
+
+    def read_etcd(self, prefix: str) -> defer.Deferred[dict[str, bytes]]:
+        """``{key: value}`` (str keys, bytes values) under ``prefix``, read by etcdctl."""
+        return self.read_etcd_revisions(prefix, prefix=True).addCallback(
+            lambda entries: {key: value for key, (value, _) in entries.items()})
 
     @defer.inlineCallbacks
     def count_etcd(self, prefix: str) -> Generator[defer.Deferred[Any], Any, int]:
         """How many keys are under ``prefix`` (the range's count, read with limit 1)."""
-        env = child_environment(without_etcd=True)
-        env["ETCDCTL_API"] = "3"
-        command = self.etcd_reader().etcdctl_command("get", prefix, "--prefix", "--limit", "1",
-                                            "--keys-only", "-w", "json")
-        out, err, code = yield getProcessOutputAndValue(command[0], command[1:], env=env,
-                                                        reactor=self.etcdctl_reactor())
-        if code != 0:
-            raise AssertionError(f"etcdctl count {prefix} failed ({code}): {err!r}")
-        return int(json.loads(out).get("count", 0))
+        answer = yield self._etcdctl_json("get", prefix, "--prefix", "--limit", "1",
+                                          "--keys-only")
+        return int(answer.get("count", 0))
 
     def cloud_endpoints(self) -> dict[str, int]:
         """``{pool etcd key: resourceVersion}`` of the cloud's endpoints."""
@@ -697,14 +748,43 @@ class ProcessWorld:
             raise PollTimeout(f"{e}\n{len(problems)} problems, first ones:\n{listed}\n"
                               f"{self.log_tails()}") from None
 
-    # -- the coordinator's leases ------------------------------------------------------
+    # -- the leases -------------------------------------------------------------------
 
+    # Synchronous, of an in-memory server (the cloud).
     node_lease = staticmethod(read_node_lease)
     delegate_annotation = staticmethod(read_delegate_annotation)
 
-    def election_holder(self) -> str | None:
-        lease = self.servers()[1].store.get(LEASES, ELECTION_LEASE, ELECTION_NAMESPACE)
-        return (lease or {}).get("spec", {}).get("holderIdentity")
+    # Of the coordinator apiservers, in etcd or in memory alike: through their storage,
+    # every answer a Deferred.
+
+    def coordinator_object(self, gvr: GroupVersionResource, name: str,
+                           namespace: str | None = None,
+                           ) -> defer.Deferred[dict[str, Any] | None]:
+        """The coordinator's object, as its apiservers serve it; None when absent."""
+        return self.servers()[1].storage.get(gvr, name, namespace)
+
+    def coordinator_lease(self, name: str, namespace: str,
+                          ) -> defer.Deferred[dict[str, Any] | None]:
+        return self.coordinator_object(LEASES, name, namespace)
+
+    def election_lease(self) -> defer.Deferred[dict[str, Any] | None]:
+        """The pool's leader election lease in the coordinator."""
+        return self.coordinator_lease(ELECTION_LEASE, ELECTION_NAMESPACE)
+
+    def election_holder(self) -> defer.Deferred[str | None]:
+        """The holder of the election lease, None without lease or holder."""
+        return self.election_lease().addCallback(
+            lambda lease: (lease or {}).get("spec", {}).get("holderIdentity"))
+
+    def coordinator_node_lease(self, node: str) -> defer.Deferred[dict[str, Any] | None]:
+        """``node``'s lease in ``kube-node-lease`` in the coordinator."""
+        return self.coordinator_lease(node, NODE_LEASE_NAMESPACE)
+
+    def coordinator_delegate_annotation(self, node: str) -> defer.Deferred[str | None]:
+        """The delegate-heartbeat annotation of ``node``'s lease in the coordinator."""
+        return self.coordinator_node_lease(node).addCallback(
+            lambda lease: ((lease or {}).get("metadata", {}).get("annotations") or {}).get(
+                DELEGATE_HEARTBEAT_ANNOTATION))
 
 
 def one_leader_all_ready(statuses: Mapping[str, Any], count: int) -> bool:
