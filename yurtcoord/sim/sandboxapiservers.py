@@ -17,7 +17,8 @@ connection (watches included) and its etcd client, as a crashed process would; a
 restart listens again on the same port with a new etcd client. ``GET /coordinator``
 on the same page lists the servers (URL, running), each agent's ``[coordinator]
 server`` health as its ``/status`` ``coordinator_servers`` reports it, and the holder
-of the pool's election lease as read from etcd through a running server's storage.
+of the pool's election lease as read from etcd through a running server's storage
+(``unread`` says why not, when etcd did not answer in time).
 """
 
 import html
@@ -37,6 +38,9 @@ from yurtcoord.sim.sandboxetcd import answer_control, rotated
 # Coordinator apiservers of the sandbox by default: one may be lost with the pool
 # still served.
 DEFAULT_COORDINATOR_SERVERS = 2
+# Seconds the control page waits for the election lease from etcd: a pool etcd without
+# a majority must not hold the page up (it shows the holder as unknown then).
+ELECTION_READ_TIMEOUT = 1.0
 
 # Each agent's ``[coordinator] server`` health as its ``/status`` reports it:
 # ``{url: healthy}``.
@@ -193,26 +197,35 @@ class SandboxCoordinators:
     # -- what the control page shows -----------------------------------------------------
 
     @defer.inlineCallbacks
-    def election_holder(self) -> Generator["defer.Deferred[Any]", Any, str | None]:
-        """The holder of the pool's election lease, read from the pool etcd through
-        the storage of a running server; None when there is no lease, no running server
-        or etcd does not answer."""
+    def election_holder(self) -> Generator["defer.Deferred[Any]", Any,
+                                           tuple[str | None, str | None]]:
+        """``(holder, None)`` of the pool's election lease, read from the pool etcd
+        through the storage of a running server (holder None: no lease, or no holder);
+        ``(None, why)`` when it could not be read within ``ELECTION_READ_TIMEOUT``."""
         running = sorted(self._running)
         if not running:
-            return None
+            return None, "no coordinator apiserver is running"
         namespace, name = self._election_lease
+        read = self.servers[running[0]].storage.get(LEASES, name, namespace)
+        # Cancelled when late: whatever failure the cancelled read ends with, it is late.
+        timer = self.reactor.callLater(ELECTION_READ_TIMEOUT, read.cancel)
         try:
-            lease = yield self.servers[running[0]].storage.get(LEASES, name, namespace)
+            lease = yield read
         except Exception as error:
+            if not timer.active():
+                return None, f"etcd did not answer within {ELECTION_READ_TIMEOUT:g} s"
             self.log.info("election lease not read: {error}", error=error)
-            return None
-        return ((lease or {}).get("spec") or {}).get("holderIdentity")
+            return None, str(error)
+        finally:
+            if timer.active():
+                timer.cancel()
+        return ((lease or {}).get("spec") or {}).get("holderIdentity"), None
 
     @defer.inlineCallbacks
     def state(self) -> Generator["defer.Deferred[Any]", Any, dict[str, Any]]:
         """The document of ``GET /coordinator``: the servers, the agents' health of
         each and the election lease holder."""
-        holder = yield self.election_holder()
+        holder, unread = yield self.election_holder()
         agents = self._agents()
         namespace, name = self._election_lease
         return {
@@ -223,7 +236,8 @@ class SandboxCoordinators:
                 for index, server in enumerate(self.servers)],
             "agents": {node: {"coordinator_servers": dict(servers)}
                        for node, servers in sorted(agents.items())},
-            "election_lease": {"namespace": namespace, "name": name, "holder": holder},
+            "election_lease": {"namespace": namespace, "name": name, "holder": holder,
+                               "unread": unread},
         }
 
     @staticmethod
@@ -253,7 +267,9 @@ class SandboxCoordinators:
             "one: the agents that used it move to another and stay ready, the pool "
             "leader keeps the election lease. Election lease "
             f"{html.escape(lease['namespace'])}/{html.escape(lease['name'])} held by "
-            f"{html.escape(lease['holder'] or '-')}.</p>"
+            f"{html.escape(lease['holder'] or '-')}"
+            f"{' (not read: ' + html.escape(lease['unread']) + ')' if lease['unread'] else ''}"
+            ".</p>"
             "<table border='1' cellpadding='4'><tr><th>#</th><th>URL</th><th>state</th>"
             "<th>healthy to</th><th></th></tr>" + "".join(rows) + "</table>"
             "<table border='1' cellpadding='4'><tr><th>agent</th>"

@@ -17,7 +17,8 @@ The coordinator apiservers are two servers over the pool etcd, both in every age
 ``[coordinator] server``: ``kubectl`` against either lists exactly the
 endpointslices the pool leader mirrored from the cloud and every agent's uploaded
 pods; killing one from the control page leaves every agent ready and the election
-lease with its holder, and a restarted one is healthy to every agent again."""
+lease with its holder, and a restarted one is healthy to every agent again. Their
+controls and the control page's view of them are also checked on a memory reactor."""
 
 import json
 import os
@@ -33,6 +34,7 @@ from twisted.internet.utils import getProcessOutputAndValue
 from twisted.logger import Logger
 from twisted.plugins.yurtcoord_plugin import EarlyStopSignals, make_sandbox
 from twisted.trial import unittest
+from twisted.web.test.requesthelper import DummyRequest
 from zope.interface import implementer
 from zope.interface.verify import verifyObject
 
@@ -50,6 +52,7 @@ from yurtcoord.sim.sandbox import (
     CACHED_PODS, DELEGATION_QUIET_PERIOD, HEARTBEAT_INTERVAL, KUBELET_GRACE_PERIOD,
     SEEDED_SERVICES, DelegationLines, Sandbox, find_etcd_binary, seed_cloud,
 )
+from yurtcoord.sim.sandboxapiservers import ELECTION_READ_TIMEOUT, SandboxCoordinators
 from yurtcoord.testing.twistd import TWISTD, TwistdProcess, child_environment, port_is_free
 from yurtcoord.sim.apiserver import KubeAPIServer
 from yurtcoord.testing.fakehealth import FakeHealth
@@ -926,6 +929,84 @@ class SandboxPartsTests(unittest.TestCase):
         slices = server.store.list(ENDPOINTSLICES_V1, "default")
         self.assertEqual({s["metadata"]["labels"]["kubernetes.io/service-name"] for s in slices},
                          set(SEEDED_SERVICES))
+
+
+class SandboxCoordinatorsTests(unittest.TestCase):
+    """The coordinator apiservers' controls and what the control page shows of them,
+    on a memory reactor: nothing listens for real and the pool etcd never answers."""
+
+    def setUp(self):
+        self.reactor = MemoryReactorClock()
+        self.lines = []
+        self.coordinators = SandboxCoordinators(
+            self.reactor, 2, self.lines.append, self.lines.append,
+            lambda: {"edge-1": {"http://127.0.0.1:0": True}},
+            (ELECTION_LEASE_NAMESPACE, ELECTION_LEASE_NAME))
+        self.urls = self.successResultOf(self.coordinators.start(
+            ["http://127.0.0.1:1", "http://127.0.0.1:2"], "/registry"))
+        self.assertEqual(len(self.reactor.tcpServers), 2)
+
+    def act(self, action):
+        """Run a kill or restart to its end (closing an etcd client takes a turn)."""
+        d = action()
+        self.reactor.advance(0)
+        return self.successResultOf(d)
+
+    def test_an_etcd_that_does_not_answer_leaves_the_lease_holder_unread_in_time(self):
+        d = self.coordinators.state()
+        self.reactor.advance(ELECTION_READ_TIMEOUT - 0.01)
+        self.assertNoResult(d)
+        self.reactor.advance(0.01)
+        lease = self.successResultOf(d)["election_lease"]
+        self.assertEqual(lease, {"namespace": ELECTION_LEASE_NAMESPACE,
+                                 "name": ELECTION_LEASE_NAME, "holder": None,
+                                 "unread": f"etcd did not answer within "
+                                           f"{ELECTION_READ_TIMEOUT:g} s"})
+        self.assertIn("(not read: etcd did not answer within",
+                      SandboxCoordinators.page_section(self.state_after_timeout()))
+
+    def state_after_timeout(self):
+        d = self.coordinators.state()
+        self.reactor.advance(ELECTION_READ_TIMEOUT)
+        return self.successResultOf(d)
+
+    def test_kill_and_restart_say_what_happened_and_refuse_what_cannot_be_done(self):
+        url = self.urls[0]
+        self.assertEqual(
+            self.act(lambda: self.coordinators.kill(0)),
+            f"coordinator apiserver 0 ({url}) killed; agents that counted it healthy: "
+            f"edge-1; the other serves the pool on: the agents move to it at their next "
+            f"request")
+        self.assertFalse(self.coordinators.is_running(0))
+        self.assertEqual(self.act(lambda: self.coordinators.kill(0)),
+                         f"coordinator apiserver 0 ({url}) is not running")
+        state = self.state_after_timeout()
+        self.assertEqual([server["running"] for server in state["apiservers"]], [False, True])
+        self.assertIn("/coordinator/0/restart", SandboxCoordinators.page_section(state))
+        self.assertIn("none is left", self.act(lambda: self.coordinators.kill(1)))
+        self.assertEqual(self.successResultOf(self.coordinators.state())["election_lease"][
+            "unread"], "no coordinator apiserver is running")
+
+        self.assertEqual(self.act(lambda: self.coordinators.restart(0)),
+                         f"coordinator apiserver 0 ({url}) restarted: the agents count it "
+                         f"healthy again at their next probe of it")
+        self.assertTrue(self.coordinators.is_running(0))
+        self.assertEqual(self.act(lambda: self.coordinators.restart(0)),
+                         f"coordinator apiserver 0 ({url}) is already running")
+        self.assertEqual(len(self.lines), 5)
+
+        self.act(self.coordinators.stop)
+        self.assertEqual(self.act(lambda: self.coordinators.restart(1)),
+                         "coordinator apiserver 1: the sandbox is stopping")
+
+    def test_a_control_path_that_names_no_server_or_action_is_404(self):
+        for path in (["2", "kill"], ["x", "kill"], ["0", "stop"], ["0"], ["-1", "kill"]):
+            request = DummyRequest([])
+            body = self.coordinators.render_post(request, path)
+            self.assertEqual((request.responseCode, body),
+                             (404, b"not found: POST /coordinator/<index>/kill or "
+                                   b"/coordinator/<index>/restart (index 0 to 1)\n"), path)
+        self.assertTrue(self.coordinators.is_running(0) and self.coordinators.is_running(1))
 
 
 class DelegationLinesTests(unittest.TestCase):
