@@ -12,11 +12,11 @@ $(VENV)/.installed: setup.py
 
 venv: $(VENV)/.installed
 
-# Runs the sandbox: a real 3-member etcd cluster, a simulated cloud and coordinator
-# apiserver and a pool of 3 agents on loopback (AGENTS=N for another size,
-# ETCD_MEMBERS=1 for one etcd on a small machine). The terminal shows role changes
-# and each agent's pool page URL; the agents' full log goes to SANDBOX_LOG. Ctrl-C stops
-# everything and removes the sandbox's temp dir.
+# Runs the sandbox: a real 3-member etcd cluster, a simulated cloud apiserver, 2
+# coordinator apiservers over that etcd and a pool of 3 agents on loopback (AGENTS=N
+# for another size, ETCD_MEMBERS=1 for one etcd on a small machine). The terminal shows
+# role changes and each agent's pool page URL; the agents' full log goes to
+# SANDBOX_LOG. Ctrl-C stops everything and removes the sandbox's temp dir.
 AGENTS ?= 3
 ETCD_MEMBERS ?= 3
 SANDBOX_LOG ?= /tmp/yurtcoord-sandbox.log

@@ -3,8 +3,9 @@
 ``twistd -n yurtcoord --sandbox`` shows election, pool sync, local cache upload and
 heartbeat delegation with no cluster: it starts a real etcd cluster (the pool etcd,
 ``yurtcoord.sim.sandboxetcd``: 3 members, or ``--sandbox-etcd-members N``), a
-simulated cloud apiserver and a simulated coordinator apiserver (the Kubernetes API
-test server of ``yurtcoord.sim.apiserver``), seeds them, and runs N agents built by
+simulated cloud apiserver (the Kubernetes API test server of
+``yurtcoord.sim.apiserver``, in memory) and 2 coordinator apiservers over the pool etcd
+(``yurtcoord.sim.sandboxapiservers``), seeds the cloud, and runs N agents built by
 ``make_service`` from configurations written here, each with its own status port and
 its own local cache directory. It prints one line per role change of any agent and
 the URL of each agent's pool page.
@@ -26,7 +27,10 @@ and the node lease renewed again in the cloud.
 
 The control page also kills and restarts one etcd member, or the raft leader, and
 shows which member each agent uses (``POST /etcd/...``, ``GET /etcd``; see
-``yurtcoord.sim.sandboxetcd``).
+``yurtcoord.sim.sandboxetcd``), and kills and restarts one coordinator apiserver,
+showing how healthy each agent finds each of them and who holds the election lease
+(``POST /coordinator/...``, ``GET /coordinator``; see
+``yurtcoord.sim.sandboxapiservers``).
 
 Everything lives in one temp dir (etcd's data, the agents' caches and pki dirs) that
 is removed on stop, also when the start failed half way. The etcd members are run by
@@ -58,21 +62,29 @@ from yurtcoord.kube.gvr import ENDPOINTS, ENDPOINTSLICES_V1, LEASES, NODES
 from yurtcoord.kube.lease import renew_time
 from yurtcoord.agent.service import Agent, make_service
 from yurtcoord.heartbeat.delegation import FORWARDED_OUTCOMES, HeartbeatDelegation
-from yurtcoord.names import NODE_LEASE_NAMESPACE, NODE_POOL_LABEL
+from yurtcoord.names import (
+    ELECTION_LEASE_NAME, ELECTION_LEASE_NAMESPACE, NODE_LEASE_NAMESPACE, NODE_POOL_LABEL,
+)
 from yurtcoord.role.roles import Role
 from yurtcoord.sim.agentini import SANDBOX, loopback_agent_ini
 from yurtcoord.sim.apiserver import KubeAPIServer
 from yurtcoord.sim.apiserver.store import ObjectStore
+from yurtcoord.sim.sandboxapiservers import (
+    DEFAULT_COORDINATOR_SERVERS, AgentServers, SandboxCoordinators,
+)
 from yurtcoord.sim.apiserver.selectors import ObjectFilter
 from yurtcoord.sim.etcd import EtcdFixtureError, EtcdStartError, find_etcd
 from yurtcoord.sim.sandboxetcd import (
-    DEFAULT_MEMBERS, AgentEtcd, SandboxEtcd, etcd_state_json,
+    DEFAULT_MEMBERS, AgentEtcd, SandboxEtcd, answer_later, etcd_state_json,
 )
 from yurtcoord.sim.kubelet import StandInKubelet
 from yurtcoord.sim.tcpproxy import TCPProxy
 
 DEFAULT_AGENTS = 3
 POOL_NAME = "sandbox-pool"
+# The agents' ``[coordinator] storage_prefix``, under which the coordinator
+# apiservers find the objects in the pool etcd.
+STORAGE_PREFIX = "/registry"
 NAMESPACE = "default"
 # An agent that forwarded no heartbeat for this long counts as no longer delegating.
 DELEGATION_QUIET_PERIOD = 6.0
@@ -95,7 +107,8 @@ class KubeletControlPage(Resource):
     with a button to stop or start the kubelet; ``GET /state`` is the same as JSON;
     ``POST /kubelet/<node>/stop`` and ``POST /kubelet/<node>/start`` act and redirect
     to ``/``. The pool etcd's part (``GET /etcd``, ``POST /etcd/...``, its section of
-    the page) is ``SandboxEtcd``'s."""
+    the page) is ``SandboxEtcd``'s, the coordinator apiservers' part (``GET
+    /coordinator``, ``POST /coordinator/...``) ``SandboxCoordinators``'."""
 
     isLeaf = True
 
@@ -103,25 +116,36 @@ class KubeletControlPage(Resource):
         super().__init__()
         self._sandbox = sandbox
 
-    def render_GET(self, request: "Request") -> bytes:
+    def render_GET(self, request: "Request") -> bytes | int:
         path = [part.decode("utf-8", "replace") for part in request.postpath or []]
         if path in ([], [""]):
-            request.setHeader(b"content-type", b"text/html; charset=utf-8")
-            return self._page().encode("utf-8")
+            return self._later(request, b"text/html; charset=utf-8",
+                               self._sandbox.coordinators.state().addCallback(self._page))
         if path == ["state"]:
             request.setHeader(b"content-type", b"application/json")
             return json.dumps(self._sandbox.node_states(), indent=1).encode("utf-8")
         if path == ["etcd"]:
             request.setHeader(b"content-type", b"application/json")
             return etcd_state_json(self._sandbox.etcd)
+        if path == ["coordinator"]:
+            return self._later(request, b"application/json",
+                               self._sandbox.coordinators.render_get())
         request.setResponseCode(404)
-        return b"not found: try /, /state or /etcd\n"
+        return b"not found: try /, /state, /etcd or /coordinator\n"
+
+    def _later(self, request: "Request", content_type: bytes,
+               body: "defer.Deferred[bytes]") -> int:
+        """Answer ``request`` with ``body`` once it fired (``answer_later``)."""
+        return answer_later(request, body, "control page " + request.path.decode(
+            "utf-8", "replace"), headers={b"content-type": content_type})
 
     def render_POST(self, request: "Request") -> bytes | int:
         path = [part.decode("utf-8", "replace") for part in request.postpath or []]
         request.setHeader(b"content-type", b"text/plain; charset=utf-8")
         if path[:1] == ["etcd"] and self._sandbox.etcd is not None:
             return self._sandbox.etcd.render_post(request, path[1:])
+        if path[:1] == ["coordinator"]:
+            return self._sandbox.coordinators.render_post(request, path[1:])
         if (len(path) != 3 or path[0] != "kubelet" or path[1] not in self._sandbox.kubelets
                 or path[2] not in ("stop", "start")):
             request.setResponseCode(404)
@@ -138,7 +162,8 @@ class KubeletControlPage(Resource):
         return f"{node}: kubelet {'stopped' if action == 'stop' else 'started'}\n".encode(
             "utf-8")
 
-    def _page(self):
+    def _page(self, coordinators: dict[str, Any]) -> bytes:
+        """The HTML page, with the coordinator apiservers' ``state()``."""
         rows = []
         for node, state in self._sandbox.node_states().items():
             age = state["cloud_lease_age_seconds"]
@@ -163,7 +188,8 @@ class KubeletControlPage(Resource):
             "<th>kubelet</th><th>agent sees it</th><th>cloud renewTime</th>"
             "<th>age</th><th></th></tr>" + "".join(rows) + "</table>"
             + (self._sandbox.etcd.page_section() if self._sandbox.etcd is not None else "")
-            + "</body></html>")
+            + SandboxCoordinators.page_section(coordinators)
+            + "</body></html>").encode("utf-8")
 
 
 class DelegationLines:
@@ -228,11 +254,14 @@ def find_etcd_binary(environ: Mapping[str, str] | None = None) -> str:
 def agent_config_text(node: str, cloud_url: str, coordinator_url: str, etcd_url: str,
                       agent_dir: str, kubelet_url: str) -> str:
     """Ini text of one sandbox agent: plain http everywhere, the sandbox's timings
-    (``SANDBOX``); its kubelet check asks ``kubelet_url``."""
+    (``SANDBOX``), its pool store under ``STORAGE_PREFIX``; its kubelet check asks
+    ``kubelet_url``. ``coordinator_url`` and ``etcd_url`` may be comma-separated
+    lists."""
     return loopback_agent_ini(
         node, POOL_NAME, [cloud_url], coordinator_url, etcd_url,
         os.path.join(agent_dir, "pki"), os.path.join(agent_dir, "cache"), SANDBOX,
-        heartbeat={"kubelet_healthz_url": kubelet_url})
+        heartbeat={"kubelet_healthz_url": kubelet_url},
+        coordinator={"storage_prefix": STORAGE_PREFIX})
 
 
 def role_of(agent: Agent) -> str:
@@ -292,7 +321,9 @@ def seed_cloud(store: ObjectStore, nodes: Iterable[str]) -> None:
 
 
 class Sandbox(service.MultiService):
-    """The sandbox pool: etcd, the two apiservers, ``agent_count`` agents as children.
+    """The sandbox pool: etcd, the cloud apiserver, ``coordinator_servers``
+    coordinator apiservers over etcd (``coordinators``), ``agent_count`` agents as
+    children.
 
     ``write_line(text)`` prints one line for the person watching (role changes, URLs,
     readiness), from the observers of each agent's coordinator, hub elector and heartbeat
@@ -307,7 +338,8 @@ class Sandbox(service.MultiService):
 
     def __init__(self, reactor, write_line, agent_count=DEFAULT_AGENTS,
                  etcd_binary=None, on_failure=None, temp_parent=None,
-                 etcd_members=DEFAULT_MEMBERS):
+                 etcd_members=DEFAULT_MEMBERS,
+                 coordinator_servers=DEFAULT_COORDINATOR_SERVERS):
         super().__init__()
         self.reactor = reactor
         self.write_line = write_line
@@ -320,7 +352,10 @@ class Sandbox(service.MultiService):
         self.directory = None
         self.etcd: SandboxEtcd | None = None
         self.cloud = KubeAPIServer(reactor)
-        self.coordinator = KubeAPIServer(reactor)
+        self.coordinators = SandboxCoordinators(
+            reactor, coordinator_servers, self._say,
+            lambda text: self._say(f"{self._clock()} {text}"), self._agents_coordinators,
+            (ELECTION_LEASE_NAMESPACE, ELECTION_LEASE_NAME))
         self.agents: dict[str, Agent] = {}
         self.cloud_links = {}
         self.kubelets = {}
@@ -390,10 +425,12 @@ class Sandbox(service.MultiService):
         self._say(f"temp dir {self.directory}")
         etcd = yield self._start_etcd(self.directory)
         cloud_url = yield self.cloud.start()
-        coordinator_url = yield self.coordinator.start()
+        coordinator_urls = yield self.coordinators.start(etcd.client_urls, STORAGE_PREFIX)
         if self._stopping:
             raise SandboxStopped()
-        self._say(f"cloud apiserver {cloud_url}, coordinator apiserver {coordinator_url}")
+        self._say(f"cloud apiserver {cloud_url}, coordinator apiservers "
+                  f"{', '.join(coordinator_urls)} (their objects: the pool etcd's, under "
+                  f"{STORAGE_PREFIX})")
         seed_cloud(self.cloud.store, self.nodes)
         self._lease_watch = self.cloud.store.watch(
             LEASES, ObjectFilter(namespace=NODE_LEASE_NAMESPACE), None, self._cloud_lease_changed)
@@ -413,7 +450,8 @@ class Sandbox(service.MultiService):
             agent_dir = os.path.join(self.directory, node)
             seed_local_cache(os.path.join(agent_dir, "cache"), node, 100 * (index + 1))
             config = parse_config(
-                agent_config_text(node, self.cloud_links[node].url(), coordinator_url,
+                agent_config_text(node, self.cloud_links[node].url(),
+                                  ", ".join(self.coordinators.server_for(index)),
                                   ", ".join(etcd.storage_for(index)), agent_dir,
                                   self.kubelets[node].url()),
                 f"<sandbox {node}>")
@@ -446,6 +484,10 @@ class Sandbox(service.MultiService):
                   f"{self.control_url}/etcd/leader/kill kills the raft leader, "
                   f"{self.control_url}/etcd/<0-{len(etcd.members) - 1}>/kill and /restart "
                   f"one member; {self.control_url}/etcd shows which member each agent uses")
+        self._say(f"coordinator apiserver controls on the control page: curl -X POST "
+                  f"{self.control_url}/coordinator/<0-{self.coordinators.count - 1}>/kill "
+                  f"and /restart one of them; {self.control_url}/coordinator shows how "
+                  f"healthy each agent finds each of them and the election lease holder")
 
     # -- the pool etcd (yurtcoord.sim.sandboxetcd) ------------------------------------
 
@@ -474,6 +516,12 @@ class Sandbox(service.MultiService):
         ``/status`` ``etcd_member``)."""
         return {node: (agent.config.coordinator.storage,
                        agent.status_source.status()["etcd_member"])
+                for node, agent in self.agents.items()}
+
+    def _agents_coordinators(self) -> dict[str, AgentServers]:
+        """Each agent's ``[coordinator] server`` health (its ``/status``
+        ``coordinator_servers``)."""
+        return {node: agent.status_source.status()["coordinator_servers"]
                 for node, agent in self.agents.items()}
 
     @defer.inlineCallbacks
@@ -611,12 +659,12 @@ class Sandbox(service.MultiService):
         if self._control_port is not None:
             yield self._control_port.stopListening()
             self._control_port = None
-        for server in [*self.kubelets.values(), *self.cloud_links.values(), self.coordinator,
-                       self.cloud]:
+        for server in [*self.kubelets.values(), *self.cloud_links.values(), self.cloud]:
             try:
                 yield server.stop()
             except Exception:
                 self.log.failure("stopping a server of the sandbox failed")
+        yield self.coordinators.stop()
         yield self._stop_etcd()
         if self.directory is not None:
             shutil.rmtree(self.directory, ignore_errors=True)

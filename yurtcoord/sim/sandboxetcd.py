@@ -40,6 +40,8 @@ ETCD_STOP_TIMEOUT = 10.0
 # Seconds the "kill the raft leader" control waits for a member to name the leader.
 LEADER_TIMEOUT = 10.0
 
+_log = Logger()
+
 # An agent's etcd as the sandbox reads it: its ``[coordinator] storage`` list and the
 # member its pool store uses now (None while no member serves).
 AgentEtcd = tuple[Sequence[str], str | None]
@@ -269,29 +271,7 @@ class SandboxEtcd:
             request.setResponseCode(404)
             return (f"not found: POST /etcd/<index>/kill, /etcd/<index>/restart (index 0 "
                     f"to {len(self.members) - 1}) or /etcd/leader/kill\n").encode("utf-8")
-
-        # Set once the client is gone: nothing is written to it then.
-        gone: list[Failure] = []
-        request.notifyFinish().addErrback(gone.append)
-
-        def answer(line: str) -> None:
-            if gone:
-                return
-            request.setResponseCode(303)
-            request.setHeader(b"location", b"/")
-            request.write(f"{line}\n".encode("utf-8"))
-            request.finish()
-
-        def failed(failure: Failure) -> None:
-            self.log.failure("etcd control {path} failed", failure, path="/".join(path))
-            if gone:
-                return
-            request.setResponseCode(500)
-            request.write(f"failed: {failure.getErrorMessage()}\n".encode("utf-8"))
-            request.finish()
-
-        defer.maybeDeferred(action).addCallbacks(answer, failed)
-        return NOT_DONE_YET
+        return answer_control(request, action, "etcd control " + "/".join(path))
 
     def _action(self, path: Sequence[str]) -> Callable[[], "defer.Deferred[str]"] | None:
         if list(path) == ["leader", "kill"]:
@@ -305,6 +285,45 @@ class SandboxEtcd:
         if path[1] == "kill":
             return lambda: self.kill(index)
         return lambda: self.restart(index)
+
+
+def answer_later(request: Request, body: "defer.Deferred[bytes]", what: str,
+                 code: int = 200, headers: Mapping[bytes, bytes] = {}) -> int:
+    """Answer ``request`` once ``body`` fired: ``code`` with ``headers`` and the body,
+    or 500 with the failure (logged, naming ``what``); nothing is written to a client
+    that went away meanwhile. Returns ``NOT_DONE_YET`` for ``render_GET`` or
+    ``render_POST``."""
+    # Set once the client is gone: nothing is written to it then.
+    gone: list[Failure] = []
+    request.notifyFinish().addErrback(gone.append)
+
+    def answer(data: bytes) -> None:
+        if gone:
+            return
+        request.setResponseCode(code)
+        for name, value in headers.items():
+            request.setHeader(name, value)
+        request.write(data)
+        request.finish()
+
+    def failed(failure: Failure) -> None:
+        _log.failure("{what} failed", failure, what=what)
+        if gone:
+            return
+        request.setResponseCode(500)
+        request.write(f"failed: {failure.getErrorMessage()}\n".encode("utf-8"))
+        request.finish()
+
+    body.addCallbacks(answer, failed)
+    return NOT_DONE_YET
+
+
+def answer_control(request: Request, action: Callable[[], "defer.Deferred[str]"],
+                   what: str) -> int:
+    """Run a control page ``action`` for ``request``: 303 to ``/`` with the line it
+    said once it fired (``answer_later``)."""
+    said = defer.maybeDeferred(action).addCallback(lambda line: f"{line}\n".encode("utf-8"))
+    return answer_later(request, said, what, 303, {b"location": b"/"})
 
 
 def etcd_state_json(etcd: SandboxEtcd | None) -> bytes:

@@ -11,7 +11,14 @@ etcd with it.
 The pool etcd is a cluster of three members that every agent is given in its storage
 list: killing the raft leader from the control page leaves every agent ready and the
 pool etcd whole, and a restarted member comes back healthy with what it missed;
-``--sandbox-etcd-members 1`` runs one member."""
+``--sandbox-etcd-members 1`` runs one member.
+
+The coordinator apiservers are two servers over the pool etcd, both in every agent's
+``[coordinator] server``: ``kubectl`` against either lists exactly the
+endpointslices the pool leader mirrored from the cloud and every agent's uploaded
+pods; killing one from the control page leaves every agent ready and the election
+lease with its holder, and a restarted one is healthy to every agent again. Their
+controls and the control page's view of them are also checked on a memory reactor."""
 
 import json
 import os
@@ -27,6 +34,7 @@ from twisted.internet.utils import getProcessOutputAndValue
 from twisted.logger import Logger
 from twisted.plugins.yurtcoord_plugin import EarlyStopSignals, make_sandbox
 from twisted.trial import unittest
+from twisted.web.test.requesthelper import DummyRequest
 from zope.interface import implementer
 from zope.interface.verify import verifyObject
 
@@ -35,11 +43,16 @@ from yurtcoord.etcd.client import EtcdConfig
 from yurtcoord.kube.gvr import ENDPOINTS, ENDPOINTSLICES_V1, NODES
 from yurtcoord.heartbeat.delegation import HeartbeatDelegation
 from yurtcoord.kube.lease import format_micro_time, renew_time
-from yurtcoord.names import DELEGATE_HEARTBEAT_ANNOTATION, NODE_LEASE_NAMESPACE, NODE_POOL_LABEL
+from yurtcoord.names import (
+    DELEGATE_HEARTBEAT_ANNOTATION, ELECTION_LEASE_NAME, ELECTION_LEASE_NAMESPACE,
+    NODE_LEASE_NAMESPACE, NODE_POOL_LABEL,
+)
+from yurtcoord.sim.agentini import SANDBOX
 from yurtcoord.sim.sandbox import (
     CACHED_PODS, DELEGATION_QUIET_PERIOD, HEARTBEAT_INTERVAL, KUBELET_GRACE_PERIOD,
     SEEDED_SERVICES, DelegationLines, Sandbox, find_etcd_binary, seed_cloud,
 )
+from yurtcoord.sim.sandboxapiservers import ELECTION_READ_TIMEOUT, SandboxCoordinators
 from yurtcoord.testing.twistd import TWISTD, TwistdProcess, child_environment, port_is_free
 from yurtcoord.sim.apiserver import KubeAPIServer
 from yurtcoord.testing.fakehealth import FakeHealth
@@ -49,6 +62,11 @@ from yurtcoord.testing.poll import poll_until
 from yurtcoord.testing.agentpages import StatusReader, wait_for_statuses
 
 READY_DEADLINE = 60.0
+KUBECTL = shutil.which("kubectl") or "/usr/bin/kubectl"
+# The sandbox agents' election lease duration: a coordinator apiserver's loss is
+# watched for longer than that, so that the pool leader must have renewed the lease
+# through the other one.
+LEASE_DURATION = parse_duration(SANDBOX["leader_election"]["lease_duration"])
 # After the etcd raft leader is killed, every agent is ready on a live member within
 # etcd's election (generous on a busy machine) and one request that timed out and its
 # retry.
@@ -64,6 +82,9 @@ PAGE_LINE = re.compile(r"^\[sandbox\] (edge-\d+) pool page (http://127\.0\.0\.1:
 ROLE_LINE = re.compile(
     r"^\[sandbox\] \d\d:\d\d:\d\d (edge-\d+): role (\w+) -> (\w+) \(leader: ([^)]*)\)$", re.M)
 CLOUD_LINE = re.compile(r"^\[sandbox\] cloud apiserver (http://127\.0\.0\.1:\d+),", re.M)
+COORDINATORS_LINE = re.compile(
+    r"^\[sandbox\] cloud apiserver \S+, coordinator apiservers ((?:http://127\.0\.0\.1:\d+"
+    r"(?:, )?)+) \(their objects: the pool etcd's, under /registry\)$", re.M)
 CONTROL_LINE = re.compile(
     r"^\[sandbox\] control page (http://127\.0\.0\.1:\d+)/ stops and starts each agent's "
     r"stand-in kubelet \(kubelet grace period (\S+), heartbeat interval (\S+)\)", re.M)
@@ -405,6 +426,198 @@ class SandboxTests(unittest.TestCase):
               f"{stop_took:.1f}s")
 
     @defer.inlineCallbacks
+    def kubectl_items(self, server, resource):
+        """``kubectl --server <server> get <resource> -A -o json``: its items."""
+        home = os.path.abspath(self.mktemp())
+        os.makedirs(home)
+        out, err, code = yield getProcessOutputAndValue(
+            KUBECTL, ["--server", server, "--cache-dir", os.path.join(home, "cache"),
+                      "--request-timeout", "20s", "get", resource, "-A", "-o", "json"],
+            env={"HOME": home, "PATH": os.environ.get("PATH", "/usr/bin:/bin")})
+        self.assertEqual(code, 0, err)
+        return json.loads(out)["items"]
+
+    @defer.inlineCallbacks
+    def cloud_items(self, run, path):
+        """The items of a LIST of the sandbox's cloud apiserver."""
+        code, body = yield self.reader.get(CLOUD_LINE.search(run.output).group(1), path)
+        self.assertEqual(code, 200, body)
+        return json.loads(body)["items"]
+
+    @defer.inlineCallbacks
+    def check_kubectl_serves_the_pool(self, run, server, nodes):
+        """``kubectl`` against the coordinator apiserver ``server`` lists exactly the
+        cloud's endpointslices (what the pool leader mirrored; only the resourceVersion,
+        etcd's revision there, differs) and exactly every agent's uploaded pods, whose
+        mirror rv keys in etcd hold the resourceVersions of the agents' caches."""
+
+        def comparable(item):
+            item = dict(item, metadata=dict(item["metadata"]))
+            for field in ("kind", "apiVersion"):
+                item.pop(field, None)
+            del item["metadata"]["resourceVersion"]
+            return (item["metadata"]["namespace"], item["metadata"]["name"]), item
+
+        cloud = dict(map(comparable, (yield self.cloud_items(
+            run, "apis/discovery.k8s.io/v1/endpointslices"))))
+        self.assertEqual(len(cloud), len(SEEDED_SERVICES))
+        served = {}
+
+        @defer.inlineCallbacks
+        def mirrored():
+            served.update(slices=dict(map(comparable, (yield self.kubectl_items(
+                server, "endpointslices")))))
+            return served["slices"] == cloud
+
+        try:
+            yield poll_until(mirrored, OUTPUT_DEADLINE, 0.2, reactor,
+                             what=f"kubectl at {server} listing the cloud's endpointslices")
+        except AssertionError as error:
+            self.assertEqual(served.get("slices"), cloud, str(error))
+        for item in (yield self.kubectl_items(server, "endpointslices")):
+            self.assertEqual(item["kind"], "EndpointSlice")
+
+        pods = yield self.kubectl_items(server, "pods")
+        expected = {(f"{node}-{pod}", node) for node in nodes for pod in CACHED_PODS}
+        self.assertEqual({(p["metadata"]["name"], p["spec"]["nodeName"]) for p in pods},
+                         expected)
+        self.assertEqual({p["metadata"]["namespace"] for p in pods}, {"default"})
+        # seed_local_cache numbers node i's pods 100 * i + 1, + 2, ...
+        cached_rvs = {f"{node}-{pod}": 100 * index + offset
+                      for index, node in enumerate(nodes, start=1)
+                      for offset, pod in enumerate(CACHED_PODS, start=1)}
+        etcdctl = shutil.which("etcdctl")
+        if etcdctl is None:
+            return
+        env = {k: v for k, v in os.environ.items() if not k.startswith("ETCD")}
+        env["ETCDCTL_API"] = "3"
+        out, err, code = yield getProcessOutputAndValue(
+            etcdctl, ["--endpoints", ",".join(run.etcd_urls()), "--command-timeout", "5s",
+                      "get", "/mirror/rv/registry/pods/default/", "--prefix"], env=env)
+        self.assertEqual(code, 0, err)
+        lines = out.decode().splitlines()
+        rvs = {key.rsplit("/", 1)[1]: int(value) for key, value in zip(lines[::2], lines[1::2])}
+        self.assertEqual(rvs, cached_rvs)
+
+    @defer.inlineCallbacks
+    def coordinator_state(self, run):
+        """The control page's ``GET /coordinator``."""
+        code, body = yield self.reader.get(self.control_url(run), "coordinator")
+        self.assertEqual(code, 200, body)
+        return json.loads(body)
+
+    @defer.inlineCallbacks
+    def election_lease(self, server):
+        """The pool's election lease, read through the coordinator apiserver ``server``."""
+        code, body = yield self.reader.get(
+            server, f"apis/coordination.k8s.io/v1/namespaces/{ELECTION_LEASE_NAMESPACE}/"
+                    f"leases/{ELECTION_LEASE_NAME}")
+        self.assertEqual(code, 200, body)
+        return json.loads(body)["spec"]
+
+    @defer.inlineCallbacks
+    def test_two_coordinator_apiservers_serve_the_pool_etcd_and_survive_a_kill(self):
+        run = SandboxRun(self)
+        pages = yield self.wait_for_pages(run, 3)
+        pool_leader, statuses = yield self.wait_for_one_leader_all_ready(run, pages)
+        servers = COORDINATORS_LINE.search(run.output).group(1).split(", ")
+        self.assertEqual(len(set(servers)), 2, run.output)
+        # Every agent is given both, starting with one of its own (agent i with i mod 2).
+        for index, node in enumerate(sorted(pages)):
+            listed = list(statuses[node]["coordinator_servers"])
+            self.assertEqual(sorted(listed), sorted(servers), node)
+            self.assertEqual(listed[0], servers[index % 2], node)
+        state = yield self.coordinator_state(run)
+        self.assertEqual([(s["url"], s["running"]) for s in state["apiservers"]],
+                         [(url, True) for url in servers])
+        self.assertEqual(state["election_lease"]["holder"], pool_leader)
+        for server in servers:
+            yield self.check_kubectl_serves_the_pool(run, server, sorted(pages))
+
+        # Kill the server the pool leader writes the election lease through first.
+        killed = list(statuses[pool_leader]["coordinator_servers"])[0]
+        other = next(url for url in servers if url != killed)
+        index = servers.index(killed)
+        before = yield self.election_lease(other)
+        self.assertEqual(before["holderIdentity"], pool_leader)
+        control = self.control_url(run)
+        code, body = yield self.post(f"{control}/coordinator/{len(servers)}/kill")
+        self.assertEqual(code, 404, body)
+        killed_at = reactor.seconds()
+        code, body = yield self.post(f"{control}/coordinator/{index}/kill")
+        self.assertEqual(code, 303, body)
+        self.assertTrue(body.startswith(
+            f"coordinator apiserver {index} ({killed}) killed".encode()), body)
+        self.assertTrue(port_is_free(int(killed.rsplit(":", 1)[1])), "the port still listens")
+        code, body = yield self.post(f"{control}/coordinator/{index}/kill")
+        self.assertEqual((code, body), (303, f"coordinator apiserver {index} ({killed}) is "
+                                             f"not running\n".encode()))
+
+        # Every sample of every agent, until the loss has lasted longer than a lease:
+        # ready, the same leader, the lease never changing hands.
+        wrong = []
+        # When every agent first counted the killed server down.
+        seen_down = []
+
+        @defer.inlineCallbacks
+        def all_ready_on_the_other():
+            documents = yield self.reader.statuses(pages)
+            lease = yield self.election_lease(other)
+            for node, document in documents.items():
+                if not document["ready"] or document["leader"] != pool_leader:
+                    wrong.append((node, document["role"], document["ready"],
+                                  document["leader"]))
+            if (lease["holderIdentity"], lease.get("leaseTransitions", 0),
+                    lease["acquireTime"]) != (pool_leader, before.get("leaseTransitions", 0),
+                                              before["acquireTime"]):
+                wrong.append(("lease", lease))
+            moved = all(d["coordinator_servers"] == {killed: False, other: True}
+                        for d in documents.values())
+            if moved and not seen_down:
+                seen_down.append(reactor.seconds() - killed_at)
+            return moved and reactor.seconds() - killed_at > LEASE_DURATION + 1.0
+
+        yield poll_until(all_ready_on_the_other, READY_DEADLINE, 0.2, reactor,
+                         what="every agent ready, counting only the other apiserver healthy")
+        self.assertEqual(wrong, [], run.output[-3000:])
+        after = yield self.election_lease(other)
+        self.assertGreater(renew_time({"spec": after}), renew_time({"spec": before}))
+        state = yield self.coordinator_state(run)
+        self.assertEqual([(s["url"], s["running"], s["healthy_to"]) for s in state["apiservers"]],
+                         [(url, url == other, sorted(pages) if url == other else [])
+                          for url in servers])
+        self.assertEqual(state["election_lease"]["holder"], pool_leader)
+        code, page = yield self.reader.get(control, "")
+        self.assertEqual(code, 200)
+        self.assertIn(f"/coordinator/{index}/restart".encode(), page)
+        yield self.check_kubectl_serves_the_pool(run, other, sorted(pages))
+
+        code, body = yield self.post(f"{control}/coordinator/{index}/restart")
+        self.assertEqual(code, 303, body)
+        self.assertTrue(body.startswith(
+            f"coordinator apiserver {index} ({killed}) restarted".encode()), body)
+        restarted_at = reactor.seconds()
+
+        def both_healthy_again(documents):
+            return all(d["ready"] and d["leader"] == pool_leader
+                       and d["coordinator_servers"] == dict.fromkeys(servers, True)
+                       for d in documents.values())
+
+        yield wait_for_statuses(
+            lambda: self.reader.statuses(pages), "every agent counting both healthy again",
+            both_healthy_again, READY_DEADLINE, reactor, 0.2, details=lambda: run.output[-3000:])
+        back_took = reactor.seconds() - restarted_at
+        self.assertEqual((yield self.election_lease(killed))["holderIdentity"], pool_leader)
+        yield self.check_kubectl_serves_the_pool(run, killed, sorted(pages))
+        yield self.stop_and_check_clean(run, "TERM", pages)
+        for server in servers:
+            self.assertTrue(port_is_free(int(server.rsplit(":", 1)[1])), server)
+        print(f"sandbox, 2 coordinator apiservers: {killed} (the pool leader {pool_leader}'s "
+              f"first) killed, every agent counting it down {seen_down[0]:.1f}s later and "
+              f"staying ready with the lease holder unchanged; restarted, healthy to every "
+              f"agent {back_took:.1f}s later")
+
+    @defer.inlineCallbacks
     def raft_leader(self, urls):
         """The client URL of the member that is the raft leader, as etcdctl reads it."""
         env = {k: v for k, v in os.environ.items() if not k.startswith("ETCD")}
@@ -721,6 +934,84 @@ class SandboxPartsTests(unittest.TestCase):
         slices = server.store.list(ENDPOINTSLICES_V1, "default")
         self.assertEqual({s["metadata"]["labels"]["kubernetes.io/service-name"] for s in slices},
                          set(SEEDED_SERVICES))
+
+
+class SandboxCoordinatorsTests(unittest.TestCase):
+    """The coordinator apiservers' controls and what the control page shows of them,
+    on a memory reactor: nothing listens for real and the pool etcd never answers."""
+
+    def setUp(self):
+        self.reactor = MemoryReactorClock()
+        self.lines = []
+        self.coordinators = SandboxCoordinators(
+            self.reactor, 2, self.lines.append, self.lines.append,
+            lambda: {"edge-1": {"http://127.0.0.1:0": True}},
+            (ELECTION_LEASE_NAMESPACE, ELECTION_LEASE_NAME))
+        self.urls = self.successResultOf(self.coordinators.start(
+            ["http://127.0.0.1:1", "http://127.0.0.1:2"], "/registry"))
+        self.assertEqual(len(self.reactor.tcpServers), 2)
+
+    def act(self, action):
+        """Run a kill or restart to its end (closing an etcd client takes a turn)."""
+        d = action()
+        self.reactor.advance(0)
+        return self.successResultOf(d)
+
+    def test_an_etcd_that_does_not_answer_leaves_the_lease_holder_unread_in_time(self):
+        d = self.coordinators.state()
+        self.reactor.advance(ELECTION_READ_TIMEOUT - 0.01)
+        self.assertNoResult(d)
+        self.reactor.advance(0.01)
+        lease = self.successResultOf(d)["election_lease"]
+        self.assertEqual(lease, {"namespace": ELECTION_LEASE_NAMESPACE,
+                                 "name": ELECTION_LEASE_NAME, "holder": None,
+                                 "unread": f"etcd did not answer within "
+                                           f"{ELECTION_READ_TIMEOUT:g} s"})
+        self.assertIn("(not read: etcd did not answer within",
+                      SandboxCoordinators.page_section(self.state_after_timeout()))
+
+    def state_after_timeout(self):
+        d = self.coordinators.state()
+        self.reactor.advance(ELECTION_READ_TIMEOUT)
+        return self.successResultOf(d)
+
+    def test_kill_and_restart_say_what_happened_and_refuse_what_cannot_be_done(self):
+        url = self.urls[0]
+        self.assertEqual(
+            self.act(lambda: self.coordinators.kill(0)),
+            f"coordinator apiserver 0 ({url}) killed; agents that counted it healthy: "
+            f"edge-1; the other serves the pool on: the agents move to it at their next "
+            f"request")
+        self.assertFalse(self.coordinators.is_running(0))
+        self.assertEqual(self.act(lambda: self.coordinators.kill(0)),
+                         f"coordinator apiserver 0 ({url}) is not running")
+        state = self.state_after_timeout()
+        self.assertEqual([server["running"] for server in state["apiservers"]], [False, True])
+        self.assertIn("/coordinator/0/restart", SandboxCoordinators.page_section(state))
+        self.assertIn("none is left", self.act(lambda: self.coordinators.kill(1)))
+        self.assertEqual(self.successResultOf(self.coordinators.state())["election_lease"][
+            "unread"], "no coordinator apiserver is running")
+
+        self.assertEqual(self.act(lambda: self.coordinators.restart(0)),
+                         f"coordinator apiserver 0 ({url}) restarted: the agents count it "
+                         f"healthy again at their next probe of it")
+        self.assertTrue(self.coordinators.is_running(0))
+        self.assertEqual(self.act(lambda: self.coordinators.restart(0)),
+                         f"coordinator apiserver 0 ({url}) is already running")
+        self.assertEqual(len(self.lines), 5)
+
+        self.act(self.coordinators.stop)
+        self.assertEqual(self.act(lambda: self.coordinators.restart(1)),
+                         "coordinator apiserver 1: the sandbox is stopping")
+
+    def test_a_control_path_that_names_no_server_or_action_is_404(self):
+        for path in (["2", "kill"], ["x", "kill"], ["0", "stop"], ["0"], ["-1", "kill"]):
+            request = DummyRequest([])
+            body = self.coordinators.render_post(request, path)
+            self.assertEqual((request.responseCode, body),
+                             (404, b"not found: POST /coordinator/<index>/kill or "
+                                   b"/coordinator/<index>/restart (index 0 to 1)\n"), path)
+        self.assertTrue(self.coordinators.is_running(0) and self.coordinators.is_running(1))
 
 
 class DelegationLinesTests(unittest.TestCase):
