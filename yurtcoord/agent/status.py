@@ -234,7 +234,14 @@ class AgentStatus:
         return self._coordinator.ready
 
     def readiness_failures(self) -> list[str]:
-        return self._coordinator.readiness_failures()
+        """The coordinator's; while it is not healthy also why each coordinator
+        apiserver's probe failed (an apiserver over a pool etcd without quorum says so
+        in its answers), so that ``/readyz`` names the cause, not only the role."""
+        failures = self._coordinator.readiness_failures()
+        if not self._coordinator.healthy:
+            failures += [f"coordinator apiserver {url}: {reason}" for url, reason in
+                         sorted(self._coordinator_checker.unhealthy_reasons().items())]
+        return failures
 
     def status(self) -> dict[str, Any]:
         coordinator = self._coordinator

@@ -54,6 +54,10 @@ class ICoordinatorHealthChecker(IHealthChecker):
     def servers() -> dict[str, bool]:
         """``{url: healthy}`` of every coordinator apiserver."""
 
+    def unhealthy_reasons() -> dict[str, str]:
+        """``{url: why its last probe failed}`` of every coordinator apiserver that is
+        not healthy."""
+
     def pick_server() -> str:
         """The coordinator apiserver the next request goes to: the one the node lease
         is written through while it is healthy, else another healthy one, else the

@@ -555,6 +555,12 @@ class ServerSet:
         """``{url: healthy}`` of every server, for ``/status``."""
         return {p.server: p.healthy for p in self._probers}
 
+    def unhealthy_reasons(self) -> dict[str, str]:
+        """``{url: why its last probe failed}`` of every server that is not healthy
+        and was probed, for ``/readyz``."""
+        return {p.server: p.last_error for p in self._probers
+                if not p.healthy and p.last_error}
+
     def pick_healthy_server(self) -> Optional[str]:
         """A healthy server URL, rotating among the healthy ones; None when none is."""
         count = len(self._probers)

@@ -604,6 +604,9 @@ class SeveralCoordinatorServersTests(unittest.TestCase):
         self.assertEqual(self.checker.servers(), {self.A: True, self.B: False})
         self.assertEqual(self.metrics.coordinator_server_healthy, {self.A: True, self.B: False})
         self.assertTrue(self.checker.healthy)
+        # Why B is unhealthy, for /readyz: its last probe's failure.
+        self.assertEqual(list(self.checker.unhealthy_reasons()), [self.B])
+        self.assertIn("down", self.checker.unhealthy_reasons()[self.B])
         self.clients[self.A].hang = True
         # Round at 10 s: A hangs (attempts cut at 12, 15 and 19 s); B was unhealthy.
         advance(self.clock, 7 + 8.5)
