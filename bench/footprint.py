@@ -1,5 +1,5 @@
 """The agent's footprint: RSS and idle CPU of a follower and of a leader, and where the
-RSS of imports goes.
+RSS of imports goes (MiB: ``VmRSS`` / 1024).
 
     .venv/bin/python bench/footprint.py [--objects 5000] [--window 60] [--runs 3] [--json PATH]
 
@@ -11,8 +11,10 @@ sync lease). The cloud holds ``--objects`` discovery.k8s.io/v1 endpointslices (t
 namespaces, ~420 bytes of JSON each, written into the test server's store before the
 agents start), which the leader mirrors into the pool etcd.
 
-Once one agent leads, both are ready and the pool etcd holds every endpointslice, the
-agents get ``--settle`` seconds, then a quiet window of ``--window`` seconds: idle CPU
+The leader starts first; once it leads and the pool etcd holds every endpointslice, the
+follower starts (a follower joining a settled pool; two agents started together may
+trade the lease once while both come up). Once both are ready, the agents get
+``--settle`` seconds, then a quiet window of ``--window`` seconds: idle CPU
 is utime + stime of each agent process (``/proc/<pid>/stat``) over the window, as a
 share of one core; RSS is ``VmRSS`` of ``/proc/<pid>/status`` at the end of the window
 (``VmHWM``, the peak, beside it). Each figure is the median over ``--runs`` runs. A
@@ -30,7 +32,7 @@ code running at the time are replayed, in their order (each brings in what it im
 in the agent, so a package the agent loads in part stays in part). The shares are
 summed by top-level package. The interpreter's own RSS before any of it is reported apart.
 
-``--json PATH`` writes the figures and the target (an idle follower at most 60 MB of
+``--json PATH`` writes the figures and the target (an idle follower at most 60 MiB of
 RSS; see bench/benchresult.py).
 """
 
@@ -48,7 +50,8 @@ from benchresult import row, write_result  # noqa: E402
 from twisted.internet import defer, task  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TARGET_FOLLOWER_MB = 60.0
+TARGET_FOLLOWER_MIB = 60.0
+LEADER, FOLLOWER = "footprint-leader", "footprint-follower"
 NAMESPACES = ("default", "kube-system", "team-a")
 SLICES_PREFIX = "/registry/endpointslices/"
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -227,34 +230,42 @@ def one_run(reactor, options, number):
         for i in range(options.objects):
             obj = endpoint_slice(i)
             cloud.store.create(ENDPOINTSLICES_V1, obj, namespace=obj["metadata"]["namespace"])
-        for node in ("footprint-a", "footprint-b"):
+        for node in (LEADER, FOLLOWER):
             yield world.add_agent(node)
         # Inherited by the agents (child_environment copies this environment).
         os.environ["PYTHONPROFILEIMPORTTIME"] = "1"
         try:
-            yield world.start_agents(**DEFAULT_TIMINGS)
+            # The leader first, the follower once the leader leads and has mirrored
+            # the pool: a follower joining a settled pool, which never leads.
+            yield world.start_agents([LEADER], **DEFAULT_TIMINGS)
+            began = time.monotonic()
+
+            @defer.inlineCallbacks
+            def leading_and_synced():
+                if world.election_holder() != LEADER:
+                    return False
+                count = yield world.count_etcd(SLICES_PREFIX)
+                return count == options.objects
+
+            yield poll_until(leading_and_synced, 180.0, 0.5, reactor,
+                             what=f"{LEADER} leading, {options.objects} endpointslices "
+                                  "in the pool etcd")
+            synced = time.monotonic() - began
+            yield world.start_agents([FOLLOWER], **DEFAULT_TIMINGS)
         finally:
             del os.environ["PYTHONPROFILEIMPORTTIME"]
-        began = time.monotonic()
 
         @defer.inlineCallbacks
         def settled():
             statuses = yield world.statuses()
-            leader = leader_of(statuses)
-            if leader is None or not all(s["ready"] for s in statuses.values()):
-                return False
-            count = yield world.count_etcd(SLICES_PREFIX)
-            return count == options.objects
+            return (leader_of(statuses) == LEADER
+                    and all(s["ready"] for s in statuses.values()))
 
         yield poll_until(settled, 180.0, 0.5, reactor,
-                         what=f"a leader, both agents ready, {options.objects} "
-                              "endpointslices in the pool etcd")
-        statuses = yield world.statuses()
-        leader = leader_of(statuses)
-        roles = {"leader": world.agents[leader],
-                 "follower": next(a for n, a in world.agents.items() if n != leader)}
-        print(f"run {number}: {leader} leads; pool synced {time.monotonic() - began:.1f} s "
-              f"after the agents listened; settling {options.settle:g} s", flush=True)
+                         what=f"{LEADER} leading, both agents ready")
+        roles = {"leader": world.agents[LEADER], "follower": world.agents[FOLLOWER]}
+        print(f"run {number}: {LEADER} leads, pool synced {synced:.1f} s after it "
+              f"listened; {FOLLOWER} ready; settling {options.settle:g} s", flush=True)
         yield task.deferLater(reactor, options.settle, lambda: None)
         pids = {role: agent_pid(agent.ini_path) for role, agent in roles.items()}
         cpu_before = {role: cpu_seconds(pid) for role, pid in pids.items()}
@@ -265,12 +276,12 @@ def one_run(reactor, options, number):
         result = {"load_before": load_before[0], "load_after": os.getloadavg()[0]}
         for role, pid in pids.items():
             result[role] = {
-                "rss_mb": status_kib(pid, "VmRSS") / 1024,
-                "hwm_mb": status_kib(pid, "VmHWM") / 1024,
+                "rss_mib": status_kib(pid, "VmRSS") / 1024,
+                "hwm_mib": status_kib(pid, "VmHWM") / 1024,
                 "cpu_percent": 100 * (cpu_seconds(pid) - cpu_before[role]) / wall,
             }
-            print(f"run {number}: {role}: RSS {result[role]['rss_mb']:.1f} MB (peak "
-                  f"{result[role]['hwm_mb']:.1f} MB), idle CPU "
+            print(f"run {number}: {role}: RSS {result[role]['rss_mib']:.1f} MiB (peak "
+                  f"{result[role]['hwm_mib']:.1f} MiB), idle CPU "
                   f"{result[role]['cpu_percent']:.2f}% of one core over {wall:.0f} s",
                   flush=True)
         transitions = election_transitions(world)
@@ -301,7 +312,7 @@ def run(reactor, options):
     runs = []
     discarded = 0
     while len(runs) < options.runs:
-        if discarded > options.runs:
+        if discarded >= 2 * options.runs:
             raise RuntimeError(f"{discarded} runs discarded: the leader keeps changing")
         result = yield one_run(reactor, options, len(runs) + discarded + 1)
         if result is None:
@@ -319,7 +330,7 @@ def median(runs, role, key):
 
 def report(runs, breakdown, options):
     figures = {role: {key: median(runs, role, key)
-                      for key in ("rss_mb", "hwm_mb", "cpu_percent")}
+                      for key in ("rss_mib", "hwm_mib", "cpu_percent")}
                for role in ("follower", "leader")}
     figures["runs"] = [{k: v for k, v in r.items() if k not in ("follower_modules", "env")}
                        for r in runs]
@@ -327,41 +338,41 @@ def report(runs, breakdown, options):
     baseline = breakdown["baseline_kib"] / 1024
     imports = sum(breakdown["packages"].values()) / 1024
     packages = sorted(breakdown["packages"].items(), key=lambda kv: -kv[1])
-    figures.update({"interpreter_mb": baseline, "imports_mb": imports,
+    figures.update({"interpreter_mib": baseline, "imports_mib": imports,
                     "modules": len({name for name, _ in runs[-1]["follower_modules"]}),
-                    "packages_mb": {name: kib / 1024 for name, kib in packages},
+                    "packages_mib": {name: kib / 1024 for name, kib in packages},
                     "meter_failed": breakdown["failed"]})
     print(f"\nmedians over {len(runs)} run(s), {options.objects:,} endpointslices, "
           f"{options.window:g} s quiet window ({options.discarded} run(s) discarded: "
           "the leader changed):")
     for role in ("follower", "leader"):
         f = figures[role]
-        print(f"  {role:8s} RSS {f['rss_mb']:.1f} MB (peak {f['hwm_mb']:.1f} MB), "
+        print(f"  {role:8s} RSS {f['rss_mib']:.1f} MiB (peak {f['hwm_mib']:.1f} MiB), "
               f"idle CPU {f['cpu_percent']:.2f}% of one core "
-              f"(runs: {', '.join('%.1f MB' % r[role]['rss_mb'] for r in runs)})")
+              f"(runs: {', '.join('%.1f MiB' % r[role]['rss_mib'] for r in runs)})")
     print(f"  load average (1 min) over the windows: "
           f"{', '.join('%.2f -> %.2f' % (r['load_before'], r['load_after']) for r in runs)}")
-    print(f"imports of the follower ({figures['modules']} modules): {imports:.1f} MB over "
-          f"the interpreter's {baseline:.1f} MB; by top-level package:")
+    print(f"imports of the follower ({figures['modules']} modules): {imports:.1f} MiB over "
+          f"the interpreter's {baseline:.1f} MiB; by top-level package:")
     for name, kib in packages:
         if kib >= 256:
-            print(f"  {name:24s} {kib / 1024:5.1f} MB")
+            print(f"  {name:24s} {kib / 1024:5.1f} MiB")
     rest = sum(kib for _, kib in packages if kib < 256) / 1024
-    print(f"  {'(each under 0.25 MB)':24s} {rest:5.1f} MB")
+    print(f"  {'(each under 0.25 MiB)':24s} {rest:5.1f} MiB")
     print(f"  ({len(breakdown['failed'])} of the imports replayed failed as they did in "
           f"the agent: optional modules that are not installed or not of this platform)")
     follower, leader = figures["follower"], figures["leader"]
     top = ", ".join(f"{name} {kib / 1024:.1f}" for name, kib in packages[:8])
     rows = [
         row(f"idle follower RSS ({options.objects:,} endpointslices in the pool)",
-            f"{follower['rss_mb']:.1f} MB (peak {follower['hwm_mb']:.1f} MB)",
-            f"<= {TARGET_FOLLOWER_MB:g} MB", follower["rss_mb"] <= TARGET_FOLLOWER_MB),
+            f"{follower['rss_mib']:.1f} MiB (peak {follower['hwm_mib']:.1f} MiB)",
+            f"<= {TARGET_FOLLOWER_MIB:g} MiB", follower["rss_mib"] <= TARGET_FOLLOWER_MIB),
         row(f"idle leader RSS (mirroring {options.objects:,} endpointslices)",
-            f"{leader['rss_mb']:.1f} MB (peak {leader['hwm_mb']:.1f} MB)"),
+            f"{leader['rss_mib']:.1f} MiB (peak {leader['hwm_mib']:.1f} MiB)"),
         row(f"idle CPU over {options.window:g} s, follower / leader",
             f"{follower['cpu_percent']:.2f}% / {leader['cpu_percent']:.2f}% of one core"),
-        row("RSS of the follower's imports, by top-level package (MB)",
-            f"{imports:.1f} MB over the interpreter's {baseline:.1f} MB: {top}"),
+        row("RSS of the follower's imports, by top-level package (MiB)",
+            f"{imports:.1f} MiB over the interpreter's {baseline:.1f} MiB: {top}"),
     ]
     write_result(options.json, "footprint",
                  {"objects": options.objects, "window": options.window, "runs": options.runs,

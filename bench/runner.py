@@ -149,8 +149,10 @@ METHOD_FOOTPRINT = """\
 A pool of two agents, each a separate `twistd -n yurtcoord` process with the
 configuration defaults for every timing, a real etcd, the cloud and coordinator API
 test servers in the bench process; {objects:,} discovery.k8s.io/v1 endpointslices in
-the cloud, mirrored by the leader into the pool etcd. Once one agent leads, both are
-ready and etcd holds every endpointslice, {settle:g} s to settle, then a quiet window
+the cloud, mirrored by the leader into the pool etcd. The leader starts first, the
+follower once the leader leads and etcd holds every endpointslice (two agents started
+together may trade the lease once while both come up); once both are ready, {settle:g} s
+to settle, then a quiet window
 of {window:g} s: idle CPU = utime + stime of the agent process from `/proc/<pid>/stat`
 over the window, RSS = `VmRSS` of `/proc/<pid>/status` at its end (`VmHWM`, the peak,
 beside it); medians over {runs} run(s), each a fresh pool (a run in which the election
@@ -161,8 +163,9 @@ by another module's import), in their order, with a meter on the import system t
 records each module's own `VmRSS` growth while it loads (minus what its own imports
 added); the shares are summed by top-level package, the interpreter's RSS before any
 of them reported apart. The agent loads txaioetcd's client without its package
-`__init__`, which would bring in its LMDB layer (zlmdb, numpy, cbor2, about 13 MB):
-before that, an idle follower was about 73 MB and a leader about 98 MB."""
+`__init__`, which would bring in its LMDB layer (zlmdb, numpy, cbor2, about 13 MiB):
+before that, an idle follower was 73 MiB and a leader 98 MiB (RSS in MiB throughout:
+`VmRSS` / 1024)."""
 
 
 def per_etcd_version(name, script, full, quick, timeout, method):

@@ -10,7 +10,7 @@ message naming what changed when a release moves one of them. Nothing else in th
 touches a private txaioetcd name (a test scans for it).
 
 txaioetcd's package ``__init__`` also imports its LMDB database layer
-(``txaioetcd._pmap``, ``txaioetcd._database``: zlmdb, numpy, cbor2, about 13 MB of RSS),
+(``txaioetcd._pmap``, ``txaioetcd._database``: zlmdb, numpy, cbor2, about 13 MiB of RSS),
 which the agent never uses. ``import_client_only`` loads the package without running
 that ``__init__``: the package module gets exactly the names its ``__init__`` takes from
 the client's own modules (``_version``, ``_types``, ``_lease``, ``_client_tx``), and
