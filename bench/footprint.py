@@ -52,6 +52,7 @@ from twisted.internet import defer, task  # noqa: E402
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TARGET_FOLLOWER_MIB = 60.0
 LEADER, FOLLOWER = "footprint-leader", "footprint-follower"
+DEFAULT_KUBELET_GRACE_PERIOD = "40s"
 NAMESPACES = ("default", "kube-system", "team-a")
 SLICES_PREFIX = "/registry/endpointslices/"
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -63,6 +64,8 @@ DEFAULT_TIMINGS = {
                         "retry_period": "2s", "check_interval": "5s"},
     "heartbeat": {"interval": "10s", "failed_retry": "3", "healthy_threshold": "2",
                   "timeout": "2s"},
+    # (and kubelet_grace_period 40s, which ProcessWorld writes into every ini: a grace
+    # period no longer than the heartbeat interval makes a live kubelet look dead)
     "pool_cache": {"informer_lease_renew": "10s", "stale_timeout": "30s"},
 }
 
@@ -223,7 +226,7 @@ def one_run(reactor, options, number):
     from yurtcoord.testing.twistd import child_environment
     from yurtcoord.testing.world import ProcessWorld, leader_of
 
-    world = ProcessWorld(reactor)
+    world = ProcessWorld(reactor, kubelet_grace_period=DEFAULT_KUBELET_GRACE_PERIOD)
     try:
         yield world.start()
         cloud = world.servers()[0]
