@@ -12,8 +12,8 @@ namespaces, ~420 bytes of JSON each, written into the test server's store before
 agents start), which the leader mirrors into the pool etcd.
 
 The leader starts first; once it leads and the pool etcd holds every endpointslice, the
-follower starts (a follower joining a settled pool; two agents started together may
-trade the lease once while both come up). Once both are ready, the agents get
+follower starts (a follower joining a settled pool, which never leads). Once both are
+ready, the agents get
 ``--settle`` seconds, then a quiet window of ``--window`` seconds: idle CPU
 is utime + stime of each agent process (``/proc/<pid>/stat``) over the window, as a
 share of one core; RSS is ``VmRSS`` of ``/proc/<pid>/status`` at the end of the window

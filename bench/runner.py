@@ -147,11 +147,11 @@ keys are counted with etcdctl afterwards. No target: it shows what batching buys
 
 METHOD_FOOTPRINT = """\
 A pool of two agents, each a separate `twistd -n yurtcoord` process with the
-configuration defaults for every timing, a real etcd, the cloud and coordinator API
+configuration defaults for every timing (the kubelet grace period included), a real etcd, the cloud and coordinator API
 test servers in the bench process; {objects:,} discovery.k8s.io/v1 endpointslices in
 the cloud, mirrored by the leader into the pool etcd. The leader starts first, the
-follower once the leader leads and etcd holds every endpointslice (two agents started
-together may trade the lease once while both come up); once both are ready, {settle:g} s
+follower once the leader leads and etcd holds every endpointslice (a follower joining a
+settled pool); once both are ready, {settle:g} s
 to settle, then a quiet window
 of {window:g} s: idle CPU = utime + stime of the agent process from `/proc/<pid>/stat`
 over the window, RSS = `VmRSS` of `/proc/<pid>/status` at its end (`VmHWM`, the peak,
