@@ -151,6 +151,28 @@ time), **single-x16** (16 in flight), **txn100** ({batched_puts:,} puts, 100 per
 transaction, one at a time), **txn100-x4** (4 transactions in flight). Every mode's
 keys are counted with etcdctl afterwards. No target: it shows what batching buys."""
 
+METHOD_FOOTPRINT = """\
+A pool of two agents, each a separate `twistd -n yurtcoord` process with the
+configuration defaults for every timing (the kubelet grace period included), a real etcd, the cloud and coordinator API
+test servers in the bench process; {objects:,} discovery.k8s.io/v1 endpointslices in
+the cloud, mirrored by the leader into the pool etcd. The leader starts first, the
+follower once the leader leads and etcd holds every endpointslice (a follower joining a
+settled pool); once both are ready, {settle:g} s
+to settle, then a quiet window
+of {window:g} s: idle CPU = utime + stime of the agent process from `/proc/<pid>/stat`
+over the window, RSS = `VmRSS` of `/proc/<pid>/status` at its end (`VmHWM`, the peak,
+beside it); medians over {runs} run(s), each a fresh pool (a run in which the election
+lease changed holder is discarded and run again: its follower led for a while). Import breakdown: the agents
+run with `PYTHONPROFILEIMPORTTIME=1`, so the follower's log names every module it
+imported; a fresh interpreter replays the imports made by running code (not those made
+by another module's import), in their order, with a meter on the import system that
+records each module's own `VmRSS` growth while it loads (minus what its own imports
+added); the shares are summed by top-level package, the interpreter's RSS before any
+of them reported apart. The agent loads txaioetcd's client without its package
+`__init__`, which would bring in its LMDB layer (zlmdb, numpy, cbor2, about 13 MiB):
+before that, an idle follower was 73 MiB and a leader 98 MiB (RSS in MiB throughout:
+`VmRSS` / 1024)."""
+
 
 def per_etcd_version(name, script, full, quick, timeout, method):
     """``name-3.5`` and ``name-3.4``: the benchmark on each etcd version, ``--etcd V``
@@ -182,6 +204,10 @@ BENCHMARKS = [
               ["--nodes", "1000", "--period", "5", "--seconds", "120", "--warmup", "10"],
               ["--nodes", "1000", "--period", "5", "--seconds", "30", "--warmup", "5"],
               400, METHOD_DELEGATION),
+    Benchmark("footprint", "footprint.py",
+              ["--objects", "5000", "--window", "60", "--runs", "3"],
+              ["--objects", "5000", "--window", "15", "--settle", "5", "--runs", "1"],
+              900, METHOD_FOOTPRINT),
     Benchmark("etcd_adapter", "etcd_adapter.py",
               ["--puts", "3000", "--batched-puts", "30000"],
               ["--puts", "1000", "--batched-puts", "10000"], 300, METHOD_ETCD_ADAPTER),

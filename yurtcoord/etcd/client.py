@@ -51,7 +51,6 @@ import socket
 from dataclasses import dataclass, field
 from typing import Any, Callable, Generator, Optional, Union
 
-import txaioetcd
 from OpenSSL import SSL
 from twisted.internet import defer, error as net_error, tcp
 from twisted.internet.interfaces import IConsumer, IReactorTime
@@ -69,6 +68,7 @@ from yurtcoord.etcd.txaioetcd_private import (
     marshal_range_request,
     parse_key_value,
     parse_status,
+    txaioetcd,
 )
 from yurtcoord.tx import httpbody
 from yurtcoord.tx.tlsreload import PEMSource, ReloadingTLSPolicy

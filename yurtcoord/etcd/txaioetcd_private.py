@@ -8,17 +8,84 @@ transport. ``setup.py`` bounds txaioetcd to the versions
 ``yurtcoord.test.test_private_canaries`` was run on, and those canaries fail with a
 message naming what changed when a release moves one of them. Nothing else in the agent
 touches a private txaioetcd name (a test scans for it).
+
+txaioetcd's package ``__init__`` also imports its LMDB database layer
+(``txaioetcd._pmap``, ``txaioetcd._database``: zlmdb, numpy, cbor2, about 13 MiB of RSS),
+which the agent never uses. ``import_client_only`` loads the package without running
+that ``__init__``: the package module gets exactly the names its ``__init__`` takes from
+the client's own modules (``_version``, ``_types``, ``_lease``, ``_client_tx``), and
+any other name (``Database``, the ``Map*`` classes) runs the real ``__init__`` on
+first use, so a program that wants them still gets the whole package. Modules of the
+agent take ``txaioetcd`` from here, never with ``import txaioetcd`` of their own (a
+test checks that the agent runs without zlmdb and numpy loaded).
 """
 
+import importlib.util
+import sys
+from types import ModuleType
 from typing import Any, Callable, Protocol
 
-import txaioetcd
 from twisted.internet.defer import Deferred
 
 from yurtcoord.tx.twisted_private import QuietHTTPConnectionPool
 
 __all__ = ["GatewayClient", "JSONPoster", "marshal_range_request", "parse_key_value",
-           "parse_status", "TXAIOETCD_PREFIX"]
+           "parse_status", "TXAIOETCD_PREFIX", "CLIENT_MODULES", "import_client_only",
+           "txaioetcd"]
+
+# The modules of txaioetcd's Twisted client, in the order its ``__init__`` imports
+# them, with the names that ``__init__`` takes from each (``None``: the module's
+# ``__all__``).
+CLIENT_MODULES: tuple[tuple[str, tuple[str, ...] | None], ...] = (
+    ("txaioetcd._version", ("__version__",)),
+    ("txaioetcd._types", None),
+    ("txaioetcd._lease", ("Lease",)),
+    ("txaioetcd._client_tx", ("Client",)),
+)
+
+
+def import_client_only() -> ModuleType:
+    """The ``txaioetcd`` package with its client and types, without its database layer.
+
+    If ``txaioetcd`` is imported already (whole or by an earlier call), that module is
+    returned as it is."""
+    if "txaioetcd" in sys.modules:
+        return sys.modules["txaioetcd"]
+    spec = importlib.util.find_spec("txaioetcd")
+    if spec is None or spec.loader is None:
+        raise ImportError("txaioetcd is not installed")
+    package = importlib.util.module_from_spec(spec)
+    loader = spec.loader
+
+    def complete(name: str) -> Any:
+        # A name the client modules do not define: the real ``__init__`` defines
+        # everything (it re-imports the client modules from sys.modules).
+        if name.startswith("__") and name != "__all__":
+            raise AttributeError(name)
+        delattr(package, "__getattr__")
+        loader.exec_module(package)
+        return getattr(package, name)
+
+    sys.modules["txaioetcd"] = package
+    try:
+        for module_name, names in CLIENT_MODULES:
+            # The import statement's own path (not importlib.import_module), so that
+            # Python's import tracing (-X importtime) sees these modules too.
+            __import__(module_name)
+            module = sys.modules[module_name]
+            for name in (module.__all__ if names is None else names):
+                setattr(package, name, getattr(module, name))
+    except BaseException:
+        for name in [m for m in sys.modules if m == "txaioetcd" or m.startswith("txaioetcd.")]:
+            del sys.modules[name]
+        raise
+    vars(package)["version"] = vars(package)["__version__"]
+    setattr(package, "__getattr__", complete)
+    return package
+
+
+import_client_only()
+import txaioetcd  # noqa: E402  (the package as import_client_only left it)
 
 # The gateway prefix txaioetcd puts in front of every path.
 TXAIOETCD_PREFIX = "/v3alpha"

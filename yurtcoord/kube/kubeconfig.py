@@ -15,8 +15,6 @@ import base64
 import os
 from dataclasses import dataclass
 
-import yaml
-
 
 class KubeconfigError(ValueError):
     """The kubeconfig file is missing, unreadable, or lacks what a client needs."""
@@ -107,6 +105,9 @@ def _decode(value, field, path):
 
 def load_kubeconfig(path: str, context: str | None = None) -> KubeconfigCredentials:
     """The credentials of ``context`` (default: current-context) in the file at ``path``."""
+    # Imported here: an agent that reads no kubeconfig never loads the YAML parser.
+    import yaml
+
     try:
         with open(path, "rb") as f:
             doc = yaml.safe_load(f)

@@ -50,7 +50,6 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Generator, List, ParamSpec, Tuple, Union
 
-import txaioetcd
 from twisted.internet import defer, threads
 from twisted.internet.defer import inlineCallbacks
 from twisted.internet.interfaces import IReactorThreads
@@ -61,6 +60,7 @@ from zope.interface import implementer
 
 from yurtcoord.etcd.client import prefix_range_end
 from yurtcoord.etcd.errors import BadResponse, EtcdError, TransactionFailed
+from yurtcoord.etcd.txaioetcd_private import txaioetcd
 from yurtcoord.etcd.versions import version_warning
 from yurtcoord.kube.gvr import GroupVersionResource
 from yurtcoord.pool.interfaces import IPoolStore

@@ -4,6 +4,7 @@ configuration errors as exactly one line and a non-zero exit."""
 import os
 import re
 import signal
+import sys
 
 import treq
 from twisted.internet import defer, protocol, reactor
@@ -23,6 +24,12 @@ from yurtcoord.testing.twistd import (
 
 EXAMPLE_INI = os.path.join(REPO, "etc", "yurtcoord.ini")
 START_DEADLINE = 20.0
+# What serves only the sandbox, the tests or txaioetcd's database layer: the agent's
+# process never imports these packages (each is about RSS an agent does not need).
+NOT_IMPORTED_BY_THE_AGENT = ("numpy", "zlmdb", "cbor2", "yurtcoord.sim", "yurtcoord.testing")
+# ... nor, configured without a kubeconfig (as here), the YAML parser.
+NOT_IMPORTED_WITHOUT_A_KUBECONFIG = ("yaml",)
+IMPORT_TIME = re.compile(r"^import time:\s+\d+ \|\s+\d+ \|\s*(\S+)$", re.M)
 
 
 class SandboxOptionsTests(unittest.TestCase):
@@ -59,12 +66,12 @@ class RunningAgentTests(unittest.TestCase):
         self.addCleanup(self.pool.closeCachedConnections)
         self.client = treq.client.HTTPClient(Agent(reactor, pool=self.pool))
 
-    def start_twistd(self, ini_path):
-        child = TwistdProcess()
+    def start_twistd(self, ini_path, child=None, **environment):
+        child = child or TwistdProcess()
         directory = os.path.dirname(ini_path)
         reactor.spawnProcess(
             child, TWISTD, [TWISTD, "--nodaemon", "--pidfile=", "yurtcoord", "--config", ini_path],
-            env=child_environment(), path=directory)
+            env={**child_environment(), **environment}, path=directory)
 
         def kill_if_running():
             if child.exit_code is None and not child.ended.called:
@@ -86,8 +93,8 @@ class RunningAgentTests(unittest.TestCase):
         return response.code, body
 
     @defer.inlineCallbacks
-    def run_until_healthz_then_sigterm(self, ini_path):
-        child = self.start_twistd(ini_path)
+    def run_until_healthz_then_sigterm(self, ini_path, child=None, **environment):
+        child = self.start_twistd(ini_path, child, **environment)
         yield poll_until(lambda: child.listening_url() or child.ended.called,
                          timeout=START_DEADLINE)
         self.assertIsNotNone(child.listening_url(), child.output.decode())
@@ -124,6 +131,36 @@ class RunningAgentTests(unittest.TestCase):
         self.assertRegex(log, r"status pages listening on http://127\.0\.0\.1:\d+")
 
     @defer.inlineCallbacks
+    def test_the_agent_imports_nothing_it_does_not_use(self):
+        """Every module the running agent imported, from Python's own import trace
+        (one line per finished import on stderr), from start to SIGTERM."""
+        directory = self.mktemp()
+        ini = write_ini(directory, offline_ini(directory))
+        child = _StderrApart()
+        yield self.run_until_healthz_then_sigterm(ini, child, PYTHONPROFILEIMPORTTIME="1")
+        imported = set(IMPORT_TIME.findall(child.stderr.decode()))
+        self.assertIn("yurtcoord.agent.service", imported)
+        self.assertIn("txaioetcd._client_tx", imported)
+        unneeded = sorted(m for m in imported if any(
+            m == name or m.startswith(name + ".")
+            for name in NOT_IMPORTED_BY_THE_AGENT + NOT_IMPORTED_WITHOUT_A_KUBECONFIG))
+        self.assertEqual(unneeded, [])
+
+    @defer.inlineCallbacks
+    def test_the_agents_modules_import_nothing_it_does_not_use(self):
+        """The same, from ``sys.modules`` of a fresh interpreter that imports the
+        plugin and the agent's service module."""
+        out, err, status = yield getProcessOutputAndValue(
+            sys.executable, ["-c", "import sys, twisted.plugins.yurtcoord_plugin, "
+                             "yurtcoord.agent.service\nprint('\\n'.join(sys.modules))"],
+            env=child_environment(), reactor=reactor)
+        self.assertEqual(status, 0, err.decode())
+        imported = set(out.decode().split())
+        self.assertIn("txaioetcd._client_tx", imported)
+        self.assertEqual(sorted(m for m in imported if any(
+            m == name or m.startswith(name + ".") for name in NOT_IMPORTED_BY_THE_AGENT)), [])
+
+    @defer.inlineCallbacks
     def test_example_config_starts_without_any_server(self):
         with open(EXAMPLE_INI) as handle:
             example = handle.read()
@@ -132,6 +169,18 @@ class RunningAgentTests(unittest.TestCase):
         directory = self.mktemp()
         yield self.run_until_healthz_then_sigterm(
             write_ini(directory, localize_paths(local, directory)))
+
+
+class _StderrApart(TwistdProcess):
+    """A twistd child whose stderr is kept apart from its log (on stdout), so that
+    lines written to the two are never interleaved."""
+
+    def __init__(self):
+        super().__init__()
+        self.stderr = b""
+
+    def errReceived(self, data):
+        self.stderr += data
 
 
 class ConfigErrorExitTests(unittest.TestCase):

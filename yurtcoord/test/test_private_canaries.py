@@ -10,11 +10,14 @@ other module from importing a private name of Twisted, treq or txaioetcd.
 
 import ast
 import inspect
+import json
 import os
+import sys
 
 import treq.client
 import txaioetcd
 from twisted.internet import defer, reactor
+from twisted.internet.utils import getProcessOutputAndValue
 from twisted.trial import unittest
 from twisted.web import client as web_client, http as twisted_http, _newclient
 from twisted.web.resource import Resource
@@ -22,6 +25,7 @@ from twisted.web.server import NOT_DONE_YET, Site
 
 from yurtcoord.etcd import txaioetcd_private
 from yurtcoord.etcd.client import EtcdClient, EtcdConfig
+from yurtcoord.testing.twistd import child_environment
 from yurtcoord.tx import twisted_private
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -211,6 +215,65 @@ class TxaioetcdCanaries(Canary):
             {"header": {"revision": "3"}, "version": "3.5.1", "dbSize": "10", "leader": "1"})
         self.require(status.version == "3.5.1" and status.header.revision == 3,
                      f"Status._parse changed: {status}")
+
+    def test_the_package_init_takes_the_client_names_from_the_client_modules(self):
+        """``import_client_only`` copies what txaioetcd's ``__init__`` takes from the
+        client's modules and leaves out only its database layer."""
+        with open(txaioetcd.__file__, encoding="utf-8") as f:
+            tree = ast.parse(f.read())
+        taken = {}
+        for node in tree.body:
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith(
+                    "txaioetcd."):
+                taken.setdefault(node.module, set()).update(a.name for a in node.names)
+        client = dict(txaioetcd_private.CLIENT_MODULES)
+        self.require(set(taken) - set(client) == {"txaioetcd._pmap", "txaioetcd._database"},
+                     f"txaioetcd's __init__ imports {sorted(taken)}, not the client modules "
+                     f"{sorted(client)} plus its database layer (_pmap, _database)")
+        for module_name, names in client.items():
+            module = sys.modules[module_name]
+            copied = set(module.__all__ if names is None else names)
+            self.require(taken.get(module_name) == copied,
+                         f"txaioetcd's __init__ takes {sorted(taken.get(module_name, ()))} "
+                         f"from {module_name}, not {sorted(copied)}")
+
+    @defer.inlineCallbacks
+    def fresh_interpreter(self, code):
+        """Run ``code`` in a new interpreter (this one has all of txaioetcd loaded);
+        fire with the JSON document it prints."""
+        out, err, status = yield getProcessOutputAndValue(
+            sys.executable, ["-c", code], env=child_environment(), reactor=reactor)
+        self.assertEqual(status, 0, err.decode("utf-8", "replace"))
+        return json.loads(out)
+
+    @defer.inlineCallbacks
+    def test_the_client_loads_without_the_database_layer(self):
+        seen = yield self.fresh_interpreter(
+            "import json, sys\n"
+            "from yurtcoord.etcd.client import EtcdClient\n"
+            "import txaioetcd, txaioetcd._client_tx as c\n"
+            "print(json.dumps({'loaded': sorted(m for m in ('zlmdb', 'numpy', 'cbor2', "
+            "'txaioetcd._pmap', 'txaioetcd._database') if m in sys.modules), "
+            "'client': txaioetcd.Client is c.Client, "
+            "'names': sorted(n for n in ('KeySet', 'Transaction', 'OpSet', 'Lease', "
+            "'Failed', 'Error', 'Status') if n in vars(txaioetcd))}))\n")
+        self.require(seen == {"loaded": [], "client": True, "names": [
+            "Error", "Failed", "KeySet", "Lease", "OpSet", "Status", "Transaction"]},
+            f"the etcd client no longer loads txaioetcd without its database layer: {seen}")
+
+    @defer.inlineCallbacks
+    def test_any_other_name_loads_the_whole_package(self):
+        seen = yield self.fresh_interpreter(
+            "import json, sys\n"
+            "from yurtcoord.etcd.txaioetcd_private import txaioetcd\n"
+            "before = 'zlmdb' in sys.modules\n"
+            "from txaioetcd import Database, MapStringJson\n"
+            "print(json.dumps({'before': before, 'after': 'zlmdb' in sys.modules, "
+            "'database': Database.__module__, 'same_keyset': txaioetcd.KeySet is "
+            "sys.modules['txaioetcd._types'].KeySet, 'version': txaioetcd.version}))\n")
+        self.assertEqual(seen, {"before": False, "after": True,
+                                "database": "txaioetcd._database", "same_keyset": True,
+                                "version": txaioetcd.version})
 
 
 def _private_imports(path):

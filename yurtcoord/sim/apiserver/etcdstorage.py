@@ -23,7 +23,7 @@ import json
 import random
 from typing import Any, Callable, Generator
 
-import txaioetcd
+from yurtcoord.etcd.txaioetcd_private import txaioetcd
 from twisted.internet import defer
 from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IReactorTime
