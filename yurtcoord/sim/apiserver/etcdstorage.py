@@ -23,7 +23,6 @@ import json
 import random
 from typing import Any, Callable, Generator
 
-from yurtcoord.etcd.txaioetcd_private import txaioetcd
 from twisted.internet import defer
 from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IReactorTime
@@ -33,6 +32,7 @@ from zope.interface import implementer
 
 from yurtcoord.etcd.client import EtcdClient, prefix_keyset, prefix_range_end
 from yurtcoord.etcd.errors import EtcdError, RequestRejected
+from yurtcoord.etcd.txaioetcd_private import txaioetcd
 from yurtcoord.etcd.watch import EtcdWatch, KeyEvent, WatchCompacted, WatchResponse
 from yurtcoord.kube.errors import KubeError
 from yurtcoord.kube.gvr import GroupVersionResource
