@@ -245,7 +245,8 @@ def one_run(reactor, options, number):
 
             @defer.inlineCallbacks
             def leading_and_synced():
-                if world.election_holder() != LEADER:
+                holder = yield world.election_holder()
+                if holder != LEADER:
                     return False
                 count = yield world.count_etcd(SLICES_PREFIX)
                 return count == options.objects
