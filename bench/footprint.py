@@ -47,13 +47,13 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchresult import row, write_result  # noqa: E402
+from poolbench import endpoint_slice  # noqa: E402
 from twisted.internet import defer, task  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TARGET_FOLLOWER_MIB = 60.0
 LEADER, FOLLOWER = "footprint-leader", "footprint-follower"
 DEFAULT_KUBELET_GRACE_PERIOD = "40s"
-NAMESPACES = ("default", "kube-system", "team-a")
 SLICES_PREFIX = "/registry/endpointslices/"
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 IMPORT_MARK = "import time:"
@@ -68,20 +68,6 @@ DEFAULT_TIMINGS = {
     # period no longer than the heartbeat interval makes a live kubelet look dead)
     "pool_cache": {"informer_lease_renew": "10s", "stale_timeout": "30s"},
 }
-
-
-def endpoint_slice(i):
-    namespace = NAMESPACES[i % len(NAMESPACES)]
-    return {"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
-            "metadata": {"name": f"svc-{i:05d}-abcde", "namespace": namespace,
-                         "labels": {"kubernetes.io/service-name": f"svc-{i:05d}",
-                                    "endpointslice.kubernetes.io/managed-by":
-                                        "endpointslice-controller.k8s.io"}},
-            "addressType": "IPv4",
-            "endpoints": [{"addresses": [f"10.{i // 250 % 250}.{i % 250}.1"],
-                           "conditions": {"ready": True},
-                           "nodeName": f"edge-{i % 20}"}],
-            "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}]}
 
 
 # -- /proc ---------------------------------------------------------------------------
