@@ -19,11 +19,8 @@ from typing import Any, Callable
 
 from twisted.internet.defer import Deferred
 from twisted.python.failure import Failure
-from twisted.web.client import ResponseDone
-from twisted.web.http import PotentialDataLoss
 
 from yurtcoord.etcd.errors import BadResponse, EtcdError, EtcdUnavailable, RequestRejected
-from yurtcoord.tx.failures import describe_failure
 from yurtcoord.tx.httpbody import drop_connection
 from yurtcoord.tx.lines import LineStreamProtocol
 
@@ -183,20 +180,13 @@ class _WatchProtocol(LineStreamProtocol):
         if self._ended:
             return
         self._ended = True
-        partial = len(self.take_pending().strip())
+        broken = self.stream_ended(reason)
         if self._error is not None:
             self._watch._finish(self._error)
-        elif self._cancelled:
-            self._watch._finish(None)
-        elif partial:
-            self._watch._finish(EtcdUnavailable(
-                f"etcd watch stream cut in the middle of an answer ({partial} bytes "
-                f"discarded)"))
-        elif reason is None or reason.check(ResponseDone, PotentialDataLoss):
+        elif self._cancelled or broken is None:
             self._watch._finish(None)
         else:
-            self._watch._finish(EtcdUnavailable(
-                f"etcd watch stream lost: {describe_failure(reason)}"))
+            self._watch._finish(EtcdUnavailable(f"etcd watch stream {broken}"))
 
 
 def _stream_error(raw: object) -> EtcdError:

@@ -34,10 +34,7 @@ from typing import Any, Callable
 from twisted.internet.defer import Deferred
 from twisted.logger import Logger
 from twisted.python.failure import Failure
-from twisted.web.client import ResponseDone
-from twisted.web.http import PotentialDataLoss
 
-from yurtcoord.tx.failures import describe_failure
 from yurtcoord.tx.httpbody import drop_connection
 from yurtcoord.tx.lines import LineStreamProtocol
 from yurtcoord.kube.errors import (
@@ -163,25 +160,16 @@ class WatchStreamProtocol(LineStreamProtocol):
             self._fail(ServerError(f"unknown watch event type {kind[:100]!r} from {self.url}"))
 
     def connectionLost(self, reason: Failure | None = None) -> None:
-
         if self._ended:
             return
         self._ended = True
-        partial = len(self.take_pending().strip())
+        broken = self.stream_ended(reason)
         if self._error is not None:
             result = self._error
-        elif self._cancelled:
-            result = None
-        elif partial:
-            result = ConnectionFailed(
-                f"watch stream from {self.url} cut in the middle of an event "
-                f"({partial} bytes discarded)"
-            )
-        elif reason is None or reason.check(ResponseDone, PotentialDataLoss):
+        elif self._cancelled or broken is None:
             result = None
         else:
-            result = ConnectionFailed(
-                f"watch stream from {self.url} lost: {describe_failure(reason)}")
+            result = ConnectionFailed(f"watch stream from {self.url} {broken}")
         if result is None:
             self.finished.callback(None)
         else:

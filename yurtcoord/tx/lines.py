@@ -9,7 +9,14 @@ is kept until its newline arrives. A line longer than ``max_line`` bytes calls
 end costs at most that much memory.
 """
 
+from typing import Optional
+
 from twisted.internet.protocol import Protocol
+from twisted.python.failure import Failure
+from twisted.web.client import ResponseDone
+from twisted.web.http import PotentialDataLoss
+
+from yurtcoord.tx.failures import describe_failure
 
 
 class LineStreamProtocol(Protocol):
@@ -35,6 +42,18 @@ class LineStreamProtocol(Protocol):
     def stopped(self) -> bool:
         """True once lines are no longer wanted."""
         return False
+
+    def stream_ended(self, reason: Optional[Failure]) -> Optional[str]:
+        """How the body ended, for ``connectionLost``: None when it ended cleanly (the
+        body was complete, or ended by a clean close), else why it did not: cut in the
+        middle of a line (whose bytes are discarded), or the connection lost. The
+        unfinished tail is forgotten either way."""
+        partial = len(self.take_pending().strip())
+        if partial:
+            return f"cut in the middle of a line ({partial} bytes discarded)"
+        if reason is None or reason.check(ResponseDone, PotentialDataLoss):
+            return None
+        return f"lost: {describe_failure(reason)}"
 
     def take_pending(self) -> bytes:
         """The unfinished tail, which is then forgotten (at the end of the stream)."""
