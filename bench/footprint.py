@@ -274,7 +274,7 @@ def one_run(reactor, options, number):
                   f"{result[role]['hwm_mib']:.1f} MiB), idle CPU "
                   f"{result[role]['cpu_percent']:.2f}% of one core over {wall:.0f} s",
                   flush=True)
-        transitions = election_transitions(world)
+        transitions = yield election_transitions(world)
         if transitions:
             # The follower led for a while: its RSS is a former leader's.
             print(f"run {number}: the election lease changed holder {transitions} "
@@ -288,13 +288,10 @@ def one_run(reactor, options, number):
 
 
 def election_transitions(world):
-    """How often the pool's election lease changed holder (0: the first leader has
-    led throughout, the other agent never did)."""
-    from yurtcoord.kube.gvr import LEASES
-    from yurtcoord.testing.world import ELECTION_LEASE, ELECTION_NAMESPACE
-
-    lease = world.servers()[1].store.get(LEASES, ELECTION_LEASE, ELECTION_NAMESPACE)
-    return int(lease["spec"].get("leaseTransitions") or 0)
+    """A Deferred: how often the pool's election lease changed holder (0: the first
+    leader has led throughout, the other agent never did)."""
+    return world.election_lease().addCallback(
+        lambda lease: int((lease or {}).get("spec", {}).get("leaseTransitions") or 0))
 
 
 @defer.inlineCallbacks
