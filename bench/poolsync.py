@@ -315,7 +315,19 @@ def write_json(results, options):
             f"{r['longest_reactor_lag_sync_ms']:.0f} / "
             f"{r['longest_reactor_lag_updates_ms']:.0f} ms"),
     ]
-    base = members_text(r["etcd_members"])
+    if len(results) > 1:
+        # Side by side: the comparison, nothing lost and the reactor lag of each size;
+        # the single run's own rows are the plain pool sync benchmark's.
+        rows = [
+            row(f"updates sent / failed / missing in etcd, {members_text(r['etcd_members'])}",
+                f"{r['updates']} at {r['achieved_rate']:.1f}/s / {r['update_failures']} / "
+                f"{r['updates_missing_in_etcd']}", "none lost",
+                lost == 0 and r["updates"] == wanted),
+            row(f"longest reactor lag, initial sync / updates, "
+                f"{members_text(r['etcd_members'])}",
+                f"{r['longest_reactor_lag_sync_ms']:.0f} / "
+                f"{r['longest_reactor_lag_updates_ms']:.0f} ms"),
+        ]
     for other in results[1:]:
         lost_other = other["update_failures"] + other["updates_missing_in_etcd"]
         label = f"{other['etcd_members']} members vs {r['etcd_members']}"

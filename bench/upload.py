@@ -270,6 +270,11 @@ def write_json(args, version, rates, rss_mb, vs_per_object, vs_raw, vs_raw_x4, l
     labels = {"batched": "batched upload", "per-object": "one request per object",
               "raw-batched": "raw batched puts, 1 in flight",
               "raw-batched-x4": "raw batched puts, 4 in flight"}
+    if len(members_list) > 1:
+        # Side by side: the comparison and each size's reactor lag; the single
+        # member's own rows (and the targets) are the plain upload benchmark's.
+        rows = [row(f"longest reactor lag, batched upload, {base_text}",
+                    f"{1000 * lags['batched']:.0f} ms")]
     for members in members_list[1:]:
         for name, label in labels.items():
             ratio = cluster_rates[members][name] / rates[name]
