@@ -19,7 +19,11 @@ Figures, over ``--seconds`` after ``--warmup`` seconds:
   the cloud update (the cloud's store changed with that renewTime): p50, p99, max;
 - CPU of the leader process only (utime + stime from /proc/<pid>/stat), as a share
   of one core; the servers and the load generator run in this process and are not
-  counted (their CPU is printed separately), nor is etcd.
+  counted (their CPU is printed separately), nor is etcd;
+- the leader's longest reactor lag over the window, from its ``/metrics``: the
+  histogram ``yurtcoord_reactor_lag_seconds`` is read at the start and at the end of
+  the window, and the upper bound of the highest bucket that gained an observation is
+  reported as "at most X" (the histogram keeps no exact maximum).
 
 Targets: keeps up with 200 renewals/s (nothing superseded or missing), p99 <= 250 ms
 on loopback. ``--json PATH`` writes the figures and targets (see bench/benchresult.py).
@@ -27,6 +31,7 @@ on loopback. ``--json PATH`` writes the figures and targets (see bench/benchresu
 
 import argparse
 import os
+import re
 import shutil
 import signal
 import sys
@@ -38,6 +43,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchresult import row, write_result  # noqa: E402
 from twisted.internet import defer, protocol, task  # noqa: E402
 from twisted.internet.threads import deferToThread  # noqa: E402
+from twisted.web.client import Agent, readBody  # noqa: E402
 
 from yurtcoord.kube.gvr import LEASES  # noqa: E402
 from yurtcoord.kube.lease import format_micro_time  # noqa: E402
@@ -49,7 +55,7 @@ from yurtcoord.sim.apiserver.selectors import ObjectFilter  # noqa: E402
 from yurtcoord.sim.etcd import EtcdProcess, etcd_binary_for  # noqa: E402
 from yurtcoord.testing.poll import poll_until  # noqa: E402
 from yurtcoord.testing.world import (  # noqa: E402
-    TWISTD, add_pool_node, agent_ini, child_environment, tail,
+    LISTENING_MARK, TWISTD, add_pool_node, agent_ini, child_environment, tail,
 )
 
 LEADER = "bench-leader"
@@ -62,6 +68,48 @@ def process_cpu_seconds(pid):
     with open(f"/proc/{pid}/stat", encoding="ascii") as f:
         fields = f.read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+LAG_BUCKET = re.compile(
+    r'^yurtcoord_reactor_lag_seconds_bucket\{(?:[^}]*,)?le="(?P<le>[^"]+)"[^}]*\} (?P<n>\S+)$',
+    re.M)
+
+
+def status_url(log_path):
+    """The agent's status URL as its log announces it, or None before it listens."""
+    for line in tail(log_path, 400).splitlines():
+        if LISTENING_MARK in line:
+            return line.split(LISTENING_MARK, 1)[1].split()[0]
+    return None
+
+
+@defer.inlineCallbacks
+def reactor_lag_buckets(reactor, url):
+    """``{upper bound: cumulative count}`` of the agent's ``yurtcoord_reactor_lag_seconds``."""
+    response = yield Agent(reactor).request(b"GET", (url.rstrip("/") + "/metrics").encode())
+    body = (yield readBody(response)).decode("utf-8")
+    buckets = {float(m["le"]): float(m["n"]) for m in LAG_BUCKET.finditer(body)}
+    if not buckets:
+        raise RuntimeError(f"{url}/metrics has no yurtcoord_reactor_lag_seconds histogram")
+    return buckets
+
+
+def longest_lag_bound(before, after):
+    """The upper bound of the highest bucket that gained observations between two
+    readings of the histogram (``inf`` past the last bound), None if none did."""
+    gained = {le: after[le] - before.get(le, 0.0) for le in after}
+    total = gained.get(float("inf"), 0.0)
+    if total <= 0:
+        return None
+    return min(le for le, n in gained.items() if n >= total)
+
+
+def lag_bound_text(bound):
+    if bound is None:
+        return "no probe call in the window"
+    if bound == float("inf"):
+        return "more than the highest bucket"
+    return f"at most {1000 * bound:g} ms (histogram bucket)"
 
 
 def percentile(sorted_values, fraction):
@@ -213,6 +261,9 @@ def run(reactor, args):
             return lease is not None and lease["spec"].get("holderIdentity") == LEADER
 
         yield poll_until(leading, 60.0, 0.05, reactor, what="the agent leading the pool")
+        yield poll_until(lambda: status_url(log_path), 30.0, 0.05, reactor,
+                         what="the agent's status pages")
+        leader_url = status_url(log_path)
 
         load = LoadGenerator(reactor, coordinator, cloud, args.nodes, args.period)
         began = reactor.seconds()
@@ -231,9 +282,12 @@ def run(reactor, args):
         cpu_self = time.process_time()
         wall = time.monotonic()
         load_before = os.getloadavg()
+        lag_before = yield reactor_lag_buckets(reactor, leader_url)
         yield task.deferLater(reactor, args.seconds, lambda: None)
         wall = time.monotonic() - wall
         cpu_leader = process_cpu_seconds(pid) - cpu_leader
+        lag_bound = longest_lag_bound(lag_before,
+                                      (yield reactor_lag_buckets(reactor, leader_url)))
         cpu_self = time.process_time() - cpu_self
         measured_until = reactor.seconds()
         renewed = load.renewed - renewed_before
@@ -258,6 +312,7 @@ def run(reactor, args):
         print(f"leader CPU: {cpu_leader:.2f}s in {wall:.1f}s = "
               f"{100 * cpu_leader / wall:.1f}% of one core "
               f"({1000 * cpu_leader / max(1, len(window)):.2f} ms per delegation)")
+        print(f"leader's longest reactor lag in the window: {lag_bound_text(lag_bound)}")
         print(f"bench process (servers + load generator) CPU: {100 * cpu_self / wall:.1f}% "
               f"of one core")
         print(f"load average before/after: {load_before[0]:.2f} / {load_after[0]:.2f} "
@@ -279,6 +334,8 @@ def run(reactor, args):
                 f"{1000 * cpu_leader / max(1, len(window)):.2f} ms per delegation"),
             row("initial burst (leases created in the cloud)",
                 f"{args.nodes} in {initial:.2f} s"),
+            row("leader's longest reactor lag in the window (its /metrics)",
+                lag_bound_text(lag_bound)),
         ]
         write_result(args.json, "delegation",
                      {"nodes": args.nodes, "period": args.period, "seconds": args.seconds,
@@ -289,6 +346,7 @@ def run(reactor, args):
                       "leader_cpu_percent": leader_cpu,
                       "bench_cpu_percent": 100 * cpu_self / wall,
                       "initial_burst_s": initial, "load_before": load_before[0],
+                      "leader_reactor_lag_at_most_s": lag_bound,
                       "load_after": load_after[0]}, rows)
     except Exception:
         print(tail(log_path, 40), file=sys.stderr)

@@ -144,17 +144,25 @@ class PoolBench:
     ``start_watcher`` and ``pool_sync``, each adding how to stop it in front.
     """
 
-    def __init__(self, reactor, binary, history):
-        from yurtcoord.sim.etcd import EtcdProcess
+    def __init__(self, reactor, binary, history, members=1):
+        from yurtcoord.sim.etcd import EtcdCluster, EtcdProcess
 
         self.reactor = reactor
-        self.etcd = EtcdProcess(binary).start()
+        if members == 1:
+            self.cluster = self.etcd = EtcdProcess(binary).start()
+            self.etcd_urls = [self.etcd.client_url]
+        else:
+            # etcdctl (the independent reader) talks to the first member; the pool
+            # store's client is given every member, as ``[coordinator] storage`` is.
+            self.cluster = EtcdCluster(binary, size=members).start()
+            self.etcd = self.cluster.members[0]
+            self.etcd_urls = self.cluster.client_urls
         try:
             self.cloud = CloudProcess(history=history)
         except BaseException:
-            self.etcd.stop()
+            self.cluster.stop()
             raise
-        self.cleanups = [self.cloud.stop, self.etcd.stop]
+        self.cleanups = [self.cloud.stop, self.cluster.stop]
         # The local key cache lives in etcd's temp dir, which ``etcd.stop()`` removes.
         self.work_dir = os.path.join(self.etcd.base_dir, "key-cache")
 
@@ -191,7 +199,8 @@ class PoolBench:
             server=self.cloud.url, insecure=True, timeout=cloud_timeout))
         self.pool_client = KubeClient(reactor, ClientConfig(server=coordinator_url,
                                                             insecure=True))
-        self.etcd_client = EtcdClient(reactor, EtcdConfig(self.etcd.client_url, timeout=30.0))
+        self.etcd_client = EtcdClient(reactor, EtcdConfig(
+            self.etcd_urls[0], more_urls=tuple(self.etcd_urls[1:]), timeout=30.0))
         self.cleanups[:0] = [self.cloud_client.close, self.pool_client.close,
                              self.etcd_client.close]
 

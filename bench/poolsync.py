@@ -61,7 +61,25 @@ DRAIN_TIMEOUT = 30.0
 
 
 def run(reactor, options):
+    """Every ``--etcd-members`` size in turn (a fresh etcd, cloud and pool sync each),
+    then the report of each and one result."""
+    from twisted.internet import defer
+
+    @defer.inlineCallbacks
+    def each():
+        results = []
+        for members in options.etcd_members:
+            results.append((yield run_once(reactor, options, members)))
+        report(results, options)
+
+    return each()
+
+
+def run_once(reactor, options, members):
+    """One measurement on an etcd of ``members`` members; fires with its figures."""
     from twisted.internet import defer, task
+
+    from yurtcoord.tx.reactorlag import ReactorLagProbe
 
     from yurtcoord.kube import gvr as gvrs
     from yurtcoord.names import INFORMER_SYNC_LEASE_NAME, INFORMER_SYNC_LEASE_NAMESPACE
@@ -69,7 +87,10 @@ def run(reactor, options):
 
     updates_wanted = int(options.rate * options.seconds)
     binary = etcd_binary_for("3.5") or etcd_binary_for("3.4")
-    bench = PoolBench(reactor, binary, history=options.objects + 2 * updates_wanted + 1000)
+    bench = PoolBench(reactor, binary, history=options.objects + 2 * updates_wanted + 1000,
+                      members=members)
+    probe = ReactorLagProbe(reactor, interval=0.1)
+    outcome = {}
     etcd = bench.etcd
     require = bench.require
 
@@ -115,10 +136,13 @@ def run(reactor, options):
         cpu_before = time.process_time()
         started = time.perf_counter()
         marker.start(0.005, now=False)
+        probe.start()
         yield manager.start(store)
         yield require(lambda: "lease" in marks and state["all_keys_at"] is not None,
                       300.0, 0.01, "the initial sync")
         marker.stop()
+        probe.stop()
+        sync_lag = probe.longest
         cpu_sync = time.process_time() - cpu_before
         to_keys = state["all_keys_at"] - started
         to_listed = marks["listed"] - started
@@ -172,11 +196,13 @@ def run(reactor, options):
         began = time.perf_counter()
         sender = task.LoopingCall.withCount(tick)
         sender.clock = reactor
+        probe.start()
         yield sender.start(1.0 / options.rate, now=True)
         send_time = time.perf_counter() - began
         yield require(lambda: not in_flight, DRAIN_TIMEOUT, 0.01, "the PUTs to finish")
         yield require(lambda: all(k in arrivals for k in sent), DRAIN_TIMEOUT, 0.01,
                    "every update in etcd")
+        probe.stop()
         cpu_updates = time.process_time() - cpu_before
         latencies = sorted(arrivals[k] - t for k, t in sent.items() if k in arrivals)
         missing = sum(1 for k in sent if k not in arrivals)
@@ -206,16 +232,35 @@ def run(reactor, options):
             "informer_to_etcd_p50_ms": 1000 * percentile(to_etcd, 0.50),
             "informer_to_etcd_p99_ms": 1000 * percentile(to_etcd, 0.99),
             "etcd": etcd.version,
+            "etcd_members": members,
+            "longest_reactor_lag_sync_ms": 1000 * sync_lag,
+            "longest_reactor_lag_updates_ms": 1000 * probe.longest,
         }
-        report(results, options)
+        outcome["results"] = results
 
-    return bench.run(main)
+    def stop_probe(passthrough):
+        probe.stop()
+        return passthrough
+
+    return bench.run(main).addBoth(stop_probe).addCallback(lambda _: outcome["results"])
 
 
-def report(r, options):
-    lease_gap_ms = 1000 * (r["initial_sync_to_lease_s"] - r["initial_sync_to_all_listed_s"])
+def members_text(members):
+    return f"{members} etcd member" + ("s" if members != 1 else "")
+
+
+def report(results, options):
+    """Print each measurement, then write one result: the first size's rows (the
+    targets), and each further size's figures beside the first's."""
+    for r in results:
+        print_one(r, options)
+    write_json(results, options)
+
+
+def print_one(r, options):
+    lease_gap_ms = lease_gap(r)
     print_report([
-        headline("pool sync bench", r["etcd"]),
+        headline("pool sync bench", r["etcd"]) + f", {members_text(r['etcd_members'])}",
         f"initial sync of {r['objects']} endpointslices (from manager.start):",
         f"  every object readable in etcd (etcdctl watch) {r['initial_sync_to_all_keys_s']:.2f}s",
         f"  all resources listed and written (in-process) "
@@ -235,21 +280,29 @@ def report(r, options):
         f"p99 {r['informer_to_etcd_p99_ms']:.1f} ms",
         f"  PUT failures {r['update_failures']}, updates never seen in etcd "
         f"{r['updates_missing_in_etcd']}, CPU of this process {r['update_phase_cpu_s']:.2f}s",
+        f"longest reactor lag: initial sync {r['longest_reactor_lag_sync_ms']:.0f} ms, "
+        f"updates {r['longest_reactor_lag_updates_ms']:.0f} ms",
     ], r)
-    write_json(r, options, lease_gap_ms)
 
 
-def write_json(r, options, lease_gap_ms):
+def lease_gap(r):
+    """Milliseconds from all lists written to the informer sync lease existing."""
+    return 1000 * (r["initial_sync_to_lease_s"] - r["initial_sync_to_all_listed_s"])
+
+
+def write_json(results, options):
     """The headline figures and the targets as a machine-readable result."""
     from benchresult import row, write_result
 
+    r = results[0]
     lost = r["update_failures"] + r["updates_missing_in_etcd"]
     wanted = int(options.rate * options.seconds)
+    gap_ms = lease_gap(r)
     rows = [
         row(f"initial sync of {r['objects']:,} endpointslices (every object in etcd)",
             f"{r['initial_sync_to_all_keys_s']:.2f} s"),
-        row("informer sync lease after the lists", f"{lease_gap_ms:.0f} ms", "<= 1 s",
-            lease_gap_ms <= 1000),
+        row("informer sync lease after the lists", f"{gap_ms:.0f} ms", "<= 1 s",
+            gap_ms <= 1000),
         row(f"watch -> etcd latency at {options.rate:g} updates/s, p50",
             f"{r['latency_p50_ms']:.1f} ms"),
         row(f"watch -> etcd latency at {options.rate:g} updates/s, p99",
@@ -258,10 +311,52 @@ def write_json(r, options, lease_gap_ms):
             f"{r['updates']} at {r['achieved_rate']:.1f}/s / {r['update_failures']} / "
             f"{r['updates_missing_in_etcd']}", "none lost",
             lost == 0 and r["updates"] == wanted),
+        row("longest reactor lag, initial sync / updates",
+            f"{r['longest_reactor_lag_sync_ms']:.0f} / "
+            f"{r['longest_reactor_lag_updates_ms']:.0f} ms"),
     ]
-    write_result(options.json, "poolsync",
+    if len(results) > 1:
+        # Side by side: the comparison, nothing lost and the reactor lag of each size;
+        # the single run's own rows are the plain pool sync benchmark's.
+        rows = [
+            row(f"updates sent / failed / missing in etcd, {members_text(r['etcd_members'])}",
+                f"{r['updates']} at {r['achieved_rate']:.1f}/s / {r['update_failures']} / "
+                f"{r['updates_missing_in_etcd']}", "none lost",
+                lost == 0 and r["updates"] == wanted),
+            row(f"longest reactor lag, initial sync / updates, "
+                f"{members_text(r['etcd_members'])}",
+                f"{r['longest_reactor_lag_sync_ms']:.0f} / "
+                f"{r['longest_reactor_lag_updates_ms']:.0f} ms"),
+        ]
+    for other in results[1:]:
+        lost_other = other["update_failures"] + other["updates_missing_in_etcd"]
+        label = f"{other['etcd_members']} members vs {r['etcd_members']}"
+        sync, sync_base = (other["initial_sync_to_all_keys_s"],
+                           r["initial_sync_to_all_keys_s"])
+        rows += [
+            row(f"initial sync, {label}",
+                f"{sync:.2f} vs {sync_base:.2f} s ({sync / sync_base:.2f}x the time)"),
+            row(f"watch -> etcd latency p50 / p99, {label}",
+                f"{other['latency_p50_ms']:.1f} / {other['latency_p99_ms']:.1f} vs "
+                f"{r['latency_p50_ms']:.1f} / {r['latency_p99_ms']:.1f} ms"),
+            row(f"updates sent / failed / missing in etcd, {members_text(other['etcd_members'])}",
+                f"{other['updates']} at {other['achieved_rate']:.1f}/s / "
+                f"{other['update_failures']} / {other['updates_missing_in_etcd']}",
+                "none lost", lost_other == 0 and other["updates"] == wanted),
+            row(f"longest reactor lag, initial sync / updates, "
+                f"{members_text(other['etcd_members'])}",
+                f"{other['longest_reactor_lag_sync_ms']:.0f} / "
+                f"{other['longest_reactor_lag_updates_ms']:.0f} ms"),
+        ]
+    title = "poolsync"
+    if len(results) > 1:
+        title = "poolsync (" + " vs ".join(
+            members_text(x["etcd_members"]) for x in reversed(results)) + ")"
+    figures = dict(r, by_members=results) if len(results) > 1 else r
+    write_result(options.json, title,
                  {"objects": options.objects, "rate": options.rate,
-                  "seconds": options.seconds, "etcd": r["etcd"]}, r, rows)
+                  "seconds": options.seconds, "etcd": r["etcd"],
+                  "etcd_members": options.etcd_members}, figures, rows)
 
 
 def arguments():
@@ -270,6 +365,9 @@ def arguments():
     parser.add_argument("--objects", type=int, default=10000)
     parser.add_argument("--rate", type=float, default=100.0, help="updates per second")
     parser.add_argument("--seconds", type=float, default=10.0, help="how long to update")
+    parser.add_argument("--etcd-members", type=int, nargs="+", default=[1], metavar="N",
+                        help="etcd cluster sizes to measure, one after the other; the "
+                             "first is the one the others are compared with")
     return parser
 
 

@@ -10,7 +10,7 @@ each benchmark measures. A benchmark that crashes, times out or writes no result
 makes the run exit non-zero (its row says so); a missed target does not, it is
 reported in the table.
 
-The full run takes about 17 minutes on a 2-core machine (the two poolscale runs take
+The full run takes about 21 minutes on a 2-core machine (the two poolscale runs take
 about 5 minutes each); ``--quick`` (one round, short windows, a 20k-object pool, about
 5 minutes) is a smoke run and by default writes bench/RESULTS-quick.md rather than
 bench/RESULTS.md.
@@ -75,7 +75,9 @@ of this benchmark with it and four without, alternating, gave median ratios of 2
 rounds without it were below 2x (lowest 0.81x), 4 of 20 with it (lowest 1.63x); events
 per CPU second draining were 2.47-2.73x the official client's with it and 1.90-2.22x
 without. Wall-clock ratios move with the machine's load (single rounds under load:
-1.4-3.1x, and more); events per CPU second is the steadier measure."""
+1.4-3.1x, and more); events per CPU second is the steadier measure. Longest reactor
+lag: the agent's `ReactorLagProbe` (every 100 ms) in the yurtcoord consumer process,
+from the informer's start to its last event, the longest over the rounds."""
 
 METHOD_UPLOAD = """\
 {objects:,} pods of about {size:,} bytes (10 namespaces) in a yurthub disk cache; a
@@ -91,7 +93,19 @@ values as plain puts, 64 objects (128 operations) per transaction through
 `EtcdClient.submit`, no reads, no compares, one at a time, and with 4 in flight like
 the store; the gap to the latter is reading and checking the files and the compares.
 Peak RSS growth is `VmHWM` before/after the batched mode, which runs first in the
-process (chunks of 500 files are read, checked and written before the next chunk)."""
+process (chunks of 500 files are read, checked and written before the next chunk).
+Longest reactor lag: the agent's `ReactorLagProbe` (a `LoopingCall` every 100 ms that
+records how late it runs) on the reactor the mode runs on, the longest over the
+rounds; a mode shorter than 100 ms gives the probe no call to be late."""
+
+METHOD_UPLOAD_MEMBERS = """The upload benchmark above ({objects:,} pods, {repeat} rounds, one request per object on
+the first {per_object_sample:,}), with every mode run on a fresh single etcd and on a
+fresh 3-member etcd cluster (`EtcdCluster`: three etcd processes on loopback, each with
+its own data directory on the same disk, so a write is committed once two of them have
+synced it), the two alternating within each round, best round of each kept. The
+adapter is given every member's URL, first member first, as `[coordinator] storage`
+gives them; the cluster result is checked with etcdctl like the single one. Ratios are
+the cluster's objects per second over the single member's."""
 
 METHOD_POOLSYNC = """\
 {objects:,} discovery.k8s.io/v1 endpointslices (~420 bytes, three namespaces) in the
@@ -109,7 +123,19 @@ that waits before its first write would add one whole `informer_lease_renew`, 10
 Latency: {rate:g} unconditional PUTs per second of distinct endpointslices for
 {seconds:g} s, from the PUT sent to the cloud to
 its resourceVersion's mirror rv event read from etcdctl. On a loaded machine the p99
-varies widely between runs (17-400 ms over five earlier runs, p50 steady at 4-6 ms)."""
+varies widely between runs (17-400 ms over five earlier runs, p50 steady at 4-6 ms).
+Longest reactor lag: the agent's `ReactorLagProbe` (every 100 ms) on the bench
+process's reactor, where the pool sync, the sender and the watcher reader run, during
+the initial sync and during the updates."""
+
+METHOD_POOLSYNC_MEMBERS = """The pool sync benchmark above ({objects:,} endpointslices, {rate:g} updates/s for
+{seconds:g} s), run twice in one process, each time with a fresh etcd, cloud and pool
+sync: first on a single etcd, then on a 3-member etcd cluster (`EtcdCluster`: three
+etcd processes on loopback, each with its own data directory on the same disk, so a
+write is committed once two of them have synced it). The pool store's client is given
+every member's URL, first member first, as `[coordinator] storage` gives them; the
+independent `etcdctl watch` reads the first member. Figures are the cluster's beside
+the single member's."""
 
 METHOD_POOLSCALE = """\
 {objects:,} discovery.k8s.io/v1 endpointslices in the cloud (API test server in a child
@@ -142,14 +168,19 @@ of the agent process from `/proc/<pid>/stat` over the window (servers, load gene
 and etcd not counted). Earlier headroom runs (30 s windows, heavier load): 400/s and
 600/s were kept up; at 1,000/s the leader fell behind (665/s written, 43% CPU), bound
 by its 16 delegation requests in flight against one cloud server answering from the
-loaded bench process, not by its CPU."""
+loaded bench process, not by its CPU. Leader's longest reactor lag: its `/metrics`
+histogram `yurtcoord_reactor_lag_seconds` (the agent's lag probe, every 100 ms) is read
+at the start and the end of the window; the upper bound of the highest bucket that
+gained an observation is reported as "at most X" (the histogram keeps no maximum)."""
 
 METHOD_ETCD_ADAPTER = """\
 Puts per second through yurtcoord's `EtcdClient`, {value_size:,}-byte values, a fresh
 etcd per installed version: **single** ({puts:,} puts, one per request, one at a
 time), **single-x16** (16 in flight), **txn100** ({batched_puts:,} puts, 100 per
 transaction, one at a time), **txn100-x4** (4 transactions in flight). Every mode's
-keys are counted with etcdctl afterwards. No target: it shows what batching buys."""
+keys are counted with etcdctl afterwards. No target: it shows what batching buys.
+Longest reactor lag: the agent's `ReactorLagProbe` (every 100 ms) on the reactor the
+client runs on, per mode; a mode shorter than 100 ms gives it no call to be late."""
 
 METHOD_FOOTPRINT = """\
 A pool of two agents, each a separate `twistd -n yurtcoord` process with the
@@ -193,9 +224,22 @@ BENCHMARKS = [
                       ["--objects", "10000", "--per-object-sample", "1000", "--repeat", "3"],
                       ["--objects", "10000", "--per-object-sample", "300", "--repeat", "1"],
                       600, METHOD_UPLOAD),
+    # Upload on a 3-member etcd cluster against a single member, side by side.
+    Benchmark("upload-members-3.5", "upload.py",
+              ["--etcd", "3.5", "--etcd-members", "1", "3", "--objects", "10000",
+               "--per-object-sample", "300", "--repeat", "2"],
+              ["--etcd", "3.5", "--etcd-members", "1", "3", "--objects", "10000",
+               "--per-object-sample", "100", "--repeat", "1"],
+              600, METHOD_UPLOAD_MEMBERS, needs_etcd="3.5"),
     Benchmark("poolsync", "poolsync.py",
               ["--objects", "10000", "--rate", "100", "--seconds", "60"],
               ["--objects", "10000", "--rate", "100", "--seconds", "10"], 400, METHOD_POOLSYNC),
+    # Pool sync on a 3-member etcd cluster against a single member, one after the other.
+    Benchmark("poolsync-members", "poolsync.py",
+              ["--objects", "10000", "--rate", "100", "--seconds", "30",
+               "--etcd-members", "1", "3"],
+              ["--objects", "10000", "--rate", "100", "--seconds", "10",
+               "--etcd-members", "1", "3"], 500, METHOD_POOLSYNC_MEMBERS),
     *per_etcd_version("poolscale", "poolscale.py",
                       ["--objects", "100000", "--deletes", "10000", "--updates", "10000"],
                       ["--objects", "20000", "--deletes", "2000", "--updates", "2000"],

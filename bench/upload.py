@@ -21,6 +21,12 @@ One run, a fresh etcd (on loopback, temp dir) per mode, the same objects in each
 Modes alternate for ``--repeat`` rounds and each keeps its best round, so that load
 from other processes on the machine disturbs the ratios less.  Every mode's result is
 checked with etcdctl (key count and a sample of values).
+
+``--etcd-members 1 3`` runs every mode on a single etcd and on a 3-member cluster
+(``EtcdCluster``; the adapter is given every member's URL, as ``[coordinator]
+storage`` gives them), alternating within each round, and reports each mode's rate
+on the cluster against the single member.  The reactor's longest lag (the agent's
+``ReactorLagProbe`` every 0.1 s on the reactor the upload runs on) is kept per mode.
 Targets: batched >= 5x per-object, batched >= 0.7x raw-batched, RSS growth <= 50 MB.
 ``--json PATH`` writes the rates, ratios and targets (see bench/benchresult.py).
 """
@@ -44,7 +50,10 @@ from yurtcoord.pool.localcache import LocalCacheReader  # noqa: E402
 from yurtcoord.pool.keycache import ComponentKeyCache  # noqa: E402
 from yurtcoord.pool.keys import KeyBuildInfo, PoolKeyBuilder, format_rv  # noqa: E402
 from yurtcoord.pool.store import PoolStore  # noqa: E402
-from yurtcoord.sim.etcd import EtcdProcess, default_etcd_binary, etcd_binary_for  # noqa: E402
+from yurtcoord.sim.etcd import (  # noqa: E402
+    EtcdCluster, EtcdProcess, default_etcd_binary, etcd_binary_for,
+)
+from yurtcoord.tx.reactorlag import ReactorLagProbe  # noqa: E402
 from yurtcoord.pool.uploader import LocalCacheUploader  # noqa: E402
 
 PODS = UploadResource("kubelet", "pods", "v1")
@@ -142,21 +151,35 @@ def verify(etcd, count, size):
         assert mirror == {("/mirror/rv" + path).encode(): format_rv(rv).encode()}, path
 
 
-async def run_mode(reactor, func, count, binary, args, workdir):
-    etcd = EtcdProcess(binary).start()
-    client = EtcdClient(reactor, EtcdConfig(etcd.client_url, timeout=30.0))
+def start_etcd(binary, members):
+    """A fresh etcd of ``members`` members and every member's client URL."""
+    if members == 1:
+        etcd = EtcdProcess(binary).start()
+        return etcd, [etcd.client_url]
+    etcd = EtcdCluster(binary, size=members).start()
+    return etcd, etcd.client_urls
+
+
+async def run_mode(reactor, func, count, binary, args, workdir, members=1):
+    etcd, urls = start_etcd(binary, members)
+    client = EtcdClient(reactor, EtcdConfig(urls[0], more_urls=tuple(urls[1:]),
+                                            timeout=30.0))
+    probe = ReactorLagProbe(reactor, interval=0.1)
     cache_dir = tempfile.mkdtemp(prefix="keycache-", dir=workdir)
     store = PoolStore(reactor, client, "/registry",
                       ComponentKeyCache.in_directory(cache_dir).load())
     try:
         rss_before = peak_rss_kib()
         started = time.perf_counter()
+        probe.start()
         await func(reactor, store, args, workdir)
+        probe.stop()
         elapsed = time.perf_counter() - started
         rss_growth = peak_rss_kib() - rss_before
         verify(etcd, count, args.size)
-        return elapsed, rss_growth
+        return elapsed, rss_growth, probe.longest
     finally:
+        probe.stop()
         await store.close()
         await client.close()
         etcd.stop()
@@ -176,21 +199,33 @@ async def main(reactor, args):
             ("raw-batched", mode_raw_batched, args.objects),
             ("raw-batched-x4", mode_raw_batched_parallel, args.objects),
         ]
-        rates, rss = {}, {}
+        members_list = args.etcd_members
+        # rates and lags of the single member (the targets) and of each cluster size.
+        rates, rss, lags = {}, {}, {}
+        cluster_rates = {m: {} for m in members_list}
+        cluster_lags = {m: {} for m in members_list}
         for round_number in range(1, args.repeat + 1):
             for name, func, count in modes:
-                elapsed, growth = await run_mode(reactor, func, count, binary, args, workdir)
-                rss.setdefault(name, growth)
-                rates[name] = max(rates.get(name, 0.0), count / elapsed)
-                print(f"round {round_number} {name:15s} {count:6d} objects {elapsed:8.2f} s "
-                      f"{count / elapsed:9.0f} objects/s")
+                for members in members_list:
+                    elapsed, growth, lag = await run_mode(reactor, func, count, binary, args,
+                                                          workdir, members)
+                    if members == 1:
+                        rss.setdefault(name, growth)
+                    by_members = cluster_rates[members]
+                    by_members[name] = max(by_members.get(name, 0.0), count / elapsed)
+                    cluster_lags[members][name] = max(cluster_lags[members].get(name, 0.0), lag)
+                    print(f"round {round_number} {name:15s} {members} member(s) {count:6d} "
+                          f"objects {elapsed:8.2f} s {count / elapsed:9.0f} objects/s, "
+                          f"longest reactor lag {1000 * lag:.0f} ms", flush=True)
+        rates = cluster_rates[members_list[0]]
+        lags = cluster_lags[members_list[0]]
         print("best of each mode:")
         for name, _func, _count in modes:
             print(f"  {name:15s} {rates[name]:9.0f} objects/s")
         vs_per_object = rates["batched"] / rates["per-object"]
         vs_raw = rates["batched"] / rates["raw-batched"]
         vs_raw_x4 = rates["batched"] / rates["raw-batched-x4"]
-        rss_mb = rss["batched"] / 1024
+        rss_mb = rss.get("batched", 0) / 1024
         print(f"batched vs per-object:     {vs_per_object:6.1f}x (target >= 5x) "
               f"{'ok' if vs_per_object >= 5 else 'MISSED'}")
         print(f"batched vs raw-batched:    {vs_raw:6.2f}x (target >= 0.7x) "
@@ -198,14 +233,25 @@ async def main(reactor, args):
         print(f"batched vs raw-batched-x4: {vs_raw_x4:6.2f}x (same number in flight as batched)")
         print(f"peak RSS growth during batched upload: {rss_mb:.1f} MB (target <= 50 MB) "
               f"{'ok' if rss_mb <= 50 else 'MISSED'}")
-        write_json(args, binary.version, rates, rss_mb, vs_per_object, vs_raw, vs_raw_x4)
+        for members in members_list[1:]:
+            for name, _func, _count in modes:
+                print(f"{name:15s} {members} members vs {members_list[0]}: "
+                      f"{cluster_rates[members][name] / rates[name]:.2f}x")
+        write_json(args, binary.version, rates, rss_mb, vs_per_object, vs_raw, vs_raw_x4,
+                   lags, cluster_rates, cluster_lags)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
 
 
-def write_json(args, version, rates, rss_mb, vs_per_object, vs_raw, vs_raw_x4):
-    """Best rate of each mode, the ratios and the three targets as a machine-readable result."""
+def write_json(args, version, rates, rss_mb, vs_per_object, vs_raw, vs_raw_x4, lags,
+               cluster_rates, cluster_lags):
+    """Best rate of each mode, the ratios and the three targets as a machine-readable
+    result; with more than one cluster size, each size's rates against the first."""
     from benchresult import row, write_result
+
+    members_list = args.etcd_members
+    base = members_list[0]
+    base_text = f"{base} member" + ("s" if base != 1 else "")
 
     rows = [
         row("batched upload", f"{rates['batched']:,.0f} obj/s"),
@@ -217,13 +263,40 @@ def write_json(args, version, rates, rss_mb, vs_per_object, vs_raw, vs_raw_x4):
         row("batched vs raw batched, 4 in flight", f"{vs_raw_x4:.2f}x"),
         row("peak RSS growth during batched upload", f"{rss_mb:.1f} MB", "<= 50 MB",
             rss_mb <= 50),
+        row("longest reactor lag, batched upload / one per object / raw batched x1 / x4",
+            " / ".join(f"{1000 * lags[name]:.0f}" for name in
+                       ("batched", "per-object", "raw-batched", "raw-batched-x4")) + " ms"),
     ]
-    write_result(args.json, f"upload (etcd {version})",
+    labels = {"batched": "batched upload", "per-object": "one request per object",
+              "raw-batched": "raw batched puts, 1 in flight",
+              "raw-batched-x4": "raw batched puts, 4 in flight"}
+    if len(members_list) > 1:
+        # Side by side: the comparison and each size's reactor lag; the single
+        # member's own rows (and the targets) are the plain upload benchmark's.
+        rows = [row(f"longest reactor lag, batched upload, {base_text}",
+                    f"{1000 * lags['batched']:.0f} ms")]
+    for members in members_list[1:]:
+        for name, label in labels.items():
+            ratio = cluster_rates[members][name] / rates[name]
+            rows.append(row(f"{label}, {members} members vs {base_text}",
+                            f"{cluster_rates[members][name]:,.0f} vs {rates[name]:,.0f} obj/s "
+                            f"({ratio:.2f}x)"))
+        rows.append(row(f"longest reactor lag, batched upload, {members} members",
+                        f"{1000 * cluster_lags[members]['batched']:.0f} ms"))
+    title = f"upload (etcd {version})"
+    if members_list != [1]:
+        title = f"upload (etcd {version}, " + " vs ".join(
+            f"{m} member" + ("s" if m != 1 else "") for m in reversed(members_list)) + ")"
+    write_result(args.json, title,
                  {"objects": args.objects, "size": args.size, "repeat": args.repeat,
-                  "per_object_sample": args.per_object_sample, "etcd": version},
+                  "per_object_sample": args.per_object_sample, "etcd": version,
+                  "etcd_members": members_list},
                  {"objects_per_s": rates, "peak_rss_growth_mb": rss_mb,
                   "vs_per_object": vs_per_object, "vs_raw_batched": vs_raw,
-                  "vs_raw_batched_x4": vs_raw_x4}, rows)
+                  "vs_raw_batched_x4": vs_raw_x4,
+                  "longest_reactor_lag_s": lags,
+                  "objects_per_s_by_members": cluster_rates,
+                  "longest_reactor_lag_s_by_members": cluster_lags}, rows)
 
 
 def parse_args():
@@ -235,8 +308,14 @@ def parse_args():
     parser.add_argument("--repeat", type=int, default=3,
                         help="rounds; modes alternate and each keeps its best round")
     parser.add_argument("--etcd", default="3.5", help="etcd version to use, e.g. 3.4 or 3.5")
+    parser.add_argument("--etcd-members", type=int, nargs="+", default=[1], metavar="N",
+                        help="etcd cluster sizes to run every mode on, alternating within "
+                             "each round; the first is the one the others are compared with")
     parser.add_argument("--json", metavar="PATH", help="write the result as JSON to PATH")
-    return parser.parse_args()
+    args = parser.parse_args()
+    if any(m < 1 for m in args.etcd_members):
+        parser.error(f"--etcd-members: every size must be at least 1, not {args.etcd_members}")
+    return args
 
 
 if __name__ == "__main__":
