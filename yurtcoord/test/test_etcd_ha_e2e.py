@@ -183,22 +183,10 @@ class EtcdClusterFaultsMixin:
         """SIGKILL the etcd raft leader as soon as ``low < keys under prefix < high``;
         fire with (its index, the count)."""
         leader = yield self.world.etcd_leader()
-        seen = {}
-
-        @defer.inlineCallbacks
-        def partly_written():
-            seen["count"] = yield self.world.count_etcd(prefix)
-            return low < seen["count"] < high
-
-        try:
-            yield poll_until(partly_written, STEP_TIMEOUT, 0.01, reactor,
-                             what=f"{what} under way")
-        except PollTimeout as e:
-            raise PollTimeout(f"{e}: last count {seen.get('count')}\n"
-                              f"{self.world.log_tails()}") from None
+        count = yield self.world.wait_for_keys_between(what, prefix, low, high, STEP_TIMEOUT)
         yield self.world.kill_etcd(leader)
-        print(f"ETCD-HA {self.name()}.keys_when_killed={seen['count']}")
-        return leader, seen["count"]
+        print(f"ETCD-HA {self.name()}.keys_when_killed={count}")
+        return leader, count
 
     @defer.inlineCallbacks
     def new_leader_elected(self, killed):

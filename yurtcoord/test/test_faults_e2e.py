@@ -161,21 +161,9 @@ class EtcdRestartTests(FaultSuiteBase):
     @defer.inlineCallbacks
     def kill_etcd_when(self, what, prefix, low, high):
         """SIGKILL etcd as soon as ``low < keys under prefix < high``; fire with the count."""
-        seen = {}
-
-        @defer.inlineCallbacks
-        def partly_written():
-            seen["count"] = yield self.world.count_etcd(prefix)
-            return low < seen["count"] < high
-
-        try:
-            yield poll_until(partly_written, STEP_TIMEOUT, 0.01, reactor,
-                             what=f"{what} under way")
-        except PollTimeout as e:
-            raise PollTimeout(f"{e}: last count {seen.get('count')}\n"
-                              f"{self.world.log_tails()}") from None
+        count = yield self.world.wait_for_keys_between(what, prefix, low, high, STEP_TIMEOUT)
         yield self.world.kill_etcd()
-        return seen["count"]
+        return count
 
     @defer.inlineCallbacks
     def restart_etcd_and_check(self, killed_with, node, failure_line):

@@ -678,6 +678,26 @@ class ProcessWorld:
                                           "--keys-only")
         return int(answer.get("count", 0))
 
+    @defer.inlineCallbacks
+    def wait_for_keys_between(self, what: str, prefix: str, low: int, high: int,
+                              timeout: float) -> Generator[defer.Deferred[Any], Any, int]:
+        """Fire with the count as soon as ``low < keys under prefix < high``: a write of
+        many keys (``what``) under way, for a fault to land in its middle."""
+        seen: dict[str, int] = {}
+
+        @defer.inlineCallbacks
+        def partly_written() -> Generator[defer.Deferred[Any], Any, bool]:
+            seen["count"] = yield self.count_etcd(prefix)
+            return low < seen["count"] < high
+
+        try:
+            yield poll_until(partly_written, timeout, 0.01, self.reactor,
+                             what=f"{what} under way")
+        except PollTimeout as e:
+            raise PollTimeout(f"{e}: last count {seen.get('count')}\n"
+                              f"{self.log_tails()}") from None
+        return seen["count"]
+
     def cloud_endpoints(self) -> dict[str, int]:
         """``{pool etcd key: resourceVersion}`` of the cloud's endpoints."""
         return {f"{ENDPOINTS_PREFIX}{obj['metadata']['namespace']}/{obj['metadata']['name']}":
