@@ -189,6 +189,23 @@ class EtcdClusterFaultsMixin:
         return leader, count
 
     @defer.inlineCallbacks
+    def recovered_from_the_leader_kill(self, killed, watch):
+        """After the etcd raft leader ``killed`` was SIGKILLed (just now): a new one is
+        elected, the cloud changes, every agent is ready and the pool etcd exact again,
+        no agent was not ready for longer than ``NOT_READY_BOUND``, the killed member
+        stays down and no agent uses it."""
+        killed_at = reactor.seconds()
+        yield self.new_leader_elected(killed)
+        self.change_cloud_endpoints("while-a-member-is-down")
+        stretches = yield self.watch_until(watch, killed_at, "every agent ready, pool exact",
+                                           self.exact_and_settled)
+        report(self.name(), "kill_to_exact", reactor.seconds() - killed_at)
+        self.assert_stretches_bounded(stretches, watch)
+        self.assertFalse(self.world.etcd_members()[killed].is_running())
+        yield self.check_settled_and_exact()
+        yield self.assert_off_the_killed_member(killed)
+
+    @defer.inlineCallbacks
     def new_leader_elected(self, killed):
         began = reactor.seconds()
         leader = yield self.world.etcd_leader()
@@ -264,17 +281,8 @@ class EtcdClusterFaultsMixin:
         yield self.world.start_agents(["edge-1"])
         killed, _count = yield self.kill_leader_member_when(
             "upload of 5000 cached pods", "/registry/pods/", 60, 5000)
-        killed_at = reactor.seconds()
-        yield self.new_leader_elected(killed)
-        self.change_cloud_endpoints("while-a-member-is-down")
-        stretches = yield self.watch_until(watch, killed_at, "every agent ready, pool exact",
-                                           self.exact_and_settled)
-        report(self.name(), "kill_to_exact", reactor.seconds() - killed_at)
         # edge-1 was not ready yet when the member died (it was uploading).
-        self.assert_stretches_bounded(stretches, watch)
-        self.assertFalse(self.world.etcd_members()[killed].is_running())
-        yield self.check_settled_and_exact()
-        yield self.assert_off_the_killed_member(killed)
+        yield self.recovered_from_the_leader_kill(killed, watch)
 
     @defer.inlineCallbacks
     def test_etcd_leader_killed_while_the_leader_mirrors_endpoints(self):
@@ -296,16 +304,7 @@ class EtcdClusterFaultsMixin:
         killed, _count = yield self.kill_leader_member_when(
             "pool sync of 3000 new endpoints", "/registry/services/endpoints/",
             self.initial_endpoints + 50, self.initial_endpoints + 3000)
-        killed_at = reactor.seconds()
-        yield self.new_leader_elected(killed)
-        self.change_cloud_endpoints("while-a-member-is-down")
-        stretches = yield self.watch_until(watch, killed_at, "every agent ready, pool exact",
-                                           self.exact_and_settled)
-        report(self.name(), "kill_to_exact", reactor.seconds() - killed_at)
-        self.assert_stretches_bounded(stretches, watch)
-        self.assertFalse(self.world.etcd_members()[killed].is_running())
-        yield self.check_settled_and_exact()
-        yield self.assert_off_the_killed_member(killed)
+        yield self.recovered_from_the_leader_kill(killed, watch)
 
     @defer.inlineCallbacks
     def test_etcd_follower_killed(self):
