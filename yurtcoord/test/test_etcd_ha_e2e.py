@@ -21,7 +21,9 @@ from twisted.internet import defer, reactor
 from yurtcoord.kube.gvr import ENDPOINTS
 from yurtcoord.sim.etcd import make_etcd_test_classes
 from yurtcoord.testing.poll import PollTimeout, poll_until
-from yurtcoord.testing.world import ProcessWorld, leader_of, one_leader_all_ready
+from yurtcoord.testing.world import (
+    ProcessWorld, endpoints, leader_of, one_leader_all_ready,
+)
 
 STEP_TIMEOUT = 45.0
 # etcd's default --election-timeout: a follower that hears no leader for this long
@@ -42,11 +44,6 @@ SAMPLE_INTERVAL = 0.1
 
 def report(test, what, seconds):
     print(f"ETCD-HA {test}.{what}={seconds:.2f}s")
-
-
-def endpoints(name, ip, namespace="default"):
-    return {"metadata": {"name": name, "namespace": namespace},
-            "subsets": [{"addresses": [{"ip": ip}], "ports": [{"port": 80}]}]}
 
 
 class ReadinessWatch:
@@ -159,18 +156,6 @@ class EtcdClusterFaultsMixin:
         self.assertEqual((yield self.world.election_holder()), leader_of(statuses))
         yield self.world.wait_pool_exact(STEP_TIMEOUT)
 
-    def change_cloud_endpoints(self, round_name, created=10, updated=10, deleted=5):
-        """Create, update and delete some cloud endpoints; the pool must follow."""
-        store = self.world.cloud.store
-        existing = store.list(ENDPOINTS)
-        for index in range(created):
-            store.create(ENDPOINTS, endpoints(f"{round_name}-{index}", f"10.1.0.{index}"))
-        for obj in existing[:updated]:
-            obj["subsets"][0]["addresses"] = [{"ip": "10.9.9.9"}]
-            store.update(ENDPOINTS, obj)
-        for obj in existing[updated:updated + deleted]:
-            store.delete(ENDPOINTS, obj["metadata"]["name"], obj["metadata"]["namespace"])
-
     def watch_readiness(self):
         """A ``ReadinessWatch`` sampling from now on, stopped at cleanup at the latest."""
         watch = ReadinessWatch(self.world)
@@ -196,7 +181,7 @@ class EtcdClusterFaultsMixin:
         stays down and no agent uses it."""
         killed_at = reactor.seconds()
         yield self.new_leader_elected(killed)
-        self.change_cloud_endpoints("while-a-member-is-down")
+        self.world.change_cloud_endpoints("while-a-member-is-down")
         stretches = yield self.watch_until(watch, killed_at, "every agent ready, pool exact",
                                            self.exact_and_settled)
         report(self.name(), "kill_to_exact", reactor.seconds() - killed_at)
@@ -327,7 +312,7 @@ class EtcdClusterFaultsMixin:
         watch = self.watch_readiness()
         yield self.world.kill_etcd(follower)
         killed_at = reactor.seconds()
-        self.change_cloud_endpoints("while-a-follower-is-down")
+        self.world.change_cloud_endpoints("while-a-follower-is-down")
         stretches = yield self.watch_until(watch, killed_at, "every agent ready, pool exact",
                                            self.exact_and_settled)
         report(self.name(), "kill_to_exact", reactor.seconds() - killed_at)
@@ -384,7 +369,7 @@ class EtcdClusterFaultsMixin:
         for node, document in statuses.items():
             self.assertFalse(document["ready"], (node, document))
             self.assertIsNone(document["etcd_member"], (node, document))
-        self.change_cloud_endpoints("while-no-quorum")
+        self.world.change_cloud_endpoints("while-no-quorum")
 
         yield self.world.restart_etcd(follower)
         yield self.world.restart_etcd(leader)

@@ -22,17 +22,12 @@ from yurtcoord.kube.gvr import CONFIGMAPS, ENDPOINTS
 from yurtcoord.testing.poll import PollTimeout, poll_until
 from yurtcoord.testing.world import (
     ELECTION_LEASE, HEARTBEAT_INTERVAL, LEASE_DURATION, RETRY_PERIOD,
-    ProcessWorld, leader_of, one_leader_all_ready,
+    ProcessWorld, endpoints, leader_of, one_leader_all_ready,
 )
 
 STEP_TIMEOUT = 30.0
 SETTLE_TIMEOUT = 45.0
 COORDINATOR_SERVER_GAUGE = "yurtcoord_coordinator_server_healthy_status"
-
-
-def endpoints(name, ip, namespace="default"):
-    return {"metadata": {"name": name, "namespace": namespace},
-            "subsets": [{"addresses": [{"ip": ip}], "ports": [{"port": 80}]}]}
 
 
 def report(name, seconds):
@@ -87,18 +82,6 @@ class FaultSuiteBase(unittest.TestCase):
         yield self.world.wait_pool_exact(STEP_TIMEOUT)
         return statuses
 
-    def change_cloud_endpoints(self, round_name, created=10, updated=10, deleted=5):
-        """Create, update and delete some cloud endpoints; the pool must follow."""
-        store = self.world.cloud.store
-        existing = store.list(ENDPOINTS)
-        for index in range(created):
-            store.create(ENDPOINTS, endpoints(f"{round_name}-{index}", f"10.1.0.{index}"))
-        for obj in existing[:updated]:
-            obj["subsets"][0]["addresses"] = [{"ip": "10.9.9.9"}]
-            store.update(ENDPOINTS, obj)
-        for obj in existing[updated:updated + deleted]:
-            store.delete(ENDPOINTS, obj["metadata"]["name"], obj["metadata"]["namespace"])
-
     @defer.inlineCallbacks
     def wait_for_log(self, node, text, timeout=STEP_TIMEOUT):
         agent = self.world.agents[node]
@@ -129,7 +112,7 @@ class LeaderLossTests(FaultSuiteBase):
         bound = LEASE_DURATION + RETRY_PERIOD + 1.0
         self.assertLessEqual(failover, bound, self.world.log_tails())
         self.assertEqual((victim.exit_code, victim.exit_signal), (None, signal.SIGKILL))
-        self.change_cloud_endpoints("after-kill")
+        self.world.change_cloud_endpoints("after-kill")
         yield self.check_settled_and_exact(len(self.nodes) - 1)
 
     @defer.inlineCallbacks
@@ -149,7 +132,7 @@ class LeaderLossTests(FaultSuiteBase):
         self.assertIn("received SIGTERM, stopping", victim.log_text())
         self.assertNotIn("Traceback", victim.log_text())
         self.assertLessEqual(release, RETRY_PERIOD + 1.0, self.world.log_tails())
-        self.change_cloud_endpoints("after-term")
+        self.world.change_cloud_endpoints("after-term")
         yield self.check_settled_and_exact(len(self.nodes) - 1)
 
 
@@ -172,7 +155,7 @@ class EtcdRestartTests(FaultSuiteBase):
         name = self.id().rsplit(".", 1)[-1]
         print(f"FAULT-SUITE {name}.keys_when_killed={killed_with}")
         yield self.wait_for_log(node, failure_line)
-        self.change_cloud_endpoints("while-etcd-down")
+        self.world.change_cloud_endpoints("while-etcd-down")
         yield self.world.restart_etcd()
         restarted_at = reactor.seconds()
         yield self.check_settled_and_exact(len(self.nodes))
@@ -227,7 +210,7 @@ class CoordinatorRestartTests(FaultSuiteBase):
         report("coordinator_down_to_all_pending", reactor.seconds() - down_at)
         for node in self.nodes:
             self.assertIn("is unhealthy", self.world.agents[node].log_text())
-        self.change_cloud_endpoints("while-coordinator-down")
+        self.world.change_cloud_endpoints("while-coordinator-down")
         yield self.world.coordinator.faults.up()
         up_at = reactor.seconds()
         yield self.check_settled_and_exact()
@@ -257,7 +240,7 @@ class CoordinatorServerLossTests(FaultSuiteBase):
 
         yield first.faults.down()
         down_at = reactor.seconds()
-        self.change_cloud_endpoints("while-one-coordinator-down")
+        self.world.change_cloud_endpoints("while-one-coordinator-down")
         # Every sample of every agent, until the outage has lasted several lease
         # durations: ready, the same leader, the lease never changing hands.
         wrong = []
@@ -356,7 +339,7 @@ class CloudCutTests(FaultSuiteBase):
                 lambda found: all(value == "true" for value in found.values())),
             STEP_TIMEOUT, 0.05, reactor,
             what="the delegate annotation on every node lease in the coordinator")
-        self.change_cloud_endpoints("while-cloud-cut")
+        self.world.change_cloud_endpoints("while-cloud-cut")
         self.world.restore_cloud()
         restored_at = reactor.seconds()
         yield self.check_settled_and_exact()
@@ -379,11 +362,11 @@ class CloudAnswerFaultTests(FaultSuiteBase):
         leader = leader_of(statuses)
         faults = self.world.cloud.faults
         for round_number in range(3):
-            self.change_cloud_endpoints(f"cut-{round_number}", created=5, updated=5,
+            self.world.change_cloud_endpoints(f"cut-{round_number}", created=5, updated=5,
                                         deleted=2)
             self.assertGreater(self.world.cloud.open_watches, 0)
             faults.cut_watches(mid_line=True)
-            self.change_cloud_endpoints(f"after-cut-{round_number}", created=5, updated=5,
+            self.world.change_cloud_endpoints(f"after-cut-{round_number}", created=5, updated=5,
                                         deleted=2)
             yield self.world.wait_pool_exact(STEP_TIMEOUT)
         self.assertIn("informer reconnecting gvr=core/v1/endpoints",
@@ -404,7 +387,7 @@ class CloudAnswerFaultTests(FaultSuiteBase):
             "metadata": {"name": "history-marker", "namespace": "default"}})
         self.world.cloud.store.compact()
         faults.cut_watches()
-        self.change_cloud_endpoints("during-errors")
+        self.world.change_cloud_endpoints("during-errors")
         # More than failed_retry broken answers per agent: some heartbeat probe fails.
         faults.fail_next(4, code=500, path="/leases")
         faults.garbage_next(4, path="/leases")
@@ -442,7 +425,7 @@ class CloudAnswerFaultTests(FaultSuiteBase):
         self.world.coordinator.faults.latency = 0.3
         slowed_at = reactor.seconds()
         self.world.cloud.faults.cut_watches()
-        self.change_cloud_endpoints("slow")
+        self.world.change_cloud_endpoints("slow")
         statuses = yield self.check_settled_and_exact()
         report("slow_answers_to_exact", reactor.seconds() - slowed_at)
         self.assertEqual(leader_of(statuses), leader, self.world.log_tails())

@@ -167,6 +167,12 @@ def read_delegate_annotation(server: KubeAPIServer, node: str) -> str | None:
         DELEGATE_HEARTBEAT_ANNOTATION)
 
 
+def endpoints(name: str, ip: str, namespace: str = "default") -> dict[str, Any]:
+    """Cloud Endpoints ``name`` with one address ``ip`` on port 80."""
+    return {"metadata": {"name": name, "namespace": namespace},
+            "subsets": [{"addresses": [{"ip": ip}], "ports": [{"port": 80}]}]}
+
+
 class _ChildProtocol(protocol.ProcessProtocol):
     """Notices the child's exit; its output goes straight to the log file."""
 
@@ -697,6 +703,20 @@ class ProcessWorld:
             raise PollTimeout(f"{e}: last count {seen.get('count')}\n"
                               f"{self.log_tails()}") from None
         return seen["count"]
+
+    def change_cloud_endpoints(self, round_name: str, created: int = 10, updated: int = 10,
+                               deleted: int = 5) -> None:
+        """Create, update and delete some cloud endpoints (named after ``round_name``);
+        the pool must follow."""
+        store = self.servers()[0].store
+        existing = store.list(ENDPOINTS)
+        for index in range(created):
+            store.create(ENDPOINTS, endpoints(f"{round_name}-{index}", f"10.1.0.{index}"))
+        for obj in existing[:updated]:
+            obj["subsets"][0]["addresses"] = [{"ip": "10.9.9.9"}]
+            store.update(ENDPOINTS, obj)
+        for obj in existing[updated:updated + deleted]:
+            store.delete(ENDPOINTS, obj["metadata"]["name"], obj["metadata"]["namespace"])
 
     def cloud_endpoints(self) -> dict[str, int]:
         """``{pool etcd key: resourceVersion}`` of the cloud's endpoints."""
