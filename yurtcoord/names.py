@@ -14,6 +14,14 @@ NODE_LEASE_NAMESPACE = "kube-node-lease"
 # "true" asks the pool leader to forward it to the cloud.
 DELEGATE_HEARTBEAT_ANNOTATION = "openyurt.io/delegate-heartbeat"
 
+# What the agent of a node lease uses, set on the lease it writes to the coordinator
+# apiserver so that every agent of the pool can show it: the pool etcd member its pool
+# store's requests go to (absent while it has no pool store open) and the coordinator
+# apiserver the write went through. URLs without userinfo, query or fragment; the
+# leader never forwards them to the cloud.
+ETCD_MEMBER_ANNOTATION = "coordinator.openyurt.io/etcd-member"
+COORDINATOR_SERVER_ANNOTATION = "coordinator.openyurt.io/apiserver"
+
 # The label naming a Node's pool.
 NODE_POOL_LABEL = "apps.openyurt.io/nodepool"
 
@@ -37,7 +45,8 @@ POOL_SCOPE_CONFIGMAP_NAME = "yurt-hub-cfg"
 POOL_SCOPE_CONFIGMAP_KEY = "pool_scope_resources"
 
 __all__ = [
-    "NODE_LEASE_NAMESPACE", "DELEGATE_HEARTBEAT_ANNOTATION", "NODE_POOL_LABEL",
+    "NODE_LEASE_NAMESPACE", "DELEGATE_HEARTBEAT_ANNOTATION", "ETCD_MEMBER_ANNOTATION",
+    "COORDINATOR_SERVER_ANNOTATION", "NODE_POOL_LABEL",
     "ELECTION_LEASE_NAMESPACE", "ELECTION_LEASE_NAME",
     "INFORMER_SYNC_LEASE_NAMESPACE", "INFORMER_SYNC_LEASE_NAME", "CERTS_SECRET_NAME",
     "POOL_SCOPE_CONFIGMAP_NAMESPACE", "POOL_SCOPE_CONFIGMAP_NAME", "POOL_SCOPE_CONFIGMAP_KEY",

@@ -331,7 +331,8 @@ class Agent(service.MultiService):
         self.coordinator_checker = CoordinatorHealthChecker(
             reactor, self.coordinator_clients, node, self.cloud_checker, config.heartbeat,
             kubelet=self.kubelet_checker, metrics=self.metrics,
-            takeover=election.lease_duration + election.retry_period)
+            takeover=election.lease_duration + election.retry_period,
+            etcd_member=self._etcd_member_in_use)
         self.coordinator_client = PickedServerClient(
             self.coordinator_checker.pick_server, self.coordinator_clients.__getitem__,
             what="coordinator apiserver", on_unreachable=self.coordinator_checker.suspect)
@@ -368,6 +369,14 @@ class Agent(service.MultiService):
             self.coordinator_checker, hub_elector, delegation,
             etcd_member=lambda: self.etcd.member)
         self.pool_view = self._build_pool_view(healthy_cloud, coordinator, hub_elector)
+
+    def _etcd_member_in_use(self) -> Optional[str]:
+        """The pool etcd member this agent's pool store uses now, as its node lease
+        tells the pool; None while it has no pool store open (its etcd client's
+        current member then serves nothing of the pool)."""
+        if self.coordinator is None or self.coordinator.store is None:
+            return None
+        return self.etcd.member
 
     def _build_pool_view(self, healthy_cloud: HealthyCloudClient, coordinator: Coordinator,
                          hub_elector: HubElector) -> PoolView:

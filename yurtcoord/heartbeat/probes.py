@@ -17,6 +17,12 @@ copies the pool lease's annotations into the cloud lease while it delegates, and
 node heartbeating the cloud directly again must not keep claiming delegation there
 (other annotations stay untouched).
 
+The coordinator prober also names, on the lease it writes, what this agent uses of the
+pool: the coordinator apiserver the write goes through and the pool etcd member its
+pool store uses (``published_url``: never credentials). Agents cannot reach each
+other's status pages, so this is how each agent's pool view learns what every member
+uses (``servers_in_use``).
+
 While the cloud is unhealthy the coordinator prober renews the pool lease every
 ``delegating_interval(interval, takeover)`` instead of every ``interval``, so that a
 cut-off node's cloud lease survives the death of the pool leader; a flip of the
@@ -25,10 +31,12 @@ cloud's health restarts the cadence with a probe at once. See docs/design.md,
 """
 
 import copy
+import functools
 import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generator, List, Optional, Set, Tuple, Union
+from urllib.parse import urlsplit, urlunsplit
 
 from twisted.internet import defer
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
@@ -41,7 +49,10 @@ from yurtcoord.heartbeat.interfaces import ICloudHealthChecker, ICoordinatorHeal
 from yurtcoord.kube.interfaces import IObjectClient
 from yurtcoord.kube.lease import format_micro_time, node_owner_reference
 from yurtcoord.kube.leasewriter import LeaseWriter
-from yurtcoord.names import DELEGATE_HEARTBEAT_ANNOTATION, NODE_LEASE_NAMESPACE
+from yurtcoord.names import (
+    COORDINATOR_SERVER_ANNOTATION, DELEGATE_HEARTBEAT_ANNOTATION, ETCD_MEMBER_ANNOTATION,
+    NODE_LEASE_NAMESPACE,
+)
 from yurtcoord.tx.failures import describe_failure
 from yurtcoord.tx.inflight import InFlight
 from yurtcoord.tx.retry import RetryPolicy, backoff_policy
@@ -116,6 +127,39 @@ class ProbeSettings:
 Settings = Union[ProbeSettings, "HeartbeatConfig"]
 # The annotations a node lease writer sets, None meaning "remove".
 Annotations = Mapping[str, Optional[str]]
+
+
+def published_url(url: object) -> Optional[str]:
+    """``url`` as an agent may show it to its pool: scheme, host, port and path only.
+
+    Userinfo (``user:password@``), query and fragment are dropped, since they may carry
+    credentials and what a node lease says every member of the pool reads. None when
+    ``url`` is not an http(s) URL with a host: a value read from a peer's lease may be
+    anything."""
+    if not isinstance(url, str):
+        return None
+    try:
+        parts = urlsplit(url.strip())
+        parts.port  # raises on a port that is not a number
+    except ValueError:
+        return None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return None
+    host = parts.netloc.rpartition("@")[2]
+    return urlunsplit((parts.scheme, host, parts.path, "", ""))
+
+
+def servers_in_use(lease: object) -> tuple[Optional[str], Optional[str]]:
+    """``(pool etcd member, coordinator apiserver)`` a node lease on the coordinator
+    apiserver says its agent uses (see ``CoordinatorHealthChecker``); None for what it
+    does not say, or says in anything but an http(s) URL (anything a peer wrote is
+    read safely, and shown without credentials)."""
+    metadata = lease.get("metadata") if isinstance(lease, Mapping) else None
+    annotations = metadata.get("annotations") if isinstance(metadata, Mapping) else None
+    if not isinstance(annotations, Mapping):
+        return None, None
+    return (published_url(annotations.get(ETCD_MEMBER_ANNOTATION)),
+            published_url(annotations.get(COORDINATOR_SERVER_ANNOTATION)))
 
 
 class NodeLeaseWriter:
@@ -720,6 +764,16 @@ class CoordinatorHealthChecker(ServerSet):
     retry_period. ``cloud_checker`` is an ``ICloudHealthChecker``: every flip of the
     cloud's health writes at once instead of at the next renewal.
 
+    Every write also sets ``coordinator.openyurt.io/apiserver`` to the URL of the
+    apiserver it goes through and ``coordinator.openyurt.io/etcd-member`` to
+    ``etcd_member()``, the pool etcd member this agent's pool store uses (the
+    annotation is removed while that is None: no pool store open), both through
+    ``published_url``. They are what the pool views of the other agents show for this
+    node. A change of either is written with the next renewal of the lease, within one
+    interval (or delegating interval), not at once: no write of its own, so the
+    requests per interval stay what they are. Read probes of the other apiservers
+    write nothing.
+
     ``clients`` maps each coordinator apiserver URL to its client; ``metrics`` gets
     each server's health (``set_coordinator_server_healthy``).
     """
@@ -728,21 +782,31 @@ class CoordinatorHealthChecker(ServerSet):
                  node_name: str, cloud_checker: ICloudHealthChecker, settings: Settings,
                  kubelet: Optional["KubeletHealthChecker"] = None,
                  metrics: Optional["Metrics"] = None,
-                 takeover: float = DEFAULT_TAKEOVER_SECONDS) -> None:
+                 takeover: float = DEFAULT_TAKEOVER_SECONDS,
+                 etcd_member: Callable[[], Optional[str]] = lambda: None) -> None:
         self._cloud = cloud_checker
+        self._etcd_member = etcd_member
         self._interval = settings.interval
         self.delegating_interval = delegating_interval(settings.interval, takeover)
         report = None if metrics is None else metrics.set_coordinator_server_healthy
         probers = [
             LeaseProber(reactor,
                         NodeLeaseWriter(reactor, client, node_name, settings,
-                                        annotations=self._delegation_annotations),
+                                        annotations=functools.partial(
+                                            self._lease_annotations, url)),
                         url, settings, kubelet=kubelet, report_health=report)
             for url, client in clients.items()
         ]
         super().__init__(reactor, probers, self._next_interval, kubelet=kubelet,
                          name="coordinator")
         cloud_checker.add_listener(self._cloud_changed)
+
+    def _lease_annotations(self, server: str) -> Annotations:
+        """What a write of the node lease through ``server`` sets (and removes)."""
+        annotations = dict(self._delegation_annotations())
+        annotations[COORDINATOR_SERVER_ANNOTATION] = published_url(server)
+        annotations[ETCD_MEMBER_ANNOTATION] = published_url(self._etcd_member())
+        return annotations
 
     def _delegation_annotations(self) -> Annotations:
         # Until the cloud's health is known (an agent just started) the annotation is

@@ -21,6 +21,7 @@ from yurtcoord.kube.client import ClientConfig, KubeClient
 from yurtcoord.kube.errors import Conflict, ServerError
 from yurtcoord.kube.gvr import LEASES, NODES
 from yurtcoord.kube.lease import format_micro_time, parse_micro_time
+from yurtcoord.names import COORDINATOR_SERVER_ANNOTATION, ETCD_MEMBER_ANNOTATION
 from yurtcoord.sim.apiserver import KubeAPIServer
 from yurtcoord.testing.fakehealth import FakeHealth
 from yurtcoord.testing.fakeinformer import FakeInformer
@@ -163,13 +164,20 @@ class DelegationFixture:
         return (cloud or self.cloud).peek(LEASES, name, NODE_LEASE_NAMESPACE)
 
 
+# The annotations a coordinator prober sets on a pool lease besides the delegate one.
+SERVERS_IN_USE = {ETCD_MEMBER_ANNOTATION: "https://10.0.0.1:2379",
+                  COORDINATOR_SERVER_ANNOTATION: "https://10.0.0.1:6443"}
+
+
 class DelegationLogicTests(DelegationFixture, unittest.TestCase):
     """Forwarding: what is written, concurrency, conflicts, retries, stop."""
 
     def test_absent_cloud_lease_is_created_from_the_pool_lease(self):
         # The seed created its empty get result instead (fix 1).
         self.start()
-        lease = pool_lease("node-b", T0 + 1, annotations={"example.com/other": "x"})
+        # What the node's agent uses of the pool stays in the pool, as any other annotation.
+        lease = pool_lease("node-b", T0 + 1, annotations={"example.com/other": "x",
+                                                          **SERVERS_IN_USE})
         lease["spec"]["acquireTime"] = format_micro_time(T0)
         lease["spec"]["leaseTransitions"] = 4
         self.informer.add(lease)
@@ -205,7 +213,8 @@ class DelegationLogicTests(DelegationFixture, unittest.TestCase):
         present["spec"]["leaseTransitions"] = 2
         self.cloud.put(LEASES, present)
         self.start()
-        forwarded = pool_lease("node-b", T0 + 10, annotations={"shared.example/x": "pool"})
+        forwarded = pool_lease("node-b", T0 + 10, annotations={"shared.example/x": "pool",
+                                                               **SERVERS_IN_USE})
         forwarded["spec"]["leaseTransitions"] = 9
         self.informer.add(forwarded)
         lease = self.stored("node-b")

@@ -12,11 +12,14 @@ from yurtcoord.heartbeat.probes import (
     LeaseProber,
     NodeLeaseWriter,
     ProbeSettings,
+    published_url,
+    servers_in_use,
 )
 from yurtcoord.kube.errors import ConnectionFailed, NotFound, ServerError, Timeout
 from yurtcoord.kube.gvr import LEASES, NODES
 from yurtcoord.kube.leasewriter import LeaseWriteFailed
 from yurtcoord.kube.resolving import PickedServerClient
+from yurtcoord.names import COORDINATOR_SERVER_ANNOTATION, ETCD_MEMBER_ANNOTATION
 from yurtcoord.testing.fakehealth import FakeHealth
 from yurtcoord.testing.fakekube import FakeKube
 from yurtcoord.testing.leaseprobes import (
@@ -552,7 +555,9 @@ class CoordinatorHealthCheckerTests(unittest.TestCase):
     def test_lease_created_while_cloud_is_down_carries_annotation(self):
         self.cloud.healthy = False
         self.checker.start()
-        self.assertEqual(self.annotations(), {DELEGATE_HEARTBEAT_ANNOTATION: "true"})
+        self.assertEqual(self.annotations(), {DELEGATE_HEARTBEAT_ANNOTATION: "true",
+                                              COORDINATOR_SERVER_ANNOTATION:
+                                                  "https://coordinator"})
         self.successResultOf(self.checker.stop())
 
     def test_unhealthy_when_coordinator_refuses(self):
@@ -561,6 +566,94 @@ class CoordinatorHealthCheckerTests(unittest.TestCase):
         self.assertFalse(self.checker.healthy)
         self.assertIsNone(node_lease(self.client))
         self.successResultOf(self.checker.stop())
+
+
+class ServersInUseTests(unittest.TestCase):
+    """The coordinator prober names on the node lease it writes the coordinator
+    apiserver the write went through and the pool etcd member the pool store uses:
+    without credentials, updated with the next renewal, absent while unknown."""
+
+    SERVER = "https://coordinator-a:6443"
+
+    def setUp(self):
+        self.clock = make_clock()
+        self.client = FakeKube(self.clock)
+        self.member = "https://10.0.0.1:2379"
+        self.checker = CoordinatorHealthChecker(
+            self.clock, {self.SERVER: self.client}, NODE, FakeHealth(True), DEFAULTS,
+            etcd_member=lambda: self.member)
+
+    def tearDown(self):
+        self.successResultOf(self.checker.stop())
+        self.assertEqual(self.clock.getDelayedCalls(), [])
+
+    def in_use(self):
+        return servers_in_use(node_lease(self.client))
+
+    def test_the_lease_names_the_apiserver_and_the_etcd_member(self):
+        self.checker.start()
+        self.assertEqual(self.in_use(), ("https://10.0.0.1:2379", self.SERVER))
+        self.assertEqual(node_lease(self.client)["metadata"]["annotations"], {
+            ETCD_MEMBER_ANNOTATION: "https://10.0.0.1:2379",
+            COORDINATOR_SERVER_ANNOTATION: self.SERVER})
+
+    def test_a_new_member_is_written_with_the_next_renewal(self):
+        self.checker.start()
+        writes = len(self.client.writes)
+        self.member = "https://10.0.0.2:2379"
+        advance(self.clock, 9.9)
+        # No write of its own: the lease still names the old member until its renewal.
+        self.assertEqual(len(self.client.writes), writes)
+        self.assertEqual(self.in_use()[0], "https://10.0.0.1:2379")
+        advance(self.clock, 0.1)
+        self.assertEqual(len(self.client.writes), writes + 1)
+        self.assertEqual(self.in_use(), ("https://10.0.0.2:2379", self.SERVER))
+
+    def test_no_pool_store_open_removes_the_etcd_member_only(self):
+        put_node_lease(self.client, {
+            "metadata": {"name": NODE, "namespace": health.NODE_LEASE_NAMESPACE,
+                         "annotations": {"example.com/owner": "ops"}},
+            "spec": {"holderIdentity": NODE}})
+        self.checker.start()
+        self.member = None
+        advance(self.clock, 10)
+        self.assertEqual(node_lease(self.client)["metadata"]["annotations"], {
+            "example.com/owner": "ops", COORDINATOR_SERVER_ANNOTATION: self.SERVER})
+        self.assertEqual(self.in_use(), (None, self.SERVER))
+
+    def test_credentials_in_the_urls_are_never_written(self):
+        clock, client = self.clock, FakeKube(self.clock)
+        checker = CoordinatorHealthChecker(
+            clock, {"https://admin:s3cret@coordinator-b:6443/": client}, NODE,
+            FakeHealth(True), DEFAULTS,
+            etcd_member=lambda: "https://root:pa%40ss@10.0.0.3:2379?token=abc#x")
+        checker.start()
+        annotations = node_lease(client)["metadata"]["annotations"]
+        self.assertEqual(annotations, {
+            ETCD_MEMBER_ANNOTATION: "https://10.0.0.3:2379",
+            COORDINATOR_SERVER_ANNOTATION: "https://coordinator-b:6443/"})
+        for _at, lease in client.writes:
+            text = repr(lease)
+            for secret in ("admin", "s3cret", "root", "pa%40ss", "token", "abc"):
+                self.assertNotIn(secret, text)
+        self.successResultOf(checker.stop())
+
+    def test_published_url(self):
+        for given, published in (
+                ("https://10.0.0.1:2379", "https://10.0.0.1:2379"),
+                ("http://user:pw@host:80/prefix?q=1#f", "http://host:80/prefix"),
+                ("https://u:p@ss@[::1]:2379", "https://[::1]:2379"),
+                (" https://host:6443 ", "https://host:6443"),
+                ("http://[::1", None), ("https://host:port", None),
+                ("javascript:alert(1)", None), ("host:2379", None), ("https://", None),
+                ("", None), (None, None), (7, None), ({"url": "https://h"}, None)):
+            self.assertEqual(published_url(given), published, given)
+
+    def test_servers_in_use_of_any_lease(self):
+        for lease in (None, "lease", {}, {"metadata": None}, {"metadata": {"annotations": 3}},
+                      {"metadata": {"annotations": {ETCD_MEMBER_ANNOTATION: ["x"],
+                                                    COORDINATOR_SERVER_ANNOTATION: 5}}}):
+            self.assertEqual(servers_in_use(lease), (None, None), lease)
 
 
 class SeveralCoordinatorServersTests(unittest.TestCase):
@@ -630,8 +723,10 @@ class SeveralCoordinatorServersTests(unittest.TestCase):
         self.assertEqual(self.checker.pick_server(), self.B)
         lease = node_lease(self.clients[self.B])
         self.assertEqual(lease["spec"]["renewTime"], health.format_micro_time(START + 21))
+        # The lease names the server the write went through now.
         self.assertEqual(lease["metadata"]["annotations"],
-                         {DELEGATE_HEARTBEAT_ANNOTATION: "true"})
+                         {DELEGATE_HEARTBEAT_ANNOTATION: "true",
+                          COORDINATOR_SERVER_ANNOTATION: self.B})
         self.assertTrue(self.checker.healthy)
 
     def test_suspected_writing_server_is_probed_at_once_and_avoided_meanwhile(self):
