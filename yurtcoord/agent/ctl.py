@@ -4,7 +4,8 @@ scripts.
 ::
 
     yurtcoordctl status  [--server URL | --config PATH] [-o table|json]
-    yurtcoordctl members ...     # GET /pool: every member, its heartbeat path, lease age
+    yurtcoordctl members ...     # GET /pool: every member, its heartbeat path, lease age,
+                                 # the pool etcd member and coordinator apiserver it uses
     yurtcoordctl leader  ...     # GET /pool: the election lease and the leader changes
     yurtcoordctl cache   ...     # GET /pool: pool cache counts and informer sync lease
 
@@ -126,12 +127,13 @@ def format_members(pool: Mapping[str, Any]) -> str:
     members = _records(pool, "members")
     rows = [[m.get("node"), m.get("heartbeat"), age(m.get("lease_age")),
              age(m.get("cloud_lease_age")), age(m.get("pool_lease_age")),
-             m.get("leader") is True, _upload(m)]
+             m.get("leader") is True, m.get("etcd_member"), m.get("coordinator_server"),
+             _upload(m)]
             for m in members]
     if not rows:
         return "No members found.\n"
     return table(["node", "heartbeat", "lease-age", "cloud-lease", "pool-lease", "leader",
-                  "upload"], rows)
+                  "etcd-member", "coordinator-server", "upload"], rows)
 
 
 def format_leader(pool: Mapping[str, Any]) -> str:
@@ -239,7 +241,8 @@ def parser() -> argparse.ArgumentParser:
                f"config, {UNREACHABLE} agent unreachable or bad answer")
     commands = top.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, help_text in (("status", "this agent: role, leader, readiness"),
-                            ("members", "the pool's members and their heartbeat paths"),
+                            ("members", "the pool's members, their heartbeat paths and "
+                                        "the servers they use"),
                             ("leader", "the election lease and the leader changes seen"),
                             ("cache", "the pool cache: objects and informer sync lease")):
         commands.add_parser(name, parents=[common], help=help_text)

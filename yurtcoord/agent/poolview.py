@@ -12,7 +12,10 @@ the cloud:
   cloud was read, otherwise the coordinator's. Fresh and marked with the delegation
   annotation (which the leader copies into the cloud lease while it forwards, and a
   node writing the cloud directly removes) is ``delegated``, fresh without it is
-  ``direct``, anything else ``stale``;
+  ``direct``, anything else ``stale``. Each member also shows the pool etcd member and
+  the coordinator apiserver its agent uses, as its agent last wrote them on its node
+  lease on the coordinator apiserver (null when that lease says nothing: no lease, an
+  agent without a pool store open, or one that predates them);
 - the holder of the election lease, read from the coordinator apiserver whether or
   not this agent takes part in the election (a follower cut off from the cloud does
   not, yet the coordinator still names the leader);
@@ -42,6 +45,7 @@ from zope.interface import implementer
 
 from yurtcoord.agent.status import IPoolView, IStatusSource, rfc3339
 from yurtcoord.heartbeat.delegation import is_delegated
+from yurtcoord.heartbeat.probes import servers_in_use
 from yurtcoord.kube.errors import NotFound
 from yurtcoord.kube.gvr import LEASES, NODES, GroupVersionResource
 from yurtcoord.kube.lease import holder_identity, lease_duration_seconds, renew_time
@@ -400,6 +404,7 @@ class PoolView:
                                    self.stale_after)
         _pool_path, pool_age = heartbeat_path(pool_lease, now, self.stale_after)
         cloud_age = heartbeat_path(cloud_lease, now, self.stale_after)[1] if cloud_read else None
+        etcd_member, coordinator_server = servers_in_use(pool_lease)
         upload = None
         if member == self.node:
             status = self._status.status()
@@ -414,5 +419,7 @@ class PoolView:
             "pool_lease_age": _rounded(pool_age),
             "leader": leader is not None and member == leader,
             "this_agent": member == self.node,
+            "etcd_member": etcd_member,
+            "coordinator_server": coordinator_server,
             "upload": upload,
         }

@@ -358,7 +358,7 @@ body { font: 15px/1.4 system-ui, -apple-system, "Segoe UI", sans-serif; margin: 
 header { background: #24292f; color: #fff; padding: 14px 24px; }
 header h1 { margin: 0; font-size: 22px; }
 header p { margin: 4px 0 0; color: #c9d1d9; }
-main { padding: 16px 24px; max-width: 900px; }
+main { padding: 16px 24px; max-width: 1100px; }
 .cards { display: flex; gap: 12px; flex-wrap: wrap; margin-bottom: 16px; }
 .card { background: #fff; border: 1px solid #d0d7de; border-radius: 8px;
         padding: 10px 16px; min-width: 150px; }
@@ -450,6 +450,14 @@ _POOL_PAGE_SCRIPT = """
   function age(value) {
     return typeof value === "number" ? value.toFixed(1) + "s" : "none";
   }
+  function serverCell(row, column, url) {
+    var known = typeof url === "string" && url !== "";
+    var td = document.createElement("td");
+    td.setAttribute("data-column", column);
+    if (!known) { td.className = "none"; }
+    td.textContent = known ? url : "none";
+    row.appendChild(td);
+  }
   function renderMembers(pool) {
     var body = document.getElementById("members");
     clear(body);
@@ -470,6 +478,8 @@ _POOL_PAGE_SCRIPT = """
       cell(row, path, "path-" + path);
       cell(row, age(m.lease_age));
       cell(row, m.leader === true ? "leader" : "", m.leader === true ? "role-leader" : "");
+      serverCell(row, "etcd-member", m.etcd_member);
+      serverCell(row, "coordinator-server", m.coordinator_server);
       var upload = m.upload;
       cell(row, upload ? (upload.uploaded ? "uploaded (" + upload.objects + ")"
                                           : "not uploaded") : "unknown");
@@ -715,7 +725,18 @@ def _member_row(member: Mapping[str, Any]) -> str:
             f'<td>{_escaped(member.get("node"))}{badge}</td>'
             f'<td class="path-{_escaped(path)}">{_escaped(path)}</td>'
             f'<td>{_escaped(_age_text(member.get("lease_age")))}</td>'
-            f"<td>{leader}</td><td>{_escaped(upload_text)}</td></tr>")
+            f"<td>{leader}</td>"
+            f'{_server_cell("etcd-member", member.get("etcd_member"))}'
+            f'{_server_cell("coordinator-server", member.get("coordinator_server"))}'
+            f"<td>{_escaped(upload_text)}</td></tr>")
+
+
+def _server_cell(column: str, url: object) -> str:
+    """The cell of a member's pool etcd member or coordinator apiserver: its URL, or
+    ``none`` when unknown (as the page's script draws it)."""
+    if isinstance(url, str) and url:
+        return f'<td data-column="{column}">{_escaped(url)}</td>'
+    return f'<td data-column="{column}" class="none">none</td>'
 
 
 def render_pool_sections(pool: Optional[Mapping[str, Any]]) -> str:
@@ -727,7 +748,7 @@ def render_pool_sections(pool: Optional[Mapping[str, Any]]) -> str:
 
     members = part("members", list)
     member_rows = "".join(_member_row(m) for m in members if isinstance(m, Mapping)) or (
-        '<tr><td class="none" colspan="5">no members known yet</td></tr>')
+        '<tr><td class="none" colspan="7">no members known yet</td></tr>')
     cache = part("cache", dict)
     resources = cache.get("resources") if isinstance(cache.get("resources"), dict) else {}
     resource_rows = "".join(
@@ -739,7 +760,7 @@ def render_pool_sections(pool: Optional[Mapping[str, Any]]) -> str:
     synced_text, synced_css = _page_value("bool", cache.get("synced"))
     return f"""<h2>Members</h2>
 <table><thead><tr><th>node</th><th>heartbeat</th><th>lease age</th><th>leader</th>
-<th>upload</th></tr></thead>
+<th>pool etcd member</th><th>coordinator apiserver</th><th>upload</th></tr></thead>
 <tbody id="members">{member_rows}</tbody></table>
 <h2>Leader timeline (last hour)</h2>
 <div id="timeline">{render_timeline(pool or {})}</div>

@@ -23,13 +23,17 @@ POOL = {
     "members": [
         {"node": "edge-1", "heartbeat": "direct", "stale": False, "lease_age": 1.2,
          "cloud_lease_age": 1.2, "pool_lease_age": 0.7, "leader": False,
-         "this_agent": True, "upload": {"uploaded": True, "objects": 12}},
+         "this_agent": True, "etcd_member": "https://10.0.0.1:2379",
+         "coordinator_server": "https://10.0.0.1:6443",
+         "upload": {"uploaded": True, "objects": 12}},
         {"node": "edge-2", "heartbeat": "delegated", "stale": False, "lease_age": 3.0,
          "cloud_lease_age": 3.0, "pool_lease_age": 2.5, "leader": True,
-         "this_agent": False, "upload": None},
+         "this_agent": False, "etcd_member": "https://10.0.0.2:2379",
+         "coordinator_server": "https://10.0.0.1:6443", "upload": None},
         {"node": "edge-long-name-3", "heartbeat": "stale", "stale": True,
          "lease_age": 125.0, "cloud_lease_age": 125.0, "pool_lease_age": None,
-         "leader": False, "this_agent": False, "upload": None},
+         "leader": False, "this_agent": False, "etcd_member": None,
+         "coordinator_server": None, "upload": None},
     ],
     "leader_changes": [{"time": "2026-12-01T20:00:00Z", "at": 1.0, "leader": "edge-1"},
                        {"time": "2026-12-01T20:05:00Z", "at": 2.0, "leader": "edge-2"}],
@@ -47,10 +51,14 @@ STATUS = {"node": "edge-1", "pool": "pool-a", "role": "follower", "healthy": Tru
 class TableTests(unittest.TestCase):
     def test_members_are_aligned_like_kubectl(self):
         self.assertEqual(ctl.format_members(POOL), (
-            "NODE               HEARTBEAT   LEASE-AGE   CLOUD-LEASE   POOL-LEASE   LEADER   UPLOAD\n"
-            "edge-1             direct      1.2s        1.2s          0.7s         false    uploaded (12)\n"
-            "edge-2             delegated   3.0s        3.0s          2.5s         true     <none>\n"
-            "edge-long-name-3   stale       2m5s        2m5s          <none>       false    <none>\n"))
+            "NODE               HEARTBEAT   LEASE-AGE   CLOUD-LEASE   POOL-LEASE   LEADER   "
+            "ETCD-MEMBER             COORDINATOR-SERVER      UPLOAD\n"
+            "edge-1             direct      1.2s        1.2s          0.7s         false    "
+            "https://10.0.0.1:2379   https://10.0.0.1:6443   uploaded (12)\n"
+            "edge-2             delegated   3.0s        3.0s          2.5s         true     "
+            "https://10.0.0.2:2379   https://10.0.0.1:6443   <none>\n"
+            "edge-long-name-3   stale       2m5s        2m5s          <none>       false    "
+            "<none>                  <none>                  <none>\n"))
 
     def test_leader_and_changes(self):
         self.assertEqual(ctl.format_leader(POOL), (
@@ -144,6 +152,16 @@ class CommandTests(unittest.TestCase):
         code, out, err = await self.ctl("members", "--server", self.base)
         self.assertEqual((code, err), (0, ""))
         self.assertEqual(out, ctl.format_members(POOL))
+
+    async def test_members_as_json_name_the_servers_each_member_uses(self):
+        code, out, err = await self.ctl("members", "--server", self.base, "-o", "json")
+        self.assertEqual((code, err), (0, ""))
+        self.assertEqual(
+            {m["node"]: (m["etcd_member"], m["coordinator_server"])
+             for m in json.loads(out)["members"]},
+            {"edge-1": ("https://10.0.0.1:2379", "https://10.0.0.1:6443"),
+             "edge-2": ("https://10.0.0.2:2379", "https://10.0.0.1:6443"),
+             "edge-long-name-3": (None, None)})
 
     async def test_json_is_the_document_unchanged(self):
         code, out, err = await self.ctl("leader", "--server", self.base + "/", "-o", "json")

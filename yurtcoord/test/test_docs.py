@@ -317,7 +317,8 @@ class HTTPSurfaceTests(unittest.TestCase):
 
 # The fields of one member of a /pool document.
 POOL_MEMBER_FIELDS = ("node", "heartbeat", "stale", "lease_age", "cloud_lease_age",
-                      "pool_lease_age", "leader", "this_agent", "upload")
+                      "pool_lease_age", "leader", "this_agent", "etcd_member",
+                      "coordinator_server", "upload")
 
 
 # ---------------------------------------------------------------------------------------

@@ -17,11 +17,24 @@ from yurtcoord.agent.status import (
     status_site,
 )
 from yurtcoord.testing.chromium import (
-    LEADER_FIELD, MEMBER_ROW, PNG_MAGIC, RECT_LEADERS, STALE_ROW, run_chromium,
+    LEADER_FIELD, MEMBER_ROW, MEMBER_SERVERS, PNG_MAGIC, RECT_LEADERS, STALE_ROW,
+    run_chromium,
 )
 
 EVIL_NODE = "<img src=x onerror=alert(1)>&\"edge'"
 EVIL_SERVER = "https://cloud.example/<script>alert(2)</script>"
+EVIL_MEMBER = "https://10.0.0.1:2379/<b>x</b>"
+# (pool etcd member, coordinator apiserver) each member of ``pool_document`` uses.
+SERVERS_IN_USE = {EVIL_NODE: (EVIL_MEMBER, "https://10.0.0.1:6443"),
+                  "edge-3": ("https://10.0.0.3:2379", "https://10.0.0.2:6443")}
+# The same as MEMBER_SERVERS reads them from Chromium's DOM (the server's HTML also
+# escapes the node name's ').
+SHOWN_SERVERS = [
+    ("edge-&lt;1&gt;", "none", "none"),
+    ("edge-3", "https://10.0.0.3:2379", "https://10.0.0.2:6443"),
+    ("&lt;img src=x onerror=alert(1)&gt;&amp;&quot;edge'", "https://10.0.0.1:2379/&lt;b&gt;x&lt;/b&gt;",
+     "https://10.0.0.1:6443"),
+]
 
 
 @implementer(IStatusSource)
@@ -68,6 +81,8 @@ def pool_document(stale=(), leader="edge-<1>", now=NOW):
                         "lease_age": 31.0 if path == "stale" else 1.5,
                         "cloud_lease_age": None, "pool_lease_age": 1.5,
                         "leader": node == "edge-3", "this_agent": node == EVIL_NODE,
+                        "etcd_member": SERVERS_IN_USE.get(node, (None, None))[0],
+                        "coordinator_server": SERVERS_IN_USE.get(node, (None, None))[1],
                         "upload": {"uploaded": True, "objects": 42}
                         if node == EVIL_NODE else None})
     changes = [{"time": rfc3339(at), "at": at, "leader": name}
@@ -226,6 +241,12 @@ class PoolPageTests(unittest.TestCase):
         self.assertIn('<td id="sync-age">2.5s</td>', page)
         self.assertIn("<td>endpoints</td><td>5</td>", page)
         self.assertIn("<td>uploaded (42)</td>", page)
+        # The servers each member uses, escaped; "none" where unknown.
+        self.assertNotIn("<b>", page)
+        self.assertEqual(sorted(MEMBER_SERVERS.findall(page)), sorted(
+            (node.replace("'", "&#x27;"), member, server)
+            for node, member, server in SHOWN_SERVERS))
+        self.assertIn("<th>pool etcd member</th><th>coordinator apiserver</th>", page)
         svg = page.split('<div id="timeline">', 1)[1].split("</div>", 1)[0]
         self.assertTrue(svg.startswith("<svg "), svg[:80])
         self.assertEqual(RECT_LEADERS.findall(svg), ["edge-3", "edge-&lt;1&gt;", "edge-3"])
@@ -264,7 +285,10 @@ class PoolPageTests(unittest.TestCase):
         self.assertEqual(STALE_ROW.findall(dom), ["edge-3"] if view.reads > 1 else [])
         self.assertEqual(sorted(set(RECT_LEADERS.findall(dom))), ["edge-&lt;1&gt;", "edge-3"])
         self.assertNotIn("<img", dom)
+        self.assertNotIn("<b>", dom)
         self.assertIn("no healthy &lt;cloud&gt; server", dom)
+        # The script's rows show the servers each member uses, as the server's did.
+        self.assertEqual(sorted(MEMBER_SERVERS.findall(dom)), sorted(SHOWN_SERVERS))
         code, _out, err = yield self.chromium(f"--screenshot={shot}", "--window-size=1000,1400",
                                               base + "/")
         self.assertEqual(code, 0, err.decode("utf-8", "replace")[-2000:])

@@ -23,8 +23,8 @@ from yurtcoord.agent.status import IPoolView, IStatusSource, InitialStatus, stat
 from yurtcoord.kube.gvr import ENDPOINTS, ENDPOINTSLICES_V1, ENDPOINTSLICES_V1BETA1, LEASES
 from yurtcoord.kube.lease import format_micro_time
 from yurtcoord.names import (
-    DELEGATE_HEARTBEAT_ANNOTATION, INFORMER_SYNC_LEASE_NAME, INFORMER_SYNC_LEASE_NAMESPACE,
-    NODE_LEASE_NAMESPACE,
+    COORDINATOR_SERVER_ANNOTATION, DELEGATE_HEARTBEAT_ANNOTATION, ETCD_MEMBER_ANNOTATION,
+    INFORMER_SYNC_LEASE_NAME, INFORMER_SYNC_LEASE_NAMESPACE, NODE_LEASE_NAMESPACE,
 )
 from yurtcoord.role.roles import Role
 from yurtcoord.sim.apiserver.clients import start_server_with_client
@@ -142,6 +142,43 @@ class PoolViewTests(unittest.TestCase):
         self.assertEqual((document["node"], document["pool"], document["role"]),
                          ("edge-1", "pool-a", "follower"))
         json.dumps(document)
+
+    def annotate(self, server, name, annotations):
+        current = server.store.get(LEASES, name, NODE_LEASE_NAMESPACE)
+        current["metadata"]["annotations"] = dict(
+            current["metadata"].get("annotations") or {}, **annotations)
+        server.store.update(LEASES, current)
+
+    @defer.inlineCallbacks
+    def test_each_member_shows_the_servers_its_coordinator_lease_names(self):
+        self.annotate(self.coordinator, "edge-1", {
+            ETCD_MEMBER_ANNOTATION: "https://10.0.0.2:2379",
+            COORDINATOR_SERVER_ANNOTATION: "https://10.0.0.1:6443"})
+        # No pool store open: no etcd member.
+        self.annotate(self.coordinator, "edge-2", {
+            COORDINATOR_SERVER_ANNOTATION: "https://10.0.0.2:6443"})
+        # Whatever a peer writes is shown as a URL without credentials, or not at all.
+        self.annotate(self.coordinator, "edge-3", {
+            ETCD_MEMBER_ANNOTATION: "https://root:secret@10.0.0.3:2379/?token=abc",
+            COORDINATOR_SERVER_ANNOTATION: "<script>alert(1)</script>"})
+        self.annotate(self.coordinator, "edge-5", {
+            ETCD_MEMBER_ANNOTATION: "http://[::1", COORDINATOR_SERVER_ANNOTATION: ""})
+        # Only the coordinator's lease tells: edge-4 has none, its cloud lease does not count.
+        self.annotate(self.cloud, "edge-4", {
+            ETCD_MEMBER_ANNOTATION: "https://10.0.0.4:2379",
+            COORDINATOR_SERVER_ANNOTATION: "https://10.0.0.4:6443"})
+        document = yield self.view.document()
+        self.assertEqual(document["errors"], {})
+        self.assertEqual(
+            {n: (m["etcd_member"], m["coordinator_server"])
+             for n, m in self.members(document).items()},
+            {"edge-1": ("https://10.0.0.2:2379", "https://10.0.0.1:6443"),
+             "edge-2": (None, "https://10.0.0.2:6443"),
+             "edge-3": ("https://10.0.0.3:2379/", None),
+             "edge-4": (None, None),
+             "edge-5": (None, None)})
+        self.assertNotIn("secret", json.dumps(document))
+        self.assertNotIn("token", json.dumps(document))
 
     @defer.inlineCallbacks
     def test_without_the_cloud_the_coordinator_decides(self):

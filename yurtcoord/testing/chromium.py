@@ -20,11 +20,16 @@ from yurtcoord.testing.processes import CollectingProcess
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 CHROMIUM_TIMEOUT = 90.0
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
-# The leader card's text; every member row as (node, heartbeat); the node of each row
-# flagged stale; the leader of each timeline segment.
+# The leader card's text; every member row as (node, heartbeat); every member row as
+# (node, pool etcd member, coordinator apiserver) as shown ("none" when unknown); the
+# node of each row flagged stale; the leader of each timeline segment.
 LEADER_FIELD = re.compile(r'data-field="leader"[^>]*>([^<]*)<')
 MEMBER_ROW = re.compile(r'<tr class="(?:member|stale)" data-node="([^"]*)" '
                         r'data-heartbeat="([^"]*)"')
+MEMBER_SERVERS = re.compile(
+    r'<tr class="(?:member|stale)" data-node="([^"]*)"[^>]*>(?:(?!</tr>).)*?'
+    r'<td data-column="etcd-member"[^>]*>([^<]*)</td>'
+    r'<td data-column="coordinator-server"[^>]*>([^<]*)</td>', re.S)
 STALE_ROW = re.compile(r'<tr class="stale" data-node="([^"]*)" data-heartbeat="stale"')
 RECT_LEADERS = re.compile(r'<rect [^>]*data-leader="([^"]*)"')
 
