@@ -10,6 +10,12 @@ pool page in headless Chromium and ``yurtcoordctl`` against it.
 - The viewing follower is cut off from the cloud: it no longer elects, so ``/status``
   names no leader, yet ``/pool``, the page and ``yurtcoordctl leader`` name the
   holder of the coordinator's election lease.
+- With three pool etcd members and two coordinator apiservers, one follower's
+  ``yurtcoordctl members`` and pool page show the member and the apiserver every
+  agent uses; after the member they all use is killed, then the apiserver they all
+  write through goes down, both show every agent on another one. The times from each
+  fault until the viewer showed every agent moved are printed as ``POOLVIEW-E2E``
+  lines.
 """
 
 import io
@@ -25,7 +31,8 @@ from yurtcoord.agent.poolview import POOL_VIEW_TTL
 from yurtcoord.kube.gvr import ENDPOINTS
 from yurtcoord.kube.lease import renew_time
 from yurtcoord.testing.chromium import (
-    LEADER_FIELD, MEMBER_ROW, PNG_MAGIC, RECT_LEADERS, STALE_ROW, run_chromium,
+    LEADER_FIELD, MEMBER_ROW, MEMBER_SERVERS, PNG_MAGIC, RECT_LEADERS, STALE_ROW,
+    run_chromium,
 )
 from yurtcoord.testing.poll import PollTimeout, poll_until
 from yurtcoord.testing.partitions import endpoints
@@ -58,13 +65,18 @@ def yurtcoordctl(*argv):
     return threads.deferToThread(run)
 
 
-class PoolViewEndToEndTests(unittest.TestCase):
+class PoolViewWorld:
+    """Three agents with pods, the cloud's endpoints, and the helpers reading a pool
+    view; ``world_options`` are the ``ProcessWorld``'s."""
+
     timeout = 300
     nodes = ("edge-1", "edge-2", "edge-3")
+    world_options: dict = {}
 
     @defer.inlineCallbacks
     def setUp(self):
-        self.world = ProcessWorld(reactor, kubelet_grace_period=f"{GRACE:g}s")
+        self.world = ProcessWorld(reactor, kubelet_grace_period=f"{GRACE:g}s",
+                                  **self.world_options)
         self.addCleanup(self.world.stop)
         yield self.world.start()
         for node in self.nodes:
@@ -83,11 +95,25 @@ class PoolViewEndToEndTests(unittest.TestCase):
         return {m["node"]: m["heartbeat"] for m in json.loads(out)["members"]}, code
 
     @defer.inlineCallbacks
+    def servers_of(self, url):
+        """{node: (etcd member, coordinator apiserver)} of ``yurtcoordctl members -o
+        json``."""
+        code, out, err = yield yurtcoordctl("members", "--server", url, "-o", "json",
+                                            "--timeout", "5")
+        if code not in (0, ctl.NOT_READY):
+            raise AssertionError(f"yurtcoordctl members: {code} {err}")
+        return {m["node"]: (m["etcd_member"], m["coordinator_server"])
+                for m in json.loads(out)["members"]}
+
+    @defer.inlineCallbacks
     def page(self, url, *arguments):
         code, dom, err = yield run_chromium(self, reactor, "--virtual-time-budget=3000", *arguments,
                                             "--dump-dom", url + "/")
         self.assertEqual(code, 0, err.decode("utf-8", "replace")[-2000:])
         return dom.decode("utf-8")
+
+
+class PoolViewEndToEndTests(PoolViewWorld, unittest.TestCase):
 
     @defer.inlineCallbacks
     def test_page_and_cli_show_the_pool_a_stale_member_and_the_leader_when_cut_off(self):
@@ -198,3 +224,95 @@ class PoolViewEndToEndTests(unittest.TestCase):
         self.assertRegex(out, rf"^LEADER .*\n{leader} +{leader} ")
         dom = yield self.page(url)
         self.assertEqual(LEADER_FIELD.findall(dom), [leader])
+
+
+class ServersInUseEndToEndTests(PoolViewWorld, unittest.TestCase):
+    """Which pool etcd member and coordinator apiserver each agent uses, as another
+    agent shows it, before and after the ones in use are lost."""
+
+    world_options = {"etcd_members": 3, "coordinator_servers": 2}
+    # Heartbeats a few times faster than the default, with attempts long enough for a
+    # loaded machine running three etcd members: a probe that fails there makes its
+    # agent pending for a moment, and a pending agent has no pool store open.
+    heartbeat = {"interval": "2s", "timeout": "500ms", "max_clock_skew": "1s"}
+
+    @defer.inlineCallbacks
+    def rows_of(self, url):
+        """{node: (etcd member, coordinator apiserver)} as the pool page shows them
+        (``none`` where unknown), once its script has read ``/pool``."""
+        dom = yield self.page(url)
+        return {node: (member, server) for node, member, server
+                in MEMBER_SERVERS.findall(dom)}
+
+    @defer.inlineCallbacks
+    def wait_servers(self, read, what, predicate):
+        """``read()``'s {node: servers} once ``predicate`` holds for it, and when."""
+        seen = {}
+
+        @defer.inlineCallbacks
+        def check():
+            seen["servers"] = yield read()
+            return predicate(seen["servers"])
+
+        try:
+            yield poll_until(check, STEP_TIMEOUT, 0.2, reactor, what=what)
+        except PollTimeout as e:
+            raise PollTimeout(f"{e}: {seen}\n{self.world.log_tails()}") from None
+        return seen["servers"], reactor.seconds()
+
+    @defer.inlineCallbacks
+    def test_every_agent_moving_to_another_member_and_apiserver_is_shown(self):
+        world = self.world
+        yield world.start_agents(heartbeat=self.heartbeat)
+        statuses = yield world.wait_for_pool(
+            "one leader among 3 agents, all ready", lambda s: one_leader_all_ready(s, 3),
+            SETTLE_TIMEOUT)
+        leader = leader_of(statuses)
+        viewer = sorted(n for n in self.nodes if n != leader)[0]
+        url = world.agents[viewer].url
+        cli, page = (lambda: self.servers_of(url)), (lambda: self.rows_of(url))
+        members = world.etcd_urls()
+        first, second = (server.url for server in world.coordinators)
+        # Every agent is shown with a member and an apiserver of the pool. Which
+        # apiserver is not fixed: a heartbeat moves to the other one whenever a write
+        # fails (on a loaded machine an attempt may time out), and stays there.
+        def shown(servers, allowed_members, allowed_servers):
+            return set(servers) == set(self.nodes) and all(
+                member in allowed_members and server in allowed_servers
+                for member, server in servers.values())
+
+        servers, _at = yield self.wait_servers(
+            cli, f"every agent's member and apiserver in {viewer}'s yurtcoordctl",
+            lambda servers: shown(servers, members, (first, second)))
+        # Nothing failed over yet: the pool stores use the first member.
+        self.assertEqual({node: member for node, (member, _server) in servers.items()},
+                         dict.fromkeys(self.nodes, members[0]))
+        yield self.wait_servers(
+            page, f"every agent's member and apiserver on {viewer}'s pool page",
+            lambda rows: shown(rows, members, (first, second)))
+
+        # The member every agent uses dies: each agent's pool store moves to another
+        # member, and its next heartbeat says so.
+        yield world.kill_etcd(0)
+        killed_at = reactor.seconds()
+        servers, moved_at = yield self.wait_servers(
+            cli, f"every agent off {members[0]} in {viewer}'s yurtcoordctl",
+            lambda servers: shown(servers, members[1:], (first, second)))
+        report("etcd_member_killed_to_every_agent_moved_in_cli", moved_at - killed_at)
+
+        # The apiserver every agent writes through goes down: each heartbeat moves to
+        # the other one and names it.
+        yield world.coordinators[0].faults.down()
+        down_at = reactor.seconds()
+        servers, moved_at = yield self.wait_servers(
+            cli, f"every agent writing through {second} in {viewer}'s yurtcoordctl",
+            lambda servers: shown(servers, members[1:], (second,)))
+        report("coordinator_apiserver_down_to_every_agent_moved_in_cli", moved_at - down_at)
+        _rows, shown_at = yield self.wait_servers(
+            page, f"every agent on another member and {second} on {viewer}'s pool page",
+            lambda rows: shown(rows, members[1:], (second,)))
+        report("coordinator_apiserver_down_to_every_agent_moved_on_page", shown_at - down_at)
+        # The viewer's own row is what its /status says it uses.
+        status = yield world.status(world.agents[viewer])
+        self.assertEqual(servers[viewer][0], status["etcd_member"])
+        self.assertEqual(status["coordinator_servers"], {first: False, second: True})
