@@ -11,7 +11,7 @@ from twisted.internet.task import Clock
 from twisted.trial import unittest
 
 from yurtcoord.agent.certs import CERTS_SECRET_NAME
-from yurtcoord.heartbeat.probes import DELEGATE_HEARTBEAT_ANNOTATION
+from yurtcoord.heartbeat.probes import DELEGATE_HEARTBEAT_ANNOTATION, servers_in_use
 from yurtcoord.kube.client import ClientConfig, KubeClient
 from yurtcoord.kube.errors import ConnectionFailed
 from yurtcoord.kube.gvr import ENDPOINTS, LEASES, SECRETS
@@ -314,6 +314,17 @@ class AgentOverTLSTests(unittest.TestCase):
         status = yield self.reader.status(agent.status_http.url)
         self.assertEqual(status["coordinator_servers"],
                          {server.url: True for server in self.world.coordinators})
+        # Its node lease on the coordinator names the pool etcd member its pool store
+        # uses and the apiserver its heartbeat goes through, for the pool's views.
+        self.assertTrue(agent.etcd.member.startswith("https://"))
+
+        def servers_named():
+            lease = self.world.coordinator.store.get(LEASES, "edge-1", "kube-node-lease")
+            return servers_in_use(lease) == (agent.etcd.member,
+                                             agent.coordinator_checker.writing_server)
+
+        yield poll_until(servers_named, STEP_TIMEOUT, 0.02, reactor,
+                         what="edge-1's node lease naming its etcd member and apiserver")
         pki_files = sorted(os.listdir(config.coordinator.pki_dir))
         self.assertIn("yurt-coordinator-yurthub-client.key", pki_files)
         self.assertEqual(os.stat(os.path.join(
