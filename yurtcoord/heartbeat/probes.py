@@ -21,7 +21,8 @@ The coordinator prober also names, on the lease it writes, what this agent uses 
 pool: the coordinator apiserver the write goes through and the pool etcd member its
 pool store uses (``published_url``: never credentials). Agents cannot reach each
 other's status pages, so this is how each agent's pool view learns what every member
-uses (``servers_in_use``).
+uses (``servers_in_use``). Both stay in the pool: the leader forwards only the delegate
+annotation of a lease to the cloud.
 
 While the cloud is unhealthy the coordinator prober renews the pool lease every
 ``delegating_interval(interval, takeover)`` instead of every ``interval``, so that a
