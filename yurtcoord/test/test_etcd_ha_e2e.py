@@ -12,6 +12,10 @@ members (every agent's ``storage`` lists all three), settles the pool, and then:
   against the cloud and every agent's cache.
 - kills two members of three: every agent's ``/readyz`` fails naming the pool etcd
   and each member; once the members are back the pool recovers by itself.
+- runs two coordinator apiservers over the pool etcd as processes of their own and
+  SIGKILLs the one the leader uses while it mirrors a burst: the agents move to the
+  other, with the same bound and the same judgement, and the election lease moves
+  once at most; started again, the killed one is shown healthy again.
 
 Measured times are printed as ``ETCD-HA <test>.<what>=<seconds>s`` lines.
 """
@@ -390,12 +394,23 @@ class EtcdClusterFaultsMixin:
         renews the election lease through is SIGKILLed. The agents move to the other
         one: no agent is not ready for longer than ``NOT_READY_BOUND``; every agent's
         ``/status`` shows the killed apiserver down and the other up; the pool etcd ends
-        exact. The election lease keeps its holder: the leader's next renewal, a
-        ``retry_period`` later, goes to the other apiserver, well within its
-        ``renew_deadline``; it may move once at most, should the renewals through the
-        other apiserver stall behind the burst in etcd past that deadline. Started
-        again on its port, the killed apiserver answers the agents' probes and is shown
-        healthy again."""
+        exact. The election lease keeps its holder or moves once at most: the leader's
+        next renewal, a ``retry_period`` after the failed one, goes to the other
+        apiserver; but under the burst its last renewal may already be late and the
+        other apiserver's answers slow, so that it passes its ``renew_deadline`` and
+        steps down, then takes its own lease again (no transition) or loses it to a
+        peer (one). Started again on its port, the killed apiserver answers the
+        agents' probes and is shown healthy again.
+
+        Measured on a loaded 2-core machine, etcd 3.4.23 seven runs, 3.5.1 twelve:
+        on 3.4 no agent was ever seen not ready and the lease never moved; on 3.5
+        eight runs likewise, four times every agent said ``pool cache not synced`` for 4.1
+        to 6.0 s: the leader's renewal through the other apiserver came 1.4 s after
+        the kill, past its renew deadline; it stepped down, started pool sync again
+        as leader, and three times kept the lease, once lost it to a peer. The first
+        election lease write through the other apiserver came 0.2 to 1.4 s after the
+        kill; the restarted apiserver was shown healthy 0.1 to 3.4 s after it
+        listened."""
         urls = yield self.world.start_coordinator_processes(2)
         yield self.start_and_settle()
         yield self.world.wait_pool_exact(STEP_TIMEOUT)
