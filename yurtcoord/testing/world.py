@@ -22,6 +22,10 @@ helpers ``coordinator_object``, ``coordinator_lease``, ``election_lease``,
 ``election_holder``, ``coordinator_node_lease`` and ``coordinator_delegate_annotation``
 (the cloud stays in memory: ``cloud.store`` is synchronous). ``coordinator_in_etcd=False``
 keeps the coordinator's objects in memory, apart from the pool etcd.
+``start_coordinator_processes(count)`` runs that many coordinator apiservers over the
+pool etcd as processes of their own instead (``CoordinatorProcess``), given to agents
+started afterwards, so that one can be SIGKILLed (``kill_coordinator``) and started
+again (``restart_coordinator``) as a kube-apiserver of the pool is.
 
 It also judges the outcome: ``statuses()`` reads every live agent's ``/status``, and
 ``pool_problems()`` compares the pool etcd (read with ``etcdctl``, an independent
@@ -42,6 +46,7 @@ import base64
 import json
 import os
 import shutil
+import sys
 import tempfile
 from typing import Any, Callable, Generator, Iterable, Mapping
 
@@ -62,8 +67,10 @@ from yurtcoord.agent.config import parse_duration
 from yurtcoord.sim.agentini import FAULT_SUITE, loopback_agent_ini
 from yurtcoord.sim.apiserver import KubeAPIServer
 from yurtcoord.sim.apiserver.etcdstorage import EtcdStorage
+from yurtcoord.sim.apiserver.requestlog import LoggedRequest, read_request_log
 from yurtcoord.sim.etcd import EtcdBinary, EtcdCluster, EtcdProcess, etcd_binary_for, tail
 from yurtcoord.sim.kubelet import StandInKubelet
+from yurtcoord.sim.sandboxetcd import rotated
 from yurtcoord.testing.agentpages import Statuses, StatusReader, wait_for_statuses
 from yurtcoord.testing.poll import PollTimeout, poll_until
 from yurtcoord.sim.tcpproxy import TCPProxy
@@ -187,6 +194,22 @@ class _ChildProtocol(protocol.ProcessProtocol):
             self.signal = getattr(reason.value, "signal", None)
         self.ended.callback(self.exit_code)
 
+    def send(self, name: str) -> None:
+        """Send ``"KILL"``, ``"TERM"``... to the child if it still runs."""
+        if self.transport is not None and not self.ended.called:
+            self.transport.signalProcess(name)
+
+    @defer.inlineCallbacks
+    def terminate(self, reactor: Any) -> Generator[defer.Deferred[Any], Any, None]:
+        """SIGTERM, then SIGKILL if it has not exited within ``STOP_DEADLINE``."""
+        if self.ended.called:
+            return
+        self.send("TERM")
+        timer = reactor.callLater(STOP_DEADLINE, self.send, "KILL")
+        yield self.ended
+        if timer.active():
+            timer.cancel()
+
 
 class AgentProcess:
     """One agent as a ``twistd -n yurtcoord --config <ini>`` child process.
@@ -301,21 +324,14 @@ class AgentProcess:
 
     def signal(self, name: str) -> None:
         """Send ``"KILL"``, ``"TERM"``... to the agent if it still runs."""
-        transport = self._child.transport if self._child is not None else None
-        if transport is not None and self.running:
-            transport.signalProcess(name)
+        if self._child is not None:
+            self._child.send(name)
 
-
-    @defer.inlineCallbacks
-    def stop(self) -> Generator[defer.Deferred[Any], Any, None]:
+    def stop(self) -> defer.Deferred[None]:
         """SIGTERM, then SIGKILL if it has not exited within ``STOP_DEADLINE``."""
-        if self._child is None or not self.running:
-            return
-        self.signal("TERM")
-        timer = self.reactor.callLater(STOP_DEADLINE, self.signal, "KILL")
-        yield self._child.ended
-        if timer.active():
-            timer.cancel()
+        if self._child is None:
+            return defer.succeed(None)
+        return self._child.terminate(self.reactor)
 
     def stand_in_kubelet(self) -> StandInKubelet:
         """The agent's stand-in kubelet (every agent of a world has one)."""
@@ -330,6 +346,102 @@ class AgentProcess:
 
     def log_text(self) -> str:
         return tail(self.log_path, 10 ** 7)
+
+
+class CoordinatorProcess:
+    """A coordinator apiserver as a process of its own: ``python -m
+    yurtcoord.sim.apiserver --etcd <members>``, keeping its objects in the pool etcd,
+    so that a fault can SIGKILL it as a crashed kube-apiserver dies (its port, its
+    connections, its watches and its etcd requests in flight end with it) and start it
+    again on the same port.
+
+    Its directory holds ``apiserver.log`` (its output, one URL line per start) and
+    ``requests.jsonl``, the record of every answer it sent (``requests()``).
+    """
+
+    def __init__(self, reactor: Any, directory: str, etcd_args: Iterable[str]) -> None:
+        self.reactor = reactor
+        self.directory = directory
+        self._etcd_args = list(etcd_args)
+        self.log_path = os.path.join(directory, "apiserver.log")
+        self.request_log_path = os.path.join(directory, "requests.jsonl")
+        # Known once it listened: a restart listens on the same port again.
+        self.port_number: int | None = None
+        self.url: str | None = None
+        self._child: _ChildProtocol | None = None
+        os.makedirs(directory, exist_ok=True)
+
+    @property
+    def running(self) -> bool:
+        return self._child is not None and not self._child.ended.called
+
+    @property
+    def exit_signal(self) -> int | None:
+        """The number of the signal that ended its last run, if one did."""
+        return None if self._child is None else self._child.signal
+
+    @defer.inlineCallbacks
+    def start(self) -> Generator[defer.Deferred[Any], Any, str]:
+        """Spawn it (on its former port once it had one); fire with its URL once it
+        listens."""
+        if self.running:
+            raise RuntimeError(f"coordinator apiserver {self.url} already runs")
+        with open(self.log_path, "ab") as log, open(os.devnull, "rb") as null:
+            offset = log.tell()
+            self._child = _ChildProtocol()
+            argv = [sys.executable, "-m", "yurtcoord.sim.apiserver",
+                    "--port", str(self.port_number or 0),
+                    "--request-log", self.request_log_path, *self._etcd_args]
+            self.reactor.spawnProcess(self._child, argv[0], argv,
+                                      env=child_environment(without_etcd=True),
+                                      path=self.directory,
+                                      childFDs={0: null.fileno(), 1: log.fileno(),
+                                                2: log.fileno()})
+        seen: dict[str, str] = {}
+
+        def listening() -> bool:
+            with open(self.log_path, "rb") as log:
+                log.seek(offset)
+                for line in log.read().decode("utf-8", "replace").splitlines():
+                    if line.startswith(("http://", "https://")):
+                        seen["url"] = line.strip()
+            return "url" in seen or not self.running
+
+        try:
+            yield poll_until(listening, START_DEADLINE, 0.05, self.reactor,
+                             what=f"coordinator apiserver in {self.directory} listening")
+        except PollTimeout as e:
+            raise PollTimeout(f"{e}\n{self.log_tail()}") from None
+        if "url" not in seen:
+            raise AssertionError(f"coordinator apiserver exited before listening\n"
+                                 f"{self.log_tail()}")
+        self.url = seen["url"]
+        self.port_number = int(self.url.rsplit(":", 1)[1])
+        return self.url
+
+    @defer.inlineCallbacks
+    def kill(self) -> Generator[defer.Deferred[Any], Any, None]:
+        """SIGKILL it; fire once it is gone."""
+        if self._child is None or not self.running:
+            raise RuntimeError(f"coordinator apiserver {self.url} does not run")
+        self._child.send("KILL")
+        yield self._child.ended
+
+    def stop(self) -> defer.Deferred[None]:
+        """SIGTERM, then SIGKILL if it has not exited within ``STOP_DEADLINE``."""
+        if self._child is None:
+            return defer.succeed(None)
+        return self._child.terminate(self.reactor)
+
+    def requests(self) -> list[LoggedRequest]:
+        """Every answer it sent in full, over all its runs, in order."""
+        if not os.path.exists(self.request_log_path):
+            return []
+        return read_request_log(self.request_log_path)
+
+    def log_tail(self, lines: int = 30) -> str:
+        return (f"--- coordinator apiserver {self.url} ({self.log_path}), last {lines} "
+                f"lines:\n" + tail(self.log_path, lines))
 
 
 class ProcessWorld:
@@ -372,6 +484,9 @@ class ProcessWorld:
             reactor, storage=self.coordinator_storage())
         self._more_coordinators = tuple(KubeAPIServer(reactor, storage=self.coordinator.storage)
                                         for _ in range(coordinator_servers - 1))
+        # Coordinator apiservers run as processes of their own, once started (see
+        # ``start_coordinator_processes``).
+        self.coordinator_processes: list[CoordinatorProcess] = []
         self.agents: dict[str, AgentProcess] = {}
         self._proxies: list[TCPProxy] = []
         self._kubelets: list[StandInKubelet] = []
@@ -483,7 +598,7 @@ class ProcessWorld:
         over the suite's (see ``agent_ini``)."""
         etcd_url = (", ".join(self.etcd_urls()) if agent.etcd_proxy is None
                     else agent.etcd_proxy.url(self.etcd.scheme))
-        coordinator_urls = [server.url for server in self.coordinators]
+        coordinator_urls = self.coordinator_urls()
         assert None not in coordinator_urls, "the coordinator apiservers listen once started"
         return agent_ini(agent.node, [p.url() for p in agent.cloud_proxies],
                          ", ".join(url for url in coordinator_urls if url), etcd_url, agent.pki_dir, agent.cache_dir,
@@ -497,6 +612,7 @@ class ProcessWorld:
         self._stopped = True
         try:
             yield defer.DeferredList([agent.stop() for agent in self.agents.values()])
+            yield defer.DeferredList([p.stop() for p in self.coordinator_processes])
             for proxy in self._proxies:
                 yield proxy.stop()
             # Also the kubelets of agents a test dropped from ``agents``.
@@ -522,6 +638,54 @@ class ProcessWorld:
     def _tear_down_network(self) -> defer.Deferred:
         """Remove what the world made of the network beyond its sockets (nothing here)."""
         return defer.succeed(None)
+
+    # -- coordinator apiservers as processes of their own -----------------------------
+
+    @defer.inlineCallbacks
+    def start_coordinator_processes(self, count: int,
+                                    ) -> Generator[defer.Deferred[Any], Any, list[str]]:
+        """Run ``count`` coordinator apiservers as processes of their own
+        (``coordinator_processes``, each a ``CoordinatorProcess`` in
+        ``coordinator-<index>/``) over the pool etcd, each given every member starting
+        with a different one (``rotated``), as the sandbox's servers are; fire with
+        their URLs. Agents started from then on are given these URLs, in this order,
+        instead of the in-process servers' (which keep serving the same etcd and
+        remain the world's reader of the coordinator's objects)."""
+        if not self.coordinator_in_etcd:
+            raise ValueError("coordinator apiserver processes keep their objects in the "
+                             "pool etcd: the world needs coordinator_in_etcd")
+        if self.coordinator_processes:
+            raise RuntimeError("the coordinator apiserver processes already run")
+        config = self.coordinator_etcd_config()
+        tls = [(flag, path) for flag, path in (("--etcd-cafile", config.ca_file),
+                                                ("--etcd-certfile", config.cert_file),
+                                                ("--etcd-keyfile", config.key_file)) if path]
+        for index in range(count):
+            args = ["--etcd", ",".join(rotated(self.etcd_urls(), index)),
+                    "--etcd-prefix", STORAGE_PREFIX]
+            for flag, path in tls:
+                args += [flag, path]
+            self.coordinator_processes.append(CoordinatorProcess(
+                self.reactor, os.path.join(self.base_dir, f"coordinator-{index}"), args))
+        for process in self.coordinator_processes:
+            yield process.start()
+        return [str(process.url) for process in self.coordinator_processes]
+
+    def coordinator_urls(self) -> list[str | None]:
+        """The ``[coordinator] server`` URLs agents are given, in order: the
+        coordinator apiserver processes' once started, else the in-process servers'."""
+        if self.coordinator_processes:
+            return [process.url for process in self.coordinator_processes]
+        return [server.url for server in self.coordinators]
+
+    def kill_coordinator(self, index: int) -> defer.Deferred[None]:
+        """SIGKILL coordinator apiserver process ``index``."""
+        return self.coordinator_processes[index].kill()
+
+    def restart_coordinator(self, index: int) -> defer.Deferred[str]:
+        """Start coordinator apiserver process ``index`` again, on its port; fires with
+        its URL once it listens."""
+        return self.coordinator_processes[index].start()
 
     # -- faults of etcd (blocking steps run in a thread) -------------------------------
 
