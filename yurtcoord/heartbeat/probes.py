@@ -13,9 +13,9 @@ writes the same lease to the coordinator apiservers and marks it for delegation
 while the cloud is unreachable, so the pool leader forwards it to the cloud.
 
 A cloud prober removes that mark from the cloud lease when it writes: the leader
-copies the pool lease's annotations into the cloud lease while it delegates, and a
-node heartbeating the cloud directly again must not keep claiming delegation there
-(other annotations stay untouched).
+copies the pool lease's delegate annotation into the cloud lease while it delegates,
+and a node heartbeating the cloud directly again must not keep claiming delegation
+there (other annotations stay untouched).
 
 The coordinator prober also names, on the lease it writes, what this agent uses of the
 pool: the coordinator apiserver the write goes through and the pool etcd member its
