@@ -34,6 +34,16 @@ never reached the member, is resent on the next member; a write that reached a m
 is never resent elsewhere: its failure carries ``maybe_applied`` and the caller
 resolves the doubt, as with one member. One TLS policy serves every member.
 
+Every request, watches included, requires a leader (``REQUIRE_LEADER_HEADER``): a
+member that knows it has none refuses it at once with ``NoLeader`` instead of holding
+it until the request timeout, and since that refusal comes before the request is
+proposed, a write refused so is resent on the next member like a read. etcd also ends
+a watch stream whose member has been without a leader for three election timeouts:
+the watch fails with ``EtcdUnavailable`` and its owner starts it again, instead of
+waiting on a stream that no longer moves. A member that still believes in a leader
+that has just died is no help: it forwards a write to that leader and holds it until
+the request timeout (``EtcdTimeout``, in doubt), as before.
+
 Reconnecting needs nothing special: a connection etcd closed is dropped from the pool,
 and before an idle connection is reused its socket is peeked, so one closed while the
 reactor was not looking is dropped too. A request on a connection at the moment etcd
@@ -80,6 +90,7 @@ from yurtcoord.etcd.errors import (
     EtcdError,
     EtcdTimeout,
     EtcdUnavailable,
+    NoLeader,
     RequestRejected,
     RequestTooLarge,
     ResponseTooLarge,
@@ -90,11 +101,18 @@ from yurtcoord.etcd.errors import (
 from yurtcoord.tx.inflight import InFlight, cancellable_sleep
 
 __all__ = ["EtcdConfig", "EtcdClient", "RangePage", "TransactionResult", "prefix_range_end",
-           "prefix_keyset"]
+           "prefix_keyset", "REQUIRE_LEADER_HEADER"]
 
 GATEWAY_PREFIXES = ("/v3", "/v3beta", "/v3alpha")
 # Bytes of one answer read at most (see the module doc).
 MAX_RESPONSE_BYTES = 64 * 1024 * 1024
+
+# The gateway passes ``Grpc-Metadata-<key>`` headers on as gRPC metadata; etcd's
+# ``hasleader: true`` makes a member refuse the request while it has no leader
+# (``NoLeader``).
+REQUIRE_LEADER_HEADER = (b"Grpc-Metadata-hasleader", b"true")
+# The message of that refusal.
+_NO_LEADER_MESSAGE = "etcdserver: no leader"
 
 # gRPC status codes the etcd gateway puts in its error bodies.
 _GRPC_DEADLINE_EXCEEDED = 4
@@ -327,6 +345,8 @@ def _grpc_error(status: int, obj: dict[str, Any]) -> EtcdError:
     message = (_error_text(obj.get("message")) or _error_text(obj.get("error"))
                or f"HTTP {status}")
     code = _error_code(obj.get("code"))
+    if code == _GRPC_UNAVAILABLE and message == _NO_LEADER_MESSAGE:
+        return NoLeader(f"etcd unavailable: {message}")
     if code == _GRPC_UNAVAILABLE or status == 503:
         unavailable = EtcdUnavailable(f"etcd unavailable: {message}")
         # "etcdserver: request timed out[, possibly due to ...]": the write was proposed
@@ -418,7 +438,8 @@ class _Transport:
         """Send on the current member. A connection failure is resent (when the request
         is idempotent or surely never arrived) on the next member, or once on the only
         one; a gateway answer saying the member cannot serve is resent on the next
-        member when idempotent, else returned for ``parse`` to raise."""
+        member when idempotent or when it is ``NoLeader`` (refused before it was
+        proposed), else returned for ``parse`` to raise."""
         several = len(self.members.urls) > 1
         sends_left = len(self.members.urls) if several else 2
         while True:
@@ -439,7 +460,11 @@ class _Transport:
             refusal = self._refusal(base, path, result) if several else None
             if refusal is not None:
                 self.members.failed(base, str(refusal))
-                if idempotent and sends_left > 0 and not self.closed:
+                resendable = idempotent or isinstance(refusal, NoLeader)
+                if resendable and sends_left > 0 and not self.closed:
+                    self.log.debug("etcd request {path} refused by {url}, resending on "
+                                   "the next member: {error}", path=path, url=base,
+                                   error=str(refusal))
                     continue
                 if result[0] == 200:
                     raise refusal
@@ -501,7 +526,7 @@ class _Transport:
             # Files changed since the last request: the Agent is replaced first.
             self.tls.refresh()
         url = (base + prefix + path).encode("utf-8")
-        headers = Headers({b"Content-Type": [b"application/json"]})
+        headers = _request_headers()
         answered: Deferred[tuple[int, bytes]] = self._agent.request(
             b"POST", url, headers, _BytesBody(body)).addCallback(
                 _read_response, self._config.max_response_bytes, path)
@@ -619,7 +644,7 @@ class _Transport:
         if self.tls is not None:
             self.tls.refresh()
         url = (base + self._prefix + path).encode("utf-8")
-        headers = Headers({b"Content-Type": [b"application/json"]})
+        headers = _request_headers()
         body = json.dumps(payload).encode("utf-8")
         d: Deferred[IResponse] = self._agent.request(b"POST", url, headers, _BytesBody(body))
         d.addTimeout(timeout, self._reactor)
@@ -633,6 +658,12 @@ class _Transport:
 
         d.addErrback(translate)
         return self._in_flight.track(d)
+
+
+def _request_headers() -> Headers:
+    """The headers of every request to the gateway: JSON, and a leader required."""
+    name, value = REQUIRE_LEADER_HEADER
+    return Headers({b"Content-Type": [b"application/json"], name: [value]})
 
 
 class _Resendable(Exception):

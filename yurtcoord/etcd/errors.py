@@ -23,6 +23,28 @@ class EtcdUnavailable(EtcdError):
     """etcd could not be reached or dropped the connection (refused, reset, TLS refused, 503)."""
 
 
+class NoLeader(EtcdUnavailable):
+    """The member refused the request at once because it has no raft leader.
+
+    The client marks every request as requiring a leader (gRPC metadata ``hasleader:
+    true``, sent through the gateway as the ``Grpc-Metadata-hasleader`` header). A
+    member's gRPC server checks that mark before it hands the request to its key-value
+    server and answers ``etcdserver: no leader`` (code 14, HTTP 503) while it knows of
+    no leader: the request was never proposed to raft, so a write refused this way
+    was surely not applied and may be sent to another member. etcd's key-value,
+    transaction, compaction and status handlers never answer with this message
+    themselves (only its lease handlers do, which this client does not call), so it
+    always means that refusal.
+
+    A member that still believes in a leader that has just died takes writes in and
+    forwards them to it: those wait for an answer that does not come (``EtcdTimeout``,
+    in doubt). The refusal only shortens the wait on a member that already noticed
+    it has no leader (it lost its quorum or its peers, or an election is under way).
+    """
+
+    maybe_applied = False
+
+
 class EtcdTimeout(EtcdError):
     """No complete answer within the request timeout."""
 

@@ -16,6 +16,7 @@ from yurtcoord.etcd.errors import (
     EtcdError,
     EtcdTimeout,
     EtcdUnavailable,
+    NoLeader,
     RequestRejected,
     RequestTooLarge,
     TLSConfigError,
@@ -526,6 +527,54 @@ class MisbehavingServerTests(ScriptedGatewayMixin, unittest.TestCase):
         self.assertEqual(e.status, 500)
         yield self.assertFailure(client.put(b"/k", b"v"), EtcdUnavailable)
         yield self.assertFailure(client.put(b"/k", b"v"), EtcdTimeout)
+
+    @defer.inlineCallbacks
+    def test_every_request_requires_a_leader(self):
+        """Each request carries the gateway header that becomes etcd's ``hasleader``
+        metadata, so a member without a leader refuses it at once."""
+        txn_ok = json.dumps({"header": {"revision": "9"}, "succeeded": True,
+                             "responses": [{"response_put": {"header": {}}}]}).encode()
+        status = json.dumps({"header": {"revision": "3"}, "version": "3.5.1",
+                             "dbSize": "20480", "leader": "1"}).encode()
+        watch_created = json.dumps({"result": {"header": {"revision": "3"},
+                                               "created": True}}).encode() + b"\n"
+        url, gw, _ = self.gateway({
+            "/v3/kv/put": [(200, PUT_OK)],
+            "/v3/kv/range": [(200, range_answer((b"/k", b"v")))],
+            "/v3/kv/deleterange": [(200, json.dumps({"deleted": "1"}).encode())],
+            "/v3/kv/txn": [(200, txn_ok)],
+            "/v3/kv/compaction": [(200, b"{}")],
+            "/v3/maintenance/status": [(200, status)],
+            "/v3/watch": [(200, watch_created)],
+        })
+        client = self.client(url)
+        yield client.put(b"/k", b"v")
+        yield client.get(b"/k")
+        yield client.delete(b"/k")
+        yield client.submit(Transaction(success=[OpSet(b"/k", b"w")]))
+        yield client.compact(3)
+        yield client.status()
+        watch = yield client.watch(b"/k", lambda response: None)
+        yield watch.finished  # the scripted stream ends after one answer
+        yield client.close()
+        self.assertEqual([path for path, _body in gw.seen],
+                         ["/v3/kv/put", "/v3/kv/range", "/v3/kv/deleterange", "/v3/kv/txn",
+                          "/v3/kv/compaction", "/v3/maintenance/status", "/v3/watch"])
+        self.assertEqual([headers.get(b"grpc-metadata-hasleader") for headers in gw.headers],
+                         [[b"true"]] * 7)
+
+    @defer.inlineCallbacks
+    def test_no_leader_is_a_refusal_before_the_request_was_proposed(self):
+        no_leader = json.dumps({"error": "etcdserver: no leader", "code": 14,
+                                "message": "etcdserver: no leader"}).encode()
+        url, gw, _ = self.gateway({"/v3/kv/txn": [(503, no_leader)]})
+        client = self.client(url)
+        error = yield self.assertFailure(
+            client.submit(Transaction(success=[OpSet(b"/k", b"v")])), NoLeader)
+        self.assertIsInstance(error, EtcdUnavailable)
+        self.assertFalse(error.maybe_applied)
+        # One member: nowhere else to go, the caller retries later.
+        self.assertEqual([path for path, _body in gw.seen], ["/v3/kv/txn"])
 
     @defer.inlineCallbacks
     def test_reads_are_resent_once_after_a_dropped_connection_writes_are_not(self):

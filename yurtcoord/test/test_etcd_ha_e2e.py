@@ -34,13 +34,21 @@ STEP_TIMEOUT = 45.0
 # etcd's default --election-timeout: a follower that hears no leader for this long
 # starts an election.
 ELECTION_TIMEOUT = 1.0
-# The agent's timeout of one etcd request (the pool store's first status check).
+# The agent's timeout of one etcd request (the pool store's first status check). A
+# write sent to a follower in the first second after the leader's kill waits for all
+# of it: the follower still believes in the dead leader and forwards the write there.
+# Requiring a leader on every request does not help then (only a member that knows it
+# has none refuses at once, and after a kill that lasts milliseconds).
 ETCD_REQUEST_TIMEOUT = 5.0
 # One retry: the pool store checks etcd's health every 5 s, and readiness follows
 # that check (pool writes retry sooner, from 0.5 s).
 ONE_RETRY = 5.0
 # The longest an agent may be not ready after one member is lost, with half again on
 # top for a loaded machine: the sampling itself, status pages and etcd all share it.
+# It stays above the election plus one retry: while pool sync's writes wait out the
+# request timeout the leader may skip a renewal of the informer sync lease (renewed
+# every 10 s for 10 s), and every agent then counts the pool cache as not synced until
+# the next renewal. Measured: up to 11.2 s (see the leader-kill tests).
 NOT_READY_BOUND = 1.5 * (ELECTION_TIMEOUT + ETCD_REQUEST_TIMEOUT + ONE_RETRY)
 # How long readiness is watched after a fault at least (a few health checks).
 WATCH_AT_LEAST = 3 * ONE_RETRY
@@ -258,9 +266,9 @@ class EtcdClusterFaultsMixin:
         on the members left; no agent that was ready is not ready for longer than
         ``NOT_READY_BOUND``; the pool etcd ends exact. The member stays down.
 
-        Measured on a loaded 2-core machine, etcd 3.4.23 and 3.5.1, three runs each:
-        no agent was seen not ready (longest stretch 0.00 s); a new etcd leader
-        was reported 1.1 to 1.4 s after the kill."""
+        Measured on a loaded 2-core machine, etcd 3.4.23 and 3.5.1, six runs each:
+        longest stretch 0.0 to 0.87 s (``pool cache not synced``); a new etcd leader
+        was reported 1.1 to 2.3 s after the kill."""
         uploader = self.world.agents["edge-1"]
         uploader.write_pods(5000, padding=200)
         # edge-2 also caches older copies of some of edge-1's pods: the newer win.
@@ -280,11 +288,15 @@ class EtcdClusterFaultsMixin:
         etcd raft leader is SIGKILLed while pool sync writes them. No agent is not
         ready for longer than ``NOT_READY_BOUND``; the pool etcd ends exact.
 
-        Measured on a loaded 2-core machine, three runs on each version, longest
-        not-ready stretch per agent: etcd 3.4.23 0.0 s once, 4.7 to 4.9 s twice;
-        etcd 3.5.1 0.0 s twice, 0.95 s once. Each time every agent said ``pool cache
-        not synced``: pool sync's writes failed during the election, and the leader
-        renews the informer sync lease only while no mirror is failing to write."""
+        Measured on a loaded 2-core machine, longest not-ready stretch per agent in
+        each run, without and with a leader required on every etcd request (two and
+        four runs): etcd 3.4.23 2.9 and 10.8 to 11.2 s, then 10.0 to 10.3, 10.7 to
+        10.9, 7.4 to 7.5 and 4.2 s; etcd 3.5.1 10.5 to 10.8 and 3.3 to 3.4 s, then 4.0
+        to 4.1, 0.0, 3.0 to 4.2 and 3.0 s. Every agent not ready said ``pool cache not
+        synced``: pool sync's writes sent during the election waited for the request
+        timeout (a follower forwards them to the dead leader), and the leader renews
+        the informer sync lease only while no mirror is failing to write; one renewal
+        missed costs up to a whole renewal period (10 s)."""
         yield self.start_and_settle()
         yield self.world.wait_pool_exact(STEP_TIMEOUT)
         watch = self.watch_readiness()
@@ -373,7 +385,11 @@ class EtcdClusterFaultsMixin:
         statuses = yield self.world.statuses()
         for node, document in statuses.items():
             self.assertFalse(document["ready"], (node, document))
-            self.assertIsNone(document["etcd_member"], (node, document))
+            # An agent gone pending closed its pool store, perhaps before that store's
+            # next health check: its status keeps the member last used. Every other
+            # agent's pool store found no member serving.
+            if document["role"] != "pending":
+                self.assertIsNone(document["etcd_member"], (node, document))
         self.world.change_cloud_endpoints("while-no-quorum")
 
         yield self.world.restart_etcd(follower)

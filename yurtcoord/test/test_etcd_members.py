@@ -1,20 +1,23 @@
 """Which etcd member the client's requests go to: member selection, skipping and
 re-admission after ``/health`` on a ``task.Clock``, then the client on scripted
 gateways over real sockets (switching on the errors etcd answers while it has no
-leader, never resending a delivered write to another member)."""
+leader, never resending a delivered write to another member), then on a real
+three-member cluster that lost its quorum, on each etcd version installed."""
 
 import json
 from typing import Any
 
 from twisted.internet import defer, reactor
 from twisted.internet.task import Clock
-from twisted.logger import Logger
+from twisted.logger import Logger, globalLogPublisher
 from twisted.trial import unittest
 from twisted.web import server
 
-from yurtcoord.etcd.client import EtcdConfig
-from yurtcoord.etcd.errors import EtcdTimeout, EtcdUnavailable, RequestRejected
+from yurtcoord.etcd.client import EtcdClient, EtcdConfig
+from yurtcoord.etcd.errors import EtcdTimeout, EtcdUnavailable, NoLeader, RequestRejected
 from yurtcoord.etcd.members import MemberSet
+from yurtcoord.etcd.txaioetcd_private import txaioetcd
+from yurtcoord.sim.etcd import EtcdCluster, make_etcd_test_classes
 from yurtcoord.testing.etcdgateway import (
     PUT_OK,
     ScriptedGateway,
@@ -219,6 +222,17 @@ class ClientOnMembersTests(ScriptedGatewayMixin, unittest.TestCase):
     def posts(self, gateway: ScriptedGateway) -> list[str]:
         return [path for path, _body in gateway.seen if path != "/health"]
 
+    def switches(self) -> list[tuple[Any, Any, str]]:
+        """The member switches logged during the test: (from, to, reason)."""
+        return [(e["from"], e["to"], e["reason"]) for e in self.events
+                if e.get("log_format", "").startswith("etcd member switch")]
+
+    def setUp(self) -> None:
+        super().setUp()
+        self.events: list[dict[str, Any]] = []
+        globalLogPublisher.addObserver(self.events.append)
+        self.addCleanup(globalLogPublisher.removeObserver, self.events.append)
+
     @defer.inlineCallbacks
     def test_a_read_answered_no_leader_moves_on_and_is_resent(self):
         for refusal in (NO_LEADER, LEADER_CHANGED):
@@ -232,11 +246,41 @@ class ClientOnMembersTests(ScriptedGatewayMixin, unittest.TestCase):
             self.assertEqual(client.member, client.config.more_urls[0])
 
     @defer.inlineCallbacks
-    def test_a_write_answered_no_leader_is_not_resent_but_the_next_request_moves_on(self):
+    def test_a_write_answered_no_leader_was_never_proposed_and_goes_to_the_next(self):
         (first, second), client = self.members(
             {"/v3/kv/put": [NO_LEADER], "/health": [UNHEALTHY]},
             {"/v3/kv/put": [(200, PUT_OK)]})
-        with self.assertRaisesRegex(EtcdUnavailable, "etcdserver: no leader"):
+        revision = yield client.put(b"k", b"v")
+        self.assertEqual(revision, 8)
+        self.assertEqual((self.posts(first), self.posts(second)),
+                         (["/v3/kv/put"], ["/v3/kv/put"]))
+        self.assertEqual(client.member, client.config.more_urls[0])
+        self.assertEqual(self.switches(), [
+            (client.config.url, client.config.more_urls[0],
+             "etcd unavailable: etcdserver: no leader")])
+
+    @defer.inlineCallbacks
+    def test_a_write_answered_no_leader_everywhere_fails_at_once_not_applied(self):
+        (first, second, third), client = self.members(
+            *[{"/v3/kv/txn": [NO_LEADER], "/health": [UNHEALTHY]}] * 3)
+        began = reactor.seconds()
+        error = yield self.assertFailure(
+            client.submit(txaioetcd.Transaction(success=[txaioetcd.OpSet(b"k", b"v")])),
+            EtcdUnavailable)
+        # Well before the request timeout (1 s here): no member held the request.
+        self.assertLess(reactor.seconds() - began, 0.9)
+        self.assertFalse(error.maybe_applied)
+        self.assertIn("etcdserver: no leader", str(error))
+        self.assertEqual([self.posts(g) for g in (first, second, third)],
+                         [["/v3/kv/txn"]] * 3)
+        self.assertIsNone(client.member)
+
+    @defer.inlineCallbacks
+    def test_a_write_answered_leader_changed_is_not_resent_but_the_next_request_moves_on(self):
+        (first, second), client = self.members(
+            {"/v3/kv/put": [LEADER_CHANGED], "/health": [UNHEALTHY]},
+            {"/v3/kv/put": [(200, PUT_OK)]})
+        with self.assertRaisesRegex(EtcdUnavailable, "etcdserver: leader changed"):
             yield client.put(b"k", b"v")
         self.assertEqual((self.posts(first), self.posts(second)), (["/v3/kv/put"], []))
         revision = yield client.put(b"k", b"v")
@@ -363,3 +407,70 @@ class HungGateway(ScriptedGateway):
 
     def render_POST(self, request: server.Request) -> Any:
         return server.NOT_DONE_YET
+
+
+class LeaderlessClusterTestsMixin:
+    """The client on a real cluster of three members, two of them SIGKILLed: the one
+    left knows soon that it has no leader."""
+
+    timeout = 120
+    etcd_binary = None
+
+    def setUp(self) -> None:
+        self.cluster = EtcdCluster(self.etcd_binary)
+        self.addCleanup(self.cluster.stop)
+        self.cluster.start()
+
+    def client_on(self, *urls: str) -> EtcdClient:
+        client = EtcdClient(reactor, EtcdConfig(urls[0], more_urls=urls[1:], timeout=5.0))
+        self.addCleanup(client.close)
+        return client
+
+    @defer.inlineCallbacks
+    def test_a_write_to_members_without_a_leader_fails_at_once_and_was_never_applied(self):
+        leader = self.cluster.leader()
+        left, other = [m for m in self.cluster.members if m is not leader]
+        client = self.client_on(left.client_url, leader.client_url, other.client_url)
+        yield client.put(b"/before", b"1")
+        self.cluster.kill(self.cluster.members.index(leader))
+        self.cluster.kill(self.cluster.members.index(other))
+
+        lone = self.client_on(left.client_url)
+
+        def refused_for_no_leader() -> "defer.Deferred[bool]":
+            d = lone.status(timeout=2.0)
+            return d.addCallbacks(lambda _status: False,
+                                  lambda failure: failure.check(NoLeader) is not None)
+
+        yield poll_until(refused_for_no_leader, timeout=30.0, interval=0.1,
+                         what=f"{left.client_url} refusing requests for want of a leader")
+
+        began = reactor.seconds()
+        error = yield self.assertFailure(
+            client.submit(txaioetcd.Transaction(success=[txaioetcd.OpSet(b"/during",
+                                                                          b"2")])),
+            EtcdUnavailable)
+        took = reactor.seconds() - began
+        # Without the refusal the member held the write for the 5 s request timeout.
+        self.assertLess(took, 2.5, str(error))
+        self.assertFalse(error.maybe_applied, str(error))
+        self.assertIsNone(client.member)
+        error = yield self.assertFailure(client.get(b"/before"), EtcdUnavailable)
+        self.assertIn(f"{left.client_url}: etcd unavailable: etcdserver: no leader",
+                      str(error))
+
+        self.cluster.restart(self.cluster.members.index(other))
+        self.cluster.restart(self.cluster.members.index(leader))
+        # Refused before it was proposed: the write never lands.
+        self.assertEqual(self.cluster.read("/before"), {b"/before": b"1"})
+        self.assertEqual(self.cluster.read("/during"), {})
+
+        def written() -> "defer.Deferred[bool]":
+            return client.put(b"/after", b"3").addCallback(lambda _revision: True)
+
+        yield poll_until(written, timeout=30.0, interval=0.2,
+                         what="a write once the members are back")
+        self.assertEqual(self.cluster.read("/after"), {b"/after": b"3"})
+
+
+make_etcd_test_classes(LeaderlessClusterTestsMixin, globals())

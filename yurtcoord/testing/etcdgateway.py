@@ -53,7 +53,8 @@ class TrackingFactory(protocol.ServerFactory):
 
 class ScriptedGateway(resource.Resource):
     """Answers POSTs from a script: ``answers[path]`` is a list of (status, body) or
-    ``"abort"``, consumed in order (the last one repeats)."""
+    ``"abort"``, consumed in order (the last one repeats). ``seen`` keeps each
+    request's path and body, ``headers`` its headers (lowercase names)."""
 
     isLeaf = True
 
@@ -61,10 +62,13 @@ class ScriptedGateway(resource.Resource):
         super().__init__()
         self.answers = answers
         self.seen: List[Tuple[str, bytes]] = []
+        self.headers: List[Dict[bytes, List[bytes]]] = []
 
     def render_POST(self, request: server.Request) -> Union[bytes, int]:
         path = request.path.decode()
         self.seen.append((path, request.content.read() if request.content is not None else b""))
+        self.headers.append({name.lower(): list(values)
+                             for name, values in request.requestHeaders.getAllRawHeaders()})
         script: List[Answer] = self.answers.get(path) or [(404, b"404 page not found\n")]
         answer = script.pop(0) if len(script) > 1 else script[0]
         if isinstance(answer, str):  # "abort"
