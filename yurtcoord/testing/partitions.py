@@ -6,8 +6,10 @@ the pool up, stops the kubelet of one follower (the "dead" node) and waits until
 agent turned pending, runs the script while the cloud's endpoints keep changing, lets
 the pool settle, and then judges the run from
 records that do not depend on the agents: the request logs of the cloud and coordinator
-API test servers and the pool etcd read with ``etcdctl``. Every invariant is checked after
-every scenario; the outcome lists each violated one with the records at fault.
+API test servers and the pool etcd read with ``etcdctl``. The coordinator apiserver keeps
+its objects in the pool etcd, so an etcd cut is also a coordinator outage. Every
+invariant is checked after every scenario; the outcome lists each violated one with the
+records at fault.
 
 The invariants:
 
@@ -20,28 +22,34 @@ The invariants:
   after them);
 - the cloud lease of the dead node is not renewed later than ``STALE_BOUND`` (kubelet
   grace period plus one interval) after its kubelet stopped;
-- the pool etcd ends exact against the cloud's endpoints and the agents' caches.
+- the pool etcd ends exact against the cloud's endpoints and the agents' caches;
+- the leases the agents wrote through the coordinator apiserver (the election lease,
+  held by the pool's leader, and every agent's node lease) are in the pool etcd under
+  kube-apiserver's keys, as the coordinator serves them (``check_leases_in_etcd``); a
+  follower cut from the cloud asks for delegation in a lease that etcd holds
+  (``delegating_follower``).
 - no agent exits, or logs a traceback or an unexpected error.
 
 Scenarios run side by side, each on a topology of its own, to keep the suite short.
 """
 
 import json
-from typing import Any, Callable, Dict, Generator, List, Tuple
+from typing import Any, Callable, Dict, Generator, List, Optional, Tuple
 
 import attr
 from twisted.internet import defer
 from twisted.internet.task import deferLater
 
-from yurtcoord.kube.gvr import ENDPOINTS
+from yurtcoord.kube.gvr import ENDPOINTS, LEASES
+from yurtcoord.names import DELEGATE_HEARTBEAT_ANNOTATION
 from yurtcoord.testing.invariants import (
     changes_per_minute, check_fencing, check_goes_stale, check_lease_age,
     check_single_delegator, delegated_writes, leadership_changes,
 )
 from yurtcoord.testing.partitionworld import CLOUD_HOST, LAN, WAN, PartitionWorld
-from yurtcoord.testing.poll import PollTimeout
+from yurtcoord.testing.poll import PollTimeout, poll_until
 from yurtcoord.testing.world import (
-    ELECTION_LEASE, ELECTION_NAMESPACE, NODE_LEASE_NAMESPACE, leader_of,
+    ELECTION_LEASE, ELECTION_NAMESPACE, NODE_LEASE_NAMESPACE, STORAGE_PREFIX, leader_of,
 )
 
 NODE_COUNT = 3
@@ -206,6 +214,8 @@ def run_scenario(reactor: Any, scenario: Scenario,
         end = run.now()
         problems += run.problems
         problems += judge(world, run, started, stopped_at, end)
+        settled = yield world.statuses()
+        problems += yield check_leases_in_etcd(world, leader_of(settled))
         problems += crashes(world)
         notes.update(measure(world, run, started, end))
     except PollTimeout as e:
@@ -235,6 +245,64 @@ def judge(world: PartitionWorld, run: Run, started: float, stopped_at: float,
                                     run.excused)
     problems += check_goes_stale(cloud_log, run.dead, stopped_at, STALE_BOUND, end)
     return problems
+
+
+def lease_key(namespace: str, name: str) -> str:
+    """The pool etcd key of a Lease, as kube-apiserver names it under the agents' prefix."""
+    return f"{STORAGE_PREFIX}/leases/{namespace}/{name}"
+
+
+@defer.inlineCallbacks
+def check_leases_in_etcd(world: PartitionWorld, leader: Optional[str],
+                         ) -> Generator[defer.Deferred[Any], Any, List[str]]:
+    """The leases the agents wrote through the coordinator apiserver are the pool etcd's:
+    each, as the coordinator serves it over HTTP, is the value of its kube-apiserver
+    key at the revision it reports as its resourceVersion, that revision is the key's
+    mod revision (read with ``etcdctl``), and its holder is the pool's ``leader`` (the
+    election lease) or the node (a node lease)."""
+    problems: List[str] = []
+    wanted = [(ELECTION_NAMESPACE, ELECTION_LEASE, leader)] + [
+        (NODE_LEASE_NAMESPACE, node, node) for node in sorted(world.agents)]
+    for namespace, name, holder in wanted:
+        key = lease_key(namespace, name)
+        served = yield world.served_object(LEASES, name, namespace)
+        if served is None:
+            problems.append(f"{key}: the coordinator serves no lease {namespace}/{name}")
+            continue
+        revision = int(served["metadata"]["resourceVersion"])
+        stored = yield world.read_etcd_revisions(key)
+        if key not in stored:
+            problems.append(f"{key}: served at resourceVersion {revision}, not in the pool "
+                            f"etcd")
+            continue
+        if stored[key][1] > revision:
+            # Renewed since it was served: the value it had then.
+            stored = yield world.read_etcd_revisions(key, revision=revision)
+        value, mod_revision = stored.get(key, (b"{}", None))
+        lease = json.loads(value)
+        if mod_revision != revision:
+            problems.append(f"{key}: served at resourceVersion {revision}, mod revision "
+                            f"{mod_revision} in the pool etcd")
+        if lease.get("spec") != served.get("spec"):
+            problems.append(f"{key}: served spec {served.get('spec')} differs from the pool "
+                            f"etcd's {lease.get('spec')}")
+        if lease.get("spec", {}).get("holderIdentity") != holder:
+            problems.append(f"{key}: held by {lease.get('spec', {}).get('holderIdentity')!r} "
+                            f"in the pool etcd, not by {holder!r}")
+    return problems
+
+
+@defer.inlineCallbacks
+def delegation_in_etcd(world: PartitionWorld, node: str,
+                       ) -> Generator[defer.Deferred[Any], Any, Optional[str]]:
+    """The delegate-heartbeat annotation of ``node``'s lease in the pool etcd (None
+    without lease or annotation), read with ``etcdctl``."""
+    key = lease_key(NODE_LEASE_NAMESPACE, node)
+    stored = yield world.read_etcd(key)
+    if key not in stored:
+        return None
+    annotations = json.loads(stored[key]).get("metadata", {}).get("annotations") or {}
+    return annotations.get(DELEGATE_HEARTBEAT_ANNOTATION)
 
 
 def crashes(world: PartitionWorld) -> List[str]:
@@ -320,6 +388,44 @@ def cut_for(host_of: Callable[[Run], List[str]], network: str, direction: str = 
     return script
 
 
+def delegating_follower(network: str = WAN) -> Callable[[Run], defer.Deferred]:
+    """A script: one follower's ``network`` is cut for ``CUT`` seconds; within the cut,
+    the delegate-heartbeat annotation it writes through the coordinator apiserver (over
+    the LAN) must show in its lease in the pool etcd, and be gone again after the heal."""
+    @defer.inlineCallbacks
+    def script(run: Run) -> Generator[defer.Deferred[Any], Any, None]:
+        follower = run.live_followers()[0]
+        began = run.now()
+        run.world.cut(follower, network)
+
+        @defer.inlineCallbacks
+        def delegating() -> Generator[defer.Deferred[Any], Any, bool]:
+            return (yield delegation_in_etcd(run.world, follower)) == "true"
+
+        try:
+            yield poll_until(delegating, CUT, 0.25, run.world.reactor,
+                             what=f"{follower}'s delegation in the pool etcd")
+            run.notes["delegation_in_etcd_after"] = round(run.now() - began, 2)
+        except PollTimeout as e:
+            run.problems.append(f"{e}: {follower} was cut from the cloud and its lease in "
+                                f"the pool etcd never asked for delegation")
+        if run.now() < began + CUT:
+            yield run.wait(began + CUT - run.now())
+        run.world.heal(follower, network)
+
+        @defer.inlineCallbacks
+        def withdrawn() -> Generator[defer.Deferred[Any], Any, bool]:
+            return (yield delegation_in_etcd(run.world, follower)) != "true"
+
+        try:
+            yield poll_until(withdrawn, SETTLE_TIMEOUT, 0.25, run.world.reactor,
+                             what=f"{follower}'s delegation withdrawn in the pool etcd")
+        except PollTimeout as e:
+            run.problems.append(f"{e}: {follower}'s cloud link healed and its lease in the "
+                                f"pool etcd still asks for delegation")
+    return script
+
+
 def leader_cut_while_delegating(network: str,
                                 direction: str = "both") -> Callable[[Run], defer.Deferred]:
     """A script: one follower loses the cloud, so the leader forwards its heartbeat;
@@ -374,8 +480,9 @@ def _cloud(run: Run) -> List[str]:
 
 
 WAN_SCENARIOS = [
-    Scenario("follower-wan", cut_for(_follower, WAN),
-             "one follower loses the cloud; the leader carries its heartbeat"),
+    Scenario("follower-wan", delegating_follower(WAN),
+             "one follower loses the cloud and asks for delegation in the pool etcd; the "
+             "leader carries its heartbeat"),
     Scenario("leader-wan", cut_for(_leader, WAN),
              "the leader loses the cloud; another agent takes over and carries its heartbeat"),
     Scenario("every-wan", cut_for(_every_agent, WAN, excused=True),

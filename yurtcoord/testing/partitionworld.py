@@ -5,12 +5,19 @@
 and the etcd member on the pool LAN, and every agent (a ``twistd`` process spawned inside
 its host's network namespace) on both. The API test servers and the stand-in kubelets are
 still served from the test's own reactor, on sockets made inside their hosts' namespaces,
-so their stores, fault knobs and request logs stay plain attributes. Cuts are link cuts
+so their fault knobs and request logs stay plain attributes. Cuts are link cuts
 (``topology.cut``/``heal``/``flap``), not proxies: an agent that lost its WAN reaches
 neither the cloud nor anything else on it, and whatever TCP connections it held stall.
 
-The test reads the agents' status pages on each agent host's own loopback and reads etcd
-with ``etcdctl`` on the member host's loopback, so no cut ever blinds the observer.
+The coordinator apiserver keeps its objects in the pool etcd, as ``ProcessWorld``'s do
+(``coordinator_in_etcd=False`` keeps them in memory): its etcd client connects from the
+coordinator host over the LAN, so a cut of the etcd member's LAN is also an outage of
+the coordinator, as it is in a pool. The cloud keeps its objects in memory.
+
+The test reads the agents' status pages on each agent host's own loopback, the
+coordinator's objects through its HTTP API from the coordinator host
+(``served_object``) and etcd with ``etcdctl`` on the member host's loopback, so no cut
+ever blinds the observer.
 
 Addresses (198.18.0.0/15 is set aside for network test beds; each topology has its own
 switch, so parallel worlds reuse them):
@@ -20,6 +27,7 @@ switch, so parallel worlds reuse them):
   198.19.0.(10+N).
 """
 
+import json
 import os
 import tempfile
 from typing import Any, Dict, Generator, List, Mapping, Optional
@@ -33,13 +41,14 @@ from zope.interface import implementer
 from twisted.web.client import URI
 from twisted.web.iweb import IAgentEndpointFactory
 
+from yurtcoord.kube.gvr import GroupVersionResource
 from yurtcoord.sim.apiserver import KubeAPIServer
 from yurtcoord.sim.etcd import EtcdBinary, EtcdProcess, etcd_binary_for
 from yurtcoord.sim.kubelet import StandInKubelet
 from yurtcoord.testing.netns import Topology, entered
 from yurtcoord.sim.agentini import merge_sections
 from yurtcoord.testing.world import (
-    KUBELET_GRACE_PERIOD, AgentProcess, ProcessWorld, add_pool_node, agent_ini,
+    KUBELET_GRACE_PERIOD, PAGE_TIMEOUT, AgentProcess, ProcessWorld, add_pool_node, agent_ini,
 )
 
 WAN, LAN = "wan", "lan"
@@ -72,13 +81,16 @@ class PartitionWorld(ProcessWorld):
     ``name`` names the topology (its namespaces carry it), so that several worlds run
     side by side. ``start()``/``stop()`` bracket it like ``ProcessWorld``; ``stop()``
     also closes the topology, which removes every namespace, bridge and process it made.
+    ``coordinator_in_etcd`` as for ``ProcessWorld``.
     """
 
     def __init__(self, reactor: Any, name: str, etcd_binary: EtcdBinary | None = None,
                  kubelet_grace_period: str = KUBELET_GRACE_PERIOD,
-                 timings: Optional[Dict[str, Dict[str, str]]] = None) -> None:
+                 timings: Optional[Dict[str, Dict[str, str]]] = None,
+                 coordinator_in_etcd: bool = True) -> None:
         # Not ProcessWorld.__init__: its servers and etcd live on the test's loopback.
         self.reactor = reactor
+        self.coordinator_in_etcd = coordinator_in_etcd
         self.name = name
         self.kubelet_grace_period = kubelet_grace_period
         # Ini sections merged over the suite's for every agent (e.g. heartbeat timings).
@@ -109,7 +121,9 @@ class PartitionWorld(ProcessWorld):
             COORDINATOR_HOST, {LAN: COORDINATOR_ADDRESS})
         self.hosts[ETCD_HOST] = self.topology.add_host(ETCD_HOST, {LAN: ETCD_ADDRESS})
         self.cloud = KubeAPIServer(self.hosts[CLOUD_HOST].reactor)
-        self.coordinator = KubeAPIServer(self.hosts[COORDINATOR_HOST].reactor)
+        coordinator_reactor = self.hosts[COORDINATOR_HOST].reactor
+        self.coordinator = KubeAPIServer(
+            coordinator_reactor, storage=self.coordinator_storage(coordinator_reactor))
         yield deferToThread(self._start_etcd)
         yield self.cloud.start(API_PORT, CLOUD_ADDRESS)
         yield self.coordinator.start(API_PORT, COORDINATOR_ADDRESS)
@@ -169,15 +183,34 @@ class PartitionWorld(ProcessWorld):
     # -- how the test reaches the agents and etcd --------------------------------------
 
     def http_for(self, agent: AgentProcess) -> treq.client.HTTPClient:
-        client = self._clients.get(agent.node)
+        return self._http_on(agent.node)
+
+    def _http_on(self, host: str) -> treq.client.HTTPClient:
+        """An HTTP client whose connections start inside ``host``'s namespace."""
+        client = self._clients.get(host)
         if client is None:
             pool = HTTPConnectionPool(self.reactor, persistent=False)
             self._pools.append(pool)
-            endpoints = _EndpointsOnHost(self.hosts[agent.node].reactor)
+            endpoints = _EndpointsOnHost(self.hosts[host].reactor)
             client = treq.client.HTTPClient(
                 HTTPAgent.usingEndpointFactory(self.reactor, endpoints, pool=pool))
-            self._clients[agent.node] = client
+            self._clients[host] = client
         return client
+
+    @defer.inlineCallbacks
+    def served_object(self, gvr: GroupVersionResource, name: str,
+                      namespace: Optional[str] = None,
+                      ) -> Generator[defer.Deferred[Any], Any, Optional[Dict[str, Any]]]:
+        """The coordinator's object as its apiserver answers a GET of it (None on 404),
+        asked from the coordinator host, which no cut separates from its server."""
+        url = f"{self.servers()[1].url}{gvr.object_path(name, namespace)}"
+        response = yield self._http_on(COORDINATOR_HOST).get(url, timeout=PAGE_TIMEOUT)
+        body = yield response.content()
+        if response.code == 404:
+            return None
+        if response.code != 200:
+            raise AssertionError(f"GET {url} answered {response.code}: {body[:200]!r}")
+        return json.loads(body)
 
     def etcdctl_reactor(self) -> Any:
 

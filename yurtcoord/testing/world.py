@@ -462,8 +462,7 @@ class ProcessWorld:
     _more_coordinators: tuple[KubeAPIServer, ...] = ()
     # The pool etcd cluster of a world of several members (None: ``etcd`` alone).
     etcd_cluster: EtcdCluster | None = None
-    # Whether the coordinator apiservers keep their objects in the pool etcd (a world
-    # that makes its servers in start() keeps them in memory).
+    # Whether the coordinator apiservers keep their objects in the pool etcd.
     coordinator_in_etcd = False
 
     def __init__(self, reactor: Any, etcd_binary: EtcdBinary | None = None,
@@ -508,15 +507,18 @@ class ProcessWorld:
 
     # -- the coordinator apiservers' storage -------------------------------------------
 
-    def coordinator_storage(self) -> EtcdStorage | None:
+    def coordinator_storage(self, reactor: Any = None) -> EtcdStorage | None:
         """A new storage for a coordinator apiserver: the pool etcd under the agents'
         storage prefix (None, the in-memory default, with ``coordinator_in_etcd``
         false). Its etcd client is made at first use, from ``coordinator_etcd_config``,
-        so that the members' ports are known by then."""
+        so that the members' ports are known by then, and connects through ``reactor``
+        (the world's by default; the coordinator host's on test networks, so that it
+        reaches etcd over the pool's own links)."""
         if not self.coordinator_in_etcd:
             return None
-        return EtcdStorage(lambda: EtcdClient(self.reactor, self.coordinator_etcd_config()),
-                           self.reactor, prefix=STORAGE_PREFIX)
+        on = self.reactor if reactor is None else reactor
+        return EtcdStorage(lambda: EtcdClient(on, self.coordinator_etcd_config()), on,
+                           prefix=STORAGE_PREFIX)
 
     def coordinator_etcd_config(self) -> EtcdConfig:
         """How the coordinator apiservers reach the pool etcd: every member the agents
