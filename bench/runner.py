@@ -76,38 +76,29 @@ bounded by how fast the test server creates objects, so no ratio is claimed from
 Watch bodies are read with all HTTP chunks of one socket read delivered together
 (`ChunkedBodyBatcher` in `yurtcoord/tx/twisted_private.py`; without it the events per
 CPU second were 1.90-2.22x the official client's, with it 2.47-2.73x, in four
-alternating runs on 2026-12-01), and all complete lines of one read are decoded as one
-text, each line scanned where it lies (`WatchStreamProtocol.complete_lines`).
+alternating runs on 2026-12-01).
 Where the yurtcoord consumer's CPU goes (`--profile DIR`: cProfile in the consumer
 process from its first to its last event, one round, 2026-12-01 23:49-23:50 UTC, load
-average 8.3-9.3; own time, the C JSON scanner counted in its caller): before (main at
-152d869) `WatchStreamProtocol.line` 19,999 calls 0.224 s, socket `recv` 206 calls
-0.086 s, `ChunkedBodyBatcher.dataReceived` 206 calls 0.042 s, `Informer._on_event`
-0.041 s, `dict.get` 159,992 calls 0.035 s, `Informer._deliver_add` 0.017 s,
+average 8.3-9.3; own time, the C JSON scanner counted in its caller):
+`WatchStreamProtocol.line` 19,999 calls 0.224 s, socket `recv` 206 calls 0.086 s,
+`ChunkedBodyBatcher.dataReceived` 206 calls 0.042 s, `Informer._on_event` 0.041 s,
+`dict.get` 159,992 calls 0.035 s, `Informer._deliver_add` 0.017 s,
 `LineStreamProtocol.dataReceived` 0.017 s, the bench's on_add 0.015 s,
 `bytes.translate` 0.009 s, `bytes.split` 0.008 s, `QuietCollections.busy` 0.007 s,
-`WatchStreamProtocol.stopped` 0.006 s; after, `WatchStreamProtocol.complete_lines` 205
-calls 0.436 s, the batcher 0.093 s, `_on_event` 0.081 s, `dict.get` 0.063 s, `recv`
-0.040 s, `_deliver_add` 0.017 s, on_add 0.014 s, `str.find` 0.013 s,
-`bytes.translate` 0.011 s, `busy` 0.009 s. The calls per line (`line`, `stopped`, a
-decode and a copy of every line) are gone; one JSON scan per line stays the largest
-part. At that load the same profile differs by up to 2x from run to run, so these
-show where the time goes, not the gain. Without the socket and with garbage
-collection off (a 20,000-event body fed through the batcher, the watch stream and the
-informer in one process, best of 15, main and branch alternating, five pairs), the
-branch took 6.1-7.7 us per event and main 6.5-8.2 us (from 1% more to 25% less per
-pair, 6% less in the median pair); scanning the lines and keeping the objects, with
-no other work, is about 3.7 us per event. Garbage
+`WatchStreamProtocol.stopped` 0.006 s: one JSON scan per line is the largest part, and
+no Deferred or logging work shows per event. At that load the same profile differs by
+up to 2x from run to run. Decoding all complete lines of one read as one text and
+scanning each line in place was tried: without the socket and with garbage collection
+off (a 20,000-event body fed through the batcher, the watch stream and the informer in
+one process, best of 15, five alternating pairs) it took 6.1-7.7 us per event against
+6.5-8.2 us (6% less in the median pair; scanning the lines and keeping the objects,
+with no other work, is about 3.7 us per event), but in this benchmark, three
+alternating runs each at load average 8.6-10.8, its per-round ratios (1.63-3.96x) did
+not differ from the per-line parser's (2.47-3.76x): it was not kept, as it would be a
+second parser of watch lines beside the checks of every line. Garbage
 collection (CPU inside `gc.callbacks`) under the interpreter's defaults: about 130
 young, 12 middle and 1 full collection per drain, 35-75 ms of a drain's 160-320 ms;
-under the agent's policy no full one, 10-20 ms. Side by side with main (the same bench
-script on both, alternating, three runs each of `--objects 20000 --rounds 5`,
-2026-12-01 23:36-23:48 UTC, load average 8.6-10.8), the ratio per CPU-s of each
-round was, main: 2.96 3.40 2.62 2.74 2.88 / 3.05 3.76 2.77 3.65 2.52 / 2.81 3.21 2.47
-2.73 2.56; branch: 3.56 2.33 2.37 1.80 3.43 / 3.34 3.11 3.60 2.49 3.32 / 2.50 3.96
-2.21 2.68 1.63 (yurtcoord 71,000-130,000 events per CPU-s in both, median 105,000;
-the official client 24,000-47,000, median 36,000): at that load one round's figure
-moves by a quarter either way, more than the change.
+under the agent's policy no full one, 10-20 ms.
 Longest reactor lag: the agent's `ReactorLagProbe` (every 100 ms) in the yurtcoord
 consumer process, from the informer's start to its last event, the longest over the
 rounds."""
