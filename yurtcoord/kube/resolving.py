@@ -9,6 +9,7 @@ like a call to an unreachable server, so callers retry as they would anyway.
 from typing import Any, Callable
 
 from twisted.internet import defer
+from twisted.logger import Logger
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
@@ -110,7 +111,24 @@ class PickedServerClient(ResolvingClient):
     ``ConnectionFailed("no <what>")``. ``on_unreachable(url)``, when given, is told of
     every call or watch through ``url`` that got no answer (``ConnectionFailed``,
     ``Timeout``), so that whoever picks can stop picking a server that died.
+
+    Failover within a call: a call whose connection to ``url`` failed
+    (``ConnectionFailed``: refused, reset, cut) is sent again at once through the
+    server ``pick()`` names then, if that is one this call has not tried yet, and so
+    on until a server answers or ``pick()`` names only servers tried. A leader's
+    lease renewal thus reaches the surviving apiserver within the attempt in which
+    the one it used died, instead of a retry period later. Only calls that may be
+    sent twice are: an answer lost with the connection leaves it unknown whether the
+    first one was carried out, so a call is sent again only when carrying it out
+    twice changes nothing (``get``, ``list``) or the store refuses the second
+    (``update`` of an object that carries its resourceVersion: ``Conflict``, and the
+    caller reads again as after any lost race). ``create``, ``delete``, an update
+    without a resourceVersion and raw ``request`` calls fail as they did. A
+    ``Timeout`` is not sent again either: the server may only be slow and still
+    working on it, and the caller's time is mostly spent.
     """
+
+    log = Logger()
 
     def __init__(self, pick: Callable[[], str | None], client_for: Callable[[str], Any],
                  what: str = "server",
@@ -134,8 +152,29 @@ class PickedServerClient(ResolvingClient):
             url = self._url()
         except ConnectionFailed:
             return defer.fail()
+        return self._send(url, frozenset(), _may_send_twice(method, args, kwargs),
+                          method, args, kwargs)
+
+    def _send(self, url: str, tried: frozenset[str], may_send_again: bool, method: str,
+              args: tuple[Any, ...], kwargs: dict[str, Any]) -> defer.Deferred[Any]:
         d = getattr(self._client_for(url), method)(*args, **kwargs)
-        return d.addErrback(self._failed, url)
+        d.addErrback(self._failed, url)
+        if may_send_again:
+            d.addErrback(self._send_elsewhere, tried | {url}, method, args, kwargs)
+        return d
+
+    def _send_elsewhere(self, failure: Failure, tried: frozenset[str], method: str,
+                        args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """The call failed on its connection: send it through the server picked now
+        (``on_unreachable`` has been told), unless this call has tried that one."""
+        if not failure.check(ConnectionFailed):
+            return failure
+        url = self._pick()
+        if not url or url in tried:
+            return failure
+        self.log.info("{what} call {method} sent again through {url}: {error}",
+                      what=self._what, method=method, url=url, error=failure.value)
+        return self._send(url, tried, True, method, args, kwargs)
 
     def watch(self, gvr: GroupVersionResource, on_event: Callable[[str, Any], object],
               namespace: str | None = None, resource_version: str | None = None,
@@ -158,3 +197,15 @@ class PickedServerClient(ResolvingClient):
         if self._on_unreachable is not None and failure.check(ConnectionFailed, Timeout):
             self._on_unreachable(url)
         return failure
+
+
+def _may_send_twice(method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    """Whether a call whose answer was lost may be sent again: a read, or an update
+    guarded by the resourceVersion of the object it replaces."""
+    if method in ("get", "list"):
+        return True
+    if method != "update":
+        return False
+    obj = args[1] if len(args) > 1 else kwargs.get("obj")
+    metadata = obj.get("metadata") if isinstance(obj, dict) else None
+    return isinstance(metadata, dict) and bool(metadata.get("resourceVersion"))

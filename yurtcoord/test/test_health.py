@@ -2,6 +2,7 @@
 
 from twisted.internet import defer
 from twisted.trial import unittest
+from zope.interface.verify import verifyObject
 
 from yurtcoord.heartbeat import probes as health
 from yurtcoord.heartbeat.probes import (
@@ -15,13 +16,14 @@ from yurtcoord.heartbeat.probes import (
     published_url,
     servers_in_use,
 )
-from yurtcoord.kube.errors import ConnectionFailed, NotFound, ServerError, Timeout
+from yurtcoord.kube.errors import Conflict, ConnectionFailed, NotFound, ServerError, Timeout
 from yurtcoord.kube.gvr import LEASES, NODES
+from yurtcoord.kube.interfaces import IListWatchClient, IObjectClient
 from yurtcoord.kube.leasewriter import LeaseWriteFailed
 from yurtcoord.kube.resolving import PickedServerClient
 from yurtcoord.names import COORDINATOR_SERVER_ANNOTATION, ETCD_MEMBER_ANNOTATION
 from yurtcoord.testing.fakehealth import FakeHealth
-from yurtcoord.testing.fakekube import FakeKube
+from yurtcoord.testing.fakekube import FakeKube, FakeKubeServer
 from yurtcoord.testing.leaseprobes import (
     DEFAULTS, NODE, START, make_clock, make_prober, node_lease,
 )
@@ -810,6 +812,117 @@ class PickedServerClientTests(unittest.TestCase):
         failure = self.failureResultOf(self.client.get(LEASES, "x", "ns"), ConnectionFailed)
         self.assertIn("no coordinator apiserver", str(failure.value))
         self.assertEqual(self.unreachable, [])
+
+
+class PickedServerFailoverTests(unittest.TestCase):
+    """A call whose connection failed goes at once to the server picked then, when
+    sending it twice is safe: reads, and updates guarded by a resourceVersion."""
+
+    A, B = "https://coordinator-a", "https://coordinator-b"
+
+    def setUp(self):
+        self.store = FakeKube()
+        self.servers = {url: FakeKubeServer(self.store, url) for url in (self.A, self.B)}
+        self.unreachable = []
+        self.client = PickedServerClient(self.pick, self.servers.__getitem__,
+                                         what="coordinator apiserver",
+                                         on_unreachable=self.unreachable.append)
+        self.lease = self.store.put(LEASES, {"metadata": {"name": "x", "namespace": "ns"},
+                                             "spec": {"holderIdentity": "edge-1"}})
+
+    def pick(self):
+        """A first, B while A got no answer; A again when both got none."""
+        trusted = [url for url in (self.A, self.B) if url not in self.unreachable]
+        return (trusted or [self.A])[0]
+
+    def calls(self, url):
+        return [verb for verb, _name in self.servers[url].calls]
+
+    def renewed(self, holder="edge-2"):
+        lease = dict(self.lease, spec={"holderIdentity": holder})
+        return lease
+
+    def test_the_fakes_offer_the_client_interfaces(self):
+        self.assertTrue(verifyObject(IObjectClient, self.servers[self.A]))
+        self.assertTrue(verifyObject(IObjectClient, self.client))
+        self.assertTrue(verifyObject(IListWatchClient, self.client))
+
+    def test_refused_read_and_guarded_update_go_to_the_next_server_at_once(self):
+        self.servers[self.A].kill()
+        got = self.successResultOf(self.client.get(LEASES, "x", "ns"))
+        self.assertEqual(got["spec"]["holderIdentity"], "edge-1")
+        updated = self.successResultOf(self.client.update(LEASES, self.renewed(), "ns"))
+        self.assertEqual(updated["spec"]["holderIdentity"], "edge-2")
+        self.assertEqual(self.store.peek(LEASES, "x", "ns")["spec"]["holderIdentity"],
+                         "edge-2")
+        # A was tried once per call, then left alone; B took both.
+        self.assertEqual(self.calls(self.A), ["get"])
+        self.assertEqual(self.calls(self.B), ["get", "update"])
+        self.assertEqual(self.unreachable, [self.A])
+
+    def test_update_whose_answer_was_lost_after_it_landed_conflicts_on_the_other(self):
+        server = self.servers[self.A]
+        server.stall()
+        answer = self.client.update(LEASES, self.renewed(), "ns")
+        self.assertNoResult(answer)
+        landed = self.store.peek(LEASES, "x", "ns")
+        self.assertEqual(landed["spec"]["holderIdentity"], "edge-2")
+        server.kill()
+        # Sent again through B with the same resourceVersion: the store refuses it,
+        # and the caller reads again as after any lost race. Written once.
+        self.failureResultOf(answer, Conflict)
+        self.assertEqual(self.calls(self.B), ["update"])
+        self.assertEqual(self.store.peek(LEASES, "x", "ns"), landed)
+
+    def test_calls_that_may_not_run_twice_are_not_sent_again(self):
+        server = self.servers[self.A]
+        server.stall()
+        unguarded = self.renewed()
+        unguarded["metadata"] = {"name": "x", "namespace": "ns"}
+        answers = [
+            self.client.create(LEASES, {"metadata": {"name": "y", "namespace": "ns"}}, "ns"),
+            self.client.delete(LEASES, "x", "ns"),
+            self.client.update(LEASES, unguarded, "ns"),
+        ]
+        server.kill()
+        for answer in answers:
+            self.failureResultOf(answer, ConnectionFailed)
+        self.assertEqual(self.calls(self.B), [])
+        self.assertEqual(self.unreachable, [self.A] * 3)
+
+    def test_an_answer_or_a_timeout_is_not_sent_again(self):
+        clients = {self.A: FakeKube(), self.B: FakeKube()}
+        client = PickedServerClient(self.pick, clients.__getitem__,
+                                    on_unreachable=self.unreachable.append)
+        clients[self.A].fail_next("get", ServerError("etcd unavailable"))
+        clients[self.A].fail_next("get", Timeout("late"))
+        self.failureResultOf(client.get(LEASES, "x", "ns"), ServerError)
+        self.failureResultOf(client.get(LEASES, "x", "ns"), Timeout)
+        self.assertEqual(clients[self.B].calls, [])
+        self.assertEqual(self.unreachable, [self.A])
+
+    def test_each_server_is_tried_once_per_call(self):
+        for server in self.servers.values():
+            server.kill()
+        failure = self.failureResultOf(self.client.get(LEASES, "x", "ns"), ConnectionFailed)
+        self.assertIn(self.B, str(failure.value))
+        self.assertEqual((self.calls(self.A), self.calls(self.B)), (["get"], ["get"]))
+
+    def test_a_single_server_gets_the_call_once(self):
+        client = PickedServerClient(lambda: self.A, self.servers.__getitem__,
+                                    on_unreachable=self.unreachable.append)
+        self.servers[self.A].kill()
+        self.failureResultOf(client.get(LEASES, "x", "ns"), ConnectionFailed)
+        self.assertEqual(self.calls(self.A), ["get"])
+        self.assertEqual(self.calls(self.B), [])
+
+    def test_cancelling_the_call_cancels_the_call_sent_again(self):
+        self.servers[self.A].kill()
+        self.servers[self.B].stall()
+        answer = self.client.get(LEASES, "x", "ns")
+        self.assertEqual(self.calls(self.B), ["get"])
+        answer.cancel()
+        self.failureResultOf(answer, defer.CancelledError)
 
 
 class CloudProberDelegateAnnotationTests(unittest.TestCase):

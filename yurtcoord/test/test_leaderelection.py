@@ -9,6 +9,7 @@ from twisted.trial import unittest
 from zope.interface import implementer
 from zope.interface.verify import verifyObject
 
+from yurtcoord.heartbeat.probes import CoordinatorHealthChecker, ProbeSettings
 from yurtcoord.kube.errors import Conflict, ServerError
 from yurtcoord.kube.gvr import LEASES
 from yurtcoord.kube.interfaces import IObjectClient
@@ -17,8 +18,10 @@ from yurtcoord.kube.lease import (
     lease_transitions, parse_micro_time, renew_time,
 )
 from yurtcoord.kube.leaderelection import LeaderElectionConfig, LeaderElector
+from yurtcoord.kube.resolving import PickedServerClient
 from yurtcoord.tx.fsm import IllegalTransition
-from yurtcoord.testing.fakekube import FakeKube
+from yurtcoord.testing.fakehealth import FakeHealth
+from yurtcoord.testing.fakekube import FakeKube, FakeKubeServer
 
 NS, NAME = "kube-system", "yurthub"
 START = 1_800_000_000.0
@@ -367,6 +370,92 @@ class RenewTests(ElectionTestCase):
         self.assertEqual(recorder.names(), ["started", "new_leader", "stopped", "new_leader"])
         self.assertEqual(recorder.events[-1], ("new_leader", "edge-9"))
         self.assertEqual(holder_identity(self.lease()), "edge-9")
+
+
+class ServerFailoverTests(unittest.TestCase):
+    """A leader renewing through one of two coordinator apiservers over one store,
+    picked by the coordinator's health checker as the agent wires them: when that
+    apiserver dies, the renewal in flight reaches the other within the same attempt,
+    and the leader keeps leading. Timings of the end-to-end tests: lease 3 s, renew
+    deadline 2 s, retry period 0.5 s."""
+
+    A, B = "https://coordinator-a", "https://coordinator-b"
+
+    def setUp(self):
+        self.clock = Clock()
+        self.clock.advance(START)
+        self.store = FakeKube(self.clock)
+        self.servers = {url: FakeKubeServer(self.store, url) for url in (self.A, self.B)}
+        self.checker = CoordinatorHealthChecker(
+            self.clock, self.servers, "edge-1", FakeHealth(True),
+            ProbeSettings(interval=4, timeout=1, failed_retry=3, healthy_threshold=1))
+        client = PickedServerClient(self.checker.pick_server, self.servers.__getitem__,
+                                    what="coordinator apiserver",
+                                    on_unreachable=self.checker.suspect)
+        self.recorder = Recorder(self.clock)
+        self.elector = LeaderElector(
+            self.clock, client,
+            make_config(lease_duration=3.0, renew_deadline=2.0, retry_period=0.5),
+            on_started_leading=self.recorder.started,
+            on_stopped_leading=self.recorder.stopped, random=lambda: 0.5)
+        self.checker.start()
+        self.elector.start()
+        self.clock.advance(0)
+        self.assertTrue(self.elector.is_leader)
+        self.assertEqual(self.checker.servers(), {self.A: True, self.B: True})
+
+    def tearDown(self):
+        self.elector.stop(release=False)
+        self.successResultOf(self.checker.stop())
+        self.assertEqual(self.clock.getDelayedCalls(), [])
+
+    def election_calls(self, url):
+        return [verb for verb, name in self.servers[url].calls if name == NAME]
+
+    def test_the_apiserver_fake_offers_the_lease_api(self):
+        self.assertTrue(verifyObject(IObjectClient, self.servers[self.A]))
+
+    def test_a_renewal_refused_by_the_dead_apiserver_lands_on_the_other_at_once(self):
+        self.clock.advance(0.5)                   # renewed through A at +0.5
+        self.assertEqual(self.election_calls(self.A), ["get", "create", "update"])
+        self.servers[self.A].kill()
+        self.clock.advance(0.5)                   # the renewal at +1.0
+        self.assertEqual(renew_time(self.store.peek(LEASES, NAME, NS)), START + 1.0)
+        self.assertEqual(self.election_calls(self.A), ["get", "create", "update", "update"])
+        self.assertEqual(self.election_calls(self.B), ["update"])
+        # The next renewals go to B alone, one update each, a retry period apart.
+        for n in range(2, 8):
+            self.clock.advance(0.5)
+            self.assertEqual(renew_time(self.store.peek(LEASES, NAME, NS)),
+                             START + 0.5 * (n + 1))
+        self.assertEqual(self.election_calls(self.A), ["get", "create", "update", "update"])
+        self.assertEqual(self.election_calls(self.B), ["update"] * 7)
+        self.assertTrue(self.elector.is_leader)
+        self.assertEqual(self.recorder.names(), ["started"])
+
+    def test_a_renewal_lost_with_the_apiserver_just_before_the_deadline_keeps_the_lease(self):
+        """The renewal sent at +1.0 lands but its answer hangs; the apiserver dies at
+        +2.3, 0.2 s before the renew deadline (the last renewal that answered was
+        sent at +0.5), less than a retry period. Sent again through B, the renewal
+        conflicts with its own first copy; the lease is read again and renewed, all
+        at +2.3."""
+        self.clock.advance(0.5)                   # renewed through A at +0.5
+        self.servers[self.A].stall()
+        self.clock.advance(0.5)                   # the renewal at +1.0 lands, no answer
+        self.assertEqual(renew_time(self.store.peek(LEASES, NAME, NS)), START + 1.0)
+        self.clock.advance(1.3)
+        self.assertTrue(self.elector.is_leader)
+        self.servers[self.A].kill()               # +2.3: the answer is lost
+        lease = self.store.peek(LEASES, NAME, NS)
+        self.clock.advance(0.2)                   # past the deadline of the +0.5 renewal
+        self.assertTrue(self.elector.is_leader)
+        self.assertEqual(self.recorder.names(), ["started"])
+        self.assertEqual(renew_time(lease), START + 2.3)
+        self.assertEqual((holder_identity(lease), lease_transitions(lease)), ("edge-1", 0))
+        self.assertEqual(self.election_calls(self.B), ["update", "get", "update"])
+        self.clock.advance(0.3)                   # the next renewal, a retry period on
+        self.assertEqual(renew_time(self.store.peek(LEASES, NAME, NS)), START + 2.8)
+        self.assertEqual(self.recorder.names(), ["started"])
 
 
 class StopTests(ElectionTestCase):

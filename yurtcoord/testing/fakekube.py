@@ -7,7 +7,8 @@ It keeps one resourceVersion counter like an apiserver, answers ``Conflict`` to 
 update whose resourceVersion is stale, ``AlreadyExists`` and ``NotFound`` as the real
 client raises them, and can be told to fail the next calls, to lose them (no answer
 ever), to let a concurrent writer win the next updates, or to hold answers back so a
-test can deliver them late (after the caller gave up on them).
+test can deliver them late (after the caller gave up on them). ``FakeKubeServer``
+puts several apiservers in front of one such store, each of which can stall and die.
 """
 
 import copy
@@ -18,7 +19,7 @@ from twisted.internet import defer
 from twisted.internet.interfaces import IReactorTime
 from zope.interface import implementer
 
-from yurtcoord.kube.errors import AlreadyExists, Conflict, NotFound
+from yurtcoord.kube.errors import AlreadyExists, Conflict, ConnectionFailed, NotFound
 from yurtcoord.kube.gvr import GroupVersionResource
 from yurtcoord.kube.interfaces import IObjectClient
 
@@ -241,3 +242,69 @@ class FakeKube:
         if stored is None:
             raise NotFound(f"{gvr} {namespace}/{name} not found")
         return copy.deepcopy(stored)
+
+
+@implementer(IObjectClient)
+class FakeKubeServer:
+    """One of several apiservers in front of one ``FakeKube`` store, as coordinator
+    apiservers serve one pool etcd: calls go to the shared store, and the server can
+    stall and die on its own.
+
+    ``calls`` lists ``(verb, name)`` of every call sent to this server, answered or
+    not. ``stall()``: calls still reach the store (a write lands) but their answers
+    wait. ``kill()``: every waiting answer fails with ``ConnectionFailed`` (the
+    connection was lost; what reached the store stays), and from then on every call
+    fails at once with ``ConnectionFailed`` without reaching the store (refused).
+    """
+
+    def __init__(self, store: FakeKube, url: str) -> None:
+        self.store = store
+        self.url = url
+        self.calls: List[Tuple[str, str]] = []
+        self.dead = False
+        self._stalled = False
+        self._waiting: List[defer.Deferred[Any]] = []
+
+    def stall(self) -> None:
+        self._stalled = True
+
+    def kill(self) -> None:
+        self.dead = True
+        waiting, self._waiting = self._waiting, []
+        for answer in waiting:
+            if not answer.called:
+                answer.errback(ConnectionFailed(
+                    f"connection to {self.url} failed: connection lost"))
+
+    def get(self, gvr: GroupVersionResource, name: str,
+            namespace: str | None = None) -> defer.Deferred[Any]:
+        return self._call("get", name, lambda: self.store.get(gvr, name, namespace))
+
+    def create(self, gvr: GroupVersionResource, obj: dict[str, Any],
+               namespace: str | None = None) -> defer.Deferred[Any]:
+        return self._call("create", obj["metadata"]["name"],
+                          lambda: self.store.create(gvr, obj, namespace))
+
+    def update(self, gvr: GroupVersionResource, obj: dict[str, Any],
+               namespace: str | None = None) -> defer.Deferred[Any]:
+        return self._call("update", obj["metadata"]["name"],
+                          lambda: self.store.update(gvr, obj, namespace))
+
+    def delete(self, gvr: GroupVersionResource, name: str,
+               namespace: str | None = None) -> defer.Deferred[Any]:
+        return self._call("delete", name, lambda: self.store.delete(gvr, name, namespace))
+
+    def _call(self, verb: str, name: str,
+              send: Callable[[], defer.Deferred[Any]]) -> defer.Deferred[Any]:
+        self.calls.append((verb, name))
+        if self.dead:
+            return defer.fail(ConnectionFailed(
+                f"cannot reach {self.url}: connection refused"))
+        answer = send()
+        if not self._stalled:
+            return answer
+        waiting: defer.Deferred[Any] = defer.Deferred()
+        self._waiting.append(waiting)
+        # The store has answered; the answer waits for the server to die.
+        answer.addErrback(lambda _failure: None)
+        return waiting
