@@ -6,7 +6,8 @@ One run, a fresh etcd (on loopback, temp dir) per mode, the same objects in each
 
 - ``batched``: ``LocalCacheUploader`` reading a yurthub disk cache of N pods of about
   ``--size`` bytes and writing them with the pool store's guarded create-or-update
-  (one read and one write transaction per batch).  Peak RSS growth of the process
+  (into an empty pool: one guarded write transaction per batch of 64, as many in
+  flight as the store's ``parallel_batches`` across chunk boundaries).  Peak RSS growth of the process
   during this mode is measured (``VmHWM`` from /proc/self/status); it runs first so
   nothing before it inflated the peak.
 - ``per-object``: the unbatched baseline, one ``PoolStore.create`` (one transaction holding
@@ -27,7 +28,8 @@ checked with etcdctl (key count and a sample of values).
 storage`` gives them), alternating within each round, and reports each mode's rate
 on the cluster against the single member.  The reactor's longest lag (the agent's
 ``ReactorLagProbe`` every 0.1 s on the reactor the upload runs on) is kept per mode.
-Targets: batched >= 5x per-object, batched >= 0.7x raw-batched, RSS growth <= 50 MB.
+Targets: batched >= 5x per-object, batched >= 0.7x raw-batched, batched >= 0.9x
+raw-batched-x4 (the same number in flight), RSS growth <= 50 MB.
 ``--json PATH`` writes the rates, ratios and targets (see bench/benchresult.py).
 
 ``--profile`` runs one batched upload and one raw batched upload with as many in
@@ -243,7 +245,8 @@ async def main(reactor, args):
               f"{'ok' if vs_per_object >= 5 else 'MISSED'}")
         print(f"batched vs raw-batched:    {vs_raw:6.2f}x (target >= 0.7x) "
               f"{'ok' if vs_raw >= 0.7 else 'MISSED'}")
-        print(f"batched vs raw-batched-x4: {vs_raw_x4:6.2f}x (same number in flight as batched)")
+        print(f"batched vs raw-batched-x4: {vs_raw_x4:6.2f}x (same number in flight as batched; "
+              f"target >= 0.9x) {'ok' if vs_raw_x4 >= 0.9 else 'MISSED'}")
         print(f"peak RSS growth during batched upload: {rss_mb:.1f} MB (target <= 50 MB) "
               f"{'ok' if rss_mb <= 50 else 'MISSED'}")
         for members in members_list[1:]:
@@ -293,6 +296,11 @@ class InFlightMeter:
                          for n in sorted(self.spent))
 
 
+# Functions listed by cumulative time in ``--profile`` (a regular expression on the
+# profile's file:line(function) names).
+PROFILED_CODE = r"yurtcoord/|txaioetcd/|json/|bench/upload"
+
+
 def process_cpu(pid):
     """User and system CPU seconds of process ``pid`` so far."""
     with open(f"/proc/{pid}/stat") as f:
@@ -325,10 +333,12 @@ async def profile(reactor, args, binary, workdir):
                   f"({args.objects / elapsed:.0f} objects/s), process CPU {cpu:.2f} s, "
                   f"etcd CPU {etcd_cpu:.2f} s; "
                   f"wall time at each number of transactions in flight: {meter.report()}")
-            for order in ("cumulative", "tottime"):
+            # By cumulative time, the reactor's own frames come first: only the
+            # upload's code, txaioetcd's request building and JSON are listed.
+            for order, restriction in (("cumulative", [PROFILED_CODE]), ("tottime", [])):
                 out = io.StringIO()
                 pstats.Stats(profiler, stream=out).sort_stats(order).print_stats(
-                    args.profile_lines)
+                    *restriction, args.profile_lines)
                 print(out.getvalue())
         finally:
             await store.close()
@@ -353,7 +363,8 @@ def write_json(args, version, rates, rss_mb, vs_per_object, vs_raw, vs_raw_x4, l
             f"{rates['raw-batched']:,.0f} / {rates['raw-batched-x4']:,.0f} obj/s"),
         row("batched vs one per object", f"{vs_per_object:.1f}x", ">= 5x", vs_per_object >= 5),
         row("batched vs raw batched", f"{vs_raw:.2f}x", ">= 0.7x", vs_raw >= 0.7),
-        row("batched vs raw batched, 4 in flight", f"{vs_raw_x4:.2f}x"),
+        row("batched vs raw batched, 4 in flight", f"{vs_raw_x4:.2f}x", ">= 0.9x",
+            vs_raw_x4 >= 0.9),
         row("peak RSS growth during batched upload", f"{rss_mb:.1f} MB", "<= 50 MB",
             rss_mb <= 50),
         row("longest reactor lag, batched upload / one per object / raw batched x1 / x4",

@@ -3,7 +3,10 @@
 The local cache is read in chunks (``LocalCacheReader.chunks``); each chunk is checked
 (JSON, numeric resourceVersion, valid name) and written with the pool store's batched
 create-or-update, so an older object never overwrites a newer one, whichever agent
-uploads first, and a second upload of the same cache changes nothing.
+uploads first, and a second upload of the same cache changes nothing. As many chunks
+as the store keeps transactions in flight (``parallel_batches``) are written at once,
+each one transaction at a time, so etcd is never left idle while the next chunk is
+read and checked, and at most that many chunks are held in memory.
 
 A bad file is counted, logged (one line: path and reason) and skipped; it never stops
 the upload. Whatever a file holds ends as an object written or as one of the reasons of
@@ -131,7 +134,8 @@ class LocalCacheUploader:
         ``group`` (``""`` for core).
     :param metrics: optional ``yurtcoord.agent.metrics.Metrics``.
     :param reactor: clock for retry delays; default the store's.
-    :param backoff: a ``yurtcoord.tx.retry.Retries`` for retry delays.
+    :param backoff: a ``yurtcoord.tx.retry.Retries`` whose policy paces the retries
+        (each lane of writes counts its own failures under it).
     :param max_attempts: attempts per chunk before the upload fails.
     """
 
