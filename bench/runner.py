@@ -110,11 +110,12 @@ flight for another 21% while a chunk's last batches finished; process CPU 3.00 s
 1.49 s), etcd CPU 3.41 s (raw 3.04 s). Top lines by own time: epoll wait 3.58 s,
 socket send 0.40 s (460 calls), request JSON encoding 0.29 s (160 requests),
 posix.open 0.20 s (50,016 calls: four directories opened again for each file),
-txaioetcd `OpGet` construction 0.18 s and marshalling 0.26 s (20,000 reads in the
-failure branch of every write, unused by a first upload), JSON decoding 0.15 s (20,160
-calls: every object parsed twice), Deferred callbacks 0.14 s, `localcache.read` 0.12 s
-own (1.10 s cumulative), `_create_or_update_batch` 0.12 s own, posix.close 0.10 s,
-posixpath.join 0.10 s, posix.read 0.10 s, `OpSet` marshalling 0.10 s. By cumulative
+txaioetcd `OpGet` construction 0.18 s (20,000 reads in the failure branch of every
+write, unused by a first upload), `OpSet` marshalling 0.16 s (0.26 s cumulative), JSON
+decoding 0.15 s (20,160 calls: every object parsed twice), Deferred callbacks 0.14 s,
+`localcache.read` 0.12 s own (1.10 s cumulative), `_create_or_update_batch` 0.12 s own,
+posix.close 0.10 s, Deferred results of inlineCallbacks 0.10 s, posixpath.join 0.10 s,
+posix.read 0.10 s, `OpGet` marshalling 0.10 s (0.16 s cumulative). By cumulative
 time: `_upload_chunks` 3.09 s, `_create_or_update_batch` 1.85 s (320 resumptions),
 `LocalCacheReader.chunks` 1.52 s, `txaioetcd submit` 1.26 s, `EtcdClient.submit` 1.15
 s, `create_or_update_many` 0.85 s (20 calls, building the batches), `_prepare` 0.70 s.
@@ -127,7 +128,7 @@ followed by one read of its batch, so a repeated upload costs a failed write and
 per batch, neither waiting for a disk sync). After: batched 5.91 s against 5.01 s;
 no transaction in flight for 7% of the time (raw: 6%); process CPU 1.83 s (raw 1.20
 s), etcd CPU 2.78 s (raw 2.50 s); by own time epoll wait 1.86 s, send 0.83 s, `OpSet`
-marshalling 0.36 s, request JSON 0.21 s, JSON decoding 0.12 s (10,160 calls),
+marshalling 0.22 s (0.36 s cumulative), request JSON 0.21 s, JSON decoding 0.12 s (10,160 calls),
 `_create_or_update_batch` 0.09 s, posix.open 0.06 s (10,016 calls); by cumulative time
 the lanes 1.54 s, `_create_or_update_batch` 1.36 s, `chunks` 0.58 s, `_prepare` 0.50 s.
 Side by side (the full command above, main's code and this alternating, three runs
