@@ -27,6 +27,9 @@ class IPoolStore(Interface):
     health and of etcd terms (a new term may have lost acknowledged writes)."""
 
     reactor = Attribute("The reactor (or clock) the store's timers run on.")
+    parallel_batches = Attribute("How many transactions the store keeps in flight for "
+                                 "one create_or_update_many; a writer running several "
+                                 "calls at once keeps this many in all.")
     unreachable = Attribute("None while etcd answers the store's health checks; else why "
                             "the last check failed (for a cluster: each member and its "
                             "failure).")
@@ -37,9 +40,11 @@ class IPoolStore(Interface):
 
     def create_or_update_many(items: Iterable[Tuple[PoolKey, bytes, Union[int, str]]],
                               outcome: Optional[WriteOutcome] = None,
-                              flush_key_cache: bool = True) -> defer.Deferred[WriteOutcome]:
+                              flush_key_cache: bool = True,
+                              in_flight: Optional[int] = None) -> defer.Deferred[WriteOutcome]:
         """Write ``(key, value, rv)`` items, each only if newer than what is stored;
-        fires with a ``WriteOutcome``."""
+        fires with a ``WriteOutcome``. At most ``in_flight`` transactions of this call
+        are in flight at once (default ``parallel_batches``)."""
 
     def replace_component_list(component: str, gvr: GroupVersionResource,
                                namespace: Optional[str],

@@ -179,13 +179,19 @@ class LocalCacheReader:
     def entries(self, upload_resource: "UploadResource",
                 ) -> Iterator[CachedObjectPath | BadCacheEntry]:
         """Yield a CachedObjectPath or BadCacheEntry for every entry, lazily."""
+        for listed, _dir_fd in self._walk(upload_resource):
+            yield listed
+
+    def _walk(self, upload_resource):
+        """``(entry, dir_fd)`` for every entry: ``dir_fd`` is the directory holding a
+        file entry, open (no link followed) until the walk moves on, or None."""
         cluster_scoped = upload_resource.resource in CLUSTER_SCOPED_RESOURCES
         component = upload_resource.component
         try:
             component_fd = self._open_dirs([component])
         except OSError as e:
             if e.errno != errno.ENOENT and not _is_regular_file(e.filename):
-                yield _refused_dir(e.filename, e)
+                yield _refused_dir(e.filename, e), None
             return
         try:
             for name in self.resource_dir_names(upload_resource):
@@ -194,7 +200,7 @@ class LocalCacheReader:
                     fd = _open_dir(name, component_fd)
                 except OSError as e:
                     if e.errno != errno.ENOENT and not _is_regular_file(resource_dir):
-                        yield _refused_dir(resource_dir, e)
+                        yield _refused_dir(resource_dir, e), None
                     continue
                 try:
                     yield from self._resource_dir_entries(fd, resource_dir, upload_resource,
@@ -205,50 +211,52 @@ class LocalCacheReader:
             os.close(component_fd)
 
     def _resource_dir_entries(self, fd, resource_dir, upload_resource, cluster_scoped):
+        gvr: tuple[str, str, str] = self._group_version_resource(resource_dir, upload_resource)
         for name, kind in _listing(fd, resource_dir):
             path = os.path.join(resource_dir, name)
             if isinstance(kind, BadCacheEntry):
-                yield kind
+                yield kind, None
             elif kind == "file":
-                yield self._location(path, upload_resource, resource_dir, "")
+                yield CachedObjectPath(path, upload_resource.component, *gvr, "", name), fd
             elif kind == "dir" and cluster_scoped:
-                yield BadCacheEntry(path, "a directory where an object file should be")
+                yield BadCacheEntry(path, "a directory where an object file should be"), None
             elif kind == "dir" and not _utf8(name):
-                yield BadCacheEntry(path, "namespace is not UTF-8", "invalid_name")
+                yield BadCacheEntry(path, "namespace is not UTF-8", "invalid_name"), None
             else:
                 try:
                     namespace_fd = _open_dir(name, fd)
                 except OSError as e:
-                    yield _refused_dir(path, e)
+                    yield _refused_dir(path, e), None
                     continue
                 try:
-                    yield from self._namespace_entries(namespace_fd, resource_dir, path,
-                                                       upload_resource)
+                    yield from self._namespace_entries(namespace_fd, path, upload_resource,
+                                                       gvr)
                 finally:
                     os.close(namespace_fd)
 
-    def _namespace_entries(self, fd, resource_dir, namespace_dir, upload_resource):
+    def _namespace_entries(self, fd: int, namespace_dir: str,
+                           upload_resource: "UploadResource", gvr: tuple[str, str, str],
+                           ) -> Iterator[tuple[CachedObjectPath | BadCacheEntry, int | None]]:
         namespace = os.path.basename(namespace_dir)
         for name, kind in _listing(fd, namespace_dir):
             path = os.path.join(namespace_dir, name)
             if isinstance(kind, BadCacheEntry):
-                yield kind
+                yield kind, None
             elif kind == "file":
-                yield self._location(path, upload_resource, resource_dir, namespace)
+                yield CachedObjectPath(path, upload_resource.component, *gvr, namespace,
+                                       name), fd
             else:
-                yield BadCacheEntry(path, "a directory where an object file should be")
+                yield BadCacheEntry(path, "a directory where an object file should be"), None
 
     @staticmethod
-    def _location(path, upload_resource, resource_dir, namespace):
-        """What a path says, from the walk that found it (cheaper than re-parsing it)."""
+    def _group_version_resource(resource_dir: str, upload_resource: "UploadResource",
+                                ) -> tuple[str, str, str]:
+        """What a resource directory's name says (the legacy layout says only the
+        resource: the upload resource's group and version are used)."""
         parsed = parse_resource_dir_name(os.path.basename(resource_dir))
         if parsed is None:
-            group, version, resource = (upload_resource.group, upload_resource.version,
-                                        upload_resource.resource)
-        else:
-            group, version, resource = parsed
-        return CachedObjectPath(path, upload_resource.component, group, version, resource,
-                                namespace, os.path.basename(path))
+            return upload_resource.group, upload_resource.version, upload_resource.resource
+        return parsed
 
     def _open_dirs(self, parts):
         """A descriptor of ``cache_dir/<parts...>``, no link followed below ``cache_dir``.
@@ -288,14 +296,21 @@ class LocalCacheReader:
                                      "symlink")
             return BadCacheEntry(path, f"unreadable: {e.strerror or e}")
         try:
-            try:
-                fd = os.open(parts[-1], _FILE_FLAGS, dir_fd=parent)
-            except OSError as e:
-                if e.errno == errno.ELOOP:
-                    return BadCacheEntry(path, SYMLINK_REASON, "symlink")
-                return BadCacheEntry(path, f"unreadable: {e.strerror or e}")
+            return self._read_in(parent, parts[-1], location)
         finally:
             os.close(parent)
+
+    def _read_in(self, dir_fd: int, name: str, location: CachedObjectPath) -> ReadEntry:
+        """The file ``name`` of the directory open at ``dir_fd``, read as ``location``."""
+        path = location.path
+        if not (_utf8(location.name) and _utf8(location.namespace)):
+            return BadCacheEntry(path, "name or namespace is not UTF-8", "invalid_name")
+        try:
+            fd = os.open(name, _FILE_FLAGS, dir_fd=dir_fd)
+        except OSError as e:
+            if e.errno == errno.ELOOP:
+                return BadCacheEntry(path, SYMLINK_REASON, "symlink")
+            return BadCacheEntry(path, f"unreadable: {e.strerror or e}")
         try:
             return self._read_open_file(fd, location)
         except OSError as e:
@@ -331,10 +346,12 @@ class LocalCacheReader:
         held = 0
         refused_dirs: set[str] = set()
         for upload_resource in upload_resources:
-            for listed in self.entries(upload_resource):
+            # Each file is opened in the directory the walk holds open: what ``read``
+            # checks, without opening every directory above it again.
+            for listed, dir_fd in self._walk(upload_resource):
                 entry: ReadEntry
                 if isinstance(listed, CachedObjectPath):
-                    entry = self.read(listed)
+                    entry = self._read_in(dir_fd, listed.name, listed)
                     if isinstance(entry, CachedObject):
                         held += len(entry.data)
                 elif listed.path in refused_dirs:
@@ -410,14 +427,15 @@ def _listing(fd, directory):
 
 def _entry_kind(entry, path):
     """"file", "dir", or a BadCacheEntry saying why the entry is neither."""
+    # The listing's file types (no stat call where the file system gives them); what
+    # a file is when it is opened is checked again there (O_NOFOLLOW, fstat).
     try:
-        mode = entry.stat(follow_symlinks=False).st_mode
+        if entry.is_symlink():
+            return BadCacheEntry(path, SYMLINK_REASON, "symlink")
+        if entry.is_file(follow_symlinks=False):
+            return "file"
+        if entry.is_dir(follow_symlinks=False):
+            return "dir"
     except OSError as e:
         return BadCacheEntry(path, f"cannot stat: {e.strerror or e}")
-    if stat.S_ISLNK(mode):
-        return BadCacheEntry(path, SYMLINK_REASON, "symlink")
-    if stat.S_ISREG(mode):
-        return "file"
-    if stat.S_ISDIR(mode):
-        return "dir"
     return BadCacheEntry(path, "not a regular file")

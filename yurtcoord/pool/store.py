@@ -150,6 +150,13 @@ def object_metadata(value: bytes | str) -> tuple[str, str, int]:
         obj = json.loads(value)
     except (ValueError, UnicodeDecodeError) as e:
         raise ValueError(f"not JSON: {e}") from None
+    return metadata_of(obj)
+
+
+def metadata_of(obj: Any) -> tuple[str, str, int]:
+    """``(name, namespace, resourceVersion)`` of an object already parsed from JSON
+    (``object_metadata`` without the parsing, for a caller that needs the object
+    itself too); ValueError as there."""
     if not isinstance(obj, dict) or not isinstance(obj.get("metadata"), dict):
         raise ValueError("not an object with metadata")
     metadata = obj["metadata"]
@@ -214,7 +221,8 @@ class _Item:
         return self.key.mirror_rv_path.encode("utf-8")
 
     def write_size(self) -> int:
-        """Bytes this item adds to a guarded write: compares, two puts, two reads."""
+        """Bytes this item adds to a guarded write (compares, two puts) or to the read
+        after a failed guard (two reads), whichever request it is in."""
         return (3 * len(self.path_bytes) + 3 * len(self.mirror_bytes) + len(self.value)
                 + 2 * 32 + 6 * _OP_OVERHEAD)
 
@@ -897,7 +905,8 @@ class PoolStore:
     @_returns_deferred
     def create_or_update_many(self, items: Iterable[Tuple[PoolKey, bytes, Union[int, str]]],
                               outcome: WriteOutcome | None = None,
-                              flush_key_cache: bool = True) -> defer.Deferred[WriteOutcome]:
+                              flush_key_cache: bool = True,
+                              in_flight: int | None = None) -> defer.Deferred[WriteOutcome]:
         """Create absent objects and update older ones, many per transaction.
 
         ``items``: iterable of ``(PoolKey, bytes, resourceVersion)``. Fires with a
@@ -909,9 +918,14 @@ class PoolStore:
         with an equal or newer stored rv, or stored without a mirror rv, are left
         alone (``not_newer``).  Up to ``parallel_batches``
         batches are in flight at once (their keys are disjoint), so etcd can commit
-        several with one disk sync.  ``flush_key_cache=False`` leaves writing the key
-        cache file to the caller (``key_cache.flush()``), for callers making many calls.
+        several with one disk sync; ``in_flight`` sets another bound for this call (a
+        caller running several calls at once, each with ``in_flight=1``, keeps
+        ``parallel_batches`` in flight in all).  ``flush_key_cache=False`` leaves writing
+        the key cache file to the caller (``key_cache.flush()``), for callers making many
+        calls.
         """
+        if in_flight is not None and in_flight < 1:
+            raise ValueError(f"in_flight must be >= 1, got {in_flight}")
         outcome = outcome if outcome is not None else WriteOutcome()
         pending: dict[str, _Item] = {}
         for key, value, rv in items:
@@ -926,14 +940,14 @@ class PoolStore:
             previous = pending.get(item.path)
             if previous is None or previous.rv < item.rv:
                 pending[item.path] = item
-        d = self._create_or_update_pending(list(pending.values()), outcome)
+        d = self._create_or_update_pending(list(pending.values()), outcome, in_flight)
         if flush_key_cache:
             d.addBoth(self._flush_cache)
         d.addCallback(lambda _: outcome)
         return d
 
     @inlineCallbacks
-    def _create_or_update_pending(self, items, outcome):
+    def _create_or_update_pending(self, items, outcome, in_flight=None):
         entries = [("item", item, item.write_size()) for item in items]
         batches = iter(self._batches(entries, ops_per_entry=2))
         errors: List[Failure] = []
@@ -952,7 +966,7 @@ class PoolStore:
 
         # Every worker finishes (or stops at the first error) before this call
         # returns, so a retry with the same outcome never races a leftover batch.
-        yield defer.DeferredList([worker() for _ in range(self.parallel_batches)])
+        yield defer.DeferredList([worker() for _ in range(in_flight or self.parallel_batches)])
         if errors:
             errors[0].raiseException()
 
@@ -961,16 +975,19 @@ class PoolStore:
         """Write one batch in rounds of one transaction each.
 
         A round writes its plan guarded by compares (key absent for creates; key
-        present and stored rv lower for updates). If a guard fails nothing is written
-        and the failure branch returns the current keys and mirror rvs of the batch,
-        from which the next round's plan is made. The first round assumes every key
-        is absent, so a first upload into an empty pool costs one request per batch
-        and a repeated upload one (failed) request per batch.
+        present and stored rv lower for updates). If a guard fails nothing is written,
+        and a read of the batch's keys and mirror rvs (one transaction, no disk sync)
+        gives the next round's plan. The first round assumes every key is absent, so
+        a first upload into an empty pool costs one request per batch and a repeated
+        upload a failed write and a read per batch. The reads are not the write's
+        failure branch: carried by every write, they cost etcd and the agent as much
+        CPU again as the compares (their operations are parsed and encoded whether
+        the guard holds or not), for a first upload that never uses them.
         """
         plan = [("created", item) for item in items]
         derived_from_reads = False
         for _round in range(_MAX_CONFLICT_ROUNDS):
-            compares, writes, reads, previous_doubt = [], [], [], {}
+            compares, writes, previous_doubt = [], [], {}
             for kind, item in plan:
                 if kind == "created":
                     compares.append(txaioetcd.CompVersion(item.path_bytes, "==", 0))
@@ -979,14 +996,12 @@ class PoolStore:
                     compares.append(txaioetcd.CompValue(
                         item.mirror_bytes, "<", format_rv(item.rv).encode()))
                 writes.extend(self._put_ops(item))
-                reads.append(txaioetcd.OpGet(item.path_bytes, keys_only=True))
-                reads.append(txaioetcd.OpGet(item.mirror_bytes))
                 previous_doubt[item.path] = outcome.in_doubt.get(item.path)
                 # Until etcd answers, this write may or may not land.
                 outcome.in_doubt[item.path] = (kind, item.rv)
             try:
                 result = yield self._submit("write_rv", txaioetcd.Transaction(
-                    compare=compares, success=writes, failure=reads), raise_on_failure=False)
+                    compare=compares, success=writes), raise_on_failure=False)
             except EtcdError as error:
                 if error.maybe_applied:
                     # As for lists: a write cancelled or cut off in flight may have
@@ -1013,7 +1028,12 @@ class PoolStore:
                 self.log.debug("pool store batch of {count} lost a race, planning again",
                                count=len(plan))
             planned_items = [item for _kind, item in plan]
-            results = _read_results(result.responses, 2 * len(planned_items))
+            reads = []
+            for item in planned_items:
+                reads.append(txaioetcd.OpGet(item.path_bytes, keys_only=True))
+                reads.append(txaioetcd.OpGet(item.mirror_bytes))
+            stored = yield self._submit("read_rv", txaioetcd.Transaction(success=reads))
+            results = _read_results(stored.responses, 2 * len(planned_items))
             plan = []
             for index, item in enumerate(planned_items):
                 key_kvs = results[2 * index]
@@ -1147,5 +1167,6 @@ def _rv_or_none(value):
 __all__ = [
     "PoolStore", "PoolStoreError", "KeyExists", "KeyNotFound", "UpdateConflict",
     "ObjectTooLarge", "ConflictRetriesExhausted", "WriteOutcome", "object_metadata",
+    "metadata_of",
     "open_pool_store",
 ]

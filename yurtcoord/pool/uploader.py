@@ -3,7 +3,10 @@
 The local cache is read in chunks (``LocalCacheReader.chunks``); each chunk is checked
 (JSON, numeric resourceVersion, valid name) and written with the pool store's batched
 create-or-update, so an older object never overwrites a newer one, whichever agent
-uploads first, and a second upload of the same cache changes nothing.
+uploads first, and a second upload of the same cache changes nothing. As many chunks
+as the store keeps transactions in flight (``parallel_batches``) are written at once,
+each one transaction at a time, so etcd is never left idle while the next chunk is
+read and checked, and at most that many chunks are held in memory.
 
 A bad file is counted, logged (one line: path and reason) and skipped; it never stops
 the upload. Whatever a file holds ends as an object written or as one of the reasons of
@@ -23,7 +26,7 @@ acknowledged. See docs/design.md, "etcd that forgets acknowledged writes".
 import json
 from typing import Any, Generator, NamedTuple
 
-from twisted.internet import task
+from twisted.internet import defer, task
 from twisted.internet.defer import inlineCallbacks
 from twisted.logger import Logger
 
@@ -32,10 +35,13 @@ from yurtcoord.tx.retry import POOL_WRITE_RETRY, Retries
 from yurtcoord.pool.localcache import BadCacheEntry, CachedObjectPath, printable_path
 from yurtcoord.pool.keys import InvalidKey, KeyBuildInfo
 from yurtcoord.pool.store import (
-    ConflictRetriesExhausted, PoolStoreError, WriteOutcome, object_metadata,
+    ConflictRetriesExhausted, PoolStoreError, WriteOutcome, metadata_of,
 )
 
 RETRYABLE_ERRORS = (EtcdUnavailable, EtcdTimeout, BadResponse, ConflictRetriesExhausted)
+
+# What json.loads raises for bytes that are not JSON (metadata_of raises ValueError too).
+_NotJSON = (json.JSONDecodeError, UnicodeDecodeError)
 
 # Labels of yurtcoord_skipped_objects_total: why a local cache entry was not uploaded.
 SKIP_REASONS = ("not_newer", "unreadable", "bad_object", "invalid_name", "too_large",
@@ -70,14 +76,17 @@ def kind_mismatch(data: bytes, location: CachedObjectPath) -> str:
 
     The coordinator apiserver decodes what the pool store holds by ``kind`` and
     ``apiVersion``, so an object without them, or of another type, must not be stored
-    under this resource's key.  ``data`` was parsed by ``object_metadata`` already;
-    parsing it again here costs a few microseconds per object and leaves that function
-    the one reader of name, namespace and resourceVersion.
+    under this resource's key.
     """
     try:
         obj = json.loads(data)
     except (ValueError, RecursionError) as e:
         return f"not JSON: {e}"
+    return kind_mismatch_of(obj, location)
+
+
+def kind_mismatch_of(obj: Any, location: CachedObjectPath) -> str:
+    """``kind_mismatch`` of an object already parsed from JSON."""
     if not isinstance(obj, dict):
         return "not an object"
     kind, api_version = obj.get("kind"), obj.get("apiVersion")
@@ -125,7 +134,8 @@ class LocalCacheUploader:
         ``group`` (``""`` for core).
     :param metrics: optional ``yurtcoord.agent.metrics.Metrics``.
     :param reactor: clock for retry delays; default the store's.
-    :param backoff: a ``yurtcoord.tx.retry.Retries`` for retry delays.
+    :param backoff: a ``yurtcoord.tx.retry.Retries`` whose policy paces the retries
+        (each lane of writes counts its own failures under it).
     :param max_attempts: attempts per chunk before the upload fails.
     """
 
@@ -168,22 +178,10 @@ class LocalCacheUploader:
 
     @inlineCallbacks
     def _upload_chunks(self):
-        counts = UploadCounts()
-        for chunk in self.reader.chunks(self.upload_resources):
-            self.files_seen += len(chunk)
-            items, bad, shadowed = self._prepare(chunk)
-            outcome = yield self._write_with_retries(items, counts)
-            for path in outcome.too_large:
-                self._skip_bad(path, "too large for one etcd request", "too_large")
-            chunk_counts = UploadCounts(len(outcome.created), len(outcome.updated),
-                                        len(outcome.not_newer) + shadowed,
-                                        bad + len(outcome.too_large))
-            counts = counts + chunk_counts
-            if self.metrics is not None:
-                self.metrics.count_uploaded(chunk_counts.created + chunk_counts.updated)
-                if chunk_counts.skipped_not_newer:
-                    self.metrics.count_skipped("not_newer", chunk_counts.skipped_not_newer)
-        return counts
+        run = yield self._write_chunks(report=True)
+        if run.error is not None:
+            raise UploadFailed(run.counts, run.error) from run.error
+        return run.counts
 
     @inlineCallbacks
     def _check_after_outages(self, counts):
@@ -196,25 +194,82 @@ class LocalCacheUploader:
             if not self._interrupted:
                 return
             self._interrupted = False
-            checked, rewritten = 0, 0
-            for chunk in self.reader.chunks(self.upload_resources):
-                items, _bad, _shadowed = self._prepare(chunk, report=False)
-                outcome = yield self._write_with_retries(items, counts, count_outcome=False)
-                checked += len(items)
-                rewritten += len(outcome.created) + len(outcome.updated)
-            self.rewritten += rewritten
-            if rewritten:
+            run = yield self._write_chunks(report=False)
+            if run.error is not None:
+                raise UploadFailed(counts, run.error) from run.error
+            self.rewritten += run.rewritten
+            if run.rewritten:
                 self.log.warn("local cache checked again after an etcd outage: {rewritten} "
                               "of {checked} objects were missing from the pool or older "
                               "there, and were written again (etcd can lose writes it "
-                              "acknowledged)", rewritten=rewritten, checked=checked)
+                              "acknowledged)", rewritten=run.rewritten, checked=run.checked)
             else:
                 self.log.info("local cache checked again after an etcd outage: all "
-                              "{checked} objects in place", checked=checked)
+                              "{checked} objects in place", checked=run.checked)
         if self._interrupted:
             self.log.warn("etcd failed again during each of {checks} checks of the local "
                           "cache after an outage; objects acknowledged before the last "
                           "failure were not checked", checks=self.max_attempts)
+
+    @inlineCallbacks
+    def _write_chunks(self, report):
+        """One pass over the cache: fires with its ``_Pass`` once every lane ended.
+
+        ``parallel_batches`` lanes pull chunks from one reading of the cache, each
+        writing its chunk one transaction at a time: while one lane reads and checks
+        its next chunk, the others' transactions stay in flight, so etcd always has
+        as many as the store allows and never waits for the slowest batch of a chunk.
+        Memory stays bounded by one chunk per lane. A lane that gives up stops the
+        others (they end their current request, pull no chunk and retry nothing);
+        the pass's ``error`` says why.
+        """
+        run = _Pass(self.reader.chunks(self.upload_resources))
+        lanes = [self._lane(run, report) for _ in range(max(1, self.store.parallel_batches))]
+        results = yield defer.DeferredList(lanes, consumeErrors=True)
+        for succeeded, result in results:
+            if not succeeded:
+                # Cancelled from outside (a role change): the upload ends with it.
+                result.raiseException()
+        return run
+
+    @inlineCallbacks
+    def _lane(self, run, report):
+        retries = Retries(self.backoff.policy)
+        while run.error is None:
+            try:
+                chunk = next(run.chunks, None)
+            except Exception as e:
+                # Reading never raises for what the cache holds; anything else ends
+                # the upload as a failure, as etcd giving up does.
+                run.stop(e)
+                return
+            if chunk is None:
+                return
+            if report:
+                self.files_seen += len(chunk)
+            items, bad, shadowed = self._prepare(chunk, report=report)
+            outcome = WriteOutcome()
+            try:
+                yield self._write_with_retries(items, outcome, run, retries)
+            finally:
+                if report:
+                    self._count(run, outcome, bad, shadowed)
+            if not report:
+                run.checked += len(items)
+                run.rewritten += len(outcome.created) + len(outcome.updated)
+
+    def _count(self, run, outcome, bad, shadowed):
+        """Add a chunk's outcome (written whole or in part) to the pass's counts."""
+        for path in outcome.too_large:
+            self._skip_bad(path, "too large for one etcd request", "too_large")
+        chunk_counts = UploadCounts(len(outcome.created), len(outcome.updated),
+                                    len(outcome.not_newer) + shadowed,
+                                    bad + len(outcome.too_large))
+        run.counts = run.counts + chunk_counts
+        if self.metrics is not None:
+            self.metrics.count_uploaded(chunk_counts.created + chunk_counts.updated)
+            if chunk_counts.skipped_not_newer:
+                self.metrics.count_skipped("not_newer", chunk_counts.skipped_not_newer)
 
     def _prepare(self, chunk, report=True):
         """Check each entry; return ``([(key, bytes, rv)], bad entries, shadowed entries)``.
@@ -234,8 +289,14 @@ class LocalCacheUploader:
                 bad += 1
                 continue
             location = entry.location
+            # Parsed once: its metadata and its kind are read from the same object.
             try:
-                name, namespace, rv = object_metadata(entry.data)
+                obj = json.loads(entry.data)
+                name, namespace, rv = metadata_of(obj)
+            except _NotJSON as e:
+                skip_bad(location.path, f"not JSON: {e}", "bad_object")
+                bad += 1
+                continue
             except ValueError as e:
                 skip_bad(location.path, str(e), "bad_object")
                 bad += 1
@@ -244,7 +305,7 @@ class LocalCacheUploader:
                 skip_bad(location.path, "not JSON: nested too deeply", "bad_object")
                 bad += 1
                 continue
-            mismatch = kind_mismatch(entry.data, location)
+            mismatch = kind_mismatch_of(obj, location)
             if mismatch:
                 skip_bad(location.path, mismatch, "wrong_kind")
                 bad += 1
@@ -277,29 +338,59 @@ class LocalCacheUploader:
             self.metrics.count_skipped(category)
 
     @inlineCallbacks
-    def _write_with_retries(self, items, counts, count_outcome=True):
-        """Write ``items``, retrying etcd outages; ``counts`` (plus this outcome when
-        ``count_outcome``) is what ``UploadFailed`` reports if etcd never accepts them."""
-        outcome = WriteOutcome()
+    def _write_with_retries(self, items, outcome, run, retries):
+        """Write ``items`` into ``outcome``, one transaction at a time, retrying etcd
+        outages with ``retries``; gives up by stopping ``run`` with the error."""
         attempt = 0
         while True:
             attempt += 1
             try:
-                yield self.store.create_or_update_many(items, outcome, flush_key_cache=False)
+                yield self.store.create_or_update_many(items, outcome, flush_key_cache=False,
+                                                       in_flight=1)
             except (EtcdError, PoolStoreError) as e:
+                if run.error is not None:
+                    return
                 if attempt >= self.max_attempts or not isinstance(e, RETRYABLE_ERRORS):
                     self.log.error("local cache upload gave up after {attempts} attempts: "
                                    "{error}", attempts=attempt, error=str(e))
-                    done = UploadCounts(len(outcome.created), len(outcome.updated),
-                                        len(outcome.not_newer), 0)
-                    raise UploadFailed(counts + done if count_outcome else counts, e) from e
-                delay = self.backoff.next_delay()
+                    run.stop(e)
+                    return
+                delay = retries.next_delay()
                 self.retries += 1
                 self._interrupted = True
                 self.log.warn("local cache upload interrupted, retrying in {delay:.2f}s "
                               "(attempt {attempt}/{max_attempts}): {error}", delay=delay,
                               attempt=attempt, max_attempts=self.max_attempts, error=str(e))
-                yield task.deferLater(self.reactor, delay, lambda: None)
+                pause = task.deferLater(self.reactor, delay, lambda: None)
+                run.pauses.add(pause)
+                try:
+                    yield pause
+                except defer.CancelledError:
+                    if run.error is not None:
+                        return
+                    raise
+                finally:
+                    run.pauses.discard(pause)
                 continue
-            self.backoff.reset()
-            return outcome
+            retries.reset()
+            return
+
+
+class _Pass:
+    """What the lanes of one pass over the local cache share: the chunks still to be
+    read, the counts so far, the retry pauses under way and the error that ended it."""
+
+    def __init__(self, chunks):
+        self.chunks = iter(chunks)
+        self.counts = UploadCounts()
+        self.checked = 0
+        self.rewritten = 0
+        self.pauses = set()
+        self.error = None
+
+    def stop(self, error):
+        """A lane gave up: the other lanes stop, those pausing before a retry at once."""
+        if self.error is None:
+            self.error = error
+        for pause in list(self.pauses):
+            pause.cancel()

@@ -326,6 +326,49 @@ class PoolStoreBehaviour(EtcdStoreCase):
         self.assertEqual(len(store.list_resource_keys_of_component("kubelet", gvr.PODS)), 5)
 
     @defer.inlineCallbacks
+    def test_guarded_writes_carry_no_reads_and_a_failed_guard_reads_once(self):
+        """A first upload sends only the guarded writes; when a guard fails, one read
+        of the batch plans the next round, and the outcome is as before."""
+        client = RecordingClient(self.client)
+        store = self.new_store(client, self.key_cache, max_ops=8)
+        items = [(self.key("pods", f"p{i}", "ns"), make_object(f"p{i}", "ns", 10 + i), 10 + i)
+                 for i in range(8)]
+        outcome = yield store.create_or_update_many(items)
+        self.assertEqual(len(outcome.created), 8)
+        # Two batches of 4 objects: 4 compares and 8 puts each, no failure branch.
+        self.assertEqual(client.shapes, [(4, 8, 0, True)] * 2)
+        client.shapes.clear()
+        # The first two one resourceVersion newer, the others as stored.
+        newer = [(self.key("pods", f"p{i}", "ns"),
+                  make_object(f"p{i}", "ns", 10 + i + (i < 2)), 10 + i + (i < 2))
+                 for i in range(8)]
+        again = yield store.create_or_update_many(newer)
+        self.assertEqual(sorted(again.updated), sorted(k.path for k, _v, _rv in newer[:2]))
+        self.assertEqual(len(again.not_newer), 6)
+        # Batch 1: failed write, read (8 reads), a write of the 2 newer (4 compares);
+        # batch 2: failed write and read, nothing newer.
+        self.assertEqual(sorted(client.shapes), sorted([
+            (4, 8, 0, False), (0, 8, 0, True), (4, 4, 0, True),
+            (4, 8, 0, False), (0, 8, 0, True)]))
+        self.assertEqual(self.mirrors()[newer[0][0].path], format_rv(11))
+
+    @defer.inlineCallbacks
+    def test_in_flight_bounds_the_transactions_of_one_call(self):
+        client = RecordingClient(self.client)
+        store = self.new_store(client, self.key_cache, max_ops=4, parallel_batches=4)
+        items = [(self.key("pods", f"p{i}", "ns"), make_object(f"p{i}", "ns", 10 + i), 10 + i)
+                 for i in range(20)]
+        yield store.create_or_update_many(items[:10])
+        self.assertEqual(client.most_in_flight, 4)
+        client.most_in_flight = 0
+        outcome = yield store.create_or_update_many(items[10:], in_flight=1)
+        self.assertEqual(client.most_in_flight, 1)
+        self.assertEqual(len(outcome.created), 10)
+        self.assertEqual(len(self.dump()), 20)
+        with self.assertRaises(ValueError):
+            yield store.create_or_update_many(items, in_flight=0)
+
+    @defer.inlineCallbacks
     def test_replace_whose_answer_was_lost_still_owns_the_keys(self):
         """etcd applied a list batch but the answer was lost; the objects are deleted
         from the source meanwhile: the next list must delete them from etcd too."""
@@ -683,6 +726,39 @@ class AnswerLosingClient:
                 raise error
 
             d.addCallback(lose)
+        return d
+
+    def __getattr__(self, name):
+        return getattr(self.client, name)
+
+
+class RecordingClient:
+    """Passes requests to a real client; records each transaction's shape
+    ``(compares, success operations, failure operations, succeeded)`` in ``shapes``
+    and the most transactions in flight at once in ``most_in_flight``."""
+
+    def __init__(self, client):
+        self.client = client
+        self.shapes = []
+        self.in_flight = 0
+        self.most_in_flight = 0
+
+    def submit(self, txn, raise_on_failure=True):
+        self.in_flight += 1
+        self.most_in_flight = max(self.most_in_flight, self.in_flight)
+        d = self.client.submit(txn, raise_on_failure=raise_on_failure)
+
+        def answered(result):
+            self.in_flight -= 1
+            self.shapes.append((len(txn.compare or ()), len(txn.success or ()),
+                                len(txn.failure or ()), result.succeeded))
+            return result
+
+        def failed(failure):
+            self.in_flight -= 1
+            return failure
+
+        d.addCallbacks(answered, failed)
         return d
 
     def __getattr__(self, name):

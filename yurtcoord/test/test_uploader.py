@@ -9,12 +9,14 @@ from twisted.internet.error import ProcessDone
 from twisted.internet.task import Clock
 from twisted.logger import Logger, globalLogPublisher
 from twisted.trial import unittest
+from zope.interface.verify import verifyObject
 
 from yurtcoord.agent.config import UploadResource
 from yurtcoord.etcd.errors import EtcdUnavailable, RequestRejected
 from yurtcoord.tx.retry import Retries, backoff_policy
 from yurtcoord.pool.localcache import LocalCacheReader
 from yurtcoord.agent.metrics import Metrics
+from yurtcoord.pool.interfaces import IPoolStore
 from yurtcoord.pool.keycache import ComponentKeyCache
 from yurtcoord.pool.keys import format_rv
 from yurtcoord.pool.store import PoolStore
@@ -424,6 +426,9 @@ class EtcdForgetsOnce:
     by the call before it (value and mirror rv), then fails with EtcdUnavailable; what
     etcd 3.5.0 to 3.5.2 can do to writes acknowledged just before it was killed."""
 
+    # Calls one at a time, so that "the call before" is the one answered last.
+    parallel_batches = 1
+
     def __init__(self, store, lose_at):
         self.store = store
         self.lose_at = lose_at
@@ -435,7 +440,8 @@ class EtcdForgetsOnce:
         return getattr(self.store, name)
 
     @defer.inlineCallbacks
-    def create_or_update_many(self, items, outcome=None, flush_key_cache=True):
+    def create_or_update_many(self, items, outcome=None, flush_key_cache=True,
+                              in_flight=None):
         self.calls += 1
         if self.calls == self.lose_at:
             for path in self._last_written:
@@ -444,7 +450,8 @@ class EtcdForgetsOnce:
             self.forgotten = self._last_written
             raise EtcdUnavailable("etcd restarted")
         items = list(items)
-        result = yield self.store.create_or_update_many(items, outcome, flush_key_cache)
+        result = yield self.store.create_or_update_many(items, outcome, flush_key_cache,
+                                                        in_flight)
         self._last_written = list(result.created) + list(result.updated)
         return result
 
@@ -545,6 +552,71 @@ class RetryTimingTests(unittest.TestCase):
         self.assertEqual(store.puts, 1)
         self.assertEqual(store.flushes, 1)
         self.assertFalse(clock.getDelayedCalls())
+
+
+class PipelineTests(unittest.TestCase):
+    """The upload keeps the store's number of transactions in flight across chunks,
+    reading a chunk while the others are written, with one chunk per lane in memory."""
+
+    def setUp(self):
+        self.local = os.path.abspath(self.mktemp())
+        for i in range(20):
+            write_file(os.path.join(self.local, "kubelet", "pods.v1.core", "ns", f"p{i:02d}"),
+                       make_object(f"p{i:02d}", "ns", 1 + i))
+        self.clock = Clock()
+        self.store = FakePoolStore(self.clock)
+        verifyObject(IPoolStore, self.store)
+        self.store.parallel_batches = 4
+        self.store.hold_writes = True
+
+    def uploader(self, **kwargs):
+        return LocalCacheUploader(self.store, LocalCacheReader(self.local, chunk_size=2),
+                                  [PODS], backoff=steady_backoff(), **kwargs)
+
+    def test_as_many_in_flight_as_the_store_allows_across_chunks(self):
+        uploader = self.uploader()
+        d = uploader.upload()
+        # Four chunks of two read and in flight; the rest of the cache not read yet.
+        self.assertEqual((self.store.in_flight, uploader.files_seen), (4, 8))
+        for answered in range(1, 7):
+            self.store.release()
+            # The lane answered reads its next chunk at once: still four in flight.
+            self.assertEqual((self.store.in_flight, uploader.files_seen),
+                             (4, 8 + 2 * answered))
+        while self.store.held:
+            self.assertNoResult(d)
+            self.store.release()
+        self.assertEqual(self.successResultOf(d), UploadCounts(20, 0, 0, 0))
+        self.assertEqual(self.store.most_in_flight, 4)
+        self.assertEqual(self.store.puts, 10)
+        self.assertEqual(len(self.store.versions), 20)
+
+    def test_a_lane_that_gives_up_stops_the_others(self):
+        self.store.fail_on = {2}
+        self.store.error = RequestRejected("bad request")
+        uploader = self.uploader()
+        d = uploader.upload()
+        # Lane 1's write is held; lane 2's was refused: nobody reads another chunk.
+        self.assertEqual((self.store.puts, uploader.files_seen), (2, 4))
+        self.assertNoResult(d)
+        self.store.release()
+        failure = self.failureResultOf(d, UploadFailed)
+        self.assertIsInstance(failure.value.cause, RequestRejected)
+        # What lane 1 wrote before the failure is counted.
+        self.assertEqual(failure.value.counts, UploadCounts(2, 0, 0, 0))
+        self.assertEqual((self.store.puts, uploader.files_seen), (2, 4))
+        self.assertEqual(self.store.flushes, 1)
+
+    def test_a_lane_that_gives_up_ends_the_retry_pauses_of_the_others(self):
+        self.store.hold_writes = False
+        self.store.fail = [EtcdUnavailable("down"), RequestRejected("bad request")]
+        uploader = self.uploader()
+        failure = self.failureResultOf(uploader.upload(), UploadFailed)
+        self.assertIsInstance(failure.value.cause, RequestRejected)
+        self.assertEqual(uploader.retries, 1)
+        self.assertFalse(self.clock.getDelayedCalls())
+        self.clock.advance(60)
+        self.assertEqual(self.store.puts, 2)
 
 
 class CancellationTests(unittest.TestCase):

@@ -40,13 +40,18 @@ class FakePoolStore:
     and the call fails with ``EtcdUnavailable``; a key in ``fail_deletes`` fails the
     ``delete_many`` reaching it (the keys before it are deleted);
     ``hold_delete_component`` keeps the next ``delete_component_resources`` in flight
-    until cancelled. Objects named ``huge...`` are too large for the store.
+    until cancelled; with ``hold_writes`` each ``create_or_update_many`` stays in flight
+    (in ``held``, oldest first, with ``in_flight`` the calls not answered yet) until
+    ``release()`` answers it. Objects named ``huge...`` are too large for the store.
     """
 
     def __init__(self, reactor: Any = None, prefix: str = "/registry", name: str = "store",
                  on_close: Optional[Callable[["FakePoolStore"], object]] = None) -> None:
         self.reactor = reactor
         self.name = name
+        # One call at a time from a writer that runs as many as this, so that "the
+        # call before" of ``lose_at`` is well defined.
+        self.parallel_batches = 1
         self._on_close = on_close
         self.keys = PoolKeyBuilder(prefix)
         self.calls: List[Tuple[Any, ...]] = []
@@ -59,6 +64,10 @@ class FakePoolStore:
         self.lose_at: Optional[int] = None
         self.fail_deletes: Set[str] = set()
         self.hold_delete_component = False
+        self.hold_writes = False
+        self.held: List[Tuple[defer.Deferred[WriteOutcome], WriteOutcome]] = []
+        self.in_flight = 0
+        self.most_in_flight = 0
         self.flushes = 0
         self.soon_flushes: List[int] = []
         self.closes = 0
@@ -89,6 +98,12 @@ class FakePoolStore:
         """etcd reports a new raft term: every term observer hears of it."""
         for observer in list(self.term_observers):
             observer()
+
+    def release(self) -> None:
+        """Answer the oldest held ``create_or_update_many``."""
+        d, outcome = self.held.pop(0)
+        self.in_flight -= 1
+        d.callback(outcome)
 
     # IPoolStore -----------------------------------------------------------------
 
@@ -172,7 +187,8 @@ class FakePoolStore:
 
     def create_or_update_many(self, items: Iterable[Tuple[PoolKey, bytes, Union[int, str]]],
                               outcome: Optional[WriteOutcome] = None,
-                              flush_key_cache: bool = True) -> defer.Deferred[WriteOutcome]:
+                              flush_key_cache: bool = True,
+                              in_flight: Optional[int] = None) -> defer.Deferred[WriteOutcome]:
         items = list(items)
         self.puts += 1
         self.calls.append(("put", sorted(key.path for key, _v, _rv in items)))
@@ -201,6 +217,12 @@ class FakePoolStore:
             self.objects[key.path] = json.loads(value)
             self.versions[key.path] = rv
             self._last_written.append(key.path)
+        if self.hold_writes:
+            held: defer.Deferred[WriteOutcome] = defer.Deferred()
+            self.held.append((held, outcome))
+            self.in_flight += 1
+            self.most_in_flight = max(self.most_in_flight, self.in_flight)
+            return held
         return defer.succeed(outcome)
 
     def delete_many(self, keys: Iterable[PoolKey | str],
