@@ -388,7 +388,7 @@ class _Pass:
         self.pauses = set()
         self.error = None
 
-    def stop(self, error):
+    def stop(self, error: BaseException) -> None:
         """A lane gave up: the other lanes stop, those pausing before a retry at once."""
         if self.error is None:
             self.error = error
