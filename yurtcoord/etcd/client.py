@@ -91,6 +91,7 @@ from yurtcoord.etcd.errors import (
     EtcdTimeout,
     EtcdUnavailable,
     NoLeader,
+    RequestCancelled,
     RequestRejected,
     RequestTooLarge,
     ResponseTooLarge,
@@ -530,7 +531,7 @@ class _Transport:
         answered: Deferred[tuple[int, bytes]] = self._agent.request(
             b"POST", url, headers, _BytesBody(body)).addCallback(
                 _read_response, self._config.max_response_bytes, path)
-        answered.addTimeout(timeout, self._reactor)
+        answered.addTimeout(timeout, self._reactor, onTimeoutCancel=_timed_out)
         answered.addErrback(self._translate, base, path, timeout)
         return self._in_flight.track(answered)
 
@@ -538,12 +539,15 @@ class _Transport:
         if failure.check(EtcdError):
             return failure
         reasons = causes(failure)
-        # Only our timeout and close() cancel requests.
         cancelled = is_cancellation(failure)
         if self.closed and cancelled:
             raise ClientClosed("etcd client closed")
-        if cancelled or failure.check(defer.TimeoutError, net_error.TimeoutError):
+        if failure.check(defer.TimeoutError, net_error.TimeoutError):
             raise EtcdTimeout(f"etcd at {base} did not answer {path} within {timeout}s")
+        if cancelled:
+            # The caller gave up (a role change stops pool sync): says nothing of the
+            # member, which is not skipped for it.
+            raise RequestCancelled(f"etcd request {path} to {base} cancelled by its caller")
         if any(r.check(ParseError) for r in reasons):
             raise BadResponse(f"etcd answered {path} with something that is not HTTP: "
                               f"{describe_failure(failure)}")
@@ -647,7 +651,7 @@ class _Transport:
         headers = _request_headers()
         body = json.dumps(payload).encode("utf-8")
         d: Deferred[IResponse] = self._agent.request(b"POST", url, headers, _BytesBody(body))
-        d.addTimeout(timeout, self._reactor)
+        d.addTimeout(timeout, self._reactor, onTimeoutCancel=_timed_out)
 
         def translate(failure: Failure) -> Failure:
             try:
@@ -658,6 +662,14 @@ class _Transport:
 
         d.addErrback(translate)
         return self._in_flight.track(d)
+
+
+def _timed_out(result: object, timeout: float) -> Failure:
+    """What a request the client's own timer cancelled fails with: a
+    ``defer.TimeoutError``, whatever layer reported the cancellation (the HTTP client
+    wraps it once the request is sent), so that it is told apart from a caller's
+    cancellation."""
+    return Failure(defer.TimeoutError(f"no answer within {timeout}s"))
 
 
 def _request_headers() -> Headers:

@@ -51,6 +51,14 @@ class EtcdTimeout(EtcdError):
     maybe_applied = True
 
 
+class RequestCancelled(EtcdError):
+    """The caller cancelled the request before its answer came (it stopped what it
+    was doing). Nothing is known of the member: it is not skipped. A write may have
+    been applied."""
+
+    maybe_applied = True
+
+
 class ClientClosed(EtcdError):
     """The client was closed; requests in flight at that moment end with this too."""
 

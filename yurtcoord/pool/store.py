@@ -231,9 +231,10 @@ def _returns_deferred(method: Callable[_P, object]) -> Callable[_P, defer.Deferr
     """Make bad arguments fail the returned Deferred instead of raising at the call, and
     make cancelling it end with CancelledError.
 
-    The etcd client reports a cancelled request as a timeout; a caller that cancels a
-    store operation (a role change, a stop) must see a cancellation, not an etcd
-    failure it would retry or log.
+    The etcd client reports a cancelled request as an etcd error (``RequestCancelled``,
+    in doubt, so that the store keeps allowing for a write that may have landed); a
+    caller that cancels a store operation (a role change, a stop) must see a
+    cancellation, not an etcd failure it would retry or log.
     """
     @functools.wraps(method)
     def wrapper(*args: _P.args, **kwargs: _P.kwargs) -> defer.Deferred[Any]:

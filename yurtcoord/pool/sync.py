@@ -22,7 +22,9 @@ twice. See docs/design.md, "etcd that forgets acknowledged writes".
 When every resource has listed, the informer sync lease is created at once and then
 renewed every ``informer_lease_renew`` by one ``LoopingCall``, so followers trust the
 pool cache as soon as it is complete rather than a whole period later. The lease is
-renewed only while every mirror has listed and none is failing to write.
+renewed only while every mirror has listed and none is failing to write; a renewal
+skipped for that is made up as soon as the mirrors write again, and the period
+counts from then.
 
 ``stop()`` cancels the lease loop, requests in flight, retry timers and informers in
 the same reactor turn; once its Deferred fired nothing writes to the store.
@@ -418,6 +420,9 @@ class PoolSyncManager:
                                          INFORMER_SYNC_LEASE_NAME, attempts=3)
         self._lease_loop: Optional[LoopingCall] = None
         self._lease_loop_done: Optional[defer.Deferred[LoopingCall]] = None
+        # The lease loop's last turn skipped the renewal (a mirror not listed or
+        # failing): the next mirror change that makes every mirror synced renews at once.
+        self._renewal_skipped = False
         self._started_scope = False
         self._running = False
         # ``{resource id: lists_written}`` when the store went unreachable, else None.
@@ -463,6 +468,7 @@ class PoolSyncManager:
                       deleted=deleted)
         self.store = store
         self.lease = None
+        self._renewal_skipped = False
         self._lease_writer.forget()  # deleted above
         self._running = True
         self._heap = QuietCollections(self.reactor)
@@ -594,8 +600,16 @@ class PoolSyncManager:
 
     def _mirror_changed(self) -> None:
         heap = self._heap
-        if (not self._running or heap is None or self._lease_loop is not None
-                or not self.all_listed):
+        if not self._running or heap is None or not self.all_listed:
+            return
+        if self._lease_loop is not None:
+            if self._renewal_skipped:
+                # Writes go through again: renew now rather than up to a whole period
+                # later, while followers may already count the lease as stale.
+                self._renewal_skipped = False
+                self.log.info("pool-scoped resources synced again on node {node}: "
+                              "informer sync lease renewed now", node=self.node_name)
+                self._start_lease_loop()
             return
         self.log.info("pool-scoped resources synced on node {node}: {resources}",
                       node=self.node_name,
@@ -608,15 +622,27 @@ class PoolSyncManager:
         heap.freeze()
         self._lease_loop = LoopingCall(self._renew_lease)
         self._lease_loop.clock = self.reactor
-        self._lease_loop_done = self._lease_loop.start(self.informer_lease_renew, now=True)
+        self._start_lease_loop()
+
+    def _start_lease_loop(self) -> None:
+        """Renew the lease now and every ``informer_lease_renew`` from now on. Also
+        restarts a loop whose last turn skipped the renewal: that turn returned
+        nothing, so no renewal is in flight."""
+        loop = self._lease_loop
+        assert loop is not None
+        if loop.running:
+            loop.stop()
+        self._lease_loop_done = loop.start(self.informer_lease_renew, now=True)
         self._lease_loop_done.addErrback(
             lambda f: self.log.failure("informer sync lease loop failed", f))
 
     def _renew_lease(self) -> Optional[defer.Deferred[None]]:
         if not self.all_listed:
+            self._renewal_skipped = True
             self.log.warn("informer sync lease not renewed on node {node}: pool-scoped "
                           "resources are not all synced", node=self.node_name)
             return None
+        self._renewal_skipped = False
         d = self._write_lease()
         d.addErrback(self._lease_failed)
         return d

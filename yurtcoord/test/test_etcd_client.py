@@ -17,6 +17,7 @@ from yurtcoord.etcd.errors import (
     EtcdTimeout,
     EtcdUnavailable,
     NoLeader,
+    RequestCancelled,
     RequestRejected,
     RequestTooLarge,
     TLSConfigError,
@@ -680,3 +681,37 @@ class ConnectingCancelledTests(unittest.TestCase):
         self.assertEqual(len(clock.tcpClients), 1)
         clock.advance(2.0)
         self.failureResultOf(d, EtcdTimeout)
+
+
+class CallerCancellationTests(unittest.TestCase):
+    """A caller that cancels its request (pool sync stopping on a role change) learns
+    that the write is in doubt, but the member is not blamed: it stays the one
+    requests go to. Only the client's own timeout skips a member."""
+
+    def client(self):
+        from twisted.internet.testing import MemoryReactorClock
+        clock = MemoryReactorClock()
+        client = EtcdClient(clock, EtcdConfig(
+            "http://127.0.0.1:2379", more_urls=("http://127.0.0.1:2380",), timeout=2.0,
+            gateway_prefix="/v3"))
+        # Its connection pool never closes on a memory reactor: not waited for.
+        self.addCleanup(lambda: client.close() and None)
+        return clock, client
+
+    def test_a_cancelled_write_is_in_doubt_and_keeps_its_member(self):
+        clock, client = self.client()
+        d = client.put(b"/registry/a", b"1")
+        self.assertEqual(len(clock.tcpClients), 1)
+        d.cancel()
+        error = self.failureResultOf(d, RequestCancelled).value
+        self.assertTrue(error.maybe_applied)
+        self.assertEqual(client.member, "http://127.0.0.1:2379")
+        clock.advance(2.0)
+        self.assertEqual(client.member, "http://127.0.0.1:2379")
+
+    def test_a_timed_out_write_moves_to_the_next_member(self):
+        clock, client = self.client()
+        d = client.put(b"/registry/a", b"1")
+        clock.advance(2.0)
+        self.assertTrue(self.failureResultOf(d, EtcdTimeout).value.maybe_applied)
+        self.assertEqual(client.member, "http://127.0.0.1:2380")

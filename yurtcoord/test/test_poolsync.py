@@ -20,7 +20,7 @@ from yurtcoord.kube import gvr as gvrs
 from yurtcoord.tx.retry import Retries, backoff_policy
 from yurtcoord.kube.client import ClientConfig, KubeClient
 from yurtcoord.kube.errors import ConnectionFailed
-from yurtcoord.kube.lease import parse_micro_time
+from yurtcoord.kube.lease import parse_micro_time, renew_time
 from yurtcoord.agent.metrics import Metrics
 from yurtcoord.pool.scope import HealthyCloudClient, PoolScopeResources
 from yurtcoord.pool.keycache import ComponentKeyCache
@@ -361,6 +361,25 @@ class PoolSyncClockTests(unittest.TestCase):
         self.assertEqual(self.manager.lease_writes, 1)
         self.assertTrue(any("not renewed" in m for m in self.messages), self.messages)
 
+    def test_a_renewal_skipped_while_a_write_failed_is_made_up_once_it_succeeds(self):
+        informers = self.start()
+        self.sync_all(informers)
+        self.assertEqual(self.manager.lease_writes, 1)
+        # Attempts at +0, +1, +3 and +7 fail; the renewal due at +10 is skipped.
+        self.store.fail = [ConnectionFailed("etcd down")] * 4
+        informers[("", "v1", "endpoints")].add(endpoints("a", 5))
+        self.clock.pump([1] * 10)
+        self.assertEqual(self.manager.lease_writes, 1)
+        self.assertTrue(any("not renewed" in m for m in self.messages), self.messages)
+        self.clock.advance(1)
+        self.assertFalse(self.manager.mirrors[("", "v1", "endpoints")].failing)
+        self.assertEqual(self.manager.lease_writes, 2, "renewed as the write went through")
+        self.assertEqual(renew_time(self.lease()), START + 11)
+        self.clock.pump([1] * 9)
+        self.assertEqual(self.manager.lease_writes, 2)
+        self.clock.advance(1)
+        self.assertEqual(self.manager.lease_writes, 3, "one period after the late renewal")
+
     def test_failed_first_list_is_retried(self):
         informers = self.start()
         self.store.fail = [ConnectionFailed("etcd down")]
@@ -482,8 +501,9 @@ class PoolSyncClockTests(unittest.TestCase):
         services.end_list([{"metadata": {"name": "web", "namespace": "default",
                                      "resourceVersion": "9"}}])
         self.assertIn(("replace", "core/v1/services", 1), self.store.calls)
+        self.assertEqual(self.manager.lease_writes, 2, "renewed once services listed")
         self.clock.advance(10)
-        self.assertEqual(self.manager.lease_writes, 2)
+        self.assertEqual(self.manager.lease_writes, 3)
         self.scope_informers[-1].add(configmap("[]", rv="2"))
         self.assertTrue(services.stopped)
         self.assertEqual(self.store.calls[-1], ("replace", "core/v1/services", 0))
