@@ -48,7 +48,12 @@ Per delegation (one pool lease state to the cloud), through ``LeaseWriter``:
 - a conflict is re-read and retried, at most ``MAX_ATTEMPTS`` attempts in all.
 
 Concurrency: leases of different nodes are delegated concurrently, but at most one
-request chain per lease is in flight. Events arriving meanwhile only replace the
+request chain per lease is in flight. How many chains run at once over all leases
+follows the cloud's latency (``yurtcoord.tx.limiter.AdaptiveLimit``): it grows while
+the chains finish about as fast as the fastest seen lately and more leases wait, and
+shrinks when they slow down or fail, between ``min_concurrent`` and
+``max_concurrent``. A pool of 5,000 nodes renewing every 5 s offers 1,000 delegations
+a second: a fixed bound of 16 chains holds that only while a chain takes under 16 ms. Events arriving meanwhile only replace the
 remembered pending state of that lease (newest renewTime wins), which runs when the
 chain finishes. A failed delegation (no healthy cloud server, the cloud answering
 errors, conflicts to the end) is counted and the newest state of that lease is
@@ -65,6 +70,7 @@ from zope.interface import Interface, implementer
 
 from yurtcoord.agent.config import format_duration
 from yurtcoord.tx.failures import describe_failure
+from yurtcoord.tx.limiter import AdaptiveLimit
 from yurtcoord.tx.retry import DELEGATION_RETRY, Retries
 from yurtcoord.kube.errors import NotFound
 from yurtcoord.kube.gvr import LEASES, NODES
@@ -79,8 +85,11 @@ from yurtcoord.tx.observers import Observers
 from yurtcoord.tx.workqueue import RetryPolicy, WorkQueue
 
 MAX_ATTEMPTS = 5
-# Chains in flight over all leases: the cloud client's persistent connections.
-DEFAULT_MAX_CONCURRENT = 16
+# Chains in flight over all leases: they start at the cloud client's persistent
+# connections and move with the cloud's latency between the bounds.
+DEFAULT_INITIAL_CONCURRENT = 16
+DEFAULT_MIN_CONCURRENT = 4
+DEFAULT_MAX_CONCURRENT = 128
 # How far ahead of the leader's clock a forwarded renewTime may be.
 DEFAULT_MAX_CLOCK_SKEW = 5.0
 # The only spec fields a pool lease gives its cloud lease.
@@ -231,9 +240,11 @@ class HeartbeatDelegation:
     - ``metrics``: optional, an ``IDelegationMetrics``;
     - ``make_backoff()`` → a ``yurtcoord.tx.retry.Retries`` for the retries of one lease.
 
-    ``max_concurrent`` bounds the chains in flight over all leases (others wait in
-    a FIFO queue): as many as the cloud client keeps persistent connections, so a
-    burst of delegations reuses connections instead of opening one per node.
+    The chains in flight over all leases (others wait in a FIFO queue) start at
+    ``DEFAULT_INITIAL_CONCURRENT``, as many as the cloud client keeps persistent
+    connections, and follow the cloud's latency between ``min_concurrent`` and
+    ``max_concurrent`` (``concurrency_limit``); every chain that sent a request to the
+    cloud is one sample of it.
     """
 
     log = Logger()
@@ -247,9 +258,12 @@ class HeartbeatDelegation:
                  make_backoff: Optional[Callable[[], RetryPolicy]] = None,
                  max_attempts: int = MAX_ATTEMPTS,
                  max_concurrent: int = DEFAULT_MAX_CONCURRENT,
-                 heartbeat_interval: float = DEFAULT_HEARTBEAT_INTERVAL) -> None:
+                 heartbeat_interval: float = DEFAULT_HEARTBEAT_INTERVAL,
+                 min_concurrent: int = DEFAULT_MIN_CONCURRENT) -> None:
         if max_concurrent < 1:
             raise ValueError("max_concurrent must be at least 1")
+        if min_concurrent < 1:
+            raise ValueError("min_concurrent must be at least 1")
         if not pool:
             raise ValueError("heartbeat delegation needs the name of its node pool")
         self._reactor = reactor
@@ -265,11 +279,15 @@ class HeartbeatDelegation:
         self._max_attempts = max_attempts
         self._informer: Optional[IInformer] = None
         self._node_informer: Optional[IInformer] = None
+        minimum = min(min_concurrent, max_concurrent)
+        self._limit = AdaptiveLimit(
+            reactor, max(minimum, min(DEFAULT_INITIAL_CONCURRENT, max_concurrent)),
+            minimum, max_concurrent)
         # One chain per lease, the newest state pending, per-lease backoff.
         self._queue: WorkQueue[str, _Heartbeat] = WorkQueue(
             reactor, self._delegate_state, _newest,
             make_backoff or (lambda: Retries(DELEGATION_RETRY)),
-            max_concurrent=max_concurrent, on_success=self._delegated,
+            max_concurrent=self._limit, on_success=self._delegated,
             on_failure=self._delegation_failed)
         # key -> (server, LeaseWriter): the writer of each lease on its last server.
         self._writers: Dict[str, Tuple[str, LeaseWriter]] = {}
@@ -341,6 +359,11 @@ class HeartbeatDelegation:
     def in_flight(self) -> int:
         """How many lease delegations are running right now."""
         return self._queue.in_flight
+
+    @property
+    def concurrency_limit(self) -> int:
+        """How many lease delegations may run at once now."""
+        return self._limit.limit
 
     @property
     def queued(self) -> int:
@@ -692,7 +715,18 @@ class HeartbeatDelegation:
                               pool_renew_time=format_micro_time(pool_renewed))
             return merged_cloud_lease(current, pool_lease)
 
-        return writer.write(change).addCallback(lambda written: (written.outcome, server))
+        written = writer.write(change)
+        written.addBoth(self._sampled, self._reactor.seconds())
+        return written.addCallback(lambda write: (write.outcome, server))
+
+    def _sampled(self, result: Any, started: float) -> Any:
+        """One sample of the cloud's latency for the bound on chains in flight (this
+        chain still counts as in flight); a cancelled chain (the delegation stopping)
+        says nothing of the cloud."""
+        if not (isinstance(result, Failure) and result.check(defer.CancelledError)):
+            self._limit.sample(started, self._queue.in_flight,
+                               not isinstance(result, Failure))
+        return result
 
     def _writer(self, key: str, server: str) -> LeaseWriter:
         """The lease writer of ``key`` on ``server``; a new one when the server changed."""
