@@ -90,6 +90,11 @@ MAX_ATTEMPTS = 5
 DEFAULT_INITIAL_CONCURRENT = 16
 DEFAULT_MIN_CONCURRENT = 4
 DEFAULT_MAX_CONCURRENT = 128
+# How much longer than twice the fastest chain of late a chain may take before the
+# cloud counts as slowing down: a busy leader or cloud machine delays single answers
+# by tens of milliseconds without the cloud being overloaded, and a bound that shrank
+# on each of those would starve a large pool. Well within a heartbeat interval.
+LATENCY_SLACK = 0.25
 # How far ahead of the leader's clock a forwarded renewTime may be.
 DEFAULT_MAX_CLOCK_SKEW = 5.0
 # The only spec fields a pool lease gives its cloud lease.
@@ -282,7 +287,7 @@ class HeartbeatDelegation:
         minimum = min(min_concurrent, max_concurrent)
         self._limit = AdaptiveLimit(
             reactor, max(minimum, min(DEFAULT_INITIAL_CONCURRENT, max_concurrent)),
-            minimum, max_concurrent)
+            minimum, max_concurrent, slack=LATENCY_SLACK)
         # One chain per lease, the newest state pending, per-lease backoff.
         self._queue: WorkQueue[str, _Heartbeat] = WorkQueue(
             reactor, self._delegate_state, _newest,
@@ -724,8 +729,15 @@ class HeartbeatDelegation:
         chain still counts as in flight); a cancelled chain (the delegation stopping)
         says nothing of the cloud."""
         if not (isinstance(result, Failure) and result.check(defer.CancelledError)):
+            before = self._limit.limit
             self._limit.sample(started, self._queue.in_flight,
                                not isinstance(result, Failure))
+            if self._limit.limit != before:
+                self.log.debug("heartbeat delegation: at most {limit} chains in flight "
+                               "(was {before}), last chain {seconds:.3f}s, fastest of late "
+                               "{baseline:.3f}s", limit=self._limit.limit, before=before,
+                               seconds=self._reactor.seconds() - started,
+                               baseline=self._limit.baseline)
         return result
 
     def _writer(self, key: str, server: str) -> LeaseWriter:
