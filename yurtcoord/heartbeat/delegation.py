@@ -125,6 +125,9 @@ class IDelegationMetrics(Interface):
     def count_delegation_refused(reason: str) -> None:
         """One delegated pool lease state not forwarded, for ``reason``."""
 
+    def set_delegation_limit(limit: int) -> None:
+        """How many delegations may run at once now (the bound follows the cloud)."""
+
 
 def is_delegated(lease: Optional[dict]) -> bool:
     """Whether a pool lease asks the leader to forward it to the cloud."""
@@ -288,6 +291,8 @@ class HeartbeatDelegation:
         self._limit = AdaptiveLimit(
             reactor, max(minimum, min(DEFAULT_INITIAL_CONCURRENT, max_concurrent)),
             minimum, max_concurrent, slack=LATENCY_SLACK)
+        if metrics is not None:
+            metrics.set_delegation_limit(self._limit.limit)
         # One chain per lease, the newest state pending, per-lease backoff.
         self._queue: WorkQueue[str, _Heartbeat] = WorkQueue(
             reactor, self._delegate_state, _newest,
@@ -733,6 +738,8 @@ class HeartbeatDelegation:
             self._limit.sample(started, self._queue.in_flight,
                                not isinstance(result, Failure))
             if self._limit.limit != before:
+                if self._metrics is not None:
+                    self._metrics.set_delegation_limit(self._limit.limit)
                 self.log.debug("heartbeat delegation: at most {limit} chains in flight "
                                "(was {before}), last chain {seconds:.3f}s, fastest of late "
                                "{baseline:.3f}s", limit=self._limit.limit, before=before,

@@ -95,12 +95,16 @@ class FakeMetrics:
     def __init__(self):
         self.observed = []
         self.refused = []
+        self.limits = []
 
     def observe_delegation(self, seconds, succeeded):
         self.observed.append((seconds, succeeded))
 
     def count_delegation_refused(self, reason):
         self.refused.append(reason)
+
+    def set_delegation_limit(self, limit):
+        self.limits.append(limit)
 
 
 class DelegationFixture:
@@ -337,6 +341,7 @@ class DelegationLogicTests(DelegationFixture, unittest.TestCase):
         self.assertEqual(parse_micro_time(self.stored("node-a")["spec"]["renewTime"]), T0 + 2)
 
     def test_the_bound_on_chains_follows_the_clouds_latency(self):
+        self.metrics.limits.clear()
         self.delegation = self.build(max_concurrent=20, min_concurrent=2)
         self.assertEqual(self.delegation.concurrency_limit, 16)
         self.cloud.hold("get")
@@ -357,6 +362,7 @@ class DelegationLogicTests(DelegationFixture, unittest.TestCase):
         self.assertEqual(self.delegation.delegated_heartbeats, 33)
         self.assertEqual(self.delegation.concurrency_limit, 12)
         self.assertEqual(self.delegation.in_flight, 12)
+        self.assertEqual(self.metrics.limits, [16, 17, 12])
         # Per-lease coalescing stays: a lease renewed twice while it waits is one chain.
         self.informer.update(pool_lease("node-59", T0 + 1), pool_lease("node-59", T0 + 2))
         self.informer.update(pool_lease("node-59", T0 + 2), pool_lease("node-59", T0 + 3))
