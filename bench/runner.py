@@ -171,7 +171,7 @@ of the window reached the cloud, none superseded by the next renewal of its node
 missing. Latency = pool update to cloud update. Leader CPU = utime + stime of the agent
 process from `/proc/<pid>/stat` over the window; the test servers' CPU likewise, etcd's
 not counted. The leader bounds its delegation chains in flight with `AdaptiveLimit`
-(from 16, between 4 and 128, following the cloud's latency); per-lease coalescing
+(from 16, between 16 and 128, following the cloud's latency); per-lease coalescing
 stays. Why the servers moved out of the bench process: at 1,000 renewals/s the test
 server's store (which deep-copies every object it stores and serves) and the load
 generator shared one reactor with the cloud server, so a catch-up of the generator held

@@ -86,9 +86,12 @@ from yurtcoord.tx.workqueue import RetryPolicy, WorkQueue
 
 MAX_ATTEMPTS = 5
 # Chains in flight over all leases: they start at the cloud client's persistent
-# connections and move with the cloud's latency between the bounds.
+# connections and move with the cloud's latency between the bounds. The floor is that
+# start: a chain's latency includes the leader's own reactor, which a burst of 5,000
+# listed leases keeps busy for seconds, and a bound that shrank below the connections
+# for that made the initial burst 2-3x slower than a fixed 16 did.
 DEFAULT_INITIAL_CONCURRENT = 16
-DEFAULT_MIN_CONCURRENT = 4
+DEFAULT_MIN_CONCURRENT = 16
 DEFAULT_MAX_CONCURRENT = 128
 # How much longer than twice the fastest chain of late a chain may take before the
 # cloud counts as slowing down: a busy leader or cloud machine delays single answers

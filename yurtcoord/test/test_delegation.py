@@ -384,6 +384,17 @@ class DelegationLogicTests(DelegationFixture, unittest.TestCase):
         self.assertEqual(self.delegation.failures, 16)
         self.assertEqual(self.delegation.concurrency_limit, 12)
 
+    def test_by_default_the_bound_never_drops_below_the_clouds_connections(self):
+        self.cloud.hold("get")
+        self.cloud.fail_next("get", ServerError("overloaded"), count=16)
+        self.start()
+        for i in range(16):
+            self.informer.add(pool_lease(f"node-{i}", T0 + 1))
+        self.clock.advance(5.0)
+        self.cloud.deliver_held()
+        self.assertEqual(self.delegation.failures, 16)
+        self.assertEqual(self.delegation.concurrency_limit, 16)
+
     def test_many_leases_with_a_synchronous_client(self):
         self.start()
         for i in range(3000):
