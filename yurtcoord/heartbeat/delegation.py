@@ -55,9 +55,10 @@ shrinks when they slow down or fail, between ``min_concurrent`` and
 ``max_concurrent``. A pool of 5,000 nodes renewing every 5 s offers 1,000 delegations
 a second: a fixed bound of 16 chains holds that only while a chain takes under 16 ms.
 Events arriving meanwhile only replace the remembered pending state of that lease
-(newest renewTime wins), which runs when the chain finishes. A failed delegation (no healthy cloud server, the cloud answering
-errors, conflicts to the end) is counted and the newest state of that lease is
-retried after a capped backoff, so a heartbeat is not lost until the next renewal.
+(newest renewTime wins), which runs when the chain finishes. A failed delegation (no
+healthy cloud server, the cloud answering errors, conflicts to the end) is counted and
+the newest state of that lease is retried after a capped backoff, so a heartbeat is not
+lost until the next renewal.
 """
 
 from typing import Any, Callable, Dict, List, Optional, Set, Tuple
