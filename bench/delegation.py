@@ -30,6 +30,7 @@ on loopback. ``--json PATH`` writes the figures and targets (see bench/benchresu
 """
 
 import argparse
+import cProfile
 import os
 import re
 import shutil
@@ -41,8 +42,9 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchresult import row, write_result  # noqa: E402
-from twisted.internet import defer, protocol, task  # noqa: E402
+from twisted.internet import defer, protocol, stdio, task  # noqa: E402
 from twisted.internet.threads import deferToThread  # noqa: E402
+from twisted.protocols.basic import LineOnlyReceiver  # noqa: E402
 from twisted.web.client import Agent, readBody  # noqa: E402
 
 from yurtcoord.kube.gvr import LEASES  # noqa: E402
@@ -61,6 +63,10 @@ from yurtcoord.testing.world import (  # noqa: E402
 LEADER = "bench-leader"
 TICK = 0.01  # seconds between renewal batches of the load generator
 CLK_TCK = os.sysconf("SC_CLK_TCK")
+# A directory: the leader runs under twistd's cProfile (leader.pstats, written when it
+# stops), this process profiles the measured window (bench.pstats), and the leader's
+# log is copied there at the end (leader.log).
+PROFILE_ENV = "YURTCOORD_BENCH_PROFILE"
 
 
 def process_cpu_seconds(pid):
@@ -139,46 +145,111 @@ class _Child(protocol.ProcessProtocol):
         self.ended.callback(None)
 
 
-class LoadGenerator:
-    """Renews every node's pool lease once per ``period``, in batches every ``TICK``,
-    and matches each renewal with the cloud update carrying its renewTime."""
+class _Side(protocol.ProcessProtocol):
+    """A child process of the bench (``--serve cloud`` or ``--serve pool``): its
+    stdout lines go to ``on_line(words)``, its stderr to the bench's stderr."""
 
-    def __init__(self, reactor, coordinator, cloud, nodes, period):
-        self.reactor = reactor
-        self.coordinator = coordinator
-        self.cloud = cloud
-        self.names = [node_name(i) for i in range(nodes)]
-        self.period = period
+    def __init__(self, on_line):
+        self.on_line = on_line
+        self.ended = defer.Deferred()
+        self.url = None
+        self._buffer = b""
+
+    def outReceived(self, data):
+        self._buffer += data
+        *lines, self._buffer = self._buffer.split(b"\n")
+        for line in lines:
+            words = line.decode("utf-8").split()
+            if words and words[0] == "url":
+                self.url = words[1]
+            elif words:
+                self.on_line(words)
+
+    def errReceived(self, data):
+        sys.stderr.write(data.decode("utf-8", "replace"))
+
+    def send(self, command):
+        self.transport.write(command.encode("ascii") + b"\n")
+
+    def processEnded(self, reason):
+        self.ended.callback(None)
+
+
+class Tracker:
+    """What the bench process keeps: every renewal the pool side wrote (``renewed``
+    lines) matched with the cloud side's ``seen`` line for the same renewTime. The
+    two arrive on different pipes, so a renewal seen in the cloud before its own line
+    arrived waits in ``early``."""
+
+    def __init__(self):
         self.pending = {}  # (name, renewTime text) -> pool write time
         self.newest = {}  # name -> renewTime text last written to the pool
+        self.early = {}  # (name, renewTime text) -> cloud time, its renewal not yet known
         self.latencies = []  # (pool write time, seconds to the cloud)
         self.superseded = 0
         self.renewed = 0
+        self.in_cloud = set()  # names with a lease in the cloud
+        self.election_holder = None
         self.measuring_since = None
-        self._started_at = None
-        self._issued = 0
-        self._next = 0
-        self._loop = None
-        self._watcher = cloud.store.watch(
-            LEASES, ObjectFilter(namespace=NODE_LEASE_NAMESPACE), None, self._cloud_event)
 
-    def create_all(self):
-        """Every node: its Node of the pool in the cloud (the leader forwards only pool
-        members) and its delegated lease in the coordinator."""
-        now = self.reactor.seconds()
-        for name in self.names:
-            add_pool_node(self.cloud, name)
-            lease = delegated_lease(name, now)
-            self.coordinator.store.create(LEASES, lease, namespace=NODE_LEASE_NAMESPACE)
-            self._track(name, lease["spec"]["renewTime"], now)
+    def pool_line(self, words):
+        if words[0] == "renewed":
+            self._track(words[1], words[2], float(words[3]))
+        elif words[0] == "election":
+            self.election_holder = words[1] if len(words) > 1 else None
 
     def _track(self, name, renew, at):
         previous = self.newest.get(name)
         if previous is not None and self.pending.pop((name, previous), None) is not None:
             self.superseded += 1
         self.newest[name] = renew
-        self.pending[(name, renew)] = at
         self.renewed += 1
+        seen_at = self.early.pop((name, renew), None)
+        if seen_at is None:
+            self.pending[(name, renew)] = at
+        else:
+            self._arrived(at, seen_at)
+
+    def cloud_line(self, words):
+        if words[0] != "seen":
+            return
+        name, renew, seen_at = words[1], words[2], float(words[3])
+        self.in_cloud.add(name)
+        written_at = self.pending.pop((name, renew), None)
+        if written_at is None:
+            if self.newest.get(name) != renew:
+                self.early[(name, renew)] = seen_at
+            return
+        self._arrived(written_at, seen_at)
+
+    def _arrived(self, written_at, seen_at):
+        if self.measuring_since is not None and written_at >= self.measuring_since:
+            self.latencies.append((written_at, seen_at - written_at))
+
+
+class LoadGenerator:
+    """In the pool side's process: renews every node's pool lease once per ``period``,
+    in batches every ``TICK``, and prints ``renewed <name> <renewTime> <when>`` for
+    each renewal (``when``: ``time.monotonic()``, the same clock in every process)."""
+
+    def __init__(self, reactor, coordinator, nodes, period, out):
+        self.reactor = reactor
+        self.coordinator = coordinator
+        self.names = [node_name(i) for i in range(nodes)]
+        self.period = period
+        self.out = out
+        self._started_at = None
+        self._issued = 0
+        self._next = 0
+        self._loop = None
+
+    def create_all(self):
+        """Every node's delegated lease in the coordinator."""
+        now = self.reactor.seconds()
+        for name in self.names:
+            lease = delegated_lease(name, now)
+            self.coordinator.store.create(LEASES, lease, namespace=NODE_LEASE_NAMESPACE)
+            self.out.append(f"renewed {name} {lease['spec']['renewTime']} {time.monotonic()!r}")
 
     def renew(self, name):
         now = self.reactor.seconds()
@@ -186,7 +257,7 @@ class LoadGenerator:
         lease = delegated_lease(name, now)
         lease["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
         self.coordinator.store.update(LEASES, lease, namespace=NODE_LEASE_NAMESPACE)
-        self._track(name, lease["spec"]["renewTime"], now)
+        self.out.append(f"renewed {name} {lease['spec']['renewTime']} {time.monotonic()!r}")
 
     def _tick(self):
         # As many renewals as the elapsed time asks for: a late tick catches up, so
@@ -196,10 +267,9 @@ class LoadGenerator:
             self._issued += 1
             self.renew(self.names[self._next])
             self._next = (self._next + 1) % len(self.names)
+        self.out.flush()
 
     def start(self):
-        self.superseded = 0
-        self.renewed = 0
         self._started_at = self.reactor.seconds()
         self._issued = 0
         self._loop = task.LoopingCall(self._tick)
@@ -210,96 +280,224 @@ class LoadGenerator:
         if self._loop is not None and self._loop.running:
             self._loop.stop()
 
-    def close(self):
-        self.stop()
-        self._watcher.cancel()
 
-    def _cloud_event(self, event_type, lease):
-        if event_type not in ("ADDED", "MODIFIED"):
-            return
-        key = (lease["metadata"]["name"], lease["spec"].get("renewTime"))
-        written_at = self.pending.pop(key, None)
-        if written_at is None:
-            return
-        now = self.reactor.seconds()
-        if self.measuring_since is not None and written_at >= self.measuring_since:
-            self.latencies.append((written_at, now - written_at))
+class Lines(list):
+    """Lines to the bench process, written through the child's ``StandardIO``
+    transport (it makes stdout non-blocking, so plain writes could be cut short)."""
+
+    transport = None
+
+    def flush(self):
+        if self:
+            self.transport.write(("\n".join(self) + "\n").encode("utf-8"))
+            del self[:]
+
+
+@defer.inlineCallbacks
+def serve_cloud(reactor, args):
+    """``--serve cloud``: the cloud API test server with the pool's Nodes; prints its
+    URL, then ``seen <name> <renewTime> <when>`` for every node lease written."""
+    cloud = KubeAPIServer(reactor)
+    yield cloud.start()
+    for index in range(args.nodes):
+        add_pool_node(cloud, node_name(index))
+    out = Lines()
+    stdin_ended = serve_stdio(reactor, out, {})
+
+    def changed(event_type, lease):
+        if event_type in ("ADDED", "MODIFIED"):
+            out.append(f"seen {lease['metadata']['name']} {lease['spec'].get('renewTime')} "
+                       f"{time.monotonic()!r}")
+
+    cloud.store.watch(LEASES, ObjectFilter(namespace=NODE_LEASE_NAMESPACE), None, changed)
+    flusher = task.LoopingCall(out.flush)
+    flusher.clock = reactor
+    flusher.start(TICK)
+    out.append(f"url {cloud.url}")
+    out.flush()
+    yield stdin_ended
+    flusher.stop()
+    yield cloud.stop()
+
+
+@defer.inlineCallbacks
+def serve_pool(reactor, args):
+    """``--serve pool``: the coordinator API test server and the load generator;
+    prints its URL and ``election <holder>`` when the election lease changes, and
+    takes ``create``, ``start`` and ``stop`` on stdin."""
+    coordinator = KubeAPIServer(reactor)
+    yield coordinator.start()
+    out = Lines()
+    load = LoadGenerator(reactor, coordinator, args.nodes, args.period, out)
+    commands = {"start": load.start, "stop": load.stop}
+    stdin_ended = serve_stdio(reactor, out, commands)
+
+    def election(event_type, lease):
+        if lease["metadata"]["name"] == ELECTION_LEASE_NAME and event_type != "DELETED":
+            out.append(f"election {lease['spec'].get('holderIdentity')}")
+            out.flush()
+
+    coordinator.store.watch(LEASES, ObjectFilter(namespace=ELECTION_LEASE_NAMESPACE), None,
+                            election)
+    out.append(f"url {coordinator.url}")
+    out.flush()
+
+    def create():
+        load.create_all()
+        out.flush()
+
+    commands["create"] = create
+    yield stdin_ended
+    load.stop()
+    yield coordinator.stop()
+
+
+def serve_stdio(reactor, out, commands):
+    """Run the commands read line by line on stdin and give ``out`` its transport;
+    fires when stdin ends (the bench process closed it or died)."""
+    ended = defer.Deferred()
+
+    class Commands(LineOnlyReceiver):
+        delimiter = b"\n"
+
+        def lineReceived(self, line):
+            commands[line.decode("ascii").strip()]()
+
+        def connectionLost(self, reason):
+            ended.callback(None)
+
+    commander = Commands()
+    stdio.StandardIO(commander, reactor=reactor)
+    out.transport = commander.transport
+    return ended
+
+
+# The configuration defaults for every timing the fault suite shortens: a leader of
+# thousands of nodes on a loaded machine is judged with the timings it would run with,
+# not with a 2 s renew deadline and 1 s cloud probes.
+DEFAULT_TIMINGS = {
+    "leader_election": {"lease_duration": "15s", "renew_deadline": "10s",
+                        "retry_period": "2s", "check_interval": "5s"},
+    "heartbeat": {"interval": "10s", "failed_retry": "3", "healthy_threshold": "2",
+                  "timeout": "2s"},
+    "pool_cache": {"informer_lease_renew": "10s", "stale_timeout": "30s"},
+}
 
 
 def leader_ini(directory, cloud_url, coordinator_url, etcd_url):
     return agent_ini(LEADER, cloud_url, coordinator_url, etcd_url,
                      os.path.join(directory, "pki"), os.path.join(directory, "cache"),
-                     "127.0.0.1:0")
+                     "127.0.0.1:0", **DEFAULT_TIMINGS)
+
+
+def spawn_side(reactor, role, args, on_line):
+    """A child process of this script serving ``role`` (cloud or pool)."""
+    side = _Side(on_line)
+    script = os.path.abspath(__file__)
+    argv = [sys.executable, script, "--serve", role, "--nodes", str(args.nodes),
+            "--period", repr(args.period)]
+    side.pid = reactor.spawnProcess(side, sys.executable, argv, env=child_environment()).pid
+    return side
+
+
+@defer.inlineCallbacks
+def stop_side(reactor, side):
+    """Close its stdin (it stops on its own), SIGKILL after 15 s."""
+    if side is None or side.ended.called:
+        return
+    side.transport.closeStdin()
+    timer = reactor.callLater(15, lambda: not side.ended.called and os.kill(
+        side.pid, signal.SIGKILL))
+    yield side.ended
+    if timer.active():
+        timer.cancel()
 
 
 @defer.inlineCallbacks
 def run(reactor, args):
     base = tempfile.mkdtemp(prefix="yurtcoord-bench-delegation-")
+    profile_dir = os.environ.get(PROFILE_ENV)
     etcd = EtcdProcess(etcd_binary_for("3.5") or etcd_binary_for("3.4"))
-    cloud, coordinator = KubeAPIServer(reactor), KubeAPIServer(reactor)
-    child, load = None, None
+    tracker = Tracker()
+    child = cloud = pool = None
     log_path = os.path.join(base, "leader.log")
     try:
         yield deferToThread(etcd.start)
-        yield cloud.start()
-        yield coordinator.start()
+        cloud = spawn_side(reactor, "cloud", args, tracker.cloud_line)
+        pool = spawn_side(reactor, "pool", args, tracker.pool_line)
+        yield poll_until(lambda: cloud.url and pool.url, 60.0, 0.05, reactor,
+                         what="the cloud and coordinator API test servers")
         os.makedirs(os.path.join(base, "cache"))
         ini_path = os.path.join(base, "leader.ini")
         with open(ini_path, "w", encoding="utf-8") as f:
-            f.write(leader_ini(base, cloud.url, coordinator.url, etcd.client_url))
+            f.write(leader_ini(base, cloud.url, pool.url, etcd.client_url))
         child = _Child()
+        profiling = []
+        if profile_dir:
+            # twistd's own profiler, written when the leader stops.
+            profiling = [f"--profile={os.path.join(profile_dir, 'leader.pstats')}",
+                         "--profiler=cprofile", "--savestats"]
         with open(log_path, "ab") as log, open(os.devnull, "rb") as null:
             transport = reactor.spawnProcess(
                 child, TWISTD,
-                [TWISTD, "--nodaemon", "--pidfile=", "yurtcoord", "--config", ini_path],
+                [TWISTD, "--nodaemon", "--pidfile=", *profiling, "yurtcoord", "--config", ini_path],
                 env=child_environment(), path=base,
                 childFDs={0: null.fileno(), 1: log.fileno(), 2: log.fileno()})
         pid = transport.pid
-
-        def leading():
-            lease = coordinator.store.get(LEASES, ELECTION_LEASE_NAME, ELECTION_LEASE_NAMESPACE)
-            return lease is not None and lease["spec"].get("holderIdentity") == LEADER
-
-        yield poll_until(leading, 60.0, 0.05, reactor, what="the agent leading the pool")
+        yield poll_until(lambda: tracker.election_holder == LEADER, 60.0, 0.05, reactor,
+                         what="the agent leading the pool")
         yield poll_until(lambda: status_url(log_path), 30.0, 0.05, reactor,
                          what="the agent's status pages")
         leader_url = status_url(log_path)
 
-        load = LoadGenerator(reactor, coordinator, cloud, args.nodes, args.period)
-        began = reactor.seconds()
-        load.create_all()
-        yield poll_until(lambda: not load.pending, 120.0, 0.05, reactor,
+        began = time.monotonic()
+        # The renewals start at once: the leases of a pool that has just been listed
+        # keep renewing, and a renewal still queued after the heartbeat interval plus
+        # the clock skew is refused as stale by the leader (the next one goes through).
+        pool.send("create")
+        pool.send("start")
+        names = {node_name(index) for index in range(args.nodes)}
+        # (The leader's own node lease is in the cloud too.)
+        yield poll_until(lambda: tracker.in_cloud >= names, 120.0, 0.05, reactor,
                          what=f"{args.nodes} leases created in the cloud")
-        initial = reactor.seconds() - began
+        initial = time.monotonic() - began
         print(f"initial burst: {args.nodes} leases created in the cloud in {initial:.2f}s "
-              f"({args.nodes / initial:.0f}/s)")
-
-        load.start()
+              f"({args.nodes / initial:.0f}/s), renewals running")
         yield task.deferLater(reactor, args.warmup, lambda: None)
-        load.measuring_since = reactor.seconds()
-        renewed_before, superseded_before = load.renewed, load.superseded
+        tracker.measuring_since = time.monotonic()
+        profiler = None
+        if profile_dir:
+            profiler = cProfile.Profile()
+            profiler.enable()
+        renewed_before, superseded_before = tracker.renewed, tracker.superseded
         cpu_leader = process_cpu_seconds(pid)
+        cpu_sides = [process_cpu_seconds(cloud.pid), process_cpu_seconds(pool.pid)]
         cpu_self = time.process_time()
         wall = time.monotonic()
         load_before = os.getloadavg()
         lag_before = yield reactor_lag_buckets(reactor, leader_url)
         yield task.deferLater(reactor, args.seconds, lambda: None)
-        wall = time.monotonic() - wall
+        measured_until = time.monotonic()
+        wall = measured_until - wall
+        if profiler is not None:
+            profiler.disable()
+            profiler.dump_stats(os.path.join(profile_dir, "bench.pstats"))
         cpu_leader = process_cpu_seconds(pid) - cpu_leader
+        cpu_cloud = process_cpu_seconds(cloud.pid) - cpu_sides[0]
+        cpu_pool = process_cpu_seconds(pool.pid) - cpu_sides[1]
         lag_bound = longest_lag_bound(lag_before,
                                       (yield reactor_lag_buckets(reactor, leader_url)))
         cpu_self = time.process_time() - cpu_self
-        measured_until = reactor.seconds()
-        renewed = load.renewed - renewed_before
-        superseded = load.superseded - superseded_before
-        load.stop()
+        renewed = tracker.renewed - renewed_before
+        superseded = tracker.superseded - superseded_before
+        pool.send("stop")
         # Renewals of the window still on their way get a few seconds to arrive.
         yield poll_until(lambda: not any(
-            at < measured_until for at in load.pending.values()), 10.0, 0.05, reactor,
+            at < measured_until for at in tracker.pending.values()), 10.0, 0.05, reactor,
             what="the window's renewals in the cloud").addErrback(lambda _: None)
-        missing = sum(1 for at in load.pending.values()
-                      if load.measuring_since <= at < measured_until)
-        window = [lat for at, lat in load.latencies if at < measured_until]
+        missing = sum(1 for at in tracker.pending.values()
+                      if tracker.measuring_since <= at < measured_until)
+        window = [lat for at, lat in tracker.latencies if at < measured_until]
         window.sort()
         load_after = os.getloadavg()
         print(f"nodes={args.nodes} period={args.period}s offered={renewed / wall:.1f}/s "
@@ -313,8 +511,9 @@ def run(reactor, args):
               f"{100 * cpu_leader / wall:.1f}% of one core "
               f"({1000 * cpu_leader / max(1, len(window)):.2f} ms per delegation)")
         print(f"leader's longest reactor lag in the window: {lag_bound_text(lag_bound)}")
-        print(f"bench process (servers + load generator) CPU: {100 * cpu_self / wall:.1f}% "
-              f"of one core")
+        print(f"CPU, % of one core: cloud server {100 * cpu_cloud / wall:.1f}, coordinator "
+              f"server + load generator {100 * cpu_pool / wall:.1f}, bench process "
+              f"{100 * cpu_self / wall:.1f}")
         print(f"load average before/after: {load_before[0]:.2f} / {load_after[0]:.2f} "
               f"on {os.cpu_count()} cores")
         kept_up = superseded == 0 and missing == 0 and len(window) >= 0.99 * renewed
@@ -332,18 +531,23 @@ def run(reactor, args):
             row("latency pool -> cloud, p99", f"{p99:.1f} ms", "<= 250 ms", p99_ok),
             row("leader CPU", f"{leader_cpu:.1f}% of one core, "
                 f"{1000 * cpu_leader / max(1, len(window)):.2f} ms per delegation"),
-            row("initial burst (leases created in the cloud)",
+            row("CPU of the test servers (child processes)",
+                f"cloud {100 * cpu_cloud / wall:.1f}%, coordinator + load generator "
+                f"{100 * cpu_pool / wall:.1f}% of one core"),
+            row("initial burst (leases created in the cloud, renewals running)",
                 f"{args.nodes} in {initial:.2f} s"),
             row("leader's longest reactor lag in the window (its /metrics)",
                 lag_bound_text(lag_bound)),
         ]
-        write_result(args.json, "delegation",
+        write_result(args.json, f"delegation ({args.nodes} nodes)",
                      {"nodes": args.nodes, "period": args.period, "seconds": args.seconds,
                       "warmup": args.warmup},
                      {"offered_per_s": offered, "delegated_per_s": delegated,
                       "superseded": superseded, "missing": missing, "p50_ms": p50,
                       "p99_ms": p99, "max_ms": (window[-1] if window else float("nan")) * 1000,
                       "leader_cpu_percent": leader_cpu,
+                      "cloud_cpu_percent": 100 * cpu_cloud / wall,
+                      "pool_cpu_percent": 100 * cpu_pool / wall,
                       "bench_cpu_percent": 100 * cpu_self / wall,
                       "initial_burst_s": initial, "load_before": load_before[0],
                       "leader_reactor_lag_at_most_s": lag_bound,
@@ -352,8 +556,6 @@ def run(reactor, args):
         print(tail(log_path, 40), file=sys.stderr)
         raise
     finally:
-        if load is not None:
-            load.close()
         if child is not None and not child.ended.called:
             os.kill(pid, signal.SIGTERM)
             timer = reactor.callLater(15, lambda: not child.ended.called and os.kill(
@@ -361,9 +563,11 @@ def run(reactor, args):
             yield child.ended
             if timer.active():
                 timer.cancel()
-        yield cloud.stop()
-        yield coordinator.stop()
+        yield stop_side(reactor, pool)
+        yield stop_side(reactor, cloud)
         yield deferToThread(etcd.stop)
+        if profile_dir and os.path.exists(log_path):
+            shutil.copy(log_path, profile_dir)
         shutil.rmtree(base, ignore_errors=True)
 
 
@@ -375,8 +579,14 @@ def main():
     parser.add_argument("--seconds", type=float, default=60.0, help="measured window")
     parser.add_argument("--warmup", type=float, default=10.0)
     parser.add_argument("--json", metavar="PATH", help="write the result as JSON to PATH")
+    parser.add_argument("--serve", choices=["cloud", "pool"], help=argparse.SUPPRESS)
     args = parser.parse_args()
-    task.react(run, [args])
+    if args.serve == "cloud":
+        task.react(serve_cloud, [args])
+    elif args.serve == "pool":
+        task.react(serve_pool, [args])
+    else:
+        task.react(run, [args])
 
 
 if __name__ == "__main__":

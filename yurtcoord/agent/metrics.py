@@ -90,6 +90,10 @@ class Metrics:
             "yurtcoord_heartbeat_delegation_latency_seconds",
             "Time from picking up a pool lease to finishing its cloud write.",
             buckets=REQUEST_BUCKETS, registry=registry)
+        self.delegation_limit = Gauge(
+            "yurtcoord_heartbeat_delegation_concurrency_limit",
+            "Heartbeat delegations this leader may run at once; follows the cloud's latency.",
+            registry=registry)
         self.uploaded_objects = Counter(
             "yurtcoord_uploaded_objects",
             "Objects of the local cache written to the pool store.",
@@ -157,6 +161,10 @@ class Metrics:
         ``not_pool_member``, ``no_such_node``, ``holder_mismatch`` or
         ``renew_time_in_future``."""
         self.delegation_refused.labels(reason=reason).inc()
+
+    def set_delegation_limit(self, limit: int) -> None:
+        """The bound on heartbeat delegations in flight, as it moved."""
+        self.delegation_limit.set(limit)
 
     def count_uploaded(self, count: int = 1) -> None:
         self.uploaded_objects.inc(count)

@@ -48,11 +48,17 @@ Per delegation (one pool lease state to the cloud), through ``LeaseWriter``:
 - a conflict is re-read and retried, at most ``MAX_ATTEMPTS`` attempts in all.
 
 Concurrency: leases of different nodes are delegated concurrently, but at most one
-request chain per lease is in flight. Events arriving meanwhile only replace the
-remembered pending state of that lease (newest renewTime wins), which runs when the
-chain finishes. A failed delegation (no healthy cloud server, the cloud answering
-errors, conflicts to the end) is counted and the newest state of that lease is
-retried after a capped backoff, so a heartbeat is not lost until the next renewal.
+request chain per lease is in flight. How many chains run at once over all leases
+follows the cloud's latency (``yurtcoord.tx.limiter.AdaptiveLimit``): it grows while
+the chains finish about as fast as the fastest seen lately and more leases wait, and
+shrinks when they slow down or fail, between ``min_concurrent`` and
+``max_concurrent``. A pool of 5,000 nodes renewing every 5 s offers 1,000 delegations
+a second: a fixed bound of 16 chains holds that only while a chain takes under 16 ms.
+Events arriving meanwhile only replace the remembered pending state of that lease
+(newest renewTime wins), which runs when the chain finishes. A failed delegation (no
+healthy cloud server, the cloud answering errors, conflicts to the end) is counted and
+the newest state of that lease is retried after a capped backoff, so a heartbeat is not
+lost until the next renewal.
 """
 
 from typing import Any, Callable, Dict, List, Optional, Set, Tuple
@@ -65,6 +71,7 @@ from zope.interface import Interface, implementer
 
 from yurtcoord.agent.config import format_duration
 from yurtcoord.tx.failures import describe_failure
+from yurtcoord.tx.limiter import AdaptiveLimit
 from yurtcoord.tx.retry import DELEGATION_RETRY, Retries
 from yurtcoord.kube.errors import NotFound
 from yurtcoord.kube.gvr import LEASES, NODES
@@ -79,8 +86,19 @@ from yurtcoord.tx.observers import Observers
 from yurtcoord.tx.workqueue import RetryPolicy, WorkQueue
 
 MAX_ATTEMPTS = 5
-# Chains in flight over all leases: the cloud client's persistent connections.
-DEFAULT_MAX_CONCURRENT = 16
+# Chains in flight over all leases: they start at the cloud client's persistent
+# connections and move with the cloud's latency between the bounds. The floor is that
+# start: a chain's latency includes the leader's own reactor, which a burst of 5,000
+# listed leases keeps busy for seconds, and a bound that shrank below the connections
+# for that made the initial burst 2-3x slower than a fixed 16 did.
+DEFAULT_INITIAL_CONCURRENT = 16
+DEFAULT_MIN_CONCURRENT = 16
+DEFAULT_MAX_CONCURRENT = 128
+# How much longer than twice the fastest chain of late a chain may take before the
+# cloud counts as slowing down: a busy leader or cloud machine delays single answers
+# by tens of milliseconds without the cloud being overloaded, and a bound that shrank
+# on each of those would starve a large pool. Well within a heartbeat interval.
+LATENCY_SLACK = 0.25
 # How far ahead of the leader's clock a forwarded renewTime may be.
 DEFAULT_MAX_CLOCK_SKEW = 5.0
 # The only spec fields a pool lease gives its cloud lease.
@@ -110,6 +128,9 @@ class IDelegationMetrics(Interface):
 
     def count_delegation_refused(reason: str) -> None:
         """One delegated pool lease state not forwarded, for ``reason``."""
+
+    def set_delegation_limit(limit: int) -> None:
+        """How many delegations may run at once now (the bound follows the cloud)."""
 
 
 def is_delegated(lease: Optional[dict]) -> bool:
@@ -231,9 +252,11 @@ class HeartbeatDelegation:
     - ``metrics``: optional, an ``IDelegationMetrics``;
     - ``make_backoff()`` → a ``yurtcoord.tx.retry.Retries`` for the retries of one lease.
 
-    ``max_concurrent`` bounds the chains in flight over all leases (others wait in
-    a FIFO queue): as many as the cloud client keeps persistent connections, so a
-    burst of delegations reuses connections instead of opening one per node.
+    The chains in flight over all leases (others wait in a FIFO queue) start at
+    ``DEFAULT_INITIAL_CONCURRENT``, as many as the cloud client keeps persistent
+    connections, and follow the cloud's latency between ``min_concurrent`` and
+    ``max_concurrent`` (``concurrency_limit``); every chain that sent a request to the
+    cloud is one sample of it.
     """
 
     log = Logger()
@@ -247,9 +270,12 @@ class HeartbeatDelegation:
                  make_backoff: Optional[Callable[[], RetryPolicy]] = None,
                  max_attempts: int = MAX_ATTEMPTS,
                  max_concurrent: int = DEFAULT_MAX_CONCURRENT,
-                 heartbeat_interval: float = DEFAULT_HEARTBEAT_INTERVAL) -> None:
+                 heartbeat_interval: float = DEFAULT_HEARTBEAT_INTERVAL,
+                 min_concurrent: int = DEFAULT_MIN_CONCURRENT) -> None:
         if max_concurrent < 1:
             raise ValueError("max_concurrent must be at least 1")
+        if min_concurrent < 1:
+            raise ValueError("min_concurrent must be at least 1")
         if not pool:
             raise ValueError("heartbeat delegation needs the name of its node pool")
         self._reactor = reactor
@@ -265,11 +291,17 @@ class HeartbeatDelegation:
         self._max_attempts = max_attempts
         self._informer: Optional[IInformer] = None
         self._node_informer: Optional[IInformer] = None
+        minimum = min(min_concurrent, max_concurrent)
+        self._limit = AdaptiveLimit(
+            reactor, max(minimum, min(DEFAULT_INITIAL_CONCURRENT, max_concurrent)),
+            minimum, max_concurrent, slack=LATENCY_SLACK)
+        if metrics is not None:
+            metrics.set_delegation_limit(self._limit.limit)
         # One chain per lease, the newest state pending, per-lease backoff.
         self._queue: WorkQueue[str, _Heartbeat] = WorkQueue(
             reactor, self._delegate_state, _newest,
             make_backoff or (lambda: Retries(DELEGATION_RETRY)),
-            max_concurrent=max_concurrent, on_success=self._delegated,
+            max_concurrent=self._limit, on_success=self._delegated,
             on_failure=self._delegation_failed)
         # key -> (server, LeaseWriter): the writer of each lease on its last server.
         self._writers: Dict[str, Tuple[str, LeaseWriter]] = {}
@@ -341,6 +373,11 @@ class HeartbeatDelegation:
     def in_flight(self) -> int:
         """How many lease delegations are running right now."""
         return self._queue.in_flight
+
+    @property
+    def concurrency_limit(self) -> int:
+        """How many lease delegations may run at once now."""
+        return self._limit.limit
 
     @property
     def queued(self) -> int:
@@ -692,7 +729,28 @@ class HeartbeatDelegation:
                               pool_renew_time=format_micro_time(pool_renewed))
             return merged_cloud_lease(current, pool_lease)
 
-        return writer.write(change).addCallback(lambda written: (written.outcome, server))
+        started = self._reactor.seconds()
+        written = writer.write(change)
+        written.addBoth(self._sampled, started)
+        return written.addCallback(lambda write: (write.outcome, server))
+
+    def _sampled(self, result: Any, started: float) -> Any:
+        """One sample of the cloud's latency for the bound on chains in flight (this
+        chain still counts as in flight); a cancelled chain (the delegation stopping)
+        says nothing of the cloud."""
+        if not (isinstance(result, Failure) and result.check(defer.CancelledError)):
+            before = self._limit.limit
+            self._limit.sample(started, self._queue.in_flight,
+                               not isinstance(result, Failure))
+            if self._limit.limit != before:
+                if self._metrics is not None:
+                    self._metrics.set_delegation_limit(self._limit.limit)
+                self.log.debug("heartbeat delegation: at most {limit} chains in flight "
+                               "(was {before}), last chain {seconds:.3f}s, fastest of late "
+                               "{baseline:.3f}s", limit=self._limit.limit, before=before,
+                               seconds=self._reactor.seconds() - started,
+                               baseline=self._limit.baseline)
+        return result
 
     def _writer(self, key: str, server: str) -> LeaseWriter:
         """The lease writer of ``key`` on ``server``; a new one when the server changed."""

@@ -96,12 +96,16 @@ class FakeMetrics:
     def __init__(self):
         self.observed = []
         self.refused = []
+        self.limits = []
 
     def observe_delegation(self, seconds, succeeded):
         self.observed.append((seconds, succeeded))
 
     def count_delegation_refused(self, reason):
         self.refused.append(reason)
+
+    def set_delegation_limit(self, limit):
+        self.limits.append(limit)
 
 
 class DelegationFixture:
@@ -344,6 +348,61 @@ class DelegationLogicTests(DelegationFixture, unittest.TestCase):
         self.assertEqual(self.delegation.queued, 0)
         self.assertEqual(self.delegation.delegated_heartbeats, 5)
         self.assertEqual(parse_micro_time(self.stored("node-a")["spec"]["renewTime"]), T0 + 2)
+
+    def test_the_bound_on_chains_follows_the_clouds_latency(self):
+        self.metrics.limits.clear()
+        self.delegation = self.build(max_concurrent=20, min_concurrent=2)
+        self.assertEqual(self.delegation.concurrency_limit, 16)
+        self.cloud.hold("get")
+        self.start()
+        for i in range(60):
+            self.informer.add(pool_lease(f"node-{i}", T0 + 1))
+        self.assertEqual(self.delegation.in_flight, 16)
+        # A round of 16 answers in 10 ms with every slot taken: one more slot.
+        self.clock.advance(0.010)
+        self.cloud.deliver_held()
+        self.assertEqual(self.delegation.delegated_heartbeats, 16)
+        self.assertEqual(self.delegation.concurrency_limit, 17)
+        self.assertEqual(self.delegation.in_flight, 17)
+        # The cloud slows down to 500 ms: the first slow answer takes a quarter off,
+        # the others of that round ran under the old bound and take nothing more.
+        self.clock.advance(0.500)
+        self.cloud.deliver_held()
+        self.assertEqual(self.delegation.delegated_heartbeats, 33)
+        self.assertEqual(self.delegation.concurrency_limit, 12)
+        self.assertEqual(self.delegation.in_flight, 12)
+        self.assertEqual(self.metrics.limits, [16, 17, 12])
+        # Per-lease coalescing stays: a lease renewed twice while it waits is one chain.
+        self.informer.update(pool_lease("node-59", T0 + 1), pool_lease("node-59", T0 + 2))
+        self.informer.update(pool_lease("node-59", T0 + 2), pool_lease("node-59", T0 + 3))
+        self.cloud.release_hold("get")
+        self.cloud.deliver_held()
+        self.assertEqual(self.delegation.in_flight, 0)
+        self.assertEqual(self.delegation.delegated_heartbeats, 60)
+        self.assertEqual(parse_micro_time(self.stored("node-59")["spec"]["renewTime"]), T0 + 3)
+
+    def test_a_failing_cloud_shrinks_the_bound_on_chains(self):
+        self.delegation = self.build(max_concurrent=20, min_concurrent=2)
+        self.cloud.hold("get")
+        self.cloud.fail_next("get", ServerError("overloaded"), count=16)
+        self.start()
+        for i in range(16):
+            self.informer.add(pool_lease(f"node-{i}", T0 + 1))
+        self.clock.advance(0.010)
+        self.cloud.deliver_held()
+        self.assertEqual(self.delegation.failures, 16)
+        self.assertEqual(self.delegation.concurrency_limit, 12)
+
+    def test_by_default_the_bound_never_drops_below_the_clouds_connections(self):
+        self.cloud.hold("get")
+        self.cloud.fail_next("get", ServerError("overloaded"), count=16)
+        self.start()
+        for i in range(16):
+            self.informer.add(pool_lease(f"node-{i}", T0 + 1))
+        self.clock.advance(5.0)
+        self.cloud.deliver_held()
+        self.assertEqual(self.delegation.failures, 16)
+        self.assertEqual(self.delegation.concurrency_limit, 16)
 
     def test_many_leases_with_a_synchronous_client(self):
         self.start()

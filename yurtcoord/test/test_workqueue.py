@@ -243,3 +243,25 @@ class WorkQueueTests(unittest.TestCase):
     def test_max_concurrent_must_be_positive(self):
         with self.assertRaises(ValueError):
             self.queue(max_concurrent=0)
+
+    def test_a_limit_that_changes_is_read_whenever_an_item_could_start(self):
+        class Bound:
+            limit = 2
+
+        bound = Bound()
+        queue = self.queue(max_concurrent=bound)
+        for key in "abcdef":
+            queue.add(key, 1)
+        self.assertEqual([key for key, _, _ in self.started], ["a", "b"])
+        # Grown while a and b run: the next finish lets two more start.
+        bound.limit = 3
+        self.succeed("a")
+        self.assertEqual([key for key, _, _ in self.started], ["a", "b", "c", "d"])
+        # Shrunk: nothing starts until fewer than the bound run.
+        bound.limit = 1
+        self.succeed("b")
+        self.succeed("c")
+        self.assertEqual(queue.in_flight, 1)
+        self.assertEqual(len(self.started), 4)
+        self.succeed("d")
+        self.assertEqual([key for key, _, _ in self.started], ["a", "b", "c", "d", "e"])

@@ -8,8 +8,10 @@ each resource's changes to the pool etcd. Both need the same guarantees:
 - items offered while one runs do not pile up: they are merged into the one item
   pending for that key (``merge(old, new)`` decides what survives: the newest lease,
   or the union of two batches of changes), so a burst becomes few writes;
-- at most ``max_concurrent`` items run over all keys; keys wait for a free slot in
-  the order they became ready, so one busy key cannot starve the others;
+- at most ``max_concurrent`` items run over all keys (a number, or a ``Limit`` whose
+  ``limit`` may change between items, such as ``yurtcoord.tx.limiter.AdaptiveLimit``);
+  keys wait for a free slot in the order they became ready, so one busy key cannot
+  starve the others;
 - a failed item is merged with what arrived meanwhile and runs again after the key's
   own backoff, so one failing key neither hammers the remote nor delays other keys;
   a success resets that backoff;
@@ -45,6 +47,21 @@ class RetryPolicy(Protocol):
 
     def reset(self) -> None:
         """Forget earlier failures after a success."""
+
+
+class Limit(Protocol):
+    """A bound on items running at once that may change; read before each item starts."""
+
+    @property
+    def limit(self) -> int:
+        """Items that may run at once now (at least 1)."""
+
+
+class _FixedLimit:
+    __slots__ = ("limit",)
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
 
 
 class _Slot(Generic[T]):
@@ -90,7 +107,9 @@ class WorkQueue(Generic[K, T]):
         ``old`` is pending, and when an attempt of ``old`` failed while ``new`` was
         offered.
     :param make_policy: a fresh ``RetryPolicy`` for each key.
-    :param max_concurrent: items running at once over all keys.
+    :param max_concurrent: items running at once over all keys: a number, or a
+        ``Limit`` read whenever an item could start (a limit that grows lets more
+        start when the next item finishes or is offered).
     :param on_success: ``(key, item, result, failures)`` after an attempt succeeded;
         ``failures`` counts the failed attempts of that key just before it.
     :param on_failure: ``(key, item, failure, failures, delay)`` after an attempt
@@ -104,17 +123,20 @@ class WorkQueue(Generic[K, T]):
 
     def __init__(self, clock: IReactorTime, work: Callable[[K, T], Any],
                  merge: Callable[[T, T], T], make_policy: Callable[[], RetryPolicy],
-                 max_concurrent: int = 1,
+                 max_concurrent: "int | Limit" = 1,
                  on_success: Optional[Callable[[K, T, Any, int], None]] = None,
                  on_failure: Optional[Callable[[K, T, Failure, int, float], None]] = None
                  ) -> None:
-        if max_concurrent < 1:
-            raise ValueError(f"a work queue needs max_concurrent >= 1, got {max_concurrent}")
+        if isinstance(max_concurrent, int):
+            if max_concurrent < 1:
+                raise ValueError(
+                    f"a work queue needs max_concurrent >= 1, got {max_concurrent}")
+            max_concurrent = _FixedLimit(max_concurrent)
         self._clock = clock
         self._work = work
         self._merge = merge
         self._make_policy = make_policy
-        self._max_concurrent = max_concurrent
+        self._limit: Limit = max_concurrent
         self._on_success = on_success
         self._on_failure = on_failure
         self._slots: Dict[K, _Slot[T]] = {}
@@ -211,7 +233,7 @@ class WorkQueue(Generic[K, T]):
             return  # an item finished synchronously: the outer loop goes on
         self._pumping = True
         try:
-            while self._ready and self._active < self._max_concurrent:
+            while self._ready and self._active < self._limit.limit:
                 key = self._ready.popleft()
                 slot = self._slots.get(key)
                 if slot is None or not slot.queued:
