@@ -54,6 +54,7 @@ from yurtcoord.names import (  # noqa: E402
 )
 from yurtcoord.sim.apiserver import KubeAPIServer  # noqa: E402
 from yurtcoord.sim.apiserver.selectors import ObjectFilter  # noqa: E402
+from yurtcoord.sim.agentini import FAULT_SUITE, configuration_defaults  # noqa: E402
 from yurtcoord.sim.etcd import EtcdProcess, etcd_binary_for  # noqa: E402
 from yurtcoord.testing.poll import poll_until  # noqa: E402
 from yurtcoord.testing.world import (  # noqa: E402
@@ -372,16 +373,8 @@ def serve_stdio(reactor, out, commands):
     return ended
 
 
-# The configuration defaults for every timing the fault suite shortens: a leader of
-# thousands of nodes on a loaded machine is judged with the timings it would run with,
-# not with a 2 s renew deadline and 1 s cloud probes.
-DEFAULT_TIMINGS = {
-    "leader_election": {"lease_duration": "15s", "renew_deadline": "10s",
-                        "retry_period": "2s", "check_interval": "5s"},
-    "heartbeat": {"interval": "10s", "failed_retry": "3", "healthy_threshold": "2",
-                  "timeout": "2s"},
-    "pool_cache": {"informer_lease_renew": "10s", "stale_timeout": "30s"},
-}
+# The configuration defaults of every timing the fault suite shortens.
+DEFAULT_TIMINGS = configuration_defaults(FAULT_SUITE)
 
 
 def leader_ini(directory, cloud_url, coordinator_url, etcd_url):

@@ -50,24 +50,18 @@ from benchresult import row, write_result  # noqa: E402
 from poolbench import endpoint_slice  # noqa: E402
 from twisted.internet import defer, task  # noqa: E402
 
+from yurtcoord.sim.agentini import FAULT_SUITE, configuration_defaults  # noqa: E402
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TARGET_FOLLOWER_MIB = 60.0
 LEADER, FOLLOWER = "footprint-leader", "footprint-follower"
-DEFAULT_KUBELET_GRACE_PERIOD = "40s"
 SLICES_PREFIX = "/registry/endpointslices/"
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 IMPORT_MARK = "import time:"
-# The configuration defaults of every timing, written out: the fault suite's ini
-# (which this pool is built from) has much shorter ones.
-DEFAULT_TIMINGS = {
-    "leader_election": {"lease_duration": "15s", "renew_deadline": "10s",
-                        "retry_period": "2s", "check_interval": "5s"},
-    "heartbeat": {"interval": "10s", "failed_retry": "3", "healthy_threshold": "2",
-                  "timeout": "2s"},
-    # (and kubelet_grace_period 40s, which ProcessWorld writes into every ini: a grace
-    # period no longer than the heartbeat interval makes a live kubelet look dead)
-    "pool_cache": {"informer_lease_renew": "10s", "stale_timeout": "30s"},
-}
+# The configuration defaults of every timing the fault suite's ini (which this pool
+# is built from) shortens, the kubelet grace period included.
+DEFAULT_TIMINGS = configuration_defaults(FAULT_SUITE)
+DEFAULT_KUBELET_GRACE_PERIOD = DEFAULT_TIMINGS["heartbeat"]["kubelet_grace_period"]
 
 
 # -- /proc ---------------------------------------------------------------------------

@@ -9,6 +9,7 @@ Their timings are the named presets below, passed as layers over the base.
 
 from collections.abc import Iterable, Mapping
 
+from yurtcoord.agent.config import SCHEMA
 from yurtcoord.names import ELECTION_LEASE_NAME, ELECTION_LEASE_NAMESPACE
 
 Sections = Mapping[str, Mapping[str, object]]
@@ -31,6 +32,16 @@ def merge_sections(*layers: Sections) -> dict[str, dict[str, object]]:
         for section, values in layer.items():
             merged.setdefault(section, {}).update(values)
     return merged
+
+
+def configuration_defaults(preset: Sections) -> dict[str, dict[str, object]]:
+    """The configuration's own default of every key ``preset`` sets: an agent built
+    from a test preset but run with the timings an operator's agent runs with (the
+    benchmarks judge a leader of thousands of nodes that way, not with the fault
+    suite's 2 s renew deadline)."""
+    defaults = {(key.section, key.name): key.default for key in SCHEMA}
+    return {section: {name: defaults[(section, name)] for name in values}
+            for section, values in preset.items()}
 
 
 # The election lease the test worlds read, written out (it is the agents' default).
