@@ -10,8 +10,8 @@ each benchmark measures. A benchmark that crashes, times out or writes no result
 makes the run exit non-zero (its row says so); a missed target does not, it is
 reported in the table.
 
-The full run takes about 25 minutes on a 2-core machine (the two poolscale runs take
-about 5 minutes each); ``--quick`` (one round, short windows, a 20k-object pool, about
+The full run takes about 17 minutes on a 2-core machine (the two poolscale runs take
+about 2 minutes each); ``--quick`` (one round, short windows, a 20k-object pool, about
 5 minutes) is a smoke run and by default writes bench/RESULTS-quick.md rather than
 bench/RESULTS.md.
 """
@@ -287,7 +287,7 @@ def per_etcd_version(name, script, full, quick, timeout, method):
 
 
 # Full run: the sizes the acceptance targets name (10,000 pods, 10,000 endpointslices,
-# 1,000 and 5,000 nodes), repeated or measured long enough to steady the figures; about 7
+# 1,000 and 5,000 nodes), repeated or measured long enough to steady the figures; about 17
 # minutes on 2 cores. Quick run: the same sizes, one round and short windows (2-3 min).
 BENCHMARKS = [
     Benchmark("informer", "informer.py",
