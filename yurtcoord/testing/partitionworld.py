@@ -102,6 +102,8 @@ class PartitionWorld(ProcessWorld):
                                 host=ETCD_ADDRESS)
         self.cloud = None
         self.coordinator = None
+        # None here: the coordinator apiserver runs on the coordinator host (start()).
+        self.coordinator_processes = []
         self.agents = {}
         self.node_of_address: Dict[str, str] = {}
         self._proxies = []
