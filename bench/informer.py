@@ -53,6 +53,7 @@ the most time of their own.
 import argparse
 import json
 import os
+import resource
 import statistics
 import sys
 import time
@@ -65,6 +66,9 @@ CONSUMERS = ("yurtcoord", "yurtcoord-default-gc", "kubernetes")
 # yurtcoord's events per CPU second draining over the official client's, every round.
 TARGET_CPU_RATIO = 3.0
 CHUNK = 500
+# What getrusage says about each drain (see Drain.usage).
+USAGE_FIGURES = ("drain_user_s", "drain_sys_s", "drain_minor_faults",
+                 "drain_voluntary_switches", "drain_involuntary_switches")
 
 
 def config_map(i, namespace):
@@ -116,11 +120,13 @@ class Drain:
             self.profile = cProfile.Profile()
             self.profile.enable()
         self.first = time.time()
+        self.first_usage = resource.getrusage(resource.RUSAGE_SELF)
         self.first_cpu = time.process_time()
 
     def last_event(self):
         import gc
         self.last_cpu = time.process_time()
+        self.last_usage = resource.getrusage(resource.RUSAGE_SELF)
         self.last = time.time()
         if self.profile is not None:
             self.profile.disable()
@@ -133,7 +139,17 @@ class Drain:
                 "drain_collections": self.collections, "events": events,
                 "drain_collections_by_generation": self.by_generation,
                 "drain_gc_s_by_generation": self.gc_s_by_generation,
-                "cpu": sum(os.times()[:2])}
+                "cpu": sum(os.times()[:2]), **self.usage()}
+
+    def usage(self):
+        """From the first to the last event: user and system CPU seconds, minor page
+        faults (memory touched for the first time), voluntary and involuntary context
+        switches (waiting for data; preempted by other processes)."""
+        a, b = self.first_usage, self.last_usage
+        return {"drain_user_s": b.ru_utime - a.ru_utime, "drain_sys_s": b.ru_stime - a.ru_stime,
+                "drain_minor_faults": b.ru_minflt - a.ru_minflt,
+                "drain_voluntary_switches": b.ru_nvcsw - a.ru_nvcsw,
+                "drain_involuntary_switches": b.ru_nivcsw - a.ru_nivcsw}
 
 
 def profile_top(path, lines=25):
@@ -276,6 +292,7 @@ def measure(reactor, server, consumer, namespace, count, mode, profile_dir=None)
             "drain_collections": result["drain_collections"],
             "drain_collections_by_generation": result["drain_collections_by_generation"],
             "drain_gc_s_by_generation": result["drain_gc_s_by_generation"],
+            **{k: result[k] for k in USAGE_FIGURES},
             "create_s": created - started,
             "first_event_s": result["first_event"] - started,
             # yurtcoord's consumer only: the official client has no reactor.
@@ -321,6 +338,10 @@ def drive(objects, rounds, mode, json_path=None, profile_dir=None):
                           f"collections, by generation "
                           f"{'/'.join(map(str, figures['drain_collections_by_generation']))} taking "
                           f"{'/'.join(f'{1000 * t:.0f}' for t in figures['drain_gc_s_by_generation'])} ms), "
+                          f"user/sys {figures['drain_user_s']:.3f}/{figures['drain_sys_s']:.3f} s, "
+                          f"{figures['drain_minor_faults']} page faults, context switches "
+                          f"{figures['drain_voluntary_switches']} waiting/"
+                          f"{figures['drain_involuntary_switches']} preempted, "
                           f"{figures['events_per_cpu_s']:6.0f} events/CPU-s whole process, "
                           f"first event after {figures['first_event_s']:.3f} s (mode {mode})",
                           flush=True)
