@@ -29,7 +29,7 @@ would otherwise leave a watch waiting forever.
 """
 
 import json
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from twisted.internet.defer import Deferred
 from twisted.logger import Logger
@@ -133,21 +133,65 @@ class WatchStreamProtocol(LineStreamProtocol):
         except RecursionError:
             self._not_an_event(line, "watch event nested too deeply")
             return
-        # Every field is checked before use: a peer may send any JSON at all.
+        self._take((event,), line)
+
+    def lines(self, block: bytes) -> None:
+        """The complete lines of one read decoded together, as one JSON list: one
+        decoder call for a hundred events or more, and the events of one read share
+        their keys' strings (the decoder keeps one string per distinct key within a
+        call), which the informer's store then holds once instead of once per object.
+        Unless that gives exactly one value per line, the lines are decoded one by one
+        (``line``), so blank lines, whitespace and every line that is not an event are
+        judged as alone. Lines that are each not one value but together make as many
+        events are taken as those events: only a peer crafting them would send them,
+        and it could send the same events well formed."""
+        count = block.count(b"\n") + 1
+        if count == 1:
+            self.line(block)
+            return
+        try:
+            text = b"".join((b"[", block.replace(b"\n", b",\n"), b"]")).decode("utf-8")
+            events, end = _scan_json(text, 0)
+        except (ValueError, StopIteration, RecursionError):
+            events = end = None
+        if type(events) is not list or len(events) != count or end != len(text):
+            super().lines(block)
+            return
+        self._take(events, block)
+
+    def _take(self, events: Sequence[Any], block: bytes) -> None:
+        """Hand ``events``, decoded from the lines of ``block`` in order, to
+        ``on_event``; the first one that is not a watch event with an object (an
+        ``ERROR`` among them) ends the stream as ``_reject`` says."""
+        on_event = self._on_event
+        for i, event in enumerate(events):
+            # Every field is checked before use: a peer may send any JSON at all.
+            if type(event) is dict:
+                kind = event.get("type")
+                obj = event.get("object", _MISSING)
+                if (type(kind) is str and kind in WATCH_EVENT_TYPES and type(obj) is dict
+                        and type(obj.get("metadata", _EMPTY)) is dict):
+                    self.events += 1
+                    try:
+                        on_event(kind, obj)
+                    except Exception as e:  # the consumer's failure ends this watch, typed as it was
+                        self._fail(e)
+                        return
+                    if self._error is not None or self._cancelled:
+                        return
+                    continue
+            self._reject(event, block.split(b"\n")[i] if len(events) > 1 else block)
+            return
+
+    def _reject(self, event: Any, line: bytes) -> None:
+        """End the stream for a decoded ``line`` that is not a watch event to hand on."""
         if type(event) is not dict:
             self._not_an_event(line, "not a JSON watch event")
             return
         kind = event.get("type")
         obj = event.get("object", _MISSING)
         if type(kind) is str and kind in WATCH_EVENT_TYPES:
-            if type(obj) is not dict or type(obj.get("metadata", _EMPTY)) is not dict:
-                self._not_an_event(line, f"watch event {kind} without an object")
-                return
-            self.events += 1
-            try:
-                self._on_event(kind, obj)
-            except Exception as e:  # the consumer's failure ends this watch, typed as it was
-                self._fail(e)
+            self._not_an_event(line, f"watch event {kind} without an object")
         elif obj is _MISSING:
             self._not_an_event(line, "not a JSON watch event")
         elif kind == "ERROR":

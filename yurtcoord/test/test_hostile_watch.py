@@ -87,6 +87,13 @@ def split_at(data, points):
     return [data[a:b] for a, b in zip(bounds, bounds[1:])]
 
 
+def describe(outcome):
+    """An outcome as comparable: None, or the error's type and text."""
+    if isinstance(outcome, Failure):
+        return type(outcome.value), str(outcome.value)
+    return outcome
+
+
 def end(protocol, ending):
     if ending == "cancel":
         protocol.cancel()
@@ -151,6 +158,21 @@ class WatchParserPropertyTests(unittest.TestCase):
         protocol.dataReceived(nested(100000, "list") + b"\n")
         end(protocol, "done")
         self.assertIn("nested too deeply", str(outcomes[0].value))
+
+    @EXAMPLES
+    @given(st.lists(lines | st.sampled_from([b"", b"  ", b"\r", b"{}  "]), max_size=10),
+           endings)
+    def test_all_lines_of_one_read_give_what_one_line_per_read_gives(self, parts, ending):
+        # The lines of one read are decoded together; whenever that is not one event
+        # per line they are decoded one by one: either way the outcome is the same.
+        stream = b"".join(part + b"\n" for part in parts)
+        if len(stream) > MAX_LINE:
+            stream = stream[:stream.rfind(b"\n", 0, MAX_LINE) + 1]
+        one_by_one = self.run_stream([part + b"\n" for part in stream.split(b"\n")[:-1]],
+                                     ending)
+        together = self.run_stream([stream], ending)
+        self.assertEqual(together[0], one_by_one[0])
+        self.assertEqual(describe(together[1]), describe(one_by_one[1]))
 
     def test_wrong_types_are_typed_errors(self):
         for line in [b"[1,2]", b'"text"', b"null", b'{"type":["ADDED"],"object":{}}',

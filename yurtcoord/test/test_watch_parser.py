@@ -76,6 +76,16 @@ class WatchParserTests(unittest.TestCase):
         self.assertEqual(p.results, [None])
         self.assertEqual(p.protocol.events, 5)
 
+    def test_events_of_one_read_share_the_strings_of_their_keys(self):
+        # Decoded together, so the store holds one string per distinct key of a read.
+        p = Parser(on_event=lambda kind, obj: objects.append(obj))
+        objects = []
+        p.feed(line("ADDED", "a", 1) + line("ADDED", "b", 2))
+        first, second = ([key for key in obj["metadata"]] for obj in objects)
+        self.assertEqual(first, second)
+        for a, b in zip(first, second):
+            self.assertIs(a, b)
+
     def test_byte_at_a_time(self):
         p = Parser()
         p.feed(*[STREAM[i:i + 1] for i in range(len(STREAM))])

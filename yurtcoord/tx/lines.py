@@ -20,7 +20,8 @@ from yurtcoord.tx.failures import describe_failure
 
 
 class LineStreamProtocol(Protocol):
-    """Hands every complete line (without its newline) to ``line(bytes)``.
+    """Hands the complete lines of every read to ``lines(block)``, which by default
+    hands each (without its newline) to ``line(bytes)``.
 
     Subclasses implement ``line`` and ``too_long`` and say through ``stopped`` when
     no more lines are wanted (the stream failed or was cancelled); ``pending`` holds
@@ -62,37 +63,56 @@ class LineStreamProtocol(Protocol):
         self.pending_bytes = 0
         return tail
 
-    def dataReceived(self, data: bytes) -> None:
-        if self._pending:
-            end = data.find(b"\n")
-            if end < 0:
-                self._pending.append(data)
-                self.pending_bytes += len(data)
-                if self.pending_bytes > self.max_line:
-                    self.too_long()
+    def lines(self, block: bytes) -> None:
+        """All complete lines of one read, in order: ``block`` is those lines joined by
+        newlines (without the last one), each within ``max_line``. By default every
+        line goes to ``line`` until ``stopped``; a subclass that can take a run of
+        lines at once overrides this."""
+        handle, stopped = self.line, self.stopped
+        for line in block.split(b"\n"):
+            handle(line)
+            if stopped():
                 return
-            if self.pending_bytes + end > self.max_line:
-                self.too_long()
-                return
-            self._pending.append(data[:end])
-            line = self.take_pending()
-            self.line(line)
-            if self.stopped():
-                return
-            data = data[end + 1:]
-        # One split per read (a batched read carries a hundred lines or more);
-        # the piece after the last newline is the unfinished tail.
-        lines = data.split(b"\n")
-        tail = lines.pop()
+
+    def _bounded_lines(self, block: bytes) -> None:
+        """``lines`` for a block longer than ``max_line``: each line is checked on its
+        own, and ``too_long()`` ends the stream at the first one past the bound."""
         max_line, handle, stopped = self.max_line, self.line, self.stopped
-        for line in lines:
+        for line in block.split(b"\n"):
             if len(line) > max_line:
                 self.too_long()
                 return
             handle(line)
             if stopped():
                 return
-        if tail:
+
+    def dataReceived(self, data: bytes) -> None:
+        # One search for the last newline per read (a batched read carries a hundred
+        # lines or more): everything before it is complete lines, handed on as one
+        # block, and the piece after it is the unfinished tail.
+        end = data.rfind(b"\n")
+        if end < 0:
+            self._pending.append(data)
+            self.pending_bytes += len(data)
+            if self.pending_bytes > self.max_line:
+                self.too_long()
+            return
+        if self._pending:
+            if self.pending_bytes + data.find(b"\n") > self.max_line:
+                self.too_long()
+                return
+            self._pending.append(data[:end])
+            block = self.take_pending()
+        else:
+            block = data[:end]
+        if len(block) > self.max_line:
+            self._bounded_lines(block)
+        else:
+            self.lines(block)
+        if self.stopped():
+            return
+        if end + 1 < len(data):
+            tail = data[end + 1:]
             if len(tail) > self.max_line:
                 self.too_long()
                 return
