@@ -1,11 +1,12 @@
 """Watch throughput: yurtcoord's Informer vs the official client's Watch().stream().
 
-    .venv/bin/python bench/informer.py [--objects 20000] [--rounds 2] [--mode backlog|live]
-                                       [--json PATH] [--profile DIR]
+    .venv/bin/python bench/informer.py [--objects 20000] [--rounds 2] [--drains 3]
+                                       [--mode backlog|live] [--json PATH] [--profile DIR]
 
 One run, one Kubernetes API test server (in this process), the same objects for every
-consumer. Per round and consumer, a fresh namespace; the consumer runs in its own
-process and starts watching it. Then:
+consumer. A round is ``--drains`` turns, and in every turn each consumer drains one
+backlog: in a fresh namespace, the consumer runs in its own process and starts
+watching it. Then:
 
 - ``backlog`` (default; measures the consumers): the server goes down, this process
   creates ``--objects`` ConfigMaps through ``server.store``, and brings the server
@@ -14,7 +15,8 @@ process and starts watching it. Then:
   resourceVersion, so it receives all objects as a backlog of ADDED events, as fast
   as it can take them. events/s is the drain rate, from the first to the last event;
   the time from the server coming back up to the last event is shown beside it (it
-  includes the reconnect and the test server preparing the replay).
+  includes the reconnect and the test server preparing the replay). The objects are
+  deleted again once the consumer is done (the server keeps one drain's objects).
 - ``live``: the objects are created while the consumer watches (500 per reactor
   turn). This is bounded by how fast the test server creates and streams objects,
   so both consumers mostly keep up with it.
@@ -22,17 +24,23 @@ process and starts watching it. Then:
 Each consumer measures the same way (``Drain``), from its first to its last ADDED
 event: wall time, process CPU time (``time.process_time``: user and system time of the
 whole consumer process, garbage collection included) and the CPU time spent in the
-garbage collector (``gc.callbacks``). Figures:
+garbage collector (``gc.callbacks``), and what ``getrusage`` says of the drain (user
+and system time, minor page faults, context switches: waiting for data, preempted).
+A consumer's figures for a round are those of its drains of that round taken
+together (events over CPU time, or wall time, of all of them): the consumers take
+turns, so both see the same spells of other load on the machine, which changes a
+drain of 0.15 s of CPU time by up to a half. Figures:
 - events per CPU second while draining, the headline: the consumer's own cost per
   event, which other load on the machine changes much less than wall-clock rates;
-  the ratio yurtcoord / kubernetes per round and its median;
+  the ratio yurtcoord / kubernetes per round and its median (and that of every
+  single drain against the official client's of the same turn);
 - events/s (as above; ``live``: objects / (last event - start of creation)) and
   their ratio, the secondary figure;
 - events per CPU second of the whole consumer process (start-up and imports too);
 - the longest lag of the yurtcoord consumer's reactor (the agent's ``ReactorLagProbe``
   every 0.1 s, from the informer's start to the last event), the longest of all rounds.
 
-Consumers, each round in this order:
+Consumers, each turn in this order:
 - ``yurtcoord``: ``Informer`` (list, then watch) on a ``KubeClient``; counts on_add.
   It runs as the agent's pool sync runs its informers: the heap frozen once the
   list is in and full garbage collections held off while changes arrive
@@ -284,6 +292,7 @@ def measure(reactor, server, consumer, namespace, count, mode, profile_dir=None)
         draining = result["last_event"] - result["first_event"]
         return {
             "consumer": consumer, "events": result["events"],
+            "drain_events": count - 1, "drain_s": draining,
             "seconds": elapsed, "total_events_per_s": count / elapsed,
             "events_per_s": (count - 1) / draining if mode == "backlog" else count / elapsed,
             "cpu_s": result["cpu"], "events_per_cpu_s": count / result["cpu"],
@@ -305,7 +314,27 @@ def measure(reactor, server, consumer, namespace, count, mode, profile_dir=None)
 CONFIGMAPS_GVR = None
 
 
-def drive(objects, rounds, mode, json_path=None, profile_dir=None):
+def round_figures(drains, r, mode):
+    """Round ``r`` of every consumer: its drains of that round taken together (events
+    over the CPU time, and over the wall time, of all of them)."""
+    figures = []
+    for consumer in CONSUMERS:
+        mine = [f for f in drains if f["consumer"] == consumer and f["round"] == r]
+        events = sum(f["drain_events"] for f in mine)
+        figures.append({
+            "consumer": consumer, "round": r, "drains": mine,
+            "drain_events_per_cpu_s": events / sum(f["drain_cpu_s"] for f in mine),
+            "events_per_s": (events / sum(f["drain_s"] for f in mine) if mode == "backlog"
+                             else sum(f["events"] for f in mine)
+                             / sum(f["seconds"] for f in mine)),
+            "events_per_cpu_s": (sum(f["events"] for f in mine)
+                                 / sum(f["cpu_s"] for f in mine)),
+            "longest_reactor_lag_s": max((f["longest_reactor_lag_s"] or 0) for f in mine),
+        })
+    return figures
+
+
+def drive(objects, rounds, mode, json_path=None, profile_dir=None, drains_per_round=3):
     global CONFIGMAPS_GVR
     from twisted.internet import defer, task
     from twisted.logger import globalLogBeginner
@@ -316,39 +345,53 @@ def drive(objects, rounds, mode, json_path=None, profile_dir=None):
     CONFIGMAPS_GVR = CONFIGMAPS
     globalLogBeginner.beginLoggingTo([lambda event: None], redirectStandardIO=False)
 
+    results = []
+
     @defer.inlineCallbacks
     def main(reactor):
-        server = KubeAPIServer(reactor, history=objects * len(CONSUMERS) * rounds + 1000)
+        # History for one drain: each consumer resumes from just before its objects.
+        server = KubeAPIServer(reactor, history=objects + 1000)
         yield server.start(port=0)
-        results = []
+        drains = []
         try:
             for r in range(rounds):
-                for consumer in CONSUMERS:
-                    namespace = f"bench-{consumer}-{r}"
-                    figures = yield measure(reactor, server, consumer, namespace,
-                                            objects, mode, profile_dir)
-                    figures["round"] = r
-                    results.append(figures)
-                    print(f"round {r} {consumer:20s} {figures['events_per_s']:9.0f} events/s, "
-                          f"all in {figures['seconds']:.2f} s "
-                          f"({figures['total_events_per_s']:.0f}/s overall), "
-                          f"{figures['drain_events_per_cpu_s']:7.0f} events/CPU-s draining "
-                          f"(CPU {figures['drain_cpu_s']:.3f} s, of it garbage collection "
-                          f"{figures['drain_gc_s']:.3f} s in {figures['drain_collections']} "
-                          f"collections, by generation "
-                          f"{'/'.join(map(str, figures['drain_collections_by_generation']))} taking "
-                          f"{'/'.join(f'{1000 * t:.0f}' for t in figures['drain_gc_s_by_generation'])} ms), "
-                          f"user/sys {figures['drain_user_s']:.3f}/{figures['drain_sys_s']:.3f} s, "
-                          f"{figures['drain_minor_faults']} page faults, context switches "
-                          f"{figures['drain_voluntary_switches']} waiting/"
-                          f"{figures['drain_involuntary_switches']} preempted, "
-                          f"{figures['events_per_cpu_s']:6.0f} events/CPU-s whole process, "
-                          f"first event after {figures['first_event_s']:.3f} s (mode {mode})",
-                          flush=True)
-                    if profile_dir:
-                        print(profile_top(os.path.join(profile_dir,
-                                                       f"{consumer}-{namespace}.prof")),
+                for d in range(drains_per_round):
+                    for consumer in CONSUMERS:
+                        namespace = f"bench-{consumer}-{r}-{d}"
+                        figures = yield measure(reactor, server, consumer, namespace,
+                                                objects, mode, profile_dir)
+                        figures["round"], figures["drain"] = r, d
+                        drains.append(figures)
+                        print(f"round {r} drain {d} {consumer:20s} "
+                              f"{figures['events_per_s']:9.0f} events/s, "
+                              f"all in {figures['seconds']:.2f} s "
+                              f"({figures['total_events_per_s']:.0f}/s overall), "
+                              f"{figures['drain_events_per_cpu_s']:7.0f} events/CPU-s draining "
+                              f"(CPU {figures['drain_cpu_s']:.3f} s, of it garbage collection "
+                              f"{figures['drain_gc_s']:.3f} s in {figures['drain_collections']} "
+                              f"collections, by generation "
+                              f"{'/'.join(map(str, figures['drain_collections_by_generation']))} taking "
+                              f"{'/'.join(f'{1000 * t:.0f}' for t in figures['drain_gc_s_by_generation'])} ms), "
+                              f"user/sys {figures['drain_user_s']:.3f}/{figures['drain_sys_s']:.3f} s, "
+                              f"{figures['drain_minor_faults']} page faults, context switches "
+                              f"{figures['drain_voluntary_switches']} waiting/"
+                              f"{figures['drain_involuntary_switches']} preempted, "
+                              f"{figures['events_per_cpu_s']:6.0f} events/CPU-s whole process, "
+                              f"first event after {figures['first_event_s']:.3f} s (mode {mode})",
                               flush=True)
+                        if profile_dir:
+                            print(profile_top(os.path.join(profile_dir,
+                                                           f"{consumer}-{namespace}.prof")),
+                                  flush=True)
+                        # The server keeps only the objects of the drain under way.
+                        for i in range(objects):
+                            server.store.delete(CONFIGMAPS_GVR, f"cm-{i:06d}", namespace)
+                results.extend(round_figures(drains, r, mode))
+                for figures in results[-len(CONSUMERS):]:
+                    print(f"round {r} {figures['consumer']:20s} "
+                          f"{figures['drain_events_per_cpu_s']:7.0f} events/CPU-s draining, "
+                          f"{figures['events_per_s']:9.0f} events/s "
+                          f"({drains_per_round} drains)", flush=True)
         finally:
             yield server.stop()
         summary = {}
@@ -373,12 +416,14 @@ def drive(objects, rounds, mode, json_path=None, profile_dir=None):
               f"(median of the rounds: {listed(per_round(results, 'drain_events_per_cpu_s'))}; "
               f"target >= {TARGET_CPU_RATIO:g}x in every round, backlog mode), "
               f"whole process {y['events_per_cpu_s'] / k['events_per_cpu_s']:.2f}x")
+        print(f"ratio events/CPU-s draining, single drains: "
+              f"{listed(per_drain(results, 'drain_events_per_cpu_s'))}")
         print(f"ratio events/CPU-s draining, interpreter's default garbage collection: "
               f"rounds {listed(per_round(results, 'drain_events_per_cpu_s', 'yurtcoord-default-gc'))}")
         print(f"ratio events/s     {statistics.median(per_round(results, 'events_per_s')):.2f}x "
               f"(median of the rounds: {listed(per_round(results, 'events_per_s'))}; "
               f"mode {mode}, {objects} objects)")
-        write_json(json_path, objects, rounds, mode, results, summary)
+        write_json(json_path, objects, rounds, drains_per_round, mode, results, summary)
 
     task.react(main)
 
@@ -389,7 +434,17 @@ def per_round(results, figure, consumer="yurtcoord"):
     return [f[figure] / theirs[f["round"]] for f in results if f["consumer"] == consumer]
 
 
-def write_json(path, objects, rounds, mode, results, summary):
+def per_drain(results, figure, consumer="yurtcoord"):
+    """``consumer``'s ``figure`` over the official client's, drain by drain (the drains
+    of one turn of a round)."""
+    drains = [d for f in results for d in f["drains"]]
+    theirs = {(d["round"], d["drain"]): d[figure] for d in drains
+              if d["consumer"] == "kubernetes"}
+    return [d[figure] / theirs[d["round"], d["drain"]] for d in drains
+            if d["consumer"] == consumer]
+
+
+def write_json(path, objects, rounds, drains_per_round, mode, results, summary):
     """The ratios (events per CPU second draining first), the medians and the target
     as a machine-readable result."""
     from benchresult import row, write_result
@@ -398,6 +453,8 @@ def write_json(path, objects, rounds, mode, results, summary):
     cpu_rounds = per_round(results, "drain_events_per_cpu_s")
     wall_rounds = per_round(results, "events_per_s")
     plain_rounds = per_round(results, "drain_events_per_cpu_s", "yurtcoord-default-gc")
+    # Each drain on its own against the official client's drain of the same turn.
+    pairs = per_drain(results, "drain_events_per_cpu_s")
     # Ratios are taken within a round (its consumers run one after the other, seconds
     # apart), then the median of the rounds.
     ratio = statistics.median(wall_rounds)
@@ -411,6 +468,9 @@ def write_json(path, objects, rounds, mode, results, summary):
             f"{min(cpu_rounds):.2f}x - {max(cpu_rounds):.2f}x",
             f">= {TARGET_CPU_RATIO:g}x (lowest round)" if backlog else None,
             min(cpu_rounds) >= TARGET_CPU_RATIO),
+        row(f"ratio events per CPU-s draining, single drains ({drains_per_round} a round), "
+            "median; lowest - highest",
+            f"{statistics.median(pairs):.2f}x; {min(pairs):.2f}x - {max(pairs):.2f}x"),
         row("yurtcoord / kubernetes events per CPU-s draining (median)",
             f"{y['drain_events_per_cpu_s']:,.0f} / {k['drain_events_per_cpu_s']:,.0f}"),
         row("ratio events per CPU-s draining, interpreter's default garbage collection "
@@ -425,10 +485,12 @@ def write_json(path, objects, rounds, mode, results, summary):
         row("longest reactor lag, yurtcoord consumer process (all rounds)",
             f"{1000 * longest_lag:.0f} ms"),
     ]
-    write_result(path, "informer", {"objects": objects, "rounds": rounds, "mode": mode},
+    write_result(path, "informer", {"objects": objects, "rounds": rounds,
+                                    "drains_per_round": drains_per_round, "mode": mode},
                  {"rounds": results, "medians": summary, "ratio_events_per_s": ratio,
                   "ratio_drain_events_per_cpu_s": cpu_ratio,
                   "ratio_drain_events_per_cpu_s_per_round": cpu_rounds,
+                  "ratio_drain_events_per_cpu_s_per_drain": pairs,
                   "ratio_events_per_s_per_round": wall_rounds,
                   "ratio_drain_events_per_cpu_s_default_gc_per_round": plain_rounds,
                   "longest_reactor_lag_s": longest_lag}, rows)
@@ -438,6 +500,9 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--objects", type=int, default=20000)
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--drains", type=int, default=3,
+                        help="backlogs each consumer drains per round, the consumers taking "
+                             "turns (default 3)")
     parser.add_argument("--mode", choices=("backlog", "live"), default="backlog")
     parser.add_argument("--json", metavar="PATH", help="write the result as JSON to PATH")
     parser.add_argument("--profile", metavar="DIR",
@@ -457,7 +522,8 @@ def main():
     else:
         if options.profile:
             os.makedirs(options.profile, exist_ok=True)
-        drive(options.objects, options.rounds, options.mode, options.json, options.profile)
+        drive(options.objects, options.rounds, options.mode, options.json, options.profile,
+              options.drains)
 
 
 if __name__ == "__main__":
