@@ -53,52 +53,60 @@ class Benchmark:
 
 
 METHOD_INFORMER = """\
-Backlog mode, {objects:,} ConfigMaps (~465-byte watch events) per consumer and round,
-{rounds} round(s); one Kubernetes API test server in the bench process, each consumer
-in its own process watching a fresh namespace. The server goes down, the objects are
-created, the server comes back: each consumer resumes its watch from its last
-resourceVersion and drains the backlog of ADDED events as fast as it can. Headline:
-events per CPU second while draining, from each consumer's first to its last event,
-measured the same way in every consumer process (`time.process_time`: user and system
-time of the whole process, garbage collection included), their ratio per round (target
-on the lowest round) and its median. Wall-clock events/s (first to last event) and
-their ratio follow as secondary rows: they move with the machine's load much more.
-Consumers, in this order every round: yurtcoord's `Informer` on a `KubeClient`
-(treq/Twisted), run as the agent's pool sync runs its informers (heap frozen once the
-list is in, full garbage collections held off while changes arrive:
-`yurtcoord.tx.heap.QuietCollections`, `busy()` per change); the same informer under
-the interpreter's default garbage collection (its row: the store it keeps makes the
-interpreter walk the whole heap once or twice per drain, 20-45 ms of CPU); and the
-official client's `watch.Watch().stream(CoreV1Api.list_namespaced_config_map, ...)`
-(objects deserialized into models, as its documentation shows, none kept: its garbage
-collector never runs). `--mode live` (objects created while the consumers watch) is
-bounded by how fast the test server creates objects, so no ratio is claimed from it.
-Watch bodies are read with all HTTP chunks of one socket read delivered together
-(`ChunkedBodyBatcher` in `yurtcoord/tx/twisted_private.py`; without it the events per
-CPU second were 1.90-2.22x the official client's, with it 2.47-2.73x, in four
-alternating runs on 2026-12-01).
+Backlog mode, {objects:,} ConfigMaps (~465-byte watch events) per consumer and drain,
+{rounds} round(s) of {drains_per_round} turns; in every turn each consumer drains one
+backlog, and a consumer's figure for a round is that of its drains of the round taken
+together (events over the CPU time of all of them): the consumers take turns, so both
+see the same spells of other load on the machine. One Kubernetes API test server in the
+bench process, each consumer in its own process watching a fresh namespace. The server
+goes down, the objects are created, the server comes back: each consumer resumes its
+watch from its last resourceVersion and drains the backlog of ADDED events as fast as
+it can. Headline: events per CPU second while draining, from each consumer's first to
+its last event, measured the same way in every consumer process (`time.process_time`:
+user and system time of the whole process, garbage collection included), their ratio
+per round (target on the lowest round) and its median; the ratios of single drains
+(each against the official client's drain of the same turn) are shown beside.
+Wall-clock events/s (first to last event) and their ratio follow as secondary rows:
+they move with the machine's load much more. Consumers, in this order every turn:
+yurtcoord's `Informer` on a `KubeClient` (treq/Twisted), run as the agent's pool sync
+runs its informers (heap frozen once the list is in, full garbage collections held off
+while changes arrive: `yurtcoord.tx.heap.QuietCollections`, `busy()` per change); the
+same informer under the interpreter's default garbage collection (its row: the store it
+keeps makes the interpreter walk the whole heap once or twice per drain, 30-90 ms of
+CPU); and the official client's
+`watch.Watch().stream(CoreV1Api.list_namespaced_config_map, ...)` (objects deserialized
+into models, as its documentation shows, none kept: its garbage collector never runs).
+`--mode live` (objects created while the consumers watch) is bounded by how fast the
+test server creates objects, so no ratio is claimed from it. Watch bodies are read with
+all HTTP chunks of one socket read delivered together (`ChunkedBodyBatcher` in
+`yurtcoord/tx/twisted_private.py`), and the complete lines of one read are decoded as
+one JSON list (`WatchStreamProtocol.lines`; one by one whenever that is not one event
+per line): one decoder call per read instead of one per event, and the events of a read
+share their keys' strings, so the informer's store holds a third less memory (1.8 instead
+of 2.7 kB per ConfigMap; 10,100 instead of 15,500 page faults per drain of 20,000). In
+alternating runs of this benchmark on 2026-12-02 (5 rounds of 3 turns, load average
+1.8-3.5), the ratio per round was 2.84-3.21x (median 3.01x) before and 3.19-4.00x
+(median 3.82x) after. What makes single drains differ (from `getrusage` around each
+drain): neither consumer ever waits for data during a drain (no voluntary context
+switch: the server has the whole backlog written before the first event goes out), and
+garbage collection and page faults vary little from drain to drain; what varies is the
+user CPU time of the same work, on both sides, by up to a half between drains seconds
+apart, with the other load on this 2-core machine. A yurtcoord drain is 0.1-0.2 s of
+CPU, so one spell of other load covers much of it: hence the turns.
 Where the yurtcoord consumer's CPU goes (`--profile DIR`: cProfile in the consumer
-process from its first to its last event, one round, 2026-12-01 23:49-23:50 UTC, load
-average 8.3-9.3; own time, the C JSON scanner counted in its caller):
-`WatchStreamProtocol.line` 19,999 calls 0.224 s, socket `recv` 206 calls 0.086 s,
-`ChunkedBodyBatcher.dataReceived` 206 calls 0.042 s, `Informer._on_event` 0.041 s,
-`dict.get` 159,992 calls 0.035 s, `Informer._deliver_add` 0.017 s,
-`LineStreamProtocol.dataReceived` 0.017 s, the bench's on_add 0.015 s,
-`bytes.translate` 0.009 s, `bytes.split` 0.008 s, `QuietCollections.busy` 0.007 s,
-`WatchStreamProtocol.stopped` 0.006 s: one JSON scan per line is the largest part, and
-no Deferred or logging work shows per event. At that load the same profile differs by
-up to 2x from run to run. Decoding all complete lines of one read as one text and
-scanning each line in place was tried: without the socket and with garbage collection
-off (a 20,000-event body fed through the batcher, the watch stream and the informer in
-one process, best of 15, five alternating pairs) it took 6.1-7.7 us per event against
-6.5-8.2 us (6% less in the median pair; scanning the lines and keeping the objects,
-with no other work, is about 3.7 us per event), but in this benchmark, three
-alternating runs each at load average 8.6-10.8, its per-round ratios (1.63-3.96x) did
-not differ from the per-line parser's (2.47-3.76x): it was not kept, as it would be a
-second parser of watch lines beside the checks of every line. Garbage
-collection (CPU inside `gc.callbacks`) under the interpreter's defaults: about 130
-young, 12 middle and 1 full collection per drain, 35-75 ms of a drain's 160-320 ms;
-under the agent's policy no full one, 10-20 ms.
+process from its first to its last event, one drain, 2026-12-02 02:55 UTC, load
+average 1.6-1.8; own time, the C JSON scanner counted in its caller):
+`WatchStreamProtocol.lines` 206 calls 0.075 s (the JSON scan of every read, and the
+garbage collections and page faults of the objects it makes), `ChunkedBodyBatcher.dataReceived`
+206 calls 0.025 s, `Informer._on_event` 19,999 calls 0.023 s,
+`WatchStreamProtocol._take` 206 calls 0.020 s, `dict.get` 159,992 calls 0.015 s, socket
+`recv` 206 calls 0.011 s, the bench's on_add 0.007 s, `Informer._deliver_add` 0.006 s,
+`QuietCollections.busy` 0.005 s: no Deferred, logging or line-splitting work shows per
+event. Besides the CPU time the profile shows, 15-30% of a yurtcoord drain is system
+time, nearly all of it the page faults of the memory the store grows by (the official
+client keeps nothing and has none). Garbage collection (CPU inside `gc.callbacks`) under
+the agent's policy: about 130 young and 12 middle collections per drain, no full one,
+7-25 ms; under the interpreter's defaults one or two full ones as well, 30-90 ms.
 Longest reactor lag: the agent's `ReactorLagProbe` (every 100 ms) in the yurtcoord
 consumer process, from the informer's start to its last event, the longest over the
 rounds."""
