@@ -210,9 +210,10 @@ class _Heartbeat:
 
     __slots__ = ("lease", "renew_time", "since")
 
-    def __init__(self, lease: dict, since: float, renew_time: Optional[float] = None) -> None:
+    def __init__(self, lease: dict, since: float, renew_time: Optional[float]) -> None:
         self.lease = lease
-        self.renew_time = renew_time_of(lease) if renew_time is None else renew_time
+        # ``renew_time_of(lease)``, parsed once when the state arrived.
+        self.renew_time = renew_time
         self.since = since
 
 
@@ -527,7 +528,8 @@ class HeartbeatDelegation:
             self._unpark(lease)
             self._forget_pending(key)
             return
-        refusal = self._refusal(lease)
+        renewed = renew_time_of(lease)
+        refusal = self._refusal(lease, renewed)
         if refusal is not None:
             self._refuse(key, *refusal)
             return
@@ -544,7 +546,7 @@ class HeartbeatDelegation:
             self._not_in_pool(key, name)
             return
         self._parked.pop(name, None)
-        self._accept(key, lease)
+        self._accept(key, lease, renewed)
 
     def _unpark(self, lease: dict) -> None:
         """Forget the parked state of ``lease``'s name if it is this lease's."""
@@ -553,8 +555,9 @@ class HeartbeatDelegation:
         if parked is not None and lease_key(parked) == lease_key(lease):
             del self._parked[name]
 
-    def _refusal(self, lease: dict) -> Optional[Tuple[str, str]]:
-        """(reason, detail) when the lease itself says it must not be forwarded."""
+    def _refusal(self, lease: dict, renewed: Optional[float]) -> Optional[Tuple[str, str]]:
+        """(reason, detail) when the lease itself says it must not be forwarded;
+        ``renewed``: its renewTime (``renew_time_of``)."""
         metadata = lease.get("metadata") or {}
         spec = lease.get("spec") or {}
         namespace = metadata.get("namespace")
@@ -567,17 +570,16 @@ class HeartbeatDelegation:
             return REFUSED_HOLDER_MISMATCH, "the lease has no name"
         if holder != name:
             return REFUSED_HOLDER_MISMATCH, f"holderIdentity {holder!r} is not the lease's name"
-        renewed = renew_time_of(lease)
         ahead = None if renewed is None else renewed - self._reactor.seconds()
         if ahead is not None and ahead > self.max_clock_skew:
             return REFUSED_RENEW_TIME_IN_FUTURE, (
                 f"renewTime {spec.get('renewTime')} is {ahead:.1f}s ahead of this leader's "
                 f"clock (max_clock_skew {format_duration(self.max_clock_skew)})")
-        return self._staleness(lease)
+        return self._staleness(lease, renewed)
 
-    def _staleness(self, lease: dict) -> Optional[Tuple[str, str]]:
-        """(reason, detail) when the lease's renewTime is too old to be forwarded now."""
-        renewed = renew_time_of(lease)
+    def _staleness(self, lease: dict, renewed: Optional[float]) -> Optional[Tuple[str, str]]:
+        """(reason, detail) when the lease's renewTime, ``renewed``, is too old to be
+        forwarded now."""
         if renewed is None:
             return None
         age = self._reactor.seconds() - renewed
@@ -639,8 +641,8 @@ class HeartbeatDelegation:
                           "(reason={reason}): {detail}", lease=key, reason=reason,
                           detail=detail)
 
-    def _accept(self, key: str, lease: dict) -> None:
-        self._queue.add(key, _Heartbeat(lease, self._reactor.seconds()))
+    def _accept(self, key: str, lease: dict, renewed: Optional[float]) -> None:
+        self._queue.add(key, _Heartbeat(lease, self._reactor.seconds(), renewed))
 
     def _forget_pending(self, key: str) -> None:
         self._queue.forget(key)
@@ -649,7 +651,7 @@ class HeartbeatDelegation:
 
     def _delegate_state(self, key: str, state: _Heartbeat
                         ) -> defer.Deferred[Tuple[str, Optional[str]]]:
-        return self._delegate(key, state.lease)
+        return self._delegate(key, state.lease, state.renew_time)
 
     def _delegated(self, key: str, state: _Heartbeat, result: Tuple[str, Optional[str]],
                    failures: int) -> None:
@@ -694,15 +696,15 @@ class HeartbeatDelegation:
                            "retry in {delay:.2f}s", lease=key, error=describe_failure(failure),
                            delay=delay)
 
-    def _delegate(self, key: str, pool_lease: dict
+    def _delegate(self, key: str, pool_lease: dict, pool_renewed: Optional[float]
                   ) -> defer.Deferred[Tuple[str, Optional[str]]]:
-        """One delegation of ``pool_lease``; fires with (outcome, server), outcome
-        being ``LeaseWriter``'s created, updated or unchanged."""
-        pool_renewed = renew_time_of(pool_lease)
+        """One delegation of ``pool_lease``, renewed at ``pool_renewed``; fires with
+        (outcome, server), outcome being ``LeaseWriter``'s created, updated or
+        unchanged."""
         node = self._nodes.get(pool_lease["metadata"]["name"])
         if pool_renewed is None or node is None:
             return defer.succeed((UNCHANGED, None))
-        stale = self._staleness(pool_lease)
+        stale = self._staleness(pool_lease, pool_renewed)
         if stale is not None:
             # Queued while the cloud was unreachable, and too old by now. The chain
             # ends as a no-op; a newer state of the lease (if any) runs after it.
