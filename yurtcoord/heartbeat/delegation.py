@@ -86,11 +86,11 @@ from yurtcoord.tx.observers import Observers
 from yurtcoord.tx.workqueue import RetryPolicy, WorkQueue
 
 MAX_ATTEMPTS = 5
-# Chains in flight over all leases: they start at the cloud client's persistent
-# connections and move with the cloud's latency between the bounds. The floor is that
-# start: a chain's latency includes the leader's own reactor, which a burst of 5,000
-# listed leases keeps busy for seconds, and a bound that shrank below the connections
-# for that made the initial burst 2-3x slower than a fixed 16 did.
+# Chains in flight over all leases: they start at 16 and move with the cloud's latency
+# between the bounds (the agent's cloud clients keep a connection for each chain up to
+# the highest). The floor is that start: a chain's latency includes the leader's own
+# reactor, which a burst of 5,000 listed leases keeps busy for seconds, and a bound
+# that shrank below 16 for that made the initial burst 2-3x slower than a fixed 16 did.
 DEFAULT_INITIAL_CONCURRENT = 16
 DEFAULT_MIN_CONCURRENT = 16
 DEFAULT_MAX_CONCURRENT = 128
@@ -254,8 +254,7 @@ class HeartbeatDelegation:
     - ``make_backoff()`` → a ``yurtcoord.tx.retry.Retries`` for the retries of one lease.
 
     The chains in flight over all leases (others wait in a FIFO queue) start at
-    ``DEFAULT_INITIAL_CONCURRENT``, as many as the cloud client keeps persistent
-    connections, and follow the cloud's latency between ``min_concurrent`` and
+    ``DEFAULT_INITIAL_CONCURRENT`` and follow the cloud's latency between ``min_concurrent`` and
     ``max_concurrent`` (``concurrency_limit``); every chain that sent a request to the
     cloud is one sample of it.
     """
