@@ -57,7 +57,7 @@ from yurtcoord.agent.certs import CertificateClient, CertManager, CertPair
 from yurtcoord.agent.config import Config, ConfigError, ListenAddress
 from yurtcoord.agent.poolview import POOL_READ_TIMEOUT, LeaderHistory, PoolView
 from yurtcoord.role.coordinator import Coordinator
-from yurtcoord.heartbeat.delegation import HeartbeatDelegation
+from yurtcoord.heartbeat.delegation import DEFAULT_MAX_CONCURRENT, HeartbeatDelegation
 from yurtcoord.etcd.client import EtcdClient, EtcdConfig
 from yurtcoord.heartbeat.probes import CloudHealthChecker, CoordinatorHealthChecker, KubeletHealthChecker
 from yurtcoord.role.hubelector import HubElector
@@ -255,11 +255,15 @@ class Agent(service.MultiService):
     def _cloud_client_config(self, url: str,
                              cert_pair: Optional[CertPair] = None) -> ClientConfig:
         """Client config for cloud server ``url``; with ``cert_pair`` its client
-        certificate replaces the configured cloud credentials (node-lease-proxy)."""
+        certificate replaces the configured cloud credentials (node-lease-proxy).
+
+        The pool keeps a connection for each heartbeat delegation the leader may run
+        at once: with fewer, the connections past that number would be closed after
+        each answer and opened again (a TLS handshake each) for the next ones."""
         cloud = self.config.cloud
-        overrides: dict[str, Any] = {}
+        overrides: dict[str, Any] = {"max_connections_per_host": DEFAULT_MAX_CONCURRENT}
         if cert_pair is not None:
-            overrides = dict(cert_file=cert_pair.cert_file, key_file=cert_pair.key_file,
+            overrides.update(cert_file=cert_pair.cert_file, key_file=cert_pair.key_file,
                              cert_data=None, key_data=None, token=None, token_file=None)
         if cloud.kubeconfig is not None:
             if cloud.insecure:

@@ -63,14 +63,13 @@ from typing import Any, Callable, Generator, Optional, Union
 
 from OpenSSL import SSL
 from twisted.internet import defer, error as net_error, tcp
-from twisted.internet.interfaces import IConsumer, IReactorTime
+from twisted.internet.interfaces import IReactorTime
 from twisted.internet.defer import Deferred, DeferredSemaphore, inlineCallbacks
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 from twisted.web import client as web_client
 from twisted.web.http_headers import Headers
-from twisted.web.iweb import IBodyProducer, IResponse
-from zope.interface import implementer
+from twisted.web.iweb import IResponse
 
 from yurtcoord.etcd.members import MemberSet
 from yurtcoord.etcd.txaioetcd_private import (
@@ -256,28 +255,6 @@ def _as_keyset(key_or_prefix: Union[bytes, txaioetcd.KeySet]) -> txaioetcd.KeySe
     if isinstance(key_or_prefix, bytes):
         return prefix_keyset(key_or_prefix)
     raise TypeError(f"expected bytes prefix or KeySet, got {type(key_or_prefix).__name__}")
-
-
-@implementer(IBodyProducer)
-class _BytesBody:
-    """A request body already in memory (no cooperator round trips)."""
-
-    def __init__(self, data: bytes) -> None:
-        self._data = data
-        self.length = len(data)
-
-    def startProducing(self, consumer: IConsumer) -> "Deferred[None]":
-        consumer.write(self._data)
-        return defer.succeed(None)
-
-    def pauseProducing(self) -> None:
-        return None
-
-    def resumeProducing(self) -> None:
-        return None
-
-    def stopProducing(self) -> None:
-        return None
 
 
 class _PeekingPool(QuietHTTPConnectionPool):
@@ -529,7 +506,7 @@ class _Transport:
         url = (base + prefix + path).encode("utf-8")
         headers = _request_headers()
         answered: Deferred[tuple[int, bytes]] = self._agent.request(
-            b"POST", url, headers, _BytesBody(body)).addCallback(
+            b"POST", url, headers, httpbody.BytesBody(body)).addCallback(
                 _read_response, self._config.max_response_bytes, path)
         answered.addTimeout(timeout, self._reactor, onTimeoutCancel=_timed_out)
         answered.addErrback(self._translate, base, path, timeout)
@@ -650,7 +627,7 @@ class _Transport:
         url = (base + self._prefix + path).encode("utf-8")
         headers = _request_headers()
         body = json.dumps(payload).encode("utf-8")
-        d: Deferred[IResponse] = self._agent.request(b"POST", url, headers, _BytesBody(body))
+        d: Deferred[IResponse] = self._agent.request(b"POST", url, headers, httpbody.BytesBody(body))
         d.addTimeout(timeout, self._reactor, onTimeoutCancel=_timed_out)
 
         def translate(failure: Failure) -> Failure:

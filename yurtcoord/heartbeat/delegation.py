@@ -86,11 +86,11 @@ from yurtcoord.tx.observers import Observers
 from yurtcoord.tx.workqueue import RetryPolicy, WorkQueue
 
 MAX_ATTEMPTS = 5
-# Chains in flight over all leases: they start at the cloud client's persistent
-# connections and move with the cloud's latency between the bounds. The floor is that
-# start: a chain's latency includes the leader's own reactor, which a burst of 5,000
-# listed leases keeps busy for seconds, and a bound that shrank below the connections
-# for that made the initial burst 2-3x slower than a fixed 16 did.
+# Chains in flight over all leases: they start at 16 and move with the cloud's latency
+# between the bounds (the agent's cloud clients keep a connection for each chain up to
+# the highest). The floor is that start: a chain's latency includes the leader's own
+# reactor, which a burst of 5,000 listed leases keeps busy for seconds, and a bound
+# that shrank below 16 for that made the initial burst 2-3x slower than a fixed 16 did.
 DEFAULT_INITIAL_CONCURRENT = 16
 DEFAULT_MIN_CONCURRENT = 16
 DEFAULT_MAX_CONCURRENT = 128
@@ -210,9 +210,10 @@ class _Heartbeat:
 
     __slots__ = ("lease", "renew_time", "since")
 
-    def __init__(self, lease: dict, since: float, renew_time: Optional[float] = None) -> None:
+    def __init__(self, lease: dict, since: float, renew_time: Optional[float]) -> None:
         self.lease = lease
-        self.renew_time = renew_time_of(lease) if renew_time is None else renew_time
+        # ``renew_time_of(lease)``, parsed once when the state arrived.
+        self.renew_time = renew_time
         self.since = since
 
 
@@ -253,8 +254,7 @@ class HeartbeatDelegation:
     - ``make_backoff()`` → a ``yurtcoord.tx.retry.Retries`` for the retries of one lease.
 
     The chains in flight over all leases (others wait in a FIFO queue) start at
-    ``DEFAULT_INITIAL_CONCURRENT``, as many as the cloud client keeps persistent
-    connections, and follow the cloud's latency between ``min_concurrent`` and
+    ``DEFAULT_INITIAL_CONCURRENT`` and follow the cloud's latency between ``min_concurrent`` and
     ``max_concurrent`` (``concurrency_limit``); every chain that sent a request to the
     cloud is one sample of it.
     """
@@ -527,7 +527,8 @@ class HeartbeatDelegation:
             self._unpark(lease)
             self._forget_pending(key)
             return
-        refusal = self._refusal(lease)
+        renewed = renew_time_of(lease)
+        refusal = self._refusal(lease, renewed)
         if refusal is not None:
             self._refuse(key, *refusal)
             return
@@ -544,7 +545,7 @@ class HeartbeatDelegation:
             self._not_in_pool(key, name)
             return
         self._parked.pop(name, None)
-        self._accept(key, lease)
+        self._accept(key, lease, renewed)
 
     def _unpark(self, lease: dict) -> None:
         """Forget the parked state of ``lease``'s name if it is this lease's."""
@@ -553,8 +554,9 @@ class HeartbeatDelegation:
         if parked is not None and lease_key(parked) == lease_key(lease):
             del self._parked[name]
 
-    def _refusal(self, lease: dict) -> Optional[Tuple[str, str]]:
-        """(reason, detail) when the lease itself says it must not be forwarded."""
+    def _refusal(self, lease: dict, renewed: Optional[float]) -> Optional[Tuple[str, str]]:
+        """(reason, detail) when the lease itself says it must not be forwarded;
+        ``renewed``: its renewTime (``renew_time_of``)."""
         metadata = lease.get("metadata") or {}
         spec = lease.get("spec") or {}
         namespace = metadata.get("namespace")
@@ -567,17 +569,16 @@ class HeartbeatDelegation:
             return REFUSED_HOLDER_MISMATCH, "the lease has no name"
         if holder != name:
             return REFUSED_HOLDER_MISMATCH, f"holderIdentity {holder!r} is not the lease's name"
-        renewed = renew_time_of(lease)
         ahead = None if renewed is None else renewed - self._reactor.seconds()
         if ahead is not None and ahead > self.max_clock_skew:
             return REFUSED_RENEW_TIME_IN_FUTURE, (
                 f"renewTime {spec.get('renewTime')} is {ahead:.1f}s ahead of this leader's "
                 f"clock (max_clock_skew {format_duration(self.max_clock_skew)})")
-        return self._staleness(lease)
+        return self._staleness(lease, renewed)
 
-    def _staleness(self, lease: dict) -> Optional[Tuple[str, str]]:
-        """(reason, detail) when the lease's renewTime is too old to be forwarded now."""
-        renewed = renew_time_of(lease)
+    def _staleness(self, lease: dict, renewed: Optional[float]) -> Optional[Tuple[str, str]]:
+        """(reason, detail) when the lease's renewTime, ``renewed``, is too old to be
+        forwarded now."""
         if renewed is None:
             return None
         age = self._reactor.seconds() - renewed
@@ -639,8 +640,8 @@ class HeartbeatDelegation:
                           "(reason={reason}): {detail}", lease=key, reason=reason,
                           detail=detail)
 
-    def _accept(self, key: str, lease: dict) -> None:
-        self._queue.add(key, _Heartbeat(lease, self._reactor.seconds()))
+    def _accept(self, key: str, lease: dict, renewed: Optional[float]) -> None:
+        self._queue.add(key, _Heartbeat(lease, self._reactor.seconds(), renewed))
 
     def _forget_pending(self, key: str) -> None:
         self._queue.forget(key)
@@ -649,7 +650,7 @@ class HeartbeatDelegation:
 
     def _delegate_state(self, key: str, state: _Heartbeat
                         ) -> defer.Deferred[Tuple[str, Optional[str]]]:
-        return self._delegate(key, state.lease)
+        return self._delegate(key, state.lease, state.renew_time)
 
     def _delegated(self, key: str, state: _Heartbeat, result: Tuple[str, Optional[str]],
                    failures: int) -> None:
@@ -671,8 +672,8 @@ class HeartbeatDelegation:
             if outcome == CREATED:
                 self.created += 1
             self._observers.notify(key.partition("/")[2], outcome)
-        self.log.debug("delegated heartbeat {lease} outcome={outcome} seconds={seconds:.3f}",
-                       lease=key, outcome=outcome, seconds=seconds)
+        # No log event per forwarded heartbeat: a large pool forwards a thousand a
+        # second, and the metrics count and time each one.
 
     def _delegation_failed(self, key: str, state: _Heartbeat, failure: Failure,
                            failures: int, delay: float) -> None:
@@ -694,15 +695,15 @@ class HeartbeatDelegation:
                            "retry in {delay:.2f}s", lease=key, error=describe_failure(failure),
                            delay=delay)
 
-    def _delegate(self, key: str, pool_lease: dict
+    def _delegate(self, key: str, pool_lease: dict, pool_renewed: Optional[float]
                   ) -> defer.Deferred[Tuple[str, Optional[str]]]:
-        """One delegation of ``pool_lease``; fires with (outcome, server), outcome
-        being ``LeaseWriter``'s created, updated or unchanged."""
-        pool_renewed = renew_time_of(pool_lease)
+        """One delegation of ``pool_lease``, renewed at ``pool_renewed``; fires with
+        (outcome, server), outcome being ``LeaseWriter``'s created, updated or
+        unchanged."""
         node = self._nodes.get(pool_lease["metadata"]["name"])
         if pool_renewed is None or node is None:
             return defer.succeed((UNCHANGED, None))
-        stale = self._staleness(pool_lease)
+        stale = self._staleness(pool_lease, pool_renewed)
         if stale is not None:
             # Queued while the cloud was unreachable, and too old by now. The chain
             # ends as a no-op; a newer state of the lease (if any) runs after it.

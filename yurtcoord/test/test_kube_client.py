@@ -145,6 +145,38 @@ class ClientRequestTests(ClientFixture, unittest.TestCase):
         self.assertTrue(all(s["headers"]["authorization"] == "Bearer s3cret" for s in self.api.seen))
 
     @defer.inlineCallbacks
+    def test_gzip_answers_redirects_and_names_to_escape(self):
+        # What client-go's transport does too: gzip accepted and decoded, a GET
+        # redirected followed; a name with characters a path cannot carry is sent
+        # percent-encoded.
+        import gzip
+        url = self.start_fake()
+        cm = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "a", "namespace": "ns1"}}
+
+        def zipped(request):
+            request.setResponseCode(200)
+            request.setHeader(b"content-type", b"application/json")
+            request.setHeader(b"content-encoding", b"gzip")
+            return gzip.compress(json.dumps(cm).encode())
+
+        def moved(request):
+            request.setResponseCode(307)
+            request.setHeader(b"location", b"/api/v1/namespaces/ns1/configmaps/a")
+            return b""
+
+        self.api.routes[("GET", "/api/v1/namespaces/ns1/configmaps/a")] = zipped
+        self.api.routes[("GET", "/api/v1/namespaces/ns1/configmaps/old")] = moved
+        self.api.routes[("GET", "/api/v1/namespaces/ns1/configmaps/b%20c%C3%A9")] = answer(200, cm)
+        client = self.client(url)
+        self.assertEqual((yield client.get(CONFIGMAPS, "a", "ns1")), cm)
+        self.assertEqual((yield client.get(CONFIGMAPS, "old", "ns1")), cm)
+        self.assertEqual((yield client.get(CONFIGMAPS, "b c\u00e9", "ns1")), cm)
+        self.assertEqual(self.api.seen[0]["headers"]["accept-encoding"], "gzip")
+        self.assertEqual([s["path"] for s in self.api.seen][1:], [
+            "/api/v1/namespaces/ns1/configmaps/old", "/api/v1/namespaces/ns1/configmaps/a",
+            "/api/v1/namespaces/ns1/configmaps/b%20c%C3%A9"])
+
+    @defer.inlineCallbacks
     def test_status_errors_become_typed_exceptions(self):
         url = self.start_fake()
         cases = {

@@ -111,6 +111,28 @@ class LeaseHelpersTests(unittest.TestCase):
         for bad in ("yesterday", "2027-01-15", "", None, 12):
             self.assertRaises(ValueError, parse_micro_time, bad)
 
+    def test_parse_of_the_canonical_form_agrees_with_the_calendar(self):
+        # The pool leader parses a thousand renewTimes a second, nearly all in the
+        # MicroTime form: seconds of the same minute, parsed again, give what the
+        # calendar says, to the microsecond.
+        import datetime
+        for offset in (0.0, 0.000001, 59.999999, 60.0, 3599.5, 86399.25, -0.5, 12.345678):
+            for _ in range(2):
+                when = START + offset
+                text = format_micro_time(when)
+                moment = datetime.datetime.strptime(text, "%Y-%m-%dT%H:%M:%S.%fZ").replace(
+                    tzinfo=datetime.timezone.utc)
+                self.assertEqual(parse_micro_time(text), moment.timestamp(), text)
+
+    def test_parse_rejects_a_malformed_time_of_the_canonical_length(self):
+        parse_micro_time("2027-01-15T08:00:00.000000Z")  # its minute is known now
+        for bad in ("2027-01-15T08:00:60.000000Z", "2027-01-15T08:00:0x.000000Z",
+                    "2027-01-15T08:00: 5.000000Z", "2027-01-15T08:00:+5.000000Z",
+                    "2027-01-15T08:00:05.00000-Z", "2027-01-15T08:00:05.0000 0Z",
+                    "2027-01-15T08:00:05.0000\u00b20Z", "2027-13-15T08:00:00.000000Z",
+                    "2027-01-15X08:00:00.000000Z"):
+            self.assertRaises(ValueError, parse_micro_time, bad)
+
     def test_record_reads_fields_and_tolerates_bad_times(self):
         lease = build_lease(NAME, NS, LeaseRecord("edge-2", 15, START, START + 1, 4))
         self.assertEqual(holder_identity(lease), "edge-2")

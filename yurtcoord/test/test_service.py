@@ -11,6 +11,7 @@ from twisted.internet.task import Clock
 from twisted.trial import unittest
 
 from yurtcoord.agent.certs import CERTS_SECRET_NAME
+from yurtcoord.heartbeat.delegation import DEFAULT_MAX_CONCURRENT
 from yurtcoord.heartbeat.probes import DELEGATE_HEARTBEAT_ANNOTATION, servers_in_use
 from yurtcoord.kube.client import ClientConfig, KubeClient
 from yurtcoord.kube.errors import ConnectionFailed
@@ -104,6 +105,18 @@ class AgentServiceTests(unittest.TestCase):
         self.assertEqual(record.lease_duration_seconds, 1)
         self.assertIsNone(agent.status_http.port)
         self.assertEqual(agent.coordinator.store, None)
+
+    def test_cloud_clients_keep_a_connection_for_every_delegation_chain(self):
+        # The leader may run that many heartbeat delegations at once: a pool that
+        # kept fewer connections would close the others after each answer and open
+        # them again (a TLS handshake each) for the next chains.
+        agent = self.world.start_agent(self.world.config("edge-1"))
+        self.assertTrue(agent.cloud_clients)
+        for url, client in agent.cloud_clients.items():
+            self.assertEqual(client.pool.maxPersistentPerHost, DEFAULT_MAX_CONCURRENT, url)
+        for url in agent.cloud_clients:
+            self.assertEqual(agent._cloud_client_config(url).max_connections_per_host,
+                             DEFAULT_MAX_CONCURRENT, url)
 
     @defer.inlineCallbacks
     def test_a_corrupt_key_cache_file_is_set_aside_and_the_agent_gets_ready(self):

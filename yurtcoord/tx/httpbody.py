@@ -11,17 +11,22 @@ so each client reports it with its own typed error.
 A body that ends when the connection closes (no length, no chunking) is complete
 when the close is clean (``PotentialDataLoss``), as HTTP/1.0 servers end answers.
 Cancelling the returned Deferred drops the connection too.
+
+``BytesBody`` is the other direction: a request body already in memory, written to
+the connection at once (Twisted's ``FileBodyProducer`` goes through a cooperator and
+costs a reactor round trip per request).
 """
 
 from typing import Any, Callable, List
 
 from twisted.internet import defer
-from twisted.internet.interfaces import ITCPTransport
+from twisted.internet.interfaces import IConsumer, ITCPTransport
 from twisted.internet.protocol import Protocol, connectionDone
 from twisted.python.failure import Failure
 from twisted.web.client import ResponseDone
 from twisted.web.http import PotentialDataLoss
-from twisted.web.iweb import IResponse
+from twisted.web.iweb import IBodyProducer, IResponse
+from zope.interface import implementer
 
 from yurtcoord.tx.twisted_private import proxied_transport
 
@@ -90,3 +95,25 @@ def read_body(response: IResponse, limit: int,
     reader = BoundedBodyReader(limit, too_large)
     response.deliverBody(reader)
     return reader.deferred
+
+
+@implementer(IBodyProducer)
+class BytesBody:
+    """A request body already in memory (no cooperator round trips)."""
+
+    def __init__(self, data: bytes) -> None:
+        self._data = data
+        self.length = len(data)
+
+    def startProducing(self, consumer: IConsumer) -> "defer.Deferred[None]":
+        consumer.write(self._data)
+        return defer.succeed(None)
+
+    def pauseProducing(self) -> None:
+        return None
+
+    def resumeProducing(self) -> None:
+        return None
+
+    def stopProducing(self) -> None:
+        return None
