@@ -60,7 +60,7 @@ from zope.interface import implementer
 
 from yurtcoord.etcd.client import prefix_range_end
 from yurtcoord.etcd.errors import BadResponse, EtcdError, TransactionFailed
-from yurtcoord.etcd.txaioetcd_private import txaioetcd
+from yurtcoord.etcd.txaioetcd_private import KeyAbsent, txaioetcd
 from yurtcoord.etcd.versions import version_warning
 from yurtcoord.kube.gvr import GroupVersionResource
 from yurtcoord.pool.interfaces import IPoolStore
@@ -574,8 +574,7 @@ class PoolStore:
         item = self._item(key, value, rv)
         self._check_size(item)
         txn = txaioetcd.Transaction(
-            compare=[txaioetcd.CompVersion(item.path_bytes, "==", 0)],
-            success=self._put_ops(item))
+            compare=[KeyAbsent(item.path_bytes)], success=self._put_ops(item))
         try:
             yield self._submit("create", txn)
         except TransactionFailed:
@@ -991,7 +990,7 @@ class PoolStore:
             compares, writes, previous_doubt = [], [], {}
             for kind, item in plan:
                 if kind == "created":
-                    compares.append(txaioetcd.CompVersion(item.path_bytes, "==", 0))
+                    compares.append(KeyAbsent(item.path_bytes))
                 else:
                     compares.append(txaioetcd.CompVersion(item.path_bytes, ">", 0))
                     compares.append(txaioetcd.CompValue(item.mirror_bytes, "<", item.rv_bytes))
