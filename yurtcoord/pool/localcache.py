@@ -41,12 +41,16 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Union
 
-from yurtcoord.pool.store import DEFAULT_MAX_BYTES
+from yurtcoord.pool.store import DEFAULT_MAX_BYTES, DEFAULT_MAX_OPS
 
 if TYPE_CHECKING:
     from yurtcoord.agent.config import UploadResource
 
-DEFAULT_CHUNK_SIZE = 500
+# One chunk is one transaction of the pool store (an object and its mirror rv are two
+# operations): an uploader reading a chunk between two of its writes holds the
+# reactor no longer than building one transaction takes, so the answers of the
+# other writes in flight are not left waiting behind hundreds of files.
+DEFAULT_CHUNK_SIZE = DEFAULT_MAX_OPS // 2
 # One object must fit one etcd request of the pool store.
 MAX_OBJECT_BYTES = DEFAULT_MAX_BYTES
 # Data read per chunk, beyond which a chunk ends early (a chunk of large objects).
