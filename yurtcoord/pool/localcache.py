@@ -426,20 +426,23 @@ def _listing(fd, directory):
         for entry in listing:
             if _skipped_name(entry.name):
                 continue
-            yield entry.name, _entry_kind(entry, os.path.join(directory, entry.name))
+            yield entry.name, _entry_kind(entry, directory)
 
 
-def _entry_kind(entry, path):
-    """"file", "dir", or a BadCacheEntry saying why the entry is neither."""
+def _entry_kind(entry, directory):
+    """"file", "dir", or a BadCacheEntry saying why the entry of ``directory`` is
+    neither (its path is joined only then: the caller joins a good entry's once)."""
     # The listing's file types (no stat call where the file system gives them); what
     # a file is when it is opened is checked again there (O_NOFOLLOW, fstat).
     try:
         if entry.is_symlink():
-            return BadCacheEntry(path, SYMLINK_REASON, "symlink")
+            return BadCacheEntry(os.path.join(directory, entry.name), SYMLINK_REASON,
+                                 "symlink")
         if entry.is_file(follow_symlinks=False):
             return "file"
         if entry.is_dir(follow_symlinks=False):
             return "dir"
     except OSError as e:
-        return BadCacheEntry(path, f"cannot stat: {e.strerror or e}")
-    return BadCacheEntry(path, "not a regular file")
+        return BadCacheEntry(os.path.join(directory, entry.name),
+                             f"cannot stat: {e.strerror or e}")
+    return BadCacheEntry(os.path.join(directory, entry.name), "not a regular file")
