@@ -118,9 +118,10 @@ fresh etcd per mode, {repeat} round(s) with the modes alternating, best round of
 mode kept; every mode's result is checked with etcdctl (key count and sample values).
 **batched**: `LocalCacheUploader` reading the cache (files, JSON and resourceVersion
 checks included) and writing through `PoolStore.create_or_update_many`: 64 objects per
-transaction, each guarded by a compare, 4 transactions in flight (4 lanes over one
-reading of the cache, each writing its chunk of 500 files one transaction at a time,
-so 4 stay in flight across chunk boundaries). **one per object**:
+transaction, each guarded by a compare (the key alone: absent), 4 transactions in
+flight (4 lanes over one reading of the cache, each writing a chunk of 64 files as one
+transaction and reading its next chunk while that one is in flight, so 4 stay in
+flight across chunk boundaries). **one per object**:
 one `PoolStore.create` per object, one at a time (the unbatched baseline), through the same
 adapter, on the first {per_object_sample:,} objects (every request waits for an etcd
 disk sync), compared by objects per second. **raw batched**: the same keys and mirror
@@ -128,48 +129,45 @@ values as plain puts, 64 objects (128 operations) per transaction through
 `EtcdClient.submit`, no reads, no compares, one at a time, and with 4 in flight like
 the store; the gap to the latter is reading and checking the files and the compares.
 Peak RSS growth is `VmHWM` before/after the batched mode, which runs first in the
-process (each lane holds one chunk of 500 files at a time).
+process (each lane holds at most two chunks of 64 files).
 Longest reactor lag: the agent's `ReactorLagProbe` (a `LoopingCall` every 100 ms that
 records how late it runs) on the reactor the mode runs on, the longest over the
 rounds; a mode shorter than 100 ms gives the probe no call to be late.
 Where the gap to raw puts went: `.venv/bin/python bench/upload.py --etcd 3.5 --profile`
 (the batched mode and raw puts with 4 in flight, each once under cProfile on a fresh
 etcd; CPU of the process and of etcd from /proc; time at each number of transactions in
-flight measured on `EtcdClient.submit`), run on 2026-12-01 at 23:52 UTC, load average
-6.2 -> 5.9, on the code before and after the change that followed. Before: batched 9.00
-s under the profiler against 5.85 s for raw puts; no transaction in flight for 31% of
-the wall time (raw: 8%) while each chunk of 500 files was read and checked, and 1-3 in
-flight for another 21% while a chunk's last batches finished; process CPU 3.00 s (raw
-1.49 s), etcd CPU 3.41 s (raw 3.04 s). Top lines by own time: epoll wait 3.58 s,
-socket send 0.40 s (460 calls), request JSON encoding 0.29 s (160 requests),
-posix.open 0.20 s (50,016 calls: four directories opened again for each file),
-txaioetcd `OpGet` construction 0.18 s (20,000 reads in the failure branch of every
-write, unused by a first upload), `OpSet` marshalling 0.16 s (0.26 s cumulative), JSON
-decoding 0.15 s (20,160 calls: every object parsed twice), Deferred callbacks 0.14 s,
-`localcache.read` 0.12 s own (1.10 s cumulative), `_create_or_update_batch` 0.12 s own,
-posix.close 0.10 s, Deferred results of inlineCallbacks 0.10 s, posixpath.join 0.10 s,
-posix.read 0.10 s, `OpGet` marshalling 0.10 s (0.16 s cumulative). By cumulative
-time: `_upload_chunks` 3.09 s, `_create_or_update_batch` 1.85 s (320 resumptions),
-`LocalCacheReader.chunks` 1.52 s, `txaioetcd submit` 1.26 s, `EtcdClient.submit` 1.15
-s, `create_or_update_many` 0.85 s (20 calls, building the batches), `_prepare` 0.70 s.
-Raw puts with 4 in flight plus only compares, only failure-branch reads, or both
-(10,000 objects, load average 13-19): etcd CPU +0.05-0.3 s, +0.4 s and +0.8-1.2 s,
-the agent's +0.07 s, +0.3 s and +0.5-0.6 s. Changed: the 4 lanes; each file opened in
-the directory the walk holds open (one open per file) with its type from the
-listing; each object parsed once; guarded writes carry no reads (a failed guard is
-followed by one read of its batch, so a repeated upload costs a failed write and a read
-per batch, neither waiting for a disk sync). After: batched 5.91 s against 5.01 s;
-no transaction in flight for 7% of the time (raw: 6%); process CPU 1.83 s (raw 1.20
-s), etcd CPU 2.78 s (raw 2.50 s); by own time epoll wait 1.86 s, send 0.83 s, `OpSet`
-marshalling 0.22 s (0.36 s cumulative), request JSON 0.21 s, JSON decoding 0.12 s (10,160 calls),
-`_create_or_update_batch` 0.09 s, posix.open 0.06 s (10,016 calls); by cumulative time
-the lanes 1.54 s, `_create_or_update_batch` 1.36 s, `chunks` 0.58 s, `_prepare` 0.50 s.
-Side by side (the full command above, main's code and this alternating, three runs
-each, 2026-12-01 23:24-23:51 UTC, load average 7.8-15.3 with other benchmarks
-sharing the 2 cores), batched vs raw batched with 4 in flight, before / after: etcd
-3.5 0.63x / 1.01x, 0.68x / 0.63x, 0.62x / 1.14x; etcd 3.4 0.86x / 0.63x, 0.61x /
-0.80x, 0.74x / 0.75x. Under such load single runs move by 0.3x either way; peak RSS
-growth went from 16 MB to 25 MB (four chunks held instead of one)."""
+flight measured on `EtcdClient.submit`, up to the last answer). Now (2026-12-02 03:02
+UTC, load average 2.8): batched 3.80 s under the profiler against 3.23 s for raw puts;
+4 transactions in flight for 87% of the wall time (raw: 81%), 3 for 12% (raw: 18%);
+process CPU 1.59 s (raw 1.02 s), etcd CPU 2.43 s (raw 2.15 s). Top lines by own time:
+epoll wait 1.21 s, socket send 0.50 s (469 calls), request JSON encoding 0.14 s (157
+requests), txaioetcd `OpSet` construction 0.13 s (20,000), JSON decoding of the
+objects 0.08 s (10,157 calls), posix.read 0.06 s (20,001), `OpSet` marshalling 0.06 s
+(0.14 s cumulative), base64 0.05 s (50,000: keys and values of the puts, keys of the
+compares), Deferred callbacks 0.05 s, `_prepare` 0.04 s (0.40 s cumulative),
+posixpath.join 0.04 s (20,024), `_put_ops` 0.04 s, posix.open 0.04 s (10,016). By
+cumulative time: the lanes 1.65 s, `create_or_update_many` 0.83 s (157 calls, one per
+chunk), `_next_chunk` 0.80 s (reading and checking, while the lane's write is in
+flight), `_create_or_update_batch` 0.77 s, `EtcdClient.submit` 0.48 s, `chunks` 0.40
+s, `_prepare` 0.40 s. Raw puts' own lines: epoll 1.26 s, send 0.57 s, JSON encoding
+0.39 s (the requests and the pods the mode makes up), generating the pods 0.36 s
+cumulative.
+How it got there. On 2026-12-01 (load average 6.2): batched 9.00 s under the profiler
+against 5.85 s; no transaction in flight for 31% of the wall time while each chunk of
+500 files was read and checked, four directories opened again for each file, every
+object parsed twice, 20,000 reads in the failure branch of every write; changed to 4
+lanes, one open per file, one parse, no reads in the guarded write (a failed guard is
+followed by one read of its batch). On 2026-12-02 (load average 2.4-2.8, same
+profile): batched 6.28 s against 5.32 s, process CPU 1.97 s (raw 1.27 s), etcd CPU
+3.04 s (raw 2.76 s); 4 in flight for 61% of the time and 3 for 29%: each lane read and
+checked 500 files in one go between two of its writes (the 43-47 ms reactor lag), while
+the other lanes' answers waited. Changed: a chunk is one transaction (64 files), read
+and checked while the lane's previous transaction is in flight; a create's compare is
+the key alone (etcd's `version == 0` by the defaults of its `Compare` message; raw puts
+plus one compare per object, 10,000 pods, median of 4-5 rounds: etcd 3.5 CPU +0.10 s
+with txaioetcd's `CompVersion`, +0.00 s with the key alone, etcd 3.4 +0.06 s and
+-0.01 s); an item's keys, mirror value and size are worked out once. Peak RSS growth
+went from 25 MB to 16 MB (at most 8 chunks of 64 files held instead of 4 of 500)."""
 
 METHOD_UPLOAD_MEMBERS = """The upload benchmark above ({objects:,} pods, {repeat} rounds, one request per object on
 the first {per_object_sample:,}), with every mode run on a fresh single etcd and on a

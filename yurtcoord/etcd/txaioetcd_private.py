@@ -20,6 +20,7 @@ agent take ``txaioetcd`` from here, never with ``import txaioetcd`` of their own
 test checks that the agent runs without zlmdb and numpy loaded).
 """
 
+import base64
 import importlib.util
 import sys
 from types import ModuleType
@@ -29,7 +30,7 @@ from twisted.internet.defer import Deferred
 
 from yurtcoord.tx.twisted_private import QuietHTTPConnectionPool
 
-__all__ = ["GatewayClient", "JSONPoster", "marshal_range_request", "parse_key_value",
+__all__ = ["GatewayClient", "JSONPoster", "KeyAbsent", "marshal_range_request", "parse_key_value",
            "parse_status", "TXAIOETCD_PREFIX", "CLIENT_MODULES", "import_client_only",
            "txaioetcd"]
 
@@ -96,6 +97,27 @@ class JSONPoster(Protocol):
     prefix and a JSON-able body in, the parsed JSON answer out."""
 
     def post(self, path: str, data: dict, timeout: Any) -> Deferred: ...
+
+
+class KeyAbsent(txaioetcd.Comp):
+    """A compare that holds while ``key`` does not exist: its version is 0.
+
+    ``txaioetcd.CompVersion(key, "==", 0)`` says the same, but it spells out
+    ``result``, ``target`` and ``version``, whose values here are the defaults of
+    etcd's ``Compare`` message (``EQUAL``, ``VERSION``, 0); etcd reads the key alone as
+    that compare. A batch of guarded creates carries one compare per object, and
+    the shorter form spares the encoding here and the gateway's decoding in etcd
+    three fields of each.
+    """
+
+    def __init__(self, key: bytes) -> None:
+        txaioetcd.Comp.__init__(self, key, "==")
+
+    def _marshal(self) -> dict:
+        return {"key": base64.b64encode(self.key).decode("ascii")}
+
+    def __str__(self) -> str:
+        return f"KeyAbsent(key={self.key!r})"
 
 
 def marshal_range_request(op: txaioetcd.OpGet) -> dict:

@@ -41,12 +41,16 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Union
 
-from yurtcoord.pool.store import DEFAULT_MAX_BYTES
+from yurtcoord.pool.store import DEFAULT_MAX_BYTES, DEFAULT_MAX_OPS
 
 if TYPE_CHECKING:
     from yurtcoord.agent.config import UploadResource
 
-DEFAULT_CHUNK_SIZE = 500
+# One chunk is one transaction of the pool store (an object and its mirror rv are two
+# operations): an uploader reading a chunk between two of its writes holds the
+# reactor no longer than building one transaction takes, so the answers of the
+# other writes in flight are not left waiting behind hundreds of files.
+DEFAULT_CHUNK_SIZE = DEFAULT_MAX_OPS // 2
 # One object must fit one etcd request of the pool store.
 MAX_OBJECT_BYTES = DEFAULT_MAX_BYTES
 # Data read per chunk, beyond which a chunk ends early (a chunk of large objects).
@@ -422,20 +426,23 @@ def _listing(fd, directory):
         for entry in listing:
             if _skipped_name(entry.name):
                 continue
-            yield entry.name, _entry_kind(entry, os.path.join(directory, entry.name))
+            yield entry.name, _entry_kind(entry, directory)
 
 
-def _entry_kind(entry, path):
-    """"file", "dir", or a BadCacheEntry saying why the entry is neither."""
+def _entry_kind(entry, directory):
+    """"file", "dir", or a BadCacheEntry saying why the entry of ``directory`` is
+    neither (its path is joined only then: the caller joins a good entry's once)."""
     # The listing's file types (no stat call where the file system gives them); what
     # a file is when it is opened is checked again there (O_NOFOLLOW, fstat).
     try:
         if entry.is_symlink():
-            return BadCacheEntry(path, SYMLINK_REASON, "symlink")
+            return BadCacheEntry(os.path.join(directory, entry.name), SYMLINK_REASON,
+                                 "symlink")
         if entry.is_file(follow_symlinks=False):
             return "file"
         if entry.is_dir(follow_symlinks=False):
             return "dir"
     except OSError as e:
-        return BadCacheEntry(path, f"cannot stat: {e.strerror or e}")
-    return BadCacheEntry(path, "not a regular file")
+        return BadCacheEntry(os.path.join(directory, entry.name),
+                             f"cannot stat: {e.strerror or e}")
+    return BadCacheEntry(os.path.join(directory, entry.name), "not a regular file")

@@ -60,7 +60,7 @@ from zope.interface import implementer
 
 from yurtcoord.etcd.client import prefix_range_end
 from yurtcoord.etcd.errors import BadResponse, EtcdError, TransactionFailed
-from yurtcoord.etcd.txaioetcd_private import txaioetcd
+from yurtcoord.etcd.txaioetcd_private import KeyAbsent, txaioetcd
 from yurtcoord.etcd.versions import version_warning
 from yurtcoord.kube.gvr import GroupVersionResource
 from yurtcoord.pool.interfaces import IPoolStore
@@ -197,34 +197,33 @@ class WriteOutcome:
         bucket.append(path)
 
 
-@dataclass
 class _Item:
-    key: PoolKey
-    value: bytes
-    rv: int
+    """One object to write, with its keys as bytes, its mirror value and its size
+    worked out once: a batch of a large upload builds its compares and puts from
+    them, and sizing, batching and building a transaction each read them again."""
 
-    def __post_init__(self) -> None:
-        if not self.value:
+    __slots__ = ("key", "value", "rv", "path", "path_bytes", "mirror_bytes", "rv_bytes",
+                 "size")
+
+    def __init__(self, key: PoolKey, value: bytes, rv: int) -> None:
+        if not value:
             # An empty value is no object: the coordinator apiserver could not decode it.
-            raise ValueError(f"empty value for {self.key.path}: an object is never stored empty")
-
-    @property
-    def path(self) -> str:
-        return self.key.path
-
-    @functools.cached_property
-    def path_bytes(self) -> bytes:
-        return self.key.path.encode("utf-8")
-
-    @functools.cached_property
-    def mirror_bytes(self) -> bytes:
-        return self.key.mirror_rv_path.encode("utf-8")
+            raise ValueError(f"empty value for {key.path}: an object is never stored empty")
+        self.key = key
+        self.value = value
+        self.rv = rv
+        self.path = key.path
+        self.path_bytes = self.path.encode("utf-8")
+        self.mirror_bytes = key.mirror_rv_path.encode("utf-8")
+        self.rv_bytes = format_rv(rv).encode()
+        # Bytes this item adds to a guarded write (compares, two puts) or to the read
+        # after a failed guard (two reads), whichever request it is in.
+        self.size = (3 * len(self.path_bytes) + 3 * len(self.mirror_bytes) + len(value)
+                     + 2 * 32 + 6 * _OP_OVERHEAD)
 
     def write_size(self) -> int:
-        """Bytes this item adds to a guarded write (compares, two puts) or to the read
-        after a failed guard (two reads), whichever request it is in."""
-        return (3 * len(self.path_bytes) + 3 * len(self.mirror_bytes) + len(self.value)
-                + 2 * 32 + 6 * _OP_OVERHEAD)
+        """``size``: what the item adds to the request it is in."""
+        return self.size
 
 
 def _returns_deferred(method: Callable[_P, object]) -> Callable[_P, defer.Deferred[Any]]:
@@ -575,8 +574,7 @@ class PoolStore:
         item = self._item(key, value, rv)
         self._check_size(item)
         txn = txaioetcd.Transaction(
-            compare=[txaioetcd.CompVersion(item.path_bytes, "==", 0)],
-            success=self._put_ops(item))
+            compare=[KeyAbsent(item.path_bytes)], success=self._put_ops(item))
         try:
             yield self._submit("create", txn)
         except TransactionFailed:
@@ -595,7 +593,7 @@ class PoolStore:
         self._check_size(item)
         txn = txaioetcd.Transaction(
             compare=[txaioetcd.CompVersion(item.path_bytes, ">", 0),
-                     txaioetcd.CompValue(item.mirror_bytes, "<", format_rv(item.rv).encode())],
+                     txaioetcd.CompValue(item.mirror_bytes, "<", item.rv_bytes)],
             success=self._put_ops(item),
             failure=[txaioetcd.OpGet(item.path_bytes), txaioetcd.OpGet(item.mirror_bytes)])
         try:
@@ -929,11 +927,12 @@ class PoolStore:
             raise ValueError(f"in_flight must be >= 1, got {in_flight}")
         outcome = outcome if outcome is not None else WriteOutcome()
         pending: dict[str, _Item] = {}
+        budget = self._byte_budget
         for key, value, rv in items:
             item = _Item(key, value, int(rv))
             if item.path in outcome.decided:
                 continue
-            if item.write_size() > self._byte_budget:
+            if item.size > budget:
                 if item.path not in outcome.too_large:
                     outcome.too_large.append(item.path)
                     outcome.decided.add(item.path)
@@ -949,7 +948,7 @@ class PoolStore:
 
     @inlineCallbacks
     def _create_or_update_pending(self, items, outcome, in_flight=None):
-        entries = [("item", item, item.write_size()) for item in items]
+        entries = [("item", item, item.size) for item in items]
         batches = iter(self._batches(entries, ops_per_entry=2))
         errors: List[Failure] = []
 
@@ -991,11 +990,10 @@ class PoolStore:
             compares, writes, previous_doubt = [], [], {}
             for kind, item in plan:
                 if kind == "created":
-                    compares.append(txaioetcd.CompVersion(item.path_bytes, "==", 0))
+                    compares.append(KeyAbsent(item.path_bytes))
                 else:
                     compares.append(txaioetcd.CompVersion(item.path_bytes, ">", 0))
-                    compares.append(txaioetcd.CompValue(
-                        item.mirror_bytes, "<", format_rv(item.rv).encode()))
+                    compares.append(txaioetcd.CompValue(item.mirror_bytes, "<", item.rv_bytes))
                 writes.extend(self._put_ops(item))
                 previous_doubt[item.path] = outcome.in_doubt.get(item.path)
                 # Until etcd answers, this write may or may not land.
@@ -1092,7 +1090,7 @@ class PoolStore:
     @staticmethod
     def _put_ops(item):
         return [txaioetcd.OpSet(item.path_bytes, item.value),
-                txaioetcd.OpSet(item.mirror_bytes, format_rv(item.rv).encode())]
+                txaioetcd.OpSet(item.mirror_bytes, item.rv_bytes)]
 
     @staticmethod
     def _delete_ops(path):

@@ -6,7 +6,8 @@ create-or-update, so an older object never overwrites a newer one, whichever age
 uploads first, and a second upload of the same cache changes nothing. As many chunks
 as the store keeps transactions in flight (``parallel_batches``) are written at once,
 each one transaction at a time, so etcd is never left idle while the next chunk is
-read and checked, and at most that many chunks are held in memory.
+read and checked; each writer reads its next chunk while its own is in flight, and
+at most twice that many chunks are held in memory.
 
 A bad file is counted, logged (one line: path and reason) and skipped; it never stops
 the upload. Whatever a file holds ends as an object written or as one of the reasons of
@@ -219,9 +220,11 @@ class LocalCacheUploader:
         writing its chunk one transaction at a time: while one lane reads and checks
         its next chunk, the others' transactions stay in flight, so etcd always has
         as many as the store allows and never waits for the slowest batch of a chunk.
-        Memory stays bounded by one chunk per lane. A lane that gives up stops the
-        others (they end their current request, pull no chunk and retry nothing);
-        the pass's ``error`` says why.
+        A lane reads and checks its next chunk while its own transaction is in
+        flight, so that when etcd answers, the lane's next transaction goes out
+        without waiting for the files behind it. Memory stays bounded by two chunks
+        per lane. A lane that gives up stops the others (they end their current
+        request, pull no chunk and retry nothing); the pass's ``error`` says why.
         """
         run = _Pass(self.reader.chunks(self.upload_resources))
         lanes = [self._lane(run, report) for _ in range(max(1, self.store.parallel_batches))]
@@ -232,25 +235,38 @@ class LocalCacheUploader:
                 result.raiseException()
         return run
 
+    def _next_chunk(self, run, report):
+        """The pass's next chunk, read and checked: ``(items, bad, shadowed)``, or
+        None once the cache is read or the pass stopped."""
+        if run.error is not None:
+            return None
+        try:
+            chunk = next(run.chunks, None)
+        except Exception as e:
+            # Reading never raises for what the cache holds; anything else ends
+            # the upload as a failure, as etcd giving up does.
+            run.stop(e)
+            return None
+        if chunk is None:
+            return None
+        if report:
+            self.files_seen += len(chunk)
+        return self._prepare(chunk, report=report)
+
     @inlineCallbacks
     def _lane(self, run, report):
         retries = Retries(self.backoff.policy)
-        while run.error is None:
-            try:
-                chunk = next(run.chunks, None)
-            except Exception as e:
-                # Reading never raises for what the cache holds; anything else ends
-                # the upload as a failure, as etcd giving up does.
-                run.stop(e)
-                return
-            if chunk is None:
-                return
-            if report:
-                self.files_seen += len(chunk)
-            items, bad, shadowed = self._prepare(chunk, report=report)
+        prepared = self._next_chunk(run, report)
+        while prepared is not None and run.error is None:
+            items, bad, shadowed = prepared
             outcome = WriteOutcome()
+            written = self._write_with_retries(items, outcome, run, retries)
             try:
-                yield self._write_with_retries(items, outcome, run, retries)
+                # Read ahead while the transaction is in flight.
+                prepared = self._next_chunk(run, report) if not written.called else None
+                yield written
+                if prepared is None:
+                    prepared = self._next_chunk(run, report)
             finally:
                 if report:
                     self._count(run, outcome, bad, shadowed)

@@ -24,6 +24,7 @@ from yurtcoord.etcd.errors import (
     TooManyOperations,
     TransactionFailed,
 )
+from yurtcoord.etcd.txaioetcd_private import KeyAbsent
 from yurtcoord.sim.etcd import EtcdProcess, free_port, make_etcd_test_classes
 from yurtcoord.sim.pki import TestCA
 from yurtcoord.testing.etcdgateway import PUT_OK, ScriptedGatewayMixin, range_answer
@@ -180,6 +181,27 @@ class EtcdClientTestsMixin(OnlineTestsMixin):
         self.assertFalse(result.succeeded)
         self.assertEqual([kv.value for kv in result.responses[0].kvs], [b"stored"])
         self.assertEqual(self.etcd.read(b"/t/a"), {b"/t/a": b"stored"})
+
+    @defer.inlineCallbacks
+    def test_key_absent_holds_only_while_the_key_does_not_exist(self):
+        """The key-only compare is etcd's ``version == 0``: it holds for an absent key
+        (and for one deleted again) and fails for a present one."""
+        marshalled = KeyAbsent(b"/t/a")._marshal()
+        self.assertEqual(marshalled, {"key": "L3QvYQ=="})
+        create = Transaction(compare=[KeyAbsent(b"/t/a"), KeyAbsent(b"/t/b")],
+                             success=[OpSet(b"/t/a", b"1"), OpSet(b"/t/b", b"2")])
+        self.assertTrue((yield self.client.submit(create)).succeeded)
+        self.assertEqual(self.etcd.read(b"/t/", prefix=True), {b"/t/a": b"1", b"/t/b": b"2"})
+        # One present key of several fails the whole guard: nothing is written.
+        again = Transaction(compare=[KeyAbsent(b"/t/c"), KeyAbsent(b"/t/b")],
+                            success=[OpSet(b"/t/c", b"3"), OpSet(b"/t/b", b"changed")])
+        result = yield self.client.submit(again, raise_on_failure=False)
+        self.assertFalse(result.succeeded)
+        self.assertEqual(self.etcd.read(b"/t/", prefix=True), {b"/t/a": b"1", b"/t/b": b"2"})
+        yield self.client.delete(b"/t/b")
+        self.assertTrue((yield self.client.submit(again)).succeeded)
+        self.assertEqual(self.etcd.read(b"/t/", prefix=True),
+                         {b"/t/a": b"1", b"/t/b": b"changed", b"/t/c": b"3"})
 
     @defer.inlineCallbacks
     def test_transaction_value_compare_and_delete(self):

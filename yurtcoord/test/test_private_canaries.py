@@ -216,6 +216,14 @@ class TxaioetcdCanaries(Canary):
         self.require(status.version == "3.5.1" and status.header.revision == 3,
                      f"Status._parse changed: {status}")
 
+    def test_a_compare_of_our_own_is_marshalled_by_its_marshal(self):
+        self.require_parameters(txaioetcd.Comp.__init__, ("self", "key", "compare"))
+        txn = txaioetcd.Transaction(compare=[txaioetcd_private.KeyAbsent(b"k")],
+                                    success=[txaioetcd.OpSet(b"k", b"v")])
+        self.require(txn._marshal().get("compare") == [{"key": "aw=="}],
+                     f"Transaction._marshal() no longer takes a compare's _marshal(): "
+                     f"{txn._marshal()}")
+
     def test_the_package_init_takes_the_client_names_from_the_client_modules(self):
         """``import_client_only`` copies what txaioetcd's ``__init__`` takes from the
         client's modules and leaves out only its database layer."""

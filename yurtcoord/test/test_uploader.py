@@ -555,8 +555,9 @@ class RetryTimingTests(unittest.TestCase):
 
 
 class PipelineTests(unittest.TestCase):
-    """The upload keeps the store's number of transactions in flight across chunks,
-    reading a chunk while the others are written, with one chunk per lane in memory."""
+    """The upload keeps the store's number of transactions in flight across chunks:
+    each lane reads and checks its next chunk while its own write is in flight, so an
+    answered lane writes again at once, with two chunks per lane in memory."""
 
     def setUp(self):
         self.local = os.path.abspath(self.mktemp())
@@ -576,13 +577,15 @@ class PipelineTests(unittest.TestCase):
     def test_as_many_in_flight_as_the_store_allows_across_chunks(self):
         uploader = self.uploader()
         d = uploader.upload()
-        # Four chunks of two read and in flight; the rest of the cache not read yet.
-        self.assertEqual((self.store.in_flight, uploader.files_seen), (4, 8))
+        # Four chunks of two in flight, each lane's next chunk read behind its write;
+        # the rest of the cache not read yet.
+        self.assertEqual((self.store.in_flight, uploader.files_seen), (4, 16))
         for answered in range(1, 7):
             self.store.release()
-            # The lane answered reads its next chunk at once: still four in flight.
+            # The lane answered writes the chunk it read ahead at once and reads the
+            # next one (while there is one): still four in flight.
             self.assertEqual((self.store.in_flight, uploader.files_seen),
-                             (4, 8 + 2 * answered))
+                             (4, min(20, 16 + 2 * answered)))
         while self.store.held:
             self.assertNoResult(d)
             self.store.release()
@@ -596,15 +599,17 @@ class PipelineTests(unittest.TestCase):
         self.store.error = RequestRejected("bad request")
         uploader = self.uploader()
         d = uploader.upload()
-        # Lane 1's write is held; lane 2's was refused: nobody reads another chunk.
-        self.assertEqual((self.store.puts, uploader.files_seen), (2, 4))
+        # Lane 1's write is held (its next chunk read behind it); lane 2's was
+        # refused: nobody reads another chunk.
+        self.assertEqual((self.store.puts, uploader.files_seen), (2, 6))
         self.assertNoResult(d)
         self.store.release()
         failure = self.failureResultOf(d, UploadFailed)
         self.assertIsInstance(failure.value.cause, RequestRejected)
-        # What lane 1 wrote before the failure is counted.
+        # What lane 1 wrote before the failure is counted; the chunk it read ahead
+        # is not written.
         self.assertEqual(failure.value.counts, UploadCounts(2, 0, 0, 0))
-        self.assertEqual((self.store.puts, uploader.files_seen), (2, 4))
+        self.assertEqual((self.store.puts, uploader.files_seen), (2, 6))
         self.assertEqual(self.store.flushes, 1)
 
     def test_a_lane_that_gives_up_ends_the_retry_pauses_of_the_others(self):
