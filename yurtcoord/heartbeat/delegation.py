@@ -51,7 +51,7 @@ Concurrency: leases of different nodes are delegated concurrently, but at most o
 request chain per lease is in flight. How many chains run at once over all leases
 follows the cloud's latency (``yurtcoord.tx.limiter.AdaptiveLimit``): it grows while
 the chains finish about as fast as the fastest seen lately and more leases wait, and
-shrinks when they slow down or fail, between ``min_concurrent`` and
+shrinks when they fail or stay slow (not for one stall), between ``min_concurrent`` and
 ``max_concurrent``. A pool of 5,000 nodes renewing every 5 s offers 1,000 delegations
 a second: a fixed bound of 16 chains holds that only while a chain takes under 16 ms.
 Events arriving meanwhile only replace the remembered pending state of that lease

@@ -355,7 +355,7 @@ class DelegationLogicTests(DelegationFixture, unittest.TestCase):
         self.assertEqual(self.delegation.concurrency_limit, 16)
         self.cloud.hold("get")
         self.start()
-        for i in range(60):
+        for i in range(70):
             self.informer.add(pool_lease(f"node-{i}", T0 + 1))
         self.assertEqual(self.delegation.in_flight, 16)
         # A round of 16 answers in 10 ms with every slot taken: one more slot.
@@ -364,22 +364,29 @@ class DelegationLogicTests(DelegationFixture, unittest.TestCase):
         self.assertEqual(self.delegation.delegated_heartbeats, 16)
         self.assertEqual(self.delegation.concurrency_limit, 17)
         self.assertEqual(self.delegation.in_flight, 17)
-        # The cloud slows down to 500 ms: the first slow answer takes a quarter off,
-        # the others of that round ran under the old bound and take nothing more.
+        # The cloud answers a round in 500 ms: one stall across every chain in flight
+        # takes nothing off.
         self.clock.advance(0.500)
         self.cloud.deliver_held()
         self.assertEqual(self.delegation.delegated_heartbeats, 33)
+        self.assertEqual(self.delegation.concurrency_limit, 17)
+        # The next round, started after it, is as slow: the cloud slowed down. The
+        # first of its answers takes a quarter off, the others of that round ran
+        # under the old bound and take nothing more.
+        self.clock.advance(0.500)
+        self.cloud.deliver_held()
+        self.assertEqual(self.delegation.delegated_heartbeats, 50)
         self.assertEqual(self.delegation.concurrency_limit, 12)
         self.assertEqual(self.delegation.in_flight, 12)
         self.assertEqual(self.metrics.limits, [16, 17, 12])
         # Per-lease coalescing stays: a lease renewed twice while it waits is one chain.
-        self.informer.update(pool_lease("node-59", T0 + 1), pool_lease("node-59", T0 + 2))
-        self.informer.update(pool_lease("node-59", T0 + 2), pool_lease("node-59", T0 + 3))
+        self.informer.update(pool_lease("node-69", T0 + 1), pool_lease("node-69", T0 + 2))
+        self.informer.update(pool_lease("node-69", T0 + 2), pool_lease("node-69", T0 + 3))
         self.cloud.release_hold("get")
         self.cloud.deliver_held()
         self.assertEqual(self.delegation.in_flight, 0)
-        self.assertEqual(self.delegation.delegated_heartbeats, 60)
-        self.assertEqual(parse_micro_time(self.stored("node-59")["spec"]["renewTime"]), T0 + 3)
+        self.assertEqual(self.delegation.delegated_heartbeats, 70)
+        self.assertEqual(parse_micro_time(self.stored("node-69")["spec"]["renewTime"]), T0 + 3)
 
     def test_a_failing_cloud_shrinks_the_bound_on_chains(self):
         self.delegation = self.build(max_concurrent=20, min_concurrent=2)

@@ -1,5 +1,6 @@
 """The adaptive bound on requests in flight, step by step on an injected clock: growth
-near the baseline, one decrease per round for slow or failed requests, the bounds, and
+near the baseline, one decrease per round for failed requests or lasting slowness
+(not for one stall across the requests in flight), the bounds, and
 a baseline that follows the remote within two windows."""
 
 from twisted.internet.task import Clock
@@ -65,12 +66,46 @@ class AdaptiveLimitTests(unittest.TestCase):
         self.request(limit, 0.0234375)  # 2 x 1/128 s + 1/128 s
         self.assertEqual(limit.limit, 4)
         self.request(limit, 0.0234376)
+        self.request(limit, 0.0234376)  # slow again, started after the first: it lasts
         self.assertEqual(limit.limit, 2)
 
-    def test_a_slow_request_multiplies_the_bound_by_decrease(self):
+    def test_lasting_slowness_multiplies_the_bound_by_decrease(self):
         limit = self.limit(initial=6, decrease=0.5)
         self.request(limit, 0.0078125)
-        self.request(limit, 0.016)  # more than 2x the baseline
+        self.request(limit, 0.016)  # more than 2x the baseline: slowness seen
+        self.assertEqual(limit.limit, 6)
+        self.request(limit, 0.016)  # started after it was seen, slow too
+        self.assertEqual(limit.limit, 3)
+
+    def test_a_short_stall_across_every_request_in_flight_keeps_the_bound(self):
+        limit = self.limit(initial=6, minimum=1, maximum=8, decrease=0.5)
+        self.request(limit, 0.0078125)  # baseline
+        # Six requests in flight when the remote (or the machine) stalls 1/4 s: all
+        # six finish slow, one after the other, as the stall ends.
+        started = self.clock.seconds()
+        self.clock.advance(0.25)
+        for _ in range(6):
+            self.clock.advance(0.0009765625)
+            limit.sample(started, 6, True)
+        self.assertEqual(limit.limit, 6)
+        # The requests started after it are fast again: the bound still grows.
+        for _ in range(6):
+            self.request(limit, 0.0078125)
+        self.assertEqual(limit.limit, 7)
+        # A later stall is one stall again, not the confirmation of the first.
+        started = self.clock.seconds()
+        self.clock.advance(0.25)
+        limit.sample(started, 7, True)
+        self.assertEqual(limit.limit, 7)
+
+    def test_a_fast_request_started_before_the_slowness_does_not_clear_it(self):
+        limit = self.limit(initial=6, decrease=0.5)
+        self.request(limit, 0.0078125)  # baseline
+        self.request(limit, 0.0625)  # slowness seen now
+        mark = self.clock.seconds()
+        self.clock.advance(0.00390625)
+        limit.sample(mark - 0.0009765625, 6, True)  # fast, but started before the mark
+        self.request(limit, 0.0625)  # started after the mark: slow, it lasts
         self.assertEqual(limit.limit, 3)
 
     def test_a_failed_request_decreases_and_drops_the_growth_credits(self):
@@ -88,7 +123,8 @@ class AdaptiveLimitTests(unittest.TestCase):
     def test_requests_started_before_a_decrease_do_not_decrease_again(self):
         limit = self.limit(initial=6, minimum=1, decrease=0.5)
         self.request(limit, 0.0078125)  # baseline
-        # Four requests of one slow round, all started at t.
+        self.request(limit, 0.125)  # slowness seen
+        # Four requests of one slow round, all started at t, after the mark.
         started = self.clock.seconds()
         self.clock.advance(0.125)
         limit.sample(started, 6, True)
@@ -113,8 +149,9 @@ class AdaptiveLimitTests(unittest.TestCase):
         self.assertEqual(limit.baseline, 0.0078125)
         self.clock.advance(10.0)  # a new window: the old best is the previous one
         self.request(limit, 0.0625)
+        self.request(limit, 0.0625)
         self.assertEqual(limit.baseline, 0.0078125)
-        self.assertEqual(limit.limit, 2)  # 1/16 s is slow against 1/128 s
+        self.assertEqual(limit.limit, 2)  # 1/16 s, twice, is slow against 1/128 s
         self.clock.advance(10.0)  # two windows on: only 1/16 s is left
         self.assertEqual(limit.baseline, 0.0625)
         self.request(limit, 0.0625)

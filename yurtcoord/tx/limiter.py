@@ -14,17 +14,26 @@ already queueing. ``AdaptiveLimit`` moves the bound by what the remote's answers
   work back (as many requests in flight as the bound when it finished). Once the
   credits reach the bound, the bound grows by one: one step per round of requests,
   up to ``maximum``;
-- **shrink**: a failed request (an error answer, a timeout, no healthy server) or a
-  slow one (latency above that tolerance) multiplies the bound by ``decrease``
-  (rounded down, at least ``minimum``) and drops the credits. Requests that started
-  before the last decrease ran under the old bound and cannot decrease it again, so
-  one slow round shrinks the bound once, not once per request.
+- **shrink**: a failed request (an error answer, a timeout, no healthy server)
+  multiplies the bound by ``decrease`` (rounded down, at least ``minimum``) and drops
+  the credits. So does slowness (latency above that tolerance), but only slowness
+  that lasts: the first slow request marks when the slowness was seen, and the bound
+  shrinks when a request that *started* at or after that mark is slow as well. A
+  short stall of the remote or of the machine (a full garbage collection, a burst of
+  other processes on a loaded host) makes every request in flight across it slow at
+  once, yet says nothing about how many requests the remote serves well; cutting the
+  bound for it would leave the backlog the stall built queued behind a smaller bound
+  that regrows by one per round. A fast request started at or after the mark clears
+  it. Requests that started before the last decrease ran under the old bound and
+  cannot decrease it again, so one slow round shrinks the bound once, not once per
+  request.
 
 The clock is injected; a request's start time is the clock's ``seconds()`` when it
 started, so tests drive the exact steps with ``twisted.internet.task.Clock``.
 """
 
 import math
+from typing import Optional
 
 from twisted.internet.interfaces import IReactorTime
 
@@ -71,6 +80,7 @@ class AdaptiveLimit:
         self._limit = initial
         self._credits = 0
         self._decreased_at = -math.inf
+        self._slow_since: Optional[float] = None
         self._window_started = clock.seconds()
         self._window_best = math.inf
         self._previous_best = math.inf
@@ -98,6 +108,8 @@ class AdaptiveLimit:
             self._window_best = min(self._window_best, latency)
         baseline = min(self._window_best, self._previous_best)
         if succeeded and latency <= baseline * self.tolerance + self.slack:
+            if self._slow_since is not None and started >= self._slow_since:
+                self._slow_since = None  # the remote answered quickly again
             if in_flight >= self._limit:
                 self._credits += 1
                 if self._credits >= self._limit:
@@ -106,7 +118,14 @@ class AdaptiveLimit:
             return
         if started < self._decreased_at:
             return  # ran under the bound before the last decrease
+        if succeeded and (self._slow_since is None or started < self._slow_since):
+            # Slow, but it may have been in flight across one short stall: it takes
+            # a request started from now on being slow too to shrink the bound.
+            if self._slow_since is None:
+                self._slow_since = now
+            return
         self._decreased_at = now
+        self._slow_since = now if succeeded else None
         self._credits = 0
         self._limit = max(self.minimum, int(self._limit * self.decrease))
 

@@ -55,13 +55,25 @@ def _timestamp(seconds):
     return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def _without_volatile(obj):
-    """The object minus fields the server manages; equal ones mean a no-op update."""
-    trimmed = _copy(obj)
-    metadata = trimmed.get("metadata") or {}
-    metadata.pop("resourceVersion", None)
-    metadata.pop("managedFields", None)
-    return trimmed
+_VOLATILE_METADATA = ("resourceVersion", "managedFields")
+
+
+def _same_but_volatile(one: dict[str, Any], other: dict[str, Any]) -> bool:
+    """Whether two objects are equal apart from the metadata fields the server
+    manages (a no-op update); compared in place, since a copy of each object on every
+    update is most of what a write costs the server."""
+    if one.keys() != other.keys():
+        return False
+    for field, value in one.items():
+        if field != "metadata":
+            if value != other[field]:
+                return False
+            continue
+        mine, theirs = value or {}, other[field] or {}
+        if ({k: v for k, v in mine.items() if k not in _VOLATILE_METADATA}
+                != {k: v for k, v in theirs.items() if k not in _VOLATILE_METADATA}):
+            return False
+    return True
 
 
 def served_type(catalog: Catalog, gvr: GroupVersionResource) -> ResourceType:
@@ -208,7 +220,7 @@ def replacement(resource_type: ResourceType, current: dict[str, Any], obj: dict[
     new = decorate(resource_type, new)
     new_meta = new["metadata"]
     new_meta["resourceVersion"] = old_meta["resourceVersion"]
-    if _without_volatile(new) == _without_volatile(current):
+    if _same_but_volatile(new, current):
         return None
     spec_changed = ({k: v for k, v in new.items() if k not in ("metadata", "status")}
                     != {k: v for k, v in current.items() if k not in ("metadata", "status")})
@@ -348,7 +360,9 @@ class ObjectStore:
         return (gvr.group, gvr.version, gvr.resource)
 
     def _record(self, event_type, key, obj, old=None):
-        event = WatchEvent(event_type, self._rv, key, _copy(obj), _copy(old) if old else None)
+        # ``old`` is the stored object being replaced: stored objects are never
+        # changed in place, so the event keeps it as it is.
+        event = WatchEvent(event_type, self._rv, key, _copy(obj), old)
         if self._history_limit:
             self._history.append(event)
             while len(self._history) > self._history_limit:
