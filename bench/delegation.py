@@ -2,10 +2,12 @@
 
     .venv/bin/python bench/delegation.py [--nodes 1000] [--period 5] [--seconds 60] [--json PATH]
 
-Starts and stops everything itself: a real etcd, a cloud and a coordinator Kubernetes
-API test server in this process, and ONE agent as a separate ``twistd -n yurtcoord``
-process, which becomes the pool leader and runs the heartbeat delegation. The load
-generator (this process) keeps ``--nodes`` node leases in the coordinator's store
+Starts and stops everything itself: a real etcd; the cloud Kubernetes API test
+server in a child process of its own (``--serve cloud``); the coordinator's test server
+and the load generator in another (``--serve pool``); and ONE agent as a separate
+``twistd -n yurtcoord`` process, which becomes the pool leader and runs the heartbeat
+delegation. This process only steers them and pairs up what they print. The load
+generator keeps ``--nodes`` node leases in the coordinator's store
 with ``openyurt.io/delegate-heartbeat: "true"`` and renews each every ``--period``
 seconds, spread evenly (1,000 nodes / 5 s = 200 renewals/s). A watch on the cloud
 server's store sees every lease the leader writes there.
@@ -18,8 +20,8 @@ Figures, over ``--seconds`` after ``--warmup`` seconds:
 - latency from the pool update (the renewal written to the coordinator's store) to
   the cloud update (the cloud's store changed with that renewTime): p50, p99, max;
 - CPU of the leader process only (utime + stime from /proc/<pid>/stat), as a share
-  of one core; the servers and the load generator run in this process and are not
-  counted (their CPU is printed separately), nor is etcd;
+  of one core; the test servers' child processes are not counted (their CPU is
+  printed separately), nor is etcd;
 - the leader's longest reactor lag over the window, from its ``/metrics``: the
   histogram ``yurtcoord_reactor_lag_seconds`` is read at the start and at the end of
   the window, and the upper bound of the highest bucket that gained an observation is
