@@ -121,7 +121,9 @@ checks included) and writing through `PoolStore.create_or_update_many`: 64 objec
 transaction, each guarded by a compare (the key alone: absent), 4 transactions in
 flight (4 lanes over one reading of the cache, each writing a chunk of 64 files as one
 transaction and reading its next chunk while that one is in flight, so 4 stay in
-flight across chunk boundaries). **one per object**:
+flight across chunk boundaries; each file of the size fstat gives read with one read;
+automatic full garbage collections held off while the upload runs, as the agent's
+upload holds them with `QuietCollections`). **one per object**:
 one `PoolStore.create` per object, one at a time (the unbatched baseline), through the same
 adapter, on the first {per_object_sample:,} objects (every request waits for an etcd
 disk sync), compared by objects per second. **raw batched**: the same keys and mirror
@@ -136,22 +138,21 @@ rounds; a mode shorter than 100 ms gives the probe no call to be late.
 Where the gap to raw puts went: `.venv/bin/python bench/upload.py --etcd 3.5 --profile`
 (the batched mode and raw puts with 4 in flight, each once under cProfile on a fresh
 etcd; CPU of the process and of etcd from /proc; time at each number of transactions in
-flight measured on `EtcdClient.submit`, up to the last answer). Now (2026-12-02 03:02
-UTC, load average 2.8): batched 3.80 s under the profiler against 3.23 s for raw puts;
-4 transactions in flight for 87% of the wall time (raw: 81%), 3 for 12% (raw: 18%);
-process CPU 1.59 s (raw 1.02 s), etcd CPU 2.43 s (raw 2.15 s). Top lines by own time:
-epoll wait 1.21 s, socket send 0.50 s (469 calls), request JSON encoding 0.14 s (157
-requests), txaioetcd `OpSet` construction 0.13 s (20,000), JSON decoding of the
-objects 0.08 s (10,157 calls), posix.read 0.06 s (20,001), `OpSet` marshalling 0.06 s
-(0.14 s cumulative), base64 0.05 s (50,000: keys and values of the puts, keys of the
-compares), Deferred callbacks 0.05 s, `_prepare` 0.04 s (0.40 s cumulative),
-posixpath.join 0.04 s (20,024), `_put_ops` 0.04 s, posix.open 0.04 s (10,016). By
-cumulative time: the lanes 1.65 s, `create_or_update_many` 0.83 s (157 calls, one per
-chunk), `_next_chunk` 0.80 s (reading and checking, while the lane's write is in
-flight), `_create_or_update_batch` 0.77 s, `EtcdClient.submit` 0.48 s, `chunks` 0.40
-s, `_prepare` 0.40 s. Raw puts' own lines: epoll 1.26 s, send 0.57 s, JSON encoding
-0.39 s (the requests and the pods the mode makes up), generating the pods 0.36 s
-cumulative.
+flight measured on `EtcdClient.submit`, up to the last answer). Now (2026-12-02 03:26
+UTC, load average 2.6-3.5): batched 5.28 s under the profiler against 4.79 s for raw
+puts; 4 transactions in flight for 86% of the wall time (raw: 77%), 3 for 12% (raw:
+23%); process CPU 2.05 s (raw 1.61 s, of which generating the pods about 0.9 s), etcd
+CPU 3.22 s (raw 3.28 s). Top lines by own time: epoll wait 1.69 s, socket send 0.76 s
+(469 calls), request JSON encoding 0.21 s (157 requests), txaioetcd `OpSet`
+construction 0.17 s (20,000), JSON decoding of the objects 0.08 s (10,157 calls),
+Deferred callbacks 0.07 s, `_prepare` 0.07 s (0.51 s cumulative), `_put_ops` 0.06 s,
+posix.open 0.06 s (10,016), `OpSet` marshalling 0.06 s (0.15 s cumulative),
+posix.read 0.05 s (10,001), base64 0.05 s (50,000: keys and values of the puts, keys of
+the compares). By cumulative time: the lanes 2.15 s, `_write_with_retries` 1.17 s,
+`_create_or_update_batch` 1.07 s, `_next_chunk` 0.96 s (reading and checking, while
+the lane's write is in flight), `EtcdClient.submit` 0.70 s, `_prepare` 0.51 s,
+`chunks` 0.44 s. Raw puts' own lines: generating the pods 0.72 s cumulative, the
+transactions 1.07 s cumulative.
 How it got there. On 2026-12-01 (load average 6.2): batched 9.00 s under the profiler
 against 5.85 s; no transaction in flight for 31% of the wall time while each chunk of
 500 files was read and checked, four directories opened again for each file, every
@@ -167,7 +168,14 @@ the key alone (etcd's `version == 0` by the defaults of its `Compare` message; r
 plus one compare per object, 10,000 pods, median of 4-5 rounds: etcd 3.5 CPU +0.10 s
 with txaioetcd's `CompVersion`, +0.00 s with the key alone, etcd 3.4 +0.06 s and
 -0.01 s); an item's keys, mirror value and size are worked out once. Peak RSS growth
-went from 25 MB to 16 MB (at most 8 chunks of 64 files held instead of 4 of 500)."""
+went from 25 MB to 16 MB (at most 8 chunks of 64 files held instead of 4 of 500).
+Then (load average 2.6-3.3, the same profile run side by side with the code before,
+two rounds each): each file read a second time to see its end (20,001 reads) and the
+interpreter's full collections running during the upload; changed to one read for a
+file of the size fstat gives (reading the cache and checking it, no etcd: 0.29-0.31 s
+of CPU per 10,000 pods before, 0.25-0.27 s after, medians of 7) and full collections
+held off for the upload, as pool sync holds them for a burst (peak RSS growth 16 MB ->
+21 MB)."""
 
 METHOD_UPLOAD_MEMBERS = """The upload benchmark above ({objects:,} pods, {repeat} rounds, one request per object on
 the first {per_object_sample:,}), with every mode run on a fresh single etcd and on a

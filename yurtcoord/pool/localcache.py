@@ -372,20 +372,26 @@ class LocalCacheReader:
             yield chunk
 
 
-def read_at_most(fd: int, limit: int, expected: int = _READ_STEP) -> bytes:
+def read_at_most(fd: int, limit: int, size: int | None = None) -> bytes:
     """At most ``limit`` bytes from ``fd``: up to end of file or ``limit``, whichever
     comes first, never more, whatever the file's size says.
 
-    ``expected`` (the size fstat reported) sizes the first read, so a small file costs
-    a small buffer and a file of the expected size one read and the end-of-file check.
+    ``size`` is what fstat reported for a regular file: the first read asks for one
+    byte more, and when it brings exactly ``size`` bytes the file is taken as read,
+    without a second read to see its end. Bytes appended after that read are no part
+    of it, as bytes appended after the last read of a longer loop would not be; a
+    file system that answers with fewer bytes (a short read of FUSE) or more (a file
+    that grew since fstat) is read on to its end or ``limit`` as any stream is.
     """
     parts, total = [], 0
-    step = expected + 1
+    step = _READ_STEP if size is None else size + 1
     while total < limit:
         data = os.read(fd, min(limit - total, step))
-        step = _READ_STEP
         if not data:
             break
+        if not parts and len(data) == size:
+            return data
+        step = _READ_STEP
         parts.append(data)
         total += len(data)
     return parts[0] if len(parts) == 1 else b"".join(parts)

@@ -19,6 +19,11 @@ pool as a pod. An etcd outage is retried with backoff, resuming the chunk where 
 chunk after ``max_attempts`` does ``upload()`` fail, and then with ``UploadFailed``: the
 caller must not count the local cache as uploaded.
 
+An upload is a burst like the first lists of pool sync: tens of thousands of parsed
+objects pass through and are freed again by reference counting, so the interpreter's
+automatic full collections are held off while chunks are read (``QuietCollections``,
+the policy pool sync uses for a burst of changes) and put back when the upload ends.
+
 An upload that met an etcd outage reads the whole cache once more when it is done and
 writes again whatever the pool lacks, because etcd may have lost writes it
 acknowledged. See docs/design.md, "etcd that forgets acknowledged writes".
@@ -32,6 +37,7 @@ from twisted.internet.defer import inlineCallbacks
 from twisted.logger import Logger
 
 from yurtcoord.etcd.errors import BadResponse, EtcdError, EtcdTimeout, EtcdUnavailable
+from yurtcoord.tx.heap import QuietCollections
 from yurtcoord.tx.retry import POOL_WRITE_RETRY, Retries
 from yurtcoord.pool.localcache import BadCacheEntry, CachedObjectPath, printable_path
 from yurtcoord.pool.keys import InvalidKey, KeyBuildInfo
@@ -158,16 +164,20 @@ class LocalCacheUploader:
         # Objects found missing by the check after an outage and written again.
         self.rewritten = 0
         self._interrupted = False
+        self._heap: QuietCollections | None = None
 
     @inlineCallbacks
     def upload(self) -> Generator[Any, Any, UploadCounts]:
         """Upload everything; fires with UploadCounts, or fails with UploadFailed."""
         self.files_seen = 0
         self._interrupted = False
+        self._heap = QuietCollections(self.reactor)
         try:
             counts = yield self._upload_chunks()
             yield self._check_after_outages(counts)
         finally:
+            self._heap.stop()
+            self._heap = None
             # The store's key cache follows every accepted batch in memory; the file is
             # written once per upload rather than once per chunk.
             self.store.flush_key_cache()
@@ -249,6 +259,8 @@ class LocalCacheUploader:
             return None
         if chunk is None:
             return None
+        if self._heap is not None:
+            self._heap.busy()
         if report:
             self.files_seen += len(chunk)
         return self._prepare(chunk, report=report)

@@ -225,6 +225,41 @@ class BoundsAndLinksTests(unittest.TestCase):
         self.assertIn("grew past 1000 bytes", result.reason)
         self.assertLess(peak, 64 * 1024)
 
+    def test_file_of_the_size_fstat_gave_is_read_with_one_read(self):
+        path = self.path("kubelet", "pods.v1.core", "default", "p")
+        write(path, b"p" * 3000)
+        reads = []
+        real_read = os.read
+
+        def counted_read(fd, n):
+            reads.append(n)
+            return real_read(fd, n)
+
+        self.patch(os, "read", counted_read)
+        result = LocalCacheReader(self.dir).read(parse_cache_path(self.dir, path))
+        self.assertEqual(result.data, b"p" * 3000)
+        self.assertEqual(reads, [3001])
+
+    def test_short_reads_and_a_wrong_size_are_read_on_to_the_end(self):
+        path = self.path("kubelet", "pods.v1.core", "default", "p")
+        write(path, b"q" * 3000)
+        real_read, real_fstat = os.read, os.fstat
+
+        def short_read(fd, n):
+            # A file system that answers with fewer bytes than asked (FUSE may).
+            return real_read(fd, min(n, 700))
+
+        def larger_size(fd):
+            info = list(real_fstat(fd))
+            info[6] = 5000
+            return os.stat_result(info)
+
+        self.patch(os, "read", short_read)
+        reader = LocalCacheReader(self.dir)
+        self.assertEqual(reader.read(parse_cache_path(self.dir, path)).data, b"q" * 3000)
+        self.patch(os, "fstat", larger_size)
+        self.assertEqual(reader.read(parse_cache_path(self.dir, path)).data, b"q" * 3000)
+
     def test_read_at_most_stops_at_the_limit_of_an_endless_stream(self):
         read_end, write_end = os.pipe()
         self.addCleanup(os.close, read_end)

@@ -1,5 +1,6 @@
 """Local cache upload on real etcd: counts, bad files, rv ordering, etcd killed mid-upload."""
 
+import gc
 import json
 import os
 import sys
@@ -593,6 +594,29 @@ class PipelineTests(unittest.TestCase):
         self.assertEqual(self.store.most_in_flight, 4)
         self.assertEqual(self.store.puts, 10)
         self.assertEqual(len(self.store.versions), 20)
+
+    def test_full_collections_are_held_off_while_the_upload_runs(self):
+        thresholds = gc.get_threshold()
+        d = self.uploader().upload()
+        # The interpreter's young collections go on; its full ones wait for the end.
+        self.assertEqual(gc.get_threshold()[:2], thresholds[:2])
+        self.assertGreater(gc.get_threshold()[2], 1_000_000)
+        while self.store.held:
+            self.store.release()
+        self.assertEqual(self.successResultOf(d), UploadCounts(20, 0, 0, 0))
+        self.assertEqual(gc.get_threshold(), thresholds)
+        self.assertEqual(self.clock.getDelayedCalls(), [])
+
+    def test_full_collections_are_given_back_when_the_upload_fails(self):
+        thresholds = gc.get_threshold()
+        self.store.fail_on = {1}
+        self.store.error = RequestRejected("bad request")
+        d = self.uploader().upload()
+        while self.store.held:
+            self.store.release()
+        self.failureResultOf(d, UploadFailed)
+        self.assertEqual(gc.get_threshold(), thresholds)
+        self.assertEqual(self.clock.getDelayedCalls(), [])
 
     def test_a_lane_that_gives_up_stops_the_others(self):
         self.store.fail_on = {2}
