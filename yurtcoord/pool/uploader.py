@@ -47,7 +47,9 @@ from yurtcoord.pool.store import (
 
 RETRYABLE_ERRORS = (EtcdUnavailable, EtcdTimeout, BadResponse, ConflictRetriesExhausted)
 
-# What json.loads raises for bytes that are not JSON (metadata_of raises ValueError too).
+# What decoding raises for bytes that are not UTF-8 JSON (metadata_of raises ValueError
+# too). Files are decoded as UTF-8 first: ``json.loads`` of bytes would also take UTF-16,
+# UTF-32 and a byte order mark, which the coordinator apiserver could not read back.
 _NotJSON = (json.JSONDecodeError, UnicodeDecodeError)
 
 # Labels of yurtcoord_skipped_objects_total: why a local cache entry was not uploaded.
@@ -86,7 +88,7 @@ def kind_mismatch(data: bytes, location: CachedObjectPath) -> str:
     under this resource's key.
     """
     try:
-        obj = json.loads(data)
+        obj = json.loads(data.decode("utf-8"))
     except (ValueError, RecursionError) as e:
         return f"not JSON: {e}"
     return kind_mismatch_of(obj, location)
@@ -319,7 +321,7 @@ class LocalCacheUploader:
             location = entry.location
             # Parsed once: its metadata and its kind are read from the same object.
             try:
-                obj = json.loads(entry.data)
+                obj = json.loads(entry.data.decode("utf-8"))
                 name, namespace, rv = metadata_of(obj)
             except _NotJSON as e:
                 skip_bad(location.path, f"not JSON: {e}", "bad_object")

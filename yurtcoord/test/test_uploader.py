@@ -273,6 +273,24 @@ class UploadBehaviour(EtcdStoreCase):
         self.assertIn(self.pod_path("default", "nested"), self.skipped_paths())
 
     @defer.inlineCallbacks
+    def test_json_not_in_utf8_is_a_bad_object_and_never_stored(self):
+        """Kubernetes objects are UTF-8 JSON; the coordinator apiserver reading the pool
+        store could not decode a copy in UTF-16 or with a byte order mark."""
+        good = self.write_good_pods(2)
+        pod = make_object("wide", "default", 20).decode("utf-8")
+        write_file(self.pod_path("default", "wide"), pod.encode("utf-16"))
+        write_file(self.pod_path("default", "wide-be"), pod.encode("utf-32-be"))
+        write_file(self.pod_path("default", "marked"),
+                   make_object("marked", "default", 21).decode("utf-8").encode("utf-8-sig"))
+        metrics = Metrics("edge-1")
+        counts = yield self.uploader(chunk_size=2, metrics=metrics).upload()
+        self.assertEqual(counts, UploadCounts(2, 0, 0, 3))
+        self.assertEqual(self.dump(), good)
+        self.assertEqual(self.skipped_count(metrics, "bad_object"), 3)
+        self.assertEqual(sorted(self.skipped_paths()),
+                         sorted(self.pod_path("default", n) for n in ("wide", "wide-be", "marked")))
+
+    @defer.inlineCallbacks
     def test_links_are_skipped_and_what_they_point_to_never_uploaded(self):
         good = self.write_good_pods(2)
         outside = os.path.abspath(self.mktemp())
