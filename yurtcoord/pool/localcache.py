@@ -383,7 +383,8 @@ def read_at_most(fd: int, limit: int, size: int | None = None) -> bytes:
     file system that answers with fewer bytes (a short read of FUSE) or more (a file
     that grew since fstat) is read on to its end or ``limit`` as any stream is.
     """
-    parts, total = [], 0
+    parts: list[bytes] = []
+    total = 0
     step = _READ_STEP if size is None else size + 1
     while total < limit:
         data = os.read(fd, min(limit - total, step))
