@@ -10,7 +10,7 @@ each benchmark measures. A benchmark that crashes, times out or writes no result
 makes the run exit non-zero (its row says so); a missed target does not, it is
 reported in the table.
 
-The full run takes about 17 minutes on a 2-core machine (the two poolscale runs take
+The full run takes about 20 minutes on a 2-core machine (the two poolscale runs take
 about 2 minutes each); ``--quick`` (one round, short windows, a 20k-object pool, about
 5 minutes) is a smoke run and by default writes bench/RESULTS-quick.md rather than
 bench/RESULTS.md.
