@@ -65,18 +65,11 @@ class LineStreamProtocol(Protocol):
 
     def lines(self, block: bytes) -> None:
         """All complete lines of one read, in order: ``block`` is those lines joined by
-        newlines (without the last one), each within ``max_line``. By default every
-        line goes to ``line`` until ``stopped``; a subclass that can take a run of
-        lines at once overrides this."""
-        handle, stopped = self.line, self.stopped
-        for line in block.split(b"\n"):
-            handle(line)
-            if stopped():
-                return
-
-    def _bounded_lines(self, block: bytes) -> None:
-        """``lines`` for a block longer than ``max_line``: each line is checked on its
-        own, and ``too_long()`` ends the stream at the first one past the bound."""
+        newlines (without the last one). By default every line goes to ``line`` until
+        ``stopped``, and ``too_long()`` ends the stream at the first line past
+        ``max_line``. A subclass that can take a run of lines at once overrides this;
+        it is handed only blocks within ``max_line`` (longer ones take this default,
+        which checks each line on its own)."""
         max_line, handle, stopped = self.max_line, self.line, self.stopped
         for line in block.split(b"\n"):
             if len(line) > max_line:
@@ -106,7 +99,7 @@ class LineStreamProtocol(Protocol):
         else:
             block = data[:end]
         if len(block) > self.max_line:
-            self._bounded_lines(block)
+            LineStreamProtocol.lines(self, block)
         else:
             self.lines(block)
         if self.stopped():
