@@ -221,10 +221,6 @@ class _Item:
         self.size = (3 * len(self.path_bytes) + 3 * len(self.mirror_bytes) + len(value)
                      + 2 * 32 + 6 * _OP_OVERHEAD)
 
-    def write_size(self) -> int:
-        """``size``: what the item adds to the request it is in."""
-        return self.size
-
 
 def _returns_deferred(method: Callable[_P, object]) -> Callable[_P, defer.Deferred[Any]]:
     """Make bad arguments fail the returned Deferred instead of raising at the call, and
@@ -616,7 +612,7 @@ class PoolStore:
 
         def kind(outcome: WriteOutcome) -> str:
             if outcome.too_large:
-                raise ObjectTooLarge(item.path, item.write_size(), self._byte_budget)
+                raise ObjectTooLarge(item.path, item.size, self._byte_budget)
             if outcome.created:
                 return "created"
             if outcome.updated:
@@ -1084,8 +1080,8 @@ class PoolStore:
         return _Item(key, value, int(rv))
 
     def _check_size(self, item):
-        if item.write_size() > self._byte_budget:
-            raise ObjectTooLarge(item.path, item.write_size(), self._byte_budget)
+        if item.size > self._byte_budget:
+            raise ObjectTooLarge(item.path, item.size, self._byte_budget)
 
     @staticmethod
     def _put_ops(item):
