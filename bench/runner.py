@@ -218,7 +218,9 @@ the single member's."""
 
 METHOD_POOLSCALE = """\
 {objects:,} discovery.k8s.io/v1 endpointslices in the cloud (API test server in a child
-process, seeded over HTTP, not part of any figure) and in the pool store: a
+process, seeded over HTTP, not part of any figure; it runs with
+`--no-full-collections`, as each full collection of its store would stop its watch
+for 1-2 s, which a real API server does not do) and in the pool store: a
 `PoolSyncManager` with its `PoolStore` on a real etcd {etcd}, built as a leader agent
 builds them, first syncs the whole pool (the component key cache then holds
 {objects:,} keys). Then {deletes:,} DELETEs and {updates:,} PUTs of distinct objects,

@@ -2,6 +2,7 @@
 tests of its selectors and store."""
 
 import contextlib
+import gc
 import json
 import os
 import shutil
@@ -1032,6 +1033,20 @@ class WatchStreamClockTests(unittest.TestCase):
 
 class StandaloneTests(unittest.TestCase):
     """``python -m yurtcoord.sim.apiserver`` prints its URL and serves."""
+
+    def test_no_full_collections_holds_them_off_for_the_process(self):
+        from yurtcoord.sim.apiserver import __main__ as standalone
+        from yurtcoord.tx.heap import release_full_collections
+        before = gc.get_threshold()
+        standalone._garbage_collection(standalone._parse([]))
+        self.assertEqual(gc.get_threshold(), before)
+        standalone._garbage_collection(standalone._parse(["--no-full-collections"]))
+        self.addCleanup(release_full_collections, standalone.main)
+        young, middle, full = gc.get_threshold()
+        self.assertEqual((young, middle), before[:2])
+        self.assertGreater(full, 1_000_000)
+        release_full_collections(standalone.main)
+        self.assertEqual(gc.get_threshold(), before)
 
     @defer.inlineCallbacks
     def run_module(self, args, check):

@@ -45,7 +45,9 @@ _holders: Set[object] = set()
 _saved_threshold: Optional[Tuple[int, int, int]] = None
 
 
-def _hold(holder: object) -> None:
+def hold_full_collections(holder: object) -> None:
+    """Hold the interpreter's automatic full collections off until every holder has let
+    go (``release_full_collections``); young and middle collections go on."""
     global _saved_threshold
     if not _holders:
         _saved_threshold = gc.get_threshold()
@@ -53,7 +55,8 @@ def _hold(holder: object) -> None:
     _holders.add(holder)
 
 
-def _release(holder: object) -> None:
+def release_full_collections(holder: object) -> None:
+    """``holder`` lets go; the last one to let go puts the thresholds back."""
     global _saved_threshold
     if holder not in _holders:
         return
@@ -106,7 +109,7 @@ class QuietCollections:
         self._last_change = now
         if self._since is None:
             self._since = now
-            _hold(self)
+            hold_full_collections(self)
         if self._check is None:
             self._check = self.reactor.callLater(self.quiet, self._check_burst)
 
@@ -121,7 +124,7 @@ class QuietCollections:
             if long_lived - self._long_lived >= max(MIN_GROWTH, self._long_lived // 4):
                 self._collect("after a burst of changes")
             self._since = None
-            _release(self)
+            release_full_collections(self)
             return
         if now - self._since >= self.longest:
             self._collect("during a long burst of changes")
@@ -145,7 +148,7 @@ class QuietCollections:
             self._check.cancel()
         self._check = None
         self._since = None
-        _release(self)
+        release_full_collections(self)
         if self.frozen:
             self.frozen = False
             gc.unfreeze()

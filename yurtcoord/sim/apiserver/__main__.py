@@ -8,7 +8,14 @@ appends every answer's record to PATH as a JSON line (see
 ``yurtcoord.sim.apiserver.requestlog``). ``--etcd URL[,URL...]`` keeps the objects
 in etcd, under ``--etcd-prefix`` (``/registry``) in kube-apiserver's key layout, as
 the coordinator apiserver of a pool does (``--etcd-cafile``, ``--etcd-certfile``,
-``--etcd-keyfile`` for etcd's TLS)."""
+``--etcd-keyfile`` for etcd's TLS).
+
+``--no-full-collections`` holds the interpreter's automatic full garbage collections
+off for the life of the process (young and middle ones go on): with a hundred thousand
+objects and their watch history, each full collection stops this server for a second
+or more, and watch streams with it, which a real API server does not do. Benchmarks
+that seed such a store use it; cyclic garbage that outlives the young collections
+stays until the process ends."""
 
 import argparse
 import os
@@ -37,15 +44,25 @@ def _parse(argv):
     parser.add_argument("--etcd-cafile", default=None)
     parser.add_argument("--etcd-certfile", default=None)
     parser.add_argument("--etcd-keyfile", default=None)
+    parser.add_argument("--no-full-collections", action="store_true",
+                        help="no automatic full garbage collections (large stores)")
     parser.add_argument("--verbose", action="store_true",
                         help="log every request to stderr")
     return parser.parse_args(argv)
+
+
+def _garbage_collection(options: argparse.Namespace) -> None:
+    """Hold full collections off for the process's life with ``--no-full-collections``."""
+    if options.no_full_collections:
+        from yurtcoord.tx.heap import hold_full_collections
+        hold_full_collections(main)
 
 
 def main(reactor: Any, argv: list[str]) -> defer.Deferred[Any]:
     from yurtcoord.sim.apiserver import KubeAPIServer
 
     options = _parse(argv)
+    _garbage_collection(options)
     if options.verbose:
         from twisted.logger import globalLogBeginner, textFileLogObserver
         globalLogBeginner.beginLoggingTo([textFileLogObserver(sys.stderr)])
