@@ -1,8 +1,9 @@
-"""Full garbage collections held off during bursts of changes, on an injected clock.
+"""Full and middle garbage collections held off during bursts of changes, on an
+injected clock.
 
 The collections and thresholds asserted are the interpreter's own (``gc.get_stats``,
-``gc.get_threshold``): while a burst holds them off, no automatic full collection can
-run, so the counts are exact.
+``gc.get_threshold``): while a burst holds them off, no automatic full or middle
+collection can run, so the counts are exact.
 """
 
 import gc
@@ -15,6 +16,10 @@ from yurtcoord.tx.heap import MIN_GROWTH, QuietCollections
 
 def full_collections():
     return gc.get_stats()[2]["collections"]
+
+
+def middle_collections():
+    return gc.get_stats()[1]["collections"]
 
 
 class QuietCollectionsTests(unittest.TestCase):
@@ -35,7 +40,8 @@ class QuietCollectionsTests(unittest.TestCase):
         before = full_collections()
         collector.busy()
         self.assertTrue(collector.holding)
-        self.assertEqual(gc.get_threshold()[:2], self.threshold[:2])
+        self.assertEqual(gc.get_threshold()[0], self.threshold[0])
+        self.assertGreater(gc.get_threshold()[1], 1_000_000)
         self.assertGreater(gc.get_threshold()[2], 1_000_000)
         self.clock.advance(0.5)
         collector.busy()
@@ -70,6 +76,36 @@ class QuietCollectionsTests(unittest.TestCase):
         self.assertEqual(full_collections(), before + 1)
         self.assertEqual(collector.collections, 2)
         self.assertEqual(gc.get_threshold(), self.threshold)
+        self.assertEqual(len(kept), grown)
+
+    def test_a_burst_holds_middle_collections_off(self):
+        # A burst keeps what it brings (an informer's store): young collections still
+        # run, but none of the middle generation walks the survivors again.
+        collector = self.collector(quiet=1.0, longest=30.0)
+        collector.busy()
+        young, middle = gc.get_stats()[0]["collections"], middle_collections()
+        kept = [[i] for i in range(50 * self.threshold[0] * self.threshold[1])]
+        self.assertGreater(gc.get_stats()[0]["collections"], young + 10 * self.threshold[1])
+        self.assertEqual(middle_collections(), middle)
+        self.clock.advance(1.0)
+        self.assertEqual(gc.get_threshold(), self.threshold)
+        self.assertEqual(len(kept), 50 * self.threshold[0] * self.threshold[1])
+
+    def test_objects_in_the_middle_generation_count_as_growth(self):
+        # A burst's objects that outlived young collections but met no middle one
+        # (held off) are long-lived too: they are what the full collection is for.
+        collector = self.collector(quiet=1.0, longest=30.0)
+        collector.busy()
+        self.clock.advance(1.0)
+        before = full_collections()
+        grown = max(MIN_GROWTH, len(gc.get_objects(2)) // 4) + 1000
+        collector.busy()
+        kept = [[i] for i in range(grown)]
+        gc.collect(0)
+        self.assertGreaterEqual(len(gc.get_objects(1)), grown)
+        self.clock.advance(1.0)
+        self.assertEqual(full_collections(), before + 1)
+        self.assertEqual(len(gc.get_objects(1)), 0, "the full collection took them")
         self.assertEqual(len(kept), grown)
 
     def test_an_endless_burst_is_collected_every_longest_seconds(self):

@@ -292,6 +292,14 @@ class ChunkedBodyBatcherTests(unittest.TestCase):
         self.assertEqual(c.body, b"abcdefg0123456789")
         self.assertEqual(c.finished, [b""])
 
+    def test_sizes_with_leading_zeros_and_a_last_chunk_of_zeros(self):
+        for cut in (None, 9, 10, 12, 17, 19):
+            c = Chunks()
+            data = b"3\r\nabc\r\n004\r\ndefg\r\n1\r\nh\r\n000\r\n\r\n"
+            c.feed(*([data] if cut is None else [data[:cut], data[cut:]]))
+            self.assertEqual(c.body, b"abcdefgh", cut)
+            self.assertEqual(c.finished, [b""], cut)
+
     def test_malformed_size_fails_as_twisted_does(self):
         c = Chunks()
         with self.assertRaises(twisted_http._MalformedChunkedDataError):

@@ -20,6 +20,7 @@ else in the agent imports a private Twisted name (a test scans for it).
   the body protocol separately costs more than decoding it.
 """
 
+import re
 from typing import Any, Callable, Optional
 
 from twisted.web import http as twisted_http
@@ -55,6 +56,10 @@ _CHUNKED_DECODER = twisted_http._ChunkedTransferDecoder
 _MAX_CHUNK_SIZE_LINE: int = twisted_http.maxChunkSizeLineLength
 # Decoder states in which the batcher can take over.
 _TAKE_OVER_STATES = ("CHUNK_LENGTH", "BODY", "CRLF")
+# The end of a chunk's payload and the size line of the next, without extensions:
+# hex digits, fewer than Twisted's decoder allows.
+_NEXT_SIZE_LINE = re.compile(
+    rb"\r\n([0-9a-fA-F]{1,%d})\r\n" % (_MAX_CHUNK_SIZE_LINE - 1)).match
 
 
 class ChunkedBodyBatcher:
@@ -84,28 +89,46 @@ class ChunkedBodyBatcher:
         buf = self._buffer + data if self._buffer else data
         size = len(buf)
         pos = 0
-        payloads = []
+        # The framing state in locals while the read is taken apart: a watch read
+        # is a hundred chunks or more, and this loop runs once for each.
+        remaining = self._remaining
+        expect_crlf = self._expect_crlf
+        # Payloads as views of the read, copied once, by the join.
+        view = memoryview(buf)
+        payloads: list[memoryview] = []
+        append = payloads.append
+        next_size = _NEXT_SIZE_LINE
         rest_state = None
         while pos < size:
-            if self._remaining:
-                end = pos + self._remaining
+            if remaining:
+                end = pos + remaining
                 if end > size:
-                    payloads.append(buf[pos:])
-                    self._remaining = end - size
+                    append(view[pos:])
+                    remaining = end - size
                     pos = size
                     break
-                payloads.append(buf[pos:end])
+                append(view[pos:end])
                 pos = end
-                self._remaining = 0
-                self._expect_crlf = True
-            if self._expect_crlf:
+                # What nearly always follows a payload: its CRLF and the size line of
+                # the next chunk, plain hex. Anything else (the last chunk, extensions,
+                # a read ending here, malformed framing) takes the steps below.
+                line = next_size(buf, pos)
+                if line is not None:
+                    remaining = int(line[1], 16)
+                    if remaining:
+                        pos = line.end()
+                        continue
+                else:
+                    remaining = 0
+                expect_crlf = True
+            if expect_crlf:
                 if size - pos < 2:
                     break
                 if buf[pos] != 13 or buf[pos + 1] != 10:
                     rest_state = "CRLF"
                     break
                 pos += 2
-                self._expect_crlf = False
+                expect_crlf = False
             eol = buf.find(b"\r\n", pos)
             if eol < 0:
                 if size - pos >= _MAX_CHUNK_SIZE_LINE:
@@ -122,18 +145,22 @@ class ChunkedBodyBatcher:
                 rest_state = "CHUNK_LENGTH"
                 break
             pos = eol + 2
-            self._remaining = length
+            remaining = length
         if rest_state is None:
             self._buffer = buf[pos:] if pos < size else b""
+            self._remaining = remaining
+            self._expect_crlf = expect_crlf
         else:
             self._buffer = b""
+            self._remaining = 0
+            self._expect_crlf = False
             self.handed_back = True
             original = self._original
             original.state = rest_state
             original._buffer = bytearray(buf[pos:])
             original._start = 0
         if payloads:
-            self._deliver(payloads[0] if len(payloads) == 1 else b"".join(payloads))
+            self._deliver(b"".join(payloads))
         if rest_state is not None:
             self._original.dataReceived(b"")
 
