@@ -54,9 +54,7 @@ _holders: Set[object] = set()
 _saved_threshold: Optional[Tuple[int, int, int]] = None
 
 
-def hold_full_collections(holder: object) -> None:
-    """Hold the interpreter's automatic full collections off until every holder has let
-    go (``release_full_collections``); young and middle collections go on."""
+def _hold(holder: object) -> None:
     global _saved_threshold
     if not _holders:
         _saved_threshold = gc.get_threshold()
@@ -64,8 +62,7 @@ def hold_full_collections(holder: object) -> None:
     _holders.add(holder)
 
 
-def release_full_collections(holder: object) -> None:
-    """``holder`` lets go; the last one to let go puts the thresholds back."""
+def _release(holder: object) -> None:
     global _saved_threshold
     if holder not in _holders:
         return
@@ -125,7 +122,7 @@ class QuietCollections:
         self._last_change = now
         if self._since is None:
             self._since = now
-            hold_full_collections(self)
+            _hold(self)
         if self._check is None:
             self._check = self.reactor.callLater(self.quiet, self._check_burst)
 
@@ -140,7 +137,7 @@ class QuietCollections:
             if long_lived - self._long_lived >= max(MIN_GROWTH, self._long_lived // 4):
                 self._collect("after a burst of changes")
             self._since = None
-            release_full_collections(self)
+            _release(self)
             return
         if now - self._since >= self.longest:
             self._collect("during a long burst of changes")
@@ -164,7 +161,7 @@ class QuietCollections:
             self._check.cancel()
         self._check = None
         self._since = None
-        release_full_collections(self)
+        _release(self)
         if self.frozen:
             self.frozen = False
             gc.unfreeze()
