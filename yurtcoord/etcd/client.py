@@ -393,12 +393,16 @@ class _Transport:
     def post(self, path: str, payload: Any, timeout: Optional[float] = None,
              idempotent: bool = False) -> "Deferred[tuple[int, bytes]]":
         """POST ``payload`` as JSON to ``<prefix><path>``; fires with ``(status, body)``."""
+        return self.post_body(path, json.dumps(payload).encode("utf-8"), timeout, idempotent)
+
+    def post_body(self, path: str, body: bytes, timeout: Optional[float] = None,
+                  idempotent: bool = False) -> "Deferred[tuple[int, bytes]]":
+        """``post`` of a body already encoded as JSON."""
         if self.closed:
             return defer.fail(ClientClosed("etcd client closed"))
         if self._prefix is None:
             return self._detect_prefix().addCallback(
-                lambda _: self.post(path, payload, timeout, idempotent))
-        body = json.dumps(payload).encode("utf-8")
+                lambda _: self.post_body(path, body, timeout, idempotent))
         return self._slots.run(self._send_with_retry, self._prefix, path, body, timeout,
                                idempotent)
 
@@ -854,6 +858,11 @@ class _TxaioetcdTransport:
     def post(self, path: str, data: dict[str, Any],
              timeout: Optional[float]) -> "Deferred[dict[str, Any]]":
         d = self._transport.post(path, data, timeout, idempotent=False)
+        return d.addCallback(self._transport.parse)
+
+    def post_body(self, path: str, body: bytes,
+                  timeout: Optional[float]) -> "Deferred[dict[str, Any]]":
+        d = self._transport.post_body(path, body, timeout, idempotent=False)
         return d.addCallback(self._transport.parse)
 
 

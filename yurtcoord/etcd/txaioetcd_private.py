@@ -4,7 +4,9 @@ txaioetcd builds its request bodies with ``_marshal()`` methods, parses answers 
 ``_parse()`` static methods and sends every request through ``Client._post(url, data,
 timeout)`` to ``Client._url`` + ``/v3alpha/...``. The adapter in
 ``yurtcoord.etcd.client`` reuses the first two and routes the third through its own
-transport. ``setup.py`` bounds txaioetcd to the versions
+transport. A transaction is the exception: ``GatewayClient.submit`` writes its body
+itself (``encode_transaction``) and reads the answer with txaioetcd's own
+``validate_client_submit_response``. ``setup.py`` bounds txaioetcd to the versions
 ``yurtcoord.test.test_private_canaries`` was run on, and those canaries fail with a
 message naming what changed when a release moves one of them. Nothing else in the agent
 touches a private txaioetcd name (a test scans for it).
@@ -21,18 +23,21 @@ test checks that the agent runs without zlmdb and numpy loaded).
 """
 
 import base64
+import binascii
 import importlib.util
+import json
 import sys
 from types import ModuleType
 from typing import Any, Callable, Protocol
 
+from twisted.internet import defer
 from twisted.internet.defer import Deferred
 
 from yurtcoord.tx.twisted_private import QuietHTTPConnectionPool
 
-__all__ = ["GatewayClient", "JSONPoster", "KeyAbsent", "marshal_range_request", "parse_key_value",
-           "parse_status", "TXAIOETCD_PREFIX", "CLIENT_MODULES", "import_client_only",
-           "txaioetcd"]
+__all__ = ["GatewayClient", "JSONPoster", "KeyAbsent", "encode_transaction",
+           "marshal_range_request", "parse_key_value", "parse_status", "TXAIOETCD_PREFIX",
+           "CLIENT_MODULES", "import_client_only", "txaioetcd"]
 
 # The modules of txaioetcd's Twisted client, in the order its ``__init__`` imports
 # them, with the names that ``__init__`` takes from each (``None``: the module's
@@ -87,6 +92,7 @@ def import_client_only() -> ModuleType:
 
 import_client_only()
 import txaioetcd  # noqa: E402  (the package as import_client_only left it)
+from txaioetcd._client_commons import validate_client_submit_response  # noqa: E402
 
 # The gateway prefix txaioetcd puts in front of every path.
 TXAIOETCD_PREFIX = "/v3alpha"
@@ -94,9 +100,12 @@ TXAIOETCD_PREFIX = "/v3alpha"
 
 class JSONPoster(Protocol):
     """Where ``GatewayClient`` sends txaioetcd's requests: a path under the gateway
-    prefix and a JSON-able body in, the parsed JSON answer out."""
+    prefix and a JSON-able body (``post``) or one already encoded (``post_body``) in,
+    the parsed JSON answer out."""
 
     def post(self, path: str, data: dict, timeout: Any) -> Deferred: ...
+
+    def post_body(self, path: str, body: bytes, timeout: Any) -> Deferred: ...
 
 
 class KeyAbsent(txaioetcd.Comp):
@@ -118,6 +127,60 @@ class KeyAbsent(txaioetcd.Comp):
 
     def __str__(self) -> str:
         return f"KeyAbsent(key={self.key!r})"
+
+
+# A put without lease or previous value, as ``OpSet._marshal()`` spells it.
+_PUT = b'{"request_put":{"key":"%s","value":"%s"}}'
+_KEY_ONLY = b'{"key":"%s"}'
+
+
+def _base64(data: bytes) -> bytes:
+    return binascii.b2a_base64(data, newline=False)
+
+
+def _encode_part(part: Any) -> bytes:
+    """One compare or operation of a transaction as JSON bytes."""
+    kind = type(part)
+    if kind is txaioetcd.OpSet and part.lease is None and not part.return_previous:
+        return _PUT % (_base64(part.key), _base64(part.value))
+    if kind is KeyAbsent:
+        return _KEY_ONLY % _base64(part.key)
+    return json.dumps(part._marshal()).encode("ascii")
+
+
+def encode_transaction(txn: txaioetcd.Transaction) -> bytes:
+    """The JSON body of ``txn`` for ``/kv/txn``: what ``json.dumps(txn._marshal())``
+    says, as bytes.
+
+    A batch of the pool store is 64 objects of a few KiB each. Marshalled by
+    txaioetcd, every put becomes two dictionaries and two base64 strings, and
+    ``json.dumps`` then scans each of those strings for characters to escape, none of
+    which base64 holds; the puts (and the store's ``KeyAbsent`` compares) are
+    written here straight from their keys and values instead. Any other compare or
+    operation, and a put with a lease or asking for the previous value, goes
+    through its own ``_marshal()``.
+    """
+    # Joined once: a body of a few hundred KiB is copied once, not per nesting level.
+    pieces: list[bytes] = []
+    for opening, parts in ((b'"compare":[', txn.compare), (b'"success":[', txn.success),
+                           (b'"failure":[', txn.failure)):
+        if parts:
+            pieces.append((b"," if pieces else b"{") + opening)
+            for part in parts:
+                pieces.append(_encode_part(part))
+                pieces.append(b",")
+            pieces[-1] = b"]"
+    pieces.append(b"}" if pieces else b"{}")
+    return b"".join(pieces)
+
+
+def _transaction_answer(obj: dict) -> Any:
+    """A ``/kv/txn`` answer as txaioetcd's ``submit`` reads it: ``Success``, or
+    ``Failed`` raised when the compares did not hold (``Error`` for an etcd error)."""
+    header, responses = validate_client_submit_response(obj)
+    if obj.get("succeeded", False):
+        return txaioetcd.Success(header, responses)
+    raise txaioetcd.Failed(header, responses)
 
 
 def marshal_range_request(op: txaioetcd.OpGet) -> dict:
@@ -162,6 +225,19 @@ class GatewayClient(txaioetcd.Client):
         if path.startswith(TXAIOETCD_PREFIX + "/"):
             path = path[len(TXAIOETCD_PREFIX):]
         return self._transport.post(path, data, timeout)
+
+    def submit(self, txn: txaioetcd.Transaction, timeout: Any = None) -> Deferred:
+        """txaioetcd's ``submit`` with the body written by ``encode_transaction``: the
+        same request and the same ``Success``/``Failed`` answer, without the
+        dictionaries of ``Transaction._marshal()`` and their second pass through
+        ``json.dumps``. A transaction that cannot be encoded fails the Deferred, as
+        there."""
+        try:
+            body = encode_transaction(txn)
+        except Exception:
+            return defer.fail()
+        return self._transport.post_body("/kv/txn", body, timeout).addCallback(
+            _transaction_answer)
 
     def watch(self, keys: Any, on_watch: Any, filters: Any = None,
               start_revision: Any = None, return_previous: Any = None) -> Deferred:

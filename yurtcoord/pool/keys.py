@@ -27,6 +27,8 @@ SPECIAL_RESOURCE_PREFIXES = {
 
 MIRROR_RV_PREFIX = "/mirror/rv"
 RV_DIGITS = 32
+# The largest resourceVersion a mirror rv holds (RV_DIGITS nines).
+MAX_RV = 10 ** RV_DIGITS - 1
 
 
 class InvalidKey(ValueError):
@@ -118,14 +120,30 @@ def resource_prefix(group: str, resource: str) -> str:
     return SPECIAL_RESOURCE_PREFIXES.get((group, resource), resource)
 
 
+# Directories (component, type, namespace) whose checked path a PoolKeyBuilder keeps.
+DIRECTORIES_KEPT = 1024
+
+
 class PoolKeyBuilder:
-    """Builds object keys and list prefixes under one storage prefix."""
+    """Builds object keys and list prefixes under one storage prefix.
+
+    Objects come in runs of one directory (a namespace of one type, read from the
+    local cache or listed from the cloud), so the part of a key before the name and
+    the key's ResourceId are worked out, checked and kept once per directory, for at
+    most ``DIRECTORIES_KEPT`` directories (all of them are forgotten when more come).
+    """
 
     def __init__(self, prefix: str | None) -> None:
         self.prefix = normalize_prefix(prefix)
+        self._directories: dict[tuple[str, str, str, str, str], tuple[str, ResourceId]] = {}
 
     def object_key(self, info: KeyBuildInfo) -> PoolKey:
         """The key of one object; ``info.name`` is required."""
+        directory = (info.component, info.group, info.version, info.resources, info.namespace)
+        known = self._directories.get(directory)
+        if known is not None:
+            validate_path_segment("name", info.name)
+            return PoolKey(known[0] + info.name, info.component, known[1])
         if not info.component:
             raise InvalidKey("component must not be empty")
         if not info.resources:
@@ -136,8 +154,11 @@ class PoolKeyBuilder:
         parts = [self.prefix, resource_prefix(info.group, info.resources)]
         if info.namespace:
             parts.append(info.namespace)
-        parts.append(info.name)
-        return PoolKey("/".join(parts), info.component, info.resource_id)
+        known = ("/".join(parts) + "/", info.resource_id)
+        if len(self._directories) >= DIRECTORIES_KEPT:
+            self._directories.clear()
+        self._directories[directory] = known
+        return PoolKey(known[0] + info.name, info.component, known[1])
 
     def list_prefix(self, group: str, resource: str, namespace: str | None = None) -> str:
         """Prefix of all keys of a resource (optionally one namespace); always ends in ``/``.
@@ -165,7 +186,7 @@ def mirror_rv_key(path: object) -> str:
 def format_rv(rv: int | str) -> str:
     """resourceVersion as 32 zero-padded digits, so byte order equals numeric order."""
     rv = int(rv)
-    if rv < 0 or rv >= 10 ** RV_DIGITS:
+    if rv < 0 or rv > MAX_RV:
         raise ValueError(f"resourceVersion out of range: {rv}")
     return f"{rv:0{RV_DIGITS}d}"
 

@@ -66,8 +66,8 @@ from yurtcoord.kube.gvr import GroupVersionResource
 from yurtcoord.pool.interfaces import IPoolStore
 from yurtcoord.pool.keycache import POOL_SCOPED_COMPONENT, ComponentKeyCache
 from yurtcoord.pool.keys import (
-    InvalidKey, KeyBuildInfo, PoolKey, PoolKeyBuilder, ResourceId, ResourceLike, format_rv,
-    mirror_rv_key,
+    MAX_RV, InvalidKey, KeyBuildInfo, PoolKey, PoolKeyBuilder, ResourceId, ResourceLike,
+    format_rv, mirror_rv_key,
     parse_rv,
 )
 from yurtcoord.tx.inflight import InFlight
@@ -165,9 +165,12 @@ def metadata_of(obj: Any) -> tuple[str, str, int]:
         raise ValueError("no resourceVersion")
     try:
         rv_number = parse_rv(rv)
-        format_rv(rv_number)
     except ValueError:
-        raise ValueError(f"resourceVersion {rv!r} is not a number") from None
+        rv_number = None
+    # Checked against the bound rather than formatted: the store formats it once,
+    # when it writes the object.
+    if rv_number is None or rv_number > MAX_RV:
+        raise ValueError(f"resourceVersion {rv!r} is not a number")
     name = metadata.get("name")
     namespace = metadata.get("namespace") or ""
     if not isinstance(name, str) or not isinstance(namespace, str):

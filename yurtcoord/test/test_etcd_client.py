@@ -7,7 +7,9 @@ import tempfile
 
 from twisted.internet import defer, protocol, reactor
 from twisted.trial import unittest
-from txaioetcd import CompValue, CompVersion, KeySet, OpDel, OpGet, OpSet, Transaction
+from txaioetcd import (
+    CompCreated, CompModified, CompValue, CompVersion, KeySet, OpDel, OpGet, OpSet, Transaction,
+)
 
 from yurtcoord.etcd.client import EtcdClient, EtcdConfig, prefix_range_end
 from yurtcoord.etcd.errors import (
@@ -24,7 +26,7 @@ from yurtcoord.etcd.errors import (
     TooManyOperations,
     TransactionFailed,
 )
-from yurtcoord.etcd.txaioetcd_private import KeyAbsent
+from yurtcoord.etcd.txaioetcd_private import KeyAbsent, encode_transaction, txaioetcd
 from yurtcoord.sim.etcd import EtcdProcess, free_port, make_etcd_test_classes
 from yurtcoord.sim.pki import TestCA
 from yurtcoord.testing.etcdgateway import PUT_OK, ScriptedGatewayMixin, range_answer
@@ -652,6 +654,32 @@ class MisbehavingServerTests(ScriptedGatewayMixin, unittest.TestCase):
                                 "keys_only": True, "revision": 42})
 
     @defer.inlineCallbacks
+    def test_a_transaction_goes_out_as_its_json_and_its_answer_is_read(self):
+        """The body of ``/kv/txn`` is the transaction's JSON (puts, compares, reads and
+        deletes alike), and the answer's responses reach the caller parsed, for a
+        guard that held and one that failed."""
+        held = json.dumps({"header": {"revision": "12"}, "succeeded": True, "responses": [
+            {"response_put": {"header": {"revision": "12"}}},
+            {"response_delete_range": {"header": {}, "deleted": "1"}}]}).encode()
+        failed = json.dumps({"header": {"revision": "13"}, "responses": [
+            {"response_range": {"header": {}, "kvs": [
+                {"key": "L2s=", "value": "c3RvcmVk", "version": "1"}], "count": "1"}}]}).encode()
+        url, gw, _ = self.gateway({"/v3/kv/txn": [(200, held), (200, failed)]})
+        client = self.client(url)
+        txn = Transaction(compare=[KeyAbsent(b"/k"), CompValue(b"/m", "<", b"\x00\xff")],
+                          success=[OpSet(b"/k", b"\x00value\xff"), OpDel(b"/d")],
+                          failure=[OpGet(b"/k")])
+        result = yield client.submit(txn)
+        self.assertEqual((result.succeeded, result.revision), (True, 12))
+        self.assertEqual(result.responses[1].deleted, 1)
+        self.assertEqual(json.loads(gw.seen[0][1]), txn._marshal())
+        self.assertEqual(json.loads(gw.seen[0][1])["success"][0],
+                         {"request_put": {"key": "L2s=", "value": "AHZhbHVl/w=="}})
+        e = yield self.assertFailure(client.submit(txn), TransactionFailed)
+        self.assertEqual(e.revision, 13)
+        self.assertEqual([kv.value for kv in e.responses[0].kvs], [b"stored"])
+
+    @defer.inlineCallbacks
     def test_close_ends_requests_in_flight(self):
         url, tracking = self.listen(protocol.Factory.forProtocol(_Silent))
         client = self.client(url, timeout=30.0)
@@ -670,6 +698,47 @@ class MisbehavingServerTests(ScriptedGatewayMixin, unittest.TestCase):
         self.assertRaises(ValueError, EtcdConfig, "https://e:2379", cert_file="c")
         self.assertRaises(ValueError, EtcdConfig, "http://e:2379", gateway_prefix="/v4")
         self.assertRaises(ValueError, EtcdConfig, "http://e:2379", timeout=0)
+
+
+class TransactionEncodingTests(unittest.TestCase):
+    """``encode_transaction`` writes the JSON that txaioetcd's ``_marshal()`` describes."""
+
+    def assertEncodesAsMarshalled(self, txn):
+        body = encode_transaction(txn)
+        self.assertIsInstance(body, bytes)
+        self.assertEqual(json.loads(body), txn._marshal())
+
+    def test_puts_and_key_only_compares(self):
+        values = [b"", b"v", b"\x00\xff\n\"\\", bytes(range(256)) * 20, "ü".encode("utf-8")]
+        txn = Transaction(compare=[KeyAbsent(b"/k/%d" % i) for i in range(len(values))],
+                          success=[OpSet(b"/k/%d" % i, value) for i, value in enumerate(values)])
+        self.assertEncodesAsMarshalled(txn)
+        self.assertEqual(json.loads(encode_transaction(txn))["compare"][0], {"key": "L2svMA=="})
+
+    def test_every_other_compare_and_operation_as_its_own_marshal_says(self):
+        lease = txaioetcd.Lease(client=None, header=None, time_to_live=60, lease_id=99)
+        txn = Transaction(
+            compare=[CompValue(b"/m", "<", b"0001"), CompVersion(b"/a", ">", 0),
+                     CompCreated(b"/a", "==", 3), CompModified(b"/a", "!=", 4)],
+            success=[OpSet(b"/a", b"v", lease=lease), OpSet(b"/b", b"v", return_previous=True),
+                     OpGet(b"/a", keys_only=True, limit=3), OpGet(KeySet(b"/p", prefix=True)),
+                     OpDel(b"/d"), OpDel(KeySet(b"/q", prefix=True), return_previous=True)],
+            failure=[OpGet(b"/a")])
+        self.assertEncodesAsMarshalled(txn)
+        put = json.loads(encode_transaction(txn))["success"][0]["request_put"]
+        self.assertEqual(put["lease"], 99)
+
+    def test_empty_branches_are_left_out(self):
+        self.assertEqual(encode_transaction(Transaction()), b"{}")
+        self.assertEncodesAsMarshalled(Transaction(compare=[], success=[],
+                                                   failure=[OpDel(b"/d")]))
+
+    def test_a_part_that_cannot_be_encoded_fails_the_submit(self):
+        client = EtcdClient(reactor, EtcdConfig("http://127.0.0.1:1"))
+        self.addCleanup(client.close)
+        txn = Transaction(success=[OpSet(b"/k", b"v")])
+        txn.success.append(object())
+        self.failureResultOf(client.txaioetcd.submit(txn), AttributeError)
 
 
 class PrefixRangeEndTests(unittest.TestCase):

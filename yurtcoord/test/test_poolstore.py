@@ -983,10 +983,15 @@ class CancellationTests(unittest.TestCase):
 class ObjectMetadataTests(unittest.TestCase):
     def test_reasons(self):
         self.assertEqual(object_metadata(make_object("a", "b", 12)), ("a", "b", 12))
+        # The largest resourceVersion a mirror rv holds, with leading zeros too.
+        largest = b'{"metadata":{"name":"a","resourceVersion":"00%s"}}' % (b"9" * 32)
+        self.assertEqual(object_metadata(largest), ("a", "", 10 ** 32 - 1))
         for data, reason in [(b"{", "not JSON"), (b"[]", "metadata"),
                              (b'{"metadata":{}}', "no resourceVersion"),
                              (b'{"metadata":{"resourceVersion":"abc"}}', "not a number"),
                              (b'{"metadata":{"resourceVersion":12}}', "no resourceVersion"),
+                             (b'{"metadata":{"resourceVersion":"1%s"}}' % (b"0" * 32),
+                              "not a number"),
                              (b"\xff\xfe", "not JSON")]:
             with self.assertRaises(ValueError) as ctx:
                 object_metadata(data)

@@ -6,8 +6,8 @@ from twisted.trial import unittest
 
 from yurtcoord.kube import gvr
 from yurtcoord.pool.keys import (
-    InvalidKey, KeyBuildInfo, PoolKeyBuilder, ResourceId, format_rv, mirror_rv_key,
-    normalize_prefix, parse_rv,
+    DIRECTORIES_KEPT, InvalidKey, KeyBuildInfo, PoolKeyBuilder, ResourceId, format_rv,
+    mirror_rv_key, normalize_prefix, parse_rv,
 )
 
 
@@ -63,6 +63,37 @@ class ObjectKeyTests(unittest.TestCase):
             self.assertRaises(InvalidKey, self.keys.object_key, info("pods", name, "default"))
         for namespace in (".", "..", "a/b"):
             self.assertRaises(InvalidKey, self.keys.object_key, info("pods", "p", namespace))
+
+    def test_a_known_directory_still_checks_each_name(self):
+        """A directory's path is kept once built; every name in it is still checked, and
+        a bad namespace or component is never kept as a known directory."""
+        first = self.keys.object_key(info("pods", "a", "default"))
+        second = self.keys.object_key(info("pods", "b", "default"))
+        self.assertEqual((first.path, second.path),
+                         ("/registry/pods/default/a", "/registry/pods/default/b"))
+        self.assertEqual((second.component, second.resource),
+                         ("kubelet", ResourceId("", "v1", "pods")))
+        for name in ("", ".", "..", "a/b", "\x00"):
+            self.assertRaises(InvalidKey, self.keys.object_key, info("pods", name, "default"))
+        for _ in range(2):
+            self.assertRaises(InvalidKey, self.keys.object_key, info("pods", "p", "a/b"))
+            self.assertRaises(InvalidKey, self.keys.object_key,
+                              info("pods", "p", "default", component=""))
+        # Same namespace, another component, version or group: another directory.
+        other = self.keys.object_key(info("pods", "a", "default", version="v2", component="kp"))
+        self.assertEqual((other.path, other.component, other.resource),
+                         ("/registry/pods/default/a", "kp", ResourceId("", "v2", "pods")))
+        ingress = self.keys.object_key(info("ingresses", "i", "default",
+                                            group="networking.k8s.io"))
+        self.assertEqual(ingress.path, "/registry/ingress/default/i")
+
+    def test_directories_kept_are_bounded(self):
+        for i in range(3 * DIRECTORIES_KEPT):
+            key = self.keys.object_key(info("pods", "p", f"ns-{i}"))
+            self.assertEqual(key.path, f"/registry/pods/ns-{i}/p")
+            self.assertLessEqual(len(self.keys._directories), DIRECTORIES_KEPT)
+        self.assertEqual(self.keys.object_key(info("pods", "q", "ns-0")).path,
+                         "/registry/pods/ns-0/q")
 
     def test_empty_component_or_resource_rejected(self):
         self.assertRaises(InvalidKey, self.keys.object_key, info("pods", "p", component=""))

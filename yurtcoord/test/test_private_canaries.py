@@ -166,6 +166,9 @@ class _RecordingTransport:
         self.posts.append((path, data, timeout))
         return defer.succeed(self.answer)
 
+    def post_body(self, path, body, timeout):
+        return self.post(path, json.loads(body), timeout)
+
 
 class TxaioetcdCanaries(Canary):
     holder = "yurtcoord/etcd/txaioetcd_private.py"
@@ -198,6 +201,41 @@ class TxaioetcdCanaries(Canary):
         self.successResultOf(client.submit(txn))
         self.require([p[0] for p in transport.posts] == ["/kv/deleterange", "/kv/txn"],
                      f"delete/submit no longer post through _post: {transport.posts}")
+
+    def test_a_transaction_is_encoded_and_answered_as_txaioetcd_does(self):
+        """``GatewayClient.submit`` writes the body that ``Transaction._marshal()``
+        describes and reads the answer with ``validate_client_submit_response``."""
+        self.require(callable(getattr(sys.modules["txaioetcd._client_commons"],
+                                      "validate_client_submit_response", None)),
+                     "txaioetcd._client_commons.validate_client_submit_response is gone")
+        for name in ("key", "value", "lease", "return_previous"):
+            self.require(hasattr(txaioetcd.OpSet(b"k", b"v"), name),
+                         f"OpSet has no attribute {name!r} any more")
+        txn = txaioetcd.Transaction(compare=[txaioetcd_private.KeyAbsent(b"k")],
+                                    success=[txaioetcd.OpSet(b"k", b"v")],
+                                    failure=[txaioetcd.OpGet(b"k")])
+        self.require(json.loads(txaioetcd_private.encode_transaction(txn)) == txn._marshal(),
+                     f"Transaction._marshal() changed shape: {txn._marshal()}")
+        client, transport = self.client(
+            {"header": {"revision": "9"}, "succeeded": True,
+             "responses": [{"response_put": {"header": {"revision": "9"}}}]})
+        success = self.successResultOf(client.submit(txn, timeout=4))
+        self.require(transport.posts == [("/kv/txn", txn._marshal(), 4)],
+                     f"submit posted {transport.posts}")
+        self.require(isinstance(success, txaioetcd.Success)
+                     and success.header.revision == 9
+                     and isinstance(success.responses[0], txaioetcd.Revision),
+                     f"validate_client_submit_response changed: {success}")
+        transport.answer = {"header": {"revision": "10"},
+                            "responses": [{"response_range": {"header": {}, "kvs": []}}]}
+        failed = self.failureResultOf(client.submit(txn), txaioetcd.Failed).value
+        self.require(failed.header.revision == 10
+                     and isinstance(failed.responses[0], txaioetcd.Range),
+                     f"a failed guard is no longer answered as Failed: {failed}")
+        transport.answer = {"error": "etcdserver: duplicate key given in txn request",
+                            "code": 3}
+        error = self.failureResultOf(client.submit(txn), txaioetcd.Error).value
+        self.require(error.code == 3, f"an etcd error is no longer an Error: {error}")
 
     def test_marshal_and_parse(self):
         self.require_attribute(txaioetcd.OpGet, "_marshal")
