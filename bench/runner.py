@@ -69,8 +69,9 @@ per round (target on the lowest round) and its median; the ratios of single drai
 Wall-clock events/s (first to last event) and their ratio follow as secondary rows:
 they move with the machine's load much more. Consumers, in this order every turn:
 yurtcoord's `Informer` on a `KubeClient` (treq/Twisted), run as the agent's pool sync
-runs its informers (heap frozen once the list is in, full garbage collections held off
-while changes arrive: `yurtcoord.tx.heap.QuietCollections`, `busy()` per change); the
+runs its informers (heap frozen once the list is in, full and middle garbage
+collections held off while changes arrive: `yurtcoord.tx.heap.QuietCollections`,
+`busy()` per change); the
 same informer under the interpreter's default garbage collection (its row: the store it
 keeps makes the interpreter walk the whole heap once or twice per drain, 30-90 ms of
 CPU); and the official client's
@@ -106,8 +107,15 @@ garbage collections and page faults of the objects it makes), `ChunkedBodyBatche
 event. Besides the CPU time the profile shows, 15-30% of a yurtcoord drain is system
 time, nearly all of it the page faults of the memory the store grows by (the official
 client keeps nothing and has none). Garbage collection (CPU inside `gc.callbacks`) under
-the agent's policy: about 130 young and 12 middle collections per drain, no full one,
-7-25 ms; under the interpreter's defaults one or two full ones as well, 30-90 ms.
+the agent's policy: about 130 young collections per drain, 3-5 ms (before the middle
+generation was held off during bursts as well: 12 middle ones too, 9-13 ms in all);
+under the interpreter's defaults middle and one or two full ones as well, 30-90 ms.
+Since that profile: the chunk framing's usual boundary (CRLF and a plain size line) is
+read with one match and each payload copied once (batcher 11.4 -> 10.3 ms per 20,000
+chunks), and a read's lines are counted from the replace that lists them (no separate
+byte count, 2.9 ms per 20,000 events): a yurtcoord drain of 20,000 events 5.64 -> 5.11
+us per event (median drain 112.8 -> 102.2 ms, old and new consumers taking turns against
+one server), and rounds of 3.35-4.16x (median 3.93x) in one run at load average 1.7.
 Longest reactor lag: the agent's `ReactorLagProbe` (every 100 ms) in the yurtcoord
 consumer process, from the informer's start to its last event, the longest over the
 rounds."""
@@ -122,8 +130,8 @@ transaction, each guarded by a compare (the key alone: absent), 4 transactions i
 flight (4 lanes over one reading of the cache, each writing a chunk of 64 files as one
 transaction and reading its next chunk while that one is in flight, so 4 stay in
 flight across chunk boundaries; each file of the size fstat gives read with one read;
-automatic full garbage collections held off while the upload runs, as the agent's
-upload holds them with `QuietCollections`). **one per object**:
+automatic full and middle garbage collections held off while the upload runs, as the
+agent's upload holds them with `QuietCollections`). **one per object**:
 one `PoolStore.create` per object, one at a time (the unbatched baseline), through the same
 adapter, on the first {per_object_sample:,} objects (every request waits for an etcd
 disk sync), compared by objects per second. **raw batched**: the same keys and mirror
@@ -138,21 +146,25 @@ rounds; a mode shorter than 100 ms gives the probe no call to be late.
 Where the gap to raw puts went: `.venv/bin/python bench/upload.py --etcd 3.5 --profile`
 (the batched mode and raw puts with 4 in flight, each once under cProfile on a fresh
 etcd; CPU of the process and of etcd from /proc; time at each number of transactions in
-flight measured on `EtcdClient.submit`, up to the last answer). Now (2026-12-02 03:26
-UTC, load average 2.6-3.5): batched 5.28 s under the profiler against 4.79 s for raw
-puts; 4 transactions in flight for 86% of the wall time (raw: 77%), 3 for 12% (raw:
-23%); process CPU 2.05 s (raw 1.61 s, of which generating the pods about 0.9 s), etcd
-CPU 3.22 s (raw 3.28 s). Top lines by own time: epoll wait 1.69 s, socket send 0.76 s
-(469 calls), request JSON encoding 0.21 s (157 requests), txaioetcd `OpSet`
-construction 0.17 s (20,000), JSON decoding of the objects 0.08 s (10,157 calls),
-Deferred callbacks 0.07 s, `_prepare` 0.07 s (0.51 s cumulative), `_put_ops` 0.06 s,
-posix.open 0.06 s (10,016), `OpSet` marshalling 0.06 s (0.15 s cumulative),
-posix.read 0.05 s (10,001), base64 0.05 s (50,000: keys and values of the puts, keys of
-the compares). By cumulative time: the lanes 2.15 s, `_write_with_retries` 1.17 s,
-`_create_or_update_batch` 1.07 s, `_next_chunk` 0.96 s (reading and checking, while
-the lane's write is in flight), `EtcdClient.submit` 0.70 s, `_prepare` 0.51 s,
-`chunks` 0.44 s. Raw puts' own lines: generating the pods 0.72 s cumulative, the
-transactions 1.07 s cumulative.
+flight measured on `EtcdClient.submit`, up to the last answer). Now (2026-12-02 06:30
+UTC, load average 1.5-2.5): process CPU 1.17 s under the profiler against 0.95 s for
+raw puts; 4 transactions in flight for 89% of the wall time. Top lines by own time:
+epoll wait 1.05 s, socket send 0.56 s (469 calls), JSON decoding of the objects 0.07 s
+(10,157 calls), posix.read 0.046 s, `_create_or_update_batch` 0.045 s, `_prepare` 0.042
+s, base64 0.042 s (50,000: keys and values of the puts, keys of the compares),
+posix.open 0.041 s, `_encode_part` 0.041 s (30,000). Without the profiler the upload's
+own work costs 0.59-0.69 s of process CPU per 10,000 pods (raw puts 0.54 s, 3.5), the
+rest being the file system calls (open, fstat, read, close: system time 0.13-0.17 s
+against 0.02-0.06 s) and the objects' JSON. etcd 3.4 (07:00 UTC, two profiled runs):
+process CPU 1.10 and 1.17 s against 0.70 and 0.81 s, etcd CPU 2.06 and 2.23 s against
+1.95 and 2.20 s (the compares). Both share 2 cores, so a round's rate follows the sum.
+Before that (03:26 UTC, load average 2.6-3.5): batched 5.28 s under the profiler against
+4.79 s for raw puts, process CPU 2.05 s (raw 1.61 s); request JSON encoding 0.21 s (157
+requests), txaioetcd `OpSet` construction 0.17 s (20,000) and marshalling 0.06 s: a
+transaction's body is now written straight from its puts and key-only compares
+(`encode_transaction`, which raw puts use too: process CPU per 10,000 pods 0.78 ->
+0.68 s for the upload, 0.70 -> 0.54 s for raw puts, medians of 3), and a directory's
+key path is built once (at most 1,024 kept).
 How it got there. On 2026-12-01 (load average 6.2): batched 9.00 s under the profiler
 against 5.85 s; no transaction in flight for 31% of the wall time while each chunk of
 500 files was read and checked, four directories opened again for each file, every
@@ -310,8 +322,11 @@ BENCHMARKS = [
     Benchmark("informer", "informer.py",
               ["--objects", "20000", "--rounds", "5"], ["--objects", "10000", "--rounds", "1"],
               400, METHOD_INFORMER),
+    # Upload: 5 rounds, as one round of a mode lasts about 2 s, and other load on the
+    # machine moves a single round by 10-20% (raw puts with 4 in flight on etcd 3.4 in
+    # one run: 5,477, 6,207 and 6,688 objects/s); every mode keeps its best round.
     *per_etcd_version("upload", "upload.py",
-                      ["--objects", "10000", "--per-object-sample", "1000", "--repeat", "3"],
+                      ["--objects", "10000", "--per-object-sample", "1000", "--repeat", "5"],
                       ["--objects", "10000", "--per-object-sample", "300", "--repeat", "1"],
                       600, METHOD_UPLOAD),
     # Upload on a 3-member etcd cluster against a single member, side by side.
