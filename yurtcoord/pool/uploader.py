@@ -173,7 +173,10 @@ class LocalCacheUploader:
         """Upload everything; fires with UploadCounts, or fails with UploadFailed."""
         self.files_seen = 0
         self._interrupted = False
-        self._heap = QuietCollections(self.reactor)
+        # The files of an upload do not stay: middle collections go on freeing what
+        # outlived a young one (held off, they let peak RSS grow 20 -> 43 MB per
+        # 10,000 pods).
+        self._heap = QuietCollections(self.reactor, hold_middle=False)
         try:
             counts = yield self._upload_chunks()
             yield self._check_after_outages(counts)

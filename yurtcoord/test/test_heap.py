@@ -91,6 +91,41 @@ class QuietCollectionsTests(unittest.TestCase):
         self.assertEqual(gc.get_threshold(), self.threshold)
         self.assertEqual(len(kept), 50 * self.threshold[0] * self.threshold[1])
 
+    def test_a_burst_of_objects_that_do_not_stay_leaves_middle_collections_running(self):
+        # An upload drops every file it sent: its middle collections go on.
+        collector = self.collector(quiet=1.0, longest=30.0, hold_middle=False)
+        collector.busy()
+        self.assertEqual(gc.get_threshold()[:2], self.threshold[:2])
+        self.assertGreater(gc.get_threshold()[2], 1_000_000)
+        middle = middle_collections()
+        kept = [[i] for i in range(50 * self.threshold[0] * self.threshold[1])]
+        self.assertGreater(middle_collections(), middle)
+        self.clock.advance(1.0)
+        self.assertEqual(gc.get_threshold(), self.threshold)
+        self.assertEqual(len(kept), 50 * self.threshold[0] * self.threshold[1])
+
+    def test_middle_collections_are_held_while_any_holder_holds_them(self):
+        uploading = self.collector(quiet=1.0, longest=30.0, hold_middle=False)
+        syncing = self.collector(quiet=2.0, longest=30.0)
+        uploading.busy()
+        syncing.busy()
+        self.assertGreater(gc.get_threshold()[1], 1_000_000)
+        self.clock.advance(1.0)
+        # The upload's burst is over; pool sync's is not: both still held for it.
+        self.assertFalse(uploading.holding)
+        self.assertGreater(gc.get_threshold()[1], 1_000_000)
+        self.clock.advance(0.5)
+        uploading.busy()
+        self.clock.advance(0.5)
+        self.assertFalse(syncing.holding)
+        self.assertTrue(uploading.holding)
+        # Only the upload holds now: middle collections run again, full ones wait.
+        self.assertEqual(gc.get_threshold()[:2], self.threshold[:2])
+        self.assertGreater(gc.get_threshold()[2], 1_000_000)
+        self.clock.advance(0.5)
+        self.assertFalse(uploading.holding)
+        self.assertEqual(gc.get_threshold(), self.threshold)
+
     def test_objects_in_the_middle_generation_count_as_growth(self):
         # A burst's objects that outlived young collections but met no middle one
         # (held off) are long-lived too: they are what the full collection is for.

@@ -32,7 +32,7 @@ last one, and free the garbage of every change (its event, its decoded read).
 
 import gc
 import time
-from typing import Optional, Set, Tuple
+from typing import Dict, Optional, Tuple
 
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.logger import Logger
@@ -48,26 +48,34 @@ _NEVER = 1 << 30
 
 log = Logger()
 
-# The collectors holding automatic full and middle collections off, and the thresholds
-# to restore.
-_holders: Set[object] = set()
+# The collectors holding automatic collections off (each: whether it holds the middle
+# generation's too), and the thresholds to restore.
+_holders: Dict[object, bool] = {}
 _saved_threshold: Optional[Tuple[int, int, int]] = None
 
 
-def _hold(holder: object) -> None:
+def _apply_holds() -> None:
+    assert _saved_threshold is not None
+    young, middle, _ = _saved_threshold
+    gc.set_threshold(young, _NEVER if any(_holders.values()) else middle, _NEVER)
+
+
+def _hold(holder: object, middle: bool) -> None:
     global _saved_threshold
     if not _holders:
         _saved_threshold = gc.get_threshold()
-        gc.set_threshold(_saved_threshold[0], _NEVER, _NEVER)
-    _holders.add(holder)
+    _holders[holder] = middle
+    _apply_holds()
 
 
 def _release(holder: object) -> None:
     global _saved_threshold
     if holder not in _holders:
         return
-    _holders.discard(holder)
-    if not _holders and _saved_threshold is not None:
+    del _holders[holder]
+    if _holders:
+        _apply_holds()
+    elif _saved_threshold is not None:
         gc.set_threshold(*_saved_threshold)
         _saved_threshold = None
 
@@ -83,12 +91,16 @@ class QuietCollections:
 
     ``busy()`` is called for every change (cheap: a time stamp and, once per burst,
     a timer on the injected ``reactor``); ``freeze()`` once the lists are in;
-    ``stop()`` puts the interpreter back as it found it.
+    ``stop()`` puts the interpreter back as it found it. ``hold_middle=False`` leaves
+    the middle generation's collections running during a burst: for bursts whose
+    objects do not stay (an upload reads, sends and drops every file), holding them
+    only lets the garbage that outlived a young collection pile up until the end.
     """
 
     def __init__(self, reactor: IReactorTime, quiet: float = DEFAULT_QUIET,
-                 longest: float = DEFAULT_LONGEST) -> None:
+                 longest: float = DEFAULT_LONGEST, hold_middle: bool = True) -> None:
         self.reactor = reactor
+        self.hold_middle = hold_middle
         self.quiet = quiet
         self.longest = longest
         self.frozen = False
@@ -122,7 +134,7 @@ class QuietCollections:
         self._last_change = now
         if self._since is None:
             self._since = now
-            _hold(self)
+            _hold(self, self.hold_middle)
         if self._check is None:
             self._check = self.reactor.callLater(self.quiet, self._check_burst)
 
