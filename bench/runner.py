@@ -130,8 +130,8 @@ transaction, each guarded by a compare (the key alone: absent), 4 transactions i
 flight (4 lanes over one reading of the cache, each writing a chunk of 64 files as one
 transaction and reading its next chunk while that one is in flight, so 4 stay in
 flight across chunk boundaries; each file of the size fstat gives read with one read;
-automatic full and middle garbage collections held off while the upload runs, as the
-agent's upload holds them with `QuietCollections`). **one per object**:
+automatic full garbage collections held off while the upload runs, as the agent's
+upload holds them with `QuietCollections`; middle ones go on). **one per object**:
 one `PoolStore.create` per object, one at a time (the unbatched baseline), through the same
 adapter, on the first {per_object_sample:,} objects (every request waits for an etcd
 disk sync), compared by objects per second. **raw batched**: the same keys and mirror
@@ -187,7 +187,11 @@ interpreter's full collections running during the upload; changed to one read fo
 file of the size fstat gives (reading the cache and checking it, no etcd: 0.29-0.31 s
 of CPU per 10,000 pods before, 0.25-0.27 s after, medians of 7) and full collections
 held off for the upload, as pool sync holds them for a burst (peak RSS growth 16 MB ->
-21 MB)."""
+21 MB). Holding the middle generation's collections off as well, as pool sync's bursts
+now do, made it worse for the upload (2026-12-02 06:58 UTC full run: peak RSS growth
+43.6 MB, 0.90x and 0.75x of raw puts with 4 in flight on etcd 3.5 and 3.4): its files do
+not stay, and the garbage that outlived a young collection piled up until the end.
+Given back (07:21 UTC, the upload rows alone): 16.0 MB, 1.02x and 0.99x."""
 
 METHOD_UPLOAD_MEMBERS = """The upload benchmark above ({objects:,} pods, {repeat} rounds, one request per object on
 the first {per_object_sample:,}), with every mode run on a fresh single etcd and on a
