@@ -1036,11 +1036,13 @@ class StandaloneTests(unittest.TestCase):
 
     def test_no_full_collections_holds_them_off_for_the_process(self):
         from yurtcoord.sim.apiserver import __main__ as standalone
+        from yurtcoord.tx.heap import release_collections
         before = gc.get_threshold()
         self.addCleanup(gc.set_threshold, *before)
         standalone._garbage_collection(standalone._parse([]))
         self.assertEqual(gc.get_threshold(), before)
         standalone._garbage_collection(standalone._parse(["--no-full-collections"]))
+        self.addCleanup(release_collections, standalone.main)
         young, middle, full = gc.get_threshold()
         self.assertEqual((young, middle), before[:2])
         self.assertGreater(full, 1_000_000)

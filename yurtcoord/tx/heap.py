@@ -11,7 +11,8 @@ it tracks. Two things keep such collections short and away from bursts of change
   60,000 containers) are not frozen, and the interpreter's own full collections
   would walk them several times during the burst, each time a stall of the reactor
   of tens of milliseconds on a loaded machine. While changes arrive, automatic full
-  collections are held off, and so are those of the middle generation: during a
+  collections are held off, and (unless a burst's objects do not stay, as an
+  upload's) so are those of the middle generation: during a
   burst it fills with the objects the informers keep, and each of its collections
   walks everything the last ten young collections left behind once more, only to
   find it still held (some 8% of the CPU time of an informer draining a backlog).
@@ -60,7 +61,10 @@ def _apply_holds() -> None:
     gc.set_threshold(young, _NEVER if any(_holders.values()) else middle, _NEVER)
 
 
-def _hold(holder: object, middle: bool) -> None:
+def hold_collections(holder: object, middle: bool) -> None:
+    """Hold the interpreter's automatic full collections off, and its middle ones too
+    with ``middle``, until ``holder`` lets go (``release_collections``); the
+    thresholds of the process are those of the holders taken together."""
     global _saved_threshold
     if not _holders:
         _saved_threshold = gc.get_threshold()
@@ -68,7 +72,8 @@ def _hold(holder: object, middle: bool) -> None:
     _apply_holds()
 
 
-def _release(holder: object) -> None:
+def release_collections(holder: object) -> None:
+    """``holder`` lets go; the last one to let go puts the thresholds back."""
     global _saved_threshold
     if holder not in _holders:
         return
@@ -117,7 +122,8 @@ class QuietCollections:
 
     @property
     def holding(self) -> bool:
-        """Automatic full and middle collections are held off for a burst of changes."""
+        """Automatic full collections (and middle ones, with ``hold_middle``) are held
+        off for a burst of changes."""
         return self._since is not None
 
     def freeze(self) -> None:
@@ -134,7 +140,7 @@ class QuietCollections:
         self._last_change = now
         if self._since is None:
             self._since = now
-            _hold(self, self.hold_middle)
+            hold_collections(self, self.hold_middle)
         if self._check is None:
             self._check = self.reactor.callLater(self.quiet, self._check_burst)
 
@@ -149,7 +155,7 @@ class QuietCollections:
             if long_lived - self._long_lived >= max(MIN_GROWTH, self._long_lived // 4):
                 self._collect("after a burst of changes")
             self._since = None
-            _release(self)
+            release_collections(self)
             return
         if now - self._since >= self.longest:
             self._collect("during a long burst of changes")
@@ -173,7 +179,7 @@ class QuietCollections:
             self._check.cancel()
         self._check = None
         self._since = None
-        _release(self)
+        release_collections(self)
         if self.frozen:
             self.frozen = False
             gc.unfreeze()

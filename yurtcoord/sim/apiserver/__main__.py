@@ -18,7 +18,6 @@ that seed such a store use it; cyclic garbage that outlives the young collection
 stays until the process ends."""
 
 import argparse
-import gc
 import os
 import sys
 from typing import Any
@@ -52,16 +51,12 @@ def _parse(argv):
     return parser.parse_args(argv)
 
 
-# A threshold for full collections that is never reached (it counts middle ones).
-_NEVER = 1 << 30
-
-
 def _garbage_collection(options: argparse.Namespace) -> None:
     """Hold full collections off for the process's life with ``--no-full-collections``
     (young and middle ones go on, so the garbage of each request is still freed)."""
     if options.no_full_collections:
-        young, middle, _ = gc.get_threshold()
-        gc.set_threshold(young, middle, _NEVER)
+        from yurtcoord.tx.heap import hold_collections
+        hold_collections(main, middle=False)
 
 
 def main(reactor: Any, argv: list[str]) -> defer.Deferred[Any]:
