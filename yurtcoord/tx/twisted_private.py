@@ -112,14 +112,13 @@ class ChunkedBodyBatcher:
                 # What nearly always follows a payload: its CRLF and the size line of
                 # the next chunk, plain hex. Anything else (the last chunk, extensions,
                 # a read ending here, malformed framing) takes the steps below.
+                remaining = 0
                 line = next_size(buf, pos)
                 if line is not None:
                     remaining = int(line[1], 16)
                     if remaining:
                         pos = line.end()
                         continue
-                else:
-                    remaining = 0
                 expect_crlf = True
             if expect_crlf:
                 if size - pos < 2:
