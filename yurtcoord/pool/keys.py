@@ -183,10 +183,15 @@ def mirror_rv_key(path: object) -> str:
     return MIRROR_RV_PREFIX + str(path)
 
 
+def rv_in_range(rv: int) -> bool:
+    """A mirror rv can hold ``rv`` (0 to ``MAX_RV``)."""
+    return 0 <= rv <= MAX_RV
+
+
 def format_rv(rv: int | str) -> str:
     """resourceVersion as 32 zero-padded digits, so byte order equals numeric order."""
     rv = int(rv)
-    if rv < 0 or rv > MAX_RV:
+    if not rv_in_range(rv):
         raise ValueError(f"resourceVersion out of range: {rv}")
     return f"{rv:0{RV_DIGITS}d}"
 

@@ -66,9 +66,8 @@ from yurtcoord.kube.gvr import GroupVersionResource
 from yurtcoord.pool.interfaces import IPoolStore
 from yurtcoord.pool.keycache import POOL_SCOPED_COMPONENT, ComponentKeyCache
 from yurtcoord.pool.keys import (
-    MAX_RV, InvalidKey, KeyBuildInfo, PoolKey, PoolKeyBuilder, ResourceId, ResourceLike,
-    format_rv, mirror_rv_key,
-    parse_rv,
+    InvalidKey, KeyBuildInfo, PoolKey, PoolKeyBuilder, ResourceId, ResourceLike, format_rv,
+    mirror_rv_key, parse_rv, rv_in_range,
 )
 from yurtcoord.tx.inflight import InFlight
 
@@ -169,7 +168,7 @@ def metadata_of(obj: Any) -> tuple[str, str, int]:
         rv_number = None
     # Checked against the bound rather than formatted: the store formats it once,
     # when it writes the object.
-    if rv_number is None or rv_number > MAX_RV:
+    if rv_number is None or not rv_in_range(rv_number):
         raise ValueError(f"resourceVersion {rv!r} is not a number")
     name = metadata.get("name")
     namespace = metadata.get("namespace") or ""
