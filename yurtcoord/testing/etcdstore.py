@@ -1,5 +1,9 @@
-"""A real etcd per test with a ``PoolStore`` on it, and objects to store, for the
-tests of the pool store and of what writes through it."""
+"""A real etcd with a ``PoolStore`` on it, and objects to store, for the tests of the
+pool store and of what writes through it.
+
+The etcd is the run's shared one of its binary and flags (``yurtcoord.testing.sharedetcd``),
+emptied after each test; a case whose tests need an etcd of their own sets
+``own_etcd``."""
 
 import json
 import os
@@ -14,6 +18,7 @@ from yurtcoord.pool.keycache import KEY_CACHE_FILE_NAME, ComponentKeyCache
 from yurtcoord.pool.keys import KeyBuildInfo, PoolKey
 from yurtcoord.pool.store import PoolStore, Steps
 from yurtcoord.sim.etcd import EtcdBinary, EtcdProcess, etcd_binary_for
+from yurtcoord.testing.sharedetcd import use_shared_etcd
 
 ETCD_34 = etcd_binary_for("3.4")
 ETCD_35 = etcd_binary_for("3.5")
@@ -37,17 +42,23 @@ def make_object(name: str, namespace: Optional[str], rv: int | str, kind: str = 
 
 
 class EtcdStoreCase(_TestCase):
-    """Starts a real etcd per test and a PoolStore on it; mixed into trial TestCases."""
+    """A real etcd (shared, emptied after each test) and a PoolStore on it; mixed into
+    trial TestCases."""
 
     etcd_binary: Optional[EtcdBinary] = None
     etcd_args: Tuple[str, ...] = ()
     store_kwargs: Dict[str, Any] = {}
+    # True: each test starts an etcd of its own instead of the shared one.
+    own_etcd = False
 
     def setUp(self) -> None:
         if self.etcd_binary is None:
             raise unittest.SkipTest("this etcd version is not installed")
-        self.etcd = EtcdProcess(self.etcd_binary, extra_args=self.etcd_args).start()
-        self.addCleanup(self.etcd.stop)
+        if self.own_etcd:
+            self.etcd = EtcdProcess(self.etcd_binary, extra_args=self.etcd_args).start()
+            self.addCleanup(self.etcd.stop)
+        else:
+            self.etcd = use_shared_etcd(self, self.etcd_binary, extra_args=self.etcd_args)
         self.cache_dir = os.path.abspath(self.mktemp())
         os.makedirs(self.cache_dir)
         self.client = self.new_client()
