@@ -1,4 +1,4 @@
-"""The test API server with its objects in a real etcd (3.4 and 3.5), checked with
+"""The test API server with its objects in a real etcd (the preferred version), checked with
 etcdctl as the independent reader: kube-apiserver's keys and values, the mod
 revision as resourceVersion, guarded writes, LIST at a revision, watches over the
 gateway's stream, 410 after compaction; and what the agents' pool store writes is
@@ -29,12 +29,12 @@ from yurtcoord.sim.apiserver.clients import write_kubeconfig
 from yurtcoord.sim.apiserver.etcdstorage import EtcdStorage, storage_for
 from yurtcoord.sim.apiserver.selectors import ObjectFilter
 from yurtcoord.sim.apiserver.storage import IObjectStorage, IStorageWatch
-from yurtcoord.sim.etcd import EtcdProcess, make_etcd_test_classes
-from yurtcoord.sim.pki import TestCA
+from yurtcoord.sim.etcd import make_etcd_test_class
 from yurtcoord.testing.apiservercase import CM, ServerTestCase, configmap
 from yurtcoord.testing.etcdstore import EtcdStoreCase
 from yurtcoord.testing.poll import poll_until
 from yurtcoord.testing.processes import CollectingProcess
+from yurtcoord.testing.sharedetcd import use_shared_etcd
 from yurtcoord.tx.retry import Retries, backoff_policy
 
 KUBECTL = shutil.which("kubectl") or "/usr/bin/kubectl"
@@ -71,7 +71,8 @@ class EtcdStorageInterfaceTests(unittest.TestCase):
 
 
 class EtcdAPIServerTestsMixin(EtcdStoreCase, ServerTestCase):
-    """One etcd per test, the pool store and the API server both on it."""
+    """The shared etcd (emptied after each test), the pool store and the API server
+    both on it."""
 
     def setUp(self):
         EtcdStoreCase.setUp(self)
@@ -439,7 +440,7 @@ class EtcdAPIServerTestsMixin(EtcdStoreCase, ServerTestCase):
 
 class SelectorPagingTests(ServerTestCase):
     """Pages of a selector list fill up across storage reads, in both modes (the
-    classes per etcd version below run these with the objects in etcd)."""
+    class on etcd below runs these with the objects in etcd)."""
 
     @defer.inlineCallbacks
     def test_pages_with_a_selector_read_on_until_full(self):
@@ -486,9 +487,8 @@ class EtcdTLSAPIServerTestsMixin:
 
     @defer.inlineCallbacks
     def test_reads_writes_and_watches_over_mutual_tls(self):
-        ca = TestCA(self.mktemp())
-        etcd = EtcdProcess(self.etcd_binary, tls_ca=ca).start()
-        self.addCleanup(etcd.stop)
+        etcd = use_shared_etcd(self, self.etcd_binary, tls=True)
+        ca = etcd.tls_ca
         storage = storage_for(reactor, etcd.client_url, ca_file=ca.ca_file,
                               cert_file=etcd.client_cert.cert_file,
                               key_file=etcd.client_cert.key_file)
@@ -519,8 +519,8 @@ def _pod(name, namespace, rv):
         "status": {"phase": "Running"}}, separators=(",", ":")).encode()
 
 
-make_etcd_test_classes(EtcdAPIServerTestsMixin, globals())
-make_etcd_test_classes(EtcdSelectorPagingTestsMixin, globals())
-make_etcd_test_classes(EtcdTLSAPIServerTestsMixin, globals())
-# TestCases themselves (through ServerTestCase): only the classes per etcd version run.
+make_etcd_test_class(EtcdAPIServerTestsMixin, globals())
+make_etcd_test_class(EtcdSelectorPagingTestsMixin, globals())
+make_etcd_test_class(EtcdTLSAPIServerTestsMixin, globals())
+# TestCases themselves (through ServerTestCase): only the classes on etcd run.
 del EtcdAPIServerTestsMixin, EtcdSelectorPagingTestsMixin
