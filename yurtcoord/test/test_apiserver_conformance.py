@@ -1,7 +1,8 @@
 """Wire conformance of the test API server, judged by clients written
 elsewhere: the official ``kubernetes`` Python client and ``kubectl``; once with
-the objects in memory and once more with them in a real etcd (3.4 and 3.5), as
-the coordinator apiserver keeps them."""
+the objects in memory and once more with them in a real etcd (the preferred
+version: what a client sees does not differ between 3.4 and 3.5), as the
+coordinator apiserver keeps them."""
 
 import contextlib
 import datetime
@@ -23,17 +24,19 @@ from yurtcoord.kube import gvr as gvrs
 from yurtcoord.sim.apiserver import KubeAPIServer
 from yurtcoord.sim.apiserver.clients import write_kubeconfig
 from yurtcoord.sim.apiserver.etcdstorage import storage_for
-from yurtcoord.sim.etcd import EtcdProcess, make_etcd_test_classes
+from yurtcoord.sim.etcd import make_etcd_test_class
 from yurtcoord.sim.pki import TestCA
 from yurtcoord.testing.poll import poll_until
 from yurtcoord.testing.processes import CollectingProcess
+from yurtcoord.testing.sharedetcd import use_shared_etcd
 
 KUBECTL = shutil.which("kubectl") or "/usr/bin/kubectl"
 
 
 class _ServerCase(unittest.TestCase):
     tls = False
-    # Set (by make_etcd_test_classes) for the classes that keep the objects in etcd.
+    # Set (by make_etcd_test_class) for the classes that keep the objects in the
+    # shared etcd of the run, emptied after each test.
     etcd_binary = None
 
     @defer.inlineCallbacks
@@ -47,8 +50,7 @@ class _ServerCase(unittest.TestCase):
             self.ca.server_pair("server")
         storage = None
         if self.etcd_binary is not None:
-            self.etcd = EtcdProcess(self.etcd_binary).start()
-            self.addCleanup(self.etcd.stop)
+            self.etcd = use_shared_etcd(self, self.etcd_binary)
             storage = storage_for(reactor, self.etcd.client_url)
         self.server = KubeAPIServer(reactor, tls_dir=tls_dir, bookmark_interval=0.2,
                                     storage=storage)
@@ -354,7 +356,7 @@ class KubernetesClientTLSTests(_ServerCase):
 
 # The same clients against the objects kept in etcd.
 for _tests in (KubernetesClientTests, KubectlTests, KubectlTLSTests, KubernetesClientTLSTests):
-    make_etcd_test_classes(type(_tests.__name__ + "Mixin", (_tests,), {
+    make_etcd_test_class(type(_tests.__name__ + "Mixin", (_tests,), {
         "__module__": __name__,
         "__doc__": f"{_tests.__doc__.rstrip('.')}, the objects in etcd."}), globals())
 del _tests
