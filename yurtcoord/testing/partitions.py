@@ -34,7 +34,8 @@ Scenarios run side by side, each on a topology of its own, to keep the suite sho
 """
 
 import json
-from typing import Any, Callable, Dict, Generator, List, Optional, Tuple
+import math
+from typing import Any, Callable, Dict, Generator, List, Mapping, Optional, Sequence, Tuple
 
 import attr
 from twisted.internet import defer
@@ -42,8 +43,9 @@ from twisted.internet.task import deferLater
 
 from yurtcoord.kube.gvr import ENDPOINTS, LEASES
 from yurtcoord.names import DELEGATE_HEARTBEAT_ANNOTATION
+from yurtcoord.sim.apiserver.requestlog import LoggedRequest
 from yurtcoord.testing.invariants import (
-    changes_per_minute, check_fencing, check_goes_stale, check_lease_age,
+    LeadershipChange, changes_per_minute, check_fencing, check_goes_stale, check_lease_age,
     check_single_delegator, delegated_writes, leadership_changes,
 )
 from yurtcoord.testing.partitionworld import CLOUD_HOST, LAN, WAN, PartitionWorld
@@ -234,17 +236,55 @@ def judge(world: PartitionWorld, run: Run, started: float, stopped_at: float,
           end: float) -> List[str]:
     """Every invariant of the module docstring, from the servers' request logs."""
     cloud, coordinator = world.servers()
-    cloud_log, coordinator_log = cloud.request_log, coordinator.request_log
+    return judge_request_logs(cloud.request_log, coordinator.request_log,
+                              world.node_of_address, [run.leader] + run.live_followers(),
+                              run.dead, started, stopped_at, end, run.excused)
+
+
+def judge_request_logs(cloud_log: Sequence[LoggedRequest],
+                       coordinator_log: Sequence[LoggedRequest],
+                       node_of_address: Mapping[str, str], live: Sequence[str], dead: str,
+                       started: float, stopped_at: float, end: float,
+                       excused: Sequence[Tuple[float, float]] = ()) -> List[str]:
+    """The invariants of the module docstring that the request logs of the cloud and
+    the coordinator apiserver decide, over [``started``, ``end``]: one delegator at a
+    time, fencing, the ``live`` nodes' cloud leases never older than
+    ``LIVE_LEASE_BOUND`` outside the ``excused`` windows, and the ``dead`` node, whose
+    kubelet stopped at ``stopped_at``, stale within ``STALE_BOUND``. Whoever keeps such
+    logs is judged alike: the API test servers of a scenario, or the fake links of a
+    pool on a ``Clock``."""
     problems = []
-    problems += check_single_delegator(cloud_log, coordinator_log, world.node_of_address,
+    problems += check_single_delegator(cloud_log, coordinator_log, node_of_address,
                                        ELECTION_NAMESPACE, ELECTION_LEASE, LEASE_DURATION)
-    problems += check_fencing(cloud_log, coordinator_log, world.node_of_address,
+    problems += check_fencing(cloud_log, coordinator_log, node_of_address,
                               ELECTION_NAMESPACE, ELECTION_LEASE)
-    for node in [run.leader] + run.live_followers():
+    for node in live:
         problems += check_lease_age(cloud_log, node, started, end, LIVE_LEASE_BOUND,
-                                    run.excused)
-    problems += check_goes_stale(cloud_log, run.dead, stopped_at, STALE_BOUND, end)
+                                    excused)
+    problems += check_goes_stale(cloud_log, dead, stopped_at, STALE_BOUND, end)
     return problems
+
+
+def leadership_changes_allowed(seconds: float) -> int:
+    """How many leadership changes a flap of ``seconds`` may cause:
+    ``MAX_LEADERSHIP_CHANGES_PER_MINUTE`` over the flap, and never less than one. A
+    leader that loses the cloud in a cut steps down and stays a follower, since the
+    new leader keeps the lease: one change, which is no thrash however short the flap.
+    Over two minutes this is the rate bound itself (two changes)."""
+    return max(1, math.floor(MAX_LEADERSHIP_CHANGES_PER_MINUTE * seconds / 60.0 + 1e-9))
+
+
+def role_thrash(changes: Sequence[LeadershipChange], began: float,
+                end: float) -> Optional[str]:
+    """The problem with the leadership ``changes`` of a flap over [``began``, ``end``]
+    when there are more than ``leadership_changes_allowed``; None otherwise."""
+    allowed = leadership_changes_allowed(end - began)
+    if len(changes) <= allowed:
+        return None
+    rate = changes_per_minute(changes, began, end)
+    return (f"role thrash: {len(changes)} leadership changes in {end - began:.0f} s "
+            f"({rate:.2f}/min; at most {allowed}, {MAX_LEADERSHIP_CHANGES_PER_MINUTE}/min "
+            f"and never less than one): {list(changes)}")
 
 
 def lease_key(namespace: str, name: str) -> str:
@@ -453,13 +493,11 @@ def flapping(host_of: Callable[[Run], List[str]], network: str) -> Callable[[Run
         yield run.world.topology.flap(host, network, FLAP_PERIOD, FLAP_DURATION)
         changes = [c for c in leadership_changes(run.world.servers()[1].request_log,
                                                  ELECTION_NAMESPACE, ELECTION_LEASE)
-                   if c[0] >= began]
-        rate = changes_per_minute(changes, began, run.now())
+                   if c.at >= began]
         run.notes["flap_leadership_changes"] = len(changes)
-        if rate > MAX_LEADERSHIP_CHANGES_PER_MINUTE:
-            run.problems.append(f"role thrash: {len(changes)} leadership changes in "
-                                   f"{run.now() - began:.0f} s ({rate:.2f}/min, bound "
-                                   f"{MAX_LEADERSHIP_CHANGES_PER_MINUTE}/min): {changes}")
+        problem = role_thrash(changes, began, run.now())
+        if problem is not None:
+            run.problems.append(problem)
     return script
 
 
