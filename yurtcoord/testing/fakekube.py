@@ -9,6 +9,8 @@ client raises them, and can be told to fail the next calls, to lose them (no ans
 ever), to let a concurrent writer win the next updates, or to hold answers back so a
 test can deliver them late (after the caller gave up on them). ``FakeKubeServer``
 puts several apiservers in front of one such store, each of which can stall and die.
+A test that needs the store's changes as a watch would deliver them (a fake informer
+fed by the store) follows them with ``add_write_observer`` and lists with ``stored``.
 """
 
 import copy
@@ -71,6 +73,10 @@ class FakeKube:
     server), ``hangs`` the next N calls; ``conflicts_on_update`` makes the next N
     updates lose to a concurrent writer (the stored resourceVersion moves on and the
     update answers ``Conflict``).
+
+    ``add_write_observer(observer)``: ``observer(event, obj)`` is called with
+    ``"ADDED"``, ``"MODIFIED"`` or ``"DELETED"`` and a copy of the object after every
+    change of the store, before the call that made it answers.
     """
 
     def __init__(self, clock: Optional[IReactorTime] = None) -> None:
@@ -88,6 +94,7 @@ class FakeKube:
         self.hang = False
         self.hangs = 0
         self.conflicts_on_update = 0
+        self._write_observers: List[Callable[[str, Obj], object]] = []
 
     # Test controls -----------------------------------------------------------
 
@@ -124,6 +131,28 @@ class FakeKube:
         """The stored object (a copy) or None, without recording a call."""
         stored = self._objects.get(self._key(gvr, name, namespace))
         return copy.deepcopy(stored)
+
+    def stored(self, gvr: GroupVersionResource) -> List[Obj]:
+        """Copies of every stored object of ``gvr``, without recording a call (what
+        a list would answer)."""
+        return [copy.deepcopy(obj) for (resource, _ns, _name), obj in self._objects.items()
+                if resource == str(gvr)]
+
+    def add_write_observer(self, observer: Callable[[str, Obj], object]
+                           ) -> Callable[[], None]:
+        """Call ``observer(event, obj)`` after every change of the store (see the class
+        docstring); returns the callable that stops that."""
+        self._write_observers.append(observer)
+
+        def remove() -> None:
+            if observer in self._write_observers:
+                self._write_observers.remove(observer)
+
+        return remove
+
+    def _notify(self, event: str, obj: Obj) -> None:
+        for observer in list(self._write_observers):
+            observer(event, copy.deepcopy(obj))
 
     # The client interface ------------------------------------------------------
 
@@ -199,7 +228,10 @@ class FakeKube:
             metadata["namespace"] = ns
         self._version += 1
         metadata["resourceVersion"] = str(self._version)
-        self._objects[self._key(gvr, metadata["name"], ns)] = stored
+        key = self._key(gvr, metadata["name"], ns)
+        event = "MODIFIED" if key in self._objects else "ADDED"
+        self._objects[key] = stored
+        self._notify(event, stored)
         return stored
 
     def _get(self, gvr: GroupVersionResource, name: str, namespace: Optional[str]) -> Obj:
@@ -241,6 +273,7 @@ class FakeKube:
         stored = self._objects.pop(self._key(gvr, name, namespace), None)
         if stored is None:
             raise NotFound(f"{gvr} {namespace}/{name} not found")
+        self._notify("DELETED", stored)
         return copy.deepcopy(stored)
 
 
