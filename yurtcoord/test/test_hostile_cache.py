@@ -32,7 +32,8 @@ from yurtcoord.pool.localcache import BadCacheEntry, CachedObject, LocalCacheRea
 from yurtcoord.agent.metrics import Metrics
 from yurtcoord.pool.keycache import ComponentKeyCache
 from yurtcoord.pool.store import PoolStore
-from yurtcoord.testing.etcdstore import ETCD_35, EtcdStoreCase
+from yurtcoord.sim.etcd import preferred_etcd_binary
+from yurtcoord.testing.etcdstore import EtcdStoreCase
 from yurtcoord.pool.uploader import SKIP_REASONS, LocalCacheUploader
 
 PODS = UploadResource("kubelet", "pods", "v1")
@@ -318,11 +319,11 @@ class HostileTreeReaderTests(unittest.TestCase):
                 self.assertEqual(seen.get(path), "read", path)
 
 
-class HostileTreeUploadOnEtcd35(EtcdStoreCase, unittest.TestCase):
+class HostileTreeUploadTests(EtcdStoreCase, unittest.TestCase):
     """Reader and uploader on a real etcd: valid objects uploaded exactly, all else
     skipped under the reason the tree calls for, and the upload always completes."""
 
-    etcd_binary = ETCD_35
+    etcd_binary = preferred_etcd_binary()
 
     def setUp(self):
         super().setUp()

@@ -29,7 +29,7 @@ from yurtcoord.pool.store import PoolStore
 from yurtcoord.pool.sync import PoolSyncManager, ResourceMirror, object_bytes
 from yurtcoord.pool.synced import PoolCacheSyncedDetector
 from yurtcoord.sim.apiserver import KubeAPIServer
-from yurtcoord.sim.etcd import EtcdProcess, etcd_binary_for
+from yurtcoord.sim.etcd import preferred_etcd_binary
 from yurtcoord.testing.cloudobjects import make_endpoints, make_slice
 from yurtcoord.testing.discovery import SERVICES_ENTRY, cloud_discovery, configmap
 from yurtcoord.testing.fakeinformer import FakeInformer
@@ -37,8 +37,9 @@ from yurtcoord.testing.fakekube import FakeKube
 from yurtcoord.testing.fakepoolstore import FakePoolStore
 from yurtcoord.testing.logcapture import capture_log
 from yurtcoord.testing.poll import poll_until
+from yurtcoord.testing.sharedetcd import use_shared_etcd
 
-ETCD_35 = etcd_binary_for("3.5")
+ETCD = preferred_etcd_binary()
 NODE = "edge-1"
 # Wall-clock bound for "promptly" on real sockets: far below the 10 s informer_lease_renew.
 PROMPT = 5.0
@@ -535,10 +536,10 @@ class PoolSyncLiveTests(unittest.TestCase):
     timeout = 120
 
     def setUp(self):
-        if ETCD_35 is None:
-            raise unittest.SkipTest("etcd 3.5 not available")
-        self.etcd = EtcdProcess(ETCD_35).start()
-        self.addCleanup(self.etcd.stop)
+        if ETCD is None:
+            raise unittest.SkipTest("no etcd installed")
+        # The run's shared etcd, emptied after each test.
+        self.etcd = use_shared_etcd(self, ETCD)
         return self._set_up_servers()
 
     @defer.inlineCallbacks
