@@ -3,9 +3,12 @@
 Three agents built by ``make_service`` in this process, one cloud and one coordinator
 Kubernetes API test server, one real etcd (3.5 when available); every agent reaches
 the cloud through its own ``TCPProxy``, so the cloud can be cut for one agent (B)
-alone. The main scenario runs with the DEFAULT heartbeat and election timings
-(lease 15 s, renew 10 s, retry 2 s, check 5 s, heartbeat every 10 s), so it takes
-about two minutes.
+alone. Every scenario runs with the in-process test timings (``IN_PROCESS_SUITE``:
+lease 2 s, retry 0.3 s, heartbeat every 4 s): these tests prove the wiring, with loose
+bounds. The timing of the leader-death scenario with the DEFAULT timings (lease 15 s,
+renew 10 s, retry 2 s, heartbeat every 10 s: a cloud renewTime gap of at most 18 s
+for every phase of the death, the exact moment of the takeover) is proved on a Clock,
+in ``test_delegation_timing``.
 
 What is observed, and how:
 
@@ -26,11 +29,12 @@ stops at once in the same reactor turn. Peers must wait for the lease to expire.
 from twisted.internet import defer, reactor
 from twisted.trial import unittest
 
+from yurtcoord.agent.config import parse_duration
 from yurtcoord.heartbeat.probes import DELEGATE_HEARTBEAT_ANNOTATION, NODE_LEASE_NAMESPACE
 from yurtcoord.kube.gvr import LEASES
 from yurtcoord.kube.lease import format_micro_time, renew_time
 from yurtcoord.role.roles import Role
-from yurtcoord.sim.agentini import IN_PROCESS_SUITE, TEST_ELECTION_LEASE
+from yurtcoord.sim.agentini import IN_PROCESS_SUITE
 from yurtcoord.sim.apiserver.selectors import ObjectFilter
 from yurtcoord.testing.poll import poll_until
 from yurtcoord.sim.tcpproxy import TCPProxy
@@ -39,10 +43,16 @@ from yurtcoord.testing.inprocess import POOL, PoolWorld
 
 NODES = ("edge-1", "edge-2", "edge-3")
 GHOST = "edge-ghost"
-HEARTBEAT_INTERVAL = 10.0  # the default [heartbeat] interval
-MAX_GAP_ACROSS_LEADER_DEATH = 20.0
-# Bounds of the waits below, with the default timings: a cloud probe every 10 s, a
-# cloud healthy again after 2 successes, a new leader <= 17 s after a death.
+HEARTBEAT_INTERVAL = parse_duration(str(IN_PROCESS_SUITE["heartbeat"]["interval"]))
+TAKEOVER = (parse_duration(str(IN_PROCESS_SUITE["leader_election"]["lease_duration"]))
+            + parse_duration(str(IN_PROCESS_SUITE["leader_election"]["retry_period"])))
+# A loose bound on a cut node's cloud renewTime gap, for three agents and both API
+# servers sharing one busy reactor: a heartbeat may come an interval late, its probe
+# fail within the next one, and a dead leader is replaced within the takeover. The
+# exact gaps are test_delegation_timing's.
+MAX_GAP_ACROSS_LEADER_DEATH = 3 * HEARTBEAT_INTERVAL + TAKEOVER
+# Bounds of the waits below, far beyond the timings (a cloud probe every 4 s, a cloud
+# healthy again after 1 success, a new leader within 2.3 s of a death).
 STEP_TIMEOUT = 30.0
 RESTORE_TIMEOUT = 50.0
 
@@ -196,10 +206,18 @@ class PoolTestCase(unittest.TestCase):
         return self.world.config(node, cloud_urls=[cloud_url], timings=self.timings)
 
 
-class DelegationPoolDefaultTimingsTests(PoolTestCase):
-    timeout = 240
-    # Every timing at its default.
-    timings = TEST_ELECTION_LEASE
+class DelegationPoolShortTimingsTests(PoolTestCase):
+    """Pool-level checks of the wiring with the in-process test timings
+    (``IN_PROCESS_SUITE``: heartbeat every 4 s, lease 2 s, retry 0.3 s)."""
+
+    timeout = 60
+
+    @defer.inlineCallbacks
+    def setUp(self):
+        yield super().setUp()
+        # The ghost is a Node of the pool whose lease is written straight into the
+        # coordinator's store.
+        add_pool_node(self.world.cloud, GHOST, POOL)
 
     def cloud_lease(self, node):
         return self.world.node_lease(self.world.cloud, node)
@@ -220,6 +238,10 @@ class DelegationPoolDefaultTimingsTests(PoolTestCase):
 
     @defer.inlineCallbacks
     def test_cut_node_is_kept_alive_through_the_leader_and_a_leader_death(self):
+        """With the in-process test timings (it once ran with the default ones, two
+        minutes; their exact timing is test_delegation_timing's): cut, restored, cut
+        again and through the leader's death, the cut node's cloud lease advances,
+        forwarded by leaders only, with gaps within a loose bound."""
         pool, timings = self.pool, {}
         yield poll_until(lambda: pool.settled(NODES), STEP_TIMEOUT, 0.05, reactor,
                          what="one leader of three agents, delegation running")
@@ -239,7 +261,7 @@ class DelegationPoolDefaultTimingsTests(PoolTestCase):
         yield self.wait_delegated(cut, cut_at, 2, f"two heartbeats of {cut} forwarded by {leader}")
         timings["cut_to_second_forward"] = reactor.seconds() - cut_at
         renewals = self.cloud_log.renew_times(cut)
-        self.assertLessEqual(largest_gap(renewals), 2 * HEARTBEAT_INTERVAL, renewals)
+        self.assertLessEqual(largest_gap(renewals), MAX_GAP_ACROSS_LEADER_DEATH, renewals)
         self.assertGreater(self.pool.agents[leader].delegation.delegated, 0)
         renew_ghost(self.world.coordinator)
 
@@ -262,8 +284,8 @@ class DelegationPoolDefaultTimingsTests(PoolTestCase):
         # 3. B is cut again and then the leader dies while B is still cut off.
         yield self.pool.proxies[cut].cut()
         recut_at = reactor.seconds()
-        yield self.wait_delegated(cut, recut_at, 2,
-                                  f"{cut}'s heartbeats forwarded again by {leader}")
+        yield self.wait_delegated(cut, recut_at, 1,
+                                  f"{cut}'s heartbeat forwarded again by {leader}")
         renew_ghost(self.world.coordinator)
         self.assertEqual(self.world.election_lease().holder_identity, leader)
         # The death is placed in the worst phase: just before B's next pool renewal,
@@ -272,7 +294,7 @@ class DelegationPoolDefaultTimingsTests(PoolTestCase):
         kill_at = self.cloud_log.changes[cut][-1][0] + cadence - 0.5
         yield poll_until(lambda: reactor.seconds() >= kill_at, cadence, 0.01, reactor,
                          what="0.5 s before B's next pool renewal")
-        self.assertEqual(len(set(self.delegated_renewals(cut, recut_at))), 2)
+        self.assertGreaterEqual(len(set(self.delegated_renewals(cut, recut_at))), 1)
         killed_at = reactor.seconds()
         yield pool.kill(leader)
         # Not released: the peers have to wait for the lease to expire.
@@ -309,20 +331,6 @@ class DelegationPoolDefaultTimingsTests(PoolTestCase):
         self.assertIsNone(self.cloud_lease(GHOST))
         print("delegation pool timings (s):",
               {name: round(value, 2) for name, value in timings.items()})
-
-
-class DelegationPoolShortTimingsTests(PoolTestCase):
-    """Pool-level checks that need no default timings (test timings of
-    ``test_service``: heartbeat every 0.3 s, lease 2 s)."""
-
-    timeout = 60
-
-    @defer.inlineCallbacks
-    def setUp(self):
-        yield super().setUp()
-        # The ghost is a Node of the pool whose lease is written straight into the
-        # coordinator's store.
-        add_pool_node(self.world.cloud, GHOST, POOL)
 
     @defer.inlineCallbacks
     def test_only_annotated_leases_are_forwarded_and_only_by_the_leader(self):
