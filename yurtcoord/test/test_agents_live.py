@@ -37,7 +37,7 @@ class ThreeAgentPoolTests(unittest.TestCase):
 
     @defer.inlineCallbacks
     def setUp(self):
-        self.world = PoolWorld(self)
+        self.world = PoolWorld(self, shared_etcd=True)
         yield self.world.start()
         self.reader = StatusReader()
         self.proxies = {}
@@ -253,7 +253,7 @@ class RoleFlipLeakTests(unittest.TestCase):
 
     @defer.inlineCallbacks
     def setUp(self):
-        self.world = PoolWorld(self)
+        self.world = PoolWorld(self, shared_etcd=True)
         yield self.world.start()
         self.reader = StatusReader()
         config = self.world.config("edge-1")

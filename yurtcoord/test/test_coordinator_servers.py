@@ -40,7 +40,7 @@ class TwoCoordinatorServersTests(unittest.TestCase):
 
     @defer.inlineCallbacks
     def setUp(self):
-        self.world = PoolWorld(self, coordinator_servers=2)
+        self.world = PoolWorld(self, coordinator_servers=2, shared_etcd=True)
         yield self.world.start()
         self.reader = StatusReader()
         self.agents = {}

@@ -24,9 +24,10 @@ from yurtcoord.kube.gvr import LEASES
 from yurtcoord.kube.lease import LeaseRecord
 from yurtcoord.sim.agentini import IN_PROCESS_SUITE, Sections, loopback_agent_ini
 from yurtcoord.sim.apiserver import KubeAPIServer
-from yurtcoord.sim.etcd import EtcdProcess, etcd_binary_for
+from yurtcoord.sim.etcd import EtcdProcess, default_etcd_binary, preferred_etcd_binary
 from yurtcoord.sim.pki import TestCA
 from yurtcoord.testing.agentpages import Statuses, StatusReader, wait_for_statuses
+from yurtcoord.testing.sharedetcd import use_shared_etcd
 from yurtcoord.testing.world import (
     ELECTION_LEASE, ELECTION_NAMESPACE, POOL, add_pool_node, read_delegate_annotation,
     read_node_lease, write_cached_pod,
@@ -82,25 +83,34 @@ class PoolWorld:
 
     With ``tls`` the coordinator apiserver and etcd serve TLS and require client
     certificates of a test CA, and the cloud holds the certs Secret with them. With
+    ``shared_etcd`` the etcd is the run's shared one of its kind
+    (``yurtcoord.testing.sharedetcd``: already running, emptied after the test) instead
+    of one started for this world, and the CA with ``tls`` is that etcd's. With
     ``coordinator_servers`` above 1 there are that many coordinator apiservers
     (``coordinators``, the first also ``coordinator``) serving one store, as
     apiservers over one pool etcd do, and every agent is given all of them.
     """
 
     def __init__(self, test: unittest.TestCase, tls: bool = False,
-                 coordinator_servers: int = 1) -> None:
+                 coordinator_servers: int = 1, shared_etcd: bool = False) -> None:
         self.test = test
         self.tls = tls
+        self.shared_etcd = shared_etcd
         self.cloud = KubeAPIServer(reactor)
-        binary = etcd_binary_for("3.5") or etcd_binary_for("3.4")
+        binary = preferred_etcd_binary()
         tls_dir = None
-        if tls:
+        if shared_etcd:
+            self.etcd = use_shared_etcd(test, binary or default_etcd_binary(), tls=tls)
+            if self.etcd.tls_ca is not None:
+                self.ca = self.etcd.tls_ca
+        elif tls:
             self.ca = TestCA(test.mktemp())
-            self.ca.server_pair("server")
-            tls_dir = self.ca.directory
             self.etcd = EtcdProcess(binary, tls_ca=self.ca)
         else:
             self.etcd = EtcdProcess(binary)
+        if tls:
+            self.ca.server_pair("server")
+            tls_dir = self.ca.directory
         self.coordinator = KubeAPIServer(reactor, tls_dir=tls_dir)
         self.coordinators = [self.coordinator] + [
             KubeAPIServer(reactor, tls_dir=tls_dir, storage=self.coordinator.storage)
@@ -114,8 +124,9 @@ class PoolWorld:
 
     @defer.inlineCallbacks
     def start(self) -> Generator[Any, Any, None]:
-        self.etcd.start()
-        self.test.addCleanup(self.etcd.stop)
+        if not self.shared_etcd:
+            self.etcd.start()
+            self.test.addCleanup(self.etcd.stop)
         yield self.cloud.start()
         self.test.addCleanup(self.cloud.stop)
         for server in self.coordinators:
