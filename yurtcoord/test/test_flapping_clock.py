@@ -414,7 +414,8 @@ class FlappingCloudLinkTests(unittest.TestCase):
         """Probes late in each cut: the first attempt is lost, the second one, after the
         pause, reaches the cloud in the up phase. The leader never turns unhealthy:
         no leadership change, nothing delegated, and its cloud lease is renewed once
-        per heartbeat interval all along, late by the pause in every cut."""
+        per heartbeat interval all along, in every cut late by the lost attempt's
+        timeout and the pause."""
         changes = self.run_flap(LATE_IN_A_CUT)
         self.assertEqual(changes, [])
         self.assertEqual(self.members[self.leader].role, Role.LEADER)
