@@ -55,7 +55,8 @@ from yurtcoord.kube.interfaces import IInformer, IObjectClient
 from yurtcoord.kube.lease import holder_identity, renew_time
 from yurtcoord.kube.leaderelection import LeaderElectionConfig, LeaderElector
 from yurtcoord.names import (
-    DELEGATE_HEARTBEAT_ANNOTATION, ELECTION_LEASE_NAME, NODE_LEASE_NAMESPACE, NODE_POOL_LABEL,
+    DELEGATE_HEARTBEAT_ANNOTATION, ELECTION_LEASE_NAME, ELECTION_LEASE_NAMESPACE,
+    NODE_LEASE_NAMESPACE, NODE_POOL_LABEL,
 )
 from yurtcoord.pool.uploader import UploadCounts
 from yurtcoord.role.coordinator import Coordinator
@@ -331,14 +332,18 @@ class ClockPool:
     def run_until(self, when):
         run_until(self.clock, when)
 
+    def election_writes(self):
+        """``(written at, lease)`` of every write of the election lease."""
+        return [(at, lease) for at, lease in self.coordinator_store.writes
+                if lease["metadata"]["name"] == ELECTION_LEASE_NAME]
+
     def election_renewals(self, holder):
         """renewTimes of the election lease written with ``holder`` as its holder."""
-        return [renew_time(lease) for _at, lease in self.coordinator_store.writes
-                if lease["metadata"]["name"] == ELECTION_LEASE_NAME
-                and holder_identity(lease) == holder]
+        return [renew_time(lease) for _at, lease in self.election_writes()
+                if holder_identity(lease) == holder]
 
     def election_holder(self):
-        lease = self.coordinator_store.peek(LEASES, ELECTION_LEASE_NAME, "kube-system")
+        lease = self.coordinator_store.peek(LEASES, ELECTION_LEASE_NAME, ELECTION_LEASE_NAMESPACE)
         return holder_identity(lease)
 
     def pool_renewals(self, node, annotated):
@@ -408,9 +413,8 @@ class LeaderDeath:
         pool.run_until(self.ended_at)
 
     def first_election_write(self, holder):
-        writes = [at for at, lease in self.pool.coordinator_store.writes
-                  if lease["metadata"]["name"] == ELECTION_LEASE_NAME
-                  and holder_identity(lease) == holder]
+        writes = [at for at, lease in self.pool.election_writes()
+                  if holder_identity(lease) == holder]
         return writes[0] if writes else None
 
     # What the rules say -------------------------------------------------------------
@@ -479,7 +483,9 @@ class LeaderDeathAssertions:
     def assert_death_follows_the_rules(self, run):
         pool = run.pool
         self.assertEqual(pool.election_renewals(LEADER), run.expected_leader_renewals())
-        # Not released: the lease named A from its death until C took it.
+        # Not released: nobody wrote the lease from A's death until C took it.
+        self.assertEqual([at for at, _lease in pool.election_writes()
+                          if run.killed_at <= at < run.takeover_at], [])
         self.assertEqual(run.takeover_at, run.expected_takeover())
         self.assertEqual([(at, role) for at, role in pool.agents[SURVIVOR].roles
                           if role == Role.LEADER], [(run.takeover_at, Role.LEADER)])
@@ -544,7 +550,8 @@ class DefaultTimingsLeaderDeathTests(LeaderDeathAssertions, unittest.TestCase):
             across[phase] = run.across_death_gap()
             self.assertLessEqual(across[phase], window, phase)
         # Both outcomes occur: C's first forward is the renewal right after A's
-        # last, or the one after that, a whole W later (never more).
+        # last, or the one after that, a whole W later (W is two cadences with the
+        # defaults), never more.
         self.assertEqual(set(across.values()), {cadence, window})
 
 
