@@ -76,7 +76,8 @@ LEADER, CUT, SURVIVOR = NODES_OF_POOL
 START_OFFSETS = {LEADER: 0.0, CUT: 1 / 8, SURVIVOR: 3 / 8}
 CLOUD_URL = "http://cloud.example:6443"
 COORDINATOR_URL = "http://coordinator.example:6443"
-# test_delegation_pool's bound on a cut node's cloud renewTime gap across a death.
+# The bound on a cut node's cloud renewTime gap across a leader's death with the
+# default timings (twice the heartbeat interval; the cadence rule keeps it at 18 s).
 MAX_GAP_ACROSS_LEADER_DEATH = 20.0
 
 
