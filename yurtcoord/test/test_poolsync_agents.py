@@ -105,7 +105,7 @@ class InProcessPoolTests(unittest.TestCase):
     def setUp(self):
         if ETCD_35 is None:
             raise unittest.SkipTest("etcd 3.5 not available")
-        self.world = PoolWorld(self)
+        self.world = PoolWorld(self, shared_etcd=True)
         yield self.world.start()
         self.agents = {}
 

@@ -35,7 +35,7 @@ class AgentServiceTests(unittest.TestCase):
 
     @defer.inlineCallbacks
     def setUp(self):
-        self.world = PoolWorld(self)
+        self.world = PoolWorld(self, shared_etcd=True)
         yield self.world.start()
         self.reader = StatusReader()
 
@@ -292,7 +292,7 @@ class AgentOverTLSTests(unittest.TestCase):
 
     @defer.inlineCallbacks
     def setUp(self):
-        self.world = PoolWorld(self, tls=True, coordinator_servers=2)
+        self.world = PoolWorld(self, tls=True, coordinator_servers=2, shared_etcd=True)
         yield self.world.start()
         self.reader = StatusReader()
 
