@@ -9,9 +9,9 @@ from typing import Dict, Optional
 
 from twisted.internet import defer, error, protocol
 from twisted.python.failure import Failure
+from yurtcoord.testing.paths import REPO
 
 TWISTD = os.path.join(os.path.dirname(sys.executable), "twistd")
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # The agent's log line naming its status pages' URL.
 LISTENING = re.compile(r"status pages listening on (http://127\.0\.0\.1:(\d+))")
 

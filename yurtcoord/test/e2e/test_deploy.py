@@ -1,0 +1,175 @@
+"""The deployment manifests (``deploy/``): they parse, they agree with the agent's
+configuration, and their RBAC is exactly what the agents ask of each apiserver.
+
+- Every YAML document deserializes into the official ``kubernetes`` client's model of
+  its kind and serializes back to the same document (a misspelt or misplaced field is
+  dropped by the model, so the round trip shows it).
+- The ConfigMap's ini is a valid configuration once the DaemonSet's init container
+  wrote the node name into it, and the DaemonSet mounts what that ini names.
+- The RBAC checker (``yurtcoord.testing.rbac``) refuses a request no rule allows and a
+  rule no request uses, on small policies and on the shipped one (a removed or added
+  rule fails the check).
+- A whole pool of agents, each a ``twistd`` process, with TLS to the coordinator (the
+  certificates from the certs Secret), a leader, followers, a follower cut off from
+  the cloud whose heartbeat the leader forwards, pool sync of every default pool-scoped
+  resource and the local cache upload: every request the cloud and the coordinator
+  apiserver logged is allowed by the shipped rules for that apiserver, and every
+  permission of those rules was used. The permissions and the request that used each
+  are printed as ``RBAC <apiserver> <permission> <- <request>`` lines.
+"""
+
+import glob
+import os
+from typing import Any
+
+import yaml
+from twisted.internet import defer, reactor
+from twisted.trial import unittest
+
+from yurtcoord.kube.gvr import ENDPOINTS, ENDPOINTSLICES_V1, ENDPOINTSLICES_V1BETA1, SECRETS
+from yurtcoord.sim.apiserver import KubeAPIServer
+from yurtcoord.sim.apiserver.requestlog import RequestAttributes, request_attributes
+from yurtcoord.sim.etcd import EtcdProcess, etcd_binary_for
+from yurtcoord.sim.pki import TestCA
+from yurtcoord.testing.inprocess import certs_secret
+from yurtcoord.testing.poll import poll_until
+from yurtcoord.testing.rbac import RBACPolicy, Subject, check_policy, describe_use
+from yurtcoord.testing.world import AgentProcess, ProcessWorld, leader_of, one_leader_all_ready
+from yurtcoord.testing.paths import REPO
+
+ROOT = REPO
+DEPLOY = os.path.join(ROOT, "deploy")
+CLOUD_DIR = os.path.join(DEPLOY, "cloud")
+COORDINATOR_DIR = os.path.join(DEPLOY, "coordinator")
+
+# Who the agent is to each apiserver: the DaemonSet's ServiceAccount and, for the
+# heartbeats the leader forwards, the node-lease-proxy certificate's user on the cloud;
+# the yurthub client certificate's user on the coordinator apiserver.
+SERVICE_ACCOUNT = Subject("ServiceAccount", "yurtcoord", "kube-system")
+NODE_LEASE_PROXY = Subject("User", "openyurt:yurt-coordinator:node-lease-proxy-client")
+CLOUD_SUBJECTS = (SERVICE_ACCOUNT, NODE_LEASE_PROXY)
+COORDINATOR_SUBJECTS = (Subject("User", "openyurt:yurt-coordinator:yurthub"),)
+
+
+def documents(directory: str) -> list[tuple[str, dict[str, Any]]]:
+    """``(file name, document)`` of every YAML document under ``directory``."""
+    found = []
+    for path in sorted(glob.glob(os.path.join(directory, "*.yaml"))):
+        with open(path, encoding="utf-8") as f:
+            for document in yaml.safe_load_all(f):
+                if document is not None:
+                    found.append((os.path.relpath(path, ROOT), document))
+    return found
+
+
+def cloud_policy() -> RBACPolicy:
+    return RBACPolicy.from_documents([d for _, d in documents(CLOUD_DIR)], CLOUD_SUBJECTS)
+
+
+def coordinator_policy() -> RBACPolicy:
+    return RBACPolicy.from_documents([d for _, d in documents(COORDINATOR_DIR)],
+                                     COORDINATOR_SUBJECTS)
+
+
+def resource(verb: str, group: str, resource: str, namespace: str = "", name: str = "",
+             subresource: str = "") -> RequestAttributes:
+    return RequestAttributes(verb, group, resource, subresource, namespace, name, "/x")
+
+
+def endpoints(name: str) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Endpoints",
+            "metadata": {"name": name, "namespace": "default"}, "subsets": []}
+
+
+def endpoint_slice(name: str, version: str) -> dict[str, Any]:
+    return {"apiVersion": f"discovery.k8s.io/{version}", "kind": "EndpointSlice",
+            "metadata": {"name": name, "namespace": "default"}, "addressType": "IPv4",
+            "endpoints": []}
+
+
+class CertsProcessWorld(ProcessWorld):
+    """A ``ProcessWorld`` whose coordinator apiserver and etcd serve TLS with client
+    certificates of a test CA; the agents read those from the certs Secret in the
+    cloud (put there by ``start``). The coordinator apiserver keeps its objects in
+    that etcd, as its client."""
+
+    def __init__(self, reactor: Any) -> None:
+        super().__init__(reactor)
+        self.ca = TestCA(os.path.join(self.base_dir, "ca"))
+        self.ca.server_pair("server")
+        self.etcd = EtcdProcess(etcd_binary_for("3.5") or etcd_binary_for("3.4"),
+                                tls_ca=self.ca)
+        self.coordinator = KubeAPIServer(reactor, tls_dir=self.ca.directory,
+                                         storage=self.coordinator_storage())
+
+    @defer.inlineCallbacks
+    def start(self):
+        yield super().start()
+        self.servers()[0].store.create(SECRETS, certs_secret(self.ca))
+
+    def ini_for(self, agent: AgentProcess, **sections: Any) -> str:
+        coordinator = {"insecure": "false", **sections.pop("coordinator", {})}
+        return super().ini_for(agent, coordinator=coordinator, **sections)
+
+
+STEP_TIMEOUT = 60.0
+
+
+class PoolRequestsTests(unittest.TestCase):
+    """Every request of a whole pool against the shipped rules, both ways."""
+
+    timeout = 240
+
+    def setUp(self):
+        self.world = CertsProcessWorld(reactor)
+        self.addCleanup(self.world.stop)
+        return self.world.start()
+
+    @defer.inlineCallbacks
+    def test_every_request_is_allowed_and_every_rule_is_used(self):
+        world = self.world
+        cloud, coordinator = world.servers()
+        cloud.store.create(ENDPOINTS, endpoints("web"))
+        cloud.store.create(ENDPOINTSLICES_V1, endpoint_slice("web-v1", "v1"))
+        cloud.store.create(ENDPOINTSLICES_V1BETA1, endpoint_slice("web-v1beta1", "v1beta1"))
+        nodes = ("edge-1", "edge-2", "edge-3")
+        for node in nodes:
+            yield world.add_agent(node, pods=3)
+        yield world.start_agents()
+        statuses = yield world.wait_for_pool(
+            "one leader, all ready", lambda s: one_leader_all_ready(s, len(nodes)),
+            STEP_TIMEOUT)
+        leader = leader_of(statuses)
+        cut = sorted(node for node in nodes if node != leader)[0]
+        # Pool sync mirrors changes too, not only the first list.
+        cloud.store.create(ENDPOINTS, endpoints("api"))
+        yield world.cut_cloud([cut])
+        yield poll_until(
+            lambda: any(r.is_lease_write and r.delegated and r.name == cut
+                        for r in cloud.request_log),
+            STEP_TIMEOUT, 0.1, reactor, what=f"the leader forwards {cut}'s heartbeat")
+        world.restore_cloud([cut])
+        yield world.wait_for_pool(
+            "all ready again", lambda s: one_leader_all_ready(s, len(nodes)), STEP_TIMEOUT)
+        # A watch is logged when its answer ends: end the open ones, so that every
+        # watch the agents made is in the logs.
+        logged = {server: len(server.request_log) for server in (cloud, coordinator)}
+        watches = {server: server.open_watches for server in (cloud, coordinator)}
+        for server in (cloud, coordinator):
+            server.faults.end_watches()
+        yield poll_until(lambda: all(len(s.request_log) >= logged[s] + watches[s]
+                                     for s in (cloud, coordinator)),
+                         STEP_TIMEOUT, 0.05, reactor, what="ended watches logged")
+        for agent in world.agents.values():
+            yield agent.stop()
+
+        for name, server, policy in (("cloud", cloud, cloud_policy()),
+                                     ("coordinator", coordinator, coordinator_policy())):
+            self.assertEqual(server.request_log_dropped, 0)
+            requests = [request_attributes(record) for record in server.request_log]
+            check = check_policy(policy, requests)
+            for line in describe_use(check):
+                print(f"RBAC {name} {line}")
+            self.assertEqual(check.problems, [], f"{name} apiserver")
+        # The coordinator saw the agents' client certificates from the certs Secret.
+        self.assertIn("CN=system:node:yurthub,O=system:nodes", coordinator.client_subjects)

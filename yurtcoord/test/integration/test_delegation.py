@@ -1,0 +1,171 @@
+"""Heartbeat delegation: logic with a Clock and in-memory fakes, then end to end on
+real sockets (a plain coordinator API server and a TLS cloud API server)."""
+
+import os
+from types import SimpleNamespace
+
+from twisted.internet import defer, reactor
+from twisted.trial import unittest
+
+
+from yurtcoord.heartbeat.delegation import (
+    DELEGATE_HEARTBEAT_ANNOTATION, NODE_LEASE_NAMESPACE, NODE_POOL_LABEL, HeartbeatDelegation,
+)
+from yurtcoord.tx.retry import Retries, backoff_policy
+from yurtcoord.kube.client import ClientConfig, KubeClient
+from yurtcoord.kube.gvr import LEASES, NODES
+from yurtcoord.kube.lease import format_micro_time, parse_micro_time
+from yurtcoord.sim.apiserver import KubeAPIServer
+from yurtcoord.sim.pki import TestCA
+from yurtcoord.testing.poll import poll_until
+
+POOL = "pool-a"
+
+
+def pool_lease(name, renewed, delegated=True, annotations=None, labels=None):
+    """A node lease as the coordinator apiserver holds it, server fields included."""
+    notes = dict(annotations or {})
+    if delegated:
+        notes[DELEGATE_HEARTBEAT_ANNOTATION] = "true"
+    return {
+        "apiVersion": "coordination.k8s.io/v1",
+        "kind": "Lease",
+        "metadata": {
+            "name": name,
+            "namespace": NODE_LEASE_NAMESPACE,
+            "resourceVersion": "4711",
+            "uid": "pool-uid-" + name,
+            "creationTimestamp": "2027-01-15T08:00:00Z",
+            "generation": 3,
+            "selfLink": f"/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases/{name}",
+            "managedFields": [{"manager": "yurthub", "operation": "Update"}],
+            "labels": dict(labels or {"node.openyurt.io/pool": "pool-a"}),
+            "annotations": notes,
+            "ownerReferences": [{"apiVersion": "v1", "kind": "Node", "name": name,
+                                 "uid": "node-uid-" + name}],
+        },
+        "spec": {
+            "holderIdentity": name,
+            "leaseDurationSeconds": 40,
+            "renewTime": format_micro_time(renewed),
+        },
+    }
+
+
+def pool_node(name, pool=POOL):
+    """A cloud Node as the pool's Node informer delivers it."""
+    return {"apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": name, "uid": "node-uid-" + name, "resourceVersion": "7",
+                         "labels": {NODE_POOL_LABEL: pool}}}
+
+
+class DelegationLiveTests(unittest.TestCase):
+    """A coordinator API server (plain HTTP) and a cloud API server that requires
+    client certificates; the real informer and clients in between."""
+
+    @defer.inlineCallbacks
+    def setUp(self):
+        tls_dir = self.mktemp()
+        os.makedirs(tls_dir)
+        ca = TestCA(tls_dir)
+        ca.server_pair("server")
+        proxy_pair = ca.client_pair("node-lease-proxy-client", "system:node-lease-proxy",
+                                    organizations=["openyurt:yurt-coordinator"])
+        self.pool = KubeAPIServer(reactor)
+        self.cloud = KubeAPIServer(reactor, tls_dir=tls_dir)
+        pool_url = yield self.pool.start()
+        self.cloud_url = yield self.cloud.start()
+        self.addCleanup(self.pool.stop)
+        self.addCleanup(self.cloud.stop)
+        self.pool_client = KubeClient(reactor, ClientConfig(server=pool_url, insecure=True))
+        self.proxy_client = KubeClient(reactor, ClientConfig(
+            server=self.cloud_url, ca_file=ca.ca_file, cert_file=proxy_pair.cert_file,
+            key_file=proxy_pair.key_file))
+        self.addCleanup(self.pool_client.close)
+        self.addCleanup(self.proxy_client.close)
+        clients = {self.cloud_url: self.proxy_client}
+        cloud_health = SimpleNamespace(pick_healthy_server=lambda: self.cloud_url)
+        for name in ("node-b", "node-c"):
+            self.cloud.store.create(NODES, pool_node(name))
+        self.delegation = HeartbeatDelegation.for_coordinator(
+            reactor, self.pool_client, self.proxy_client, cloud_health, clients.__getitem__,
+            POOL, make_backoff=lambda: Retries(backoff_policy(initial=0.05, maximum=0.5)),
+            heartbeat_interval=3600.0)
+        self.addCleanup(self.delegation.stop)
+        # Renewals a little in the past of the real clock (fresh, with the hour-long
+        # interval above).
+        self.t0 = float(int(reactor.seconds()) - 60)
+
+    def cloud_renew_time(self, name):
+        lease = self.cloud.store.get(LEASES, name, NODE_LEASE_NAMESPACE)
+        if lease is None:
+            return None
+        return parse_micro_time(lease["spec"]["renewTime"])
+
+    def pool_lease(self, name, renewed, delegated=True):
+        lease = pool_lease(name, renewed, delegated=delegated)
+        del lease["metadata"]["ownerReferences"]
+        for server_set in ("resourceVersion", "uid", "creationTimestamp", "managedFields",
+                           "selfLink", "generation"):
+            lease["metadata"].pop(server_set)
+        return lease
+
+    @defer.inlineCallbacks
+    def test_delegated_leases_reach_the_cloud_through_the_proxy_certificate(self):
+        # Delegated before this agent led: forwarded by the initial list.
+        self.pool.store.create(LEASES, self.pool_lease("node-b", self.t0 + 1))
+        self.pool.store.create(LEASES, self.pool_lease("node-c", self.t0 + 1, delegated=False))
+        yield self.delegation.start(None)
+        yield poll_until(lambda: self.cloud_renew_time("node-b") == self.t0 + 1,
+                         what="node-b's lease created in the cloud")
+        created = self.cloud.store.get(LEASES, "node-b", NODE_LEASE_NAMESPACE)
+        pooled = self.pool.store.get(LEASES, "node-b", NODE_LEASE_NAMESPACE)
+        node = self.cloud.store.get(NODES, "node-b")
+        self.assertEqual(created["spec"]["holderIdentity"], "node-b")
+        self.assertEqual(created["spec"]["leaseDurationSeconds"], 40)
+        self.assertNotIn("labels", created["metadata"])
+        self.assertEqual(created["metadata"]["ownerReferences"], [{
+            "apiVersion": "v1", "kind": "Node", "name": "node-b",
+            "uid": node["metadata"]["uid"]}])
+        self.assertNotEqual(created["metadata"]["uid"], pooled["metadata"]["uid"])
+
+        # Renewals advance the cloud lease.
+        for step in (2, 3):
+            pooled = self.pool.store.get(LEASES, "node-b", NODE_LEASE_NAMESPACE)
+            pooled["spec"]["renewTime"] = format_micro_time(self.t0 + step)
+            self.pool.store.update(LEASES, pooled)
+            yield poll_until(lambda: self.cloud_renew_time("node-b") == self.t0 + step,
+                             what=f"renewal {step} forwarded")
+        self.assertIsNone(self.cloud.store.get(LEASES, "node-c", NODE_LEASE_NAMESPACE))
+
+        # A newer renewal the node wrote itself is never moved back.
+        cloud = self.cloud.store.get(LEASES, "node-b", NODE_LEASE_NAMESPACE)
+        cloud["spec"]["renewTime"] = format_micro_time(self.t0 + 50)
+        self.cloud.store.update(LEASES, cloud)
+        pooled = self.pool.store.get(LEASES, "node-b", NODE_LEASE_NAMESPACE)
+        pooled["spec"]["renewTime"] = format_micro_time(self.t0 + 4)
+        self.pool.store.update(LEASES, pooled)
+        yield poll_until(lambda: self.delegation.skipped >= 1,
+                         what="older renewal skipped")
+        self.assertEqual(self.cloud_renew_time("node-b"), self.t0 + 50)
+
+        subjects = set(self.cloud.client_subjects)
+        self.assertEqual(subjects, {"CN=system:node-lease-proxy,O=openyurt:yurt-coordinator"})
+        self.assertEqual(self.delegation.delegated_heartbeats, 3)
+        self.assertEqual(self.delegation.failures, 0)
+
+    @defer.inlineCallbacks
+    def test_cloud_down_then_back_the_newest_state_is_delivered(self):
+        yield self.delegation.start(None)
+        # The pool's Nodes listed while the cloud answered stay known during the outage.
+        yield poll_until(lambda: self.delegation.pool_nodes_listed, what="pool nodes listed")
+        yield self.cloud.faults.down()
+        self.pool.store.create(LEASES, self.pool_lease("node-b", self.t0 + 1))
+        yield poll_until(lambda: self.delegation.failures >= 1,
+                         what="a failed delegation")
+        pooled = self.pool.store.get(LEASES, "node-b", NODE_LEASE_NAMESPACE)
+        pooled["spec"]["renewTime"] = format_micro_time(self.t0 + 2)
+        self.pool.store.update(LEASES, pooled)
+        yield self.cloud.faults.up()
+        yield poll_until(lambda: self.cloud_renew_time("node-b") == self.t0 + 2,
+                         what="newest state delivered after the cloud came back")

@@ -1,0 +1,371 @@
+"""The pool view (``GET /pool``) against real Kubernetes API test servers: members from
+the cloud's pool Nodes and the coordinator's node leases with their heartbeat paths,
+the election holder read from the coordinator, the pool cache counts, failed and hung
+reads named under ``errors``, and one round of reads for a flood of requests. The
+leader history runs on a ``task.Clock``."""
+
+import json
+import time
+
+import treq.client
+from twisted.internet import defer, reactor
+from twisted.trial import unittest
+from twisted.web.client import Agent, HTTPConnectionPool
+from zope.interface import implementer
+from zope.interface.verify import verifyObject
+
+from yurtcoord.agent import poolview
+from yurtcoord.agent.metrics import Metrics
+from yurtcoord.agent.poolview import DELEGATED, DIRECT, STALE, LeaderHistory, PoolView
+from yurtcoord.agent.status import IPoolView, IStatusSource, InitialStatus, status_site
+from yurtcoord.kube.gvr import ENDPOINTS, ENDPOINTSLICES_V1, ENDPOINTSLICES_V1BETA1, LEASES
+from yurtcoord.kube.lease import format_micro_time
+from yurtcoord.names import (
+    COORDINATOR_SERVER_ANNOTATION, DELEGATE_HEARTBEAT_ANNOTATION, ETCD_MEMBER_ANNOTATION,
+    INFORMER_SYNC_LEASE_NAME, INFORMER_SYNC_LEASE_NAMESPACE, NODE_LEASE_NAMESPACE,
+)
+from yurtcoord.sim.apiserver.clients import start_server_with_client
+from yurtcoord.testing.world import add_pool_node
+
+STALE_AFTER = 9.0
+ELECTION = ("kube-system", "yurthub")
+
+
+def lease(name, age, namespace=NODE_LEASE_NAMESPACE, delegated=False, holder=None,
+          duration=40):
+    metadata = {"name": name, "namespace": namespace}
+    if delegated:
+        metadata["annotations"] = {DELEGATE_HEARTBEAT_ANNOTATION: "true"}
+    return {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": metadata,
+            "spec": {"holderIdentity": holder or name, "leaseDurationSeconds": duration,
+                     "renewTime": format_micro_time(time.time() - age)}}
+
+
+@implementer(IStatusSource)
+class FollowerStatus:
+    """A ready follower that uploaded 12 objects."""
+
+    role = "follower"
+    healthy = True
+    ready = True
+
+    def readiness_failures(self):
+        return []
+
+    def status(self):
+        return {"node": "edge-1", "pool": "pool-a", "role": "follower", "ready": True,
+                "pool_cache_synced": True, "local_cache_uploaded": True,
+                "uploaded_objects": 12}
+
+
+class PoolViewTests(unittest.TestCase):
+    @defer.inlineCallbacks
+    def setUp(self):
+        self.cloud, self.cloud_client = yield start_server_with_client(self, reactor)
+        self.coordinator, self.coordinator_client = yield start_server_with_client(
+            self, reactor)
+        self.cloud_healthy = True
+        self.keys = {b"/registry/services/endpoints/": 3,
+                     b"/registry/endpointslices/": 7}
+        self.counted = []
+        for node in ("edge-1", "edge-2", "edge-3", "edge-4"):
+            add_pool_node(self.cloud, node)
+        add_pool_node(self.cloud, "other-1", pool="pool-b")
+        # edge-1 direct, edge-2 cut off and delegated through the leader, edge-3's
+        # kubelet died (both leases old), edge-4 has no pool lease yet, edge-5 is
+        # only on the coordinator (no cloud Node).
+        for name, cloud_age, pool_age, delegated in (
+                ("edge-1", 1, 1, False), ("edge-2", 2, 1, True), ("edge-3", 30, 30, False),
+                ("other-1", 1, None, False), ("edge-4", 1, None, False),
+                ("edge-5", None, 2, False)):
+            if cloud_age is not None:
+                self.cloud.store.create(LEASES, lease(name, cloud_age, delegated=delegated))
+            if pool_age is not None:
+                self.coordinator.store.create(LEASES, lease(name, pool_age,
+                                                            delegated=delegated))
+        self.coordinator.store.create(LEASES, lease(ELECTION[1], 0.5, namespace=ELECTION[0],
+                                                    holder="edge-2", duration=15))
+        self.coordinator.store.create(LEASES, lease(
+            INFORMER_SYNC_LEASE_NAME, 1.5, namespace=INFORMER_SYNC_LEASE_NAMESPACE,
+            holder="edge-2"))
+        self.history = LeaderHistory(reactor, "edge-1")
+        self.view = self.make_view()
+
+    def count_keys(self, prefix):
+        self.counted.append(prefix)
+        return defer.succeed(self.keys[prefix])
+
+    def make_view(self, **options):
+        return PoolView(reactor, FollowerStatus(), "edge-1", "pool-a",
+                        self.coordinator_client, self.cloud_client,
+                        lambda: self.cloud_healthy, self.count_keys, "/registry",
+                        lambda: (ENDPOINTS, ENDPOINTSLICES_V1, ENDPOINTSLICES_V1BETA1),
+                        ELECTION, STALE_AFTER, self.history, **options)
+
+    def members(self, document):
+        return {m["node"]: m for m in document["members"]}
+
+    @defer.inlineCallbacks
+    def test_members_paths_leader_and_cache_with_the_cloud(self):
+        verifyObject(IPoolView, self.view)
+        verifyObject(IStatusSource, FollowerStatus())
+        document = yield self.view.document()
+        self.assertEqual(document["errors"], {})
+        self.assertTrue(document["cloud_read"])
+        members = self.members(document)
+        # Pool Nodes of the cloud and leases of the coordinator; not other pools' Nodes.
+        self.assertEqual(sorted(members), ["edge-1", "edge-2", "edge-3", "edge-4", "edge-5"])
+        self.assertEqual({n: m["heartbeat"] for n, m in members.items()},
+                         {"edge-1": DIRECT, "edge-2": DELEGATED, "edge-3": STALE,
+                          "edge-4": DIRECT, "edge-5": STALE})
+        self.assertTrue(members["edge-3"]["stale"])
+        self.assertLessEqual(abs(members["edge-3"]["lease_age"] - 30), 3)
+        self.assertLessEqual(abs(members["edge-2"]["cloud_lease_age"] - 2), 2)
+        self.assertLessEqual(abs(members["edge-2"]["pool_lease_age"] - 1), 2)
+        self.assertIsNone(members["edge-4"]["pool_lease_age"])
+        self.assertEqual([n for n, m in members.items() if m["leader"]], ["edge-2"])
+        self.assertEqual(document["leader"], "edge-2")
+        self.assertEqual(document["election"]["holder"], "edge-2")
+        self.assertFalse(document["election"]["expired"])
+        self.assertEqual(members["edge-1"]["upload"], {"uploaded": True, "objects": 12})
+        self.assertIsNone(members["edge-2"]["upload"])
+        self.assertTrue(members["edge-1"]["this_agent"])
+        self.assertEqual(document["cache"]["resources"],
+                         {"endpoints": 3, "endpointslices.discovery.k8s.io": 7})
+        # Both endpointslices versions share their keys: counted once.
+        self.assertEqual(len(self.counted), 2)
+        self.assertLessEqual(abs(document["cache"]["informer_sync_lease_age"] - 1.5), 2)
+        self.assertEqual(document["cache"]["informer_sync_holder"], "edge-2")
+        self.assertEqual((document["node"], document["pool"], document["role"]),
+                         ("edge-1", "pool-a", "follower"))
+        json.dumps(document)
+
+    def annotate(self, server, name, annotations):
+        current = server.store.get(LEASES, name, NODE_LEASE_NAMESPACE)
+        current["metadata"]["annotations"] = dict(
+            current["metadata"].get("annotations") or {}, **annotations)
+        server.store.update(LEASES, current)
+
+    @defer.inlineCallbacks
+    def test_each_member_shows_the_servers_its_coordinator_lease_names(self):
+        self.annotate(self.coordinator, "edge-1", {
+            ETCD_MEMBER_ANNOTATION: "https://10.0.0.2:2379",
+            COORDINATOR_SERVER_ANNOTATION: "https://10.0.0.1:6443"})
+        # No pool store open: no etcd member.
+        self.annotate(self.coordinator, "edge-2", {
+            COORDINATOR_SERVER_ANNOTATION: "https://10.0.0.2:6443"})
+        # Whatever a peer writes is shown as a URL without credentials, or not at all.
+        self.annotate(self.coordinator, "edge-3", {
+            ETCD_MEMBER_ANNOTATION: "https://root:secret@10.0.0.3:2379/?token=abc",
+            COORDINATOR_SERVER_ANNOTATION: "<script>alert(1)</script>"})
+        self.annotate(self.coordinator, "edge-5", {
+            ETCD_MEMBER_ANNOTATION: "http://[::1", COORDINATOR_SERVER_ANNOTATION: ""})
+        # Only the coordinator's lease tells: edge-4 has none, its cloud lease does not count.
+        self.annotate(self.cloud, "edge-4", {
+            ETCD_MEMBER_ANNOTATION: "https://10.0.0.4:2379",
+            COORDINATOR_SERVER_ANNOTATION: "https://10.0.0.4:6443"})
+        document = yield self.view.document()
+        self.assertEqual(document["errors"], {})
+        self.assertEqual(
+            {n: (m["etcd_member"], m["coordinator_server"])
+             for n, m in self.members(document).items()},
+            {"edge-1": ("https://10.0.0.2:2379", "https://10.0.0.1:6443"),
+             "edge-2": (None, "https://10.0.0.2:6443"),
+             "edge-3": ("https://10.0.0.3:2379/", None),
+             "edge-4": (None, None),
+             "edge-5": (None, None)})
+        self.assertNotIn("secret", json.dumps(document))
+        self.assertNotIn("token", json.dumps(document))
+
+    @defer.inlineCallbacks
+    def test_without_the_cloud_the_coordinator_decides(self):
+        self.cloud_healthy = False
+        before = len(self.cloud.requests)
+        document = yield self.view.document()
+        self.assertEqual(len(self.cloud.requests), before, "the cloud was not asked")
+        self.assertFalse(document["cloud_read"])
+        members = self.members(document)
+        self.assertEqual(sorted(members), ["edge-1", "edge-2", "edge-3", "edge-5"])
+        self.assertEqual({n: m["heartbeat"] for n, m in members.items()},
+                         {"edge-1": DIRECT, "edge-2": DELEGATED, "edge-3": STALE,
+                          "edge-5": DIRECT})
+        self.assertIsNone(members["edge-1"]["cloud_lease_age"])
+        # A follower cut off from the cloud does not elect, yet names the leader.
+        self.assertEqual(document["leader"], "edge-2")
+
+    @defer.inlineCallbacks
+    def test_an_expired_election_lease_names_no_leader(self):
+        self.coordinator.store.update(LEASES, dict(
+            lease(ELECTION[1], 60, namespace=ELECTION[0], holder="edge-2", duration=15),
+            metadata={"name": ELECTION[1], "namespace": ELECTION[0],
+                      "resourceVersion": self.coordinator.store.get(
+                          LEASES, ELECTION[1], ELECTION[0])["metadata"]["resourceVersion"]}))
+        document = yield self.view.document()
+        self.assertIsNone(document["leader"])
+        self.assertEqual(document["election"]["holder"], "edge-2")
+        self.assertTrue(document["election"]["expired"])
+        self.assertFalse(any(m["leader"] for m in document["members"]))
+
+    @defer.inlineCallbacks
+    def test_leases_nobody_wrote_yet_are_no_errors(self):
+        self.coordinator.store.delete(LEASES, ELECTION[1], ELECTION[0])
+        self.coordinator.store.delete(LEASES, INFORMER_SYNC_LEASE_NAME,
+                                      INFORMER_SYNC_LEASE_NAMESPACE)
+        document = yield self.view.document()
+        self.assertEqual(document["errors"], {})
+        self.assertIsNone(document["leader"])
+        self.assertIsNone(document["election"]["holder"])
+        self.assertIsNone(document["cache"]["informer_sync_lease_age"])
+
+    @defer.inlineCallbacks
+    def test_hostile_leases_do_not_break_the_document(self):
+        current = self.coordinator.store.get(LEASES, ELECTION[1], ELECTION[0])
+        current["spec"] = {"holderIdentity": {"x": 1}, "renewTime": 7,
+                           "leaseDurationSeconds": "forever"}
+        self.coordinator.store.update(LEASES, current)
+        self.coordinator.store.create(LEASES, {
+            "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+            "metadata": {"name": "edge-6", "namespace": NODE_LEASE_NAMESPACE,
+                         "annotations": {DELEGATE_HEARTBEAT_ANNOTATION: "true"}},
+            "spec": {"renewTime": {"no": "time"}}})
+        document = yield self.view.document()
+        json.dumps(document)
+        self.assertIsNone(document["leader"])
+        self.assertEqual(self.members(document)["edge-6"]["heartbeat"], STALE)
+        self.assertEqual(self.members(document)["edge-2"]["heartbeat"], DELEGATED)
+
+    @defer.inlineCallbacks
+    def test_failed_reads_are_named_and_the_rest_is_shown(self):
+        self.coordinator.faults.fail_next(1, code=500, path="/kube-node-lease/")
+        self.keys[b"/registry/services/endpoints/"] = None
+
+        def broken(prefix):
+            if prefix == b"/registry/services/endpoints/":
+                return defer.fail(ConnectionRefusedError("etcd refused"))
+            return defer.succeed(7)
+
+        self.count_keys = broken
+        self.view = self.make_view()
+        document = yield self.view.document()
+        self.assertEqual(sorted(document["errors"]),
+                         ["pool cache endpoints", "pool node leases"])
+        self.assertIn("etcd refused", document["errors"]["pool cache endpoints"])
+        self.assertIsNone(document["cache"]["resources"]["endpoints"])
+        self.assertEqual(document["cache"]["resources"]["endpointslices.discovery.k8s.io"], 7)
+        # The cloud still names its pool Nodes; their paths come from the cloud leases.
+        members = self.members(document)
+        self.assertEqual(sorted(members), ["edge-1", "edge-2", "edge-3", "edge-4"])
+        self.assertEqual(members["edge-3"]["heartbeat"], STALE)
+        self.assertEqual(document["leader"], "edge-2")
+
+    @defer.inlineCallbacks
+    def test_a_member_whose_cloud_lease_cannot_be_read_is_judged_on_the_pool_lease(self):
+        self.cloud.faults.fail_next(1, code=503, path="/kube-node-lease/leases/edge-2")
+        document = yield self.view.document()
+        self.assertEqual(list(document["errors"]), ["cloud node lease edge-2"])
+        self.assertIn("503", document["errors"]["cloud node lease edge-2"])
+        members = self.members(document)
+        # Not stale for want of an answer: its pool lease is fresh and delegated.
+        self.assertEqual(members["edge-2"]["heartbeat"], DELEGATED)
+        self.assertIsNone(members["edge-2"]["cloud_lease_age"])
+        self.assertEqual(members["edge-3"]["heartbeat"], STALE)
+        self.assertEqual(members["edge-1"]["heartbeat"], DIRECT)
+
+    @defer.inlineCallbacks
+    def test_cloud_lease_reads_share_one_deadline(self):
+        # Every cloud lease read hangs, one read at a time: all of them end within one
+        # read timeout, not one timeout each.
+        self.patch(poolview, "CLOUD_LEASE_READS", 1)
+        self.cloud.faults.hang_next(5, path="/kube-node-lease/leases/")
+        view = self.make_view(read_timeout=1.0)
+        started = time.monotonic()
+        document = yield view.document()
+        self.assertLess(time.monotonic() - started, 3.0)
+        self.assertEqual(sorted(document["errors"]),
+                         [f"cloud node lease edge-{i}" for i in range(1, 6)])
+        self.assertEqual(self.members(document)["edge-3"]["heartbeat"], STALE)
+        self.assertEqual(self.members(document)["edge-1"]["heartbeat"], DIRECT)
+        yield self.cloud.faults.drop_connections()
+
+    @defer.inlineCallbacks
+    def test_a_hung_read_ends_within_the_read_timeout(self):
+        self.coordinator.faults.hang_next(1, path=f"/leases/{ELECTION[1]}")
+        view = self.make_view(read_timeout=0.5)
+        started = time.monotonic()
+        document = yield view.document()
+        self.assertLess(time.monotonic() - started, 5.0)
+        self.assertEqual(document["errors"], {"election lease": "no answer within 0.5s"})
+        self.assertIsNone(document["leader"])
+        self.assertEqual(len(document["members"]), 5)
+        yield self.coordinator.faults.drop_connections()
+
+    @defer.inlineCallbacks
+    def test_a_flood_of_requests_is_one_round_of_reads(self):
+        pool = HTTPConnectionPool(reactor, persistent=False)
+        self.addCleanup(pool.closeCachedConnections)
+        http = treq.client.HTTPClient(Agent(reactor, pool=pool))
+        site = status_site(FollowerStatus(), Metrics("edge-1", "pool-a"), reactor, self.view)
+        port = reactor.listenTCP(0, site, interface="127.0.0.1")
+        self.addCleanup(port.stopListening)
+        url = f"http://127.0.0.1:{port.getHost().port}/pool"
+        before = len(self.coordinator.requests)
+        responses = yield defer.gatherResults([http.get(url) for _ in range(30)])
+        bodies = yield defer.gatherResults([r.content() for r in responses])
+        self.assertEqual({r.code for r in responses}, {200})
+        self.assertEqual({tuple(r.headers.getRawHeaders("content-type")) for r in responses},
+                         {("application/json",)})
+        self.assertEqual(len({b for b in bodies}), 1)
+        self.assertEqual(self.view.builds, 1)
+        # One round: the election lease, the node leases, the informer sync lease.
+        self.assertEqual(len(self.coordinator.requests) - before, 3)
+        self.assertEqual(json.loads(bodies[0])["leader"], "edge-2")
+        response = yield http.post(url, b"")
+        yield response.content()
+        self.assertEqual(response.code, 405)
+
+    @defer.inlineCallbacks
+    def test_an_agent_without_coordinator_answers_with_an_error(self):
+        pool = HTTPConnectionPool(reactor, persistent=False)
+        self.addCleanup(pool.closeCachedConnections)
+        http = treq.client.HTTPClient(Agent(reactor, pool=pool))
+        site = status_site(InitialStatus("edge-9", "pool-a", []), Metrics("edge-9", "pool-a"),
+                           reactor)
+        port = reactor.listenTCP(0, site, interface="127.0.0.1")
+        self.addCleanup(port.stopListening)
+        response = yield http.get(f"http://127.0.0.1:{port.getHost().port}/pool")
+        document = json.loads((yield response.content()))
+        self.assertEqual(response.code, 200)
+        self.assertEqual((document["node"], document["members"], document["leader"]),
+                         ("edge-9", [], None))
+        self.assertIn("role init", document["errors"]["pool view"])
+
+
+@implementer(IPoolView)
+class BrokenPoolView:
+    """A pool view with a defect: its document fails."""
+
+    last_document = None
+
+    def document(self):
+        return defer.fail(RuntimeError("defect"))
+
+
+class BrokenViewTests(unittest.TestCase):
+    @defer.inlineCallbacks
+    def test_a_defect_of_the_view_is_a_500_and_the_server_keeps_serving(self):
+        verifyObject(IPoolView, BrokenPoolView())
+        pool = HTTPConnectionPool(reactor, persistent=False)
+        self.addCleanup(pool.closeCachedConnections)
+        http = treq.client.HTTPClient(Agent(reactor, pool=pool))
+        site = status_site(FollowerStatus(), Metrics("edge-1", "pool-a"), reactor,
+                           BrokenPoolView())
+        port = reactor.listenTCP(0, site, interface="127.0.0.1")
+        self.addCleanup(port.stopListening)
+        base = f"http://127.0.0.1:{port.getHost().port}"
+        response = yield http.get(base + "/pool")
+        self.assertEqual((response.code, (yield response.content())),
+                         (500, b"internal error\n"))
+        self.assertEqual(len(self.flushLoggedErrors(RuntimeError)), 1)
+        response = yield http.get(base + "/status")
+        yield response.content()
+        self.assertEqual(response.code, 200)

@@ -1,0 +1,282 @@
+"""The Kubernetes API test server over real sockets (treq), plus fast unit
+tests of its selectors and store."""
+
+import json
+import os
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from twisted.internet.address import IPv4Address
+from twisted.internet.task import Clock
+from twisted.internet.testing import StringTransport
+from twisted.trial import unittest
+from twisted.web.test.requesthelper import DummyRequest
+
+from yurtcoord.kube import gvr as gvrs
+from yurtcoord.kube.errors import AlreadyExists, Conflict, Gone, NotFound
+from yurtcoord.sim.apiserver import Catalog, KubeAPIServer, ObjectStore
+from yurtcoord.sim.apiserver.selectors import (
+    FieldSelector, LabelSelector, ObjectFilter, SelectorError)
+from yurtcoord.sim.apiserver.storage import MemoryStorage
+from yurtcoord.sim.apiserver.watch import WatchStream
+from yurtcoord.testing.apiservercase import configmap
+
+# Property tests run a fixed example set by default (stable CI); set
+# YURTCOORD_HYPOTHESIS_EXAMPLES to search more widely with fresh randomness.
+EXAMPLES = int(os.environ.get("YURTCOORD_HYPOTHESIS_EXAMPLES", "200"))
+DERANDOMIZE = "YURTCOORD_HYPOTHESIS_EXAMPLES" not in os.environ
+
+
+class SelectorUnitTests(unittest.TestCase):
+
+    def test_label_selector_parse_and_match(self):
+        selector = LabelSelector("a in (x, y),b!=z,!c,d")
+        self.assertTrue(selector.matches({"a": "x", "d": ""}))
+        self.assertFalse(selector.matches({"a": "x", "b": "z", "d": ""}))
+        self.assertFalse(selector.matches({"a": "x", "c": "1", "d": ""}))
+        self.assertFalse(selector.matches({"a": "q", "d": ""}))
+        self.assertTrue(LabelSelector("").matches({}))
+        for bad in ("a in (x", "a in ()", "=x", "a=b c", "a notin x)"):
+            self.assertRaises(SelectorError, LabelSelector, bad)
+
+    def test_field_selector(self):
+        obj = {"metadata": {"name": "n", "namespace": "ns"}, "spec": {"nodeName": "e1"}}
+        self.assertTrue(FieldSelector("metadata.name=n,metadata.namespace!=x").matches(obj))
+        self.assertFalse(FieldSelector("metadata.name==m").matches(obj))
+        self.assertTrue(FieldSelector("spec.nodeName=e1").matches(obj))
+        self.assertRaises(SelectorError, FieldSelector, "metadata.name")
+
+
+class StoreUnitTests(unittest.TestCase):
+    """The store alone, on a fake clock."""
+
+    def setUp(self):
+        self.clock = Clock()
+        self.clock.advance(1700000000)
+        self.store = ObjectStore(Catalog(), self.clock, history=3)
+
+    def test_typed_errors(self):
+        self.store.create(gvrs.LEASES, {"metadata": {"name": "l", "namespace": "ns"}})
+        self.assertRaises(AlreadyExists, self.store.create, gvrs.LEASES,
+                          {"metadata": {"name": "l", "namespace": "ns"}})
+        self.assertRaises(NotFound, self.store.delete, gvrs.LEASES, "x", "ns")
+        self.assertRaises(Conflict, self.store.update, gvrs.LEASES,
+                          {"metadata": {"name": "l", "namespace": "ns", "resourceVersion": "7"}})
+        lease = self.store.get(gvrs.LEASES, "l", "ns")
+        self.assertEqual(lease["metadata"]["creationTimestamp"], "2023-11-14T22:13:20Z")
+        self.assertEqual(self.store.list(gvrs.LEASES, "other"), [])
+        self.assertEqual(len(self.store.list(gvrs.LEASES)), 1)
+
+    def test_watch_replay_and_expiry(self):
+        events = []
+        for name in "abcde":
+            self.store.create(gvrs.PODS, {"metadata": {"name": name}})
+        self.assertRaises(Gone, self.store.watch, gvrs.PODS, ObjectFilter(), 1,
+                          lambda t, o: events.append(t))
+        watcher = self.store.watch(gvrs.PODS, ObjectFilter(), 3,
+                                   lambda t, o: events.append(o["metadata"]["name"]))
+        self.assertEqual(events, ["d", "e"])
+        self.store.create(gvrs.CONFIGMAPS, {"metadata": {"name": "x"}})
+        self.store.create(gvrs.PODS, {"metadata": {"name": "f"}})
+        watcher.cancel()
+        self.store.create(gvrs.PODS, {"metadata": {"name": "g"}})
+        self.assertEqual(events, ["d", "e", "f"])
+        self.store.compact()
+        self.assertRaises(Gone, self.store.watch, gvrs.PODS, ObjectFilter(),
+                          self.store.resource_version - 1, lambda t, o: None)
+        self.assertEqual(self.store.watcher_count(), 0)
+
+
+class WatchStreamClockTests(unittest.TestCase):
+    """Bookmark and timeout timing of one stream, on a fake clock."""
+
+    def setUp(self):
+        self.clock = Clock()
+        self.store = ObjectStore(Catalog(), self.clock)
+        self.request = DummyRequest([b""])
+        self.closed = []
+
+    def stream(self, **kwargs):
+        resource_type = Catalog().type_of(gvrs.CONFIGMAPS)
+        stream = WatchStream(self.request, self.clock, MemoryStorage(self.store), resource_type,
+                             ObjectFilter("default"), None, on_close=self.closed.append,
+                             **kwargs)
+        stream.start()
+        return stream
+
+    def events(self):
+        return [json.loads(line) for chunk in self.request.written
+                for line in chunk.splitlines() if line]
+
+    def test_bookmarks_every_interval_and_clean_timeout(self):
+        stream = self.stream(bookmarks=True, bookmark_interval=1.0, timeout=5)
+        self.clock.advance(0.99)
+        self.assertEqual(self.events(), [])
+        self.store.create(gvrs.CONFIGMAPS, configmap("a"))
+        self.clock.advance(0.01)
+        self.assertEqual([e["type"] for e in self.events()], ["ADDED", "BOOKMARK"])
+        self.assertEqual(self.events()[1]["object"]["metadata"], {"resourceVersion": "1"})
+        self.clock.pump([1.0, 1.0])
+        self.assertEqual([e["type"] for e in self.events()].count("BOOKMARK"), 3)
+        self.assertEqual(self.request.finished, 0)
+        self.clock.pump([1.0, 1.0])
+        self.assertEqual(self.request.finished, 1)
+        self.assertEqual(self.closed, [stream])
+        self.assertEqual(self.clock.getDelayedCalls(), [])
+        self.assertEqual(self.store.watcher_count(), 0)
+
+    def test_client_going_away_stops_timers_and_watcher(self):
+        self.stream(bookmarks=True, bookmark_interval=1.0, timeout=30)
+        self.assertEqual(self.store.watcher_count(), 1)
+        self.request.processingFailed(Exception("client went away"))
+        self.assertEqual(self.clock.getDelayedCalls(), [])
+        self.assertEqual(self.store.watcher_count(), 0)
+
+
+class InMemoryHTTP:
+    """Drives the server's HTTP stack over an in-memory transport, on a fake
+    clock: fast enough for property tests, and still real HTTP parsing."""
+
+    def __init__(self):
+        self.clock = Clock()
+        self.server = KubeAPIServer(self.clock)
+        self._address = IPv4Address("TCP", "127.0.0.1", 40000)
+
+    def request(self, method, path, body=b"", content_type=b"application/json"):
+        """(status code, raw body) of one request on a fresh connection."""
+        channel = self.server._connections.buildProtocol(self._address)
+        transport = StringTransport(peerAddress=self._address)
+        channel.makeConnection(transport)
+        head = (b"%s %s HTTP/1.1\r\nHost: test\r\nContent-Type: %s\r\n"
+                b"Content-Length: %d\r\nConnection: close\r\n\r\n"
+                % (method, path, content_type, len(body)))
+        channel.dataReceived(head + body)
+        raw = transport.value()
+        channel.connectionLost(Exception("done"))
+        status_line, _, rest = raw.partition(b"\r\n")
+        code = int(status_line.split()[1])
+        return code, rest.partition(b"\r\n\r\n")[2]
+
+
+class BadInputPropertyTests(unittest.TestCase):
+    """Whatever the body, the answer is a proper status: never a 500."""
+
+    def test_random_bodies_never_500(self):
+        http = InMemoryHTTP()
+        http.server.store.create(gvrs.CONFIGMAPS, configmap("a"))
+        json_values = st.recursive(
+            st.none() | st.booleans() | st.integers() | st.text(max_size=8),
+            lambda inner: st.lists(inner, max_size=3)
+            | st.dictionaries(st.sampled_from(
+                ["metadata", "name", "namespace", "kind", "apiVersion", "labels",
+                 "annotations", "resourceVersion", "generateName", "uid", "data", "status",
+                 "spec", "preconditions", "op", "path", "value", "from", "x"]),
+                inner, max_size=4),
+            max_leaves=12)
+        bodies = st.one_of(
+            st.binary(max_size=40),
+            json_values.map(lambda v: json.dumps(v).encode()),
+        )
+        targets = st.sampled_from([
+            (b"POST", b"/api/v1/namespaces/default/configmaps"),
+            (b"PUT", b"/api/v1/namespaces/default/configmaps/a"),
+            (b"PUT", b"/api/v1/nodes/n/status"),
+            (b"PATCH", b"/api/v1/namespaces/default/configmaps/a"),
+            (b"DELETE", b"/api/v1/namespaces/default/configmaps/zz"),
+            (b"DELETE", b"/api/v1/namespaces/default/configmaps/a"),
+            (b"DELETE", b"/api/v1/namespaces/default/configmaps"),
+            (b"PATCH", b"/api/v1/nodes/n/status"),
+            (b"POST", b"/api/v1/nodes"),
+            (b"GET", b"/api/v1/namespaces/default/configmaps?labelSelector=a%20in%20(b"),
+            (b"POST", b"/apis/coordination.k8s.io/v1/namespaces/x/leases"),
+        ])
+        content_types = st.sampled_from([
+            b"application/json", b"application/merge-patch+json",
+            b"application/json-patch+json", b"application/yaml"])
+
+        seen = set()
+
+        @settings(max_examples=EXAMPLES, deadline=None, database=None, derandomize=DERANDOMIZE,
+                  suppress_health_check=[HealthCheck.too_slow])
+        @given(targets, bodies, content_types)
+        def check(target, body, content_type):
+            method, path = target
+            for gvr, obj in ((gvrs.CONFIGMAPS, configmap("a")),
+                             (gvrs.NODES, {"metadata": {"name": "n"}})):
+                name = obj["metadata"]["name"]
+                if http.server.store.get(gvr, name, "default") is None:
+                    http.server.store.create(gvr, obj)
+            code, raw = http.request(method, path, body, content_type)
+            seen.add(code)
+            self.assertLess(code, 500, (method, path, body, raw))
+            if code >= 400:
+                answer = json.loads(raw)
+                self.assertEqual(answer["kind"], "Status")
+                self.assertEqual(answer["code"], code)
+
+        check()
+        self.assertTrue(seen)
+        code, _ = http.request(b"POST", b"/api/v1/namespaces/default/configmaps",
+                               json.dumps(configmap("valid-one")).encode())
+        self.assertEqual(code, 201)
+        code, _ = http.request(b"POST", b"/api/v1/namespaces/default/configmaps", b"{")
+        self.assertEqual(code, 400)
+        self.assertEqual(http.clock.getDelayedCalls(), [])
+
+
+class StorePropertyTests(unittest.TestCase):
+    """Any sequence of writes: a watcher's events rebuild exactly what a list
+    shows (also through a label selector), and replay from any retained
+    resourceVersion rebuilds the same state from that version's snapshot."""
+
+    def test_watch_events_rebuild_list(self):
+        operations = st.lists(st.tuples(
+            st.sampled_from(["create", "update", "delete"]),
+            st.sampled_from(["a", "b", "c", "d"]),
+            st.sampled_from(["x", "y", None])), max_size=30)
+
+        def apply(state, event_type, obj):
+            key = obj["metadata"]["name"]
+            if event_type == "DELETED":
+                del state[key]
+            else:
+                self.assertEqual(event_type == "ADDED", key not in state)
+                state[key] = obj
+
+        @settings(max_examples=EXAMPLES, deadline=None, database=None, derandomize=DERANDOMIZE)
+        @given(operations, st.data())
+        def check(ops, data):
+            store = ObjectStore(Catalog(), Clock(), history=1000)
+            everything, selected = {}, {}
+            store.watch(gvrs.PODS, ObjectFilter("default"), None,
+                        lambda t, o: apply(everything, t, o))
+            store.watch(gvrs.PODS, ObjectFilter("default", "app=x"), None,
+                        lambda t, o: apply(selected, t, o))
+            snapshots = {0: {}}
+            for op, name, app in ops:
+                pod = {"metadata": {"name": name, "labels": {"app": app} if app else {}},
+                       "spec": {"n": len(snapshots)}}
+                try:
+                    if op == "create":
+                        store.create(gvrs.PODS, pod)
+                    elif op == "update":
+                        store.update(gvrs.PODS, pod)
+                    else:
+                        store.delete(gvrs.PODS, name, "default")
+                except (AlreadyExists, NotFound):
+                    continue
+                snapshots[store.resource_version] = {
+                    o["metadata"]["name"]: o for o in store.list(gvrs.PODS)}
+            final = {o["metadata"]["name"]: o for o in store.list(gvrs.PODS)}
+            self.assertEqual(everything, final)
+            self.assertEqual(selected, {o["metadata"]["name"]: o
+                                        for o in store.list(gvrs.PODS, label_selector="app=x")})
+            versions = sorted(v for v in snapshots if v)
+            if versions:
+                since = data.draw(st.sampled_from(versions))
+                replayed = dict(snapshots[since])
+                store.watch(gvrs.PODS, ObjectFilter(), since,
+                            lambda t, o: apply(replayed, t, o))
+                self.assertEqual(replayed, final)
+
+        check()

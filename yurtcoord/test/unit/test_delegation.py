@@ -1,0 +1,940 @@
+"""Heartbeat delegation: logic with a Clock and in-memory fakes, then end to end on
+real sockets (a plain coordinator API server and a TLS cloud API server)."""
+
+from twisted.internet.task import Clock
+from twisted.logger import Logger, LogLevel, formatEvent
+from twisted.trial import unittest
+
+from zope.interface import implementer
+from zope.interface.verify import verifyObject
+
+from yurtcoord.heartbeat.delegation import (
+    DELEGATE_HEARTBEAT_ANNOTATION, MAX_ATTEMPTS, NODE_LEASE_NAMESPACE, NODE_POOL_LABEL,
+    HeartbeatDelegation, IDelegationMetrics, lease_for_create, merged_cloud_lease,
+)
+from yurtcoord.tx.retry import Retries, backoff_policy
+from yurtcoord.kube.errors import Conflict, ServerError
+from yurtcoord.kube.gvr import LEASES, NODES
+from yurtcoord.kube.lease import format_micro_time, parse_micro_time
+from yurtcoord.names import COORDINATOR_SERVER_ANNOTATION, ETCD_MEMBER_ANNOTATION
+from yurtcoord.testing.fakehealth import FakeHealth
+from yurtcoord.testing.fakeinformer import FakeInformer
+from yurtcoord.testing.fakekube import FakeKube
+
+T0 = 1_800_000_000.0
+# The leader's clock in the logic tests: the pool leases renewed at T0 + a few
+# seconds lie in its past.
+NOW = T0 + 1000.0
+POOL = "pool-a"
+CLOUD_A = "https://cloud-a:6443"
+CLOUD_B = "https://cloud-b:6443"
+
+
+def pool_lease(name, renewed, delegated=True, annotations=None, labels=None):
+    """A node lease as the coordinator apiserver holds it, server fields included."""
+    notes = dict(annotations or {})
+    if delegated:
+        notes[DELEGATE_HEARTBEAT_ANNOTATION] = "true"
+    return {
+        "apiVersion": "coordination.k8s.io/v1",
+        "kind": "Lease",
+        "metadata": {
+            "name": name,
+            "namespace": NODE_LEASE_NAMESPACE,
+            "resourceVersion": "4711",
+            "uid": "pool-uid-" + name,
+            "creationTimestamp": "2027-01-15T08:00:00Z",
+            "generation": 3,
+            "selfLink": f"/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases/{name}",
+            "managedFields": [{"manager": "yurthub", "operation": "Update"}],
+            "labels": dict(labels or {"node.openyurt.io/pool": "pool-a"}),
+            "annotations": notes,
+            "ownerReferences": [{"apiVersion": "v1", "kind": "Node", "name": name,
+                                 "uid": "node-uid-" + name}],
+        },
+        "spec": {
+            "holderIdentity": name,
+            "leaseDurationSeconds": 40,
+            "renewTime": format_micro_time(renewed),
+        },
+    }
+
+
+def pool_node(name, pool=POOL):
+    """A cloud Node as the pool's Node informer delivers it."""
+    return {"apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": name, "uid": "node-uid-" + name, "resourceVersion": "7",
+                         "labels": {NODE_POOL_LABEL: pool}}}
+
+
+def cloud_lease(name, renewed, annotations=None, holder=None):
+    return {
+        "apiVersion": "coordination.k8s.io/v1",
+        "kind": "Lease",
+        "metadata": {"name": name, "namespace": NODE_LEASE_NAMESPACE,
+                     "annotations": dict(annotations or {})},
+        "spec": {"holderIdentity": holder or name, "leaseDurationSeconds": 40,
+                 "renewTime": format_micro_time(renewed)},
+    }
+
+
+def sent(kube, verb):
+    """The bodies of the ``verb`` calls (create or update) sent to ``kube``."""
+    return [body for called, body in kube.bodies if called == verb]
+
+
+@implementer(IDelegationMetrics)
+class FakeMetrics:
+    def __init__(self):
+        self.observed = []
+        self.refused = []
+        self.limits = []
+
+    def observe_delegation(self, seconds, succeeded):
+        self.observed.append((seconds, succeeded))
+
+    def count_delegation_refused(self, reason):
+        self.refused.append(reason)
+
+    def set_delegation_limit(self, limit):
+        self.limits.append(limit)
+
+
+class DelegationFixture:
+    """One delegation component over fakes; the clock is a ``Clock``."""
+
+    # Nodes of the pool the node informer lists at start.
+    pool_nodes = ("node-a", "node-b", "node-c", "node-d", "node-ghost",
+                  *(f"node-{i}" for i in range(3000)))
+
+    def setUp(self):
+        self.clock = Clock()
+        self.clock.advance(NOW)
+        self.informer = FakeInformer()
+        self.nodes = FakeInformer()
+        self.node_selectors = []
+        # The cloud's Nodes as a read of one Node sees them (other pools included).
+        self.node_reader = FakeKube()
+        self.clouds = {CLOUD_A: FakeKube(), CLOUD_B: FakeKube()}
+        self.cloud = self.clouds[CLOUD_A]
+        self.health = FakeHealth(picks_from=[CLOUD_A])
+        self.metrics = FakeMetrics()
+        self.clients_asked = []
+        self.delegation = self.build()
+
+    def build(self, **kwargs):
+        def client_for(url):
+            self.clients_asked.append(url)
+            return self.clouds[url]
+
+        def make_backoff():
+            return Retries(backoff_policy(initial=1.0, maximum=4.0, jitter=0.0))
+
+        def make_node_informer(label_selector):
+            self.node_selectors.append(label_selector)
+            return self.nodes
+
+        verifyObject(IDelegationMetrics, self.metrics)
+        # The fixture's leases were renewed at T0 + a few seconds while its clock reads
+        # NOW, 1000 s later: an hour-long interval keeps them fresh, except in the tests
+        # of stale renewals, which name their interval.
+        kwargs.setdefault("heartbeat_interval", 3600.0)
+        return HeartbeatDelegation(
+            self.clock, lambda: self.informer, make_node_informer, self.node_reader,
+            self.health.pick_healthy_server, client_for, POOL, metrics=self.metrics,
+            make_backoff=make_backoff, **kwargs)
+
+    def start(self, listed=True):
+        """Start; with ``listed``, the node informer lists ``pool_nodes`` at once."""
+        d = self.delegation.start(None)
+        self.assertIsNone(self.successResultOf(d))
+        if listed:
+            self.list_nodes()
+
+    def list_nodes(self, names=None):
+        for name in self.pool_nodes if names is None else names:
+            self.nodes.add(pool_node(name))
+        self.nodes.end_list()
+
+    def stored(self, name, cloud=None):
+        return (cloud or self.cloud).peek(LEASES, name, NODE_LEASE_NAMESPACE)
+
+
+# The annotations a coordinator prober sets on a pool lease besides the delegate one.
+SERVERS_IN_USE = {ETCD_MEMBER_ANNOTATION: "https://10.0.0.1:2379",
+                  COORDINATOR_SERVER_ANNOTATION: "https://10.0.0.1:6443"}
+
+
+class DelegationLogicTests(DelegationFixture, unittest.TestCase):
+    """Forwarding: what is written, concurrency, conflicts, retries, stop."""
+
+    def test_absent_cloud_lease_is_created_from_the_pool_lease(self):
+        # The seed created its empty get result instead (fix 1).
+        self.start()
+        # What the node's agent uses of the pool stays in the pool, as any other annotation.
+        lease = pool_lease("node-b", T0 + 1, annotations={"example.com/other": "x",
+                                                          **SERVERS_IN_USE})
+        lease["spec"]["acquireTime"] = format_micro_time(T0)
+        lease["spec"]["leaseTransitions"] = 4
+        self.informer.add(lease)
+        created = self.stored("node-b")
+        self.assertIsNotNone(created)
+        # Only the forwarded fields: renewTime, holderIdentity, leaseDurationSeconds
+        # and the delegate annotation; no labels, no other annotation or spec field.
+        self.assertEqual(created["spec"], {"holderIdentity": "node-b",
+                                           "leaseDurationSeconds": 40,
+                                           "renewTime": lease["spec"]["renewTime"]})
+        [body] = sent(self.cloud, "create")
+        self.assertEqual(body["metadata"], {
+            "name": "node-b", "namespace": NODE_LEASE_NAMESPACE,
+            "annotations": {DELEGATE_HEARTBEAT_ANNOTATION: "true"},
+            # To the Node as the informer listed it, as the kubelet's own lease has.
+            "ownerReferences": [{"apiVersion": "v1", "kind": "Node", "name": "node-b",
+                                 "uid": "node-uid-node-b"}],
+        })
+        self.assertEqual(body["kind"], "Lease")
+        self.assertEqual(body["apiVersion"], "coordination.k8s.io/v1")
+        self.assertEqual(self.delegation.delegated_heartbeats, 1)
+        self.assertEqual(self.delegation.created, 1)
+        self.assertEqual(self.metrics.observed, [(0.0, True)])
+        # The pool lease object the informer holds is not modified.
+        self.assertEqual(lease["metadata"]["uid"], "pool-uid-node-b")
+
+    def test_present_cloud_lease_gets_only_the_forwarded_fields(self):
+        present = cloud_lease(
+            "node-b", T0, holder="node-b-cloud",
+            annotations={"cloud.example/keep": "yes", "shared.example/x": "cloud"})
+        present["metadata"]["labels"] = {"cloud.example/label": "kept"}
+        present["spec"]["leaseDurationSeconds"] = 10
+        present["spec"]["leaseTransitions"] = 2
+        self.cloud.put(LEASES, present)
+        self.start()
+        forwarded = pool_lease("node-b", T0 + 10, annotations={"shared.example/x": "pool",
+                                                               **SERVERS_IN_USE})
+        forwarded["spec"]["leaseTransitions"] = 9
+        self.informer.add(forwarded)
+        lease = self.stored("node-b")
+        self.assertEqual(lease["spec"], {"holderIdentity": "node-b",
+                                         "leaseDurationSeconds": 40,
+                                         "renewTime": forwarded["spec"]["renewTime"],
+                                         "leaseTransitions": 2})
+        # The delegate annotation is set; the pool's other annotations stay out, the
+        # cloud's stay in, and so do its labels.
+        self.assertEqual(lease["metadata"]["annotations"], {
+            "cloud.example/keep": "yes",
+            "shared.example/x": "cloud",
+            DELEGATE_HEARTBEAT_ANNOTATION: "true",
+        })
+        self.assertEqual(lease["metadata"]["labels"], {"cloud.example/label": "kept"})
+        self.assertNotIn("ownerReferences", lease["metadata"])
+        [body] = sent(self.cloud, "update")
+        self.assertEqual(body["metadata"]["resourceVersion"], "1")
+        self.assertEqual(sent(self.cloud, "create"), [])
+        self.assertEqual(self.delegation.delegated_heartbeats, 1)
+
+    def test_older_pool_renew_time_never_overwrites_newer_cloud(self):
+        self.cloud.put(LEASES, cloud_lease("node-b", T0 + 10))
+        self.start()
+        self.informer.add(pool_lease("node-b", T0 + 5))
+        self.informer.update(pool_lease("node-b", T0 + 5), pool_lease("node-b", T0 + 10))
+        lease = self.stored("node-b")
+        self.assertEqual(parse_micro_time(lease["spec"]["renewTime"]), T0 + 10)
+        self.assertEqual(lease["metadata"]["resourceVersion"], "1")
+        self.assertEqual(sent(self.cloud, "update"), [])
+        self.assertEqual(self.delegation.skipped, 2)
+        self.assertEqual(self.delegation.delegated_heartbeats, 0)
+        self.assertEqual(self.delegation.failures, 0)
+
+    def test_conflicts_are_reread_and_retried(self):
+        self.cloud.put(LEASES, cloud_lease("node-b", T0))
+        self.cloud.fail_next("update", Conflict("stale"), count=MAX_ATTEMPTS - 1)
+        self.start()
+        self.informer.add(pool_lease("node-b", T0 + 10))
+        verbs = [verb for verb, _ in self.cloud.calls]
+        self.assertEqual(verbs, ["get", "update"] * MAX_ATTEMPTS)
+        self.assertEqual(parse_micro_time(self.stored("node-b")["spec"]["renewTime"]), T0 + 10)
+        self.assertEqual(self.delegation.delegated_heartbeats, 1)
+        self.assertEqual(self.delegation.failures, 0)
+
+    def test_conflict_on_every_attempt_is_a_failure_then_retried_after_backoff(self):
+        self.cloud.put(LEASES, cloud_lease("node-b", T0))
+        self.cloud.fail_next("update", Conflict("stale"), count=MAX_ATTEMPTS)
+        self.start()
+        self.informer.add(pool_lease("node-b", T0 + 10))
+        verbs = [verb for verb, _ in self.cloud.calls]
+        self.assertEqual(verbs, ["get", "update"] * MAX_ATTEMPTS)
+        self.assertEqual(parse_micro_time(self.stored("node-b")["spec"]["renewTime"]), T0)
+        self.assertEqual(self.delegation.failures, 1)
+        self.assertEqual(self.delegation.delegated_heartbeats, 0)
+        self.assertEqual(self.metrics.observed, [(0.0, False)])
+        # Nothing more until the backoff has passed, then the same state succeeds.
+        self.clock.advance(0.9)
+        self.assertEqual(len(self.cloud.calls), 2 * MAX_ATTEMPTS)
+        self.clock.advance(0.1)
+        self.assertEqual(parse_micro_time(self.stored("node-b")["spec"]["renewTime"]), T0 + 10)
+        self.assertEqual(self.delegation.delegated_heartbeats, 1)
+        self.assertEqual(self.metrics.observed[-1], (1.0, True))
+
+    def test_one_chain_per_lease_in_flight_and_newest_renew_time_wins(self):
+        self.cloud.put(LEASES, cloud_lease("node-b", T0))
+        self.cloud.hold("get")
+        self.start()
+        self.informer.add(pool_lease("node-b", T0 + 1))
+        self.informer.update(pool_lease("node-b", T0 + 1), pool_lease("node-b", T0 + 3))
+        self.informer.update(pool_lease("node-b", T0 + 3), pool_lease("node-b", T0 + 2))
+        self.assertEqual(self.cloud.calls, [("get", "node-b")])
+        self.assertEqual(self.delegation.in_flight, 1)
+        self.cloud.hold("update")
+        self.cloud.deliver_held()  # first chain: update to T0+1 (held)
+        self.assertEqual(self.cloud.calls, [("get", "node-b"), ("update", "node-b")])
+        self.cloud.deliver_held()  # then the pending one, from the lease just written
+        self.assertEqual(self.cloud.calls,
+                         [("get", "node-b"), ("update", "node-b"), ("update", "node-b")])
+        self.assertEqual(self.delegation.in_flight, 1)
+        self.cloud.deliver_held()
+        renewed = [parse_micro_time(b["spec"]["renewTime"]) for b in sent(self.cloud, "update")]
+        self.assertEqual(renewed, [T0 + 1, T0 + 3])
+        self.assertEqual(self.delegation.in_flight, 0)
+        self.assertEqual(self.delegation.delegated_heartbeats, 2)
+        self.assertEqual(self.clock.getDelayedCalls(), [])
+
+    def test_a_renewal_is_one_update_after_the_first_delegation(self):
+        self.start()
+        self.informer.add(pool_lease("node-b", T0 + 1))
+        for step in (2, 3, 4):
+            self.informer.update(pool_lease("node-b", T0 + step - 1), pool_lease("node-b", T0 + step))
+        self.assertEqual([verb for verb, _ in self.cloud.calls],
+                         ["get", "create", "update", "update", "update"])
+        self.assertEqual(parse_micro_time(self.stored("node-b")["spec"]["renewTime"]), T0 + 4)
+
+    def test_renewal_written_meanwhile_by_the_node_is_reread_and_kept(self):
+        self.start()
+        self.informer.add(pool_lease("node-b", T0 + 1))
+        direct = self.cloud.peek(LEASES, "node-b", NODE_LEASE_NAMESPACE)
+        direct["spec"]["renewTime"] = format_micro_time(T0 + 50)
+        self.cloud.put(LEASES, direct)  # the node reached the cloud itself
+        self.informer.update(pool_lease("node-b", T0 + 1), pool_lease("node-b", T0 + 2))
+        self.assertEqual([verb for verb, _ in self.cloud.calls],
+                         ["get", "create", "update", "get"])
+        self.assertEqual(parse_micro_time(self.stored("node-b")["spec"]["renewTime"]), T0 + 50)
+        self.assertEqual(self.delegation.skipped, 1)
+        self.assertEqual(self.delegation.failures, 0)
+
+    def test_chains_in_flight_are_bounded_and_queued_in_order(self):
+        self.delegation = self.build(max_concurrent=2)
+        self.cloud.hold("get")
+        self.start()
+        for name in ("node-a", "node-b", "node-c", "node-d"):
+            self.informer.add(pool_lease(name, T0 + 1))
+        self.assertEqual(self.delegation.in_flight, 2)
+        self.assertEqual(self.delegation.queued, 2)
+        self.assertEqual(self.cloud.calls, [("get", "node-a"), ("get", "node-b")])
+        # node-a renews while it is in flight: it queues behind c and d.
+        self.informer.update(pool_lease("node-a", T0 + 1), pool_lease("node-a", T0 + 2))
+        self.cloud.deliver_held()
+        self.assertEqual([name for verb, name in self.cloud.calls if verb == "get"],
+                         ["node-a", "node-b", "node-c", "node-d"])
+        self.cloud.release_hold("get")
+        self.cloud.deliver_held()
+        self.assertEqual(self.delegation.in_flight, 0)
+        self.assertEqual(self.delegation.queued, 0)
+        self.assertEqual(self.delegation.delegated_heartbeats, 5)
+        self.assertEqual(parse_micro_time(self.stored("node-a")["spec"]["renewTime"]), T0 + 2)
+
+    def test_the_bound_on_chains_follows_the_clouds_latency(self):
+        self.metrics.limits.clear()
+        self.delegation = self.build(max_concurrent=20, min_concurrent=2)
+        self.assertEqual(self.delegation.concurrency_limit, 16)
+        self.cloud.hold("get")
+        self.start()
+        for i in range(70):
+            self.informer.add(pool_lease(f"node-{i}", T0 + 1))
+        self.assertEqual(self.delegation.in_flight, 16)
+        # A round of 16 answers in 10 ms with every slot taken: one more slot.
+        self.clock.advance(0.010)
+        self.cloud.deliver_held()
+        self.assertEqual(self.delegation.delegated_heartbeats, 16)
+        self.assertEqual(self.delegation.concurrency_limit, 17)
+        self.assertEqual(self.delegation.in_flight, 17)
+        # The cloud answers a round in 500 ms: one stall across every chain in flight
+        # takes nothing off.
+        self.clock.advance(0.500)
+        self.cloud.deliver_held()
+        self.assertEqual(self.delegation.delegated_heartbeats, 33)
+        self.assertEqual(self.delegation.concurrency_limit, 17)
+        # The next round, started after it, is as slow: the cloud slowed down. The
+        # first of its answers takes a quarter off, the others of that round ran
+        # under the old bound and take nothing more.
+        self.clock.advance(0.500)
+        self.cloud.deliver_held()
+        self.assertEqual(self.delegation.delegated_heartbeats, 50)
+        self.assertEqual(self.delegation.concurrency_limit, 12)
+        self.assertEqual(self.delegation.in_flight, 12)
+        self.assertEqual(self.metrics.limits, [16, 17, 12])
+        # Per-lease coalescing stays: a lease renewed twice while it waits is one chain.
+        self.informer.update(pool_lease("node-69", T0 + 1), pool_lease("node-69", T0 + 2))
+        self.informer.update(pool_lease("node-69", T0 + 2), pool_lease("node-69", T0 + 3))
+        self.cloud.release_hold("get")
+        self.cloud.deliver_held()
+        self.assertEqual(self.delegation.in_flight, 0)
+        self.assertEqual(self.delegation.delegated_heartbeats, 70)
+        self.assertEqual(parse_micro_time(self.stored("node-69")["spec"]["renewTime"]), T0 + 3)
+
+    def test_a_failing_cloud_shrinks_the_bound_on_chains(self):
+        self.delegation = self.build(max_concurrent=20, min_concurrent=2)
+        self.cloud.hold("get")
+        self.cloud.fail_next("get", ServerError("overloaded"), count=16)
+        self.start()
+        for i in range(16):
+            self.informer.add(pool_lease(f"node-{i}", T0 + 1))
+        self.clock.advance(0.010)
+        self.cloud.deliver_held()
+        self.assertEqual(self.delegation.failures, 16)
+        self.assertEqual(self.delegation.concurrency_limit, 12)
+
+    def test_by_default_the_bound_never_drops_below_the_clouds_connections(self):
+        self.cloud.hold("get")
+        self.cloud.fail_next("get", ServerError("overloaded"), count=16)
+        self.start()
+        for i in range(16):
+            self.informer.add(pool_lease(f"node-{i}", T0 + 1))
+        self.clock.advance(5.0)
+        self.cloud.deliver_held()
+        self.assertEqual(self.delegation.failures, 16)
+        self.assertEqual(self.delegation.concurrency_limit, 16)
+
+    def test_many_leases_with_a_synchronous_client(self):
+        self.start()
+        for i in range(3000):
+            self.informer.add(pool_lease(f"node-{i}", T0 + 1))
+        self.assertEqual(self.delegation.delegated_heartbeats, 3000)
+        self.assertEqual(self.delegation.in_flight, 0)
+
+    def test_leases_of_different_nodes_run_concurrently(self):
+        self.cloud.hold("get")
+        self.start()
+        for name in ("node-a", "node-b", "node-c"):
+            self.informer.add(pool_lease(name, T0 + 1))
+        self.assertEqual(self.delegation.in_flight, 3)
+        self.assertEqual(sorted(name for _, name in self.cloud.calls),
+                         ["node-a", "node-b", "node-c"])
+        self.cloud.release_hold("get")
+        self.cloud.deliver_held()
+        for name in ("node-a", "node-b", "node-c"):
+            self.assertEqual(self.stored(name)["spec"]["holderIdentity"], name)
+        self.assertEqual(self.delegation.delegated_heartbeats, 3)
+
+    def test_leases_without_the_annotation_are_never_forwarded(self):
+        self.start()
+        self.informer.add(pool_lease("node-a", T0 + 1, delegated=False))
+        self.informer.add(pool_lease("node-c", T0 + 1, delegated=False,
+                                     annotations={DELEGATE_HEARTBEAT_ANNOTATION: "false"}))
+        self.informer.update(pool_lease("node-a", T0 + 1, delegated=False),
+                             pool_lease("node-a", T0 + 2, delegated=False))
+        self.assertEqual(self.cloud.calls, [])
+        self.assertEqual(self.health.picks, 0)
+        self.assertEqual(self.metrics.observed, [])
+
+    def test_annotation_removed_while_in_flight_drops_the_pending_state(self):
+        self.cloud.hold("get")
+        self.start()
+        self.informer.add(pool_lease("node-b", T0 + 1))
+        self.informer.update(pool_lease("node-b", T0 + 1), pool_lease("node-b", T0 + 2))
+        self.informer.update(pool_lease("node-b", T0 + 2),
+                             pool_lease("node-b", T0 + 3, delegated=False))
+        self.cloud.release_hold("get")
+        self.cloud.deliver_held()
+        self.assertEqual(self.cloud.calls, [("get", "node-b"), ("create", "node-b")])
+        self.assertEqual(parse_micro_time(self.stored("node-b")["spec"]["renewTime"]), T0 + 1)
+
+    def test_annotation_removed_while_a_failing_chain_runs_is_not_retried(self):
+        self.cloud.fail_next("get", ServerError("boom"))
+        self.cloud.hold("get")
+        self.start()
+        self.informer.add(pool_lease("node-b", T0 + 1))
+        self.informer.update(pool_lease("node-b", T0 + 1),
+                             pool_lease("node-b", T0 + 2, delegated=False))
+        self.cloud.release_hold("get")
+        self.cloud.deliver_held()
+        self.assertEqual(self.delegation.failures, 1)
+        # The node writes to the cloud itself again: its old state is not retried.
+        self.assertEqual(self.clock.getDelayedCalls(), [])
+        self.clock.advance(60)
+        self.assertEqual(self.cloud.calls, [("get", "node-b")])
+        self.assertIsNone(self.stored("node-b"))
+
+    def test_a_healthy_server_is_picked_for_every_delegation(self):
+        self.health.picks_from = [CLOUD_A, CLOUD_B]
+        self.start()
+        self.informer.add(pool_lease("node-b", T0 + 1))
+        self.informer.update(pool_lease("node-b", T0 + 1), pool_lease("node-b", T0 + 2))
+        self.informer.update(pool_lease("node-b", T0 + 2), pool_lease("node-b", T0 + 3))
+        self.assertEqual(self.health.picks, 3)
+        self.assertEqual(self.clients_asked, [CLOUD_A, CLOUD_B, CLOUD_A])
+        renewed_a = parse_micro_time(self.stored("node-b", self.clouds[CLOUD_A])["spec"]["renewTime"])
+        renewed_b = parse_micro_time(self.stored("node-b", self.clouds[CLOUD_B])["spec"]["renewTime"])
+        self.assertEqual((renewed_a, renewed_b), (T0 + 3, T0 + 2))
+
+    def test_no_healthy_server_counts_a_failure_and_retries_the_newest_state(self):
+        self.health.picks_from = [None]
+        self.start()
+        self.informer.add(pool_lease("node-b", T0 + 1))
+        self.assertEqual(self.delegation.failures, 1)
+        self.assertEqual(self.metrics.observed, [(0.0, False)])
+        self.assertEqual(self.clients_asked, [])
+        # A newer state arriving during the backoff waits for it and replaces the old.
+        self.informer.update(pool_lease("node-b", T0 + 1), pool_lease("node-b", T0 + 2))
+        self.assertEqual(self.health.picks, 1)
+        self.clock.advance(1.0)  # still no server: second failure, backoff doubles
+        self.assertEqual(self.delegation.failures, 2)
+        self.health.picks_from = [CLOUD_A]
+        self.clock.advance(1.9)
+        self.assertIsNone(self.stored("node-b"))
+        self.clock.advance(0.1)
+        self.assertEqual(parse_micro_time(self.stored("node-b")["spec"]["renewTime"]), T0 + 2)
+        self.assertEqual(self.delegation.delegated_heartbeats, 1)
+        self.assertEqual(self.metrics.observed[-1], (3.0, True))
+        self.assertEqual(self.clock.getDelayedCalls(), [])
+
+    def test_a_cloud_outage_is_logged_once_not_per_lease(self):
+        events = []
+        self.delegation.log = Logger(observer=events.append)
+        self.health.picks_from = [None]
+        self.start()
+        for i in range(20):
+            self.informer.add(pool_lease(f"node-{i}", T0 + 1))
+        self.clock.advance(1.0)
+        self.assertEqual(self.delegation.failures, 40)
+        warnings = [formatEvent(e) for e in events if e["log_level"] >= LogLevel.warn]
+        self.assertEqual(warnings, ["no healthy cloud server: heartbeat delegations wait and retry"])
+        self.health.picks_from = [CLOUD_A]
+        self.clock.advance(2.0)
+        self.assertEqual(self.delegation.delegated_heartbeats, 20)
+        infos = [formatEvent(e) for e in events if e["log_level"] == LogLevel.info]
+        self.assertIn(f"heartbeat delegations reach the cloud again via {CLOUD_A}", infos)
+
+    def test_a_steady_renewal_logs_nothing(self):
+        # A pool of thousands of nodes renews a thousand leases a second; a log
+        # line per forwarded heartbeat costs the leader more than forwarding it
+        # (the delegation metrics count and time every one).
+        events = []
+        self.start()
+        for i in range(20):
+            self.informer.add(pool_lease(f"node-{i}", T0 + 1))
+        self.delegation.log = Logger(observer=events.append)
+        for i in range(20):
+            self.informer.update(pool_lease(f"node-{i}", T0 + 1), pool_lease(f"node-{i}", T0 + 2))
+        self.assertEqual(self.delegation.delegated_heartbeats, 40)
+        self.assertEqual([formatEvent(e) for e in events], [])
+
+    def test_server_errors_are_retried_with_backoff(self):
+        self.cloud.fail_next("get", ServerError("boom"), count=2)
+        self.start()
+        self.informer.add(pool_lease("node-b", T0 + 1))
+        self.clock.advance(1.0)
+        self.assertEqual(self.delegation.failures, 2)
+        self.clock.advance(2.0)
+        self.assertEqual(self.delegation.delegated_heartbeats, 1)
+        self.assertIsNotNone(self.stored("node-b"))
+
+    def test_deleted_pool_lease_cancels_its_retry(self):
+        self.health.picks_from = [None]
+        self.start()
+        lease = pool_lease("node-b", T0 + 1)
+        self.informer.add(lease)
+        self.informer.delete(lease)
+        self.assertEqual(self.clock.getDelayedCalls(), [])
+
+    def test_stop_cancels_requests_and_timers_at_once(self):
+        self.cloud.hold("get")
+        self.start()
+        self.informer.add(pool_lease("node-b", T0 + 1))
+        self.health.picks_from = [None]
+        self.cloud.release_hold("get")
+        self.informer.add(pool_lease("node-c", T0 + 1))  # fails: a retry timer
+        self.assertEqual(len(self.clock.getDelayedCalls()), 1)
+        d = self.delegation.stop()
+        self.assertIsNone(self.successResultOf(d))
+        self.assertEqual(self.informer.stopped, 1)
+        self.assertTrue(self.cloud.held[0].cancelled)
+        self.assertEqual(self.clock.getDelayedCalls(), [])
+        self.assertEqual(self.delegation.in_flight, 0)
+        # Late answers and events change nothing.
+        self.cloud.deliver_held()
+        self.informer.add(pool_lease("node-d", T0 + 1))
+        self.assertEqual(self.delegation.delegated_heartbeats, 0)
+        self.assertEqual(self.metrics.observed, [(0.0, False)])
+        self.assertIsNone(self.stored("node-b"))
+
+    def test_restart_uses_a_new_informer_and_forwards_again(self):
+        self.start()
+        self.informer.add(pool_lease("node-b", T0 + 1))
+        self.successResultOf(self.delegation.stop())
+        self.assertEqual(self.nodes.stopped, 1)
+        self.informer, self.nodes = FakeInformer(), FakeInformer()
+        self.start()
+        self.assertEqual((self.informer.started, self.nodes.started), (1, 1))
+        self.informer.add(pool_lease("node-b", T0 + 2))
+        self.assertEqual(parse_micro_time(self.stored("node-b")["spec"]["renewTime"]), T0 + 2)
+        self.assertEqual(self.delegation.delegated_heartbeats, 2)
+
+    def test_latency_is_measured_from_the_pool_event(self):
+        self.cloud.hold("get")
+        self.start()
+        self.informer.add(pool_lease("node-b", T0 + 1))
+        self.clock.advance(0.25)
+        self.cloud.release_hold("get")
+        self.cloud.deliver_held()
+        self.assertEqual(self.metrics.observed, [(0.25, True)])
+
+
+class DelegationRuleTests(DelegationFixture, unittest.TestCase):
+    """The rules deciding which delegated leases are forwarded, each reason counted."""
+
+    pool_nodes = ("node-a", "node-b", "node-c")
+
+    def forged(self):
+        """One delegated lease per reason, keyed by the reason."""
+        elsewhere = pool_lease("node-a", T0 + 1)
+        elsewhere["metadata"]["namespace"] = "default"
+        impostor = pool_lease("node-b", T0 + 1)
+        impostor["spec"]["holderIdentity"] = "node-a"
+        return {
+            "namespace": elsewhere,
+            "not_pool_member": pool_lease("node-other", T0 + 1),
+            "no_such_node": pool_lease("node-missing", T0 + 1),
+            "holder_mismatch": impostor,
+            "renew_time_in_future": pool_lease("node-c", NOW + 3600),
+            "stale": pool_lease("node-b", NOW - 7300),
+        }
+
+    def refused_warnings(self, events):
+        return [formatEvent(e) for e in events
+                if e["log_level"] >= LogLevel.warn and "not forwarded" in formatEvent(e)]
+
+    def test_forged_leases_are_refused_and_counted_by_reason(self):
+        self.node_reader.put(NODES, pool_node("node-other", pool="pool-b"))
+        self.start()
+        self.assertEqual(self.node_selectors, ["apps.openyurt.io/nodepool=pool-a"])
+        for lease in self.forged().values():
+            self.informer.add(lease)
+        # Nothing reached the cloud, not even a read.
+        self.assertEqual(self.cloud.calls, [])
+        self.assertEqual(self.health.picks, 0)
+        self.assertEqual(sorted(self.metrics.refused), sorted(self.forged()))
+        self.assertEqual(self.delegation.refused, dict.fromkeys(self.forged(), 1))
+        # Only the two names missing from the pool were read, to tell why.
+        self.assertEqual(self.node_reader.calls, [("get", "node-other"), ("get", "node-missing")])
+        self.assertEqual(self.metrics.observed, [])
+        self.assertEqual(self.clock.getDelayedCalls(), [])
+        # The genuine leases of the same names are forwarded.
+        self.informer.add(pool_lease("node-a", T0 + 2))
+        self.informer.add(pool_lease("node-c", T0 + 2))
+        self.assertEqual(parse_micro_time(self.stored("node-a")["spec"]["renewTime"]), T0 + 2)
+        self.assertEqual(parse_micro_time(self.stored("node-c")["spec"]["renewTime"]), T0 + 2)
+
+    def test_a_lease_without_a_name_is_refused_and_the_others_still_forwarded(self):
+        # An empty name and holderIdentity are equal, yet such a lease names no node:
+        # it is refused as it arrives, without reading the cloud (a read of the Node ""
+        # would ask for the whole Node collection), and the genuine leases waiting for
+        # the Nodes' list with it are forwarded once the list is in.
+        nameless = pool_lease("", T0 + 1)
+        self.start(listed=False)
+        self.informer.add(nameless)
+        self.informer.add(pool_lease("node-a", T0 + 2))
+        self.informer.add(pool_lease("node-b", T0 + 2))
+        self.list_nodes()
+        self.assertEqual(self.delegation.refused["holder_mismatch"], 1)
+        self.assertEqual(self.metrics.refused, ["holder_mismatch"])
+        self.assertEqual(self.node_reader.calls, [])
+        self.assertEqual(parse_micro_time(self.stored("node-a")["spec"]["renewTime"]), T0 + 2)
+        self.assertEqual(parse_micro_time(self.stored("node-b")["spec"]["renewTime"]), T0 + 2)
+
+    def test_a_refused_lease_is_logged_once_per_lease_and_reason(self):
+        events = []
+        self.delegation.log = Logger(observer=events.append)
+        self.start()
+        for step in range(5):
+            self.informer.add(pool_lease("node-missing", T0 + step))
+            self.informer.add(pool_lease("node-b", NOW + 60 + step))
+        self.assertEqual(self.delegation.refused["no_such_node"], 5)
+        self.assertEqual(self.delegation.refused["renew_time_in_future"], 5)
+        self.assertEqual(self.node_reader.calls, [("get", "node-missing")])
+        warnings = self.refused_warnings(events)
+        self.assertEqual(len(warnings), 2, warnings)
+        self.assertIn("heartbeat lease kube-node-lease/node-missing not forwarded to the cloud "
+                      "(reason=no_such_node): the cloud has no node node-missing", warnings)
+        self.assertTrue(any(w.startswith(
+            "heartbeat lease kube-node-lease/node-b not forwarded to the cloud "
+            "(reason=renew_time_in_future): renewTime") and "60.0s ahead" in w
+            and "max_clock_skew 5s" in w for w in warnings), warnings)
+        # Another reason for the same lease is logged once more.
+        impostor = pool_lease("node-b", T0 + 9)
+        impostor["spec"]["holderIdentity"] = "node-c"
+        self.informer.add(impostor)
+        self.informer.add(impostor)
+        self.assertEqual(len(self.refused_warnings(events)), 3)
+        # A deleted lease starts afresh.
+        self.informer.delete(impostor)
+        self.informer.add(impostor)
+        self.assertEqual(len(self.refused_warnings(events)), 4)
+
+    def test_renew_time_up_to_the_clock_skew_ahead_is_forwarded(self):
+        self.start()
+        self.informer.add(pool_lease("node-a", NOW + 5.0))
+        self.informer.add(pool_lease("node-b", NOW + 5.001))
+        self.assertEqual(parse_micro_time(self.stored("node-a")["spec"]["renewTime"]), NOW + 5)
+        self.assertIsNone(self.stored("node-b"))
+        self.assertEqual(self.metrics.refused, ["renew_time_in_future"])
+
+    def test_max_clock_skew_is_configurable(self):
+        self.delegation = self.build(max_clock_skew=0.5)
+        self.start()
+        self.informer.add(pool_lease("node-a", NOW + 0.5))
+        self.informer.add(pool_lease("node-b", NOW + 1))
+        self.assertIsNotNone(self.stored("node-a"))
+        self.assertIsNone(self.stored("node-b"))
+        self.assertEqual(self.metrics.refused, ["renew_time_in_future"])
+
+    def test_a_renewal_older_than_interval_plus_skew_is_refused_as_stale(self):
+        self.delegation = self.build(heartbeat_interval=10.0)
+        self.start()
+        self.informer.add(pool_lease("node-a", NOW - 15.0))
+        self.informer.add(pool_lease("node-b", NOW - 15.001))
+        self.assertEqual(parse_micro_time(self.stored("node-a")["spec"]["renewTime"]), NOW - 15)
+        self.assertIsNone(self.stored("node-b"))
+        self.assertEqual(self.metrics.refused, ["stale"])
+        self.assertEqual(self.delegation.refused["stale"], 1)
+
+    def test_a_renewal_queued_while_the_cloud_was_away_is_not_forwarded_once_stale(self):
+        """The cloud sees a lease whose renewTime moved as a heartbeat at that moment:
+        a dead node's last renewal, held back during an outage, must not reach it late."""
+        events = []
+        self.delegation = self.build(heartbeat_interval=2.0, max_clock_skew=1.0)
+        self.delegation.log = Logger(observer=events.append)
+        self.start()
+        self.informer.add(pool_lease("node-a", NOW - 0.5))
+        self.informer.add(pool_lease("node-b", NOW - 0.5))
+        self.assertEqual(self.delegation.delegated, 2)
+        self.health.picks_from = [None]
+        self.informer.update(pool_lease("node-a", NOW - 0.5), pool_lease("node-a", NOW))
+        self.informer.update(pool_lease("node-b", NOW - 0.5), pool_lease("node-b", NOW))
+        self.assertEqual(self.delegation.failures, 2)
+        # node-b's kubelet died: its agent renews no more. node-a keeps renewing every
+        # 0.5 s; the cloud is back after 4 s, and the retries (backoff 1, 2, 4 s) run.
+        for step in range(1, 21):
+            self.clock.advance(0.5)
+            if step == 8:
+                self.health.picks_from = [CLOUD_A]
+            self.informer.update(pool_lease("node-a", NOW + (step - 1) * 0.5),
+                                 pool_lease("node-a", NOW + step * 0.5))
+        self.assertEqual(parse_micro_time(self.stored("node-a")["spec"]["renewTime"]), NOW + 10)
+        self.assertEqual(parse_micro_time(self.stored("node-b")["spec"]["renewTime"]),
+                         NOW - 0.5)
+        self.assertEqual(self.delegation.refused["stale"], 1)
+        self.assertEqual(self.metrics.refused, ["stale"])
+        self.assertTrue(any("kube-node-lease/node-b not forwarded to the cloud (reason=stale)"
+                            in formatEvent(e) and "the node stopped renewing" in formatEvent(e)
+                            for e in events))
+        # Nothing is left waiting or running.
+        self.assertEqual(self.delegation.in_flight, 0)
+        self.assertEqual(self.clock.getDelayedCalls(), [])
+
+    def test_leases_wait_until_the_pool_nodes_are_listed(self):
+        self.start(listed=False)
+        self.informer.add(pool_lease("node-a", T0 + 1))
+        self.informer.update(pool_lease("node-a", T0 + 1), pool_lease("node-a", T0 + 3))
+        self.informer.update(pool_lease("node-a", T0 + 3), pool_lease("node-a", T0 + 2))
+        self.informer.add(pool_lease("node-missing", T0 + 1))
+        # Waiting is not refusing, and nothing goes to the cloud.
+        self.assertEqual(self.cloud.calls, [])
+        self.assertEqual(self.metrics.refused, [])
+        self.assertFalse(self.delegation.pool_nodes_listed)
+        self.list_nodes()
+        self.assertTrue(self.delegation.pool_nodes_listed)
+        # The newest state of each waiting lease is judged once the list is in.
+        self.assertEqual([verb for verb, _ in self.cloud.calls], ["get", "create"])
+        self.assertEqual(parse_micro_time(self.stored("node-a")["spec"]["renewTime"]), T0 + 3)
+        self.assertEqual(self.metrics.refused, ["no_such_node"])
+
+    def test_rules_that_need_no_node_list_refuse_at_once(self):
+        self.start(listed=False)
+        self.informer.add(pool_lease("node-a", NOW + 3600))
+        self.assertEqual(self.metrics.refused, ["renew_time_in_future"])
+        self.list_nodes()
+        self.assertEqual(self.cloud.calls, [])
+
+    def test_a_node_deleted_or_moved_out_of_the_pool_stops_the_forwarding(self):
+        self.node_reader.put(NODES, pool_node("node-b", pool="pool-b"))
+        self.start()
+        self.informer.add(pool_lease("node-a", T0 + 1))
+        self.informer.add(pool_lease("node-b", T0 + 1))
+        self.assertEqual(self.delegation.delegated, 2)
+        # node-a fails to be forwarded and waits for a retry when its Node is deleted.
+        self.health.picks_from = [None]
+        self.informer.update(pool_lease("node-a", T0 + 1), pool_lease("node-a", T0 + 2))
+        self.assertEqual(len(self.clock.getDelayedCalls()), 1)
+        self.nodes.delete(pool_node("node-a"))
+        self.assertEqual(self.clock.getDelayedCalls(), [])
+        self.health.picks_from = [CLOUD_A]
+        # node-b was relabelled into another pool: the informer delivers a delete.
+        self.nodes.delete(pool_node("node-b"))
+        self.informer.update(pool_lease("node-a", T0 + 2), pool_lease("node-a", T0 + 3))
+        self.informer.update(pool_lease("node-b", T0 + 1), pool_lease("node-b", T0 + 3))
+        self.clock.advance(60)
+        self.assertEqual(parse_micro_time(self.stored("node-a")["spec"]["renewTime"]), T0 + 1)
+        self.assertEqual(parse_micro_time(self.stored("node-b")["spec"]["renewTime"]), T0 + 1)
+        self.assertEqual(self.metrics.refused, ["no_such_node", "not_pool_member"])
+
+    def test_a_node_joining_the_pool_later_gets_its_newest_lease_forwarded(self):
+        self.start()
+        self.informer.add(pool_lease("node-new", T0 + 1))
+        self.informer.update(pool_lease("node-new", T0 + 1), pool_lease("node-new", T0 + 2))
+        self.assertEqual(self.metrics.refused, ["no_such_node"] * 2)
+        self.assertIsNone(self.stored("node-new"))
+        self.nodes.add(pool_node("node-new"))
+        created = self.stored("node-new")
+        self.assertEqual(parse_micro_time(created["spec"]["renewTime"]), T0 + 2)
+        self.assertEqual(created["metadata"]["ownerReferences"][0]["uid"], "node-uid-node-new")
+
+    def test_a_node_of_the_pool_not_yet_listed_is_not_counted(self):
+        # The informer has not delivered the Node yet, the cloud has it in the pool.
+        self.node_reader.put(NODES, pool_node("node-late"))
+        self.start()
+        self.informer.add(pool_lease("node-late", T0 + 1))
+        self.assertEqual(self.metrics.refused, [])
+        self.nodes.add(pool_node("node-late"))
+        self.assertEqual(parse_micro_time(self.stored("node-late")["spec"]["renewTime"]), T0 + 1)
+
+    def test_a_failed_node_read_is_not_counted_and_asked_again(self):
+        self.node_reader.fail_next("get", ServerError("boom"))
+        self.start()
+        self.informer.add(pool_lease("node-missing", T0 + 1))
+        self.assertEqual(self.metrics.refused, [])
+        self.informer.add(pool_lease("node-missing", T0 + 2))
+        self.assertEqual(self.metrics.refused, ["no_such_node"])
+        self.assertEqual(self.node_reader.calls, [("get", "node-missing")] * 2)
+        self.assertIsNone(self.stored("node-missing"))
+
+    def test_a_node_read_in_flight_is_cancelled_by_stop(self):
+        self.node_reader.hold("get")
+        self.start()
+        self.informer.add(pool_lease("node-missing", T0 + 1))
+        self.informer.add(pool_lease("node-missing", T0 + 2))
+        self.assertEqual(len(self.node_reader.held), 1)
+        self.successResultOf(self.delegation.stop())
+        self.assertTrue(self.node_reader.held[0].cancelled)
+        self.node_reader.deliver_held()
+        self.assertEqual(self.metrics.refused, [])
+
+    def test_a_cloud_lease_beyond_the_clock_skew_does_not_block_genuine_renewals(self):
+        # Left by an earlier forged forward: an hour ahead of the leader's clock.
+        self.cloud.put(LEASES, cloud_lease("node-a", NOW + 3600))
+        # Within the skew: a plausible time, never moved backwards.
+        self.cloud.put(LEASES, cloud_lease("node-b", NOW + 4))
+        self.start()
+        self.informer.add(pool_lease("node-a", NOW - 1))
+        self.informer.add(pool_lease("node-b", NOW - 1))
+        self.assertEqual(parse_micro_time(self.stored("node-a")["spec"]["renewTime"]), NOW - 1)
+        self.assertEqual(parse_micro_time(self.stored("node-b")["spec"]["renewTime"]), NOW + 4)
+        self.assertEqual((self.delegation.delegated, self.delegation.skipped), (1, 1))
+
+
+class DelegationObserverTests(DelegationFixture, unittest.TestCase):
+    """Observers hear of every forwarded and every refused heartbeat, once each."""
+
+    pool_nodes = ("node-a", "node-b", "node-c")
+
+    def setUp(self):
+        super().setUp()
+        self.heard = []
+        self.delegation.add_delegation_observer(
+            lambda node, outcome: self.heard.append((node, outcome)))
+
+    def test_each_forward_is_heard_once_with_its_node_and_outcome(self):
+        self.start()
+        self.informer.add(pool_lease("node-b", T0 + 1))
+        self.assertEqual(self.heard, [("node-b", "created")])
+        self.informer.update(pool_lease("node-b", T0 + 1), pool_lease("node-b", T0 + 2))
+        self.informer.add(pool_lease("node-c", T0 + 2))
+        self.assertEqual(self.heard, [("node-b", "created"), ("node-b", "updated"),
+                                      ("node-c", "created")])
+        self.assertEqual(len(self.heard), self.delegation.delegated_heartbeats)
+        self.assertEqual(self.clock.getDelayedCalls(), [])
+
+    def test_a_state_the_cloud_already_has_is_not_heard(self):
+        self.cloud.put(LEASES, cloud_lease("node-b", T0 + 10))
+        self.start()
+        self.informer.add(pool_lease("node-b", T0 + 5))
+        self.assertEqual(self.delegation.skipped, 1)
+        self.assertEqual(self.heard, [])
+
+    def test_a_forward_that_failed_first_is_heard_once_when_it_is_written(self):
+        self.cloud.fail_next("get", ServerError("boom"), count=2)
+        self.start()
+        self.informer.add(pool_lease("node-b", T0 + 1))
+        self.assertEqual(self.heard, [])
+        self.clock.advance(1.0)
+        self.assertEqual(self.heard, [])
+        self.clock.advance(2.0)
+        self.assertEqual(self.delegation.failures, 2)
+        self.assertEqual(self.heard, [("node-b", "created")])
+        self.clock.advance(60)
+        self.assertEqual(self.heard, [("node-b", "created")])
+
+    def test_each_refusal_is_heard_with_its_reason(self):
+        self.node_reader.put(NODES, pool_node("node-other", pool="pool-b"))
+        self.start()
+        impostor = pool_lease("node-b", T0 + 1)
+        impostor["spec"]["holderIdentity"] = "node-a"
+        self.informer.add(impostor)
+        self.informer.add(pool_lease("node-other", T0 + 1))
+        self.informer.add(pool_lease("node-c", NOW + 3600))
+        self.assertEqual(self.heard, [("node-b", "holder_mismatch"),
+                                      ("node-other", "not_pool_member"),
+                                      ("node-c", "renew_time_in_future")])
+        self.assertEqual(self.cloud.calls, [])
+
+    def test_a_failing_observer_is_logged_and_the_forward_still_counts(self):
+        def broken(node, outcome):
+            raise RuntimeError("observer broke")
+
+        delegation = self.build()
+        delegation.add_delegation_observer(broken)
+        delegation.add_delegation_observer(
+            lambda node, outcome: self.heard.append((node, outcome)))
+        self.delegation = delegation
+        self.start()
+        self.informer.add(pool_lease("node-b", T0 + 1))
+        self.assertEqual(len(self.flushLoggedErrors(RuntimeError)), 1)
+        self.assertEqual(self.heard, [("node-b", "created")])
+        self.assertEqual(delegation.delegated_heartbeats, 1)
+        self.assertIsNotNone(self.stored("node-b"))
+
+
+class LeaseShapingTests(unittest.TestCase):
+    def test_lease_for_create_carries_the_forwarded_fields_only(self):
+        lease = pool_lease("node-b", T0, annotations={"b": "2"})
+        created = lease_for_create(lease, pool_node("node-b"))
+        self.assertEqual(set(created["metadata"]),
+                         {"name", "namespace", "annotations", "ownerReferences"})
+        self.assertEqual(created["metadata"]["annotations"],
+                         {DELEGATE_HEARTBEAT_ANNOTATION: "true"})
+        self.assertEqual(created["spec"], lease["spec"])
+        self.assertIn("uid", lease["metadata"])
+
+    def test_no_owner_reference_without_a_node_uid(self):
+        node = pool_node("node-b")
+        del node["metadata"]["uid"]
+        created = lease_for_create(pool_lease("node-b", T0), node)
+        self.assertNotIn("ownerReferences", created["metadata"])
+
+    def test_merge_keeps_cloud_resource_version(self):
+        cloud = cloud_lease("node-b", T0, annotations={"a": "1"})
+        cloud["metadata"]["resourceVersion"] = "9"
+        merged = merged_cloud_lease(cloud, pool_lease("node-b", T0 + 1, annotations={"b": "2"}))
+        self.assertEqual(merged["metadata"]["resourceVersion"], "9")
+        self.assertEqual(merged["metadata"]["annotations"],
+                         {"a": "1", DELEGATE_HEARTBEAT_ANNOTATION: "true"})
+        self.assertEqual(cloud["metadata"]["annotations"], {"a": "1"})
+        self.assertEqual(parse_micro_time(cloud["spec"]["renewTime"]), T0)

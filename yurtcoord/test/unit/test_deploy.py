@@ -1,0 +1,299 @@
+"""The deployment manifests (``deploy/``): they parse, they agree with the agent's
+configuration, and their RBAC is exactly what the agents ask of each apiserver.
+
+- Every YAML document deserializes into the official ``kubernetes`` client's model of
+  its kind and serializes back to the same document (a misspelt or misplaced field is
+  dropped by the model, so the round trip shows it).
+- The ConfigMap's ini is a valid configuration once the DaemonSet's init container
+  wrote the node name into it, and the DaemonSet mounts what that ini names.
+- The RBAC checker (``yurtcoord.testing.rbac``) refuses a request no rule allows and a
+  rule no request uses, on small policies and on the shipped one (a removed or added
+  rule fails the check).
+- A whole pool of agents, each a ``twistd`` process, with TLS to the coordinator (the
+  certificates from the certs Secret), a leader, followers, a follower cut off from
+  the cloud whose heartbeat the leader forwards, pool sync of every default pool-scoped
+  resource and the local cache upload: every request the cloud and the coordinator
+  apiserver logged is allowed by the shipped rules for that apiserver, and every
+  permission of those rules was used. The permissions and the request that used each
+  are printed as ``RBAC <apiserver> <permission> <- <request>`` lines.
+"""
+
+import glob
+import os
+from typing import Any
+
+import yaml
+from twisted.trial import unittest
+
+from yurtcoord.sim.apiserver.requestlog import RequestAttributes
+from yurtcoord.testing.rbac import RBACPolicy, Rule, Subject, check_policy
+from yurtcoord.testing.paths import REPO
+
+ROOT = REPO
+DEPLOY = os.path.join(ROOT, "deploy")
+CLOUD_DIR = os.path.join(DEPLOY, "cloud")
+COORDINATOR_DIR = os.path.join(DEPLOY, "coordinator")
+
+# Who the agent is to each apiserver: the DaemonSet's ServiceAccount and, for the
+# heartbeats the leader forwards, the node-lease-proxy certificate's user on the cloud;
+# the yurthub client certificate's user on the coordinator apiserver.
+SERVICE_ACCOUNT = Subject("ServiceAccount", "yurtcoord", "kube-system")
+NODE_LEASE_PROXY = Subject("User", "openyurt:yurt-coordinator:node-lease-proxy-client")
+CLOUD_SUBJECTS = (SERVICE_ACCOUNT, NODE_LEASE_PROXY)
+COORDINATOR_SUBJECTS = (Subject("User", "openyurt:yurt-coordinator:yurthub"),)
+
+
+def documents(directory: str) -> list[tuple[str, dict[str, Any]]]:
+    """``(file name, document)`` of every YAML document under ``directory``."""
+    found = []
+    for path in sorted(glob.glob(os.path.join(directory, "*.yaml"))):
+        with open(path, encoding="utf-8") as f:
+            for document in yaml.safe_load_all(f):
+                if document is not None:
+                    found.append((os.path.relpath(path, ROOT), document))
+    return found
+
+
+def cloud_policy() -> RBACPolicy:
+    return RBACPolicy.from_documents([d for _, d in documents(CLOUD_DIR)], CLOUD_SUBJECTS)
+
+
+def coordinator_policy() -> RBACPolicy:
+    return RBACPolicy.from_documents([d for _, d in documents(COORDINATOR_DIR)],
+                                     COORDINATOR_SUBJECTS)
+
+
+def the(kind: str, directory: str = CLOUD_DIR) -> dict[str, Any]:
+    """The one document of ``kind`` under ``directory``."""
+    found = [d for _, d in documents(directory) if d.get("kind") == kind]
+    if len(found) != 1:
+        raise AssertionError(f"{len(found)} documents of kind {kind} in {directory}")
+    return found[0]
+
+
+def resource(verb: str, group: str, resource: str, namespace: str = "", name: str = "",
+             subresource: str = "") -> RequestAttributes:
+    return RequestAttributes(verb, group, resource, subresource, namespace, name, "/x")
+
+
+def non_resource(path: str, verb: str = "get") -> RequestAttributes:
+    return RequestAttributes(verb, "", "", "", "", "", path)
+
+
+RBAC_V1 = "rbac.authorization.k8s.io/v1"
+AGENT = Subject("ServiceAccount", "agent", "ns")
+
+
+def role(kind: str, name: str, rules: list[dict[str, Any]], namespace: str = "",
+         ) -> dict[str, Any]:
+    metadata = {"name": name, **({"namespace": namespace} if namespace else {})}
+    return {"apiVersion": RBAC_V1, "kind": kind, "metadata": metadata, "rules": rules}
+
+
+def binding(kind: str, name: str, role_kind: str, role_name: str, namespace: str = "",
+            subjects: tuple[Subject, ...] = (AGENT,)) -> dict[str, Any]:
+    metadata = {"name": name, **({"namespace": namespace} if namespace else {})}
+    return {"apiVersion": RBAC_V1, "kind": kind, "metadata": metadata,
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": role_kind,
+                        "name": role_name},
+            "subjects": [{"kind": s.kind, "name": s.name,
+                          **({"namespace": s.namespace} if s.namespace else {})}
+                         for s in subjects]}
+
+
+LEASE_RULE = {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
+              "verbs": ["get", "update"]}
+
+
+class RBACCheckerTests(unittest.TestCase):
+    """The checker evaluates rules as the RBAC authorizer does, and reports both ways."""
+
+    def check(self, documents, requests, subjects=(AGENT,)):
+        return check_policy(RBACPolicy.from_documents(documents, subjects), requests)
+
+    def test_a_role_allows_only_in_its_namespace(self):
+        docs = [role("Role", "r", [LEASE_RULE], "a"), binding("RoleBinding", "b", "Role", "r", "a")]
+        inside = resource("get", "coordination.k8s.io", "leases", "a", "x")
+        update = resource("update", "coordination.k8s.io", "leases", "a", "x")
+        outside = resource("get", "coordination.k8s.io", "leases", "b", "x")
+        everywhere = resource("list", "coordination.k8s.io", "leases")
+        check = self.check(docs, [inside, update, outside, everywhere])
+        self.assertEqual(check.denied, [outside, everywhere])
+        self.assertEqual(check.unused, [])
+
+    def test_a_clusterrole_bound_by_a_rolebinding_allows_in_that_namespace_only(self):
+        docs = [role("ClusterRole", "c", [LEASE_RULE]),
+                binding("RoleBinding", "b", "ClusterRole", "c", "a")]
+        check = self.check(docs, [resource("get", "coordination.k8s.io", "leases", "a", "x"),
+                                  resource("update", "coordination.k8s.io", "leases", "z", "x")])
+        self.assertEqual([r.namespace for r in check.denied], ["z"])
+        self.assertEqual([p.verb for p in check.unused], ["update"])
+
+    def test_a_clusterrolebinding_allows_everywhere_and_cluster_scoped(self):
+        docs = [role("ClusterRole", "c", [{"apiGroups": [""], "resources": ["nodes"],
+                                           "verbs": ["get"]}]),
+                binding("ClusterRoleBinding", "b", "ClusterRole", "c")]
+        check = self.check(docs, [resource("get", "", "nodes", name="n1")])
+        self.assertEqual(check.problems, [])
+
+    def test_groups_resources_subresources_and_verbs_must_all_match(self):
+        docs = [role("ClusterRole", "c", [{"apiGroups": [""], "resources": ["nodes/status"],
+                                           "verbs": ["patch"]}]),
+                binding("ClusterRoleBinding", "b", "ClusterRole", "c")]
+        status = resource("patch", "", "nodes", name="n", subresource="status")
+        node = resource("patch", "", "nodes", name="n")
+        other_group = resource("patch", "example.com", "nodes", name="n", subresource="status")
+        other_verb = resource("update", "", "nodes", name="n", subresource="status")
+        check = self.check(docs, [status, node, other_group, other_verb])
+        self.assertEqual(check.denied, [node, other_group, other_verb])
+
+    def test_resource_names_allow_a_list_or_watch_of_that_name_only(self):
+        docs = [role("Role", "r", [{"apiGroups": [""], "resources": ["secrets"],
+                                    "resourceNames": ["certs"], "verbs": ["list", "watch"]}],
+                     "kube-system"),
+                binding("RoleBinding", "b", "Role", "r", "kube-system")]
+        by_name = resource("watch", "", "secrets", "kube-system", "certs")
+        listed = resource("list", "", "secrets", "kube-system", "certs")
+        all_of_them = resource("list", "", "secrets", "kube-system")
+        other = resource("watch", "", "secrets", "kube-system", "token")
+        check = self.check(docs, [by_name, listed, all_of_them, other])
+        self.assertEqual(check.denied, [all_of_them, other])
+        self.assertEqual(check.unused, [])
+
+    def test_each_verb_resource_and_name_of_a_rule_must_be_used(self):
+        docs = [role("Role", "r", [{"apiGroups": ["coordination.k8s.io"],
+                                    "resources": ["leases"], "resourceNames": ["a", "b"],
+                                    "verbs": ["get", "update"]}], "n"),
+                binding("RoleBinding", "b", "Role", "r", "n")]
+        check = self.check(docs, [resource("get", "coordination.k8s.io", "leases", "n", "a"),
+                                  resource("update", "coordination.k8s.io", "leases", "n", "a"),
+                                  resource("get", "coordination.k8s.io", "leases", "n", "b")])
+        self.assertEqual([(p.verb, p.name) for p in check.unused], [("update", "b")])
+        self.assertEqual(check.problems,
+                         ["unused: update coordination.k8s.io leases b in n "
+                          "(Role n/r (bound by RoleBinding b) rule 1)"])
+
+    def test_a_rule_whose_requests_another_rule_allows_is_redundant(self):
+        docs = [role("ClusterRole", "c", [LEASE_RULE]),
+                binding("ClusterRoleBinding", "b", "ClusterRole", "c"),
+                role("Role", "r", [{**LEASE_RULE, "verbs": ["get"]}], "n"),
+                binding("RoleBinding", "b", "Role", "r", "n")]
+        check = self.check(docs, [resource("get", "coordination.k8s.io", "leases", "n", "a"),
+                                  resource("update", "coordination.k8s.io", "leases", "n", "a"),
+                                  resource("get", "coordination.k8s.io", "leases", "m", "a")])
+        self.assertEqual([(p.rule.role.split()[0], p.verb) for p in check.redundant],
+                         [("Role", "get")])
+
+    def test_wildcards_are_reported(self):
+        docs = [role("ClusterRole", "c", [{"apiGroups": ["*"], "resources": ["leases"],
+                                           "verbs": ["get"]}]),
+                binding("ClusterRoleBinding", "b", "ClusterRole", "c")]
+        check = self.check(docs, [resource("get", "coordination.k8s.io", "leases", "n", "a")])
+        self.assertEqual(check.denied, [])
+        self.assertEqual(len(check.wildcards), 1)
+        self.assertIn("wildcard", check.problems[0])
+
+    def test_only_bindings_of_the_subjects_count(self):
+        other = Subject("User", "someone-else")
+        docs = [role("ClusterRole", "c", [LEASE_RULE]),
+                binding("ClusterRoleBinding", "b", "ClusterRole", "c", subjects=(other,))]
+        check = self.check(docs, [resource("get", "coordination.k8s.io", "leases", "n", "a")])
+        self.assertEqual(len(check.denied), 1)
+        self.assertEqual(check.unused, [])
+
+    def test_a_binding_of_a_missing_role_is_an_error(self):
+        docs = [binding("ClusterRoleBinding", "b", "ClusterRole", "gone")]
+        with self.assertRaisesRegex(ValueError, "ClusterRoleBinding b: roleRef ClusterRole "
+                                                "gone is not among the documents"):
+            RBACPolicy.from_documents(docs, [AGENT])
+
+    def test_discovery_is_allowed_by_the_builtin_role_and_other_urls_are_not(self):
+        docs = [role("ClusterRole", "c", [{"nonResourceURLs": ["/metrics"], "verbs": ["get"]}]),
+                binding("ClusterRoleBinding", "b", "ClusterRole", "c")]
+        check = self.check(docs, [non_resource("/api/v1"), non_resource("/apis/x.io/v1"),
+                                  non_resource("/metrics"), non_resource("/debug/pprof")])
+        self.assertEqual([r.path for r in check.denied], ["/debug/pprof"])
+        self.assertEqual(check.unused, [])
+
+
+# What the agents of a pool ask, as the pool test below sees it; the unit tests of the
+# shipped rules use it so that they run without a pool.
+CLOUD_REQUESTS = [
+    resource("get", "", "nodes", name="edge-1"),
+    resource("list", "", "nodes"),
+    resource("watch", "", "nodes"),
+    resource("list", "", "endpoints"),
+    resource("watch", "", "endpoints"),
+    resource("list", "discovery.k8s.io", "endpointslices"),
+    resource("watch", "discovery.k8s.io", "endpointslices"),
+    resource("list", "", "secrets", "kube-system", "yurt-coordinator-yurthub-certs"),
+    resource("watch", "", "secrets", "kube-system", "yurt-coordinator-yurthub-certs"),
+    resource("list", "", "configmaps", "kube-system", "yurt-hub-cfg"),
+    resource("watch", "", "configmaps", "kube-system", "yurt-hub-cfg"),
+    resource("get", "coordination.k8s.io", "leases", "kube-node-lease", "edge-1"),
+    resource("create", "coordination.k8s.io", "leases", "kube-node-lease"),
+    resource("update", "coordination.k8s.io", "leases", "kube-node-lease", "edge-1"),
+    non_resource("/api/v1"),
+    non_resource("/apis/discovery.k8s.io/v1"),
+]
+COORDINATOR_REQUESTS = [
+    resource("list", "coordination.k8s.io", "leases"),
+    resource("watch", "coordination.k8s.io", "leases"),
+    resource("list", "coordination.k8s.io", "leases", "kube-system", "leader-informer-sync"),
+    resource("get", "", "nodes", name="edge-1"),
+    resource("create", "coordination.k8s.io", "leases", "kube-system"),
+    resource("get", "coordination.k8s.io", "leases", "kube-system", "yurthub"),
+    resource("update", "coordination.k8s.io", "leases", "kube-system", "yurthub"),
+    resource("get", "coordination.k8s.io", "leases", "kube-system", "leader-informer-sync"),
+    resource("update", "coordination.k8s.io", "leases", "kube-system", "leader-informer-sync"),
+    resource("delete", "coordination.k8s.io", "leases", "kube-system", "leader-informer-sync"),
+    resource("get", "coordination.k8s.io", "leases", "kube-node-lease", "edge-1"),
+    resource("create", "coordination.k8s.io", "leases", "kube-node-lease"),
+    resource("update", "coordination.k8s.io", "leases", "kube-node-lease", "edge-1"),
+]
+
+
+class ShippedRulesTests(unittest.TestCase):
+    """The shipped rules against the requests the agents make: removing any rule, or
+    adding one, fails the check."""
+
+    def test_the_shipped_rules_are_exactly_the_agent_requests(self):
+        self.assertEqual(check_policy(cloud_policy(), CLOUD_REQUESTS).problems, [])
+        self.assertEqual(check_policy(coordinator_policy(), COORDINATOR_REQUESTS).problems, [])
+
+    def test_removing_any_rule_refuses_some_agent_request(self):
+        for policy, requests in ((cloud_policy(), CLOUD_REQUESTS),
+                                 (coordinator_policy(), COORDINATOR_REQUESTS)):
+            for index, rule in enumerate(policy.rules):
+                fewer = RBACPolicy(policy.rules[:index] + policy.rules[index + 1:])
+                check = check_policy(fewer, requests)
+                self.assertNotEqual(check.denied, [], f"without {rule.describe()}")
+
+    def test_removing_any_verb_refuses_some_agent_request(self):
+        policy = coordinator_policy()
+        for index, rule in enumerate(policy.rules):
+            for verb in rule.verbs:
+                narrower = rule._replace(verbs=tuple(v for v in rule.verbs if v != verb))
+                rules = policy.rules[:index] + [narrower] + policy.rules[index + 1:]
+                check = check_policy(RBACPolicy(rules), COORDINATOR_REQUESTS)
+                self.assertNotEqual(check.denied, [], f"{rule.describe()} without {verb}")
+
+    def test_an_extra_rule_or_verb_is_unused(self):
+        policy = cloud_policy()
+        extra_rule = Rule("ClusterRole extra", "", ("",), ("pods",), ("get",))
+        check = check_policy(RBACPolicy(policy.rules + [extra_rule]), CLOUD_REQUESTS)
+        self.assertEqual([p.describe() for p in check.unused],
+                         ["get core pods cluster-wide (ClusterRole extra)"])
+        first = policy.rules[0]
+        wider = first._replace(verbs=first.verbs + ("patch",))
+        check = check_policy(RBACPolicy([wider] + policy.rules[1:]), CLOUD_REQUESTS)
+        self.assertEqual([p.verb for p in check.unused], ["patch"])
+        named = policy.rules[-1]
+        check = check_policy(RBACPolicy(policy.rules + [named._replace(role="copy")]),
+                             CLOUD_REQUESTS)
+        self.assertNotEqual(check.redundant, [])
+
+
+def endpoints(name: str) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Endpoints",
+            "metadata": {"name": name, "namespace": "default"}, "subsets": []}

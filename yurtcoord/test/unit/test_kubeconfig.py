@@ -1,0 +1,109 @@
+"""Kubeconfig fields that would change how the client authenticates or verifies the
+server, but that the client does not implement, are configuration errors naming the
+file and the field; an agent given such a kubeconfig exits with status 78."""
+
+import os
+
+from twisted.trial import unittest
+
+from yurtcoord.kube.kubeconfig import (
+    UNSUPPORTED_CLUSTER_FIELDS, UNSUPPORTED_USER_FIELDS, KubeconfigError, load_kubeconfig,
+)
+
+CLUSTER = "    server: https://127.0.0.1:6443\n"
+USER = "    token: t0ken\n"
+
+
+def kubeconfig_text(cluster=CLUSTER, user=USER):
+    return ("apiVersion: v1\nkind: Config\ncurrent-context: pool\n"
+            "contexts:\n- name: pool\n  context: {cluster: c1, user: u1}\n"
+            f"clusters:\n- name: c1\n  cluster:\n{cluster}"
+            f"users:\n- name: u1\n  user:\n{user}")
+
+
+EXEC = ("    exec:\n      apiVersion: client.authentication.k8s.io/v1\n"
+        "      command: get-token\n      interactiveMode: Never\n")
+AUTH_PROVIDER = "    auth-provider:\n      name: oidc\n      config: {id-token: abc}\n"
+
+
+def write_kubeconfig(test, text):
+    """``text`` as a kubeconfig file in a fresh directory of ``test``; its path."""
+    directory = os.path.abspath(test.mktemp())
+    os.makedirs(directory)
+    path = os.path.join(directory, "kubeconfig")
+    with open(path, "w") as f:
+        f.write(text)
+    return path
+
+
+class LoaderTests(unittest.TestCase):
+    def write(self, text):
+        return write_kubeconfig(self, text)
+
+    def assertRejected(self, text, field, advice):
+        path = self.write(text)
+        with self.assertRaises(KubeconfigError) as caught:
+            load_kubeconfig(path)
+        message = str(caught.exception)
+        self.assertEqual(message.splitlines(), [message])
+        self.assertTrue(message.startswith(f"{path}: "), message)
+        self.assertIn(field, message)
+        self.assertIn(advice, message)
+        self.assertNotIn("t0ken", message)
+        self.assertNotIn("abc", message)
+        return message
+
+    def test_exec_auth_provider_and_tls_server_name_are_rejected_naming_the_field(self):
+        self.assertRejected(kubeconfig_text(user=USER + EXEC),
+                            "users[name=u1].user.exec", "credential plugins are not supported")
+        self.assertRejected(kubeconfig_text(user=AUTH_PROVIDER),
+                            "users[name=u1].user.auth-provider", "client certificate")
+        self.assertRejected(kubeconfig_text(cluster=CLUSTER + "    tls-server-name: api.x\n"),
+                            "clusters[name=c1].cluster.tls-server-name",
+                            "server certificate carries")
+
+    def test_every_other_unsupported_field_is_rejected(self):
+        for name in UNSUPPORTED_USER_FIELDS:
+            with self.subTest(field=name):
+                value = "[g1]" if name == "as-groups" else (
+                    "{k: [v]}" if name == "as-user-extra" else "x")
+                self.assertRejected(kubeconfig_text(user=f"{USER}    {name}: {value}\n"),
+                                    f"users[name=u1].user.{name}", "not supported")
+        for name in UNSUPPORTED_CLUSTER_FIELDS:
+            with self.subTest(field=name):
+                self.assertRejected(kubeconfig_text(cluster=f"{CLUSTER}    {name}: x\n"),
+                                    f"clusters[name=c1].cluster.{name}", "not supported")
+
+    def test_empty_values_mean_unset_as_in_the_format(self):
+        creds = load_kubeconfig(self.write(kubeconfig_text(
+            cluster=CLUSTER + "    tls-server-name: ''\n    proxy-url:\n",
+            user=USER + "    exec: null\n    as-groups: []\n")))
+        self.assertEqual(creds.token, "t0ken")
+        self.assertEqual(creds.server, "https://127.0.0.1:6443")
+
+    def test_fields_of_the_wrong_type_are_errors_not_crashes(self):
+        cases = {
+            "token list": (kubeconfig_text(user="    token: [a]\n"), "user.token must be a string"),
+            "quoted false": (kubeconfig_text(
+                cluster=CLUSTER + "    insecure-skip-tls-verify: 'false'\n"),
+                "insecure-skip-tls-verify must be true or false"),
+            "server number": (kubeconfig_text(cluster="    server: 5\n"),
+                              "cluster.server must be a string"),
+            "ca mapping": (kubeconfig_text(cluster=CLUSTER + "    certificate-authority: {a: 1}\n"),
+                           "certificate-authority must be a string"),
+            "data list": (kubeconfig_text(user="    client-key-data: [1]\n"),
+                          "client-key-data must be a base64 string"),
+            "users mapping": (kubeconfig_text().replace(
+                "users:\n- name: u1\n  user:\n    token: t0ken\n", "users: {u1: x}\n"),
+                "users must be a list"),
+            "user string": (kubeconfig_text().replace("  user:\n    token: t0ken\n", "  user: x\n"),
+                            "users[name=u1].user must be a mapping"),
+            "contexts of strings": ("contexts: [a]\nclusters: []\n", "no current-context set"),
+        }
+        for name, (text, expected) in cases.items():
+            with self.subTest(case=name):
+                path = self.write(text)
+                with self.assertRaises(KubeconfigError) as caught:
+                    load_kubeconfig(path)
+                self.assertIn(expected, str(caught.exception))
+                self.assertTrue(str(caught.exception).startswith(path))
