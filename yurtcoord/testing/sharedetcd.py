@@ -73,8 +73,8 @@ def wipe(etcd: EtcdProcess) -> None:
         raise
 
 
-def use_shared_etcd(case: unittest.TestCase, binary: EtcdBinary, tls: bool = False,
-                    extra_args: Sequence[str] = ()) -> EtcdProcess:
+def use_shared_etcd(case: unittest.SynchronousTestCase, binary: EtcdBinary,
+                    tls: bool = False, extra_args: Sequence[str] = ()) -> EtcdProcess:
     """``shared_etcd(...)`` for the test ``case``, wiped once the test is over.
 
     Call it in ``setUp`` before adding other cleanups, so that the wipe comes last."""
