@@ -18,7 +18,7 @@ setup(
     include_package_data=True,
     entry_points={"console_scripts": ["yurtcoordctl = yurtcoord.agent.ctl:main"]},
     # Twisted, treq and txaioetcd are bounded to the releases the canaries of their
-    # private names (yurtcoord/test/test_private_canaries.py) passed on.
+    # private names (yurtcoord/test/integration/test_private_canaries.py) passed on.
     install_requires=[
         "twisted[tls]>=26.10,<27",
         "treq>=26.7,<27",

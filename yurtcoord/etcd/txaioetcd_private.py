@@ -7,7 +7,7 @@ timeout)`` to ``Client._url`` + ``/v3alpha/...``. The adapter in
 transport. A transaction is the exception: ``GatewayClient.submit`` writes its body
 itself (``encode_transaction``) and reads the answer with txaioetcd's own
 ``validate_client_submit_response``. ``setup.py`` bounds txaioetcd to the versions
-``yurtcoord.test.test_private_canaries`` was run on, and those canaries fail with a
+``yurtcoord.test.integration.test_private_canaries`` was run on, and those canaries fail with a
 message naming what changed when a release moves one of them. Nothing else in the agent
 touches a private txaioetcd name (a test scans for it).
 

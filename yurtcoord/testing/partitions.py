@@ -84,7 +84,7 @@ EXACT_TIMEOUT = 90.0
 # processes flap for half a minute, five cut-and-heal cycles: enough to show the wiring
 # (cuts reach the agents, a cut leader steps down or rides the cut out, heartbeats
 # keep flowing); the role logic under a flap of two minutes is proven on a Clock
-# (yurtcoord/test/test_flapping_clock.py).
+# (yurtcoord/test/unit/test_flapping_clock.py).
 FLAP_PERIOD, FLAP_DURATION = 3.0, 30.0
 MAX_LEADERSHIP_CHANGES_PER_MINUTE = 1.0
 

@@ -1,7 +1,7 @@
 """Every use of Twisted's private names, in one place.
 
 Twisted does not promise these names across releases; ``setup.py`` bounds Twisted to
-the versions ``yurtcoord.test.test_private_canaries`` was run on, and those canaries
+the versions ``yurtcoord.test.integration.test_private_canaries`` was run on, and those canaries
 fail with a message naming what changed when a release moves one of them. Nothing
 else in the agent imports a private Twisted name (a test scans for it).
 

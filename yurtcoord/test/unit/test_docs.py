@@ -7,7 +7,7 @@ and ``/status`` fields, and every log line the runbook quotes with the log calls
 the product code. A key, metric, page or log message renamed in the code without the
 docs following makes a test here fail.
 
-``.venv/bin/python -m yurtcoord.test.test_docs`` prints the configuration tables and
+``.venv/bin/python -m yurtcoord.test.unit.test_docs`` prints the configuration tables and
 the metrics table as the docs should hold them.
 """
 
@@ -152,7 +152,7 @@ class ConfigurationReferenceTests(unittest.TestCase):
 
     def test_every_schema_key_is_documented_with_its_type_default_and_meaning(self):
         self.assertEqual(configuration_problems(self.reference), [],
-                         "regenerate with: .venv/bin/python -m yurtcoord.test.test_docs")
+                         "regenerate with: .venv/bin/python -m yurtcoord.test.unit.test_docs")
 
     def test_sections_are_documented_in_schema_order(self):
         headings = re.findall(r"^###\s+`\[([a-z_]+)\]`", self.reference, re.MULTILINE)
