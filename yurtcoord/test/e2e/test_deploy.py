@@ -1,79 +1,31 @@
-"""The deployment manifests (``deploy/``): they parse, they agree with the agent's
-configuration, and their RBAC is exactly what the agents ask of each apiserver.
+"""The RBAC of the deployment manifests (``deploy/``) against what a whole pool of
+agents asks of each apiserver.
 
-- Every YAML document deserializes into the official ``kubernetes`` client's model of
-  its kind and serializes back to the same document (a misspelt or misplaced field is
-  dropped by the model, so the round trip shows it).
-- The ConfigMap's ini is a valid configuration once the DaemonSet's init container
-  wrote the node name into it, and the DaemonSet mounts what that ini names.
-- The RBAC checker (``yurtcoord.testing.rbac``) refuses a request no rule allows and a
-  rule no request uses, on small policies and on the shipped one (a removed or added
-  rule fails the check).
-- A whole pool of agents, each a ``twistd`` process, with TLS to the coordinator (the
-  certificates from the certs Secret), a leader, followers, a follower cut off from
-  the cloud whose heartbeat the leader forwards, pool sync of every default pool-scoped
-  resource and the local cache upload: every request the cloud and the coordinator
-  apiserver logged is allowed by the shipped rules for that apiserver, and every
-  permission of those rules was used. The permissions and the request that used each
-  are printed as ``RBAC <apiserver> <permission> <- <request>`` lines.
+A pool of agents, each a ``twistd`` process, with TLS to the coordinator (the
+certificates from the certs Secret), a leader, followers, a follower cut off from the
+cloud whose heartbeat the leader forwards, pool sync of every default pool-scoped
+resource and the local cache upload: every request the cloud and the coordinator
+apiserver logged is allowed by the shipped rules for that apiserver, and every
+permission of those rules was used. The permissions and the request that used each
+are printed as ``RBAC <apiserver> <permission> <- <request>`` lines.
 """
 
-import glob
 import os
 from typing import Any
 
-import yaml
 from twisted.internet import defer, reactor
 from twisted.trial import unittest
 
 from yurtcoord.kube.gvr import ENDPOINTS, ENDPOINTSLICES_V1, ENDPOINTSLICES_V1BETA1, SECRETS
 from yurtcoord.sim.apiserver import KubeAPIServer
-from yurtcoord.sim.apiserver.requestlog import RequestAttributes, request_attributes
+from yurtcoord.sim.apiserver.requestlog import request_attributes
 from yurtcoord.sim.etcd import EtcdProcess, etcd_binary_for
 from yurtcoord.sim.pki import TestCA
 from yurtcoord.testing.inprocess import certs_secret
+from yurtcoord.testing.manifests import cloud_policy, coordinator_policy
 from yurtcoord.testing.poll import poll_until
-from yurtcoord.testing.rbac import RBACPolicy, Subject, check_policy, describe_use
+from yurtcoord.testing.rbac import check_policy, describe_use
 from yurtcoord.testing.world import AgentProcess, ProcessWorld, leader_of, one_leader_all_ready
-from yurtcoord.testing.paths import REPO
-
-ROOT = REPO
-DEPLOY = os.path.join(ROOT, "deploy")
-CLOUD_DIR = os.path.join(DEPLOY, "cloud")
-COORDINATOR_DIR = os.path.join(DEPLOY, "coordinator")
-
-# Who the agent is to each apiserver: the DaemonSet's ServiceAccount and, for the
-# heartbeats the leader forwards, the node-lease-proxy certificate's user on the cloud;
-# the yurthub client certificate's user on the coordinator apiserver.
-SERVICE_ACCOUNT = Subject("ServiceAccount", "yurtcoord", "kube-system")
-NODE_LEASE_PROXY = Subject("User", "openyurt:yurt-coordinator:node-lease-proxy-client")
-CLOUD_SUBJECTS = (SERVICE_ACCOUNT, NODE_LEASE_PROXY)
-COORDINATOR_SUBJECTS = (Subject("User", "openyurt:yurt-coordinator:yurthub"),)
-
-
-def documents(directory: str) -> list[tuple[str, dict[str, Any]]]:
-    """``(file name, document)`` of every YAML document under ``directory``."""
-    found = []
-    for path in sorted(glob.glob(os.path.join(directory, "*.yaml"))):
-        with open(path, encoding="utf-8") as f:
-            for document in yaml.safe_load_all(f):
-                if document is not None:
-                    found.append((os.path.relpath(path, ROOT), document))
-    return found
-
-
-def cloud_policy() -> RBACPolicy:
-    return RBACPolicy.from_documents([d for _, d in documents(CLOUD_DIR)], CLOUD_SUBJECTS)
-
-
-def coordinator_policy() -> RBACPolicy:
-    return RBACPolicy.from_documents([d for _, d in documents(COORDINATOR_DIR)],
-                                     COORDINATOR_SUBJECTS)
-
-
-def resource(verb: str, group: str, resource: str, namespace: str = "", name: str = "",
-             subresource: str = "") -> RequestAttributes:
-    return RequestAttributes(verb, group, resource, subresource, namespace, name, "/x")
 
 
 def endpoints(name: str) -> dict[str, Any]:

@@ -1,62 +1,27 @@
-"""The deployment manifests (``deploy/``): they parse, they agree with the agent's
-configuration, and their RBAC is exactly what the agents ask of each apiserver.
+"""The deployment manifests (``deploy/``) parse and agree with the agent's
+configuration.
 
 - Every YAML document deserializes into the official ``kubernetes`` client's model of
   its kind and serializes back to the same document (a misspelt or misplaced field is
   dropped by the model, so the round trip shows it).
 - The ConfigMap's ini is a valid configuration once the DaemonSet's init container
-  wrote the node name into it, and the DaemonSet mounts what that ini names.
-- The RBAC checker (``yurtcoord.testing.rbac``) refuses a request no rule allows and a
-  rule no request uses, on small policies and on the shipped one (a removed or added
-  rule fails the check).
-- A whole pool of agents, each a ``twistd`` process, with TLS to the coordinator (the
-  certificates from the certs Secret), a leader, followers, a follower cut off from
-  the cloud whose heartbeat the leader forwards, pool sync of every default pool-scoped
-  resource and the local cache upload: every request the cloud and the coordinator
-  apiserver logged is allowed by the shipped rules for that apiserver, and every
-  permission of those rules was used. The permissions and the request that used each
-  are printed as ``RBAC <apiserver> <permission> <- <request>`` lines.
+  wrote the node name into it (its shell command runs here, in temp dirs), the
+  DaemonSet mounts what that ini names, and the Dockerfile starts the agent the way the
+  DaemonSet does.
 """
 
-import glob
 import json
 import os
 import subprocess
 from typing import Any
 
-import yaml
 from kubernetes import client as kube_models
 from twisted.trial import unittest
 
 from yurtcoord.agent.config import parse_config
-from yurtcoord.sim.apiserver.requestlog import RequestAttributes
-from yurtcoord.testing.paths import REPO
-
-ROOT = REPO
-DEPLOY = os.path.join(ROOT, "deploy")
-CLOUD_DIR = os.path.join(DEPLOY, "cloud")
-COORDINATOR_DIR = os.path.join(DEPLOY, "coordinator")
+from yurtcoord.testing.manifests import CLOUD_DIR, COORDINATOR_DIR, DEPLOY, documents, the
 
 NODE_NAME_PLACEHOLDER = "@NODE_NAME@"
-
-
-def documents(directory: str) -> list[tuple[str, dict[str, Any]]]:
-    """``(file name, document)`` of every YAML document under ``directory``."""
-    found = []
-    for path in sorted(glob.glob(os.path.join(directory, "*.yaml"))):
-        with open(path, encoding="utf-8") as f:
-            for document in yaml.safe_load_all(f):
-                if document is not None:
-                    found.append((os.path.relpath(path, ROOT), document))
-    return found
-
-
-def the(kind: str, directory: str = CLOUD_DIR) -> dict[str, Any]:
-    """The one document of ``kind`` under ``directory``."""
-    found = [d for _, d in documents(directory) if d.get("kind") == kind]
-    if len(found) != 1:
-        raise AssertionError(f"{len(found)} documents of kind {kind} in {directory}")
-    return found[0]
 
 
 def to_model(api: kube_models.ApiClient, document: dict[str, Any], name: str) -> Any:
@@ -170,8 +135,3 @@ class ManifestTests(unittest.TestCase):
         (cmd,) = [line for line in lines if line.startswith("CMD ")]
         self.assertEqual(json.loads(cmd[4:]), the("DaemonSet")["spec"]["template"]["spec"]
                          ["containers"][0]["command"])
-
-
-def resource(verb: str, group: str, resource: str, namespace: str = "", name: str = "",
-             subresource: str = "") -> RequestAttributes:
-    return RequestAttributes(verb, group, resource, subresource, namespace, name, "/x")

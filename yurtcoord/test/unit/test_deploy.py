@@ -1,74 +1,17 @@
-"""The deployment manifests (``deploy/``): they parse, they agree with the agent's
-configuration, and their RBAC is exactly what the agents ask of each apiserver.
-
-- Every YAML document deserializes into the official ``kubernetes`` client's model of
-  its kind and serializes back to the same document (a misspelt or misplaced field is
-  dropped by the model, so the round trip shows it).
-- The ConfigMap's ini is a valid configuration once the DaemonSet's init container
-  wrote the node name into it, and the DaemonSet mounts what that ini names.
-- The RBAC checker (``yurtcoord.testing.rbac``) refuses a request no rule allows and a
-  rule no request uses, on small policies and on the shipped one (a removed or added
-  rule fails the check).
-- A whole pool of agents, each a ``twistd`` process, with TLS to the coordinator (the
-  certificates from the certs Secret), a leader, followers, a follower cut off from
-  the cloud whose heartbeat the leader forwards, pool sync of every default pool-scoped
-  resource and the local cache upload: every request the cloud and the coordinator
-  apiserver logged is allowed by the shipped rules for that apiserver, and every
-  permission of those rules was used. The permissions and the request that used each
-  are printed as ``RBAC <apiserver> <permission> <- <request>`` lines.
+"""The RBAC checker (``yurtcoord.testing.rbac``) and the rules the deployment manifests
+(``deploy/``) ship: the checker refuses a request no rule allows and a rule no request
+uses, on small policies and on the shipped one held against the requests the agents of
+a pool make (a removed or added rule fails the check). That those are all the requests
+a real pool makes is the e2e test of the same name.
 """
 
-import glob
-import os
 from typing import Any
 
-import yaml
 from twisted.trial import unittest
 
 from yurtcoord.sim.apiserver.requestlog import RequestAttributes
+from yurtcoord.testing.manifests import cloud_policy, coordinator_policy
 from yurtcoord.testing.rbac import RBACPolicy, Rule, Subject, check_policy
-from yurtcoord.testing.paths import REPO
-
-ROOT = REPO
-DEPLOY = os.path.join(ROOT, "deploy")
-CLOUD_DIR = os.path.join(DEPLOY, "cloud")
-COORDINATOR_DIR = os.path.join(DEPLOY, "coordinator")
-
-# Who the agent is to each apiserver: the DaemonSet's ServiceAccount and, for the
-# heartbeats the leader forwards, the node-lease-proxy certificate's user on the cloud;
-# the yurthub client certificate's user on the coordinator apiserver.
-SERVICE_ACCOUNT = Subject("ServiceAccount", "yurtcoord", "kube-system")
-NODE_LEASE_PROXY = Subject("User", "openyurt:yurt-coordinator:node-lease-proxy-client")
-CLOUD_SUBJECTS = (SERVICE_ACCOUNT, NODE_LEASE_PROXY)
-COORDINATOR_SUBJECTS = (Subject("User", "openyurt:yurt-coordinator:yurthub"),)
-
-
-def documents(directory: str) -> list[tuple[str, dict[str, Any]]]:
-    """``(file name, document)`` of every YAML document under ``directory``."""
-    found = []
-    for path in sorted(glob.glob(os.path.join(directory, "*.yaml"))):
-        with open(path, encoding="utf-8") as f:
-            for document in yaml.safe_load_all(f):
-                if document is not None:
-                    found.append((os.path.relpath(path, ROOT), document))
-    return found
-
-
-def cloud_policy() -> RBACPolicy:
-    return RBACPolicy.from_documents([d for _, d in documents(CLOUD_DIR)], CLOUD_SUBJECTS)
-
-
-def coordinator_policy() -> RBACPolicy:
-    return RBACPolicy.from_documents([d for _, d in documents(COORDINATOR_DIR)],
-                                     COORDINATOR_SUBJECTS)
-
-
-def the(kind: str, directory: str = CLOUD_DIR) -> dict[str, Any]:
-    """The one document of ``kind`` under ``directory``."""
-    found = [d for _, d in documents(directory) if d.get("kind") == kind]
-    if len(found) != 1:
-        raise AssertionError(f"{len(found)} documents of kind {kind} in {directory}")
-    return found[0]
 
 
 def resource(verb: str, group: str, resource: str, namespace: str = "", name: str = "",
@@ -292,8 +235,3 @@ class ShippedRulesTests(unittest.TestCase):
         check = check_policy(RBACPolicy(policy.rules + [named._replace(role="copy")]),
                              CLOUD_REQUESTS)
         self.assertNotEqual(check.redundant, [])
-
-
-def endpoints(name: str) -> dict[str, Any]:
-    return {"apiVersion": "v1", "kind": "Endpoints",
-            "metadata": {"name": name, "namespace": "default"}, "subsets": []}
