@@ -1,9 +1,9 @@
 """Heartbeat probes end to end, each agent a separate ``twistd -n yurtcoord`` process:
 one live test per kind of fault, proving the wiring (faults injected in the test
 servers reach the agents' probes, roles, ``/status`` and ``/metrics``). The logic, to
-the instant, is proved on a ``Clock`` in ``test_probes_clock`` (transient errors,
-several cloud URLs) and ``test_health.SeveralCoordinatorServersTests`` (several
-coordinator apiservers).
+the instant, is proved on a ``Clock`` in ``yurtcoord/test/unit/test_probes_clock.py``
+(transient errors, several cloud URLs) and ``SeveralCoordinatorServersTests`` in
+``yurtcoord/test/unit/test_health.py`` (several coordinator apiservers).
 
 - Transient errors: ``failed_retry`` consecutive 500s on the leader's cloud node lease
   write make the leader's probe fail, and the leader leaves its role; the pool
@@ -45,7 +45,8 @@ def lease_path(node):
 class TransientCloudErrorsTests(unittest.TestCase):
     """A pool of two agents; faults on the leader's cloud node lease writes. That
     ``failed_retry - 1`` of them change no role is proved on a Clock, by
-    ``test_probes_clock.TransientCloudErrorsTests.test_failed_retry_minus_one_failures_change_no_role``."""
+    ``TransientCloudErrorsTests.test_failed_retry_minus_one_failures_change_no_role``
+    in ``yurtcoord/test/unit/test_probes_clock.py``."""
 
     timeout = 240
     nodes = ("edge-1", "edge-2")
@@ -88,7 +89,8 @@ class TransientCloudErrorsTests(unittest.TestCase):
 class SeveralCloudURLsTests(unittest.TestCase):
     """A node heartbeating through three cloud URLs. That three URLs send at most
     twice the requests of one is proved on a Clock, by
-    ``test_probes_clock.SeveralCloudURLsTests.test_three_urls_at_most_double_the_requests_and_no_conflicts``."""
+    ``SeveralCloudURLsTests.test_three_urls_at_most_double_the_requests_and_no_conflicts``
+    in ``yurtcoord/test/unit/test_probes_clock.py``."""
 
     timeout = 240
     node = "edge-1"
@@ -162,7 +164,8 @@ class SeveralCoordinatorServersTests(unittest.TestCase):
     lease is written through one of them once per interval and read from the
     other, never conflicting with itself, and the election goes to the first. The
     same cadence, to the instant, on a Clock:
-    ``test_health.SeveralCoordinatorServersTests.test_one_lease_write_and_one_read_per_interval``."""
+    ``SeveralCoordinatorServersTests.test_one_lease_write_and_one_read_per_interval`` in
+    ``yurtcoord/test/unit/test_health.py``."""
 
     timeout = 240
     node = "edge-1"

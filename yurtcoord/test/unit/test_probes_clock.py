@@ -19,7 +19,8 @@ are injected on it alone, as the live test injects them on the path of one lease
   one read per interval, twice the requests of one URL, and no write ever conflicts.
 
 The two coordinator apiservers' one write and one read per interval is
-``test_health.SeveralCoordinatorServersTests.test_one_lease_write_and_one_read_per_interval``.
+``SeveralCoordinatorServersTests.test_one_lease_write_and_one_read_per_interval`` in
+``yurtcoord/test/unit/test_health.py``.
 """
 
 from twisted.internet.task import Clock
