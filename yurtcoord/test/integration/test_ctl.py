@@ -1,6 +1,7 @@
-"""``yurtcoordctl``: its tables, and its answers and exit statuses against a local HTTP
-server that answers what each test wants (good documents, errors, garbage, nothing).
-The CLI is synchronous: each run happens in a thread while the reactor serves."""
+"""``yurtcoordctl``'s answers and exit statuses against a local HTTP server that
+answers what each test wants (good documents, errors, garbage, nothing), and its
+console script. The CLI is synchronous: each run happens in a thread while the
+reactor serves."""
 
 import io
 import json
@@ -13,39 +14,8 @@ from twisted.trial import unittest
 from twisted.web import resource, server
 
 from yurtcoord.agent import ctl
+from yurtcoord.testing.agentdocuments import POOL, STATUS
 from yurtcoord.testing.world import agent_ini
-
-POOL = {
-    "node": "edge-1", "pool": "pool-a", "role": "follower", "ready": True,
-    "leader": "edge-2",
-    "election": {"holder": "edge-2", "lease_age": 0.4, "lease_duration_seconds": 15,
-                 "expired": False},
-    "members": [
-        {"node": "edge-1", "heartbeat": "direct", "stale": False, "lease_age": 1.2,
-         "cloud_lease_age": 1.2, "pool_lease_age": 0.7, "leader": False,
-         "this_agent": True, "etcd_member": "https://10.0.0.1:2379",
-         "coordinator_server": "https://10.0.0.1:6443",
-         "upload": {"uploaded": True, "objects": 12}},
-        {"node": "edge-2", "heartbeat": "delegated", "stale": False, "lease_age": 3.0,
-         "cloud_lease_age": 3.0, "pool_lease_age": 2.5, "leader": True,
-         "this_agent": False, "etcd_member": "https://10.0.0.2:2379",
-         "coordinator_server": "https://10.0.0.1:6443", "upload": None},
-        {"node": "edge-long-name-3", "heartbeat": "stale", "stale": True,
-         "lease_age": 125.0, "cloud_lease_age": 125.0, "pool_lease_age": None,
-         "leader": False, "this_agent": False, "etcd_member": None,
-         "coordinator_server": None, "upload": None},
-    ],
-    "leader_changes": [{"time": "2026-12-01T20:00:00Z", "at": 1.0, "leader": "edge-1"},
-                       {"time": "2026-12-01T20:05:00Z", "at": 2.0, "leader": "edge-2"}],
-    "cache": {"synced": True, "informer_sync_lease_age": 0.8, "informer_sync_holder": "edge-2",
-              "resources": {"endpoints": 3, "endpointslices.discovery.k8s.io": None}},
-    "errors": {},
-}
-STATUS = {"node": "edge-1", "pool": "pool-a", "role": "follower", "healthy": True,
-          "ready": False, "pool_cache_synced": True, "local_cache_uploaded": False,
-          "leader": None, "cloud": {"https://a:6443": False, "https://b:6443": True},
-          "coordinator_healthy": True, "last_transition": "2026-12-01T20:00:00Z",
-          "delegated_heartbeats": 0, "uploaded_objects": 0}
 
 
 class Answers(resource.Resource):
