@@ -1,5 +1,6 @@
-"""Heartbeat delegation: logic with a Clock and in-memory fakes, then end to end on
-real sockets (a plain coordinator API server and a TLS cloud API server)."""
+"""Heartbeat delegation end to end on real sockets: a plain coordinator API server, a
+cloud API server that requires client certificates, and the real informer and
+clients in between."""
 
 import os
 from types import SimpleNamespace
@@ -7,56 +8,15 @@ from types import SimpleNamespace
 from twisted.internet import defer, reactor
 from twisted.trial import unittest
 
-
-from yurtcoord.heartbeat.delegation import (
-    DELEGATE_HEARTBEAT_ANNOTATION, NODE_LEASE_NAMESPACE, NODE_POOL_LABEL, HeartbeatDelegation,
-)
+from yurtcoord.heartbeat.delegation import NODE_LEASE_NAMESPACE, HeartbeatDelegation
 from yurtcoord.tx.retry import Retries, backoff_policy
 from yurtcoord.kube.client import ClientConfig, KubeClient
 from yurtcoord.kube.gvr import LEASES, NODES
 from yurtcoord.kube.lease import format_micro_time, parse_micro_time
 from yurtcoord.sim.apiserver import KubeAPIServer
 from yurtcoord.sim.pki import TestCA
+from yurtcoord.testing.delegationobjects import POOL, pool_lease, pool_node
 from yurtcoord.testing.poll import poll_until
-
-POOL = "pool-a"
-
-
-def pool_lease(name, renewed, delegated=True, annotations=None, labels=None):
-    """A node lease as the coordinator apiserver holds it, server fields included."""
-    notes = dict(annotations or {})
-    if delegated:
-        notes[DELEGATE_HEARTBEAT_ANNOTATION] = "true"
-    return {
-        "apiVersion": "coordination.k8s.io/v1",
-        "kind": "Lease",
-        "metadata": {
-            "name": name,
-            "namespace": NODE_LEASE_NAMESPACE,
-            "resourceVersion": "4711",
-            "uid": "pool-uid-" + name,
-            "creationTimestamp": "2027-01-15T08:00:00Z",
-            "generation": 3,
-            "selfLink": f"/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases/{name}",
-            "managedFields": [{"manager": "yurthub", "operation": "Update"}],
-            "labels": dict(labels or {"node.openyurt.io/pool": "pool-a"}),
-            "annotations": notes,
-            "ownerReferences": [{"apiVersion": "v1", "kind": "Node", "name": name,
-                                 "uid": "node-uid-" + name}],
-        },
-        "spec": {
-            "holderIdentity": name,
-            "leaseDurationSeconds": 40,
-            "renewTime": format_micro_time(renewed),
-        },
-    }
-
-
-def pool_node(name, pool=POOL):
-    """A cloud Node as the pool's Node informer delivers it."""
-    return {"apiVersion": "v1", "kind": "Node",
-            "metadata": {"name": name, "uid": "node-uid-" + name, "resourceVersion": "7",
-                         "labels": {NODE_POOL_LABEL: pool}}}
 
 
 class DelegationLiveTests(unittest.TestCase):

@@ -1,5 +1,7 @@
-"""Heartbeat delegation: logic with a Clock and in-memory fakes, then end to end on
-real sockets (a plain coordinator API server and a TLS cloud API server)."""
+"""Heartbeat delegation with a Clock and in-memory fakes: what the leader forwards of
+the pool's delegated node leases to the cloud, with concurrency, conflicts, retries
+and stop; the rules deciding which leases are forwarded; the observers; and the shape
+of the cloud lease it writes."""
 
 from twisted.internet.task import Clock
 from twisted.logger import Logger, LogLevel, formatEvent
@@ -9,14 +11,15 @@ from zope.interface import implementer
 from zope.interface.verify import verifyObject
 
 from yurtcoord.heartbeat.delegation import (
-    DELEGATE_HEARTBEAT_ANNOTATION, MAX_ATTEMPTS, NODE_LEASE_NAMESPACE, NODE_POOL_LABEL,
-    HeartbeatDelegation, IDelegationMetrics, lease_for_create, merged_cloud_lease,
+    DELEGATE_HEARTBEAT_ANNOTATION, MAX_ATTEMPTS, NODE_LEASE_NAMESPACE, HeartbeatDelegation,
+    IDelegationMetrics, lease_for_create, merged_cloud_lease,
 )
 from yurtcoord.tx.retry import Retries, backoff_policy
 from yurtcoord.kube.errors import Conflict, ServerError
 from yurtcoord.kube.gvr import LEASES, NODES
 from yurtcoord.kube.lease import format_micro_time, parse_micro_time
 from yurtcoord.names import COORDINATOR_SERVER_ANNOTATION, ETCD_MEMBER_ANNOTATION
+from yurtcoord.testing.delegationobjects import POOL, pool_lease, pool_node
 from yurtcoord.testing.fakehealth import FakeHealth
 from yurtcoord.testing.fakeinformer import FakeInformer
 from yurtcoord.testing.fakekube import FakeKube
@@ -25,46 +28,8 @@ T0 = 1_800_000_000.0
 # The leader's clock in the logic tests: the pool leases renewed at T0 + a few
 # seconds lie in its past.
 NOW = T0 + 1000.0
-POOL = "pool-a"
 CLOUD_A = "https://cloud-a:6443"
 CLOUD_B = "https://cloud-b:6443"
-
-
-def pool_lease(name, renewed, delegated=True, annotations=None, labels=None):
-    """A node lease as the coordinator apiserver holds it, server fields included."""
-    notes = dict(annotations or {})
-    if delegated:
-        notes[DELEGATE_HEARTBEAT_ANNOTATION] = "true"
-    return {
-        "apiVersion": "coordination.k8s.io/v1",
-        "kind": "Lease",
-        "metadata": {
-            "name": name,
-            "namespace": NODE_LEASE_NAMESPACE,
-            "resourceVersion": "4711",
-            "uid": "pool-uid-" + name,
-            "creationTimestamp": "2027-01-15T08:00:00Z",
-            "generation": 3,
-            "selfLink": f"/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases/{name}",
-            "managedFields": [{"manager": "yurthub", "operation": "Update"}],
-            "labels": dict(labels or {"node.openyurt.io/pool": "pool-a"}),
-            "annotations": notes,
-            "ownerReferences": [{"apiVersion": "v1", "kind": "Node", "name": name,
-                                 "uid": "node-uid-" + name}],
-        },
-        "spec": {
-            "holderIdentity": name,
-            "leaseDurationSeconds": 40,
-            "renewTime": format_micro_time(renewed),
-        },
-    }
-
-
-def pool_node(name, pool=POOL):
-    """A cloud Node as the pool's Node informer delivers it."""
-    return {"apiVersion": "v1", "kind": "Node",
-            "metadata": {"name": name, "uid": "node-uid-" + name, "resourceVersion": "7",
-                         "labels": {NODE_POOL_LABEL: pool}}}
 
 
 def cloud_lease(name, renewed, annotations=None, holder=None):
