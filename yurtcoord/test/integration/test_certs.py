@@ -1,8 +1,8 @@
-"""Certificate manager: Secret → files in pki_dir, validated and written atomically;
-then end to end with a TLS cloud API server holding the Secret and a TLS server
-that must see the new client certificate on new connections."""
+"""Certificate manager end to end: a TLS cloud API server holds the certs Secret,
+and a TLS server that requires client certificates must see the new client
+certificate on new connections, as must a client whose certificate files appear and
+vanish while it is in use."""
 
-import base64
 import os
 import shutil
 import stat
@@ -15,48 +15,9 @@ from yurtcoord.kube.client import ClientConfig, KubeClient
 from yurtcoord.kube.errors import ConnectionFailed, NotFound
 from yurtcoord.kube.gvr import NAMESPACES, SECRETS
 from yurtcoord.sim.apiserver import KubeAPIServer
+from yurtcoord.testing.certsecrets import NAMESPACE, Bundle, b64, secret
 from yurtcoord.testing.poll import poll_until
-from yurtcoord.sim.pki import TestCA, read_pem
-
-NAMESPACE = "kube-system"
-FILES = (
-    "yurt-coordinator-ca.crt",
-    "yurt-coordinator-yurthub-client.crt", "yurt-coordinator-yurthub-client.key",
-    "node-lease-proxy-client.crt", "node-lease-proxy-client.key",
-)
-
-
-def b64(data):
-    return base64.b64encode(data).decode("ascii")
-
-
-class Bundle:
-    """PEM material for one version of the certs Secret, issued by ``ca``."""
-
-    def __init__(self, ca, tag):
-        self.ca_pem = ca.cert_pem
-        hub = ca.client_pair(f"hub-{tag}", f"system:yurthub:{tag}", ["openyurt:yurthub"])
-        proxy = ca.client_pair(f"proxy-{tag}", f"system:node-lease-proxy:{tag}")
-        self.hub_cert, self.hub_key = read_pem(hub.cert_file), read_pem(hub.key_file)
-        self.proxy_cert, self.proxy_key = read_pem(proxy.cert_file), read_pem(proxy.key_file)
-
-    def data(self):
-        return {
-            "ca.crt": b64(self.ca_pem),
-            "yurt-coordinator-yurthub-client.crt": b64(self.hub_cert),
-            "yurt-coordinator-yurthub-client.key": b64(self.hub_key),
-            "node-lease-proxy-client.crt": b64(self.proxy_cert),
-            "node-lease-proxy-client.key": b64(self.proxy_key),
-        }
-
-    def files(self):
-        return dict(zip(FILES, (self.ca_pem, self.hub_cert, self.hub_key,
-                                self.proxy_cert, self.proxy_key)))
-
-
-def secret(data, name=CERTS_SECRET_NAME, namespace=NAMESPACE):
-    return {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
-            "metadata": {"name": name, "namespace": namespace}, "data": data}
+from yurtcoord.sim.pki import TestCA
 
 
 class CertManagerLiveTests(unittest.TestCase):
