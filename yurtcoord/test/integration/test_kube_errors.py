@@ -1,9 +1,7 @@
-"""Any answer a peer sends becomes one of the client's typed errors: Status objects with
-fields of the wrong type, JSON that is not a Status, nesting too deep for the parser,
-bytes that are not UTF-8, an empty body. Checked on the parsing function, by property,
-and through ``KubeClient`` against a small web resource over a loopback socket."""
-
-import json
+"""Any answer a peer sends becomes one of the client's typed errors, through
+``KubeClient`` against a small web resource over a loopback socket: Status objects
+with fields of the wrong type, JSON that is not a Status, nesting too deep for the
+parser, bytes that are not UTF-8, an empty body, for requests and for watches."""
 
 from twisted.internet import defer, reactor
 from twisted.trial import unittest
@@ -13,36 +11,7 @@ from twisted.web.server import Site
 from yurtcoord.kube import errors
 from yurtcoord.kube.client import ClientConfig, KubeClient
 from yurtcoord.kube.gvr import CONFIGMAPS
-
-DEEP = b'{"kind":"Status","details":' + b"[" * 200_000 + b"]" * 200_000 + b"}"
-DEEP_LIST = b"[" * 200_000
-
-
-def status(**fields):
-    return json.dumps(dict({"kind": "Status", "apiVersion": "v1", "status": "Failure"},
-                           **fields)).encode()
-
-
-# (HTTP code, body, expected class); every expected class is the one of the HTTP code.
-HOSTILE = {
-    "string-code": (409, status(code="409", reason="Conflict"), errors.Conflict),
-    "string-code-alone": (404, status(code="404"), errors.NotFound),
-    "list-reason": (409, status(code=409, reason=["AlreadyExists"]), errors.Conflict),
-    "dict-message": (422, status(code=422, reason="Invalid", message={"a": 1}), errors.Invalid),
-    "bool-code": (500, status(code=True, reason="InternalError"), errors.ServerError),
-    "huge-code": (403, status(code=10**30, reason="Forbidden"), errors.Forbidden),
-    "float-code": (410, status(code=410.5, reason="Expired"), errors.Gone),
-    "reason-of-another-code": (500, status(code=404, reason="NotFound"), errors.ServerError),
-    "not-a-status": (404, b'{"kind":"Pod","code":"x"}', errors.NotFound),
-    "json-list": (400, b'["Status", 400]', errors.BadRequest),
-    "json-string": (401, b'"Unauthorized"', errors.Unauthorized),
-    "deep-status": (409, DEEP, errors.Conflict),
-    "deep-list": (503, DEEP_LIST, errors.ServerError),
-    "not-utf8": (404, b'{"kind":"Status","message":"\xff\xfe"}', errors.NotFound),
-    "binary": (502, bytes(range(256)), errors.ServerError),
-    "empty": (410, b"", errors.Gone),
-    "unknown-4xx": (418, status(code="teapot", reason=7), errors.KubeError),
-}
+from yurtcoord.testing.hostilestatuses import DEEP_LIST, HOSTILE
 
 
 class HostileAnswers(Resource):
