@@ -1,5 +1,6 @@
-"""The informer: Clock-driven unit tests with a scripted client, and acceptance tests
-against the Kubernetes API test server (cuts, 410, server down and back)."""
+"""The informer against the Kubernetes API test server over real sockets: pages of a
+large list, an expired continue token, cuts mid-line, 410, garbage answers and the
+server down and back."""
 
 from twisted.internet import defer
 from twisted.trial import unittest
@@ -8,34 +9,8 @@ from yurtcoord.tx.retry import Retries, backoff_policy
 from yurtcoord.kube.gvr import CONFIGMAPS
 from yurtcoord.kube.informer import Informer, object_key
 from yurtcoord.sim.apiserver.clients import start_server_with_client
+from yurtcoord.testing.informerrecorder import Recorder
 from yurtcoord.testing.poll import poll_until
-
-
-class Recorder:
-    """Replays handler calls into a dict, asserting each is consistent with it."""
-
-    def __init__(self, test):
-        self.test = test
-        self.state = {}
-        self.calls = []
-
-    def on_add(self, obj):
-        key = object_key(obj)
-        self.calls.append(("add", key))
-        self.test.assertNotIn(key, self.state, f"add of {key} that is already present")
-        self.state[key] = obj
-
-    def on_update(self, old, new):
-        key = object_key(new)
-        self.calls.append(("update", key))
-        self.test.assertEqual(self.state.get(key), old, f"update of {key} with a stale old")
-        self.state[key] = new
-
-    def on_delete(self, obj):
-        key = object_key(obj)
-        self.calls.append(("delete", key))
-        self.test.assertIn(key, self.state, f"delete of {key} that is absent")
-        del self.state[key]
 
 
 class InformerAgainstTestServerTests(unittest.TestCase):

@@ -1,5 +1,6 @@
-"""The informer: Clock-driven unit tests with a scripted client, and acceptance tests
-against the Kubernetes API test server (cuts, 410, server down and back)."""
+"""The informer on a Clock with a scripted client: lists in pages, watches from the
+list's version, resumes after a cut, relists after 410, backs off with jitter,
+turns filter transitions into adds and deletes, and stops cleanly in every state."""
 
 from twisted.internet import defer
 from twisted.internet.task import Clock
@@ -9,7 +10,8 @@ from twisted.trial import unittest
 from yurtcoord.kube import errors
 from yurtcoord.tx.retry import Retries, backoff_policy
 from yurtcoord.kube.gvr import CONFIGMAPS, NODES
-from yurtcoord.kube.informer import Informer, object_key
+from yurtcoord.kube.informer import Informer
+from yurtcoord.testing.informerrecorder import Recorder
 
 
 def cm(name, rv, ns="ns", **labels):
@@ -59,33 +61,6 @@ class ScriptedClient:
         if continue_token:
             metadata["continue"] = continue_token
         d.callback({"kind": "List", "metadata": metadata, "items": items})
-
-
-class Recorder:
-    """Replays handler calls into a dict, asserting each is consistent with it."""
-
-    def __init__(self, test):
-        self.test = test
-        self.state = {}
-        self.calls = []
-
-    def on_add(self, obj):
-        key = object_key(obj)
-        self.calls.append(("add", key))
-        self.test.assertNotIn(key, self.state, f"add of {key} that is already present")
-        self.state[key] = obj
-
-    def on_update(self, old, new):
-        key = object_key(new)
-        self.calls.append(("update", key))
-        self.test.assertEqual(self.state.get(key), old, f"update of {key} with a stale old")
-        self.state[key] = new
-
-    def on_delete(self, obj):
-        key = object_key(obj)
-        self.calls.append(("delete", key))
-        self.test.assertIn(key, self.state, f"delete of {key} that is absent")
-        del self.state[key]
 
 
 class InformerUnitTests(unittest.TestCase):
