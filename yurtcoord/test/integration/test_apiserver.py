@@ -1,5 +1,7 @@
-"""The Kubernetes API test server over real sockets (treq), plus fast unit
-tests of its selectors and store."""
+"""The Kubernetes API test server over real sockets (treq): CRUD, selectors, bad
+input, discovery, the request log, watches, faults, TLS with client certificates,
+pagination and lists at a revision, and the server run standalone as a process of
+its own."""
 
 import contextlib
 import gc
@@ -14,10 +16,7 @@ import time
 import treq
 import yaml
 from twisted.internet import defer, reactor, ssl
-from twisted.internet.address import IPv4Address
 from twisted.internet.error import ConnectionRefusedError, ProcessExitedAlready
-from twisted.internet.task import Clock
-from twisted.internet.testing import StringTransport
 from twisted.trial import unittest
 from twisted.web.client import Agent, HTTPConnectionPool, ResponseFailed
 from twisted.web.iweb import IPolicyForHTTPS
@@ -33,6 +32,7 @@ from yurtcoord.sim.apiserver.selectors import ObjectFilter
 from yurtcoord.sim.apiserver.storage import IObjectStorage
 from yurtcoord.sim.pki import CertPair, TestCA
 from yurtcoord.testing.apiservercase import CM, ServerTestCase, configmap
+from yurtcoord.testing.inmemoryhttp import InMemoryHTTP
 from yurtcoord.testing.poll import poll_until
 from yurtcoord.testing.processes import CollectingProcess
 
@@ -1005,31 +1005,6 @@ class StandaloneTests(unittest.TestCase):
             self.assertEqual(ready[1:5], ("127.0.0.1", "GET", "/readyz", 200))
             self.assertLess(abs(created.at - time.time()), 60)
         return self.run_module(["--request-log", path], check)
-
-
-class InMemoryHTTP:
-    """Drives the server's HTTP stack over an in-memory transport, on a fake
-    clock: fast enough for property tests, and still real HTTP parsing."""
-
-    def __init__(self):
-        self.clock = Clock()
-        self.server = KubeAPIServer(self.clock)
-        self._address = IPv4Address("TCP", "127.0.0.1", 40000)
-
-    def request(self, method, path, body=b"", content_type=b"application/json"):
-        """(status code, raw body) of one request on a fresh connection."""
-        channel = self.server._connections.buildProtocol(self._address)
-        transport = StringTransport(peerAddress=self._address)
-        channel.makeConnection(transport)
-        head = (b"%s %s HTTP/1.1\r\nHost: test\r\nContent-Type: %s\r\n"
-                b"Content-Length: %d\r\nConnection: close\r\n\r\n"
-                % (method, path, content_type, len(body)))
-        channel.dataReceived(head + body)
-        raw = transport.value()
-        channel.connectionLost(Exception("done"))
-        status_line, _, rest = raw.partition(b"\r\n")
-        code = int(status_line.split()[1])
-        return code, rest.partition(b"\r\n\r\n")[2]
 
 
 class PaginationTests(ServerTestCase):

@@ -1,25 +1,25 @@
-"""The Kubernetes API test server over real sockets (treq), plus fast unit
-tests of its selectors and store."""
+"""The Kubernetes API test server without a socket: its selectors, its store and watch
+streams on a Clock, and property tests of bad input (over its HTTP stack in memory)
+and of the store."""
 
 import json
 import os
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from twisted.internet.address import IPv4Address
 from twisted.internet.task import Clock
-from twisted.internet.testing import StringTransport
 from twisted.trial import unittest
 from twisted.web.test.requesthelper import DummyRequest
 
 from yurtcoord.kube import gvr as gvrs
 from yurtcoord.kube.errors import AlreadyExists, Conflict, Gone, NotFound
-from yurtcoord.sim.apiserver import Catalog, KubeAPIServer, ObjectStore
+from yurtcoord.sim.apiserver import Catalog, ObjectStore
 from yurtcoord.sim.apiserver.selectors import (
     FieldSelector, LabelSelector, ObjectFilter, SelectorError)
 from yurtcoord.sim.apiserver.storage import MemoryStorage
 from yurtcoord.sim.apiserver.watch import WatchStream
 from yurtcoord.testing.apiservercase import configmap
+from yurtcoord.testing.inmemoryhttp import InMemoryHTTP
 
 # Property tests run a fixed example set by default (stable CI); set
 # YURTCOORD_HYPOTHESIS_EXAMPLES to search more widely with fresh randomness.
@@ -131,31 +131,6 @@ class WatchStreamClockTests(unittest.TestCase):
         self.request.processingFailed(Exception("client went away"))
         self.assertEqual(self.clock.getDelayedCalls(), [])
         self.assertEqual(self.store.watcher_count(), 0)
-
-
-class InMemoryHTTP:
-    """Drives the server's HTTP stack over an in-memory transport, on a fake
-    clock: fast enough for property tests, and still real HTTP parsing."""
-
-    def __init__(self):
-        self.clock = Clock()
-        self.server = KubeAPIServer(self.clock)
-        self._address = IPv4Address("TCP", "127.0.0.1", 40000)
-
-    def request(self, method, path, body=b"", content_type=b"application/json"):
-        """(status code, raw body) of one request on a fresh connection."""
-        channel = self.server._connections.buildProtocol(self._address)
-        transport = StringTransport(peerAddress=self._address)
-        channel.makeConnection(transport)
-        head = (b"%s %s HTTP/1.1\r\nHost: test\r\nContent-Type: %s\r\n"
-                b"Content-Length: %d\r\nConnection: close\r\n\r\n"
-                % (method, path, content_type, len(body)))
-        channel.dataReceived(head + body)
-        raw = transport.value()
-        channel.connectionLost(Exception("done"))
-        status_line, _, rest = raw.partition(b"\r\n")
-        code = int(status_line.split()[1])
-        return code, rest.partition(b"\r\n\r\n")[2]
 
 
 class BadInputPropertyTests(unittest.TestCase):
