@@ -17,8 +17,7 @@ The coordinator apiservers are two servers over the pool etcd, both in every age
 ``[coordinator] server``: ``kubectl`` against either lists exactly the
 endpointslices the pool leader mirrored from the cloud and every agent's uploaded
 pods; killing one from the control page leaves every agent ready and the election
-lease with its holder, and a restarted one is healthy to every agent again. Their
-controls and the control page's view of them are also checked on a memory reactor."""
+lease with its holder, and a restarted one is healthy to every agent again."""
 
 import json
 import os

@@ -1,24 +1,7 @@
-"""``twistd -n yurtcoord --sandbox`` as a real subprocess: a whole pool comes up with
-one leader and every agent ready, its role changes are printed, its pool pages answer,
-the pool etcd holds what the agents uploaded and synced, cutting the leader's cloud
-link (SIGUSR1) hands leadership over and starts heartbeat delegation, stopping a
-node's stand-in kubelet from the control page makes its node lease go stale in the
-cloud and starting it brings the lease back, and a stop
-(SIGINT as from Ctrl-C, or SIGTERM) exits 0 leaving no etcd and no temp dir behind,
-also when etcd cannot start, dies, or is still starting; a SIGKILLed sandbox takes its
-etcd with it.
-
-The pool etcd is a cluster of three members that every agent is given in its storage
-list: killing the raft leader from the control page leaves every agent ready and the
-pool etcd whole, and a restarted member comes back healthy with what it missed;
-``--sandbox-etcd-members 1`` runs one member.
-
-The coordinator apiservers are two servers over the pool etcd, both in every agent's
-``[coordinator] server``: ``kubectl`` against either lists exactly the
-endpointslices the pool leader mirrored from the cloud and every agent's uploaded
-pods; killing one from the control page leaves every agent ready and the election
-lease with its holder, and a restarted one is healthy to every agent again. Their
-controls and the control page's view of them are also checked on a memory reactor."""
+"""The sandbox's parts without processes, on memory reactors and a Clock: a stop
+signal that comes before the handlers, where the etcd binary is looked up, what the
+cloud is seeded with, the coordinator apiservers' controls and what the control page
+shows of them, and the lines that say when heartbeat delegation starts and ends."""
 
 import os
 import signal
