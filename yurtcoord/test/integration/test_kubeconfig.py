@@ -1,6 +1,6 @@
-"""Kubeconfig fields that would change how the client authenticates or verifies the
-server, but that the client does not implement, are configuration errors naming the
-file and the field; an agent given such a kubeconfig exits with status 78."""
+"""An agent given a kubeconfig with a field the client does not implement (an exec
+plugin, an auth provider) fails to build with a configuration error of its cloud
+section, and ``twistd`` run on it exits with status 78 and one line."""
 
 import os
 
@@ -11,32 +11,10 @@ from twisted.trial import unittest
 from yurtcoord.agent.config import ConfigError, parse_config
 from yurtcoord.agent.service import make_service
 from yurtcoord.sim.agentini import ini_text
+from yurtcoord.testing.kubeconfigs import (
+    AUTH_PROVIDER, EXEC, USER, kubeconfig_text, write_kubeconfig,
+)
 from yurtcoord.testing.twistd import TWISTD, child_environment, write_ini
-
-CLUSTER = "    server: https://127.0.0.1:6443\n"
-USER = "    token: t0ken\n"
-
-
-def kubeconfig_text(cluster=CLUSTER, user=USER):
-    return ("apiVersion: v1\nkind: Config\ncurrent-context: pool\n"
-            "contexts:\n- name: pool\n  context: {cluster: c1, user: u1}\n"
-            f"clusters:\n- name: c1\n  cluster:\n{cluster}"
-            f"users:\n- name: u1\n  user:\n{user}")
-
-
-EXEC = ("    exec:\n      apiVersion: client.authentication.k8s.io/v1\n"
-        "      command: get-token\n      interactiveMode: Never\n")
-AUTH_PROVIDER = "    auth-provider:\n      name: oidc\n      config: {id-token: abc}\n"
-
-
-def write_kubeconfig(test, text):
-    """``text`` as a kubeconfig file in a fresh directory of ``test``; its path."""
-    directory = os.path.abspath(test.mktemp())
-    os.makedirs(directory)
-    path = os.path.join(directory, "kubeconfig")
-    with open(path, "w") as f:
-        f.write(text)
-    return path
 
 
 def agent_ini(kubeconfig):

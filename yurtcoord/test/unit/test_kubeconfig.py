@@ -1,39 +1,16 @@
 """Kubeconfig fields that would change how the client authenticates or verifies the
-server, but that the client does not implement, are configuration errors naming the
-file and the field; an agent given such a kubeconfig exits with status 78."""
-
-import os
+server, but that the client does not implement, are errors of the loader naming the
+file and the field; empty values mean unset, and fields of the wrong type are errors,
+not crashes."""
 
 from twisted.trial import unittest
 
 from yurtcoord.kube.kubeconfig import (
     UNSUPPORTED_CLUSTER_FIELDS, UNSUPPORTED_USER_FIELDS, KubeconfigError, load_kubeconfig,
 )
-
-CLUSTER = "    server: https://127.0.0.1:6443\n"
-USER = "    token: t0ken\n"
-
-
-def kubeconfig_text(cluster=CLUSTER, user=USER):
-    return ("apiVersion: v1\nkind: Config\ncurrent-context: pool\n"
-            "contexts:\n- name: pool\n  context: {cluster: c1, user: u1}\n"
-            f"clusters:\n- name: c1\n  cluster:\n{cluster}"
-            f"users:\n- name: u1\n  user:\n{user}")
-
-
-EXEC = ("    exec:\n      apiVersion: client.authentication.k8s.io/v1\n"
-        "      command: get-token\n      interactiveMode: Never\n")
-AUTH_PROVIDER = "    auth-provider:\n      name: oidc\n      config: {id-token: abc}\n"
-
-
-def write_kubeconfig(test, text):
-    """``text`` as a kubeconfig file in a fresh directory of ``test``; its path."""
-    directory = os.path.abspath(test.mktemp())
-    os.makedirs(directory)
-    path = os.path.join(directory, "kubeconfig")
-    with open(path, "w") as f:
-        f.write(text)
-    return path
+from yurtcoord.testing.kubeconfigs import (
+    AUTH_PROVIDER, CLUSTER, EXEC, USER, kubeconfig_text, write_kubeconfig,
+)
 
 
 class LoaderTests(unittest.TestCase):
