@@ -1,8 +1,7 @@
 """The pool view (``GET /pool``) against real Kubernetes API test servers: members from
 the cloud's pool Nodes and the coordinator's node leases with their heartbeat paths,
 the election holder read from the coordinator, the pool cache counts, failed and hung
-reads named under ``errors``, and one round of reads for a flood of requests. The
-leader history runs on a ``task.Clock``."""
+reads named under ``errors``, and one round of reads for a flood of requests."""
 
 import json
 import time
@@ -19,26 +18,16 @@ from yurtcoord.agent.metrics import Metrics
 from yurtcoord.agent.poolview import DELEGATED, DIRECT, STALE, LeaderHistory, PoolView
 from yurtcoord.agent.status import IPoolView, IStatusSource, InitialStatus, status_site
 from yurtcoord.kube.gvr import ENDPOINTS, ENDPOINTSLICES_V1, ENDPOINTSLICES_V1BETA1, LEASES
-from yurtcoord.kube.lease import format_micro_time
 from yurtcoord.names import (
     COORDINATOR_SERVER_ANNOTATION, DELEGATE_HEARTBEAT_ANNOTATION, ETCD_MEMBER_ANNOTATION,
     INFORMER_SYNC_LEASE_NAME, INFORMER_SYNC_LEASE_NAMESPACE, NODE_LEASE_NAMESPACE,
 )
 from yurtcoord.sim.apiserver.clients import start_server_with_client
+from yurtcoord.testing.poolleases import lease
 from yurtcoord.testing.world import add_pool_node
 
 STALE_AFTER = 9.0
 ELECTION = ("kube-system", "yurthub")
-
-
-def lease(name, age, namespace=NODE_LEASE_NAMESPACE, delegated=False, holder=None,
-          duration=40):
-    metadata = {"name": name, "namespace": namespace}
-    if delegated:
-        metadata["annotations"] = {DELEGATE_HEARTBEAT_ANNOTATION: "true"}
-    return {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": metadata,
-            "spec": {"holderIdentity": holder or name, "leaseDurationSeconds": duration,
-                     "renewTime": format_micro_time(time.time() - age)}}
 
 
 @implementer(IStatusSource)

@@ -1,8 +1,6 @@
-"""The pool view (``GET /pool``) against real Kubernetes API test servers: members from
-the cloud's pool Nodes and the coordinator's node leases with their heartbeat paths,
-the election holder read from the coordinator, the pool cache counts, failed and hung
-reads named under ``errors``, and one round of reads for a flood of requests. The
-leader history runs on a ``task.Clock``."""
+"""The pool view's parts on their own: the heartbeat path of a member judged from its
+node lease (direct, delegated or stale), and the leader history on a ``task.Clock``,
+newest last and bounded."""
 
 import time
 
@@ -12,19 +10,8 @@ from twisted.trial import unittest
 from yurtcoord.agent.poolview import (
     DELEGATED, DIRECT, LEADER_CHANGES_KEPT, STALE, LeaderHistory, heartbeat_path,
 )
-from yurtcoord.kube.lease import format_micro_time
-from yurtcoord.names import DELEGATE_HEARTBEAT_ANNOTATION, NODE_LEASE_NAMESPACE
 from yurtcoord.role.roles import Role
-
-
-def lease(name, age, namespace=NODE_LEASE_NAMESPACE, delegated=False, holder=None,
-          duration=40):
-    metadata = {"name": name, "namespace": namespace}
-    if delegated:
-        metadata["annotations"] = {DELEGATE_HEARTBEAT_ANNOTATION: "true"}
-    return {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": metadata,
-            "spec": {"holderIdentity": holder or name, "leaseDurationSeconds": duration,
-                     "renewTime": format_micro_time(time.time() - age)}}
+from yurtcoord.testing.poolleases import lease
 
 
 class HeartbeatPathTests(unittest.TestCase):
