@@ -1,28 +1,17 @@
-"""The status port's bounds: the request deadline and the connection limit (Clock and
-in-memory transports), and the access log at debug level (a real socket)."""
+"""The status port's access log over a real socket: requests are logged at debug
+level only."""
 
 import treq
 from twisted.internet import defer, reactor
 from twisted.internet.endpoints import TCP4ServerEndpoint
-from twisted.logger import LogLevel, formatEvent, globalLogPublisher
+from twisted.logger import LogLevel, formatEvent
 from twisted.trial import unittest
 from twisted.web.client import Agent, HTTPConnectionPool
 
 from yurtcoord.agent.metrics import Metrics
 from yurtcoord.agent.status import InitialStatus, status_site
+from yurtcoord.testing.logcapture import GlobalLogCapture
 from yurtcoord.testing.poll import poll_until
-
-
-class Captured:
-    """Events of the global log while a test runs."""
-
-    def __init__(self, test):
-        self.events = []
-        globalLogPublisher.addObserver(self.events.append)
-        test.addCleanup(globalLogPublisher.removeObserver, self.events.append)
-
-    def matching(self, text):
-        return [e for e in self.events if text in (formatEvent(e) or "")]
 
 
 class AccessLogTests(unittest.TestCase):
@@ -35,7 +24,7 @@ class AccessLogTests(unittest.TestCase):
         pool = HTTPConnectionPool(reactor, persistent=False)
         self.addCleanup(pool.closeCachedConnections)
         client = treq.client.HTTPClient(Agent(reactor, pool=pool))
-        log = Captured(self)
+        log = GlobalLogCapture(self)
         base = f"http://127.0.0.1:{port.getHost().port}"
         for path in ("/", "/status", "/readyz", "/healthz", "/metrics"):
             response = yield client.get(base + path)

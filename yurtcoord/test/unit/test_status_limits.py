@@ -1,5 +1,6 @@
-"""The status port's bounds: the request deadline and the connection limit (Clock and
-in-memory transports), and the access log at debug level (a real socket)."""
+"""The status port's bounds, on a Clock with in-memory transports: the request
+deadline and the connection limit, and the systemd unit's descriptor limit, far above
+what the status port may hold."""
 
 import configparser
 import os
@@ -7,7 +8,7 @@ import os
 from twisted.internet.address import IPv4Address
 from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
-from twisted.logger import LogLevel, formatEvent, globalLogPublisher
+from twisted.logger import LogLevel
 from twisted.trial import unittest
 
 from yurtcoord.agent.metrics import Metrics
@@ -15,22 +16,11 @@ from yurtcoord.agent.status import (
     MAX_STATUS_CONNECTIONS, STATUS_REQUEST_DEADLINE, InitialStatus, StatusSite,
     status_resource, status_site,
 )
+from yurtcoord.testing.logcapture import GlobalLogCapture
 from yurtcoord.testing.paths import REPO
 
 REQUEST = b"GET /healthz HTTP/1.1\r\nHost: agent\r\n\r\n"
 UNIT = os.path.join(REPO, "etc", "yurtcoord.service")
-
-
-class Captured:
-    """Events of the global log while a test runs."""
-
-    def __init__(self, test):
-        self.events = []
-        globalLogPublisher.addObserver(self.events.append)
-        test.addCleanup(globalLogPublisher.removeObserver, self.events.append)
-
-    def matching(self, text):
-        return [e for e in self.events if text in (formatEvent(e) or "")]
 
 
 class Connections:
@@ -168,7 +158,7 @@ class RequestDeadlineTests(unittest.TestCase):
 class ConnectionLimitTests(unittest.TestCase):
 
     def test_connections_past_the_limit_are_closed_at_once_and_counted(self):
-        log = Captured(self)
+        log = GlobalLogCapture(self)
         c = Connections(self, max_connections=3)
         held = [c.open() for _ in range(3)]
         self.assertTrue(all(channel is not None for channel, _ in held))
