@@ -4,8 +4,7 @@ Each private use sits in one module (``yurtcoord.tx.twisted_private``,
 ``yurtcoord.etcd.txaioetcd_private``); ``setup.py`` bounds both libraries to the
 versions these tests passed on. When a release renames, removes or reshapes one of the
 names, the test for it fails with a message saying what changed and where it is used,
-rather than the agent failing somewhere far away at run time. The last test keeps every
-other module from importing a private name of Twisted, treq or txaioetcd.
+rather than the agent failing somewhere far away at run time.
 """
 
 import ast

@@ -1,19 +1,18 @@
-"""Canaries for the private names of Twisted and txaioetcd the agent relies on.
+"""Only the holder modules use private names of Twisted, treq or txaioetcd.
 
 Each private use sits in one module (``yurtcoord.tx.twisted_private``,
-``yurtcoord.etcd.txaioetcd_private``); ``setup.py`` bounds both libraries to the
-versions these tests passed on. When a release renames, removes or reshapes one of the
-names, the test for it fails with a message saying what changed and where it is used,
-rather than the agent failing somewhere far away at run time. The last test keeps every
-other module from importing a private name of Twisted, treq or txaioetcd.
+``yurtcoord.etcd.txaioetcd_private``), whose canaries in the integration tier fail
+with a message saying what changed when a release renames, removes or reshapes one of
+the names. A private use anywhere else would have no canary, so a scan of every other
+product module keeps such uses out.
 """
 
 import ast
 import os
 
 from twisted.trial import unittest
-from yurtcoord.testing.paths import REPO
 
+from yurtcoord.testing.paths import REPO
 
 ROOT = REPO
 PRODUCT = os.path.join(ROOT, "yurtcoord")
