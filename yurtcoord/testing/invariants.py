@@ -73,6 +73,12 @@ class _Tenure:
         return natural if self.cut is None else min(natural, self.cut.at)
 
 
+def lease_path(namespace: str, name: str) -> str:
+    """The API path of the lease ``namespace/name``, as a request log records a write
+    of it."""
+    return f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases/{name}"
+
+
 def _t(seconds: float) -> str:
     return f"{seconds:.3f}"
 

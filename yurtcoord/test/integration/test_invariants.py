@@ -1,5 +1,6 @@
-"""The request-log invariants: each holds on a clean history and reports each kind
-of violation, on synthetic logs; and real servers' logs feed them over loopback."""
+"""The request-log invariants fed by the logs of real servers, written over loopback
+by clients on addresses of their own: the records the checks read are the ones a
+server really logs."""
 
 import json
 
@@ -11,13 +12,11 @@ from twisted.web.client import Agent, HTTPConnectionPool
 from yurtcoord.heartbeat.probes import NODE_LEASE_NAMESPACE
 from yurtcoord.kube.lease import format_micro_time
 from yurtcoord.sim.apiserver import KubeAPIServer
-from yurtcoord.testing.invariants import check_fencing, delegated_writes, leadership_changes
+from yurtcoord.testing.invariants import (
+    check_fencing, delegated_writes, lease_path, leadership_changes,
+)
 from yurtcoord.testing.poll import poll_until
 from yurtcoord.testing.world import ELECTION_LEASE, ELECTION_NAMESPACE
-
-
-def lease_path(namespace, name):
-    return f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases/{name}"
 
 
 class RealServerLogTests(unittest.TestCase):

@@ -1,5 +1,5 @@
-"""The request-log invariants: each holds on a clean history and reports each kind
-of violation, on synthetic logs; and real servers' logs feed them over loopback."""
+"""The request-log invariants on synthetic logs: each holds on a clean history and
+reports each kind of violation."""
 
 from twisted.trial import unittest
 
@@ -8,16 +8,13 @@ from yurtcoord.kube.lease import format_micro_time
 from yurtcoord.sim.apiserver.requestlog import logged_request
 from yurtcoord.testing.invariants import (
     DelegatedWrite, LeadershipChange, changes_per_minute, check_fencing, check_goes_stale,
-    check_lease_age, check_single_delegator, delegated_writes, leadership_changes, tenures)
+    check_lease_age, check_single_delegator, delegated_writes, lease_path, leadership_changes,
+    tenures)
 from yurtcoord.testing.world import ELECTION_LEASE, ELECTION_NAMESPACE
 
 NODE_OF_PEER = {"198.18.0.1": "n1", "198.18.0.2": "n2", "198.18.0.3": "n3"}
 PEER_OF = {node: peer for peer, node in NODE_OF_PEER.items()}
 DURATION = 15.0
-
-
-def lease_path(namespace, name):
-    return f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases/{name}"
 
 
 def lease_write(at, peer, name, holder=None, namespace=NODE_LEASE_NAMESPACE, code=200,
