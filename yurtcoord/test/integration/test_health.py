@@ -1,4 +1,6 @@
-"""Health checkers: lease probes, thresholds, delegation annotation, kubelet gating."""
+"""Health checkers over real sockets against the Kubernetes API test server: the cloud
+and coordinator probers as servers go down and come back, and the delegation that
+cloud loss starts."""
 
 from twisted.internet import defer
 from twisted.trial import unittest

@@ -1,4 +1,7 @@
-"""Health checkers: lease probes, thresholds, delegation annotation, kubelet gating."""
+"""Health checkers on a ``task.Clock`` with in-memory fakes: the node lease writer and
+lease probes with their retries and thresholds, the cloud and coordinator checkers,
+the servers in use named on the lease, the picked-server client and its failover,
+the delegate annotation and the delegating cadence, and the kubelet gate."""
 
 from twisted.internet import defer
 from twisted.trial import unittest
