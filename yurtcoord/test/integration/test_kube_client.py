@@ -1,5 +1,5 @@
 """KubeClient against real sockets: a small fake apiserver for error mapping, timeouts,
-pool size, TLS and watches; CRUD against the Kubernetes API test server when present."""
+pool size, TLS and watches; CRUD against the Kubernetes API test server."""
 
 import base64
 import json

@@ -1,5 +1,5 @@
-"""KubeClient against real sockets: a small fake apiserver for error mapping, timeouts,
-pool size, TLS and watches; CRUD against the Kubernetes API test server when present."""
+"""KubeClient on a memory reactor: a request whose connection never completes ends as
+a timeout or a cancellation, never as Twisted's ``ConnectingCancelledError``."""
 
 from twisted.internet import defer
 from twisted.trial import unittest
