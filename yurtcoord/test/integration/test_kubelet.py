@@ -1,10 +1,6 @@
-"""The kubelet gate of the heartbeat probes, on a ``task.Clock``, and the stand-in
-kubelet of the tests over a real socket.
-
-Exact timing lives here: a kubelet that never answers stops the probes at the grace
-period counted from the start, one that dies stops them within the grace period plus
-one check interval, and they resume once it answers again.
-"""
+"""The stand-in kubelet of the tests over a real socket: it answers, stops and
+restarts on the same port, and the agent's kubelet checker sees it stop and come
+back. The gate's exact timing is tested on a Clock in the unit tier."""
 
 import treq.client
 from twisted.internet import defer, reactor

@@ -1,5 +1,4 @@
-"""The kubelet gate of the heartbeat probes, on a ``task.Clock``, and the stand-in
-kubelet of the tests over a real socket.
+"""The kubelet gate of the heartbeat probes, on a ``task.Clock``.
 
 Exact timing lives here: a kubelet that never answers stops the probes at the grace
 period counted from the start, one that dies stops them within the grace period plus
@@ -25,7 +24,6 @@ class IHealthzGetter(Interface):
 
     def get(url):
         """A Deferred firing with a response that has ``code`` and ``content()``."""
-
 
 class _Response:
     def __init__(self, code):
