@@ -1,13 +1,24 @@
 """A cloud's API discovery and pool scope ConfigMap, scripted for unit tests of the
-pool scope and of pool sync."""
+pool scope and of pool sync, and the pool-scoped resources by id, as the tests of the
+pool scope compare them."""
 
-from typing import Any, Dict, List, Mapping, Tuple
+from typing import Any, Dict, Iterable, List, Mapping, Tuple
 
 from twisted.internet import defer
 
 from yurtcoord.kube.errors import NotFound
+from yurtcoord.kube.gvr import GroupVersionResource
+from yurtcoord.pool.scope import DEFAULT_POOL_SCOPE_RESOURCES, resource_id
 
 SERVICES_ENTRY = '[{"group":"","version":"v1","resource":"services"}]'
+
+
+def resource_ids(resources: Iterable[GroupVersionResource]) -> List[Tuple[str, str, str]]:
+    """``(group, version, resource)`` of each of ``resources``, in order."""
+    return [resource_id(g) for g in resources]
+
+
+DEFAULT_IDS = resource_ids(DEFAULT_POOL_SCOPE_RESOURCES)
 
 
 class ScriptedDiscovery:

@@ -1,27 +1,17 @@
-"""Pool-scoped resources: defaults, the ConfigMap, discovery filtering and its retries.
-
-Timing is driven by a ``Clock`` with a fake informer and a scripted discovery client;
-one test runs against the Kubernetes API test server with the real informer.
-"""
+"""Pool-scoped resources against the Kubernetes API test server, with the real
+informer and discovery: an edit of the ConfigMap takes effect and an unknown group is
+dropped, and discovery tells a cluster-scoped resource."""
 
 from twisted.internet import defer, reactor
 from twisted.trial import unittest
 
 from yurtcoord.kube import gvr as gvrs
 from yurtcoord.kube.gvr import GroupVersionResource
-from yurtcoord.pool.scope import (
-    DEFAULT_POOL_SCOPE_RESOURCES, PoolScopeResources, resource_id,
-)
+from yurtcoord.pool.scope import PoolScopeResources
 from yurtcoord.sim.apiserver.clients import start_server_with_client
+from yurtcoord.testing.discovery import DEFAULT_IDS, resource_ids
 from yurtcoord.testing.logcapture import capture_log
 from yurtcoord.testing.poll import poll_until
-
-
-def ids(resources):
-    return [resource_id(g) for g in resources]
-
-
-DEFAULT_IDS = ids(DEFAULT_POOL_SCOPE_RESOURCES)
 
 
 class PoolScopeLiveTests(unittest.TestCase):
@@ -38,14 +28,14 @@ class PoolScopeLiveTests(unittest.TestCase):
         self.addCleanup(scope.stop)
         scope.start()
         yield poll_until(lambda: scope.resources is not None, what="first resolution")
-        self.assertEqual(ids(scope.resources), DEFAULT_IDS)
+        self.assertEqual(resource_ids(scope.resources), DEFAULT_IDS)
         self.server.store.create(gvrs.CONFIGMAPS, {
             "metadata": {"name": "yurt-hub-cfg", "namespace": "kube-system"},
             "data": {"pool_scope_resources":
                      '[{"Group":"","Version":"v1","Resource":"services"},'
                      ' {"group":"example.com","version":"v1","resource":"widgets"}]'}})
         yield poll_until(lambda: len(scope.resources) == 4, what="services added")
-        self.assertEqual(ids(scope.resources)[-1], ("", "v1", "services"))
+        self.assertEqual(resource_ids(scope.resources)[-1], ("", "v1", "services"))
         self.assertTrue(any("widgets.v1.example.com" in m and "dropped" in m for m in messages),
                         messages)
         self.server.store.delete(gvrs.CONFIGMAPS, "yurt-hub-cfg", "kube-system")

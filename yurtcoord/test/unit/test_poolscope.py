@@ -1,7 +1,8 @@
 """Pool-scoped resources: defaults, the ConfigMap, discovery filtering and its retries.
 
 Timing is driven by a ``Clock`` with a fake informer and a scripted discovery client;
-one test runs against the Kubernetes API test server with the real informer.
+the run against the Kubernetes API test server with the real informer is in the
+integration tier.
 """
 
 from twisted.internet.task import Clock
@@ -11,18 +12,13 @@ from yurtcoord.kube import gvr as gvrs
 from yurtcoord.kube.errors import ServerError
 from yurtcoord.pool.scope import (
     DEFAULT_POOL_SCOPE_RESOURCES, HealthyCloudClient, PoolScopeResources,
-    merge_resources, parse_pool_scope_resources, resource_id,
+    merge_resources, parse_pool_scope_resources,
 )
-from yurtcoord.testing.discovery import SERVICES_ENTRY, cloud_discovery, configmap
+from yurtcoord.testing.discovery import (
+    DEFAULT_IDS, SERVICES_ENTRY, cloud_discovery, configmap, resource_ids,
+)
 from yurtcoord.testing.fakeinformer import FakeInformer
 from yurtcoord.testing.logcapture import capture_log
-
-
-def ids(resources):
-    return [resource_id(g) for g in resources]
-
-
-DEFAULT_IDS = ids(DEFAULT_POOL_SCOPE_RESOURCES)
 
 
 class ParseTests(unittest.TestCase):
@@ -31,11 +27,12 @@ class ParseTests(unittest.TestCase):
         parsed = parse_pool_scope_resources(
             '[{"Group":"","Version":"v1","Resource":"services"},'
             ' {"GROUP":"apps","version":"v1","RESOURCE":"deployments"}]')
-        self.assertEqual(ids(parsed), [("", "v1", "services"), ("apps", "v1", "deployments")])
+        self.assertEqual(resource_ids(parsed),
+                         [("", "v1", "services"), ("apps", "v1", "deployments")])
 
     def test_missing_group_means_core(self):
-        self.assertEqual(ids(parse_pool_scope_resources('[{"version":"v1","resource":"pods"}]')),
-                         [("", "v1", "pods")])
+        parsed = parse_pool_scope_resources('[{"version":"v1","resource":"pods"}]')
+        self.assertEqual(resource_ids(parsed), [("", "v1", "pods")])
 
     def test_bad_values_are_rejected_with_a_reason(self):
         for text, reason in [("{not json", "not JSON"), ('{"group":""}', "list"),
@@ -49,7 +46,7 @@ class ParseTests(unittest.TestCase):
         extra = parse_pool_scope_resources(
             '[{"group":"","version":"v1","resource":"endpoints"},'
             ' {"group":"","version":"v1","resource":"services"}]')
-        self.assertEqual(ids(merge_resources(DEFAULT_POOL_SCOPE_RESOURCES, extra)),
+        self.assertEqual(resource_ids(merge_resources(DEFAULT_POOL_SCOPE_RESOURCES, extra)),
                          DEFAULT_IDS + [("", "v1", "services")])
 
 
@@ -82,14 +79,14 @@ class PoolScopeClockTests(unittest.TestCase):
         self.assertIsNone(self.scope.resources, "nothing resolved before the first list")
         self.assertEqual(self.discovery.calls, [])
         self.informers[-1].end_list()
-        self.assertEqual(ids(self.scope.resources), DEFAULT_IDS)
+        self.assertEqual(resource_ids(self.scope.resources), DEFAULT_IDS)
         self.assertEqual(len(self.changes), 1)
         self.assertTrue(all(g.namespaced for g in self.scope.resources))
         self.assertEqual(self.scope.kind_of(gvrs.ENDPOINTS), "Endpoints")
 
     def test_configmap_entries_are_added(self):
         self.start([configmap(SERVICES_ENTRY)])
-        self.assertEqual(ids(self.scope.resources), DEFAULT_IDS + [("", "v1", "services")])
+        self.assertEqual(resource_ids(self.scope.resources), DEFAULT_IDS + [("", "v1", "services")])
         self.assertEqual(len(self.changes), 1, "one resolution for the first list")
 
     def test_discovery_says_whether_a_resource_is_namespaced(self):
@@ -100,7 +97,7 @@ class PoolScopeClockTests(unittest.TestCase):
     def test_unserved_group_version_is_dropped_with_a_warning(self):
         self.start([configmap('[{"group":"example.com","version":"v1","resource":"widgets"},'
                               ' {"group":"","version":"v1","resource":"gadgets"}]')])
-        self.assertEqual(ids(self.scope.resources), DEFAULT_IDS)
+        self.assertEqual(resource_ids(self.scope.resources), DEFAULT_IDS)
         warnings = [m for m in self.messages if "dropped" in m]
         self.assertEqual(len(warnings), 2, self.messages)
         self.assertIn("widgets.v1.example.com", warnings[0])
@@ -108,7 +105,7 @@ class PoolScopeClockTests(unittest.TestCase):
 
     def test_bad_json_keeps_defaults_and_names_configmap_and_key(self):
         self.start([configmap("[{oops")])
-        self.assertEqual(ids(self.scope.resources), DEFAULT_IDS)
+        self.assertEqual(resource_ids(self.scope.resources), DEFAULT_IDS)
         warning = [m for m in self.messages if "ignoring key" in m]
         self.assertEqual(len(warning), 1, self.messages)
         self.assertIn("pool_scope_resources", warning[0])
@@ -116,18 +113,18 @@ class PoolScopeClockTests(unittest.TestCase):
 
     def test_configmap_change_notifies_listeners_without_restart(self):
         informer = self.start()
-        self.assertEqual(ids(self.changes[-1]), DEFAULT_IDS)
+        self.assertEqual(resource_ids(self.changes[-1]), DEFAULT_IDS)
         informer.add(configmap(SERVICES_ENTRY))
-        self.assertEqual(ids(self.changes[-1]), DEFAULT_IDS + [("", "v1", "services")])
+        self.assertEqual(resource_ids(self.changes[-1]), DEFAULT_IDS + [("", "v1", "services")])
         informer.add(configmap("[]", rv="2"))
-        self.assertEqual(ids(self.changes[-1]), DEFAULT_IDS)
+        self.assertEqual(resource_ids(self.changes[-1]), DEFAULT_IDS)
         informer.add(configmap("[]", rv="3"))
         self.assertEqual(len(self.changes), 3, "an unchanged set is not announced again")
 
     def test_configmap_deleted_falls_back_to_defaults(self):
         informer = self.start([configmap(SERVICES_ENTRY)])
         informer.delete(configmap(SERVICES_ENTRY))
-        self.assertEqual(ids(self.scope.resources), DEFAULT_IDS)
+        self.assertEqual(resource_ids(self.scope.resources), DEFAULT_IDS)
 
     def test_discovery_errors_are_retried_three_times_five_seconds_apart(self):
         self.discovery.fail["/apis/discovery.k8s.io/v1"] = [ServerError("boom")] * 3
@@ -137,7 +134,7 @@ class PoolScopeClockTests(unittest.TestCase):
             self.clock.advance(4.5)
             self.assertIsNone(self.scope.resources, "no retry before 5 s")
             self.clock.advance(0.5)
-        self.assertEqual(ids(self.scope.resources), DEFAULT_IDS)
+        self.assertEqual(resource_ids(self.scope.resources), DEFAULT_IDS)
         self.assertEqual(self.discovery.calls.count(("GET", "/apis/discovery.k8s.io/v1")), 4)
         self.assertEqual(self.clock.seconds(), 15.0)
 
@@ -145,7 +142,7 @@ class PoolScopeClockTests(unittest.TestCase):
         self.discovery.fail["/apis/discovery.k8s.io/v1beta1"] = [ServerError("boom")] * 4
         self.start()
         self.clock.pump([5, 5, 5])
-        self.assertEqual(ids(self.scope.resources),
+        self.assertEqual(resource_ids(self.scope.resources),
                          [("", "v1", "endpoints"), ("discovery.k8s.io", "v1", "endpointslices")])
         self.assertEqual(self.discovery.calls.count(("GET", "/apis/discovery.k8s.io/v1beta1")), 4)
         self.assertTrue(any("did not answer" in m for m in self.messages), self.messages)
@@ -156,7 +153,7 @@ class PoolScopeClockTests(unittest.TestCase):
         informer.add(configmap(SERVICES_ENTRY))
         self.clock.pump([5, 5, 5])
         self.assertEqual(self.discovery.calls.count(("GET", "/api/v1")), 5)
-        self.assertEqual(ids(self.scope.resources), DEFAULT_IDS)
+        self.assertEqual(resource_ids(self.scope.resources), DEFAULT_IDS)
         self.assertTrue(any("keeping it" in m for m in self.messages), self.messages)
         self.assertTrue(any("services.v1 left out" in m for m in self.messages), self.messages)
 
