@@ -1,7 +1,15 @@
-"""Documents an agent's HTTP surface answers, as the tests of ``yurtcoordctl`` serve
-them: its tables are formatted from these, and its requests are answered with them."""
+"""Documents of an agent's HTTP surface: the keys every ``/status`` document has, and
+a ``/pool`` and a ``/status`` document as the tests of ``yurtcoordctl`` serve them
+(its tables are formatted from these, and its requests are answered with them)."""
 
 from typing import Any
+
+STATUS_KEYS = {
+    "node", "pool", "role", "healthy", "ready", "pool_cache_synced", "local_cache_uploaded",
+    "leader", "cloud", "coordinator_healthy", "coordinator_servers", "last_transition",
+    "delegated_heartbeats", "uploaded_objects", "etcd_member",
+}
+"""The keys of every ``/status`` document, whatever the agent's role or health."""
 
 POOL: dict[str, Any] = {
     "node": "edge-1", "pool": "pool-a", "role": "follower", "ready": True,

@@ -1,5 +1,5 @@
-"""Tests for the status HTTP pages, the agent metrics and the composition root,
-over real listening sockets with treq."""
+"""The status HTTP pages, the agent metrics and the composition root, over real
+listening sockets with treq."""
 
 import json
 
@@ -18,14 +18,9 @@ from yurtcoord.agent.config import parse_config
 from yurtcoord.agent.metrics import Metrics
 from yurtcoord.agent.service import make_service
 from yurtcoord.agent.status import IStatusSource, InitialStatus, rfc3339, status_site
+from yurtcoord.testing.agentdocuments import STATUS_KEYS
 from yurtcoord.testing.offline import offline_ini
 from yurtcoord.testing.poll import poll_until
-
-STATUS_KEYS = {
-    "node", "pool", "role", "healthy", "ready", "pool_cache_synced", "local_cache_uploaded",
-    "leader", "cloud", "coordinator_healthy", "coordinator_servers", "last_transition",
-    "delegated_heartbeats", "uploaded_objects", "etcd_member",
-}
 
 
 @implementer(IStatusSource)

@@ -1,16 +1,12 @@
-"""Tests for the status HTTP pages, the agent metrics and the composition root,
-over real listening sockets with treq."""
+"""The status sources without a server: the initial status of an agent that is
+starting, and the status of an agent without the coordinator (role init for good,
+live cloud health)."""
 
 from twisted.trial import unittest
 from zope.interface.verify import verifyObject
 
 from yurtcoord.agent.status import CloudOnlyStatus, IStatusSource, InitialStatus, rfc3339
-
-STATUS_KEYS = {
-    "node", "pool", "role", "healthy", "ready", "pool_cache_synced", "local_cache_uploaded",
-    "leader", "cloud", "coordinator_healthy", "coordinator_servers", "last_transition",
-    "delegated_heartbeats", "uploaded_objects", "etcd_member",
-}
+from yurtcoord.testing.agentdocuments import STATUS_KEYS
 
 
 class InitialStatusTests(unittest.TestCase):
