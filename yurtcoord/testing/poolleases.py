@@ -1,11 +1,12 @@
-"""Leases as the pool view reads them off the coordinator apiserver, renewed a given
-number of seconds before now (wall clock): node leases whose age and delegation
-annotation give a member's heartbeat path, and the election lease."""
+"""Leases of the pool on the coordinator apiserver, as the agents read them: node
+leases and the election lease renewed a given number of seconds before now (wall
+clock), whose age and delegation annotation give a member's heartbeat path in the pool
+view; and the informer sync lease, whose renewals tell that the pool cache is synced."""
 
 import time
 from typing import Any, Optional
 
-from yurtcoord.kube.lease import format_micro_time
+from yurtcoord.kube.lease import LeaseRecord, build_lease, format_micro_time
 from yurtcoord.names import DELEGATE_HEARTBEAT_ANNOTATION, NODE_LEASE_NAMESPACE
 
 
@@ -20,3 +21,12 @@ def lease(name: str, age: float, namespace: str = NODE_LEASE_NAMESPACE,
     return {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": metadata,
             "spec": {"holderIdentity": holder or name, "leaseDurationSeconds": duration,
                      "renewTime": format_micro_time(time.time() - age)}}
+
+
+def sync_lease(renewed: float, rv: str = "1", name: str = "leader-informer-sync",
+               namespace: str = "kube-system") -> dict[str, Any]:
+    """The informer sync lease renewed at ``renewed`` (POSIX seconds), of
+    resourceVersion ``rv``."""
+    lease = build_lease(name, namespace, LeaseRecord("edge-1", 10, renewed, renewed))
+    lease["metadata"]["resourceVersion"] = rv
+    return lease

@@ -1,19 +1,15 @@
-"""Pool cache synced detection: Clock-driven staleness, and one run on the API test server."""
+"""Pool cache synced detection with the real informer against the API test server's
+informer sync lease: synced on renewal, not synced on delete and on staleness."""
 
 from twisted.internet import defer, reactor
 from twisted.trial import unittest
 
 from yurtcoord.kube import gvr as gvrs
-from yurtcoord.kube.lease import LeaseRecord, build_lease, with_record
+from yurtcoord.kube.lease import LeaseRecord, with_record
 from yurtcoord.pool.synced import PoolCacheSyncedDetector
 from yurtcoord.sim.apiserver.clients import start_server_with_client
 from yurtcoord.testing.poll import poll_until
-
-
-def sync_lease(renewed, rv="1", name="leader-informer-sync", namespace="kube-system"):
-    lease = build_lease(name, namespace, LeaseRecord("edge-1", 10, renewed, renewed))
-    lease["metadata"]["resourceVersion"] = rv
-    return lease
+from yurtcoord.testing.poolleases import sync_lease
 
 
 class DetectorLiveTests(unittest.TestCase):

@@ -1,21 +1,17 @@
-"""Pool cache synced detection: Clock-driven staleness, and one run on the API test server."""
+"""Pool cache synced detection on a Clock with a fake informer: a fresh renewal of the
+informer sync lease is synced at once, staleness without renewal is not, and one
+timer is kept, cancelled on stop."""
 
 from twisted.internet.task import Clock
 from twisted.trial import unittest
 
 from yurtcoord.kube import gvr as gvrs
-from yurtcoord.kube.lease import LeaseRecord, build_lease
 from yurtcoord.pool.synced import PoolCacheSyncedDetector
 from yurtcoord.testing.fakeinformer import FakeInformer
+from yurtcoord.testing.poolleases import sync_lease
 
 STALE = 30.0
 START = 1_000_000.0
-
-
-def sync_lease(renewed, rv="1", name="leader-informer-sync", namespace="kube-system"):
-    lease = build_lease(name, namespace, LeaseRecord("edge-1", 10, renewed, renewed))
-    lease["metadata"]["resourceVersion"] = rv
-    return lease
 
 
 class DetectorClockTests(unittest.TestCase):
