@@ -1,8 +1,9 @@
-"""The network topology helper: hosts in namespaces, their links, and their cleanup.
+"""The network topology helper in real namespaces: hosts, their links, and their
+cleanup.
 
-Real-namespace tests are skipped, with the reason, where namespaces cannot be made.
-Traffic to test addresses only ever leaves sockets made through a host's reactor; the
-tests that show where sockets live use loopback, which each namespace has of its own.
+Skipped, with the reason, where namespaces cannot be made. Traffic to test addresses
+only ever leaves sockets made through a host's reactor; the tests that show where
+sockets live use loopback, which each namespace has of its own.
 """
 
 import json

@@ -1,10 +1,6 @@
-"""The network topology helper: hosts in namespaces, their links, and their cleanup.
-
-Real-namespace tests are skipped, with the reason, where namespaces cannot be made.
-Traffic to test addresses only ever leaves sockets made through a host's reactor; the
-tests that show where sockets live use loopback, which each namespace has of its own.
-"""
-
+"""The network topology helper without namespaces: cuts and flaps on a ``task.Clock``
+with the commands recorded, not run, and the reason given where namespaces cannot be
+made."""
 
 from twisted.internet import defer, task
 from twisted.trial import unittest
