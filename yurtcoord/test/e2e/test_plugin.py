@@ -1,5 +1,6 @@
-"""Tests of ``twistd yurtcoord`` as a real subprocess: start, answer, SIGTERM, exit 0;
-configuration errors as exactly one line and a non-zero exit."""
+"""``twistd yurtcoord`` as a real subprocess: start, answer, SIGTERM, exit 0, without
+importing what the agent does not use; configuration errors as exactly one line and a
+non-zero exit."""
 
 import os
 import re

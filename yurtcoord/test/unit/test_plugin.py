@@ -1,5 +1,5 @@
-"""Tests of ``twistd yurtcoord`` as a real subprocess: start, answer, SIGTERM, exit 0;
-configuration errors as exactly one line and a non-zero exit."""
+"""The options of ``twistd yurtcoord``, parsed without starting anything:
+``--sandbox-etcd-members``, how many members the sandbox's pool etcd has."""
 
 import signal
 
