@@ -1,10 +1,9 @@
-"""The test PKI's certificates pass a strict X.509 verifier.
+"""The test PKI's certificates pass a strict X.509 verifier in a real TLS handshake.
 
 Python 3.13's ``ssl`` verifies with ``VERIFY_X509_STRICT`` by default, and so do the
 ``kubernetes`` client and the etcd fixture's health check built on it. These tests set
 the flag explicitly, so they hold the test PKI to RFC 5280 on every supported Python:
-a real TLS handshake over loopback, both sides verifying, and the extensions a strict
-verifier looks for, certificate by certificate.
+a TLS handshake over loopback with both sides verifying.
 """
 
 import os

@@ -1,10 +1,9 @@
-"""The test PKI's certificates pass a strict X.509 verifier.
+"""The test PKI's certificates carry what a strict X.509 verifier looks for.
 
 Python 3.13's ``ssl`` verifies with ``VERIFY_X509_STRICT`` by default, and so do the
-``kubernetes`` client and the etcd fixture's health check built on it. These tests set
-the flag explicitly, so they hold the test PKI to RFC 5280 on every supported Python:
-a real TLS handshake over loopback, both sides verifying, and the extensions a strict
-verifier looks for, certificate by certificate.
+``kubernetes`` client and the etcd fixture's health check built on it. These tests
+read back from the PEM files, certificate by certificate, the extensions RFC 5280
+asks for; the handshakes under a strict verifier are in the integration tier.
 """
 
 import os
