@@ -25,6 +25,7 @@ class IHealthzGetter(Interface):
     def get(url):
         """A Deferred firing with a response that has ``code`` and ``content()``."""
 
+
 class _Response:
     def __init__(self, code):
         self.code = code
