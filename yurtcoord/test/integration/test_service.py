@@ -7,7 +7,6 @@ import os
 import time
 
 from twisted.internet import defer, reactor
-from twisted.internet.task import Clock
 from twisted.trial import unittest
 
 from yurtcoord.agent.certs import CERTS_SECRET_NAME
@@ -22,7 +21,7 @@ from yurtcoord.sim.apiserver import KubeAPIServer
 from yurtcoord.sim.kubelet import StandInKubelet
 from yurtcoord.testing.agentpages import StatusReader
 from yurtcoord.testing.inprocess import PoolWorld, write_cached_pod
-from yurtcoord.testing.poll import PollTimeout, poll_until
+from yurtcoord.testing.poll import poll_until
 from yurtcoord.sim.tcpproxy import TCPProxy
 
 # Generous bounds for a loaded 2-core CI machine; the timings below make each step
@@ -364,33 +363,6 @@ class AgentOverTLSTests(unittest.TestCase):
         yield poll_until(pending, STEP_TIMEOUT, 0.02, reactor,
                          what="edge-1 pending without certificates")
         return seen["status"]
-
-
-class PollUntilTests(unittest.TestCase):
-    """The bounded wait every real-socket test here relies on, on a fake clock."""
-
-    def test_fires_once_the_condition_holds(self):
-        clock = Clock()
-        answers = iter([False, False, defer.succeed(True)])
-        d = poll_until(lambda: next(answers), 1.0, 0.1, clock, what="the third answer")
-        self.assertNoResult(d)
-        clock.advance(0.1)
-        self.assertNoResult(d)
-        clock.advance(0.1)
-        self.assertTrue(self.successResultOf(d))
-
-    def test_fails_after_the_deadline_naming_what_was_awaited(self):
-        clock = Clock()
-
-        def broken():
-            raise ValueError("no answer")
-
-        d = poll_until(broken, 0.5, 0.1, clock, what="a working server")
-        clock.pump([0.1] * 6)
-        failure = self.failureResultOf(d, PollTimeout)
-        self.assertIn("a working server", str(failure.value))
-        self.assertIn("ValueError: no answer", str(failure.value))
-        self.assertEqual(clock.getDelayedCalls(), [])
 
 
 class TCPProxyTests(unittest.TestCase):

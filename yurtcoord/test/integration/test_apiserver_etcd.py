@@ -15,20 +15,17 @@ import sys
 from twisted.internet import defer, reactor
 from twisted.internet.error import ProcessExitedAlready
 from twisted.internet.utils import getProcessOutputAndValue
-from twisted.trial import unittest
 from zope.interface.verify import verifyObject
 
-from yurtcoord.etcd.client import EtcdClient, EtcdConfig
 from yurtcoord.kube import gvr as gvrs
 from yurtcoord.kube.client import ClientConfig, KubeClient
 from yurtcoord.kube.informer import Informer
 from yurtcoord.pool.keycache import POOL_SCOPED_COMPONENT
 from yurtcoord.pool.keys import format_rv
-from yurtcoord.sim.apiserver import KubeAPIServer
 from yurtcoord.sim.apiserver.clients import write_kubeconfig
-from yurtcoord.sim.apiserver.etcdstorage import EtcdStorage, storage_for
+from yurtcoord.sim.apiserver.etcdstorage import storage_for
 from yurtcoord.sim.apiserver.selectors import ObjectFilter
-from yurtcoord.sim.apiserver.storage import IObjectStorage, IStorageWatch
+from yurtcoord.sim.apiserver.storage import IStorageWatch
 from yurtcoord.sim.etcd import make_etcd_test_class
 from yurtcoord.testing.apiservercase import CM, ServerTestCase, configmap
 from yurtcoord.testing.etcdstore import EtcdStoreCase
@@ -38,36 +35,6 @@ from yurtcoord.testing.sharedetcd import use_shared_etcd
 from yurtcoord.tx.retry import Retries, backoff_policy
 
 KUBECTL = shutil.which("kubectl") or "/usr/bin/kubectl"
-
-
-class EtcdStorageInterfaceTests(unittest.TestCase):
-
-    def test_provides_the_storage_interface(self):
-        storage = EtcdStorage(lambda: EtcdClient(reactor, EtcdConfig("http://127.0.0.1:1")),
-                              reactor)
-        self.addCleanup(storage.close)
-        self.assertTrue(verifyObject(IObjectStorage, storage))
-
-    def test_keys_are_the_pool_stores(self):
-        storage = storage_for(reactor, "http://127.0.0.1:1,http://127.0.0.1:2", "registry/")
-        self.addCleanup(storage.close)
-        self.assertEqual(storage.key(gvrs.NODES, "edge-1"), b"/registry/minions/edge-1")
-        self.assertEqual(storage.key(gvrs.ENDPOINTS, "svc", "default"),
-                         b"/registry/services/endpoints/default/svc")
-        self.assertEqual(storage.key(gvrs.SERVICES, "svc", "default"),
-                         b"/registry/services/specs/default/svc")
-        self.assertEqual(storage.key(gvrs.ENDPOINTSLICES_V1BETA1, "s", "kube-system"),
-                         b"/registry/endpointslices/kube-system/s")
-        with self.assertRaises(ValueError):
-            storage_for(reactor, " , ")
-
-    def test_a_server_on_etcd_has_no_synchronous_store(self):
-        storage = storage_for(reactor, "http://127.0.0.1:1")
-        self.addCleanup(storage.close)
-        server = KubeAPIServer(reactor, storage=storage)
-        with self.assertRaises(AttributeError) as raised:
-            server.store
-        self.assertIn("server.storage", str(raised.exception))
 
 
 class EtcdAPIServerTestsMixin(EtcdStoreCase, ServerTestCase):
@@ -520,7 +487,10 @@ def _pod(name, namespace, rv):
 
 
 make_etcd_test_class(EtcdAPIServerTestsMixin, globals())
+
 make_etcd_test_class(EtcdSelectorPagingTestsMixin, globals())
+
 make_etcd_test_class(EtcdTLSAPIServerTestsMixin, globals())
+
 # TestCases themselves (through ServerTestCase): only the classes on etcd run.
 del EtcdAPIServerTestsMixin, EtcdSelectorPagingTestsMixin
