@@ -3,9 +3,10 @@ pool store and of what writes through it.
 
 The etcd is the run's shared one of its binary and flags (``yurtcoord.testing.sharedetcd``),
 emptied after each test; a case whose tests need an etcd of their own sets
-``own_etcd``."""
+``own_etcd``. ``make_object`` is ``yurtcoord.testing.storedobjects``'s, named here too
+for the tests that still take it with the etcd; a test without an etcd imports it from
+there, so that it starts no process."""
 
-import json
 import os
 from typing import TYPE_CHECKING, Any, Dict, Iterable, Optional, Tuple
 
@@ -13,12 +14,14 @@ from twisted.internet import defer, reactor
 from twisted.trial import unittest
 
 from yurtcoord.etcd.client import EtcdClient, EtcdConfig
-from yurtcoord.etcd.errors import EtcdTimeout
 from yurtcoord.pool.keycache import KEY_CACHE_FILE_NAME, ComponentKeyCache
 from yurtcoord.pool.keys import KeyBuildInfo, PoolKey
 from yurtcoord.pool.store import PoolStore, Steps
 from yurtcoord.sim.etcd import EtcdBinary, EtcdProcess, etcd_binary_for
 from yurtcoord.testing.sharedetcd import use_shared_etcd
+from yurtcoord.testing.storedobjects import make_object
+
+__all__ = ["ETCD_34", "ETCD_35", "EtcdStoreCase", "make_object"]
 
 ETCD_34 = etcd_binary_for("3.4")
 ETCD_35 = etcd_binary_for("3.5")
@@ -27,18 +30,6 @@ if TYPE_CHECKING:
     _TestCase = unittest.TestCase
 else:
     _TestCase = object
-
-
-def make_object(name: str, namespace: Optional[str], rv: int | str, kind: str = "Pod",
-                padding: int = 0) -> bytes:
-    """Compact JSON bytes of a Kubernetes-like object (exact bytes are what etcd must hold)."""
-    metadata = {"name": name, "resourceVersion": str(rv)}
-    if namespace:
-        metadata["namespace"] = namespace
-    obj: Dict[str, Any] = {"apiVersion": "v1", "kind": kind, "metadata": metadata}
-    if padding:
-        obj["spec"] = {"padding": "x" * padding}
-    return json.dumps(obj, separators=(",", ":")).encode()
 
 
 class EtcdStoreCase(_TestCase):
@@ -101,11 +92,3 @@ class EtcdStoreCase(_TestCase):
         for key, value in objects:
             yield self.store.create(key, value)
 
-
-class HangingClient:
-    """Requests never answer; cancelling one fails it the way the etcd client does."""
-
-    def _hang(self, *args: Any, **kwargs: Any) -> defer.Deferred[Any]:
-        return defer.Deferred(lambda d: d.errback(EtcdTimeout("request cancelled")))
-
-    submit = get = range_page = status = _hang

@@ -19,7 +19,8 @@ from yurtcoord.pool.store import (
     KeyExists, KeyNotFound, ObjectTooLarge, PoolStore, UpdateConflict, WriteOutcome, open_pool_store,
 )
 from yurtcoord.sim.etcd import preferred_etcd_binary
-from yurtcoord.testing.etcdstore import ETCD_34, ETCD_35, EtcdStoreCase, make_object
+from yurtcoord.testing.etcdstore import ETCD_34, ETCD_35, EtcdStoreCase
+from yurtcoord.testing.storedobjects import make_object
 from yurtcoord.testing.poll import poll_until
 from yurtcoord.testing.sharedetcd import use_shared_etcd
 

@@ -17,7 +17,8 @@ from yurtcoord.agent.metrics import Metrics
 from yurtcoord.pool.keycache import ComponentKeyCache
 from yurtcoord.pool.keys import format_rv
 from yurtcoord.sim.etcd import preferred_etcd_binary
-from yurtcoord.testing.etcdstore import EtcdStoreCase, make_object
+from yurtcoord.testing.etcdstore import EtcdStoreCase
+from yurtcoord.testing.storedobjects import make_object
 from yurtcoord.testing.poll import poll_until
 from yurtcoord.testing.processes import CollectingProcess
 from yurtcoord.pool.uploader import LocalCacheUploader, UploadCounts, UploadFailed

@@ -13,7 +13,8 @@ from yurtcoord.kube import gvr
 from yurtcoord.pool.keycache import ComponentKeyCache
 from yurtcoord.pool.keys import KeyBuildInfo
 from yurtcoord.pool.store import PoolStore, object_metadata
-from yurtcoord.testing.etcdstore import HangingClient, make_object
+from yurtcoord.testing.hangingetcd import HangingClient
+from yurtcoord.testing.storedobjects import make_object
 
 
 class Status:

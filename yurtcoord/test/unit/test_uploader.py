@@ -15,7 +15,8 @@ from yurtcoord.pool.localcache import LocalCacheReader
 from yurtcoord.pool.interfaces import IPoolStore
 from yurtcoord.pool.keycache import ComponentKeyCache
 from yurtcoord.pool.store import PoolStore
-from yurtcoord.testing.etcdstore import HangingClient, make_object
+from yurtcoord.testing.hangingetcd import HangingClient
+from yurtcoord.testing.storedobjects import make_object
 from yurtcoord.testing.fakepoolstore import FakePoolStore
 from yurtcoord.pool.uploader import (
     LocalCacheUploader, UploadCounts, UploadFailed, api_version_of, resource_of_kind,
