@@ -56,7 +56,7 @@ from yurtcoord.kube.lease import holder_identity, renew_time
 from yurtcoord.kube.leaderelection import LeaderElectionConfig, LeaderElector
 from yurtcoord.names import (
     DELEGATE_HEARTBEAT_ANNOTATION, ELECTION_LEASE_NAME, ELECTION_LEASE_NAMESPACE,
-    NODE_LEASE_NAMESPACE, NODE_POOL_LABEL,
+    NODE_LEASE_NAMESPACE,
 )
 from yurtcoord.pool.uploader import UploadCounts
 from yurtcoord.role.coordinator import Coordinator
@@ -66,6 +66,8 @@ from yurtcoord.sim.agentini import FAULT_SUITE, TEST_ELECTION_LEASE, loopback_ag
 from yurtcoord.testing.fakeinformer import FakeInformer
 from yurtcoord.testing.fakekube import FakeKube, FakeKubeServer
 from yurtcoord.testing.fakepoolstore import FakePoolStore
+from yurtcoord.testing.clocks import run_until
+from yurtcoord.testing.delegationobjects import pool_node
 
 T0 = 1_800_000_000.0
 POOL = "pool-a"
@@ -100,23 +102,6 @@ def delegating_cadence(config):
 def lattice_at_or_before(start, step, when):
     """The last of ``start + k * step`` (k >= 0) not after ``when``."""
     return start + math.floor((when - start) / step) * step
-
-
-def run_until(clock, when):
-    """Advance ``clock`` to ``when`` one due call at a time, each run at its own time
-    (a single ``Clock.advance`` runs every call at the end of the advance)."""
-    while True:
-        due = [call.getTime() for call in clock.getDelayedCalls() if call.getTime() <= when]
-        if not due:
-            break
-        clock.advance(max(0.0, min(due) - clock.seconds()))
-    clock.advance(max(0.0, when - clock.seconds()))
-
-
-def pool_node(name):
-    return {"apiVersion": "v1", "kind": "Node",
-            "metadata": {"name": name, "uid": "node-uid-" + name,
-                         "labels": {NODE_POOL_LABEL: POOL}}}
 
 
 @implementer(IObjectClient)

@@ -37,7 +37,6 @@ from yurtcoord.heartbeat.probes import (
 from yurtcoord.kube.gvr import NODES
 from yurtcoord.kube.interfaces import IInformer, IObjectClient
 from yurtcoord.kube.leaderelection import LeaderElectionConfig, LeaderElector
-from yurtcoord.names import NODE_POOL_LABEL
 from yurtcoord.pool.interfaces import IPoolStore
 from yurtcoord.pool.uploader import UploadCounts
 from yurtcoord.role.coordinator import Coordinator
@@ -51,6 +50,8 @@ from yurtcoord.testing.fakelink import FakeLink
 from yurtcoord.testing.fakepoolstore import FakePoolStore
 from yurtcoord.testing.invariants import delegated_writes, leadership_changes
 from yurtcoord.testing.world import ELECTION_LEASE, ELECTION_NAMESPACE, TIMINGS
+from yurtcoord.testing.clocks import advance
+from yurtcoord.testing.delegationobjects import pool_node
 
 # The partition suite's agents: the fault suite's timings with its heartbeat ones over.
 SECTIONS = merge_sections(TIMINGS, partitions.TIMINGS)
@@ -80,23 +81,6 @@ EARLY_IN_A_CUT, LATE_IN_A_CUT = 0.25, 2.0
 # one instant, and offsets off the election's 0.5 s retry grid keep the timers of two
 # agents out of one instant (a release and a peer's takeover, say).
 START_OFFSETS = (0.0, 0.37, 0.81)
-
-
-def pool_node(name):
-    return {"apiVersion": "v1", "kind": "Node",
-            "metadata": {"name": name, "uid": f"uid-{name}",
-                         "labels": {NODE_POOL_LABEL: POOL}}}
-
-
-def advance(clock, seconds):
-    """Advance by ``seconds`` one due call at a time, each run at its own time."""
-    target = clock.seconds() + seconds
-    while True:
-        due = [call.getTime() for call in clock.getDelayedCalls() if call.getTime() <= target]
-        if not due:
-            break
-        clock.advance(max(0.0, min(due) - clock.seconds()))
-    clock.advance(target - clock.seconds())
 
 
 def advance_until(clock, predicate, deadline, what, step=0.1):
@@ -228,7 +212,7 @@ class PoolMember:
 
     def _pool_nodes(self, label_selector):
         informer = FakeInformer()
-        informer.end_list([pool_node(name) for name in NODES_OF_POOL])
+        informer.end_list([pool_node(name, POOL) for name in NODES_OF_POOL])
         return informer
 
     def _make_elector(self, started_leading, stopped_leading, new_leader):
@@ -270,7 +254,7 @@ class FlappingCloudLinkTests(unittest.TestCase):
         self.cloud = FakeKube(self.clock)
         self.coordinator = FakeKube(self.clock)
         for name in NODES_OF_POOL:
-            self.cloud.put(NODES, pool_node(name))
+            self.cloud.put(NODES, pool_node(name, POOL))
         self.cloud_log, self.coordinator_log = [], []
         self.coordinator_leases = CoordinatorLeases(self.clock, self.coordinator)
         self.members = {}

@@ -30,6 +30,7 @@ from yurtcoord.testing.fakekube import FakeKube, FakeKubeServer
 from yurtcoord.testing.leaseprobes import (
     DEFAULTS, NODE, START, make_clock, make_prober, node_lease,
 )
+from yurtcoord.testing.clocks import advance
 
 
 def put_node_lease(client, lease):
@@ -74,19 +75,6 @@ class FakeResponse:
 
     def content(self):
         return defer.succeed(b"ok" if self.code == 200 else b"fail")
-
-
-def advance(clock, seconds):
-    """Advance by ``seconds`` one due call at a time, each run at its own time: a
-    call scheduled by an earlier one counts from when that one ran (a single
-    ``Clock.advance`` would count it from the end of the whole advance)."""
-    target = clock.seconds() + seconds
-    while True:
-        due = [call.getTime() for call in clock.getDelayedCalls() if call.getTime() <= target]
-        if not due:
-            break
-        clock.advance(max(0.0, min(due) - clock.seconds()))
-    clock.advance(target - clock.seconds())
 
 
 class ProbeRetryPolicyTests(unittest.TestCase):

@@ -39,6 +39,7 @@ from yurtcoord.role.roles import Role
 from yurtcoord.sim.agentini import FAULT_SUITE, loopback_agent_ini
 from yurtcoord.testing.fakekube import FakeKube, FakeKubeServer
 from yurtcoord.testing.leaseprobes import START, make_clock
+from yurtcoord.testing.clocks import advance
 
 POOL = "pool-a"
 COORDINATOR_URL = "http://coordinator-0"
@@ -51,17 +52,6 @@ def fault_suite_config(node, cloud_urls):
     return parse_config(loopback_agent_ini(
         node, POOL, cloud_urls, COORDINATOR_URL, "http://127.0.0.1:2379",
         "/nonexistent/pki", "/nonexistent/cache", FAULT_SUITE))
-
-
-def advance(clock, seconds):
-    """Advance by ``seconds`` one due call at a time, each run at its own time."""
-    target = clock.seconds() + seconds
-    while True:
-        due = [call.getTime() for call in clock.getDelayedCalls() if call.getTime() <= target]
-        if not due:
-            break
-        clock.advance(max(0.0, min(due) - clock.seconds()))
-    clock.advance(target - clock.seconds())
 
 
 class ClockNode:
