@@ -1,4 +1,9 @@
-"""Local cache upload on real etcd: counts, bad files, rv ordering, etcd killed mid-upload."""
+"""The local cache upload to a pool store on a real etcd, read back with etcdctl: good
+objects uploaded and bad files counted, older local objects never overwriting newer
+ones, etcd killed mid-upload or losing writes in an outage, and the memory an upload of
+huge files takes, measured in a process of its own. Its timing and cancellation on a
+Clock are in the unit tier.
+"""
 
 import json
 import os
@@ -9,9 +14,7 @@ from twisted.internet.error import ProcessDone
 from twisted.logger import Logger, globalLogPublisher
 from twisted.trial import unittest
 
-from yurtcoord.agent.config import UploadResource
 from yurtcoord.etcd.errors import EtcdUnavailable
-from yurtcoord.tx.retry import Retries, backoff_policy
 from yurtcoord.pool.localcache import LocalCacheReader
 from yurtcoord.agent.metrics import Metrics
 from yurtcoord.pool.keycache import ComponentKeyCache
@@ -21,26 +24,13 @@ from yurtcoord.testing.etcdstore import EtcdStoreCase
 from yurtcoord.testing.storedobjects import make_object
 from yurtcoord.testing.poll import poll_until
 from yurtcoord.testing.processes import CollectingProcess
+from yurtcoord.testing.uploads import NODES, PODS, PODS_GVR, steady_backoff, write_file
 from yurtcoord.pool.uploader import LocalCacheUploader, UploadCounts, UploadFailed
-
-PODS = UploadResource("kubelet", "pods", "v1")
-NODES = UploadResource("kubelet", "nodes", "v1")
-PODS_GVR = ("", "v1", "pods")
-
-
-def write_file(path, data):
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path, "wb") as f:
-        f.write(data)
 
 
 def quick_backoff():
+    """Short pauses, so that an upload waiting for etcd to come back retries often."""
     return steady_backoff(initial=0.05, maximum=0.5)
-
-
-def steady_backoff(initial=1.0, maximum=30.0):
-    """Retry pauses without jitter, so a Clock test knows each one."""
-    return Retries(backoff_policy(initial=initial, maximum=maximum, jitter=0.0))
 
 
 class UploadBehaviour(EtcdStoreCase):

@@ -1,4 +1,9 @@
-"""Local cache upload on real etcd: counts, bad files, rv ordering, etcd killed mid-upload."""
+"""The local cache upload on a Clock, with a fake pool store or a pool store whose etcd
+never answers: which resource a cached object's kind belongs to, the retry pauses and
+what is written again after an outage, the transactions kept in flight across chunks,
+and an upload cancelled by a role change. The upload to a real etcd (counts, bad
+files, resourceVersion ordering, etcd killed mid-upload) is in the integration tier.
+"""
 
 import gc
 import os
@@ -8,9 +13,7 @@ from twisted.internet.task import Clock
 from twisted.trial import unittest
 from zope.interface.verify import verifyObject
 
-from yurtcoord.agent.config import UploadResource
 from yurtcoord.etcd.errors import EtcdUnavailable, RequestRejected
-from yurtcoord.tx.retry import Retries, backoff_policy
 from yurtcoord.pool.localcache import LocalCacheReader
 from yurtcoord.pool.interfaces import IPoolStore
 from yurtcoord.pool.keycache import ComponentKeyCache
@@ -18,23 +21,10 @@ from yurtcoord.pool.store import PoolStore
 from yurtcoord.testing.hangingetcd import HangingClient
 from yurtcoord.testing.storedobjects import make_object
 from yurtcoord.testing.fakepoolstore import FakePoolStore
+from yurtcoord.testing.uploads import PODS, PODS_GVR, steady_backoff, write_file
 from yurtcoord.pool.uploader import (
     LocalCacheUploader, UploadCounts, UploadFailed, api_version_of, resource_of_kind,
 )
-
-PODS = UploadResource("kubelet", "pods", "v1")
-PODS_GVR = ("", "v1", "pods")
-
-
-def write_file(path, data):
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path, "wb") as f:
-        f.write(data)
-
-
-def steady_backoff(initial=1.0, maximum=30.0):
-    """Retry pauses without jitter, so a Clock test knows each one."""
-    return Retries(backoff_policy(initial=initial, maximum=maximum, jitter=0.0))
 
 
 def flaky_store(clock, failures=0, error=None, lose_at=None, fail_on=()):
