@@ -1,6 +1,15 @@
-"""Numbered cloud objects of services, many of which make a big pool to mirror."""
+"""Numbered cloud objects of services, many of which make a big pool to mirror, and the
+cloud seeded with them."""
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from yurtcoord.kube.gvr import ENDPOINTS, ENDPOINTSLICES_V1
+
+if TYPE_CHECKING:
+    from yurtcoord.sim.apiserver.server import KubeAPIServer
+
+# The namespaces the seeded objects are spread over.
+NAMESPACES = ("default", "kube-system", "team-a")
 
 
 def make_endpoints(i: int, namespace: str) -> dict[str, Any]:
@@ -19,3 +28,11 @@ def make_slice(i: int, namespace: str) -> dict[str, Any]:
             "endpoints": [{"addresses": [f"10.{i // 250}.{i % 250}.1"],
                            "conditions": {"ready": True}}],
             "ports": [{"port": 8080, "protocol": "TCP"}]}
+
+
+def seed_cloud(cloud: "KubeAPIServer", count: int) -> None:
+    """``count`` endpoints and ``count`` endpointslices spread over three namespaces."""
+    for i in range(count):
+        namespace = NAMESPACES[i % len(NAMESPACES)]
+        cloud.store.create(ENDPOINTS, make_endpoints(i, namespace))
+        cloud.store.create(ENDPOINTSLICES_V1, make_slice(i, namespace))

@@ -1,40 +1,28 @@
-"""Pool cache sync seen from whole agents over real sockets (issue 6 acceptance).
+"""Pool cache sync when the leader dies without a word: agents run as ``twistd -n
+yurtcoord`` processes (``ProcessWorld``) against a cloud and a coordinator Kubernetes API
+test server and a real etcd 3.5, and the leader is killed with SIGKILL. Its follower,
+cut from the cloud so that it never leads, must report the pool cache not synced once
+the informer sync lease has gone stale: not before, and not much later.
 
-Agents are built by ``make_service`` in this process (or, to be killed, run as
-``twistd -n yurtcoord`` child processes) against a cloud and a coordinator Kubernetes
-API test server and a real etcd 3.5. Everything is observed from the outside, the way
-an operator would: each agent's ``/status`` page, the pool etcd counted with
-``etcdctl`` and the leases held by the coordinator apiserver, polled with bounded
-deadlines.
-
-Times are taken when an answer arrives, so every "became X at" is at most one poll
-round late; bounds are checked on those observed times.
+Each agent's ``/status`` page is polled with bounded deadlines; times are taken when an
+answer arrives, so every "became X at" is at most one poll round late. The agents
+built in the test process are in the integration tier.
 """
 
 from twisted.internet import defer, reactor
 from twisted.trial import unittest
 
-from yurtcoord.kube.gvr import ENDPOINTS, ENDPOINTSLICES_V1
 from yurtcoord.pool.sync import INFORMER_SYNC_LEASE_NAME, INFORMER_SYNC_LEASE_NAMESPACE
 from yurtcoord.sim.etcd import etcd_binary_for
 from yurtcoord.testing.poll import poll_until
 from yurtcoord.testing.world import ProcessWorld, agent_ini
-from yurtcoord.testing.cloudobjects import make_endpoints, make_slice
+from yurtcoord.testing.cloudobjects import seed_cloud
 
 ETCD_35 = etcd_binary_for("3.5")
-NAMESPACES = ("default", "kube-system", "team-a")
 # How often /status (and the pool etcd) is sampled while a transition is awaited.
 SAMPLE_INTERVAL = 0.02
 # Generous deadlines for a loaded 2-core machine; the bounds asserted are separate.
 STEP_TIMEOUT = 45.0
-
-
-def seed_cloud(cloud, count):
-    """``count`` endpoints and ``count`` endpointslices spread over three namespaces."""
-    for i in range(count):
-        namespace = NAMESPACES[i % len(NAMESPACES)]
-        cloud.store.create(ENDPOINTS, make_endpoints(i, namespace))
-        cloud.store.create(ENDPOINTSLICES_V1, make_slice(i, namespace))
 
 
 class KilledLeaderTests(unittest.TestCase):
