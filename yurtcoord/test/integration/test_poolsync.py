@@ -1,9 +1,11 @@
-"""The leader's pool sync.
-
-Clock + fakes for the order of the start steps, the informer sync lease timing (fix 3:
-the first write happens as soon as the lists are in, one timer renews it), write
-retries and exact stop. Real sockets for the mirror itself: a cloud and a coordinator
-Kubernetes API test server and a real etcd 3.5 read back with etcdctl.
+"""The leader's pool sync over real sockets: a cloud and a coordinator Kubernetes API
+test server and the pool store on a real etcd (the preferred version), read back with
+etcdctl. The mirror is exact after the first sync (with the informer sync lease written
+promptly), after a watch cut mid-line or a forced 410, after writes etcd lost and after
+the pool scope ConfigMap added services; keys that are not UTF-8, a delete storm,
+objects gone while no one led and a thousand endpoints do not stop it, and a stop in
+the middle of the first list writes nothing after. The order and timing of its steps
+on a Clock are in the unit tier.
 """
 
 import json

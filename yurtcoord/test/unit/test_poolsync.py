@@ -1,9 +1,10 @@
-"""The leader's pool sync.
-
-Clock + fakes for the order of the start steps, the informer sync lease timing (fix 3:
-the first write happens as soon as the lists are in, one timer renews it), write
-retries and exact stop. Real sockets for the mirror itself: a cloud and a coordinator
-Kubernetes API test server and a real etcd 3.5 read back with etcdctl.
+"""The leader's pool sync on a Clock, with a fake coordinator, fake informers and a fake
+pool store: the order of the start steps; the informer sync lease, first written as
+soon as every list is in (not a renewal period later, so followers are synced without
+waiting for one) and then renewed by one timer; writes retried with backoff and written
+again after an outage or a new etcd term; resources added and removed by the pool scope
+ConfigMap; and a stop that leaves nothing running. The mirror over real sockets is in
+the integration tier.
 """
 
 import gc
