@@ -1,6 +1,9 @@
 """The composition root over real sockets: an agent built by ``make_service`` from its
 config, against a cloud and a coordinator Kubernetes API test server and a real etcd
-(``yurtcoord.testing.inprocess.PoolWorld``).
+(``yurtcoord.testing.inprocess.PoolWorld``), seen on its ``/status`` page: leading,
+following and delegating its heartbeat, stopping in bounded time, over TLS once the
+certs Secret exists; and the TCP proxy each agent's cloud link goes through. The
+bounded wait these tests rely on is tested on a Clock in the unit tier.
 """
 
 import os

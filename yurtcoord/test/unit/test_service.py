@@ -1,6 +1,7 @@
-"""The composition root over real sockets: an agent built by ``make_service`` from its
-config, against a cloud and a coordinator Kubernetes API test server and a real etcd
-(``yurtcoord.testing.inprocess.PoolWorld``).
+"""``poll_until`` on a Clock: the bounded wait that the agent tests over real sockets
+rely on fires once its condition holds, and fails after its deadline naming what it
+awaited and the last error. The agent built by ``make_service`` is tested over real
+sockets in the integration tier.
 """
 
 from twisted.internet import defer
@@ -11,7 +12,7 @@ from yurtcoord.testing.poll import PollTimeout, poll_until
 
 
 class PollUntilTests(unittest.TestCase):
-    """The bounded wait every real-socket test here relies on, on a fake clock."""
+    """The bounded wait every real-socket test relies on, on a fake clock."""
 
     def test_fires_once_the_condition_holds(self):
         clock = Clock()
