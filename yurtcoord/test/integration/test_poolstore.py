@@ -1,5 +1,7 @@
-"""Pool store on a real etcd, read back with etcdctl as the independent reader: on the
-preferred version, and on 3.5 and 3.4 where what it sees differs."""
+"""The pool store on a real etcd, read back with etcdctl as the independent reader: on
+the preferred version, on 3.5 and 3.4 where what it sees differs, over mutual TLS, and
+on an etcd started with small limits that its batches must fit. Its timing and
+cancellation on a Clock are in the unit tier."""
 
 import json
 import os

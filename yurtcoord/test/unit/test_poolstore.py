@@ -1,5 +1,8 @@
-"""Pool store on a real etcd, read back with etcdctl as the independent reader: on the
-preferred version, and on 3.5 and 3.4 where what it sees differs."""
+"""The pool store without an etcd: the key cache file flushed at most once per interval
+and the health loop on a Clock (unreachable after two failed checks, the etcd version
+and a new raft term reported) against a status client the test answers; every
+operation cancelled while its etcd request hangs, and what the store reads off an
+object's metadata. The store on a real etcd is in the integration tier."""
 
 import os
 
