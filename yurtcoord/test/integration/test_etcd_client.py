@@ -1,5 +1,7 @@
 """The txaioetcd adapter against a real etcd (the preferred version; 3.4 and 3.5 where
-they differ), and against small misbehaving servers."""
+they differ; over mutual TLS with rotated certificates), and against small misbehaving
+servers over loopback. How it encodes transactions and meets cancellation without a
+socket is in the unit tier."""
 
 import json
 import os

@@ -1,5 +1,8 @@
-"""The txaioetcd adapter against a real etcd (the preferred version; 3.4 and 3.5 where
-they differ), and against small misbehaving servers."""
+"""The txaioetcd adapter without an etcd: transactions encoded as txaioetcd's own
+``_marshal()`` describes them, the end of a prefix range, the errors' common base, and
+requests on a memory reactor, where a timeout while connecting is an ``EtcdTimeout`` and
+a request its caller cancelled keeps its member. The adapter against a real etcd and
+misbehaving servers is in the integration tier."""
 
 import json
 
