@@ -1,9 +1,9 @@
-"""Which etcd member the client's requests go to: member selection, skipping and
-re-admission after ``/health`` on a ``task.Clock``, then the client on scripted
-gateways over real sockets (switching on the errors etcd answers while it has no
-leader, never resending a delivered write to another member), then on a real
-three-member cluster that lost its quorum, on the preferred etcd version (3.4 and 3.5
-both refuse for want of a leader, with the same error)."""
+"""Which etcd member the client's requests go to, over real sockets: the client on
+scripted gateways (switching on the errors etcd answers while it has no leader, never
+resending a delivered write to another member), then on a real three-member cluster
+that lost its quorum, on the preferred etcd version (3.4 and 3.5 both refuse for want
+of a leader, with the same error). Member selection itself, on a Clock, is in the unit
+tier."""
 
 import json
 from typing import Any

@@ -1,9 +1,8 @@
-"""Which etcd member the client's requests go to: member selection, skipping and
-re-admission after ``/health`` on a ``task.Clock``, then the client on scripted
-gateways over real sockets (switching on the errors etcd answers while it has no
-leader, never resending a delivered write to another member), then on a real
-three-member cluster that lost its quorum, on the preferred etcd version (3.4 and 3.5
-both refuse for want of a leader, with the same error)."""
+"""Which etcd member the client's requests go to, as ``MemberSet`` decides on a
+``task.Clock``: the first member until it fails, a failed member skipped, probed on
+``/health`` on the backoff policy and readmitted once healthy; and the member URLs an
+``EtcdConfig`` accepts. The client on scripted gateways and on a real cluster that lost
+its quorum is in the integration tier."""
 
 from typing import Any
 
