@@ -1,8 +1,9 @@
 """The test API server with its objects in a real etcd (the preferred version), checked with
 etcdctl as the independent reader: kube-apiserver's keys and values, the mod
 revision as resourceVersion, guarded writes, LIST at a revision, watches over the
-gateway's stream, 410 after compaction; and what the agents' pool store writes is
-exactly what kubectl reads back through it."""
+gateway's stream, 410 after compaction, pages of a selector list, etcd's mutual TLS;
+and what the agents' pool store writes is exactly what kubectl reads back through it.
+The storage's interface and key layout without an etcd are in the unit tier."""
 
 import base64
 import contextlib

@@ -12,6 +12,7 @@ from yurtcoord.sim.apiserver import KubeAPIServer
 from yurtcoord.sim.apiserver.etcdstorage import EtcdStorage, storage_for
 from yurtcoord.sim.apiserver.storage import IObjectStorage
 
+
 class EtcdStorageInterfaceTests(unittest.TestCase):
 
     def test_provides_the_storage_interface(self):
