@@ -1,11 +1,9 @@
-"""A real etcd with a ``PoolStore`` on it, and objects to store, for the tests of the
-pool store and of what writes through it.
+"""A real etcd with a ``PoolStore`` on it, for the tests of the pool store and of what
+writes through it (the objects they store are ``yurtcoord.testing.storedobjects``).
 
 The etcd is the run's shared one of its binary and flags (``yurtcoord.testing.sharedetcd``),
 emptied after each test; a case whose tests need an etcd of their own sets
-``own_etcd``. ``make_object`` is ``yurtcoord.testing.storedobjects``'s, named here too
-for the tests that still take it with the etcd; a test without an etcd imports it from
-there, so that it starts no process."""
+``own_etcd``."""
 
 import os
 from typing import TYPE_CHECKING, Any, Dict, Iterable, Optional, Tuple
@@ -19,9 +17,6 @@ from yurtcoord.pool.keys import KeyBuildInfo, PoolKey
 from yurtcoord.pool.store import PoolStore, Steps
 from yurtcoord.sim.etcd import EtcdBinary, EtcdProcess, etcd_binary_for
 from yurtcoord.testing.sharedetcd import use_shared_etcd
-from yurtcoord.testing.storedobjects import make_object
-
-__all__ = ["ETCD_34", "ETCD_35", "EtcdStoreCase", "make_object"]
 
 ETCD_34 = etcd_binary_for("3.4")
 ETCD_35 = etcd_binary_for("3.5")

@@ -20,7 +20,7 @@ from yurtcoord.pool.keys import KeyBuildInfo, PoolKey, format_rv
 from yurtcoord.pool.store import PoolStore, WriteOutcome
 from yurtcoord.sim import pki
 from yurtcoord.sim.etcd import EtcdCluster, EtcdProcess, make_etcd_test_class
-from yurtcoord.testing.etcdstore import make_object
+from yurtcoord.testing.storedobjects import make_object
 from yurtcoord.testing.poll import poll_until
 
 # Seconds one etcd request may take: short, so that a lost member costs little here.
