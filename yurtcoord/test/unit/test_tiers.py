@@ -27,7 +27,7 @@ NOT_IN_UNIT = (
 )
 
 
-def test_modules(root: str = TEST_ROOT) -> list:
+def modules_below(root: str = TEST_ROOT) -> list:
     """Paths of every ``test_*.py`` below ``root``, relative to it."""
     found = []
     for directory, dirs, files in os.walk(root):
@@ -60,18 +60,18 @@ def imported_modules(path: str) -> set:
 class TierTests(unittest.TestCase):
 
     def test_every_test_module_is_in_exactly_one_tier(self):
-        modules = test_modules()
+        modules = modules_below()
         self.assertGreater(len(modules), 50)
         self.assertEqual([path for path in modules if tier_of(path) is None], [])
 
     def test_every_tier_is_a_package_with_tests(self):
         for tier in TIERS:
             self.assertTrue(os.path.isfile(os.path.join(TEST_ROOT, tier, "__init__.py")), tier)
-            self.assertTrue([path for path in test_modules() if tier_of(path) == tier], tier)
+            self.assertTrue([path for path in modules_below() if tier_of(path) == tier], tier)
 
     def test_unit_modules_import_nothing_that_starts_processes_or_servers(self):
         offending = []
-        for path in test_modules():
+        for path in modules_below():
             if tier_of(path) != "unit":
                 continue
             for module in sorted(imported_modules(os.path.join(TEST_ROOT, path))):
