@@ -68,6 +68,7 @@ from yurtcoord.testing.fakekube import FakeKube, FakeKubeServer
 from yurtcoord.testing.fakepoolstore import FakePoolStore
 from yurtcoord.testing.clocks import run_until
 from yurtcoord.testing.delegationobjects import pool_node
+from yurtcoord.testing.idlecomponent import IdleComponent
 
 T0 = 1_800_000_000.0
 POOL = "pool-a"
@@ -182,18 +183,6 @@ class StoreInformer(FakeInformer):
             self.delete(obj)
         else:
             self.add(obj)
-
-
-@implementer(IRoleComponent)
-class IdleComponent:
-    """Pool sync and pool-cache-synced detection, which play no part in the timing of
-    a delegated heartbeat: started and stopped as the coordinator says."""
-
-    def start(self, store):
-        return defer.succeed(None)
-
-    def stop(self):
-        return defer.succeed(None)
 
 
 class ClockAgent:

@@ -24,7 +24,6 @@ import random
 from twisted.internet import defer
 from twisted.internet.task import Clock
 from twisted.trial import unittest
-from zope.interface import implementer
 from zope.interface.verify import verifyObject
 
 from yurtcoord.agent.config import parse_duration
@@ -52,6 +51,7 @@ from yurtcoord.testing.invariants import delegated_writes, leadership_changes
 from yurtcoord.testing.world import ELECTION_LEASE, ELECTION_NAMESPACE, TIMINGS
 from yurtcoord.testing.clocks import advance
 from yurtcoord.testing.delegationobjects import pool_node
+from yurtcoord.testing.idlecomponent import IdleComponent
 
 # The partition suite's agents: the fault suite's timings with its heartbeat ones over.
 SECTIONS = merge_sections(TIMINGS, partitions.TIMINGS)
@@ -91,23 +91,6 @@ def advance_until(clock, predicate, deadline, what, step=0.1):
         if clock.seconds() >= end:
             raise AssertionError(f"not within {deadline} s of the clock: {what()}")
         advance(clock, step)
-
-
-@implementer(IRoleComponent)
-class IdleComponent:
-    """A role component with nothing to do: pool sync and synced detection, which a
-    flap of the leader's cloud link does not concern."""
-
-    def __init__(self):
-        self.running = False
-
-    def start(self, store):
-        self.running = True
-        return defer.succeed(None)
-
-    def stop(self):
-        self.running = False
-        return defer.succeed(None)
 
 
 class KubeletResponse:
