@@ -987,7 +987,9 @@ def preferred_etcd_binary() -> EtcdBinary | None:
 def make_etcd_test_classes(mixin: type, module_globals: dict[str, Any],
                            versions: tuple[str, ...] = TEST_VERSIONS) -> list[type]:
 
-    """Define one trial TestCase per etcd version from ``mixin`` in ``module_globals``.
+    """Define one trial TestCase per etcd version from ``mixin`` in ``module_globals``:
+    for tests of behaviour that differs between versions, each naming the difference
+    (every other test runs on one version, ``make_etcd_test_class``).
 
     The classes are named ``<mixin minus "Mixin">_etcd34``, ``..._etcd35`` and carry
     ``etcd_binary`` (an ``EtcdBinary``). A version not installed here gives a class

@@ -43,7 +43,7 @@ from twisted.web.iweb import IAgentEndpointFactory
 
 from yurtcoord.kube.gvr import GroupVersionResource
 from yurtcoord.sim.apiserver import KubeAPIServer
-from yurtcoord.sim.etcd import EtcdBinary, EtcdProcess, etcd_binary_for
+from yurtcoord.sim.etcd import EtcdBinary, EtcdProcess, preferred_etcd_binary
 from yurtcoord.sim.kubelet import StandInKubelet
 from yurtcoord.testing.netns import Topology, entered
 from yurtcoord.sim.agentini import merge_sections
@@ -98,7 +98,7 @@ class PartitionWorld(ProcessWorld):
         self.base_dir = tempfile.mkdtemp(prefix=f"yurtcoord-{name}-")
         self.topology = Topology(reactor, name, NETWORKS)
         self.hosts: Dict[str, Any] = {}
-        self.etcd = EtcdProcess(etcd_binary or etcd_binary_for("3.5") or etcd_binary_for("3.4"),
+        self.etcd = EtcdProcess(etcd_binary or preferred_etcd_binary(),
                                 host=ETCD_ADDRESS)
         self.cloud = None
         self.coordinator = None

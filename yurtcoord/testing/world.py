@@ -68,7 +68,7 @@ from yurtcoord.sim.agentini import FAULT_SUITE, loopback_agent_ini
 from yurtcoord.sim.apiserver import KubeAPIServer
 from yurtcoord.sim.apiserver.etcdstorage import EtcdStorage
 from yurtcoord.sim.apiserver.requestlog import LoggedRequest, read_request_log
-from yurtcoord.sim.etcd import EtcdBinary, EtcdCluster, EtcdProcess, etcd_binary_for, tail
+from yurtcoord.sim.etcd import EtcdBinary, EtcdCluster, EtcdProcess, preferred_etcd_binary, tail
 from yurtcoord.sim.kubelet import StandInKubelet
 from yurtcoord.sim.sandboxetcd import rotated
 from yurtcoord.testing.agentpages import Statuses, StatusReader, wait_for_statuses
@@ -472,7 +472,7 @@ class ProcessWorld:
         self.reactor = reactor
         self.kubelet_grace_period = kubelet_grace_period
         self.base_dir = tempfile.mkdtemp(prefix="yurtcoord-world-")
-        binary = etcd_binary or etcd_binary_for("3.5") or etcd_binary_for("3.4")
+        binary = etcd_binary or preferred_etcd_binary()
         self.etcd = EtcdProcess(binary)
         self.etcd_cluster = (EtcdCluster(binary, size=etcd_members) if etcd_members > 1
                              else None)

@@ -19,7 +19,7 @@ from twisted.trial import unittest
 from yurtcoord.kube.gvr import ENDPOINTS, ENDPOINTSLICES_V1, ENDPOINTSLICES_V1BETA1, SECRETS
 from yurtcoord.sim.apiserver import KubeAPIServer
 from yurtcoord.sim.apiserver.requestlog import request_attributes
-from yurtcoord.sim.etcd import EtcdProcess, etcd_binary_for
+from yurtcoord.sim.etcd import EtcdProcess, preferred_etcd_binary
 from yurtcoord.sim.pki import TestCA
 from yurtcoord.testing.inprocess import certs_secret
 from yurtcoord.testing.manifests import cloud_policy, coordinator_policy
@@ -49,7 +49,7 @@ class CertsProcessWorld(ProcessWorld):
         super().__init__(reactor)
         self.ca = TestCA(os.path.join(self.base_dir, "ca"))
         self.ca.server_pair("server")
-        self.etcd = EtcdProcess(etcd_binary_for("3.5") or etcd_binary_for("3.4"),
+        self.etcd = EtcdProcess(preferred_etcd_binary(),
                                 tls_ca=self.ca)
         self.coordinator = KubeAPIServer(reactor, tls_dir=self.ca.directory,
                                          storage=self.coordinator_storage())

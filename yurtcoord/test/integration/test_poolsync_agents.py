@@ -18,13 +18,11 @@ from twisted.trial import unittest
 from yurtcoord.kube.gvr import LEASES
 from yurtcoord.kube.lease import LeaseRecord
 from yurtcoord.pool.sync import INFORMER_SYNC_LEASE_NAME, INFORMER_SYNC_LEASE_NAMESPACE
-from yurtcoord.sim.etcd import etcd_binary_for
 from yurtcoord.testing.poll import poll_until
 from yurtcoord.testing.twistd import child_environment
 from yurtcoord.testing.cloudobjects import seed_cloud
 from yurtcoord.testing.inprocess import PoolWorld, write_cached_pod
 
-ETCD_35 = etcd_binary_for("3.5")
 ENDPOINTS_PREFIX = "/registry/services/endpoints/"
 ENDPOINTSLICES_PREFIX = "/registry/endpointslices/"
 # How often /status (and the pool etcd) is sampled while a transition is awaited.
@@ -92,8 +90,6 @@ class InProcessPoolTests(unittest.TestCase):
 
     @defer.inlineCallbacks
     def setUp(self):
-        if ETCD_35 is None:
-            raise unittest.SkipTest("etcd 3.5 not available")
         self.world = PoolWorld(self, shared_etcd=True)
         yield self.world.start()
         self.agents = {}
