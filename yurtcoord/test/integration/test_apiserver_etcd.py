@@ -235,7 +235,9 @@ class EtcdAPIServerTestsMixin(EtcdStoreCase, ServerTestCase):
         yield self.call("POST", CM, configmap("a"))
         reader = yield self.open_watch(CM + "?watch=1")
         yield self.wait(lambda: len(reader.lines) == 1, "the initial ADDED")
-        self.etcd.kill()
+        # Stopped, not killed: etcd 3.5.0 to 3.5.2 may restart without "a" after a
+        # SIGKILL (etcd-io/etcd#13766), which is etcd's loss, not the server's.
+        self.etcd.terminate()
         # The watch ends cleanly: its client watches again from what it saw.
         yield self.wait(lambda: reader.ended is not None, "the watch to end")
         self.assertEqual(reader.ended, "clean")

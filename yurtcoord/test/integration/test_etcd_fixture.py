@@ -144,7 +144,10 @@ class EtcdFixtureTestsMixin:
             urllib.request.urlopen(etcd.client_url + "/health", timeout=5,
                                    context=no_cert).read()
 
-        etcd.kill()
+        # Stopped, not killed: on this preferred version a SIGKILL may lose the write
+        # (etcd-io/etcd#13766, tested on each version above), which is not what this
+        # test is about.
+        etcd.terminate()
         etcd.restart()
         self.assertEqual(etcd.read("/tls"), {b"/tls": b"yes"})
 
