@@ -12,6 +12,12 @@ cut links as it likes and still be judged afterwards by the same rules:
 - a live node's cloud lease is never older than its bound, except while nobody of
   the pool could reach the cloud (``check_lease_age``);
 - a node whose kubelet stopped goes stale within its bound (``check_goes_stale``);
+
+A lease's age is judged as the node lifecycle controller judges it: a write renews a
+lease when its renewTime is greater than every renewTime written before it
+(``lease_renewals``), whatever time it names; the times compared are the server's own.
+So a write that names an older renewTime keeps no node alive, and a node whose clock
+is minutes off is judged like any other.
 - leadership does not thrash (``leadership_changes``, ``changes_per_minute``).
 
 Who wrote a record is known by the client's IP address only: the agents of a pool
@@ -29,6 +35,7 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import NamedTuple, Optional
 
+from yurtcoord.kube.lease import parse_micro_time
 from yurtcoord.names import NODE_LEASE_NAMESPACE
 from yurtcoord.sim.apiserver.requestlog import LoggedRequest
 
@@ -100,6 +107,26 @@ def _election_events(coordinator_log: Iterable[LoggedRequest], lease_namespace: 
     return [record for record in _in_order(coordinator_log)
             if (record.is_lease_write or record.is_lease_delete)
             and record.namespace == lease_namespace and record.name == lease_name]
+
+
+def lease_renewals(log: Iterable[LoggedRequest], namespace: str,
+                   name: str) -> list[LoggedRequest]:
+    """The successful writes of the lease ``namespace/name`` that increased its
+    renewTime, in time order: each names a renewTime greater than every one written
+    before it (the node lifecycle controller's view of a heartbeat). A write without a
+    renewTime it can parse renews nothing."""
+    renewals = []
+    highest: Optional[float] = None
+    for record in _lease_writes(log, namespace, name):
+        try:
+            renewed = parse_micro_time(record.renew_time) if record.renew_time else None
+        except ValueError:
+            renewed = None
+        if renewed is None or (highest is not None and renewed <= highest):
+            continue
+        highest = renewed
+        renewals.append(record)
+    return renewals
 
 
 def _check_duration(what: str, seconds: float) -> None:
@@ -288,8 +315,8 @@ def check_lease_age(cloud_log: Iterable[LoggedRequest], node: str, start: float,
                     namespace: str = NODE_LEASE_NAMESPACE) -> list[str]:
     """A live node's cloud lease never gets older than ``bound`` over [start, end].
 
-    The successful cloud writes of ``node``'s lease (by anyone: the node or a
-    delegating leader) in [start, end] leave no gap longer than ``bound``, the gaps
+    The renewals (``lease_renewals``) of ``node``'s cloud lease (by anyone: the node
+    or a delegating leader) in [start, end] leave no gap longer than ``bound``, the gaps
     from ``start`` to the first write and from the last write to ``end`` included.
     An excused window (t0, t1), e.g. while no pool member could reach the cloud,
     lets the lease be older than ``bound`` from t0 until t1 + ``bound``: a gap is
@@ -300,7 +327,7 @@ def check_lease_age(cloud_log: Iterable[LoggedRequest], node: str, start: float,
     for t0, t1 in excused:
         _check_span(t0, t1)
     allowed = _merged((t0, t1 + bound) for t0, t1 in excused)
-    writes = [record for record in _lease_writes(cloud_log, namespace, node)
+    writes = [record for record in lease_renewals(cloud_log, namespace, node)
               if start <= record.at <= end]
     points: list[tuple[float, str]] = [(start, "the start")]
     points += [(record.at, record.describe()) for record in writes]
@@ -312,7 +339,7 @@ def check_lease_age(cloud_log: Iterable[LoggedRequest], node: str, start: float,
         stale = _uncovered(low + bound, high, allowed)
         if stale:
             problems.append(
-                f"{node}'s cloud lease went {_t(high - low)} s without a write, longer than "
+                f"{node}'s cloud lease went {_t(high - low)} s without a renewal, longer than "
                 f"{bound} s: from {_t(low)} ({low_what}) to {_t(high)} ({high_what}); older "
                 f"than the bound over {_describe_windows(stale)}, outside the excused "
                 f"windows {_describe_windows(list(excused))}")
@@ -323,15 +350,15 @@ def check_goes_stale(cloud_log: Iterable[LoggedRequest], node: str, stopped_at: 
                      bound: float, end: float,
                      namespace: str = NODE_LEASE_NAMESPACE) -> list[str]:
     """A node whose kubelet stopped at ``stopped_at`` goes stale within ``bound``: no
-    successful cloud write of its lease (by anyone) after ``stopped_at + bound``, up
-    to ``end``."""
+    renewal (``lease_renewals``) of its cloud lease (by anyone) after
+    ``stopped_at + bound``, up to ``end``."""
     _check_duration("bound", bound)
     _check_span(stopped_at, end)
     deadline = stopped_at + bound
     return [f"{node}'s cloud lease was written at {_t(record.at)}, "
             f"{_t(record.at - stopped_at)} s after its kubelet stopped at {_t(stopped_at)} "
             f"(bound {bound} s): {record.describe()}"
-            for record in _lease_writes(cloud_log, namespace, node)
+            for record in lease_renewals(cloud_log, namespace, node)
             if deadline < record.at <= end]
 
 

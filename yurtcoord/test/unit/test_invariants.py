@@ -18,9 +18,10 @@ DURATION = 15.0
 
 
 def lease_write(at, peer, name, holder=None, namespace=NODE_LEASE_NAMESPACE, code=200,
-                method="PUT", delegated=None):
+                method="PUT", delegated=None, renewed=None):
     """The record of a write of lease ``namespace/name`` answered at ``at``; the
-    holder is the lease's name unless given, delegated when written by another."""
+    holder is the lease's name unless given, delegated when written by another; its
+    renewTime is ``at`` unless ``renewed`` names another (a writer's clock off)."""
     if delegated is None:
         delegated = NODE_OF_PEER.get(peer) != name and namespace == NODE_LEASE_NAMESPACE
     metadata = {"name": name, "namespace": namespace}
@@ -28,15 +29,15 @@ def lease_write(at, peer, name, holder=None, namespace=NODE_LEASE_NAMESPACE, cod
         metadata["annotations"] = {DELEGATE_HEARTBEAT_ANNOTATION: "true"}
     body = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": metadata,
             "spec": {"holderIdentity": name if holder is None else holder,
-                     "renewTime": format_micro_time(at)}}
+                     "renewTime": format_micro_time(at if renewed is None else renewed)}}
     if code >= 300:
         body = {"kind": "Status", "apiVersion": "v1", "code": code}
     return logged_request(at, peer, method, lease_path(namespace, name), code, body)
 
 
-def node_write(at, writer, node, code=200):
+def node_write(at, writer, node, code=200, renewed=None):
     """``writer`` (a node name) writes ``node``'s lease to the cloud."""
-    return lease_write(at, PEER_OF.get(writer, writer), node, code=code)
+    return lease_write(at, PEER_OF.get(writer, writer), node, code=code, renewed=renewed)
 
 
 def elect(at, holder, code=200):
@@ -244,7 +245,7 @@ class LeaseAgeTests(unittest.TestCase):
         log = heartbeats("n2", "n2", 0.0, 30.0) + heartbeats("n2", "n2", 80.0, 100.0)
         problems = self.check(log)
         self.assertEqual(len(problems), 1)
-        self.assertIn("n2's cloud lease went 50.000 s without a write, longer than 20.0 s: "
+        self.assertIn("n2's cloud lease went 50.000 s without a renewal, longer than 20.0 s: "
                       "from 30.000 (PUT", problems[0])
         self.assertIn("to 80.000 (PUT", problems[0])
         self.assertIn("older than the bound over [50.000, 80.000]", problems[0])
@@ -294,7 +295,36 @@ class LeaseAgeTests(unittest.TestCase):
             self.check([], [(4.0, 3.0)])
 
 
+    def test_renewtimes_minutes_off_count_by_their_increase(self):
+        # A node 300 s ahead, then a leader 120 s behind it delegating: each write names
+        # a greater renewTime than the last, so each renews, far from the server's time.
+        log = [node_write(at, "n2", "n2", renewed=at + 300.0) for at in range(0, 50, 10)]
+        log += [node_write(at, "n1", "n2", renewed=340.0 + at / 1000.0)
+                for at in range(50, 101, 10)]
+        self.assertEqual(self.check(log), [])
+
+    def test_writes_that_do_not_increase_the_renewtime_renew_nothing(self):
+        # A writer whose clock is behind writes older renewTimes: the node lifecycle
+        # controller sees no heartbeat in them.
+        log = heartbeats("n2", "n2", 0.0, 30.0)
+        log += [node_write(at, "n1", "n2", renewed=at - 120.0) for at in range(40, 101, 10)]
+        problems = self.check(log)
+        self.assertEqual(len(problems), 1, problems)
+        self.assertIn("n2's cloud lease went 70.000 s without a renewal", problems[0])
+
+
 class GoesStaleTests(unittest.TestCase):
+
+    def test_a_write_after_the_bound_that_increases_nothing_keeps_nothing_alive(self):
+        log = heartbeats("n2", "n2", 0.0, 50.0) + [node_write(95.0, "n1", "n2", renewed=10.0)]
+        self.assertEqual(check_goes_stale(log, "n2", 50.0, 40.0, 200.0), [])
+
+    def test_a_renewal_after_the_bound_with_a_renewtime_behind_is_reported(self):
+        # renewTime increased, although it names a time before the kubelet stopped.
+        log = heartbeats("n2", "n2", 0.0, 40.0) + [node_write(95.0, "n1", "n2", renewed=45.0)]
+        problems = check_goes_stale(log, "n2", 50.0, 40.0, 200.0)
+        self.assertEqual(len(problems), 1, problems)
+        self.assertIn("n2's cloud lease was written at 95.000", problems[0])
 
     def test_no_write_after_the_bound_holds(self):
         log = heartbeats("n2", "n2", 0.0, 50.0) + [node_write(85.0, "n1", "n2")]
