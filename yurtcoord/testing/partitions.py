@@ -30,6 +30,11 @@ The invariants:
   (``delegating_follower``).
 - no agent exits, or logs a traceback or an unexpected error.
 
+One agent of every scenario (``SKEWED_NODE``) runs with its clock ``SKEW`` seconds
+ahead (libfaketime, ``yurtcoord.testing.skew``), as an edge node that lost NTP does: the
+invariants hold whichever role it takes, since lease ages are judged by observed
+increases of renewTime on the servers' clock, never by the time a renewTime names.
+
 Scenarios run side by side, each on a topology of its own, to keep the suite short.
 """
 
@@ -50,6 +55,7 @@ from yurtcoord.testing.invariants import (
 )
 from yurtcoord.testing.partitionworld import CLOUD_HOST, LAN, WAN, PartitionWorld
 from yurtcoord.testing.poll import PollTimeout, poll_until
+from yurtcoord.testing.skew import skewed_clock_environment
 from yurtcoord.testing.world import (
     ELECTION_LEASE, ELECTION_NAMESPACE, NODE_LEASE_NAMESPACE, STORAGE_PREFIX, leader_of,
 )
@@ -87,6 +93,8 @@ EXACT_TIMEOUT = 90.0
 # (yurtcoord/test/unit/test_flapping_clock.py).
 FLAP_PERIOD, FLAP_DURATION = 3.0, 30.0
 MAX_LEADERSHIP_CHANGES_PER_MINUTE = 1.0
+# The agent of every scenario whose clock is off, and by how many seconds.
+SKEWED_NODE, SKEW = "edge-2", 120.0
 
 
 def endpoints(name: str, ip: str, namespace: str = "default") -> dict:
@@ -184,7 +192,10 @@ def run_scenario(reactor: Any, scenario: Scenario,
                                             endpoints(f"svc-{index}", f"10.1.0.{index}"))
         nodes = scenario.node_names()
         for node in nodes:
-            yield world.add_agent(node, pods=PODS_PER_NODE)
+            agent = yield world.add_agent(node, pods=PODS_PER_NODE)
+            if node == SKEWED_NODE:
+                agent.environment.update(skewed_clock_environment(SKEW))
+                notes["skewed"] = f"{node}:{SKEW:+g}s"
         yield world.start_agents()
         statuses = yield world.wait_for_pool("one leader, all ready", _one_leader(nodes),
                                              START_TIMEOUT)

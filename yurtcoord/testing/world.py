@@ -241,6 +241,9 @@ class AgentProcess:
         self.ini_path = os.path.join(directory, "yurtcoord.ini")
         self.log_path = os.path.join(directory, "agent.log")
         self.expected_pods: dict[str, int] = {}
+        # Variables added to the agent's environment when it starts, e.g. a clock
+        # shifted by ``yurtcoord.testing.skew.skewed_clock_environment``.
+        self.environment: dict[str, str] = {}
         self.url: str | None = None
         self._child: _ChildProtocol | None = None
         os.makedirs(self.cache_dir, exist_ok=True)
@@ -292,7 +295,7 @@ class AgentProcess:
             self._spawn(
                 self._child,
                 [TWISTD, "--nodaemon", "--pidfile=", "yurtcoord", "--config", self.ini_path],
-                child_environment(without_etcd=True), self.directory,
+                {**child_environment(without_etcd=True), **self.environment}, self.directory,
                 {0: null.fileno(), 1: log.fileno(), 2: log.fileno()})
 
     def _spawn_here(self, child: protocol.ProcessProtocol, argv: list[str], env: dict[str, str],
