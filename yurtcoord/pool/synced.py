@@ -2,10 +2,17 @@
 
 The leader renews Lease ``kube-system/leader-informer-sync`` on the coordinator
 apiserver while the pool-scoped resources in the pool store are current. This
-detector watches that lease: an add or update whose renewTime + ``stale_timeout`` is
-still ahead of the local clock means synced; a delete means not synced at once; no
-fresh renewal for ``stale_timeout`` (one ``callLater``, reset on every fresh renewal)
-means not synced, so a leader that died stops counting within ``stale_timeout``.
+detector watches that lease and judges it on its own clock (SPEC §10.2, "Clocks"):
+the leader's renewTime is never compared with the local clock, whose difference from
+the leader's may be minutes. An add or update whose renewTime differs from the last
+one seen is a renewal, seen now; the pool cache is synced while the last renewal was
+seen less than ``stale_timeout`` ago (one ``callLater``, reset on every renewal), so a
+leader that died stops counting within ``stale_timeout`` whatever its clock said. An
+update that leaves renewTime as it was (a relist, a write of other fields) is no
+renewal and extends nothing; a delete means not synced at once. The lease seen for the
+first time counts as renewed at that moment, as client-go counts a lease it sees
+first; what was seen is kept across ``stop``/``start``, so the same renewTime seen
+again after a restart is no renewal.
 """
 
 from typing import Any, Callable
@@ -16,10 +23,13 @@ from zope.interface import implementer
 
 from yurtcoord.kube import gvr as gvrs
 from yurtcoord.kube.informer import Informer
-from yurtcoord.kube.lease import renew_time
+from yurtcoord.kube.renewals import RenewalsSeen
 from yurtcoord.names import INFORMER_SYNC_LEASE_NAME, INFORMER_SYNC_LEASE_NAMESPACE
 from yurtcoord.pool.sync import is_informer_sync_lease
 from yurtcoord.role.roles import IRoleComponent
+
+# The key of the one lease this detector follows in its ``RenewalsSeen``.
+_LEASE = (INFORMER_SYNC_LEASE_NAMESPACE, INFORMER_SYNC_LEASE_NAME)
 
 
 @implementer(IRoleComponent)
@@ -27,7 +37,8 @@ class PoolCacheSyncedDetector:
     """Reports ``on_synced_change(bool)`` whenever the pool cache's synced state changes.
 
     :param coordinator_client: ``KubeClient`` of the coordinator apiserver.
-    :param stale_timeout: seconds without a fresh renewal before not synced.
+    :param stale_timeout: seconds, on the local clock, without a renewal seen before
+        not synced.
     :param informer_factory: ``(reactor, client, gvr, namespace=, field_selector=)`` →
         an informer; the real ``Informer`` by default.
     """
@@ -44,6 +55,8 @@ class PoolCacheSyncedDetector:
         self._informer_factory = informer_factory
         self.synced = False
         self.renewals_seen = 0
+        # The informer sync lease's renewTime last seen and when it was seen to change.
+        self._renewals = RenewalsSeen(reactor)
         self._informer: Any = None
         self._stale_call: Any = None
 
@@ -79,25 +92,32 @@ class PoolCacheSyncedDetector:
 
     # -- lease events ----------------------------------------------------------------
 
-    def _seen(self, lease):
+    def _seen(self, lease: dict) -> None:
         if self._informer is None:
             return
-        renewed = renew_time(lease)
-        now = self.reactor.seconds()
-        if renewed is None or renewed + self.stale_timeout <= now:
-            self.log.debug("informer sync lease seen but not fresh: renewTime={renewed} "
-                           "now={now}", renewed=renewed, now=now)
+        before = self._renewals.changed_at(_LEASE)
+        changed_at = self._renewals.observe(_LEASE, lease)
+        if changed_at is None:
+            self.log.debug("informer sync lease seen without a renewTime")
             return
-        self.renewals_seen += 1
-        if self._stale_call is not None and self._stale_call.active():
-            self._stale_call.reset(self.stale_timeout)
+        left = changed_at + self.stale_timeout - self.reactor.seconds()
+        if changed_at == before:
+            if left <= 0:
+                self.log.debug("informer sync lease seen with a renewTime unchanged for "
+                               "{age:.1f}s: no renewal", age=self.stale_timeout - left)
+                return
         else:
-            self._stale_call = self.reactor.callLater(self.stale_timeout, self._went_stale)
+            self.renewals_seen += 1
+        if self._stale_call is not None and self._stale_call.active():
+            self._stale_call.reset(left)
+        else:
+            self._stale_call = self.reactor.callLater(left, self._went_stale)
         self._set(True, "informer sync lease renewed")
 
-    def _deleted(self, _lease):
+    def _deleted(self, _lease: dict) -> None:
         if self._informer is None:
             return
+        self._renewals.forget(_LEASE)
         self._cancel_stale()
         self._set(False, "informer sync lease deleted")
 
@@ -105,7 +125,8 @@ class PoolCacheSyncedDetector:
         self._stale_call = None
         if self._informer is None:
             return
-        self._set(False, f"informer sync lease not renewed for {self.stale_timeout:g}s")
+        self._set(False, f"no renewal of the informer sync lease seen for "
+                         f"{self.stale_timeout:g}s")
 
     def _cancel_stale(self):
         call, self._stale_call = self._stale_call, None
