@@ -63,6 +63,8 @@ if TYPE_CHECKING:
     from yurtcoord.agent.metrics import Metrics
 
 NODE_LEASE_DURATION_SECONDS = 40
+# While a node lease has no owner, seconds between reads of the Node to name it owner.
+OWNER_READ_INTERVAL = 60.0
 # Seconds from the pool leader's death until the next leader forwards heartbeats with
 # the default election timings: lease_duration (15 s) + retry_period (2 s).
 DEFAULT_TAKEOVER_SECONDS = 17.0
@@ -172,10 +174,20 @@ class NodeLeaseWriter:
     returning ``{name: value}`` to set on every write, a value of None meaning
     "remove this annotation".
 
-    A lease this writer creates holds ``leaseDurationSeconds`` 40 and, when the
-    server has the Node, an ownerReference to it (the Node is read only then); a
-    renewal keeps the duration the lease already has.
+    A lease this writer creates holds ``leaseDurationSeconds`` 40; a renewal keeps the
+    duration the lease already has. As the kubelet does, the lease names its Node as
+    owner (so it goes when the Node goes), and a lease without an owner gets it at a
+    renewal: the server may not have had the Node yet when the lease was created (a
+    node registering, a coordinator apiserver before the node's upload), and a Node
+    read that failed must not keep the heartbeat from being written. The Node is read
+    only while the lease has no owner, and then at most once per
+    ``OWNER_READ_INTERVAL``: a renewal of a lease that has its owner stays one
+    request, and a server that has no such Node is not asked on every renewal. A Node
+    read that fails or hangs leaves the lease without an owner for that write (a hung
+    read costs that attempt only: the next one, within the interval, does not read).
     """
+
+    log = Logger()
 
     def __init__(self, clock: IReactorTime, client: IObjectClient, node_name: str,
                  settings: Settings,
@@ -184,6 +196,8 @@ class NodeLeaseWriter:
         self._client = client
         self._node = node_name
         self._annotations = annotations or (lambda: {})
+        # When the Node was last read for the lease's owner (local clock), or None.
+        self._owner_read_at: Optional[float] = None
         self._writer = LeaseWriter(
             clock, client, NODE_LEASE_NAMESPACE, node_name,
             attempts=settings.failed_retry, retry_errors=True,
@@ -212,6 +226,8 @@ class NodeLeaseWriter:
     def _change(self, current: Optional[dict]) -> Union[dict, defer.Deferred[dict]]:
         if current is None:
             return self._fresh_lease()
+        if not _has_owner(current) and self._owner_read_due():
+            return self._with_owner(current).addCallback(self._renewed)
         return self._renewed(current)
 
     def _apply_annotations(self, metadata: dict) -> None:
@@ -226,19 +242,41 @@ class NodeLeaseWriter:
         else:
             metadata.pop("annotations", None)
 
-    @defer.inlineCallbacks
-    def _fresh_lease(self) -> Generator[Any, Any, dict]:
-        owner = yield node_owner_reference(self._client, self._node)
-        metadata: dict[str, Any] = {"name": self._node, "namespace": NODE_LEASE_NAMESPACE}
-        if owner is not None:
-            metadata["ownerReferences"] = [owner]
+    def _fresh_lease(self) -> Union[dict, defer.Deferred[dict]]:
         lease = {
             "apiVersion": "coordination.k8s.io/v1",
             "kind": "Lease",
-            "metadata": metadata,
+            "metadata": {"name": self._node, "namespace": NODE_LEASE_NAMESPACE},
             "spec": {"leaseDurationSeconds": NODE_LEASE_DURATION_SECONDS},
         }
-        return self._renewed(lease)
+        if not self._owner_read_due():
+            return self._renewed(lease)
+        return self._with_owner(lease).addCallback(self._renewed)
+
+    def _owner_read_due(self) -> bool:
+        return (self._owner_read_at is None
+                or self._clock.seconds() - self._owner_read_at >= OWNER_READ_INTERVAL)
+
+    @defer.inlineCallbacks
+    def _with_owner(self, lease: dict) -> Generator[Any, Any, dict]:
+        """``lease`` naming the Node as owner when the server shows the Node; as it is
+        when it does not, or when the read failed (logged)."""
+        self._owner_read_at = self._clock.seconds()
+        try:
+            owner = yield node_owner_reference(self._client, self._node)
+        except defer.CancelledError:
+            raise
+        except Exception as error:
+            self.log.warn(
+                "node lease {node}: cannot read Node {node} to name it owner ({error}); "
+                "the lease is written without an owner, which a renewal adds later",
+                node=self._node, error=error)
+            return lease
+        if owner is None:
+            return lease
+        lease = copy.deepcopy(lease)
+        lease.setdefault("metadata", {})["ownerReferences"] = [owner]
+        return lease
 
     def _renewed(self, lease: dict) -> dict:
         lease = copy.deepcopy(lease)
@@ -249,6 +287,13 @@ class NodeLeaseWriter:
             spec["leaseDurationSeconds"] = NODE_LEASE_DURATION_SECONDS
         spec["renewTime"] = format_micro_time(self._clock.seconds())
         return lease
+
+
+def _has_owner(lease: Mapping[str, Any]) -> bool:
+    """Whether a lease names any owner: the kubelet, too, adds its Node as owner only
+    to a lease that has none."""
+    metadata = lease.get("metadata")
+    return isinstance(metadata, Mapping) and bool(metadata.get("ownerReferences"))
 
 
 class Cadence:

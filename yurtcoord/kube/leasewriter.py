@@ -15,8 +15,8 @@ One write:
   ``current`` is ``None``, or ``current`` changed (it carries ``current``'s
   resourceVersion, which makes the update optimistic). Returning ``None`` writes
   nothing: the write ends as ``unchanged``. ``change`` may also return a Deferred
-  of either, when what to create needs a request of its own (a node lease names its
-  Node as owner); that request belongs to the attempt and its timeout.
+  of either, when what to write needs a request of its own (a node lease without an
+  owner reads its Node to name it); that request belongs to the attempt and its timeout.
 - A conflict (the lease changed since it was read, was created meanwhile, or was
   deleted under an update) reads the lease again and asks ``change`` again, at once.
 - Any other error ends the write, unless ``retry_errors``: then the next attempt

@@ -57,6 +57,24 @@ def lease_writes(client):
             if (lease.get("spec") or {}).get("renewTime")]
 
 
+class UnreadableNodes(FakeKube):
+    """A ``FakeKube`` whose Node reads, while ``unreadable``, fail with ``error``, or
+    get no answer when ``error`` is None; its leases work throughout."""
+
+    def __init__(self, clock=None, error=None):
+        super().__init__(clock)
+        self.error = error
+        self.unreadable = True
+
+    def get(self, gvr, name, namespace=None):
+        if gvr != NODES or not self.unreadable:
+            return super().get(gvr, name, namespace)
+        self.requests.append("get nodes")
+        if self.error is None:
+            return defer.Deferred()
+        return defer.fail(self.error)
+
+
 class RecordingMetrics:
     def __init__(self):
         self.server_healthy = {}
@@ -125,13 +143,101 @@ class NodeLeaseWriterTests(unittest.TestCase):
         self.assertEqual(node_lease(self.client)["metadata"]["ownerReferences"], [
             {"apiVersion": "v1", "kind": "Node", "name": NODE, "uid": "uid-7"}])
 
-    def test_node_is_read_only_when_creating(self):
+    def test_node_is_not_read_while_the_lease_has_its_owner(self):
+        """A renewal of a lease that names its owner is one request, also after a
+        conflict and whatever the time since the Node was read."""
+        self.client.put(NODES, {"metadata": {"name": NODE, "uid": "uid-7"}})
         writer = self.writer()
         self.successResultOf(writer.renew())
         put_node_lease(self.client, node_lease(self.client))  # someone else writes it
         advance(self.clock, 10)
         self.successResultOf(writer.renew())  # conflict, read again, update
+        for _ in range(12):
+            advance(self.clock, 10)
+            self.successResultOf(writer.renew())
+        self.assertEqual(requests(self.client),
+                         ["get", "get node", "create", "update", "get", "update"]
+                         + ["update"] * 12)
+
+    def test_owner_is_added_on_renewal_when_the_lease_lacks_it(self):
+        """As the kubelet does: a lease written without an owner (by an older agent,
+        or before the server had the Node) gets it at the next renewal."""
+        put_node_lease(self.client, {
+            "metadata": {"name": NODE, "namespace": health.NODE_LEASE_NAMESPACE},
+            "spec": {"holderIdentity": NODE, "leaseDurationSeconds": 40}})
+        self.client.put(NODES, {"metadata": {"name": NODE, "uid": "uid-7"}})
+        self.successResultOf(self.writer().renew())
+        lease = node_lease(self.client)
+        self.assertEqual(lease["metadata"]["ownerReferences"], [
+            {"apiVersion": "v1", "kind": "Node", "name": NODE, "uid": "uid-7"}])
+        self.assertEqual(lease["spec"]["renewTime"], "2023-11-14T22:13:20.000000Z")
+        self.assertEqual(requests(self.client), ["get", "get node", "update"])
+
+    def test_a_node_that_appears_later_is_named_owner_within_the_read_interval(self):
+        """While the server has no Node, it is read once per OWNER_READ_INTERVAL,
+        not on every renewal; the renewal after it appeared, at most that interval
+        later, names it, and from then on a renewal is one update."""
+        writer = self.writer()
+        self.successResultOf(writer.renew())  # no Node: created without an owner
+        self.assertNotIn("ownerReferences", node_lease(self.client)["metadata"])
+        advance(self.clock, 10)
+        self.client.put(NODES, {"metadata": {"name": NODE, "uid": "uid-7"}})
+        renewals = int(health.OWNER_READ_INTERVAL // 10) - 1
+        for _ in range(renewals):  # up to 50 s after the Node was read
+            self.successResultOf(writer.renew())
+            advance(self.clock, 10)
+        self.assertNotIn("ownerReferences", node_lease(self.client)["metadata"])
         self.assertEqual(requests(self.client).count("get node"), 1)
+        self.successResultOf(writer.renew())  # 60 s after the read
+        self.assertEqual(node_lease(self.client)["metadata"]["ownerReferences"][0]["uid"],
+                         "uid-7")
+        for _ in range(3):
+            advance(self.clock, 10)
+            self.successResultOf(writer.renew())
+        self.assertEqual(requests(self.client),
+                         ["get", "get node", "create"] + ["update"] * renewals
+                         + ["get node", "update"] + ["update"] * 3)
+
+    def test_a_missing_node_is_read_at_most_once_per_interval(self):
+        writer = self.writer()
+        for _ in range(31):  # 300 s of renewals every 10 s
+            self.successResultOf(writer.renew())
+            advance(self.clock, 10)
+        self.assertEqual(requests(self.client).count("get node"),
+                         1 + int(300 // health.OWNER_READ_INTERVAL))
+        self.assertEqual(requests(self.client).count("update"), 30)
+
+    def test_a_failed_node_read_does_not_keep_the_lease_from_being_created(self):
+        """The heartbeat matters more than its owner: the lease is created at once
+        without one, and the owner is added by a later renewal."""
+        client = self.client = UnreadableNodes(error=ServerError("boom"))
+        self.assertTrue(verifyObject(IObjectClient, client))
+        writer = self.writer()
+        self.successResultOf(writer.renew())
+        lease = node_lease(client)
+        self.assertEqual(lease["spec"]["holderIdentity"], NODE)
+        self.assertNotIn("ownerReferences", lease["metadata"])
+        self.assertEqual(requests(client), ["get", "get node", "create"])
+        client.unreadable = False
+        client.put(NODES, {"metadata": {"name": NODE, "uid": "uid-7"}})
+        advance(self.clock, health.OWNER_READ_INTERVAL)
+        self.successResultOf(writer.renew())
+        self.assertEqual(node_lease(client)["metadata"]["ownerReferences"][0]["uid"],
+                         "uid-7")
+
+    def test_a_node_read_that_hangs_costs_one_attempt_only(self):
+        """The attempt that waited on the Node times out; the next one, after the
+        policy's pause, creates the lease without reading the Node again."""
+        client = self.client = UnreadableNodes(error=None)
+        self.assertTrue(verifyObject(IObjectClient, client))
+        writer = self.writer()
+        d = writer.renew()
+        advance(self.clock, DEFAULTS.timeout)  # the attempt times out on the Node read
+        self.assertNoResult(d)
+        advance(self.clock, 1)  # the pause before the second attempt
+        self.successResultOf(d)
+        self.assertNotIn("ownerReferences", node_lease(client)["metadata"])
+        self.assertEqual(requests(client), ["get", "get node", "get", "create"])
 
     def test_renewal_keeps_the_lease_duration_the_lease_has(self):
         put_node_lease(self.client, {
