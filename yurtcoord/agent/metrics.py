@@ -63,6 +63,7 @@ class Metrics:
             "node_yurthub_yurt_coordinator_ready_status",
             "yurt coordinator ready status 1: ready, 0: notReady",
             registry=registry)
+        # The cloud apiservers and the coordinator apiservers, as in yurthub.
         self.server_healthy = Gauge(
             "node_yurthub_server_healthy_status",
             "healthy status of remote servers. 1: healthy, 0: unhealthy",
@@ -146,8 +147,13 @@ class Metrics:
         self.server_healthy.labels(server=server).set(1 if healthy else 0)
 
     def set_coordinator_server_healthy(self, server: str, healthy: bool) -> None:
-        """Health of coordinator apiserver ``server`` (URL)."""
-        self.coordinator_server_healthy.labels(server=server).set(1 if healthy else 0)
+        """Health of coordinator apiserver ``server`` (URL), in
+        ``yurtcoord_coordinator_server_healthy_status`` and, as yurthub reports it, in
+        ``node_yurthub_server_healthy_status`` beside the cloud servers: dashboards
+        built on yurthub's gauge keep showing the coordinator apiserver."""
+        value = 1 if healthy else 0
+        self.coordinator_server_healthy.labels(server=server).set(value)
+        self.server_healthy.labels(server=server).set(value)
 
     def observe_delegation(self, seconds: float, succeeded: bool) -> None:
         """One finished delegation: counted, timed, and counted as failure if it failed."""

@@ -3,10 +3,12 @@ lease probes with their retries and thresholds, the cloud and coordinator checke
 the servers in use named on the lease, the picked-server client and its failover,
 the delegate annotation and the delegating cadence, and the kubelet gate."""
 
+from prometheus_client.parser import text_string_to_metric_families
 from twisted.internet import defer
 from twisted.trial import unittest
 from zope.interface.verify import verifyObject
 
+from yurtcoord.agent.metrics import Metrics
 from yurtcoord.heartbeat import probes as health
 from yurtcoord.heartbeat.probes import (
     DELEGATE_HEARTBEAT_ANNOTATION,
@@ -873,6 +875,49 @@ class SeveralCoordinatorServersTests(unittest.TestCase):
         self.assertFalse(checker.healthy)
         self.assertEqual(checker.pick_server(), self.A)
         self.successResultOf(checker.stop())
+
+
+class ServerHealthGaugeTests(unittest.TestCase):
+    """The agent's metrics show each coordinator apiserver's health in
+    ``node_yurthub_server_healthy_status{server}`` beside the cloud servers, as
+    yurthub did, and in yurtcoord's own coordinator gauge."""
+
+    CLOUD = "https://cloud-1"
+    A, B = "https://coordinator-a", "https://coordinator-b"
+
+    def gauges(self, metrics):
+        text = metrics.render().decode("utf-8")
+        return {(family.name, sample.labels["server"]): sample.value
+                for family in text_string_to_metric_families(text)
+                for sample in family.samples
+                if family.name in ("node_yurthub_server_healthy_status",
+                                   "yurtcoord_coordinator_server_healthy_status")}
+
+    def test_coordinator_apiservers_in_both_gauges(self):
+        clock = make_clock()
+        metrics = Metrics(NODE, "pool-a")
+        cloud = CloudHealthChecker.for_servers(clock, {self.CLOUD: FakeKube(clock)}, NODE,
+                                               DEFAULTS, metrics=metrics)
+        clients = {self.A: FakeKube(clock), self.B: FakeKube(clock)}
+        clients[self.B].fail_next("*", ServerError("down"), 100)
+        coordinator = CoordinatorHealthChecker(clock, clients, NODE, cloud, DEFAULTS,
+                                               metrics=metrics)
+        cloud.start()
+        coordinator.start()
+        advance(clock, 3)
+        self.assertEqual(self.gauges(metrics), {
+            ("node_yurthub_server_healthy_status", self.CLOUD): 1.0,
+            ("node_yurthub_server_healthy_status", self.A): 1.0,
+            ("node_yurthub_server_healthy_status", self.B): 0.0,
+            ("yurtcoord_coordinator_server_healthy_status", self.A): 1.0,
+            ("yurtcoord_coordinator_server_healthy_status", self.B): 0.0,
+        })
+        clients[self.B].clear_failures()
+        advance(clock, 10 * DEFAULTS.healthy_threshold)  # B answers its read probes
+        self.assertEqual(self.gauges(metrics)[("node_yurthub_server_healthy_status", self.B)],
+                         1.0)
+        self.successResultOf(coordinator.stop())
+        self.successResultOf(cloud.stop())
 
 
 class PickedServerClientTests(unittest.TestCase):
