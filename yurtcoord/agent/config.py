@@ -25,6 +25,8 @@ from typing import Any, Callable, Optional
 from urllib.parse import urlsplit
 
 from yurtcoord.names import ELECTION_LEASE_NAME, ELECTION_LEASE_NAMESPACE, NODE_POOL_LABEL
+from yurtcoord.pool.keys import normalize_prefix, resource_prefix
+from yurtcoord.pool.scope import DEFAULT_POOL_SCOPE_RESOURCES, describe
 
 DEFAULT_CONFIG_PATH = "/etc/yurtcoord/yurtcoord.ini"
 
@@ -727,6 +729,10 @@ def _check_rules(config, raw, source):
                     fail("coordinator", name,
                          f"http:// ({url}) is only allowed with insecure = true; use https://")
 
+    overlap = _pool_scoped_upload(config)
+    if overlap is not None:
+        fail("pool_cache", "upload_resources", overlap)
+
     election = config.leader_election
     if not election.lease_duration > election.renew_deadline:
         fail("leader_election", "renew_deadline",
@@ -736,6 +742,34 @@ def _check_rules(config, raw, source):
         fail("leader_election", "retry_period",
              f"retry_period * {ELECTION_JITTER_FACTOR} must be shorter than renew_deadline "
              f"({format_duration(election.renew_deadline)})")
+
+
+def _pool_scoped_upload(config: "Config") -> Optional[str]:
+    """Why an entry of ``upload_resources`` may not be uploaded, or None.
+
+    An uploaded resource must not share its pool store keys with a pool-scoped one:
+    the pool leader owns every key under a pool-scoped prefix, and a new leader's
+    rebuild adopts whatever is there that its own key cache does not record for
+    another component, so the other nodes' uploads there would be deleted by its
+    pool sync. A key names a resource by kube-apiserver's storage path only (neither
+    its version nor, for most resources, its group), so that path is compared. Only
+    the default pool-scoped resources are known at start; the ConfigMap's entries
+    come from the cloud later."""
+    prefix = normalize_prefix(config.coordinator.storage_prefix)
+    for upload in config.pool_cache.upload_resources:
+        path = resource_prefix(upload.group, upload.resource)
+        sharing = [gvr for gvr in DEFAULT_POOL_SCOPE_RESOURCES
+                   if resource_prefix(gvr.group, gvr.resource) == path]
+        if sharing:
+            # The same resource when it is pool-scoped, else one stored in its place.
+            same = [gvr for gvr in sharing
+                    if (gvr.group, gvr.version) == (upload.group, upload.version)]
+            gvr = (same or sharing)[0]
+            return (f"{upload} overlaps the pool-scoped resource {describe(gvr)} (pool store "
+                    f"keys {prefix}/{path}/): the pool leader mirrors it there from the "
+                    "cloud, and a new leader's rebuild would delete the other nodes' "
+                    "uploads of it; remove it from upload_resources")
+    return None
 
 
 # ---------------------------------------------------------------------------------------

@@ -1,7 +1,9 @@
 """Tests for yurtcoord.agent.config: value types, defaults, validation and one-line errors."""
 
 import dataclasses
+import io
 import os
+import sys
 
 from twisted.trial import unittest
 
@@ -141,7 +143,7 @@ kubelet_healthz_url = http://127.0.0.1:10248/healthz
 # a whole-line comment
 ; another one
 [pool_cache]
-upload_resources = kubelet/pods/v1, coredns/endpointslices/v1beta1/discovery.k8s.io
+upload_resources = kubelet/pods/v1, calico/networkpolicies/v1beta1/networking.k8s.io
 [server]
 listen = [::1]:0
 """
@@ -158,9 +160,9 @@ listen = [::1]:0
         self.assertEqual(config.heartbeat.failed_retry, 7)
         self.assertEqual(config.heartbeat.kubelet_healthz_url, "http://127.0.0.1:10248/healthz")
         self.assertEqual(config.pool_cache.upload_resources[1], UploadResource(
-            "coredns", "endpointslices", "v1beta1", "discovery.k8s.io"))
+            "calico", "networkpolicies", "v1beta1", "networking.k8s.io"))
         self.assertEqual(config.pool_cache.upload_resources[1].cache_dir_name,
-                         "endpointslices.v1beta1.discovery.k8s.io")
+                         "networkpolicies.v1beta1.networking.k8s.io")
         self.assertEqual(config.pool_cache.upload_resources[0].cache_dir_name, "pods.v1.core")
         self.assertEqual(config.server.listen, ListenAddress("::1", 0))
         self.assertEqual(config.server.listen.url(4321), "http://[::1]:4321")
@@ -482,6 +484,61 @@ class ErrorTests(ConfigErrorAssertions, unittest.TestCase):
                               ("kubelet/pods/v1/a/b", "component/resource/version")):
             self.assertConfigError(with_section("pool_cache", f"upload_resources = {value}"),
                                    "pool_cache", "upload_resources", value, reason)
+
+    def test_uploads_of_pool_scoped_resources_are_refused(self):
+        """A new leader's rebuild would delete the other nodes' uploads under a
+        pool-scoped prefix: the line names the upload, the pool-scoped resource and
+        the pool store keys they share (whatever the version or group that shares
+        them)."""
+        for value, upload, scoped, keys in (
+                ("kubelet/pods/v1, kube-proxy/endpointslices/v1/discovery.k8s.io",
+                 "kube-proxy/endpointslices/v1/discovery.k8s.io",
+                 "endpointslices.v1.discovery.k8s.io", "/registry/endpointslices/"),
+                ("coredns/endpointslices/v1beta1/discovery.k8s.io",
+                 "coredns/endpointslices/v1beta1/discovery.k8s.io",
+                 "endpointslices.v1beta1.discovery.k8s.io", "/registry/endpointslices/"),
+                ("kubelet/endpoints/v1", "kubelet/endpoints/v1", "endpoints.v1",
+                 "/registry/services/endpoints/"),
+                ("kubelet/endpointslices/v2/example.com",
+                 "kubelet/endpointslices/v2/example.com",
+                 "endpointslices.v1.discovery.k8s.io", "/registry/endpointslices/")):
+            message = self.assertConfigError(
+                with_section("pool_cache", f"upload_resources = {value}"),
+                "pool_cache", "upload_resources", value,
+                f"{upload} overlaps the pool-scoped resource {scoped} (pool store keys {keys})")
+            self.assertIn("rebuild would delete the other nodes' uploads", message)
+        text = with_section("coordinator", "storage_prefix = /custom",
+                            with_section("pool_cache", "upload_resources = kubelet/endpoints/v1"))
+        self.assertIn("(pool store keys /custom/services/endpoints/)",
+                      str(self.assertRaises(ConfigError, parse_config, text, SOURCE)))
+
+    def test_the_documented_overlap_error_is_what_the_parser_says(self):
+        value = "kubelet/pods/v1, kube-proxy/endpointslices/v1/discovery.k8s.io"
+        error = self.assertRaises(ConfigError, parse_config, with_section(
+            "pool_cache", f"upload_resources = {value}"), SOURCE)
+        with open(os.path.join(REPO, "docs", "configuration.md"), encoding="utf-8") as handle:
+            self.assertIn(f"\n{error}\n", handle.read())
+
+    def test_uploads_beside_the_pool_scoped_resources_are_accepted(self):
+        value = "kubelet/pods/v1, kubelet/nodes/v1, kubelet/services/v1, x/endpointsx/v1"
+        config = parse_config(with_section("pool_cache", f"upload_resources = {value}"), SOURCE)
+        self.assertEqual(len(config.pool_cache.upload_resources), 4)
+
+    def test_an_overlapping_upload_ends_the_start_with_exit_status_78(self):
+        from twisted.plugins import yurtcoord_plugin
+
+        path = self.mktemp()
+        with open(path, "w", encoding="utf-8") as handle:
+            handle.write(with_section("pool_cache", "upload_resources = kubelet/endpoints/v1"))
+        stderr = io.StringIO()
+        self.patch(sys, "stderr", stderr)
+        exit_ = self.assertRaises(SystemExit, yurtcoord_plugin.Options().parseOptions,
+                                  ["--config", path])
+        self.assertEqual(exit_.code, 78)
+        lines = stderr.getvalue().splitlines()
+        self.assertEqual(len(lines), 1)
+        self.assertIn("[pool_cache] upload_resources = 'kubelet/endpoints/v1': kubelet/"
+                      "endpoints/v1 overlaps the pool-scoped resource endpoints.v1", lines[0])
 
     def test_bad_etcd_prefix(self):
         self.assertConfigError(with_section("coordinator", "storage_prefix = registry"),
