@@ -6,23 +6,33 @@ the cloud:
 
 - members: the cloud Nodes labelled with the pool and the node leases on the
   coordinator apiserver, each with the age of its node lease and its heartbeat path.
-  A lease renewed within ``[heartbeat] interval`` + ``max_clock_skew`` is fresh (a
-  live node renews at least once an interval; the leader uses the same rule before it
-  forwards a delegated heartbeat). The lease that decides is the cloud's when the
-  cloud was read, otherwise the coordinator's. Fresh and marked with the delegation
-  annotation (which the leader copies into the cloud lease while it forwards, and a
-  node writing the cloud directly removes) is ``delegated``, fresh without it is
-  ``direct``, anything else ``stale``. Each member also shows the pool etcd member and
+  Ages are this agent's own (SPEC §10.2, "Clocks"): a renewTime was written by another
+  machine's clock, minutes off this one maybe, so it is never compared with the local
+  clock. The view remembers, per lease, the renewTime it last read and the local time
+  at which it read a different one (``RenewalsSeen``); a lease's age is the time since
+  then, and a lease whose renewTime was seen to change within ``stale_after`` is
+  fresh (the composition root gives two heartbeat intervals: a live node's lease
+  changes at least once an interval). A lease read for the first time counts as
+  changed at that moment, as client-go counts a lease it sees first: the first
+  document after a start calls a dead node fresh for one ``stale_after``, and a view
+  asked rarely dates a change from the document that first showed it. The lease that
+  decides is the cloud's when the cloud was read, otherwise the coordinator's. Fresh
+  and marked with the delegation annotation (which the leader copies into the cloud
+  lease while it forwards, and a node writing the cloud directly removes) is
+  ``delegated``, fresh without it is ``direct``, anything else ``stale``. Each member
+  also shows the pool etcd member and
   the coordinator apiserver its agent uses, as its agent last wrote them on its node
   lease on the coordinator apiserver (null when that lease says nothing: no lease, an
   agent without a pool store open, or one that predates them);
 - the holder of the election lease, read from the coordinator apiserver whether or
   not this agent takes part in the election (a follower cut off from the cloud does
-  not, yet the coordinator still names the leader);
+  not, yet the coordinator still names the leader), expired once its renewTime was not
+  seen to change for its ``leaseDurationSeconds`` (as the elector judges it);
 - the last ``LEADER_CHANGES_KEPT`` leader changes this agent saw, from the hub
   elector's and the coordinator's observers (never from reading leases);
 - the pool cache: keys per pool-scoped resource in the pool etcd (a count, no values)
-  and the age of the leader's informer sync lease;
+  and the age of the leader's informer sync lease (since its renewTime was seen to
+  change);
 - the upload state of this agent's own node (the only member whose upload it knows).
 
 Every read is bounded by ``POOL_READ_TIMEOUT`` (on top of the clients' own bounds) and
@@ -48,7 +58,8 @@ from yurtcoord.heartbeat.delegation import is_delegated
 from yurtcoord.heartbeat.probes import servers_in_use
 from yurtcoord.kube.errors import NotFound
 from yurtcoord.kube.gvr import LEASES, NODES, GroupVersionResource
-from yurtcoord.kube.lease import holder_identity, lease_duration_seconds, renew_time
+from yurtcoord.kube.lease import holder_identity, lease_duration_seconds
+from yurtcoord.kube.renewals import RenewalsSeen
 from yurtcoord.names import (
     INFORMER_SYNC_LEASE_NAME, INFORMER_SYNC_LEASE_NAMESPACE, NODE_LEASE_NAMESPACE,
     NODE_POOL_LABEL,
@@ -70,25 +81,27 @@ CLOUD_LEASE_READS = 8
 LEADER_CHANGES_KEPT = 20
 
 DIRECT, DELEGATED, STALE = "direct", "delegated", "stale"
+# Keys of the two coordinator leases in ``PoolView``'s ``RenewalsSeen``.
+ELECTION_KEY, INFORMER_SYNC_KEY = "election", "informer sync"
 
 
-def heartbeat_path(lease: Optional[Mapping[str, Any]], now: float,
-                   stale_after: float) -> tuple[str, Optional[float]]:
-    """``(path, lease age in seconds)`` of one node lease at ``now``: ``stale`` when
-    absent, without renewTime or renewed more than ``stale_after`` ago, else
-    ``delegated`` when it carries the delegation annotation and ``direct`` when not."""
-    if lease is None:
+def heartbeat_path(lease: Optional[Mapping[str, Any]], changed_at: Optional[float],
+                   now: float, stale_after: float) -> tuple[str, Optional[float]]:
+    """``(path, lease age in seconds)`` of one node lease at ``now``, all on the local
+    clock: ``changed_at`` is when its renewTime was last seen to change (None: no
+    renewTime seen). ``stale`` when absent, without a renewTime, or not seen to change
+    for more than ``stale_after``; else ``delegated`` when it carries the delegation
+    annotation and ``direct`` when not. The age is ``now - changed_at``."""
+    if lease is None or changed_at is None:
         return STALE, None
-    try:
-        renewed = renew_time(lease)
-    except (TypeError, ValueError, AttributeError):
-        renewed = None
-    if renewed is None:
-        return STALE, None
-    age = max(0.0, now - renewed)
+    age = max(0.0, now - changed_at)
     if age > stale_after:
         return STALE, age
     return (DELEGATED if is_delegated(dict(lease)) else DIRECT), age
+
+
+def _age(changed_at: Optional[float], now: float) -> Optional[float]:
+    return None if changed_at is None else max(0.0, now - changed_at)
 
 
 def resource_name(gvr: GroupVersionResource) -> str:
@@ -156,7 +169,8 @@ class PoolView:
         under ``prefix`` (bytes).
     :param pool_resources: the pool-scoped resources now.
     :param election_lease: ``(namespace, name)`` of the election Lease.
-    :param stale_after: seconds after which a node lease is stale.
+    :param stale_after: seconds (local clock) without a change of its renewTime seen
+        after which a node lease is stale.
     """
 
     log = Logger()
@@ -183,6 +197,12 @@ class PoolView:
         self._election_lease = election_lease
         self.stale_after = stale_after
         self.history = history
+        # When this view saw each lease's renewTime change: the members' node leases
+        # in the cloud and on the coordinator by node name, and the election and
+        # informer sync leases.
+        self._cloud_renewals = RenewalsSeen(reactor)
+        self._pool_renewals = RenewalsSeen(reactor)
+        self._lease_renewals = RenewalsSeen(reactor)
         self.ttl = ttl
         self.read_timeout = read_timeout
         self.last_document: Optional[dict[str, Any]] = None
@@ -311,8 +331,11 @@ class PoolView:
             lease_name = _name(lease)
             if lease_name is not None:
                 pool_leases[lease_name] = lease
+        # A complete list: a lease no longer in it is gone.
+        pool_listed = isinstance(answers["pool node leases"], Mapping)
         if _truncated(answers["pool node leases"]):
             errors["pool node leases"] = f"more than {MEMBER_LIST_LIMIT}; the rest left out"
+            pool_listed = False
         members = set(pool_leases) | {self.node}
         cloud_leases: dict[str, Any] = {}
         if cloud_read and "cloud nodes" not in errors:
@@ -325,20 +348,33 @@ class PoolView:
 
         document = self._base(errors)
         now = self._reactor.seconds()
+        # Every lease read for this document is seen now, the moment of the document.
+        for lease_name, lease in pool_leases.items():
+            self._pool_renewals.observe(lease_name, lease)
+        if pool_listed:
+            self._pool_renewals.retain(pool_leases)
+        if cloud_read:
+            # A lease the cloud has not (None) is forgotten; one whose read failed is
+            # not in ``cloud_leases`` and stays as last seen.
+            for member, lease in cloud_leases.items():
+                self._cloud_renewals.observe(member, lease)
+            self._cloud_renewals.retain(members)
         document["cloud_read"] = cloud_read
         election = answers["election lease"]
         holder: Optional[str] = None
         if isinstance(election, Mapping):
             identity = holder_identity(election)
             holder = identity if isinstance(identity, str) and identity else None
-            renewed, duration = renew_time(election), lease_duration_seconds(election)
-            age = None if renewed is None else max(0.0, now - renewed)
+            duration = lease_duration_seconds(election)
+            age = _age(self._lease_renewals.observe(ELECTION_KEY, election), now)
             expired = holder is None or age is None or (
                 duration is not None and age > duration)
             document["election"] = {"holder": holder, "lease_age": _rounded(age),
                                     "lease_duration_seconds": duration, "expired": expired}
             if expired:
                 holder = None
+        elif "election lease" not in errors:
+            self._lease_renewals.forget(ELECTION_KEY)
         document["leader"] = holder
         document["members"] = [
             self._member(member, cloud_leases.get(member), pool_leases.get(member),
@@ -346,12 +382,13 @@ class PoolView:
             for member in sorted(members)]
         sync_lease = answers["informer sync lease"]
         if isinstance(sync_lease, Mapping):
-            renewed = renew_time(sync_lease)
             document["cache"]["informer_sync_lease_age"] = _rounded(
-                None if renewed is None else max(0.0, now - renewed))
+                _age(self._lease_renewals.observe(INFORMER_SYNC_KEY, sync_lease), now))
             identity = holder_identity(sync_lease)
             document["cache"]["informer_sync_holder"] = (
                 identity if isinstance(identity, str) and identity else None)
+        elif "informer sync lease" not in errors:
+            self._lease_renewals.forget(INFORMER_SYNC_KEY)
         document["cache"]["resources"] = resources
         document["errors"] = dict(sorted(errors.items()))
         return document
@@ -400,10 +437,15 @@ class PoolView:
         cloud_lease = cloud_lease if isinstance(cloud_lease, Mapping) else None
         pool_lease = pool_lease if isinstance(pool_lease, Mapping) else None
         # Judged on the cloud lease when the cloud answered for this member.
-        path, age = heartbeat_path(cloud_lease if cloud_read else pool_lease, now,
-                                   self.stale_after)
-        _pool_path, pool_age = heartbeat_path(pool_lease, now, self.stale_after)
-        cloud_age = heartbeat_path(cloud_lease, now, self.stale_after)[1] if cloud_read else None
+        pool_changed = None if pool_lease is None else self._pool_renewals.changed_at(member)
+        cloud_changed = (None if cloud_lease is None
+                         else self._cloud_renewals.changed_at(member))
+        if cloud_read:
+            path, age = heartbeat_path(cloud_lease, cloud_changed, now, self.stale_after)
+        else:
+            path, age = heartbeat_path(pool_lease, pool_changed, now, self.stale_after)
+        pool_age = _age(pool_changed, now)
+        cloud_age = _age(cloud_changed, now) if cloud_read else None
         etcd_member, coordinator_server = servers_in_use(pool_lease)
         upload = None
         if member == self.node:

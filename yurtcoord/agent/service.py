@@ -401,7 +401,10 @@ class Agent(service.MultiService):
             lambda: bool(self.cloud_checker.healthy), self._count_pool_keys,
             config.coordinator.storage_prefix, pool_resources,
             (election.lease_namespace, election.lease_name),
-            stale_after=heartbeat.interval + heartbeat.max_clock_skew, history=history)
+            # Two heartbeat intervals on this agent's clock since a lease was seen to
+            # change: a live node's lease changes once an interval, one late or lost
+            # renewal is no death, and no other clock's offset enters the window.
+            stale_after=2 * heartbeat.interval, history=history)
 
     def _count_pool_keys(self, prefix: bytes) -> defer.Deferred[int]:
         """How many keys the pool etcd holds under ``prefix`` (a count, no values)."""

@@ -1,33 +1,56 @@
-"""The pool view's parts on their own: the heartbeat path of a member judged from its
-node lease (direct, delegated or stale), and the leader history on a ``task.Clock``,
-newest last and bounded."""
+"""The pool view's parts on their own and the view on a ``task.Clock``: the heartbeat
+path of a member judged from its node lease (direct, delegated or stale) and the local
+time its renewTime was seen to change, the leader history, newest last and bounded,
+and the documents of ``PoolView`` over in-memory clients while the members, the leader
+and the informer sync lease write renewTimes minutes ahead of or behind the viewer's
+clock (SPEC §10.2, "Clocks"): direct and delegated while they change, stale (or
+expired) once they stop, ages counted on the viewer's clock."""
 
-import time
+from typing import Any, Optional
 
-from twisted.internet import task
+from twisted.internet import defer, task
 from twisted.trial import unittest
+from zope.interface import implementer
+from zope.interface.verify import verifyObject
 
 from yurtcoord.agent.poolview import (
-    DELEGATED, DIRECT, LEADER_CHANGES_KEPT, STALE, LeaderHistory, heartbeat_path,
+    DELEGATED, DIRECT, LEADER_CHANGES_KEPT, STALE, LeaderHistory, PoolView, heartbeat_path,
+)
+from yurtcoord.agent.status import IPoolView, IStatusSource, InitialStatus
+from yurtcoord.kube.errors import ServerError
+from yurtcoord.kube.gvr import LEASES, NODES, GroupVersionResource
+from yurtcoord.kube.interfaces import IObjectClient
+from yurtcoord.kube.lease import LeaseRecord, build_lease, with_record
+from yurtcoord.names import (
+    DELEGATE_HEARTBEAT_ANNOTATION, INFORMER_SYNC_LEASE_NAME, INFORMER_SYNC_LEASE_NAMESPACE,
+    NODE_LEASE_NAMESPACE, NODE_POOL_LABEL,
 )
 from yurtcoord.role.roles import Role
-from yurtcoord.testing.poolleases import lease
+from yurtcoord.testing.fakekube import FakeKube
+
+START = 1_700_000_000.0
+POOL = "pool-a"
+ELECTION = ("kube-system", "yurthub")
+# The members' heartbeat interval, and the view's window: two of them.
+INTERVAL = 10.0
+STALE_AFTER = 2 * INTERVAL
+ELECTION_DURATION = 15
 
 
 class HeartbeatPathTests(unittest.TestCase):
     def test_paths(self):
-        now = time.time()
-        self.assertEqual(heartbeat_path(None, now, 9), (STALE, None))
-        self.assertEqual(heartbeat_path({"spec": {}}, now, 9), (STALE, None))
-        self.assertEqual(heartbeat_path({"spec": {"renewTime": "garbage"}}, now, 9),
-                         (STALE, None))
-        path, age = heartbeat_path(lease("n", 3), now, 9)
-        self.assertEqual(path, DIRECT)
-        self.assertLessEqual(abs(age - 3), 0.1)
-        self.assertEqual(heartbeat_path(lease("n", 3, delegated=True), now, 9)[0], DELEGATED)
-        self.assertEqual(heartbeat_path(lease("n", 9.5, delegated=True), now, 9)[0], STALE)
-        # A renewTime ahead of this clock is fresh, of age 0.
-        self.assertEqual(heartbeat_path(lease("n", -5), now, 9), (DIRECT, 0.0))
+        lease = build_lease("n", NODE_LEASE_NAMESPACE, LeaseRecord("n", 40, None, START))
+        delegated = dict(lease, metadata=dict(
+            lease["metadata"], annotations={DELEGATE_HEARTBEAT_ANNOTATION: "true"}))
+        now = START + 100
+        self.assertEqual(heartbeat_path(None, now - 3, now, 9), (STALE, None))
+        self.assertEqual(heartbeat_path(lease, None, now, 9), (STALE, None))
+        self.assertEqual(heartbeat_path(lease, now - 3, now, 9), (DIRECT, 3.0))
+        self.assertEqual(heartbeat_path(delegated, now - 3, now, 9), (DELEGATED, 3.0))
+        self.assertEqual(heartbeat_path(delegated, now - 9, now, 9), (DELEGATED, 9.0))
+        self.assertEqual(heartbeat_path(delegated, now - 9.5, now, 9), (STALE, 9.5))
+        # The renewTime itself (100 s before now here) is not what the age counts.
+        self.assertEqual(heartbeat_path(lease, now, now, 9), (DIRECT, 0.0))
 
 
 class LeaderHistoryTests(unittest.TestCase):
@@ -50,3 +73,204 @@ class LeaderHistoryTests(unittest.TestCase):
         changes = history.changes()
         self.assertEqual(len(changes), LEADER_CHANGES_KEPT)
         self.assertEqual(changes[-1]["at"], 1_700_000_030 + LEADER_CHANGES_KEPT + 5)
+
+
+@implementer(IObjectClient)
+class ListingKube(FakeKube):
+    """The in-memory apiserver of ``FakeKube`` that also answers ``list`` as
+    ``KubeClient.list`` does for the pool view: one page of the objects of a resource
+    in a namespace, selected by one ``key=value`` label; ``fail_next("list", ...)``
+    fails the next lists."""
+
+    def list(self, gvr: GroupVersionResource, namespace: Optional[str] = None,
+             label_selector: Optional[str] = None, limit: Optional[int] = None,
+             **_options: Any) -> "defer.Deferred[Any]":
+        def answer() -> dict[str, Any]:
+            key, _, value = (label_selector or "").partition("=")
+            items = [obj for obj in self.stored(gvr)
+                     if (namespace is None or obj["metadata"].get("namespace") == namespace)
+                     and (not key or (obj["metadata"].get("labels") or {}).get(key) == value)]
+            return {"items": items, "metadata": {}}
+        return self._call("list", gvr, namespace or "", answer)
+
+
+class Member:
+    """One node of the pool whose clock is ``offset`` seconds off the viewer's: it
+    writes its node lease in the cloud and on the coordinator apiserver with its own
+    clock's time, marked for delegation when ``delegated`` (its cloud lease is then
+    written by the leader, whose clock is ``offset`` off too)."""
+
+    def __init__(self, clock: task.Clock, cloud: FakeKube, coordinator: FakeKube, name: str,
+                 offset: float, delegated: bool = False) -> None:
+        self.clock, self.cloud, self.coordinator = clock, cloud, coordinator
+        self.name, self.offset, self.delegated = name, offset, delegated
+        cloud.put(NODES, {"apiVersion": "v1", "kind": "Node",
+                          "metadata": {"name": name, "labels": {NODE_POOL_LABEL: POOL}}})
+
+    def renew(self) -> None:
+        now = self.clock.seconds() + self.offset
+        for server in (self.cloud, self.coordinator):
+            annotations = {DELEGATE_HEARTBEAT_ANNOTATION: "true"} if self.delegated else None
+            server.put(LEASES, build_lease(self.name, NODE_LEASE_NAMESPACE,
+                                           LeaseRecord(self.name, 40, None, now),
+                                           annotations=annotations))
+
+
+class PoolViewSkewTests(unittest.TestCase):
+    """One viewer's documents, its clock a ``task.Clock``: edge-1 writes its leases
+    300 s ahead of it, edge-2 is cut off and delegated by a leader 120 s behind it,
+    edge-3 writes 120 s ahead; the leader, edge-2's delegate, renews the election and
+    informer sync leases 300 s ahead. Everybody renews every ``INTERVAL``."""
+
+    def setUp(self):
+        self.clock = task.Clock()
+        self.clock.advance(START)
+        self.cloud, self.coordinator = ListingKube(self.clock), ListingKube(self.clock)
+        self.cloud_healthy = True
+        self.members = {
+            "edge-1": Member(self.clock, self.cloud, self.coordinator, "edge-1", +300.0),
+            "edge-2": Member(self.clock, self.cloud, self.coordinator, "edge-2", -120.0,
+                             delegated=True),
+            "edge-3": Member(self.clock, self.cloud, self.coordinator, "edge-3", +120.0)}
+        self.leader_offset = +300.0
+        self.view = PoolView(
+            self.clock, InitialStatus("edge-1", POOL, (), since=START), "edge-1", POOL,
+            self.coordinator, self.cloud, lambda: self.cloud_healthy,
+            lambda _prefix: defer.succeed(0), "/registry", lambda: (), ELECTION,
+            STALE_AFTER, LeaderHistory(self.clock, "edge-1"), ttl=0)
+
+    def tearDown(self):
+        self.assertEqual(self.clock.getDelayedCalls(), [])
+
+    def leader_renews(self):
+        """The leader's renewals of the election and informer sync leases."""
+        now = self.clock.seconds() + self.leader_offset
+        self.coordinator.put(LEASES, build_lease(
+            ELECTION[1], ELECTION[0], LeaseRecord("edge-2", ELECTION_DURATION, now, now)))
+        self.coordinator.put(LEASES, build_lease(
+            INFORMER_SYNC_LEASE_NAME, INFORMER_SYNC_LEASE_NAMESPACE,
+            LeaseRecord("edge-2", 10, now, now)))
+
+    def renew(self, *names):
+        for name in names:
+            self.members[name].renew()
+
+    def document(self):
+        document = self.successResultOf(self.view.document())
+        self.assertEqual(document["errors"], {})
+        return document
+
+    def paths(self, document):
+        return {m["node"]: (m["heartbeat"], m["lease_age"]) for m in document["members"]}
+
+    def test_the_fakes_offer_the_interfaces(self):
+        verifyObject(IObjectClient, self.cloud)
+        verifyObject(IStatusSource, InitialStatus("edge-1", POOL, ()))
+        verifyObject(IPoolView, self.view)
+
+    def test_skewed_members_are_fresh_while_their_leases_change_and_stale_once_they_stop(self):
+        self.renew("edge-1", "edge-2", "edge-3")
+        self.leader_renews()
+        for _ in range(6):
+            document = self.document()
+            self.assertTrue(document["cloud_read"])
+            # Seen changed at this document: age 0, whatever the renewTimes say.
+            self.assertEqual(self.paths(document), {
+                "edge-1": (DIRECT, 0.0), "edge-2": (DELEGATED, 0.0), "edge-3": (DIRECT, 0.0)})
+            self.assertEqual(document["leader"], "edge-2")
+            self.assertEqual(document["election"]["lease_age"], 0.0)
+            self.assertFalse(document["election"]["expired"])
+            self.assertEqual(document["cache"]["informer_sync_lease_age"], 0.0)
+            self.clock.advance(4)
+            # Read again unchanged: the age counts on this clock.
+            document = self.document()
+            self.assertEqual(self.paths(document)["edge-1"], (DIRECT, 4.0))
+            self.assertEqual(document["election"]["lease_age"], 4.0)
+            self.clock.advance(INTERVAL - 4)
+            self.renew("edge-1", "edge-2", "edge-3")
+            self.leader_renews()
+
+        # edge-1's kubelet and the leader die; edge-2 and edge-3 go on.
+        self.document()
+        for step in range(1, 5):
+            self.clock.advance(INTERVAL / 2)
+            if step % 2 == 0:
+                self.renew("edge-2", "edge-3")
+            document = self.document()
+            members = {m["node"]: m for m in document["members"]}
+            self.assertEqual(members["edge-1"]["heartbeat"], DIRECT, step)
+            self.assertEqual(members["edge-1"]["cloud_lease_age"], step * INTERVAL / 2)
+            self.assertEqual(members["edge-1"]["pool_lease_age"], step * INTERVAL / 2)
+            self.assertEqual(members["edge-2"]["heartbeat"], DELEGATED)
+            self.assertEqual(document["leader"] is None,
+                             step * INTERVAL / 2 > ELECTION_DURATION, step)
+        self.clock.advance(0.5)
+        document = self.document()
+        members = {m["node"]: m for m in document["members"]}
+        self.assertEqual((members["edge-1"]["heartbeat"], members["edge-1"]["stale"]),
+                         (STALE, True))
+        self.assertEqual(members["edge-1"]["lease_age"], STALE_AFTER + 0.5)
+        self.assertEqual(self.paths(document)["edge-3"], (DIRECT, 0.5))
+        self.assertEqual(document["election"], {
+            "holder": "edge-2", "lease_age": STALE_AFTER + 0.5,
+            "lease_duration_seconds": ELECTION_DURATION, "expired": True})
+        self.assertIsNone(document["leader"])
+        self.assertEqual(document["cache"]["informer_sync_lease_age"], STALE_AFTER + 0.5)
+
+    def test_without_the_cloud_the_skewed_pool_leases_decide_the_same_way(self):
+        self.cloud_healthy = False
+        self.renew("edge-1", "edge-2", "edge-3")
+        self.document()
+        self.clock.advance(INTERVAL)
+        self.renew("edge-2", "edge-3")
+        document = self.document()
+        self.assertFalse(document["cloud_read"])
+        self.assertEqual(self.paths(document), {
+            "edge-1": (DIRECT, INTERVAL), "edge-2": (DELEGATED, 0.0), "edge-3": (DIRECT, 0.0)})
+        self.clock.advance(INTERVAL + 0.5)
+        self.renew("edge-2")
+        document = self.document()
+        self.assertEqual(self.paths(document), {
+            "edge-1": (STALE, STALE_AFTER + 0.5), "edge-2": (DELEGATED, 0.0),
+            "edge-3": (DIRECT, INTERVAL + 0.5)})
+        self.assertIsNone(document["members"][0]["cloud_lease_age"])
+
+    def test_a_write_that_leaves_the_renew_time_renews_nothing(self):
+        self.renew("edge-1", "edge-2", "edge-3")
+        self.document()
+        self.clock.advance(STALE_AFTER + 1)
+        # edge-3's agent rewrites its pool lease's annotations only, then the cloud's.
+        for server in (self.coordinator, self.cloud):
+            lease = server.peek(LEASES, "edge-3", NODE_LEASE_NAMESPACE)
+            lease["metadata"]["annotations"] = {"example.com/touched": "true"}
+            server.put(LEASES, lease)
+        document = self.document()
+        self.assertEqual(self.paths(document)["edge-3"], (STALE, STALE_AFTER + 1))
+
+    def test_a_failed_read_forgets_nothing_and_a_lease_gone_and_back_is_new(self):
+        self.renew("edge-1", "edge-2", "edge-3")
+        self.document()
+        self.clock.advance(INTERVAL)
+        self.coordinator.fail_next("list", ServerError("etcd timed out"))
+        self.cloud.fail_next("get", ServerError("overloaded"))
+        document = self.successResultOf(self.view.document())
+        self.assertEqual(sorted(document["errors"]),
+                         ["cloud node lease edge-1", "pool node leases"])
+        self.clock.advance(INTERVAL + 1)
+        document = self.document()
+        members = {m["node"]: m for m in document["members"]}
+        self.assertEqual((members["edge-1"]["heartbeat"], members["edge-1"]["lease_age"],
+                          members["edge-1"]["pool_lease_age"]),
+                         (STALE, STALE_AFTER + 1, STALE_AFTER + 1))
+        # edge-3's leases are deleted and written again with the renewTime they had:
+        # gone, then seen for the first time again, fresh.
+        leases = {}
+        for server in (self.cloud, self.coordinator):
+            leases[server] = server.peek(LEASES, "edge-3", NODE_LEASE_NAMESPACE)
+            self.successResultOf(server.delete(LEASES, "edge-3", NODE_LEASE_NAMESPACE))
+        members = {m["node"]: m for m in self.document()["members"]}
+        self.assertEqual((members["edge-3"]["heartbeat"], members["edge-3"]["lease_age"],
+                          members["edge-3"]["pool_lease_age"]), (STALE, None, None))
+        for server, lease in leases.items():
+            server.put(LEASES, lease)
+        self.assertEqual(self.paths(self.document())["edge-3"], (DIRECT, 0.0))
