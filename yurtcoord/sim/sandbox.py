@@ -19,7 +19,9 @@ Each agent also has a stand-in kubelet of its own (``yurtcoord.sim.kubelet``) th
 its kubelet liveness check asks, with a short grace period (``KUBELET_GRACE_PERIOD``) so
 that the effect shows within seconds. The control page, on loopback at a URL printed at
 start, lists every node with its role, its kubelet and the age of its node lease in the
-cloud, and has a button per node to stop and to start its kubelet (``POST
+cloud (seconds since the sandbox saw its renewTime change, on the sandbox's clock: the
+renewTime itself is the writer's clock, SPEC §10.2 "Clocks"), and has a button per
+node to stop and to start its kubelet (``POST
 /kubelet/<node>/stop`` and ``/start``, also for curl): a stopped kubelet makes its node
 go stale in the cloud after the grace period, a started one brings it back. The sandbox
 prints each step: the kubelet stopped or started, the agent counting it dead or back,
@@ -59,7 +61,7 @@ from twisted.web.server import Request, Site
 
 from yurtcoord.agent.config import parse_config
 from yurtcoord.kube.gvr import ENDPOINTS, ENDPOINTSLICES_V1, LEASES, NODES
-from yurtcoord.kube.lease import renew_time
+from yurtcoord.kube.renewals import RenewalsSeen
 from yurtcoord.agent.service import Agent, make_service
 from yurtcoord.heartbeat.delegation import FORWARDED_OUTCOMES, HeartbeatDelegation
 from yurtcoord.names import (
@@ -103,7 +105,8 @@ KUBELET_GRACE_PERIOD = str(SANDBOX["heartbeat"]["kubelet_grace_period"])
 
 class KubeletControlPage(Resource):
     """The sandbox's control page: ``GET /`` lists each node with its role, its
-    kubelet, what its agent makes of it and the age of its node lease in the cloud,
+    kubelet, what its agent makes of it and the age of its node lease in the cloud
+    (since the sandbox saw its renewTime change),
     with a button to stop or start the kubelet; ``GET /state`` is the same as JSON;
     ``POST /kubelet/<node>/stop`` and ``POST /kubelet/<node>/start`` act and redirect
     to ``/``. The pool etcd's part (``GET /etcd``, ``POST /etcd/...``, its section of
@@ -367,6 +370,8 @@ class Sandbox(service.MultiService):
         self._delegation_lines = DelegationLines(
             reactor, lambda text: self._say(f"{self._clock()} {text}"))
         self._lease_watch = None
+        # When the sandbox saw each node's cloud renewTime change (its own clock).
+        self._cloud_renewals = RenewalsSeen(reactor)
         self._last_ready = {}
         self._all_ready_reported = False
         self._started_at = None
@@ -432,8 +437,7 @@ class Sandbox(service.MultiService):
                   f"{', '.join(coordinator_urls)} (their objects: the pool etcd's, under "
                   f"{STORAGE_PREFIX})")
         seed_cloud(self.cloud.store, self.nodes)
-        self._lease_watch = self.cloud.store.watch(
-            LEASES, ObjectFilter(namespace=NODE_LEASE_NAMESPACE), None, self._cloud_lease_changed)
+        self.follow_cloud_leases()
 
         cloud_port = self.cloud.port_number
         assert cloud_port is not None, "the cloud apiserver listens once started"
@@ -569,9 +573,20 @@ class Sandbox(service.MultiService):
                       f"heartbeats, the cloud lease {NODE_LEASE_NAMESPACE}/{node} stays at "
                       f"renewTime {self._renew_text(node) or 'none'}")
 
-    def _cloud_lease_changed(self, event_type, lease):
-        """One line when a node whose kubelet came back is renewed in the cloud."""
+    def follow_cloud_leases(self) -> None:
+        """Watch the node leases in the cloud: each change of a renewTime is seen at
+        once, not only when the control page is read."""
+        self._lease_watch = self.cloud.store.watch(
+            LEASES, ObjectFilter(namespace=NODE_LEASE_NAMESPACE), None, self._cloud_lease_changed)
+
+    def _cloud_lease_changed(self, event_type: str, lease: dict[str, Any]) -> None:
+        """Note when a node's cloud renewTime changed; one line when a node whose
+        kubelet came back is renewed in the cloud."""
         node = lease["metadata"]["name"]
+        if event_type == "DELETED":
+            self._cloud_renewals.forget(node)
+        else:
+            self._cloud_renewals.observe(node, lease)
         if event_type != "MODIFIED" or node not in self._awaiting_renewal:
             return
         renewed = (lease.get("spec") or {}).get("renewTime")
@@ -581,13 +596,16 @@ class Sandbox(service.MultiService):
                       f"renewed again (renewTime {renewed})")
 
     def node_states(self) -> dict:
-        """``{node: {...}}`` of the control page: role, kubelet, cloud lease age."""
-        now = self.reactor.seconds()
+        """``{node: {...}}`` of the control page: role, kubelet, cloud lease age. The
+        age is the time since the sandbox saw the cloud lease's renewTime change, on
+        its own clock: that is how the node lifecycle controller judges a node lease,
+        and a renewTime written by a leader or node whose clock is off says nothing
+        about how long ago it was written."""
         states = {}
         for node in self.nodes:
             agent = self.agents.get(node)
-            lease = self._cloud_lease(node)
-            renewed = renew_time(lease) if lease else None
+            self._cloud_renewals.observe(node, self._cloud_lease(node))
+            age = self._cloud_renewals.age(node)
             states[node] = {
                 "role": role_of(agent) if agent is not None else "not started",
                 "kubelet_running": self.kubelets[node].running,
@@ -595,7 +613,7 @@ class Sandbox(service.MultiService):
                                              and agent.kubelet_checker is not None
                                              and agent.kubelet_checker.is_alive()),
                 "cloud_lease_renew_time": self._renew_text(node),
-                "cloud_lease_age_seconds": None if renewed is None else round(now - renewed, 1),
+                "cloud_lease_age_seconds": None if age is None else round(age, 1),
             }
         return states
 

@@ -1,7 +1,9 @@
 """The sandbox's parts without processes, on memory reactors and a Clock: a stop
 signal that comes before the handlers, where the etcd binary is looked up, what the
 cloud is seeded with, the coordinator apiservers' controls and what the control page
-shows of them, and the lines that say when heartbeat delegation starts and ends."""
+shows of them, the age of each node's cloud lease on the control page (counted on the
+sandbox's clock from the change of renewTime it saw, also when the writers' clocks are
+minutes off), and the lines that say when heartbeat delegation starts and ends."""
 
 import os
 import signal
@@ -17,9 +19,9 @@ from twisted.web.test.requesthelper import DummyRequest
 from zope.interface import implementer
 from zope.interface.verify import verifyObject
 
-from yurtcoord.kube.gvr import ENDPOINTS, ENDPOINTSLICES_V1, NODES
+from yurtcoord.kube.gvr import ENDPOINTS, ENDPOINTSLICES_V1, LEASES, NODES
 from yurtcoord.heartbeat.delegation import HeartbeatDelegation
-from yurtcoord.kube.lease import format_micro_time
+from yurtcoord.kube.lease import LeaseRecord, build_lease, format_micro_time
 from yurtcoord.names import (
     DELEGATE_HEARTBEAT_ANNOTATION, ELECTION_LEASE_NAME, ELECTION_LEASE_NAMESPACE,
     NODE_LEASE_NAMESPACE, NODE_POOL_LABEL,
@@ -29,6 +31,7 @@ from yurtcoord.sim.sandbox import (
 )
 from yurtcoord.sim.sandboxapiservers import ELECTION_READ_TIMEOUT, SandboxCoordinators
 from yurtcoord.sim.apiserver import KubeAPIServer
+from yurtcoord.sim.kubelet import IKubeletStandIn, StandInKubelet
 from yurtcoord.testing.fakehealth import FakeHealth
 from yurtcoord.testing.fakeinformer import FakeInformer
 from yurtcoord.testing.fakekube import FakeKube
@@ -186,6 +189,57 @@ class SandboxCoordinatorsTests(unittest.TestCase):
                              (404, b"not found: POST /coordinator/<index>/kill or "
                                    b"/coordinator/<index>/restart (index 0 to 1)\n"), path)
         self.assertTrue(self.coordinators.is_running(0) and self.coordinators.is_running(1))
+
+
+class CloudLeaseAgeTests(unittest.TestCase):
+    """The control page's ``cloud_lease_age_seconds`` of two nodes whose cloud leases
+    are written by clocks 300 s ahead of the sandbox's (edge-1) and 120 s behind it
+    (edge-2, delegated by a leader that far behind), every 2 s: small while they
+    change, growing on the sandbox's clock once edge-1's stop."""
+
+    def setUp(self):
+        self.clock = Clock()
+        self.clock.advance(1_800_000_000.0)
+        self.sandbox = Sandbox(self.clock, lambda _line: None, agent_count=2)
+        for node in self.sandbox.nodes:
+            self.sandbox.kubelets[node] = StandInKubelet(self.clock)
+        verifyObject(IKubeletStandIn, self.sandbox.kubelets["edge-1"])
+        self.sandbox.follow_cloud_leases()
+        self.addCleanup(lambda: self.sandbox._lease_watch.cancel())
+        self.offsets = {"edge-1": +300.0, "edge-2": -120.0}
+
+    def renew(self, node):
+        renewed = self.clock.seconds() + self.offsets[node]
+        store = self.sandbox.cloud.store
+        lease = build_lease(node, NODE_LEASE_NAMESPACE, LeaseRecord(node, 40, None, renewed))
+        current = store.get(LEASES, node, NODE_LEASE_NAMESPACE)
+        if current is None:
+            store.create(LEASES, lease)
+        else:
+            store.update(LEASES, dict(lease, metadata=current["metadata"]))
+
+    def ages(self):
+        return {node: state["cloud_lease_age_seconds"]
+                for node, state in self.sandbox.node_states().items()}
+
+    def test_age_counts_from_the_change_seen_on_the_sandbox_clock(self):
+        self.assertEqual(self.ages(), {"edge-1": None, "edge-2": None})
+        for _ in range(5):
+            self.renew("edge-1")
+            self.renew("edge-2")
+            self.clock.advance(1.5)
+            self.assertEqual(self.ages(), {"edge-1": 1.5, "edge-2": 1.5})
+            self.clock.advance(0.5)
+        # edge-1's kubelet died: its lease stops changing, edge-2's goes on.
+        for second in range(1, 11):
+            self.renew("edge-2")
+            self.clock.advance(1)
+            self.assertEqual(self.ages(), {"edge-1": 2.0 + second, "edge-2": 1.0})
+        state = self.sandbox.node_states()["edge-1"]
+        self.assertEqual((state["role"], state["kubelet_running"]), ("not started", False))
+        # The page reads the lease as it is; a lease gone has no age.
+        self.sandbox.cloud.store.delete(LEASES, "edge-1", NODE_LEASE_NAMESPACE)
+        self.assertIsNone(self.ages()["edge-1"])
 
 
 class DelegationLinesTests(unittest.TestCase):
