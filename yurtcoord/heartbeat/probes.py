@@ -48,7 +48,7 @@ from zope.interface import implementer
 
 from yurtcoord.heartbeat.interfaces import ICloudHealthChecker, ICoordinatorHealthChecker
 from yurtcoord.kube.interfaces import IObjectClient
-from yurtcoord.kube.lease import format_micro_time, node_owner_reference
+from yurtcoord.kube.lease import format_micro_time, node_owner_reference, renew_time
 from yurtcoord.kube.leasewriter import LeaseWriter
 from yurtcoord.names import (
     COORDINATOR_SERVER_ANNOTATION, DELEGATE_HEARTBEAT_ANNOTATION, ETCD_MEMBER_ANNOTATION,
@@ -63,6 +63,8 @@ if TYPE_CHECKING:
     from yurtcoord.agent.metrics import Metrics
 
 NODE_LEASE_DURATION_SECONDS = 40
+# How far past the lease's renewTime a renewal writes at least: MicroTime's resolution.
+RENEW_TIME_STEP = 1e-6
 # While a node lease has no owner, seconds between reads of the Node to name it owner.
 OWNER_READ_INTERVAL = 60.0
 # Seconds from the pool leader's death until the next leader forwards heartbeats with
@@ -185,6 +187,10 @@ class NodeLeaseWriter:
     request, and a server that has no such Node is not asked on every renewal. A Node
     read that fails or hangs leaves the lease without an owner for that write (a hung
     read costs that attempt only: the next one, within the interval, does not read).
+
+    Every write's renewTime is local now, or 1 µs past the renewTime the lease holds
+    when that is later (``_renewed``): the lease's renewTime only moves forward,
+    whoever wrote it last and with whatever clock.
     """
 
     log = Logger()
@@ -279,13 +285,25 @@ class NodeLeaseWriter:
         return lease
 
     def _renewed(self, lease: dict) -> dict:
+        """``lease`` renewed by this node: holder, duration, annotations, and a
+        renewTime of local now, or 1 µs past the renewTime the lease holds when that
+        is not before now (SPEC §10.2). So the renewTime this node writes moves forward
+        whoever wrote last: the pool leader that forwarded this node's heartbeat while
+        the cloud was cut off stamped its own clock, which may be minutes ahead of this
+        one, and the node lifecycle controller counts a node as renewing only when the
+        renewTime it sees moves forward. Nothing is judged fresh or stale here: the
+        larger of the two times is written, that is all."""
         lease = copy.deepcopy(lease)
         self._apply_annotations(lease.setdefault("metadata", {}))
         spec = lease.setdefault("spec", {})
         spec["holderIdentity"] = self._node
         if not spec.get("leaseDurationSeconds"):
             spec["leaseDurationSeconds"] = NODE_LEASE_DURATION_SECONDS
-        spec["renewTime"] = format_micro_time(self._clock.seconds())
+        written = self._clock.seconds()
+        previous = renew_time(lease)
+        if previous is not None:
+            written = max(written, previous + RENEW_TIME_STEP)
+        spec["renewTime"] = format_micro_time(written)
         return lease
 
 

@@ -17,6 +17,10 @@ are injected on it alone, as the live test injects them on the path of one lease
   hub elector's next check and the other node takes the election lease.
 - Three cloud URLs (``FakeKubeServer``s in front of one cloud store): one write and
   one read per interval, twice the requests of one URL, and no write ever conflicts.
+- A node whose clock is 300 s behind the pool leader that delegated its heartbeat
+  reconnects: the renewTime it writes to the cloud moves forward at every write (1 µs
+  past the leader's, also after the leader wrote again in between) until its own clock
+  passes the leader's, and is its own clock's time from then on.
 
 The two coordinator apiservers' one write and one read per interval is
 ``SeveralCoordinatorServersTests.test_one_lease_write_and_one_read_per_interval`` in
@@ -32,8 +36,10 @@ from yurtcoord.heartbeat.probes import (
 )
 from yurtcoord.kube.errors import ServerError
 from yurtcoord.kube.gvr import LEASES
+from yurtcoord.kube.lease import LeaseRecord, build_lease, format_micro_time, parse_micro_time
 from yurtcoord.kube.leaderelection import LeaderElectionConfig, LeaderElector
 from yurtcoord.kube.resolving import PickedServerClient
+from yurtcoord.names import DELEGATE_HEARTBEAT_ANNOTATION
 from yurtcoord.role.hubelector import HubElector
 from yurtcoord.role.roles import Role
 from yurtcoord.sim.agentini import FAULT_SUITE, loopback_agent_ini
@@ -286,3 +292,66 @@ class SeveralCloudURLsTests(unittest.TestCase):
                          [ROUNDS // 2, ROUNDS - ROUNDS // 2])
         self.assertEqual({verb for verbs in reads.values() for verb in verbs}, {"get"})
         self.assertEqual(three_written, ROUNDS)
+
+
+class CloudRenewTimeAfterDelegationTests(unittest.TestCase):
+    """edge-1's cloud prober, its clock ``BEHIND`` seconds behind the pool leader's,
+    after the leader forwarded its heartbeat to the cloud with the leader's clock."""
+
+    node = "edge-1"
+    BEHIND = 300.0
+
+    def setUp(self):
+        self.clock = make_clock()
+        self.cloud = FakeKube(self.clock)
+        self.heartbeat = fault_suite_config(self.node, ["http://cloud-proxy-0"]).heartbeat
+        self.checker = CloudHealthChecker.for_servers(
+            self.clock, {"http://cloud-proxy-0": self.cloud}, self.node, self.heartbeat)
+
+    def tearDown(self):
+        self.successResultOf(self.checker.stop())
+        self.assertEqual(self.clock.getDelayedCalls(), [])
+
+    def leader_forwards(self):
+        """The leader's write of edge-1's cloud lease: renewTime from its clock."""
+        leader_now = self.clock.seconds() + self.BEHIND
+        current = self.cloud.peek(LEASES, self.node, NODE_LEASE_NAMESPACE)
+        lease = build_lease(self.node, NODE_LEASE_NAMESPACE,
+                            LeaseRecord(self.node, 40, None, leader_now),
+                            annotations={DELEGATE_HEARTBEAT_ANNOTATION: "true"})
+        if current is not None:
+            lease["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
+        self.cloud.put(LEASES, lease)
+        return leader_now
+
+    def written_renew_times(self):
+        """The renewTimes of edge-1's own writes to the cloud, as written."""
+        return [obj["spec"]["renewTime"] for _at, obj in self.cloud.writes
+                if obj["metadata"]["name"] == self.node]
+
+    def test_the_cloud_renew_time_moves_forward_at_every_write(self):
+        forwarded = self.leader_forwards()
+        self.checker.start()
+        interval = self.heartbeat.interval
+        for _ in range(3):
+            advance(self.clock, interval)
+        forwarded_again = self.leader_forwards()
+        for _ in range(3):
+            advance(self.clock, interval)
+        written = self.written_renew_times()
+        self.assertEqual(len(written), 7)
+        self.assertEqual(written[:4], [format_micro_time(forwarded + step * 1e-6)
+                                       for step in range(1, 5)])
+        self.assertEqual(written[4:], [format_micro_time(forwarded_again + step * 1e-6)
+                                       for step in range(1, 4)])
+        # The node's clock passes the leader's last renewTime: its own time again.
+        advance(self.clock, self.BEHIND)
+        now = self.clock.seconds()
+        self.assertEqual(self.written_renew_times()[-1], format_micro_time(now))
+        times = [parse_micro_time(text) for text in self.written_renew_times()]
+        self.assertEqual(times, sorted(set(times)), "strictly increasing")
+        self.assertTrue(self.checker.healthy)
+        # Writing directly again: the delegate annotation is gone.
+        lease = self.cloud.peek(LEASES, self.node, NODE_LEASE_NAMESPACE)
+        self.assertNotIn(DELEGATE_HEARTBEAT_ANNOTATION,
+                         (lease["metadata"].get("annotations") or {}))
