@@ -1,4 +1,8 @@
-"""Lease leader election driven by a Clock against an in-memory lease store."""
+"""Lease leader election driven by a Clock against an in-memory lease store; with one
+``task.Clock`` per agent (``SkewedAgentsTests``), clocks minutes apart: the lead does not
+move while skewed candidates run, and a candidate takes over a dead leader's lease
+exactly ``lease_duration`` after it last saw the lease change on its own clock, whatever
+time the leader's renewTime names (SPEC §10.2, "Clocks")."""
 
 from random import Random
 
@@ -712,6 +716,148 @@ class StopTests(ElectionTestCase):
         self.assertTrue(elector.is_leader)
         self.assertEqual(renew_time(self.lease()), START + 2)
         self.assertEqual(len(self.flushLoggedErrors(RuntimeError)), 1)
+
+
+class AgentClocks:
+    """One ``task.Clock`` per agent, each ``offset`` seconds off the true time and all
+    running at one rate. ``run_until(when)`` takes every clock to the true time
+    ``when``, running each call that falls due on the way at its own true time, in
+    order across the clocks."""
+
+    def __init__(self, start):
+        self.now = start
+        self._clocks = {}
+
+    def clock(self, identity, offset):
+        """The clock of agent ``identity``, ``offset`` seconds off the true time."""
+        clock = Clock()
+        clock.advance(self.now + offset)
+        self._clocks[identity] = (clock, offset)
+        return clock
+
+    def offset(self, identity):
+        return self._clocks[identity][1]
+
+    def run_until(self, when):
+        while True:
+            due = [call.getTime() - offset for clock, offset in self._clocks.values()
+                   for call in clock.getDelayedCalls() if call.getTime() - offset <= when]
+            if not due:
+                break
+            self._advance_to(max(self.now, min(due)))
+        self._advance_to(when)
+
+    def _advance_to(self, when):
+        self.now = when
+        for clock, offset in self._clocks.values():
+            clock.advance(max(0.0, when + offset - clock.seconds()))
+
+    def pending(self):
+        return [call for clock, _offset in self._clocks.values()
+                for call in clock.getDelayedCalls()]
+
+
+class SkewedAgentsTests(unittest.TestCase):
+    """Electors of one lease, each on its own ``task.Clock`` (``AgentClocks``): edge-0
+    leads, its clock ``leader_offset`` seconds off the true time; candidates join whose
+    clocks are 120 s ahead, 120 s behind and 300 s ahead. No elector ever compares a
+    renewTime or acquireTime with its clock (``LeaderElector``'s module docstring): a
+    candidate that did would take a live lease written by a clock behind its own, and
+    wait minutes past a dead leader whose renewTimes lie in its future."""
+
+    def setUp(self):
+        self.clocks = AgentClocks(START)
+        self.kube = FakeKube()
+        self.electors, self.recorders = {}, {}
+
+    def tearDown(self):
+        for elector in self.electors.values():
+            elector.stop(release=False)
+        self.assertEqual(self.clocks.pending(), [], "a stopped elector left timers behind")
+
+    def start(self, identity, offset):
+        clock = self.clocks.clock(identity, offset)
+        recorder = Recorder(clock)
+        elector = LeaderElector(
+            clock, self.kube, make_config(identity), on_started_leading=recorder.started,
+            on_stopped_leading=recorder.stopped, on_new_leader=recorder.new_leader,
+            random=lambda: 0.0)
+        self.electors[identity], self.recorders[identity] = elector, recorder
+        elector.start()
+        return elector
+
+    def spec(self):
+        return self.kube.peek(LEASES, NAME, NS)["spec"]
+
+    def lead_stays_put(self, leader_offset):
+        leader = self.start("edge-0", leader_offset)
+        self.clocks.run_until(START + 1)
+        self.assertTrue(leader.is_leader)
+        for index, offset in enumerate((+120.0, -120.0, +300.0), start=1):
+            self.start(f"edge-{index}", offset)
+            self.clocks.run_until(START + 1 + 0.5 * index)
+        for second in range(3, 121):
+            self.clocks.run_until(START + second)
+            self.assertEqual([i for i, e in self.electors.items() if e.is_leader], ["edge-0"],
+                             second)
+        spec = self.spec()
+        self.assertEqual((spec["holderIdentity"], spec["leaseTransitions"]), ("edge-0", 0))
+        # The renewTimes are the leader's clock: minutes off the candidates'.
+        self.assertEqual(parse_micro_time(spec["renewTime"]), START + 120 + leader_offset)
+        self.assertEqual(self.recorders["edge-0"].events,
+                         [("started", START + leader_offset), ("new_leader", "edge-0")])
+        for identity in ("edge-1", "edge-2", "edge-3"):
+            self.assertEqual(self.recorders[identity].events, [("new_leader", "edge-0")])
+            self.assertEqual(self.electors[identity].leader, "edge-0")
+
+    def test_a_leader_on_true_time_keeps_the_lead_among_candidates_minutes_off(self):
+        self.lead_stays_put(0.0)
+
+    def test_a_leader_300_s_ahead_keeps_the_lead(self):
+        self.lead_stays_put(+300.0)
+
+    def test_a_leader_120_s_behind_keeps_the_lead(self):
+        # The candidate 300 s ahead reads renewTimes 420 s old on its clock.
+        self.lead_stays_put(-120.0)
+
+    def takeover(self, first, second):
+        """edge-0, 300 s ahead, leads from true time 0 and dies at 60.5 without
+        releasing (its last renewal at 60); candidate ``first`` joins at 1 and
+        ``second`` at 1.5, each reading the lease every retry_period: ``first`` sees
+        the last renewal at 61 and takes over at 61 + lease_duration, on its clock."""
+        self.start("edge-0", +300.0)
+        self.clocks.run_until(START + 1)
+        self.start(first, self.offsets[first])
+        self.clocks.run_until(START + 1.5)
+        self.start(second, self.offsets[second])
+        self.clocks.run_until(START + 60.5)
+        self.assertTrue(self.electors["edge-0"].is_leader)
+        self.assertEqual(parse_micro_time(self.spec()["renewTime"]), START + 300 + 60)
+        self.electors["edge-0"].stop(release=False)
+        self.clocks.run_until(START + 76 - 0.001)
+        self.assertEqual([e for e in self.electors.values() if e.is_leader], [],
+                         "nobody leads before lease_duration has passed on its clock")
+        self.clocks.run_until(START + 76)
+        self.assertEqual([i for i, e in self.electors.items() if e.is_leader], [first])
+        spec = self.spec()
+        self.assertEqual((spec["holderIdentity"], spec["leaseTransitions"]), (first, 1))
+        self.assertEqual(parse_micro_time(spec["acquireTime"]),
+                         START + 76 + self.offsets[first])
+        self.assertEqual(self.recorders[first].events[-2:],
+                         [("started", START + 76 + self.offsets[first]),
+                          ("new_leader", first)])
+        self.clocks.run_until(START + 120)
+        self.assertEqual([i for i, e in self.electors.items() if e.is_leader], [first])
+        self.assertEqual(self.electors[second].leader, first)
+        self.assertEqual(self.recorders[second].count("started"), 0)
+
+    offsets = {"edge-1": +120.0, "edge-2": -120.0}
+
+    def test_a_candidate_120_s_ahead_takes_over_a_dead_leader_300_s_ahead(self):
+        self.takeover("edge-1", "edge-2")
+
+    def test_a_candidate_120_s_behind_takes_over_a_dead_leader_300_s_ahead(self):
+        self.takeover("edge-2", "edge-1")
 
 
 class SkewedClock:
