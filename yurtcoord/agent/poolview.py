@@ -4,26 +4,25 @@
 the coordinator apiserver and the pool etcd and, while a cloud server is healthy,
 the cloud:
 
-- members: the cloud Nodes labelled with the pool and the node leases on the
-  coordinator apiserver, each with the age of its node lease and its heartbeat path.
-  Ages are this agent's own (SPEC §10.2, "Clocks"): a renewTime was written by another
-  machine's clock, minutes off this one maybe, so it is never compared with the local
-  clock. The view remembers, per lease, the renewTime it last read and the local time
-  at which it read a different one (``RenewalsSeen``); a lease's age is the time since
-  then, and a lease whose renewTime was seen to change within ``stale_after`` is
-  fresh (the composition root gives two heartbeat intervals: a live node's lease
-  changes at least once an interval). A lease read for the first time counts as
-  changed at that moment, as client-go counts a lease it sees first: the first
-  document after a start calls a dead node fresh for one ``stale_after``, and a view
-  asked rarely dates a change from the document that first showed it. The lease that
-  decides is the cloud's when the cloud was read, otherwise the coordinator's. Fresh
-  and marked with the delegation annotation (which the leader copies into the cloud
-  lease while it forwards, and a node writing the cloud directly removes) is
-  ``delegated``, fresh without it is ``direct``, anything else ``stale``. Each member
-  also shows the pool etcd member and
-  the coordinator apiserver its agent uses, as its agent last wrote them on its node
-  lease on the coordinator apiserver (null when that lease says nothing: no lease, an
-  agent without a pool store open, or one that predates them);
+- members: the cloud Nodes labelled with the pool and the node leases on the coordinator
+  apiserver, each with the age of its node lease and its heartbeat path. Ages are this
+  agent's own (docs/design.md, "Clocks"): a renewTime was written by another machine's
+  clock, minutes off this one maybe, so it is never compared with the local clock. The
+  view remembers, per lease, the renewTime it last read and the local time at which it
+  read a different one (``RenewalsSeen``); a lease's age is the time since then, and a
+  lease whose renewTime was seen to change within ``stale_after`` is fresh (the
+  composition root gives two heartbeat intervals: a live node's lease changes at least
+  once an interval). A lease read for the first time counts as changed at that moment,
+  as client-go counts a lease it sees first: the first document after a start calls a
+  dead node fresh for one ``stale_after``, and a view asked rarely dates a change from
+  the document that first showed it. The lease that decides is the cloud's when the
+  cloud was read, otherwise the coordinator's. Fresh and marked with the delegation
+  annotation (which the leader copies into the cloud lease while it forwards, and a node
+  writing the cloud directly removes) is ``delegated``, fresh without it is ``direct``,
+  anything else ``stale``. Each member also shows the pool etcd member and the
+  coordinator apiserver its agent uses, as its agent last wrote them on its node lease
+  on the coordinator apiserver (null when that lease says nothing: no lease, an agent
+  without a pool store open, or one that predates them);
 - the holder of the election lease, read from the coordinator apiserver whether or
   not this agent takes part in the election (a follower cut off from the cloud does
   not, yet the coordinator still names the leader), expired once its renewTime was not

@@ -287,12 +287,12 @@ class NodeLeaseWriter:
     def _renewed(self, lease: dict) -> dict:
         """``lease`` renewed by this node: holder, duration, annotations, and a
         renewTime of local now, or 1 µs past the renewTime the lease holds when that
-        is not before now (SPEC §10.2). So the renewTime this node writes moves forward
-        whoever wrote last: the pool leader that forwarded this node's heartbeat while
-        the cloud was cut off stamped its own clock, which may be minutes ahead of this
-        one, and the node lifecycle controller counts a node as renewing only when the
-        renewTime it sees moves forward. Nothing is judged fresh or stale here: the
-        larger of the two times is written, that is all."""
+        is not before now (docs/design.md, "Clocks"). So the renewTime this node
+        writes moves forward whoever wrote last: the pool leader that forwarded this
+        node's heartbeat while the cloud was cut off stamped its own clock, which may
+        be minutes ahead of this one, and the node lifecycle controller counts a node
+        as renewing only when the renewTime it sees moves forward. Nothing is judged
+        fresh or stale here: the larger of the two times is written, that is all."""
         lease = copy.deepcopy(lease)
         self._apply_annotations(lease.setdefault("metadata", {}))
         spec = lease.setdefault("spec", {})

@@ -1,5 +1,5 @@
 """Whether a lease another machine writes is being renewed, judged on this agent's own
-clock (SPEC §10.2, "Clocks").
+clock (docs/design.md, "Clocks").
 
 A renewTime says what the writer's clock read when it wrote, and the clocks of edge
 nodes are minutes off each other (no NTP while cut off, no battery-backed clock), so

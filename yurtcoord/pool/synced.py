@@ -1,18 +1,18 @@
 """Pool cache synced detection, on leaders and followers alike.
 
 The leader renews Lease ``kube-system/leader-informer-sync`` on the coordinator
-apiserver while the pool-scoped resources in the pool store are current. This
-detector watches that lease and judges it on its own clock (SPEC §10.2, "Clocks"):
-the leader's renewTime is never compared with the local clock, whose difference from
-the leader's may be minutes. An add or update whose renewTime differs from the last
-one seen is a renewal, seen now; the pool cache is synced while the last renewal was
-seen less than ``stale_timeout`` ago (one ``callLater``, reset on every renewal), so a
-leader that died stops counting within ``stale_timeout`` whatever its clock said. An
-update that leaves renewTime as it was (a relist, a write of other fields) is no
-renewal and extends nothing; a delete means not synced at once. The lease seen for the
-first time counts as renewed at that moment, as client-go counts a lease it sees
-first; what was seen is kept across ``stop``/``start``, so the same renewTime seen
-again after a restart is no renewal.
+apiserver while the pool-scoped resources in the pool store are current. This detector
+watches that lease and judges it on its own clock (docs/design.md, "Clocks"): the
+leader's renewTime is never compared with the local clock, whose difference from the
+leader's may be minutes. An add or update whose renewTime differs from the last one seen
+is a renewal, seen now; the pool cache is synced while the last renewal was seen less
+than ``stale_timeout`` ago (one ``callLater``, reset on every renewal), so a leader that
+died stops counting within ``stale_timeout`` whatever its clock said. An update that
+leaves renewTime as it was (a relist, a write of other fields) is no renewal and extends
+nothing; a delete means not synced at once. The lease seen for the first time counts as
+renewed at that moment, as client-go counts a lease it sees first; what was seen is kept
+across ``stop``/``start``, so the same renewTime seen again after a restart is no
+renewal.
 """
 
 from typing import Any, Callable

@@ -20,7 +20,7 @@ its kubelet liveness check asks, with a short grace period (``KUBELET_GRACE_PERI
 that the effect shows within seconds. The control page, on loopback at a URL printed at
 start, lists every node with its role, its kubelet and the age of its node lease in the
 cloud (seconds since the sandbox saw its renewTime change, on the sandbox's clock: the
-renewTime itself is the writer's clock, SPEC §10.2 "Clocks"), and has a button per
+renewTime itself is the writer's clock: docs/design.md, "Clocks"), and has a button per
 node to stop and to start its kubelet (``POST
 /kubelet/<node>/stop`` and ``/start``, also for curl): a stopped kubelet makes its node
 go stale in the cloud after the grace period, a started one brings it back. The sandbox

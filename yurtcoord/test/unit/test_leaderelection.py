@@ -2,7 +2,7 @@
 ``task.Clock`` per agent (``SkewedAgentsTests``), clocks minutes apart: the lead does not
 move while skewed candidates run, and a candidate takes over a dead leader's lease
 exactly ``lease_duration`` after it last saw the lease change on its own clock, whatever
-time the leader's renewTime names (SPEC §10.2, "Clocks")."""
+time the leader's renewTime names (docs/design.md, "Clocks")."""
 
 from random import Random
 

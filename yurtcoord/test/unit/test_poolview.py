@@ -3,7 +3,7 @@ path of a member judged from its node lease (direct, delegated or stale) and the
 time its renewTime was seen to change, the leader history, newest last and bounded,
 and the documents of ``PoolView`` over in-memory clients while the members, the leader
 and the informer sync lease write renewTimes minutes ahead of or behind the viewer's
-clock (SPEC §10.2, "Clocks"): direct and delegated while they change, stale (or
+clock (docs/design.md, "Clocks"): direct and delegated while they change, stale (or
 expired) once they stop, ages counted on the viewer's clock."""
 
 from typing import Any, Optional

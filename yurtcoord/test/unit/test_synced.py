@@ -1,7 +1,7 @@
 """Pool cache synced detection on a Clock with a fake informer: a renewal of the
 informer sync lease (a renewTime that changed) is synced at once, no renewal seen for
 ``stale_timeout`` on the follower's clock is not, and one timer is kept, cancelled on
-stop. The leader's clock may be minutes off the follower's (SPEC §10.2, "Clocks"):
+stop. The leader's clock may be minutes off the follower's (docs/design.md, "Clocks"):
 ``LeaderClockSkewTests`` run the same renewals with the leader's clock 120 s ahead,
 120 s behind and 300 s ahead."""
 
