@@ -348,7 +348,6 @@ class Agent(service.MultiService):
         self.delegation = delegation = HeartbeatDelegation.for_coordinator(
             reactor, self.coordinator_client, healthy_cloud, self.cloud_checker,
             self.lease_proxy_clients.__getitem__, config.node.pool,
-            max_clock_skew=config.heartbeat.max_clock_skew,
             heartbeat_interval=config.heartbeat.interval, metrics=self.metrics)
         self.synced_detector = PoolCacheSyncedDetector(
             reactor, self.coordinator_client, pool_cache.stale_timeout,

@@ -2,8 +2,34 @@
 
 A node that lost the cloud but still reaches its pool writes its lease
 ``kube-node-lease/<node>`` to the coordinator apiserver with annotation
-``openyurt.io/delegate-heartbeat: "true"``. The leader watches those leases and writes
-each one to the cloud, so the cloud does not declare the node dead.
+``openyurt.io/delegate-heartbeat: "true"``. The leader watches those leases and, each
+time it sees one of them change, renews that node's lease in the cloud, so the cloud
+does not declare the node dead.
+
+No clock but the leader's own decides anything here. Edge nodes cut off from the
+cloud lose NTP and drift, and some boot minutes or years off, so the renewTime a node
+writes cannot be compared with the leader's clock. The leader judges a pool lease as
+the node lifecycle controller judges a cloud lease and client-go's leader election its
+lease, by seeing it change:
+
+- a change is an event of the lease informer whose renewTime or resourceVersion
+  differs from the state the leader saw last (a lease created while it watches is
+  one). The leases it lists as its term starts are not changes it saw, and are not
+  forwarded until they change: a live node renews within one interval;
+- the heartbeat is the moment the leader saw the change, so the cloud lease gets the
+  leader's time: ``renewTime = max(leader's now, cloud renewTime + 1 µs)``. The cloud's
+  renewTime strictly increases however far apart the clocks of the node, this leader
+  and earlier leaders are, and the node lifecycle controller counts a renewal only
+  when it does. ``leaseDurationSeconds`` is the agent's own node lease duration
+  (``NODE_LEASE_DURATION_SECONDS``) and ``holderIdentity`` the node's name (the holder
+  check below makes it the lease's holder); no value of the pool lease's spec reaches
+  the cloud;
+- a state the leader saw more than ``heartbeat_interval`` ago by its own clock is not
+  written (reason ``expired``): a live node renews at least once an interval, and a
+  newer state would have replaced it, so the node stopped renewing (e.g. a state held
+  back while the cloud was unreachable, or retried after a backoff). A node whose
+  kubelet dies stops renewing its pool lease after the kubelet grace period, so its
+  cloud renewTime stops increasing within that grace plus one interval.
 
 Only real pool members are kept alive. Every agent of a pool writes to the
 coordinator apiserver with the same client certificate, so the coordinator cannot
@@ -12,16 +38,6 @@ lease is forwarded only when
 
 - it lives in ``kube-node-lease`` (reason ``namespace`` otherwise);
 - it has a name and its ``holderIdentity`` is that name (``holder_mismatch``);
-- its renewTime is at most ``max_clock_skew`` ahead of the leader's clock
-  (``renew_time_in_future``): a renewTime an hour ahead would otherwise stay in the
-  cloud and hide the node's death for that hour;
-- its renewTime is at most ``heartbeat_interval`` + ``max_clock_skew`` old when it is
-  written to the cloud (``stale``). The cloud takes a lease whose renewTime moved as a
-  heartbeat seen at that moment, whatever time it names; a live node renews at least
-  once an interval, so an older renewal means the node stopped renewing, and
-  forwarding it late (a state queued while the cloud was unreachable, or an old
-  lease a new leader lists) would keep a dead node alive for one more grace period.
-  It is judged when the lease arrives and again before every write;
 - its name is a cloud Node labelled ``apps.openyurt.io/nodepool=<pool>``. The leader
   keeps a label-selected informer of its pool's Nodes for this; until it has listed
   once, leases wait (they are not refused). A name missing from it is looked up once
@@ -29,22 +45,20 @@ lease is forwarded only when
   ``no_such_node``; should the Node join the pool later, its newest lease is
   forwarded then. A Node deleted or moved out of the pool stops the forwarding.
 
-A refused lease is counted by reason and logged once per lease and reason. Only
-``renewTime``, ``holderIdentity``, ``leaseDurationSeconds`` and the delegate annotation
-of a pool lease ever reach the cloud; a lease created in the cloud gets an
-ownerReference to its Node, as the kubelet's own lease has.
+A refused lease is counted by reason and logged once per lease and reason. Of a pool
+lease only its name and the delegate annotation reach the cloud; a lease created in
+the cloud gets an ownerReference to its Node, as the kubelet's own lease has.
 
 Per delegation (one pool lease state to the cloud), through ``LeaseWriter``:
 
 - a healthy cloud server is picked for every delegation and the write goes through
   that server's node-lease-proxy client; one writer per lease and server remembers the
   cloud lease it wrote last, so a renewal is one update;
-- absent: the lease is created; present: the pool's fields are set on it (other cloud
-  annotations stay) and it is updated under its resourceVersion;
-- a cloud renewTime at or after the pool's is left alone: a delegation never moves a
-  cloud lease backwards, e.g. when the node already renewed it directly. That holds
-  for plausible times only: a cloud renewTime beyond the leader's now plus
-  ``max_clock_skew`` (left by an earlier forged forward) is overwritten;
+- absent: the lease is created; present: renewTime, holderIdentity,
+  leaseDurationSeconds and the delegate annotation are set on it (other cloud
+  annotations stay) and it is updated under its resourceVersion. The renewTime is
+  stamped by the attempt that writes, from the cloud lease that attempt read, so it
+  also exceeds a renewal the node or another leader wrote meanwhile;
 - a conflict is re-read and retried, at most ``MAX_ATTEMPTS`` attempts in all.
 
 Concurrency: leases of different nodes are delegated concurrently, but at most one
@@ -54,13 +68,14 @@ the chains finish about as fast as the fastest seen lately and more leases wait,
 shrinks when they fail or stay slow (not for one stall), between ``min_concurrent`` and
 ``max_concurrent``. A pool of 5,000 nodes renewing every 5 s offers 1,000 delegations
 a second: a fixed bound of 16 chains holds that only while a chain takes under 16 ms.
-Events arriving meanwhile only replace the remembered pending state of that lease
-(newest renewTime wins), which runs when the chain finishes. A failed delegation (no
+Changes seen meanwhile only replace the remembered pending state of that lease (the
+one seen last wins), which runs when the chain finishes. A failed delegation (no
 healthy cloud server, the cloud answering errors, conflicts to the end) is counted and
 the newest state of that lease is retried after a capped backoff, so a heartbeat is not
 lost until the next renewal.
 """
 
+import datetime
 from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
 from twisted.internet import defer
@@ -76,9 +91,10 @@ from yurtcoord.tx.retry import DELEGATION_RETRY, Retries
 from yurtcoord.kube.errors import NotFound
 from yurtcoord.kube.gvr import LEASES, NODES
 from yurtcoord.heartbeat.interfaces import ICloudHealthChecker
+from yurtcoord.heartbeat.probes import NODE_LEASE_DURATION_SECONDS
 from yurtcoord.kube.informer import Informer
 from yurtcoord.kube.interfaces import IInformer, IListWatchClient, IObjectClient
-from yurtcoord.kube.lease import format_micro_time, owner_reference_to_node, parse_micro_time
+from yurtcoord.kube.lease import MICRO_TIME_FORMAT, owner_reference_to_node, parse_micro_time
 from yurtcoord.kube.leasewriter import CREATED, UNCHANGED, UPDATED, LeaseWriter
 from yurtcoord.names import DELEGATE_HEARTBEAT_ANNOTATION, NODE_LEASE_NAMESPACE, NODE_POOL_LABEL
 from yurtcoord.role.roles import IRoleComponent
@@ -99,20 +115,20 @@ DEFAULT_MAX_CONCURRENT = 128
 # by tens of milliseconds without the cloud being overloaded, and a bound that shrank
 # on each of those would starve a large pool. Well within a heartbeat interval.
 LATENCY_SLACK = 0.25
-# How far ahead of the leader's clock a forwarded renewTime may be.
-DEFAULT_MAX_CLOCK_SKEW = 5.0
-# The only spec fields a pool lease gives its cloud lease.
-FORWARDED_SPEC_FIELDS = ("holderIdentity", "leaseDurationSeconds", "renewTime")
+# The spec fields the leader sets on a cloud lease; their values are its own.
+CLOUD_SPEC_FIELDS = ("holderIdentity", "leaseDurationSeconds", "renewTime")
+# How much a delegation moves the cloud's renewTime past the one it holds, at least:
+# MicroTime's resolution, the smallest step the node lifecycle controller sees.
+RENEW_TIME_STEP = datetime.timedelta(microseconds=1)
 
 # Why a delegated lease is not forwarded (label ``reason`` of the refused counter).
 REFUSED_NAMESPACE = "namespace"
 REFUSED_NOT_POOL_MEMBER = "not_pool_member"
 REFUSED_NO_SUCH_NODE = "no_such_node"
 REFUSED_HOLDER_MISMATCH = "holder_mismatch"
-REFUSED_RENEW_TIME_IN_FUTURE = "renew_time_in_future"
-REFUSED_STALE = "stale"
+REFUSED_EXPIRED = "expired"
 REFUSAL_REASONS = (REFUSED_NAMESPACE, REFUSED_NOT_POOL_MEMBER, REFUSED_NO_SUCH_NODE,
-                   REFUSED_HOLDER_MISMATCH, REFUSED_RENEW_TIME_IN_FUTURE, REFUSED_STALE)
+                   REFUSED_HOLDER_MISMATCH, REFUSED_EXPIRED)
 # The outcomes of a forwarded heartbeat a delegation observer is told (``LeaseWriter``'s);
 # a refused one is told its reason, one of ``REFUSAL_REASONS``.
 FORWARDED_OUTCOMES = (CREATED, UPDATED)
@@ -145,55 +161,99 @@ def lease_key(lease: Optional[dict]) -> str:
     return f"{metadata.get('namespace') or NODE_LEASE_NAMESPACE}/{metadata.get('name')}"
 
 
-def renew_time_of(lease: Optional[dict]) -> Optional[float]:
-    """``spec.renewTime`` in POSIX seconds; None when absent or malformed."""
-    value = ((lease or {}).get("spec") or {}).get("renewTime")
-    if not value:
-        return None
-    try:
-        return parse_micro_time(value)
-    except (TypeError, ValueError):
-        return None
-
-
 def node_pool(node: dict) -> Optional[str]:
     """The pool a Node is labelled with, or None."""
     return ((node.get("metadata") or {}).get("labels") or {}).get(NODE_POOL_LABEL)
 
 
-def _forwarded_annotation(pool_lease: dict) -> Optional[str]:
+def seen_state(lease: Optional[dict]) -> Tuple[Any, Any]:
+    """What tells two states of a pool lease apart: its renewTime, as written, and its
+    resourceVersion. States are only compared with each other, never with a clock."""
+    lease = lease or {}
+    return ((lease.get("spec") or {}).get("renewTime"),
+            (lease.get("metadata") or {}).get("resourceVersion"))
+
+
+_EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.timezone.utc)
+
+
+def _micro_moment(value: object) -> Optional[datetime.datetime]:
+    """A MicroTime (or RFC 3339) string as an exact UTC datetime, to the microsecond;
+    None when absent or malformed. POSIX seconds in a float lose the microsecond of
+    times far from now, and a renewTime 1 µs past another must be later once written."""
+    if not isinstance(value, str) or not value:
+        return None
+    try:
+        seconds = parse_micro_time(value)
+    except ValueError:
+        return None
+    try:
+        moment = datetime.datetime.fromisoformat(value.strip())
+    except ValueError:
+        moment = None
+    if moment is None or moment.tzinfo is None:
+        return _EPOCH + datetime.timedelta(microseconds=round(seconds * 1e6))
+    return moment.astimezone(datetime.timezone.utc)
+
+
+def stamped_renew_time(now: float, cloud_renew_time: object = None) -> str:
+    """The renewTime a delegation writes to the cloud: the leader's ``now`` (POSIX
+    seconds), or 1 µs past ``cloud_renew_time`` (the cloud lease's ``spec.renewTime``
+    as read) when that is not earlier. The node lifecycle controller counts a
+    heartbeat only when the cloud's renewTime increases; one left ahead of this
+    leader's clock (by a leader whose clock was ahead, or by the node itself) must not
+    swallow the heartbeats this leader forwards."""
+    stamp = _EPOCH + datetime.timedelta(microseconds=round(now * 1e6))
+    current = _micro_moment(cloud_renew_time)
+    if current is not None and current >= stamp:
+        try:
+            stamp = current + RENEW_TIME_STEP
+        except OverflowError:
+            # The last MicroTime there is: nothing is later, and only a time this
+            # leader can vouch for lets the lease increase again afterwards.
+            pass
+    return stamp.strftime(MICRO_TIME_FORMAT)
+
+
+def _delegate_annotation(pool_lease: dict) -> Optional[str]:
     return ((pool_lease.get("metadata") or {}).get("annotations") or {}).get(
         DELEGATE_HEARTBEAT_ANNOTATION)
 
 
-def lease_for_create(pool_lease: dict, node: Optional[dict] = None) -> dict:
-    """The cloud lease to create for a pool lease: its name, the forwarded spec
-    fields, the delegate annotation, and an ownerReference to ``node``."""
+def cloud_lease_spec(name: str, renew_time: str, lease_duration_seconds: int) -> dict:
+    """The spec fields (``CLOUD_SPEC_FIELDS``) a delegation sets on the cloud lease of
+    node ``name``: all of them the leader's, none the pool lease's."""
+    return {"holderIdentity": name, "leaseDurationSeconds": lease_duration_seconds,
+            "renewTime": renew_time}
+
+
+def lease_for_create(pool_lease: dict, renew_time: str, lease_duration_seconds: int,
+                     node: Optional[dict] = None) -> dict:
+    """The cloud lease to create for a pool lease: its name, the delegate annotation,
+    the leader's spec (``cloud_lease_spec``) and an ownerReference to ``node``."""
     source = pool_lease.get("metadata") or {}
     metadata = {"name": source["name"],
                 "namespace": source.get("namespace") or NODE_LEASE_NAMESPACE,
-                "annotations": {DELEGATE_HEARTBEAT_ANNOTATION: _forwarded_annotation(pool_lease)}}
+                "annotations": {DELEGATE_HEARTBEAT_ANNOTATION: _delegate_annotation(pool_lease)}}
     owner = owner_reference_to_node(node)
     if owner is not None:
         metadata["ownerReferences"] = [owner]
-    spec = pool_lease.get("spec") or {}
     return {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": metadata,
-            "spec": {field: spec[field] for field in FORWARDED_SPEC_FIELDS if field in spec}}
+            "spec": cloud_lease_spec(source["name"], renew_time, lease_duration_seconds)}
 
 
-def merged_cloud_lease(cloud_lease: dict, pool_lease: dict) -> dict:
-    """The cloud lease carrying the pool lease's forwarded spec fields and delegate
-    annotation; everything else of the cloud lease stays, its resourceVersion too, so
-    the update is optimistic."""
+def merged_cloud_lease(cloud_lease: dict, pool_lease: dict, renew_time: str,
+                       lease_duration_seconds: int) -> dict:
+    """The cloud lease with the leader's spec (``cloud_lease_spec``) and the pool
+    lease's delegate annotation; everything else of the cloud lease stays, its
+    resourceVersion too, so the update is optimistic."""
     metadata = dict(cloud_lease.get("metadata") or {})
     annotations = dict(metadata.get("annotations") or {})
-    annotations[DELEGATE_HEARTBEAT_ANNOTATION] = _forwarded_annotation(pool_lease)
+    annotations[DELEGATE_HEARTBEAT_ANNOTATION] = _delegate_annotation(pool_lease)
     metadata["annotations"] = annotations
     spec = dict(cloud_lease.get("spec") or {})
-    pool_spec = pool_lease.get("spec") or {}
-    for field in FORWARDED_SPEC_FIELDS:
-        if field in pool_spec:
-            spec[field] = pool_spec[field]
+    spec.update(cloud_lease_spec(pool_lease["metadata"]["name"], renew_time,
+                                 lease_duration_seconds))
     lease = dict(cloud_lease)
     lease["metadata"] = metadata
     lease["spec"] = spec
@@ -205,27 +265,23 @@ class NoHealthyCloudServer(Exception):
 
 
 class _Heartbeat:
-    """One pool state of a lease waiting to be delegated, and since when the oldest
-    state it replaced has been waiting (for the latency metric)."""
+    """One state of a pool lease on its way to the cloud: when the leader saw it (its
+    own clock: the moment of the heartbeat, which bounds how late it may still be
+    written), and since when the oldest state it replaced has been waiting (for the
+    latency metric)."""
 
-    __slots__ = ("lease", "renew_time", "since")
+    __slots__ = ("lease", "seen", "since")
 
-    def __init__(self, lease: dict, since: float, renew_time: Optional[float]) -> None:
+    def __init__(self, lease: dict, seen: float, since: float) -> None:
         self.lease = lease
-        # ``renew_time_of(lease)``, parsed once when the state arrived.
-        self.renew_time = renew_time
+        self.seen = seen
         self.since = since
 
 
 def _newest(old: _Heartbeat, new: _Heartbeat) -> _Heartbeat:
-    """The state to forward of two states of one lease: ``new`` unless it renews
-    earlier than ``old`` (a delegation never moves a lease backwards), waiting
+    """The state to forward of two states of one lease: the one seen last, waiting
     since the older of the two."""
-    since = min(old.since, new.since)
-    if old.renew_time is not None and (new.renew_time is None
-                                       or new.renew_time < old.renew_time):
-        return _Heartbeat(old.lease, since, old.renew_time)
-    return _Heartbeat(new.lease, since, new.renew_time)
+    return _Heartbeat(new.lease, max(old.seen, new.seen), min(old.since, new.since))
 
 
 @implementer(IRoleComponent)
@@ -247,9 +303,11 @@ class HeartbeatDelegation:
     - ``cloud_client_for(url)`` → the client of that cloud server using the
       node-lease-proxy certificate. Clients are borrowed: the caller owns and
       closes them;
-    - ``pool``: the agent's ``[node] pool``; ``max_clock_skew``: seconds;
-    - ``heartbeat_interval``: the pool's ``[heartbeat] interval`` in seconds; with
-      ``max_clock_skew`` it bounds the age of a renewal that is still forwarded;
+    - ``pool``: the agent's ``[node] pool``;
+    - ``heartbeat_interval``: the pool's ``[heartbeat] interval`` in seconds: a state
+      seen longer ago is not written any more;
+    - ``lease_duration_seconds``: the ``leaseDurationSeconds`` of the cloud leases it
+      writes, the agents' own node lease duration unless named;
     - ``metrics``: optional, an ``IDelegationMetrics``;
     - ``make_backoff()`` → a ``yurtcoord.tx.retry.Retries`` for the retries of one lease.
 
@@ -265,13 +323,13 @@ class HeartbeatDelegation:
                  make_node_informer: Callable[[str], IInformer], node_client: IObjectClient,
                  pick_healthy_server: Callable[[], Optional[str]],
                  cloud_client_for: Callable[[str], IObjectClient],
-                 pool: str, max_clock_skew: float = DEFAULT_MAX_CLOCK_SKEW,
-                 metrics: Optional[IDelegationMetrics] = None,
+                 pool: str, metrics: Optional[IDelegationMetrics] = None,
                  make_backoff: Optional[Callable[[], RetryPolicy]] = None,
                  max_attempts: int = MAX_ATTEMPTS,
                  max_concurrent: int = DEFAULT_MAX_CONCURRENT,
                  heartbeat_interval: float = DEFAULT_HEARTBEAT_INTERVAL,
-                 min_concurrent: int = DEFAULT_MIN_CONCURRENT) -> None:
+                 min_concurrent: int = DEFAULT_MIN_CONCURRENT,
+                 lease_duration_seconds: int = NODE_LEASE_DURATION_SECONDS) -> None:
         if max_concurrent < 1:
             raise ValueError("max_concurrent must be at least 1")
         if min_concurrent < 1:
@@ -285,8 +343,8 @@ class HeartbeatDelegation:
         self._pick_healthy_server = pick_healthy_server
         self._cloud_client_for = cloud_client_for
         self.pool = pool
-        self.max_clock_skew = max_clock_skew
         self.heartbeat_interval = heartbeat_interval
+        self.lease_duration_seconds = lease_duration_seconds
         self._metrics = metrics
         self._max_attempts = max_attempts
         self._informer: Optional[IInformer] = None
@@ -307,18 +365,19 @@ class HeartbeatDelegation:
         self._writers: Dict[str, Tuple[str, LeaseWriter]] = {}
         self._cloud_unavailable = False
         self._running = False
-        # The pool's Nodes by name, once the node informer listed; leases offered
-        # before that wait in ``_waiting`` (key -> newest lease).
+        # The pool's Nodes by name, once the node informer listed; states seen
+        # before that wait in ``_waiting`` (key -> the state seen last).
         self._nodes: Dict[str, dict] = {}
         self._nodes_synced = False
-        self._waiting: Dict[str, dict] = {}
+        self._waiting: Dict[str, _Heartbeat] = {}
         # Node name -> reason, for names found missing from the pool by a cloud read;
         # name -> Deferred of that read while it runs.
         self._absent: Dict[str, str] = {}
         self._classifying: Dict[str, defer.Deferred[Any]] = {}
-        # Node name -> the newest delegated lease refused because its Node was not
-        # in the pool: forwarded if the Node shows up in the pool after all.
-        self._parked: Dict[str, dict] = {}
+        # Node name -> the state seen last of a delegated lease refused because its
+        # Node was not in the pool: forwarded if the Node shows up in the pool after
+        # all (and the state is still fresh then).
+        self._parked: Dict[str, _Heartbeat] = {}
         # (key, reason) pairs already logged.
         self._logged: Set[Tuple[str, str]] = set()
         # Counters for /status and tests; they survive leadership terms.
@@ -354,8 +413,9 @@ class HeartbeatDelegation:
         """Call ``observer(node, outcome)`` once for each delegated heartbeat of
         ``node`` written to the cloud (outcome ``created`` or ``updated``, see
         ``FORWARDED_OUTCOMES``) and once for each one refused (outcome the reason, one
-        of ``REFUSAL_REASONS``), in the turn it happens. A state the cloud already had
-        (``skipped``) is neither. A failing observer is logged and changes nothing."""
+        of ``REFUSAL_REASONS``), in the turn it happens. A state not written because
+        its Node left the pool meanwhile (``skipped``) is neither. A failing observer
+        is logged and changes nothing."""
         self._observers.add(observer)
 
     # -- what /status reads ------------------------------------------------------
@@ -389,12 +449,19 @@ class HeartbeatDelegation:
         """Whether this term's informer of the pool's Nodes has listed once."""
         return self._nodes_synced
 
+    @property
+    def pool_leases_listed(self) -> bool:
+        """Whether this term's informer of the pool leases has listed once: from then
+        on every change of a lease is one this leader sees."""
+        return self._running and not self._listing()
+
     # -- IRoleComponent ----------------------------------------------------------
 
     def start(self, store: object = None) -> defer.Deferred[None]:
-        """Watch the pool's Nodes in the cloud and the leases on the coordinator; the
-        lease informer's initial list offers every currently delegated lease at once
-        (forwarded once the Nodes are listed). The pool store is not used."""
+        """Watch the pool's Nodes in the cloud and the leases on the coordinator. What
+        the lease informer lists first is where this term starts from, not a change
+        this leader saw: each lease is forwarded when it next changes (once the Nodes
+        are listed). The pool store is not used."""
         if self._running:
             return defer.succeed(None)
         self._running = True
@@ -472,8 +539,8 @@ class HeartbeatDelegation:
         self.log.info("heartbeat delegation: {count} nodes in pool {pool}, "
                       "{waiting} delegated leases waited for the list",
                       count=len(self._nodes), pool=self.pool, waiting=len(waiting))
-        for lease in waiting.values():
-            self._offer(lease)
+        for key, state in waiting.items():
+            self._place(key, state)
 
     def _on_node(self, node: dict) -> None:
         if not self._running:
@@ -483,7 +550,7 @@ class HeartbeatDelegation:
         self._absent.pop(name, None)
         parked = self._parked.pop(name, None)
         if parked is not None and self._nodes_synced:
-            self._offer(parked)
+            self._place(lease_key(parked.lease), parked)
 
     def _on_node_gone(self, node: dict) -> None:
         """A pool Node deleted or moved out of the pool: its heartbeats stop here."""
@@ -499,11 +566,22 @@ class HeartbeatDelegation:
 
     # -- informer events ---------------------------------------------------------
 
+    def _listing(self) -> bool:
+        """Whether the lease informer is still at its first list of this term (or
+        handing over what it holds as a handler is added): what it delivers then is
+        where the term starts from, not a change this leader saw."""
+        informer = self._informer
+        return informer is None or not informer.has_synced
+
     def _on_add(self, lease: dict) -> None:
-        self._offer(lease)
+        # After the first list, an add is a lease created while this leader watched
+        # (or, in a relist, meanwhile): a change it saw.
+        if not self._listing():
+            self._offer(lease)
 
     def _on_update(self, old: dict, new: dict) -> None:
-        self._offer(new)
+        if not self._listing() and seen_state(new) != seen_state(old):
+            self._offer(new)
 
     def _on_delete(self, lease: dict) -> None:
         if not self._running:
@@ -516,6 +594,7 @@ class HeartbeatDelegation:
         self._forget_pending(key)
 
     def _offer(self, lease: dict) -> None:
+        """A change of a pool lease, seen now."""
         if not self._running:
             return
         key = lease_key(lease)
@@ -527,36 +606,37 @@ class HeartbeatDelegation:
             self._unpark(lease)
             self._forget_pending(key)
             return
-        renewed = renew_time_of(lease)
-        refusal = self._refusal(lease, renewed)
+        refusal = self._refusal(lease)
         if refusal is not None:
             self._refuse(key, *refusal)
             return
+        now = self._reactor.seconds()
+        self._place(key, _Heartbeat(lease, now, now))
+
+    def _place(self, key: str, state: _Heartbeat) -> None:
+        """A state that passed the checks of the lease itself: it waits for the Nodes'
+        list, is refused (and parked) when its name is not a Node of the pool, or
+        goes to the queue."""
         if not self._nodes_synced:
-            waiting = self._waiting.get(key)
-            if waiting is None or _newer_or_equal(lease, waiting):
-                self._waiting[key] = lease
+            self._waiting[key] = state
             return
-        name = lease["metadata"]["name"]
+        name = state.lease["metadata"]["name"]
         if name not in self._nodes:
-            parked = self._parked.get(name)
-            if parked is None or _newer_or_equal(lease, parked):
-                self._parked[name] = lease
+            self._parked[name] = state
             self._not_in_pool(key, name)
             return
         self._parked.pop(name, None)
-        self._accept(key, lease, renewed)
+        self._queue.add(key, _Heartbeat(state.lease, state.seen, self._reactor.seconds()))
 
     def _unpark(self, lease: dict) -> None:
         """Forget the parked state of ``lease``'s name if it is this lease's."""
         name = _name_of(lease)
         parked = self._parked.get(name)
-        if parked is not None and lease_key(parked) == lease_key(lease):
+        if parked is not None and lease_key(parked.lease) == lease_key(lease):
             del self._parked[name]
 
-    def _refusal(self, lease: dict, renewed: Optional[float]) -> Optional[Tuple[str, str]]:
-        """(reason, detail) when the lease itself says it must not be forwarded;
-        ``renewed``: its renewTime (``renew_time_of``)."""
+    def _refusal(self, lease: dict) -> Optional[Tuple[str, str]]:
+        """(reason, detail) when the lease itself says it must not be forwarded."""
         metadata = lease.get("metadata") or {}
         spec = lease.get("spec") or {}
         namespace = metadata.get("namespace")
@@ -569,26 +649,7 @@ class HeartbeatDelegation:
             return REFUSED_HOLDER_MISMATCH, "the lease has no name"
         if holder != name:
             return REFUSED_HOLDER_MISMATCH, f"holderIdentity {holder!r} is not the lease's name"
-        ahead = None if renewed is None else renewed - self._reactor.seconds()
-        if ahead is not None and ahead > self.max_clock_skew:
-            return REFUSED_RENEW_TIME_IN_FUTURE, (
-                f"renewTime {spec.get('renewTime')} is {ahead:.1f}s ahead of this leader's "
-                f"clock (max_clock_skew {format_duration(self.max_clock_skew)})")
-        return self._staleness(lease, renewed)
-
-    def _staleness(self, lease: dict, renewed: Optional[float]) -> Optional[Tuple[str, str]]:
-        """(reason, detail) when the lease's renewTime, ``renewed``, is too old to be
-        forwarded now."""
-        if renewed is None:
-            return None
-        age = self._reactor.seconds() - renewed
-        limit = self.heartbeat_interval + self.max_clock_skew
-        if age <= limit:
-            return None
-        return REFUSED_STALE, (
-            f"renewTime {lease['spec'].get('renewTime')} is {age:.1f}s old, more than the "
-            f"heartbeat interval {format_duration(self.heartbeat_interval)} + max_clock_skew "
-            f"{format_duration(self.max_clock_skew)}: the node stopped renewing")
+        return None
 
     def _not_in_pool(self, key: str, name: str) -> None:
         """A delegated lease whose name is not a Node of the pool: refused; a cloud
@@ -640,9 +701,6 @@ class HeartbeatDelegation:
                           "(reason={reason}): {detail}", lease=key, reason=reason,
                           detail=detail)
 
-    def _accept(self, key: str, lease: dict, renewed: Optional[float]) -> None:
-        self._queue.add(key, _Heartbeat(lease, self._reactor.seconds(), renewed))
-
     def _forget_pending(self, key: str) -> None:
         self._queue.forget(key)
 
@@ -650,7 +708,7 @@ class HeartbeatDelegation:
 
     def _delegate_state(self, key: str, state: _Heartbeat
                         ) -> defer.Deferred[Tuple[str, Optional[str]]]:
-        return self._delegate(key, state.lease, state.renew_time)
+        return self._delegate(key, state)
 
     def _delegated(self, key: str, state: _Heartbeat, result: Tuple[str, Optional[str]],
                    failures: int) -> None:
@@ -695,19 +753,24 @@ class HeartbeatDelegation:
                            "retry in {delay:.2f}s", lease=key, error=describe_failure(failure),
                            delay=delay)
 
-    def _delegate(self, key: str, pool_lease: dict, pool_renewed: Optional[float]
+    def _delegate(self, key: str, state: _Heartbeat
                   ) -> defer.Deferred[Tuple[str, Optional[str]]]:
-        """One delegation of ``pool_lease``, renewed at ``pool_renewed``; fires with
-        (outcome, server), outcome being ``LeaseWriter``'s created, updated or
-        unchanged."""
+        """One delegation of the pool lease state ``state``; fires with (outcome,
+        server), outcome being ``LeaseWriter``'s created or updated, or unchanged when
+        nothing was written."""
+        pool_lease = state.lease
         node = self._nodes.get(pool_lease["metadata"]["name"])
-        if pool_renewed is None or node is None:
+        if node is None:
             return defer.succeed((UNCHANGED, None))
-        stale = self._staleness(pool_lease, pool_renewed)
-        if stale is not None:
-            # Queued while the cloud was unreachable, and too old by now. The chain
-            # ends as a no-op; a newer state of the lease (if any) runs after it.
-            self._count_refusal(key, *stale)
+        age = self._reactor.seconds() - state.seen
+        if age > self.heartbeat_interval:
+            # Held back (the cloud unreachable, a retry's backoff) and no change of
+            # the lease seen since. The chain ends as a no-op; a newer state of the
+            # lease (if any) runs after it.
+            self._count_refusal(key, REFUSED_EXPIRED, (
+                f"this leader saw that state {age:.1f}s ago and no change since, more "
+                f"than the heartbeat interval {format_duration(self.heartbeat_interval)}: "
+                "the node stopped renewing its pool lease"))
             return defer.succeed((UNCHANGED, None))
         server = self._pick_healthy_server()
         if server is None:
@@ -717,23 +780,25 @@ class HeartbeatDelegation:
         except Exception as error:
             return defer.fail(error)
 
-        def change(current: Optional[dict]) -> Optional[dict]:
-            if current is None:
-                return lease_for_create(pool_lease, node)
-            cloud_renewed = renew_time_of(current)
-            if cloud_renewed is not None and cloud_renewed >= pool_renewed:
-                if cloud_renewed <= self._reactor.seconds() + self.max_clock_skew:
-                    return None  # never backwards
-                self.log.info("cloud lease {lease} had renewTime {renew_time}, beyond this "
-                              "leader's clock; replaced by {pool_renew_time}", lease=key,
-                              renew_time=format_micro_time(cloud_renewed),
-                              pool_renew_time=format_micro_time(pool_renewed))
-            return merged_cloud_lease(current, pool_lease)
+        def change(current: Optional[dict]) -> dict:
+            return self._cloud_lease_from(current, pool_lease, node)
 
         started = self._reactor.seconds()
         written = writer.write(change)
         written.addBoth(self._sampled, started)
         return written.addCallback(lambda write: (write.outcome, server))
+
+    def _cloud_lease_from(self, current: Optional[dict], pool_lease: dict,
+                          node: dict) -> dict:
+        """The cloud lease one attempt of a delegation writes, over ``current`` (as
+        read or last written; None: absent), stamped with this leader's time now: a
+        conflict re-reads, and the next attempt exceeds, a renewTime someone else
+        wrote meanwhile."""
+        renew_time = stamped_renew_time(
+            self._reactor.seconds(), ((current or {}).get("spec") or {}).get("renewTime"))
+        if current is None:
+            return lease_for_create(pool_lease, renew_time, self.lease_duration_seconds, node)
+        return merged_cloud_lease(current, pool_lease, renew_time, self.lease_duration_seconds)
 
     def _sampled(self, result: Any, started: float) -> Any:
         """One sample of the cloud's latency for the bound on chains in flight (this
@@ -769,11 +834,6 @@ def _name_of(obj: dict) -> str:
     """``metadata.name`` of an object, "" when it has none (no lease of that name is
     ever accepted)."""
     return str((obj.get("metadata") or {}).get("name") or "")
-
-
-def _newer_or_equal(lease: dict, than: dict) -> bool:
-    renewed, other = renew_time_of(lease), renew_time_of(than)
-    return other is None or (renewed is not None and renewed >= other)
 
 
 def _absent_detail(reason: str, name: str, pool: str) -> str:

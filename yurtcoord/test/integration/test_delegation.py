@@ -1,6 +1,7 @@
 """Heartbeat delegation end to end on real sockets: a plain coordinator API server, a
 cloud API server that requires client certificates, and the real informer and
-clients in between."""
+clients in between. The leader forwards the changes of a pool lease it sees, with its
+own time."""
 
 import os
 from types import SimpleNamespace
@@ -50,10 +51,10 @@ class DelegationLiveTests(unittest.TestCase):
         self.delegation = HeartbeatDelegation.for_coordinator(
             reactor, self.pool_client, self.proxy_client, cloud_health, clients.__getitem__,
             POOL, make_backoff=lambda: Retries(backoff_policy(initial=0.05, maximum=0.5)),
-            heartbeat_interval=3600.0)
+            heartbeat_interval=30.0)
         self.addCleanup(self.delegation.stop)
-        # Renewals a little in the past of the real clock (fresh, with the hour-long
-        # interval above).
+        # The pool leases name renewTimes a minute in the past of the real clock, as a
+        # node whose clock is behind writes them: the cloud gets the leader's time.
         self.t0 = float(int(reactor.seconds()) - 60)
 
     def cloud_renew_time(self, name):
@@ -61,6 +62,21 @@ class DelegationLiveTests(unittest.TestCase):
         if lease is None:
             return None
         return parse_micro_time(lease["spec"]["renewTime"])
+
+    def renew(self, name, renewed):
+        """The node renews its pool lease, naming ``renewed``; returns the real time
+        it did."""
+        pooled = self.pool.store.get(LEASES, name, NODE_LEASE_NAMESPACE)
+        pooled["spec"]["renewTime"] = format_micro_time(renewed)
+        self.pool.store.update(LEASES, pooled)
+        return reactor.seconds()
+
+    @defer.inlineCallbacks
+    def started(self):
+        """Start the delegation; fire once both its informers have listed."""
+        yield self.delegation.start(None)
+        yield poll_until(lambda: self.delegation.pool_nodes_listed
+                         and self.delegation.pool_leases_listed, what="leases and nodes listed")
 
     def pool_lease(self, name, renewed, delegated=True):
         lease = pool_lease(name, renewed, delegated=delegated)
@@ -72,12 +88,17 @@ class DelegationLiveTests(unittest.TestCase):
 
     @defer.inlineCallbacks
     def test_delegated_leases_reach_the_cloud_through_the_proxy_certificate(self):
-        # Delegated before this agent led: forwarded by the initial list.
+        # Delegated before this agent led: listed as it starts, no change it saw.
         self.pool.store.create(LEASES, self.pool_lease("node-b", self.t0 + 1))
         self.pool.store.create(LEASES, self.pool_lease("node-c", self.t0 + 1, delegated=False))
-        yield self.delegation.start(None)
-        yield poll_until(lambda: self.cloud_renew_time("node-b") == self.t0 + 1,
+        yield self.started()
+        self.assertIsNone(self.cloud_renew_time("node-b"))
+        # node-b renews: that change is forwarded, stamped when the leader saw it.
+        renewed_at = self.renew("node-b", self.t0 + 2)
+        yield poll_until(lambda: self.cloud_renew_time("node-b") is not None,
                          what="node-b's lease created in the cloud")
+        self.assertGreaterEqual(self.cloud_renew_time("node-b"), renewed_at - 0.001)
+        self.assertLessEqual(self.cloud_renew_time("node-b"), reactor.seconds())
         created = self.cloud.store.get(LEASES, "node-b", NODE_LEASE_NAMESPACE)
         pooled = self.pool.store.get(LEASES, "node-b", NODE_LEASE_NAMESPACE)
         node = self.cloud.store.get(NODES, "node-b")
@@ -89,43 +110,48 @@ class DelegationLiveTests(unittest.TestCase):
             "uid": node["metadata"]["uid"]}])
         self.assertNotEqual(created["metadata"]["uid"], pooled["metadata"]["uid"])
 
-        # Renewals advance the cloud lease.
-        for step in (2, 3):
-            pooled = self.pool.store.get(LEASES, "node-b", NODE_LEASE_NAMESPACE)
-            pooled["spec"]["renewTime"] = format_micro_time(self.t0 + step)
-            self.pool.store.update(LEASES, pooled)
-            yield poll_until(lambda: self.cloud_renew_time("node-b") == self.t0 + step,
+        # Renewals advance the cloud lease, each with the leader's time.
+        for step in (3, 4):
+            before = self.cloud_renew_time("node-b")
+            renewed_at = self.renew("node-b", self.t0 + step)
+            yield poll_until(lambda: self.cloud_renew_time("node-b") != before,
                              what=f"renewal {step} forwarded")
+            self.assertGreaterEqual(self.cloud_renew_time("node-b"), renewed_at - 0.001)
         self.assertIsNone(self.cloud.store.get(LEASES, "node-c", NODE_LEASE_NAMESPACE))
 
-        # A newer renewal the node wrote itself is never moved back.
+        # A renewal the node wrote itself, its clock an hour ahead, is exceeded by the
+        # next forward: the cloud's renewTime only ever increases.
+        planted = float(int(reactor.seconds()) + 3600)
         cloud = self.cloud.store.get(LEASES, "node-b", NODE_LEASE_NAMESPACE)
-        cloud["spec"]["renewTime"] = format_micro_time(self.t0 + 50)
+        cloud["spec"]["renewTime"] = format_micro_time(planted)
         self.cloud.store.update(LEASES, cloud)
-        pooled = self.pool.store.get(LEASES, "node-b", NODE_LEASE_NAMESPACE)
-        pooled["spec"]["renewTime"] = format_micro_time(self.t0 + 4)
-        self.pool.store.update(LEASES, pooled)
-        yield poll_until(lambda: self.delegation.skipped >= 1,
-                         what="older renewal skipped")
-        self.assertEqual(self.cloud_renew_time("node-b"), self.t0 + 50)
+        self.renew("node-b", self.t0 + 5)
+        yield poll_until(lambda: self.cloud_renew_time("node-b") != planted,
+                         what="the renewal after the planted one forwarded")
+        self.assertEqual(self.cloud.store.get(LEASES, "node-b", NODE_LEASE_NAMESPACE)
+                         ["spec"]["renewTime"], format_micro_time(planted + 0.000001))
 
         subjects = set(self.cloud.client_subjects)
         self.assertEqual(subjects, {"CN=system:node-lease-proxy,O=openyurt:yurt-coordinator"})
-        self.assertEqual(self.delegation.delegated_heartbeats, 3)
+        self.assertEqual(self.delegation.delegated_heartbeats, 4)
         self.assertEqual(self.delegation.failures, 0)
+        self.assertEqual(self.delegation.refused["expired"], 0)
 
     @defer.inlineCallbacks
     def test_cloud_down_then_back_the_newest_state_is_delivered(self):
-        yield self.delegation.start(None)
         # The pool's Nodes listed while the cloud answered stay known during the outage.
-        yield poll_until(lambda: self.delegation.pool_nodes_listed, what="pool nodes listed")
+        yield self.started()
         yield self.cloud.faults.down()
+        # A lease created after the list is a change the leader saw.
         self.pool.store.create(LEASES, self.pool_lease("node-b", self.t0 + 1))
         yield poll_until(lambda: self.delegation.failures >= 1,
                          what="a failed delegation")
-        pooled = self.pool.store.get(LEASES, "node-b", NODE_LEASE_NAMESPACE)
-        pooled["spec"]["renewTime"] = format_micro_time(self.t0 + 2)
-        self.pool.store.update(LEASES, pooled)
+        self.renew("node-b", self.t0 + 2)
+        up_at = reactor.seconds()
         yield self.cloud.faults.up()
-        yield poll_until(lambda: self.cloud_renew_time("node-b") == self.t0 + 2,
+        yield poll_until(lambda: self.cloud_renew_time("node-b") is not None,
                          what="newest state delivered after the cloud came back")
+        self.assertGreaterEqual(self.cloud_renew_time("node-b"), up_at - 0.001)
+        # The two states seen during the outage were one write.
+        self.assertEqual(self.delegation.delegated_heartbeats, 1)
+        self.assertEqual(self.delegation.refused["expired"], 0)

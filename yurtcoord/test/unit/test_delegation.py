@@ -1,7 +1,8 @@
 """Heartbeat delegation with a Clock and in-memory fakes: what the leader forwards of
 the pool's delegated node leases to the cloud, with concurrency, conflicts, retries
-and stop; the rules deciding which leases are forwarded; the observers; and the shape
-of the cloud lease it writes."""
+and stop; the rules deciding which leases are forwarded; how the leader stamps the
+cloud lease with its own clock, whatever clocks the nodes and earlier leaders kept;
+the observers; and the shape of the cloud lease it writes."""
 
 from twisted.internet.task import Clock
 from twisted.logger import Logger, LogLevel, formatEvent
@@ -11,12 +12,15 @@ from zope.interface import implementer
 from zope.interface.verify import verifyObject
 
 from yurtcoord.heartbeat.delegation import (
-    DELEGATE_HEARTBEAT_ANNOTATION, MAX_ATTEMPTS, NODE_LEASE_NAMESPACE, HeartbeatDelegation,
-    IDelegationMetrics, lease_for_create, merged_cloud_lease,
+    DELEGATE_HEARTBEAT_ANNOTATION, MAX_ATTEMPTS, NODE_LEASE_NAMESPACE, REFUSAL_REASONS,
+    HeartbeatDelegation, IDelegationMetrics, lease_for_create, merged_cloud_lease,
+    stamped_renew_time,
 )
+from yurtcoord.heartbeat.probes import NODE_LEASE_DURATION_SECONDS
 from yurtcoord.tx.retry import Retries, backoff_policy
 from yurtcoord.kube.errors import Conflict, ServerError
 from yurtcoord.kube.gvr import LEASES, NODES
+from yurtcoord.kube.interfaces import IInformer, IObjectClient
 from yurtcoord.kube.lease import format_micro_time, parse_micro_time
 from yurtcoord.names import COORDINATOR_SERVER_ANNOTATION, ETCD_MEMBER_ANNOTATION
 from yurtcoord.testing.delegationobjects import POOL, pool_lease, pool_node
@@ -25,8 +29,9 @@ from yurtcoord.testing.fakeinformer import FakeInformer
 from yurtcoord.testing.fakekube import FakeKube
 
 T0 = 1_800_000_000.0
-# The leader's clock in the logic tests: the pool leases renewed at T0 + a few
-# seconds lie in its past.
+# The leader's clock in the logic tests. The pool leases name renewTimes of T0 + a few
+# seconds, 1000 s behind it, as nodes whose clocks run behind write them: the leader
+# never compares them with its clock.
 NOW = T0 + 1000.0
 CLOUD_A = "https://cloud-a:6443"
 CLOUD_B = "https://cloud-b:6443"
@@ -48,6 +53,21 @@ def sent(kube, verb):
     return [body for called, body in kube.bodies if called == verb]
 
 
+def micros(time):
+    """POSIX microseconds, exactly, of a MicroTime string or of POSIX seconds (times
+    of this century: a float holds their microseconds)."""
+    seconds = parse_micro_time(time) if isinstance(time, str) else time
+    return round(seconds * 1_000_000)
+
+
+def renewed_by_node(name, renewed):
+    """``pool_lease(name, renewed)``, with the resourceVersion the coordinator gave
+    that renewal (each write of a lease moves it)."""
+    lease = pool_lease(name, renewed)
+    lease["metadata"]["resourceVersion"] = str(micros(renewed))
+    return lease
+
+
 @implementer(IDelegationMetrics)
 class FakeMetrics:
     def __init__(self):
@@ -66,7 +86,7 @@ class FakeMetrics:
 
 
 class DelegationFixture:
-    """One delegation component over fakes; the clock is a ``Clock``."""
+    """One delegation component over fakes; the clock is a ``Clock``, the leader's."""
 
     # Nodes of the pool the node informer lists at start.
     pool_nodes = ("node-a", "node-b", "node-c", "node-d", "node-ghost",
@@ -80,7 +100,7 @@ class DelegationFixture:
         self.node_selectors = []
         # The cloud's Nodes as a read of one Node sees them (other pools included).
         self.node_reader = FakeKube()
-        self.clouds = {CLOUD_A: FakeKube(), CLOUD_B: FakeKube()}
+        self.clouds = {CLOUD_A: FakeKube(self.clock), CLOUD_B: FakeKube(self.clock)}
         self.cloud = self.clouds[CLOUD_A]
         self.health = FakeHealth(picks_from=[CLOUD_A])
         self.metrics = FakeMetrics()
@@ -100,19 +120,23 @@ class DelegationFixture:
             return self.nodes
 
         verifyObject(IDelegationMetrics, self.metrics)
-        # The fixture's leases were renewed at T0 + a few seconds while its clock reads
-        # NOW, 1000 s later: an hour-long interval keeps them fresh, except in the tests
-        # of stale renewals, which name their interval.
-        kwargs.setdefault("heartbeat_interval", 3600.0)
+        verifyObject(IInformer, self.informer)
+        verifyObject(IInformer, self.nodes)
+        verifyObject(IObjectClient, self.node_reader)
+        for cloud in self.clouds.values():
+            verifyObject(IObjectClient, cloud)
         return HeartbeatDelegation(
             self.clock, lambda: self.informer, make_node_informer, self.node_reader,
             self.health.pick_healthy_server, client_for, POOL, metrics=self.metrics,
             make_backoff=make_backoff, **kwargs)
 
-    def start(self, listed=True):
-        """Start; with ``listed``, the node informer lists ``pool_nodes`` at once."""
+    def start(self, listed=True, leases=()):
+        """Start. The lease informer's first list holds ``leases``, what the
+        coordinator held as this term started; with ``listed``, the node informer
+        lists ``pool_nodes`` at once."""
         d = self.delegation.start(None)
         self.assertIsNone(self.successResultOf(d))
+        self.informer.end_list(leases)
         if listed:
             self.list_nodes()
 
@@ -124,6 +148,18 @@ class DelegationFixture:
     def stored(self, name, cloud=None):
         return (cloud or self.cloud).peek(LEASES, name, NODE_LEASE_NAMESPACE)
 
+    def renewed(self, name, cloud=None):
+        """The renewTime of ``name``'s cloud lease in POSIX microseconds; None
+        without a lease."""
+        lease = self.stored(name, cloud)
+        return None if lease is None else micros(lease["spec"]["renewTime"])
+
+    def written(self, name, cloud=None):
+        """The renewTimes (POSIX microseconds) of every write of ``name``'s cloud
+        lease the cloud took, in order."""
+        return [micros(lease["spec"]["renewTime"]) for _at, lease in (cloud or self.cloud).writes
+                if lease["metadata"]["name"] == name]
+
 
 # The annotations a coordinator prober sets on a pool lease besides the delegate one.
 SERVERS_IN_USE = {ETCD_MEMBER_ANNOTATION: "https://10.0.0.1:2379",
@@ -133,7 +169,7 @@ SERVERS_IN_USE = {ETCD_MEMBER_ANNOTATION: "https://10.0.0.1:2379",
 class DelegationLogicTests(DelegationFixture, unittest.TestCase):
     """Forwarding: what is written, concurrency, conflicts, retries, stop."""
 
-    def test_absent_cloud_lease_is_created_from_the_pool_lease(self):
+    def test_absent_cloud_lease_is_created_for_the_pool_lease(self):
         # The seed created its empty get result instead (fix 1).
         self.start()
         # What the node's agent uses of the pool stays in the pool, as any other annotation.
@@ -144,11 +180,11 @@ class DelegationLogicTests(DelegationFixture, unittest.TestCase):
         self.informer.add(lease)
         created = self.stored("node-b")
         self.assertIsNotNone(created)
-        # Only the forwarded fields: renewTime, holderIdentity, leaseDurationSeconds
-        # and the delegate annotation; no labels, no other annotation or spec field.
+        # The leader's spec: its own time, its own lease duration, the node as holder;
+        # no label, no other annotation or spec field of the pool lease.
         self.assertEqual(created["spec"], {"holderIdentity": "node-b",
-                                           "leaseDurationSeconds": 40,
-                                           "renewTime": lease["spec"]["renewTime"]})
+                                           "leaseDurationSeconds": NODE_LEASE_DURATION_SECONDS,
+                                           "renewTime": format_micro_time(NOW)})
         [body] = sent(self.cloud, "create")
         self.assertEqual(body["metadata"], {
             "name": "node-b", "namespace": NODE_LEASE_NAMESPACE,
@@ -164,8 +200,9 @@ class DelegationLogicTests(DelegationFixture, unittest.TestCase):
         self.assertEqual(self.metrics.observed, [(0.0, True)])
         # The pool lease object the informer holds is not modified.
         self.assertEqual(lease["metadata"]["uid"], "pool-uid-node-b")
+        self.assertEqual(lease["spec"]["renewTime"], format_micro_time(T0 + 1))
 
-    def test_present_cloud_lease_gets_only_the_forwarded_fields(self):
+    def test_present_cloud_lease_gets_only_the_leaders_fields(self):
         present = cloud_lease(
             "node-b", T0, holder="node-b-cloud",
             annotations={"cloud.example/keep": "yes", "shared.example/x": "cloud"})
@@ -180,8 +217,8 @@ class DelegationLogicTests(DelegationFixture, unittest.TestCase):
         self.informer.add(forwarded)
         lease = self.stored("node-b")
         self.assertEqual(lease["spec"], {"holderIdentity": "node-b",
-                                         "leaseDurationSeconds": 40,
-                                         "renewTime": forwarded["spec"]["renewTime"],
+                                         "leaseDurationSeconds": NODE_LEASE_DURATION_SECONDS,
+                                         "renewTime": format_micro_time(NOW),
                                          "leaseTransitions": 2})
         # The delegate annotation is set; the pool's other annotations stay out, the
         # cloud's stay in, and so do its labels.
@@ -197,19 +234,6 @@ class DelegationLogicTests(DelegationFixture, unittest.TestCase):
         self.assertEqual(sent(self.cloud, "create"), [])
         self.assertEqual(self.delegation.delegated_heartbeats, 1)
 
-    def test_older_pool_renew_time_never_overwrites_newer_cloud(self):
-        self.cloud.put(LEASES, cloud_lease("node-b", T0 + 10))
-        self.start()
-        self.informer.add(pool_lease("node-b", T0 + 5))
-        self.informer.update(pool_lease("node-b", T0 + 5), pool_lease("node-b", T0 + 10))
-        lease = self.stored("node-b")
-        self.assertEqual(parse_micro_time(lease["spec"]["renewTime"]), T0 + 10)
-        self.assertEqual(lease["metadata"]["resourceVersion"], "1")
-        self.assertEqual(sent(self.cloud, "update"), [])
-        self.assertEqual(self.delegation.skipped, 2)
-        self.assertEqual(self.delegation.delegated_heartbeats, 0)
-        self.assertEqual(self.delegation.failures, 0)
-
     def test_conflicts_are_reread_and_retried(self):
         self.cloud.put(LEASES, cloud_lease("node-b", T0))
         self.cloud.fail_next("update", Conflict("stale"), count=MAX_ATTEMPTS - 1)
@@ -217,7 +241,7 @@ class DelegationLogicTests(DelegationFixture, unittest.TestCase):
         self.informer.add(pool_lease("node-b", T0 + 10))
         verbs = [verb for verb, _ in self.cloud.calls]
         self.assertEqual(verbs, ["get", "update"] * MAX_ATTEMPTS)
-        self.assertEqual(parse_micro_time(self.stored("node-b")["spec"]["renewTime"]), T0 + 10)
+        self.assertEqual(self.renewed("node-b"), micros(NOW))
         self.assertEqual(self.delegation.delegated_heartbeats, 1)
         self.assertEqual(self.delegation.failures, 0)
 
@@ -228,37 +252,40 @@ class DelegationLogicTests(DelegationFixture, unittest.TestCase):
         self.informer.add(pool_lease("node-b", T0 + 10))
         verbs = [verb for verb, _ in self.cloud.calls]
         self.assertEqual(verbs, ["get", "update"] * MAX_ATTEMPTS)
-        self.assertEqual(parse_micro_time(self.stored("node-b")["spec"]["renewTime"]), T0)
+        self.assertEqual(self.renewed("node-b"), micros(T0))
         self.assertEqual(self.delegation.failures, 1)
         self.assertEqual(self.delegation.delegated_heartbeats, 0)
         self.assertEqual(self.metrics.observed, [(0.0, False)])
-        # Nothing more until the backoff has passed, then the same state succeeds.
+        # Nothing more until the backoff has passed, then the same state succeeds,
+        # stamped with the time of the write.
         self.clock.advance(0.9)
         self.assertEqual(len(self.cloud.calls), 2 * MAX_ATTEMPTS)
         self.clock.advance(0.1)
-        self.assertEqual(parse_micro_time(self.stored("node-b")["spec"]["renewTime"]), T0 + 10)
+        self.assertEqual(self.renewed("node-b"), micros(NOW + 1))
         self.assertEqual(self.delegation.delegated_heartbeats, 1)
         self.assertEqual(self.metrics.observed[-1], (1.0, True))
 
-    def test_one_chain_per_lease_in_flight_and_newest_renew_time_wins(self):
+    def test_one_chain_per_lease_in_flight_and_the_state_seen_last_wins(self):
         self.cloud.put(LEASES, cloud_lease("node-b", T0))
         self.cloud.hold("get")
         self.start()
         self.informer.add(pool_lease("node-b", T0 + 1))
         self.informer.update(pool_lease("node-b", T0 + 1), pool_lease("node-b", T0 + 3))
+        # The node's clock stepped back (NTP came back): still a change, seen last.
         self.informer.update(pool_lease("node-b", T0 + 3), pool_lease("node-b", T0 + 2))
         self.assertEqual(self.cloud.calls, [("get", "node-b")])
         self.assertEqual(self.delegation.in_flight, 1)
         self.cloud.hold("update")
-        self.cloud.deliver_held()  # first chain: update to T0+1 (held)
+        self.cloud.deliver_held()  # first chain: update (held)
         self.assertEqual(self.cloud.calls, [("get", "node-b"), ("update", "node-b")])
         self.cloud.deliver_held()  # then the pending one, from the lease just written
         self.assertEqual(self.cloud.calls,
                          [("get", "node-b"), ("update", "node-b"), ("update", "node-b")])
         self.assertEqual(self.delegation.in_flight, 1)
         self.cloud.deliver_held()
-        renewed = [parse_micro_time(b["spec"]["renewTime"]) for b in sent(self.cloud, "update")]
-        self.assertEqual(renewed, [T0 + 1, T0 + 3])
+        # Two writes for three changes, each past the one before although the
+        # leader's clock did not move.
+        self.assertEqual(self.written("node-b"), [micros(NOW), micros(NOW) + 1])
         self.assertEqual(self.delegation.in_flight, 0)
         self.assertEqual(self.delegation.delegated_heartbeats, 2)
         self.assertEqual(self.clock.getDelayedCalls(), [])
@@ -267,22 +294,24 @@ class DelegationLogicTests(DelegationFixture, unittest.TestCase):
         self.start()
         self.informer.add(pool_lease("node-b", T0 + 1))
         for step in (2, 3, 4):
+            self.clock.advance(1)
             self.informer.update(pool_lease("node-b", T0 + step - 1), pool_lease("node-b", T0 + step))
         self.assertEqual([verb for verb, _ in self.cloud.calls],
                          ["get", "create", "update", "update", "update"])
-        self.assertEqual(parse_micro_time(self.stored("node-b")["spec"]["renewTime"]), T0 + 4)
+        self.assertEqual(self.written("node-b"), [micros(NOW + k) for k in range(4)])
 
-    def test_renewal_written_meanwhile_by_the_node_is_reread_and_kept(self):
+    def test_renewal_written_meanwhile_by_the_node_is_reread_and_exceeded(self):
         self.start()
         self.informer.add(pool_lease("node-b", T0 + 1))
         direct = self.cloud.peek(LEASES, "node-b", NODE_LEASE_NAMESPACE)
-        direct["spec"]["renewTime"] = format_micro_time(T0 + 50)
-        self.cloud.put(LEASES, direct)  # the node reached the cloud itself
+        # The node reached the cloud itself, with its clock 50 s ahead of the leader's.
+        direct["spec"]["renewTime"] = format_micro_time(NOW + 50)
+        self.cloud.put(LEASES, direct)
         self.informer.update(pool_lease("node-b", T0 + 1), pool_lease("node-b", T0 + 2))
         self.assertEqual([verb for verb, _ in self.cloud.calls],
-                         ["get", "create", "update", "get"])
-        self.assertEqual(parse_micro_time(self.stored("node-b")["spec"]["renewTime"]), T0 + 50)
-        self.assertEqual(self.delegation.skipped, 1)
+                         ["get", "create", "update", "get", "update"])
+        self.assertEqual(self.renewed("node-b"), micros(NOW + 50) + 1)
+        self.assertEqual(self.delegation.delegated_heartbeats, 2)
         self.assertEqual(self.delegation.failures, 0)
 
     def test_chains_in_flight_are_bounded_and_queued_in_order(self):
@@ -304,7 +333,7 @@ class DelegationLogicTests(DelegationFixture, unittest.TestCase):
         self.assertEqual(self.delegation.in_flight, 0)
         self.assertEqual(self.delegation.queued, 0)
         self.assertEqual(self.delegation.delegated_heartbeats, 5)
-        self.assertEqual(parse_micro_time(self.stored("node-a")["spec"]["renewTime"]), T0 + 2)
+        self.assertEqual(self.written("node-a"), [micros(NOW), micros(NOW) + 1])
 
     def test_the_bound_on_chains_follows_the_clouds_latency(self):
         self.metrics.limits.clear()
@@ -343,7 +372,7 @@ class DelegationLogicTests(DelegationFixture, unittest.TestCase):
         self.cloud.deliver_held()
         self.assertEqual(self.delegation.in_flight, 0)
         self.assertEqual(self.delegation.delegated_heartbeats, 70)
-        self.assertEqual(parse_micro_time(self.stored("node-69")["spec"]["renewTime"]), T0 + 3)
+        self.assertEqual(self.written("node-69"), [micros(self.clock.seconds())])
 
     def test_a_failing_cloud_shrinks_the_bound_on_chains(self):
         self.delegation = self.build(max_concurrent=20, min_concurrent=2)
@@ -410,7 +439,7 @@ class DelegationLogicTests(DelegationFixture, unittest.TestCase):
         self.cloud.release_hold("get")
         self.cloud.deliver_held()
         self.assertEqual(self.cloud.calls, [("get", "node-b"), ("create", "node-b")])
-        self.assertEqual(parse_micro_time(self.stored("node-b")["spec"]["renewTime"]), T0 + 1)
+        self.assertEqual(self.written("node-b"), [micros(NOW)])
 
     def test_annotation_removed_while_a_failing_chain_runs_is_not_retried(self):
         self.cloud.fail_next("get", ServerError("boom"))
@@ -432,13 +461,15 @@ class DelegationLogicTests(DelegationFixture, unittest.TestCase):
         self.health.picks_from = [CLOUD_A, CLOUD_B]
         self.start()
         self.informer.add(pool_lease("node-b", T0 + 1))
-        self.informer.update(pool_lease("node-b", T0 + 1), pool_lease("node-b", T0 + 2))
-        self.informer.update(pool_lease("node-b", T0 + 2), pool_lease("node-b", T0 + 3))
+        for step in (2, 3):
+            self.clock.advance(1)
+            self.informer.update(pool_lease("node-b", T0 + step - 1),
+                                 pool_lease("node-b", T0 + step))
         self.assertEqual(self.health.picks, 3)
         self.assertEqual(self.clients_asked, [CLOUD_A, CLOUD_B, CLOUD_A])
-        renewed_a = parse_micro_time(self.stored("node-b", self.clouds[CLOUD_A])["spec"]["renewTime"])
-        renewed_b = parse_micro_time(self.stored("node-b", self.clouds[CLOUD_B])["spec"]["renewTime"])
-        self.assertEqual((renewed_a, renewed_b), (T0 + 3, T0 + 2))
+        self.assertEqual(self.written("node-b", self.clouds[CLOUD_A]),
+                         [micros(NOW), micros(NOW + 2)])
+        self.assertEqual(self.written("node-b", self.clouds[CLOUD_B]), [micros(NOW + 1)])
 
     def test_no_healthy_server_counts_a_failure_and_retries_the_newest_state(self):
         self.health.picks_from = [None]
@@ -456,7 +487,7 @@ class DelegationLogicTests(DelegationFixture, unittest.TestCase):
         self.clock.advance(1.9)
         self.assertIsNone(self.stored("node-b"))
         self.clock.advance(0.1)
-        self.assertEqual(parse_micro_time(self.stored("node-b")["spec"]["renewTime"]), T0 + 2)
+        self.assertEqual(self.written("node-b"), [micros(NOW + 3)])
         self.assertEqual(self.delegation.delegated_heartbeats, 1)
         self.assertEqual(self.metrics.observed[-1], (3.0, True))
         self.assertEqual(self.clock.getDelayedCalls(), [])
@@ -500,7 +531,7 @@ class DelegationLogicTests(DelegationFixture, unittest.TestCase):
         self.assertEqual(self.delegation.failures, 2)
         self.clock.advance(2.0)
         self.assertEqual(self.delegation.delegated_heartbeats, 1)
-        self.assertIsNotNone(self.stored("node-b"))
+        self.assertEqual(self.written("node-b"), [micros(NOW + 3)])
 
     def test_deleted_pool_lease_cancels_its_retry(self):
         self.health.picks_from = [None]
@@ -537,10 +568,10 @@ class DelegationLogicTests(DelegationFixture, unittest.TestCase):
         self.successResultOf(self.delegation.stop())
         self.assertEqual(self.nodes.stopped, 1)
         self.informer, self.nodes = FakeInformer(), FakeInformer()
-        self.start()
+        self.start(leases=[pool_lease("node-b", T0 + 1)])
         self.assertEqual((self.informer.started, self.nodes.started), (1, 1))
-        self.informer.add(pool_lease("node-b", T0 + 2))
-        self.assertEqual(parse_micro_time(self.stored("node-b")["spec"]["renewTime"]), T0 + 2)
+        self.informer.update(pool_lease("node-b", T0 + 1), pool_lease("node-b", T0 + 2))
+        self.assertEqual(self.written("node-b"), [micros(NOW), micros(NOW) + 1])
         self.assertEqual(self.delegation.delegated_heartbeats, 2)
 
     def test_latency_is_measured_from_the_pool_event(self):
@@ -559,7 +590,8 @@ class DelegationRuleTests(DelegationFixture, unittest.TestCase):
     pool_nodes = ("node-a", "node-b", "node-c")
 
     def forged(self):
-        """One delegated lease per reason, keyed by the reason."""
+        """One delegated lease per reason a lease is refused for as it arrives, keyed
+        by the reason."""
         elsewhere = pool_lease("node-a", T0 + 1)
         elsewhere["metadata"]["namespace"] = "default"
         impostor = pool_lease("node-b", T0 + 1)
@@ -569,8 +601,6 @@ class DelegationRuleTests(DelegationFixture, unittest.TestCase):
             "not_pool_member": pool_lease("node-other", T0 + 1),
             "no_such_node": pool_lease("node-missing", T0 + 1),
             "holder_mismatch": impostor,
-            "renew_time_in_future": pool_lease("node-c", NOW + 3600),
-            "stale": pool_lease("node-b", NOW - 7300),
         }
 
     def refused_warnings(self, events):
@@ -587,7 +617,8 @@ class DelegationRuleTests(DelegationFixture, unittest.TestCase):
         self.assertEqual(self.cloud.calls, [])
         self.assertEqual(self.health.picks, 0)
         self.assertEqual(sorted(self.metrics.refused), sorted(self.forged()))
-        self.assertEqual(self.delegation.refused, dict.fromkeys(self.forged(), 1))
+        self.assertEqual(self.delegation.refused,
+                         {**dict.fromkeys(REFUSAL_REASONS, 0), **dict.fromkeys(self.forged(), 1)})
         # Only the two names missing from the pool were read, to tell why.
         self.assertEqual(self.node_reader.calls, [("get", "node-other"), ("get", "node-missing")])
         self.assertEqual(self.metrics.observed, [])
@@ -595,8 +626,12 @@ class DelegationRuleTests(DelegationFixture, unittest.TestCase):
         # The genuine leases of the same names are forwarded.
         self.informer.add(pool_lease("node-a", T0 + 2))
         self.informer.add(pool_lease("node-c", T0 + 2))
-        self.assertEqual(parse_micro_time(self.stored("node-a")["spec"]["renewTime"]), T0 + 2)
-        self.assertEqual(parse_micro_time(self.stored("node-c")["spec"]["renewTime"]), T0 + 2)
+        self.assertEqual(self.written("node-a"), [micros(NOW)])
+        self.assertEqual(self.written("node-c"), [micros(NOW)])
+
+    def test_every_reason_is_known_from_the_start(self):
+        self.assertEqual(self.delegation.refused, dict.fromkeys(REFUSAL_REASONS, 0))
+        self.assertEqual(set(REFUSAL_REASONS), {*self.forged(), "expired"})
 
     def test_a_lease_without_a_name_is_refused_and_the_others_still_forwarded(self):
         # An empty name and holderIdentity are equal, yet such a lease names no node:
@@ -612,8 +647,8 @@ class DelegationRuleTests(DelegationFixture, unittest.TestCase):
         self.assertEqual(self.delegation.refused["holder_mismatch"], 1)
         self.assertEqual(self.metrics.refused, ["holder_mismatch"])
         self.assertEqual(self.node_reader.calls, [])
-        self.assertEqual(parse_micro_time(self.stored("node-a")["spec"]["renewTime"]), T0 + 2)
-        self.assertEqual(parse_micro_time(self.stored("node-b")["spec"]["renewTime"]), T0 + 2)
+        self.assertEqual(self.written("node-a"), [micros(NOW)])
+        self.assertEqual(self.written("node-b"), [micros(NOW)])
 
     def test_a_refused_lease_is_logged_once_per_lease_and_reason(self):
         events = []
@@ -621,20 +656,20 @@ class DelegationRuleTests(DelegationFixture, unittest.TestCase):
         self.start()
         for step in range(5):
             self.informer.add(pool_lease("node-missing", T0 + step))
-            self.informer.add(pool_lease("node-b", NOW + 60 + step))
+            impostor = pool_lease("node-b", T0 + step)
+            impostor["spec"]["holderIdentity"] = "node-c"
+            self.informer.add(impostor)
         self.assertEqual(self.delegation.refused["no_such_node"], 5)
-        self.assertEqual(self.delegation.refused["renew_time_in_future"], 5)
+        self.assertEqual(self.delegation.refused["holder_mismatch"], 5)
         self.assertEqual(self.node_reader.calls, [("get", "node-missing")])
         warnings = self.refused_warnings(events)
-        self.assertEqual(len(warnings), 2, warnings)
-        self.assertIn("heartbeat lease kube-node-lease/node-missing not forwarded to the cloud "
-                      "(reason=no_such_node): the cloud has no node node-missing", warnings)
-        self.assertTrue(any(w.startswith(
+        self.assertEqual(warnings, [
+            "heartbeat lease kube-node-lease/node-missing not forwarded to the cloud "
+            "(reason=no_such_node): the cloud has no node node-missing",
             "heartbeat lease kube-node-lease/node-b not forwarded to the cloud "
-            "(reason=renew_time_in_future): renewTime") and "60.0s ahead" in w
-            and "max_clock_skew 5s" in w for w in warnings), warnings)
+            "(reason=holder_mismatch): holderIdentity 'node-c' is not the lease's name"])
         # Another reason for the same lease is logged once more.
-        impostor = pool_lease("node-b", T0 + 9)
+        impostor = pool_lease("node-missing", T0 + 9)
         impostor["spec"]["holderIdentity"] = "node-c"
         self.informer.add(impostor)
         self.informer.add(impostor)
@@ -643,67 +678,6 @@ class DelegationRuleTests(DelegationFixture, unittest.TestCase):
         self.informer.delete(impostor)
         self.informer.add(impostor)
         self.assertEqual(len(self.refused_warnings(events)), 4)
-
-    def test_renew_time_up_to_the_clock_skew_ahead_is_forwarded(self):
-        self.start()
-        self.informer.add(pool_lease("node-a", NOW + 5.0))
-        self.informer.add(pool_lease("node-b", NOW + 5.001))
-        self.assertEqual(parse_micro_time(self.stored("node-a")["spec"]["renewTime"]), NOW + 5)
-        self.assertIsNone(self.stored("node-b"))
-        self.assertEqual(self.metrics.refused, ["renew_time_in_future"])
-
-    def test_max_clock_skew_is_configurable(self):
-        self.delegation = self.build(max_clock_skew=0.5)
-        self.start()
-        self.informer.add(pool_lease("node-a", NOW + 0.5))
-        self.informer.add(pool_lease("node-b", NOW + 1))
-        self.assertIsNotNone(self.stored("node-a"))
-        self.assertIsNone(self.stored("node-b"))
-        self.assertEqual(self.metrics.refused, ["renew_time_in_future"])
-
-    def test_a_renewal_older_than_interval_plus_skew_is_refused_as_stale(self):
-        self.delegation = self.build(heartbeat_interval=10.0)
-        self.start()
-        self.informer.add(pool_lease("node-a", NOW - 15.0))
-        self.informer.add(pool_lease("node-b", NOW - 15.001))
-        self.assertEqual(parse_micro_time(self.stored("node-a")["spec"]["renewTime"]), NOW - 15)
-        self.assertIsNone(self.stored("node-b"))
-        self.assertEqual(self.metrics.refused, ["stale"])
-        self.assertEqual(self.delegation.refused["stale"], 1)
-
-    def test_a_renewal_queued_while_the_cloud_was_away_is_not_forwarded_once_stale(self):
-        """The cloud sees a lease whose renewTime moved as a heartbeat at that moment:
-        a dead node's last renewal, held back during an outage, must not reach it late."""
-        events = []
-        self.delegation = self.build(heartbeat_interval=2.0, max_clock_skew=1.0)
-        self.delegation.log = Logger(observer=events.append)
-        self.start()
-        self.informer.add(pool_lease("node-a", NOW - 0.5))
-        self.informer.add(pool_lease("node-b", NOW - 0.5))
-        self.assertEqual(self.delegation.delegated, 2)
-        self.health.picks_from = [None]
-        self.informer.update(pool_lease("node-a", NOW - 0.5), pool_lease("node-a", NOW))
-        self.informer.update(pool_lease("node-b", NOW - 0.5), pool_lease("node-b", NOW))
-        self.assertEqual(self.delegation.failures, 2)
-        # node-b's kubelet died: its agent renews no more. node-a keeps renewing every
-        # 0.5 s; the cloud is back after 4 s, and the retries (backoff 1, 2, 4 s) run.
-        for step in range(1, 21):
-            self.clock.advance(0.5)
-            if step == 8:
-                self.health.picks_from = [CLOUD_A]
-            self.informer.update(pool_lease("node-a", NOW + (step - 1) * 0.5),
-                                 pool_lease("node-a", NOW + step * 0.5))
-        self.assertEqual(parse_micro_time(self.stored("node-a")["spec"]["renewTime"]), NOW + 10)
-        self.assertEqual(parse_micro_time(self.stored("node-b")["spec"]["renewTime"]),
-                         NOW - 0.5)
-        self.assertEqual(self.delegation.refused["stale"], 1)
-        self.assertEqual(self.metrics.refused, ["stale"])
-        self.assertTrue(any("kube-node-lease/node-b not forwarded to the cloud (reason=stale)"
-                            in formatEvent(e) and "the node stopped renewing" in formatEvent(e)
-                            for e in events))
-        # Nothing is left waiting or running.
-        self.assertEqual(self.delegation.in_flight, 0)
-        self.assertEqual(self.clock.getDelayedCalls(), [])
 
     def test_leases_wait_until_the_pool_nodes_are_listed(self):
         self.start(listed=False)
@@ -715,17 +689,32 @@ class DelegationRuleTests(DelegationFixture, unittest.TestCase):
         self.assertEqual(self.cloud.calls, [])
         self.assertEqual(self.metrics.refused, [])
         self.assertFalse(self.delegation.pool_nodes_listed)
+        self.clock.advance(2)
         self.list_nodes()
         self.assertTrue(self.delegation.pool_nodes_listed)
-        # The newest state of each waiting lease is judged once the list is in.
+        # The state seen last of each waiting lease is judged once the list is in.
         self.assertEqual([verb for verb, _ in self.cloud.calls], ["get", "create"])
-        self.assertEqual(parse_micro_time(self.stored("node-a")["spec"]["renewTime"]), T0 + 3)
+        self.assertEqual(self.written("node-a"), [micros(NOW + 2)])
         self.assertEqual(self.metrics.refused, ["no_such_node"])
+
+    def test_a_state_that_waited_for_the_nodes_longer_than_an_interval_is_not_written(self):
+        self.delegation = self.build(heartbeat_interval=2.0)
+        self.start(listed=False)
+        self.informer.add(pool_lease("node-a", T0 + 1))
+        self.clock.advance(1)
+        self.informer.add(pool_lease("node-b", T0 + 1))
+        self.clock.advance(1.5)
+        self.list_nodes()
+        self.assertIsNone(self.stored("node-a"))
+        self.assertEqual(self.written("node-b"), [micros(NOW + 2.5)])
+        self.assertEqual(self.metrics.refused, ["expired"])
 
     def test_rules_that_need_no_node_list_refuse_at_once(self):
         self.start(listed=False)
-        self.informer.add(pool_lease("node-a", NOW + 3600))
-        self.assertEqual(self.metrics.refused, ["renew_time_in_future"])
+        impostor = pool_lease("node-a", T0 + 1)
+        impostor["spec"]["holderIdentity"] = "node-b"
+        self.informer.add(impostor)
+        self.assertEqual(self.metrics.refused, ["holder_mismatch"])
         self.list_nodes()
         self.assertEqual(self.cloud.calls, [])
 
@@ -747,8 +736,8 @@ class DelegationRuleTests(DelegationFixture, unittest.TestCase):
         self.informer.update(pool_lease("node-a", T0 + 2), pool_lease("node-a", T0 + 3))
         self.informer.update(pool_lease("node-b", T0 + 1), pool_lease("node-b", T0 + 3))
         self.clock.advance(60)
-        self.assertEqual(parse_micro_time(self.stored("node-a")["spec"]["renewTime"]), T0 + 1)
-        self.assertEqual(parse_micro_time(self.stored("node-b")["spec"]["renewTime"]), T0 + 1)
+        self.assertEqual(self.written("node-a"), [micros(NOW)])
+        self.assertEqual(self.written("node-b"), [micros(NOW)])
         self.assertEqual(self.metrics.refused, ["no_such_node", "not_pool_member"])
 
     def test_a_node_joining_the_pool_later_gets_its_newest_lease_forwarded(self):
@@ -757,10 +746,22 @@ class DelegationRuleTests(DelegationFixture, unittest.TestCase):
         self.informer.update(pool_lease("node-new", T0 + 1), pool_lease("node-new", T0 + 2))
         self.assertEqual(self.metrics.refused, ["no_such_node"] * 2)
         self.assertIsNone(self.stored("node-new"))
+        self.clock.advance(1)
         self.nodes.add(pool_node("node-new"))
         created = self.stored("node-new")
-        self.assertEqual(parse_micro_time(created["spec"]["renewTime"]), T0 + 2)
+        self.assertEqual(micros(created["spec"]["renewTime"]), micros(NOW + 1))
         self.assertEqual(created["metadata"]["ownerReferences"][0]["uid"], "node-uid-node-new")
+
+    def test_a_node_joining_the_pool_after_its_lease_stopped_changing_is_not_forwarded(self):
+        self.start()
+        self.informer.add(pool_lease("node-new", T0 + 1))
+        self.clock.advance(11)
+        self.nodes.add(pool_node("node-new"))
+        self.assertIsNone(self.stored("node-new"))
+        self.assertEqual(self.metrics.refused, ["no_such_node", "expired"])
+        # Its next change is forwarded.
+        self.informer.update(pool_lease("node-new", T0 + 1), pool_lease("node-new", T0 + 12))
+        self.assertEqual(self.written("node-new"), [micros(NOW + 11)])
 
     def test_a_node_of_the_pool_not_yet_listed_is_not_counted(self):
         # The informer has not delivered the Node yet, the cloud has it in the pool.
@@ -769,7 +770,7 @@ class DelegationRuleTests(DelegationFixture, unittest.TestCase):
         self.informer.add(pool_lease("node-late", T0 + 1))
         self.assertEqual(self.metrics.refused, [])
         self.nodes.add(pool_node("node-late"))
-        self.assertEqual(parse_micro_time(self.stored("node-late")["spec"]["renewTime"]), T0 + 1)
+        self.assertEqual(self.written("node-late"), [micros(NOW)])
 
     def test_a_failed_node_read_is_not_counted_and_asked_again(self):
         self.node_reader.fail_next("get", ServerError("boom"))
@@ -792,17 +793,183 @@ class DelegationRuleTests(DelegationFixture, unittest.TestCase):
         self.node_reader.deliver_held()
         self.assertEqual(self.metrics.refused, [])
 
-    def test_a_cloud_lease_beyond_the_clock_skew_does_not_block_genuine_renewals(self):
-        # Left by an earlier forged forward: an hour ahead of the leader's clock.
-        self.cloud.put(LEASES, cloud_lease("node-a", NOW + 3600))
-        # Within the skew: a plausible time, never moved backwards.
-        self.cloud.put(LEASES, cloud_lease("node-b", NOW + 4))
+
+class DelegationClockTests(DelegationFixture, unittest.TestCase):
+    """The leader judges a pool lease by seeing it change, on its own clock, and
+    stamps the cloud lease with its own time: no clock of a node or of an earlier
+    leader decides whether, or with which renewTime, a heartbeat reaches the cloud."""
+
+    pool_nodes = ("node-a", "node-b", "node-c", "node-d")
+
+    def renew(self, leases, name, renewed):
+        """``name`` renews its pool lease, naming ``renewed`` (its own clock)."""
+        lease = renewed_by_node(name, renewed)
+        if name in leases:
+            self.informer.update(leases[name], lease)
+        else:
+            self.informer.add(lease)
+        leases[name] = lease
+
+    def test_nodes_minutes_or_years_off_are_forwarded_at_every_change_with_the_leaders_time(self):
+        # Offsets of each node's clock from the leader's: two minutes ahead and
+        # behind, three years ahead, and a device that booted at the epoch.
+        offsets = {"node-a": 120.0, "node-b": -120.0, "node-c": 3 * 365 * 86400.0,
+                   "node-d": 100.0 - NOW}
         self.start()
-        self.informer.add(pool_lease("node-a", NOW - 1))
-        self.informer.add(pool_lease("node-b", NOW - 1))
-        self.assertEqual(parse_micro_time(self.stored("node-a")["spec"]["renewTime"]), NOW - 1)
-        self.assertEqual(parse_micro_time(self.stored("node-b")["spec"]["renewTime"]), NOW + 4)
-        self.assertEqual((self.delegation.delegated, self.delegation.skipped), (1, 1))
+        leases = {}
+        for step in range(3):
+            for name, offset in offsets.items():
+                self.renew(leases, name, self.clock.seconds() + offset)
+            self.assertEqual({name: self.renewed(name) for name in offsets},
+                             dict.fromkeys(offsets, micros(self.clock.seconds())))
+            self.clock.advance(10)
+        for name in offsets:
+            self.assertEqual(self.written(name), [micros(NOW + 10 * k) for k in range(3)])
+        self.assertEqual(self.metrics.refused, [])
+        self.assertEqual(self.delegation.refused, dict.fromkeys(REFUSAL_REASONS, 0))
+
+    def test_a_leader_whose_clock_is_300s_ahead_forwards_with_its_own_time(self):
+        # The nodes' clocks are true; the leader's runs 300 s ahead of them. The cloud
+        # holds what the nodes wrote themselves before they were cut off.
+        true_now = NOW - 300
+        for name in ("node-a", "node-b"):
+            self.cloud.put(LEASES, cloud_lease(name, true_now - 5))
+        self.start()
+        leases = {}
+        for step in range(3):
+            for name in ("node-a", "node-b"):
+                self.renew(leases, name, true_now + 10 * step)
+            self.clock.advance(10)
+        for name in ("node-a", "node-b"):
+            self.assertEqual(self.written(name), [micros(NOW + 10 * k) for k in range(3)])
+        self.assertEqual(self.metrics.refused, [])
+
+    def test_the_cloud_renew_time_increases_past_one_a_leader_ahead_left(self):
+        # Written by the previous leader, whose clock ran 300 s ahead of this one's.
+        self.cloud.put(LEASES, cloud_lease("node-a", NOW + 300))
+        self.start()
+        leases = {}
+        for step in range(4):
+            self.renew(leases, "node-a", NOW + 10 * step)
+            self.clock.advance(10)
+        # Each forward 1 µs past the last: the node lifecycle controller sees every one.
+        self.assertEqual(self.written("node-a"), [micros(NOW + 300) + k for k in (1, 2, 3, 4)])
+        # Once this leader's clock passes it, its own time again.
+        self.clock.advance(300)
+        self.renew(leases, "node-a", NOW + 340)
+        self.assertEqual(self.written("node-a")[-1], micros(NOW + 340))
+        self.assertEqual(self.delegation.delegated, 5)
+
+    def test_lease_duration_in_the_cloud_is_the_leaders_whatever_the_pool_lease_says(self):
+        present = cloud_lease("node-b", T0)
+        present["spec"]["leaseDurationSeconds"] = 3600
+        self.cloud.put(LEASES, present)
+        self.start()
+        for name in ("node-a", "node-b"):
+            lease = pool_lease(name, T0 + 1)
+            lease["spec"]["leaseDurationSeconds"] = 3600
+            self.informer.add(lease)
+        durations = {name: self.stored(name)["spec"]["leaseDurationSeconds"]
+                     for name in ("node-a", "node-b")}
+        self.assertEqual(durations, dict.fromkeys(("node-a", "node-b"),
+                                                  NODE_LEASE_DURATION_SECONDS))
+        self.assertNotEqual(NODE_LEASE_DURATION_SECONDS, 3600)
+
+    def test_a_configured_lease_duration_is_written(self):
+        self.delegation = self.build(lease_duration_seconds=25)
+        self.start()
+        lease = pool_lease("node-a", T0 + 1)
+        lease["spec"]["leaseDurationSeconds"] = 3600
+        self.informer.add(lease)
+        self.assertEqual(self.stored("node-a")["spec"]["leaseDurationSeconds"], 25)
+
+    def test_a_lease_listed_at_start_is_not_forwarded_until_it_changes(self):
+        listed = [renewed_by_node("node-a", T0 + 1), renewed_by_node("node-b", T0 + 1)]
+        self.start(leases=listed)
+        self.clock.advance(5)
+        # The same states again (a relist with nothing changed) are no change either.
+        self.informer.relist(listed)
+        self.informer.update(listed[0], dict(listed[0]))
+        self.assertEqual(self.cloud.calls, [])
+        self.assertEqual(self.metrics.refused, [])
+        # node-a renews: that change is forwarded; node-b, dead, never is.
+        self.informer.update(listed[0], renewed_by_node("node-a", T0 + 11))
+        self.clock.advance(60)
+        self.assertEqual(self.written("node-a"), [micros(NOW + 5)])
+        self.assertIsNone(self.stored("node-b"))
+        self.assertEqual(self.clock.getDelayedCalls(), [])
+
+    def test_a_new_resource_version_alone_is_a_change(self):
+        listed = renewed_by_node("node-a", T0 + 1)
+        self.start(leases=[listed])
+        rewritten = renewed_by_node("node-a", T0 + 1)
+        rewritten["metadata"]["resourceVersion"] = "99"
+        self.informer.update(listed, rewritten)
+        self.assertEqual(self.written("node-a"), [micros(NOW)])
+
+    def test_a_lease_created_after_the_list_is_a_change(self):
+        self.start(leases=[renewed_by_node("node-a", T0 + 1)])
+        self.informer.add(renewed_by_node("node-b", T0 + 1))
+        self.assertEqual(self.written("node-b"), [micros(NOW)])
+        self.assertIsNone(self.stored("node-a"))
+
+    def test_a_lease_that_stops_changing_stops_being_forwarded(self):
+        # The node's kubelet died: after its grace period the agent renews its pool
+        # lease no more, and the cloud renewTime stops at the last change seen.
+        self.start()
+        leases = {}
+        for step in range(5):
+            self.renew(leases, "node-a", T0 + 10 * step)
+            self.clock.advance(10)
+        self.clock.advance(100)
+        self.assertEqual(self.written("node-a"), [micros(NOW + 10 * k) for k in range(5)])
+        self.assertEqual(self.clock.getDelayedCalls(), [])
+
+    def test_a_state_queued_behind_a_cloud_outage_is_dropped_once_older_than_an_interval(self):
+        """A dead node's last renewal, held back during an outage, must not reach the
+        cloud late: the cloud would count it as a heartbeat at that moment."""
+        events = []
+        self.delegation = self.build(heartbeat_interval=2.0)
+        self.delegation.log = Logger(observer=events.append)
+        self.start()
+        leases = {}
+        for name in ("node-a", "node-b"):
+            self.renew(leases, name, T0)
+        self.assertEqual(self.delegation.delegated, 2)
+        self.health.picks_from = [None]
+        for name in ("node-a", "node-b"):
+            self.renew(leases, name, T0 + 0.5)
+        self.assertEqual(self.delegation.failures, 2)
+        # node-b's kubelet died: its agent renews no more. node-a keeps renewing every
+        # 0.5 s; the cloud is back after 4 s, and the retries (backoff 1, 2, 4 s) run.
+        for step in range(1, 21):
+            self.clock.advance(0.5)
+            if step == 8:
+                self.health.picks_from = [CLOUD_A]
+            self.renew(leases, "node-a", T0 + 0.5 + step * 0.5)
+        self.assertEqual(self.renewed("node-a"), micros(NOW + 10))
+        self.assertEqual(self.written("node-b"), [micros(NOW)])
+        self.assertEqual(self.delegation.refused["expired"], 1)
+        self.assertEqual(self.metrics.refused, ["expired"])
+        self.assertTrue(any("kube-node-lease/node-b not forwarded to the cloud (reason=expired)"
+                            in formatEvent(e) and "the node stopped renewing" in formatEvent(e)
+                            for e in events))
+        # Nothing is left waiting or running.
+        self.assertEqual(self.delegation.in_flight, 0)
+        self.assertEqual(self.clock.getDelayedCalls(), [])
+
+    def test_a_state_retried_after_a_backoff_longer_than_an_interval_is_dropped(self):
+        self.delegation = self.build(heartbeat_interval=2.0)
+        self.cloud.fail_next("get", ServerError("boom"), count=2)
+        self.start()
+        self.informer.add(pool_lease("node-b", T0 + 1))
+        self.clock.advance(1.0)  # retried 1 s after it was seen: fails again
+        self.assertEqual(self.delegation.failures, 2)
+        self.clock.advance(2.0)  # the next retry comes 3 s after it was seen
+        self.assertIsNone(self.stored("node-b"))
+        self.assertEqual(self.cloud.calls, [("get", "node-b")] * 2)
+        self.assertEqual(self.metrics.refused, ["expired"])
+        self.assertEqual(self.clock.getDelayedCalls(), [])
 
 
 class DelegationObserverTests(DelegationFixture, unittest.TestCase):
@@ -827,12 +994,18 @@ class DelegationObserverTests(DelegationFixture, unittest.TestCase):
         self.assertEqual(len(self.heard), self.delegation.delegated_heartbeats)
         self.assertEqual(self.clock.getDelayedCalls(), [])
 
-    def test_a_state_the_cloud_already_has_is_not_heard(self):
-        self.cloud.put(LEASES, cloud_lease("node-b", T0 + 10))
+    def test_a_state_not_written_in_time_is_heard_as_expired(self):
+        self.delegation = self.build(heartbeat_interval=2.0)
+        self.delegation.add_delegation_observer(
+            lambda node, outcome: self.heard.append((node, outcome)))
+        self.health.picks_from = [None]
         self.start()
-        self.informer.add(pool_lease("node-b", T0 + 5))
-        self.assertEqual(self.delegation.skipped, 1)
-        self.assertEqual(self.heard, [])
+        self.informer.add(pool_lease("node-b", T0 + 1))
+        self.clock.advance(1.0)
+        self.health.picks_from = [CLOUD_A]
+        self.clock.advance(2.0)
+        self.assertEqual(self.heard, [("node-b", "expired")])
+        self.assertIsNone(self.stored("node-b"))
 
     def test_a_forward_that_failed_first_is_heard_once_when_it_is_written(self):
         self.cloud.fail_next("get", ServerError("boom"), count=2)
@@ -852,13 +1025,18 @@ class DelegationObserverTests(DelegationFixture, unittest.TestCase):
         self.start()
         impostor = pool_lease("node-b", T0 + 1)
         impostor["spec"]["holderIdentity"] = "node-a"
+        elsewhere = pool_lease("node-c", T0 + 1)
+        elsewhere["metadata"]["namespace"] = "default"
         self.informer.add(impostor)
         self.informer.add(pool_lease("node-other", T0 + 1))
-        self.informer.add(pool_lease("node-c", NOW + 3600))
+        self.informer.add(elsewhere)
+        # An hour ahead of the leader's clock is a heartbeat like any other.
+        self.informer.add(pool_lease("node-a", NOW + 3600))
         self.assertEqual(self.heard, [("node-b", "holder_mismatch"),
                                       ("node-other", "not_pool_member"),
-                                      ("node-c", "renew_time_in_future")])
-        self.assertEqual(self.cloud.calls, [])
+                                      ("node-c", "namespace"),
+                                      ("node-a", "created")])
+        self.assertEqual(self.cloud.calls, [("get", "node-a"), ("create", "node-a")])
 
     def test_a_failing_observer_is_logged_and_the_forward_still_counts(self):
         def broken(node, outcome):
@@ -877,29 +1055,71 @@ class DelegationObserverTests(DelegationFixture, unittest.TestCase):
         self.assertIsNotNone(self.stored("node-b"))
 
 
+STAMP = "2027-01-15T08:00:00.000000Z"
+
+
 class LeaseShapingTests(unittest.TestCase):
-    def test_lease_for_create_carries_the_forwarded_fields_only(self):
+    def test_lease_for_create_carries_the_leaders_fields_only(self):
         lease = pool_lease("node-b", T0, annotations={"b": "2"})
-        created = lease_for_create(lease, pool_node("node-b"))
+        lease["spec"]["leaseDurationSeconds"] = 3600
+        created = lease_for_create(lease, STAMP, 40, pool_node("node-b"))
         self.assertEqual(set(created["metadata"]),
                          {"name", "namespace", "annotations", "ownerReferences"})
         self.assertEqual(created["metadata"]["annotations"],
                          {DELEGATE_HEARTBEAT_ANNOTATION: "true"})
-        self.assertEqual(created["spec"], lease["spec"])
+        self.assertEqual(created["spec"], {"holderIdentity": "node-b",
+                                           "leaseDurationSeconds": 40, "renewTime": STAMP})
         self.assertIn("uid", lease["metadata"])
+        self.assertEqual(lease["spec"]["leaseDurationSeconds"], 3600)
 
     def test_no_owner_reference_without_a_node_uid(self):
         node = pool_node("node-b")
         del node["metadata"]["uid"]
-        created = lease_for_create(pool_lease("node-b", T0), node)
+        created = lease_for_create(pool_lease("node-b", T0), STAMP, 40, node)
         self.assertNotIn("ownerReferences", created["metadata"])
 
-    def test_merge_keeps_cloud_resource_version(self):
-        cloud = cloud_lease("node-b", T0, annotations={"a": "1"})
+    def test_merge_keeps_cloud_resource_version_and_sets_the_leaders_spec(self):
+        cloud = cloud_lease("node-b", T0, annotations={"a": "1"}, holder="someone")
         cloud["metadata"]["resourceVersion"] = "9"
-        merged = merged_cloud_lease(cloud, pool_lease("node-b", T0 + 1, annotations={"b": "2"}))
+        cloud["spec"]["leaseTransitions"] = 3
+        merged = merged_cloud_lease(cloud, pool_lease("node-b", T0 + 1, annotations={"b": "2"}),
+                                    STAMP, 25)
         self.assertEqual(merged["metadata"]["resourceVersion"], "9")
         self.assertEqual(merged["metadata"]["annotations"],
                          {"a": "1", DELEGATE_HEARTBEAT_ANNOTATION: "true"})
+        self.assertEqual(merged["spec"], {"holderIdentity": "node-b", "leaseDurationSeconds": 25,
+                                          "renewTime": STAMP, "leaseTransitions": 3})
         self.assertEqual(cloud["metadata"]["annotations"], {"a": "1"})
         self.assertEqual(parse_micro_time(cloud["spec"]["renewTime"]), T0)
+
+
+class StampedRenewTimeTests(unittest.TestCase):
+    """``renewTime = max(leader's now, cloud renewTime + 1 µs)``, exact to the
+    microsecond."""
+
+    def test_the_leaders_time_when_the_cloud_is_behind_it_or_has_none(self):
+        self.assertEqual(stamped_renew_time(NOW, format_micro_time(NOW - 0.000001)),
+                         format_micro_time(NOW))
+        self.assertEqual(stamped_renew_time(NOW, format_micro_time(T0)), format_micro_time(NOW))
+        self.assertEqual(stamped_renew_time(NOW), format_micro_time(NOW))
+        for unreadable in ("", "soon", 17, {"renewTime": "x"}):
+            self.assertEqual(stamped_renew_time(NOW, unreadable), format_micro_time(NOW))
+
+    def test_one_microsecond_past_a_cloud_renew_time_at_or_ahead_of_the_leader(self):
+        self.assertEqual(stamped_renew_time(NOW, format_micro_time(NOW)),
+                         format_micro_time(NOW + 0.000001))
+        self.assertEqual(stamped_renew_time(NOW, "2027-01-15T09:00:00.999999Z"),
+                         "2027-01-15T09:00:01.000000Z")
+        # Other spellings of a time, as other clients may write them.
+        self.assertEqual(stamped_renew_time(NOW, "2027-01-15T10:00:00.5+01:00"),
+                         "2027-01-15T09:00:00.500001Z")
+        self.assertEqual(stamped_renew_time(NOW, "2027-01-15T09:00:00.123456789Z"),
+                         "2027-01-15T09:00:00.123457Z")
+
+    def test_exact_for_times_a_float_of_seconds_cannot_hold_to_the_microsecond(self):
+        self.assertEqual(stamped_renew_time(NOW, "2500-06-30T23:59:59.999998Z"),
+                         "2500-06-30T23:59:59.999999Z")
+
+    def test_the_leaders_time_past_the_last_micro_time_there_is(self):
+        self.assertEqual(stamped_renew_time(NOW, "9999-12-31T23:59:59.999999Z"),
+                         format_micro_time(NOW))

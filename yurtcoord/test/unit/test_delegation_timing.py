@@ -10,7 +10,8 @@ The cloud and the coordinator apiserver are one ``FakeKube`` each; every agent
 reaches the cloud through a ``CloudLink`` of its own, so the cloud can be cut for one
 agent (B) alone, and the coordinator through a ``FakeKubeServer`` of its own. The
 leader's lease informer hears of every pool lease change in the next reactor turn (a
-watch with no latency), so a forwarded renewTime is exactly the moment B renewed.
+watch with no latency), and the leader stamps the cloud lease with its own clock, so
+a forwarded renewTime is exactly the moment B renewed (all agents share the Clock).
 
 The leader (A) dies as a SIGKILL leaves it: its links go dead in one instant and its
 elector stops without releasing the election lease; the survivor (C) takes over when
@@ -32,12 +33,14 @@ Expectations are stated from the configuration and the rules of docs/design.md
 - while its cloud is unhealthy B renews its pool lease every
   ``W / ceil(W / interval)``, ``W = lease_duration + retry_period + 1 s``, from the
   moment its cloud turned unhealthy; every renewal reaches the cloud at once through
-  the leader, and the new leader forwards B's newest renewal as it takes over.
+  the leader. The new leader forwards B's first renewal after it took over: the pool
+  leases it lists as it starts are no change it saw.
 """
 
 import math
 
 from twisted.internet import defer
+from twisted.internet.interfaces import IReactorTime
 from twisted.internet.task import Clock
 from twisted.trial import unittest
 from zope.interface import implementer
@@ -80,8 +83,9 @@ START_OFFSETS = {LEADER: 0.0, CUT: 1 / 8, SURVIVOR: 3 / 8}
 CLOUD_URL = "http://cloud.example:6443"
 COORDINATOR_URL = "http://coordinator.example:6443"
 # The bound on a cut node's cloud renewTime gap across a leader's death with the
-# default timings (twice the heartbeat interval; the cadence rule keeps it at 18 s).
-MAX_GAP_ACROSS_LEADER_DEATH = 20.0
+# default timings: twice the heartbeat interval plus the takeover (lease_duration +
+# retry_period). The cadence rule keeps it at W + one cadence, 27 s.
+MAX_GAP_ACROSS_LEADER_DEATH = 2 * 10.0 + 15.0 + 2.0
 
 
 def agent_config(node, *presets):
@@ -185,14 +189,35 @@ class StoreInformer(FakeInformer):
             self.add(obj)
 
 
+@implementer(IReactorTime)
+class SkewedClock:
+    """The pool's Clock as read on a machine whose clock is ``offset`` seconds off, as
+    an edge node that lost NTP keeps it: ``seconds()`` is off, timers run on the
+    pool's Clock."""
+
+    def __init__(self, clock, offset):
+        self._clock = clock
+        self.offset = offset
+
+    def seconds(self):
+        return self._clock.seconds() + self.offset
+
+    def callLater(self, delay, callable, *args, **kw):
+        return self._clock.callLater(delay, callable, *args, **kw)
+
+    def getDelayedCalls(self):
+        return self._clock.getDelayedCalls()
+
+
 class ClockAgent:
     """The parts of one agent that decide when a delegated heartbeat reaches the cloud,
-    wired as ``Agent`` wires them, with the kubelet check off. ``roles`` lists
-    ``(seconds, role)`` of every hub role change; ``electors`` every candidacy's
-    elector."""
+    wired as ``Agent`` wires them, with the kubelet check off, reading the pool's
+    Clock ``skew`` seconds off. ``roles`` lists ``(seconds, role)`` of every hub role
+    change (the pool's Clock); ``electors`` every candidacy's elector."""
 
-    def __init__(self, pool, config):
-        clock = pool.clock
+    def __init__(self, pool, config, skew=0.0):
+        self.pool_clock = pool.clock
+        clock = SkewedClock(pool.clock, skew) if skew else pool.clock
         self.config = config
         self.name = name = config.node.name
         self.clock = clock
@@ -210,8 +235,7 @@ class ClockAgent:
             clock, lambda: StoreInformer(clock, pool.coordinator_store, LEASES),
             lambda _selector: StoreInformer(clock, pool.cloud, NODES), self.cloud_link,
             self.cloud_checker.pick_healthy_server, {CLOUD_URL: self.cloud_link}.__getitem__,
-            config.node.pool, max_clock_skew=heartbeat.max_clock_skew,
-            heartbeat_interval=heartbeat.interval)
+            config.node.pool, heartbeat_interval=heartbeat.interval)
         self.coordinator = Coordinator(
             clock, name, lambda: defer.succeed(FakePoolStore(clock)), IdleComponent(),
             self.delegation, IdleComponent(), lambda _store: defer.succeed(UploadCounts()))
@@ -231,7 +255,7 @@ class ClockAgent:
         return elector
 
     def _role(self, role):
-        self.roles.append((self.clock.seconds(), role))
+        self.roles.append((self.pool_clock.seconds(), role))
         self.coordinator.set_role(role)
 
     @property
@@ -267,12 +291,14 @@ class ClockAgent:
 
 class ClockPool:
     """The three agents of ``NODES_OF_POOL`` with the timings of ``presets``, over one
-    cloud and one coordinator apiserver on one Clock starting at ``T0``.
+    cloud and one coordinator apiserver on one Clock starting at ``T0``; ``skews``
+    names the agents whose clocks are off, and by how many seconds.
 
     ``cloud.writes`` and ``coordinator_store.writes`` hold every accepted write with
-    its time; ``foreign_writes`` every lease an agent wrote for another node."""
+    its time (the pool's Clock, the servers'); ``foreign_writes`` every lease an agent
+    wrote for another node."""
 
-    def __init__(self, test, *presets):
+    def __init__(self, test, *presets, skews=None):
         self.test = test
         self.clock = Clock()
         self.clock.advance(T0)
@@ -281,7 +307,8 @@ class ClockPool:
         self.foreign_writes = []
         for name in NODES_OF_POOL:
             self.cloud.put(NODES, pool_node(name))
-        self.agents = {name: ClockAgent(self, agent_config(name, *presets))
+        self.agents = {name: ClockAgent(self, agent_config(name, *presets),
+                                        (skews or {}).get(name, 0.0))
                        for name in NODES_OF_POOL}
         config = self.agents[LEADER].config
         self.election = config.leader_election
@@ -357,10 +384,11 @@ class LeaderDeath:
     through A for a while, A dies ``phase`` seconds after two delegating cadences
     past B's cloud turning unhealthy, and C takes over. Fields: ``cut_at``,
     ``unhealthy_at`` (B's cloud turned unhealthy), ``killed_at``, ``takeover_at``
-    (C's first write of the election lease), ``ended_at``."""
+    (C's first write of the election lease), ``ended_at``; all on the pool's Clock,
+    whatever ``skews`` (see ``ClockPool``) the agents' clocks have."""
 
-    def __init__(self, test, *presets, phase, after_takeover=3):
-        self.pool = pool = ClockPool(test, *presets)
+    def __init__(self, test, *presets, phase, after_takeover=3, skews=None):
+        self.pool = pool = ClockPool(test, *presets, skews=skews)
         interval = pool.heartbeat.interval
         b_start = T0 + START_OFFSETS[CUT] * pool.retry
         # Settled: every agent heartbeated the cloud a few times, A leads.
@@ -419,8 +447,8 @@ class LeaderDeath:
     def expected_cloud_writes(self):
         """``(written at, renewTime)`` of B's cloud lease: B's own heartbeats every
         interval until the cut, then its pool renewals as A forwards them until A's
-        death (each in the instant it was renewed), the newest one as C takes over,
-        and every one after."""
+        death, and those after C took over as C forwards them, each in the instant it
+        was renewed and with that time: the renewal C lists as it starts is none."""
         interval = self.pool.heartbeat.interval
         b_start = T0 + START_OFFSETS[CUT] * self.pool.retry
         direct = [b_start + k * interval
@@ -428,10 +456,8 @@ class LeaderDeath:
         pool = self.expected_pool_renewals()
         takeover = self.expected_takeover()
         before_death = [p for p in pool if p < self.killed_at]
-        at_takeover = [p for p in pool if p <= takeover][-1:]
         after = [p for p in pool if p > takeover]
-        return ([(p, p) for p in direct + before_death] + [(takeover, p) for p in at_takeover]
-                + [(p, p) for p in after])
+        return [(p, p) for p in direct + before_death + after]
 
     def expected_cloud_renewals(self):
         return [renewed for _at, renewed in self.expected_cloud_writes()]
@@ -489,7 +515,8 @@ class DefaultTimingsLeaderDeathTests(LeaderDeathAssertions, unittest.TestCase):
 
     def test_death_just_before_the_cut_nodes_renewal_leaves_the_widest_gap(self):
         """The worst phase (test_delegation_pool's): A dies just before B's next pool
-        renewal, so C forwards the renewal after it, a whole ``W`` after A's last
+        renewal, so C, which forwards only renewals it saw after it took over,
+        forwards the one a whole ``W`` after that, ``W`` + one cadence after A's last
         forward and no later."""
         timings = agent_config(LEADER, TEST_ELECTION_LEASE)
         cadence = delegating_cadence(timings)
@@ -499,7 +526,7 @@ class DefaultTimingsLeaderDeathTests(LeaderDeathAssertions, unittest.TestCase):
         self.assert_death_follows_the_rules(run)
         pool, election = run.pool, run.pool.election
         window = election.lease_duration + election.retry_period + TAKEOVER_MARGIN_SECONDS
-        self.assertEqual(run.across_death_gap(), window)
+        self.assertEqual(run.across_death_gap(), window + cadence)
         self.assertLessEqual(max(gaps(pool.cloud_renewals(CUT))), MAX_GAP_ACROSS_LEADER_DEATH)
         # The takeover: lease_duration after A's last renewal, plus C's poll phase.
         last_renewal = pool.election_renewals(LEADER)[-1]
@@ -523,11 +550,11 @@ class DefaultTimingsLeaderDeathTests(LeaderDeathAssertions, unittest.TestCase):
             gap = max(gaps(run.pool.cloud_renewals(CUT)))
             self.assertLessEqual(gap, MAX_GAP_ACROSS_LEADER_DEATH, phase)
             across[phase] = run.across_death_gap()
-            self.assertLessEqual(across[phase], window, phase)
-        # Both outcomes occur: C's first forward is the renewal right after A's
-        # last, or the one after that, a whole W later (W is two cadences with the
-        # defaults), never more.
-        self.assertEqual(set(across.values()), {cadence, window})
+            self.assertLessEqual(across[phase], window + cadence, phase)
+        # Both outcomes occur: C's first forward is B's renewal a whole W after A's
+        # last (C took over before it), or the one after that, W + one cadence after
+        # A's last; never more. C never forwards the renewal it lists as it starts.
+        self.assertEqual(set(across.values()), {window, window + cadence})
 
 
 class ProcessWorldLeaderDeathTests(LeaderDeathAssertions, unittest.TestCase):
@@ -555,8 +582,77 @@ class ProcessWorldLeaderDeathTests(LeaderDeathAssertions, unittest.TestCase):
                         if at > run.cut_at] + [run.ended_at - writes[-1][1]]
             self.assertEqual(ages, expected)
             # The oldest: just before A's first forward (B's cloud turning unhealthy)
-            # or just before C's (the takeover).
+            # or just before C's (B's first renewal after the takeover).
             self.assertEqual(max(ages), max(
                 run.unhealthy_at - max(r for _at, r in writes if r < run.cut_at),
-                run.takeover_at - max(r for _at, r in writes if r < run.killed_at)))
+                min(r for _at, r in writes if r > run.takeover_at)
+                - max(r for _at, r in writes if r < run.killed_at)))
             self.assertLessEqual(max(ages), max_renew_age, phase)
+
+
+def increases(changes):
+    """The moments (the cloud's clock) at which a lease's renewTime increased, of its
+    ``(written at, renewTime, ...)`` changes: when the node lifecycle controller
+    counts a heartbeat."""
+    moments, highest = [], None
+    for at, renewed, *_rest in changes:
+        if highest is None or renewed > highest:
+            moments.append(at)
+            highest = renewed
+    return moments
+
+
+def to_micros(times):
+    return [round(t * 1_000_000) for t in times]
+
+
+class SkewedClocksLeaderDeathTests(unittest.TestCase):
+    """The leader-death scenario with the agents' clocks minutes apart, as edge nodes
+    that lost NTP keep them, and the cloud judged as the node lifecycle controller
+    judges it: by the moments, on its own clock, at which B's cloud renewTime
+    increased. Every write of B's lease increases it, and the moments are those of
+    the scenario with every clock true (``LeaderDeath.expected_cloud_writes``): no
+    clock, of the node or of either leader, costs B a heartbeat or moves one."""
+
+    SKEWS = {
+        "the cut node 2 min ahead": {CUT: 120.0},
+        "the cut node 2 min behind": {CUT: -120.0},
+        "the leader 5 min ahead": {LEADER: 300.0},
+        "a takeover from a leader 5 min ahead by one 2 min behind, the cut node 2 min "
+        "ahead": {LEADER: 300.0, SURVIVOR: -120.0, CUT: 120.0},
+    }
+
+    def test_skewed_clock_reads_the_pool_clock_off(self):
+        clock = Clock()
+        skewed = SkewedClock(clock, -120.0)
+        verifyObject(IReactorTime, skewed)
+        clock.advance(1000)
+        self.assertEqual(skewed.seconds(), 880.0)
+        fired = []
+        skewed.callLater(5, fired.append, True)
+        self.assertEqual(len(clock.getDelayedCalls()), 1)
+        clock.advance(5)
+        self.assertEqual(fired, [True])
+
+    def test_the_cloud_sees_every_heartbeat_the_true_clocks_give_it(self):
+        timings = agent_config(LEADER, TEST_ELECTION_LEASE)
+        cadence = delegating_cadence(timings)
+        phases = death_phases(cadence, timings.leader_election.retry_period)[::4]
+        for what, skews in self.SKEWS.items():
+            for phase in phases:
+                run = LeaderDeath(self, TEST_ELECTION_LEASE, phase=phase, skews=skews)
+                pool, where = run.pool, f"{what}, phase {phase}"
+                changes = pool.cloud_changes(CUT)
+                self.assertEqual(to_micros(increases(changes)), to_micros(at for at, *_rest in changes),
+                                 where)
+                self.assertEqual(to_micros(increases(changes)),
+                                 to_micros(at for at, _ in run.expected_cloud_writes()), where)
+                # The election is judged by changes seen, whatever the clocks.
+                self.assertEqual(round(run.takeover_at, 6), round(run.expected_takeover(), 6),
+                                 where)
+                self.assertEqual(set(pool.foreign_writes),
+                                 {(LEADER, CUT, Role.LEADER), (SURVIVOR, CUT, Role.LEADER)},
+                                 where)
+                self.assertEqual(pool.agents[CUT].role, Role.FOLLOWER, where)
+                self.assertLessEqual(max(gaps(increases(changes))),
+                                     MAX_GAP_ACROSS_LEADER_DEATH, where)

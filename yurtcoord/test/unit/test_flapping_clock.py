@@ -28,7 +28,7 @@ from zope.interface.verify import verifyObject
 
 from yurtcoord.agent.config import parse_duration
 from yurtcoord.agent.service import FIRST_PROBE_SLACK, REQUEST_TIMEOUT
-from yurtcoord.heartbeat.delegation import DEFAULT_MAX_CLOCK_SKEW, HeartbeatDelegation
+from yurtcoord.heartbeat.delegation import HeartbeatDelegation
 from yurtcoord.heartbeat.interfaces import ICloudHealthChecker, ICoordinatorHealthChecker
 from yurtcoord.heartbeat.probes import (
     CloudHealthChecker, CoordinatorHealthChecker, KubeletHealthChecker, ProbeSettings,
@@ -167,7 +167,7 @@ class PoolMember:
         self.delegation = HeartbeatDelegation(
             clock, coordinator_leases.make_informer, self._pool_nodes, self.cloud_link,
             self.cloud_checker.pick_healthy_server, {CLOUD_URL: self.cloud_link}.__getitem__,
-            POOL, max_clock_skew=DEFAULT_MAX_CLOCK_SKEW, heartbeat_interval=SETTINGS.interval)
+            POOL, heartbeat_interval=SETTINGS.interval)
         self.pool_sync, self.synced_detector = IdleComponent(), IdleComponent()
         self.coordinator = Coordinator(
             clock, node, lambda: defer.succeed(FakePoolStore(clock)), self.pool_sync,
@@ -351,7 +351,7 @@ class FlappingCloudLinkTests(unittest.TestCase):
         """Probes early in each cut: the leader loses the cloud in the first cut, steps
         down and releases the lease; a peer takes over within one retry period and keeps
         the lease through the rest of the flap, forwarding the former leader's
-        heartbeat in every cut. One leadership change in two minutes."""
+        heartbeat in every later cut. One leadership change in two minutes."""
         changes = self.run_flap(EARLY_IN_A_CUT)
         former, successor = self.leader, self.live[1]
         self.assertEqual([(c.previous_holder, c.new_holder) for c in changes],
@@ -371,9 +371,11 @@ class FlappingCloudLinkTests(unittest.TestCase):
         self.assertLessEqual(changes[0].at, released[0] + ELECTION["retry_period"])
         forwarded = delegated_writes(self.cloud_log, self.node_of_address)
         self.assertEqual({(w.writer, w.node) for w in forwarded}, {(successor, former)})
-        # One forward of the former leader's heartbeat per cut.
+        # One forward of the former leader's heartbeat per cut after the first: the
+        # pool renewal the successor listed as it took over in the first cut is no
+        # change it saw, and the cut healed before the next one.
         cuts = int(FLAP_DURATION // partitions.FLAP_PERIOD + 1) // 2
-        self.assertEqual(len(forwarded), cuts)
+        self.assertEqual(len(forwarded), cuts - 1)
         for node in self.live:
             self.assertLessEqual(self.longest_gap(node), 2 * SETTINGS.interval)
 

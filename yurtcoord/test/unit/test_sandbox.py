@@ -260,6 +260,7 @@ class DelegationLinesTests(unittest.TestCase):
         self.followed = DelegationLines(self.clock, self.lines.append)
         self.followed.follow("edge-2", self.delegation)
         self.successResultOf(self.delegation.start(None))
+        self.leases.end_list()
         nodes.end_list([{"metadata": {"name": "edge-1", "labels": {NODE_POOL_LABEL: "pool-a"}}}])
 
     def renew(self, holder="edge-1"):
