@@ -53,6 +53,7 @@ from cryptography import x509
 from cryptography.exceptions import UnsupportedAlgorithm
 from cryptography.hazmat.primitives import serialization
 from twisted.internet import defer
+from twisted.internet.interfaces import IHostnameResolver
 from twisted.logger import Logger
 from zope.interface import implementer
 
@@ -414,7 +415,7 @@ class CertificateClient(ResolvingClient):
     there. While any file is missing (before the Secret was fetched, or after it was
     deleted) every call fails with ``ConnectionFailed`` naming the missing files, which
     the callers treat like an unreachable server (the coordinator prober reports
-    unhealthy, the elector keeps trying).
+    unhealthy, the elector keeps trying). ``name_resolver`` is the ``KubeClient``'s.
     """
 
     # Building the KubeClient may fail too (unreadable files): fail the call, not
@@ -422,10 +423,12 @@ class CertificateClient(ResolvingClient):
     resolve_errors = (Exception,)
 
     def __init__(self, reactor: Any, make_config: Callable[[], ClientConfig],
-                 required_files: Iterable[str]) -> None:
+                 required_files: Iterable[str],
+                 name_resolver: IHostnameResolver | None = None) -> None:
         self._reactor = reactor
         self._make_config = make_config
         self._required_files = tuple(required_files)
+        self._name_resolver = name_resolver
         self.client: KubeClient | None = None
         self._closed = False
 
@@ -441,7 +444,8 @@ class CertificateClient(ResolvingClient):
         if missing:
             raise ConnectionFailed(f"certificates not available: {', '.join(missing)}")
         if self.client is None:
-            self.client = KubeClient(self._reactor, self._make_config())
+            self.client = KubeClient(self._reactor, self._make_config(),
+                                     name_resolver=self._name_resolver)
         return self.client
 
     def drop_connections(self) -> defer.Deferred[None]:

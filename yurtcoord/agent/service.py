@@ -19,6 +19,9 @@ The parts of an agent with ``[coordinator] enabled = true``:
   writes the certs Secret into ``pki_dir``;
 - the etcd client of the pool etcd; the pool store is opened per role by the
   coordinator and closed when it drops it;
+- the resolver of the coordinator apiservers' and the pool etcd's host names, which
+  remembers what they resolved to (in memory and in ``pki_dir``, the agent's state
+  directory) and uses it while DNS fails (``yurtcoord.tx.resolver``);
 - the coordinator with pool sync, heartbeat delegation, the synced detector and the
   local cache upload;
 - the hub elector, electing on the coordinator's Lease with identity = node name;
@@ -63,6 +66,7 @@ from yurtcoord.heartbeat.probes import CloudHealthChecker, CoordinatorHealthChec
 from yurtcoord.role.hubelector import HubElector
 from yurtcoord.tx.reactorlag import ReactorLagProbe
 from yurtcoord.tx.retry import ROLE_RETRY
+from yurtcoord.tx.resolver import remembering_resolver
 from yurtcoord.kube.client import ClientConfig, KubeClient
 from yurtcoord.kube.leaderelection import LeaderElectionConfig, LeaderElector
 from yurtcoord.kube.resolving import PickedServerClient
@@ -309,13 +313,18 @@ class Agent(service.MultiService):
 
         healthy_cloud = HealthyCloudClient(self.cloud_checker.pick_healthy_server,
                                            self.cloud_clients.__getitem__)
+        # The coordinator apiservers and the pool etcd are reached at the addresses
+        # their names last resolved to while DNS fails (it may fail with the cloud);
+        # the file of them is kept beside the certificates, in the state directory.
+        self.coordinator_resolver = remembering_resolver(reactor, coordinator_config.pki_dir)
         # Plain clients without TLS; with it, clients that reload their certificates.
         self.coordinator_clients: Mapping[str, KubeClient | CertificateClient]
         self.lease_proxy_clients: Mapping[str, KubeClient | CertificateClient]
         if coordinator_config.insecure:
             self.coordinator_clients = {
                 url: self._own(KubeClient(reactor, ClientConfig(
-                    server=url, insecure=True, timeout=REQUEST_TIMEOUT)))
+                    server=url, insecure=True, timeout=REQUEST_TIMEOUT),
+                    name_resolver=self.coordinator_resolver))
                 for url in coordinator_config.server}
             etcd_config = EtcdConfig(url=coordinator_config.storage[0],
                                      more_urls=coordinator_config.storage[1:])
@@ -329,7 +338,8 @@ class Agent(service.MultiService):
                                      more_urls=coordinator_config.storage[1:],
                                      ca_file=cert_manager.ca_file,
                                      cert_file=pair.cert_file, key_file=pair.key_file)
-        self.etcd = self._own(EtcdClient(reactor, etcd_config))
+        self.etcd = self._own(EtcdClient(reactor, etcd_config,
+                                         name_resolver=self.coordinator_resolver))
 
         election = config.leader_election
         self.coordinator_checker = CoordinatorHealthChecker(
@@ -427,7 +437,8 @@ class Agent(service.MultiService):
                 functools.partial(ClientConfig, server=url, ca_file=ca_file,
                                   cert_file=pair.cert_file, key_file=pair.key_file,
                                   timeout=REQUEST_TIMEOUT),
-                (ca_file, pair.cert_file, pair.key_file)))
+                (ca_file, pair.cert_file, pair.key_file),
+                name_resolver=self.coordinator_resolver))
             for url in coordinator_config.server}
         proxy_pair = self.cert_manager.node_lease_proxy_pair
         self.lease_proxy_clients = {

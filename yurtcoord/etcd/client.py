@@ -26,6 +26,10 @@ adapter fixes what it lacks:
 - ``range`` honours ``limit``, ``keys_only`` and ``revision`` (txaioetcd's ``get`` drops
   them) and prefix ends are computed correctly for keys ending in ``0xff``.
 
+Members named by a DNS name are resolved by the ``name_resolver`` given to the client
+(``yurtcoord.tx.resolver.RememberingResolver`` keeps the pool etcd reachable while DNS
+fails), else by the reactor's.
+
 Several members of one etcd cluster (``EtcdConfig.more_urls``): requests go to one
 member at a time and move on to the next when it fails to serve (no connection, no
 answer in time, no leader or a lost one); a skipped member comes back once its
@@ -63,7 +67,7 @@ from typing import Any, Callable, Generator, Optional, Union
 
 from OpenSSL import SSL
 from twisted.internet import defer, error as net_error, tcp
-from twisted.internet.interfaces import IReactorTime
+from twisted.internet.interfaces import IHostnameResolver, IReactorTime
 from twisted.internet.defer import Deferred, DeferredSemaphore, inlineCallbacks
 from twisted.logger import Logger
 from twisted.python.failure import Failure
@@ -80,6 +84,7 @@ from yurtcoord.etcd.txaioetcd_private import (
     txaioetcd,
 )
 from yurtcoord.tx import httpbody
+from yurtcoord.tx.resolver import ResolverReactor
 from yurtcoord.tx.tlsreload import PEMSource, ReloadingTLSPolicy
 from yurtcoord.tx.twisted_private import ParseError, QuietHTTPConnectionPool
 from yurtcoord.tx.failures import causes, describe_failure, is_cancellation
@@ -348,9 +353,13 @@ class _Transport:
 
     log = Logger()
 
-    def __init__(self, reactor: IReactorTime, config: EtcdConfig) -> None:
+    def __init__(self, reactor: IReactorTime, config: EtcdConfig,
+                 name_resolver: Optional[IHostnameResolver] = None) -> None:
         self._reactor = reactor
         self._config = config
+        # What the Agent's endpoints take their resolver from.
+        self._resolving_reactor: Any = (
+            reactor if name_resolver is None else ResolverReactor(reactor, name_resolver))
         self.members = MemberSet(reactor, [url.rstrip("/") for url in config.urls],
                                  self.probe_health)
         self._prefix = None if config.gateway_prefix == "auto" else config.gateway_prefix
@@ -386,7 +395,7 @@ class _Transport:
         pool.cachedConnectionTimeout = self._config.idle_connection_timeout
         pool.retryAutomatically = False
         kwargs = {"contextFactory": self.tls} if self.tls is not None else {}
-        agent = web_client.Agent(self._reactor, connectTimeout=self._config.timeout,
+        agent = web_client.Agent(self._resolving_reactor, connectTimeout=self._config.timeout,
                                  pool=pool, **kwargs)
         return pool, agent
 
@@ -687,10 +696,11 @@ class EtcdClient:
 
     log = Logger()
 
-    def __init__(self, reactor: IReactorTime, config: EtcdConfig) -> None:
+    def __init__(self, reactor: IReactorTime, config: EtcdConfig,
+                 name_resolver: Optional[IHostnameResolver] = None) -> None:
         self.config = config
         self._reactor = reactor
-        self._transport = _Transport(reactor, config)
+        self._transport = _Transport(reactor, config, name_resolver)
         self.txaioetcd = GatewayClient(reactor, config.url.rstrip("/"),
                                        _TxaioetcdTransport(self._transport), _refuse)
 

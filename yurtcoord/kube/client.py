@@ -34,6 +34,10 @@ bounds the wait for the response headers of a watch, not the stream itself;
 ``idle_timeout`` ends a stream on which nothing arrived for that long (``Timeout``).
 ``close()`` cancels running watches and requests and closes pooled connections.
 
+``name_resolver``, when given, resolves the server's host name instead of the
+reactor's resolver (``yurtcoord.tx.resolver.RememberingResolver`` keeps a coordinator
+apiserver reachable while DNS fails); an IP address is connected to directly either way.
+
 ``insecure`` allows plain http and skips server verification on https (testing
 only). Construction fails with ``TLSConfigError`` when CA, certificate or key
 files do not load; later changes that do not load are logged and ignored.
@@ -55,7 +59,7 @@ from twisted.internet.abstract import isIPAddress, isIPv6Address
 from twisted.internet.endpoints import (
     HostnameEndpoint, TCP4ClientEndpoint, TCP6ClientEndpoint, wrapClientTLS,
 )
-from twisted.internet.interfaces import IReactorTime, IStreamClientEndpoint
+from twisted.internet.interfaces import IHostnameResolver, IReactorTime, IStreamClientEndpoint
 from twisted.internet.error import ConnectError, ConnectionLost, DNSLookupError
 from twisted.python.failure import Failure
 from twisted.web.client import (
@@ -70,6 +74,7 @@ from zope.interface import implementer
 from yurtcoord.tx import httpbody
 from yurtcoord.tx.failures import describe_failure, is_cancellation
 from yurtcoord.tx.inflight import InFlight
+from yurtcoord.tx.resolver import ResolverReactor
 from yurtcoord.tx.tlsreload import ReloadingTLSPolicy
 from yurtcoord.tx.twisted_private import (
     ChunkedBodyBatcher, QuietHTTPConnectionPool, batch_chunked_body,
@@ -136,13 +141,18 @@ class ClientConfig:
 class _EndpointFactory:
     """TCP (and TLS for https) endpoints for the Agent. An IP address is connected
     to directly: ``HostnameEndpoint`` reports a refused connection only after its
-    0.3 s attempt delay, which would slow every reconnect to a server that is down."""
+    0.3 s attempt delay, which would slow every reconnect to a server that is down.
+    A host name is resolved by ``name_resolver`` when given, else by the reactor's."""
 
     def __init__(self, reactor: IReactorTime, tls_policy: Optional[ReloadingTLSPolicy],
-                 connect_timeout: float) -> None:
+                 connect_timeout: float,
+                 name_resolver: Optional[IHostnameResolver] = None) -> None:
         self._reactor = reactor
         self._tls_policy = tls_policy
         self._timeout = connect_timeout
+        # What HostnameEndpoint takes its resolver from.
+        self._resolving_reactor: Any = (
+            reactor if name_resolver is None else ResolverReactor(reactor, name_resolver))
 
     def endpointForURI(self, uri: URI) -> IStreamClientEndpoint:
         host = uri.host.decode("ascii")
@@ -154,7 +164,8 @@ class _EndpointFactory:
         elif isIPv6Address(host):
             endpoint = TCP6ClientEndpoint(self._reactor, host, uri.port, timeout=self._timeout)
         else:
-            endpoint = HostnameEndpoint(self._reactor, host, uri.port, timeout=self._timeout)
+            endpoint = HostnameEndpoint(self._resolving_reactor, host, uri.port,
+                                        timeout=self._timeout)
         if uri.scheme == b"https":
             if self._tls_policy is None:
                 raise ValueError(f"https URL {uri.toBytes()!r} on a client without TLS")
@@ -263,7 +274,8 @@ class KubeClient:
     """get / list / create / update / delete / watch against one apiserver."""
 
     def __init__(self, reactor: IReactorTime, config: ClientConfig,
-                 pool: Optional[QuietHTTPConnectionPool] = None) -> None:
+                 pool: Optional[QuietHTTPConnectionPool] = None,
+                 name_resolver: Optional[IHostnameResolver] = None) -> None:
         parts = urlsplit(config.server)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(f"apiserver URL must be http(s)://host[:port], got {config.server!r}")
@@ -286,7 +298,7 @@ class KubeClient:
                 key_file=config.key_file, key_data=config.key_data,
                 insecure=config.insecure, name=f"apiserver {self.server}",
             )
-        endpoints = _EndpointFactory(reactor, self.tls, config.timeout)
+        endpoints = _EndpointFactory(reactor, self.tls, config.timeout, name_resolver)
         self._agent: IAgent = ContentDecoderAgent(
             RedirectAgent(Agent.usingEndpointFactory(reactor, endpoints, pool)),
             [(b"gzip", GzipDecoder)])
