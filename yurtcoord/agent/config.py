@@ -2,7 +2,9 @@
 
 Every key the agent understands is a row of ``SCHEMA``; parsing, validation, defaults,
 rendering back to ini text and the operator documentation all come from that table, so
-a key cannot exist in one place and be missing in another.
+a key cannot exist in one place and be missing in another. A key an earlier agent read
+and this one ignores is in ``RETIRED_KEYS`` instead: a file that sets it still starts,
+with one warning line naming it.
 
 Errors are ``ConfigError`` whose ``str`` is a single line naming the file, the section,
 the key and the offending value, because operators read them on a console or in
@@ -24,11 +26,15 @@ from dataclasses import dataclass, field, fields
 from typing import Any, Callable, Optional
 from urllib.parse import urlsplit
 
+from twisted.logger import Logger
+
 from yurtcoord.names import ELECTION_LEASE_NAME, ELECTION_LEASE_NAMESPACE, NODE_POOL_LABEL
 from yurtcoord.pool.keys import normalize_prefix, resource_prefix
 from yurtcoord.pool.scope import DEFAULT_POOL_SCOPE_RESOURCES, describe
 
 DEFAULT_CONFIG_PATH = "/etc/yurtcoord/yurtcoord.ini"
+
+log = Logger()
 
 
 class ConfigError(Exception):
@@ -472,8 +478,6 @@ SCHEMA = (
         "probes stop when the kubelet does not answer here; off on a node with no kubelet"),
     Key("heartbeat", "kubelet_grace_period", DURATION, "40s",
         "probes stop when the kubelet has not been healthy for this long"),
-    Key("heartbeat", "max_clock_skew", DURATION, "5s",
-        "the leader forwards no delegated renewTime further ahead of its clock"),
 
     Key("pool_cache", "informer_lease_renew", DURATION, "10s",
         "renew period of the informer sync lease"),
@@ -489,6 +493,14 @@ SCHEMA = (
 )
 
 SECTIONS = tuple(dict.fromkeys(key.section for key in SCHEMA))
+
+# Keys an earlier agent read that this one accepts and ignores, (section, key) -> why:
+# an ini written for that agent still starts, and says once that the key does nothing.
+RETIRED_KEYS = {
+    ("heartbeat", "max_clock_skew"):
+        "the pool leader stamps forwarded heartbeats with its own clock and compares no "
+        "node's renewTime with it",
+}
 
 
 # ---------------------------------------------------------------------------------------
@@ -540,7 +552,6 @@ class HeartbeatConfig:
     timeout: float
     kubelet_healthz_url: Optional[str]
     kubelet_grace_period: float
-    max_clock_skew: float
 
 
 @dataclass(frozen=True)
@@ -636,6 +647,7 @@ def parse_config(text: str, source_name: str = "<config>") -> "Config":
     parser = _read_ini(text, source_name)
     schema_keys = {(key.section, key.name): key for key in SCHEMA}
 
+    retired = []
     for section in parser.sections():
         if section not in SECTIONS:
             raise ConfigError(
@@ -646,6 +658,9 @@ def parse_config(text: str, source_name: str = "<config>") -> "Config":
             )
         known = [key.name for key in SCHEMA if key.section == section]
         for name, raw in parser.items(section):
+            if (section, name) in RETIRED_KEYS:
+                retired.append((section, name))
+                continue
             if (section, name) not in schema_keys:
                 raise ConfigError(
                     source_name,
@@ -675,6 +690,10 @@ def parse_config(text: str, source_name: str = "<config>") -> "Config":
         **{section: _SECTION_CLASSES[section](**values[section]) for section in SECTIONS},
     )
     _check_rules(config, raw_values, source_name)
+    for section, name in retired:
+        log.warn("{source}: [{section}] {key} is retired and ignored: {why}",
+                 source=source_name, section=section, key=name,
+                 why=RETIRED_KEYS[(section, name)])
     return config
 
 

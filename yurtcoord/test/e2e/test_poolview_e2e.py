@@ -44,7 +44,7 @@ from yurtcoord.testing.world import (
 GRACE = 3.0
 # Heartbeats a few times shorter than the suite's (as the kubelet gate's end-to-end
 # tests), so that a member goes stale within seconds of its kubelet's grace period.
-HEARTBEAT = {"interval": "1s", "timeout": "300ms", "max_clock_skew": "1s"}
+HEARTBEAT = {"interval": "1s", "timeout": "300ms"}
 INTERVAL = parse_duration(HEARTBEAT["interval"])
 # The viewer's window (``stale_after_seconds``): two intervals since it saw a change.
 STALE_AFTER = 2 * INTERVAL
@@ -238,7 +238,7 @@ class ServersInUseEndToEndTests(PoolViewWorld, unittest.TestCase):
     # Heartbeats a few times faster than the default, with attempts long enough for a
     # loaded machine running three etcd members: a probe that fails there makes its
     # agent pending for a moment, and a pending agent has no pool store open.
-    heartbeat = {"interval": "2s", "timeout": "500ms", "max_clock_skew": "1s"}
+    heartbeat = {"interval": "2s", "timeout": "500ms"}
 
     @defer.inlineCallbacks
     def rows_of(self, url):

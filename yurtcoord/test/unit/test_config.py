@@ -5,6 +5,7 @@ import io
 import os
 import sys
 
+from twisted.logger import Logger, LogLevel, formatEvent
 from twisted.trial import unittest
 
 from yurtcoord.agent import config as config_module
@@ -24,6 +25,7 @@ from yurtcoord.agent.config import (
     section_fields,
 )
 from yurtcoord.testing.paths import REPO
+from twisted.plugins.yurtcoord_plugin import Options
 
 SOURCE = "/etc/yurtcoord/yurtcoord.ini"
 MINIMAL = """\
@@ -106,9 +108,8 @@ class ParseValuesTests(unittest.TestCase):
         heartbeat = config.heartbeat
         self.assertEqual(
             (heartbeat.interval, heartbeat.failed_retry, heartbeat.healthy_threshold,
-             heartbeat.timeout, heartbeat.kubelet_healthz_url, heartbeat.kubelet_grace_period,
-             heartbeat.max_clock_skew),
-            (10.0, 3, 2, 2.0, "http://127.0.0.1:10248/healthz", 40.0, 5.0))
+             heartbeat.timeout, heartbeat.kubelet_healthz_url, heartbeat.kubelet_grace_period),
+            (10.0, 3, 2, 2.0, "http://127.0.0.1:10248/healthz", 40.0))
         pool_cache = config.pool_cache
         self.assertEqual(pool_cache.informer_lease_renew, 10.0)
         self.assertEqual(pool_cache.stale_timeout, 30.0)
@@ -319,12 +320,6 @@ class ErrorTests(ConfigErrorAssertions, unittest.TestCase):
                 "apps.openyurt.io/nodepool=<pool>"))
         config = parse_config(with_section("coordinator", "enabled = false", no_pool), SOURCE)
         self.assertEqual(config.node.pool, "")
-
-    def test_max_clock_skew(self):
-        config = parse_config(with_section("heartbeat", "max_clock_skew = 1500ms"), SOURCE)
-        self.assertEqual(config.heartbeat.max_clock_skew, 1.5)
-        self.assertConfigError(with_section("heartbeat", "max_clock_skew = soon"),
-                               "heartbeat", "max_clock_skew", "soon", "not a duration")
 
     def test_missing_file(self):
         path = os.path.join(self.mktemp(), "absent.ini")
@@ -581,3 +576,53 @@ class ErrorTests(ConfigErrorAssertions, unittest.TestCase):
         error = self.assertRaises(ConfigError, parse_config, text, SOURCE)
         self.assertNotIn("\n", str(error))
         self.assertEqual((error.section, error.key), ("heartbeat", "interval"))
+
+
+class RetiredKeyTests(unittest.TestCase):
+    """``[heartbeat] max_clock_skew`` is retired: a file that still sets it starts, with
+    one warning line naming the key and saying it is ignored."""
+
+    WARNING = (f"{SOURCE}: [heartbeat] max_clock_skew is retired and ignored: the pool "
+               "leader stamps forwarded heartbeats with its own clock and compares no "
+               "node's renewTime with it")
+
+    def setUp(self):
+        self.events = []
+        self.patch(config_module, "log", Logger(observer=self.events.append))
+
+    def warnings(self):
+        return [formatEvent(e) for e in self.events if e["log_level"] == LogLevel.warn]
+
+    def test_a_file_that_sets_it_parses_as_one_without_it_and_warns_once(self):
+        config = parse_config(with_section("heartbeat", "max_clock_skew = 5s"), SOURCE)
+        self.assertEqual(self.warnings(), [self.WARNING])
+        self.assertEqual(len(self.events), 1)
+        self.assertEqual(config, parse_config(MINIMAL, SOURCE))
+        self.assertFalse(hasattr(config.heartbeat, "max_clock_skew"))
+        self.assertNotIn("max_clock_skew", render_config(config))
+        self.assertEqual(len(self.events), 1)
+
+    def test_any_value_is_accepted(self):
+        for value in ("1500ms", "soon", ""):
+            parse_config(with_section("heartbeat", f"max_clock_skew = {value}"), SOURCE)
+        self.assertEqual(self.warnings(), [self.WARNING] * 3)
+
+    def test_other_errors_are_still_errors_and_nothing_is_logged_for_them(self):
+        text = with_section("heartbeat", "max_clock_skew = 5s\ninterval = ten")
+        error = self.assertRaises(ConfigError, parse_config, text, SOURCE)
+        self.assertEqual((error.section, error.key), ("heartbeat", "interval"))
+        self.assertEqual(self.events, [])
+
+    def test_a_file_without_it_logs_nothing(self):
+        parse_config(MINIMAL, SOURCE)
+        load_config(EXAMPLE_INI)
+        self.assertEqual(self.events, [])
+
+    def test_the_command_starts_with_a_file_that_sets_it(self):
+        path = self.mktemp()
+        with open(path, "w", encoding="utf-8") as handle:
+            handle.write(with_section("heartbeat", "max_clock_skew = 5s"))
+        options = Options()
+        options.parseOptions(["--config", path])
+        self.assertEqual(options["loaded_config"], parse_config(MINIMAL, path))
+        self.assertEqual(self.warnings(), [self.WARNING.replace(SOURCE, path)])
