@@ -75,7 +75,7 @@ class Metrics:
 
         self.delegations = Counter(
             "yurtcoord_heartbeat_delegations",
-            "Heartbeat delegations this leader finished (written, skipped as not newer, or failed).",
+            "Heartbeat delegations this leader finished (written, dropped, or failed).",
             registry=registry)
         self.delegation_failures = Counter(
             "yurtcoord_heartbeat_delegation_failures",
@@ -163,9 +163,9 @@ class Metrics:
         self.delegation_latency.observe(seconds)
 
     def count_delegation_refused(self, reason: str) -> None:
-        """One delegated pool lease state not forwarded: ``namespace``,
-        ``not_pool_member``, ``no_such_node``, ``holder_mismatch`` or
-        ``renew_time_in_future``."""
+        """One delegated pool lease state not forwarded, for one of
+        ``yurtcoord.heartbeat.delegation.REFUSAL_REASONS``: ``namespace``,
+        ``not_pool_member``, ``no_such_node``, ``holder_mismatch`` or ``expired``."""
         self.delegation_refused.labels(reason=reason).inc()
 
     def set_delegation_limit(self, limit: int) -> None:

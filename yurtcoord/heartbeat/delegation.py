@@ -6,11 +6,11 @@ A node that lost the cloud but still reaches its pool writes its lease
 time it sees one of them change, renews that node's lease in the cloud, so the cloud
 does not declare the node dead.
 
-No clock but the leader's own decides anything here. Edge nodes cut off from the
-cloud lose NTP and drift, and some boot minutes or years off, so the renewTime a node
-writes cannot be compared with the leader's clock. The leader judges a pool lease as
-the node lifecycle controller judges a cloud lease and client-go's leader election its
-lease, by seeing it change:
+No clock but the leader's own decides anything here (docs/design.md, "Clocks"). Edge
+nodes cut off from the cloud lose NTP and drift, and some boot minutes or years off,
+so the renewTime a node writes cannot be compared with the leader's clock. The leader
+judges a pool lease as the node lifecycle controller judges a cloud lease and
+client-go's leader election its lease, by seeing it change:
 
 - a change is an event of the lease informer whose renewTime or resourceVersion
   differs from the state the leader saw last (a lease created while it watches is

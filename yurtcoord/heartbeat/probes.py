@@ -80,8 +80,8 @@ def delegating_interval(interval: float, takeover: float = DEFAULT_TAKEOVER_SECO
 
     ``W / ceil(W / interval)`` with ``W = takeover + margin``: never longer than
     ``interval``, and a whole fraction of ``W`` so that the cloud lease's renewTime
-    gap across a leader's death is at most ``W`` (see docs/design.md, "Delegating
-    cadence").
+    gap across a leader's death is at most ``W`` plus one cadence (see docs/design.md,
+    "Delegating cadence").
     """
     if interval <= 0:
         raise ValueError("interval must be positive")
