@@ -1,7 +1,9 @@
 """Leases of the pool on the coordinator apiserver, as the agents read them: node
-leases and the election lease renewed a given number of seconds before now (wall
-clock), whose age and delegation annotation give a member's heartbeat path in the pool
-view; and the informer sync lease, whose renewals tell that the pool cache is synced."""
+leases and the election lease whose renewTime names a given number of seconds before
+now (wall clock), and whose delegation annotation gives a member's heartbeat path in the
+pool view (which dates a renewal from when it sees renewTime change, not from the time
+renewTime names); and the informer sync lease, whose renewals tell that the pool cache
+is synced."""
 
 import time
 from typing import Any, Optional
