@@ -43,7 +43,8 @@ lease is forwarded only when
   once, leases wait (they are not refused). A name missing from it is looked up once
   in the cloud to tell ``not_pool_member`` (a Node of another pool) from
   ``no_such_node``; should the Node join the pool later, its newest lease is
-  forwarded then. A Node deleted or moved out of the pool stops the forwarding.
+  forwarded then (if the leader saw it change within the interval). A Node deleted
+  or moved out of the pool stops the forwarding.
 
 A refused lease is counted by reason and logged once per lease and reason. Of a pool
 lease only its name and the delegate annotation reach the cloud; a lease created in
@@ -71,8 +72,8 @@ a second: a fixed bound of 16 chains holds that only while a chain takes under 1
 Changes seen meanwhile only replace the remembered pending state of that lease (the
 one seen last wins), which runs when the chain finishes. A failed delegation (no
 healthy cloud server, the cloud answering errors, conflicts to the end) is counted and
-the newest state of that lease is retried after a capped backoff, so a heartbeat is not
-lost until the next renewal.
+the newest state of that lease is retried after a capped backoff while it is fresh, so
+a heartbeat is not lost until the next renewal.
 """
 
 import datetime
@@ -292,7 +293,8 @@ class HeartbeatDelegation:
 
     - ``make_informer()`` → a fresh informer of the leases (all namespaces) on the
       coordinator apiserver, with ``add_handler(on_add, on_update, on_delete)``,
-      ``start()`` and ``stop()`` (a new one per leadership term);
+      ``has_synced`` (what it delivers before is its first list: where the term
+      starts, no change), ``start()`` and ``stop()`` (a new one per leadership term);
     - ``make_node_informer(label_selector)`` → a fresh informer of the cloud's Nodes
       matching ``label_selector``, with ``add_handler``, ``wait_for_sync()``,
       ``start()`` and ``stop()``;
