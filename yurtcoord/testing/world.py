@@ -83,6 +83,9 @@ MIRROR_RV_PREFIX = "/mirror/rv"
 ENDPOINTS_PREFIX = f"{STORAGE_PREFIX}/services/endpoints/"
 PODS_PREFIX = f"{STORAGE_PREFIX}/pods/"
 LISTENING_MARK = "status pages listening on "
+# How much of what an agent logs after its start is searched for LISTENING_MARK: the
+# mark comes within its first lines.
+LISTENING_SEARCH_BYTES = 256 * 1024
 # Seconds an agent gets to exit after SIGTERM before it is killed.
 STOP_DEADLINE = 15.0
 # Seconds an agent gets from spawn to listening on its status port.
@@ -245,6 +248,8 @@ class AgentProcess:
         # shifted by ``yurtcoord.testing.skew.skewed_clock_environment``.
         self.environment: dict[str, str] = {}
         self.url: str | None = None
+        # Where in agent.log the agent's latest start began.
+        self._log_offset = 0
         self._child: _ChildProtocol | None = None
         os.makedirs(self.cache_dir, exist_ok=True)
 
@@ -288,8 +293,12 @@ class AgentProcess:
         return self._child.ended
 
     def start(self, ini_text: str) -> None:
+        """Spawn the agent with ``ini_text``; also again after it ended (its status
+        URL is then read anew from what it logs from now on)."""
         with open(self.ini_path, "w", encoding="utf-8") as f:
             f.write(ini_text)
+        self.url = None
+        self._log_offset = os.path.getsize(self.log_path) if os.path.exists(self.log_path) else 0
         self._child = _ChildProtocol()
         with open(self.log_path, "ab") as log, open(os.devnull, "rb") as null:
             self._spawn(
@@ -305,7 +314,10 @@ class AgentProcess:
 
     def _listening_url(self) -> str | None:
         if self.url is None:
-            for line in tail(self.log_path, 200).splitlines():
+            with open(self.log_path, "rb") as log:
+                log.seek(self._log_offset)
+                started = log.read(LISTENING_SEARCH_BYTES).decode("utf-8", "replace")
+            for line in started.splitlines():
                 if LISTENING_MARK in line:
                     self.url = line.split(LISTENING_MARK, 1)[1].split()[0]
                     break
@@ -371,6 +383,8 @@ class CoordinatorProcess:
         # Known once it listened: a restart listens on the same port again.
         self.port_number: int | None = None
         self.url: str | None = None
+        # Where in agent.log the agent's latest start began.
+        self._log_offset = 0
         self._child: _ChildProtocol | None = None
         os.makedirs(directory, exist_ok=True)
 
