@@ -69,7 +69,7 @@ from yurtcoord.sim.agentini import FAULT_SUITE, TEST_ELECTION_LEASE, loopback_ag
 from yurtcoord.testing.fakeinformer import FakeInformer
 from yurtcoord.testing.fakekube import FakeKube, FakeKubeServer
 from yurtcoord.testing.fakepoolstore import FakePoolStore
-from yurtcoord.testing.clocks import run_until
+from yurtcoord.testing.clocks import SkewedClock, run_until
 from yurtcoord.testing.delegationobjects import pool_node
 from yurtcoord.testing.idlecomponent import IdleComponent
 
@@ -187,26 +187,6 @@ class StoreInformer(FakeInformer):
             self.delete(obj)
         else:
             self.add(obj)
-
-
-@implementer(IReactorTime)
-class SkewedClock:
-    """The pool's Clock as read on a machine whose clock is ``offset`` seconds off, as
-    an edge node that lost NTP keeps it: ``seconds()`` is off, timers run on the
-    pool's Clock."""
-
-    def __init__(self, clock, offset):
-        self._clock = clock
-        self.offset = offset
-
-    def seconds(self):
-        return self._clock.seconds() + self.offset
-
-    def callLater(self, delay, callable, *args, **kw):
-        return self._clock.callLater(delay, callable, *args, **kw)
-
-    def getDelayedCalls(self):
-        return self._clock.getDelayedCalls()
 
 
 class ClockAgent:

@@ -24,6 +24,7 @@ from yurtcoord.kube.lease import (
 from yurtcoord.kube.leaderelection import LeaderElectionConfig, LeaderElector
 from yurtcoord.kube.resolving import PickedServerClient
 from yurtcoord.tx.fsm import IllegalTransition
+from yurtcoord.testing.clocks import SkewedClock, run_until
 from yurtcoord.testing.fakehealth import FakeHealth
 from yurtcoord.testing.fakekube import FakeKube, FakeKubeServer
 
@@ -718,47 +719,9 @@ class StopTests(ElectionTestCase):
         self.assertEqual(len(self.flushLoggedErrors(RuntimeError)), 1)
 
 
-class AgentClocks:
-    """One ``task.Clock`` per agent, each ``offset`` seconds off the true time and all
-    running at one rate. ``run_until(when)`` takes every clock to the true time
-    ``when``, running each call that falls due on the way at its own true time, in
-    order across the clocks."""
-
-    def __init__(self, start):
-        self.now = start
-        self._clocks = {}
-
-    def clock(self, identity, offset):
-        """The clock of agent ``identity``, ``offset`` seconds off the true time."""
-        clock = Clock()
-        clock.advance(self.now + offset)
-        self._clocks[identity] = (clock, offset)
-        return clock
-
-    def offset(self, identity):
-        return self._clocks[identity][1]
-
-    def run_until(self, when):
-        while True:
-            due = [call.getTime() - offset for clock, offset in self._clocks.values()
-                   for call in clock.getDelayedCalls() if call.getTime() - offset <= when]
-            if not due:
-                break
-            self._advance_to(max(self.now, min(due)))
-        self._advance_to(when)
-
-    def _advance_to(self, when):
-        self.now = when
-        for clock, offset in self._clocks.values():
-            clock.advance(max(0.0, when + offset - clock.seconds()))
-
-    def pending(self):
-        return [call for clock, _offset in self._clocks.values()
-                for call in clock.getDelayedCalls()]
-
-
 class SkewedAgentsTests(unittest.TestCase):
-    """Electors of one lease, each on its own ``task.Clock`` (``AgentClocks``): edge-0
+    """Electors of one lease, each on its own clock (a ``SkewedClock`` of one shared
+    ``task.Clock``, stepped call by call with ``run_until``): edge-0
     leads, its clock ``leader_offset`` seconds off the true time; candidates join whose
     clocks are 120 s ahead, 120 s behind and 300 s ahead. No elector ever compares a
     renewTime or acquireTime with its clock (``LeaderElector``'s module docstring): a
@@ -766,17 +729,19 @@ class SkewedAgentsTests(unittest.TestCase):
     wait minutes past a dead leader whose renewTimes lie in its future."""
 
     def setUp(self):
-        self.clocks = AgentClocks(START)
+        self.clock = Clock()
+        self.clock.advance(START)
         self.kube = FakeKube()
         self.electors, self.recorders = {}, {}
 
     def tearDown(self):
         for elector in self.electors.values():
             elector.stop(release=False)
-        self.assertEqual(self.clocks.pending(), [], "a stopped elector left timers behind")
+        self.assertEqual(self.clock.getDelayedCalls(), [],
+                         "a stopped elector left timers behind")
 
     def start(self, identity, offset):
-        clock = self.clocks.clock(identity, offset)
+        clock = SkewedClock(self.clock, offset)
         recorder = Recorder(clock)
         elector = LeaderElector(
             clock, self.kube, make_config(identity), on_started_leading=recorder.started,
@@ -791,13 +756,13 @@ class SkewedAgentsTests(unittest.TestCase):
 
     def lead_stays_put(self, leader_offset):
         leader = self.start("edge-0", leader_offset)
-        self.clocks.run_until(START + 1)
+        run_until(self.clock, START + 1)
         self.assertTrue(leader.is_leader)
         for index, offset in enumerate((+120.0, -120.0, +300.0), start=1):
             self.start(f"edge-{index}", offset)
-            self.clocks.run_until(START + 1 + 0.5 * index)
+            run_until(self.clock, START + 1 + 0.5 * index)
         for second in range(3, 121):
-            self.clocks.run_until(START + second)
+            run_until(self.clock, START + second)
             self.assertEqual([i for i, e in self.electors.items() if e.is_leader], ["edge-0"],
                              second)
         spec = self.spec()
@@ -826,18 +791,18 @@ class SkewedAgentsTests(unittest.TestCase):
         ``second`` at 1.5, each reading the lease every retry_period: ``first`` sees
         the last renewal at 61 and takes over at 61 + lease_duration, on its clock."""
         self.start("edge-0", +300.0)
-        self.clocks.run_until(START + 1)
+        run_until(self.clock, START + 1)
         self.start(first, self.offsets[first])
-        self.clocks.run_until(START + 1.5)
+        run_until(self.clock, START + 1.5)
         self.start(second, self.offsets[second])
-        self.clocks.run_until(START + 60.5)
+        run_until(self.clock, START + 60.5)
         self.assertTrue(self.electors["edge-0"].is_leader)
         self.assertEqual(parse_micro_time(self.spec()["renewTime"]), START + 300 + 60)
         self.electors["edge-0"].stop(release=False)
-        self.clocks.run_until(START + 76 - 0.001)
+        run_until(self.clock, START + 76 - 0.001)
         self.assertEqual([e for e in self.electors.values() if e.is_leader], [],
                          "nobody leads before lease_duration has passed on its clock")
-        self.clocks.run_until(START + 76)
+        run_until(self.clock, START + 76)
         self.assertEqual([i for i, e in self.electors.items() if e.is_leader], [first])
         spec = self.spec()
         self.assertEqual((spec["holderIdentity"], spec["leaseTransitions"]), (first, 1))
@@ -846,7 +811,7 @@ class SkewedAgentsTests(unittest.TestCase):
         self.assertEqual(self.recorders[first].events[-2:],
                          [("started", START + 76 + self.offsets[first]),
                           ("new_leader", first)])
-        self.clocks.run_until(START + 120)
+        run_until(self.clock, START + 120)
         self.assertEqual([i for i, e in self.electors.items() if e.is_leader], [first])
         self.assertEqual(self.electors[second].leader, first)
         self.assertEqual(self.recorders[second].count("started"), 0)
@@ -858,21 +823,6 @@ class SkewedAgentsTests(unittest.TestCase):
 
     def test_a_candidate_120_s_behind_takes_over_a_dead_leader_300_s_ahead(self):
         self.takeover("edge-2", "edge-1")
-
-
-class SkewedClock:
-    """One node's view of a shared Clock: its wall clock is ``offset`` seconds off,
-    its timers run at the same rate."""
-
-    def __init__(self, clock, offset):
-        self._clock = clock
-        self._offset = offset
-
-    def seconds(self):
-        return self._clock.seconds() + self._offset
-
-    def callLater(self, delay, function, *args, **kwargs):
-        return self._clock.callLater(delay, function, *args, **kwargs)
 
 
 class Network:
