@@ -14,8 +14,7 @@ Clock, run their timers in true-time order however far apart their clocks are.
 
 from typing import Any, Callable
 
-from twisted.internet.base import DelayedCall
-from twisted.internet.interfaces import IReactorTime
+from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.internet.task import Clock
 from zope.interface import implementer
 
@@ -49,8 +48,8 @@ class SkewedClock:
         return self._clock.seconds() + self.offset
 
     def callLater(self, delay: float, callable: Callable[..., Any], *args: Any,  # noqa: N802
-                  **kw: Any) -> DelayedCall:
+                  **kw: Any) -> IDelayedCall:
         return self._clock.callLater(delay, callable, *args, **kw)
 
-    def getDelayedCalls(self) -> list[DelayedCall]:  # noqa: N802 - IReactorTime's name
+    def getDelayedCalls(self) -> list[IDelayedCall]:  # noqa: N802 - IReactorTime's name
         return list(self._clock.getDelayedCalls())
