@@ -18,6 +18,7 @@ from zope.interface import implementer
 from yurtcoord.heartbeat.delegation import REFUSAL_REASONS, IDelegationMetrics
 from yurtcoord.pool.uploader import SKIP_REASONS
 from yurtcoord.role.roles import Role
+from yurtcoord.tx.guardedloop import LOOPS, ILoopErrors
 
 if TYPE_CHECKING:
     from yurtcoord.role.coordinator import Coordinator
@@ -37,7 +38,7 @@ METRICS_CONTENT_TYPE = getattr(exposition, "CONTENT_TYPE_PLAIN_0_0_4",
                                "text/plain; version=0.0.4; charset=utf-8")
 
 
-@implementer(IDelegationMetrics)
+@implementer(IDelegationMetrics, ILoopErrors)
 class Metrics:
     """Every metric of one agent (the README's metrics table lists them); components
     get this object passed in."""
@@ -123,6 +124,15 @@ class Metrics:
             "yurtcoord_reactor_lag_seconds",
             "How much later than due the reactor ran the lag probe's timer.",
             buckets=REACTOR_LAG_BUCKETS, registry=registry)
+        # Every guarded loop (yurtcoord.tx.guardedloop.LOOPS) exported at 0 from the
+        # start, so an alert on an increase sees the first error too.
+        self.loop_errors = Counter(
+            "yurtcoord_loop_errors",
+            "Unexpected errors of a periodic loop, which logged each with its traceback "
+            "and went on (docs/runbook.md, \"A loop raised\").",
+            ["loop"], registry=registry)
+        for loop in LOOPS:
+            self.loop_errors.labels(loop=loop)
 
         self.set_role("init")
         self.set_healthy(False)
@@ -190,6 +200,10 @@ class Metrics:
 
     def observe_reactor_lag(self, seconds: float) -> None:
         self.reactor_lag.observe(seconds)
+
+    def count_loop_error(self, loop: str) -> None:
+        """One unexpected error of guarded loop ``loop`` (a name in ``LOOPS``)."""
+        self.loop_errors.labels(loop=loop).inc()
 
     def render(self) -> bytes:
         """The Prometheus text exposition of this agent's registry (bytes)."""

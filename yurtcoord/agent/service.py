@@ -223,7 +223,8 @@ class Agent(service.MultiService):
         self.status_http.setName("status-http")
         self.status_http.setServiceParent(self)
         # Measures, from the moment the status pages listen, how late timers run.
-        self.reactor_lag = ReactorLagProbe(reactor, warn_after=config.heartbeat.timeout)
+        self.reactor_lag = ReactorLagProbe(reactor, warn_after=config.heartbeat.timeout,
+                                           loop_errors=self.metrics)
         self.reactor_lag.add_observer(self.metrics.observe_reactor_lag)
         StageService("reactor-lag", self.reactor_lag.start,
                      self._stop_reactor_lag).setServiceParent(self)
@@ -293,7 +294,7 @@ class Agent(service.MultiService):
         checker = KubeletHealthChecker(
             self.reactor, http.get, heartbeat.kubelet_healthz_url,
             heartbeat.kubelet_grace_period, interval=heartbeat.interval,
-            timeout=heartbeat.timeout)
+            timeout=heartbeat.timeout, loop_errors=self.metrics)
         checker.add_listener(self._kubelet_changed)
         return checker
 
@@ -376,7 +377,7 @@ class Agent(service.MultiService):
             release_on_cancel=True)
         self.hub_elector = hub_elector = HubElector(
             reactor, self.cloud_checker, self.coordinator_checker, self._make_elector,
-            election.check_interval, on_role=coordinator.set_role)
+            election.check_interval, on_role=coordinator.set_role, loop_errors=self.metrics)
         self.status_source = AgentStatus(
             coordinator, config.node.pool, reactor, self.cloud_checker,
             self.coordinator_checker, hub_elector, delegation,

@@ -55,6 +55,7 @@ from yurtcoord.names import (
     NODE_LEASE_NAMESPACE,
 )
 from yurtcoord.tx.failures import describe_failure
+from yurtcoord.tx.guardedloop import ILoopErrors, guarded, report_loop_error
 from yurtcoord.tx.inflight import InFlight
 from yurtcoord.tx.retry import RetryPolicy, backoff_policy
 
@@ -322,13 +323,20 @@ class Cadence:
     every run for the step to the next slot, so a caller can change the cadence;
     ``restart()`` runs at once (right after the run in flight, if any) and anchors
     the lattice there. ``stop()`` cancels the run in flight.
+
+    A run that raises or fails unexpectedly is reported as an error of guarded loop
+    ``loop`` (``yurtcoord.tx.guardedloop``: logged with its traceback, counted in
+    ``loop_errors``) and the cadence goes on: a heartbeat must not end with one bug.
     """
 
     log = Logger()
 
     def __init__(self, reactor: IReactorTime, run: Callable[[], Any],
-                 next_interval: Callable[[], float], name: str) -> None:
+                 next_interval: Callable[[], float], name: str, loop: str,
+                 loop_errors: Optional[ILoopErrors] = None) -> None:
         self._reactor = reactor
+        self._loop = loop
+        self._loop_errors = loop_errors
         self._run = run
         self._next_interval = next_interval
         self._name = name
@@ -385,7 +393,7 @@ class Cadence:
         self._due = due
         self._busy = True
         d = defer.maybeDeferred(self._run)
-        # An unexpected error must not end the cadence: log it and run on.
+        # An unexpected error must not end the cadence: report it and run on.
         d.addErrback(self._run_failed)
         if not d.called:
             self._in_flight = d
@@ -394,7 +402,7 @@ class Cadence:
     def _run_failed(self, failure: Failure) -> None:
         # A run cancelled by stop() ends however its parts report the cancellation.
         if self._running:
-            self.log.failure("{name} raised", failure, name=self._name)
+            report_loop_error(self._loop, failure, self._loop_errors)
 
     def _ran(self, _result: object) -> None:
         self._in_flight = None
@@ -443,7 +451,8 @@ class LeaseProber:
                  settings: Settings, kubelet: Optional["KubeletHealthChecker"] = None,
                  report_health: Optional[Callable[[str, bool], object]] = None,
                  next_interval: Optional[Callable[[], float]] = None,
-                 on_change: Optional[Callable[["LeaseProber"], object]] = None) -> None:
+                 on_change: Optional[Callable[["LeaseProber"], object]] = None,
+                 loop_errors: Optional[ILoopErrors] = None) -> None:
         self._reactor = reactor
         self._writer = writer
         self.server = server
@@ -459,7 +468,7 @@ class LeaseProber:
         self._first_answer_waiters: List[defer.Deferred[None]] = []
         self._cadence = Cadence(reactor, self.probe,
                                 next_interval or (lambda: settings.interval),
-                                f"probe of {server}")
+                                f"probe of {server}", "lease-probe", loop_errors)
 
     @property
     def writer(self) -> NodeLeaseWriter:
@@ -608,7 +617,7 @@ class ServerSet:
     def __init__(self, reactor: IReactorTime, probers: Iterable[LeaseProber],
                  next_interval: Callable[[], float],
                  kubelet: Optional["KubeletHealthChecker"] = None,
-                 name: str = "cloud") -> None:
+                 name: str = "cloud", loop_errors: Optional[ILoopErrors] = None) -> None:
         self._probers = list(probers)
         if not self._probers:
             raise ValueError(f"at least one {name} server is required")
@@ -623,7 +632,8 @@ class ServerSet:
         self._check_first: Optional[int] = None
         self._listeners: List[Callable[[bool], object]] = []
         self._last_state = (self.decided, self.healthy)
-        self._cadence = Cadence(reactor, self._round, next_interval, f"{name} heartbeat")
+        self._cadence = Cadence(reactor, self._round, next_interval, f"{name} heartbeat",
+                                "heartbeat", loop_errors)
         for prober in self._probers:
             prober.on_change = self._prober_changed
 
@@ -786,8 +796,10 @@ class CloudHealthChecker(ServerSet):
     """
 
     def __init__(self, reactor: IReactorTime, probers: Iterable[LeaseProber], interval: float,
-                 kubelet: Optional["KubeletHealthChecker"] = None) -> None:
-        super().__init__(reactor, probers, lambda: interval, kubelet=kubelet, name="cloud")
+                 kubelet: Optional["KubeletHealthChecker"] = None,
+                 loop_errors: Optional[ILoopErrors] = None) -> None:
+        super().__init__(reactor, probers, lambda: interval, kubelet=kubelet, name="cloud",
+                         loop_errors=loop_errors)
 
     @classmethod
     def for_servers(cls, reactor: IReactorTime, clients: Mapping[str, IObjectClient],
@@ -804,10 +816,11 @@ class CloudHealthChecker(ServerSet):
                         NodeLeaseWriter(reactor, client, node_name, settings,
                                         annotations=_not_delegated),
                         url, settings, kubelet=kubelet,
-                        report_health=None if metrics is None else metrics.set_server_healthy)
+                        report_health=None if metrics is None else metrics.set_server_healthy,
+                        loop_errors=metrics)
             for url, client in clients.items()
         ]
-        return cls(reactor, probers, settings.interval, kubelet=kubelet)
+        return cls(reactor, probers, settings.interval, kubelet=kubelet, loop_errors=metrics)
 
 
 def _not_delegated() -> Annotations:
@@ -858,11 +871,12 @@ class CoordinatorHealthChecker(ServerSet):
                         NodeLeaseWriter(reactor, client, node_name, settings,
                                         annotations=functools.partial(
                                             self._lease_annotations, url)),
-                        url, settings, kubelet=kubelet, report_health=report)
+                        url, settings, kubelet=kubelet, report_health=report,
+                        loop_errors=metrics)
             for url, client in clients.items()
         ]
         super().__init__(reactor, probers, self._next_interval, kubelet=kubelet,
-                         name="coordinator")
+                         name="coordinator", loop_errors=metrics)
         cloud_checker.add_listener(self._cloud_changed)
 
     def _lease_annotations(self, server: str) -> Annotations:
@@ -909,8 +923,9 @@ class KubeletHealthChecker:
 
     def __init__(self, reactor: IReactorTime, http_get: Callable[[str], defer.Deferred[Any]],
                  url: str, grace_period: float, interval: float = 5.0,
-                 timeout: float = 2.0) -> None:
+                 timeout: float = 2.0, loop_errors: Optional[ILoopErrors] = None) -> None:
         self._reactor = reactor
+        self._loop_errors = loop_errors
         self._http_get = http_get
         self.url = url
         self._grace = grace_period
@@ -972,15 +987,11 @@ class KubeletHealthChecker:
         self.log.info("kubelet liveness checked at {url} every {interval}s: heartbeats stop "
                       "when it has not answered for {grace}s",
                       url=self.url, interval=self._interval, grace=self._grace)
-        self._loop = LoopingCall(self._check_quietly)
+        # A check that raises is logged and counted (loop kubelet-check); the next
+        # one runs on time, so a bug here cannot freeze the node's liveness.
+        self._loop = LoopingCall(guarded("kubelet-check", self.check, self._loop_errors))
         self._loop.clock = self._reactor
         self._loop_done = self._loop.start(self._interval, now=True)
-
-    def _check_quietly(self) -> defer.Deferred[Any]:
-        d = defer.maybeDeferred(self.check)
-        d.addErrback(lambda failure: self.log.failure(
-            "kubelet check of {url} raised", failure, url=self.url))
-        return d
 
     def stop(self) -> defer.Deferred[Any]:
         if self._loop is None or self._loop_done is None:

@@ -39,8 +39,13 @@ skipped, counted (``yurtcoord_pool_store_undecodable_keys_total``) and logged on
 rebuild, never adopted and never fatal.
 
 A health loop (``LoopingCall`` on the injected reactor) asks etcd for its status and
-exposes ``healthy``; reconnecting after an etcd restart is the etcd client's job (it
-dials again on the next request), so the store keeps working without being rebuilt.
+exposes ``healthy``. The loop is guarded (``yurtcoord.tx.guardedloop``, loop
+``pool-store-health``): a check that raises (an answer the store cannot read, such as a
+status whose version is not text) is logged with its traceback, counted, and turns the
+store unhealthy, and the next check still runs; unguarded, the loop stopped and
+``healthy`` kept its last value with etcd gone. Reconnecting after an etcd restart is
+the etcd client's job (it dials again on the next request), so the store keeps working
+without being rebuilt.
 """
 
 import functools
@@ -69,6 +74,7 @@ from yurtcoord.pool.keys import (
     InvalidKey, KeyBuildInfo, PoolKey, PoolKeyBuilder, ResourceId, ResourceLike, format_rv,
     mirror_rv_key, parse_rv, rv_in_range,
 )
+from yurtcoord.tx.guardedloop import ILoopErrors, guarded
 from yurtcoord.tx.inflight import InFlight
 
 DEFAULT_MAX_OPS = 128
@@ -347,9 +353,12 @@ class PoolStore:
     # -- health --------------------------------------------------------------------
 
     def start(self) -> "PoolStore":
-        """Start the health loop; the first check runs at once."""
+        """Start the health loop; the first check runs at once. ``metrics``, when it
+        provides ``ILoopErrors``, counts the checks that raised."""
         if self._health_loop is None:
-            self._health_loop = LoopingCall(self.check_health)
+            self._health_loop = LoopingCall(guarded(
+                "pool-store-health", self.check_health, ILoopErrors(self.metrics, None),
+                on_error=lambda failure: self._set_healthy(False, failure)))
             self._health_loop.clock = self.reactor
             self._health_loop.start(self.health_interval, now=True)
         return self

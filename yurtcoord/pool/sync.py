@@ -45,6 +45,7 @@ from yurtcoord.tx.heap import QuietCollections
 from yurtcoord.tx.inflight import InFlight
 from yurtcoord.tx.workqueue import WorkQueue
 from yurtcoord.kube import gvr as gvrs
+from yurtcoord.tx.guardedloop import ILoopErrors, guarded
 from yurtcoord.tx.retry import POOL_WRITE_RETRY, Retries
 from yurtcoord.kube.errors import NotFound
 from yurtcoord.kube.gvr import GroupVersionResource
@@ -620,7 +621,11 @@ class PoolSyncManager:
         # the reactor for hundreds of milliseconds during a storm of changes; frozen,
         # they are skipped (see ``yurtcoord.tx.heap``). ``stop()`` thaws them.
         heap.freeze()
-        self._lease_loop = LoopingCall(self._renew_lease)
+        # Guarded (loop informer-sync-lease): a renewal that raises is logged and
+        # counted and the next one runs on time; a stopped loop would let every
+        # follower's pool cache turn unsynced one stale_timeout later.
+        self._lease_loop = LoopingCall(guarded(
+            "informer-sync-lease", self._renew_lease, ILoopErrors(self.metrics, None)))
         self._lease_loop.clock = self.reactor
         self._start_lease_loop()
 

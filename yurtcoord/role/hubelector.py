@@ -15,6 +15,7 @@ from twisted.python.failure import Failure
 
 from yurtcoord.heartbeat.interfaces import IHealthChecker
 from yurtcoord.role.roles import Role
+from yurtcoord.tx.guardedloop import ILoopErrors, guarded
 from yurtcoord.tx.observers import Observers
 
 
@@ -37,13 +38,15 @@ class HubElector:
                  coordinator_checker: IHealthChecker,
                  elector_factory: Callable[[Callable[..., None], Callable[..., None],
                                             Callable[..., None]], Any],
-                 check_interval: float, on_role: Callable[[Role], object]) -> None:
+                 check_interval: float, on_role: Callable[[Role], object],
+                 loop_errors: Optional[ILoopErrors] = None) -> None:
         self._reactor = reactor
         self._cloud = cloud_checker
         self._coordinator = coordinator_checker
         self._elector_factory = elector_factory
         self._check_interval = check_interval
         self._on_role = on_role
+        self._loop_errors = loop_errors
         self.role = Role.INIT
         self._elector: Any = None
         self._candidacies = 0
@@ -93,7 +96,9 @@ class HubElector:
         return None
 
     def _start_checking(self) -> None:
-        self._loop = LoopingCall(self._check_quietly)
+        # One bad check (an on_role callback raising) must not end the loop: it is
+        # logged and counted (loop hub-role-check), the next check runs on time.
+        self._loop = LoopingCall(guarded("hub-role-check", self.check, self._loop_errors))
         self._loop.clock = self._reactor
         self._loop_done = self._loop.start(self._check_interval, now=True)
 
@@ -114,13 +119,6 @@ class HubElector:
         self._stop_electing()
         stopped.extend(self._stopping_electors)
         return defer.gatherResults(stopped, consumeErrors=True).addCallback(lambda _: None)
-
-    def _check_quietly(self) -> None:
-        # One bad check (e.g. an on_role callback raising) must not end the loop.
-        try:
-            self.check()
-        except Exception:
-            self.log.failure("hub role check failed")
 
     def check(self) -> None:
         """One health check; called by the loop every ``check_interval``."""

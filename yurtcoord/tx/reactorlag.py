@@ -11,6 +11,9 @@ than the probe timeout; the benchmarks keep the longest.
 A stall longer than the probe's interval always covers a due time, so it is always
 seen, with its full length (to within one interval) as the lag of the call that was
 due first in it.
+
+The probe's tick is guarded (``yurtcoord.tx.guardedloop``, loop ``reactor-lag``): an
+observer that raises is logged and counted, and the probe goes on measuring.
 """
 
 import math
@@ -20,6 +23,8 @@ from twisted.internet import task
 from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 from twisted.python.failure import Failure
+
+from yurtcoord.tx.guardedloop import ILoopErrors, guarded
 
 # Seconds between two calls of the probe: short enough that every stall of 0.1 s or
 # longer covers a due time; a call costs some microseconds.
@@ -33,13 +38,15 @@ class ReactorLagProbe:
     with how many seconds later than due it ran (0 when on time).
 
     ``longest`` is the longest lag seen since ``start``. With ``warn_after`` set, a lag
-    longer than it is logged (one line, with the lag and the bound).
+    longer than it is logged (one line, with the lag and the bound). ``loop_errors``
+    counts the ticks that raised.
     """
 
     log = Logger()
 
     def __init__(self, clock: IReactorTime, interval: float = LAG_PROBE_INTERVAL,
-                 warn_after: Optional[float] = None) -> None:
+                 warn_after: Optional[float] = None,
+                 loop_errors: Optional[ILoopErrors] = None) -> None:
         if interval <= 0:
             raise ValueError(f"reactor lag probe interval must be positive, not {interval!r}")
         self.clock = clock
@@ -47,7 +54,7 @@ class ReactorLagProbe:
         self.warn_after = warn_after
         self.longest = 0.0
         self._observers: list[LagObserver] = []
-        self._loop = task.LoopingCall(self._tick)
+        self._loop = task.LoopingCall(guarded("reactor-lag", self._tick, loop_errors))
         self._loop.clock = clock
         self._due = 0.0
 

@@ -1,0 +1,119 @@
+"""No silent deaths: one guard for the step of every periodic loop of the agent.
+
+A ``LoopingCall`` whose call raises (or returns a Deferred that fails) stops for good,
+and the failure is only seen as "Unhandled error in Deferred" when the garbage
+collector gets to it; a ``callLater`` chain whose callback raises never arms its next
+timer. The pool store's health loop died that way on a malformed etcd status answer
+and left ``healthy`` True with etcd gone. Every periodic loop therefore runs its step
+through ``guarded(name, step, ...)``: an unexpected exception of the step (raised, or
+the failure of the Deferred it returns) is
+
+- logged once, with its traceback (``log.failure``, field ``loop=<name>``);
+- counted in ``yurtcoord_loop_errors_total{loop=<name>}`` through the optional
+  ``ILoopErrors`` sink (the agent's ``Metrics``; tests and tools may pass none);
+- handed to ``on_error`` where the loop's owner must not go on as if the step had
+  succeeded (the pool store turns unhealthy);
+
+and the guarded step returns normally, so the loop runs again at its next tick.
+A ``CancelledError`` is not an error: stopping a loop cancels its step.
+
+Every name passed to ``guarded`` must be in ``LOOPS`` (``guarded`` refuses others), so
+this list is the complete list of guarded loops, the metric's label values are known in
+advance (the agent exports each at 0), and the unit test that injects an exception
+into each loop by name covers them all (``yurtcoord.test.unit.test_guardedloop``).
+
+The loops (name: module:function whose run is guarded; docs/runbook.md, "A loop
+raised", says what an operator does when the counter moves):
+
+- ``pool-store-health``: ``yurtcoord.pool.store:PoolStore.check_health``, the pool
+  etcd status check every ``health_interval``; an error turns the store unhealthy.
+- ``informer-sync-lease``: ``yurtcoord.pool.sync:PoolSyncManager._renew_lease``, the
+  leader's renewal of the informer sync lease every ``informer_lease_renew``.
+- ``hub-role-check``: ``yurtcoord.role.hubelector:HubElector.check``, the role
+  decision every ``[leader_election] check_interval``.
+- ``kubelet-check``: ``yurtcoord.heartbeat.probes:KubeletHealthChecker.check``, the
+  kubelet liveness check every ``[heartbeat] interval``.
+- ``lease-probe``: ``yurtcoord.heartbeat.probes:LeaseProber.probe``, one server's probe
+  on its ``Cadence``.
+- ``heartbeat``: ``yurtcoord.heartbeat.probes:ServerSet._round``, the
+  node lease heartbeat round over several servers on its ``Cadence``.
+- ``reactor-lag``: ``yurtcoord.tx.reactorlag:ReactorLagProbe._tick``, the reactor lag
+  measurement every 0.1 s.
+"""
+
+from typing import Any, Callable, Mapping, Optional
+
+from twisted.internet import defer
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+from zope.interface import Interface
+
+__all__ = ["LOOPS", "ILoopErrors", "guarded", "report_loop_error"]
+
+# name -> "module:function" of every guarded loop; the module docstring says more.
+LOOPS: Mapping[str, str] = {
+    "pool-store-health": "yurtcoord.pool.store:PoolStore.check_health",
+    "informer-sync-lease": "yurtcoord.pool.sync:PoolSyncManager._renew_lease",
+    "hub-role-check": "yurtcoord.role.hubelector:HubElector.check",
+    "kubelet-check": "yurtcoord.heartbeat.probes:KubeletHealthChecker.check",
+    "lease-probe": "yurtcoord.heartbeat.probes:LeaseProber.probe",
+    "heartbeat": "yurtcoord.heartbeat.probes:ServerSet._round",
+    "reactor-lag": "yurtcoord.tx.reactorlag:ReactorLagProbe._tick",
+}
+
+log = Logger(namespace="yurtcoord.loop")
+
+
+
+class ILoopErrors(Interface):
+    """Where a guarded loop counts its unexpected errors (the agent's ``Metrics``)."""
+
+    def count_loop_error(loop: str) -> None:
+        """One unexpected error in loop ``loop`` (a name in ``LOOPS``)."""
+
+
+def report_loop_error(name: str, failure: Failure, sink: Optional[ILoopErrors] = None,
+                      on_error: Optional[Callable[[Failure], object]] = None) -> None:
+    """Log ``failure`` of loop ``name`` once with its traceback, count it in ``sink``
+    and hand it to ``on_error``; none of them may stop the loop, so a sink or an
+    ``on_error`` that raises is logged too and swallowed."""
+    log.failure("loop {loop} raised; it goes on at its next tick", failure, loop=name)
+    if sink is not None:
+        try:
+            sink.count_loop_error(name)
+        except Exception:
+            log.failure("counting an error of loop {loop} failed", loop=name)
+    if on_error is not None:
+        try:
+            on_error(failure)
+        except Exception:
+            log.failure("error handler of loop {loop} failed", loop=name)
+
+
+def guarded(name: str, step: Callable[..., Any], sink: Optional[ILoopErrors] = None,
+            on_error: Optional[Callable[[Failure], object]] = None) -> Callable[..., Any]:
+    """``step`` for loop ``name`` (a key of ``LOOPS``), guarded: a synchronous
+    exception ends as None, a Deferred result fires with None instead of failing, and
+    either is reported (``report_loop_error``). A result that is not a Deferred is
+    passed on; a ``CancelledError`` (the loop was stopped) passes silently as None."""
+    if name not in LOOPS:
+        raise ValueError(f"loop {name!r} is not in yurtcoord.tx.guardedloop.LOOPS")
+
+    def failed(failure: Failure) -> None:
+        if not failure.check(defer.CancelledError):
+            report_loop_error(name, failure, sink, on_error)
+        return None
+
+    def run(*args: Any, **kwargs: Any) -> Any:
+        try:
+            result = step(*args, **kwargs)
+        except defer.CancelledError:
+            return None
+        except Exception:
+            failed(Failure())
+            return None
+        if isinstance(result, defer.Deferred):
+            return result.addErrback(failed)
+        return result
+
+    return run
