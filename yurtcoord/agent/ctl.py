@@ -15,18 +15,39 @@ schema's default listen address). Tables are aligned like kubectl's; ``-o json``
 prints the document the agent answered, unchanged. The exit status is 0 when the
 agent is ready, ``NOT_READY`` when it answered but is not ready (so that scripts can
 wait for it), ``UNREACHABLE`` when it cannot be read (no answer, or an answer that is
-not the expected JSON document) and ``BAD_USAGE`` for a bad command line or config.
-Every error is one line on stderr. It is a plain synchronous program: one request
-per command, bounded by ``--timeout`` and by ``MAX_ANSWER_BYTES``.
+not the expected JSON document) and ``BAD_USAGE`` for a bad command line, server URL
+or config. Every error is one line on stderr.
+
+It is a plain synchronous program, one request per command, and the agent it reads may
+be broken or hostile (it is whatever answers at that address), so nothing the server
+sends can hold it or break its output:
+
+- ``--timeout`` is one deadline for the whole exchange (name lookup, connect, TLS,
+  request, headers, body): every socket wait gets only what is left of it, so a server
+  trickling a byte at a time cannot stretch it (``read_answer``);
+- only ``http`` and ``https`` servers (``check_server``), reached directly: an agent's
+  status pages are read where the agent listens, so the proxy environment variables
+  (``HTTP_PROXY``, ``ALL_PROXY``, ...) are never used, and loopback never leaves the node;
+- an answer is at most ``MAX_ANSWER_BYTES``, strict UTF-8, JSON without non-finite
+  numbers, nested at most ``MAX_DEPTH`` deep, an object (``decode``);
+- control characters, terminal escape sequences and other invisible characters from
+  the server are shown escaped (``printable``) in tables, warnings and errors; ``-o
+  json`` escapes them as JSON does (``\\u001b``).
 """
 
 import argparse
+import http.client
+import io
 import json
+import math
 import os
+import re
 import socket
+import ssl
 import sys
-import urllib.error
-import urllib.request
+import threading
+import time
+import urllib.parse
 from collections.abc import Mapping, Sequence
 from typing import Any, Optional, TextIO
 
@@ -36,6 +57,15 @@ DEFAULT_CONFIG = "/etc/yurtcoord/yurtcoord.ini"
 # Bytes of one answer read at most; a longer one is a bad answer.
 MAX_ANSWER_BYTES = 8 * 1024 * 1024
 DEFAULT_TIMEOUT = 10.0
+# The longest --timeout: a day is already more than any operator waits, and a socket
+# timeout must fit the operating system's.
+MAX_TIMEOUT = 86400.0
+# Containers nested deeper than this are a bad answer: the agent's documents are at most
+# four deep, and rendering a deeper one would recurse once per level.
+MAX_DEPTH = 32
+# Characters of an exception's text kept in an error line (a bad status line may be
+# 64 KiB long).
+MAX_DETAIL = 200
 NOT_READY, BAD_USAGE, UNREACHABLE = 1, 2, 3
 NONE = "<none>"
 
@@ -51,22 +81,47 @@ class CtlError(Exception):
 # -- tables --------------------------------------------------------------------------
 
 
+# C0 and C1 controls (ESC, CSI, BEL, CR, ...), DEL, lone surrogates, format characters
+# (bidirectional overrides, zero-width ones) and line or paragraph separators.
+_UNPRINTABLE = re.compile(
+    "[\x00-\x1f\x7f-\x9f\u00ad\u061c\u180e\u200b-\u200f\u2028-\u202e"
+    "\u2060-\u206f\ufeff\ufff9-\ufffb\ud800-\udfff]")
+
+
+def _escaped(match: "re.Match[str]") -> str:
+    code = ord(match.group())
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
+def printable(text: str) -> str:
+    """``text`` with every character that would act on the terminal instead of showing
+    (escape sequences, carriage returns, bells, bidirectional overrides, line breaks)
+    or could not be written (lone surrogates) shown as a visible ``\\x1b`` or
+    ``\\u202e`` escape: what the agent answered is data, and a hostile server must
+    not be able to rewrite the operator's screen or forge a line of output."""
+    return _UNPRINTABLE.sub(_escaped, text)
+
+
 def cell(value: object) -> str:
     """How a table shows one value: ``<none>`` for null, ``true``/``false``, ages with
-    an ``s``-less plain number, text with its whitespace folded into single spaces."""
+    an ``s``-less plain number, text with its whitespace folded into single spaces and
+    its control characters escaped (``printable``)."""
     if value is None:
         return NONE
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, float):
         return f"{value:g}"
-    text = " ".join(str(value).split())
+    text = printable(" ".join(str(value).split()))
     return text or '""'
 
 
 def age(seconds: object) -> str:
-    """``4.2s``, ``3m5s``, ``2h0m``: a lease age as kubectl's AGE column shows it."""
+    """``4.2s``, ``3m5s``, ``2h0m``: a lease age as kubectl's AGE column shows it;
+    ``<none>`` for what is not a finite number."""
     if not isinstance(seconds, (int, float)) or isinstance(seconds, bool):
+        return NONE
+    if isinstance(seconds, float) and not math.isfinite(seconds):
         return NONE
     if seconds < 60:
         return f"{seconds:.1f}s"
@@ -181,12 +236,41 @@ def default_listen() -> ListenAddress:
     return parse_listen(key.default)
 
 
+def check_server(value: str) -> str:
+    """``value`` as a base URL to read an agent at, without a trailing ``/``; a
+    ``CtlError`` (``BAD_USAGE``) naming ``--server`` and the value otherwise. Only
+    ``http`` and ``https``: the agent serves nothing else, and a ``file://`` or
+    ``ftp://`` "server" would have the tool read something that is no agent. No
+    credentials (they would be shown in every error line), query or fragment (the
+    page's path is appended), and nothing but visible ASCII (a space or CR/LF would
+    split the request line)."""
+    def refuse(why: str) -> CtlError:
+        return CtlError(f"--server {printable(repr(value))}: {why}", BAD_USAGE)
+
+    if not value or any(not "!" <= c <= "~" for c in value):
+        raise refuse("not a URL (empty, or spaces, control or non-ASCII characters)")
+    parts = urllib.parse.urlsplit(value)
+    if parts.scheme.lower() not in ("http", "https"):
+        raise refuse("not an http or https URL")
+    if not parts.hostname:
+        raise refuse("no host")
+    if parts.username is not None or parts.password is not None:
+        raise refuse("credentials in the URL are not supported")
+    if parts.query or parts.fragment or value.endswith(("?", "#")):
+        raise refuse("a base URL has no query or fragment")
+    try:
+        parts.port
+    except ValueError:
+        raise refuse("not a valid port") from None
+    return value.rstrip("/")
+
+
 def server_url(server: Optional[str], config: Optional[str]) -> str:
-    """The base URL: ``server``; else ``[server] listen`` of ``config``; else of
-    ``DEFAULT_CONFIG`` when that file exists; else the default listen address. A
-    wildcard listen address is reached on loopback."""
-    if server:
-        return server.rstrip("/")
+    """The base URL: ``server`` (checked by ``check_server``); else ``[server] listen``
+    of ``config``; else of ``DEFAULT_CONFIG`` when that file exists; else the default
+    listen address. A wildcard listen address is reached on loopback."""
+    if server is not None:
+        return check_server(server)
     path = config
     if path is None and os.path.exists(DEFAULT_CONFIG):
         path = DEFAULT_CONFIG
@@ -198,73 +282,285 @@ def server_url(server: Optional[str], config: Optional[str]) -> str:
     return ListenAddress(host, listen.port).url()
 
 
-def fetch(url: str, timeout: float) -> Mapping[str, Any]:
-    """GET ``url``: its JSON object, or a ``CtlError`` naming what went wrong."""
-    request = urllib.request.Request(url, headers={"accept": "application/json"})
+class _Deadline:
+    """What is left of one command's ``--timeout``; ``left()`` raises ``TimeoutError``
+    once nothing is."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.at = time.monotonic() + seconds
+
+    def left(self) -> float:
+        remaining = self.at - time.monotonic()
+        if remaining <= 0:
+            raise TimeoutError("deadline passed")
+        return remaining
+
+
+class _DeadlineReader(io.RawIOBase):
+    """The reading side of a socket for ``http.client``: each read waits at most what
+    is left of the deadline, so a server sending a byte now and then cannot keep the
+    status line, the headers or the body coming past it."""
+
+    def __init__(self, sock: socket.socket, deadline: _Deadline) -> None:
+        super().__init__()
+        self.sock = sock
+        self.deadline = deadline
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        self.sock.settimeout(self.deadline.left())
+        return self.sock.recv_into(buffer)
+
+
+class _DeadlineSocket:
+    """What ``http.client.HTTPResponse`` needs of a socket: ``makefile``."""
+
+    def __init__(self, sock: socket.socket, deadline: _Deadline) -> None:
+        self.sock = sock
+        self.deadline = deadline
+
+    def makefile(self, mode: str) -> io.BufferedReader:
+        assert mode == "rb", mode
+        return io.BufferedReader(_DeadlineReader(self.sock, self.deadline))
+
+
+def _resolve(host: str, port: int, deadline: _Deadline) -> list[tuple[Any, ...]]:
+    """``getaddrinfo`` bounded by the deadline: the lookup blocks in the C library with
+    no timeout of its own, so it runs in a daemon thread the command stops waiting for."""
+    found: dict[str, Any] = {}
+
+    def lookup() -> None:
+        try:
+            found["addresses"] = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        except (OSError, UnicodeError) as error:
+            found["error"] = error
+
+    thread = threading.Thread(target=lookup, name="yurtcoordctl-lookup", daemon=True)
+    thread.start()
+    thread.join(deadline.left())
+    if thread.is_alive():
+        raise TimeoutError("name lookup")
+    if "error" in found:
+        raise found["error"]
+    return found["addresses"]
+
+
+def _connect(host: str, port: int, deadline: _Deadline) -> socket.socket:
+    """A socket connected to ``host``, trying its addresses in order within the
+    deadline, directly (no proxy)."""
+    last: Optional[OSError] = None
+    for family, kind, proto, _name, address in _resolve(host, port, deadline):
+        sock = socket.socket(family, kind, proto)
+        try:
+            sock.settimeout(deadline.left())
+            sock.connect(address)
+            return sock
+        except TimeoutError:
+            sock.close()
+            raise
+        except OSError as error:
+            sock.close()
+            last = error
+    raise last if last is not None else OSError(f"no address for {host}")
+
+
+def read_answer(url: str, deadline: _Deadline) -> bytes:
+    """The body of ``GET url`` (an ``http`` or ``https`` URL that ``check_server``
+    accepted), at most ``MAX_ANSWER_BYTES + 1`` bytes of it, read within ``deadline``.
+    Not urllib: its timeout bounds each socket wait, not the exchange, and its
+    ``ProxyHandler`` sends requests, loopback ones included, to ``HTTP_PROXY``."""
+    parts = urllib.parse.urlsplit(url)
+    host = parts.hostname
+    assert host is not None, url
+    port = parts.port or (443 if parts.scheme.lower() == "https" else 80)
+    sock = _connect(host, port, deadline)
     try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:
+        if parts.scheme.lower() == "https":
+            sock.settimeout(deadline.left())
+            sock = ssl.create_default_context().wrap_socket(sock, server_hostname=host)
+        authority = f"[{host}]" if ":" in host else host
+        if parts.port is not None:
+            authority += f":{parts.port}"
+        request = (f"GET {parts.path or '/'} HTTP/1.1\r\nHost: {authority}\r\n"
+                   f"Accept: application/json\r\nUser-Agent: yurtcoordctl\r\n"
+                   f"Connection: close\r\n\r\n")
+        sock.settimeout(deadline.left())
+        sock.sendall(request.encode("ascii"))
+        # HTTPResponse only calls makefile("rb") on what it is given as its socket.
+        reader: Any = _DeadlineSocket(sock, deadline)
+        response = http.client.HTTPResponse(reader)
+        try:
+            response.begin()
+            if not 200 <= response.status < 300:
+                raise CtlError(f"bad answer from {url}: HTTP {response.status} "
+                               f"{response.reason}")
             body = response.read(MAX_ANSWER_BYTES + 1)
-    except urllib.error.HTTPError as error:
-        raise CtlError(f"bad answer from {url}: HTTP {error.code} {error.reason}") from None
-    except urllib.error.URLError as error:
-        reason = error.reason
-        if isinstance(reason, (socket.timeout, TimeoutError)):
-            reason = f"no answer within {timeout:g}s"
-        raise CtlError(f"agent unreachable at {url}: {reason}") from None
-    except (socket.timeout, TimeoutError):
+            # read(amt) returns what came before the connection closed, even when the
+            # Content-Length promised more; a cut-short answer is no answer.
+            if response.length and len(body) <= MAX_ANSWER_BYTES:
+                raise CtlError(f"bad answer from {url}: cut short after {len(body)} of "
+                               f"{len(body) + response.length} bytes")
+            return body
+        finally:
+            response.close()
+    finally:
+        sock.close()
+
+
+def _detail(error: BaseException) -> str:
+    text = str(error) or type(error).__name__
+    return text if len(text) <= MAX_DETAIL else text[:MAX_DETAIL] + "..."
+
+
+def fetch_body(url: str, timeout: float) -> bytes:
+    """``read_answer`` within one deadline of ``timeout`` seconds, any failure a
+    ``CtlError``: ``agent unreachable`` when it could not be asked or did not answer
+    in time, ``bad answer`` when what it answered is not HTTP with a 2xx status."""
+    try:
+        return read_answer(url, _Deadline(timeout))
+    except CtlError:
+        raise
+    except TimeoutError:
         raise CtlError(f"agent unreachable at {url}: no answer within {timeout:g}s") from None
+    except http.client.HTTPException as error:
+        raise CtlError(f"bad answer from {url}: not HTTP ({type(error).__name__}: "
+                       f"{_detail(error)})") from None
     except (OSError, ValueError) as error:
-        raise CtlError(f"agent unreachable at {url}: {error}") from None
+        raise CtlError(f"agent unreachable at {url}: {_detail(error)}") from None
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"non-finite number {name}")
+
+
+def _finite_float(text: str) -> float:
+    number = float(text)
+    if not math.isfinite(number):
+        raise ValueError(f"number out of range {text[:40]}")
+    return number
+
+
+def _depth_at_most(document: Any, limit: int) -> bool:
+    """Whether no list or object in ``document`` is nested more than ``limit`` deep
+    (without recursing: the point is not to)."""
+    stack = [(document, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if isinstance(value, dict):
+            children: Any = value.values()
+        elif isinstance(value, list):
+            children = value
+        else:
+            continue
+        if depth > limit:
+            return False
+        stack.extend((child, depth + 1) for child in children
+                     if isinstance(child, (dict, list)))
+    return True
+
+
+def decode(body: bytes, url: str) -> dict[str, Any]:
+    """The agent's answer ``body`` as the JSON object it must be, or a one-line
+    ``CtlError`` (``UNREACHABLE``: the answer is unreadable) for an answer larger than
+    ``MAX_ANSWER_BYTES``, not UTF-8, not JSON, holding ``NaN``/``Infinity`` or a number
+    too large for a float (the tables would fail on it, and it is no age), nested
+    deeper than ``MAX_DEPTH``, or not an object."""
     if len(body) > MAX_ANSWER_BYTES:
         raise CtlError(f"bad answer from {url}: larger than {MAX_ANSWER_BYTES} bytes")
     try:
-        document = json.loads(body)
-    except (UnicodeDecodeError, ValueError) as error:
-        raise CtlError(f"bad answer from {url}: not JSON ({error})") from None
+        text = body.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise CtlError(f"bad answer from {url}: not UTF-8 ({_detail(error)})") from None
+    try:
+        document = json.loads(text, parse_constant=_refuse_constant,
+                              parse_float=_finite_float)
+    except RecursionError:
+        raise CtlError(f"bad answer from {url}: nested deeper than {MAX_DEPTH}") from None
+    except ValueError as error:
+        raise CtlError(f"bad answer from {url}: not JSON ({_detail(error)})") from None
     if not isinstance(document, dict):
         raise CtlError(f"bad answer from {url}: not a JSON object")
+    if not _depth_at_most(document, MAX_DEPTH):
+        raise CtlError(f"bad answer from {url}: nested deeper than {MAX_DEPTH}")
     return document
 
 
+def fetch(url: str, timeout: float) -> dict[str, Any]:
+    """GET ``url`` within ``timeout`` seconds in all: its JSON object, or a
+    ``CtlError`` naming what went wrong."""
+    return decode(fetch_body(url, timeout), url)
+
+
+EPILOG = f"""\
+deadline:
+  --timeout is one deadline for the whole exchange with the agent: name lookup,
+  connect, TLS, request, headers and body. A server that answers slowly, or a byte at
+  a time, is given up on when it passes (exit {UNREACHABLE}).
+  The agent is reached directly: HTTP_PROXY, HTTPS_PROXY and ALL_PROXY are not used.
+
+exit status:
+  0  the agent answered and is ready
+  {NOT_READY}  the agent answered and is not ready
+  {BAD_USAGE}  bad usage: command line, --server (an http or https URL), --timeout
+     (0 < seconds <= {MAX_TIMEOUT:g}) or the config
+  {UNREACHABLE}  the agent is unreachable, gave no whole answer within --timeout, or its
+     answer is not the expected JSON object (not UTF-8, not JSON, NaN or Infinity,
+     nested deeper than {MAX_DEPTH}, larger than {MAX_ANSWER_BYTES} bytes, fields of the
+     wrong type)
+  Every error is one line on stderr. Control characters and escape sequences in the
+  agent's answer are shown escaped (\\x1b).
+"""
+
+
 def parser() -> argparse.ArgumentParser:
+    """The command line: one sub-command per view, each with the common flags and the
+    deadline and exit statuses in its ``--help``."""
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--server", help="base URL of the agent's status pages "
-                                         "(default: [server] listen of --config)")
+    common.add_argument("--server", help="base URL of the agent's status pages, http or "
+                                         "https (default: [server] listen of --config)")
     common.add_argument("--config", help=f"the agent's ini file (default {DEFAULT_CONFIG})")
     common.add_argument("-o", "--output", choices=("table", "json"), default="table",
                         help="table (default) or json: the agent's document unchanged")
     common.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT,
-                        help=f"seconds to wait for the agent (default {DEFAULT_TIMEOUT:g})")
+                        help=f"seconds for the whole exchange with the agent (default "
+                             f"{DEFAULT_TIMEOUT:g})")
     top = argparse.ArgumentParser(
         prog="yurtcoordctl", description="Read a yurtcoord agent's status pages.",
-        epilog=f"exit status: 0 ready, {NOT_READY} not ready, {BAD_USAGE} bad usage or "
-               f"config, {UNREACHABLE} agent unreachable or bad answer")
+        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = top.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, help_text in (("status", "this agent: role, leader, readiness"),
                             ("members", "the pool's members, their heartbeat paths and "
                                         "the servers they use"),
                             ("leader", "the election lease and the leader changes seen"),
                             ("cache", "the pool cache: objects and informer sync lease")):
-        commands.add_parser(name, parents=[common], help=help_text)
+        commands.add_parser(name, parents=[common], help=help_text, description=help_text,
+                            epilog=EPILOG,
+                            formatter_class=argparse.RawDescriptionHelpFormatter)
     return top
 
 
 def run(argv: Sequence[str], out: TextIO, err: TextIO) -> int:
-    """Run one command line; the exit status."""
+    """Run one command line; the exit status. Whatever the agent answered, what is
+    written is escaped by ``printable`` (tables and warnings through ``cell``, errors
+    here, JSON by ``json.dumps``) and every error is one line."""
     try:
         arguments = parser().parse_args(list(argv))
     except SystemExit as exit_:
         return BAD_USAGE if exit_.code else 0
     path, render = COMMANDS[arguments.command]
     try:
-        if not arguments.timeout > 0:
-            raise CtlError("--timeout must be a positive number of seconds", BAD_USAGE)
+        if not 0 < arguments.timeout <= MAX_TIMEOUT:  # also false for NaN
+            raise CtlError(f"--timeout must be a positive number of seconds, at most "
+                           f"{MAX_TIMEOUT:g}", BAD_USAGE)
         url = server_url(arguments.server, arguments.config) + path
         document = fetch(url, arguments.timeout)
         text = (json.dumps(document, indent=2) + "\n" if arguments.output == "json"
                 else render(document))
     except CtlError as error:
-        err.write(f"yurtcoordctl: {error}\n")
+        err.write(f"yurtcoordctl: {printable(str(error))}\n")
         return error.status
     out.write(text)
     if arguments.output == "table":

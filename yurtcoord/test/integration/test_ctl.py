@@ -1,6 +1,7 @@
 """``yurtcoordctl``'s answers and exit statuses against a local HTTP server that
-answers what each test wants (good documents, errors, garbage, nothing), and its
-console script. The CLI is synchronous: each run happens in a thread while the
+answers what each test wants (good documents, errors, garbage, nothing, a byte at a
+time), its console script, and that it never goes through a proxy. Loopback only.
+The CLI is synchronous: each run happens in a thread (or a child process) while the
 reactor serves."""
 
 import io
@@ -8,8 +9,9 @@ import json
 import os
 import subprocess
 import sys
+import time
 
-from twisted.internet import reactor, threads
+from twisted.internet import defer, protocol, reactor, task, threads, utils
 from twisted.trial import unittest
 from twisted.web import resource, server
 
@@ -116,6 +118,49 @@ class CommandTests(unittest.TestCase):
         self.assertEqual((code, err), (ctl.UNREACHABLE, "yurtcoordctl: bad answer: field "
                                                         "'members' is not a list of objects\n"))
 
+    async def test_unreadable_answers_are_one_line_exit_3(self):
+        for body in (b'{"a": ' + b"[" * 50_000 + b"]" * 50_000 + b"}",
+                     json.dumps(dict(STATUS, last_transition=[[[[]]]])).encode()
+                     .replace(b"[[[[]]]]", b"[" * 40 + b"]" * 40),
+                     json.dumps(POOL).encode().replace(b"125.0", b"Infinity"),
+                     json.dumps(POOL).encode().replace(b"125.0", b"1e999"),
+                     json.dumps(POOL).encode().replace(b"125.0", b"NaN"),
+                     json.dumps(POOL).encode().replace(b"edge-1", b"edge-\xff"),
+                     b"[]"):
+            self.answers.answers["/pool"] = (200, body)
+            self.answers.answers["/status"] = (200, body)
+            for command in ("members", "status"):
+                code, out, err = await self.ctl(command, "--server", self.base)
+                self.assertEqual((code, out), (ctl.UNREACHABLE, ""), (command, body[:40]))
+                self.assertRegex(err, rf"^yurtcoordctl: bad answer from {self.base}/"
+                                      rf"(pool|status): [^\n]*\n$")
+
+    async def test_escape_sequences_from_the_agent_are_shown_escaped(self):
+        hostile = "edge-9\x1b]0;owned\x07\x1b[2J\u202e"
+        self.answers.answers["/pool"] = (200, json.dumps(dict(
+            POOL, members=[dict(POOL["members"][0], node=hostile)],
+            errors={"cloud nodes": hostile})).encode())
+        for output in ("table", "json"):
+            code, out, err = await self.ctl("members", "--server", self.base, "-o", output)
+            self.assertEqual(code, 0, err)
+            self.assertIn("edge-9", out)
+            self.assertNotRegex(out + err, "[\x00-\x09\x0b-\x1f\x7f-\x9f\u202e]")
+        self.answers.answers["/status"] = (500, b"")
+        self.patch(server.Request, "setResponseCode",
+                   lambda request, code, message=None: server.http.Request.setResponseCode(
+                       request, code, b"Oops\x1b[2J"))
+        code, out, err = await self.ctl("status", "--server", self.base)
+        self.assertEqual((code, err), (ctl.UNREACHABLE, f"yurtcoordctl: bad answer from "
+                                                        f"{self.base}/status: HTTP 500 "
+                                                        f"Oops\\x1b[2J\n"))
+
+    async def test_only_http_and_https_servers(self):
+        for value in ("file:///etc/hostname", f"ftp://127.0.0.1:{self.base.rsplit(':', 1)[1]}"):
+            code, out, err = await self.ctl("status", "--server", value)
+            self.assertEqual((code, out, err), (
+                ctl.BAD_USAGE, "", f"yurtcoordctl: --server {value!r}: not an http or https "
+                                   f"URL\n"))
+
     async def test_an_answer_too_large_is_a_bad_answer(self):
         self.patch(ctl, "MAX_ANSWER_BYTES", 100)
         code, _out, err = await self.ctl("members", "--server", self.base)
@@ -164,7 +209,8 @@ class CommandTests(unittest.TestCase):
         self.assertEqual(code, ctl.BAD_USAGE)
         code, out, err = await self.ctl("members", "--server", self.base, "--timeout", "0")
         self.assertEqual((code, err), (ctl.BAD_USAGE, "yurtcoordctl: --timeout must be a "
-                                                      "positive number of seconds\n"))
+                                                      "positive number of seconds, at most "
+                                                      "86400\n"))
 
     def test_the_console_script_is_installed(self):
         script = os.path.join(os.path.dirname(sys.executable), "yurtcoordctl")
@@ -174,3 +220,176 @@ class CommandTests(unittest.TestCase):
         self.assertEqual(done.returncode, 0, done.stderr)
         for command in ("status", "members", "leader", "cache"):
             self.assertIn(command, done.stdout)
+
+
+class Trickle(protocol.Protocol):
+    """Sends the factory's ``at_once`` bytes as soon as connected, then its ``payload``
+    ``chunk`` bytes every ``interval`` seconds, then closes: a slow or hostile server
+    whose every single byte comes well within any per-read timeout."""
+
+    def connectionMade(self):
+        self.factory.connections.append(self)
+        self.transport.write(self.factory.at_once)
+        self.sent = 0
+        self.loop = task.LoopingCall(self.send_some)
+        self.loop.start(self.factory.interval, now=False)
+
+    def send_some(self):
+        payload = self.factory.payload
+        if self.sent >= len(payload):
+            self.loop.stop()
+            self.transport.loseConnection()
+            return
+        self.transport.write(payload[self.sent:self.sent + self.factory.chunk])
+        self.sent += self.factory.chunk
+
+    def connectionLost(self, reason=None):
+        if self.loop.running:
+            self.loop.stop()
+
+
+class TrickleFactory(protocol.Factory):
+    protocol = Trickle
+
+    def __init__(self, at_once=b"", payload=b"", interval=0.1, chunk=1):
+        self.at_once, self.payload, self.interval, self.chunk = (at_once, payload, interval,
+                                                                 chunk)
+        self.connections = []
+
+
+def http_answer(document, *extra_headers):
+    body = json.dumps(document).encode()
+    head = [b"HTTP/1.1 200 OK", b"Content-Type: application/json",
+            b"Content-Length: %d" % len(body), *extra_headers]
+    return b"\r\n".join(head) + b"\r\n\r\n", body
+
+
+class DeadlineTests(unittest.TestCase):
+    """``--timeout`` bounds the whole exchange: a server trickling its status line,
+    headers or body a byte at a time (each byte far within the timeout) is given up on
+    at the deadline, exit 3, one line; the bound allows 1 s for a loaded machine."""
+
+    TIMEOUT = 1.0
+
+    def serve(self, factory):
+        port = reactor.listenTCP(0, factory, interface="127.0.0.1")
+        self.addCleanup(port.stopListening)
+        self.addCleanup(lambda: [c.transport.abortConnection() for c in factory.connections
+                                 if c.transport.connected])
+        return port.getHost().port
+
+    async def timed_ctl(self, url, *argv):
+        def run():
+            out, err = io.StringIO(), io.StringIO()
+            started = time.monotonic()
+            code = ctl.run(["status", "--server", url, "--timeout", f"{self.TIMEOUT:g}",
+                            *argv], out, err)
+            return code, out.getvalue(), err.getvalue(), time.monotonic() - started
+        return await threads.deferToThread(run)
+
+    async def assertGivenUpAtTheDeadline(self, scheme, factory):
+        port = self.serve(factory)
+        url = f"{scheme}://127.0.0.1:{port}"
+        code, out, err, elapsed = await self.timed_ctl(url)
+        self.assertEqual((code, out, err), (
+            ctl.UNREACHABLE, "", f"yurtcoordctl: agent unreachable at {url}/status: no answer "
+                                 f"within {self.TIMEOUT:g}s\n"))
+        self.assertLess(elapsed, self.TIMEOUT + 1.0)
+        self.assertGreater(elapsed, self.TIMEOUT * 0.9)
+
+    async def test_headers_trickled_a_byte_at_a_time(self):
+        head, body = http_answer(STATUS, *(b"X-Padding-%d: %s" % (i, b"p" * 20)
+                                           for i in range(8)))
+        await self.assertGivenUpAtTheDeadline(
+            "http", TrickleFactory(payload=head + body, interval=0.05))
+
+    async def test_a_body_trickled_a_byte_at_a_time(self):
+        head, body = http_answer(STATUS)
+        await self.assertGivenUpAtTheDeadline(
+            "http", TrickleFactory(at_once=head, payload=body, interval=0.05))
+
+    async def test_a_chunked_body_trickled_a_chunk_at_a_time(self):
+        head = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+        body = b"1\r\n \r\n" * 400
+        await self.assertGivenUpAtTheDeadline(
+            "http", TrickleFactory(at_once=head, payload=body, interval=0.05, chunk=6))
+
+    async def test_a_tls_server_that_never_finishes_its_handshake(self):
+        await self.assertGivenUpAtTheDeadline(
+            "https", TrickleFactory(payload=b"\x16\x03\x01" * 200, interval=0.05))
+
+    async def test_a_fast_server_is_read_whole(self):
+        head, body = http_answer(STATUS)
+        port = self.serve(TrickleFactory(at_once=head + body))
+        code, out, err, _elapsed = await self.timed_ctl(f"http://127.0.0.1:{port}")
+        self.assertEqual((code, err), (ctl.NOT_READY, ""))
+        self.assertEqual(out, ctl.format_status(STATUS))
+
+    async def test_what_is_not_http_is_a_bad_answer(self):
+        for answer, why in (
+                (b"SSH-2.0-OpenSSH_9.6\r\n", "not HTTP (BadStatusLine: "),
+                (b"HTTP/1.1 200 OK\r\n" + b"x" * 70_000, "not HTTP (LineTooLong: "),
+                (b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n{", "cut short after 1 of "
+                                                                     "100 bytes"),
+                (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n9\r\n{", "not HTTP "
+                                                                           "(IncompleteRead")):
+            port = self.serve(TrickleFactory(at_once=answer))
+            url = f"http://127.0.0.1:{port}"
+            code, out, err, _elapsed = await self.timed_ctl(url)
+            self.assertEqual((code, out), (ctl.UNREACHABLE, ""), answer[:20])
+            self.assertTrue(err.startswith(f"yurtcoordctl: bad answer from {url}/status: {why}"),
+                            err)
+            self.assertEqual(err.count("\n"), 1, err)
+            self.assertLess(len(err), 400)
+
+
+class Bad502(protocol.Protocol):
+    def dataReceived(self, data):
+        self.transport.write(b"HTTP/1.1 502 Bad Gateway\r\nContent-Length: 0\r\n"
+                             b"Connection: close\r\n\r\n")
+        self.transport.loseConnection()
+
+
+class Recorder(protocol.Factory):
+    """A would-be proxy: counts the connections it gets."""
+
+    protocol = Bad502
+
+    def __init__(self):
+        self.connections = 0
+
+    def buildProtocol(self, addr):
+        self.connections += 1
+        return super().buildProtocol(addr)
+
+
+class NoProxyTests(unittest.TestCase):
+    """The agent is read directly, loopback above all: with every proxy variable
+    pointing at a recorder, ``yurtcoordctl`` (a child process, so that it reads the
+    environment the way an operator's shell gives it) reaches the agent and the
+    recorder gets no connection."""
+
+    def setUp(self):
+        answers = Answers()
+        answers.answers["/pool"] = (200, json.dumps(POOL).encode())
+        port = reactor.listenTCP(0, server.Site(answers), interface="127.0.0.1")
+        self.addCleanup(port.stopListening)
+        self.agent_port = port.getHost().port
+        self.recorder = Recorder()
+        proxy = reactor.listenTCP(0, self.recorder, interface="127.0.0.1")
+        self.addCleanup(proxy.stopListening)
+        self.proxy = f"http://127.0.0.1:{proxy.getHost().port}"
+
+    @defer.inlineCallbacks
+    def test_proxy_variables_are_not_used_for_loopback(self):
+        env = {k: v for k, v in os.environ.items() if k.lower() != "no_proxy"}
+        for name in ("HTTP_PROXY", "http_proxy", "HTTPS_PROXY", "https_proxy", "ALL_PROXY",
+                     "all_proxy"):
+            env[name] = self.proxy
+        for host in ("127.0.0.1", "localhost"):
+            out, err, code = yield utils.getProcessOutputAndValue(
+                sys.executable, ["-m", "yurtcoord.agent.ctl", "members", "--server",
+                                 f"http://{host}:{self.agent_port}"], env=env)
+            self.assertEqual((code, err.decode()), (0, ""), host)
+            self.assertEqual(out.decode(), ctl.format_members(POOL))
+        self.assertEqual(self.recorder.connections, 0)

@@ -2,6 +2,10 @@
 formatted like kubectl's, whatever the values, and a document of the wrong shape
 refused as a bad answer."""
 
+import io
+import json
+import re
+
 from twisted.trial import unittest
 
 from yurtcoord.agent import ctl
@@ -65,3 +69,174 @@ class TableTests(unittest.TestCase):
             with self.assertRaises(ctl.CtlError) as caught:
                 render(document)
             self.assertIn("bad answer", str(caught.exception))
+
+
+class ServerFlagTests(unittest.TestCase):
+    """Only ``http`` and ``https`` agents: anything else is bad usage (exit 2, one line
+    naming ``--server`` and the value), refused before anything is read."""
+
+    def setUp(self):
+        def no_read(url, deadline):
+            raise AssertionError(f"read {url} although --server was refused")
+        self.patch(ctl, "read_answer", no_read)
+
+    def test_other_schemes_and_malformed_urls_are_bad_usage(self):
+        for value, why in (
+                ("file:///etc/passwd", "not an http or https URL"),
+                ("ftp://127.0.0.1:21/", "not an http or https URL"),
+                ("gopher://agent:70", "not an http or https URL"),
+                ("127.0.0.1:10267", "not an http or https URL"),
+                ("http://", "no host"),
+                ("http://admin:S3cret@127.0.0.1:10267", "credentials in the URL"),
+                ("http://127.0.0.1:10267/?x=1", "no query or fragment"),
+                ("http://127.0.0.1:99999", "not a valid port"),
+                ("http://127.0.0.1:1/ HTTP/1.1\r\nX: y", "not a URL"),
+                ("http://agent\x1b[2J/", "not a URL")):
+            out, err = io.StringIO(), io.StringIO()
+            code = ctl.run(["members", "--server", value], out, err)
+            self.assertEqual((code, out.getvalue()), (ctl.BAD_USAGE, ""), value)
+            line = err.getvalue()
+            self.assertTrue(line.startswith("yurtcoordctl: --server '"), line)
+            self.assertIn(why, line)
+            self.assertEqual(line.count("\n"), 1, line)
+            self.assertNotIn("\x1b", line)
+
+    def test_http_and_https_are_read(self):
+        asked = []
+
+        def read(url, deadline):
+            asked.append(url)
+            return json.dumps(POOL).encode()
+        self.patch(ctl, "read_answer", read)
+        for value in ("http://127.0.0.1:10267/", "HTTPS://[::1]:10267", "http://agent/x/"):
+            self.assertEqual(ctl.run(["members", "--server", value], io.StringIO(),
+                                     io.StringIO()), 0)
+        self.assertEqual(asked, ["http://127.0.0.1:10267/pool", "HTTPS://[::1]:10267/pool",
+                                 "http://agent/x/pool"])
+
+    def test_timeouts_that_are_no_deadline_are_bad_usage(self):
+        for value in ("0", "-1", "nan", "inf", "1e300"):
+            err = io.StringIO()
+            code = ctl.run(["members", "--server", "http://127.0.0.1:1", "--timeout", value],
+                           io.StringIO(), err)
+            self.assertEqual((code, err.getvalue()),
+                             (ctl.BAD_USAGE, "yurtcoordctl: --timeout must be a positive "
+                                             "number of seconds, at most 86400\n"), value)
+
+    def test_help_names_the_deadline_and_the_exit_statuses(self):
+        text = ctl.parser().format_help()
+        self.assertIn("one deadline for the whole exchange", text)
+        for line in ("0  the agent answered and is ready", "1  the agent answered and is not",
+                     "2  bad usage", "3  the agent is unreachable"):
+            self.assertIn(line, text)
+
+
+class DecodeTests(unittest.TestCase):
+    """An answer that is not the JSON object expected is one line, exit 3, never a
+    traceback: the tool must say what is wrong with whatever answers at the address."""
+
+    URL = "http://127.0.0.1:10267/pool"
+
+    def assertBadAnswer(self, body, why):
+        with self.assertRaises(ctl.CtlError) as caught:
+            ctl.decode(body, self.URL)
+        message = str(caught.exception)
+        self.assertEqual(caught.exception.status, ctl.UNREACHABLE)
+        self.assertTrue(message.startswith(f"bad answer from {self.URL}: {why}"), message)
+        self.assertNotIn("\n", message)
+        self.assertLess(len(message), 400)
+
+    def test_nested_too_deep(self):
+        self.assertBadAnswer(b'{"a": ' + b"[" * 100_000 + b"]" * 100_000 + b"}",
+                             "nested deeper than 32")
+        self.assertBadAnswer(b'{"a": ' + b"[" * 40 + b"]" * 40 + b"}", "nested deeper than 32")
+        deep_enough = b'{"a": ' + b"[" * 31 + b"]" * 31 + b"}"
+        self.assertIn("a", ctl.decode(deep_enough, self.URL))
+
+    def test_non_finite_numbers(self):
+        for number in (b"NaN", b"Infinity", b"-Infinity", b"1e400", b"-1e999"):
+            self.assertBadAnswer(b'{"ready": true, "lease_age": ' + number + b"}", "not JSON")
+
+    def test_not_utf8(self):
+        self.assertBadAnswer(b'{"node": "\xff\xfe"}', "not UTF-8")
+        self.assertBadAnswer('{"node": "x"}'.encode("utf-16"), "not UTF-8")
+
+    def test_not_json_and_not_an_object(self):
+        self.assertBadAnswer(b"<html>", "not JSON")
+        self.assertBadAnswer(b'{"a": ' + b"9" * 5000 + b"}", "not JSON")
+        self.assertBadAnswer(b"[1, 2]", "not a JSON object")
+        self.assertBadAnswer(b'"ready"', "not a JSON object")
+
+    def test_too_large(self):
+        self.patch(ctl, "MAX_ANSWER_BYTES", 100)
+        self.assertBadAnswer(b'{"a": "' + b"x" * 200 + b'"}', "larger than 100 bytes")
+
+
+class HostileAnswerTests(unittest.TestCase):
+    """Whole command lines against in-memory answers: exit statuses and what reaches
+    stdout and stderr, in every output mode."""
+
+    def answer(self, body):
+        self.patch(ctl, "read_answer", lambda url, deadline: body)
+
+    def ctl(self, *argv):
+        out, err = io.StringIO(), io.StringIO()
+        code = ctl.run([*argv, "--server", "http://127.0.0.1:10267"], out, err)
+        return code, out.getvalue(), err.getvalue()
+
+    def test_decode_errors_are_one_line_exit_3(self):
+        for body in (b"[" * 100_000, b'{"ready": NaN}', b'{"members": [{"lease_age": 1e999}]}',
+                     b"\xff", b"[]", b"", b'{"members": 7}', b'{"election": "x"}',
+                     b'{"cache": {"resources": 1}}'):
+            self.answer(body)
+            for command in ("status", "members", "leader", "cache"):
+                code, out, err = self.ctl(command)
+                if code == ctl.NOT_READY:  # a document this command shows
+                    continue
+                self.assertEqual((code, out), (ctl.UNREACHABLE, ""), (body[:20], command))
+                self.assertRegex(err, r"^yurtcoordctl: bad answer[^\n]*\n$")
+
+    def test_escape_sequences_are_escaped_in_tables_and_warnings(self):
+        hostile = "edge-1\x1b]0;owned\x07\x1b[2J\r\u202eevil\x9b31m\ud800"
+        self.answer(json.dumps(dict(
+            POOL, members=[dict(POOL["members"][0], node=hostile)],
+            leader=hostile, election=dict(POOL["election"], holder=hostile),
+            leader_changes=[{"time": hostile, "leader": hostile}],
+            cache=dict(POOL["cache"], resources={hostile: 1}),
+            errors={hostile: hostile})).encode())
+        for command in ("members", "leader", "cache"):
+            code, out, err = self.ctl(command)
+            self.assertEqual(code, 0, err)
+            for text in (out, err):
+                self.assertIn("edge-1\\x1b]0;owned\\x07\\x1b[2J", text)
+                self.assertIn("\\u202eevil\\x9b31m\\ud800", text)
+                self.assertIsNone(re.search("[\x00-\x09\x0b-\x1f\x7f-\x9f\u202e\ud800]",
+                                            text), ascii(text))
+                text.encode("utf-8")  # writable to a UTF-8 terminal
+            self.assertEqual(err.count("\n"), 1)
+
+    def test_escape_sequences_are_escaped_in_json(self):
+        self.answer(json.dumps({"ready": True, "node": "a\x1b[2J\u202e\ud800"},
+                               ensure_ascii=False).encode("utf-8", "surrogatepass")
+                    .replace(b"\xed\xa0\x80", b"\\ud800"))
+        code, out, err = self.ctl("status", "-o", "json")
+        self.assertEqual((code, err), (0, ""))
+        self.assertIsNone(re.search("[^\n\x20-\x7e]", out), ascii(out))
+        self.assertEqual(json.loads(out)["node"], "a\x1b[2J\u202e\ud800")
+
+    def test_an_error_line_from_the_server_is_escaped(self):
+        def read(url, deadline):
+            raise ctl.CtlError(f"bad answer from {url}: HTTP 500 oops\x1b[2J\r\nforged")
+        self.patch(ctl, "read_answer", read)
+        code, out, err = self.ctl("members")
+        self.assertEqual((code, out), (ctl.UNREACHABLE, ""))
+        self.assertEqual(err, "yurtcoordctl: bad answer from http://127.0.0.1:10267/pool: "
+                              "HTTP 500 oops\\x1b[2J\\x0d\\x0aforged\n")
+
+    def test_ages_that_are_not_finite_numbers(self):
+        self.assertEqual([ctl.age(v) for v in (float("inf"), float("-inf"), float("nan"))],
+                         ["<none>"] * 3)
+
+    def test_printable_keeps_text(self):
+        self.assertEqual(ctl.printable("edge-1 knoten-ä 節点 ✓"), "edge-1 knoten-ä 節点 ✓")
+        self.assertEqual(ctl.printable("a\tb\nc\x7f\u200b"), "a\\x09b\\x0ac\\x7f\\u200b")
