@@ -6,6 +6,11 @@ logging: twistd's own usage errors would print the whole option help first.
 
 A start failure (the status port is taken) is one log line and exit status 71.
 
+The log goes where twistd's own options send it (stdout with ``--nodaemon``,
+``--logfile``, ``--syslog``), in ``[log] format``, without the events below ``[log]
+level`` (``yurtcoord.tx.logs``): the agent's service gives the application its log
+observer, which twistd uses unless ``--logger`` names another one.
+
 SIGTERM is the normal way to stop an agent (systemd, kubelet, supervisors): it stops
 the services and exits with status 0. Twisted's default handler would re-raise the
 signal after shutdown, making every ordinary stop look like a crash.
@@ -105,12 +110,24 @@ def stop_cleanly_on_sigterm(reactor, log):
 
 class ExitOnStartFailure(MultiService):
     """Parent of the agent under twistd: a failure to listen at start becomes one log
-    line and exit status 71 instead of a traceback."""
+    line and exit status 71 instead of a traceback.
 
-    def __init__(self, agent, log):
+    With ``log_observer`` it gives the application it joins that observer (its
+    ``ILogObserver`` component), which twistd then logs to: twistd asks for it after
+    building the service and before logging anything."""
+
+    def __init__(self, agent, log, log_observer=None):
         super().__init__()
         self.log = log
+        self.log_observer = log_observer
         agent.setServiceParent(self)
+
+    def setServiceParent(self, parent):
+        if self.log_observer is not None and hasattr(parent, "setComponent"):
+            from twisted.logger import ILogObserver
+
+            parent.setComponent(ILogObserver, self.log_observer)
+        return super().setServiceParent(parent)
 
     def startService(self):
         try:
@@ -146,7 +163,18 @@ class YurtcoordServiceMaker:
             # Credentials named by a valid config may still not load (a missing CA file).
             _exit_with_one_line(error, EXIT_CONFIG_ERROR)
         reactor.callWhenRunning(stop_cleanly_on_sigterm, reactor, log)
-        return ExitOnStartFailure(agent, log)
+        return ExitOnStartFailure(agent, log, agent_log_observer(options))
+
+
+def agent_log_observer(options):
+    """The log observer of an agent run by twistd, from the ``[log]`` section of its
+    configuration and twistd's own options (``options.parent``); None outside twistd."""
+    from yurtcoord.tx.logs import twistd_log_observer
+
+    if options.parent is None:
+        return None
+    log_config = options["loaded_config"].log
+    return twistd_log_observer(options.parent, log_config.level, log_config.format)
 
 
 def _print_to_terminal(line):

@@ -371,6 +371,22 @@ def _parse_upload_resources(text):
     return tuple(parse_upload_resource(item) for item in _split_list(text))
 
 
+LOG_LEVELS = ("debug", "info", "warn", "error")
+LOG_FORMATS = ("text", "json")
+
+
+def _choice(name, choices):
+    """A parser accepting one of ``choices`` (any case), returned in lower case."""
+
+    def parse(text):
+        value = text.strip().lower()
+        if value not in choices:
+            raise _BadValue(f"not a {name} (use {', '.join(choices[:-1])} or {choices[-1]})")
+        return value
+
+    return parse
+
+
 @dataclass(frozen=True)
 class ValueType:
     """How one kind of value is read from and written to ini text."""
@@ -397,6 +413,8 @@ DISTINCT_URL_LIST = ValueType("comma-separated distinct URLs", _parse_distinct_u
                               _format_list)
 ETCD_PREFIX = ValueType("etcd key prefix", _parse_etcd_prefix)
 LISTEN = ValueType("host:port", parse_listen)
+LOG_LEVEL = ValueType("debug, info, warn or error", _choice("log level", LOG_LEVELS))
+LOG_FORMAT = ValueType("text or json", _choice("log format", LOG_FORMATS))
 UPLOAD_RESOURCES = ValueType(
     "comma-separated component/resource/version[/group]", _parse_upload_resources, _format_list
 )
@@ -490,6 +508,12 @@ SCHEMA = (
 
     Key("server", "listen", LISTEN, "127.0.0.1:10267",
         "/ /healthz /readyz /status /pool /metrics"),
+
+    Key("log", "level", LOG_LEVEL, "info",
+        "events below this level are dropped, Twisted's own included; the status "
+        "pages' access log is at debug"),
+    Key("log", "format", LOG_FORMAT, "text",
+        "text lines, or json: one JSON object per line"),
 )
 
 SECTIONS = tuple(dict.fromkeys(key.section for key in SCHEMA))
@@ -567,6 +591,12 @@ class ServerConfig:
     listen: ListenAddress
 
 
+@dataclass(frozen=True)
+class LogConfig:
+    level: str = "info"
+    format: str = "text"
+
+
 _SECTION_CLASSES = {
     "node": NodeConfig,
     "cloud": CloudConfig,
@@ -575,6 +605,7 @@ _SECTION_CLASSES = {
     "heartbeat": HeartbeatConfig,
     "pool_cache": PoolCacheConfig,
     "server": ServerConfig,
+    "log": LogConfig,
 }
 
 
@@ -589,6 +620,7 @@ class Config:
     heartbeat: HeartbeatConfig
     pool_cache: PoolCacheConfig
     server: ServerConfig
+    log: LogConfig = field(default_factory=LogConfig)
     source: str = field(default="<config>", compare=False)
 
 

@@ -14,7 +14,10 @@ answer (a connection idle or sending that slowly is dropped), with at most
 ``MAX_STATUS_REQUEST_BODY`` bytes of body. A crowd of idle or slow
 clients thus costs a few dozen descriptors for a few seconds, and never the
 descriptors the agent needs for its own connections. Requests are logged at debug
-level only: the pool page polls twice every two seconds.
+level only (the pool page polls twice every two seconds), at most
+``ACCESS_LOG_LINES_PER_SECOND`` lines a second (then one line says how many were
+dropped) with paths cut at ``ACCESS_LOG_PATH_CHARS``: a client flooding the port
+with long paths costs a bounded amount of log, whatever ``[log] level`` is.
 """
 
 import html
@@ -34,6 +37,7 @@ from twisted.web import http, pages, resource, server
 from zope.interface import Attribute, Interface, implementer
 
 from yurtcoord.tx.httpbody import drop_connection
+from yurtcoord.tx.logs import LinesPerSecond, shown_path
 from yurtcoord.agent.metrics import METRICS_CONTENT_TYPE, Metrics
 from yurtcoord.heartbeat.interfaces import ICloudHealthChecker, ICoordinatorHealthChecker
 from yurtcoord.role.roles import Role
@@ -997,7 +1001,8 @@ class StatusChannel(http.HTTPChannel):
 class StatusSite(server.Site):
     """The status site: at most ``max_connections`` connections, each request due
     within ``request_deadline`` seconds with at most ``max_request_body`` bytes of body
-    (``StatusChannel``), requests logged at debug.
+    (``StatusChannel``), requests logged at debug, at most ``access_log.limit`` lines
+    a second (``LinesPerSecond``).
 
     ``open_connections`` is how many are open now, ``refused`` how many were closed at
     once because ``max_connections`` were open.
@@ -1023,6 +1028,8 @@ class StatusSite(server.Site):
         self.open_connections = 0
         self.refused = 0
         self._refusing_since: Optional[int] = None
+        # Lines a client causes: the access log and dropped connections.
+        self.access_log = LinesPerSecond(reactor, self._access_lines_dropped)
 
     def buildProtocol(self, addr: Optional[IAddress]) -> Any:
         """A ``StatusChannel``, or None (the connection is closed) at the limit."""
@@ -1042,7 +1049,14 @@ class StatusSite(server.Site):
         Twisted's log file and its once-a-second date timer are not needed."""
 
     def stopFactory(self) -> None:
-        """Nothing to close: ``startFactory`` opened nothing."""
+        """The port stopped listening: report the access log lines dropped so far,
+        leaving no timer behind."""
+        self.access_log.stop()
+
+    def _access_lines_dropped(self, count: int) -> None:
+        self.logger.debug("status access log: {count} lines dropped in the last second "
+                          "(at most {limit} a second)", count=count,
+                          limit=self.access_log.limit)
 
     def channel_closed(self) -> None:
         self.open_connections -= 1
@@ -1054,6 +1068,8 @@ class StatusSite(server.Site):
                              refused=refused)
 
     def log_dropped(self, channel: StatusChannel, why: str) -> None:
+        if not self.access_log.allow():
+            return
         transport = channel.transport
         peer = str(transport.getPeer()) if transport is not None else "?"
         self.logger.debug("status connection from {peer} dropped: {why}",
@@ -1064,10 +1080,14 @@ class StatusSite(server.Site):
         return io.BytesIO()
 
     def log(self, request: http.Request) -> None:
-        """The access log: debug only (the pool page polls twice every 2 s)."""
+        """The access log: debug only (the pool page polls twice every 2 s), and at
+        most ``access_log.limit`` lines a second with paths cut short."""
+        if not self.access_log.allow():
+            return
         self.logger.debug(
             "status request {method} {path} {code} from {client}",
-            method=request.method.decode("latin-1"), path=request.uri.decode("latin-1"),
+            method=shown_path(request.method.decode("latin-1")),
+            path=shown_path(request.uri.decode("latin-1")),
             code=request.code, client=request.getClientAddress().host)
 
 

@@ -626,3 +626,41 @@ class RetiredKeyTests(unittest.TestCase):
         options.parseOptions(["--config", path])
         self.assertEqual(options["loaded_config"], parse_config(MINIMAL, path))
         self.assertEqual(self.warnings(), [self.WARNING.replace(SOURCE, path)])
+
+
+class LogSectionTests(ConfigErrorAssertions, unittest.TestCase):
+    """``[log] level`` and ``format``: defaults, accepted values, and a bad value as one
+    line naming the key and the value that ends the start with status 78."""
+
+    def test_info_and_text_by_default(self):
+        log = parse_config(MINIMAL, SOURCE).log
+        self.assertEqual((log.level, log.format), ("info", "text"))
+
+    def test_every_level_and_format(self):
+        for level in ("debug", "info", "warn", "error", "WARN"):
+            for log_format in ("text", "json"):
+                log = parse_config(with_section(
+                    "log", f"level = {level}\nformat = {log_format}"), SOURCE).log
+                self.assertEqual((log.level, log.format), (level.lower(), log_format))
+
+    def test_bad_values_are_one_line_naming_the_key_and_value(self):
+        self.assertConfigError(with_section("log", "level = verbose"), "log", "level",
+                               "verbose", "not a log level (use debug, info, warn or error)")
+        self.assertConfigError(with_section("log", "level = warning"), "log", "level",
+                               "warning", "not a log level")
+        self.assertConfigError(with_section("log", "format = xml"), "log", "format", "xml",
+                               "not a log format (use text or json)")
+
+    def test_a_bad_level_ends_the_start_with_exit_status_78(self):
+        from twisted.plugins import yurtcoord_plugin
+
+        path = self.mktemp()
+        with open(path, "w", encoding="utf-8") as handle:
+            handle.write(with_section("log", "level = trace"))
+        stderr = io.StringIO()
+        self.patch(sys, "stderr", stderr)
+        exit_ = self.assertRaises(SystemExit, yurtcoord_plugin.Options().parseOptions,
+                                  ["--config", path])
+        self.assertEqual(exit_.code, 78)
+        self.assertEqual(stderr.getvalue().splitlines(), [
+            f"{path}: [log] level = 'trace': not a log level (use debug, info, warn or error)"])

@@ -1,0 +1,174 @@
+"""The agent's log under ``twistd``: a level below which events are dropped, text or
+JSON lines, and a bound on lines a remote can make the agent write.
+
+twistd writes every event it is given, debug included, and so do Twisted's own parts;
+an agent on a small edge disk must not write what its operator did not ask for. The
+observer ``twistd_log_observer`` builds writes where twistd itself would (the file of
+``--logfile``, stdout with ``--nodaemon``, syslog with ``--syslog``) and drops every
+event below ``[log] level``, whoever logged it: the agent, Twisted's reactor, factories
+and web server, or ``print``s and legacy ``log.msg`` calls twistd turns into events.
+
+Lines caused by remote clients (the status pages' access log) are also bounded in
+number: ``LinesPerSecond`` lets ``limit`` of them through in any second and then
+reports once how many it dropped, so a client sending requests as fast as it can
+costs a bounded amount of log at every level.
+"""
+
+import json
+import signal
+import sys
+from collections.abc import Callable, Mapping
+from datetime import datetime, timezone
+from typing import IO, Any, Optional
+
+from twisted.internet.interfaces import IDelayedCall, IReactorTime
+from twisted.logger import (
+    FileLogObserver, FilteringLogObserver, ILogObserver, LegacyLogObserverWrapper,
+    LogEvent, LogLevel, PredicateResult, eventAsText, textFileLogObserver,
+)
+from twisted.python.logfile import LogFile
+
+LEVELS = {"debug": LogLevel.debug, "info": LogLevel.info, "warn": LogLevel.warn,
+          "error": LogLevel.error}
+FORMATS = ("text", "json")
+# Access log lines written per second at most; past it, one line says how many were
+# dropped. The pool page polls twice every 2 s, so a browser or two never reach it.
+ACCESS_LOG_LINES_PER_SECOND = 20
+# Characters of a request path an access log line shows; a longer path is cut there.
+ACCESS_LOG_PATH_CHARS = 200
+
+
+def at_least(level: LogLevel) -> Callable[[LogEvent], PredicateResult]:
+    """A predicate dropping events below ``level``. An event without a level (none of
+    the twisted.logger API makes one) is kept: nothing says it is unimportant."""
+
+    def predicate(event: LogEvent) -> PredicateResult:
+        event_level = event.get("log_level")
+        if event_level is not None and event_level < level:
+            return PredicateResult.no
+        return PredicateResult.maybe
+
+    return predicate
+
+
+def level_filter(observer: ILogObserver, level: str) -> ILogObserver:
+    """``observer`` behind a filter dropping events below ``level``, one of ``LEVELS``."""
+    return FilteringLogObserver(observer, [at_least(LEVELS[level])])
+
+
+# The fields every json line starts with; an event's own fields of these names are
+# left out (the event's text shows them).
+_JSON_HEADER = ("time", "level", "namespace", "text")
+
+
+def _json_line(event: LogEvent) -> str:
+    """One JSON object and a newline: ``time`` (ISO 8601, UTC), ``level``,
+    ``namespace``, ``text`` (the line the text format shows, with a traceback when the
+    event has one), then the event's own fields whose values are JSON scalars."""
+    when = event.get("log_time")
+    level = event.get("log_level")
+    line: dict[str, Any] = {
+        "time": None if when is None else datetime.fromtimestamp(
+            when, timezone.utc).isoformat(timespec="milliseconds"),
+        "level": None if level is None else level.name,
+        "namespace": event.get("log_namespace"),
+        "text": eventAsText(event, includeTimestamp=False, includeSystem=False),
+    }
+    for name, value in event.items():
+        if name.startswith("log_") or name in _JSON_HEADER:
+            continue
+        if value is None or isinstance(value, (str, int, float, bool)):
+            line[name] = value
+    return json.dumps(line, default=str) + "\n"
+
+
+def file_observer(out: IO[Any], log_format: str) -> ILogObserver:
+    """Writes each event to ``out``: twistd's text lines, or one JSON object per line."""
+    if log_format == "json":
+        return FileLogObserver(out, _json_line)
+    return textFileLogObserver(out)
+
+
+def _rotate_on_sigusr1(log_file: LogFile) -> None:
+    """What twistd does for its own log file: SIGUSR1 rotates it (unless the signal
+    is taken already)."""
+    if signal.getsignal(signal.SIGUSR1) in (None, signal.SIG_DFL):
+        def rotate(signum: int, frame: object) -> None:
+            from twisted.internet import reactor
+            reactor.callFromThread(log_file.rotate)  # type: ignore[attr-defined]
+
+        signal.signal(signal.SIGUSR1, rotate)
+
+
+def twistd_log_observer(server_options: Mapping[str, Any], level: str,
+                        log_format: str) -> ILogObserver:
+    """The observer for an agent under twistd: where twistd's own options
+    (``server_options``: ``--logfile``, ``--nodaemon``, ``--syslog``, ``--prefix``)
+    send the log, in ``log_format``, without the events below ``level``.
+
+    syslog gets text whatever the format: it frames and stamps lines itself."""
+    if server_options.get("syslog"):
+        from twisted.python.syslog import SyslogObserver
+
+        syslog = SyslogObserver(server_options.get("prefix") or "twisted")
+        return level_filter(LegacyLogObserverWrapper(syslog.emit), level)
+    logfile = server_options.get("logfile")
+    out: IO[Any]
+    if logfile == "-" or (not logfile and server_options.get("nodaemon")):
+        out = sys.stdout
+    else:
+        log_file = LogFile.fromFullPath(logfile or "twistd.log")
+        _rotate_on_sigusr1(log_file)
+        out = log_file
+    return level_filter(file_observer(out, log_format), level)
+
+
+def shown_path(path: str, limit: int = ACCESS_LOG_PATH_CHARS) -> str:
+    """A request path as a log line shows it: at most ``limit`` characters, then how
+    long it was."""
+    if len(path) <= limit:
+        return path
+    return f"{path[:limit]}... ({len(path)} characters)"
+
+
+class LinesPerSecond:
+    """At most ``limit`` lines in any one-second window; a line past that is dropped,
+    and once the window ends ``report_dropped(count)`` is called with how many were.
+
+    ``allow()`` says whether to write a line now. ``stop()`` reports what was dropped
+    and not yet reported, and cancels the pending report (its timer)."""
+
+    def __init__(self, reactor: IReactorTime, report_dropped: Callable[[int], None],
+                 limit: int = ACCESS_LOG_LINES_PER_SECOND) -> None:
+        self.reactor = reactor
+        self.report_dropped = report_dropped
+        self.limit = limit
+        self.dropped = 0
+        self._window_end = float("-inf")
+        self._written = 0
+        self._report: Optional[IDelayedCall] = None
+
+    def allow(self) -> bool:
+        now = self.reactor.seconds()
+        if now >= self._window_end:
+            self._window_end = now + 1.0
+            self._written = 0
+        if self._written < self.limit:
+            self._written += 1
+            return True
+        self.dropped += 1
+        if self._report is None:
+            self._report = self.reactor.callLater(self._window_end - now, self._reported)
+        return False
+
+    def _reported(self) -> None:
+        self._report = None
+        dropped, self.dropped = self.dropped, 0
+        if dropped:
+            self.report_dropped(dropped)
+
+    def stop(self) -> None:
+        if self._report is not None and self._report.active():
+            self._report.cancel()
+        self._reported()
+
