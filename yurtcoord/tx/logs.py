@@ -19,14 +19,16 @@ import signal
 import sys
 from collections.abc import Callable, Mapping
 from datetime import datetime, timezone
-from typing import IO, Any, Optional
+from typing import IO, Any, Optional, cast
 
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.logger import (
-    FileLogObserver, FilteringLogObserver, ILogObserver, LegacyLogObserverWrapper,
+    FileLogObserver, FilteringLogObserver, ILogFilterPredicate, ILogObserver,
+    LegacyLogObserverWrapper,
     LogEvent, LogLevel, PredicateResult, eventAsText, textFileLogObserver,
 )
 from twisted.python.logfile import LogFile
+from zope.interface import implementer
 
 LEVELS = {"debug": LogLevel.debug, "info": LogLevel.info, "warn": LogLevel.warn,
           "error": LogLevel.error}
@@ -38,22 +40,24 @@ ACCESS_LOG_LINES_PER_SECOND = 20
 ACCESS_LOG_PATH_CHARS = 200
 
 
-def at_least(level: LogLevel) -> Callable[[LogEvent], PredicateResult]:
+@implementer(ILogFilterPredicate)
+class AtLeast:
     """A predicate dropping events below ``level``. An event without a level (none of
     the twisted.logger API makes one) is kept: nothing says it is unimportant."""
 
-    def predicate(event: LogEvent) -> PredicateResult:
+    def __init__(self, level: LogLevel) -> None:
+        self.level = level
+
+    def __call__(self, event: LogEvent) -> PredicateResult:
         event_level = event.get("log_level")
-        if event_level is not None and event_level < level:
+        if event_level is not None and event_level < self.level:
             return PredicateResult.no
         return PredicateResult.maybe
-
-    return predicate
 
 
 def level_filter(observer: ILogObserver, level: str) -> ILogObserver:
     """``observer`` behind a filter dropping events below ``level``, one of ``LEVELS``."""
-    return FilteringLogObserver(observer, [at_least(LEVELS[level])])
+    return FilteringLogObserver(observer, [AtLeast(LEVELS[level])])
 
 
 # The fields every json line starts with; an event's own fields of these names are
@@ -111,7 +115,11 @@ def twistd_log_observer(server_options: Mapping[str, Any], level: str,
         from twisted.python.syslog import SyslogObserver
 
         syslog = SyslogObserver(server_options.get("prefix") or "twisted")
-        return level_filter(LegacyLogObserverWrapper(syslog.emit), level)
+        from twisted.python import log as legacy_log
+
+        # A legacy observer: a callable taking the legacy event dict.
+        legacy = cast(legacy_log.ILogObserver, syslog.emit)
+        return level_filter(LegacyLogObserverWrapper(legacy), level)
     logfile = server_options.get("logfile")
     out: IO[Any]
     if logfile == "-" or (not logfile and server_options.get("nodaemon")):
