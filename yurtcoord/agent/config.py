@@ -28,6 +28,7 @@ from urllib.parse import urlsplit
 
 from twisted.logger import Logger
 
+from yurtcoord.tx.credentials import mask_url_credentials, url_has_credentials
 from yurtcoord.names import ELECTION_LEASE_NAME, ELECTION_LEASE_NAMESPACE, NODE_POOL_LABEL
 from yurtcoord.pool.keys import normalize_prefix, resource_prefix
 from yurtcoord.pool.scope import DEFAULT_POOL_SCOPE_RESOURCES, describe
@@ -60,7 +61,8 @@ class ConfigError(Exception):
                 where += f" {self.key}"
                 if self.value is not None:
                     where += f" = {self.value!r}"
-        return _one_line(f"{where}: {self.reason}")
+        # A URL's credentials are never printed, whichever value or reason holds them.
+        return mask_url_credentials(_one_line(f"{where}: {self.reason}"))
 
 
 def _one_line(text):
@@ -188,12 +190,20 @@ def _parse_namespace(text):
 
 
 def _check_url(text):
-    """An http(s) URL with a host; whether http is allowed is a rule of its section."""
+    """An http(s) URL with a host; whether http is allowed is a rule of its section.
+
+    A URL carrying credentials (``https://user:password@host``) is refused: the agent
+    would show it on ``/status``, in metric labels and in log lines, and apiservers
+    and etcd take their credentials from certificates and tokens, not from the URL."""
     url = text.strip()
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname or any(
             character.isspace() for character in url):
         raise _BadValue("not a URL (use https://host:port)")
+    if url_has_credentials(url):
+        raise _BadValue("a URL with credentials (user:password@), which would be shown "
+                        "wherever the server is named; give credentials as cert_file/"
+                        "key_file, token_file or a kubeconfig instead")
     try:
         parts.port
     except ValueError:

@@ -18,6 +18,7 @@ from zope.interface import implementer
 from yurtcoord.heartbeat.delegation import REFUSAL_REASONS, IDelegationMetrics
 from yurtcoord.pool.uploader import SKIP_REASONS
 from yurtcoord.role.roles import Role
+from yurtcoord.tx.credentials import mask_url_credentials
 from yurtcoord.tx.guardedloop import LOOPS, ILoopErrors
 
 if TYPE_CHECKING:
@@ -153,7 +154,8 @@ class Metrics:
         follow_coordinator(self, coordinator)
 
     def set_server_healthy(self, server: str, healthy: bool) -> None:
-        """Health of cloud apiserver ``server`` (URL)."""
+        """Health of cloud apiserver ``server`` (URL; a label never shows credentials)."""
+        server = mask_url_credentials(server)
         self.server_healthy.labels(server=server).set(1 if healthy else 0)
 
     def set_coordinator_server_healthy(self, server: str, healthy: bool) -> None:
@@ -161,6 +163,7 @@ class Metrics:
         ``yurtcoord_coordinator_server_healthy_status`` and, as yurthub reports it, in
         ``node_yurthub_server_healthy_status`` beside the cloud servers: dashboards
         built on yurthub's gauge keep showing the coordinator apiserver."""
+        server = mask_url_credentials(server)
         value = 1 if healthy else 0
         self.coordinator_server_healthy.labels(server=server).set(value)
         self.server_healthy.labels(server=server).set(value)

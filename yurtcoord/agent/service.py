@@ -66,8 +66,10 @@ from yurtcoord.heartbeat.probes import CloudHealthChecker, CoordinatorHealthChec
 from yurtcoord.role.hubelector import HubElector
 from yurtcoord.tx.reactorlag import ReactorLagProbe
 from yurtcoord.tx.retry import ROLE_RETRY
+from yurtcoord.tx.credentials import readable_by_others
 from yurtcoord.tx.resolver import remembering_resolver
 from yurtcoord.kube.client import ClientConfig, KubeClient
+from yurtcoord.kube.kubeconfig import load_kubeconfig
 from yurtcoord.kube.leaderelection import LeaderElectionConfig, LeaderElector
 from yurtcoord.kube.resolving import PickedServerClient
 from yurtcoord.pool.localcache import LocalCacheReader
@@ -195,6 +197,7 @@ class Agent(service.MultiService):
         self.cert_manager: Optional[CertManager] = None
 
         with self._section("cloud"):
+            self._warn_of_readable_secrets()
             self.cloud_clients = {
                 url: self._own(KubeClient(reactor, self._cloud_client_config(url)))
                 for url in config.cloud.servers}
@@ -273,14 +276,41 @@ class Agent(service.MultiService):
         if cloud.kubeconfig is not None:
             if cloud.insecure:
                 overrides["insecure"] = True
+            # The kubeconfig's insecure-skip-tls-verify only with [cloud] insecure = true.
             return ClientConfig.from_kubeconfig(cloud.kubeconfig, server=url,
-                                                timeout=REQUEST_TIMEOUT, **overrides)
+                                                timeout=REQUEST_TIMEOUT,
+                                                allow_insecure=cloud.insecure, **overrides)
         values: dict[str, Any] = dict(
             server=url, ca_file=cloud.ca_file, cert_file=cloud.cert_file,
             key_file=cloud.key_file, token_file=cloud.token_file,
             insecure=cloud.insecure, timeout=REQUEST_TIMEOUT)
         values.update(overrides)
         return ClientConfig(**values)
+
+    def _secret_files(self) -> list[tuple[str, str]]:
+        """(path, what it holds) of every file of the cloud credentials that must be
+        the agent's alone: the client key and token files, named in the ini or in the
+        kubeconfig, and the kubeconfig itself when it holds a key or a token."""
+        cloud = self.config.cloud
+        files = [(cloud.key_file, "[cloud] key_file"), (cloud.token_file, "[cloud] token_file")]
+        if cloud.kubeconfig is not None:
+            creds = load_kubeconfig(cloud.kubeconfig, allow_insecure=cloud.insecure)
+            files += [(creds.key_file, f"client-key of {cloud.kubeconfig}"),
+                      (creds.token_file, f"tokenFile of {cloud.kubeconfig}")]
+            if creds.key_data is not None or creds.token is not None:
+                files.append((cloud.kubeconfig, "[cloud] kubeconfig, with a key or token"))
+        return [(path, what) for path, what in files if path is not None]
+
+    def _warn_of_readable_secrets(self) -> None:
+        """One warning per key or token file that its group or others may read, at
+        start: whoever else reads it can act as this node. Neither stops the agent (a
+        deployment may share a group on purpose); the file's content is never logged."""
+        for path, what in self._secret_files():
+            mode = readable_by_others(path)
+            if mode is not None:
+                self.log.warn("{path} ({what}) is readable by group or others (mode "
+                              "{mode}): only the agent's user should read it (chmod 600)",
+                              path=path, what=what, mode=f"{mode:04o}")
 
     def _build_kubelet_checker(self) -> Optional[KubeletHealthChecker]:
         """The kubelet liveness gate of every probe; None with ``kubelet_healthz_url =

@@ -18,6 +18,9 @@ level only (the pool page polls twice every two seconds), at most
 ``ACCESS_LOG_LINES_PER_SECOND`` lines a second (then one line says how many were
 dropped) with paths cut at ``ACCESS_LOG_PATH_CHARS``: a client flooding the port
 with long paths costs a bounded amount of log, whatever ``[log] level`` is.
+
+A server URL never shows its credentials (``user:password@``) on these pages or in
+metric labels: configuration refuses them, and what is shown is masked anyway.
 """
 
 import html
@@ -36,6 +39,7 @@ from twisted.logger import Logger
 from twisted.web import http, pages, resource, server
 from zope.interface import Attribute, Interface, implementer
 
+from yurtcoord.tx.credentials import mask_url_credentials
 from yurtcoord.tx.httpbody import drop_connection
 from yurtcoord.tx.logs import LinesPerSecond, shown_path
 from yurtcoord.agent.metrics import METRICS_CONTENT_TYPE, Metrics
@@ -317,8 +321,8 @@ def readyz_page(source: IStatusSource) -> tuple[int, str, bytes]:
 
 
 def status_page(source: IStatusSource) -> tuple[int, str, bytes]:
-    """The ``/status`` JSON document of ``source``."""
-    body = json.dumps(source.status(), indent=2) + "\n"
+    """The ``/status`` JSON document of ``source``, URLs without credentials."""
+    body = mask_url_credentials(json.dumps(source.status(), indent=2)) + "\n"
     return 200, "application/json", body.encode("utf-8")
 
 

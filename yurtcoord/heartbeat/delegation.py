@@ -40,13 +40,30 @@ lease is forwarded only when
 - it has a name and its ``holderIdentity`` is that name (``holder_mismatch``);
 - its name is a cloud Node labelled ``apps.openyurt.io/nodepool=<pool>``. The leader
   keeps a label-selected informer of its pool's Nodes for this; until it has listed
-  once, leases wait (they are not refused). A name missing from it is looked up once
-  in the cloud to tell ``not_pool_member`` (a Node of another pool) from
-  ``no_such_node``; should the Node join the pool later, its newest lease is
-  forwarded then (if the leader saw it change within the interval). A Node deleted
-  or moved out of the pool stops the forwarding.
+  once, leases wait (they are not refused): the newest state of each, of at most
+  ``MAX_WAITING`` leases; above that, the lease renewed least recently makes room
+  (uncounted, its number logged once the list is in), as its state is the first to
+  grow too old to write and a live node renews again within one interval. A lease
+  whose name the informer does not hold is counted (``not_pool_member``, or
+  ``no_such_node`` when a cloud read found no such Node) and dropped, not kept for
+  a later join: should the Node join the pool, its next change is forwarded. A
+  Node deleted or moved out of the pool stops the forwarding.
 
-A refused lease is counted by reason and logged once per lease and reason. Of a pool
+Anyone who may write leases to the coordinator apiserver can make up names by the
+ten thousand, so what such a name costs is bounded whatever their number. The
+cloud is read about names the informer does not hold (to tell a Node of another
+pool from none, and to catch a pool Node the informer has not delivered yet) at most
+``ABSENT_NAMES`` times per ``ABSENT_NAMES_TTL`` and ``MAX_NODE_READS`` at once; an
+answer is remembered for ``ABSENT_NAMES_TTL`` (at most ``ABSENT_NAMES`` names, least
+recently used first out), and a remembered name is dropped without a read. A name
+beyond that budget is dropped without a read as ``not_pool_member``. Parked, that
+is kept until the informer delivers its Node, is only the newest state of a lease
+whose read runs, or whose Node the cloud answered is in the pool: at most one per
+pool member, plus one per read in flight.
+
+A refused lease is counted by reason. One whose name is a Node of the pool is
+logged once per lease and reason; the others are logged together (how many, by
+reason, and a few of the leases), at most once per ``SUMMARY_PERIOD``. Of a pool
 lease only its name and the delegate annotation reach the cloud; a lease created in
 the cloud gets an ownerReference to its Node, as the kubelet's own lease has.
 
@@ -77,10 +94,11 @@ a heartbeat is not lost until the next renewal.
 """
 
 import datetime
-from typing import Any, Callable, Dict, List, Optional, Set, Tuple
+from collections import OrderedDict, deque
+from typing import Any, Callable, Deque, Dict, List, Optional, Set, Tuple
 
 from twisted.internet import defer
-from twisted.internet.interfaces import IReactorTime
+from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 from zope.interface import Interface, implementer
@@ -135,6 +153,25 @@ REFUSAL_REASONS = (REFUSED_NAMESPACE, REFUSED_NOT_POOL_MEMBER, REFUSED_NO_SUCH_N
 FORWARDED_OUTCOMES = (CREATED, UPDATED)
 # The agents' ``[heartbeat] interval`` unless the caller names it.
 DEFAULT_HEARTBEAT_INTERVAL = 10.0
+
+# What a delegated lease whose name is not a Node of the pool may cost the leader,
+# whatever the number of such names (anyone writing to the coordinator apiserver can
+# make up as many as it likes). The cloud is read about such names at most
+# ABSENT_NAMES times per ABSENT_NAMES_TTL, MAX_NODE_READS at once; each answer is
+# remembered for ABSENT_NAMES_TTL (at most ABSENT_NAMES of them, least recently used
+# forgotten first), and a name remembered is dropped without a read. A misconfigured
+# node renewing every interval costs one cloud read a minute.
+ABSENT_NAMES = 512
+ABSENT_NAMES_TTL = 60.0
+MAX_NODE_READS = 4
+# Delegated leases waiting for the first list of the pool's Nodes: the newest state
+# of at most this many names (a pool of 5,000 nodes twice over); above it, a new name
+# pushes out the name whose newest state the leader saw earliest.
+MAX_WAITING = 10_000
+# Refusals of leases whose names are not known Nodes of the pool are logged together,
+# at most once per SUMMARY_PERIOD, naming at most SUMMARY_EXAMPLES of the leases.
+SUMMARY_PERIOD = 60.0
+SUMMARY_EXAMPLES = 5
 
 
 class IDelegationMetrics(Interface):
@@ -279,6 +316,61 @@ class _Heartbeat:
         self.since = since
 
 
+class _AbsentNames:
+    """Names a cloud read found not to be Nodes of the pool, with the reason, each for
+    ``ttl`` seconds, at most ``size`` of them (the least recently used forgotten
+    first); and the budget of those reads: at most ``size`` started per ``ttl``, so no
+    answer is forgotten early for room, and made-up names cost the cloud at most
+    ``size`` reads per ``ttl`` however many there are."""
+
+    def __init__(self, reactor: IReactorTime, size: int, ttl: float) -> None:
+        self._reactor = reactor
+        self.size = size
+        self.ttl = ttl
+        # name -> (reason, until when it is remembered), least recently used first.
+        self._names: "OrderedDict[str, Tuple[str, float]]" = OrderedDict()
+        # When each read of the last ``ttl`` seconds started, oldest first.
+        self._reads: Deque[float] = deque()
+
+    def __len__(self) -> int:
+        return len(self._names)
+
+    def get(self, name: str) -> Optional[str]:
+        """The reason remembered for ``name``, or None (unknown or forgotten)."""
+        entry = self._names.get(name)
+        if entry is None:
+            return None
+        if self._reactor.seconds() >= entry[1]:
+            del self._names[name]
+            return None
+        self._names.move_to_end(name)
+        return entry[0]
+
+    def put(self, name: str, reason: str) -> None:
+        self._names[name] = (reason, self._reactor.seconds() + self.ttl)
+        self._names.move_to_end(name)
+        while len(self._names) > self.size:
+            self._names.popitem(last=False)
+
+    def discard(self, name: str) -> None:
+        self._names.pop(name, None)
+
+    def may_read(self) -> bool:
+        """Whether one more cloud read fits the budget now."""
+        since = self._reactor.seconds() - self.ttl
+        reads = self._reads
+        while reads and reads[0] <= since:
+            reads.popleft()
+        return len(reads) < self.size
+
+    def read_started(self) -> None:
+        self._reads.append(self._reactor.seconds())
+
+    def clear(self) -> None:
+        """Forget the answers (a new term asks again); the budget spent stays spent."""
+        self._names.clear()
+
+
 def _newest(old: _Heartbeat, new: _Heartbeat) -> _Heartbeat:
     """The state to forward of two states of one lease: the one seen last, waiting
     since the older of the two."""
@@ -299,7 +391,8 @@ class HeartbeatDelegation:
       matching ``label_selector``, with ``add_handler``, ``wait_for_sync()``,
       ``start()`` and ``stop()``;
     - ``node_client``: reads one cloud Node (``get(NODES, name)``), to tell why a
-      name is not a pool member;
+      name is not a pool member (``absent_names`` reads per ``absent_names_ttl``
+      seconds at most, ``max_node_reads`` at once; each answer remembered as long);
     - ``pick_healthy_server()`` → a healthy cloud server URL or None (the cloud
       health checker's), called for every delegation;
     - ``cloud_client_for(url)`` → the client of that cloud server using the
@@ -311,7 +404,8 @@ class HeartbeatDelegation:
     - ``lease_duration_seconds``: the ``leaseDurationSeconds`` of the cloud leases it
       writes, the agents' own node lease duration unless named;
     - ``metrics``: optional, an ``IDelegationMetrics``;
-    - ``make_backoff()`` → a ``yurtcoord.tx.retry.Retries`` for the retries of one lease.
+    - ``make_backoff()`` → a ``yurtcoord.tx.retry.Retries`` for the retries of one lease;
+    - ``max_waiting``: how many leases may wait for the first list of the Nodes.
 
     The chains in flight over all leases (others wait in a FIFO queue) start at
     ``DEFAULT_INITIAL_CONCURRENT`` and follow the cloud's latency between ``min_concurrent`` and
@@ -331,7 +425,9 @@ class HeartbeatDelegation:
                  max_concurrent: int = DEFAULT_MAX_CONCURRENT,
                  heartbeat_interval: float = DEFAULT_HEARTBEAT_INTERVAL,
                  min_concurrent: int = DEFAULT_MIN_CONCURRENT,
-                 lease_duration_seconds: int = NODE_LEASE_DURATION_SECONDS) -> None:
+                 lease_duration_seconds: int = NODE_LEASE_DURATION_SECONDS,
+                 absent_names: int = ABSENT_NAMES, absent_names_ttl: float = ABSENT_NAMES_TTL,
+                 max_node_reads: int = MAX_NODE_READS, max_waiting: int = MAX_WAITING) -> None:
         if max_concurrent < 1:
             raise ValueError("max_concurrent must be at least 1")
         if min_concurrent < 1:
@@ -368,20 +464,33 @@ class HeartbeatDelegation:
         self._cloud_unavailable = False
         self._running = False
         # The pool's Nodes by name, once the node informer listed; states seen
-        # before that wait in ``_waiting`` (key -> the state seen last).
+        # before that wait in ``_waiting`` (key -> the state seen last, the one seen
+        # earliest first), at most ``max_waiting`` keys.
         self._nodes: Dict[str, dict] = {}
         self._nodes_synced = False
-        self._waiting: Dict[str, _Heartbeat] = {}
-        # Node name -> reason, for names found missing from the pool by a cloud read;
-        # name -> Deferred of that read while it runs.
-        self._absent: Dict[str, str] = {}
+        self._waiting: "OrderedDict[str, _Heartbeat]" = OrderedDict()
+        self._max_waiting = max(1, max_waiting)
+        self._waiting_dropped = 0
+        # Names found missing from the pool by a cloud read, and that read's budget;
+        # name -> Deferred of such a read while it runs, at most ``max_node_reads``.
+        self._absent = _AbsentNames(reactor, max(1, absent_names), absent_names_ttl)
         self._classifying: Dict[str, defer.Deferred[Any]] = {}
-        # Node name -> the state seen last of a delegated lease refused because its
-        # Node was not in the pool: forwarded if the Node shows up in the pool after
-        # all (and the state is still fresh then).
+        self._max_node_reads = max(1, max_node_reads)
+        # Node name -> the state seen last of a delegated lease whose name the Node
+        # informer does not hold, while a cloud read of that name runs or after the
+        # cloud answered that the Node is in the pool (the informer lags): forwarded
+        # when the informer delivers the Node (if the state is still fresh then). At
+        # most one per Node of the pool, plus one per read in flight.
         self._parked: Dict[str, _Heartbeat] = {}
-        # (key, reason) pairs already logged.
-        self._logged: Set[Tuple[str, str]] = set()
+        # Refusals logged of leases whose names are Nodes of the pool: name ->
+        # {(key, reason)}, each logged once. Refusals of other names are summed up
+        # in ``_dropped`` (reason -> count) with a few of their keys, and logged at
+        # most once per ``SUMMARY_PERIOD``.
+        self._logged: Dict[str, Set[Tuple[str, str]]] = {}
+        self._dropped: Dict[str, int] = {}
+        self._dropped_examples: List[str] = []
+        self._last_summary: Optional[float] = None
+        self._summary_call: Optional[IDelayedCall] = None
         # Counters for /status and tests; they survive leadership terms.
         self.delegated = 0
         self.created = 0
@@ -520,12 +629,15 @@ class HeartbeatDelegation:
         self._nodes.clear()
         self._nodes_synced = False
         self._waiting.clear()
+        self._waiting_dropped = 0
         self._absent.clear()
         self._parked.clear()
         self._logged.clear()
         classifying, self._classifying = self._classifying, {}
         for lookup in classifying.values():
             lookup.cancel()
+        # What the summary holds is told now rather than a minute after the term.
+        self._log_summary()
         return chains, cancelled
 
     # -- the pool's Nodes ----------------------------------------------------------
@@ -537,10 +649,17 @@ class HeartbeatDelegation:
         if not synced or informer is not self._node_informer or not self._running:
             return
         self._nodes_synced = True
-        waiting, self._waiting = self._waiting, {}
+        waiting, self._waiting = self._waiting, OrderedDict()
+        dropped, self._waiting_dropped = self._waiting_dropped, 0
         self.log.info("heartbeat delegation: {count} nodes in pool {pool}, "
                       "{waiting} delegated leases waited for the list",
                       count=len(self._nodes), pool=self.pool, waiting=len(waiting))
+        if dropped:
+            self.log.warn("heartbeat delegation: {dropped} delegated leases did not wait "
+                          "for the list of pool {pool}'s Nodes: at most {cap} leases wait, "
+                          "and those renewed least recently made room; each is forwarded "
+                          "at its next renewal if its name is a Node of the pool",
+                          dropped=dropped, pool=self.pool, cap=self._max_waiting)
         for key, state in waiting.items():
             self._place(key, state)
 
@@ -549,7 +668,7 @@ class HeartbeatDelegation:
             return
         name = _name_of(node)
         self._nodes[name] = node
-        self._absent.pop(name, None)
+        self._absent.discard(name)
         parked = self._parked.pop(name, None)
         if parked is not None and self._nodes_synced:
             self._place(lease_key(parked.lease), parked)
@@ -560,7 +679,9 @@ class HeartbeatDelegation:
             return
         name = _name_of(node)
         self._nodes.pop(name, None)
-        self._absent.pop(name, None)
+        self._absent.discard(name)
+        self._parked.pop(name, None)
+        self._logged.pop(name, None)
         key = f"{NODE_LEASE_NAMESPACE}/{name}"
         self._writers.pop(key, None)
         self._forget_pending(key)
@@ -592,7 +713,9 @@ class HeartbeatDelegation:
         self._writers.pop(key, None)
         self._waiting.pop(key, None)
         self._unpark(lease)
-        self._logged = {logged for logged in self._logged if logged[0] != key}
+        logged = self._logged.get(_name_of(lease))
+        if logged:
+            logged.difference_update({entry for entry in logged if entry[0] == key})
         self._forget_pending(key)
 
     def _offer(self, lease: dict) -> None:
@@ -617,18 +740,29 @@ class HeartbeatDelegation:
 
     def _place(self, key: str, state: _Heartbeat) -> None:
         """A state that passed the checks of the lease itself: it waits for the Nodes'
-        list, is refused (and parked) when its name is not a Node of the pool, or
-        goes to the queue."""
+        list, goes to the queue when its name is a Node of the pool, or else is
+        refused and dropped (or parked, see ``_not_in_pool``)."""
         if not self._nodes_synced:
-            self._waiting[key] = state
+            self._wait(key, state)
             return
         name = state.lease["metadata"]["name"]
         if name not in self._nodes:
-            self._parked[name] = state
-            self._not_in_pool(key, name)
+            self._not_in_pool(key, name, state)
             return
         self._parked.pop(name, None)
         self._queue.add(key, _Heartbeat(state.lease, state.seen, self._reactor.seconds()))
+
+    def _wait(self, key: str, state: _Heartbeat) -> None:
+        """Keep ``state`` till the Nodes are listed: the newest state per lease, of at
+        most ``max_waiting`` leases. Above that, the lease renewed least recently makes
+        room: its state is the first to grow older than an interval (and worthless),
+        and a live node renews again within one."""
+        waiting = self._waiting
+        if key not in waiting and len(waiting) >= self._max_waiting:
+            waiting.popitem(last=False)
+            self._waiting_dropped += 1
+        waiting[key] = state
+        waiting.move_to_end(key)
 
     def _unpark(self, lease: dict) -> None:
         """Forget the parked state of ``lease``'s name if it is this lease's."""
@@ -653,22 +787,32 @@ class HeartbeatDelegation:
             return REFUSED_HOLDER_MISMATCH, f"holderIdentity {holder!r} is not the lease's name"
         return None
 
-    def _not_in_pool(self, key: str, name: str) -> None:
-        """A delegated lease whose name is not a Node of the pool: refused; a cloud
-        read of the Node, once per name, says why."""
-        self._forget_pending(key)
-        reason = self._absent.get(name)
-        if reason is not None:
-            self._refuse(key, reason, _absent_detail(reason, name, self.pool))
-            return
-        if name in self._classifying:
-            return
-        lookup = defer.maybeDeferred(self._node_client.get, NODES, name)
-        self._classifying[name] = lookup
-        lookup.addBoth(self._classified, key, name, lookup)
+    def _not_in_pool(self, key: str, name: str, state: _Heartbeat) -> None:
+        """A delegated lease whose name the pool's Node informer does not hold.
 
-    def _classified(self, result: Any, key: str, name: str,
-                    lookup: defer.Deferred[Any]) -> None:
+        Parked (its newest state) while a cloud read of the name runs, or when the
+        cloud answered that the Node is in the pool and the informer has not delivered
+        it yet. Otherwise refused and dropped: with the reason a cloud read gave for
+        the name within ``ABSENT_NAMES_TTL``; else after a new read, if one fits the
+        budget; else at once as ``not_pool_member`` (the informer is what says who is
+        a member; a read would only tell whether the Node exists)."""
+        self._forget_pending(key)
+        if name in self._parked:
+            self._parked[name] = state
+            return
+        reason = self._absent.get(name)
+        if reason is None:
+            if len(self._classifying) < self._max_node_reads and self._absent.may_read():
+                self._parked[name] = state
+                self._absent.read_started()
+                lookup = defer.maybeDeferred(self._node_client.get, NODES, name)
+                self._classifying[name] = lookup
+                lookup.addBoth(self._classified, name, lookup)
+                return
+            reason = REFUSED_NOT_POOL_MEMBER
+        self._refuse(key, reason, _absent_detail(reason, name, self.pool))
+
+    def _classified(self, result: Any, name: str, lookup: defer.Deferred[Any]) -> None:
         if self._classifying.get(name) is not lookup:
             return None  # stopped meanwhile
         del self._classifying[name]
@@ -678,14 +822,18 @@ class HeartbeatDelegation:
             if not result.check(NotFound):
                 self.log.debug("reading node {node} failed: {error}", node=name,
                                error=describe_failure(result))
-                return None  # not known why: the next renewal asks again
+                # Not known why: dropped uncounted, the next renewal asks again.
+                self._parked.pop(name, None)
+                return None
             reason = REFUSED_NO_SUCH_NODE
         elif self._in_pool(result):
             return None  # in the pool, not yet seen by the informer: parked till then
         else:
             reason = REFUSED_NOT_POOL_MEMBER
-        self._absent[name] = reason
-        self._refuse(key, reason, _absent_detail(reason, name, self.pool))
+        self._absent.put(name, reason)
+        state = self._parked.pop(name, None)
+        if state is not None:  # not deleted meanwhile
+            self._refuse(lease_key(state.lease), reason, _absent_detail(reason, name, self.pool))
         return None
 
     def _refuse(self, key: str, reason: str, detail: str) -> None:
@@ -696,12 +844,51 @@ class HeartbeatDelegation:
         self.refused[reason] += 1
         if self._metrics is not None:
             self._metrics.count_delegation_refused(reason)
-        self._observers.notify(key.partition("/")[2], reason)
-        if (key, reason) not in self._logged:
-            self._logged.add((key, reason))
+        name = key.partition("/")[2]
+        self._observers.notify(name, reason)
+        if name not in self._nodes:
+            self._summarize(key, reason)
+            return
+        logged = self._logged.setdefault(name, set())
+        if (key, reason) not in logged:
+            logged.add((key, reason))
             self.log.warn("heartbeat lease {lease} not forwarded to the cloud "
                           "(reason={reason}): {detail}", lease=key, reason=reason,
                           detail=detail)
+
+    def _summarize(self, key: str, reason: str) -> None:
+        """A refusal of a lease whose name is not a known Node of the pool: such names
+        may be made up by the thousand, so they are logged together, at most once
+        per ``SUMMARY_PERIOD`` (the first at once)."""
+        self._dropped[reason] = self._dropped.get(reason, 0) + 1
+        examples = self._dropped_examples
+        if len(examples) < SUMMARY_EXAMPLES and key not in examples:
+            examples.append(key)
+        if self._summary_call is not None:
+            return
+        now = self._reactor.seconds()
+        due = now if self._last_summary is None else self._last_summary + SUMMARY_PERIOD
+        if due <= now:
+            self._log_summary()
+        else:
+            self._summary_call = self._reactor.callLater(due - now, self._log_summary)
+
+    def _log_summary(self) -> None:
+        call, self._summary_call = self._summary_call, None
+        if call is not None and call.active():
+            call.cancel()
+        dropped, self._dropped = self._dropped, {}
+        examples, self._dropped_examples = self._dropped_examples, []
+        if not dropped:
+            return
+        self._last_summary = self._reactor.seconds()
+        self.log.warn(
+            "heartbeat leases not forwarded to the cloud, their names not known as Nodes "
+            "of pool {pool}: {count} renewals dropped ({reasons}), e.g. {examples}; "
+            "logged together at most once every {period}",
+            count=sum(dropped.values()), pool=self.pool,
+            reasons=", ".join(f"{reason}={count}" for reason, count in sorted(dropped.items())),
+            examples=", ".join(examples), period=format_duration(SUMMARY_PERIOD))
 
     def _forget_pending(self, key: str) -> None:
         self._queue.forget(key)

@@ -124,9 +124,10 @@ class ClientConfig:
 
     @classmethod
     def from_kubeconfig(cls, path: str, context: Optional[str] = None,
-                        **overrides: Any) -> "ClientConfig":
-        """Server, CA, client certificate and token of the kubeconfig's current context."""
-        creds = load_kubeconfig(path, context)
+                        allow_insecure: bool = True, **overrides: Any) -> "ClientConfig":
+        """Server, CA, client certificate and token of the kubeconfig's current context;
+        ``allow_insecure`` as ``load_kubeconfig`` takes it."""
+        creds = load_kubeconfig(path, context, allow_insecure=allow_insecure)
         values: dict[str, Any] = dict(
             server=creds.server, ca_file=creds.ca_file, ca_data=creds.ca_data,
             cert_file=creds.cert_file, cert_data=creds.cert_data,

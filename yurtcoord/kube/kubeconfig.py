@@ -9,11 +9,19 @@ that this client does not implement (credential plugins, impersonation, basic au
 a proxy, another TLS server name) is an error naming the file and the field: ignoring
 it would quietly connect with other credentials or checks than the file asks for.
 Fields of the wrong type are errors too.
+
+A cluster ``server`` carrying credentials (``https://user:password@host``) is an
+error, whose message shows the URL with them masked. ``insecure-skip-tls-verify:
+true`` is an error unless the caller allows it (``allow_insecure``): the agent allows
+it only with ``[cloud] insecure = true``, since a kubeconfig setting it silently would
+send the node's token or key to any server answering at that address.
 """
 
 import base64
 import os
 from dataclasses import dataclass
+
+from yurtcoord.tx.credentials import mask_url_credentials, url_has_credentials
 
 
 class KubeconfigError(ValueError):
@@ -103,8 +111,10 @@ def _decode(value, field, path):
         raise KubeconfigError(f"{path}: {field} is not base64: {e}") from None
 
 
-def load_kubeconfig(path: str, context: str | None = None) -> KubeconfigCredentials:
-    """The credentials of ``context`` (default: current-context) in the file at ``path``."""
+def load_kubeconfig(path: str, context: str | None = None,
+                    allow_insecure: bool = True) -> KubeconfigCredentials:
+    """The credentials of ``context`` (default: current-context) in the file at ``path``;
+    with ``allow_insecure`` false, ``insecure-skip-tls-verify: true`` is an error."""
     # Imported here: an agent that reads no kubeconfig never loads the YAML parser.
     import yaml
 
@@ -141,10 +151,21 @@ def load_kubeconfig(path: str, context: str | None = None) -> KubeconfigCredenti
     server = _string(cluster, "server", cluster_where, path)
     if not server:
         raise KubeconfigError(f"{path}: cluster {cluster_name!r} has no server")
+    if url_has_credentials(server):
+        raise KubeconfigError(
+            f"{path}: {cluster_where}.server {mask_url_credentials(server)!r} carries "
+            "credentials (user:password@) in the URL; give the user a client certificate "
+            "or a token instead")
     insecure = cluster.get("insecure-skip-tls-verify", False)
     if not isinstance(insecure, bool) and insecure is not None:
         raise KubeconfigError(f"{path}: {cluster_where}.insecure-skip-tls-verify must be "
                               f"true or false, got {insecure!r}")
+    if insecure and not allow_insecure:
+        raise KubeconfigError(
+            f"{path}: {cluster_where}.insecure-skip-tls-verify is true: the server's "
+            "certificate would not be verified and any server at that address would get "
+            "the credentials; remove it (give certificate-authority instead) or, for "
+            "testing only, set [cloud] insecure = true")
     return KubeconfigCredentials(
         server=server,
         ca_file=resolve(_string(cluster, "certificate-authority", cluster_where, path)),

@@ -664,3 +664,56 @@ class LogSectionTests(ConfigErrorAssertions, unittest.TestCase):
         self.assertEqual(exit_.code, 78)
         self.assertEqual(stderr.getvalue().splitlines(), [
             f"{path}: [log] level = 'trace': not a log level (use debug, info, warn or error)"])
+
+
+class URLCredentialsTests(ConfigErrorAssertions, unittest.TestCase):
+    """Credentials inside a server URL (``https://admin:S3cret@host``) are refused in
+    every URL key, and the one line saying so masks them: they would otherwise show on
+    ``/status``, in metric labels and in log lines."""
+
+    SECRET = "admin:S3cret@"
+
+    def assertRefusedMasked(self, text, section, key, masked_value):
+        message = self.assertConfigError(text, section, key, masked_value,
+                                         "a URL with credentials (user:password@)")
+        self.assertNotIn("S3cret", message)
+        self.assertNotIn("admin", message)
+        return message
+
+    def test_every_server_key_refuses_credentials_and_masks_them(self):
+        self.assertRefusedMasked(
+            MINIMAL.replace("https://10.0.0.1", f"https://{self.SECRET}10.0.0.1"),
+            "cloud", "servers", "https://***@10.0.0.1:6443")
+        self.assertRefusedMasked(
+            with_section("coordinator", f"server = https://a:443, https://{self.SECRET}b:443"),
+            "coordinator", "server", "https://a:443, https://***@b:443")
+        self.assertRefusedMasked(
+            with_section("coordinator", f"storage = https://{self.SECRET}etcd:2379"),
+            "coordinator", "storage", "https://***@etcd:2379")
+        self.assertRefusedMasked(
+            with_section("heartbeat", f"kubelet_healthz_url = http://{self.SECRET}"
+                                      "127.0.0.1:10248/healthz"),
+            "heartbeat", "kubelet_healthz_url", "http://***@127.0.0.1:10248/healthz")
+
+    def test_a_user_name_alone_is_refused_too(self):
+        self.assertConfigError(MINIMAL.replace("https://10.0.0.1", "https://admin@10.0.0.1"),
+                               "cloud", "servers", "https://***@10.0.0.1:6443",
+                               "a URL with credentials")
+
+    def test_the_start_ends_with_exit_status_78_and_one_masked_line(self):
+        from twisted.plugins import yurtcoord_plugin
+
+        path = self.mktemp()
+        with open(path, "w", encoding="utf-8") as handle:
+            handle.write(MINIMAL.replace("https://10.0.0.1", f"https://{self.SECRET}10.0.0.1"))
+        stderr = io.StringIO()
+        self.patch(sys, "stderr", stderr)
+        exit_ = self.assertRaises(SystemExit, yurtcoord_plugin.Options().parseOptions,
+                                  ["--config", path])
+        self.assertEqual(exit_.code, 78)
+        lines = stderr.getvalue().splitlines()
+        self.assertEqual(len(lines), 1, lines)
+        self.assertTrue(lines[0].startswith(
+            f"{path}: [cloud] servers = 'https://***@10.0.0.1:6443': a URL with credentials"),
+            lines[0])
+        self.assertNotIn("S3cret", lines[0])

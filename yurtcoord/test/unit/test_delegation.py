@@ -4,15 +4,19 @@ and stop; the rules deciding which leases are forwarded; how the leader stamps t
 cloud lease with its own clock, whatever clocks the nodes and earlier leaders kept;
 the observers; and the shape of the cloud lease it writes."""
 
+import tracemalloc
+
 from twisted.internet.task import Clock
-from twisted.logger import Logger, LogLevel, formatEvent
+from twisted.logger import ILogObserver, Logger, LogLevel, formatEvent
 from twisted.trial import unittest
 
 from zope.interface import implementer
 from zope.interface.verify import verifyObject
 
+from yurtcoord.heartbeat import delegation as delegation_module
 from yurtcoord.heartbeat.delegation import (
-    DELEGATE_HEARTBEAT_ANNOTATION, MAX_ATTEMPTS, NODE_LEASE_NAMESPACE, REFUSAL_REASONS,
+    ABSENT_NAMES, ABSENT_NAMES_TTL, DELEGATE_HEARTBEAT_ANNOTATION, MAX_ATTEMPTS, MAX_NODE_READS,
+    MAX_WAITING, NODE_LEASE_NAMESPACE, REFUSAL_REASONS, SUMMARY_EXAMPLES, SUMMARY_PERIOD,
     HeartbeatDelegation, IDelegationMetrics, lease_for_create, merged_cloud_lease,
     stamped_renew_time,
 )
@@ -66,6 +70,30 @@ def renewed_by_node(name, renewed):
     lease = pool_lease(name, renewed)
     lease["metadata"]["resourceVersion"] = str(micros(renewed))
     return lease
+
+
+@implementer(ILogObserver)
+class LogEvents(list):
+    """The log events of the component under test, in order; with a clock, each
+    carries the clock's time it was logged at as ``clock_time``."""
+
+    def __init__(self, clock=None):
+        super().__init__()
+        self.clock = clock
+
+    def __call__(self, event):
+        if self.clock is not None:
+            event["clock_time"] = self.clock.seconds()
+        self.append(event)
+
+
+def made_up_lease(name, renewed, holder=None):
+    """A delegated lease as anyone writing made-up names into the coordinator
+    apiserver could write it: only what passes the lease's own checks."""
+    return {"metadata": {"name": name, "namespace": NODE_LEASE_NAMESPACE,
+                         "resourceVersion": str(micros(renewed)),
+                         "annotations": {DELEGATE_HEARTBEAT_ANNOTATION: "true"}},
+            "spec": {"holderIdentity": holder or name, "renewTime": format_micro_time(renewed)}}
 
 
 @implementer(IDelegationMetrics)
@@ -622,12 +650,15 @@ class DelegationRuleTests(DelegationFixture, unittest.TestCase):
         # Only the two names missing from the pool were read, to tell why.
         self.assertEqual(self.node_reader.calls, [("get", "node-other"), ("get", "node-missing")])
         self.assertEqual(self.metrics.observed, [])
+        # Nothing waits to be retried (the refusals of names not in the pool are
+        # logged together once a minute).
+        self.clock.advance(SUMMARY_PERIOD)
         self.assertEqual(self.clock.getDelayedCalls(), [])
         # The genuine leases of the same names are forwarded.
         self.informer.add(pool_lease("node-a", T0 + 2))
         self.informer.add(pool_lease("node-c", T0 + 2))
-        self.assertEqual(self.written("node-a"), [micros(NOW)])
-        self.assertEqual(self.written("node-c"), [micros(NOW)])
+        self.assertEqual(self.written("node-a"), [micros(NOW + SUMMARY_PERIOD)])
+        self.assertEqual(self.written("node-c"), [micros(NOW + SUMMARY_PERIOD)])
 
     def test_every_reason_is_known_from_the_start(self):
         self.assertEqual(self.delegation.refused, dict.fromkeys(REFUSAL_REASONS, 0))
@@ -650,9 +681,10 @@ class DelegationRuleTests(DelegationFixture, unittest.TestCase):
         self.assertEqual(self.written("node-a"), [micros(NOW)])
         self.assertEqual(self.written("node-b"), [micros(NOW)])
 
-    def test_a_refused_lease_is_logged_once_per_lease_and_reason(self):
-        events = []
-        self.delegation.log = Logger(observer=events.append)
+    def test_a_refused_lease_of_a_pool_node_is_logged_once_per_lease_and_reason(self):
+        events = LogEvents()
+        verifyObject(ILogObserver, events)
+        self.delegation.log = Logger(observer=events)
         self.start()
         for step in range(5):
             self.informer.add(pool_lease("node-missing", T0 + step))
@@ -663,14 +695,16 @@ class DelegationRuleTests(DelegationFixture, unittest.TestCase):
         self.assertEqual(self.delegation.refused["holder_mismatch"], 5)
         self.assertEqual(self.node_reader.calls, [("get", "node-missing")])
         warnings = self.refused_warnings(events)
+        # A name that is no Node of the pool is logged with the others like it.
         self.assertEqual(warnings, [
-            "heartbeat lease kube-node-lease/node-missing not forwarded to the cloud "
-            "(reason=no_such_node): the cloud has no node node-missing",
+            "heartbeat leases not forwarded to the cloud, their names not known as Nodes "
+            "of pool pool-a: 1 renewals dropped (no_such_node=1), e.g. "
+            "kube-node-lease/node-missing; logged together at most once every 1m",
             "heartbeat lease kube-node-lease/node-b not forwarded to the cloud "
             "(reason=holder_mismatch): holderIdentity 'node-c' is not the lease's name"])
         # Another reason for the same lease is logged once more.
-        impostor = pool_lease("node-missing", T0 + 9)
-        impostor["spec"]["holderIdentity"] = "node-c"
+        impostor = pool_lease("node-b", T0 + 9)
+        impostor["metadata"]["namespace"] = "default"
         self.informer.add(impostor)
         self.informer.add(impostor)
         self.assertEqual(len(self.refused_warnings(events)), 3)
@@ -740,28 +774,23 @@ class DelegationRuleTests(DelegationFixture, unittest.TestCase):
         self.assertEqual(self.written("node-b"), [micros(NOW)])
         self.assertEqual(self.metrics.refused, ["no_such_node", "not_pool_member"])
 
-    def test_a_node_joining_the_pool_later_gets_its_newest_lease_forwarded(self):
+    def test_a_node_joining_the_pool_later_is_forwarded_from_its_next_change(self):
+        # A refused state is dropped, not kept for a join that may never come (see
+        # DelegationBoundTests): the node's next renewal, within one interval, is
+        # forwarded.
         self.start()
         self.informer.add(pool_lease("node-new", T0 + 1))
         self.informer.update(pool_lease("node-new", T0 + 1), pool_lease("node-new", T0 + 2))
         self.assertEqual(self.metrics.refused, ["no_such_node"] * 2)
-        self.assertIsNone(self.stored("node-new"))
         self.clock.advance(1)
         self.nodes.add(pool_node("node-new"))
-        created = self.stored("node-new")
-        self.assertEqual(micros(created["spec"]["renewTime"]), micros(NOW + 1))
-        self.assertEqual(created["metadata"]["ownerReferences"][0]["uid"], "node-uid-node-new")
-
-    def test_a_node_joining_the_pool_after_its_lease_stopped_changing_is_not_forwarded(self):
-        self.start()
-        self.informer.add(pool_lease("node-new", T0 + 1))
-        self.clock.advance(11)
-        self.nodes.add(pool_node("node-new"))
         self.assertIsNone(self.stored("node-new"))
-        self.assertEqual(self.metrics.refused, ["no_such_node", "expired"])
-        # Its next change is forwarded.
-        self.informer.update(pool_lease("node-new", T0 + 1), pool_lease("node-new", T0 + 12))
-        self.assertEqual(self.written("node-new"), [micros(NOW + 11)])
+        self.clock.advance(1)
+        self.informer.update(pool_lease("node-new", T0 + 2), pool_lease("node-new", T0 + 3))
+        created = self.stored("node-new")
+        self.assertEqual(micros(created["spec"]["renewTime"]), micros(NOW + 2))
+        self.assertEqual(created["metadata"]["ownerReferences"][0]["uid"], "node-uid-node-new")
+        self.assertEqual(self.metrics.refused, ["no_such_node"] * 2)
 
     def test_a_node_of_the_pool_not_yet_listed_is_not_counted(self):
         # The informer has not delivered the Node yet, the cloud has it in the pool.
@@ -792,6 +821,183 @@ class DelegationRuleTests(DelegationFixture, unittest.TestCase):
         self.assertTrue(self.node_reader.held[0].cancelled)
         self.node_reader.deliver_held()
         self.assertEqual(self.metrics.refused, [])
+
+
+class DelegationBoundTests(DelegationFixture, unittest.TestCase):
+    """Delegated leases whose names are no Nodes of the pool, made up by the ten
+    thousand by anyone who may write leases to the coordinator apiserver: what they
+    cost the cloud, the leader's memory and its log stays bounded whatever their
+    number, and the pool's own nodes are forwarded meanwhile."""
+
+    pool_nodes = ("node-a", "node-b", "node-c")
+    flood = 50_000
+
+    def setUp(self):
+        super().setUp()
+        self.events = LogEvents(self.clock)
+        verifyObject(ILogObserver, self.events)
+        self.delegation.log = Logger(observer=self.events)
+
+    def made_up(self, renewed, count=None, prefix="made-up", holder=None):
+        """Leases of ``count`` (default ``flood``) names no Node has, each renewed."""
+        for i in range(self.flood if count is None else count):
+            self.informer.add(made_up_lease(f"{prefix}-{i}", renewed, holder))
+
+    def renew_members(self, renewed):
+        for name in self.pool_nodes:
+            self.informer.add(renewed_by_node(name, renewed))
+
+    def node_reads(self):
+        """Cloud reads of a Node so far."""
+        return self.node_reader.requests.count("get nodes")
+
+    def dropped(self):
+        d = self.delegation
+        return d.refused["not_pool_member"] + d.refused["no_such_node"]
+
+    def kept(self):
+        """Entries of the leader's maps and queues kept per lease or per name (of a
+        map of sets, the sets' too)."""
+        d = self.delegation
+        maps = [d._waiting, d._parked, d._classifying, d._absent, d._logged, d._writers,
+                getattr(d._absent, "_reads", ()), getattr(d, "_dropped", ()),
+                getattr(d, "_dropped_examples", ())]
+        inner = (sum(len(logged) for logged in d._logged.values())
+                 if isinstance(d._logged, dict) else 0)
+        return sum(len(kept) for kept in maps) + inner + d.queued + d.in_flight
+
+    def summaries(self):
+        """The warnings of lease renewals not forwarded."""
+        return [event for event in self.events if event["log_level"] >= LogLevel.warn
+                and "not forwarded" in formatEvent(event)]
+
+    def test_made_up_names_cost_at_most_the_cache_bound_in_cloud_reads(self):
+        self.start()
+        self.made_up(T0 + 1)
+        self.assertLessEqual(self.node_reads(), ABSENT_NAMES)
+        # Each one counted and dropped; those read by reason of the read.
+        self.assertEqual(self.dropped(), self.flood)
+        self.assertEqual(self.delegation.refused["no_such_node"], self.node_reads())
+        # Renewed within the time the answers are remembered: not one more read.
+        self.clock.advance(10)
+        reads = self.node_reads()
+        self.made_up(T0 + 11)
+        self.assertEqual(self.node_reads(), reads)
+        self.assertEqual(self.dropped(), 2 * self.flood)
+        # Later, at most as many reads again.
+        self.clock.advance(ABSENT_NAMES_TTL)
+        self.made_up(T0 + 71)
+        self.assertLessEqual(self.node_reads(), 2 * ABSENT_NAMES)
+        self.assertEqual(self.cloud.calls, [])
+
+    def test_cloud_reads_in_flight_are_bounded(self):
+        self.node_reader.hold("get")
+        self.start()
+        self.made_up(T0 + 1)
+        self.assertEqual(len(self.node_reader.held), MAX_NODE_READS)
+        self.assertEqual(self.dropped(), self.flood - MAX_NODE_READS)
+        self.node_reader.deliver_held()
+        self.assertEqual(self.dropped(), self.flood)
+        self.assertEqual(self.delegation.refused["no_such_node"], MAX_NODE_READS)
+
+    def test_the_leaders_state_stays_bounded_whatever_the_number_of_names(self):
+        self.start()
+        bound = (2 * ABSENT_NAMES + 2 * MAX_NODE_READS + SUMMARY_EXAMPLES
+                 + len(REFUSAL_REASONS) + 4 * len(self.pool_nodes))
+        self.made_up(T0 + 1)
+        self.renew_members(T0 + 1)
+        self.assertLessEqual(self.kept(), bound)
+        # Other names later, renewed or forged: no more.
+        self.clock.advance(ABSENT_NAMES_TTL)
+        self.made_up(T0 + 61, count=10_000)
+        self.made_up(T0 + 61, count=10_000, prefix="other", holder="someone")
+        self.renew_members(T0 + 61)
+        self.assertLessEqual(self.kept(), bound)
+
+    def test_the_leaders_memory_stays_bounded_whatever_the_number_of_names(self):
+        # A loose bound on what the delegation module allocates and keeps: a few
+        # hundred bytes per name remembered would pass it, not per name made up.
+        self.start()
+        tracemalloc.start()
+        self.addCleanup(tracemalloc.stop)
+        self.made_up(T0 + 1, count=10_000)
+        snapshot = tracemalloc.take_snapshot().filter_traces(
+            [tracemalloc.Filter(True, delegation_module.__file__)])
+        kept = sum(stat.size for stat in snapshot.statistics("filename"))
+        self.assertLess(kept, 512 * 1024)
+
+    def test_pool_nodes_are_forwarded_meanwhile_and_a_name_joining_the_pool_once_it_changes(self):
+        self.start()
+        for step, count in enumerate((self.flood, 5000, 5000)):
+            self.renew_members(T0 + 10 * step)
+            self.made_up(T0 + 10 * step + 1, count=count)
+            self.clock.advance(10)
+        for name in self.pool_nodes:
+            self.assertEqual(self.written(name), [micros(NOW + 10 * step) for step in range(3)])
+        # One of the names becomes a Node of the pool: the states dropped before are
+        # not forwarded; its next change is.
+        self.nodes.add(pool_node("made-up-7"))
+        self.assertIsNone(self.stored("made-up-7"))
+        self.informer.add(made_up_lease("made-up-7", T0 + 31))
+        self.assertEqual(self.written("made-up-7"), [micros(NOW + 30)])
+        self.assertEqual(self.dropped(), self.flood + 10_000)
+
+    def test_one_warning_a_minute_in_all_with_the_count_and_a_few_names(self):
+        self.start()
+        for second in range(0, 180, 5):
+            self.made_up(T0 + second, count=500)
+            self.made_up(T0 + second, count=50, prefix="forged", holder="node-a")
+            self.clock.advance(5)
+        self.successResultOf(self.delegation.stop())
+        summaries = self.summaries()
+        times = [event["clock_time"] for event in summaries]
+        self.assertEqual(times, [NOW, NOW + 60, NOW + 120, NOW + 180])
+        # Together they tell every renewal dropped, and name a few.
+        self.assertEqual(sum(event["count"] for event in summaries), 36 * 550)
+        self.assertEqual(self.dropped() + self.delegation.refused["holder_mismatch"], 36 * 550)
+        for event in summaries:
+            examples = event["examples"].split(", ")
+            self.assertLessEqual(len(examples), SUMMARY_EXAMPLES)
+            self.assertTrue(all(example.startswith(f"{NODE_LEASE_NAMESPACE}/")
+                                for example in examples), examples)
+        self.assertIn("holder_mismatch=", summaries[-1]["reasons"])
+        # No other warning.
+        self.assertEqual(len([e for e in self.events if e["log_level"] >= LogLevel.warn]),
+                         len(summaries))
+
+    def test_leases_waiting_for_the_node_list_are_bounded(self):
+        self.start(listed=False)
+        self.renew_members(T0)
+        self.made_up(T0 + 1)
+        self.assertEqual(len(self.delegation._waiting), MAX_WAITING)
+        # The members renew again (a live node does within an interval): kept, and
+        # the states renewed least recently make room.
+        self.clock.advance(1)
+        self.renew_members(T0 + 2)
+        self.assertEqual(len(self.delegation._waiting), MAX_WAITING)
+        self.assertEqual(self.cloud.calls, [])
+        self.list_nodes()
+        for name in self.pool_nodes:
+            self.assertEqual(self.written(name), [micros(NOW + 1)])
+        self.assertLessEqual(self.node_reads(), ABSENT_NAMES)
+        self.assertEqual(len(self.delegation._waiting), 0)
+        # What did not wait is said once, with how many.
+        dropped = [event for event in self.events if "did not wait" in formatEvent(event)]
+        self.assertEqual([event["dropped"] for event in dropped],
+                         [self.flood + 2 * len(self.pool_nodes) - MAX_WAITING])
+
+    def test_a_pool_node_the_informer_has_not_delivered_is_read_once_and_parked_once(self):
+        # The cloud has the Node in the pool; the informer has not delivered it yet.
+        self.node_reader.put(NODES, pool_node("node-late"))
+        self.start()
+        for step in range(5):
+            self.informer.add(renewed_by_node("node-late", T0 + step))
+        self.assertEqual(self.node_reader.calls, [("get", "node-late")])
+        self.assertEqual(len(self.delegation._parked), 1)
+        self.assertEqual(self.metrics.refused, [])
+        self.nodes.add(pool_node("node-late"))
+        self.assertEqual(self.written("node-late"), [micros(NOW)])
+        self.assertEqual(self.delegation._parked, {})
 
 
 class DelegationClockTests(DelegationFixture, unittest.TestCase):

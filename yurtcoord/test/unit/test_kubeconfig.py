@@ -84,3 +84,41 @@ class LoaderTests(unittest.TestCase):
                     load_kubeconfig(path)
                 self.assertIn(expected, str(caught.exception))
                 self.assertTrue(str(caught.exception).startswith(path))
+
+
+class CredentialsTests(unittest.TestCase):
+    """A cluster server URL with credentials is refused with them masked; a cluster's
+    ``insecure-skip-tls-verify: true`` is refused where the caller does not allow it
+    (the agent allows it only with ``[cloud] insecure = true``)."""
+
+    INSECURE = CLUSTER + "    insecure-skip-tls-verify: true\n"
+
+    def test_credentials_in_the_server_url_are_refused_and_masked(self):
+        path = write_kubeconfig(self, kubeconfig_text(
+            cluster="    server: https://admin:S3cret@127.0.0.1:6443\n"))
+        with self.assertRaises(KubeconfigError) as caught:
+            load_kubeconfig(path)
+        message = str(caught.exception)
+        self.assertEqual(message.splitlines(), [message])
+        self.assertTrue(message.startswith(
+            f"{path}: clusters[name=c1].cluster.server 'https://***@127.0.0.1:6443' carries "
+            "credentials"), message)
+        self.assertNotIn("S3cret", message)
+        self.assertNotIn("admin", message)
+
+    def test_insecure_skip_tls_verify_is_refused_unless_allowed(self):
+        path = write_kubeconfig(self, kubeconfig_text(cluster=self.INSECURE))
+        with self.assertRaises(KubeconfigError) as caught:
+            load_kubeconfig(path, allow_insecure=False)
+        message = str(caught.exception)
+        self.assertEqual(message.splitlines(), [message])
+        self.assertTrue(message.startswith(
+            f"{path}: clusters[name=c1].cluster.insecure-skip-tls-verify is true"), message)
+        self.assertIn("[cloud] insecure = true", message)
+        self.assertNotIn("t0ken", message)
+        self.assertTrue(load_kubeconfig(path, allow_insecure=True).insecure)
+
+    def test_a_verifying_cluster_is_accepted_either_way(self):
+        path = write_kubeconfig(self, kubeconfig_text(
+            cluster=CLUSTER + "    insecure-skip-tls-verify: false\n"))
+        self.assertFalse(load_kubeconfig(path, allow_insecure=False).insecure)

@@ -44,3 +44,27 @@ class CloudOnlyStatusTests(unittest.TestCase):
         self.assertEqual(document["last_transition"], "1970-01-01T00:00:00Z")
         # No coordinator apiserver is used without the coordinator.
         self.assertEqual(document["coordinator_servers"], {})
+
+
+class CredentialsNeverShownTests(unittest.TestCase):
+    """A server URL with credentials (``https://admin:S3cret@...``) shows on no page
+    and in no metric label: configuration refuses such URLs, and what the pages show
+    of a URL from elsewhere (an etcd member the cluster names) is masked too."""
+
+    URL = "https://admin:S3cret@10.0.0.1:6443"
+
+    def test_status_and_metrics_mask_the_credentials(self):
+        from yurtcoord.agent.metrics import Metrics
+        from yurtcoord.agent.status import metrics_page, status_page
+
+        source = CloudOnlyStatus("edge-1", "pool-a", lambda: {self.URL: True}, since=0)
+        metrics = Metrics("edge-1", "pool-a")
+        metrics.set_coordinator_server_healthy("https://root:t0ken@10.0.0.2:443", True)
+        shown = [status_page(source)[2].decode(), metrics_page(metrics)(source)[2].decode()]
+        for body in shown:
+            self.assertNotIn("S3cret", body)
+            self.assertNotIn("admin", body)
+            self.assertNotIn("t0ken", body)
+        self.assertIn('"https://***@10.0.0.1:6443": true', shown[0])
+        self.assertIn('server="https://***@10.0.0.1:6443"', shown[1])
+        self.assertIn('server="https://***@10.0.0.2:443"', shown[1])
