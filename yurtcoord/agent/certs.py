@@ -64,6 +64,7 @@ from yurtcoord.kube.informer import Informer
 from yurtcoord.kube.interfaces import IObjectClient
 from yurtcoord.kube.resolving import ResolvingClient
 from yurtcoord.names import CERTS_SECRET_NAME
+from yurtcoord.tx.guardedloop import ILoopErrors
 
 FILE_MODE = 0o600
 
@@ -206,8 +207,11 @@ class CertManager:
 
     def __init__(self, reactor: Any, cloud_client: Any, pki_dir: str, namespace: str,
                  on_change: Callable[[], object] | None = None,
-                 make_informer: Callable[[], Any] | None = None) -> None:
+                 make_informer: Callable[[], Any] | None = None,
+                 loop_errors: ILoopErrors | None = None) -> None:
         self._reactor = reactor
+        # Where the default informer counts its loop's unexpected errors.
+        self._loop_errors = loop_errors
         self._client = cloud_client
         self.pki_dir = pki_dir
         self.namespace = namespace
@@ -222,7 +226,8 @@ class CertManager:
 
     def _default_informer(self):
         return Informer(self._reactor, self._client, SECRETS, namespace=self.namespace,
-                        field_selector=f"metadata.name={CERTS_SECRET_NAME}")
+                        field_selector=f"metadata.name={CERTS_SECRET_NAME}",
+                        loop_errors=self._loop_errors)
 
     # -- where the files are -------------------------------------------------------
 

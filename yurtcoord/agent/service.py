@@ -70,6 +70,7 @@ from yurtcoord.tx.credentials import readable_by_others
 from yurtcoord.tx.resolver import remembering_resolver
 from yurtcoord.kube.client import ClientConfig, KubeClient
 from yurtcoord.kube.kubeconfig import load_kubeconfig
+from yurtcoord.kube.informer import Informer
 from yurtcoord.kube.leaderelection import LeaderElectionConfig, LeaderElector
 from yurtcoord.kube.resolving import PickedServerClient
 from yurtcoord.pool.localcache import LocalCacheReader
@@ -370,7 +371,8 @@ class Agent(service.MultiService):
                                      ca_file=cert_manager.ca_file,
                                      cert_file=pair.cert_file, key_file=pair.key_file)
         self.etcd = self._own(EtcdClient(reactor, etcd_config,
-                                         name_resolver=self.coordinator_resolver))
+                                         name_resolver=self.coordinator_resolver,
+                                         loop_errors=self.metrics))
 
         election = config.leader_election
         self.coordinator_checker = CoordinatorHealthChecker(
@@ -382,22 +384,26 @@ class Agent(service.MultiService):
             self.coordinator_checker.pick_server, self.coordinator_clients.__getitem__,
             what="coordinator apiserver", on_unreachable=self.coordinator_checker.suspect)
 
-        self.pool_scope = PoolScopeResources(reactor, healthy_cloud)
+        # Every informer counts its loop's unexpected errors in the agent's metrics.
+        informer = functools.partial(Informer, loop_errors=self.metrics)
+        self.pool_scope = PoolScopeResources(reactor, healthy_cloud, informer_factory=informer)
         self.pool_sync = PoolSyncManager(
             reactor, node, self.coordinator_client, healthy_cloud, self.pool_scope,
-            informer_lease_renew=pool_cache.informer_lease_renew, metrics=self.metrics)
+            informer_lease_renew=pool_cache.informer_lease_renew, metrics=self.metrics,
+            informer_factory=informer)
         self.delegation = delegation = HeartbeatDelegation.for_coordinator(
             reactor, self.coordinator_client, healthy_cloud, self.cloud_checker,
             self.lease_proxy_clients.__getitem__, config.node.pool,
-            heartbeat_interval=config.heartbeat.interval, metrics=self.metrics)
+            heartbeat_interval=config.heartbeat.interval, metrics=self.metrics,
+            loop_errors=self.metrics)
         self.synced_detector = PoolCacheSyncedDetector(
             reactor, self.coordinator_client, pool_cache.stale_timeout,
-            on_synced_change=self._pool_cache_synced_changed)
+            on_synced_change=self._pool_cache_synced_changed, informer_factory=informer)
 
         self.coordinator = coordinator = Coordinator(
             reactor, node, self._open_pool_store, self.pool_sync, delegation,
             self.synced_detector, self._upload_local_cache,
-            retry_delay=ROLE_RETRY)
+            retry_delay=ROLE_RETRY, loop_errors=self.metrics)
         self.metrics.follow(coordinator)
 
         self.election_config = LeaderElectionConfig(
@@ -458,7 +464,8 @@ class Agent(service.MultiService):
         reactor, coordinator_config = self.reactor, self.config.coordinator
         self.cert_manager = CertManager(
             reactor, healthy_cloud, coordinator_config.pki_dir,
-            coordinator_config.secret_namespace, on_change=self._certificates_changed)
+            coordinator_config.secret_namespace, on_change=self._certificates_changed,
+            loop_errors=self.metrics)
         ca_file = self.cert_manager.ca_file
         pair = self.cert_manager.yurthub_client_pair
         # The same client certificate for every coordinator apiserver.
@@ -483,7 +490,8 @@ class Agent(service.MultiService):
                       stopped_leading: Callable[..., None],
                       new_leader: Callable[..., None]) -> LeaderElector:
         return LeaderElector(self.reactor, self.coordinator_client, self.election_config,
-                             started_leading, stopped_leading, new_leader)
+                             started_leading, stopped_leading, new_leader,
+                             loop_errors=self.metrics)
 
     def _pool_cache_synced_changed(self, synced: bool) -> None:
         if self.coordinator is not None:

@@ -76,6 +76,7 @@ from twisted.web.http_headers import Headers
 from twisted.web.iweb import IResponse
 
 from yurtcoord.etcd.members import MemberSet
+from yurtcoord.tx.guardedloop import ILoopErrors
 from yurtcoord.etcd.txaioetcd_private import (
     GatewayClient,
     marshal_range_request,
@@ -354,14 +355,15 @@ class _Transport:
     log = Logger()
 
     def __init__(self, reactor: IReactorTime, config: EtcdConfig,
-                 name_resolver: Optional[IHostnameResolver] = None) -> None:
+                 name_resolver: Optional[IHostnameResolver] = None,
+                 loop_errors: Optional[ILoopErrors] = None) -> None:
         self._reactor = reactor
         self._config = config
         # What the Agent's endpoints take their resolver from.
         self._resolving_reactor: Any = (
             reactor if name_resolver is None else ResolverReactor(reactor, name_resolver))
         self.members = MemberSet(reactor, [url.rstrip("/") for url in config.urls],
-                                 self.probe_health)
+                                 self.probe_health, loop_errors=loop_errors)
         self._prefix = None if config.gateway_prefix == "auto" else config.gateway_prefix
         self._probe_waiters: list[Deferred[str]] = []
         self.tls: Optional[ReloadingTLSPolicy] = None
@@ -697,10 +699,13 @@ class EtcdClient:
     log = Logger()
 
     def __init__(self, reactor: IReactorTime, config: EtcdConfig,
-                 name_resolver: Optional[IHostnameResolver] = None) -> None:
+                 name_resolver: Optional[IHostnameResolver] = None,
+                 loop_errors: Optional[ILoopErrors] = None) -> None:
         self.config = config
         self._reactor = reactor
-        self._transport = _Transport(reactor, config, name_resolver)
+        # ``loop_errors`` counts the errors of the member probe chain (the agent's
+        # metrics; optional for tools and tests).
+        self._transport = _Transport(reactor, config, name_resolver, loop_errors)
         self.txaioetcd = GatewayClient(reactor, config.url.rstrip("/"),
                                        _TxaioetcdTransport(self._transport), _refuse)
 

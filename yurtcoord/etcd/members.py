@@ -24,6 +24,7 @@ from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
+from yurtcoord.tx.guardedloop import ILoopErrors, guarded
 from yurtcoord.tx.retry import ETCD_MEMBER_PROBE_RETRY, Retries, RetryPolicy
 
 __all__ = ["MemberSet"]
@@ -57,13 +58,16 @@ class MemberSet:
         serves; False or a failure keeps it skipped.
     :param policy: the pause before each probe of a skipped member, by the number of
         probes so far (the first pause follows the failure that skipped it).
+    :param loop_errors: where an unexpected error of the probe chain is counted
+        (loop ``etcd-member-probe``; the agent's metrics, or None).
     """
 
     log = Logger()
 
     def __init__(self, clock: IReactorTime, urls: list[str],
                  probe: Callable[[str], "Deferred[bool]"],
-                 policy: RetryPolicy = ETCD_MEMBER_PROBE_RETRY) -> None:
+                 policy: RetryPolicy = ETCD_MEMBER_PROBE_RETRY,
+                 loop_errors: Optional[ILoopErrors] = None) -> None:
         if not urls:
             raise ValueError("an etcd cluster needs at least one member URL")
         if len(set(urls)) != len(urls):
@@ -73,6 +77,7 @@ class MemberSet:
         self._members = [_Member(url, policy) for url in urls]
         self._current: Optional[_Member] = self._members[0]
         self._closed = False
+        self._loop_errors = loop_errors
 
     @property
     def urls(self) -> list[str]:
@@ -142,15 +147,27 @@ class MemberSet:
 
     def _run_probe(self, member: _Member) -> None:
         member.probe_call = None
+        # Each probe's end schedules the next one: an end that raised would leave the
+        # member skipped for good, so it is guarded and schedules the next probe.
+        done = guarded("etcd-member-probe", self._probe_done, self._loop_errors,
+                       on_error=lambda _failure: self._probe_again(member))
         try:
             probing = self._probe(member.url)
         except Exception:
             self.log.failure("etcd member {url} health probe failed to start", url=member.url)
-            self._probe_done(False, member)
+            done(False, member)
             return
         member.probing = probing
         probing.addCallbacks(lambda healthy: bool(healthy) is True, lambda _f: False)
-        probing.addCallback(self._probe_done, member)
+        probing.addCallback(done, member)
+
+    def _probe_again(self, member: _Member) -> None:
+        """The end of a probe raised: the member, still skipped, is probed again after
+        its next pause unless a probe is already scheduled or running."""
+        member.probing = None
+        if (self._closed or not member.skipped or member.probe_call is not None):
+            return
+        self._schedule_probe(member)
 
     def _probe_done(self, healthy: "bool | Failure", member: _Member) -> None:
         member.probing = None

@@ -106,6 +106,7 @@ from zope.interface import Interface, implementer
 from yurtcoord.agent.config import format_duration
 from yurtcoord.tx.failures import describe_failure
 from yurtcoord.tx.limiter import AdaptiveLimit
+from yurtcoord.tx.guardedloop import ILoopErrors
 from yurtcoord.tx.retry import DELEGATION_RETRY, Retries
 from yurtcoord.kube.errors import NotFound
 from yurtcoord.kube.gvr import LEASES, NODES
@@ -504,16 +505,19 @@ class HeartbeatDelegation:
     def for_coordinator(cls, reactor: IReactorTime, coordinator_client: IListWatchClient,
                         cloud_reader: Any, cloud_health: ICloudHealthChecker,
                         cloud_client_for: Callable[[str], IObjectClient], pool: str,
+                        loop_errors: Optional[ILoopErrors] = None,
                         **options: Any) -> "HeartbeatDelegation":
         """The delegation as an agent runs it: an ``Informer`` of the leases on the
         coordinator apiserver, an ``Informer`` of the pool's Nodes read through
         ``cloud_reader`` (a client of whichever cloud server is healthy), and the
-        cloud health checker's pick."""
+        cloud health checker's pick. Both informers count their loop's unexpected
+        errors in ``loop_errors``."""
         def make_informer() -> IInformer:
-            return Informer(reactor, coordinator_client, LEASES)
+            return Informer(reactor, coordinator_client, LEASES, loop_errors=loop_errors)
 
         def make_node_informer(label_selector: str) -> IInformer:
-            return Informer(reactor, cloud_reader, NODES, label_selector=label_selector)
+            return Informer(reactor, cloud_reader, NODES, label_selector=label_selector,
+                            loop_errors=loop_errors)
 
         return cls(reactor, make_informer, make_node_informer, cloud_reader,
                    cloud_health.pick_healthy_server, cloud_client_for, pool, **options)

@@ -27,6 +27,12 @@ Handlers: ``add_handler(on_add, on_update, on_delete, filter=None)``; on_add(obj
 on_update(old, new), on_delete(obj). With a filter, an object that stops matching is
 delivered as a delete (of its last matching state), one that starts matching as an
 add. A handler that raises is logged; the informer carries on.
+
+Each list or watch of the loop is one guarded step (loop ``informer`` of
+``yurtcoord.tx.guardedloop``): a step that raises where no error is expected (the
+client's ``watch`` call itself, or replacing the store after a list) would otherwise
+end the loop for good, leaving the store as it was and never synced again; it is
+logged, counted in ``loop_errors`` and the informer lists again after its backoff.
 """
 
 from typing import Any, Callable, List, Optional
@@ -36,6 +42,7 @@ from twisted.internet.task import deferLater
 from twisted.logger import Logger
 from zope.interface import implementer
 
+from yurtcoord.tx.guardedloop import ILoopErrors, guarded
 from yurtcoord.tx.retry import INFORMER_RETRY, Retries
 from yurtcoord.kube.errors import Gone, ListTooLong, ResponseTooLarge, ServerError
 from yurtcoord.kube.gvr import GroupVersionResource
@@ -117,12 +124,14 @@ class Informer:
                  watch_timeout_seconds: Optional[int] = 300,
                  watch_idle_timeout: Optional[float] = None,
                  page_size: Optional[int] = DEFAULT_PAGE_SIZE,
-                 max_list_pages: int = MAX_LIST_PAGES) -> None:
+                 max_list_pages: int = MAX_LIST_PAGES,
+                 loop_errors: Optional[ILoopErrors] = None) -> None:
         if page_size is not None and page_size < 1:
             raise ValueError(f"page_size must be >= 1 or None, got {page_size}")
         if max_list_pages < 1:
             raise ValueError(f"max_list_pages must be >= 1, got {max_list_pages}")
         self.max_list_pages = max_list_pages
+        self.loop_errors = loop_errors
         self.reactor = reactor
         self.page_size = page_size
         self.client = client
@@ -227,23 +236,35 @@ class Informer:
     @defer.inlineCallbacks
     def _run(self):
         need_list = True
+        step = guarded("informer", self._step, self.loop_errors)
         try:
             while not self._stopping:
-                if need_list:
-                    listed = yield self._list()
-                    if not listed:
-                        continue
-                    need_list = False
-                    if self._stopping:
-                        # A sync waiter may have stopped the informer.
-                        break
-                need_list = yield self._watch_once()
+                result = yield step(need_list)
+                if result is None:
+                    # The step raised (reported by the guard): the store may be half
+                    # replaced or the watch never started, so list again, after the
+                    # backoff, as after a failed list.
+                    need_list = True
+                    yield self._sleep(self.backoff.next_delay())
+                else:
+                    need_list = result
         finally:
             self._running = None
             for waiter in self._sync_waiters:
                 waiter.callback(False)
             self._sync_waiters = []
             self.log.info("informer stopped gvr={gvr}", gvr=str(self.gvr))
+
+    @defer.inlineCallbacks
+    def _step(self, need_list):
+        """One list (when ``need_list``) and one watch; True when a relist is needed
+        next, False to watch again (or to end, once stopping)."""
+        if need_list:
+            listed = yield self._list()
+            if not listed or self._stopping:
+                # Listing again; or a sync waiter stopped the informer.
+                return not listed
+        return (yield self._watch_once())
 
     @defer.inlineCallbacks
     def _list(self):

@@ -36,6 +36,14 @@ Departures from client-go, on purpose:
   holder wakes exactly when the lease would expire, so a dead holder is replaced
   within ``lease_duration + retry_period``. See docs/design.md, "Election timing".
 
+The elector's timers are its only clock: a tick or renew deadline whose handling
+raised would leave it in a state that waits for a timer nobody armed (a candidate
+that never tries again, a leader that neither renews nor steps down). Both run
+guarded (loops ``election-tick`` and ``election-deadline`` of
+``yurtcoord.tx.guardedloop``), as does the end of each attempt (counted as a tick):
+the error is logged and counted in ``loop_errors`` and ``_rearm`` brings the elector
+back to a state with its timers armed.
+
 Once ``stop()`` has been called, no callback fires and no late answer of a cancelled
 request changes anything: the elector's state (``_ELECTION``) no longer expects it.
 """
@@ -56,6 +64,7 @@ from yurtcoord.kube.interfaces import IObjectClient
 from yurtcoord.kube.lease import LeaseRecord, build_lease, with_record
 from yurtcoord.kube.leasewriter import Lease, LeaseWrite, LeaseWriteFailed, LeaseWriter
 from yurtcoord.tx.fsm import TransitionTable
+from yurtcoord.tx.guardedloop import ILoopErrors, guarded
 
 JITTER_FACTOR = 1.2
 RELEASED_LEASE_DURATION_SECONDS = 1
@@ -200,8 +209,15 @@ class LeaderElector:
                  on_started_leading: Optional[Callable[[], object]] = None,
                  on_stopped_leading: Optional[Callable[[], object]] = None,
                  on_new_leader: Optional[Callable[[str], object]] = None,
-                 random: Optional[Callable[[], float]] = None) -> None:
+                 random: Optional[Callable[[], float]] = None,
+                 loop_errors: Optional[ILoopErrors] = None) -> None:
         self._reactor = reactor
+        # The timers' and attempts' handlers, guarded (see the module docstring).
+        self._tick = guarded("election-tick", self._input, loop_errors, self._rearm)
+        self._attempt_end = guarded("election-tick", self._attempt_finished, loop_errors,
+                                    self._rearm)
+        self._deadline_passed = guarded("election-deadline", self._input, loop_errors,
+                                        self._rearm)
         self._config = config
         self._on_started_leading = on_started_leading
         self._on_stopped_leading = on_stopped_leading
@@ -326,7 +342,7 @@ class LeaderElector:
         d = self._try_acquire_or_renew(attempt, before is _Election.LEADING)
         self._inflight = d
         d.addTimeout(self._attempt_timeout(), self._reactor)
-        d.addBoth(self._attempt_finished, attempt)
+        d.addBoth(self._attempt_end, attempt)
 
     def _on_deadline(self, before: _Election) -> None:
         self._deadline = None
@@ -394,13 +410,14 @@ class LeaderElector:
         """A leader that has not renewed for renew_deadline stops leading."""
         self._cancel_deadline()
         due = self._renewed() + self._config.renew_deadline - self._reactor.seconds()
-        self._deadline = self._reactor.callLater(max(0.0, due), self._input, "deadline")
+        self._deadline = self._reactor.callLater(max(0.0, due), self._deadline_passed,
+                                                 "deadline")
 
     # Attempts --------------------------------------------------------------------
 
     def _schedule(self, delay: float) -> None:
         self._cancel_timer()
-        self._timer = self._reactor.callLater(delay, self._input, "tick")
+        self._timer = self._reactor.callLater(delay, self._tick, "tick")
 
     def _record_observation(self, record: LeaseRecord, seen_at: float) -> float:
         """The observed time restarts only when the record changed."""
@@ -637,6 +654,24 @@ class LeaderElector:
 
         d = self._writer.write(change, attempts=2)
         return d.addCallback(lambda result: result.lease if result.written else None)
+
+    def _rearm(self, _failure: Failure) -> None:
+        """A tick, an attempt's end or the renew deadline raised (already reported):
+        an attempt left in flight or half handled ends as not written, which arms the
+        next tick; a waiting candidate or leader without a tick gets one; a leader
+        keeps its renew deadline; and the leadership callbacks already decided run."""
+        if self._state in (_Election.TRYING, _Election.RENEWING):
+            dropped, self._inflight = self._inflight, None
+            self._reading = None
+            self._input("not_written", _Attempt(self._reactor.seconds()), None)
+            if dropped is not None:
+                dropped.cancel()  # its late end is dropped unread: no attempt expected
+        if self._state in (_Election.WAITING, _Election.LEADING) and (
+                self._timer is None or not self._timer.active()):
+            self._schedule(self._next_delay(None))
+        if self._state is _Election.LEADING and self._deadline is None:
+            self._arm_deadline()
+        self._run_events()
 
     def _cancel_timer(self) -> None:
         timer, self._timer = self._timer, None

@@ -38,6 +38,7 @@ from twisted.python.failure import Failure
 from yurtcoord.pool.interfaces import IPoolStore
 from yurtcoord.role.roles import IRoleComponent, Role
 from yurtcoord.tx.fsm import TransitionTable
+from yurtcoord.tx.guardedloop import ILoopErrors, guarded
 from yurtcoord.tx.observers import Observers
 from yurtcoord.tx.retry import ROLE_RETRY, RetryPolicy
 
@@ -170,6 +171,13 @@ class Coordinator:
       ``UploadCounts`` and errbacking when the upload failed.
     - ``retry_delay(attempt)`` → seconds before retry ``attempt`` (1, 2, ...) of
       a failed run: a ``yurtcoord.tx.retry`` policy, ``ROLE_RETRY`` by default.
+    - ``loop_errors``: where an unexpected error of the retry loop is counted (loop
+      ``role-retry``; the agent's metrics, or None).
+
+    A failed run is retried by a timer, and each run's end decides the next retry:
+    either of them raising would leave the role's steps undone with no retry armed
+    (``applying`` for good, the agent never ready). Both run guarded
+    (``yurtcoord.tx.guardedloop``) and ``_rearm_retry`` arms the retry again.
 
     The life cycle is the transition table ``_LIFE``: every input goes through
     ``_input``, which moves to the table's next state and then runs the action of
@@ -183,8 +191,12 @@ class Coordinator:
                  pool_sync: IRoleComponent, delegation: IRoleComponent,
                  synced_detector: IRoleComponent,
                  upload_local_cache: Callable[[IPoolStore], defer.Deferred["UploadCounts"]],
-                 retry_delay: Optional[RetryPolicy] = None) -> None:
+                 retry_delay: Optional[RetryPolicy] = None,
+                 loop_errors: Optional[ILoopErrors] = None) -> None:
         self._reactor = reactor
+        self._retry = guarded("role-retry", self._input, loop_errors, self._rearm_retry)
+        self._run_end = guarded("role-retry", self._run_ended_with, loop_errors,
+                                self._rearm_retry)
         self.node_name = node_name
         self._open_pool_store = open_pool_store
         self._pool_sync = _ComponentSlot("pool sync", pool_sync, node_name)
@@ -353,7 +365,7 @@ class Coordinator:
                       "retry {attempt} in {delay}s",
                       step=self._step, role=role.value, node=self.node_name,
                       error=error, attempt=self.failed_attempts, delay=delay)
-        self._retry_call = self._reactor.callLater(delay, self._input, "retry")
+        self._retry_call = self._reactor.callLater(delay, self._retry, "retry")
         self._changed()
 
     def _on_superseded(self, before: _Life) -> None:
@@ -394,7 +406,7 @@ class Coordinator:
             if role != self.role:
                 # The role changed during the run's synchronous first part.
                 run.cancel()
-        run.addBoth(self._run_ended_with, role)
+        run.addBoth(self._run_end, role)
 
     def _run_ended_with(self, result: object, role: Role) -> None:
         """A run of ``role`` ended with ``result``: done, failed, or superseded (its
@@ -534,6 +546,17 @@ class Coordinator:
             "closing the pool store failed on node {node}: {error}",
             node=self.node_name, error=failure.getErrorMessage()))
         return closing
+
+    def _rearm_retry(self, failure: Failure) -> None:
+        """A retry or a run's end raised (already reported): a run that is no longer
+        running counts as failed, and a failed run without its retry timer gets one,
+        so the steps of the current role are tried again."""
+        if self._life is _Life.APPLYING and self._run is None:
+            self._input("failed", self.role, failure.value)
+        elif self._life is _Life.WAITING and (
+                self._retry_call is None or not self._retry_call.active()):
+            delay = self._retry_delay(max(1, self.failed_attempts))
+            self._retry_call = self._reactor.callLater(delay, self._retry, "retry")
 
     def _cancel_retry(self) -> None:
         if self._retry_call is not None:

@@ -39,6 +39,23 @@ raised", says what an operator does when the counter moves):
   node lease heartbeat round over several servers on its ``Cadence``.
 - ``reactor-lag``: ``yurtcoord.tx.reactorlag:ReactorLagProbe._tick``, the reactor lag
   measurement every 0.1 s.
+- ``etcd-member-probe``: ``yurtcoord.etcd.members:MemberSet._probe_done``, the
+  ``/health`` probe chain of a skipped pool etcd member; an error schedules the
+  member's next probe, so it can be current again.
+- ``informer``: ``yurtcoord.kube.informer:Informer._step``, one list or watch of an
+  informer's list-and-watch loop (pool sync, delegation, the certificate Secret, the
+  synced detector, the pool scope); an error relists after the informer's backoff.
+- ``election-tick``: ``yurtcoord.kube.leaderelection:LeaderElector._on_tick``, the
+  attempt timer of the election (and the end of its attempt); an error ends the
+  attempt as not written, which arms the next tick.
+- ``election-deadline``: ``yurtcoord.kube.leaderelection:LeaderElector._on_deadline``,
+  the renew deadline of a leader; an error still steps down and arms the next tick.
+- ``role-retry``: ``yurtcoord.role.coordinator:Coordinator._on_retry``, the retry
+  timer of a failed run of role steps (and the end of each run); an error re-arms the
+  retry or counts the run as failed.
+
+Chains that need no guard (a raise ends in an errback their caller handles, or the
+timer is re-armed by the next event) are listed in docs/runbook.md, "A loop raised".
 """
 
 from typing import Any, Callable, Mapping, Optional
@@ -59,6 +76,11 @@ LOOPS: Mapping[str, str] = {
     "lease-probe": "yurtcoord.heartbeat.probes:LeaseProber.probe",
     "heartbeat": "yurtcoord.heartbeat.probes:ServerSet._round",
     "reactor-lag": "yurtcoord.tx.reactorlag:ReactorLagProbe._tick",
+    "etcd-member-probe": "yurtcoord.etcd.members:MemberSet._probe_done",
+    "informer": "yurtcoord.kube.informer:Informer._step",
+    "election-tick": "yurtcoord.kube.leaderelection:LeaderElector._on_tick",
+    "election-deadline": "yurtcoord.kube.leaderelection:LeaderElector._on_deadline",
+    "role-retry": "yurtcoord.role.coordinator:Coordinator._on_retry",
 }
 
 log = Logger(namespace="yurtcoord.loop")

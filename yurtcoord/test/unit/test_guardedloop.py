@@ -299,6 +299,153 @@ def inject_reactor_lag(test: unittest.TestCase, sink: ILoopErrors) -> Injection:
     return Injection(clock, 0.1, lambda: observer.calls)
 
 
+def inject_etcd_member_probe(test: unittest.TestCase, sink: ILoopErrors) -> Injection:
+    from yurtcoord.etcd.members import MemberSet
+    from yurtcoord.tx.retry import backoff_policy
+
+    clock, probes = Clock(), []
+
+    def probe(url: str) -> defer.Deferred[bool]:
+        probes.append(url)
+        return defer.succeed(False)
+
+    members = MemberSet(clock, ["https://etcd-a:2379", "https://etcd-b:2379"], probe,
+                        backoff_policy(initial=1.0, maximum=1.0, jitter=0.0),
+                        loop_errors=sink)
+    test.addCleanup(members.close)
+    members.failed("https://etcd-a:2379", "connection refused")
+    # The probe answers unhealthy; scheduling the next probe raises once.
+    retries = members._members[0].retries
+    retries.next_delay = Raising(retries.next_delay)  # type: ignore[method-assign]
+    clock.advance(1.0)
+    return Injection(clock, 1.0, lambda: len(probes), lambda: test.assertEqual(
+        members.skipped(), {"https://etcd-a:2379": "connection refused"}))
+
+
+class HangingWatch:
+    """A watch stream that delivers nothing until cancelled."""
+
+    def __init__(self) -> None:
+        self.done: defer.Deferred[None] = defer.Deferred()
+        self.events = 0
+
+    def cancel(self) -> None:
+        if not self.done.called:
+            self.done.callback(None)
+
+
+def inject_informer(test: unittest.TestCase, sink: ILoopErrors) -> Injection:
+    from yurtcoord.kube.gvr import CONFIGMAPS, GroupVersionResource
+    from yurtcoord.kube.informer import Informer
+    from yurtcoord.kube.interfaces import IListWatchClient
+    from yurtcoord.tx.retry import Retries, backoff_policy
+
+    @implementer(IListWatchClient)
+    class ListWatchClient:
+        """Lists no object; its first ``watch`` call raises before any stream exists."""
+
+        def __init__(self) -> None:
+            self.lists = 0
+            self._watch = Raising(HangingWatch)
+
+        def list(self, gvr: GroupVersionResource, namespace: Any = None,
+                 label_selector: Any = None, field_selector: Any = None,
+                 resource_version: Any = None, limit: Any = None,
+                 continue_token: Any = None) -> defer.Deferred[Any]:
+            self.lists += 1
+            return defer.succeed({"items": [],
+                                  "metadata": {"resourceVersion": str(self.lists)}})
+
+        def watch(self, gvr: GroupVersionResource, on_event: Callable[[str, Any], object],
+                  namespace: Any = None, resource_version: Any = None,
+                  label_selector: Any = None, field_selector: Any = None,
+                  allow_bookmarks: bool = True, timeout_seconds: Any = None,
+                  idle_timeout: Any = None) -> Any:
+            return self._watch()
+
+    clock, client = Clock(), ListWatchClient()
+    test.assertTrue(verifyObject(IListWatchClient, client))
+    informer = Informer(clock, client, CONFIGMAPS, namespace="kube-system",
+                        backoff=Retries(backoff_policy(initial=2.0, maximum=2.0, jitter=0.0)),
+                        loop_errors=sink)
+    informer.start()
+    test.addCleanup(informer.stop)
+    return Injection(clock, 2.0, lambda: client.lists,
+                     lambda: test.assertTrue(informer.running))
+
+
+def _elector(test: unittest.TestCase, sink: ILoopErrors, random: Callable[[], float],
+             stopped: List[float]) -> Any:
+    from yurtcoord.kube.interfaces import IObjectClient
+    from yurtcoord.kube.leaderelection import LeaderElectionConfig, LeaderElector
+    from yurtcoord.testing.fakekube import FakeKube
+
+    clock, kube = Clock(), FakeKube()
+    clock.advance(1_800_000_000.0)
+    test.assertTrue(verifyObject(IObjectClient, kube))
+    config = LeaderElectionConfig(lease_namespace="kube-system", lease_name="yurthub",
+                                  identity="edge-1", lease_duration=15.0,
+                                  renew_deadline=10.0, retry_period=2.0)
+    elector = LeaderElector(clock, kube, config,
+                            on_stopped_leading=lambda: stopped.append(clock.seconds()),
+                            random=random, loop_errors=sink)
+    test.addCleanup(elector.stop, release=False)
+    return clock, kube, elector
+
+
+def inject_election_tick(test: unittest.TestCase, sink: ILoopErrors) -> Injection:
+    clock, kube, elector = _elector(test, sink, lambda: 0.0, [])
+    # The first attempt raises before any request.
+    elector._try_acquire_or_renew = Raising(  # type: ignore[method-assign]
+        elector._try_acquire_or_renew)
+    elector.start()
+    clock.advance(0)
+    return Injection(clock, 2.0, lambda: len(kube.calls),
+                     lambda: test.assertTrue(elector.running))
+
+
+def inject_election_deadline(test: unittest.TestCase, sink: ILoopErrors) -> Injection:
+    stopped: List[float] = []
+    clock, kube, elector = _elector(test, sink, lambda: 0.0, stopped)
+    elector.start()
+    clock.advance(0)
+    test.assertTrue(elector.is_leader)
+    # Renewals get no answer; at the renew deadline, arming the next tick raises.
+    kube.hang = True
+    elector._random = Raising(lambda: 0.0)
+    for _ in range(5):
+        clock.advance(2.0)
+
+    def check() -> None:
+        test.assertFalse(elector.is_leader)
+        test.assertEqual(len(stopped), 1)
+    return Injection(clock, 2.0, lambda: len(kube.calls), check)
+
+
+def inject_role_retry(test: unittest.TestCase, sink: ILoopErrors) -> Injection:
+    from yurtcoord.role.coordinator import Coordinator
+    from yurtcoord.role.roles import IRoleComponent, Role
+    from yurtcoord.testing.idlecomponent import IdleComponent
+
+    clock, opens = Clock(), []
+
+    def open_pool_store() -> defer.Deferred[Any]:
+        opens.append(clock.seconds())
+        return defer.fail(ConnectionRefusedError("pool etcd down"))
+
+    components = [IdleComponent() for _ in range(3)]
+    for component in components:
+        test.assertTrue(verifyObject(IRoleComponent, component))
+    # Asking for the first retry's delay raises.
+    coordinator = Coordinator(clock, "edge-1", open_pool_store, *components,
+                              upload_local_cache=lambda store: defer.succeed(None),
+                              retry_delay=Raising(lambda attempt: 1.0), loop_errors=sink)
+    coordinator.set_role(Role.LEADER)
+    test.addCleanup(coordinator.stop)
+    return Injection(clock, 1.0, lambda: len(opens),
+                     lambda: test.assertTrue(coordinator.applying))
+
+
 INJECTIONS: Dict[str, Callable[[unittest.TestCase, ILoopErrors], Injection]] = {
     "pool-store-health": inject_pool_store_health,
     "informer-sync-lease": inject_informer_sync_lease,
@@ -307,6 +454,11 @@ INJECTIONS: Dict[str, Callable[[unittest.TestCase, ILoopErrors], Injection]] = {
     "lease-probe": inject_lease_probe,
     "heartbeat": inject_heartbeat,
     "reactor-lag": inject_reactor_lag,
+    "etcd-member-probe": inject_etcd_member_probe,
+    "informer": inject_informer,
+    "election-tick": inject_election_tick,
+    "election-deadline": inject_election_deadline,
+    "role-retry": inject_role_retry,
 }
 
 
