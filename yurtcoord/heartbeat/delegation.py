@@ -93,7 +93,6 @@ the newest state of that lease is retried after a capped backoff while it is fre
 a heartbeat is not lost until the next renewal.
 """
 
-import datetime
 from collections import OrderedDict, deque
 from typing import Any, Callable, Deque, Dict, List, Optional, Set, Tuple
 
@@ -114,7 +113,7 @@ from yurtcoord.heartbeat.interfaces import ICloudHealthChecker
 from yurtcoord.heartbeat.probes import NODE_LEASE_DURATION_SECONDS
 from yurtcoord.kube.informer import Informer
 from yurtcoord.kube.interfaces import IInformer, IListWatchClient, IObjectClient
-from yurtcoord.kube.lease import MICRO_TIME_FORMAT, owner_reference_to_node, parse_micro_time
+from yurtcoord.kube.lease import owner_reference_to_node, stamped_renew_time
 from yurtcoord.kube.leasewriter import CREATED, UNCHANGED, UPDATED, LeaseWriter
 from yurtcoord.names import DELEGATE_HEARTBEAT_ANNOTATION, NODE_LEASE_NAMESPACE, NODE_POOL_LABEL
 from yurtcoord.role.roles import IRoleComponent
@@ -137,9 +136,6 @@ DEFAULT_MAX_CONCURRENT = 128
 LATENCY_SLACK = 0.25
 # The spec fields the leader sets on a cloud lease; their values are its own.
 CLOUD_SPEC_FIELDS = ("holderIdentity", "leaseDurationSeconds", "renewTime")
-# How much a delegation moves the cloud's renewTime past the one it holds, at least:
-# MicroTime's resolution, the smallest step the node lifecycle controller sees.
-RENEW_TIME_STEP = datetime.timedelta(microseconds=1)
 
 # Why a delegated lease is not forwarded (label ``reason`` of the refused counter).
 REFUSED_NAMESPACE = "namespace"
@@ -213,45 +209,6 @@ def seen_state(lease: Optional[dict]) -> Tuple[Any, Any]:
             (lease.get("metadata") or {}).get("resourceVersion"))
 
 
-_EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.timezone.utc)
-
-
-def _micro_moment(value: object) -> Optional[datetime.datetime]:
-    """A MicroTime (or RFC 3339) string as an exact UTC datetime, to the microsecond;
-    None when absent or malformed. POSIX seconds in a float lose the microsecond of
-    times far from now, and a renewTime 1 µs past another must be later once written."""
-    if not isinstance(value, str) or not value:
-        return None
-    try:
-        seconds = parse_micro_time(value)
-    except ValueError:
-        return None
-    try:
-        moment = datetime.datetime.fromisoformat(value.strip())
-    except ValueError:
-        moment = None
-    if moment is None or moment.tzinfo is None:
-        return _EPOCH + datetime.timedelta(microseconds=round(seconds * 1e6))
-    return moment.astimezone(datetime.timezone.utc)
-
-
-def stamped_renew_time(now: float, cloud_renew_time: object = None) -> str:
-    """The renewTime a delegation writes to the cloud: the leader's ``now`` (POSIX
-    seconds), or 1 µs past ``cloud_renew_time`` (the cloud lease's ``spec.renewTime``
-    as read) when that is not earlier. The node lifecycle controller counts a
-    heartbeat only when the cloud's renewTime increases; one left ahead of this
-    leader's clock (by a leader whose clock was ahead, or by the node itself) must not
-    swallow the heartbeats this leader forwards."""
-    stamp = _EPOCH + datetime.timedelta(microseconds=round(now * 1e6))
-    current = _micro_moment(cloud_renew_time)
-    if current is not None and current >= stamp:
-        try:
-            stamp = current + RENEW_TIME_STEP
-        except OverflowError:
-            # The last MicroTime there is: nothing is later, and only a time this
-            # leader can vouch for lets the lease increase again afterwards.
-            pass
-    return stamp.strftime(MICRO_TIME_FORMAT)
 
 
 def _delegate_annotation(pool_lease: dict) -> Optional[str]:

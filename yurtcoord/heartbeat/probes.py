@@ -48,7 +48,7 @@ from zope.interface import implementer
 
 from yurtcoord.heartbeat.interfaces import ICloudHealthChecker, ICoordinatorHealthChecker
 from yurtcoord.kube.interfaces import IObjectClient
-from yurtcoord.kube.lease import format_micro_time, node_owner_reference, renew_time
+from yurtcoord.kube.lease import node_owner_reference, stamped_renew_time
 from yurtcoord.kube.leasewriter import LeaseWriter
 from yurtcoord.names import (
     COORDINATOR_SERVER_ANNOTATION, DELEGATE_HEARTBEAT_ANNOTATION, ETCD_MEMBER_ANNOTATION,
@@ -64,8 +64,6 @@ if TYPE_CHECKING:
     from yurtcoord.agent.metrics import Metrics
 
 NODE_LEASE_DURATION_SECONDS = 40
-# How far past the lease's renewTime a renewal writes at least: MicroTime's resolution.
-RENEW_TIME_STEP = 1e-6
 # While a node lease has no owner, seconds between reads of the Node to name it owner.
 OWNER_READ_INTERVAL = 60.0
 # Seconds from the pool leader's death until the next leader forwards heartbeats with
@@ -300,11 +298,7 @@ class NodeLeaseWriter:
         spec["holderIdentity"] = self._node
         if not spec.get("leaseDurationSeconds"):
             spec["leaseDurationSeconds"] = NODE_LEASE_DURATION_SECONDS
-        written = self._clock.seconds()
-        previous = renew_time(lease)
-        if previous is not None:
-            written = max(written, previous + RENEW_TIME_STEP)
-        spec["renewTime"] = format_micro_time(written)
+        spec["renewTime"] = stamped_renew_time(self._clock.seconds(), spec.get("renewTime"))
         return lease
 
 

@@ -31,6 +31,51 @@ def format_micro_time(seconds: float) -> str:
     return moment.strftime(MICRO_TIME_FORMAT)
 
 
+# How much a write moves a lease's renewTime past the one it holds, at least:
+# MicroTime's resolution, the smallest step the node lifecycle controller sees.
+RENEW_TIME_STEP = datetime.timedelta(microseconds=1)
+_EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.timezone.utc)
+
+
+def _micro_moment(value: object) -> Optional[datetime.datetime]:
+    """A MicroTime (or RFC 3339) string as an exact UTC datetime, to the microsecond;
+    None when absent or malformed. POSIX seconds in a float lose the microsecond of
+    times far from now, and a renewTime 1 µs past another must be later once written."""
+    if not isinstance(value, str) or not value:
+        return None
+    try:
+        seconds = parse_micro_time(value)
+    except ValueError:
+        return None
+    try:
+        moment = datetime.datetime.fromisoformat(value.strip())
+    except ValueError:
+        moment = None
+    if moment is None or moment.tzinfo is None:
+        return _EPOCH + datetime.timedelta(microseconds=round(seconds * 1e6))
+    return moment.astimezone(datetime.timezone.utc)
+
+
+def stamped_renew_time(now: float, current_renew_time: object = None) -> str:
+    """The renewTime a write of a node lease in the cloud carries: the writer's
+    ``now`` (POSIX seconds), or 1 µs past ``current_renew_time`` (the lease's
+    ``spec.renewTime`` as read) when that is not earlier. The node lifecycle
+    controller counts a heartbeat only when the cloud's renewTime increases; one left
+    ahead of this writer's clock (by a leader or node whose clock was ahead) must not
+    swallow the heartbeats written after it (docs/design.md, "Clocks"). The one
+    implementation, for the node's own writes and the leader's delegation alike."""
+    stamp = _EPOCH + datetime.timedelta(microseconds=round(now * 1e6))
+    current = _micro_moment(current_renew_time)
+    if current is not None and current >= stamp:
+        try:
+            stamp = current + RENEW_TIME_STEP
+        except OverflowError:
+            # The last MicroTime there is: nothing is later, and only a time this
+            # writer can vouch for lets the lease increase again afterwards.
+            pass
+    return stamp.strftime(MICRO_TIME_FORMAT)
+
+
 # POSIX seconds of the minutes of canonical MicroTimes parsed lately
 # ("2006-01-02T15:04" -> seconds): the pool leader parses a thousand renewTimes a
 # second, nearly all of them of the same few minutes.

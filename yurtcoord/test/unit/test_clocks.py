@@ -5,8 +5,8 @@ A scan of the product's code (``yurtcoord/`` without its tests and test support)
 each function, a comparison, sum, difference, ``max`` or ``min`` of a lease's
 renewTime or acquireTime (or a local name derived from one) with a clock reading (or a
 local name derived from one) is such a comparison. Each one found must be one of
-``MIXING_ALLOWED``, the places that only write a time derived from both
-(``max(now, remote + 1 µs)``), each named in the "Clocks" section with its reason. A
+``MIXING_ALLOWED``, the one place that only writes a time derived from both
+(``max(now, remote + 1 µs)``), named in the "Clocks" section with its reason. A
 place listed that no longer does so is reported too, so that the list stays true.
 Remembering when a change was seen (a remote time compared with the last remote time,
 the clock read to stamp the moment) is no comparison. The scan follows local names,
@@ -36,11 +36,9 @@ CLOCK_METHODS = {"seconds", "time", "monotonic", "now", "utcnow", "time_ns", "mo
 # (module, function) that read both a remote time and the local clock, and why that is
 # no comparison of the two: each also listed in docs/design.md, "Clocks".
 MIXING_ALLOWED = {
-    ("yurtcoord/heartbeat/probes.py", "_renewed"):
-        "writes max(local now, the cloud renewTime + 1 µs): the cloud's renewTime "
-        "strictly increases whoever wrote last",
-    ("yurtcoord/heartbeat/delegation.py", "stamped_renew_time"):
-        "writes max(leader's now, the cloud renewTime + 1 µs)",
+    ("yurtcoord/kube/lease.py", "stamped_renew_time"):
+        "writes max(the writer's now, the lease's renewTime + 1 µs): the cloud's "
+        "renewTime strictly increases whoever wrote last",
 }
 
 

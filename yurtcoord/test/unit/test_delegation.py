@@ -18,9 +18,9 @@ from yurtcoord.heartbeat.delegation import (
     ABSENT_NAMES, ABSENT_NAMES_TTL, DELEGATE_HEARTBEAT_ANNOTATION, MAX_ATTEMPTS, MAX_NODE_READS,
     MAX_WAITING, NODE_LEASE_NAMESPACE, REFUSAL_REASONS, SUMMARY_EXAMPLES, SUMMARY_PERIOD,
     HeartbeatDelegation, IDelegationMetrics, lease_for_create, merged_cloud_lease,
-    stamped_renew_time,
 )
 from yurtcoord.heartbeat.probes import NODE_LEASE_DURATION_SECONDS
+from yurtcoord.kube.lease import stamped_renew_time
 from yurtcoord.tx.retry import Retries, backoff_policy
 from yurtcoord.kube.errors import Conflict, ServerError
 from yurtcoord.kube.gvr import LEASES, NODES

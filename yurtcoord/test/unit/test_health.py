@@ -10,6 +10,7 @@ from zope.interface.verify import verifyObject
 
 from yurtcoord.agent.metrics import Metrics
 from yurtcoord.heartbeat import probes as health
+from yurtcoord.kube.lease import format_micro_time
 from yurtcoord.heartbeat.probes import (
     DELEGATE_HEARTBEAT_ANNOTATION,
     CloudHealthChecker,
@@ -301,7 +302,7 @@ class NodeLeaseWriterTests(unittest.TestCase):
         self.successResultOf(d)
         self.assertEqual(lease_requests(self.client)[3:], ["get", "get", "update"])
         self.assertEqual(node_lease(self.client)["spec"]["renewTime"],
-                         health.format_micro_time(START + 13))
+                         format_micro_time(START + 13))
 
     def test_failed_retry_errors_fail_the_renewal(self):
         writer = self.writer()
@@ -391,10 +392,10 @@ class LeaseProberTests(unittest.TestCase):
         self.assertTrue(prober.healthy)
         advance(self.clock, 2.9)
         self.assertEqual(node_lease(self.client)["spec"]["renewTime"],
-                         health.format_micro_time(START))
+                         format_micro_time(START))
         advance(self.clock, 0.1)
         self.assertEqual(node_lease(self.client)["spec"]["renewTime"],
-                         health.format_micro_time(START + 13))
+                         format_micro_time(START + 13))
         self.assertEqual(changes, [(0.0, True)])
         self.assertEqual((prober.probes, prober.successes), (2, 2))
         self.successResultOf(prober.stop())
@@ -557,7 +558,7 @@ class CloudHealthCheckerTests(unittest.TestCase):
         self.assertEqual(self.requests(), {"0": ["update"] * 4, "1": ["get", "get"],
                                            "2": ["get", "get"]})
         self.assertEqual(node_lease(self.clients["https://cloud-0"])["spec"]["renewTime"],
-                         health.format_micro_time(START + 40))
+                         format_micro_time(START + 40))
 
     def test_failed_write_moves_at_once_to_a_healthy_server(self):
         self.checker.start()
@@ -569,10 +570,10 @@ class CloudHealthCheckerTests(unittest.TestCase):
         self.assertFalse(self.checker.servers()["https://cloud-0"])
         self.assertEqual(self.checker.writing_server, "https://cloud-1")
         lease = node_lease(self.clients["https://cloud-1"])
-        self.assertEqual(lease["spec"]["renewTime"], health.format_micro_time(START + 23))
+        self.assertEqual(lease["spec"]["renewTime"], format_micro_time(START + 23))
         advance(self.clock, 7)  # 30 s: the heartbeat stays on cloud-1
         self.assertEqual(node_lease(self.clients["https://cloud-1"])["spec"]["renewTime"],
-                         health.format_micro_time(START + 30))
+                         format_micro_time(START + 30))
         self.assertTrue(self.checker.healthy)
 
     def test_move_skips_unhealthy_servers(self):
@@ -584,7 +585,7 @@ class CloudHealthCheckerTests(unittest.TestCase):
         advance(self.clock, 7 + 9)  # 10 s: cloud-0 hangs, fails at 19 s
         self.assertEqual(self.checker.writing_server, "https://cloud-2")
         self.assertEqual(node_lease(self.clients["https://cloud-2"])["spec"]["renewTime"],
-                         health.format_micro_time(START + 19))
+                         format_micro_time(START + 19))
         self.assertIsNone(node_lease(self.clients["https://cloud-1"]))
 
     def test_healthy_when_any_server_is(self):
@@ -822,7 +823,7 @@ class SeveralCoordinatorServersTests(unittest.TestCase):
         self.assertEqual(self.checker.writing_server, self.B)
         self.assertEqual(self.checker.pick_server(), self.B)
         lease = node_lease(self.clients[self.B])
-        self.assertEqual(lease["spec"]["renewTime"], health.format_micro_time(START + 21))
+        self.assertEqual(lease["spec"]["renewTime"], format_micro_time(START + 21))
         # The lease names the server the write went through now.
         self.assertEqual(lease["metadata"]["annotations"],
                          {DELEGATE_HEARTBEAT_ANNOTATION: "true",
@@ -840,7 +841,7 @@ class SeveralCoordinatorServersTests(unittest.TestCase):
         advance(self.clock, 3)  # the probe of A at 3 s: attempts at 3, 4 and 6 s
         self.assertEqual(self.checker.servers(), {self.A: False, self.B: True})
         self.assertEqual(node_lease(self.clients[self.B])["spec"]["renewTime"],
-                         health.format_micro_time(START + 6))
+                         format_micro_time(START + 6))
         # A server already known unhealthy is not probed again on suspicion.
         sent = len(self.clients[self.A].requests)
         self.checker.suspect(self.A)
@@ -1084,7 +1085,7 @@ class CloudProberDelegateAnnotationTests(unittest.TestCase):
             "spec": {"holderIdentity": NODE}}
         lease["metadata"]["annotations"] = {DELEGATE_HEARTBEAT_ANNOTATION: "true",
                                             "example.com/owner": "ops"}
-        lease["spec"]["renewTime"] = health.format_micro_time(self.clock.seconds())
+        lease["spec"]["renewTime"] = format_micro_time(self.clock.seconds())
         put_node_lease(self.client, lease)
 
     def test_direct_write_after_delegation_removes_only_the_delegate_annotation(self):
@@ -1095,7 +1096,7 @@ class CloudProberDelegateAnnotationTests(unittest.TestCase):
         # The leader wrote renewTime START at the same instant: 1 µs past it, so the
         # cloud's renewTime moves forward.
         self.assertEqual(node_lease(self.client)["spec"]["renewTime"],
-                         health.format_micro_time(START + 1e-6))
+                         format_micro_time(START + 1e-6))
         self.successResultOf(self.checker.stop())
 
     def test_leader_write_between_renewals_is_reread_and_cleaned(self):
@@ -1107,7 +1108,7 @@ class CloudProberDelegateAnnotationTests(unittest.TestCase):
         advance(self.clock, 5)
         lease = node_lease(self.client)
         self.assertEqual(lease["metadata"]["annotations"], {"example.com/owner": "ops"})
-        self.assertEqual(lease["spec"]["renewTime"], health.format_micro_time(START + 10))
+        self.assertEqual(lease["spec"]["renewTime"], format_micro_time(START + 10))
         self.assertEqual(requests(self.client)[-3:], ["update", "get", "update"])
         self.successResultOf(self.checker.stop())
 
@@ -1398,6 +1399,6 @@ class KubeletGatingSeveralServersTests(unittest.TestCase):
         advance(clock, 20)
         self.assertTrue(checker.healthy)
         self.assertEqual(node_lease(clients["https://cloud-0"])["spec"]["renewTime"],
-                         health.format_micro_time(START + 30))
+                         format_micro_time(START + 30))
         self.successResultOf(checker.stop())
         self.successResultOf(kubelet.stop())
