@@ -41,6 +41,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
+from yurtcoord.tx.failures import describe_failure
 from yurtcoord.tx.heap import QuietCollections
 from yurtcoord.tx.inflight import InFlight
 from yurtcoord.tx.workqueue import WorkQueue
@@ -689,7 +690,15 @@ class PoolSyncManager:
     def _new_lease(self, now: float, duration: int) -> Generator[Any, Any, dict]:
         lease = build_lease(INFORMER_SYNC_LEASE_NAME, INFORMER_SYNC_LEASE_NAMESPACE,
                             LeaseRecord(self.node_name, duration, now, now, 0))
-        owner = yield node_owner_reference(self.coordinator, self.node_name)
+        try:
+            owner = yield node_owner_reference(self.coordinator, self.node_name)
+        except Exception as error:
+            # The owner only lets the lease go with its Node: a failed read must not
+            # keep the pool from counting as synced.
+            self.log.warn("informer sync lease created without an owner: reading Node "
+                          "{node} failed: {error}", node=self.node_name,
+                          error=describe_failure(Failure(error)))
+            owner = None
         if owner is not None:
             lease["metadata"]["ownerReferences"] = [owner]
         return lease

@@ -192,6 +192,20 @@ class PoolSyncClockTests(unittest.TestCase):
         self.assertEqual(self.lease()["metadata"]["ownerReferences"], [
             {"apiVersion": "v1", "kind": "Node", "name": NODE, "uid": "uid-1"}])
 
+    def test_a_node_read_that_fails_does_not_keep_the_lease_from_being_created(self):
+        # The coordinator answers the Node read with an error: the pool counts as
+        # synced all the same, with a lease that names no owner.
+        def fail_node_reads(verb, name):
+            if (verb, name) == ("get", NODE):
+                self.coordinator.fail_next("get", ConnectionFailed("node read refused"))
+        self.coordinator.on_call = fail_node_reads
+        self.sync_all(self.start())
+        lease = self.lease()
+        self.assertIsNotNone(lease)
+        self.assertEqual(lease["spec"]["holderIdentity"], NODE)
+        self.assertNotIn("ownerReferences", lease["metadata"])
+        self.assertIn(("get", NODE), self.coordinator.calls)
+
     def test_lease_deleted_behind_our_back_is_created_again(self):
         self.sync_all(self.start())
         self.coordinator.delete(gvrs.LEASES, "leader-informer-sync", "kube-system")
