@@ -420,7 +420,8 @@ class CertificateClient(ResolvingClient):
     there. While any file is missing (before the Secret was fetched, or after it was
     deleted) every call fails with ``ConnectionFailed`` naming the missing files, which
     the callers treat like an unreachable server (the coordinator prober reports
-    unhealthy, the elector keeps trying). ``name_resolver`` is the ``KubeClient``'s.
+    unhealthy, the elector keeps trying). ``name_resolver`` and ``loop_errors`` are
+    the ``KubeClient``'s.
     """
 
     # Building the KubeClient may fail too (unreadable files): fail the call, not
@@ -429,11 +430,13 @@ class CertificateClient(ResolvingClient):
 
     def __init__(self, reactor: Any, make_config: Callable[[], ClientConfig],
                  required_files: Iterable[str],
-                 name_resolver: IHostnameResolver | None = None) -> None:
+                 name_resolver: IHostnameResolver | None = None,
+                 loop_errors: ILoopErrors | None = None) -> None:
         self._reactor = reactor
         self._make_config = make_config
         self._required_files = tuple(required_files)
         self._name_resolver = name_resolver
+        self._loop_errors = loop_errors
         self.client: KubeClient | None = None
         self._closed = False
 
@@ -450,7 +453,8 @@ class CertificateClient(ResolvingClient):
             raise ConnectionFailed(f"certificates not available: {', '.join(missing)}")
         if self.client is None:
             self.client = KubeClient(self._reactor, self._make_config(),
-                                     name_resolver=self._name_resolver)
+                                     name_resolver=self._name_resolver,
+                                     loop_errors=self._loop_errors)
         return self.client
 
     def drop_connections(self) -> defer.Deferred[None]:

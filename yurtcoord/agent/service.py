@@ -200,7 +200,8 @@ class Agent(service.MultiService):
         with self._section("cloud"):
             self._warn_of_readable_secrets()
             self.cloud_clients = {
-                url: self._own(KubeClient(reactor, self._cloud_client_config(url)))
+                url: self._own(KubeClient(reactor, self._cloud_client_config(url),
+                                          loop_errors=self.metrics))
                 for url in config.cloud.servers}
         self.kubelet_checker: Optional[KubeletHealthChecker] = self._build_kubelet_checker()
         self.cloud_checker = CloudHealthChecker.for_servers(
@@ -356,7 +357,7 @@ class Agent(service.MultiService):
             self.coordinator_clients = {
                 url: self._own(KubeClient(reactor, ClientConfig(
                     server=url, insecure=True, timeout=REQUEST_TIMEOUT),
-                    name_resolver=self.coordinator_resolver))
+                    name_resolver=self.coordinator_resolver, loop_errors=self.metrics))
                 for url in coordinator_config.server}
             etcd_config = EtcdConfig(url=coordinator_config.storage[0],
                                      more_urls=coordinator_config.storage[1:])
@@ -476,13 +477,13 @@ class Agent(service.MultiService):
                                   cert_file=pair.cert_file, key_file=pair.key_file,
                                   timeout=REQUEST_TIMEOUT),
                 (ca_file, pair.cert_file, pair.key_file),
-                name_resolver=self.coordinator_resolver))
+                name_resolver=self.coordinator_resolver, loop_errors=self.metrics))
             for url in coordinator_config.server}
         proxy_pair = self.cert_manager.node_lease_proxy_pair
         self.lease_proxy_clients = {
             url: self._own(CertificateClient(
                 reactor, functools.partial(self._cloud_client_config, url, proxy_pair),
-                (proxy_pair.cert_file, proxy_pair.key_file)))
+                (proxy_pair.cert_file, proxy_pair.key_file), loop_errors=self.metrics))
             for url in self.config.cloud.servers}
         return self.cert_manager
 

@@ -73,6 +73,7 @@ from zope.interface import implementer
 
 from yurtcoord.tx import httpbody
 from yurtcoord.tx.failures import describe_failure, is_cancellation
+from yurtcoord.tx.guardedloop import ILoopErrors
 from yurtcoord.tx.inflight import InFlight
 from yurtcoord.tx.resolver import ResolverReactor
 from yurtcoord.tx.tlsreload import ReloadingTLSPolicy
@@ -272,11 +273,17 @@ class Watch:
 
 @implementer(IObjectClient, IListWatchClient)
 class KubeClient:
-    """get / list / create / update / delete / watch against one apiserver."""
+    """get / list / create / update / delete / watch against one apiserver.
+
+    ``loop_errors`` counts the unexpected errors of the idle check of every watch
+    with an ``idle_timeout`` (loop ``watch-idle``, the agent's metrics); without it
+    they are only logged.
+    """
 
     def __init__(self, reactor: IReactorTime, config: ClientConfig,
                  pool: Optional[QuietHTTPConnectionPool] = None,
-                 name_resolver: Optional[IHostnameResolver] = None) -> None:
+                 name_resolver: Optional[IHostnameResolver] = None,
+                 loop_errors: Optional[ILoopErrors] = None) -> None:
         parts = urlsplit(config.server)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(f"apiserver URL must be http(s)://host[:port], got {config.server!r}")
@@ -284,6 +291,7 @@ class KubeClient:
             raise ValueError(f"plain http to {config.server} needs insecure = true")
         self.reactor = reactor
         self.config = config
+        self.loop_errors = loop_errors
         self.server = config.server.rstrip("/")
         self.timeout = config.timeout
         if pool is None:
@@ -469,7 +477,7 @@ class KubeClient:
             watch._body_batcher = batch_chunked_body(response)
             response.deliverBody(stream)
             if idle_timeout:
-                watchdog = IdleWatchdog(self.reactor, idle_timeout, stream)
+                watchdog = IdleWatchdog(self.reactor, idle_timeout, stream, self.loop_errors)
                 def stop_watchdog(result: object) -> object:
                     watchdog.stop()
                     return result

@@ -25,16 +25,20 @@ per chunk.
 
 ``IdleWatchdog`` ends a stream on which nothing arrived for a while with ``Timeout``:
 a connection that died without a FIN or RST (a NAT or an edge link dropping it)
-would otherwise leave a watch waiting forever.
+would otherwise leave a watch waiting forever. Its check is guarded (loop
+``watch-idle`` of ``yurtcoord.tx.guardedloop``): a check that raises is logged and
+counted in ``loop_errors`` and the check is armed again, since a watchdog whose timer
+is gone leaves its watch without an idle timeout, as if none had been asked for.
 """
 
 import json
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 from twisted.internet.defer import Deferred
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
+from yurtcoord.tx.guardedloop import ILoopErrors, guarded
 from yurtcoord.tx.httpbody import drop_connection
 from yurtcoord.tx.lines import LineStreamProtocol
 from yurtcoord.kube.errors import (
@@ -229,24 +233,36 @@ class IdleWatchdog:
 
     One timer at a time, re-armed for the remaining time when data came meanwhile,
     so busy streams cost one clock read per read, not a timer reset per event.
+    The check runs guarded (loop ``watch-idle``): an error of it is counted in
+    ``loop_errors`` and the check runs again ``seconds`` later.
     """
 
-    def __init__(self, clock: Any, seconds: float, stream: WatchStreamProtocol) -> None:
+    def __init__(self, clock: Any, seconds: float, stream: WatchStreamProtocol,
+                 loop_errors: Optional[ILoopErrors] = None) -> None:
         self._clock = clock
         self._seconds = seconds
         self._stream = stream
-        self._call = clock.callLater(seconds, self._check)
+        self._stopped = False
+        self._checked = guarded("watch-idle", self._check, loop_errors, self._rearm)
+        self._call: Any = clock.callLater(seconds, self._checked)
 
-    def _check(self):
+    def _check(self) -> None:
+        self._call = None
         idle = self._clock.seconds() - self._stream.last_activity
         if idle >= self._seconds:
-            self._call = None
             self._stream.expire(Timeout(
                 f"nothing received on watch {self._stream.url} for {idle:.1f}s"))
         else:
-            self._call = self._clock.callLater(self._seconds - idle, self._check)
+            self._call = self._clock.callLater(self._seconds - idle, self._checked)
+
+    def _rearm(self, _failure: Failure) -> None:
+        """After a check that raised: check again a whole ``seconds`` later, unless
+        the watch ended meanwhile (``stop``) or a timer is armed already."""
+        if not self._stopped and self._call is None:
+            self._call = self._clock.callLater(self._seconds, self._checked)
 
     def stop(self) -> None:
+        self._stopped = True
         if self._call is not None and self._call.active():
             self._call.cancel()
         self._call = None

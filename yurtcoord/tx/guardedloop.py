@@ -53,6 +53,12 @@ raised", says what an operator does when the counter moves):
 - ``role-retry``: ``yurtcoord.role.coordinator:Coordinator._on_retry``, the retry
   timer of a failed run of role steps (and the end of each run); an error re-arms the
   retry or counts the run as failed.
+- ``watch-idle``: ``yurtcoord.kube.watch:IdleWatchdog._check``, the idle check of a
+  watch with an ``idle_timeout`` (every ``KubeClient`` of the agent counts into the
+  metrics); an error arms the check again, so the watch keeps its idle timeout.
+- ``work-retry``: ``yurtcoord.tx.workqueue:WorkQueue._retry``, the retry timer of
+  one key's failed work (pool sync writes, delegated heartbeats); an error arms the
+  key's retry again, so its work goes on.
 
 Chains that need no guard (a raise ends in an errback their caller handles, or the
 timer is re-armed by the next event) are listed in docs/runbook.md, "A loop raised".
@@ -81,6 +87,8 @@ LOOPS: Mapping[str, str] = {
     "election-tick": "yurtcoord.kube.leaderelection:LeaderElector._on_tick",
     "election-deadline": "yurtcoord.kube.leaderelection:LeaderElector._on_deadline",
     "role-retry": "yurtcoord.role.coordinator:Coordinator._on_retry",
+    "watch-idle": "yurtcoord.kube.watch:IdleWatchdog._check",
+    "work-retry": "yurtcoord.tx.workqueue:WorkQueue._retry",
 }
 
 log = Logger(namespace="yurtcoord.loop")

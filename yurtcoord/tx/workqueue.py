@@ -20,6 +20,12 @@ each resource's changes to the pool etcd. Both need the same guarantees:
 - ``stop()`` cancels every running item (Deferred cancellation) and every retry timer
   in the calling reactor turn, and leaves no delayed call behind.
 
+A key's retry timer is guarded (loop ``work-retry`` of ``yurtcoord.tx.guardedloop``):
+if putting the key back raises (a ``Limit`` whose ``limit`` raises, a defect), the
+error is logged and counted in ``loop_errors`` and the key's retry is armed again
+after its backoff. Unguarded, the key would wait in the ready queue until some other
+key's event happened to pump it, and with no other traffic its work would stay stuck.
+
 The clock and the retry policy are injected, so tests drive the queue with
 ``twisted.internet.task.Clock`` and deterministic delays.
 """
@@ -34,6 +40,8 @@ from twisted.internet import defer
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.logger import Logger
 from twisted.python.failure import Failure
+
+from yurtcoord.tx.guardedloop import ILoopErrors, guarded
 
 K = TypeVar("K", bound=Hashable)
 T = TypeVar("T")
@@ -114,6 +122,8 @@ class WorkQueue(Generic[K, T]):
         ``failures`` counts the failed attempts of that key just before it.
     :param on_failure: ``(key, item, failure, failures, delay)`` after an attempt
         failed; ``failures`` counts this one, ``delay`` is the pause before a retry.
+    :param loop_errors: where an unexpected error of a retry timer is counted (loop
+        ``work-retry``, the agent's metrics); without it, it is only logged.
 
     An exception raised by ``on_success`` or ``on_failure`` is logged; the queue
     goes on, so a defect in reporting cannot stall every key.
@@ -125,8 +135,8 @@ class WorkQueue(Generic[K, T]):
                  merge: Callable[[T, T], T], make_policy: Callable[[], RetryPolicy],
                  max_concurrent: "int | Limit" = 1,
                  on_success: Optional[Callable[[K, T, Any, int], None]] = None,
-                 on_failure: Optional[Callable[[K, T, Failure, int, float], None]] = None
-                 ) -> None:
+                 on_failure: Optional[Callable[[K, T, Failure, int, float], None]] = None,
+                 loop_errors: Optional[ILoopErrors] = None) -> None:
         if isinstance(max_concurrent, int):
             if max_concurrent < 1:
                 raise ValueError(
@@ -139,6 +149,7 @@ class WorkQueue(Generic[K, T]):
         self._limit: Limit = max_concurrent
         self._on_success = on_success
         self._on_failure = on_failure
+        self._loop_errors = loop_errors
         self._slots: Dict[K, _Slot[T]] = {}
         self._ready: Deque[K] = deque()
         self._active = 0
@@ -274,7 +285,7 @@ class WorkQueue(Generic[K, T]):
                 if newer is not None:
                     slot.offer(newer[0], self._merge)
             if slot.pending is not None:
-                slot.retry = self._clock.callLater(delay, self._retry, key, slot)
+                slot.retry = self._clock.callLater(delay, self._guarded_retry, key, slot)
             if self._on_failure is not None:
                 self._report(self._on_failure, key, item, result, slot.failures, delay)
         if self._slots.get(key) is slot:
@@ -292,7 +303,26 @@ class WorkQueue(Generic[K, T]):
         except Exception:
             self.log.failure("reporting the outcome of work on {key!r} failed", key=key)
 
+    def _guarded_retry(self, key: K, slot: "_Slot[T]") -> None:
+        """The retry timer of ``key``: ``_retry`` guarded (loop ``work-retry``)."""
+        guarded("work-retry", self._retry, self._loop_errors,
+                lambda _failure: self._retry_failed(key, slot))(key, slot)
+
     def _retry(self, key: K, slot: "_Slot[T]") -> None:
         slot.retry = None
         if self._slots.get(key) is slot:
             self._enqueue(key, slot)
+
+    def _retry_failed(self, key: K, slot: "_Slot[T]") -> None:
+        """After a retry that raised: the key leaves the ready queue (nothing else
+        would take it out again) and its retry is armed anew after its backoff, unless
+        it was forgotten, stopped or runs already."""
+        if self._slots.get(key) is not slot or slot.running is not None \
+                or slot.retry is not None:
+            return
+        slot.queued = False
+        if slot.pending is not None:
+            slot.retry = self._clock.callLater(slot.policy.next_delay(),
+                                               self._guarded_retry, key, slot)
+        elif slot.idle:
+            del self._slots[key]

@@ -446,6 +446,52 @@ def inject_role_retry(test: unittest.TestCase, sink: ILoopErrors) -> Injection:
                      lambda: test.assertTrue(coordinator.applying))
 
 
+def inject_watch_idle(test: unittest.TestCase, sink: ILoopErrors) -> Injection:
+    from twisted.internet.testing import StringTransport
+
+    from yurtcoord.kube.watch import IdleWatchdog, WatchStreamProtocol
+
+    clock = Clock()
+    stream = WatchStreamProtocol(lambda kind, obj: None, "https://api/watch", clock,
+                                 max_line=1024)
+    transport = StringTransport()
+    stream.makeConnection(transport)
+    # Nothing arrives; the first check that finds the watch idle raises as it ends it.
+    expire = stream.expire = Raising(stream.expire)  # type: ignore[method-assign]
+    watchdog = IdleWatchdog(clock, 10.0, stream, loop_errors=sink)
+    test.addCleanup(watchdog.stop)
+    clock.advance(10.0)
+
+    def check() -> None:
+        # Not expired yet, and not left without a check: one is armed again.
+        test.assertFalse(transport.disconnecting)
+        test.assertEqual(len(clock.getDelayedCalls()), 1)
+    return Injection(clock, 10.0, lambda: expire.calls, check)
+
+
+def inject_work_retry(test: unittest.TestCase, sink: ILoopErrors) -> Injection:
+    from yurtcoord.tx.retry import Retries, backoff_policy
+    from yurtcoord.tx.workqueue import WorkQueue
+
+    clock, attempts = Clock(), []
+
+    def work(key: str, item: int) -> defer.Deferred[None]:
+        attempts.append((key, item))
+        return defer.fail(ConnectionRefusedError("remote down"))
+
+    queue: WorkQueue[str, int] = WorkQueue(
+        clock, work, lambda old, new: new,
+        lambda: Retries(backoff_policy(initial=1.0, maximum=1.0, jitter=0.0)),
+        loop_errors=sink)
+    test.addCleanup(queue.stop)
+    queue.add("edge-1", 1)
+    # The first attempt failed; putting the key back at its retry raises once.
+    queue._pump = Raising(queue._pump)  # type: ignore[method-assign]
+    clock.advance(1.0)
+    return Injection(clock, 1.0, lambda: len(attempts),
+                     lambda: test.assertTrue(queue.has_work("edge-1")))
+
+
 INJECTIONS: Dict[str, Callable[[unittest.TestCase, ILoopErrors], Injection]] = {
     "pool-store-health": inject_pool_store_health,
     "informer-sync-lease": inject_informer_sync_lease,
@@ -459,6 +505,8 @@ INJECTIONS: Dict[str, Callable[[unittest.TestCase, ILoopErrors], Injection]] = {
     "election-tick": inject_election_tick,
     "election-deadline": inject_election_deadline,
     "role-retry": inject_role_retry,
+    "watch-idle": inject_watch_idle,
+    "work-retry": inject_work_retry,
 }
 
 
