@@ -55,7 +55,12 @@ class CloudLeaseSampler:
     """Reads the cloud node leases of ``nodes`` every ``every`` seconds.
 
     ``seen[node]`` lists (first seen at, renewTime) of each distinct renewTime;
-    ``ages[node]`` lists (at, age of the renewTime then) of every sample."""
+    ``ages[node]`` lists (at, age of the renewTime then) of every sample, which holds
+    for writers whose clocks are true; ``increases[node]`` lists (seen at, renewTime)
+    of each increase of the renewTime, which is how the node lifecycle controller
+    judges a node whatever the writers' clocks: it stamps its own clock whenever the
+    renewTime increases and never compares renewTime with its clock
+    (``longest_gap``)."""
 
     def __init__(self, server: KubeAPIServer, nodes: Iterable[str], clock: IReactorTime,
                  every: float = 0.02) -> None:
@@ -63,6 +68,8 @@ class CloudLeaseSampler:
         self.nodes = list(nodes)
         self.seen: Dict[str, List[Tuple[float, float]]] = {node: [] for node in self.nodes}
         self.ages: Dict[str, List[Tuple[float, float]]] = {node: [] for node in self.nodes}
+        self.increases: Dict[str, List[Tuple[float, float]]] = {n: [] for n in self.nodes}
+        self._highest: Dict[str, Optional[float]] = dict.fromkeys(self.nodes)
 
         self._clock = clock
         self._loop = task.LoopingCall(self.sample)
@@ -80,6 +87,11 @@ class CloudLeaseSampler:
             history = self.seen[node]
             if not history or history[-1][1] != renewed:
                 history.append((now, renewed))
+            highest = self._highest[node]
+            if highest is None or renewed > highest:
+                if highest is not None:
+                    self.increases[node].append((now, renewed))
+                self._highest[node] = renewed
 
     def last(self, node: str) -> Optional[float]:
         """The newest renewTime of ``node``."""
@@ -93,6 +105,21 @@ class CloudLeaseSampler:
         """(age, at) of the oldest renewTime of ``node`` sampled after ``since``."""
         return max(((age, at) for at, age in self.ages[node] if at >= since),
                    default=(0.0, None))
+
+    def seen_increasing(self, node: str, since: float) -> int:
+        """How many increases of ``node``'s renewTime were seen after ``since``."""
+        return sum(1 for at, _ in self.increases[node] if at >= since)
+
+    def longest_gap(self, node: str, since: float, until: float) -> float:
+        """The longest time in [since, until] without an observed increase of
+        ``node``'s renewTime: what the node lifecycle controller would count."""
+        moments = [at for at, _ in self.increases[node] if since <= at <= until]
+        edges = [since] + moments + [until]
+        return max(b - a for a, b in zip(edges, edges[1:]))
+
+    def last_increase(self, node: str) -> Optional[float]:
+        """When ``node``'s renewTime was last seen to increase (the sampler's clock)."""
+        return self.increases[node][-1][0] if self.increases[node] else None
 
     def stop(self) -> None:
         if self._loop.running:

@@ -8,7 +8,7 @@ minutes off. Nothing an agent decides may compare a renewTime written by another
 machine with its own clock (docs/design.md, "Clocks"), so a pool of skewed agents must
 work as one of true clocks does. The cloud is judged as the node lifecycle controller
 judges it: the test samples each node's cloud lease and stamps its own clock whenever
-the renewTime increases (``CloudRenewals``); a live node's renewTime is seen to
+the renewTime increases (``CloudLeaseSampler.longest_gap``); a live node's renewTime is seen to
 increase at least every two heartbeat intervals, across a takeover at most two
 intervals plus the takeover; a node whose kubelet died stops increasing within the
 kubelet grace period plus one interval.
@@ -35,7 +35,8 @@ from twisted.internet import defer, reactor
 from twisted.trial import unittest
 
 from yurtcoord.testing.poll import poll_until
-from yurtcoord.testing.skew import CloudRenewals, libfaketime_path, skewed_clock_environment
+from yurtcoord.testing.cloudleases import CloudLeaseSampler
+from yurtcoord.testing.skew import libfaketime_path, skewed_clock_environment
 from yurtcoord.testing.world import (
     HEARTBEAT_INTERVAL, KUBELET_GRACE_PERIOD, LEASE_DURATION, RETRY_PERIOD, ProcessWorld,
     leader_of, one_leader_all_ready,
@@ -118,7 +119,7 @@ class ClockSkewTests(unittest.TestCase):
             agent = yield world.add_agent(node)
             if offset:
                 agent.environment.update(skewed_clock_environment(offset))
-        self.renewals = CloudRenewals(world.cloud, list(OFFSETS), reactor)
+        self.renewals = CloudLeaseSampler(world.cloud, list(OFFSETS), reactor, every=0.05)
         self.addCleanup(self.renewals.stop)
 
         # 1. The agent 5 min ahead leads alone; skewed candidates join; all ready.
