@@ -39,6 +39,13 @@ a read that fails leaves its part empty and names itself under ``errors``: the
 document is always built. A document is served again for ``POOL_VIEW_TTL`` seconds
 and requests arriving while one is being built share it, so a flood of ``/pool``
 requests costs one round of reads per ``POOL_VIEW_TTL``.
+
+A round costs the cloud two paged LISTs, whatever the size of the pool: the Nodes
+labelled with the pool, and the node leases of ``kube-node-lease`` (which a label
+cannot select by pool: the list is filtered to the members here). One GET per
+member would make one open pool page on a pool of hundreds of nodes the cloud's
+busiest client. Lists are read in pages of ``MEMBER_LIST_LIMIT`` objects, at most
+``MEMBER_LIST_PAGES`` of them, all pages of one list within one ``read_timeout``.
 """
 
 import collections
@@ -71,11 +78,11 @@ from yurtcoord.tx.failures import describe_failure
 POOL_VIEW_TTL = 1.0
 # Seconds one read of a ``/pool`` document may take; it then counts as failed.
 POOL_READ_TIMEOUT = 3.0
-# Objects one list of Nodes or node leases may hold (one page); more are left out
-# and ``errors`` says so.
+# Objects one page of a list of Nodes or node leases holds (client-go's default).
 MEMBER_LIST_LIMIT = 500
-# Cloud node leases read at once (one GET per member).
-CLOUD_LEASE_READS = 8
+# Pages one list may take; objects beyond them are left out and ``errors`` says so
+# (a kube-node-lease of more than 10,000 leases, all pools together).
+MEMBER_LIST_PAGES = 20
 # Leader changes a document lists, the newest last.
 LEADER_CHANGES_KEPT = 20
 
@@ -126,9 +133,52 @@ def _items(answer: Any) -> list[Any]:
     return list(items) if isinstance(items, list) else []
 
 
-def _truncated(answer: Any) -> bool:
+def _continue_token(answer: Any) -> Optional[str]:
     metadata = answer.get("metadata") if isinstance(answer, Mapping) else None
-    return bool(metadata.get("continue")) if isinstance(metadata, Mapping) else False
+    token = metadata.get("continue") if isinstance(metadata, Mapping) else None
+    return token if isinstance(token, str) and token else None
+
+
+class Listed:
+    """The objects of one paged list; ``complete`` unless pages were left out after
+    ``MEMBER_LIST_PAGES`` (then a lease missing from ``items`` may still exist)."""
+
+    def __init__(self, items: list[Any], complete: bool) -> None:
+        self.items = items
+        self.complete = complete
+
+    def named(self) -> dict[str, Any]:
+        """The listed objects by name (those without one left out)."""
+        by_name = {}
+        for obj in self.items:
+            name = _name(obj)
+            if name is not None:
+                by_name[name] = obj
+        return by_name
+
+
+@defer.inlineCallbacks
+def list_pages(client: Any, gvr: GroupVersionResource, namespace: Optional[str] = None,
+               label_selector: Optional[str] = None, limit: Optional[int] = None,
+               pages: Optional[int] = None
+               ) -> Generator["defer.Deferred[Any]", Any, Listed]:
+    """One list of ``gvr`` read page by page (``limit`` / ``continue``, as kube-apiserver
+    pages it: one snapshot), at most ``pages`` requests (by default
+    ``MEMBER_LIST_LIMIT`` objects a page, ``MEMBER_LIST_PAGES`` pages). A failed page
+    fails the list (a continue token gone stale is a 410); cancelling cancels the page
+    in flight."""
+    limit = MEMBER_LIST_LIMIT if limit is None else limit
+    pages = MEMBER_LIST_PAGES if pages is None else pages
+    items: list[Any] = []
+    token: Optional[str] = None
+    for _ in range(pages):
+        answer = yield client.list(gvr, namespace=namespace, label_selector=label_selector,
+                                   limit=limit, continue_token=token)
+        items.extend(_items(answer))
+        token = _continue_token(answer)
+        if token is None:
+            return Listed(items, True)
+    return Listed(items, False)
 
 
 class LeaderHistory:
@@ -285,6 +335,20 @@ class PoolView:
             "errors": dict(errors),
         }
 
+    def _listed(self, what: str, errors: dict[str, str], client: Any,
+                gvr: GroupVersionResource, **options: Any) -> "defer.Deferred[Any]":
+        """``list_pages`` of ``gvr`` within one ``read_timeout``: a ``Listed``, or None
+        when it failed (named under ``what`` in ``errors``). A list cut after
+        ``MEMBER_LIST_PAGES`` pages is named too, and still gives its objects."""
+        def cut(listed: Optional[Listed]) -> Optional[Listed]:
+            if listed is not None and not listed.complete:
+                errors[what] = (f"more than {MEMBER_LIST_PAGES * MEMBER_LIST_LIMIT}; "
+                                "the rest left out")
+            return listed
+
+        return self._bounded(what, errors, lambda: list_pages(client, gvr, **options)
+                             ).addCallback(cut)
+
     @defer.inlineCallbacks
     def _build(self) -> Generator["defer.Deferred[Any]", Any, dict[str, Any]]:
         errors: dict[str, str] = {}
@@ -295,10 +359,9 @@ class PoolView:
             "election lease": self._bounded(
                 "election lease", errors, lambda: coordinator.get(LEASES, name, namespace),
                 absent_ok=True),
-            "pool node leases": self._bounded(
-                "pool node leases", errors,
-                lambda: coordinator.list(LEASES, namespace=NODE_LEASE_NAMESPACE,
-                                         limit=MEMBER_LIST_LIMIT)),
+            "pool node leases": self._listed(
+                "pool node leases", errors, coordinator, LEASES,
+                namespace=NODE_LEASE_NAMESPACE),
             "informer sync lease": self._bounded(
                 "informer sync lease", errors,
                 lambda: coordinator.get(LEASES, INFORMER_SYNC_LEASE_NAME,
@@ -306,10 +369,13 @@ class PoolView:
                 absent_ok=True),
         }
         if cloud_read:
-            reads["cloud nodes"] = self._bounded(
-                "cloud nodes", errors,
-                lambda: cloud.list(NODES, label_selector=f"{NODE_POOL_LABEL}={self.pool}",
-                                   limit=MEMBER_LIST_LIMIT))
+            reads["cloud nodes"] = self._listed(
+                "cloud nodes", errors, cloud, NODES,
+                label_selector=f"{NODE_POOL_LABEL}={self.pool}")
+            # The members are not known before the lists are in: the whole namespace
+            # is read, at the same time, and filtered below.
+            reads["cloud node leases"] = self._listed(
+                "cloud node leases", errors, cloud, LEASES, namespace=NODE_LEASE_NAMESPACE)
         counts: dict[str, defer.Deferred[Any]] = {}
         for gvr in self._pool_resources():
             resource = resource_name(gvr)
@@ -325,23 +391,22 @@ class PoolView:
         for resource, d in counts.items():
             resources[resource] = yield d
 
-        pool_leases: dict[str, Any] = {}
-        for lease in _items(answers["pool node leases"]):
-            lease_name = _name(lease)
-            if lease_name is not None:
-                pool_leases[lease_name] = lease
+        pool_list: Optional[Listed] = answers["pool node leases"]
+        pool_leases = pool_list.named() if pool_list is not None else {}
         # A complete list: a lease no longer in it is gone.
-        pool_listed = isinstance(answers["pool node leases"], Mapping)
-        if _truncated(answers["pool node leases"]):
-            errors["pool node leases"] = f"more than {MEMBER_LIST_LIMIT}; the rest left out"
-            pool_listed = False
+        pool_listed = pool_list is not None and pool_list.complete
         members = set(pool_leases) | {self.node}
         cloud_leases: dict[str, Any] = {}
-        if cloud_read and "cloud nodes" not in errors:
-            members |= {n for n in map(_name, _items(answers["cloud nodes"])) if n}
-            if _truncated(answers["cloud nodes"]):
-                errors["cloud nodes"] = f"more than {MEMBER_LIST_LIMIT}; the rest left out"
-            cloud_leases = yield self._cloud_leases(sorted(members), errors)
+        cloud_nodes: Optional[Listed] = answers.get("cloud nodes")
+        cloud_list: Optional[Listed] = answers.get("cloud node leases")
+        if cloud_read and cloud_nodes is not None:
+            members |= set(cloud_nodes.named())
+        if cloud_read and cloud_nodes is not None and cloud_list is not None:
+            listed = cloud_list.named()
+            # A member the complete list does not hold has no cloud lease (None); one
+            # left out of a cut list is not judged on the cloud.
+            cloud_leases = {member: listed.get(member) for member in members
+                            if member in listed or cloud_list.complete}
         else:
             cloud_read = False
 
@@ -353,8 +418,8 @@ class PoolView:
         if pool_listed:
             self._pool_renewals.retain(pool_leases)
         if cloud_read:
-            # A lease the cloud has not (None) is forgotten; one whose read failed is
-            # not in ``cloud_leases`` and stays as last seen.
+            # A lease the cloud has not (None) is forgotten; one left out of a cut
+            # list is not in ``cloud_leases`` and stays as last seen.
             for member, lease in cloud_leases.items():
                 self._cloud_renewals.observe(member, lease)
             self._cloud_renewals.retain(members)
@@ -391,45 +456,6 @@ class PoolView:
         document["cache"]["resources"] = resources
         document["errors"] = dict(sorted(errors.items()))
         return document
-
-    @defer.inlineCallbacks
-    def _cloud_leases(self, members: list[str], errors: dict[str, str]
-                      ) -> Generator["defer.Deferred[Any]", Any, dict[str, Any]]:
-        """The cloud node lease of each member whose read succeeded (None where the
-        cloud has none), ``CLOUD_LEASE_READS`` at a time and all within one
-        ``read_timeout``; the others are named in ``errors`` under ``cloud node lease
-        <member>`` and left out."""
-        semaphore = defer.DeferredSemaphore(CLOUD_LEASE_READS)
-        deadline = self._reactor.seconds() + self.read_timeout
-        found: dict[str, Any] = {}
-        failed: dict[str, str] = {}
-
-        def read(member: str) -> "defer.Deferred[Any]":
-            d = self._cloud.get(LEASES, member, NODE_LEASE_NAMESPACE)
-
-            def absent(failure: Failure) -> None:
-                failure.trap(NotFound)
-                return None
-
-            return d.addErrback(absent)
-
-        def bounded(member: str) -> "defer.Deferred[None]":
-            what = f"cloud node lease {member}"
-            left = deadline - self._reactor.seconds()
-            if left <= 0:
-                failed[what] = f"not read: the cloud lease reads took {self.read_timeout:g}s"
-                return defer.succeed(None)
-
-            def keep(lease: Any) -> None:
-                if what not in failed:
-                    found[member] = lease
-
-            return self._bounded(what, failed, lambda: read(member), left).addCallback(keep)
-
-        yield defer.gatherResults([semaphore.run(bounded, member) for member in members],
-                                  consumeErrors=True)
-        errors.update(failed)
-        return found
 
     def _member(self, member: str, cloud_lease: Any, pool_lease: Any, cloud_read: bool,
                 leader: Optional[str], now: float) -> dict[str, Any]:

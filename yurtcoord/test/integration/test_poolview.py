@@ -299,33 +299,62 @@ class PoolViewTests(unittest.TestCase):
         self.assertEqual(document["leader"], "edge-2")
 
     @defer.inlineCallbacks
-    def test_a_member_whose_cloud_lease_cannot_be_read_is_judged_on_the_pool_lease(self):
-        self.cloud.faults.fail_next(1, code=503, path="/kube-node-lease/leases/edge-2")
+    def test_when_the_cloud_leases_cannot_be_listed_the_pool_leases_decide(self):
+        self.cloud.faults.fail_next(1, code=503, path="/kube-node-lease/leases")
         document = yield self.view.document()
-        self.assertEqual(list(document["errors"]), ["cloud node lease edge-2"])
-        self.assertIn("503", document["errors"]["cloud node lease edge-2"])
+        self.assertEqual(list(document["errors"]), ["cloud node leases"])
+        self.assertIn("503", document["errors"]["cloud node leases"])
+        self.assertFalse(document["cloud_read"])
         members = self.members(document)
-        # Not stale for want of an answer: its pool lease is fresh and delegated.
+        # The cloud's pool Nodes are still members; not stale for want of an answer:
+        # edge-2's pool lease is fresh and delegated; edge-4 has no pool lease.
+        self.assertEqual(sorted(members), ["edge-1", "edge-2", "edge-3", "edge-4", "edge-5"])
         self.assertEqual(members["edge-2"]["heartbeat"], DELEGATED)
         self.assertIsNone(members["edge-2"]["cloud_lease_age"])
         self.assertEqual(members["edge-1"]["heartbeat"], DIRECT)
+        self.assertEqual(members["edge-4"]["heartbeat"], STALE)
 
     @defer.inlineCallbacks
-    def test_cloud_lease_reads_share_one_deadline(self):
-        # Every cloud lease read hangs, one read at a time: all of them end within one
-        # read timeout, not one timeout each.
-        self.patch(poolview, "CLOUD_LEASE_READS", 1)
-        self.cloud.faults.hang_next(5, path="/kube-node-lease/leases/")
+    def test_the_cloud_leases_are_one_paged_list_and_no_read_per_member(self):
+        self.patch(poolview, "MEMBER_LIST_LIMIT", 2)
+        before = len(self.cloud.request_log)
+        document = yield self.view.document()
+        self.assertEqual(document["errors"], {})
+        self.assertEqual(self.members(document)["edge-2"]["heartbeat"], DELEGATED)
+        asked = sorted((r.method, r.path) for r in self.cloud.request_log[before:])
+        # Five Nodes (one of another pool: the selector skips it, its page still
+        # counts) and five cloud leases (one of another pool), two a page.
+        self.assertEqual(asked, [("GET", "/api/v1/nodes")] * 3 + [
+            ("GET", "/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases")] * 3)
+
+    @defer.inlineCallbacks
+    def test_paged_lists_share_one_deadline(self):
+        # The second page of the cloud lease list hangs: the list ends within one read
+        # timeout, named under errors, and the pool leases decide.
+        self.patch(poolview, "MEMBER_LIST_LIMIT", 2)
+        self.cloud.faults.hang_next(1, path="/kube-node-lease/leases", query="continue=")
         view = self.make_view(read_timeout=1.0)
         started = time.monotonic()
         document = yield view.document()
         self.assertLess(time.monotonic() - started, 3.0)
-        self.assertEqual(sorted(document["errors"]),
-                         [f"cloud node lease edge-{i}" for i in range(1, 6)])
-        # Judged on the pool leases: edge-4 has none.
+        self.assertEqual(document["errors"], {"cloud node leases": "no answer within 1s"})
         self.assertEqual(self.members(document)["edge-4"]["heartbeat"], STALE)
         self.assertEqual(self.members(document)["edge-1"]["heartbeat"], DIRECT)
         yield self.cloud.faults.drop_connections()
+
+    @defer.inlineCallbacks
+    def test_a_list_past_its_pages_is_cut_and_named(self):
+        self.patch(poolview, "MEMBER_LIST_LIMIT", 1)
+        self.patch(poolview, "MEMBER_LIST_PAGES", 2)
+        document = yield self.view.document()
+        self.assertEqual(document["errors"], {
+            "cloud node leases": "more than 2; the rest left out",
+            "cloud nodes": "more than 2; the rest left out",
+            "pool node leases": "more than 2; the rest left out"})
+        # edge-1 and edge-2 are on the first pages of every list, judged on the cloud.
+        members = self.members(document)
+        self.assertEqual(members["edge-2"]["heartbeat"], DELEGATED)
+        self.assertIsNotNone(members["edge-2"]["cloud_lease_age"])
 
     @defer.inlineCallbacks
     def test_a_hung_read_ends_within_the_read_timeout(self):
@@ -348,7 +377,7 @@ class PoolViewTests(unittest.TestCase):
         port = reactor.listenTCP(0, site, interface="127.0.0.1")
         self.addCleanup(port.stopListening)
         url = f"http://127.0.0.1:{port.getHost().port}/pool"
-        before = len(self.coordinator.requests)
+        before, cloud_before = len(self.coordinator.requests), len(self.cloud.requests)
         responses = yield defer.gatherResults([http.get(url) for _ in range(30)])
         bodies = yield defer.gatherResults([r.content() for r in responses])
         self.assertEqual({r.code for r in responses}, {200})
@@ -356,8 +385,10 @@ class PoolViewTests(unittest.TestCase):
                          {("application/json",)})
         self.assertEqual(len({b for b in bodies}), 1)
         self.assertEqual(self.view.builds, 1)
-        # One round: the election lease, the node leases, the informer sync lease.
+        # One round: the election lease, the node leases, the informer sync lease;
+        # and the two lists of the cloud, whatever the number of members.
         self.assertEqual(len(self.coordinator.requests) - before, 3)
+        self.assertEqual(len(self.cloud.requests) - cloud_before, 2)
         self.assertEqual(json.loads(bodies[0])["leader"], "edge-2")
         response = yield http.post(url, b"")
         yield response.content()

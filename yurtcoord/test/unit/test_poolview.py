@@ -6,17 +6,22 @@ and the informer sync lease write renewTimes minutes ahead of or behind the view
 clock (docs/design.md, "Clocks"): direct and delegated while they change, stale (or
 expired) once they stop, ages counted on the viewer's clock."""
 
+import json
 from typing import Any, Optional
 
 from twisted.internet import defer, task
 from twisted.trial import unittest
+from twisted.web.server import NOT_DONE_YET
+from twisted.web.test.requesthelper import DummyRequest
 from zope.interface import implementer
 from zope.interface.verify import verifyObject
 
+from yurtcoord.agent import poolview
+from yurtcoord.agent.metrics import Metrics
 from yurtcoord.agent.poolview import (
     DELEGATED, DIRECT, LEADER_CHANGES_KEPT, STALE, LeaderHistory, PoolView, heartbeat_path,
 )
-from yurtcoord.agent.status import IPoolView, IStatusSource, InitialStatus
+from yurtcoord.agent.status import IPoolView, IStatusSource, InitialStatus, status_resource
 from yurtcoord.kube.errors import ServerError
 from yurtcoord.kube.gvr import LEASES, NODES, GroupVersionResource
 from yurtcoord.kube.interfaces import IObjectClient
@@ -78,19 +83,39 @@ class LeaderHistoryTests(unittest.TestCase):
 @implementer(IObjectClient)
 class ListingKube(FakeKube):
     """The in-memory apiserver of ``FakeKube`` that also answers ``list`` as
-    ``KubeClient.list`` does for the pool view: one page of the objects of a resource
-    in a namespace, selected by one ``key=value`` label; ``fail_next("list", ...)``
-    fails the next lists."""
+    ``KubeClient.list`` does for the pool view: the objects of a resource in a
+    namespace, selected by one ``key=value`` label, in name order and in pages of
+    ``limit`` (the continue token is the offset of the next page);
+    ``fail_next("list", ...)`` fails the next lists, ``fail_next_list(resource, ...)``
+    the next list of that resource."""
+
+    def __init__(self, clock: Any = None) -> None:
+        super().__init__(clock)
+        self.list_failures: dict[str, BaseException] = {}
+
+    def fail_next_list(self, resource: str, error: BaseException) -> None:
+        self.list_failures[resource] = error
 
     def list(self, gvr: GroupVersionResource, namespace: Optional[str] = None,
              label_selector: Optional[str] = None, limit: Optional[int] = None,
+             continue_token: Optional[str] = None,
              **_options: Any) -> "defer.Deferred[Any]":
         def answer() -> dict[str, Any]:
+            error = self.list_failures.pop(gvr.resource, None)
+            if error is not None:
+                raise error
             key, _, value = (label_selector or "").partition("=")
-            items = [obj for obj in self.stored(gvr)
-                     if (namespace is None or obj["metadata"].get("namespace") == namespace)
-                     and (not key or (obj["metadata"].get("labels") or {}).get(key) == value)]
-            return {"items": items, "metadata": {}}
+            items = sorted((obj for obj in self.stored(gvr)
+                            if (namespace is None
+                                or obj["metadata"].get("namespace") == namespace)
+                            and (not key or (obj["metadata"].get("labels") or {}).get(key)
+                                 == value)),
+                           key=lambda obj: obj["metadata"]["name"])
+            start = int(continue_token or 0)
+            end = len(items) if limit is None else start + limit
+            token = str(end) if end < len(items) else None
+            return {"items": items[start:end],
+                    "metadata": {"continue": token} if token else {}}
         return self._call("list", gvr, namespace or "", answer)
 
 
@@ -252,10 +277,11 @@ class PoolViewSkewTests(unittest.TestCase):
         self.document()
         self.clock.advance(INTERVAL)
         self.coordinator.fail_next("list", ServerError("etcd timed out"))
-        self.cloud.fail_next("get", ServerError("overloaded"))
+        self.cloud.fail_next_list("leases", ServerError("overloaded"))
         document = self.successResultOf(self.view.document())
         self.assertEqual(sorted(document["errors"]),
-                         ["cloud node lease edge-1", "pool node leases"])
+                         ["cloud node leases", "pool node leases"])
+        self.assertFalse(document["cloud_read"])
         self.clock.advance(INTERVAL + 1)
         document = self.document()
         members = {m["node"]: m for m in document["members"]}
@@ -274,3 +300,105 @@ class PoolViewSkewTests(unittest.TestCase):
         for server, lease in leases.items():
             server.put(LEASES, lease)
         self.assertEqual(self.paths(self.document())["edge-3"], (DIRECT, 0.0))
+
+
+class PoolViewCostTests(unittest.TestCase):
+    """What a flood of ``/pool`` and ``/`` requests costs, on a ``task.Clock``: the
+    cloud's node leases come from one paged list, never one read per member, and a
+    document is built, encoded and rendered once, then served as the same bytes
+    until the next build."""
+
+    MEMBERS = 5
+
+    def setUp(self):
+        self.clock = task.Clock()
+        self.clock.advance(START)
+        self.cloud, self.coordinator = ListingKube(self.clock), ListingKube(self.clock)
+        for i in range(1, self.MEMBERS + 1):
+            Member(self.clock, self.cloud, self.coordinator, f"edge-{i}", 0.0).renew()
+        # Another pool's node: its lease is in the cloud's list, not in the document.
+        self.cloud.put(LEASES, build_lease("other-1", NODE_LEASE_NAMESPACE,
+                                           LeaseRecord("other-1", 40, None, START)))
+        self.source = InitialStatus("edge-1", POOL, (), since=START)
+        self.view = PoolView(
+            self.clock, self.source, "edge-1", POOL, self.coordinator, self.cloud,
+            lambda: True, lambda _prefix: defer.succeed(0), "/registry", lambda: (),
+            ELECTION, STALE_AFTER, LeaderHistory(self.clock, "edge-1"), ttl=1.0)
+        self.root = status_resource(self.source, Metrics("edge-1", POOL), self.view)
+
+    def get(self, path):
+        """``GET /<path>`` on the status pages: (code, body bytes as written)."""
+        request = DummyRequest([path] if path else [b""])
+        page = self.root.getChildWithDefault(path, request)
+        request.postpath = []
+        body = page.render(request)
+        if body is not NOT_DONE_YET:
+            request.write(body)
+            request.finish()
+        self.assertTrue(request.finished)
+        self.assertEqual(len(request.written), 1)
+        return request.responseCode or 200, request.written[0]
+
+    def test_a_build_lists_the_cloud_leases_in_pages_and_reads_no_lease_of_a_member(self):
+        self.patch(poolview, "MEMBER_LIST_LIMIT", 2)
+        document = self.successResultOf(self.view.document())
+        self.assertEqual(document["errors"], {})
+        self.assertTrue(document["cloud_read"])
+        self.assertEqual({m["node"]: m["heartbeat"] for m in document["members"]},
+                         {f"edge-{i}": DIRECT for i in range(1, self.MEMBERS + 1)})
+        # Five pool Nodes and six cloud leases, two a page: three pages each, no GET.
+        self.assertEqual(sorted(self.cloud.requests), ["list leases"] * 3 + ["list nodes"] * 3)
+        self.cloud.requests.clear()
+        self.clock.advance(1.0)
+        self.successResultOf(self.view.document())
+        self.assertEqual(sorted(self.cloud.requests), ["list leases"] * 3 + ["list nodes"] * 3)
+
+    def test_requests_within_the_ttl_get_the_same_bytes_of_one_build(self):
+        code, first = self.get(b"pool")
+        self.assertEqual(code, 200)
+        requests = len(self.cloud.requests), len(self.coordinator.requests)
+        self.clock.advance(0.5)
+        code, second = self.get(b"pool")
+        self.assertIs(second, first)
+        self.assertEqual(self.view.builds, 1)
+        self.assertEqual((len(self.cloud.requests), len(self.coordinator.requests)), requests)
+        self.assertEqual(json.loads(first)["members"][0]["node"], "edge-1")
+        # The pool page too: rendered once for this document and status.
+        code, page = self.get(b"")
+        self.assertEqual(code, 200)
+        self.assertIn(b'data-node="edge-5"', page)
+        self.assertIs(self.get(b"")[1], page)
+        # The next build is encoded and rendered anew.
+        self.clock.advance(0.5)
+        code, third = self.get(b"pool")
+        self.assertEqual(self.view.builds, 2)
+        self.assertIsNot(third, first)
+        self.assertIs(self.get(b"pool")[1], third)
+        self.assertIsNot(self.get(b"")[1], page)
+
+    def test_the_pool_page_follows_the_status_between_builds(self):
+        self.get(b"pool")
+        page = self.get(b"")[1]
+        self.source.pool = "pool-b"
+        changed = self.get(b"")[1]
+        self.assertIsNot(changed, page)
+        self.assertIn(b"pool-b", changed)
+        self.assertEqual(self.view.builds, 1)
+
+    def test_concurrent_requests_during_a_build_share_it_and_its_bytes(self):
+        self.cloud.hold("list")
+        requests = [DummyRequest([]) for _ in range(5)]
+        page = self.root.getChildWithDefault(b"pool", requests[0])
+        for request in requests:
+            self.assertIs(page.render(request), NOT_DONE_YET)
+        self.assertEqual([r.finished for r in requests], [0] * 5)
+        self.assertEqual(sorted(self.cloud.requests), ["list leases", "list nodes"])
+        self.cloud.release_hold("list")
+        self.cloud.deliver_held()
+        self.assertEqual([r.finished for r in requests], [1] * 5)
+        bodies = [r.written[0] for r in requests]
+        self.assertEqual(len({id(body) for body in bodies}), 1)
+        self.assertEqual(self.view.builds, 1)
+        self.assertEqual(sorted(self.cloud.requests), ["list leases", "list nodes"])
+        self.assertEqual(self.coordinator.requests,
+                         ["get leases", "list leases", "get leases"])
