@@ -10,6 +10,7 @@ permission of those rules was used. The permissions and the request that used ea
 are printed as ``RBAC <apiserver> <permission> <- <request>`` lines.
 """
 
+import json
 import os
 from typing import Any
 
@@ -103,6 +104,11 @@ class PoolRequestsTests(unittest.TestCase):
         world.restore_cloud([cut])
         yield world.wait_for_pool(
             "all ready again", lambda s: one_leader_all_ready(s, len(nodes)), STEP_TIMEOUT)
+        # The pool view reads the cloud too (the pool's Nodes, the node leases).
+        agent = world.agents[leader]
+        code, body = yield world.reader_for(agent).get(str(agent.url), "pool")
+        self.assertEqual(code, 200, body)
+        self.assertTrue(json.loads(body)["cloud_read"], body)
         # A watch is logged when its answer ends: end the open ones, so that every
         # watch the agents made is in the logs.
         logged = {server: len(server.request_log) for server in (cloud, coordinator)}
