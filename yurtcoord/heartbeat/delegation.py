@@ -416,7 +416,7 @@ class HeartbeatDelegation:
             reactor, self._delegate_state, _newest,
             make_backoff or (lambda: Retries(DELEGATION_RETRY)),
             max_concurrent=self._limit, on_success=self._delegated,
-            on_failure=self._delegation_failed)
+            on_failure=self._delegation_failed, loop_errors=ILoopErrors(metrics, None))
         # key -> (server, LeaseWriter): the writer of each lease on its last server.
         self._writers: Dict[str, Tuple[str, LeaseWriter]] = {}
         self._cloud_unavailable = False

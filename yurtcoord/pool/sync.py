@@ -156,7 +156,8 @@ class ResourceMirror:
         self._queue: WorkQueue[str, Write] = WorkQueue(
             reactor, self._write, _merge_writes,
             make_backoff or (lambda: Retries(POOL_WRITE_RETRY)),
-            on_success=self._wrote, on_failure=self._failed)
+            on_success=self._wrote, on_failure=self._failed,
+            loop_errors=ILoopErrors(metrics, None))
         self._registration: Any = None
         self._sync_wait: Optional[defer.Deferred[bool]] = None
         self._lists_seen: Optional[int] = None
