@@ -42,10 +42,8 @@ synchronously in the reactor thread.
 
 import base64
 import binascii
-import contextlib
 import os
-import tempfile
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -64,6 +62,7 @@ from yurtcoord.kube.informer import Informer
 from yurtcoord.kube.interfaces import IObjectClient
 from yurtcoord.kube.resolving import ResolvingClient
 from yurtcoord.names import CERTS_SECRET_NAME
+from yurtcoord.tx.atomicfiles import fsync_directory, replace_files_atomically
 from yurtcoord.tx.guardedloop import ILoopErrors
 
 FILE_MODE = 0o600
@@ -143,56 +142,6 @@ def check_pair(cert_pem: bytes, key_pem: bytes) -> None:
         matches = False
     if not matches:
         raise MalformedCerts("private key does not belong to the certificate")
-
-
-def _fsync_directory(directory):
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _write_temporary(directory, final_name, data, mode):
-    """A synced temporary file in ``directory`` holding ``data``; returns its path."""
-    fd, path = tempfile.mkstemp(dir=directory, prefix=f".{final_name}.", suffix=".tmp")
-    try:
-        os.fchmod(fd, mode)
-        view = memoryview(data)
-        while view:
-            written = os.write(fd, view)
-            view = view[written:]
-        os.fsync(fd)
-    except BaseException:
-        os.close(fd)
-        _remove_quietly(path)
-        raise
-    os.close(fd)
-    return path
-
-
-def _remove_quietly(path):
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(path)
-
-
-def replace_files_atomically(directory: str, contents: Mapping[str, bytes],
-                             mode: int = FILE_MODE) -> None:
-    """Write ``{file name: bytes}`` into ``directory``: every file to a synced
-    temporary first, then all renamed over the old ones, then the directory synced.
-    A crash leaves each file either old or new, never partly written."""
-    staged = []
-    try:
-        for name, data in contents.items():
-            staged.append((_write_temporary(directory, name, data, mode),
-                           os.path.join(directory, name)))
-    except BaseException:
-        for temporary, _ in staged:
-            _remove_quietly(temporary)
-        raise
-    for temporary, final in staged:
-        os.replace(temporary, final)
-    _fsync_directory(directory)
 
 
 class CertManager:
@@ -355,7 +304,7 @@ class CertManager:
             check_ca(blobs[0])
         if all(self._current(name) == blob for name, blob in contents.items()):
             return False
-        replace_files_atomically(self.pki_dir, contents)
+        replace_files_atomically(self.pki_dir, contents, FILE_MODE)
         self.writes += 1
         self.log.info("certificate files of {unit} written: {files}",
                       unit=unit.name, files=", ".join(contents))
@@ -389,7 +338,7 @@ class CertManager:
             return False
         self.removals += 1
         try:
-            _fsync_directory(self.pki_dir)
+            fsync_directory(self.pki_dir)
         except OSError:
             self.log.warn("cannot sync directory {pki_dir}", pki_dir=self.pki_dir)
         self.log.info("certificate files of {unit} removed ({why}): {files}",

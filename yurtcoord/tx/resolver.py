@@ -26,7 +26,6 @@ an ``Agent``), which takes its resolver from the reactor it is given.
 
 import json
 import os
-import tempfile
 from collections.abc import Callable, Sequence
 from typing import Any, Literal, Optional
 
@@ -39,6 +38,8 @@ from twisted.internet.interfaces import (
 from twisted.internet.protocol import P, ClientFactory, ServerFactory
 from twisted.logger import Logger
 from zope.interface import implementer
+
+from yurtcoord.tx.atomicfiles import replace_files_atomically
 
 # The file of remembered addresses in the agent's state directory.
 ADDRESSES_FILE_NAME = "resolved-addresses.json"
@@ -132,7 +133,9 @@ class RememberedAddresses:
                     "names": {name: list(addresses)
                               for name, addresses in sorted(self._names.items())}}
         try:
-            _write_atomically(self.path, json.dumps(document, indent=1).encode("utf-8") + b"\n")
+            data = json.dumps(document, indent=1).encode("utf-8") + b"\n"
+            replace_files_atomically(os.path.dirname(self.path) or ".",
+                                     {os.path.basename(self.path): data}, mode=0o644)
         except OSError as error:
             if not self._write_failing:
                 self._write_failing = True
@@ -143,33 +146,6 @@ class RememberedAddresses:
         if self._write_failing:
             self._write_failing = False
             self.log.info("remembered addresses written to {path} again", path=self.path)
-
-
-def _write_atomically(path: str, data: bytes) -> None:
-    directory = os.path.dirname(path) or "."
-    fd, temporary = tempfile.mkstemp(dir=directory, prefix=f".{os.path.basename(path)}.",
-                                     suffix=".tmp")
-    try:
-        try:
-            os.fchmod(fd, 0o644)
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view):]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(temporary, path)
-    except BaseException:
-        try:
-            os.unlink(temporary)
-        except FileNotFoundError:
-            pass
-        raise
-    directory_fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(directory_fd)
-    finally:
-        os.close(directory_fd)
 
 
 @implementer(IHostResolution)

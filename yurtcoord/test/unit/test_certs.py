@@ -10,8 +10,9 @@ from twisted.logger import Logger, formatEvent
 from twisted.trial import unittest
 
 from yurtcoord.agent.certs import (
-    CertManager, MalformedCerts, check_ca, check_pair, replace_files_atomically,
+    CertManager, MalformedCerts, check_ca, check_pair,
 )
+from yurtcoord.tx.atomicfiles import replace_files_atomically
 from yurtcoord.testing.certsecrets import FILES, NAMESPACE, Bundle, b64, secret
 from yurtcoord.testing.fakeinformer import FakeInformer
 from yurtcoord.sim.pki import TestCA
