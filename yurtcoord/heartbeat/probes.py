@@ -55,7 +55,7 @@ from yurtcoord.names import (
     NODE_LEASE_NAMESPACE,
 )
 from yurtcoord.tx.failures import describe_failure
-from yurtcoord.tx.guardedloop import ILoopErrors, guarded, report_loop_error
+from yurtcoord.tx.guardedloop import ILoopErrors, guarded
 from yurtcoord.tx.inflight import InFlight
 from yurtcoord.tx.retry import RetryPolicy, backoff_policy
 
@@ -321,6 +321,11 @@ class Cadence:
     A run that raises or fails unexpectedly is reported as an error of guarded loop
     ``loop`` (``yurtcoord.tx.guardedloop``: logged with its traceback, counted in
     ``loop_errors``) and the cadence goes on: a heartbeat must not end with one bug.
+    The end of a run, which asks ``next_interval()`` and arms the next slot, runs
+    guarded too: unguarded, an error there would fail a Deferred nobody waits on and
+    arm no timer, so the heartbeat would end without a trace until garbage
+    collection. After such an error the next run comes one step later (the last step
+    ``next_interval()`` gave, ``ProbeSettings.interval`` before any).
     """
 
     log = Logger()
@@ -343,6 +348,9 @@ class Cadence:
         self._busy = False
         self._run_again = False
         self._stop_waiters: List[defer.Deferred[None]] = []
+        self._step = ProbeSettings.interval
+        self._guarded_run = guarded(loop, self._run_unless_stopped, loop_errors)
+        self._guarded_ran = guarded(loop, self._ran, loop_errors, self._rearm)
 
     @property
     def running(self) -> bool:
@@ -386,17 +394,24 @@ class Cadence:
         self._timer = None
         self._due = due
         self._busy = True
-        d = defer.maybeDeferred(self._run)
-        # An unexpected error must not end the cadence: report it and run on.
-        d.addErrback(self._run_failed)
+        # An unexpected error must not end the cadence: it is reported, and run on.
+        d = self._guarded_run()
         if not d.called:
             self._in_flight = d
-        d.addBoth(self._ran)
+        d.addBoth(self._guarded_ran)
 
-    def _run_failed(self, failure: Failure) -> None:
-        # A run cancelled by stop() ends however its parts report the cancellation.
-        if self._running:
-            report_loop_error(self._loop, failure, self._loop_errors)
+    def _run_unless_stopped(self) -> defer.Deferred[Any]:
+        """One run; its failure is no error once stopped: a run cancelled by
+        ``stop()`` ends however its parts report the cancellation."""
+        return defer.maybeDeferred(self._run).addErrback(
+            lambda failure: failure if self._running else None)
+
+    def _rearm(self, _failure: Failure) -> None:
+        """After the end of a run raised: the next run one step from now, unless
+        stopped, or a timer or run is on its way already."""
+        if self._running and self._timer is None and not self._busy:
+            due = self._reactor.seconds() + self._step
+            self._timer = self._reactor.callLater(self._step, self._tick, due)
 
     def _ran(self, _result: object) -> None:
         self._in_flight = None
@@ -411,7 +426,7 @@ class Cadence:
             self._run_again = False
             self._tick(now)
             return None
-        step = self._next_interval()
+        step = self._step = self._next_interval()
         due = self._due + step
         if due < now:
             # Slots missed while the run lasted are skipped, the lattice stays.

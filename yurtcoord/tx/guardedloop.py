@@ -34,9 +34,10 @@ raised", says what an operator does when the counter moves):
 - ``kubelet-check``: ``yurtcoord.heartbeat.probes:KubeletHealthChecker.check``, the
   kubelet liveness check every ``[heartbeat] interval``.
 - ``lease-probe``: ``yurtcoord.heartbeat.probes:LeaseProber.probe``, one server's probe
-  on its ``Cadence``.
+  on its ``Cadence``, and the end of each probe, which arms the next.
 - ``heartbeat``: ``yurtcoord.heartbeat.probes:ServerSet._round``, the
-  node lease heartbeat round over several servers on its ``Cadence``.
+  node lease heartbeat round over several servers on its ``Cadence``, and the end of
+  each round, which arms the next.
 - ``reactor-lag``: ``yurtcoord.tx.reactorlag:ReactorLagProbe._tick``, the reactor lag
   measurement every 0.1 s.
 - ``etcd-member-probe``: ``yurtcoord.etcd.members:MemberSet._probe_done``, the

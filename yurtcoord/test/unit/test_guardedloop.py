@@ -8,7 +8,7 @@ a loop added to ``LOOPS`` without a scenario here fails ``test_every_loop_has_a_
 """
 
 import collections
-from typing import Any, Callable, Dict, List
+from typing import Any, Callable, Dict, List, Optional
 
 from twisted.internet import defer
 from twisted.internet.task import Clock
@@ -255,36 +255,45 @@ def inject_kubelet_check(test: unittest.TestCase, sink: ILoopErrors) -> Injectio
     return Injection(clock, 5.0, lambda: len(asked))
 
 
-def _prober(clock: Clock, report_health: Raising, sink: ILoopErrors) -> Any:
+def _prober(clock: Clock, sink: ILoopErrors,
+            next_interval: Optional[Callable[[], float]] = None) -> Any:
     from yurtcoord.heartbeat.probes import LeaseProber, NodeLeaseWriter
     from yurtcoord.testing.fakekube import FakeKube
     from yurtcoord.testing.leaseprobes import DEFAULTS
 
     writer = NodeLeaseWriter(clock, FakeKube(), "edge-1", DEFAULTS)
     return LeaseProber(clock, writer, "https://cloud-1", DEFAULTS,
-                       report_health=report_health, loop_errors=sink)
+                       next_interval=next_interval, loop_errors=sink)
 
 
 def inject_lease_probe(test: unittest.TestCase, sink: ILoopErrors) -> Injection:
     from yurtcoord.testing.leaseprobes import make_clock
 
-    clock, report = make_clock(), Raising()
-    prober = _prober(clock, report, sink)
+    # The end of the first probe asks for the step to the next one, which raises:
+    # without the guard no next probe is armed and the error goes unseen.
+    clock = make_clock()
+    prober = _prober(clock, sink, Raising(lambda: 10.0))
     prober.start()
     test.addCleanup(prober.stop)
-    return Injection(clock, 10.0, lambda: prober.probes)
+    return Injection(clock, 10.0, lambda: prober.probes,
+                     lambda: test.assertEqual(len(clock.getDelayedCalls()), 1))
 
 
 def inject_heartbeat(test: unittest.TestCase, sink: ILoopErrors) -> Injection:
     from yurtcoord.heartbeat.probes import CloudHealthChecker
     from yurtcoord.testing.leaseprobes import make_clock
 
-    clock, report = make_clock(), Raising()
-    prober = _prober(clock, report, None)
+    clock = make_clock()
+    prober = _prober(clock, None)
     checker = CloudHealthChecker(clock, [prober], 10.0, loop_errors=sink)
+    # The end of the first round asks for the step to the next one, which raises:
+    # without the guard no next round is armed and the error goes unseen.
+    cadence = checker._cadence
+    cadence._next_interval = Raising(cadence._next_interval)
     checker.start()
     test.addCleanup(checker.stop)
-    return Injection(clock, 10.0, lambda: prober.probes)
+    return Injection(clock, 10.0, lambda: prober.probes,
+                     lambda: test.assertEqual(len(clock.getDelayedCalls()), 1))
 
 
 def inject_reactor_lag(test: unittest.TestCase, sink: ILoopErrors) -> Injection:
