@@ -904,7 +904,9 @@ class PoolDocumentPage(resource.Resource):
         """The JSON bytes of ``document``, encoded once per document."""
         if self._encoded is not None and self._encoded[0] is document:
             return self._encoded[1]
-        body = (json.dumps(document, indent=2) + "\n").encode("utf-8")
+        # Compact: the C encoder (an indented document is encoded in Python, ten
+        # times slower) and a quarter fewer bytes to send per request.
+        body = (json.dumps(document, separators=(",", ":")) + "\n").encode("utf-8")
         self._encoded = (document, body)
         return body
 
