@@ -319,6 +319,17 @@ def per_etcd_version(name, script, full, quick, timeout, method):
             for version in ("3.5", "3.4")]
 
 
+METHOD_POOLPAGE = """\
+The cloud and coordinator Kubernetes API test servers (real sockets, loopback) with
+1,000 pool Nodes and their node leases, and a load generator asking `/pool` 200 times a
+second on persistent connections, in the bench process; the agent's real status site
+and `PoolView` (over `KubeClient`s, `POOL_VIEW_TTL` as shipped) in a child process.
+Cloud requests: the cloud server's request log over the window, per TTL, against one
+request per page of the two lists a document needs (pool Nodes, node leases; pages of
+500). Agent CPU: `time.process_time()` of the whole child process (user + system) over
+the window; the servers and the load generator are not counted.
+"""
+
 # Full run: the sizes the acceptance targets name (10,000 pods, 10,000 endpointslices,
 # 1,000 and 5,000 nodes), repeated or measured long enough to steady the figures; about 17
 # minutes on 2 cores. Quick run: the same sizes, one round and short windows (2-3 min).
@@ -366,6 +377,10 @@ BENCHMARKS = [
               ["--objects", "5000", "--window", "60", "--runs", "3"],
               ["--objects", "5000", "--window", "15", "--settle", "5", "--runs", "1"],
               900, METHOD_FOOTPRINT),
+    # 200 req/s to /pool on a 1,000-member pool for 10 s.
+    Benchmark("poolpage", "poolpage.py",
+              ["--members", "1000", "--rate", "200", "--seconds", "10"],
+              ["--members", "1000", "--rate", "200", "--seconds", "5"], 300, METHOD_POOLPAGE),
     Benchmark("etcd_adapter", "etcd_adapter.py",
               ["--puts", "3000", "--batched-puts", "30000"],
               ["--puts", "1000", "--batched-puts", "10000"], 300, METHOD_ETCD_ADAPTER),
