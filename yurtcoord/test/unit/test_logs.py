@@ -19,6 +19,7 @@ from twisted.logger import (
     ILogObserver, LogLevel, Logger, globalLogPublisher, formatEvent,
 )
 from twisted.python import log as legacy_log
+from twisted.python.logfile import LogFile
 from twisted.scripts.twistd import ServerOptions
 from twisted.trial import unittest
 
@@ -196,6 +197,16 @@ class TwistdLoggingTests(unittest.TestCase):
     def setUp(self):
         saved = signal.getsignal(signal.SIGUSR1)
         self.addCleanup(signal.signal, signal.SIGUSR1, saved)
+        # The log file twistd's observer opens is closed after each test (an agent
+        # keeps it until it exits), so that no open file is left to the collector.
+        opened = LogFile.fromFullPath
+
+        def closed_after_the_test(path, *args, **kwargs):
+            log_file = opened(path, *args, **kwargs)
+            self.addCleanup(log_file.close)
+            return log_file
+
+        self.patch(LogFile, "fromFullPath", closed_after_the_test)
 
     def application_observer(self, log_section, *twistd_arguments):
         from twisted.plugins.yurtcoord_plugin import service_maker
