@@ -8,6 +8,8 @@ The ``node_yurthub_*`` gauges keep yurthub's names and values so existing dashbo
 keep working. yurthub has no value for role ``init``; yurtcoord exports it as 0.
 """
 
+import time
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
@@ -22,6 +24,7 @@ from yurtcoord.tx.credentials import mask_url_credentials
 from yurtcoord.tx.guardedloop import LOOPS, ILoopErrors
 
 if TYPE_CHECKING:
+    from yurtcoord.heartbeat.probes import KubeletHealthChecker
     from yurtcoord.role.coordinator import Coordinator
 
 ROLE_VALUES = {"init": 0, "leader": 1, "follower": 2, "pending": 3}
@@ -32,6 +35,11 @@ REQUEST_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
 # Reactor lag buckets (seconds): from a busy moment (5 ms) to a stall that misses
 # several heartbeat intervals.
 REACTOR_LAG_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+# A node whose heartbeat this agent has not written to the cloud for so long is no
+# longer exported in yurtcoord_node_cloud_heartbeat_age_seconds (a member that left
+# the pool, or one a former leader forwarded once).
+CLOUD_HEARTBEAT_FORGET_SECONDS = 3600.0
 
 # generate_latest writes the classic text format 0.0.4; newer prometheus-client releases
 # moved CONTENT_TYPE_LATEST on to 1.0.0, so name the format explicitly.
@@ -44,7 +52,9 @@ class Metrics:
     """Every metric of one agent (the README's metrics table lists them); components
     get this object passed in."""
 
-    def __init__(self, node: str, pool: str = "") -> None:
+    def __init__(self, node: str, pool: str = "",
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
         self.registry = CollectorRegistry(auto_describe=True)
         registry = self.registry
 
@@ -74,6 +84,36 @@ class Metrics:
             "yurtcoord_coordinator_server_healthy_status",
             "healthy status of the coordinator apiservers. 1: healthy, 0: unhealthy",
             ["server"], registry=registry)
+
+        # What the pool's alerts (deploy/prometheus/) read besides the role gauges.
+        self.kubelet_healthy = Gauge(
+            "yurtcoord_kubelet_healthy_status",
+            "1 while the node's kubelet answers its healthz within the grace period (or is "
+            "not checked: kubelet_healthz_url = off), 0 once it counts as dead",
+            registry=registry)
+        self.kubelet_healthy.set(1)
+        self.pool_cache_synced = Gauge(
+            "yurtcoord_pool_cache_synced_status",
+            "1 while the pool cache counts as synced (the leader's informer sync lease is "
+            "fresh), 0 otherwise",
+            registry=registry)
+        self.local_cache_uploaded = Gauge(
+            "yurtcoord_local_cache_uploaded_status",
+            "1 once the node's local cache was uploaded to the pool store since the agent "
+            "last became healthy, 0 otherwise",
+            registry=registry)
+        self.etcd_member_healthy = Gauge(
+            "yurtcoord_pool_etcd_member_healthy_status",
+            "1 while the pool etcd member is usable, 0 while this agent skips it (a request "
+            "failed and its /health has not answered since)",
+            ["member"], registry=registry)
+        self.cloud_heartbeat_age = Gauge(
+            "yurtcoord_node_cloud_heartbeat_age_seconds",
+            "Seconds since this agent last wrote the node lease of node to the cloud: its "
+            "own directly, a pool member's as leader forwarding a delegated heartbeat",
+            ["node"], registry=registry)
+        self._cloud_heartbeats: dict[str, float] = {}
+        self._etcd_members: Callable[[], Mapping[str, bool]] = dict
 
         self.delegations = Counter(
             "yurtcoord_heartbeat_delegations",
@@ -150,8 +190,24 @@ class Metrics:
         self.ready.set(1 if ready else 0)
 
     def follow(self, coordinator: "Coordinator") -> None:
-        """Keep the role, healthy and ready gauges equal to ``coordinator``'s."""
+        """Keep the role, healthy and ready gauges equal to ``coordinator``'s; the pool
+        cache and upload gauges read it at every scrape."""
         follow_coordinator(self, coordinator)
+        self.pool_cache_synced.set_function(lambda: 1 if coordinator.pool_cache_synced else 0)
+        self.local_cache_uploaded.set_function(
+            lambda: 1 if coordinator.local_cache_uploaded else 0)
+
+    def follow_kubelet(self, kubelet: "KubeletHealthChecker") -> None:
+        """Export ``kubelet``'s liveness, asked at every scrape."""
+        self.kubelet_healthy.set_function(lambda: 1 if kubelet.is_alive() else 0)
+
+    def follow_etcd_members(self, health: Callable[[], Mapping[str, bool]]) -> None:
+        """Export ``health()`` (``{member URL: usable}``) at every scrape."""
+        self._etcd_members = health
+
+    def note_cloud_heartbeat(self, node: str) -> None:
+        """Node ``node``'s lease was written to the cloud just now, by this agent."""
+        self._cloud_heartbeats[node] = self._clock()
 
     def set_server_healthy(self, server: str, healthy: bool) -> None:
         """Health of cloud apiserver ``server`` (URL; a label never shows credentials)."""
@@ -208,8 +264,24 @@ class Metrics:
         """One unexpected error of guarded loop ``loop`` (a name in ``LOOPS``)."""
         self.loop_errors.labels(loop=loop).inc()
 
+    def refresh(self) -> None:
+        """Set the gauges computed at scrape time: heartbeat ages and etcd members."""
+        now = self._clock()
+        for node, written in list(self._cloud_heartbeats.items()):
+            age = max(0.0, now - written)
+            if age > CLOUD_HEARTBEAT_FORGET_SECONDS:
+                del self._cloud_heartbeats[node]
+                self.cloud_heartbeat_age.remove(node)
+            else:
+                self.cloud_heartbeat_age.labels(node=node).set(age)
+        self.etcd_member_healthy.clear()
+        for member, healthy in self._etcd_members().items():
+            self.etcd_member_healthy.labels(member=mask_url_credentials(member)).set(
+                1 if healthy else 0)
+
     def render(self) -> bytes:
         """The Prometheus text exposition of this agent's registry (bytes)."""
+        self.refresh()
         return generate_latest(self.registry)
 
 

@@ -60,7 +60,9 @@ from yurtcoord.agent.certs import CertificateClient, CertManager, CertPair
 from yurtcoord.agent.config import Config, ConfigError, ListenAddress
 from yurtcoord.agent.poolview import POOL_READ_TIMEOUT, LeaderHistory, PoolView
 from yurtcoord.role.coordinator import Coordinator
-from yurtcoord.heartbeat.delegation import DEFAULT_MAX_CONCURRENT, HeartbeatDelegation
+from yurtcoord.heartbeat.delegation import (
+    DEFAULT_MAX_CONCURRENT, FORWARDED_OUTCOMES, HeartbeatDelegation,
+)
 from yurtcoord.etcd.client import EtcdClient, EtcdConfig
 from yurtcoord.heartbeat.probes import CloudHealthChecker, CoordinatorHealthChecker, KubeletHealthChecker
 from yurtcoord.role.hubelector import HubElector
@@ -193,7 +195,7 @@ class Agent(service.MultiService):
         self.config = config
         self.reactor = reactor
         self.stop_timeout = stop_timeout
-        self.metrics = Metrics(config.node.name, config.node.pool)
+        self.metrics = Metrics(config.node.name, config.node.pool, clock=reactor.seconds)
         self._closers: list[_SupportsClose] = []
         self.cert_manager: Optional[CertManager] = None
 
@@ -207,6 +209,10 @@ class Agent(service.MultiService):
         self.cloud_checker = CloudHealthChecker.for_servers(
             reactor, self.cloud_clients, config.node.name, config.heartbeat,
             kubelet=self.kubelet_checker, metrics=self.metrics)
+        self.cloud_checker.add_write_listener(
+            lambda _server: self.metrics.note_cloud_heartbeat(config.node.name))
+        if self.kubelet_checker is not None:
+            self.metrics.follow_kubelet(self.kubelet_checker)
 
         # The parts of an agent with the coordinator enabled; None without it.
         self.coordinator: Optional[Coordinator] = None
@@ -397,6 +403,8 @@ class Agent(service.MultiService):
             self.lease_proxy_clients.__getitem__, config.node.pool,
             heartbeat_interval=config.heartbeat.interval, metrics=self.metrics,
             loop_errors=self.metrics)
+        delegation.add_delegation_observer(self._delegation_observed)
+        self.metrics.follow_etcd_members(self.etcd.member_health)
         self.synced_detector = PoolCacheSyncedDetector(
             reactor, self.coordinator_client, pool_cache.stale_timeout,
             on_synced_change=self._pool_cache_synced_changed, informer_factory=informer)
@@ -420,6 +428,11 @@ class Agent(service.MultiService):
             self.coordinator_checker, hub_elector, delegation,
             etcd_member=lambda: self.etcd.member)
         self.pool_view = self._build_pool_view(healthy_cloud, coordinator, hub_elector)
+
+    def _delegation_observed(self, node: str, outcome: str) -> None:
+        """A pool member's heartbeat forwarded to the cloud: its age restarts."""
+        if outcome in FORWARDED_OUTCOMES:
+            self.metrics.note_cloud_heartbeat(node)
 
     def _etcd_member_in_use(self) -> Optional[str]:
         """The pool etcd member this agent's pool store uses now, as its node lease

@@ -718,6 +718,13 @@ class EtcdClient:
         """The URL of the etcd member requests go to now; None while no member serves."""
         return self._transport.members.current
 
+    def member_health(self) -> dict[str, bool]:
+        """``{member URL: usable}``: False while the member is skipped (a request to it
+        failed and its ``/health`` has not answered since)."""
+        members = self._transport.members
+        skipped = members.skipped()
+        return {url: url not in skipped for url in members.urls}
+
     def _call(self, path: str, payload: Any, timeout: Optional[float] = None,
               idempotent: bool = False) -> "Deferred[dict[str, Any]]":
         d = self._transport.post(path, payload, timeout, idempotent)

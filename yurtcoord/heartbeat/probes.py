@@ -618,7 +618,9 @@ class ServerSet:
     probed at its slots as ever.
 
     ``add_listener(callback)``: ``callback(healthy)`` is called when the set's
-    health becomes known and whenever it flips.
+    health becomes known and whenever it flips. ``add_write_listener(callback)``:
+    ``callback(server)`` is called each time a round's heartbeat was written, through
+    ``server``.
     """
 
     log = Logger()
@@ -640,6 +642,7 @@ class ServerSet:
         self._suspected: Set[int] = set()
         self._check_first: Optional[int] = None
         self._listeners: List[Callable[[bool], object]] = []
+        self._write_listeners: List[Callable[[str], object]] = []
         self._last_state = (self.decided, self.healthy)
         self._cadence = Cadence(reactor, self._round, next_interval, f"{name} heartbeat",
                                 "heartbeat", loop_errors)
@@ -665,6 +668,9 @@ class ServerSet:
 
     def add_listener(self, callback: Callable[[bool], object]) -> None:
         self._listeners.append(callback)
+
+    def add_write_listener(self, callback: Callable[[str], object]) -> None:
+        self._write_listeners.append(callback)
 
     def _prober_changed(self, _prober: LeaseProber) -> None:
         state = (self.decided, self.healthy)
@@ -770,6 +776,11 @@ class ServerSet:
             tried.add(index)
             written = yield self._probers[index].write().addBoth(self._probed, index)
             if written:
+                for listener in list(self._write_listeners):
+                    try:
+                        listener(self._probers[index].server)
+                    except Exception:
+                        self.log.failure("heartbeat write listener raised")
                 if index != started:
                     self.log.info("heartbeat now written through {new}: {old} failed",
                                   new=self._probers[index].server,
