@@ -3,20 +3,24 @@ scripts.
 
 ::
 
-    yurtcoordctl status  [--server URL | --config PATH] [-o table|json]
+    yurtcoordctl [--server URL|HOST:PORT | --config PATH] [-o table|json] [--timeout S] status
     yurtcoordctl members ...     # GET /pool: every member, its heartbeat path, lease age,
                                  # the pool etcd member and coordinator apiserver it uses
     yurtcoordctl leader  ...     # GET /pool: the election lease and the leader changes
     yurtcoordctl cache   ...     # GET /pool: pool cache counts and informer sync lease
+    yurtcoordctl --version       # yurtcoord's version, from the installed package
 
-The server is ``--server`` or else the ``[server] listen`` of ``--config`` (default
+The common options may come before or after the command (after it, they override the
+same option before it). The server is ``--server`` (a bare ``host:port`` is
+``http://host:port``) or else the ``[server] listen`` of ``--config`` (default
 ``DEFAULT_CONFIG``, read with the agent's own parser; without that file, the
 schema's default listen address). Tables are aligned like kubectl's; ``-o json``
 prints the document the agent answered, unchanged. The exit status is 0 when the
 agent is ready, ``NOT_READY`` when it answered but is not ready (so that scripts can
 wait for it), ``UNREACHABLE`` when it cannot be read (no answer, or an answer that is
-not the expected JSON document) and ``BAD_USAGE`` for a bad command line, server URL
-or config. Every error is one line on stderr.
+not the expected JSON document) and ``BAD_USAGE`` for a bad command line (argparse's
+errors included: one line, not the usage), server URL or config. Every error is one
+line on stderr.
 
 It is a plain synchronous program, one request per command, and the agent it reads may
 be broken or hostile (it is whatever answers at that address), so nothing the server
@@ -49,7 +53,7 @@ import threading
 import time
 import urllib.parse
 from collections.abc import Mapping, Sequence
-from typing import Any, Optional, TextIO
+from typing import Any, NoReturn, Optional, TextIO
 
 from yurtcoord.agent.config import SCHEMA, ConfigError, ListenAddress, load_config, parse_listen
 
@@ -238,31 +242,35 @@ def default_listen() -> ListenAddress:
 
 def check_server(value: str) -> str:
     """``value`` as a base URL to read an agent at, without a trailing ``/``; a
-    ``CtlError`` (``BAD_USAGE``) naming ``--server`` and the value otherwise. Only
-    ``http`` and ``https``: the agent serves nothing else, and a ``file://`` or
-    ``ftp://`` "server" would have the tool read something that is no agent. No
-    credentials (they would be shown in every error line), query or fragment (the
-    page's path is appended), and nothing but visible ASCII (a space or CR/LF would
-    split the request line)."""
+    ``CtlError`` (``BAD_USAGE``) naming ``--server`` and the value otherwise.
+
+    A value without ``://`` is a ``host[:port]`` of an agent serving plain http (its
+    default), read as ``http://host[:port]``: the address an operator copies from
+    ``[server] listen`` or a log line. Only ``http`` and ``https``: the agent serves
+    nothing else, and a ``file://`` or ``ftp://`` "server" would have the tool read
+    something that is no agent. No credentials (they would be shown in every error
+    line), query or fragment (the page's path is appended), and nothing but visible
+    ASCII (a space or CR/LF would split the request line)."""
     def refuse(why: str) -> CtlError:
         return CtlError(f"--server {printable(repr(value))}: {why}", BAD_USAGE)
 
     if not value or any(not "!" <= c <= "~" for c in value):
         raise refuse("not a URL (empty, or spaces, control or non-ASCII characters)")
-    parts = urllib.parse.urlsplit(value)
+    url = value if "://" in value else "http://" + value
+    parts = urllib.parse.urlsplit(url)
     if parts.scheme.lower() not in ("http", "https"):
         raise refuse("not an http or https URL")
     if not parts.hostname:
         raise refuse("no host")
     if parts.username is not None or parts.password is not None:
         raise refuse("credentials in the URL are not supported")
-    if parts.query or parts.fragment or value.endswith(("?", "#")):
+    if parts.query or parts.fragment or url.endswith(("?", "#")):
         raise refuse("a base URL has no query or fragment")
     try:
         parts.port
     except ValueError:
         raise refuse("not a valid port") from None
-    return value.rstrip("/")
+    return url.rstrip("/")
 
 
 def server_url(server: Optional[str], config: Optional[str]) -> str:
@@ -504,8 +512,8 @@ deadline:
 exit status:
   0  the agent answered and is ready
   {NOT_READY}  the agent answered and is not ready
-  {BAD_USAGE}  bad usage: command line, --server (an http or https URL), --timeout
-     (0 < seconds <= {MAX_TIMEOUT:g}) or the config
+  {BAD_USAGE}  bad usage: command line, --server (an http or https URL, or host:port),
+     --timeout (0 < seconds <= {MAX_TIMEOUT:g}) or the config
   {UNREACHABLE}  the agent is unreachable, gave no whole answer within --timeout, or its
      answer is not the expected JSON object (not UTF-8, not JSON, NaN or Infinity,
      nested deeper than {MAX_DEPTH}, larger than {MAX_ANSWER_BYTES} bytes, fields of the
@@ -515,30 +523,103 @@ exit status:
 """
 
 
-def parser() -> argparse.ArgumentParser:
-    """The command line: one sub-command per view, each with the common flags and the
-    deadline and exit statuses in its ``--help``."""
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--server", help="base URL of the agent's status pages, http or "
-                                         "https (default: [server] listen of --config)")
-    common.add_argument("--config", help=f"the agent's ini file (default {DEFAULT_CONFIG})")
-    common.add_argument("-o", "--output", choices=("table", "json"), default="table",
+class _UsageError(CtlError):
+    """A command line ``argparse`` refused: one line, exit ``BAD_USAGE``."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(f"{message} (see yurtcoordctl --help)", BAD_USAGE)
+
+
+class _Parser(argparse.ArgumentParser):
+    """``argparse`` made to fit the tool's contract: a usage error is a
+    ``_UsageError`` (one line on stderr, exit ``BAD_USAGE``) instead of the usage and
+    the error on ``sys.stderr`` and exit 2 from inside ``parse_args``; ``--help`` and
+    ``--version`` write to ``out`` (``run``'s, so that they can be read like any other
+    output), sub-command parsers included."""
+
+    def __init__(self, *args: Any, out: Optional[TextIO] = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.out = out
+
+    def error(self, message: str) -> NoReturn:
+        raise _UsageError(message)
+
+    def print_help(self, file: Optional[TextIO] = None) -> None:
+        (file or self.out or sys.stdout).write(self.format_help())
+
+
+class _VersionAction(argparse.Action):
+    """``--version``: yurtcoord's version on the parser's ``out``, exit 0."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str = argparse.SUPPRESS,
+                 default: str = argparse.SUPPRESS, help: Optional[str] = None) -> None:
+        super().__init__(option_strings=option_strings, dest=dest, default=default,
+                         nargs=0, help=help)
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: Any, option_string: Optional[str] = None) -> None:
+        from yurtcoord.agent.version import ctl_version_line
+
+        out = getattr(parser, "out", None) or sys.stdout
+        out.write(ctl_version_line() + "\n")
+        parser.exit(0)
+
+
+# (command, what it shows), in the order the help lists them.
+COMMAND_HELP = (
+    ("status", "this agent: role, leader, readiness"),
+    ("members", "the pool's members, their heartbeat paths and the servers they use"),
+    ("leader", "the election lease and the leader changes seen"),
+    ("cache", "the pool cache: objects and informer sync lease"),
+)
+
+
+def _add_common_options(parser: argparse.ArgumentParser, defaults: bool) -> None:
+    """The options every command takes. The top-level parser holds their defaults;
+    each command's parser has them without defaults (``SUPPRESS``), so that an
+    option given before the command is not reset by the command's parser, and one
+    given after it overrides one given before."""
+    def default(value: Any) -> Any:
+        return value if defaults else argparse.SUPPRESS
+
+    parser.add_argument("--server", metavar="URL", default=default(None),
+                        help="the agent's status pages: an http or https base URL, or "
+                             "host:port for http (default: [server] listen of --config)")
+    parser.add_argument("--config", metavar="PATH", default=default(None),
+                        help=f"the agent's ini file, read for its [server] listen "
+                             f"(default {DEFAULT_CONFIG})")
+    parser.add_argument("-o", "--output", choices=("table", "json"),
+                        default=default("table"),
                         help="table (default) or json: the agent's document unchanged")
-    common.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT,
+    parser.add_argument("--timeout", type=float, metavar="SECONDS",
+                        default=default(DEFAULT_TIMEOUT),
                         help=f"seconds for the whole exchange with the agent (default "
                              f"{DEFAULT_TIMEOUT:g})")
-    top = argparse.ArgumentParser(
-        prog="yurtcoordctl", description="Read a yurtcoord agent's status pages.",
-        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    commands = top.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for name, help_text in (("status", "this agent: role, leader, readiness"),
-                            ("members", "the pool's members, their heartbeat paths and "
-                                        "the servers they use"),
-                            ("leader", "the election lease and the leader changes seen"),
-                            ("cache", "the pool cache: objects and informer sync lease")):
-        commands.add_parser(name, parents=[common], help=help_text, description=help_text,
-                            epilog=EPILOG,
-                            formatter_class=argparse.RawDescriptionHelpFormatter)
+
+
+def parser(out: Optional[TextIO] = None) -> argparse.ArgumentParser:
+    """The command line: ``yurtcoordctl [options] COMMAND [options]``, one command per
+    view. The common options may come before or after the command and are shown in
+    the top-level ``--help`` as in each command's, with the deadline and the exit
+    statuses; ``--version`` prints yurtcoord's version. Usage errors raise
+    ``CtlError`` (``BAD_USAGE``); ``--help`` and ``--version`` write to ``out``
+    (default stdout) and raise ``SystemExit(0)``."""
+    formatting: dict[str, Any] = {
+        "epilog": EPILOG, "formatter_class": argparse.RawDescriptionHelpFormatter}
+    top = _Parser(prog="yurtcoordctl", description="Read a yurtcoord agent's status pages.",
+                  usage="yurtcoordctl [options] COMMAND [options]", out=out, **formatting)
+    top.add_argument("--version", action=_VersionAction,
+                     help="print yurtcoord's version and exit")
+    _add_common_options(top, defaults=True)
+    commands = top.add_subparsers(dest="command", required=True, metavar="COMMAND",
+                                  title="commands")
+    for name, help_text in COMMAND_HELP:
+        command = commands.add_parser(
+            name, help=help_text, description=help_text, out=out, prog=f"yurtcoordctl {name}",
+            usage=f"yurtcoordctl [options] {name} [options]", **formatting)
+        command.add_argument("--version", action=_VersionAction,
+                             help="print yurtcoord's version and exit")
+        _add_common_options(command, defaults=False)
     return top
 
 
@@ -547,8 +628,11 @@ def run(argv: Sequence[str], out: TextIO, err: TextIO) -> int:
     written is escaped by ``printable`` (tables and warnings through ``cell``, errors
     here, JSON by ``json.dumps``) and every error is one line."""
     try:
-        arguments = parser().parse_args(list(argv))
-    except SystemExit as exit_:
+        arguments = parser(out).parse_args(list(argv))
+    except CtlError as error:
+        err.write(f"yurtcoordctl: {printable(str(error))}\n")
+        return error.status
+    except SystemExit as exit_:  # --help and --version
         return BAD_USAGE if exit_.code else 0
     path, render = COMMANDS[arguments.command]
     try:

@@ -2,9 +2,11 @@
 formatted like kubectl's, whatever the values, and a document of the wrong shape
 refused as a bad answer."""
 
+import importlib.metadata
 import io
 import json
 import re
+import sys
 
 from twisted.trial import unittest
 
@@ -85,8 +87,9 @@ class ServerFlagTests(unittest.TestCase):
                 ("file:///etc/passwd", "not an http or https URL"),
                 ("ftp://127.0.0.1:21/", "not an http or https URL"),
                 ("gopher://agent:70", "not an http or https URL"),
-                ("127.0.0.1:10267", "not an http or https URL"),
                 ("http://", "no host"),
+                ("127.0.0.1:http", "not a valid port"),
+                ("admin:S3cret@127.0.0.1:10267", "credentials in the URL"),
                 ("http://admin:S3cret@127.0.0.1:10267", "credentials in the URL"),
                 ("http://127.0.0.1:10267/?x=1", "no query or fragment"),
                 ("http://127.0.0.1:99999", "not a valid port"),
@@ -113,6 +116,22 @@ class ServerFlagTests(unittest.TestCase):
                                      io.StringIO()), 0)
         self.assertEqual(asked, ["http://127.0.0.1:10267/pool", "HTTPS://[::1]:10267/pool",
                                  "http://agent/x/pool"])
+
+    def test_a_bare_host_and_port_is_an_http_server(self):
+        """The address of ``[server] listen`` or a log line, pasted as it is."""
+        asked = []
+
+        def read(url, deadline):
+            asked.append(url)
+            return json.dumps(STATUS).encode()
+        self.patch(ctl, "read_answer", read)
+        for value in ("127.0.0.1:10267", "[::1]:10267", "edge-1.pool-a:10267/", "agent"):
+            out, err = io.StringIO(), io.StringIO()
+            code = ctl.run(["status", "--server", value], out, err)
+            # STATUS is of an agent that is not ready.
+            self.assertEqual((code, err.getvalue()), (ctl.NOT_READY, ""), value)
+        self.assertEqual(asked, ["http://127.0.0.1:10267/status", "http://[::1]:10267/status",
+                                 "http://edge-1.pool-a:10267/status", "http://agent/status"])
 
     def test_timeouts_that_are_no_deadline_are_bad_usage(self):
         for value in ("0", "-1", "nan", "inf", "1e300"):
@@ -240,3 +259,102 @@ class HostileAnswerTests(unittest.TestCase):
     def test_printable_keeps_text(self):
         self.assertEqual(ctl.printable("edge-1 knoten-ä 節点 ✓"), "edge-1 knoten-ä 節点 ✓")
         self.assertEqual(ctl.printable("a\tb\nc\x7f\u200b"), "a\\x09b\\x0ac\\x7f\\u200b")
+
+
+class CommandLineTests(unittest.TestCase):
+    """The common options before or after the command, the top-level help showing
+    them, ``--version``, and argparse's usage errors as one line with exit 2: nothing
+    is read from an agent (``read_answer`` answers from memory) and nothing is
+    written to the process's own stdout or stderr."""
+
+    def setUp(self):
+        self.asked = []
+
+        def read(url, deadline):
+            self.asked.append((url, deadline.seconds))
+            return json.dumps(POOL if url.endswith("/pool") else STATUS).encode()
+        self.patch(ctl, "read_answer", read)
+        self.stdout, self.stderr = io.StringIO(), io.StringIO()
+        self.patch(sys, "stdout", self.stdout)
+        self.patch(sys, "stderr", self.stderr)
+
+    def tearDown(self):
+        self.assertEqual((self.stdout.getvalue(), self.stderr.getvalue()), ("", ""))
+
+    def run_ctl(self, *argv):
+        out, err = io.StringIO(), io.StringIO()
+        return ctl.run(list(argv), out, err), out.getvalue(), err.getvalue()
+
+    def test_common_options_before_the_command(self):
+        code, out, err = self.run_ctl("--server", "http://agent:1", "-o", "json",
+                                      "--timeout", "3", "members")
+        self.assertEqual((code, err), (0, ""))
+        self.assertEqual(json.loads(out), POOL)
+        self.assertEqual(self.asked, [("http://agent:1/pool", 3.0)])
+
+    def test_common_options_after_the_command(self):
+        code, out, err = self.run_ctl("leader", "--server", "agent:2", "--output", "json",
+                                      "--timeout", "4")
+        self.assertEqual((code, err), (0, ""))
+        self.assertEqual(json.loads(out), POOL)
+        self.assertEqual(self.asked, [("http://agent:2/pool", 4.0)])
+
+    def test_an_option_after_the_command_overrides_the_same_one_before_it(self):
+        code, out, _err = self.run_ctl("--server", "agent:1", "--timeout", "5", "-o", "json",
+                                       "status", "--server", "agent:2")
+        self.assertEqual(code, ctl.NOT_READY)
+        self.assertEqual(json.loads(out), STATUS)
+        self.assertEqual(self.asked, [("http://agent:2/status", 5.0)])
+
+    def test_defaults_when_no_option_is_given(self):
+        self.patch(ctl, "server_url", lambda server, config: f"http://{server}|{config}")
+        code, out, _err = self.run_ctl("status")
+        self.assertEqual(code, ctl.NOT_READY)
+        self.assertIn("NODE", out)
+        self.assertEqual(self.asked, [("http://None|None/status", ctl.DEFAULT_TIMEOUT)])
+
+    def test_the_top_level_help_shows_the_common_options(self):
+        code, out, err = self.run_ctl("--help")
+        self.assertEqual((code, err), (0, ""))
+        self.assertTrue(out.startswith("usage: yurtcoordctl [options] COMMAND [options]"), out)
+        for option in ("--server URL", "host:port", "--config PATH", "-o {table,json}",
+                       "--timeout SECONDS", "--version", "status", "members", "leader",
+                       "cache", "exit status:"):
+            self.assertIn(option, out)
+
+    def test_a_commands_help_shows_them_too(self):
+        code, out, err = self.run_ctl("members", "--help")
+        self.assertEqual((code, err), (0, ""))
+        self.assertTrue(out.startswith("usage: yurtcoordctl [options] members [options]"), out)
+        for option in ("--server URL", "--config PATH", "--timeout SECONDS", "exit status:"):
+            self.assertIn(option, out)
+        self.assertEqual(self.asked, [])
+
+    def test_version_is_the_installed_packages(self):
+        self.patch(importlib.metadata, "version",
+                   lambda name: "7.8.9" if name == "yurtcoord" else "?")
+        for argv in (["--version"], ["status", "--version"], ["--server", "x:1", "--version"]):
+            self.assertEqual(self.run_ctl(*argv), (0, "yurtcoordctl (yurtcoord) 7.8.9\n", ""),
+                             argv)
+        self.assertEqual(self.asked, [])
+
+    def test_usage_errors_are_one_line_and_exit_2(self):
+        for argv, why in (
+                ([], "the following arguments are required: COMMAND"),
+                (["nodes"], "invalid choice: 'nodes'"),
+                (["--server", "agent:1", "nodes"], "invalid choice: 'nodes'"),
+                (["status", "-o", "yaml"], "invalid choice: 'yaml'"),
+                (["--timeout", "soon", "status"], "invalid float value: 'soon'"),
+                (["status", "extra"], "unrecognized arguments: extra"),
+                (["--bogus", "members"], "unrecognized arguments: --bogus"),
+                (["members", "--server"], "argument --server: expected one argument"),
+                (["status", "--server", "agent:1", "\x1b[2J"], "unrecognized arguments")):
+            code, out, err = self.run_ctl(*argv)
+            self.assertEqual((code, out), (ctl.BAD_USAGE, ""), argv)
+            self.assertTrue(err.startswith("yurtcoordctl: "), err)
+            self.assertIn(why, err)
+            self.assertTrue(err.endswith(" (see yurtcoordctl --help)\n"), err)
+            self.assertEqual(err.count("\n"), 1, err)
+            self.assertNotIn("usage:", err)
+            self.assertNotIn("\x1b", err)
+        self.assertEqual(self.asked, [])
