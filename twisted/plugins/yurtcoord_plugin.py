@@ -1,5 +1,8 @@
 """``twistd yurtcoord``: runs one yurtcoord agent from its ini configuration.
 
+``twistd yurtcoord --version`` prints yurtcoord's version (from the installed
+package's metadata) with the Twisted and Python it runs on, and exits 0.
+
 A missing or invalid configuration is reported as one line on stderr and exit status
 78 (EX_CONFIG, which the systemd unit excludes from restarts) before twistd starts
 logging: twistd's own usage errors would print the whole option help first.
@@ -77,6 +80,17 @@ class Options(usage.Options):
     optFlags = [
         ["sandbox", None, "Run a self-contained demo pool on loopback (no cluster needed)."],
     ]
+
+    def opt_version(self) -> None:
+        """Print yurtcoord's version (and the Twisted and Python it runs on), exit 0.
+
+        ``usage.Options`` would print Twisted's version alone, which does not tell
+        an operator which yurtcoord a node runs."""
+        from yurtcoord.agent.version import agent_version_line
+
+        sys.stdout.write(agent_version_line() + "\n")
+        sys.stdout.flush()
+        raise SystemExit(0)
 
     def postOptions(self):
         if self["sandbox-agents"] < 1:
