@@ -161,17 +161,28 @@ def _records(document: Mapping[str, Any], key: str) -> list[Mapping[str, Any]]:
 
 
 def format_status(status: Mapping[str, Any]) -> str:
+    """One row: the agent, the leader it names (the election lease as last read),
+    its health and the first cause of what keeps it from being a ready, electing
+    member. Servers not probed (null while the kubelet is dead) show as
+    ``not-probed``, never as unhealthy."""
     cloud = status.get("cloud")
+    probed = not isinstance(cloud, Mapping) or all(v is not None for v in cloud.values())
     healthy_clouds = (sum(1 for v in cloud.values() if v) if isinstance(cloud, Mapping)
                       else None)
-    clouds = (f"{healthy_clouds}/{len(cloud)}" if isinstance(cloud, Mapping) else None)
+    clouds = (None if not isinstance(cloud, Mapping) else
+              f"{healthy_clouds}/{len(cloud)}" if probed else "not-probed")
+    coordinator = status.get("coordinator_healthy")
+    if coordinator is None and status.get("servers_not_probed"):
+        coordinator = "not-probed"
+    cause = status.get("cause")
     return table(
         ["node", "pool", "role", "leader", "healthy", "ready", "synced", "uploaded",
-         "cloud", "coordinator", "since"],
+         "cloud", "coordinator", "since", "cause"],
         [[status.get("node"), status.get("pool"), status.get("role"), status.get("leader"),
           status.get("healthy"), status.get("ready"), status.get("pool_cache_synced"),
-          status.get("local_cache_uploaded"), clouds, status.get("coordinator_healthy"),
-          status.get("last_transition")]])
+          status.get("local_cache_uploaded"), clouds, coordinator,
+          status.get("last_transition"),
+          cause.get("text") if isinstance(cause, Mapping) else None]])
 
 
 def _upload(member: Mapping[str, Any]) -> object:

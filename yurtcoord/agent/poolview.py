@@ -23,12 +23,15 @@ the cloud:
   coordinator apiserver its agent uses, as its agent last wrote them on its node lease
   on the coordinator apiserver (null when that lease says nothing: no lease, an agent
   without a pool store open, or one that predates them);
-- the holder of the election lease, read from the coordinator apiserver whether or
-  not this agent takes part in the election (a follower cut off from the cloud does
-  not, yet the coordinator still names the leader), expired once its renewTime was not
-  seen to change for its ``leaseDurationSeconds`` (as the elector judges it);
-- the last ``LEADER_CHANGES_KEPT`` leader changes this agent saw, from the hub
-  elector's and the coordinator's observers (never from reading leases);
+- the leader and the election lease, from the agent's ``ElectionLeader``
+  (``yurtcoord.role.leadersource``): the lease as last read from the coordinator
+  apiserver whether or not this agent takes part in the election (a follower cut
+  off from the cloud does not, yet the coordinator still names the leader), expired
+  once its renewTime was not seen to change for its ``leaseDurationSeconds`` (as the
+  elector judges it). Each build reads the lease too and feeds what it read in, so
+  ``/status`` and ``/pool`` name the same leader;
+- the last ``LEADER_CHANGES_KEPT`` leader changes this agent learned of, from the
+  same ``ElectionLeader``, each dated by the lease's acquireTime where it has one;
 - the pool cache: keys per pool-scoped resource in the pool etcd (a count, no values)
   and the age of the leader's informer sync lease (since its renewTime was seen to
   change);
@@ -48,7 +51,6 @@ busiest client. Lists are read in pages of ``MEMBER_LIST_LIMIT`` objects, at mos
 ``MEMBER_LIST_PAGES`` of them, all pages of one list within one ``read_timeout``.
 """
 
-import collections
 import functools
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Generator, Optional
@@ -64,14 +66,16 @@ from yurtcoord.heartbeat.delegation import is_delegated
 from yurtcoord.heartbeat.probes import servers_in_use
 from yurtcoord.kube.errors import NotFound
 from yurtcoord.kube.gvr import LEASES, NODES, GroupVersionResource
-from yurtcoord.kube.lease import holder_identity, lease_duration_seconds
+from yurtcoord.kube.lease import holder_identity
 from yurtcoord.kube.renewals import RenewalsSeen
 from yurtcoord.names import (
     INFORMER_SYNC_LEASE_NAME, INFORMER_SYNC_LEASE_NAMESPACE, NODE_LEASE_NAMESPACE,
     NODE_POOL_LABEL,
 )
 from yurtcoord.pool.keys import PoolKeyBuilder
-from yurtcoord.role.roles import Role
+# Leader changes a document lists: the ``ElectionLeader``'s history.
+from yurtcoord.role.leadersource import LEADER_CHANGES_KEPT as LEADER_CHANGES_KEPT
+from yurtcoord.role.leadersource import ElectionLeader
 from yurtcoord.tx.failures import describe_failure
 
 # Seconds a built document is served again before the next one is built.
@@ -83,12 +87,9 @@ MEMBER_LIST_LIMIT = 500
 # Pages one list may take; objects beyond them are left out and ``errors`` says so
 # (a kube-node-lease of more than 10,000 leases, all pools together).
 MEMBER_LIST_PAGES = 20
-# Leader changes a document lists, the newest last.
-LEADER_CHANGES_KEPT = 20
-
 DIRECT, DELEGATED, STALE = "direct", "delegated", "stale"
-# Keys of the two coordinator leases in ``PoolView``'s ``RenewalsSeen``.
-ELECTION_KEY, INFORMER_SYNC_KEY = "election", "informer sync"
+# Key of the informer sync lease in ``PoolView``'s ``RenewalsSeen``.
+INFORMER_SYNC_KEY = "informer sync"
 
 
 def heartbeat_path(lease: Optional[Mapping[str, Any]], changed_at: Optional[float],
@@ -181,31 +182,6 @@ def list_pages(client: Any, gvr: GroupVersionResource, namespace: Optional[str] 
     return Listed(items, False)
 
 
-class LeaderHistory:
-    """The last ``kept`` leader changes, fed by observers: ``leader_seen(identity)``
-    from the hub elector, ``role_changed(previous, role)`` from the coordinator (this
-    agent becoming leader). A repeat of the current leader is not a change."""
-
-    def __init__(self, clock: IReactorTime, node: str, kept: int = LEADER_CHANGES_KEPT) -> None:
-        self._clock = clock
-        self._node = node
-        self._changes: collections.deque[tuple[float, str]] = collections.deque(maxlen=kept)
-
-    def leader_seen(self, identity: str) -> None:
-        if not identity or (self._changes and self._changes[-1][1] == identity):
-            return
-        self._changes.append((self._clock.seconds(), identity))
-
-    def role_changed(self, _previous: Role, role: Role) -> None:
-        if role == Role.LEADER:
-            self.leader_seen(self._node)
-
-    def changes(self) -> list[dict[str, Any]]:
-        """Oldest first: ``{"time": RFC 3339, "at": epoch seconds, "leader": identity}``."""
-        return [{"time": rfc3339(at), "at": round(at, 3), "leader": identity}
-                for at, identity in self._changes]
-
-
 @implementer(IPoolView)
 class PoolView:
     """Builds the ``/pool`` document of one agent (see the module doc).
@@ -220,6 +196,8 @@ class PoolView:
     :param election_lease: ``(namespace, name)`` of the election Lease.
     :param stale_after: seconds (local clock) without a change of its renewTime seen
         after which a node lease is stale.
+    :param leader: the agent's ``ElectionLeader``: each build feeds its read of the
+        election lease in and takes the leader, the election and the history from it.
     """
 
     log = Logger()
@@ -231,7 +209,7 @@ class PoolView:
                  storage_prefix: str,
                  pool_resources: Callable[[], Iterable[GroupVersionResource]],
                  election_lease: tuple[str, str], stale_after: float,
-                 history: LeaderHistory, ttl: float = POOL_VIEW_TTL,
+                 leader: ElectionLeader, ttl: float = POOL_VIEW_TTL,
                  read_timeout: float = POOL_READ_TIMEOUT) -> None:
         self._reactor = reactor
         self._status = status
@@ -245,10 +223,10 @@ class PoolView:
         self._pool_resources = pool_resources
         self._election_lease = election_lease
         self.stale_after = stale_after
-        self.history = history
+        self.leader = leader
         # When this view saw each lease's renewTime change: the members' node leases
-        # in the cloud and on the coordinator by node name, and the election and
-        # informer sync leases.
+        # in the cloud and on the coordinator by node name, and the informer sync
+        # lease (the election lease's are the ``ElectionLeader``'s).
         self._cloud_renewals = RenewalsSeen(reactor)
         self._pool_renewals = RenewalsSeen(reactor)
         self._lease_renewals = RenewalsSeen(reactor)
@@ -324,11 +302,10 @@ class PoolView:
             "generated_at": round(self._reactor.seconds(), 3),
             "stale_after_seconds": self.stale_after,
             "cloud_read": False,
-            "leader": None,
-            "election": {"holder": None, "lease_age": None, "lease_duration_seconds": None,
-                         "expired": None},
+            "leader": self.leader.leader,
+            "election": self.leader.election(),
             "members": [],
-            "leader_changes": self.history.changes(),
+            "leader_changes": self.leader.changes(),
             "cache": {"synced": bool(status.get("pool_cache_synced")),
                       "informer_sync_lease_age": None, "informer_sync_holder": None,
                       "resources": {}},
@@ -425,21 +402,14 @@ class PoolView:
             self._cloud_renewals.retain(members)
         document["cloud_read"] = cloud_read
         election = answers["election lease"]
-        holder: Optional[str] = None
-        if isinstance(election, Mapping):
-            identity = holder_identity(election)
-            holder = identity if isinstance(identity, str) and identity else None
-            duration = lease_duration_seconds(election)
-            age = _age(self._lease_renewals.observe(ELECTION_KEY, election), now)
-            expired = holder is None or age is None or (
-                duration is not None and age > duration)
-            document["election"] = {"holder": holder, "lease_age": _rounded(age),
-                                    "lease_duration_seconds": duration, "expired": expired}
-            if expired:
-                holder = None
-        elif "election lease" not in errors:
-            self._lease_renewals.forget(ELECTION_KEY)
+        if "election lease" in errors:
+            self.leader.read_failed(errors["election lease"])
+        else:
+            self.leader.observe(election if isinstance(election, Mapping) else None)
+        holder = self.leader.leader
         document["leader"] = holder
+        document["election"] = self.leader.election()
+        document["leader_changes"] = self.leader.changes()
         document["members"] = [
             self._member(member, cloud_leases.get(member), pool_leases.get(member),
                          cloud_read and member in cloud_leases, holder, now)

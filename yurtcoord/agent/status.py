@@ -67,14 +67,16 @@ from zope.interface import Attribute, Interface, implementer
 from yurtcoord.tx.credentials import mask_url_credentials
 from yurtcoord.tx.httpbody import drop_connection
 from yurtcoord.tx.logs import LinesPerSecond, shown_path
+from yurtcoord.agent.causes import cause_json, not_probed
 from yurtcoord.agent.metrics import METRICS_CONTENT_TYPE, Metrics
 from yurtcoord.heartbeat.interfaces import ICloudHealthChecker, ICoordinatorHealthChecker
 from yurtcoord.role.roles import Role
 
 if TYPE_CHECKING:
+    from yurtcoord.agent.causes import AgentCauses
     from yurtcoord.heartbeat.delegation import HeartbeatDelegation
     from yurtcoord.role.coordinator import Coordinator
-    from yurtcoord.role.hubelector import HubElector
+    from yurtcoord.role.leadersource import ILeaderSource
 
 NOT_FOUND = pages.notFound("No such page",
                            "Pages: / /healthz /readyz /status /pool /metrics")
@@ -212,6 +214,9 @@ class InitialStatus:
             "delegated_heartbeats": 0,
             "uploaded_objects": 0,
             "etcd_member": None,
+            "election": None,
+            "cause": None,
+            "servers_not_probed": None,
         }
 
 
@@ -244,24 +249,31 @@ class AgentStatus:
 
     ``cloud_checker.servers()`` → {url: healthy}; ``coordinator_checker.healthy``
     and ``coordinator_checker.servers()`` → {url: healthy};
-    ``hub_elector.leader`` (holder identity or None); ``delegation.delegated_heartbeats``;
+    ``leader`` (``ILeaderSource``): the election lease as last read, the one place
+    every surface takes the pool's leader from (the hub elector knows none while this
+    agent does not elect); ``delegation.delegated_heartbeats``;
     ``etcd_member()``, the pool etcd member the pool store's requests go to now (None
-    while no member serves).
+    while no member serves); ``causes`` names the first cause of what keeps the agent
+    from being a ready, electing member (``yurtcoord.agent.causes``). While that cause
+    is a dead kubelet no server is probed, so their health is null (not probed, the
+    reason in ``servers_not_probed``), never false.
     """
 
     def __init__(self, coordinator: "Coordinator", pool: str, reactor: IReactorTime,
                  cloud_checker: ICloudHealthChecker,
                  coordinator_checker: ICoordinatorHealthChecker,
-                 hub_elector: "HubElector", delegation: "HeartbeatDelegation",
-                 etcd_member: Callable[[], Optional[str]] = lambda: None) -> None:
+                 leader: "ILeaderSource", delegation: "HeartbeatDelegation",
+                 etcd_member: Callable[[], Optional[str]] = lambda: None,
+                 causes: Optional["AgentCauses"] = None) -> None:
         self._coordinator = coordinator
         self.pool = pool
         self._reactor = reactor
         self._cloud_checker = cloud_checker
         self._coordinator_checker = coordinator_checker
-        self._hub_elector = hub_elector
+        self._leader = leader
         self._delegation = delegation
         self._etcd_member = etcd_member
+        self._causes = causes
         self.last_transition = reactor.seconds()
         coordinator.add_role_observer(self._role_changed)
 
@@ -292,6 +304,16 @@ class AgentStatus:
 
     def status(self) -> dict[str, Any]:
         coordinator = self._coordinator
+        cause = self._causes.first() if self._causes is not None else None
+        not_probed_reason = not_probed(cause)
+        cloud: dict[str, Optional[bool]] = dict(self._cloud_checker.servers())
+        servers: dict[str, Optional[bool]] = dict(self._coordinator_checker.servers())
+        coordinator_healthy: Optional[bool] = bool(self._coordinator_checker.healthy)
+        if not_probed_reason is not None:
+            # Not probed is not unhealthy: the servers may well run.
+            cloud = dict.fromkeys(cloud)
+            servers = dict.fromkeys(servers)
+            coordinator_healthy = None
         return {
             "node": coordinator.node_name,
             "pool": self.pool,
@@ -300,14 +322,17 @@ class AgentStatus:
             "ready": coordinator.ready,
             "pool_cache_synced": coordinator.pool_cache_synced,
             "local_cache_uploaded": coordinator.local_cache_uploaded,
-            "leader": self._hub_elector.leader,
-            "cloud": dict(self._cloud_checker.servers()),
-            "coordinator_healthy": bool(self._coordinator_checker.healthy),
-            "coordinator_servers": dict(self._coordinator_checker.servers()),
+            "leader": self._leader.leader,
+            "cloud": cloud,
+            "coordinator_healthy": coordinator_healthy,
+            "coordinator_servers": servers,
             "last_transition": rfc3339(self.last_transition),
             "delegated_heartbeats": self._delegation.delegated_heartbeats,
             "uploaded_objects": coordinator.uploaded_objects,
             "etcd_member": self._etcd_member(),
+            "election": self._leader.election(),
+            "cause": cause_json(cause),
+            "servers_not_probed": not_probed_reason,
         }
 
 
@@ -374,7 +399,9 @@ def metrics_page(metrics: Metrics) -> PageRenderer:
         metrics.set_healthy(source.healthy)
         metrics.set_ready(source.ready)
         for server_url, healthy in (source.status().get("cloud") or {}).items():
-            metrics.set_server_healthy(server_url, bool(healthy))
+            # Not probed (null, the kubelet dead): the gauge keeps what was probed.
+            if healthy is not None:
+                metrics.set_server_healthy(server_url, bool(healthy))
         return 200, METRICS_CONTENT_TYPE, metrics.render()
 
     return render
@@ -386,7 +413,8 @@ POOL_PAGE_FIELDS = (
     ("leader", "leader", "text"),
     ("healthy", "healthy", "bool"),
     ("ready", "ready", "bool"),
-    ("coordinator_healthy", "coordinator apiserver healthy", "bool"),
+    ("cause", "cause", "cause"),
+    ("coordinator_healthy", "coordinator apiserver healthy", "probed"),
     ("pool_cache_synced", "pool cache synced", "bool"),
     ("local_cache_uploaded", "local cache uploaded", "bool"),
     ("uploaded_objects", "uploaded objects", "text"),
@@ -441,7 +469,14 @@ _POOL_PAGE_SCRIPT = """
   var SPAN = %(span)d, WIDTH = %(width)d, HEIGHT = %(height)d, BAR = %(bar)d;
   var COLOURS = %(colours)s;
   function show(el, kind, value) {
-    if (kind === "bool") {
+    if (kind === "cause") {
+      var named = value && typeof value.text === "string";
+      el.textContent = named ? value.text : "none";
+      el.className = "value " + (named ? "no" : "yes");
+    } else if (kind === "probed" && (value === null || value === undefined)) {
+      el.textContent = "not probed";
+      el.className = "value none";
+    } else if (kind === "bool" || kind === "probed") {
       el.textContent = value ? "yes" : "no";
       el.className = "value " + (value ? "yes" : "no");
     } else if (value === null || value === undefined) {
@@ -472,7 +507,11 @@ _POOL_PAGE_SCRIPT = """
       var row = document.createElement("tr");
       var healthy = status.cloud[urls[j]];
       cell(row, urls[j]);
-      cell(row, healthy ? "healthy" : "unhealthy", healthy ? "yes" : "no");
+      if (healthy === null || healthy === undefined) {
+        cell(row, status.servers_not_probed || "not probed", "none");
+      } else {
+        cell(row, healthy ? "healthy" : "unhealthy", healthy ? "yes" : "no");
+      }
       body.appendChild(row);
     }
     if (!urls.length) {
@@ -656,10 +695,6 @@ _POOL_PAGE_SCRIPT = """
     }).catch(function () { return null; });
     Promise.all([status, readiness, pool]).then(function (results) {
       var pool = results[2];
-      if ((results[0].leader === null || results[0].leader === undefined) &&
-          pool && pool.leader) {
-        results[0].leader = pool.leader;
-      }
       render(results[0]);
       renderReadiness(results[1][0], results[1][1]);
       if (pool) { renderPool(pool); }
@@ -676,7 +711,12 @@ _POOL_PAGE_SCRIPT = """
 
 def _page_value(kind: str, value: object) -> tuple[str, str]:
     """(text, CSS class) of one value as the page shows it, before escaping."""
-    if kind == "bool":
+    if kind == "cause":
+        text = value.get("text") if isinstance(value, Mapping) else None
+        return (text, "no") if isinstance(text, str) else ("none", "yes")
+    if kind == "probed" and value is None:
+        return "not probed", "none"
+    if kind in ("bool", "probed"):
         return ("yes", "yes") if value else ("no", "no")
     if value is None:
         return "none", "none"
@@ -832,12 +872,9 @@ def render_pool_page(status: Mapping[str, Any], readiness_failures: Iterable[str
     document (None before the first): rendered here so that it shows the pool without
     JavaScript, refreshed by its inline script every ``POOL_PAGE_REFRESH_MS`` from
     ``/status``, ``/readyz`` and ``/pool``. Every value is escaped (node names and
-    server URLs come from configuration and the cluster). The leader shown is the
-    one this agent's election saw, else the holder of the election lease on the
-    coordinator apiserver (a follower cut off from the cloud does not elect)."""
-    if (status.get("leader") is None and pool_document is not None
-            and pool_document.get("leader")):
-        status = dict(status, leader=pool_document.get("leader"))
+    server URLs come from configuration and the cluster). The leader shown is
+    ``/status``'s, which ``/pool`` names too: both take it from the election lease
+    as last read (``ILeaderSource``)."""
 
     def value(key: str, kind: str) -> str:
         text, css = _page_value(kind, status.get(key))
@@ -847,11 +884,14 @@ def render_pool_page(status: Mapping[str, Any], readiness_failures: Iterable[str
 
     cards = "".join(f'<div class="card"><span class="label">{_escaped(label)}</span>'
                     f"{value(key, kind)}</div>"
-                    for key, label, kind in POOL_PAGE_FIELDS[:4])
+                    for key, label, kind in POOL_PAGE_FIELDS[:5])
     rows = "".join(f'<tr><th scope="row">{_escaped(label)}</th><td>{value(key, kind)}</td></tr>'
-                   for key, label, kind in POOL_PAGE_FIELDS[4:])
+                   for key, label, kind in POOL_PAGE_FIELDS[5:])
     cloud = status.get("cloud") or {}
+    not_probed_text = status.get("servers_not_probed") or "not probed"
     cloud_rows = "".join(
+        f'<tr><td>{_escaped(url)}</td><td class="none">{_escaped(not_probed_text)}</td></tr>'
+        if healthy is None else
         f"<tr><td>{_escaped(url)}</td><td class=\"{'yes' if healthy else 'no'}\">"
         f"{'healthy' if healthy else 'unhealthy'}</td></tr>"
         for url, healthy in sorted(cloud.items())) or (

@@ -66,3 +66,19 @@ class ICoordinatorHealthChecker(IHealthChecker):
     def suspect(server: str) -> None:
         """A request to ``server`` got no answer: probe it now, and send requests
         elsewhere until that probe has ended."""
+
+
+class IKubeletLiveness(Interface):
+    """Whether the node's kubelet lives: every probe asks it first (a node whose
+    kubelet is dead must not be kept alive), and the status pages name it as the
+    cause while it is dead."""
+
+    def is_alive() -> bool:
+        """True while the kubelet answered within its grace period."""
+
+    def dead_for() -> Optional[float]:
+        """Seconds since the kubelet's last healthy answer (or, before its first, since
+        the checks started) while it counts as dead; None while it is alive."""
+
+    def add_listener(callback: Callable[[bool], object]) -> None:
+        """``callback(alive)`` when the kubelet turns dead and when it is back."""

@@ -46,7 +46,9 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
-from yurtcoord.heartbeat.interfaces import ICloudHealthChecker, ICoordinatorHealthChecker
+from yurtcoord.heartbeat.interfaces import (
+    ICloudHealthChecker, ICoordinatorHealthChecker, IKubeletLiveness,
+)
 from yurtcoord.kube.interfaces import IObjectClient
 from yurtcoord.kube.lease import node_owner_reference, stamped_renew_time
 from yurtcoord.kube.leasewriter import LeaseWriter
@@ -923,6 +925,7 @@ class CoordinatorHealthChecker(ServerSet):
         self.restart()
 
 
+@implementer(IKubeletLiveness)
 class KubeletHealthChecker:
     """Tells whether the kubelet answered its healthz within ``grace_period``.
 
@@ -967,6 +970,14 @@ class KubeletHealthChecker:
 
     def _since(self) -> Optional[float]:
         return self.last_healthy if self.last_healthy is not None else self._started_at
+
+    def dead_for(self) -> Optional[float]:
+        """Seconds since the last healthy answer (or the start) while the kubelet
+        counts as dead; None while it is alive."""
+        since = self._since()
+        if since is None or self.is_alive():
+            return None
+        return max(0.0, self._reactor.seconds() - since)
 
     def is_alive(self) -> bool:
         since = self._since()

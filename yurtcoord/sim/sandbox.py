@@ -175,6 +175,7 @@ class KubeletControlPage(Resource):
                 f"<tr><td>{html.escape(node)}</td><td>{html.escape(state['role'])}</td>"
                 f"<td>{'answering' if state['kubelet_running'] else 'stopped'}</td>"
                 f"<td>{'alive' if state['agent_sees_kubelet_alive'] else 'dead'}</td>"
+                f"<td>{html.escape(state['cause'] or '-')}</td>"
                 f"<td>{html.escape(state['cloud_lease_renew_time'] or '-')}</td>"
                 f"<td>{'-' if age is None else f'{age:.1f} s'}</td>"
                 f"<td><form method='post' action='/kubelet/{html.escape(node)}/{action}'>"
@@ -188,7 +189,7 @@ class KubeletControlPage(Resource):
             "and the lease in the cloud goes stale. Start it again: it is renewed again "
             "within seconds.</p>"
             "<table border='1' cellpadding='4'><tr><th>node</th><th>role</th>"
-            "<th>kubelet</th><th>agent sees it</th><th>cloud renewTime</th>"
+            "<th>kubelet</th><th>agent sees it</th><th>cause</th><th>cloud renewTime</th>"
             "<th>age</th><th></th></tr>" + "".join(rows) + "</table>"
             + (self._sandbox.etcd.page_section() if self._sandbox.etcd is not None else "")
             + SandboxCoordinators.page_section(coordinators)
@@ -273,8 +274,18 @@ def role_of(agent: Agent) -> str:
 
 
 def leader_seen_by(agent: Agent) -> str | None:
-    """The pool leader the agent sees; None when it sees none or takes no part."""
-    return agent.hub_elector.leader if agent.hub_elector is not None else None
+    """The pool leader the agent names on every surface: the election lease as it
+    last read it (also while it takes no part in the election); None when it knows
+    none or has no coordinator."""
+    leader = getattr(agent, "leader", None)
+    return leader.leader if leader is not None else None
+
+
+def cause_of(agent: Agent | None) -> str | None:
+    """The first cause the agent names for what keeps it from being a ready, electing
+    member (its ``/status`` ``cause``), as text; None when there is none."""
+    cause = agent.status_source.status().get("cause") if agent is not None else None
+    return cause.get("text") if isinstance(cause, dict) else None
 
 
 def node_object(node: str) -> dict[str, Any]:
@@ -612,6 +623,8 @@ class Sandbox(service.MultiService):
                 "agent_sees_kubelet_alive": (agent is not None
                                              and agent.kubelet_checker is not None
                                              and agent.kubelet_checker.is_alive()),
+                "cause": cause_of(agent),
+                "leader": leader_seen_by(agent) if agent is not None else None,
                 "cloud_lease_renew_time": self._renew_text(node),
                 "cloud_lease_age_seconds": None if age is None else round(age, 1),
             }

@@ -23,7 +23,7 @@ of the pool's election lease as read from etcd through a running server's storag
 
 import html
 import json
-from typing import Any, Callable, Generator, Mapping, Sequence
+from typing import Any, Callable, Generator, Mapping, Optional, Sequence
 
 from twisted.internet import defer
 from twisted.internet.error import CannotListenError
@@ -44,7 +44,7 @@ ELECTION_READ_TIMEOUT = 1.0
 
 # Each agent's ``[coordinator] server`` health as its ``/status`` reports it:
 # ``{url: healthy}``.
-AgentServers = Mapping[str, bool]
+AgentServers = Mapping[str, Optional[bool]]
 
 
 class SandboxCoordinators:
@@ -256,8 +256,12 @@ class SandboxCoordinators:
                 f"<button>{action}</button></form></td></tr>")
         agent_rows = []
         for node, agent in state["agents"].items():
-            health = ", ".join(f"{html.escape(url)} {'healthy' if healthy else 'down'}"
-                               for url, healthy in agent["coordinator_servers"].items())
+            # None: not probed (the agent's kubelet is dead), which says nothing of
+            # whether the server runs.
+            health = ", ".join(
+                f"{html.escape(url)} "
+                f"{'not probed' if healthy is None else 'healthy' if healthy else 'down'}"
+                for url, healthy in agent["coordinator_servers"].items())
             agent_rows.append(f"<tr><td>{html.escape(node)}</td><td>{health}</td></tr>")
         lease = state["election_lease"]
         return (

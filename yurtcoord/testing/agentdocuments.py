@@ -7,7 +7,8 @@ from typing import Any
 STATUS_KEYS = {
     "node", "pool", "role", "healthy", "ready", "pool_cache_synced", "local_cache_uploaded",
     "leader", "cloud", "coordinator_healthy", "coordinator_servers", "last_transition",
-    "delegated_heartbeats", "uploaded_objects", "etcd_member",
+    "delegated_heartbeats", "uploaded_objects", "etcd_member", "election", "cause",
+    "servers_not_probed",
 }
 """The keys of every ``/status`` document, whatever the agent's role or health."""
 

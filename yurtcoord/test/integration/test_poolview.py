@@ -22,7 +22,7 @@ from zope.interface.verify import verifyObject
 
 from yurtcoord.agent import poolview
 from yurtcoord.agent.metrics import Metrics
-from yurtcoord.agent.poolview import DELEGATED, DIRECT, STALE, LeaderHistory, PoolView
+from yurtcoord.agent.poolview import DELEGATED, DIRECT, STALE, PoolView
 from yurtcoord.agent.status import IPoolView, IStatusSource, InitialStatus, status_site
 from yurtcoord.kube.gvr import ENDPOINTS, ENDPOINTSLICES_V1, ENDPOINTSLICES_V1BETA1, LEASES
 from yurtcoord.names import (
@@ -30,6 +30,7 @@ from yurtcoord.names import (
     INFORMER_SYNC_LEASE_NAME, INFORMER_SYNC_LEASE_NAMESPACE, NODE_LEASE_NAMESPACE,
 )
 from yurtcoord.sim.apiserver.clients import start_server_with_client
+from yurtcoord.role.leadersource import ElectionLeader
 from yurtcoord.testing.poll import poll_until
 from yurtcoord.testing.poolleases import lease
 from yurtcoord.testing.world import add_pool_node
@@ -89,7 +90,7 @@ class PoolViewTests(unittest.TestCase):
         self.coordinator.store.create(LEASES, lease(
             INFORMER_SYNC_LEASE_NAME, 1.5, namespace=INFORMER_SYNC_LEASE_NAMESPACE,
             holder="edge-2"))
-        self.history = LeaderHistory(reactor, "edge-1")
+        self.leader = ElectionLeader(reactor)
         self.view = self.make_view()
 
     def count_keys(self, prefix):
@@ -101,7 +102,7 @@ class PoolViewTests(unittest.TestCase):
                         self.coordinator_client, self.cloud_client,
                         lambda: self.cloud_healthy, self.count_keys, "/registry",
                         lambda: (ENDPOINTS, ENDPOINTSLICES_V1, ENDPOINTSLICES_V1BETA1),
-                        ELECTION, STALE_AFTER, self.history, **options)
+                        ELECTION, STALE_AFTER, self.leader, **options)
 
     def members(self, document):
         return {m["node"]: m for m in document["members"]}

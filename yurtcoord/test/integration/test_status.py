@@ -117,6 +117,7 @@ class StatusPagesTests(HTTPTestMixin, unittest.TestCase):
             "coordinator_healthy": False, "coordinator_servers": {},
             "last_transition": "1970-01-01T00:00:00Z",
             "delegated_heartbeats": 0, "uploaded_objects": 0, "etcd_member": None,
+            "election": None, "cause": None, "servers_not_probed": None,
         })
 
     @defer.inlineCallbacks

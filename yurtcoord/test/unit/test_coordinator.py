@@ -496,7 +496,7 @@ class ReadinessTests(CoordinatorTestCase):
             coordinator_checker=SimpleNamespace(
                 healthy=True, servers=lambda: {"https://coordinator-1": True,
                                                "https://coordinator-2": False}),
-            hub_elector=SimpleNamespace(leader="edge-2"),
+            leader=SimpleNamespace(leader="edge-2", election=lambda: {"holder": "edge-2"}),
             delegation=SimpleNamespace(delegated_heartbeats=3))
         self.clock.advance(5)
         c.set_role(FOLLOWER)
@@ -509,7 +509,8 @@ class ReadinessTests(CoordinatorTestCase):
             "coordinator_servers": {"https://coordinator-1": True,
                                     "https://coordinator-2": False},
             "last_transition": "2023-11-14T22:13:25Z", "delegated_heartbeats": 3,
-            "uploaded_objects": 7, "etcd_member": None})
+            "uploaded_objects": 7, "etcd_member": None, "election": {"holder": "edge-2"},
+            "cause": None, "servers_not_probed": None})
 
 
 class StopTests(CoordinatorTestCase):

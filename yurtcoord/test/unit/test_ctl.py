@@ -47,9 +47,21 @@ class TableTests(unittest.TestCase):
     def test_status(self):
         self.assertEqual(ctl.format_status(STATUS), (
             "NODE     POOL     ROLE       LEADER   HEALTHY   READY   SYNCED   UPLOADED   "
-            "CLOUD   COORDINATOR   SINCE\n"
+            "CLOUD   COORDINATOR   SINCE                  CAUSE\n"
             "edge-1   pool-a   follower   <none>   true      false   true     false      "
-            "1/2     true          2026-12-01T20:00:00Z\n"))
+            "1/2     true          2026-12-01T20:00:00Z   <none>\n"))
+
+    def test_a_dead_kubelet_is_the_cause_and_no_server_is_unhealthy(self):
+        status = dict(STATUS, role="pending", healthy=False, leader="edge-2",
+                      cloud={"https://a:6443": None, "https://b:6443": None},
+                      coordinator_healthy=None,
+                      servers_not_probed="not probed: kubelet dead for 42s",
+                      cause={"kind": "kubelet_dead", "text": "kubelet dead for 42s"})
+        self.assertEqual(ctl.format_status(status), (
+            "NODE     POOL     ROLE      LEADER   HEALTHY   READY   SYNCED   UPLOADED   "
+            "CLOUD        COORDINATOR   SINCE                  CAUSE\n"
+            "edge-1   pool-a   pending   edge-2   false     false   true     false      "
+            "not-probed   not-probed    2026-12-01T20:00:00Z   kubelet dead for 42s\n"))
 
     def test_values_cannot_break_the_layout(self):
         text = ctl.table(["a", "b"], [["x\ny\tz", ""], [None, 2.50]])
