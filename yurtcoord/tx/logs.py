@@ -8,6 +8,16 @@ observer ``twistd_log_observer`` builds writes where twistd itself would (the fi
 event below ``[log] level``, whoever logged it: the agent, Twisted's reactor, factories
 and web server, or ``print``s and legacy ``log.msg`` calls twistd turns into events.
 
+Twisted logs "Starting factory" and "Stopping factory" at info for every factory it
+starts and stops (``Factory.noisy``): a client factory starts and stops once per
+connection, so every kubelet probe or request of a client left noisy made two lines.
+The agent's own clients are quiet (``QuietHTTPConnectionPool``); what is left, from a
+client of a dependency or one added later, is filtered as debug (``shown_level``).
+
+A json line is one object, as log pipelines (Loki, Elasticsearch, fluent-bit) read
+them: ``time``, ``level``, ``namespace``, ``text``, then the event's own fields of plain
+values; strict JSON, so a non-finite float field is written as a string.
+
 Lines caused by remote clients (the status pages' access log) are also bounded in
 number: ``LinesPerSecond`` lets ``limit`` of them through in any second and then
 reports once how many it dropped, so a client sending requests as fast as it can
@@ -15,6 +25,7 @@ costs a bounded amount of log at every level.
 """
 
 import json
+import math
 import signal
 import sys
 from collections.abc import Callable, Mapping
@@ -40,16 +51,34 @@ ACCESS_LOG_LINES_PER_SECOND = 20
 ACCESS_LOG_PATH_CHARS = 200
 
 
+# The message formats of the lines ``twisted.internet.protocol.Factory`` logs at info
+# when a factory starts and stops (``doStart``/``doStop`` of a ``noisy`` factory).
+FACTORY_LINE_FORMATS = frozenset({"Starting factory {factory!r}",
+                                  "Stopping factory {factory!r}"})
+
+
+def shown_level(event: LogEvent) -> Optional[LogLevel]:
+    """The level ``event`` is filtered at: its own, except Twisted's factory start and
+    stop lines, which are debug (they say a connection was made, once per connection,
+    which is nothing an operator acts on)."""
+    level = event.get("log_level")
+    if level is not None and level > LogLevel.debug \
+            and event.get("log_format") in FACTORY_LINE_FORMATS:
+        return LogLevel.debug
+    return level
+
+
 @implementer(ILogFilterPredicate)
 class AtLeast:
-    """A predicate dropping events below ``level``. An event without a level (none of
-    the twisted.logger API makes one) is kept: nothing says it is unimportant."""
+    """A predicate dropping events whose ``shown_level`` is below ``level``. An event
+    without a level (none of the twisted.logger API makes one) is kept: nothing says it
+    is unimportant."""
 
     def __init__(self, level: LogLevel) -> None:
         self.level = level
 
     def __call__(self, event: LogEvent) -> PredicateResult:
-        event_level = event.get("log_level")
+        event_level = shown_level(event)
         if event_level is not None and event_level < self.level:
             return PredicateResult.no
         return PredicateResult.maybe
@@ -68,7 +97,9 @@ _JSON_HEADER = ("time", "level", "namespace", "text")
 def _json_line(event: LogEvent) -> str:
     """One JSON object and a newline: ``time`` (ISO 8601, UTC), ``level``,
     ``namespace``, ``text`` (the line the text format shows, with a traceback when the
-    event has one), then the event's own fields whose values are JSON scalars."""
+    event has one), then the event's own fields whose values are JSON scalars. A float
+    that is not finite is written as its text (``"nan"``, ``"inf"``): ``NaN`` and
+    ``Infinity`` are not JSON, and a pipeline's parser would drop the whole line."""
     when = event.get("log_time")
     level = event.get("log_level")
     line: dict[str, Any] = {
@@ -81,9 +112,11 @@ def _json_line(event: LogEvent) -> str:
     for name, value in event.items():
         if name.startswith("log_") or name in _JSON_HEADER:
             continue
-        if value is None or isinstance(value, (str, int, float, bool)):
+        if isinstance(value, float) and not math.isfinite(value):
+            line[name] = str(value)
+        elif value is None or isinstance(value, (str, int, float, bool)):
             line[name] = value
-    return json.dumps(line, default=str) + "\n"
+    return json.dumps(line, default=str, allow_nan=False) + "\n"
 
 
 def file_observer(out: IO[Any], log_format: str) -> ILogObserver:

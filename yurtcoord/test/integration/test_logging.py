@@ -1,13 +1,19 @@
 """``twistd yurtcoord`` writes no debug line at ``[log] level = info`` (the default):
 a real twistd child is asked for its status pages, which logs an access line at
 debug, and is stopped; the same child at ``level = debug`` writes that line, so the
-check at info looks for a line that exists."""
+check at info looks for a line that exists.
+
+Nor does it write a factory line per connection: a child probing a local stand-in
+kubelet every second for a few seconds writes no "Starting factory" or "Stopping
+factory" line, at info or at debug (before, two per probe: 120 a minute at a 1 s
+interval)."""
 
 import os
 
 import treq
-from twisted.internet import defer, reactor
+from twisted.internet import defer, reactor, task
 from twisted.trial import unittest
+from twisted.web import resource, server
 from twisted.web.client import Agent, HTTPConnectionPool
 
 from yurtcoord.sim.agentini import ini_text
@@ -17,6 +23,23 @@ from yurtcoord.testing.twistd import TWISTD, TwistdProcess, child_environment, w
 
 START_DEADLINE = 30.0
 ACCESS_LINE = "status request GET /healthz"
+# Seconds a child probes its kubelet (once a second) before it is stopped.
+PROBING_SECONDS = 4.0
+FACTORY_LINES = ("Starting factory", "Stopping factory")
+
+
+class Kubelet(resource.Resource):
+    """A kubelet's /healthz that answers ok and counts the probes."""
+
+    isLeaf = True
+
+    def __init__(self):
+        super().__init__()
+        self.probes = 0
+
+    def render_GET(self, request):
+        self.probes += 1
+        return b"ok"
 
 
 class LevelUnderTwistdTests(unittest.TestCase):
@@ -26,16 +49,17 @@ class LevelUnderTwistdTests(unittest.TestCase):
         self.client = treq.client.HTTPClient(Agent(reactor, pool=self.pool))
 
     @defer.inlineCallbacks
-    def run_agent(self, level):
-        """Start an agent at ``level`` (no cloud answers, no coordinator), GET its
-        /healthz once, stop it with SIGTERM; its whole output."""
+    def run_agent(self, level, kubelet_url="off", running=0.0):
+        """Start an agent at ``level`` (no cloud answers, no coordinator, probes every
+        second), GET its /healthz once, let it run ``running`` seconds more, stop it
+        with SIGTERM; its whole output."""
         directory = os.path.abspath(self.mktemp())
         ini = write_ini(directory, ini_text({
             "node": {"name": "edge-1"},
             "cloud": {"servers": f"http://127.0.0.1:{closed_loopback_port()}",
                       "insecure": "true"},
             "coordinator": {"enabled": "false"},
-            "heartbeat": {"kubelet_healthz_url": "off"},
+            "heartbeat": {"kubelet_healthz_url": kubelet_url, "interval": "1s"},
             "server": {"listen": "127.0.0.1:0"},
             "log": {"level": level}}))
         child = TwistdProcess()
@@ -56,6 +80,8 @@ class LevelUnderTwistdTests(unittest.TestCase):
         self.assertIsNotNone(url, child.output.decode())
         response = yield self.client.get(url + "/healthz", timeout=5)
         yield response.content()
+        if running:
+            yield task.deferLater(reactor, running, lambda: None)
         child.transport.signalProcess("TERM")
         code = yield child.ended
         output = child.output.decode("utf-8", "replace")
@@ -72,3 +98,20 @@ class LevelUnderTwistdTests(unittest.TestCase):
         self.assertIn("status pages listening on", at_info)
         self.assertNotIn(ACCESS_LINE, at_info)
         self.assertNotIn("#debug]", at_info)
+
+    @defer.inlineCallbacks
+    def test_no_factory_line_per_kubelet_probe(self):
+        kubelet = Kubelet()
+        site = server.Site(kubelet)
+        site.noisy = False
+        port = reactor.listenTCP(0, site, interface="127.0.0.1")
+        self.addCleanup(port.stopListening)
+        kubelet_url = f"http://127.0.0.1:{port.getHost().port}/healthz"
+
+        for level in ("info", "debug"):
+            probes_before = kubelet.probes
+            output = yield self.run_agent(level, kubelet_url, running=PROBING_SECONDS)
+            self.assertGreaterEqual(kubelet.probes - probes_before, 2, output)
+            factory_lines = [line for line in output.splitlines()
+                             if any(text in line for text in FACTORY_LINES)]
+            self.assertEqual(factory_lines, [], level)

@@ -27,7 +27,8 @@ from yurtcoord.agent.metrics import Metrics
 from yurtcoord.agent.status import InitialStatus, StatusSite, status_resource
 from yurtcoord.sim.agentini import ini_text
 from yurtcoord.tx.logs import (
-    ACCESS_LOG_LINES_PER_SECOND, ACCESS_LOG_PATH_CHARS, LEVELS, file_observer, level_filter,
+    ACCESS_LOG_LINES_PER_SECOND, ACCESS_LOG_PATH_CHARS, FACTORY_LINE_FORMATS, LEVELS,
+    file_observer, level_filter,
 )
 
 ALL_LEVELS = (LogLevel.debug, LogLevel.info, LogLevel.warn, LogLevel.error,
@@ -82,6 +83,29 @@ class LevelFilterTests(unittest.TestCase):
         self.assertIn("a web server debug line", everything)
         self.assertEqual(kept.texts(), [])
 
+    def test_twisteds_factory_lines_are_debug(self):
+        """The events Twisted's ``Factory.doStart``/``doStop`` emit for a noisy
+        factory (a client factory: once per connection) are not written at info, and
+        are at debug; the lines around them are kept at info."""
+        at_info, at_debug = Collected(), Collected()
+        for observer in (level_filter(at_info, "info"), level_filter(at_debug, "debug")):
+            globalLogPublisher.addObserver(observer)
+            self.addCleanup(globalLogPublisher.removeObserver, observer)
+
+        Logger(namespace="yurtcoord.heartbeat.probes").info("before the probe")
+        for factory in (protocol.Factory(), protocol.ClientFactory()):
+            self.assertTrue(factory.noisy)
+            factory.doStart()
+            factory.doStop()
+        Logger(namespace="yurtcoord.heartbeat.probes").info("after the probe")
+
+        self.assertEqual(at_info.texts(), ["before the probe", "after the probe"])
+        factory_lines = [text for text in at_debug.texts() if " factory " in text]
+        self.assertEqual([line.split(" <")[0] for line in factory_lines],
+                         ["Starting factory", "Stopping factory"] * 2)
+        self.assertEqual({event["log_format"] for event in at_debug.events
+                          if "factory" in event}, FACTORY_LINE_FORMATS)
+
     def test_an_error_of_twisted_passes_the_filter(self):
         kept = Collected()
         filtered = level_filter(kept, "error")
@@ -120,6 +144,35 @@ class JSONFormatTests(unittest.TestCase):
         self.assertEqual(objects[1]["text"], "two\nlines in one message")
         self.assertEqual(objects[2]["level"], "critical")
         self.assertIn("RuntimeError: broken", objects[2]["text"])
+
+    def test_lines_are_strict_json_with_the_fields_pipelines_read(self):
+        """Every line parses with a strict parser (no ``NaN``/``Infinity``), carries
+        ``time``, ``level``, ``namespace`` and ``text`` first, then the event's plain
+        fields, legacy ``log.msg`` events included; objects are in the text only."""
+        out = io.StringIO()
+        observer = file_observer(out, "json")
+        log = Logger(namespace="yurtcoord.agent.metrics", observer=observer)
+        log.warn("reactor lag {lag} over {limit}", lag=float("nan"), limit=float("inf"),
+                 node="edge-1", loops=3, healthy=False, why=None, servers=["a", "b"])
+        globalLogPublisher.addObserver(observer)
+        self.addCleanup(globalLogPublisher.removeObserver, observer)
+        legacy_log.msg("StatusSite starting on 10267")
+
+        def strict(constant):
+            raise ValueError(f"not JSON: {constant}")
+
+        lines = [json.loads(line, parse_constant=strict) for line in out.getvalue().splitlines()]
+        self.assertEqual(len(lines), 2, out.getvalue())
+        first, legacy = lines
+        self.assertEqual(list(first)[:4], ["time", "level", "namespace", "text"])
+        self.assertEqual(
+            {key: first[key] for key in list(first)[1:]},
+            {"level": "warn", "namespace": "yurtcoord.agent.metrics",
+             "text": "reactor lag nan over inf", "lag": "nan", "limit": "inf",
+             "node": "edge-1", "loops": 3, "healthy": False, "why": None})
+        self.assertEqual(list(legacy)[:4], ["time", "level", "namespace", "text"])
+        self.assertEqual((legacy["level"], legacy["text"]),
+                         ("info", "StatusSite starting on 10267"))
 
     def test_text_is_twistds_own_line_format(self):
         out = io.StringIO()
