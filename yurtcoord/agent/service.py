@@ -249,6 +249,8 @@ class Agent(service.MultiService):
             # The coordinator cancels its current step when it stops: opening the
             # store or uploading could otherwise retry for long against a dead etcd.
             StageService("coordinator", None, coordinator.stop).setServiceParent(self)
+            StageService("election-lease-reader", self.leader_reader.start,
+                         self.leader_reader.stop).setServiceParent(self)
             StageService("hub-elector", functools.partial(self._start_hub_elector, hub_elector),
                          hub_elector.stop).setServiceParent(self)
 
@@ -426,11 +428,31 @@ class Agent(service.MultiService):
         self.hub_elector = hub_elector = HubElector(
             reactor, self.cloud_checker, self.coordinator_checker, self._make_elector,
             election.check_interval, on_role=coordinator.set_role, loop_errors=self.metrics)
+        # The one place every surface takes the pool's leader from: the election lease
+        # as last read, read every retry_period whatever this agent's role (one that
+        # does not elect still learns of each new leader), and at once when the
+        # elector sees a new holder or this agent's role changes.
+        self.leader = ElectionLeader(reactor)
+        self.leader_reader = ElectionLeaseReader(
+            reactor, self.coordinator_client, (election.lease_namespace, election.lease_name),
+            self.leader, interval=election.retry_period, timeout=POOL_READ_TIMEOUT)
+        hub_elector.add_leader_observer(self.leader_reader.read_now)
+        coordinator.add_role_observer(self.leader_reader.read_now)
+        self.causes = AgentCauses(
+            self.kubelet_checker, self.cloud_checker, self.coordinator_checker,
+            etcd_unreachable=self._etcd_unreachable,
+            pool_cache_synced=lambda: coordinator.pool_cache_synced)
         self.status_source = AgentStatus(
             coordinator, config.node.pool, reactor, self.cloud_checker,
-            self.coordinator_checker, hub_elector, delegation,
-            etcd_member=lambda: self.etcd.member)
-        self.pool_view = self._build_pool_view(healthy_cloud, coordinator, hub_elector)
+            self.coordinator_checker, self.leader, delegation,
+            etcd_member=lambda: self.etcd.member, causes=self.causes)
+        self.pool_view = self._build_pool_view(healthy_cloud)
+
+    def _etcd_unreachable(self) -> Optional[str]:
+        """Why the open pool store cannot reach the pool etcd; None when it can or
+        none is open."""
+        store = self.coordinator.store if self.coordinator is not None else None
+        return None if store is None else store.unreachable
 
     def _delegation_observed(self, node: str, outcome: str) -> None:
         """A pool member's heartbeat forwarded to the cloud: its age restarts."""
@@ -445,14 +467,11 @@ class Agent(service.MultiService):
             return None
         return self.etcd.member
 
-    def _build_pool_view(self, healthy_cloud: HealthyCloudClient, coordinator: Coordinator,
-                         hub_elector: HubElector) -> PoolView:
-        """The ``/pool`` document's builder, over the clients built above; it hears of
-        leader changes from the hub elector and the coordinator."""
+    def _build_pool_view(self, healthy_cloud: HealthyCloudClient) -> PoolView:
+        """The ``/pool`` document's builder, over the clients built above; it takes
+        the leader and its history from ``leader``, and feeds its own reads of the
+        election lease in."""
         config, node = self.config, self.config.node.name
-        history = LeaderHistory(self.reactor, node)
-        hub_elector.add_leader_observer(history.leader_seen)
-        coordinator.add_role_observer(history.role_changed)
         election, heartbeat = config.leader_election, config.heartbeat
 
         def pool_resources() -> tuple[Any, ...]:
@@ -467,7 +486,7 @@ class Agent(service.MultiService):
             # Two heartbeat intervals on this agent's clock since a lease was seen to
             # change: a live node's lease changes once an interval, one late or lost
             # renewal is no death, and no other clock's offset enters the window.
-            stale_after=2 * heartbeat.interval, history=history)
+            stale_after=2 * heartbeat.interval, leader=self.leader)
 
     def _count_pool_keys(self, prefix: bytes) -> defer.Deferred[int]:
         """How many keys the pool etcd holds under ``prefix`` (a count, no values)."""
