@@ -53,7 +53,10 @@ import threading
 import time
 import urllib.parse
 from collections.abc import Mapping, Sequence
-from typing import Any, NoReturn, Optional, TextIO
+from typing import TYPE_CHECKING, Any, NoReturn, Optional, TextIO
+
+if TYPE_CHECKING:
+    from _typeshed import SupportsWrite
 
 from yurtcoord.agent.config import SCHEMA, ConfigError, ListenAddress, load_config, parse_listen
 
@@ -555,7 +558,7 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         raise _UsageError(message)
 
-    def print_help(self, file: Optional[TextIO] = None) -> None:
+    def print_help(self, file: "Optional[SupportsWrite[str]]" = None) -> None:
         (file or self.out or sys.stdout).write(self.format_help())
 
 
