@@ -1,0 +1,1 @@
+"""What operators watch the pool with: its Prometheus rules (``alerts``)."""
