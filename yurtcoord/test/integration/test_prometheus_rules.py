@@ -4,7 +4,6 @@ rules`` on ``deploy/prometheus/yurtcoord-rules.yaml`` and ``promtool test rules`
 annotations filled from ``yurtcoord.monitoring.alerts``."""
 
 import os
-import tempfile
 
 import yaml
 from twisted.trial import unittest
@@ -20,7 +19,8 @@ class PromtoolTests(unittest.TestCase):
     def setUp(self):
         if PROMTOOL is None:
             raise unittest.SkipTest(MISSING)
-        self.directory = tempfile.mkdtemp(prefix="yurtcoord-promtool-")
+        self.directory = self.mktemp()
+        os.makedirs(self.directory)
 
     def write(self, name, text):
         path = os.path.join(self.directory, name)

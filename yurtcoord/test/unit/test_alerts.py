@@ -3,7 +3,6 @@ section of docs/runbook.md that exists."""
 
 import os
 import re
-import tempfile
 
 import yaml
 from twisted.trial import unittest
@@ -36,7 +35,7 @@ class ShippedFilesTests(unittest.TestCase):
         self.assertEqual(alerts.out_of_date(), [])
 
     def test_a_hand_edit_is_found(self):
-        directory = tempfile.mkdtemp()
+        directory = self.mktemp()
         self.assertEqual(alerts.main(["--directory", directory]), 0)
         self.assertEqual(alerts.out_of_date(directory), [])
         path = os.path.join(directory, alerts.PROMETHEUS_RULE_FILE)
