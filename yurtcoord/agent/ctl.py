@@ -574,7 +574,7 @@ class _VersionAction(argparse.Action):
                  values: Any, option_string: Optional[str] = None) -> None:
         from yurtcoord.agent.version import ctl_version_line
 
-        out = getattr(parser, "out", None) or sys.stdout
+        out = (parser.out if isinstance(parser, _Parser) else None) or sys.stdout
         out.write(ctl_version_line() + "\n")
         parser.exit(0)
 

@@ -58,7 +58,8 @@ from twisted.web.client import Agent as HTTPAgent
 
 from yurtcoord.agent.certs import CertificateClient, CertManager, CertPair
 from yurtcoord.agent.config import Config, ConfigError, ListenAddress
-from yurtcoord.agent.poolview import POOL_READ_TIMEOUT, LeaderHistory, PoolView
+from yurtcoord.agent.causes import AgentCauses
+from yurtcoord.agent.poolview import POOL_READ_TIMEOUT, PoolView
 from yurtcoord.role.coordinator import Coordinator
 from yurtcoord.heartbeat.delegation import (
     DEFAULT_MAX_CONCURRENT, FORWARDED_OUTCOMES, HeartbeatDelegation,
@@ -66,6 +67,7 @@ from yurtcoord.heartbeat.delegation import (
 from yurtcoord.etcd.client import EtcdClient, EtcdConfig
 from yurtcoord.heartbeat.probes import CloudHealthChecker, CoordinatorHealthChecker, KubeletHealthChecker
 from yurtcoord.role.hubelector import HubElector
+from yurtcoord.role.leadersource import ElectionLeader, ElectionLeaseReader
 from yurtcoord.tx.reactorlag import ReactorLagProbe
 from yurtcoord.tx.retry import ROLE_RETRY
 from yurtcoord.tx.credentials import readable_by_others
@@ -220,6 +222,7 @@ class Agent(service.MultiService):
         self.hub_elector: Optional[HubElector] = None
         self.delegation: Optional[HeartbeatDelegation] = None
         self.pool_view: Optional[PoolView] = None
+        self.leader: Optional[ElectionLeader] = None
         self.status_source: AgentStatus | CloudOnlyStatus
         if config.coordinator.enabled:
             with self._section("coordinator"):
@@ -432,10 +435,10 @@ class Agent(service.MultiService):
         # as last read, read every retry_period whatever this agent's role (one that
         # does not elect still learns of each new leader), and at once when the
         # elector sees a new holder or this agent's role changes.
-        self.leader = ElectionLeader(reactor)
+        self.leader = leader = ElectionLeader(reactor)
         self.leader_reader = ElectionLeaseReader(
             reactor, self.coordinator_client, (election.lease_namespace, election.lease_name),
-            self.leader, interval=election.retry_period, timeout=POOL_READ_TIMEOUT)
+            leader, interval=election.retry_period, timeout=POOL_READ_TIMEOUT)
         hub_elector.add_leader_observer(self.leader_reader.read_now)
         coordinator.add_role_observer(self.leader_reader.read_now)
         self.causes = AgentCauses(
@@ -473,6 +476,8 @@ class Agent(service.MultiService):
         election lease in."""
         config, node = self.config, self.config.node.name
         election, heartbeat = config.leader_election, config.heartbeat
+        leader = self.leader
+        assert leader is not None, "the pool view is built after the leader source"
 
         def pool_resources() -> tuple[Any, ...]:
             return self.pool_scope.resources or self.pool_scope.defaults
@@ -486,7 +491,7 @@ class Agent(service.MultiService):
             # Two heartbeat intervals on this agent's clock since a lease was seen to
             # change: a live node's lease changes once an interval, one late or lost
             # renewal is no death, and no other clock's offset enters the window.
-            stale_after=2 * heartbeat.interval, leader=self.leader)
+            stale_after=2 * heartbeat.interval, leader=leader)
 
     def _count_pool_keys(self, prefix: bytes) -> defer.Deferred[int]:
         """How many keys the pool etcd holds under ``prefix`` (a count, no values)."""

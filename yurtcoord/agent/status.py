@@ -1144,7 +1144,9 @@ class StatusChannel(http.HTTPChannel):
         super().lineReceived(line)
         # A new request was begun: its request line has just been parsed.
         if self.reserved and len(self.requests) > requests and self._open():
-            self.site.request_line_read(self, getattr(self, "_path", b""))
+            # ``line`` was that request line: "<method> <path> <version>".
+            parts = line.split(b" ")
+            self.site.request_line_read(self, parts[1] if len(parts) > 1 else b"")
 
     def answer_probes_only(self) -> None:
         """Answer that only the probe pages are served on this connection, and close it."""

@@ -277,7 +277,7 @@ def leader_seen_by(agent: Agent) -> str | None:
     """The pool leader the agent names on every surface: the election lease as it
     last read it (also while it takes no part in the election); None when it knows
     none or has no coordinator."""
-    leader = getattr(agent, "leader", None)
+    leader = agent.leader
     return leader.leader if leader is not None else None
 
 

@@ -39,6 +39,10 @@ OPTIONAL_ATTRIBUTES = {
         "a pooled connection's transport: only TCP transports have a socket to peek at",
     ("etcd/client.py", "reasons"):
         "a Failure's value: only ResponseFailed and its kin carry a list of reasons",
+    ("agent/status.py", "disconnecting"):
+        "a connection's transport: only file descriptor transports say they are closing",
+    ("agent/status.py", "host"):
+        "a peer's address: only IP addresses have a host (a UNIX socket's has none)",
     ("kube/client.py", "reasons"):
         "a Failure's value: only ResponseFailed and its kin carry a list of reasons",
     ("kube/watch.py", "reasons"):
