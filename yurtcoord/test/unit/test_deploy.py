@@ -176,6 +176,8 @@ CLOUD_REQUESTS = [
     resource("get", "coordination.k8s.io", "leases", "kube-node-lease", "edge-1"),
     resource("create", "coordination.k8s.io", "leases", "kube-node-lease"),
     resource("update", "coordination.k8s.io", "leases", "kube-node-lease", "edge-1"),
+    # The /pool view's one paged list of the members' cloud leases.
+    resource("list", "coordination.k8s.io", "leases", "kube-node-lease"),
     non_resource("/api/v1"),
     non_resource("/apis/discovery.k8s.io/v1"),
 ]
