@@ -84,7 +84,9 @@ from yurtcoord.pool.scope import HealthyCloudClient, PoolScopeResources
 from yurtcoord.pool.interfaces import IPoolStore
 from yurtcoord.pool.store import PoolStore, open_pool_store
 from yurtcoord.pool.sync import PoolSyncManager
-from yurtcoord.agent.status import AgentStatus, CloudOnlyStatus, StatusSite, status_site
+from yurtcoord.agent.status import (
+    STATUS_LISTEN_BACKLOG, AgentStatus, CloudOnlyStatus, StatusSite, status_site,
+)
 from yurtcoord.pool.synced import PoolCacheSyncedDetector
 from yurtcoord.pool.uploader import LocalCacheUploader, UploadCounts
 
@@ -134,7 +136,8 @@ class StatusHTTPService(service.Service):
 
     def _endpoint(self) -> TCP4ServerEndpoint | TCP6ServerEndpoint:
         endpoint_class = TCP6ServerEndpoint if self.listen.is_ipv6 else TCP4ServerEndpoint
-        return endpoint_class(self.reactor, self.listen.port, interface=self.listen.host)
+        return endpoint_class(self.reactor, self.listen.port, backlog=STATUS_LISTEN_BACKLOG,
+                              interface=self.listen.host)
 
     def startService(self) -> None:
         """Listen now; a port that cannot be bound fails the start (raises)."""

@@ -80,6 +80,11 @@ if TYPE_CHECKING:
 
 NOT_FOUND = pages.notFound("No such page",
                            "Pages: / /healthz /readyz /status /pool /metrics")
+# Connections the kernel queues for the status port before the agent accepts them.
+# Twisted's default of 50 overflows when a flood of clients connects at once, and the
+# kernel then drops the kubelet's probe's connect, which it retries only a second
+# later, past the probe's timeout; the kernel caps it at net.core.somaxconn.
+STATUS_LISTEN_BACKLOG = 1024
 # Ordinary status connections open at once (any page); more go to the probe reserve.
 MAX_STATUS_CONNECTIONS = 64
 # Ordinary connections one client address may hold; loopback addresses are not capped

@@ -15,11 +15,13 @@ its 64 slots: 20 of 20 probes failed.
 import time
 
 from twisted.internet import defer, protocol, reactor, task
-from twisted.internet.endpoints import TCP4ClientEndpoint, TCP4ServerEndpoint
+from twisted.internet.endpoints import TCP4ClientEndpoint
 from twisted.trial import unittest
 from zope.interface import implementer
 
 from yurtcoord.agent.metrics import Metrics
+from yurtcoord.agent.config import ListenAddress
+from yurtcoord.agent.service import StatusHTTPService
 from yurtcoord.agent.status import (
     MAX_STATUS_CONNECTIONS, PROBE_RESERVE_CONNECTIONS, IStatusSource, status_site,
 )
@@ -173,9 +175,12 @@ class ProbeFloodTests(unittest.TestCase):
     @defer.inlineCallbacks
     def test_readyz_answers_within_a_second_under_a_reconnecting_slowloris_flood(self):
         site = status_site(ReadyStatus(), Metrics("edge-1", "pool-a"), reactor)
-        port = yield TCP4ServerEndpoint(reactor, 0, interface="127.0.0.1").listen(site)
-        self.addCleanup(port.stopListening)
-        number = port.getHost().port
+        # Listening as the agent does (its listen backlog included: the flood's
+        # connects arrive at once).
+        server = StatusHTTPService(ListenAddress("127.0.0.1", 0), site, reactor)
+        server.startService()
+        self.addCleanup(server.stopService)
+        number = server.port.getHost().port
         flood = Flood(number)
         self.addCleanup(flood.stop)
         flood.start(FLOOD)
