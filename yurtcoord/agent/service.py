@@ -441,7 +441,8 @@ class Agent(service.MultiService):
         self.leader = leader = ElectionLeader(reactor)
         self.leader_reader = ElectionLeaseReader(
             reactor, self.coordinator_client, (election.lease_namespace, election.lease_name),
-            leader, interval=election.retry_period, timeout=POOL_READ_TIMEOUT)
+            leader, interval=election.retry_period, timeout=POOL_READ_TIMEOUT,
+            loop_errors=self.metrics)
         hub_elector.add_leader_observer(self.leader_reader.read_now)
         coordinator.add_role_observer(self.leader_reader.read_now)
         self.causes = AgentCauses(

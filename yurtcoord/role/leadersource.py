@@ -39,6 +39,7 @@ from yurtcoord.kube.gvr import LEASES
 from yurtcoord.kube.lease import LeaseRecord
 from yurtcoord.kube.renewals import RenewalsSeen
 from yurtcoord.tx.failures import describe_failure
+from yurtcoord.tx.guardedloop import ILoopErrors, report_loop_error
 from yurtcoord.tx.observers import Observers
 
 # Leader changes a history keeps, the newest last.
@@ -216,8 +217,10 @@ class ElectionLeaseReader:
     log = Logger()
 
     def __init__(self, reactor: IReactorTime, client: Any, lease: tuple[str, str],
-                 source: ElectionLeader, interval: float, timeout: float) -> None:
+                 source: ElectionLeader, interval: float, timeout: float,
+                 loop_errors: Optional[ILoopErrors] = None) -> None:
         self._reactor = reactor
+        self._loop_errors = loop_errors
         self._client = client
         self._namespace, self._name = lease
         self.source = source
@@ -232,8 +235,8 @@ class ElectionLeaseReader:
     def start(self) -> None:
         if self._loop is not None:
             return
-        # No guard needed: every read runs in a Deferred whose errors end here (logged),
-        # so a tick cannot raise and end the loop.
+        # Every read runs in a Deferred whose unexpected errors end in ``_unexpected``
+        # (loop election-lease-read), so a tick cannot raise and end the loop.
         self._loop = LoopingCall(self._tick)
         self._loop.clock = self._reactor
         self._loop_done = self._loop.start(self.interval, now=True)
@@ -273,8 +276,9 @@ class ElectionLeaseReader:
         d.addBoth(self._done)
 
     def _unexpected(self, failure: Failure) -> None:
-        """A defect, not a failed read: logged; the next tick reads again."""
-        self.log.failure("reading the election lease failed", failure)
+        """A defect, not a failed read: logged with its traceback and counted (loop
+        election-lease-read); the next tick reads again."""
+        report_loop_error("election-lease-read", failure, self._loop_errors)
 
     def _failed(self, failure: Failure) -> None:
         if failure.check(NotFound):

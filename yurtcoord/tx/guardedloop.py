@@ -60,6 +60,10 @@ raised", says what an operator does when the counter moves):
 - ``work-retry``: ``yurtcoord.tx.workqueue:WorkQueue._retry``, the retry timer of
   one key's failed work (pool sync writes, delegated heartbeats); an error arms the
   key's retry again, so its work goes on.
+- ``election-lease-read``: ``yurtcoord.role.leadersource:ElectionLeaseReader._read``,
+  the read of the election lease every ``retry_period`` that names the pool's leader
+  on every page; a defect in handling an answer is counted and the next tick reads
+  again.
 
 Chains that need no guard (a raise ends in an errback their caller handles, or the
 timer is re-armed by the next event) are listed in docs/runbook.md, "A loop raised".
@@ -90,6 +94,7 @@ LOOPS: Mapping[str, str] = {
     "role-retry": "yurtcoord.role.coordinator:Coordinator._on_retry",
     "watch-idle": "yurtcoord.kube.watch:IdleWatchdog._check",
     "work-retry": "yurtcoord.tx.workqueue:WorkQueue._retry",
+    "election-lease-read": "yurtcoord.role.leadersource:ElectionLeaseReader._read",
 }
 
 log = Logger(namespace="yurtcoord.loop")

@@ -501,6 +501,21 @@ def inject_work_retry(test: unittest.TestCase, sink: ILoopErrors) -> Injection:
                      lambda: test.assertTrue(queue.has_work("edge-1")))
 
 
+def inject_election_lease_read(test: unittest.TestCase, sink: ILoopErrors) -> Injection:
+    from yurtcoord.role.leadersource import ElectionLeader, ElectionLeaseReader
+    from yurtcoord.testing.fakekube import FakeKube
+
+    clock = Clock()
+    coordinator, leader = FakeKube(clock), ElectionLeader(clock)
+    reader = ElectionLeaseReader(clock, coordinator, ("kube-system", "yurthub"), leader,
+                                 interval=2.0, timeout=1.0, loop_errors=sink)
+    # Handling the first answer raises once (a defect, not a failed read).
+    leader.observe = Raising(leader.observe)  # type: ignore[method-assign]
+    reader.start()
+    test.addCleanup(reader.stop)
+    return Injection(clock, 2.0, lambda: reader.reads)
+
+
 INJECTIONS: Dict[str, Callable[[unittest.TestCase, ILoopErrors], Injection]] = {
     "pool-store-health": inject_pool_store_health,
     "informer-sync-lease": inject_informer_sync_lease,
@@ -516,6 +531,7 @@ INJECTIONS: Dict[str, Callable[[unittest.TestCase, ILoopErrors], Injection]] = {
     "role-retry": inject_role_retry,
     "watch-idle": inject_watch_idle,
     "work-retry": inject_work_retry,
+    "election-lease-read": inject_election_lease_read,
 }
 
 
