@@ -5,6 +5,7 @@ and ``twistd`` run on it exits with status 78 and one line. Key and token files 
 group or others may read are named, with their mode, in one warning at start."""
 
 import os
+from typing import Any, Generator
 
 from twisted.logger import LogLevel, Logger, formatEvent
 
@@ -53,8 +54,9 @@ class AgentTests(unittest.TestCase):
         self.assertIn(f"{kubeconfig}: users[name=u1].user.exec is set", message)
 
     @defer.inlineCallbacks
-    def test_twistd_exits_78_with_one_line(self):
-        kubeconfig = self.kubeconfig(kubeconfig_text(user=AUTH_PROVIDER))
+    def twistd_refusal(self, kubeconfig: str) -> Generator[Any, Any, tuple[str, str]]:
+        """(ini path, the one line) of ``twistd yurtcoord`` refusing a configuration
+        that names ``kubeconfig``: it exits 78 and prints one line."""
         ini = write_ini(self.mktemp(), agent_ini(kubeconfig))
         directory = os.path.abspath(self.mktemp())
         os.makedirs(directory)
@@ -66,10 +68,16 @@ class AgentTests(unittest.TestCase):
         lines = [line for line in (out + err).decode().splitlines() if line.strip()]
         self.assertEqual(code, 78, lines)
         self.assertEqual(len(lines), 1, lines)
-        self.assertTrue(lines[0].startswith(f"{ini}: [cloud]: cannot build the clients: "
-                                            f"{kubeconfig}: users[name=u1].user.auth-provider"),
-                        lines[0])
-        self.assertNotIn("abc", lines[0])
+        return ini, lines[0]
+
+    @defer.inlineCallbacks
+    def test_twistd_exits_78_with_one_line(self):
+        kubeconfig = self.kubeconfig(kubeconfig_text(user=AUTH_PROVIDER))
+        ini, line = yield self.twistd_refusal(kubeconfig)
+        self.assertTrue(line.startswith(f"{ini}: [cloud]: cannot build the clients: "
+                                        f"{kubeconfig}: users[name=u1].user.auth-provider"),
+                        line)
+        self.assertNotIn("abc", line)
 
     def test_insecure_skip_tls_verify_needs_cloud_insecure(self):
         """Honoured before while ``[cloud] insecure = false``, also with a CA set: a
@@ -91,18 +99,9 @@ class AgentTests(unittest.TestCase):
     @defer.inlineCallbacks
     def test_twistd_refuses_insecure_skip_tls_verify_with_exit_78_and_one_line(self):
         kubeconfig = self.kubeconfig(kubeconfig_text(cluster=INSECURE))
-        ini = write_ini(self.mktemp(), agent_ini(kubeconfig))
-        directory = os.path.abspath(self.mktemp())
-        os.makedirs(directory)
-        out, err, code = yield getProcessOutputAndValue(
-            "/usr/bin/timeout", ["-s", "KILL", "60", TWISTD, "--nodaemon", "--pidfile=",
-                                 "yurtcoord", "--config", ini],
-            env=child_environment(), path=directory)
-        lines = [line for line in (out + err).decode().splitlines() if line.strip()]
-        self.assertEqual(code, 78, lines)
-        self.assertEqual(len(lines), 1, lines)
+        _ini, line = yield self.twistd_refusal(kubeconfig)
         self.assertIn(f"{kubeconfig}: clusters[name=c1].cluster.insecure-skip-tls-verify "
-                      "is true", lines[0])
+                      "is true", line)
 
 
 class ReadableSecretsTests(unittest.TestCase):
