@@ -20,7 +20,9 @@ START = 1_000_000.0
 RENEW = 10.0
 
 
-class DetectorClockTests(unittest.TestCase):
+class DetectorOnAClock:
+    """A started detector on a Clock at ``START``, its informer listed; mixed into the
+    test cases below."""
 
     def setUp(self):
         self.clock = Clock()
@@ -37,6 +39,9 @@ class DetectorClockTests(unittest.TestCase):
     def tearDown(self):
         self.detector.stop()
         self.assertEqual(self.clock.getDelayedCalls(), [])
+
+
+class DetectorClockTests(DetectorOnAClock, unittest.TestCase):
 
     def test_watches_only_the_informer_sync_lease(self):
         self.assertEqual((self.informer.gvr, self.informer.namespace,
@@ -149,7 +154,7 @@ class DetectorClockTests(unittest.TestCase):
         self.assertEqual(self.reports, [True])
 
 
-class LeaderClockSkewTests(unittest.TestCase):
+class LeaderClockSkewTests(DetectorOnAClock, unittest.TestCase):
     """A follower's detector while the leader, whose clock is ``offset`` seconds off the
     follower's, renews the informer sync lease every ``RENEW`` seconds writing its own
     clock's time. Synced from the first renewal on and as long as renewals come;
@@ -157,21 +162,8 @@ class LeaderClockSkewTests(unittest.TestCase):
     also when a relist delivers the last lease again meanwhile."""
 
     def setUp(self):
-        self.clock = Clock()
-        self.clock.advance(START)
-        self.reports = []
-        self.informers = []
-        self.detector = PoolCacheSyncedDetector(
-            self.clock, object(), STALE, self.reports.append,
-            informer_factory=FakeInformer.factory(self.informers))
-        self.detector.start(store=None)
-        self.informer = self.informers[-1]
-        self.informer.end_list()
+        super().setUp()
         self.written = 0
-
-    def tearDown(self):
-        self.detector.stop()
-        self.assertEqual(self.clock.getDelayedCalls(), [])
 
     def leader_renews(self, offset):
         """One renewal by the leader: renewTime is its clock, ``offset`` s off ours."""
