@@ -47,6 +47,7 @@ the port with long paths costs a bounded amount of log, whatever ``[log] level``
 A server URL never shows its credentials (``user:password@``) on these pages or in
 metric labels: configuration refuses them, and what is shown is masked anyway.
 """
+import gzip
 import html
 import io
 import ipaddress
@@ -85,6 +86,9 @@ NOT_FOUND = pages.notFound("No such page",
 # kernel then drops the kubelet's probe's connect, which it retries only a second
 # later, past the probe's timeout; the kernel caps it at net.core.somaxconn.
 STATUS_LISTEN_BACKLOG = 1024
+# gzip level of /pool answers: 6 compresses a 1,000-member document about tenfold in a
+# few milliseconds, once per build.
+POOL_GZIP_LEVEL = 6
 # Ordinary status connections open at once (any page); more go to the probe reserve.
 MAX_STATUS_CONNECTIONS = 64
 # Ordinary connections one client address may hold; loopback addresses are not capped
@@ -966,6 +970,26 @@ def pool_page(view: IPoolView) -> PageRenderer:
     return render
 
 
+def accepts_gzip(accept_encoding: Optional[bytes]) -> bool:
+    """Whether an ``Accept-Encoding`` header value accepts gzip: listed (or ``*``)
+    without ``q=0``."""
+    if not accept_encoding:
+        return False
+    accepted: dict[str, bool] = {}
+    for item in accept_encoding.decode("latin-1").split(","):
+        name, _, parameters = item.strip().partition(";")
+        quality = 1.0
+        for parameter in parameters.split(";"):
+            key, _, value = parameter.strip().partition("=")
+            if key.strip().lower() == "q":
+                try:
+                    quality = float(value)
+                except ValueError:
+                    quality = 0.0
+        accepted[name.strip().lower()] = quality > 0
+    return accepted.get("gzip", accepted.get("*", False))
+
+
 class PoolDocumentPage(resource.Resource):
     """``GET /pool``: the pool view's JSON document, answered once it is built (the
     view bounds every read it makes). A client gone meanwhile gets nothing; a defect
@@ -973,7 +997,10 @@ class PoolDocumentPage(resource.Resource):
 
     A document is encoded once: the view answers with the same document until its
     next build, and every request for it gets the bytes encoded for the first (a
-    document of a 1,000-member pool is milliseconds of CPU to encode)."""
+    document of a 1,000-member pool is milliseconds of CPU to encode). A client that
+    accepts gzip (the pool page's browser, most tools) gets those bytes compressed,
+    also once per document: sending the ~200 kB of a 1,000-member pool's document to
+    each of many readers cost the agent more CPU than building it."""
 
     isLeaf = True
     log = Logger()
@@ -981,8 +1008,9 @@ class PoolDocumentPage(resource.Resource):
     def __init__(self, view: IPoolView) -> None:
         super().__init__()
         self.view = view
-        # The document last encoded and its bytes.
+        # The document last encoded, its bytes, and those compressed (once asked).
         self._encoded: Optional[tuple[dict[str, Any], bytes]] = None
+        self._compressed: Optional[tuple[dict[str, Any], bytes]] = None
 
     def encoded(self, document: dict[str, Any]) -> bytes:
         """The JSON bytes of ``document``, encoded once per document."""
@@ -994,6 +1022,14 @@ class PoolDocumentPage(resource.Resource):
         self._encoded = (document, body)
         return body
 
+    def compressed(self, document: dict[str, Any]) -> bytes:
+        """``encoded(document)`` gzipped, once per document."""
+        if self._compressed is not None and self._compressed[0] is document:
+            return self._compressed[1]
+        body = gzip.compress(self.encoded(document), compresslevel=POOL_GZIP_LEVEL, mtime=0)
+        self._compressed = (document, body)
+        return body
+
     def render_GET(self, request: server.Request) -> object:
         if request.postpath not in ([], [b""]):
             return NOT_FOUND.render(request)
@@ -1001,7 +1037,12 @@ class PoolDocumentPage(resource.Resource):
         request.notifyFinish().addErrback(lambda _failure: gone.append(True))
 
         def answer(document: dict[str, Any]) -> None:
-            self._finish(request, gone, 200, "application/json", self.encoded(document))
+            request.setHeader(b"vary", b"accept-encoding")
+            if accepts_gzip(request.getHeader(b"accept-encoding")):
+                request.setHeader(b"content-encoding", b"gzip")
+                self._finish(request, gone, 200, "application/json", self.compressed(document))
+            else:
+                self._finish(request, gone, 200, "application/json", self.encoded(document))
 
         def failed(failure: Failure) -> None:
             self.log.failure("status page /pool failed to read the pool view", failure)

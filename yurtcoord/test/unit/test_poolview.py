@@ -5,6 +5,7 @@ and the informer sync lease write renewTimes minutes ahead of or behind the view
 clock (docs/design.md, "Clocks"): direct and delegated while they change, stale (or
 expired) once they stop, ages counted on the viewer's clock."""
 
+import gzip
 import json
 from typing import Any, Optional
 
@@ -16,6 +17,7 @@ from zope.interface import implementer
 from zope.interface.verify import verifyObject
 
 from yurtcoord.agent import poolview
+from yurtcoord.agent import status as status_module
 from yurtcoord.agent.metrics import Metrics
 from yurtcoord.agent.poolview import (
     DELEGATED, DIRECT, STALE, PoolView, heartbeat_path,
@@ -24,7 +26,7 @@ from yurtcoord.agent.status import IPoolView, IStatusSource, InitialStatus, stat
 from yurtcoord.kube.errors import ServerError
 from yurtcoord.kube.gvr import LEASES, NODES, GroupVersionResource
 from yurtcoord.kube.interfaces import IObjectClient
-from yurtcoord.kube.lease import LeaseRecord, build_lease, with_record
+from yurtcoord.kube.lease import LeaseRecord, build_lease
 from yurtcoord.names import (
     DELEGATE_HEARTBEAT_ANNOTATION, INFORMER_SYNC_LEASE_NAME, INFORMER_SYNC_LEASE_NAMESPACE,
     NODE_LEASE_NAMESPACE, NODE_POOL_LABEL,
@@ -353,6 +355,42 @@ class PoolViewCostTests(unittest.TestCase):
         self.assertIsNot(third, first)
         self.assertIs(self.get(b"pool")[1], third)
         self.assertIsNot(self.get(b"")[1], page)
+
+    def test_a_client_that_accepts_gzip_gets_the_document_compressed_once_a_build(self):
+        compressions = []
+        real = gzip.compress
+
+        def counted(data, *args, **kwargs):
+            compressions.append(len(data))
+            return real(data, *args, **kwargs)
+
+        self.patch(status_module.gzip, "compress", counted)
+        plain = self.get(b"pool")[1]
+        answers = []
+        for accept in (b"gzip, deflate, br", b"br;q=1.0, gzip;q=0.5", b"*"):
+            request = DummyRequest([b""])
+            request.requestHeaders.setRawHeaders(b"accept-encoding", [accept])
+            page = self.root.getChildWithDefault(b"pool", request)
+            request.postpath = []
+            self.assertIs(page.render(request), NOT_DONE_YET)
+            self.assertEqual(request.responseHeaders.getRawHeaders(b"content-encoding"),
+                             [b"gzip"], accept)
+            self.assertEqual(request.responseHeaders.getRawHeaders(b"vary"),
+                             [b"accept-encoding"])
+            answers.append(request.written[0])
+        self.assertEqual(gzip.decompress(answers[0]), plain)
+        self.assertEqual(len({id(answer) for answer in answers}), 1)
+        self.assertEqual(compressions, [len(plain)])
+        self.assertLess(len(answers[0]), len(plain) / 3)
+        # Refused gzip, or none asked: the plain bytes.
+        for accept in (b"gzip;q=0", b"identity"):
+            request = DummyRequest([b""])
+            request.requestHeaders.setRawHeaders(b"accept-encoding", [accept])
+            page = self.root.getChildWithDefault(b"pool", request)
+            request.postpath = []
+            page.render(request)
+            self.assertIsNone(request.responseHeaders.getRawHeaders(b"content-encoding"))
+            self.assertIs(request.written[0], plain)
 
     def test_the_pool_page_follows_the_status_between_builds(self):
         self.get(b"pool")
