@@ -331,7 +331,7 @@ class CommandLineTests(unittest.TestCase):
         self.assertTrue(out.startswith("usage: yurtcoordctl [options] COMMAND [options]"), out)
         # argparse shows "-o {table,json}, --output {table,json}" before Python 3.13
         # and "-o, --output {table,json}" from it on.
-        for option in ("--server URL", "host:port", "--config PATH", "-o ", "--output",
+        for option in ("--server URL", "host:port", "--config PATH", "  -o", "--output",
                        "{table,json}", "--timeout SECONDS", "--version", "status", "members",
                        "leader", "cache", "exit status:"):
             self.assertIn(option, out)
