@@ -435,7 +435,9 @@ POOL_PAGE_FIELDS = (
 POOL_PAGE_REFRESH_MS = 2000
 KNOWN_ROLES = ("init", "pending", "follower", "leader")
 
-_POOL_PAGE_STYLE = """
+# The look of the pool page, which the sandbox's control page shares (one style for
+# every page an operator opens).
+POOL_PAGE_STYLE = """
 :root { color-scheme: light; --ok: #1a7f37; --bad: #c62828; --muted: #666; }
 body { font: 15px/1.4 system-ui, -apple-system, "Segoe UI", sans-serif; margin: 0;
        background: #f4f6f8; color: #1f2328; }
@@ -915,7 +917,7 @@ def render_pool_page(status: Mapping[str, Any], readiness_failures: Iterable[str
 <meta charset="utf-8">
 <meta name="viewport" content="width=device-width, initial-scale=1">
 <title>yurtcoord {_escaped(node)} &#183; {_escaped(status.get("role"))}</title>
-<style>{_POOL_PAGE_STYLE}</style>
+<style>{POOL_PAGE_STYLE}</style>
 </head>
 <body>
 <header>
