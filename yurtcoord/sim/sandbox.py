@@ -7,8 +7,9 @@ simulated cloud apiserver (the Kubernetes API test server of
 ``yurtcoord.sim.apiserver``, in memory) and 2 coordinator apiservers over the pool etcd
 (``yurtcoord.sim.sandboxapiservers``), seeds the cloud, and runs N agents built by
 ``make_service`` from configurations written here, each with its own status port and
-its own local cache directory. It prints one line per role change of any agent and
-the URL of each agent's pool page.
+its own local cache directory. It prints one line per role change of any agent (with
+the leader after the change), the URL of each agent's pool page and commands to paste
+(``start_commands``: ``yurtcoordctl`` and ``kubectl`` against its servers).
 
 Each agent reaches the cloud through its own loopback link (a ``TCPProxy``), so that
 the cloud can be taken from one agent alone: SIGUSR1 cuts the current leader's link
@@ -27,7 +28,10 @@ go stale in the cloud after the grace period, a started one brings it back. The 
 prints each step: the kubelet stopped or started, the agent counting it dead or back,
 and the node lease renewed again in the cloud.
 
-The control page also kills and restarts one etcd member, or the raft leader, and
+The control page (``yurtcoord.sim.sandboxpage``) looks like the pool page, follows
+the pool every second without a reload, and marks the pool leader, the raft leader,
+stale cloud leases and cut cloud links. It also kills and restarts one etcd member, or
+the raft leader, and
 shows which member each agent uses (``POST /etcd/...``, ``GET /etcd``; see
 ``yurtcoord.sim.sandboxetcd``), and kills and restarts one coordinator apiserver,
 showing how healthy each agent finds each of them and who holds the election lease
@@ -43,11 +47,12 @@ stopping it.
 """
 
 import functools
-import html
 import json
 import os
+import shlex
 import shutil
 import signal
+import sys
 import tempfile
 import time
 from typing import Any, Callable, Generator, Iterable, Mapping
@@ -59,7 +64,7 @@ from twisted.logger import Logger
 from twisted.web.resource import Resource
 from twisted.web.server import Request, Site
 
-from yurtcoord.agent.config import parse_config
+from yurtcoord.agent.config import parse_config, parse_duration
 from yurtcoord.kube.gvr import ENDPOINTS, ENDPOINTSLICES_V1, LEASES, NODES
 from yurtcoord.kube.renewals import RenewalsSeen
 from yurtcoord.agent.service import Agent, make_service
@@ -77,8 +82,9 @@ from yurtcoord.sim.sandboxapiservers import (
 from yurtcoord.sim.apiserver.selectors import ObjectFilter
 from yurtcoord.sim.etcd import EtcdFixtureError, EtcdStartError, find_etcd
 from yurtcoord.sim.sandboxetcd import (
-    DEFAULT_MEMBERS, AgentEtcd, SandboxEtcd, answer_later, etcd_state_json,
+    DEFAULT_MEMBERS, AgentEtcd, SandboxEtcd, answer_later, etcd_state_json, mark_raft_leader,
 )
+from yurtcoord.sim.sandboxpage import control_page_json, render_control_page
 from yurtcoord.sim.kubelet import StandInKubelet
 from yurtcoord.sim.tcpproxy import TCPProxy
 
@@ -102,16 +108,22 @@ CACHED_PODS = ("web-0", "cache-0", "log-agent")
 # that a stopped kubelet's node goes stale within seconds.
 HEARTBEAT_INTERVAL = str(SANDBOX["heartbeat"]["interval"])
 KUBELET_GRACE_PERIOD = str(SANDBOX["heartbeat"]["kubelet_grace_period"])
+# A node's cloud lease not seen renewed for this long (on the sandbox's clock) is
+# highlighted as stale on the control page: two heartbeat intervals, as an agent's
+# /pool calls a member's heartbeat stale.
+CLOUD_LEASE_STALE_AFTER = 2 * parse_duration(HEARTBEAT_INTERVAL)
 
 class KubeletControlPage(Resource):
     """The sandbox's control page: ``GET /`` lists each node with its role, its
-    kubelet, what its agent makes of it and the age of its node lease in the cloud
-    (since the sandbox saw its renewTime change),
-    with a button to stop or start the kubelet; ``GET /state`` is the same as JSON;
-    ``POST /kubelet/<node>/stop`` and ``POST /kubelet/<node>/start`` act and redirect
-    to ``/``. The pool etcd's part (``GET /etcd``, ``POST /etcd/...``, its section of
-    the page) is ``SandboxEtcd``'s, the coordinator apiservers' part (``GET
-    /coordinator``, ``POST /coordinator/...``) ``SandboxCoordinators``'."""
+    kubelet, what its agent makes of it, its cloud link and the age of its node lease
+    in the cloud (since the sandbox saw its renewTime change), with a button to stop
+    or start the kubelet, and the pool etcd's and the coordinator apiservers' parts
+    (``yurtcoord.sim.sandboxpage``); ``GET /page.json`` is the document it is drawn
+    from with its sections, which the page's script fetches every second; ``GET
+    /state`` is the nodes' part as JSON. ``POST /kubelet/<node>/stop`` and ``POST
+    /kubelet/<node>/start`` act and redirect to ``/``. The pool etcd's part (``GET
+    /etcd``, ``POST /etcd/...``) is ``SandboxEtcd``'s, the coordinator apiservers'
+    part (``GET /coordinator``, ``POST /coordinator/...``) ``SandboxCoordinators``'."""
 
     isLeaf = True
 
@@ -123,7 +135,12 @@ class KubeletControlPage(Resource):
         path = [part.decode("utf-8", "replace") for part in request.postpath or []]
         if path in ([], [""]):
             return self._later(request, b"text/html; charset=utf-8",
-                               self._sandbox.coordinators.state().addCallback(self._page))
+                               self._sandbox.control_document().addCallback(
+                                   render_control_page))
+        if path == ["page.json"]:
+            return self._later(request, b"application/json",
+                               self._sandbox.control_document().addCallback(
+                                   control_page_json))
         if path == ["state"]:
             request.setHeader(b"content-type", b"application/json")
             return json.dumps(self._sandbox.node_states(), indent=1).encode("utf-8")
@@ -134,7 +151,7 @@ class KubeletControlPage(Resource):
             return self._later(request, b"application/json",
                                self._sandbox.coordinators.render_get())
         request.setResponseCode(404)
-        return b"not found: try /, /state, /etcd or /coordinator\n"
+        return b"not found: try /, /page.json, /state, /etcd or /coordinator\n"
 
     def _later(self, request: "Request", content_type: bytes,
                body: "defer.Deferred[bytes]") -> int:
@@ -164,36 +181,6 @@ class KubeletControlPage(Resource):
         request.setHeader(b"location", b"/")
         return f"{node}: kubelet {'stopped' if action == 'stop' else 'started'}\n".encode(
             "utf-8")
-
-    def _page(self, coordinators: dict[str, Any]) -> bytes:
-        """The HTML page, with the coordinator apiservers' ``state()``."""
-        rows = []
-        for node, state in self._sandbox.node_states().items():
-            age = state["cloud_lease_age_seconds"]
-            action = "stop" if state["kubelet_running"] else "start"
-            rows.append(
-                f"<tr><td>{html.escape(node)}</td><td>{html.escape(state['role'])}</td>"
-                f"<td>{'answering' if state['kubelet_running'] else 'stopped'}</td>"
-                f"<td>{'alive' if state['agent_sees_kubelet_alive'] else 'dead'}</td>"
-                f"<td>{html.escape(state['cause'] or '-')}</td>"
-                f"<td>{html.escape(state['cloud_lease_renew_time'] or '-')}</td>"
-                f"<td>{'-' if age is None else f'{age:.1f} s'}</td>"
-                f"<td><form method='post' action='/kubelet/{html.escape(node)}/{action}'>"
-                f"<button>{action} kubelet</button></form></td></tr>")
-        return (
-            "<!doctype html><html><head><meta charset='utf-8'>"
-            "<meta http-equiv='refresh' content='1'><title>yurtcoord sandbox</title></head>"
-            f"<body><h1>yurtcoord sandbox: pool {POOL_NAME}</h1>"
-            f"<p>Stop a node's kubelet: after the {KUBELET_GRACE_PERIOD} grace period its "
-            "agent stops renewing the node lease, directly or through the pool leader, "
-            "and the lease in the cloud goes stale. Start it again: it is renewed again "
-            "within seconds.</p>"
-            "<table border='1' cellpadding='4'><tr><th>node</th><th>role</th>"
-            "<th>kubelet</th><th>agent sees it</th><th>cause</th><th>cloud renewTime</th>"
-            "<th>age</th><th></th></tr>" + "".join(rows) + "</table>"
-            + (self._sandbox.etcd.page_section() if self._sandbox.etcd is not None else "")
-            + SandboxCoordinators.page_section(coordinators)
-            + "</body></html>").encode("utf-8")
 
 
 class DelegationLines:
@@ -279,6 +266,48 @@ def leader_seen_by(agent: Agent) -> str | None:
     none or has no coordinator."""
     leader = agent.leader
     return leader.leader if leader is not None else None
+
+
+def role_line_leader(node: str, role: Role, elector_holder: str | None,
+                     source_leader: str | None) -> str | None:
+    """The leader a role line of ``node`` names. The line is printed as the role
+    changes, before the agent's leader source has read the lease again: an agent
+    turning leader names itself; another names the holder its elector saw last (it
+    read the lease that decided the change), else the one its leader source names,
+    never itself (it just stopped leading or never led); None when neither names
+    another node."""
+    if role is Role.LEADER:
+        return node
+    for named in (elector_holder, source_leader):
+        if named is not None and named != node:
+            return named
+    return None
+
+
+def start_commands(ctl: str, pages: Mapping[str, str], cloud_url: str,
+                   coordinator_url: str) -> list[str]:
+    """Ready-to-paste commands against a sandbox's servers, none of which asks for
+    credentials: ``yurtcoordctl`` (at ``ctl``) per agent's status pages, ``kubectl``
+    against a coordinator apiserver (the pool's leases: the election and the nodes')
+    and against the cloud (its nodes). ``--kubeconfig /dev/null`` keeps a kubeconfig
+    of the user's from adding its credentials or namespace."""
+    kubectl = "kubectl --kubeconfig /dev/null --server"
+    return ([f"{shlex.quote(ctl)} --server {url} status" for url in pages.values()]
+            + [f"{shlex.quote(ctl)} --server {next(iter(pages.values()))} members"]
+            + [f"{kubectl} {coordinator_url} get leases -A",
+               f"{kubectl} {cloud_url} get nodes"])
+
+
+def yurtcoordctl_path() -> str:
+    """The ``yurtcoordctl`` installed beside the Python running the sandbox (the
+    virtualenv's), else the one on PATH."""
+    beside = os.path.join(os.path.dirname(sys.executable), "yurtcoordctl")
+    if not os.access(beside, os.X_OK):
+        return "yurtcoordctl"
+    relative = os.path.relpath(beside)
+    # A path under the working directory reads better (.venv/bin/yurtcoordctl), but
+    # only one with a directory part is run as a path by a shell.
+    return beside if relative.startswith(os.pardir) or os.sep not in relative else relative
 
 
 def cause_of(agent: Agent | None) -> str | None:
@@ -376,6 +405,8 @@ class Sandbox(service.MultiService):
         self.control_url = None
         self._control_port = None
         self._awaiting_renewal = {}
+        # Node -> (sandbox clock when its cloud link was cut, what cut it).
+        self._cuts: dict[str, tuple[float, str]] = {}
         self.started = None
         self._stopping = False
         self._delegation_lines = DelegationLines(
@@ -397,8 +428,12 @@ class Sandbox(service.MultiService):
         return time.strftime("%H:%M:%S", time.localtime(time.time()))
 
     def _role_changed(self, node, previous, role):
-        """One line per role change of one of our agents."""
-        leader = leader_seen_by(self.agents[node])
+        """One line per role change of one of our agents, naming the leader as it
+        stands after the change (``role_line_leader``)."""
+        agent = self.agents[node]
+        elector = agent.hub_elector
+        leader = role_line_leader(node, role, elector.leader if elector is not None else None,
+                                  leader_seen_by(agent))
         self._say(f"{self._clock()} {node}: role {previous.value} -> {role.value} "
                   f"(leader: {leader or 'none yet'})")
 
@@ -503,6 +538,12 @@ class Sandbox(service.MultiService):
                   f"{self.control_url}/coordinator/<0-{self.coordinators.count - 1}>/kill "
                   f"and /restart one of them; {self.control_url}/coordinator shows how "
                   f"healthy each agent finds each of them and the election lease holder")
+        self._say("commands to try, each line pastes as it is:")
+        pages = {node: agent.status_http.url for node, agent in self.agents.items()
+                 if agent.status_http.url is not None}
+        for command in start_commands(yurtcoordctl_path(), pages, cloud_url,
+                                      coordinator_urls[0]):
+            self.write_line(f"    {command}")
 
     # -- the pool etcd (yurtcoord.sim.sandboxetcd) ------------------------------------
 
@@ -627,8 +668,52 @@ class Sandbox(service.MultiService):
                 "leader": leader_seen_by(agent) if agent is not None else None,
                 "cloud_lease_renew_time": self._renew_text(node),
                 "cloud_lease_age_seconds": None if age is None else round(age, 1),
+                "cloud_lease_stale": age is not None and age > CLOUD_LEASE_STALE_AFTER,
+                **self._link_state(node),
             }
         return states
+
+    def _link_state(self, node: str) -> dict[str, Any]:
+        """``cloud_link`` (``up``, ``cut``) of ``node``'s agent and, while cut, for how
+        long on the sandbox's clock (None for a cut the sandbox did not time)."""
+        link = self.cloud_links.get(node)
+        if link is None or not link.is_cut:
+            return {"cloud_link": "up", "cloud_link_cut_seconds": None}
+        cut = self._cuts.get(node)
+        return {"cloud_link": "cut", "cloud_link_cut_seconds": (
+            None if cut is None else round(self.reactor.seconds() - cut[0], 1))}
+
+    def cut_links(self) -> list[dict[str, Any]]:
+        """Every cut cloud link the sandbox tracks: ``node``, ``cut_seconds`` (how long
+        ago, on its clock; None when it did not time it) and ``by`` (what cut it)."""
+        links = []
+        for node in self.nodes:
+            link = self.cloud_links.get(node)
+            if link is None or not link.is_cut:
+                continue
+            at, by = self._cuts.get(node, (None, "cut"))
+            links.append({"node": node, "by": by, "cut_seconds": (
+                None if at is None else round(self.reactor.seconds() - at, 1))})
+        return links
+
+    @defer.inlineCallbacks
+    def control_document(self) -> Generator[defer.Deferred[Any], Any, dict[str, Any]]:
+        """What the control page shows: the nodes (``node_states``), the cut cloud
+        links, the pool etcd with its raft leader marked (``mark_raft_leader``) and
+        the coordinator apiservers (``SandboxCoordinators.state``)."""
+        etcd = self.etcd
+        raft_leader = etcd.raft_leader() if etcd is not None else defer.succeed(None)
+        coordinators = yield self.coordinators.state()
+        leader = yield raft_leader
+        return {
+            "pool": POOL_NAME, "pid": os.getpid(),
+            "kubelet_grace_period": KUBELET_GRACE_PERIOD,
+            "stale_after_seconds": CLOUD_LEASE_STALE_AFTER,
+            "nodes": self.node_states(),
+            "cut_links": self.cut_links(),
+            "etcd": mark_raft_leader(etcd.state(), leader) if etcd is not None else None,
+            "coordinators": coordinators,
+        }
 
     # -- the cloud links -----------------------------------------------------------------
 
@@ -641,6 +726,7 @@ class Sandbox(service.MultiService):
             return None
         self._say(f"{self._clock()} cloud link of {leader} cut: it turns follower, another "
                   f"agent leads and forwards {leader}'s heartbeat to the cloud")
+        self._cuts[leader] = (self.reactor.seconds(), "SIGUSR1")
         return self.cloud_links[leader].cut()
 
     def restore_clouds(self) -> None:
@@ -648,6 +734,7 @@ class Sandbox(service.MultiService):
         cut = sorted(node for node, link in self.cloud_links.items() if link.is_cut)
         for node in cut:
             self.cloud_links[node].restore()
+        self._cuts.clear()
         self._say(f"{self._clock()} cloud links restored: {', '.join(cut) or 'none was cut'}")
 
     def _start_failed(self, failure):

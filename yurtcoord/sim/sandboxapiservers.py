@@ -250,7 +250,8 @@ class SandboxCoordinators:
             action = "kill" if server["running"] else "restart"
             rows.append(
                 f"<tr><td>{index}</td><td>{html.escape(server['url'] or '-')}</td>"
-                f"<td>{'running' if server['running'] else 'down'}</td>"
+                f"<td class='{'yes' if server['running'] else 'no'}'>"
+                f"{'running' if server['running'] else 'down'}</td>"
                 f"<td>{html.escape(', '.join(server['healthy_to']) or '-')}</td>"
                 f"<td><form method='post' action='/coordinator/{index}/{action}'>"
                 f"<button>{action}</button></form></td></tr>")
@@ -265,7 +266,7 @@ class SandboxCoordinators:
             agent_rows.append(f"<tr><td>{html.escape(node)}</td><td>{health}</td></tr>")
         lease = state["election_lease"]
         return (
-            "<h2>coordinator apiservers</h2>"
+            "<h2>Coordinator apiservers</h2>"
             "<p>Each serves the pool etcd. Every agent has every one in <code>"
             "[coordinator] server</code> and writes through one that is healthy. Kill "
             "one: the agents that used it move to another and stay ready, the pool "
@@ -274,9 +275,9 @@ class SandboxCoordinators:
             f"{html.escape(lease['holder'] or '-')}"
             f"{' (not read: ' + html.escape(lease['unread']) + ')' if lease['unread'] else ''}"
             ".</p>"
-            "<table border='1' cellpadding='4'><tr><th>#</th><th>URL</th><th>state</th>"
+            "<table><tr><th>#</th><th>URL</th><th>state</th>"
             "<th>healthy to</th><th></th></tr>" + "".join(rows) + "</table>"
-            "<table border='1' cellpadding='4'><tr><th>agent</th>"
+            "<table><tr><th>agent</th>"
             "<th>its coordinator apiservers (its /status)</th></tr>"
             + "".join(agent_rows) + "</table>")
 

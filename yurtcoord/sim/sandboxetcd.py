@@ -19,17 +19,21 @@ and, per agent, its storage list and the member its pool store uses now (the age
 """
 
 import html
+import io
 import json
 from typing import Any, Callable, Generator, Mapping, Sequence
 
 from twisted.internet import defer
 from twisted.logger import Logger
 from twisted.python.failure import Failure
+from twisted.web import client
+from twisted.web.http_headers import Headers
 from twisted.web.server import NOT_DONE_YET, Request
 
 from yurtcoord.sim.etcd import (
     EtcdCluster, EtcdFixtureError, EtcdProcess, EtcdStartError, etcd_binary_at,
 )
+from yurtcoord.tx.twisted_private import QuietHTTPConnectionPool
 
 # Members of the pool etcd cluster by default: one may be lost with the pool still
 # served. ``--sandbox-etcd-members 1`` runs one, for a small machine.
@@ -39,6 +43,9 @@ ETCD_START_TIMEOUT = 30.0
 ETCD_STOP_TIMEOUT = 10.0
 # Seconds the "kill the raft leader" control waits for a member to name the leader.
 LEADER_TIMEOUT = 10.0
+# Seconds the control page waits for a member to tell its raft status (it asks every
+# second).
+RAFT_STATUS_TIMEOUT = 1.0
 
 _log = Logger()
 
@@ -82,6 +89,8 @@ class SandboxEtcd:
         # Indexes of members with a kill or restart under way.
         self._busy: set[int] = set()
         self._stopping = False
+        # The control page's status requests, without a factory line for each.
+        self._status_pool = QuietHTTPConnectionPool(reactor, persistent=False)
 
     @property
     def members(self) -> list[EtcdProcess]:
@@ -235,23 +244,56 @@ class SandboxEtcd:
                        for node, (storage, current) in sorted(agents.items())},
         }
 
-    def page_section(self) -> str:
-        """The control page's etcd part: a row per member with the agents using it and
-        its buttons."""
-        state = self.state()
+    def raft_leader(self) -> "defer.Deferred[str | None]":
+        """The client URL of the member that is the raft leader now, as the running
+        members tell it (``/v3/maintenance/status``, each within
+        ``RAFT_STATUS_TIMEOUT``): the control page marks it. None while no member
+        names itself leader (an election under way, or none answered). Asked over
+        HTTP, not with etcdctl as ``kill_leader`` does, because the page asks every
+        second."""
+        agent = client.Agent(self.reactor, pool=self._status_pool,
+                             connectTimeout=RAFT_STATUS_TIMEOUT)
+        asks = [self._member_status(agent, member.client_url)
+                for member in self.members if member.is_running()]
+        gathered: "defer.Deferred[list[tuple[str, Any]]]" = defer.gatherResults(asks)
+        return gathered.addCallback(lambda answers: raft_leader_of(
+            {url: answer for url, answer in answers if isinstance(answer, dict)}))
+
+    def _member_status(self, agent: client.Agent,
+                       url: str) -> "defer.Deferred[tuple[str, Any]]":
+        """``(url, the member's status answer)``; None as the answer when it gave none
+        in time or an unreadable one."""
+        d: "defer.Deferred[Any]" = agent.request(
+            b"POST", f"{url}/v3/maintenance/status".encode("ascii"),
+            Headers({b"content-type": [b"application/json"]}),
+            client.FileBodyProducer(io.BytesIO(b"{}")))
+        d.addCallback(client.readBody)
+        d.addTimeout(RAFT_STATUS_TIMEOUT, self.reactor)
+        d.addCallback(json.loads)
+        d.addErrback(lambda _failure: None)
+        return d.addCallback(lambda answer: (url, answer))
+
+    @staticmethod
+    def page_section(state: Mapping[str, Any]) -> str:
+        """The control page's etcd part for ``state()`` marked by
+        ``mark_raft_leader``: a row per member with the agents using it and its
+        buttons, the raft leader badged."""
         rows = []
         for member in state["members"]:
             index = member["index"]
             action = "kill" if member["running"] else "restart"
+            leader = ('<span class="role-leader">raft leader</span>'
+                      if member.get("raft_leader") else "")
+            pid = member["pid"] if member["running"] else '<span class="no">down</span>'
             rows.append(
-                f"<tr><td>{index}</td><td>{html.escape(member['name'])}</td>"
+                f"<tr data-member='{html.escape(member['name'])}'><td>{index}</td>"
+                f"<td>{html.escape(member['name'])}</td><td>{leader}</td>"
                 f"<td>{html.escape(member['url'])}</td>"
-                f"<td>{member['pid'] if member['running'] else 'down'}</td>"
-                f"<td>{html.escape(', '.join(member['agents']) or '-')}</td>"
+                f"<td>{pid}</td><td>{html.escape(', '.join(member['agents']) or '-')}</td>"
                 f"<td><form method='post' action='/etcd/{index}/{action}'>"
                 f"<button>{action}</button></form></td></tr>")
         return (
-            "<h2>pool etcd</h2>"
+            "<h2>Pool etcd</h2>"
             "<p>Every agent has every member in <code>[coordinator] storage</code> and "
             "uses one at a time. Kill a member: the agents that used it move on to the "
             "next one, and if it was the raft leader the others elect a new one first. "
@@ -259,8 +301,9 @@ class SandboxEtcd:
             "restarted.</p>"
             "<form method='post' action='/etcd/leader/kill'>"
             "<button>kill the raft leader</button></form>"
-            "<table border='1' cellpadding='4'><tr><th>#</th><th>member</th><th>URL</th>"
-            "<th>pid</th><th>used by</th><th></th></tr>" + "".join(rows) + "</table>")
+            "<table><thead><tr><th>#</th><th>member</th><th>raft</th><th>URL</th>"
+            "<th>pid</th><th>used by</th><th></th></tr></thead><tbody>" + "".join(rows)
+            + "</tbody></table>")
 
     def render_post(self, request: Request, path: Sequence[str]) -> bytes | int:
         """``POST /etcd/<index>/kill``, ``/etcd/<index>/restart`` or
@@ -285,6 +328,25 @@ class SandboxEtcd:
         if path[1] == "kill":
             return lambda: self.kill(index)
         return lambda: self.restart(index)
+
+
+def raft_leader_of(answers: Mapping[str, Mapping[str, Any]]) -> str | None:
+    """The URL of the member whose status answer names itself the raft leader, of
+    ``{member URL: its /v3/maintenance/status answer}``; None when none does."""
+    for url, answer in answers.items():
+        header = answer.get("header")
+        own = header.get("member_id") if isinstance(header, Mapping) else None
+        if own is not None and own == answer.get("leader"):
+            return url
+    return None
+
+
+def mark_raft_leader(state: Mapping[str, Any], leader: str | None) -> dict[str, Any]:
+    """``state()`` with the raft leader ``leader`` (a client URL, or None) marked on
+    its member and named as ``raft_leader``."""
+    return {**state, "raft_leader": leader,
+            "members": [{**member, "raft_leader": member["url"] == leader}
+                        for member in state["members"]]}
 
 
 def answer_later(request: Request, body: "defer.Deferred[bytes]", what: str,

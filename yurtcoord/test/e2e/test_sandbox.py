@@ -22,6 +22,7 @@ lease with its holder, and a restarted one is healthy to every agent again."""
 import json
 import os
 import re
+import shlex
 import shutil
 import signal
 
@@ -68,6 +69,8 @@ COORDINATORS_LINE = re.compile(
 CONTROL_LINE = re.compile(
     r"^\[sandbox\] control page (http://127\.0\.0\.1:\d+)/ stops and starts each agent's "
     r"stand-in kubelet \(kubelet grace period (\S+), heartbeat interval (\S+)\)", re.M)
+COMMANDS_LINE = "[sandbox] commands to try, each line pastes as it is:\n"
+COMMAND_LINE = re.compile(r"^    (\S.*)$", re.M)
 ALL_READY_LINE = re.compile(
     r"^\[sandbox\] \d\d:\d\d:\d\d pool \S+: all (\d+) agents ready after ([\d.]+)s, "
     r"leader (\S+)$", re.M)
@@ -201,6 +204,10 @@ class SandboxTests(unittest.TestCase):
                 self.assertEqual(new, old, f"role lines of {node} do not chain: {mine}")
         leader_lines = [(n, named) for n, _old, new, named in lines if new == "leader"]
         self.assertEqual(leader_lines[-1], (leader, leader))
+        # Every agent turning leader names itself, though its leader source has not
+        # read the lease it just took yet.
+        self.assertEqual([named for _n, named in leader_lines],
+                         [n for n, _named in leader_lines], lines)
 
     @defer.inlineCallbacks
     def check_pool_etcd(self, run, nodes, member_url=None, more_keys=()):
@@ -302,6 +309,7 @@ class SandboxTests(unittest.TestCase):
         code, body = yield self.reader.get(pages[leader], "")
         self.assertEqual(code, 200)
         self.assertIn(f'data-field="leader" data-kind="text">{leader}<'.encode(), body)
+        yield self.check_printed_commands(run, pages, leader)
 
         failover_took = yield self.cut_and_restore_the_leaders_cloud(run, pages, leader)
         stop_took = yield self.stop_and_check_clean(run, "INT", pages)
@@ -639,6 +647,24 @@ class SandboxTests(unittest.TestCase):
             lambda: re.search(rf"{new_leader}: delegating heartbeats of nodes without the "
                               r"cloud", run.output.split(f"cloud link of {leader} cut")[1]),
             OUTPUT_DEADLINE, 0.05, reactor, what=f"{new_leader}'s delegation line")
+        # The control page shows the cut, the new pool leader and the raft leader.
+        seen = []
+
+        @defer.inlineCallbacks
+        def raft_leader_told():
+            code, body = yield self.reader.get(self.control_url(run), "page.json")
+            self.assertEqual(code, 200, body)
+            seen[:] = [json.loads(body)["state"]]
+            return seen[0]["etcd"]["raft_leader"] is not None
+
+        yield poll_until(raft_leader_told, OUTPUT_DEADLINE, 0.2, reactor,
+                         what="the control page naming the raft leader")
+        state = seen[0]
+        self.assertEqual([link["node"] for link in state["cut_links"]], [leader])
+        self.assertEqual(state["nodes"][leader]["cloud_link"], "cut")
+        self.assertEqual([n for n, s in state["nodes"].items() if s["role"] == "leader"],
+                         [new_leader])
+        self.assertIn(state["etcd"]["raft_leader"], run.etcd_urls())
 
         run.child.transport.signalProcess(signal.SIGUSR2)
 
@@ -651,6 +677,31 @@ class SandboxTests(unittest.TestCase):
                          what=f"{leader} with the cloud again, following {new_leader}")
         self.assertIn(f"cloud links restored: {leader}", run.output)
         return failover_took
+
+    @defer.inlineCallbacks
+    def check_printed_commands(self, run, pages, leader):
+        """The commands printed at start run as pasted, from the sandbox's working
+        directory with an empty HOME: ``yurtcoordctl`` reads each agent, ``kubectl``
+        lists the election lease on a coordinator apiserver and the nodes in the
+        cloud."""
+        self.assertIn(COMMANDS_LINE, run.output)
+        printed = COMMAND_LINE.findall(run.output.split(COMMANDS_LINE, 1)[1])
+        home = os.path.abspath(self.mktemp())
+        os.makedirs(home)
+        env = {"HOME": home, "PATH": os.environ.get("PATH", "/usr/bin:/bin")}
+        expected = {**{f"--server {url} status": leader for url in pages.values()},
+                    "members": "edge-3", "get leases -A": ELECTION_LEASE_NAME,
+                    "get nodes": "edge-3"}
+        for command in printed:
+            words = shlex.split(command)
+            if words[0] == "kubectl":
+                words[0] = KUBECTL
+            out, err, code = yield getProcessOutputAndValue(
+                words[0], words[1:], env=env, path=run.tmpdir)
+            self.assertEqual(code, 0, (command, out, err))
+            wanted = next(text for end, text in expected.items() if command.endswith(end))
+            self.assertIn(wanted.encode(), out, command)
+        self.assertEqual(len(printed), len(expected), printed)
 
     @defer.inlineCallbacks
     def test_two_agent_pool_kubelet_control_and_stop_on_sigterm(self):

@@ -3,12 +3,17 @@ signal that comes before the handlers, where the etcd binary is looked up, what 
 cloud is seeded with, the coordinator apiservers' controls and what the control page
 shows of them, the age of each node's cloud lease on the control page (counted on the
 sandbox's clock from the change of renewTime it saw, also when the writers' clocks are
-minutes off), and the lines that say when heartbeat delegation starts and ends."""
+minutes off), and the lines that say when heartbeat delegation starts and ends; the
+leader a role line names, the commands printed at start, and the control page (styled
+as the pool page, refreshed from ``page.json`` without a reload, marking the pool and
+raft leaders, stale cloud leases and cut cloud links)."""
 
+import json
 import os
 import signal
+from types import SimpleNamespace
 
-from twisted.internet import reactor
+from twisted.internet import defer, reactor
 from twisted.internet.interfaces import IReactorCore, IReactorFromThreads
 from twisted.internet.task import Clock
 from twisted.internet.testing import MemoryReactorClock
@@ -26,10 +31,16 @@ from yurtcoord.names import (
     DELEGATE_HEARTBEAT_ANNOTATION, ELECTION_LEASE_NAME, ELECTION_LEASE_NAMESPACE,
     NODE_LEASE_NAMESPACE, NODE_POOL_LABEL,
 )
+from yurtcoord.agent.status import POOL_PAGE_STYLE
+from yurtcoord.role.roles import Role
 from yurtcoord.sim.sandbox import (
-    DELEGATION_QUIET_PERIOD, SEEDED_SERVICES, DelegationLines, Sandbox, find_etcd_binary, seed_cloud,
+    CLOUD_LEASE_STALE_AFTER, DELEGATION_QUIET_PERIOD, SEEDED_SERVICES, DelegationLines,
+    KubeletControlPage, Sandbox, find_etcd_binary, role_line_leader, seed_cloud,
+    start_commands,
 )
 from yurtcoord.sim.sandboxapiservers import ELECTION_READ_TIMEOUT, SandboxCoordinators
+from yurtcoord.sim.sandboxetcd import SandboxEtcd, mark_raft_leader, raft_leader_of
+from yurtcoord.sim.sandboxpage import SECTIONS, render_control_page
 from yurtcoord.sim.apiserver import KubeAPIServer
 from yurtcoord.sim.kubelet import IKubeletStandIn, StandInKubelet
 from yurtcoord.testing.fakehealth import FakeHealth
@@ -302,3 +313,207 @@ class DelegationLinesTests(unittest.TestCase):
         self.assertEqual(self.clock.getDelayedCalls(), [])
         self.clock.advance(DELEGATION_QUIET_PERIOD)
         self.assertEqual(len(self.lines), 1)
+
+
+class RoleLineTests(unittest.TestCase):
+    """A role line names the leader as it stands after the change, although the
+    agent's leader source has not read the lease again yet."""
+
+    def test_the_leader_each_role_line_names(self):
+        self.assertEqual(role_line_leader("edge-1", Role.LEADER, None, None), "edge-1")
+        self.assertEqual(role_line_leader("edge-1", Role.LEADER, "edge-2", "edge-2"), "edge-1")
+        # A follower names the holder its elector saw, then the leader source's.
+        self.assertEqual(role_line_leader("edge-1", Role.FOLLOWER, "edge-2", None), "edge-2")
+        self.assertEqual(role_line_leader("edge-1", Role.FOLLOWER, None, "edge-3"), "edge-3")
+        # An agent that just stopped leading never names itself.
+        self.assertEqual(role_line_leader("edge-1", Role.FOLLOWER, "edge-1", "edge-1"), None)
+        self.assertEqual(role_line_leader("edge-1", Role.PENDING, "edge-1", "edge-2"), "edge-2")
+
+    def test_the_line_of_an_agent_turning_leader_names_it(self):
+        lines = []
+        sandbox = Sandbox(Clock(), lines.append, agent_count=2)
+        # As when the line is printed: the elector won, the leader source still knows
+        # of no leader (its read of the lease is on the way).
+        sandbox.agents["edge-1"] = FakeAgent(Role.LEADER, elector_holder="edge-1",
+                                             source_leader=None)
+        sandbox._role_changed("edge-1", Role.FOLLOWER, Role.LEADER)
+        self.assertRegex(lines[-1], r"^\[sandbox\] \d\d:\d\d:\d\d edge-1: role follower -> "
+                                    r"leader \(leader: edge-1\)$")
+        sandbox.agents["edge-2"] = FakeAgent(Role.FOLLOWER, elector_holder="edge-1",
+                                             source_leader=None)
+        sandbox._role_changed("edge-2", Role.INIT, Role.FOLLOWER)
+        self.assertTrue(lines[-1].endswith("edge-2: role init -> follower (leader: edge-1)"),
+                        lines[-1])
+
+
+class StartCommandsTests(unittest.TestCase):
+    """The commands printed at start: yurtcoordctl per agent, kubectl against a
+    coordinator apiserver and the cloud, none needing credentials."""
+
+    def test_commands(self):
+        commands = start_commands(
+            ".venv/bin/yurtcoordctl",
+            {"edge-1": "http://127.0.0.1:9001", "edge-2": "http://127.0.0.1:9002"},
+            "http://127.0.0.1:8001", "http://127.0.0.1:8002")
+        self.assertEqual(commands, [
+            ".venv/bin/yurtcoordctl --server http://127.0.0.1:9001 status",
+            ".venv/bin/yurtcoordctl --server http://127.0.0.1:9002 status",
+            ".venv/bin/yurtcoordctl --server http://127.0.0.1:9001 members",
+            "kubectl --kubeconfig /dev/null --server http://127.0.0.1:8002 get leases -A",
+            "kubectl --kubeconfig /dev/null --server http://127.0.0.1:8001 get nodes",
+        ])
+        # A path with a space pastes as one word.
+        self.assertTrue(start_commands("/opt/my env/yurtcoordctl", {"edge-1": "http://x:1"},
+                                       "http://c", "http://p")[0].startswith(
+            "'/opt/my env/yurtcoordctl' --server"))
+
+
+class FakeAgent:
+    """What the sandbox reads of an agent: its role, its elector's holder, its leader
+    source, its kubelet check and its ``/status`` cause."""
+
+    def __init__(self, role, elector_holder=None, source_leader=None):
+        self.coordinator = SimpleNamespace(role=role)
+        self.hub_elector = SimpleNamespace(leader=elector_holder)
+        self.leader = SimpleNamespace(leader=source_leader)
+        self.kubelet_checker = SimpleNamespace(is_alive=lambda: True)
+        self.status_source = SimpleNamespace(status=lambda: {
+            "cause": None, "coordinator_servers": {"http://127.0.0.1:8002": True}})
+
+
+class FakeLink:
+    """A cloud link that is cut or not."""
+
+    is_cut = False
+
+    def cut(self):
+        self.is_cut = True
+        return defer.succeed([])
+
+    def restore(self):
+        self.is_cut = False
+
+
+class ControlPageTests(unittest.TestCase):
+    """The control page and ``page.json`` of a sandbox of two nodes on a Clock (no
+    socket): edge-1 leads, its cloud lease is written by a clock 300 s ahead of the
+    sandbox's and stops changing; edge-2's, 120 s behind, goes on changing."""
+
+    def setUp(self):
+        self.clock = Clock()
+        self.clock.advance(1_800_000_000.0)
+        self.sandbox = Sandbox(self.clock, lambda _line: None, agent_count=2)
+        for node in self.sandbox.nodes:
+            self.sandbox.kubelets[node] = StandInKubelet(self.clock)
+            self.sandbox.cloud_links[node] = FakeLink()
+        self.sandbox.agents["edge-1"] = FakeAgent(Role.LEADER, "edge-1", "edge-1")
+        self.sandbox.agents["edge-2"] = FakeAgent(Role.FOLLOWER, "edge-1", "edge-1")
+        self.sandbox.follow_cloud_leases()
+        self.addCleanup(lambda: self.sandbox._lease_watch.cancel())
+        self.offsets = {"edge-1": +300.0, "edge-2": -120.0}
+
+    def renew(self, node):
+        renewed = self.clock.seconds() + self.offsets[node]
+        store = self.sandbox.cloud.store
+        lease = build_lease(node, NODE_LEASE_NAMESPACE, LeaseRecord(node, 40, None, renewed))
+        current = store.get(LEASES, node, NODE_LEASE_NAMESPACE)
+        if current is None:
+            store.create(LEASES, lease)
+        else:
+            store.update(LEASES, dict(lease, metadata=current["metadata"]))
+
+    def get(self, path):
+        request = DummyRequest([path.encode()] if path else [])
+        request.path = b"/" + path.encode()
+        body = KubeletControlPage(self.sandbox).render_GET(request)
+        self.assertEqual(request.responseCode or 200, 200)
+        return b"".join(request.written) if isinstance(body, int) else body
+
+    def page(self):
+        return self.get("").decode("utf-8")
+
+    def test_page_looks_like_the_pool_page_and_updates_from_page_json_without_reload(self):
+        page = self.page()
+        self.assertIn(f"<style>{POOL_PAGE_STYLE}</style>", page)
+        self.assertNotIn("http-equiv", page)
+        self.assertIn('fetch("page.json"', page)
+        self.assertIn("setInterval(refresh, 1000)", page)
+        for section in SECTIONS:
+            self.assertIn(f'id="{section}"', page)
+        document = json.loads(self.get("page.json"))
+        self.assertEqual(set(document["sections"]), set(SECTIONS))
+        self.assertEqual(sorted(document["state"]["nodes"]), ["edge-1", "edge-2"])
+        # The sections the script puts in place are the ones the page was drawn with.
+        self.assertIn(document["sections"]["nodes"], page)
+
+    def test_pool_leader_marked(self):
+        page = self.page()
+        self.assertIn('data-node="edge-1" data-role="leader"', page)
+        self.assertEqual(page.count("<span class=\"role-leader\">pool leader</span>"), 1)
+        self.assertRegex(page, r'<span class="label">pool leader</span>'
+                               r'<span class="value role-leader">edge-1</span>')
+
+    def test_stale_lease_highlighted_by_the_change_seen_on_the_sandbox_clock(self):
+        # Both renew every second; the page shows no stale lease.
+        for _ in range(5):
+            self.renew("edge-1")
+            self.renew("edge-2")
+            self.clock.advance(1)
+        self.assertNotIn("STALE", self.page())
+        # edge-1 stops renewing: its renewTime is still 300 s ahead of the sandbox's
+        # clock, yet it is stale once not seen to change for more than
+        # CLOUD_LEASE_STALE_AFTER (its age is that now).
+        for _ in range(int(CLOUD_LEASE_STALE_AFTER) - 1):
+            self.renew("edge-2")
+            self.clock.advance(1)
+        self.assertNotIn("STALE", self.page())
+        self.renew("edge-2")
+        self.clock.advance(0.5)
+        page = self.page()
+        self.assertIn('<tr class="stale" data-node="edge-1" data-role="leader" '
+                      'data-stale="true"', page)
+        self.assertIn('<tr class="node" data-node="edge-2" data-role="follower" '
+                      'data-stale="false"', page)
+        self.assertEqual(page.count('<span class="badge">STALE</span>'), 1)
+        state = json.loads(self.get("page.json"))["state"]["nodes"]
+        self.assertEqual((state["edge-1"]["cloud_lease_stale"],
+                          state["edge-2"]["cloud_lease_stale"]), (True, False))
+
+    def test_cut_link_shown_with_how_long_ago_until_restored(self):
+        self.assertNotIn("CUT", self.page())
+        self.assertIn('<ul id="links" hidden>', self.page())
+        self.sandbox.cut_leader_cloud()
+        self.clock.advance(12.5)
+        page = self.page()
+        self.assertIn('data-link="cut"', page)
+        self.assertEqual(page.count('<span class="badge">CUT</span>'), 1)
+        self.assertIn('<li class="no" data-cut="edge-1">cloud link of edge-1 cut 12.5 s ago '
+                      '(SIGUSR1)', page)
+        self.assertEqual(json.loads(self.get("page.json"))["state"]["cut_links"],
+                         [{"node": "edge-1", "by": "SIGUSR1", "cut_seconds": 12.5}])
+        self.sandbox.restore_clouds()
+        self.assertNotIn("CUT", self.page())
+        self.assertEqual(json.loads(self.get("page.json"))["state"]["cut_links"], [])
+
+    def test_raft_leader_marked(self):
+        answers = {
+            "http://127.0.0.1:1": {"header": {"member_id": "11"}, "leader": "22"},
+            "http://127.0.0.1:2": {"header": {"member_id": "22"}, "leader": "22"},
+        }
+        self.assertEqual(raft_leader_of(answers), "http://127.0.0.1:2")
+        self.assertIsNone(raft_leader_of({"http://127.0.0.1:1": {"header": {"member_id": "1"}}}))
+        state = {"members": [
+            {"index": index, "name": f"member-{index}", "url": f"http://127.0.0.1:{index + 1}",
+             "pid": 100 + index, "running": True, "agents": []} for index in range(2)],
+            "agents": {}}
+        marked = mark_raft_leader(state, "http://127.0.0.1:2")
+        self.assertEqual([m["raft_leader"] for m in marked["members"]], [False, True])
+        section = SandboxEtcd.page_section(marked)
+        self.assertEqual(section.count("raft leader</span>"), 1)
+        self.assertIn("<td>member-1</td><td><span class=\"role-leader\">raft leader</span>",
+                      section)
+        document = self.successResultOf(self.sandbox.control_document())
+        document["etcd"] = marked
+        self.assertRegex(render_control_page(document).decode(),
+                         r'<span class="label">raft leader</span>'
+                         r'<span class="value role-leader">member-1</span>')
