@@ -35,7 +35,7 @@ class PromtoolTests(unittest.TestCase):
 
     def test_check_rules_refuses_a_broken_expression(self):
         document = rules_document()
-        document["groups"][1]["rules"][0]["expr"] = "sum by (pool) ("
+        document["groups"][0]["rules"][-1]["expr"] = "sum by (pool) ("
         result = promtool("check", "rules", self.write("broken.yaml", dump(document)))
         self.assertNotEqual(result.returncode, 0)
 
