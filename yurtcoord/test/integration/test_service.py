@@ -100,8 +100,8 @@ class AgentServiceTests(unittest.TestCase):
             stage.stopService = recording
         yield agent.stopService()
 
-        self.assertEqual(stopped, ["hub-elector", "coordinator", "probes", "clients",
-                                   "reactor-lag", "status-http"])
+        self.assertEqual(stopped, ["hub-elector", "election-lease-reader", "coordinator",
+                                   "probes", "clients", "reactor-lag", "status-http"])
         record = self.world.election_lease()
         self.assertEqual(record.holder_identity, "")
         self.assertEqual(record.lease_duration_seconds, 1)
@@ -259,8 +259,12 @@ class AgentServiceTests(unittest.TestCase):
         kubelet.code = 500
         status = yield self.wait_for_status(
             agent, "edge-1 pending with a dead kubelet", lambda s: s["role"] == "pending")
-        self.assertEqual(status["cloud"], {self.world.cloud.url: False})
-        self.assertFalse(status["coordinator_healthy"])
+        # Its servers are not probed while the kubelet is dead: named as the cause,
+        # not reported unhealthy.
+        self.assertEqual(status["cloud"], {self.world.cloud.url: None})
+        self.assertIsNone(status["coordinator_healthy"])
+        self.assertEqual(status["cause"]["kind"], "kubelet_dead")
+        self.assertIn("kubelet dead", status["servers_not_probed"])
 
         kubelet.code = 200
         yield self.wait_for_status(agent, "edge-1 leading again",
