@@ -222,7 +222,7 @@ class PoolPageTests(unittest.TestCase):
 
     @defer.inlineCallbacks
     def test_page_renders_the_pool_view_escaped(self):
-        source = ChangingLeaderStatus(EVIL_NODE, None, None)
+        source = ChangingLeaderStatus(EVIL_NODE, "edge-3", "edge-3")
         view = ChangingPoolView(pool_document(stale=("edge-3",)))
         verifyObject(IPoolView, view)
         view.document()
@@ -233,7 +233,8 @@ class PoolPageTests(unittest.TestCase):
         self.assertNotIn("<evil>", page)
         self.assertIn("&lt;evil&gt;", page)
         self.assertIn("no healthy &lt;cloud&gt; server", page)
-        # The follower's own election saw no leader: the coordinator's lease names it.
+        # The leader /status names: the one source every surface reads (the election
+        # lease as last read), the one /pool names too.
         self.assertEqual(LEADER_FIELD.findall(page), ["edge-3"])
         self.assertEqual(STALE_ROW.findall(page), ["edge-3"])
         self.assertEqual(len(MEMBER_ROW.findall(page)), 3)
@@ -268,7 +269,7 @@ class PoolPageTests(unittest.TestCase):
 
     @defer.inlineCallbacks
     def test_chromium_shows_members_leader_timeline_and_a_member_going_stale(self):
-        source = ChangingLeaderStatus("edge-2", None, None)
+        source = ChangingLeaderStatus("edge-2", "edge-3", "edge-3")
         view = ChangingPoolView(pool_document(), pool_document(stale=("edge-3",)))
         base = self.serve(source, view)
         directory = os.path.abspath(self.mktemp())
