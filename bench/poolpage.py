@@ -50,10 +50,11 @@ def serve(cloud_url, coordinator_url):
     from twisted.protocols.basic import LineReceiver
 
     from yurtcoord.agent.metrics import Metrics
-    from yurtcoord.agent.poolview import LeaderHistory, PoolView
+    from yurtcoord.agent.poolview import PoolView
     from yurtcoord.agent.status import status_site
     from yurtcoord.kube.client import ClientConfig, KubeClient
     from yurtcoord.names import ELECTION_LEASE_NAME, ELECTION_LEASE_NAMESPACE
+    from yurtcoord.role.leadersource import ElectionLeader
 
     class Follower:
         role, healthy, ready = "follower", True, True
@@ -73,7 +74,7 @@ def serve(cloud_url, coordinator_url):
     view = PoolView(reactor, source, "edge-0000", "pool-a", coordinator, cloud,
                     lambda: True, lambda _prefix: defer.succeed(0), "/registry",
                     lambda: (), (ELECTION_LEASE_NAMESPACE, ELECTION_LEASE_NAME),
-                    stale_after=20.0, history=LeaderHistory(reactor, "edge-0000"))
+                    20.0, ElectionLeader(reactor))
     port = reactor.listenTCP(0, status_site(source, Metrics("edge-0000", "pool-a"),
                                             reactor, view), interface="127.0.0.1")
 
