@@ -181,14 +181,15 @@ class _Side(protocol.ProcessProtocol):
 
 class Tracker:
     """What the bench process keeps: every renewal the pool side wrote (``renewed``
-    lines) matched with the cloud side's ``seen`` line for the same renewTime. The
-    two arrive on different pipes, so a renewal seen in the cloud before its own line
-    arrived waits in ``early``."""
+    lines) matched with the cloud side's next ``seen`` line for that node. The cloud's
+    renewTime is the leader's own time, not the node's (docs/design.md, "Clocks"), so
+    a cloud write is matched to the node's newest pool write before it, not by its
+    renewTime. The two arrive on different pipes, so a cloud write seen before the
+    line of the renewal it forwards arrived waits in ``early``."""
 
     def __init__(self):
-        self.pending = {}  # (name, renewTime text) -> pool write time
-        self.newest = {}  # name -> renewTime text last written to the pool
-        self.early = {}  # (name, renewTime text) -> cloud time, its renewal not yet known
+        self.pending = {}  # name -> pool write time of its newest renewal not yet in the cloud
+        self.early = {}  # name -> cloud time of a write whose renewal is not yet known
         self.latencies = []  # (pool write time, seconds to the cloud)
         self.superseded = 0
         self.renewed = 0
@@ -198,31 +199,28 @@ class Tracker:
 
     def pool_line(self, words):
         if words[0] == "renewed":
-            self._track(words[1], words[2], float(words[3]))
+            self._track(words[1], float(words[3]))
         elif words[0] == "election":
             self.election_holder = words[1] if len(words) > 1 else None
 
-    def _track(self, name, renew, at):
-        previous = self.newest.get(name)
-        if previous is not None and self.pending.pop((name, previous), None) is not None:
+    def _track(self, name, at):
+        if self.pending.pop(name, None) is not None:
             self.superseded += 1
-        self.newest[name] = renew
         self.renewed += 1
-        seen_at = self.early.pop((name, renew), None)
-        if seen_at is None:
-            self.pending[(name, renew)] = at
-        else:
+        seen_at = self.early.pop(name, None)
+        if seen_at is not None and seen_at >= at:
             self._arrived(at, seen_at)
+        else:
+            self.pending[name] = at
 
     def cloud_line(self, words):
         if words[0] != "seen":
             return
-        name, renew, seen_at = words[1], words[2], float(words[3])
+        name, seen_at = words[1], float(words[3])
         self.in_cloud.add(name)
-        written_at = self.pending.pop((name, renew), None)
+        written_at = self.pending.pop(name, None)
         if written_at is None:
-            if self.newest.get(name) != renew:
-                self.early[(name, renew)] = seen_at
+            self.early[name] = seen_at
             return
         self._arrived(written_at, seen_at)
 
