@@ -39,6 +39,7 @@ from yurtcoord.sim.sandbox import (
     CACHED_PODS, HEARTBEAT_INTERVAL, KUBELET_GRACE_PERIOD, SEEDED_SERVICES,
 )
 from yurtcoord.testing.twistd import TWISTD, TwistdProcess, child_environment, port_is_free
+from yurtcoord.testing.chromium import LEADER_FIELD, PNG_MAGIC, run_chromium
 from yurtcoord.testing.poll import poll_until
 from yurtcoord.testing.agentpages import StatusReader, wait_for_statuses
 
@@ -665,6 +666,7 @@ class SandboxTests(unittest.TestCase):
         self.assertEqual([n for n, s in state["nodes"].items() if s["role"] == "leader"],
                          [new_leader])
         self.assertIn(state["etcd"]["raft_leader"], run.etcd_urls())
+        yield self.pages_in_chromium_during_the_cut(run, pages, leader, new_leader)
 
         run.child.transport.signalProcess(signal.SIGUSR2)
 
@@ -677,6 +679,37 @@ class SandboxTests(unittest.TestCase):
                          what=f"{leader} with the cloud again, following {new_leader}")
         self.assertIn(f"cloud links restored: {leader}", run.output)
         return failover_took
+
+    @defer.inlineCallbacks
+    def pages_in_chromium_during_the_cut(self, run, pages, leader, new_leader):
+        """What an operator sees during the cut, in headless Chromium after the pages'
+        scripts ran: a screenshot of the control page and of the cut agent's pool
+        page, and their DOM: the control page marks the cut link and the new pool
+        leader; the cut agent's pool page names the new leader."""
+        directory = os.path.abspath(self.mktemp())
+        os.makedirs(directory)
+        for name, url in (("control", self.control_url(run) + "/"),
+                          ("pool", pages[leader] + "/")):
+            shot = os.path.join(directory, f"{name}-page.png")
+            code, _out, err = yield run_chromium(
+                self, reactor, f"--screenshot={shot}", "--window-size=1200,900",
+                "--virtual-time-budget=3000", url)
+            self.assertEqual(code, 0, err.decode("utf-8", "replace")[-2000:])
+            with open(shot, "rb") as handle:
+                png = handle.read()
+            self.assertTrue(png.startswith(PNG_MAGIC), (name, png[:16]))
+            self.assertEqual((int.from_bytes(png[16:20], "big"),
+                              int.from_bytes(png[20:24], "big")), (1200, 900), name)
+        code, dom, err = yield run_chromium(self, reactor, "--virtual-time-budget=3000",
+                                            "--dump-dom", self.control_url(run) + "/")
+        self.assertEqual(code, 0, err.decode("utf-8", "replace")[-2000:])
+        dom = dom.decode("utf-8")
+        self.assertRegex(dom, rf'data-node="{leader}"[^>]*data-link="cut"')
+        self.assertRegex(dom, rf'data-node="{new_leader}" data-role="leader"')
+        code, dom, err = yield run_chromium(self, reactor, "--virtual-time-budget=3000",
+                                            "--dump-dom", pages[leader] + "/")
+        self.assertEqual(code, 0, err.decode("utf-8", "replace")[-2000:])
+        self.assertEqual(LEADER_FIELD.findall(dom.decode("utf-8")), [new_leader])
 
     @defer.inlineCallbacks
     def check_printed_commands(self, run, pages, leader):
