@@ -48,6 +48,17 @@ from yurtcoord.testing.fakeinformer import FakeInformer
 from yurtcoord.testing.fakekube import FakeKube
 
 
+def renew_cloud_lease(store, node, renewed):
+    """``node``'s lease in the sandbox's cloud, written with renewTime ``renewed`` (its
+    writer's clock, whatever it says)."""
+    lease = build_lease(node, NODE_LEASE_NAMESPACE, LeaseRecord(node, 40, None, renewed))
+    current = store.get(LEASES, node, NODE_LEASE_NAMESPACE)
+    if current is None:
+        store.create(LEASES, lease)
+    else:
+        store.update(LEASES, dict(lease, metadata=current["metadata"]))
+
+
 @implementer(IReactorFromThreads)
 class ThreadCallRecordingReactor(MemoryReactorClock):
     """A memory reactor that records ``callFromThread`` calls instead of running them
@@ -220,14 +231,7 @@ class CloudLeaseAgeTests(unittest.TestCase):
         self.offsets = {"edge-1": +300.0, "edge-2": -120.0}
 
     def renew(self, node):
-        renewed = self.clock.seconds() + self.offsets[node]
-        store = self.sandbox.cloud.store
-        lease = build_lease(node, NODE_LEASE_NAMESPACE, LeaseRecord(node, 40, None, renewed))
-        current = store.get(LEASES, node, NODE_LEASE_NAMESPACE)
-        if current is None:
-            store.create(LEASES, lease)
-        else:
-            store.update(LEASES, dict(lease, metadata=current["metadata"]))
+        renew_cloud_lease(self.sandbox.cloud.store, node, self.clock.seconds() + self.offsets[node])
 
     def ages(self):
         return {node: state["cloud_lease_age_seconds"]
@@ -413,14 +417,7 @@ class ControlPageTests(unittest.TestCase):
         self.offsets = {"edge-1": +300.0, "edge-2": -120.0}
 
     def renew(self, node):
-        renewed = self.clock.seconds() + self.offsets[node]
-        store = self.sandbox.cloud.store
-        lease = build_lease(node, NODE_LEASE_NAMESPACE, LeaseRecord(node, 40, None, renewed))
-        current = store.get(LEASES, node, NODE_LEASE_NAMESPACE)
-        if current is None:
-            store.create(LEASES, lease)
-        else:
-            store.update(LEASES, dict(lease, metadata=current["metadata"]))
+        renew_cloud_lease(self.sandbox.cloud.store, node, self.clock.seconds() + self.offsets[node])
 
     def get(self, path):
         request = DummyRequest([path.encode()] if path else [])
