@@ -10,6 +10,7 @@ raft leaders, stale cloud leases and cut cloud links)."""
 
 import json
 import os
+import re
 import signal
 from types import SimpleNamespace
 
@@ -442,6 +443,21 @@ class ControlPageTests(unittest.TestCase):
         self.assertEqual(sorted(document["state"]["nodes"]), ["edge-1", "edge-2"])
         # The sections the script puts in place are the ones the page was drawn with.
         self.assertIn(document["sections"]["nodes"], page)
+
+    def test_a_dead_kubelet_is_named_as_the_cause_and_its_servers_not_called_down(self):
+        # edge-2's agent says what its /status says while its kubelet is dead.
+        self.sandbox.agents["edge-2"].status_source = SimpleNamespace(status=lambda: {
+            "cause": {"kind": "kubelet_dead", "text": "kubelet dead for 12s"},
+            "coordinator_servers": {"http://127.0.0.1:8002": None},
+            "servers_not_probed": "not probed: kubelet dead for 12s"})
+        page = self.page()
+        row = re.search(r'<tr [^>]*data-node="edge-2".*?</tr>', page, re.S).group(0)
+        self.assertIn("<td>kubelet dead for 12s</td>", row)
+        coordinators = json.loads(self.get("page.json"))["sections"]["coordinators"]
+        self.assertIn("<tr><td>edge-2</td><td>http://127.0.0.1:8002 not probed</td></tr>",
+                      coordinators)
+        self.assertIn("<tr><td>edge-1</td><td>http://127.0.0.1:8002 healthy</td></tr>",
+                      coordinators)
 
     def test_pool_leader_marked(self):
         page = self.page()
