@@ -55,7 +55,6 @@ from yurtcoord.testing.invariants import (
 )
 from yurtcoord.testing.partitionworld import CLOUD_HOST, LAN, WAN, PartitionWorld
 from yurtcoord.testing.poll import PollTimeout, poll_until
-from yurtcoord.testing.skew import skewed_clock_environment
 from yurtcoord.testing.world import (
     ELECTION_LEASE, ELECTION_NAMESPACE, NODE_LEASE_NAMESPACE, STORAGE_PREFIX, leader_of,
 )
@@ -192,10 +191,9 @@ def run_scenario(reactor: Any, scenario: Scenario,
                                             endpoints(f"svc-{index}", f"10.1.0.{index}"))
         nodes = scenario.node_names()
         for node in nodes:
-            agent = yield world.add_agent(node, pods=PODS_PER_NODE)
-            if node == SKEWED_NODE:
-                agent.environment.update(skewed_clock_environment(SKEW))
-                notes["skewed"] = f"{node}:{SKEW:+g}s"
+            yield world.add_agent(node, pods=PODS_PER_NODE,
+                                  clock_offset=SKEW if node == SKEWED_NODE else 0.0)
+        notes["skewed"] = f"{SKEWED_NODE}:{SKEW:+g}s"
         yield world.start_agents()
         statuses = yield world.wait_for_pool("one leader, all ready", _one_leader(nodes),
                                              START_TIMEOUT)

@@ -135,7 +135,7 @@ class PartitionWorld(ProcessWorld):
             self.etcd.start()
 
     def add_agent(self, node: str, pods: int = 0, cloud_urls: int = 1,
-                  etcd_proxy: bool = False, **pod_options: Any,
+                  etcd_proxy: bool = False, clock_offset: float = 0.0, **pod_options: Any,
                   ) -> defer.Deferred[AgentProcess]:
         """Prepare an agent on a host of its own (WAN and LAN), with a running stand-in
         kubelet on that host's loopback, its Node in the cloud and ``pods`` good pods in
@@ -160,7 +160,7 @@ class PartitionWorld(ProcessWorld):
             self.topology.spawn(node, child, argv, env=env, path=path, childFDs=child_fds)
 
         agent = AgentProcess(host.reactor, node, os.path.join(self.base_dir, node), [],
-                             None, kubelet, spawn=spawn)
+                             None, kubelet, spawn=spawn, clock_offset=clock_offset)
         if pods:
             agent.write_pods(pods, **pod_options)
         self.agents[node] = agent

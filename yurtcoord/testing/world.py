@@ -75,6 +75,7 @@ from yurtcoord.testing.agentpages import Statuses, StatusReader, wait_for_status
 from yurtcoord.testing.poll import PollTimeout, poll_until
 from yurtcoord.sim.tcpproxy import TCPProxy
 from yurtcoord.testing.twistd import TWISTD, child_environment
+from yurtcoord.testing.skew import skewed_clock_environment
 
 POOL = "pool-a"
 ELECTION_NAMESPACE, ELECTION_LEASE = ELECTION_LEASE_NAMESPACE, ELECTION_LEASE_NAME
@@ -225,7 +226,8 @@ class AgentProcess:
 
     def __init__(self, reactor: Any, node: str, directory: str, cloud_proxies: Iterable[TCPProxy],
                  etcd_proxy: TCPProxy | None = None, kubelet: StandInKubelet | None = None,
-                 spawn: Callable[..., object] | None = None) -> None:
+                 spawn: Callable[..., object] | None = None, clock_offset: float = 0.0,
+                 ) -> None:
         self.reactor = reactor
         # How the child is spawned: ``spawn(protocol, argv, env, path, childFDs)``; by
         # default ``reactor.spawnProcess`` (a world on test networks spawns it inside
@@ -244,9 +246,9 @@ class AgentProcess:
         self.ini_path = os.path.join(directory, "yurtcoord.ini")
         self.log_path = os.path.join(directory, "agent.log")
         self.expected_pods: dict[str, int] = {}
-        # Variables added to the agent's environment when it starts, e.g. a clock
-        # shifted by ``yurtcoord.testing.skew.skewed_clock_environment``.
-        self.environment: dict[str, str] = {}
+        # Seconds the agent's wall clock is off (libfaketime, ``testing/skew.py``), as
+        # an edge node's that lost NTP; 0: its clock is true.
+        self.clock_offset = clock_offset
         self.url: str | None = None
         # Where in agent.log the agent's latest start began.
         self._log_offset = 0
@@ -304,7 +306,9 @@ class AgentProcess:
             self._spawn(
                 self._child,
                 [TWISTD, "--nodaemon", "--pidfile=", "yurtcoord", "--config", self.ini_path],
-                {**child_environment(without_etcd=True), **self.environment}, self.directory,
+                {**child_environment(without_etcd=True),
+                 **(skewed_clock_environment(self.clock_offset) if self.clock_offset else {})},
+                self.directory,
                 {0: null.fileno(), 1: log.fileno(), 2: log.fileno()})
 
     def _spawn_here(self, child: protocol.ProcessProtocol, argv: list[str], env: dict[str, str],
@@ -561,11 +565,11 @@ class ProcessWorld:
 
     @defer.inlineCallbacks
     def add_agent(self, node: str, pods: int = 0, cloud_urls: int = 1,
-                  etcd_proxy: bool = False, **pod_options: Any,
+                  etcd_proxy: bool = False, clock_offset: float = 0.0, **pod_options: Any,
                   ) -> Generator[defer.Deferred[Any], Any, AgentProcess]:
         """Prepare an agent (dir, ``cloud_urls`` proxies in front of the cloud, running
-        stand-in kubelet, its Node in the cloud, ``pods`` good pods in its cache); not
-        started.
+        stand-in kubelet, its Node in the cloud, ``pods`` good pods in its cache, its
+        clock ``clock_offset`` seconds off); not started.
 
         With ``etcd_proxy`` the agent reaches the pool etcd through its own TCPProxy
         (``agent.etcd_proxy``), so that its etcd link alone can be cut."""
@@ -590,7 +594,7 @@ class ProcessWorld:
         self._kubelets.append(kubelet)
         add_pool_node(cloud, node)
         agent = AgentProcess(self.reactor, node, os.path.join(self.base_dir, node), proxies,
-                             etcd, kubelet)
+                             etcd, kubelet, clock_offset=clock_offset)
         if pods:
             agent.write_pods(pods, **pod_options)
         self.agents[node] = agent

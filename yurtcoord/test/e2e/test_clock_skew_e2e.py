@@ -36,7 +36,7 @@ from twisted.trial import unittest
 
 from yurtcoord.testing.poll import poll_until
 from yurtcoord.testing.cloudleases import CloudLeaseSampler
-from yurtcoord.testing.skew import libfaketime_path, skewed_clock_environment
+from yurtcoord.testing.skew import libfaketime_path
 from yurtcoord.testing.world import (
     HEARTBEAT_INTERVAL, KUBELET_GRACE_PERIOD, LEASE_DURATION, RETRY_PERIOD, ProcessWorld,
     leader_of, one_leader_all_ready,
@@ -116,9 +116,7 @@ class ClockSkewTests(unittest.TestCase):
         self.addCleanup(world.stop)
         yield world.start()
         for node, offset in OFFSETS.items():
-            agent = yield world.add_agent(node)
-            if offset:
-                agent.environment.update(skewed_clock_environment(offset))
+            yield world.add_agent(node, clock_offset=offset)
         self.renewals = CloudLeaseSampler(world.cloud, list(OFFSETS), reactor, every=0.05)
         self.addCleanup(self.renewals.stop)
 

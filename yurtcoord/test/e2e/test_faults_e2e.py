@@ -20,7 +20,6 @@ from twisted.trial import unittest
 
 from yurtcoord.kube.gvr import CONFIGMAPS, ENDPOINTS
 from yurtcoord.testing.poll import PollTimeout, poll_until
-from yurtcoord.testing.skew import skewed_clock_environment
 from yurtcoord.testing.world import (
     ELECTION_LEASE, HEARTBEAT_INTERVAL, LEASE_DURATION, RETRY_PERIOD,
     ProcessWorld, endpoints, leader_of, one_leader_all_ready,
@@ -59,9 +58,8 @@ class FaultSuiteBase(unittest.TestCase):
             self.world.cloud.store.create(ENDPOINTS, endpoints(f"svc-{index}",
                                                                f"10.0.0.{index % 250}"))
         for node in self.nodes:
-            agent = yield self.world.add_agent(node, pods=self.pods_per_agent)
-            if node in self.skewed:
-                agent.environment.update(skewed_clock_environment(self.skewed[node]))
+            yield self.world.add_agent(node, pods=self.pods_per_agent,
+                                       clock_offset=self.skewed.get(node, 0.0))
 
     # -- helpers -----------------------------------------------------------------------
 

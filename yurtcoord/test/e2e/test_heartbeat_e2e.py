@@ -24,7 +24,6 @@ from yurtcoord.agent.config import parse_config, parse_duration
 from yurtcoord.heartbeat.probes import DELEGATE_HEARTBEAT_ANNOTATION
 from yurtcoord.testing.cloudleases import CloudLeaseSampler
 from yurtcoord.testing.poll import PollTimeout, poll_until
-from yurtcoord.testing.skew import skewed_clock_environment
 from yurtcoord.testing.paths import REPO
 from yurtcoord.testing.world import (
     TIMINGS, AgentProcess, ProcessWorld, leader_of, one_leader_all_ready,
@@ -73,9 +72,7 @@ class KubeletStoppedTests(unittest.TestCase):
         self.addCleanup(self.world.stop)
         yield self.world.start()
         for node in self.nodes:
-            agent = yield self.world.add_agent(node)
-            if node in self.skewed:
-                agent.environment.update(skewed_clock_environment(self.skewed[node]))
+            yield self.world.add_agent(node, clock_offset=self.skewed.get(node, 0.0))
 
     @defer.inlineCallbacks
     def wait_renewed_after(self, trace, node, since, what):
