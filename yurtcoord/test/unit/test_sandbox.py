@@ -49,6 +49,15 @@ from yurtcoord.testing.fakeinformer import FakeInformer
 from yurtcoord.testing.fakekube import FakeKube
 
 
+def two_node_sandbox(clock):
+    """A sandbox of two nodes on ``clock``, each with a stand-in kubelet, no agents
+    or servers started."""
+    sandbox = Sandbox(clock, lambda _line: None, agent_count=2)
+    for node in sandbox.nodes:
+        sandbox.kubelets[node] = StandInKubelet(clock)
+    return sandbox
+
+
 def renew_cloud_lease(store, node, renewed):
     """``node``'s lease in the sandbox's cloud, written with renewTime ``renewed`` (its
     writer's clock, whatever it says)."""
@@ -223,9 +232,7 @@ class CloudLeaseAgeTests(unittest.TestCase):
     def setUp(self):
         self.clock = Clock()
         self.clock.advance(1_800_000_000.0)
-        self.sandbox = Sandbox(self.clock, lambda _line: None, agent_count=2)
-        for node in self.sandbox.nodes:
-            self.sandbox.kubelets[node] = StandInKubelet(self.clock)
+        self.sandbox = two_node_sandbox(self.clock)
         verifyObject(IKubeletStandIn, self.sandbox.kubelets["edge-1"])
         self.sandbox.follow_cloud_leases()
         self.addCleanup(lambda: self.sandbox._lease_watch.cancel())
@@ -407,9 +414,8 @@ class ControlPageTests(unittest.TestCase):
     def setUp(self):
         self.clock = Clock()
         self.clock.advance(1_800_000_000.0)
-        self.sandbox = Sandbox(self.clock, lambda _line: None, agent_count=2)
+        self.sandbox = two_node_sandbox(self.clock)
         for node in self.sandbox.nodes:
-            self.sandbox.kubelets[node] = StandInKubelet(self.clock)
             self.sandbox.cloud_links[node] = FakeLink()
         self.sandbox.agents["edge-1"] = FakeAgent(Role.LEADER, "edge-1", "edge-1")
         self.sandbox.agents["edge-2"] = FakeAgent(Role.FOLLOWER, "edge-1", "edge-1")
