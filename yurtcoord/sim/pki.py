@@ -152,6 +152,17 @@ class TestCA:
                     organizations: Iterable[str] = ()) -> CertPair:
         return self.issue(name, common_name, organizations, client=True)
 
+    def node_client_pem(self, node: str, path: str | None = None) -> str:
+        """The node's own client certificate and key in one PEM file, as the kubelet
+        keeps ``kubelet-client-current.pem``: ``CN=system:node:<node>``,
+        ``O=system:nodes``, the identity the Node authorizer knows. Written to ``path``
+        (default ``<directory>/kubelet-client-<node>.pem``, mode 0600); returns it."""
+        pair = self.client_pair(f"kubelet-client-{node}", f"system:node:{node}",
+                                ["system:nodes"])
+        target = path or os.path.join(self.directory, f"kubelet-client-{node}.pem")
+        _write(target, read_pem(pair.cert_file) + read_pem(pair.key_file), 0o600)
+        return target
+
 
 def read_pem(path: str) -> bytes:
 
