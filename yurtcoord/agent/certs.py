@@ -7,8 +7,8 @@ map to files in ``pki_dir``:
 secret key                                    file
 ============================================  ============================================
 ``ca.crt``                                    ``yurt-coordinator-ca.crt``
-``yurt-coordinator-yurthub-client.crt/.key``  same names: the coordinator apiserver and
-                                              the pool etcd client certificate
+``yurt-coordinator-yurthub-client.crt/.key``  same names: the pool etcd client
+                                              certificate
 ``node-lease-proxy-client.crt/.key``          same names: cloud writes of delegated
                                               heartbeats
 ============================================  ============================================
@@ -189,7 +189,9 @@ class CertManager:
 
     @property
     def yurthub_client_pair(self) -> CertPair:
-        """Client certificate for the coordinator apiserver and the pool etcd."""
+        """Client certificate for the pool etcd. The coordinator apiservers are reached
+        with the node's own certificate instead (``[node] kubelet_client_cert``): a
+        shared one would let any member write every node's lease."""
         return CertPair(*(self._path(f) for _, f in YURTHUB_CLIENT_UNIT.items))
 
     @property
@@ -357,6 +359,36 @@ class CertManager:
             self._on_change()
         except Exception:
             self.log.failure("certificate change callback failed")
+
+
+NODE_GROUP = "system:nodes"
+
+
+def check_node_certificate(path: str, node: str) -> None:
+    """Refuse a node certificate that names another node (``ValueError`` naming the
+    file and both names): with it the agent would speak for that node. A file that
+    does not exist yet passes (the kubelet writes it after bootstrap; until then the
+    coordinator is unhealthy); one that exists must hold a PEM certificate whose
+    subject is ``CN=system:node:<node>`` in organization ``system:nodes``."""
+    try:
+        with open(path, "rb") as f:
+            pem = f.read()
+    except FileNotFoundError:
+        return
+    except OSError as error:
+        raise ValueError(f"[node] kubelet_client_cert {path}: {error.strerror}") from None
+    try:
+        cert = x509.load_pem_x509_certificate(pem)
+    except ValueError:
+        raise ValueError(f"[node] kubelet_client_cert {path}: no PEM certificate in it") from None
+    subject = cert.subject
+    names = [a.value for a in subject.get_attributes_for_oid(x509.NameOID.COMMON_NAME)]
+    groups = [a.value for a in subject.get_attributes_for_oid(x509.NameOID.ORGANIZATION_NAME)]
+    expected = f"system:node:{node}"
+    if names != [expected] or NODE_GROUP not in groups:
+        raise ValueError(
+            f"[node] kubelet_client_cert {path} is {subject.rfc4514_string()!r}, not "
+            f"CN={expected} in O={NODE_GROUP}: the agent may only speak for its own node")
 
 
 @implementer(IObjectClient)

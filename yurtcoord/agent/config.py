@@ -452,6 +452,13 @@ SCHEMA = (
     Key("node", "pool", OPTIONAL_OBJECT_NAME, "",
         f"node pool name (label {NODE_POOL_LABEL} of the pool's Nodes); "
         "required with the coordinator enabled"),
+    Key("node", "kubelet_client_cert", PATH, "/var/lib/kubelet/pki/kubelet-client-current.pem",
+        "the node's own client certificate and key in one PEM file (the kubelet's, "
+        "CN=system:node:<name>, O=system:nodes, rotated by it): the agent's identity on "
+        "the coordinator apiservers, which let a node write only its own node lease; "
+        "re-read when it changes, the coordinator unhealthy until it exists; a "
+        "certificate naming another node stops the agent at start; unused with "
+        "[coordinator] insecure = true"),
 
     Key("cloud", "servers", URL_LIST, None,
         "required; one or more cloud apiserver URLs, comma-separated"),
@@ -544,6 +551,7 @@ RETIRED_KEYS = {
 class NodeConfig:
     name: str
     pool: str
+    kubelet_client_cert: str
 
 
 @dataclass(frozen=True)

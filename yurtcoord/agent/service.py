@@ -56,7 +56,8 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 from twisted.web.client import Agent as HTTPAgent
 
-from yurtcoord.agent.certs import CertificateClient, CertManager, CertPair
+from yurtcoord.agent.certs import (
+    CertificateClient, CertManager, CertPair, check_node_certificate)
 from yurtcoord.agent.config import Config, ConfigError, ListenAddress
 from yurtcoord.agent.causes import AgentCauses
 from yurtcoord.agent.poolview import POOL_READ_TIMEOUT, PoolView
@@ -310,6 +311,8 @@ class Agent(service.MultiService):
         kubeconfig, and the kubeconfig itself when it holds a key or a token."""
         cloud = self.config.cloud
         files = [(cloud.key_file, "[cloud] key_file"), (cloud.token_file, "[cloud] token_file")]
+        if self.config.coordinator.enabled and not self.config.coordinator.insecure:
+            files.append((self.config.node.kubelet_client_cert, "[node] kubelet_client_cert"))
         if cloud.kubeconfig is not None:
             creds = load_kubeconfig(cloud.kubeconfig, allow_insecure=cloud.insecure)
             files += [(creds.key_file, f"client-key of {cloud.kubeconfig}"),
@@ -512,15 +515,19 @@ class Agent(service.MultiService):
             coordinator_config.secret_namespace, on_change=self._certificates_changed,
             loop_errors=self.metrics)
         ca_file = self.cert_manager.ca_file
-        pair = self.cert_manager.yurthub_client_pair
-        # The same client certificate for every coordinator apiserver.
+        # The node's own certificate (the kubelet's) for every coordinator apiserver:
+        # there the agent is its node, and may write only that node's lease. The file
+        # is re-read when the kubelet rotates it; until it exists the coordinator is
+        # unhealthy, as without the Secret's CA.
+        node_cert = self.config.node.kubelet_client_cert
+        check_node_certificate(node_cert, self.config.node.name)
         self.coordinator_clients = {
             url: self._own(CertificateClient(
                 reactor,
                 functools.partial(ClientConfig, server=url, ca_file=ca_file,
-                                  cert_file=pair.cert_file, key_file=pair.key_file,
+                                  cert_file=node_cert, key_file=node_cert,
                                   timeout=REQUEST_TIMEOUT),
-                (ca_file, pair.cert_file, pair.key_file),
+                (ca_file, node_cert),
                 name_resolver=self.coordinator_resolver, loop_errors=self.metrics))
             for url in coordinator_config.server}
         proxy_pair = self.cert_manager.node_lease_proxy_pair

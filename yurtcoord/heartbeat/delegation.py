@@ -31,10 +31,12 @@ client-go's leader election its lease, by seeing it change:
   kubelet dies stops renewing its pool lease after the kubelet grace period, so its
   cloud renewTime stops increasing within that grace plus one interval.
 
-Only real pool members are kept alive. Every agent of a pool writes to the
-coordinator apiserver with the same client certificate, so the coordinator cannot
-tell who wrote a lease: the leader is the only place that can check it. A delegated
-lease is forwarded only when
+Only real pool members are kept alive. Each agent writes to the coordinator
+apiserver as its node (the kubelet's certificate), and the coordinator lets a node
+write only its own lease (the Node authorizer and NodeRestriction): that is the
+first line. The leader's checks are the second, for what reaches the pool's store
+around that rule (a coordinator run without it, a write straight into the pool
+etcd). A delegated lease is forwarded only when
 
 - it lives in ``kube-node-lease`` (reason ``namespace`` otherwise);
 - it has a name and its ``holderIdentity`` is that name (``holder_mismatch``);
@@ -341,7 +343,7 @@ class HeartbeatDelegation:
 
     Collaborators, all passed in:
 
-    - ``make_informer()`` → a fresh informer of the leases (all namespaces) on the
+    - ``make_informer()`` → a fresh informer of the leases in ``kube-node-lease`` on the
       coordinator apiserver, with ``add_handler(on_add, on_update, on_delete)``,
       ``has_synced`` (what it delivers before is its first list: where the term
       starts, no change), ``start()`` and ``stop()`` (a new one per leadership term);
@@ -470,7 +472,10 @@ class HeartbeatDelegation:
         cloud health checker's pick. Both informers count their loop's unexpected
         errors in ``loop_errors``."""
         def make_informer() -> IInformer:
-            return Informer(reactor, coordinator_client, LEASES, loop_errors=loop_errors)
+            # Node leases only: the coordinator's Roles let a node list and watch
+            # leases in kube-node-lease, nothing cluster-wide.
+            return Informer(reactor, coordinator_client, LEASES,
+                            namespace=NODE_LEASE_NAMESPACE, loop_errors=loop_errors)
 
         def make_node_informer(label_selector: str) -> IInformer:
             return Informer(reactor, cloud_reader, NODES, label_selector=label_selector,

@@ -40,16 +40,18 @@ __all__ = ["ELECTION_LEASE", "ELECTION_NAMESPACE", "POOL", "PoolWorld", "agent_c
 def agent_config_text(node: str, cloud_urls: Sequence[str], coordinator_url: str, etcd_url: str,
                       pki_dir: str, cache_dir: str, enabled: bool = True,
                       coordinator_tls: bool = False,
+                      kubelet_client_cert: Optional[str] = None,
                       heartbeat: Optional[Mapping[str, str]] = None,
                       timings: Sections = IN_PROCESS_SUITE,
                       **sections: Mapping[str, object]) -> str:
     """Ini text of one test agent: the short timings of ``IN_PROCESS_SUITE`` (or
     ``timings``), plain http to the cloud, plain http or TLS (certificates from the
-    certs Secret) to the coordinator; ``heartbeat`` and ``sections`` are merged over
-    those, key by key."""
+    certs Secret and, as the node's identity there, ``kubelet_client_cert``) to the
+    coordinator; ``heartbeat`` and ``sections`` are merged over those, key by key."""
     return loopback_agent_ini(
         node, POOL, cloud_urls, coordinator_url, etcd_url, pki_dir, cache_dir, timings,
-        {"coordinator": {"enabled": "true" if enabled else "false",
+        {"node": {"kubelet_client_cert": kubelet_client_cert} if kubelet_client_cert else {},
+         "coordinator": {"enabled": "true" if enabled else "false",
                          "insecure": "false" if coordinator_tls else "true"},
          "heartbeat": heartbeat or {}},
         **sections)
@@ -58,7 +60,8 @@ def agent_config_text(node: str, cloud_urls: Sequence[str], coordinator_url: str
 def certs_secret(ca: TestCA) -> Dict[str, Any]:
     """The certs Secret (the coordinator certificates an agent reads from the cloud) with
     client pairs issued by ``ca``."""
-    yurthub = ca.client_pair("yurthub-client", "system:node:yurthub", ["system:nodes"])
+    # The pool etcd's client pair: no node's name, so it is nobody on an apiserver.
+    yurthub = ca.client_pair("yurthub-client", "openyurt:yurt-coordinator:yurthub")
     proxy = ca.client_pair("lease-proxy-client", "system:node-lease-proxy")
     files = {
         "ca.crt": ca.ca_file,
@@ -147,11 +150,18 @@ class PoolWorld:
         base = self.test.mktemp()
         cache_dir = os.path.join(base, "cache")
         os.makedirs(cache_dir)
+        node_cert = None
+        if self.tls:
+            # The node's own certificate, as the kubelet keeps it: the agent's identity
+            # on the coordinator apiservers.
+            node_cert = self.ca.node_client_pem(
+                node, os.path.join(base, "kubelet-client-current.pem"))
         text = agent_config_text(node, cloud_urls or [cloud_url],
                                  ", ".join(url for url in coordinator_urls if url),
                                  self.etcd.client_url, os.path.join(base, "pki"), cache_dir,
                                  enabled=enabled, coordinator_tls=self.tls,
-                                 heartbeat=heartbeat, timings=timings, **sections)
+                                 kubelet_client_cert=node_cert, heartbeat=heartbeat,
+                                 timings=timings, **sections)
         return parse_config(text, f"<{node}>")
 
     def start_agent(self, config: Config) -> Agent:

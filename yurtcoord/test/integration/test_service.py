@@ -325,11 +325,13 @@ class AgentOverTLSTests(unittest.TestCase):
         yield poll_until(leading_and_ready, STEP_TIMEOUT, 0.02, reactor,
                          what="edge-1 leading and ready over TLS")
         self.assertEqual(self.world.election_lease().holder_identity, "edge-1")
-        # The one client certificate is used with every coordinator apiserver.
+        # The node's own certificate is used with every coordinator apiserver, and
+        # only it: the Secret's pair is the pool etcd's.
         for server in self.world.coordinators:
             yield poll_until(
-                lambda: "CN=system:node:yurthub,O=system:nodes" in server.client_subjects,
-                STEP_TIMEOUT, 0.02, reactor, what=f"{server.url} seeing the client cert")
+                lambda: "CN=system:node:edge-1,O=system:nodes" in server.client_subjects,
+                STEP_TIMEOUT, 0.02, reactor, what=f"{server.url} seeing the node's cert")
+            self.assertEqual(set(server.client_subjects), {"CN=system:node:edge-1,O=system:nodes"})
         status = yield self.reader.status(agent.status_http.url)
         self.assertEqual(status["coordinator_servers"],
                          {server.url: True for server in self.world.coordinators})

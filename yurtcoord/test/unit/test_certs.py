@@ -10,7 +10,7 @@ from twisted.logger import Logger, formatEvent
 from twisted.trial import unittest
 
 from yurtcoord.agent.certs import (
-    CertManager, MalformedCerts, check_ca, check_pair,
+    CertManager, MalformedCerts, check_ca, check_node_certificate, check_pair,
 )
 from yurtcoord.tx.atomicfiles import replace_files_atomically
 from yurtcoord.testing.certsecrets import FILES, NAMESPACE, Bundle, b64, secret
@@ -207,3 +207,40 @@ class ValidationTests(unittest.TestCase):
         self.assertEqual(sorted(os.listdir(directory)), ["a.crt", "a.key"])
         with open(os.path.join(directory, "a.crt"), "rb") as f:
             self.assertEqual(f.read(), b"old-a")
+
+
+class NodeCertificateTests(unittest.TestCase):
+    """The node's own certificate is the agent's identity on the coordinator: one that
+    names another node must stop the agent, not be used."""
+
+    def setUp(self):
+        self.ca = TestCA(self.mktemp())
+
+    def test_the_nodes_own_certificate_passes(self):
+        check_node_certificate(self.ca.node_client_pem("edge-1"), "edge-1")
+
+    def test_a_file_not_written_yet_passes(self):
+        check_node_certificate(os.path.join(self.ca.directory, "absent.pem"), "edge-1")
+
+    def test_another_nodes_certificate_is_refused_naming_the_file_and_both_names(self):
+        path = self.ca.node_client_pem("edge-2")
+        with self.assertRaises(ValueError) as raised:
+            check_node_certificate(path, "edge-1")
+        message = str(raised.exception)
+        self.assertIn(path, message)
+        self.assertIn("CN=system:node:edge-2", message)
+        self.assertIn("CN=system:node:edge-1", message)
+
+    def test_a_certificate_outside_the_nodes_group_is_refused(self):
+        pair = self.ca.client_pair("lone", "system:node:edge-1", ["system:masters"])
+        with self.assertRaises(ValueError) as raised:
+            check_node_certificate(pair.cert_file, "edge-1")
+        self.assertIn("O=system:nodes", str(raised.exception))
+
+    def test_a_file_without_a_certificate_is_refused(self):
+        path = os.path.join(self.ca.directory, "garbage.pem")
+        with open(path, "wb") as f:
+            f.write(b"not a certificate")
+        with self.assertRaises(ValueError) as raised:
+            check_node_certificate(path, "edge-1")
+        self.assertIn(path, str(raised.exception))

@@ -149,7 +149,8 @@ upload_resources = kubelet/pods/v1, calico/networkpolicies/v1beta1/networking.k8
 listen = [::1]:0
 """
         config = parse_config(text, SOURCE)
-        self.assertEqual(config.node, config_module.NodeConfig("edge-7.example", "pool-b"))
+        self.assertEqual(config.node, config_module.NodeConfig(
+            "edge-7.example", "pool-b", "/var/lib/kubelet/pki/kubelet-client-current.pem"))
         self.assertEqual(config.cloud.servers,
                          ("https://a:6443", "http://b:8080", "https://c"))
         self.assertEqual(config.cloud.token_file, "/run/token")
