@@ -56,6 +56,7 @@ class LoggedRequest(NamedTuple):
     renew_time: Optional[str] = None
     delegated: Optional[bool] = None
     query: str = ""
+    user: str = ""
 
     @property
     def succeeded(self) -> bool:
@@ -92,12 +93,12 @@ def _text(value: Any) -> Optional[str]:
 
 
 def logged_request(at: float, peer: str, method: str, path: str, code: int,
-                   body: Any = None, query: str = "") -> LoggedRequest:
+                   body: Any = None, query: str = "", user: str = "") -> LoggedRequest:
     """The record of one answer; ``body`` is the JSON object answered (None when the
-    answer was not JSON), ``query`` the request's query string. Lease fields are
-    filled as ``LoggedRequest`` says."""
+    answer was not JSON), ``query`` the request's query string, ``user`` who asked.
+    Lease fields are filled as ``LoggedRequest`` says."""
     record = LoggedRequest(at, sys.intern(peer), sys.intern(method), sys.intern(path), code,
-                           query=query)
+                           query=query, user=sys.intern(user))
     if not 200 <= code < 300:
         return record
     if method in WRITE_METHODS and _is_lease(body):
@@ -161,19 +162,30 @@ _TRUE = frozenset(("1", "t", "T", "true", "TRUE", "True"))
 
 
 def _name_of_field_selector(selector: str) -> str:
-    """The name a ``fieldSelector`` requires exactly (``metadata.name=x``), or ``""``."""
+    """The name a ``fieldSelector`` requires exactly (``metadata.name=x``), or ``""``;
+    as the apiserver, no name that could not be a path segment (``.``, ``..``, or one
+    holding ``/`` or ``%``)."""
     for term in selector.split(","):
         field, equals, value = term.partition("=")
         if equals and not field.endswith("!") and field.strip() == "metadata.name":
-            return value[1:] if value.startswith("=") else value
+            name = value[1:] if value.startswith("=") else value
+            if name in (".", "..") or "/" in name or "%" in name:
+                return ""
+            return name
     return ""
 
 
 def request_attributes(record: LoggedRequest) -> RequestAttributes:
     """``record`` as the authorizer sees it (see ``RequestAttributes``), read from its
     method, path and query the way the apiserver reads a request."""
-    parts = [unquote(part) for part in record.path.strip("/").split("/") if part]
-    non_resource = RequestAttributes(record.method.lower(), "", "", "", "", "", record.path)
+    return attributes_of(record.method, record.path, record.query)
+
+
+def attributes_of(method: str, path: str, query: str) -> RequestAttributes:
+    """A request as the authorizer sees it (see ``RequestAttributes``): ``path`` is
+    the URL's path as sent (percent-escapes and all), ``query`` its query string."""
+    parts = [unquote(part) for part in path.strip("/").split("/") if part]
+    non_resource = RequestAttributes(method.lower(), "", "", "", "", "", path)
     if len(parts) < 3 or parts[0] not in ("api", "apis"):
         return non_resource
     if parts[0] == "apis":
@@ -182,7 +194,7 @@ def request_attributes(record: LoggedRequest) -> RequestAttributes:
         group, parts = parts[1], parts[3:]
     else:
         group, parts = "", parts[2:]
-    verb = _VERB_OF_METHOD.get(record.method, "")
+    verb = _VERB_OF_METHOD.get(method, "")
     if parts[0] == "watch":  # the old /api/v1/watch/... form
         verb, parts = "watch", parts[1:]
         if not parts:
@@ -195,15 +207,14 @@ def request_attributes(record: LoggedRequest) -> RequestAttributes:
     resource = parts[0]
     name = parts[1] if len(parts) > 1 else ""
     subresource = parts[2] if len(parts) > 2 else ""
-    query = parse_qs(record.query, keep_blank_values=True)
+    arguments = parse_qs(query, keep_blank_values=True)
     if not name and verb == "get":
-        verb = "watch" if query.get("watch", [""])[-1] in _TRUE else "list"
+        verb = "watch" if arguments.get("watch", [""])[-1] in _TRUE else "list"
     if not name and verb in ("list", "watch"):
-        name = _name_of_field_selector(query.get("fieldSelector", [""])[-1])
+        name = _name_of_field_selector(arguments.get("fieldSelector", [""])[-1])
     if not name and verb == "delete":
         verb = "deletecollection"
-    return RequestAttributes(verb, group, resource, subresource, namespace, name,
-                             record.path)
+    return RequestAttributes(verb, group, resource, subresource, namespace, name, path)
 
 
 def json_line(record: LoggedRequest) -> str:

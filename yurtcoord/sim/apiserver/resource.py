@@ -13,9 +13,11 @@ from twisted.web.server import NOT_DONE_YET, Request
 
 from yurtcoord.kube.errors import Conflict, KubeError, NotFound
 from yurtcoord.sim.apiserver import status, table
+from yurtcoord.sim.apiserver.authz import UNAUTHORIZED, Refusal
 from yurtcoord.sim.apiserver.faults import GARBAGE
 from yurtcoord.sim.apiserver.pages import ListPages
 from yurtcoord.sim.apiserver.patch import PatchError, json_patch, merge_patch
+from yurtcoord.sim.apiserver.requestlog import attributes_of
 from yurtcoord.sim.apiserver.selectors import ObjectFilter, SelectorError
 from yurtcoord.sim.apiserver.storage import IObjectStorage
 from yurtcoord.sim.apiserver.watch import WatchStream
@@ -105,7 +107,30 @@ class KubeAPIResource(Resource):
                 request.setHeader(b"content-type", b"application/json")
                 self._finish(request, GARBAGE)
             return
+        refusal = self._refusal(request)
+        if refusal is not None:
+            self._write_status(request, refusal.status())
+            return
         defer.maybeDeferred(self._dispatch, request).addErrback(self._failed, request)
+
+    def _refusal(self, request: Request) -> Refusal | None:
+        """Why the server's authorizer refuses ``request`` (None: it may be served, or
+        the server has no authorizer); decided before any object is read."""
+        authorizer = self._server.authorizer
+        if authorizer is None:
+            return None
+        user = self._server.user_of(request)
+        if user is None:
+            return UNAUTHORIZED
+        attributes = attributes_of(request.method.decode(),
+                                   request.path.decode("utf-8", "replace"),
+                                   request.uri.partition(b"?")[2].decode("utf-8", "replace"))
+        body_name = self._body_name(request) if attributes.verb == "create" else ""
+        refusal = authorizer.authorize(user, attributes, body_name)
+        if refusal is not None:
+            self.log.info("apiserver refused {user}: {message}", user=user.name,
+                          message=refusal.message)
+        return refusal
 
     def _failed(self, failure: Failure, request: Request) -> None:
         if isinstance(failure.value, KubeError):
@@ -256,6 +281,22 @@ class KubeAPIResource(Resource):
         except (ValueError, yaml.YAMLError) as error:
             raise status.bad_request(
                 f"couldn't get version/kind; json parse error: {error}".replace("\n", " "))
+
+    @classmethod
+    def _body_name(cls, request: Request) -> str:
+        """The name the body of a create gives its object (``metadata.name``; ``""``
+        for none, a ``generateName`` only, or an unreadable body), leaving the body to
+        be read again."""
+        try:
+            body = cls._body(request, allow_empty=True)
+        except KubeError:
+            body = None
+        finally:
+            if request.content is not None:
+                request.content.seek(0)
+        metadata = body.get("metadata") if isinstance(body, dict) else None
+        name = metadata.get("name") if isinstance(metadata, dict) else None
+        return name if isinstance(name, str) else ""
 
     @staticmethod
     def _check_kind(resource_type, body):

@@ -6,6 +6,7 @@ import os
 import weakref
 from typing import IO, Any, Callable, Generator
 
+from cryptography.x509.oid import NameOID
 from OpenSSL import SSL
 from twisted.internet import defer
 from twisted.internet.address import IPv4Address, IPv6Address
@@ -21,6 +22,7 @@ from twisted.web.server import Request, Site
 
 from zope.interface import implementer
 
+from yurtcoord.sim.apiserver.authz import IAuthorizer, User
 from yurtcoord.sim.apiserver.catalog import Catalog
 from yurtcoord.sim.apiserver.faults import FaultInjector
 from yurtcoord.sim.apiserver.pages import ListPages
@@ -79,6 +81,14 @@ class _ConnectionTracker(policies.WrappingFactory):
 def subject_of(x509: Any) -> str:
     """RFC 4514 subject of a pyOpenSSL certificate, e.g. ``CN=a,O=b``."""
     return x509.to_cryptography().subject.rfc4514_string()
+
+
+def user_of(x509: Any) -> User | None:
+    """The user a pyOpenSSL client certificate authenticates (see ``authz.User``)."""
+    subject = x509.to_cryptography().subject
+    return User.from_subject(
+        [str(a.value) for a in subject.get_attributes_for_oid(NameOID.COMMON_NAME)],
+        [str(a.value) for a in subject.get_attributes_for_oid(NameOID.ORGANIZATION_NAME)])
 
 
 @implementer(IOpenSSLContextFactory)
@@ -152,7 +162,12 @@ class KubeAPIServer:
     ``request_log_path`` each is also appended to that file as a JSON line, none
     dropped), and
     ``client_subjects`` the
-    RFC 4514 subjects of TLS client certificates, in order. ``history`` bounds the
+    RFC 4514 subjects of TLS client certificates, in order. With ``authorizer`` (an
+    ``authz.IAuthorizer``, e.g. ``PoolCoordinatorAuthorizer()``) every request must
+    come with a client certificate (plain HTTP is answered 401) and is served only if
+    the authorizer allows it for the certificate's user, refused before any object is
+    read; each logged record names that user (``LoggedRequest.user``), with or
+    without an authorizer. ``history`` bounds the
     watch replay window; ``bookmark_interval`` is the seconds between BOOKMARK
     events on watches that allow them. With ``store`` (another server's ``store``)
     both servers serve that one store, as two apiservers serve one etcd: a write
@@ -165,9 +180,11 @@ class KubeAPIServer:
     def __init__(self, reactor: Any, tls_dir: str | None = None, history: int = 1000,
                  bookmark_interval: float = 1.0, catalog: Catalog | None = None,
                  request_log_path: str | None = None,
-                 storage: IObjectStorage | None = None) -> None:
+                 storage: IObjectStorage | None = None,
+                 authorizer: IAuthorizer | None = None) -> None:
         self.reactor = reactor
         self.tls_dir = tls_dir
+        self.authorizer = authorizer
         self._store: ObjectStore | None = None
         if storage is None:
             self.catalog = catalog or Catalog()
@@ -202,6 +219,8 @@ class KubeAPIServer:
         # The JSON object answered to a request still being sent, for request_log.
         self._answered_bodies: weakref.WeakKeyDictionary[Request, Any] = (
             weakref.WeakKeyDictionary())
+        # The user of each connection's client certificate, read once per connection.
+        self._users: weakref.WeakKeyDictionary[Any, User | None] = weakref.WeakKeyDictionary()
         site = _APISite(KubeAPIResource(self), reactor=reactor, parsePOSTFormSubmission=False)
         site.displayTracebacks = False
         site.noisy = False
@@ -302,12 +321,14 @@ class KubeAPIServer:
         raw_query = request.uri.partition(b"?")[2].decode("utf-8", "replace")
         address = request.getClientAddress()
         peer = address.host if isinstance(address, (IPv4Address, IPv6Address)) else ""
+        user = self.user_of(request)
 
         def answered(_):
             at = self.reactor.seconds()
             self.answers.append((at, method, path, request.code))
             record = logged_request(at, peer, method, path, request.code,
-                                    self._answered_bodies.pop(request, None), raw_query)
+                                    self._answered_bodies.pop(request, None), raw_query,
+                                    user.name if user is not None else "")
             self.request_log.append(record)
             self._trim_request_log()
             self._write_request_log(record)
@@ -320,6 +341,21 @@ class KubeAPIServer:
             certificate = request.channel.transport.getPeerCertificate()
             if certificate is not None:
                 self.client_subjects.append(subject_of(certificate))
+
+    def user_of(self, request: Request) -> User | None:
+        """The user ``request``'s connection authenticated as with its TLS client
+        certificate; None over plain HTTP or when the certificate names no user."""
+        channel = request.channel
+        if channel in self._users:
+            return self._users[channel]
+        user = None
+        transport: Any = channel.transport
+        if request.isSecure() and transport is not None:
+            certificate = transport.getPeerCertificate()
+            if certificate is not None:
+                user = user_of(certificate)
+        self._users[channel] = user
+        return user
 
     def _write_request_log(self, record):
         if self.request_log_path is None:

@@ -29,7 +29,7 @@ REASONS = {
 def failure(code: int, message: str, reason: str | None = None, name: str | None = None,
             group: str | None = None, kind: str | None = None,
             causes: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-    """A Failure Status dict as kube-apiserver writes it."""
+    """A Failure Status dict as kube-apiserver writes it (its fields in that order)."""
     status: dict[str, Any] = {
         "kind": "Status",
         "apiVersion": "v1",
@@ -37,11 +37,11 @@ def failure(code: int, message: str, reason: str | None = None, name: str | None
         "status": "Failure",
         "message": message,
         "reason": reason or REASONS.get(code, "Unknown"),
-        "code": code,
     }
     details = _details(name=name, group=group, kind=kind, causes=causes or None)
     if details:
         status["details"] = details
+    status["code"] = code
     return status
 
 
