@@ -10,6 +10,13 @@ in etcd, under ``--etcd-prefix`` (``/registry``) in kube-apiserver's key layout,
 the coordinator apiserver of a pool does (``--etcd-cafile``, ``--etcd-certfile``,
 ``--etcd-keyfile`` for etcd's TLS).
 
+``--authorize`` refuses what the pool's coordinator apiserver refuses (a
+kube-apiserver with the Node authorizer, RBAC and NodeRestriction; see
+``yurtcoord.sim.apiserver.authz``): users come from client certificates, so it needs
+``--tls-dir``; a node writes only its own node lease and the named leases,
+``--named-lease NAMESPACE/NAME`` (repeated) in place of the election and informer sync
+leases of ``kube-system``.
+
 ``--no-full-collections`` holds the interpreter's automatic full garbage collections
 off for the life of the process (young and middle ones go on): with a hundred thousand
 objects and their watch history, each full collection stops this server for a second
@@ -20,8 +27,10 @@ stays until the process ends."""
 import argparse
 import os
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+if TYPE_CHECKING:
+    from yurtcoord.sim.apiserver.authz import IAuthorizer
 
 from twisted.internet import defer, task
 
@@ -44,11 +53,38 @@ def _parse(argv):
     parser.add_argument("--etcd-cafile", default=None)
     parser.add_argument("--etcd-certfile", default=None)
     parser.add_argument("--etcd-keyfile", default=None)
+    parser.add_argument("--authorize", action="store_true",
+                        help="authorize as a pool's coordinator apiserver (needs --tls-dir)")
+    parser.add_argument("--named-lease", action="append", default=None,
+                        metavar="NAMESPACE/NAME", type=_named_lease,
+                        help="a lease every node may write by name (with --authorize; "
+                             "default: the election and informer sync leases)")
     parser.add_argument("--no-full-collections", action="store_true",
                         help="no automatic full garbage collections (large stores)")
     parser.add_argument("--verbose", action="store_true",
                         help="log every request to stderr")
-    return parser.parse_args(argv)
+    options = parser.parse_args(argv)
+    if options.authorize and not options.tls_dir:
+        parser.error("--authorize needs --tls-dir: users come from client certificates")
+    if options.named_lease and not options.authorize:
+        parser.error("--named-lease is for --authorize")
+    return options
+
+
+def _named_lease(text: str) -> tuple[str, str]:
+    """``NAMESPACE/NAME`` as the pair the authorizer takes."""
+    namespace, slash, name = text.partition("/")
+    if not (slash and namespace and name) or "/" in name:
+        raise argparse.ArgumentTypeError(f"not NAMESPACE/NAME: {text!r}")
+    return namespace, name
+
+
+def authorizer_of(options: argparse.Namespace) -> "IAuthorizer | None":
+    """The authorizer the options ask for (None without ``--authorize``)."""
+    if not options.authorize:
+        return None
+    from yurtcoord.sim.apiserver.authz import DEFAULT_NAMED_LEASES, PoolCoordinatorAuthorizer
+    return PoolCoordinatorAuthorizer(options.named_lease or DEFAULT_NAMED_LEASES)
 
 
 def _garbage_collection(options: argparse.Namespace) -> None:
@@ -74,7 +110,8 @@ def main(reactor: Any, argv: list[str]) -> defer.Deferred[Any]:
                               ca_file=options.etcd_cafile, cert_file=options.etcd_certfile,
                               key_file=options.etcd_keyfile)
     server = KubeAPIServer(reactor, tls_dir=options.tls_dir, history=options.history,
-                           request_log_path=options.request_log, storage=storage)
+                           request_log_path=options.request_log, storage=storage,
+                           authorizer=authorizer_of(options))
     finished: defer.Deferred[None] = defer.Deferred()
 
 

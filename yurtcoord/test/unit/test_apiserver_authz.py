@@ -394,3 +394,30 @@ class RequestLogUserTests(unittest.TestCase):
             f.write(json.dumps(old) + "\n" + json_line(new))
         self.assertEqual(read_request_log(path),
                          [LoggedRequest(1.5, "127.0.0.1", "GET", "/api", 200), new])
+
+
+class StandaloneOptionsTests(unittest.TestCase):
+    """``python -m yurtcoord.sim.apiserver --authorize``: the authorizer it builds."""
+
+    def test_authorize(self):
+        from yurtcoord.sim.apiserver import __main__ as standalone
+        self.assertIsNone(standalone.authorizer_of(standalone._parse(["--tls-dir", "d"])))
+        authorizer = standalone.authorizer_of(standalone._parse(["--tls-dir", "d",
+                                                                 "--authorize"]))
+        self.assertTrue(verifyObject(IAuthorizer, authorizer))
+        self.assertEqual(authorizer.named_leases, {("kube-system", "yurthub"),
+                                                   ("kube-system", "leader-informer-sync")})
+        authorizer = standalone.authorizer_of(standalone._parse([
+            "--tls-dir", "d", "--authorize", "--named-lease", "pool-a/election",
+            "--named-lease", "kube-system/leader-informer-sync"]))
+        self.assertEqual(authorizer.named_leases, {("pool-a", "election"),
+                                                   ("kube-system", "leader-informer-sync")})
+
+    def test_refused_options(self):
+        from yurtcoord.sim.apiserver import __main__ as standalone
+        for argv in (["--authorize"], ["--tls-dir", "d", "--named-lease", "a/b"],
+                     ["--tls-dir", "d", "--authorize", "--named-lease", "yurthub"],
+                     ["--tls-dir", "d", "--authorize", "--named-lease", "a/b/c"],
+                     ["--tls-dir", "d", "--authorize", "--named-lease", "/b"]):
+            with self.assertRaises(SystemExit, msg=argv):
+                standalone._parse(argv)
