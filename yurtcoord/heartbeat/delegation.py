@@ -470,19 +470,30 @@ class HeartbeatDelegation:
         coordinator apiserver, an ``Informer`` of the pool's Nodes read through
         ``cloud_reader`` (a client of whichever cloud server is healthy), and the
         cloud health checker's pick. Both informers count their loop's unexpected
-        errors in ``loop_errors``."""
+        errors in ``loop_errors``. The lease informer stores only the leases of pool
+        members (``keeps_lease``)."""
         def make_informer() -> IInformer:
             # Node leases only: the coordinator's Roles let a node list and watch
             # leases in kube-node-lease, nothing cluster-wide.
             return Informer(reactor, coordinator_client, LEASES,
-                            namespace=NODE_LEASE_NAMESPACE, loop_errors=loop_errors)
+                            namespace=NODE_LEASE_NAMESPACE, loop_errors=loop_errors,
+                            keep=delegation.keeps_lease)
 
         def make_node_informer(label_selector: str) -> IInformer:
             return Informer(reactor, cloud_reader, NODES, label_selector=label_selector,
                             loop_errors=loop_errors)
 
-        return cls(reactor, make_informer, make_node_informer, cloud_reader,
-                   cloud_health.pick_healthy_server, cloud_client_for, pool, **options)
+        delegation = cls(reactor, make_informer, make_node_informer, cloud_reader,
+                         cloud_health.pick_healthy_server, cloud_client_for, pool, **options)
+        return delegation
+
+    def keeps_lease(self, lease: dict) -> bool:
+        """Whether the lease informer should hold ``lease``: only when its name is a
+        Node of the pool as listed. Every other lease still reaches the handlers, one
+        event at a time, to be counted and refused, but is not held: names that are no
+        member, made up by the ten thousand, cost no memory each. A member's lease
+        seen before the Nodes were listed is held from its next renewal on."""
+        return _name_of(lease) in self._nodes
 
     # -- observers ---------------------------------------------------------------
 
@@ -531,6 +542,13 @@ class HeartbeatDelegation:
         """Whether this term's informer of the pool leases has listed once: from then
         on every change of a lease is one this leader sees."""
         return self._running and not self._listing()
+
+    @property
+    def leases_held(self) -> int:
+        """How many pool leases this term's informer holds: those of pool members only
+        (``keeps_lease``), whatever else the coordinator has."""
+        informer = self._informer
+        return len(informer.list()) if informer is not None else 0
 
     # -- IRoleComponent ----------------------------------------------------------
 

@@ -28,6 +28,14 @@ on_update(old, new), on_delete(obj). With a filter, an object that stops matchin
 delivered as a delete (of its last matching state), one that starts matching as an
 add. A handler that raises is logged; the informer carries on.
 
+``keep(obj)`` (optional) says which objects the store holds. The others are handed to
+the handlers as they come, each watch event of one as an add with no old state, and
+are never stored (a list drops them as each page arrives): a resource of which a
+component needs few objects, among many it must only see pass (delegated leases of
+names made up by the ten thousand), costs memory per kept object only. An object that
+stops being kept is removed from the store and delivered as a delete of its last kept
+state, then as an add; a delete of an object never stored is delivered as it comes.
+
 Each list or watch of the loop is one guarded step (loop ``informer`` of
 ``yurtcoord.tx.guardedloop``): a step that raises where no error is expected (the
 client's ``watch`` call itself, or replacing the store after a list) would otherwise
@@ -125,7 +133,8 @@ class Informer:
                  watch_idle_timeout: Optional[float] = None,
                  page_size: Optional[int] = DEFAULT_PAGE_SIZE,
                  max_list_pages: int = MAX_LIST_PAGES,
-                 loop_errors: Optional[ILoopErrors] = None) -> None:
+                 loop_errors: Optional[ILoopErrors] = None,
+                 keep: Optional[Callable[[Obj], bool]] = None) -> None:
         if page_size is not None and page_size < 1:
             raise ValueError(f"page_size must be >= 1 or None, got {page_size}")
         if max_list_pages < 1:
@@ -146,6 +155,7 @@ class Informer:
             # silent for much longer than that is a dead connection.
             watch_idle_timeout = watch_timeout_seconds + 60
         self.watch_idle_timeout = watch_idle_timeout
+        self.keep = keep
         self.store: dict[str, Obj] = {}
         self.resource_version: Optional[str] = None
         self.has_synced = False
@@ -330,7 +340,7 @@ class Informer:
                 items, token, page_size = [], None, None
                 continue
             page, metadata = _page_of(result, self.gvr)
-            items.extend(page)
+            items.extend(page if self.keep is None else filter(self._kept, page))
             token = metadata.get("continue") if page_size else None
             if not token:
                 return items, metadata.get("resourceVersion")
@@ -405,6 +415,13 @@ class Informer:
             if old is not None:
                 del self.store[key]
                 self._deliver_delete(obj)
+            elif self.keep is not None:
+                self._deliver_delete(obj)
+        elif self.keep is not None and not self._kept(obj):
+            if old is not None:
+                del self.store[key]
+                self._deliver_delete(old)
+            self._deliver_add(obj)
         else:
             self.store[key] = obj
             if old is None:
@@ -429,6 +446,16 @@ class Informer:
             elif resource_version(old) != resource_version(obj) or (
                     resource_version(obj) is None and old != obj):
                 self._deliver_update(old, obj)
+
+    def _kept(self, obj: Obj) -> bool:
+        """Whether the store holds ``obj``; a ``keep`` that raises keeps it (logged):
+        memory is the lesser loss than a change never told."""
+        try:
+            return bool(self.keep(obj))  # type: ignore[misc]
+        except Exception:
+            self.log.failure("informer keep failed gvr={gvr} key={key}",
+                             gvr=str(self.gvr), key=object_key(obj))
+            return True
 
     def _matches(self, handler, obj, event):
         if handler.filter is None:

@@ -87,6 +87,23 @@ class DelegationLiveTests(unittest.TestCase):
         return lease
 
     @defer.inlineCallbacks
+    def test_only_pool_members_leases_are_held_however_many_names_are_made_up(self):
+        ghosts = [f"ghost-{index}" for index in range(300)]
+        self.pool.store.create(LEASES, self.pool_lease("node-b", self.t0 + 1))
+        for name in ghosts:
+            self.pool.store.create(LEASES, self.pool_lease(name, self.t0 + 1))
+        yield self.started()
+        # Listed before or after the Nodes, no made-up name stays in the informer.
+        for name in [*ghosts, "node-b"]:
+            self.renew(name, self.t0 + 2)
+        yield poll_until(lambda: self.delegation.delegated_heartbeats == 1,
+                         what="node-b's renewal forwarded past the made-up ones")
+        self.assertEqual(self.delegation.leases_held, 1)
+        self.assertEqual([lease["metadata"]["name"]
+                          for lease in self.cloud.store.list(LEASES, NODE_LEASE_NAMESPACE)],
+                         ["node-b"])
+
+    @defer.inlineCallbacks
     def test_delegated_leases_reach_the_cloud_through_the_proxy_certificate(self):
         # Delegated before this agent led: listed as it starts, no change it saw.
         self.pool.store.create(LEASES, self.pool_lease("node-b", self.t0 + 1))

@@ -292,6 +292,72 @@ class InformerUnitTests(unittest.TestCase):
             ("add", "a", "1"), ("update", "a", "11"), ("delete", "a", "11"),
             ("add", "b", "13"), ("delete", "b", "15")])
 
+    def keeping(self, wanted):
+        """An informer that stores only the ConfigMaps named in ``wanted`` (a set the
+        test may change), and the (event, name, rv) its handler saw."""
+        informer = Informer(self.clock, self.client, CONFIGMAPS, namespace="ns",
+                            backoff=self.backoff,
+                            keep=lambda o: o["metadata"]["name"] in wanted)
+        self.addCleanup(informer.stop)
+        calls = []
+
+        def name_rv(o):
+            return o["metadata"]["name"], o["metadata"]["resourceVersion"]
+        informer.add_handler(lambda o: calls.append(("add", *name_rv(o))),
+                             lambda _old, new: calls.append(("update", *name_rv(new))),
+                             lambda o: calls.append(("delete", *name_rv(o))))
+        informer.start()
+        return informer, calls
+
+    def test_objects_not_kept_are_told_as_they_come_but_never_stored(self):
+        wanted = {"a"}
+        informer, calls = self.keeping(wanted)
+        self.client.answer_list(10, [cm("a", 1), cm("x", 2)])
+        self.assertEqual(sorted(informer.store), ["ns/a"])
+        watch = self.client.watches[-1]
+        watch.send("MODIFIED", cm("x", 11))
+        watch.send("MODIFIED", cm("x", 12))
+        watch.send("MODIFIED", cm("a", 13))
+        watch.send("DELETED", cm("x", 14))
+        self.assertEqual(sorted(informer.store), ["ns/a"])
+        self.assertEqual(calls, [("add", "a", "1"), ("add", "x", "11"), ("add", "x", "12"),
+                                 ("update", "a", "13"), ("delete", "x", "14")])
+        self.assertEqual(informer.resource_version, "14")
+
+    def test_an_object_that_stops_being_kept_leaves_the_store_and_one_that_starts_enters(self):
+        wanted = {"a"}
+        informer, calls = self.keeping(wanted)
+        self.client.answer_list(10, [cm("a", 1), cm("b", 2)])
+        watch = self.client.watches[-1]
+        wanted.discard("a")
+        wanted.add("b")
+        watch.send("MODIFIED", cm("a", 11))
+        watch.send("MODIFIED", cm("b", 12))
+        watch.send("MODIFIED", cm("b", 13))
+        self.assertEqual(sorted(informer.store), ["ns/b"])
+        self.assertEqual(calls, [("add", "a", "1"), ("delete", "a", "1"), ("add", "a", "11"),
+                                 ("add", "b", "12"), ("update", "b", "13")])
+
+    def test_a_relist_drops_what_is_not_kept_page_by_page(self):
+        wanted = {"a", "c"}
+        informer, calls = self.keeping(wanted)
+        self.client.answer_list(10, [cm("a", 1), cm("c", 3)])
+        self.client.watches[-1].done.errback(errors.Gone("too old", code=410))
+        self.clock.advance(1.0)
+        self.client.answer_list(30, [cm("a", 25), cm("x", 26), cm("y", 27)])
+        self.assertEqual(sorted(informer.store), ["ns/a"])
+        self.assertEqual(calls[2:], [("delete", "c", "3"), ("update", "a", "25")])
+
+    def test_a_keep_that_raises_keeps_the_object(self):
+        def broken(obj):
+            raise RuntimeError("keep bug")
+        informer = Informer(self.clock, self.client, CONFIGMAPS, namespace="ns", keep=broken)
+        self.addCleanup(informer.stop)
+        informer.start()
+        self.client.answer_list(10, [cm("a", 1)])
+        self.assertEqual(sorted(informer.store), ["ns/a"])
+        self.assertEqual(len(self.flushLoggedErrors(RuntimeError)), 1)
+
     def test_handler_that_raises_is_logged_and_others_still_run(self):
         def broken(obj):
             raise RuntimeError("handler bug")
