@@ -441,10 +441,11 @@ class RequestLogTests(ServerTestCase):
         yield self.logged(2)
         posted, put = self.server.request_log
         self.assertEqual(posted[1:], ("127.0.0.1", "POST", NODE_LEASES, 201, "kube-node-lease",
-                                      "edge-1", "edge-1", "2026-01-01T00:00:01.000000Z", False, ""))
+                                      "edge-1", "edge-1", "2026-01-01T00:00:01.000000Z", False, "",
+                                      ""))
         self.assertEqual(put[1:], ("127.0.0.1", "PUT", NODE_LEASES + "/edge-1", 200,
                                    "kube-node-lease", "edge-1", "edge-1",
-                                   "2026-01-01T00:00:11.000000Z", True, ""))
+                                   "2026-01-01T00:00:11.000000Z", True, "", ""))
         self.assertTrue(put.is_lease_write)
         self.assertEqual([r.at for r in self.server.request_log],
                          [at for at, _method, _path, _code in self.server.answers])
@@ -487,7 +488,7 @@ class RequestLogTests(ServerTestCase):
         yield self.logged(3)
         deleted, missing = self.server.request_log[1:]
         self.assertEqual(deleted[1:], ("127.0.0.1", "DELETE", NODE_LEASES + "/edge-1", 200,
-                                       "kube-node-lease", "edge-1", None, None, None, ""))
+                                       "kube-node-lease", "edge-1", None, None, None, "", ""))
         self.assertTrue(deleted.is_lease_delete)
         self.assertEqual((missing.code, missing.name), (404, None))
 
@@ -499,7 +500,7 @@ class RequestLogTests(ServerTestCase):
         yield self.logged(1)
         self.assertEqual(self.server.request_log[0][1:],
                          ("127.0.0.1", "POST", NODE_LEASES, 503, None, None, None, None, None,
-                          ""))
+                          "", ""))
 
     def test_the_log_keeps_the_newest_records_and_counts_the_others(self):
         http = InMemoryHTTP()
@@ -903,6 +904,10 @@ class TLSTests(ServerTestCase):
         self.assertEqual((response.code, body["kind"]), (200, "NodeList"))
         self.assertEqual(self.server.client_subjects,
                          ["CN=system:node:edge-1,O=system:nodes"])
+        # Without an authorizer everything is served, and still logged with its user.
+        yield self.wait(lambda: len(self.server.request_log) == 1, "the answer logged")
+        self.assertEqual([(r.code, r.user) for r in self.server.request_log],
+                         [(200, "system:node:edge-1")])
 
     @defer.inlineCallbacks
     def test_cert_from_another_ca_rejected(self):
@@ -1001,7 +1006,7 @@ class StandaloneTests(unittest.TestCase):
             created, ready = read_request_log(path)
             self.assertEqual(created[1:], ("127.0.0.1", "POST", NODE_LEASES, 201,
                                            "kube-node-lease", "edge-1", "edge-1",
-                                           "2026-01-01T00:00:01.000000Z", False, ""))
+                                           "2026-01-01T00:00:01.000000Z", False, "", ""))
             self.assertEqual(ready[1:5], ("127.0.0.1", "GET", "/readyz", 200))
             self.assertLess(abs(created.at - time.time()), 60)
         return self.run_module(["--request-log", path], check)
