@@ -22,14 +22,12 @@ authenticated user holds, unless a shipped rule names their URL.
 
 from typing import Any, Iterable, Mapping, NamedTuple, Sequence
 
+# The non-resource URLs of the built-in ClusterRoles system:discovery and
+# system:public-info-viewer, which the apiserver binds to every authenticated user.
+from yurtcoord.sim.apiserver.authz import DISCOVERY_URLS
 from yurtcoord.sim.apiserver.requestlog import RequestAttributes
 
 RBAC_GROUP = "rbac.authorization.k8s.io"
-
-# The non-resource URLs of the built-in ClusterRole system:discovery, which the
-# apiserver binds to every authenticated user.
-DISCOVERY_URLS = ("/api", "/api/*", "/apis", "/apis/*", "/healthz", "/livez",
-                  "/openapi", "/openapi/*", "/readyz", "/version", "/version/")
 
 
 class Subject(NamedTuple):

@@ -26,15 +26,27 @@ layout, as a pool's coordinator apiserver keeps them::
     server = KubeAPIServer(reactor, storage=storage)
     yield server.storage.create(LEASES, lease)
 
+With ``authorizer=PoolCoordinatorAuthorizer()`` (``authz``) the server authorizes as
+a pool's coordinator apiserver (Node authorizer, RBAC, NodeRestriction): the user is
+the TLS client certificate's common name, a node writes only its own node lease and
+the named election and informer sync leases, and anything else is answered 403 with
+kube-apiserver's Status before any object is read; ``request_log`` names each
+request's user::
+
+    server = KubeAPIServer(reactor, tls_dir=ca.directory,
+                           authorizer=PoolCoordinatorAuthorizer())
+
 The pieces: ``catalog`` (served types, discovery), ``storage`` (the storage
 contract, the in-memory storage), ``store`` (objects, history, watchers in
 memory), ``etcdstorage`` (objects in etcd), ``pages`` (LIST pages), ``resource``
 (HTTP routing and verbs), ``watch`` (one streaming response), ``faults``
-(knobs), ``server`` (sockets and TLS).
+(knobs), ``authz`` (who may do what), ``server`` (sockets and TLS).
 """
 
+from yurtcoord.sim.apiserver.authz import IAuthorizer, PoolCoordinatorAuthorizer
 from yurtcoord.sim.apiserver.catalog import DEFAULT_TYPES, Catalog, ResourceType
 from yurtcoord.sim.apiserver.server import KubeAPIServer
 from yurtcoord.sim.apiserver.store import ObjectStore
 
-__all__ = ["DEFAULT_TYPES", "Catalog", "KubeAPIServer", "ObjectStore", "ResourceType"]
+__all__ = ["DEFAULT_TYPES", "Catalog", "IAuthorizer", "KubeAPIServer", "ObjectStore",
+           "PoolCoordinatorAuthorizer", "ResourceType"]

@@ -68,40 +68,24 @@ LIST_ALL_LEASES = (
 
 
 class RecordingStorage(MemoryStorage):
-    """The in-memory storage, noting each call the server makes to it (method, resource,
-    name or namespace), so that a test can tell a refusal touched no object."""
+    """The in-memory storage, noting each call the server makes to it (method and
+    resource), so that a test can tell a refusal touched no object."""
 
     def __init__(self, store: ObjectStore) -> None:
         super().__init__(store)
-        self.calls: list[tuple[str, str, str]] = []
+        self.calls: list[tuple[str, str]] = []
 
-    def get(self, gvr, name, *args, **kwargs):
-        self.calls.append(("get", gvr.resource, name))
-        return super().get(gvr, name, *args, **kwargs)
 
-    def list(self, gvr, *args, **kwargs):
-        self.calls.append(("list", gvr.resource, ""))
-        return super().list(gvr, *args, **kwargs)
+def _recorded(method: str):
+    def call(self, gvr, *args, **kwargs):
+        self.calls.append((method, gvr.resource))
+        return getattr(MemoryStorage, method)(self, gvr, *args, **kwargs)
+    return call
 
-    def list_page(self, gvr, *args, **kwargs):
-        self.calls.append(("list_page", gvr.resource, ""))
-        return super().list_page(gvr, *args, **kwargs)
 
-    def create(self, gvr, obj, *args, **kwargs):
-        self.calls.append(("create", gvr.resource, (obj.get("metadata") or {}).get("name", "")))
-        return super().create(gvr, obj, *args, **kwargs)
-
-    def update(self, gvr, obj, *args, **kwargs):
-        self.calls.append(("update", gvr.resource, (obj.get("metadata") or {}).get("name", "")))
-        return super().update(gvr, obj, *args, **kwargs)
-
-    def delete(self, gvr, name, *args, **kwargs):
-        self.calls.append(("delete", gvr.resource, name))
-        return super().delete(gvr, name, *args, **kwargs)
-
-    def watch(self, gvr, *args, **kwargs):
-        self.calls.append(("watch", gvr.resource, ""))
-        return super().watch(gvr, *args, **kwargs)
+for _method in ("get", "list", "list_page", "create", "update", "delete", "watch"):
+    setattr(RecordingStorage, _method, _recorded(_method))
+del _method
 
 
 class _AuthorizedServerCase(unittest.TestCase):

@@ -62,6 +62,15 @@ def forbidden(name: str, message_tail: str, kind: str = "leases",
                    group, kind)
 
 
+def lease_refusal(verb: str, namespace: str, reason: str, name: str = "",
+                  user: str = "system:node:edge-1") -> Refusal:
+    """The authorizer's refusal of a lease request of ``user``, with the Node
+    authorizer's ``reason``."""
+    where = f'in the namespace "{namespace}"' if namespace else "at the cluster scope"
+    return forbidden(name, f'User "{user}" cannot {verb} resource "leases" in API group '
+                           f'"coordination.k8s.io" {where}: {reason}')
+
+
 class DecisionTableTests(unittest.TestCase):
 
     def setUp(self):
@@ -142,10 +151,8 @@ class DecisionTableTests(unittest.TestCase):
     def test_node_deletes_no_collection_of_leases(self):
         decision = self.assertRefused(node("edge-1"), "deletecollection", "kube-node-lease",
                                       "leases")
-        self.assertEqual(decision, forbidden(
-            "", 'User "system:node:edge-1" cannot deletecollection resource "leases" in '
-            'API group "coordination.k8s.io" in the namespace "kube-node-lease": '
-            + ONLY_LEASE_VERBS))
+        self.assertEqual(decision, lease_refusal("deletecollection", "kube-node-lease",
+                                                 ONLY_LEASE_VERBS))
 
     def test_named_leases_by_name(self):
         for name in ("yurthub", "leader-informer-sync"):
@@ -160,27 +167,21 @@ class DecisionTableTests(unittest.TestCase):
                                    field_selector=f"metadata.name=={name}")
 
     def test_other_leases_in_kube_system(self):
-        decision = self.assertRefused(node("edge-1"), "update", "kube-system", "leases",
-                                      "other")
-        self.assertEqual(decision, forbidden(
-            "other", 'User "system:node:edge-1" cannot update resource "leases" in API '
-            'group "coordination.k8s.io" in the namespace "kube-system": '
-            'can only access leases in the "kube-node-lease" system namespace'))
         self.assertEqual(ONLY_NODE_LEASE_NAMESPACE,
                          'can only access leases in the "kube-node-lease" system namespace')
+        decision = self.assertRefused(node("edge-1"), "update", "kube-system", "leases",
+                                      "other")
+        self.assertEqual(decision, lease_refusal("update", "kube-system",
+                                                 ONLY_NODE_LEASE_NAMESPACE, "other"))
         decision = self.assertRefused(node("edge-1"), "create", "kube-system", "leases",
                                       body_name="other")
-        self.assertEqual(decision, forbidden(
-            "other", 'User "system:node:edge-1" cannot create resource "leases" in API '
-            'group "coordination.k8s.io" in the namespace "kube-system": '
-            + ONLY_NODE_LEASE_NAMESPACE))
+        self.assertEqual(decision, lease_refusal("create", "kube-system",
+                                                 ONLY_NODE_LEASE_NAMESPACE, "other"))
         self.assertRefused(node("edge-1"), "get", "kube-system", "leases", "other")
 
     def test_named_leases_listed_only_by_name(self):
         decision = self.assertRefused(node("edge-1"), "list", "kube-system", "leases")
-        self.assertEqual(decision, forbidden(
-            "", 'User "system:node:edge-1" cannot list resource "leases" in API group '
-            '"coordination.k8s.io" in the namespace "kube-system": ' + ONLY_LEASE_VERBS))
+        self.assertEqual(decision, lease_refusal("list", "kube-system", ONLY_LEASE_VERBS))
         for selector in ("metadata.name=other", "metadata.name!=yurthub",
                          "metadata.namespace=kube-system", "spec.holderIdentity=yurthub"):
             self.assertRefused(node("edge-1"), "watch", "kube-system", "leases",
@@ -199,11 +200,11 @@ class DecisionTableTests(unittest.TestCase):
         self.assertEqual(refused.code, 403)
 
     def test_cluster_wide_lease_lists(self):
+        self.assertEqual(ONLY_LEASE_VERBS,
+                         "can only get, create, update, patch, or delete a node lease")
         for verb in ("list", "watch"):
             decision = self.assertRefused(node("edge-1"), verb, "", "leases")
-            self.assertEqual(decision, forbidden(
-                "", f'User "system:node:edge-1" cannot {verb} resource "leases" in API '
-                f'group "coordination.k8s.io" at the cluster scope: {ONLY_LEASE_VERBS}'))
+            self.assertEqual(decision, lease_refusal(verb, "", ONLY_LEASE_VERBS))
         # Not even for a named lease by field selector: names are per namespace.
         self.assertRefused(node("edge-1"), "watch", "", "leases",
                            field_selector="metadata.name=leader-informer-sync")
