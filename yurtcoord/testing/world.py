@@ -58,7 +58,7 @@ from twisted.python.failure import Failure
 from twisted.web.client import Agent as HTTPAgent, HTTPConnectionPool
 
 from yurtcoord.etcd.client import EtcdClient, EtcdConfig
-from yurtcoord.kube.gvr import ENDPOINTS, LEASES, NODES, GroupVersionResource
+from yurtcoord.kube.gvr import ENDPOINTS, LEASES, NODES, SECRETS, GroupVersionResource
 from yurtcoord.names import (
     DELEGATE_HEARTBEAT_ANNOTATION, ELECTION_LEASE_NAME, ELECTION_LEASE_NAMESPACE,
     NODE_LEASE_NAMESPACE, NODE_POOL_LABEL,
@@ -66,12 +66,15 @@ from yurtcoord.names import (
 from yurtcoord.agent.config import parse_duration
 from yurtcoord.sim.agentini import FAULT_SUITE, loopback_agent_ini
 from yurtcoord.sim.apiserver import KubeAPIServer
+from yurtcoord.sim.apiserver.authz import PoolCoordinatorAuthorizer
 from yurtcoord.sim.apiserver.etcdstorage import EtcdStorage
 from yurtcoord.sim.apiserver.requestlog import LoggedRequest, read_request_log
 from yurtcoord.sim.etcd import EtcdBinary, EtcdCluster, EtcdProcess, preferred_etcd_binary, tail
+from yurtcoord.sim.pki import TestCA
 from yurtcoord.sim.kubelet import StandInKubelet
 from yurtcoord.sim.sandboxetcd import rotated
 from yurtcoord.testing.agentpages import Statuses, StatusReader, wait_for_statuses
+from yurtcoord.testing.certsecrets import Bundle, secret
 from yurtcoord.testing.poll import PollTimeout, poll_until
 from yurtcoord.sim.tcpproxy import TCPProxy
 from yurtcoord.testing.twistd import TWISTD, child_environment
@@ -108,19 +111,26 @@ KUBELET_GRACE_PERIOD = str(TIMINGS["heartbeat"]["kubelet_grace_period"])
 def agent_ini(node: str, cloud_url: str | Iterable[str], coordinator_url: str, etcd_url: str,
               pki_dir: str, cache_dir: str, listen: str, kubelet_url: str = "off",
               kubelet_grace_period: str = KUBELET_GRACE_PERIOD,
+              kubelet_client_cert: str | None = None,
               **sections: Mapping[str, object]) -> str:
     """Ini text of one agent of the fault suite: plain http everywhere, the suite's
     timings (``FAULT_SUITE``); the kubelet check asks ``kubelet_url`` (off by default).
+    With ``kubelet_client_cert`` (the node's own certificate) the coordinator
+    apiservers and etcd are reached over TLS, as that node.
 
     ``cloud_url`` is one URL or a list of them; ``sections`` are merged over the
     suite's, key by key (``coordinator={"enabled": "false"}``)."""
     cloud_urls = [cloud_url] if isinstance(cloud_url, str) else list(cloud_url)
+    identity: dict[str, dict[str, object]] = {}
+    if kubelet_client_cert is not None:
+        identity = {"node": {"kubelet_client_cert": kubelet_client_cert},
+                    "coordinator": {"insecure": "false"}}
     return loopback_agent_ini(
         node, POOL, cloud_urls, coordinator_url, etcd_url, pki_dir, cache_dir, FAULT_SUITE,
         {"heartbeat": {"kubelet_healthz_url": kubelet_url,
                        "kubelet_grace_period": kubelet_grace_period},
          "server": {"listen": listen}},
-        **sections)
+        identity, **sections)
 
 
 def cached_pod(name: str, resource_version: int | str, namespace: str = "default",
@@ -243,6 +253,9 @@ class AgentProcess:
         self.kubelet = kubelet
         self.cache_dir = os.path.join(directory, "cache")
         self.pki_dir = os.path.join(directory, "pki")
+        # The node's own certificate and key (the kubelet's), in a world with
+        # identities; None: the agent reaches its coordinator over plain http.
+        self.node_cert: str | None = None
         self.ini_path = os.path.join(directory, "yurtcoord.ini")
         self.log_path = os.path.join(directory, "agent.log")
         self.expected_pods: dict[str, int] = {}
@@ -293,6 +306,18 @@ class AgentProcess:
         if self._child is None:
             raise RuntimeError(f"agent {self.node} was never started")
         return self._child.ended
+
+    def rss_kib(self) -> int:
+        """The running agent's resident memory now (``VmRSS`` of its process), KiB."""
+        transport = None if self._child is None else self._child.transport
+        pid = getattr(transport, "pid", None)
+        if pid is None:
+            raise RuntimeError(f"agent {self.node} is not running")
+        with open(f"/proc/{pid}/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1])
+        raise LookupError(f"no VmRSS for agent {self.node} (pid {pid})")
 
     def start(self, ini_text: str) -> None:
         """Spawn the agent with ``ini_text``; also again after it ended (its status
@@ -476,6 +501,13 @@ class ProcessWorld:
     pool etcd, or with ``coordinator_in_etcd=False`` an in-memory store.
     ``etcd_members`` above 1 runs the pool etcd as an ``EtcdCluster`` of that size
     (``etcd_cluster``; see "The pool etcd as a cluster" below).
+
+    With ``identities`` the pool runs as a production pool does: one test CA
+    (``ca``) for the coordinator apiservers and the pool etcd, both serving TLS and
+    requiring client certificates; the coordinator apiservers authorize as the Node
+    authorizer and NodeRestriction do (``PoolCoordinatorAuthorizer``: a node writes
+    only its own node lease); the cloud holds the certs Secret; and each agent has its
+    node's own certificate (``AgentProcess.node_cert``), its identity there.
     """
 
     # The coordinator apiservers after the first (none in a world that makes its
@@ -489,20 +521,24 @@ class ProcessWorld:
     def __init__(self, reactor: Any, etcd_binary: EtcdBinary | None = None,
                  kubelet_grace_period: str = KUBELET_GRACE_PERIOD,
                  coordinator_servers: int = 1, etcd_members: int = 1,
-                 coordinator_in_etcd: bool = True) -> None:
+                 coordinator_in_etcd: bool = True, identities: bool = False) -> None:
         self.reactor = reactor
         self.kubelet_grace_period = kubelet_grace_period
         self.base_dir = tempfile.mkdtemp(prefix="yurtcoord-world-")
         binary = etcd_binary or preferred_etcd_binary()
-        self.etcd = EtcdProcess(binary)
-        self.etcd_cluster = (EtcdCluster(binary, size=etcd_members) if etcd_members > 1
-                             else None)
+        self.ca: TestCA | None = None
+        if identities:
+            self.ca = TestCA(os.path.join(self.base_dir, "ca"))
+            self.ca.server_pair("server")
+        self.etcd = EtcdProcess(binary, tls_ca=self.ca)
+        self.etcd_cluster = (EtcdCluster(binary, size=etcd_members, tls_ca=self.ca)
+                             if etcd_members > 1 else None)
         self.coordinator_in_etcd = coordinator_in_etcd
         # None only in a world whose servers are made by start() (see PartitionWorld).
         self.cloud: KubeAPIServer | None = KubeAPIServer(reactor)
-        self.coordinator: KubeAPIServer | None = KubeAPIServer(
-            reactor, storage=self.coordinator_storage())
-        self._more_coordinators = tuple(KubeAPIServer(reactor, storage=self.coordinator.storage)
+        self.coordinator: KubeAPIServer | None = self._coordinator_server(
+            self.coordinator_storage())
+        self._more_coordinators = tuple(self._coordinator_server(self.coordinator.storage)
                                         for _ in range(coordinator_servers - 1))
         # Coordinator apiservers run as processes of their own, once started (see
         # ``start_coordinator_processes``).
@@ -514,6 +550,14 @@ class ProcessWorld:
         self.http = treq.client.HTTPClient(
             HTTPAgent(reactor, pool=self._http_pool, connectTimeout=2))
         self._stopped = False
+
+    def _coordinator_server(self, storage: Any) -> KubeAPIServer:
+        """One coordinator apiserver over ``storage``: plain http, or with
+        ``identities`` TLS with client certificates and the pool's authorization."""
+        if self.ca is None:
+            return KubeAPIServer(self.reactor, storage=storage)
+        return KubeAPIServer(self.reactor, storage=storage, tls_dir=self.ca.directory,
+                             authorizer=PoolCoordinatorAuthorizer())
 
     def servers(self) -> tuple[KubeAPIServer, KubeAPIServer]:
         """The cloud and the coordinator apiserver."""
@@ -559,6 +603,9 @@ class ProcessWorld:
         yield deferToThread(self._etcd_service().start)
         cloud, coordinator = self.servers()
         yield cloud.start()
+        if self.ca is not None:
+            # The pool's certificates, as the cloud keeps them for its agents.
+            cloud.store.create(SECRETS, secret(Bundle(self.ca, "pool").data()))
         yield coordinator.start()
         for server in self._more_coordinators:
             yield server.start()
@@ -595,6 +642,9 @@ class ProcessWorld:
         add_pool_node(cloud, node)
         agent = AgentProcess(self.reactor, node, os.path.join(self.base_dir, node), proxies,
                              etcd, kubelet, clock_offset=clock_offset)
+        if self.ca is not None:
+            agent.node_cert = self.ca.node_client_pem(
+                node, os.path.join(agent.directory, "kubelet-client-current.pem"))
         if pods:
             agent.write_pods(pods, **pod_options)
         self.agents[node] = agent
@@ -626,7 +676,8 @@ class ProcessWorld:
         return agent_ini(agent.node, [p.url() for p in agent.cloud_proxies],
                          ", ".join(url for url in coordinator_urls if url), etcd_url, agent.pki_dir, agent.cache_dir,
                          "127.0.0.1:0", kubelet_url=agent.stand_in_kubelet().url(),
-                         kubelet_grace_period=self.kubelet_grace_period, **sections)
+                         kubelet_grace_period=self.kubelet_grace_period,
+                         kubelet_client_cert=agent.node_cert, **sections)
 
     @defer.inlineCallbacks
     def stop(self) -> Generator[defer.Deferred[Any], Any, None]:
@@ -677,6 +728,9 @@ class ProcessWorld:
         if not self.coordinator_in_etcd:
             raise ValueError("coordinator apiserver processes keep their objects in the "
                              "pool etcd: the world needs coordinator_in_etcd")
+        if self.ca is not None:
+            raise ValueError("coordinator apiserver processes serve plain http: a world "
+                             "with identities keeps its coordinators in the test process")
         if self.coordinator_processes:
             raise RuntimeError("the coordinator apiserver processes already run")
         config = self.coordinator_etcd_config()
