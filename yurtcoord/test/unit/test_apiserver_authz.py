@@ -76,25 +76,19 @@ class DecisionTableTests(unittest.TestCase):
     def setUp(self):
         self.authorizer = PoolCoordinatorAuthorizer()
 
-    def decide(self, who, verb, namespace, resource, name="", body_name="",
-               field_selector=""):
+    def decide(self, who, *request, **options):
+        """The decision on ``request`` (verb, namespace, resource, name; ``options``
+        body_name, field_selector) of ``who`` (user, groups)."""
         user, groups = who
-        return ask(self.authorizer, user, groups, verb, namespace, resource, name,
-                   body_name, field_selector)
+        return ask(self.authorizer, user, groups, *request, **options)
 
-    def assertAllowed(self, who, verb, namespace, resource, name="", body_name="",
-                      field_selector=""):
-        decision = self.decide(who, verb, namespace, resource, name, body_name,
-                               field_selector)
-        self.assertIsNone(decision, (who, verb, namespace, resource, name, body_name,
-                                     field_selector))
+    def assertAllowed(self, who, *request, **options):
+        self.assertIsNone(self.decide(who, *request, **options), (who, request, options))
 
-    def assertRefused(self, who, verb, namespace, resource, name="", body_name="",
-                      field_selector=""):
-        decision = self.decide(who, verb, namespace, resource, name, body_name,
-                               field_selector)
-        self.assertIsNotNone(decision, (who, verb, namespace, resource, name, body_name,
-                                        field_selector))
+    def assertRefused(self, who, *request, **options):
+        """The refusal of a request that must be refused 403 Forbidden."""
+        decision = self.decide(who, *request, **options)
+        self.assertIsNotNone(decision, (who, request, options))
         self.assertEqual((decision.code, decision.reason), (403, "Forbidden"))
         return decision
 
