@@ -387,7 +387,7 @@ class EtcdProcess:
         _live.add(self)
         if tls_ca is not None:
             suffix = "" if initial_cluster is None else f"-{name}"
-            self.server_cert = tls_ca.server_pair("etcd-server" + suffix)
+            self.server_cert = tls_ca.server_pair("etcd-server" + suffix, [host])
             self.client_cert = tls_ca.client_pair("etcd-client" + suffix, "etcd-test-client")
 
     @staticmethod

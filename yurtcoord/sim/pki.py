@@ -106,11 +106,13 @@ class TestCA:
         _write(self.ca_file, self.cert_pem, 0o644)
 
     def issue(self, name: str, common_name: str, organizations: Iterable[str] = (),
-              server: bool = False, client: bool = False, valid_days: int = 1) -> CertPair:
+              server: bool = False, client: bool = False, valid_days: int = 1,
+              addresses: Iterable[str] = ()) -> CertPair:
         """Issue a pair ``<name>.crt``/``<name>.key`` and return their paths.
 
         ``server`` adds the serverAuth usage and the names ``localhost`` and
-        ``127.0.0.1``; ``client`` adds the clientAuth usage."""
+        ``127.0.0.1``, and ``addresses`` (IP addresses a server also listens on, e.g.
+        on a test network); ``client`` adds the clientAuth usage."""
         if not (server or client):
             raise ValueError(f"certificate {name!r}: give it a server or client role")
         key = ec.generate_private_key(ec.SECP256R1())
@@ -130,7 +132,8 @@ class TestCA:
             builder = builder.add_extension(
                 x509.SubjectAlternativeName([
                     x509.DNSName("localhost"),
-                    x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
+                    *(x509.IPAddress(ipaddress.ip_address(address))
+                      for address in dict.fromkeys(["127.0.0.1", *addresses])),
                 ]),
                 critical=False,
             )
@@ -145,8 +148,8 @@ class TestCA:
         _write(pair.key_file, key_pem, 0o600)
         return pair
 
-    def server_pair(self, name: str = "server") -> CertPair:
-        return self.issue(name, "localhost", server=True, client=True)
+    def server_pair(self, name: str = "server", addresses: Iterable[str] = ()) -> CertPair:
+        return self.issue(name, "localhost", server=True, client=True, addresses=addresses)
 
     def client_pair(self, name: str, common_name: str,
                     organizations: Iterable[str] = ()) -> CertPair:
