@@ -9,6 +9,9 @@ scripts.
     yurtcoordctl leader  ...     # GET /pool: the election lease and the leader changes
     yurtcoordctl cache   ...     # GET /pool: pool cache counts and informer sync lease
     yurtcoordctl --version       # yurtcoord's version, from the installed package
+    yurtcoordctl pki --pool NAME --out DIR [--node NODE ...] [--extra-san NAME ...]
+                                 # the certificates and Secrets of a pool's coordinator
+                                 # (yurtcoord.agent.poolpki); reads no agent
 
 The common options may come before or after the command (after it, they override the
 same option before it). The server is ``--server`` (a bare ``host:port`` is
@@ -611,6 +614,64 @@ def _add_common_options(parser: argparse.ArgumentParser, defaults: bool) -> None
                              f"{DEFAULT_TIMEOUT:g})")
 
 
+PKI_HELP = "create a pool's coordinator certificates and their Secrets"
+
+
+def _add_pki_command(commands: Any, out: Optional[TextIO]) -> None:
+    """``pki``: options of its own (it reads no agent, so none of the common ones)."""
+    from yurtcoord.agent import poolpki
+
+    pki = commands.add_parser(
+        "pki", help=PKI_HELP, out=out, prog="yurtcoordctl pki",
+        usage="yurtcoordctl pki --pool NAME --out DIR [options]",
+        description=PKI_HELP + ": the pool CA (kept when DIR holds one, unless --rotate), "
+        "etcd server and peer pairs, the apiserver's, the node-lease-proxy client pair, "
+        "a pair per --node, and secrets.yaml with a kustomization.yaml to add to the "
+        "pool's overlay. Keys are written with mode 0600.")
+    pki.add_argument("--pool", required=True, metavar="NAME",
+                     help="the pool's name (label apps.openyurt.io/nodepool)")
+    pki.add_argument("--out", required=True, metavar="DIR", help="where to write")
+    pki.add_argument("--namespace", default="", metavar="NS",
+                     help=f"the pool's namespace (default {poolpki.NAMESPACE_PREFIX}<pool>)")
+    pki.add_argument("--node", action="append", default=[], metavar="NODE",
+                     help="issue NODE's client pair (CN=system:node:NODE, O=system:nodes) "
+                          "into DIR/nodes/NODE.pem; repeat for more nodes")
+    pki.add_argument("--extra-san", action="append", default=[], metavar="NAME",
+                     help="one more DNS name or IP address in every server certificate "
+                          "(e.g. 127.0.0.1 to serve on loopback); repeat for more")
+    pki.add_argument("--client-ca", action="append", default=[], metavar="FILE",
+                     help="a CA whose client certificates the coordinator apiserver "
+                          "accepts besides the pool CA's (the cluster CA that signs the "
+                          "kubelets' certificates); repeat for more")
+    pki.add_argument("--cluster-domain", default=poolpki.CLUSTER_DOMAIN, metavar="DOMAIN",
+                     help=f"the cluster's DNS domain (default {poolpki.CLUSTER_DOMAIN})")
+    pki.add_argument("--rotate", action="store_true",
+                     help="make a new pool CA even when DIR holds one")
+
+
+def run_pki(arguments: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    """``yurtcoordctl pki``: 0 when written; ``BAD_USAGE`` with one line naming the
+    option, value or file at fault."""
+    from yurtcoord.agent import poolpki
+
+    request = poolpki.PKIRequest(
+        pool=arguments.pool, out=arguments.out, namespace=arguments.namespace,
+        nodes=tuple(arguments.node), extra_sans=tuple(arguments.extra_san),
+        rotate=arguments.rotate, cluster_domain=arguments.cluster_domain,
+        client_ca_files=tuple(arguments.client_ca))
+    try:
+        result = poolpki.create_pool_pki(request)
+    except poolpki.PKIError as error:
+        err.write(f"yurtcoordctl: pki: {printable(str(error))}\n")
+        return BAD_USAGE
+    except OSError as error:
+        err.write(f"yurtcoordctl: pki: {printable(str(error.filename or request.out))}: "
+                  f"{printable(error.strerror or str(error))}\n")
+        return BAD_USAGE
+    out.write(poolpki.describe(result, request))
+    return 0
+
+
 def parser(out: Optional[TextIO] = None) -> argparse.ArgumentParser:
     """The command line: ``yurtcoordctl [options] COMMAND [options]``, one command per
     view. The common options may come before or after the command and are shown in
@@ -634,6 +695,7 @@ def parser(out: Optional[TextIO] = None) -> argparse.ArgumentParser:
         command.add_argument("--version", action=_VersionAction,
                              help="print yurtcoord's version and exit")
         _add_common_options(command, defaults=False)
+    _add_pki_command(commands, out)
     return top
 
 
@@ -648,6 +710,8 @@ def run(argv: Sequence[str], out: TextIO, err: TextIO) -> int:
         return error.status
     except SystemExit as exit_:  # --help and --version
         return BAD_USAGE if exit_.code else 0
+    if arguments.command == "pki":
+        return run_pki(arguments, out, err)
     path, render = COMMANDS[arguments.command]
     try:
         if not 0 < arguments.timeout <= MAX_TIMEOUT:  # also false for NaN
