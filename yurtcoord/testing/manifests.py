@@ -1,33 +1,110 @@
 """The shipped deployment manifests (``deploy/``) as documents, and the RBAC policy
 they grant the agent on each apiserver, for the tests that hold the manifests against
-the agent's configuration and against the requests the agents make."""
+the agent's configuration and against the requests the agents make.
 
+The agent's base (``deploy/base``) and the coordinator component name no pool: a pool
+overlay (``deploy/pools/<pool>``) writes the pool's name for ``POOL`` in
+``yurt-pool-POOL`` (the pool's namespace) and ``yurtcoord:POOL`` (its RBAC objects
+outside it). ``for_pool`` does the same to documents read here, so that the unit tier
+checks the rules without ``kubectl kustomize``; the integration tier checks that it
+gives what the overlay renders."""
+
+import copy
 import glob
 import os
-from typing import Any
+from typing import Any, Optional
 
 import yaml
 
 from yurtcoord.testing.paths import REPO
-from yurtcoord.testing.rbac import RBACPolicy, Subject
+from yurtcoord.testing.rbac import RBACPolicy, Rule, Subject
 
 DEPLOY = os.path.join(REPO, "deploy")
-CLOUD_DIR = os.path.join(DEPLOY, "cloud")
+BASE_DIR = os.path.join(DEPLOY, "base")
+CLOUD_DIR = BASE_DIR
 COORDINATOR_DIR = os.path.join(DEPLOY, "coordinator")
+COORDINATOR_COMPONENT = os.path.join(DEPLOY, "components", "coordinator")
+POOL_COMPONENT = os.path.join(DEPLOY, "components", "pool")
+EXAMPLE_POOL_DIR = os.path.join(DEPLOY, "pools", "example")
+EXAMPLE_POOL = "example"
+POOL_LABEL = "apps.openyurt.io/nodepool"
+# What a pool overlay replaces in the base and the components.
+NAMESPACE_PLACEHOLDER = "yurt-pool-POOL"
+RBAC_NAME_PLACEHOLDER = "yurtcoord:POOL"
+# The Kubernetes version the manifests are written for and validated against: that of
+# the coordinator's kube-apiserver image, whose minor version a test compares.
+KUBERNETES_VERSION = "1.32.0"
 
 # Who the agent is to each apiserver: the DaemonSet's ServiceAccount and, for the
 # heartbeats the leader forwards, the node-lease-proxy certificate's user on the cloud;
-# the yurthub client certificate's user on the coordinator apiserver.
-SERVICE_ACCOUNT = Subject("ServiceAccount", "yurtcoord", "kube-system")
+# its node (the kubelet's certificate, group system:nodes) on the coordinator apiserver.
 NODE_LEASE_PROXY = Subject("User", "openyurt:yurt-coordinator:node-lease-proxy-client")
-CLOUD_SUBJECTS = (SERVICE_ACCOUNT, NODE_LEASE_PROXY)
-COORDINATOR_SUBJECTS = (Subject("User", "openyurt:yurt-coordinator:yurthub"),)
+NODES_GROUP = Subject("Group", "system:nodes")
+COORDINATOR_SUBJECTS = (NODES_GROUP,)
+
+# What kube-apiserver's Node authorizer allows every node before RBAC is asked (its
+# rules for resources it does not subdivide by node, from Kubernetes' bootstrap policy
+# NodeRules): a node reads Nodes, its own included, which the agent does to name its
+# Node as its lease's owner. Only the verbs the agents use are listed.
+NODE_AUTHORIZER_RULES = (
+    Rule("Node authorizer", "", ("",), ("nodes",), ("get",)),
+)
+
+# Permissions the coordinator Roles grant though no agent request uses them, each
+# for a reason: the Roles give a node what kube-apiserver's own node lease handling
+# expects (patch, as the kubelet may) and read the two named leases in every way a
+# client reads one object (list and watch of that name). Any other unused permission
+# fails the check.
+COORDINATOR_UNUSED_BY_DESIGN = (
+    ("patch", "leases", "", "kube-node-lease"),
+    ("patch", "leases", "yurthub", "kube-system"),
+    ("patch", "leases", "leader-informer-sync", "kube-system"),
+    ("list", "leases", "yurthub", "kube-system"),
+    ("watch", "leases", "yurthub", "kube-system"),
+)
+
+
+def pool_namespace(pool: str) -> str:
+    """The namespace a pool overlay gives pool ``pool``."""
+    return NAMESPACE_PLACEHOLDER.replace("POOL", pool)
+
+
+def service_account(namespace: str) -> Subject:
+    """The agent's ServiceAccount in the pool's ``namespace``."""
+    return Subject("ServiceAccount", "yurtcoord", namespace)
+
+
+def cloud_subjects(namespace: str) -> tuple[Subject, ...]:
+    return (service_account(namespace), NODE_LEASE_PROXY)
+
+
+def for_pool(document: Any, pool: str = EXAMPLE_POOL,
+             namespace: Optional[str] = None) -> Any:
+    """``document`` with the pool's name written in as the pool overlay writes it:
+    ``yurt-pool-POOL`` becomes ``namespace`` (default ``yurt-pool-<pool>``) and
+    ``yurtcoord:POOL`` becomes ``yurtcoord:<pool>``, wherever they are a whole value."""
+    values = {NAMESPACE_PLACEHOLDER: namespace or pool_namespace(pool),
+              RBAC_NAME_PLACEHOLDER: RBAC_NAME_PLACEHOLDER.replace("POOL", pool)}
+
+    def walk(value: Any) -> Any:
+        if isinstance(value, dict):
+            return {key: walk(item) for key, item in value.items()}
+        if isinstance(value, list):
+            return [walk(item) for item in value]
+        if isinstance(value, str):
+            return values.get(value, value)
+        return value
+
+    return walk(copy.deepcopy(document))
 
 
 def documents(directory: str) -> list[tuple[str, dict[str, Any]]]:
-    """``(file name, document)`` of every YAML document under ``directory``."""
+    """``(file name, document)`` of every YAML document under ``directory``, its
+    ``kustomization.yaml`` (no Kubernetes object) excepted."""
     found = []
     for path in sorted(glob.glob(os.path.join(directory, "*.yaml"))):
+        if os.path.basename(path) == "kustomization.yaml":
+            continue
         with open(path, encoding="utf-8") as f:
             for document in yaml.safe_load_all(f):
                 if document is not None:
@@ -43,9 +120,14 @@ def the(kind: str, directory: str = CLOUD_DIR) -> dict[str, Any]:
     return found[0]
 
 
-def cloud_policy() -> RBACPolicy:
-    """What the shipped cloud manifests grant the agent on the cloud apiserver."""
-    return RBACPolicy.from_documents([d for _, d in documents(CLOUD_DIR)], CLOUD_SUBJECTS)
+def cloud_policy(pool: str = EXAMPLE_POOL, namespace: Optional[str] = None) -> RBACPolicy:
+    """What the shipped cloud manifests grant the agents of pool ``pool`` on the cloud
+    apiserver, the pool's objects in ``namespace`` (default ``yurt-pool-<pool>``;
+    a test world whose agents read their certs Secret in kube-system passes that)."""
+    namespace = namespace or pool_namespace(pool)
+    return RBACPolicy.from_documents(
+        [for_pool(d, pool, namespace) for _, d in documents(BASE_DIR)],
+        cloud_subjects(namespace))
 
 
 def coordinator_policy() -> RBACPolicy:

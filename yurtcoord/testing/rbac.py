@@ -235,23 +235,37 @@ def _is_discovery(request: RequestAttributes) -> bool:
             and any(_url_matches(url, request.path) for url in DISCOVERY_URLS))
 
 
+def _described(permission: Permission) -> tuple[str, str, str, str]:
+    return (permission.verb, permission.resource, permission.name, permission.rule.namespace)
+
+
 def check_policy(policy: RBACPolicy, requests: Iterable[RequestAttributes],
+                 builtin: Sequence[Rule] = (),
+                 unused_by_design: Iterable[tuple[str, str, str, str]] = (),
                  ) -> PolicyCheck:
-    """Hold ``requests`` against ``policy`` both ways (see the module doc)."""
+    """Hold ``requests`` against ``policy`` both ways (see the module doc).
+
+    ``builtin`` are rules another authorizer applies before RBAC (kube-apiserver's
+    Node authorizer for a node's requests): a request they allow is not refused,
+    and they need not be used. ``unused_by_design`` names permissions, as ``(verb,
+    resource, resource name, namespace)``, that the policy grants on purpose although
+    no request uses them; they are not reported unused."""
     denied: list[RequestAttributes] = []
     used: dict[Permission, RequestAttributes] = {}
     # Permissions that allowed some request no other rule allows.
     needed: set[Permission] = set()
     for request in dict.fromkeys(requests):
         allowing = policy.allowing(request)
-        if not allowing and not _is_discovery(request):
+        if not allowing and not _is_discovery(request) and not any(
+                rule.allows(request) for rule in builtin):
             denied.append(request)
         for permission in allowing:
             used.setdefault(permission, request)
         if len({permission.rule for permission in allowing}) == 1:
             needed.update(allowing)
     permissions = [p for rule in policy.rules for p in rule.permissions()]
-    unused = [p for p in permissions if p not in used]
+    by_design = set(unused_by_design)
+    unused = [p for p in permissions if p not in used and _described(p) not in by_design]
     redundant = [p for p in permissions if p in used and p not in needed]
     wildcards = [rule for rule in policy.rules
                  if "*" in rule.verbs + rule.api_groups + rule.resources

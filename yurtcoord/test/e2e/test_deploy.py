@@ -23,7 +23,8 @@ from yurtcoord.sim.apiserver.requestlog import request_attributes
 from yurtcoord.sim.etcd import EtcdProcess, preferred_etcd_binary
 from yurtcoord.sim.pki import TestCA
 from yurtcoord.testing.inprocess import certs_secret
-from yurtcoord.testing.manifests import cloud_policy, coordinator_policy
+from yurtcoord.testing.manifests import (
+    COORDINATOR_UNUSED_BY_DESIGN, NODE_AUTHORIZER_RULES, cloud_policy, coordinator_policy)
 from yurtcoord.testing.poll import poll_until
 from yurtcoord.testing.rbac import check_policy, describe_use
 from yurtcoord.testing.world import AgentProcess, ProcessWorld, leader_of, one_leader_all_ready
@@ -121,11 +122,17 @@ class PoolRequestsTests(unittest.TestCase):
         for agent in world.agents.values():
             yield agent.stop()
 
-        for name, server, policy in (("cloud", cloud, cloud_policy()),
-                                     ("coordinator", coordinator, coordinator_policy())):
+        # The world's agents read their certs Secret in kube-system, a pool's in the
+        # pool's namespace: the cloud rules are those of a pool whose namespace that is.
+        # On the coordinator the Node authorizer comes before RBAC.
+        checks = (("cloud", cloud, cloud_policy(namespace="kube-system"), {}),
+                  ("coordinator", coordinator, coordinator_policy(),
+                   {"builtin": NODE_AUTHORIZER_RULES,
+                    "unused_by_design": COORDINATOR_UNUSED_BY_DESIGN}))
+        for name, server, policy, options in checks:
             self.assertEqual(server.request_log_dropped, 0)
             requests = [request_attributes(record) for record in server.request_log]
-            check = check_policy(policy, requests)
+            check = check_policy(policy, requests, **options)
             for line in describe_use(check):
                 print(f"RBAC {name} {line}")
             self.assertEqual(check.problems, [], f"{name} apiserver")

@@ -10,7 +10,9 @@ from typing import Any
 from twisted.trial import unittest
 
 from yurtcoord.sim.apiserver.requestlog import RequestAttributes
-from yurtcoord.testing.manifests import cloud_policy, coordinator_policy
+from yurtcoord.testing.manifests import (
+    BASE_DIR, COORDINATOR_UNUSED_BY_DESIGN, NODE_AUTHORIZER_RULES, cloud_policy,
+    coordinator_policy, documents, for_pool, pool_namespace)
 from yurtcoord.testing.rbac import RBACPolicy, Rule, Subject, check_policy
 
 
@@ -169,8 +171,9 @@ CLOUD_REQUESTS = [
     resource("watch", "", "endpoints"),
     resource("list", "discovery.k8s.io", "endpointslices"),
     resource("watch", "discovery.k8s.io", "endpointslices"),
-    resource("list", "", "secrets", "kube-system", "yurt-coordinator-yurthub-certs"),
-    resource("watch", "", "secrets", "kube-system", "yurt-coordinator-yurthub-certs"),
+    # In the pool's namespace, [coordinator] secret_namespace.
+    resource("list", "", "secrets", "yurt-pool-example", "yurt-coordinator-yurthub-certs"),
+    resource("watch", "", "secrets", "yurt-pool-example", "yurt-coordinator-yurthub-certs"),
     resource("list", "", "configmaps", "kube-system", "yurt-hub-cfg"),
     resource("watch", "", "configmaps", "kube-system", "yurt-hub-cfg"),
     resource("get", "coordination.k8s.io", "leases", "kube-node-lease", "edge-1"),
@@ -182,9 +185,13 @@ CLOUD_REQUESTS = [
     non_resource("/apis/discovery.k8s.io/v1"),
 ]
 COORDINATOR_REQUESTS = [
-    resource("list", "coordination.k8s.io", "leases"),
-    resource("watch", "coordination.k8s.io", "leases"),
+    # The leader's informer of the pool's node leases; the pool view's list of them.
+    resource("list", "coordination.k8s.io", "leases", "kube-node-lease"),
+    resource("watch", "coordination.k8s.io", "leases", "kube-node-lease"),
+    # The synced detector watches the informer sync lease by name.
     resource("list", "coordination.k8s.io", "leases", "kube-system", "leader-informer-sync"),
+    resource("watch", "coordination.k8s.io", "leases", "kube-system", "leader-informer-sync"),
+    # Allowed by the Node authorizer, not by RBAC.
     resource("get", "", "nodes", name="edge-1"),
     resource("create", "coordination.k8s.io", "leases", "kube-system"),
     resource("get", "coordination.k8s.io", "leases", "kube-system", "yurthub"),
@@ -198,30 +205,75 @@ COORDINATOR_REQUESTS = [
 ]
 
 
+def check_coordinator(policy: RBACPolicy, requests=COORDINATOR_REQUESTS):
+    """The coordinator's check as the e2e test makes it: the Node authorizer first,
+    the permissions granted by design not reported unused."""
+    return check_policy(policy, requests, builtin=NODE_AUTHORIZER_RULES,
+                        unused_by_design=COORDINATOR_UNUSED_BY_DESIGN)
+
+
 class ShippedRulesTests(unittest.TestCase):
     """The shipped rules against the requests the agents make: removing any rule, or
     adding one, fails the check."""
 
     def test_the_shipped_rules_are_exactly_the_agent_requests(self):
         self.assertEqual(check_policy(cloud_policy(), CLOUD_REQUESTS).problems, [])
-        self.assertEqual(check_policy(coordinator_policy(), COORDINATOR_REQUESTS).problems, [])
+        self.assertEqual(check_coordinator(coordinator_policy()).problems, [])
 
     def test_removing_any_rule_refuses_some_agent_request(self):
-        for policy, requests in ((cloud_policy(), CLOUD_REQUESTS),
-                                 (coordinator_policy(), COORDINATOR_REQUESTS)):
+        for policy, check in ((cloud_policy(), lambda p: check_policy(p, CLOUD_REQUESTS)),
+                              (coordinator_policy(), check_coordinator)):
             for index, rule in enumerate(policy.rules):
                 fewer = RBACPolicy(policy.rules[:index] + policy.rules[index + 1:])
-                check = check_policy(fewer, requests)
-                self.assertNotEqual(check.denied, [], f"without {rule.describe()}")
+                self.assertNotEqual(check(fewer).denied, [], f"without {rule.describe()}")
 
-    def test_removing_any_verb_refuses_some_agent_request(self):
+    def test_removing_any_used_verb_refuses_some_agent_request(self):
         policy = coordinator_policy()
+        by_design = {verb for verb, *_ in COORDINATOR_UNUSED_BY_DESIGN}
         for index, rule in enumerate(policy.rules):
             for verb in rule.verbs:
+                if verb in by_design:
+                    continue
                 narrower = rule._replace(verbs=tuple(v for v in rule.verbs if v != verb))
                 rules = policy.rules[:index] + [narrower] + policy.rules[index + 1:]
-                check = check_policy(RBACPolicy(rules), COORDINATOR_REQUESTS)
+                check = check_coordinator(RBACPolicy(rules))
                 self.assertNotEqual(check.denied, [], f"{rule.describe()} without {verb}")
+
+    def test_the_coordinator_rules_are_namespaced_and_bound_to_the_nodes(self):
+        """No ClusterRole on the coordinator: a node's rules name a namespace, and
+        the only cluster-wide read (its Node) is the Node authorizer's."""
+        policy = coordinator_policy()
+        self.assertEqual({rule.namespace for rule in policy.rules},
+                         {"kube-node-lease", "kube-system"})
+        named = [rule for rule in policy.rules if rule.namespace == "kube-system"
+                 and "create" not in rule.verbs]
+        self.assertTrue(named)
+        for rule in named:
+            self.assertTrue(set(rule.resource_names) <= {"yurthub", "leader-informer-sync"},
+                            rule.describe())
+        self.assertEqual(check_policy(policy, COORDINATOR_REQUESTS).denied,
+                         [resource("get", "", "nodes", name="edge-1")])
+
+    def test_permissions_granted_by_design_are_granted_and_unused(self):
+        """Each of them is in the shipped rules and no agent request uses it: the list
+        hides nothing the agents do, and nothing the rules no longer grant."""
+        check = check_policy(coordinator_policy(), COORDINATOR_REQUESTS,
+                             builtin=NODE_AUTHORIZER_RULES)
+        unused = {(p.verb, p.resource, p.name, p.rule.namespace) for p in check.unused}
+        self.assertEqual(unused, set(COORDINATOR_UNUSED_BY_DESIGN))
+
+    def test_the_pool_overlay_names_the_pool_in_the_base(self):
+        """``for_pool`` writes the pool's namespace and RBAC names as the overlay does
+        (the integration tier compares it with ``kubectl kustomize``), and nothing of
+        the base names a pool once it did."""
+        for _, document in documents(BASE_DIR):
+            text = repr(for_pool(document, "edge-west"))
+            self.assertNotIn("yurt-pool-POOL", text)
+            self.assertNotIn("yurtcoord:POOL", text)
+        (account,) = [for_pool(d, "edge-west") for _, d in documents(BASE_DIR)
+                      if d["kind"] == "ServiceAccount"]
+        self.assertEqual(account["metadata"]["namespace"], pool_namespace("edge-west"))
+        self.assertEqual(pool_namespace("edge-west"), "yurt-pool-edge-west")
 
     def test_an_extra_rule_or_verb_is_unused(self):
         policy = cloud_policy()
