@@ -346,6 +346,17 @@ def environ_without_etcd_flags() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if not k.startswith("ETCD")}
 
 
+@dataclass(frozen=True)
+class EtcdTLSFiles:
+    """A TLS etcd's files made elsewhere than by a ``TestCA``: the CA its clients'
+    certificates must be signed by (and its own), its server pair, and a client pair
+    it accepts (for ``etcdctl`` and the health check)."""
+
+    ca_file: str
+    server: CertPair
+    client: CertPair
+
+
 class EtcdProcess:
     """One etcd member on loopback, with its data dir and log in a private temp dir.
 
@@ -360,6 +371,9 @@ class EtcdProcess:
         the test's independent reader.
     :param base_dir: the directory for data, log and certs (created; removed by
         ``stop()``), e.g. inside a service's own temp dir; default a new temp dir.
+    :param tls_files: instead of ``tls_ca``, certificates made elsewhere (a pool's from
+        ``yurtcoordctl pki``): serve https with ``tls_files.server`` and require client
+        certificates of ``tls_files.ca_file``; ``client_cert`` is ``tls_files.client``.
     :param initial_cluster: etcd's ``--initial-cluster`` (``name=peer URL,...``) for a
         member of a cluster of several (see ``EtcdCluster``, which sets the ports);
         None for a cluster of this one member. A member of a cluster gets server
@@ -369,7 +383,8 @@ class EtcdProcess:
     def __init__(self, binary: EtcdBinary | None = None, tls_ca: TestCA | None = None,
                  extra_args: tuple[str, ...] | list[str] = (), name: str = "yurtcoord-test",
                  host: str = "127.0.0.1",
-                 base_dir: str | None = None, *, initial_cluster: str | None = None) -> None:
+                 base_dir: str | None = None, *, initial_cluster: str | None = None,
+                 tls_files: "EtcdTLSFiles | None" = None) -> None:
         self.binary = binary or default_etcd_binary()
         self.host = host
         self.tls_ca = tls_ca
@@ -384,8 +399,13 @@ class EtcdProcess:
         self.server_cert: CertPair | None = None
         self.client_cert: CertPair | None = None
         self._process: subprocess.Popen[bytes] | None = None
+        self._tls_ca_file: str | None = None
         _live.add(self)
-        if tls_ca is not None:
+        if tls_files is not None:
+            self._tls_ca_file = tls_files.ca_file
+            self.server_cert, self.client_cert = tls_files.server, tls_files.client
+        elif tls_ca is not None:
+            self._tls_ca_file = tls_ca.ca_file
             suffix = "" if initial_cluster is None else f"-{name}"
             self.server_cert = tls_ca.server_pair("etcd-server" + suffix, [host])
             self.client_cert = tls_ca.client_pair("etcd-client" + suffix, "etcd-test-client")
@@ -405,7 +425,7 @@ class EtcdProcess:
 
     @property
     def scheme(self) -> str:
-        return "https" if self.tls_ca is not None else "http"
+        return "https" if self._tls_ca_file is not None else "http"
 
     @property
     def client_url(self) -> str:
@@ -430,11 +450,11 @@ class EtcdProcess:
 
     # -- lifecycle ---------------------------------------------------------------
 
-    def _client_pair(self) -> tuple[TestCA, CertPair, CertPair] | None:
+    def _client_pair(self) -> tuple[str, CertPair, CertPair] | None:
         """The CA and the server and client pairs of a TLS member, None without TLS."""
-        if self.tls_ca is None or self.server_cert is None or self.client_cert is None:
+        if self._tls_ca_file is None or self.server_cert is None or self.client_cert is None:
             return None
-        return self.tls_ca, self.server_cert, self.client_cert
+        return self._tls_ca_file, self.server_cert, self.client_cert
 
     def _command(self, new_cluster: bool) -> list[str]:
         cmd = [
@@ -453,11 +473,11 @@ class EtcdProcess:
         ]
         tls = self._client_pair()
         if tls is not None:
-            ca, server_cert, _client_cert = tls
+            ca_file, server_cert, _client_cert = tls
             cmd += [
                 "--cert-file", server_cert.cert_file,
                 "--key-file", server_cert.key_file,
-                "--trusted-ca-file", ca.ca_file,
+                "--trusted-ca-file", ca_file,
                 "--client-cert-auth",
             ]
         return cmd + self.extra_args
@@ -554,8 +574,8 @@ class EtcdProcess:
         tls = self._client_pair()
         if tls is None:
             return None
-        ca, _server_cert, client_cert = tls
-        ctx = ssl.create_default_context(cafile=ca.ca_file)
+        ca_file, _server_cert, client_cert = tls
+        ctx = ssl.create_default_context(cafile=ca_file)
         ctx.load_cert_chain(client_cert.cert_file, client_cert.key_file)
         return ctx
 
@@ -685,8 +705,8 @@ class EtcdProcess:
                "--command-timeout", "15s"]
         tls = self._client_pair()
         if tls is not None:
-            ca, _server_cert, client_cert = tls
-            cmd += ["--cacert", ca.ca_file,
+            ca_file, _server_cert, client_cert = tls
+            cmd += ["--cacert", ca_file,
                     "--cert", client_cert.cert_file,
                     "--key", client_cert.key_file]
         return cmd + [str(a) for a in args]
