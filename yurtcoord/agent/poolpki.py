@@ -16,6 +16,8 @@ pair (files in ``--out``)           what it is
 ``yurthub-etcd-client``             the agents to etcd
                                     (``yurt-coordinator-yurthub-client`` in the Secret)
 ``node-lease-proxy-client``         the leader to the cloud, for delegated heartbeats
+``admin``                           an operator to the coordinator apiserver (group
+                                    ``system:masters``), with ``admin.kubeconfig``
 ``service-account.key/.pub``        the apiserver's service account signing key
 ``nodes/<node>.pem``                with ``--node``: a node's own client certificate and
                                     key in one file, as the kubelet keeps
@@ -73,7 +75,13 @@ APISERVER_SECRET = "yurt-coordinator-apiserver-certs"
 YURTHUB_ETCD_CLIENT_CN = "openyurt:yurt-coordinator:yurthub"
 NODE_LEASE_PROXY_CN = "openyurt:yurt-coordinator:node-lease-proxy-client"
 APISERVER_ETCD_CLIENT_CN = "yurt-coordinator-apiserver-etcd-client"
+ADMIN_CN = "yurt-coordinator-admin"
+MASTERS_GROUP = "system:masters"
 NODE_GROUP = "system:nodes"
+# Where admin.kubeconfig reaches the coordinator apiserver: a port forwarded to its
+# Service (`kubectl port-forward svc/yurt-coordinator-apiserver 6443:443`), checked
+# against the Service's name (tls-server-name) rather than a loopback SAN.
+ADMIN_SERVER = "https://127.0.0.1:6443"
 
 CA_DAYS = 3650
 LEAF_DAYS = 365
@@ -404,6 +412,7 @@ def create_pool_pki(request: PKIRequest) -> PKIResult:
         "apiserver-etcd-client": ca.issue(APISERVER_ETCD_CLIENT_CN, client=True),
         "yurthub-etcd-client": ca.issue(YURTHUB_ETCD_CLIENT_CN, client=True),
         "node-lease-proxy-client": ca.issue(NODE_LEASE_PROXY_CN, client=True),
+        "admin": ca.issue(ADMIN_CN, [MASTERS_GROUP], client=True),
     }
     sa_key = ec.generate_private_key(ec.SECP256R1())
     sa_pub = sa_key.public_key().public_bytes(
@@ -456,11 +465,30 @@ def create_pool_pki(request: PKIRequest) -> PKIResult:
             "service-account.key": _key_pem(sa_key), "service-account.pub": sa_pub,
         }, request.pool, ns),
     ]
+    put("admin.kubeconfig", admin_kubeconfig(request.pool, out).encode("utf-8"), 0o600)
     put("secrets.yaml", yaml.safe_dump_all(secrets, sort_keys=False).encode("utf-8"), 0o600)
     put("kustomization.yaml", yaml.safe_dump({
         "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
         "resources": ["secrets.yaml"]}, sort_keys=False).encode("utf-8"))
     return PKIResult(created, written)
+
+
+def admin_kubeconfig(pool: str, out: str) -> str:
+    """A kubeconfig for the coordinator apiserver as ``admin`` (to apply
+    ``deploy/coordinator/rbac.yaml`` there) through a port forward to its Service; the
+    files by absolute path, so that it works from any directory."""
+    name = f"yurt-coordinator-{pool}"
+    directory = os.path.abspath(out)
+    return yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": name,
+        "clusters": [{"name": name, "cluster": {
+            "server": ADMIN_SERVER, "tls-server-name": APISERVER_SERVICE,
+            "certificate-authority": os.path.join(directory, "ca.crt")}}],
+        "users": [{"name": f"{name}-admin", "user": {
+            "client-certificate": os.path.join(directory, "admin.crt"),
+            "client-key": os.path.join(directory, "admin.key")}}],
+        "contexts": [{"name": name, "context": {"cluster": name, "user": f"{name}-admin"}}],
+    }, sort_keys=False)
 
 
 def certificate_names(cert: x509.Certificate) -> tuple[list[str], list[str]]:

@@ -5,6 +5,7 @@ ready follower with nothing but the files the command wrote: the certs Secret it
 (in the cloud, in the pool's namespace) and each node's own client pair.
 """
 
+import json
 import os
 import ssl
 import subprocess
@@ -14,7 +15,7 @@ import urllib.request
 from typing import Any, Generator
 
 import yaml
-from twisted.internet import defer, reactor
+from twisted.internet import defer, reactor, utils
 from twisted.trial import unittest
 
 from yurtcoord.agent import poolpki
@@ -28,9 +29,11 @@ from yurtcoord.sim.etcd import EtcdProcess, EtcdTLSFiles, etcd_binary_for
 from yurtcoord.sim.pki import CertPair
 from yurtcoord.testing.agentpages import StatusReader, wait_for_statuses
 from yurtcoord.testing.inprocess import POOL, agent_config_text
-from yurtcoord.testing.world import add_pool_node, one_leader_all_ready
+from yurtcoord.testing.kustomize import KUBECTL
+from yurtcoord.testing.world import add_pool_node, leader_of, one_leader_all_ready
 
 NODES = ("edge-1", "edge-2")
+CTL = os.path.join(os.path.dirname(sys.executable), "yurtcoordctl")
 NAMESPACE = poolpki.NAMESPACE_PREFIX + POOL
 STEP_TIMEOUT = 40.0
 
@@ -50,9 +53,8 @@ class PoolPKIEndToEndTests(unittest.TestCase):
             raise unittest.SkipTest("etcd 3.4 is not installed")
         self.pki = os.path.abspath(self.mktemp())
         # As an operator runs it, plus the loopback names a test serves on.
-        ctl = os.path.join(os.path.dirname(sys.executable), "yurtcoordctl")
         done = subprocess.run(
-            [ctl, "pki", "--pool", POOL, "--out", self.pki, "--extra-san", "127.0.0.1",
+            [CTL, "pki", "--pool", POOL, "--out", self.pki, "--extra-san", "127.0.0.1",
              "--extra-san", "localhost"] + [arg for node in NODES for arg in ("--node", node)],
             capture_output=True, timeout=60, check=False)
         self.assertEqual(done.returncode, 0, done.stderr)
@@ -127,9 +129,10 @@ class PoolPKIEndToEndTests(unittest.TestCase):
             return self.reader.statuses({node: str(agent.status_http.url)
                                          for node, agent in agents.items()})
 
-        yield wait_for_statuses(statuses, "one leader, all ready",
-                                lambda s: one_leader_all_ready(s, len(NODES)),
-                                STEP_TIMEOUT, reactor)
+        found = yield wait_for_statuses(statuses, "one leader, all ready",
+                                        lambda s: one_leader_all_ready(s, len(NODES)),
+                                        STEP_TIMEOUT, reactor)
+        leader = leader_of(found)
         # Each agent reached the coordinator apiserver as its node, with its pair.
         for node in NODES:
             self.assertIn(f"CN=system:node:{node},O=system:nodes",
@@ -140,3 +143,20 @@ class PoolPKIEndToEndTests(unittest.TestCase):
         self.assertIn(b"/registry/leases/kube-system/yurthub", leases)
         for node in NODES:
             self.assertIn(f"/registry/leases/kube-node-lease/{node}".encode(), leases)
+
+        # The checks of docs/deploying.md: yurtcoordctl on a node, and kubectl on the
+        # coordinator apiserver with the admin kubeconfig the command wrote (its
+        # server, a port forward there, is this test's server here).
+        for node, agent in agents.items():
+            out, err, code = yield utils.getProcessOutputAndValue(
+                CTL, ["--server", str(agent.status_http.url), "status"], env=os.environ)
+            self.assertEqual(code, 0, err)
+            self.assertIn(leader.encode(), out)
+        out, err, code = yield utils.getProcessOutputAndValue(
+            KUBECTL, ["--kubeconfig", os.path.join(self.pki, "admin.kubeconfig"),
+                      "--server", self.coordinator.url, "-n", "kube-system", "get", "lease",
+                      "yurthub", "-o", "json"], env=os.environ)
+        self.assertEqual(code, 0, err)
+        self.assertEqual(json.loads(out)["spec"]["holderIdentity"], leader)
+        self.assertIn(f"CN={poolpki.ADMIN_CN},O={poolpki.MASTERS_GROUP}",
+                      self.coordinator.client_subjects)

@@ -148,8 +148,8 @@ class FilesTests(unittest.TestCase):
 
     def test_keys_are_readable_by_the_owner_only(self):
         keys = [name for name in os.listdir(self.out) if name.endswith(".key")]
-        self.assertEqual(len(keys), 8, keys)
-        for name in keys + ["secrets.yaml", os.path.join("nodes", "edge-1.pem")]:
+        self.assertEqual(len(keys), 9, keys)
+        for name in keys + ["secrets.yaml", "admin.kubeconfig", os.path.join("nodes", "edge-1.pem")]:
             self.assertEqual(stat.S_IMODE(os.stat(self.path(name)).st_mode), 0o600, name)
         self.assertEqual(stat.S_IMODE(os.stat(self.path("ca.crt")).st_mode), 0o644)
         self.assertEqual([n for n in os.listdir(self.out) if n.endswith(".tmp")], [])
