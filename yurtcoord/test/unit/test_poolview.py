@@ -392,6 +392,18 @@ class PoolViewCostTests(unittest.TestCase):
             self.assertIsNone(request.responseHeaders.getRawHeaders(b"content-encoding"))
             self.assertIs(request.written[0], plain)
 
+    def test_answers_carry_their_length(self):
+        for accept in (None, b"gzip"):
+            request = DummyRequest([b""])
+            if accept:
+                request.requestHeaders.setRawHeaders(b"accept-encoding", [accept])
+            page = self.root.getChildWithDefault(b"pool", request)
+            request.postpath = []
+            page.render(request)
+            self.assertEqual(request.finished, 1)
+            self.assertEqual(request.responseHeaders.getRawHeaders(b"content-length"),
+                             [b"%d" % len(request.written[0])], accept)
+
     def test_the_pool_page_follows_the_status_between_builds(self):
         self.get(b"pool")
         page = self.get(b"")[1]
