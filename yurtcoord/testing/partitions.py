@@ -180,8 +180,11 @@ def run_scenario(reactor: Any, scenario: Scenario,
                  name_prefix: str = "") -> Generator[defer.Deferred[Any], Any, Outcome]:
     """Run one scenario on a topology of its own and judge it; never raises (a setup
     failure is reported as a problem), and always removes what it made."""
+    # Each agent is its node on the coordinator (TLS, the Node-restricted leases), as
+    # in a production pool.
     world = PartitionWorld(reactor, f"{name_prefix}{scenario.name}",
-                           kubelet_grace_period=f"{KUBELET_GRACE:g}s", timings=TIMINGS)
+                           kubelet_grace_period=f"{KUBELET_GRACE:g}s", timings=TIMINGS,
+                           identities=True)
     problems: List[str] = []
     notes: Dict[str, object] = {}
     try:

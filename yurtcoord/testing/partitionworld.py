@@ -30,11 +30,13 @@ switch, so parallel worlds reuse them):
 import json
 import os
 import tempfile
-from typing import Any, Dict, Generator, List, Mapping, Optional
+from typing import Any, Callable, Dict, Generator, List, Mapping, Optional
 
 import treq.client
 from twisted.internet import defer
-from twisted.internet.endpoints import TCP4ClientEndpoint
+from twisted.internet import ssl
+from twisted.internet.endpoints import TCP4ClientEndpoint, wrapClientTLS
+from twisted.internet.interfaces import IOpenSSLClientConnectionCreator, IStreamClientEndpoint
 from twisted.internet.threads import deferToThread
 from twisted.web.client import Agent as HTTPAgent, HTTPConnectionPool
 from zope.interface import implementer
@@ -45,6 +47,7 @@ from yurtcoord.kube.gvr import GroupVersionResource
 from yurtcoord.sim.apiserver import KubeAPIServer
 from yurtcoord.sim.etcd import EtcdBinary, EtcdProcess, preferred_etcd_binary
 from yurtcoord.sim.kubelet import StandInKubelet
+from yurtcoord.sim.pki import TestCA
 from yurtcoord.testing.netns import Topology, entered
 from yurtcoord.sim.agentini import merge_sections
 from yurtcoord.testing.world import (
@@ -62,12 +65,18 @@ API_PORT, ETCD_CLIENT_PORT, STATUS_PORT, KUBELET_PORT = 6443, 2379, 10267, 10248
 class _EndpointsOnHost:
     """Connects every request from inside one host's network namespace."""
 
-    def __init__(self, host_reactor: Any) -> None:
+    def __init__(self, host_reactor: Any,
+                 tls: Optional[Callable[[str], IOpenSSLClientConnectionCreator]] = None,
+                 ) -> None:
         self._reactor = host_reactor
+        self._tls = tls
 
-    def endpointForURI(self, uri: URI) -> TCP4ClientEndpoint:  # noqa: N802 - Twisted's name
-        return TCP4ClientEndpoint(self._reactor, uri.host.decode("ascii"), uri.port,
-                                  timeout=2)
+    def endpointForURI(self, uri: URI) -> IStreamClientEndpoint:  # noqa: N802 - Twisted's name
+        host = uri.host.decode("ascii")
+        endpoint = TCP4ClientEndpoint(self._reactor, host, uri.port, timeout=2)
+        if uri.scheme == b"https" and self._tls is not None:
+            return wrapClientTLS(self._tls(host), endpoint)
+        return endpoint
 
 
 def agent_addresses(index: int) -> Dict[str, str]:
@@ -87,7 +96,7 @@ class PartitionWorld(ProcessWorld):
     def __init__(self, reactor: Any, name: str, etcd_binary: EtcdBinary | None = None,
                  kubelet_grace_period: str = KUBELET_GRACE_PERIOD,
                  timings: Optional[Dict[str, Dict[str, str]]] = None,
-                 coordinator_in_etcd: bool = True) -> None:
+                 coordinator_in_etcd: bool = True, identities: bool = False) -> None:
         # Not ProcessWorld.__init__: its servers and etcd live on the test's loopback.
         self.reactor = reactor
         self.coordinator_in_etcd = coordinator_in_etcd
@@ -98,8 +107,15 @@ class PartitionWorld(ProcessWorld):
         self.base_dir = tempfile.mkdtemp(prefix=f"yurtcoord-{name}-")
         self.topology = Topology(reactor, name, NETWORKS)
         self.hosts: Dict[str, Any] = {}
+        # With identities, as ProcessWorld's: TLS to the coordinator and etcd, whose
+        # certificates name their addresses on the LAN.
+        self.ca = None
+        if identities:
+            self.ca = TestCA(os.path.join(self.base_dir, "ca"))
+            self.ca.server_pair("server", [COORDINATOR_ADDRESS])
+            self._admin = self.ca.client_pair("admin", "admin", ["system:masters"])
         self.etcd = EtcdProcess(etcd_binary or preferred_etcd_binary(),
-                                host=ETCD_ADDRESS)
+                                host=ETCD_ADDRESS, tls_ca=self.ca)
         self.cloud = None
         self.coordinator = None
         # None here: the coordinator apiserver runs on the coordinator host (start()).
@@ -124,10 +140,11 @@ class PartitionWorld(ProcessWorld):
         self.hosts[ETCD_HOST] = self.topology.add_host(ETCD_HOST, {LAN: ETCD_ADDRESS})
         self.cloud = KubeAPIServer(self.hosts[CLOUD_HOST].reactor)
         coordinator_reactor = self.hosts[COORDINATOR_HOST].reactor
-        self.coordinator = KubeAPIServer(
-            coordinator_reactor, storage=self.coordinator_storage(coordinator_reactor))
+        self.coordinator = self._coordinator_server(
+            self.coordinator_storage(coordinator_reactor), coordinator_reactor)
         yield deferToThread(self._start_etcd)
         yield self.cloud.start(API_PORT, CLOUD_ADDRESS)
+        self._publish_certificates(self.cloud)
         yield self.coordinator.start(API_PORT, COORDINATOR_ADDRESS)
 
     def _start_etcd(self) -> None:
@@ -161,6 +178,7 @@ class PartitionWorld(ProcessWorld):
 
         agent = AgentProcess(host.reactor, node, os.path.join(self.base_dir, node), [],
                              None, kubelet, spawn=spawn, clock_offset=clock_offset)
+        self._give_identity(agent)
         if pods:
             agent.write_pods(pods, **pod_options)
         self.agents[node] = agent
@@ -168,11 +186,13 @@ class PartitionWorld(ProcessWorld):
 
     def ini_for(self, agent: AgentProcess, **sections: Mapping[str, object]) -> str:
         merged = merge_sections(self.timings, sections)
+        scheme = "http" if self.ca is None else "https"
         return agent_ini(agent.node, [f"http://{CLOUD_ADDRESS}:{API_PORT}"],
-                         f"http://{COORDINATOR_ADDRESS}:{API_PORT}", self.etcd.client_url,
+                         f"{scheme}://{COORDINATOR_ADDRESS}:{API_PORT}", self.etcd.client_url,
                          agent.pki_dir, agent.cache_dir, f"127.0.0.1:{STATUS_PORT}",
                          kubelet_url=agent.stand_in_kubelet().url(),
-                         kubelet_grace_period=self.kubelet_grace_period, **merged)
+                         kubelet_grace_period=self.kubelet_grace_period,
+                         kubelet_client_cert=agent.node_cert, **merged)
 
     def _http_pools(self) -> list:
         return [self._http_pool] + self._pools
@@ -187,13 +207,27 @@ class PartitionWorld(ProcessWorld):
     def http_for(self, agent: AgentProcess) -> treq.client.HTTPClient:
         return self._http_on(agent.node)
 
+    def _admin_tls(self) -> Optional[Callable[[str], IOpenSSLClientConnectionCreator]]:
+        """With identities: TLS as the pool's admin (``system:masters``), whom the
+        coordinator lets read everything, for the test's own reads."""
+        if self.ca is None:
+            return None
+        with open(self.ca.ca_file, "rb") as f:
+            authority = ssl.Certificate.loadPEM(f.read())
+        with open(self._admin.cert_file, "rb") as f:
+            cert = f.read()
+        with open(self._admin.key_file, "rb") as f:
+            client = ssl.PrivateCertificate.loadPEM(cert + f.read())
+        return lambda host: ssl.optionsForClientTLS(host, trustRoot=authority,
+                                                    clientCertificate=client)
+
     def _http_on(self, host: str) -> treq.client.HTTPClient:
         """An HTTP client whose connections start inside ``host``'s namespace."""
         client = self._clients.get(host)
         if client is None:
             pool = HTTPConnectionPool(self.reactor, persistent=False)
             self._pools.append(pool)
-            endpoints = _EndpointsOnHost(self.hosts[host].reactor)
+            endpoints = _EndpointsOnHost(self.hosts[host].reactor, self._admin_tls())
             client = treq.client.HTTPClient(
                 HTTPAgent.usingEndpointFactory(self.reactor, endpoints, pool=pool))
             self._clients[host] = client

@@ -551,13 +551,28 @@ class ProcessWorld:
             HTTPAgent(reactor, pool=self._http_pool, connectTimeout=2))
         self._stopped = False
 
-    def _coordinator_server(self, storage: Any) -> KubeAPIServer:
-        """One coordinator apiserver over ``storage``: plain http, or with
-        ``identities`` TLS with client certificates and the pool's authorization."""
+    def _coordinator_server(self, storage: Any, reactor: Any = None) -> KubeAPIServer:
+        """One coordinator apiserver over ``storage`` (on ``reactor``, the world's by
+        default): plain http, or with ``identities`` TLS with client certificates and
+        the pool's authorization."""
+        on = self.reactor if reactor is None else reactor
         if self.ca is None:
-            return KubeAPIServer(self.reactor, storage=storage)
-        return KubeAPIServer(self.reactor, storage=storage, tls_dir=self.ca.directory,
+            return KubeAPIServer(on, storage=storage)
+        return KubeAPIServer(on, storage=storage, tls_dir=self.ca.directory,
                              authorizer=PoolCoordinatorAuthorizer())
+
+    def _publish_certificates(self, cloud: KubeAPIServer) -> None:
+        """With ``identities``: the pool's certificates in the cloud, as the cloud
+        keeps them for its agents (the certs Secret)."""
+        if self.ca is not None:
+            cloud.store.create(SECRETS, secret(Bundle(self.ca, "pool").data()))
+
+    def _give_identity(self, agent: "AgentProcess") -> None:
+        """With ``identities``: the node's own certificate and key, where the kubelet
+        keeps them, for ``agent``'s ``[node] kubelet_client_cert``."""
+        if self.ca is not None:
+            agent.node_cert = self.ca.node_client_pem(
+                agent.node, os.path.join(agent.directory, "kubelet-client-current.pem"))
 
     def servers(self) -> tuple[KubeAPIServer, KubeAPIServer]:
         """The cloud and the coordinator apiserver."""
@@ -603,9 +618,7 @@ class ProcessWorld:
         yield deferToThread(self._etcd_service().start)
         cloud, coordinator = self.servers()
         yield cloud.start()
-        if self.ca is not None:
-            # The pool's certificates, as the cloud keeps them for its agents.
-            cloud.store.create(SECRETS, secret(Bundle(self.ca, "pool").data()))
+        self._publish_certificates(cloud)
         yield coordinator.start()
         for server in self._more_coordinators:
             yield server.start()
@@ -642,9 +655,7 @@ class ProcessWorld:
         add_pool_node(cloud, node)
         agent = AgentProcess(self.reactor, node, os.path.join(self.base_dir, node), proxies,
                              etcd, kubelet, clock_offset=clock_offset)
-        if self.ca is not None:
-            agent.node_cert = self.ca.node_client_pem(
-                node, os.path.join(agent.directory, "kubelet-client-current.pem"))
+        self._give_identity(agent)
         if pods:
             agent.write_pods(pods, **pod_options)
         self.agents[node] = agent
