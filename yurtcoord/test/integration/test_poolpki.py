@@ -5,8 +5,8 @@ ready follower with nothing but the files the command wrote: the certs Secret it
 (in the cloud, in the pool's namespace) and each node's own client pair.
 """
 
-import json
 import os
+import shlex
 import ssl
 import subprocess
 import sys
@@ -29,6 +29,7 @@ from yurtcoord.sim.etcd import EtcdProcess, EtcdTLSFiles, etcd_binary_for
 from yurtcoord.sim.pki import CertPair
 from yurtcoord.testing.agentpages import StatusReader, wait_for_statuses
 from yurtcoord.testing.inprocess import POOL, agent_config_text
+from yurtcoord.testing.deploydoc import ADMIN_KUBECONFIG, AGENT_ADDRESS, POOL_CHECKS
 from yurtcoord.testing.kustomize import KUBECTL
 from yurtcoord.testing.world import add_pool_node, leader_of, one_leader_all_ready
 
@@ -144,19 +145,27 @@ class PoolPKIEndToEndTests(unittest.TestCase):
         for node in NODES:
             self.assertIn(f"/registry/leases/kube-node-lease/{node}".encode(), leases)
 
-        # The checks of docs/deploying.md: yurtcoordctl on a node, and kubectl on the
-        # coordinator apiserver with the admin kubeconfig the command wrote (its
-        # server, a port forward there, is this test's server here).
-        for node, agent in agents.items():
-            out, err, code = yield utils.getProcessOutputAndValue(
-                CTL, ["--server", str(agent.status_http.url), "status"], env=os.environ)
-            self.assertEqual(code, 0, err)
-            self.assertIn(leader.encode(), out)
-        out, err, code = yield utils.getProcessOutputAndValue(
-            KUBECTL, ["--kubeconfig", os.path.join(self.pki, "admin.kubeconfig"),
-                      "--server", self.coordinator.url, "-n", "kube-system", "get", "lease",
-                      "yurthub", "-o", "json"], env=os.environ)
-        self.assertEqual(code, 0, err)
-        self.assertEqual(json.loads(out)["spec"]["holderIdentity"], leader)
+        # Step 7's checks of docs/deploying.md: yurtcoordctl on each node (the agent's
+        # address here), kubectl on the coordinator apiserver with the admin kubeconfig
+        # the command wrote (this test's server in place of the port forward's).
+        outputs = {}
+        for check in POOL_CHECKS:
+            for node, agent in agents.items():
+                argv = shlex.split(check.replace(AGENT_ADDRESS, str(agent.status_http.url))
+                                   .replace(ADMIN_KUBECONFIG,
+                                            os.path.join(self.pki, "admin.kubeconfig")))
+                if argv[0] == "kubectl":
+                    argv[1:1] = ["--server", self.coordinator.url]
+                program = {"kubectl": KUBECTL, "yurtcoordctl": CTL}[argv[0]]
+                out, err, code = yield utils.getProcessOutputAndValue(
+                    program, argv[1:], env=os.environ)
+                self.assertEqual(code, 0, f"{check}: {err!r}")
+                outputs.setdefault(check, []).append(out.decode())
+        status, members, election, node_leases = (outputs[check] for check in POOL_CHECKS)
+        for text in status + election:
+            self.assertIn(leader, text)
+        for text in members + node_leases:
+            for node in NODES:
+                self.assertIn(node, text)
         self.assertIn(f"CN={poolpki.ADMIN_CN},O={poolpki.MASTERS_GROUP}",
                       self.coordinator.client_subjects)
