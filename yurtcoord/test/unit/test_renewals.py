@@ -45,6 +45,19 @@ class RenewalsSeenTests(unittest.TestCase):
         self.assertEqual(self.seen.observe("edge-2", other_fields), START)
         self.assertEqual(self.seen.age("edge-2"), 30.0)
 
+    def test_the_same_instant_written_otherwise_is_no_renewal_and_then_text_again(self):
+        renewed = lease_renewed_at(START - 120)
+        self.seen.observe("edge-2", renewed)
+        self.clock.advance(30)
+        written = renewed["spec"]["renewTime"]
+        self.assertTrue(written.endswith("Z"), written)
+        # The same instant with an explicit offset, then as first written again.
+        for text in (written[:-1] + "+00:00", written):
+            other = dict(renewed, spec=dict(renewed["spec"], renewTime=text))
+            self.assertEqual(self.seen.observe("edge-2", other), START)
+            self.assertEqual(self.seen.age("edge-2"), 30.0)
+        self.assertEqual(self.seen.observe("edge-2", lease_renewed_at(START - 110)), START + 30)
+
     def test_a_renew_time_moving_backwards_is_a_change(self):
         # The writer's clock was stepped back (NTP came back): it still renewed.
         self.seen.observe("edge-2", lease_renewed_at(START + 300))
