@@ -350,11 +350,13 @@ def environ_without_etcd_flags() -> dict[str, str]:
 class EtcdTLSFiles:
     """A TLS etcd's files made elsewhere than by a ``TestCA``: the CA its clients'
     certificates must be signed by (and its own), its server pair, and a client pair
-    it accepts (for ``etcdctl`` and the health check)."""
+    it accepts (for ``etcdctl`` and the health check); with ``peer``, the pair its
+    members speak to each other with, over https and asking each other for it."""
 
     ca_file: str
     server: CertPair
     client: CertPair
+    peer: CertPair | None = None
 
 
 class EtcdProcess:
@@ -400,9 +402,11 @@ class EtcdProcess:
         self.client_cert: CertPair | None = None
         self._process: subprocess.Popen[bytes] | None = None
         self._tls_ca_file: str | None = None
+        self._peer_pair: CertPair | None = None
         _live.add(self)
         if tls_files is not None:
             self._tls_ca_file = tls_files.ca_file
+            self._peer_pair = tls_files.peer
             self.server_cert, self.client_cert = tls_files.server, tls_files.client
         elif tls_ca is not None:
             self._tls_ca_file = tls_ca.ca_file
@@ -439,7 +443,8 @@ class EtcdProcess:
 
     @property
     def peer_url(self) -> str:
-        return f"http://{self.host}:{self.peer_port}"
+        scheme = "https" if self._peer_pair is not None else "http"
+        return f"{scheme}://{self.host}:{self.peer_port}"
 
     @property
     def pid(self) -> int | None:
@@ -479,6 +484,13 @@ class EtcdProcess:
                 "--key-file", server_cert.key_file,
                 "--trusted-ca-file", ca_file,
                 "--client-cert-auth",
+            ]
+        if tls is not None and self._peer_pair is not None:
+            cmd += [
+                "--peer-cert-file", self._peer_pair.cert_file,
+                "--peer-key-file", self._peer_pair.key_file,
+                "--peer-trusted-ca-file", tls[0],
+                "--peer-client-cert-auth",
             ]
         return cmd + self.extra_args
 
@@ -767,6 +779,9 @@ class EtcdCluster:
     :param tls_ca: a ``yurtcoord.sim.pki.TestCA``: every member serves https with a
         server certificate of its own and requires client certificates signed by that
         CA; ``client_cert`` is one such client pair (any member's works with every member).
+    :param tls_files: instead of ``tls_ca``, certificates made elsewhere (see
+        ``EtcdProcess``), the same for every member; with ``tls_files.peer`` the
+        members speak https to each other and ask each other for that certificate.
     :param extra_args: more etcd flags for every member.
     :param base_dir: the directory under which each member keeps its own directory
         (``member-0``, ...; each removed by ``stop()``, this one left); default a new
@@ -787,11 +802,13 @@ class EtcdCluster:
     def __init__(self, binary: EtcdBinary | None = None, size: int = 3,
                  tls_ca: TestCA | None = None,
                  extra_args: tuple[str, ...] | list[str] = (),
-                 base_dir: str | None = None) -> None:
+                 base_dir: str | None = None, *,
+                 tls_files: EtcdTLSFiles | None = None) -> None:
         if size < 1:
             raise ValueError(f"an etcd cluster needs at least one member, not {size}")
         self.binary = binary or default_etcd_binary()
         self.tls_ca = tls_ca
+        self.tls_files = tls_files
         self.size = size
         self.extra_args = list(extra_args)
         self.base_dir = base_dir
@@ -818,13 +835,15 @@ class EtcdCluster:
         while len(ports) < 2 * self.size:
             ports.add(free_port())
         pairs = list(zip(sorted(ports)[::2], sorted(ports)[1::2]))
-        initial = ",".join(f"{name}=http://127.0.0.1:{peer}"
+        scheme = "https" if self.tls_files is not None and self.tls_files.peer else "http"
+        initial = ",".join(f"{name}={scheme}://127.0.0.1:{peer}"
                            for name, (_client, peer) in zip(names, pairs))
         self.members = []
         for name, (client_port, peer_port) in zip(names, pairs):
             base_dir = None if self.base_dir is None else os.path.join(self.base_dir, name)
             member = EtcdProcess(self.binary, tls_ca=self.tls_ca, extra_args=self.extra_args,
-                                 name=name, base_dir=base_dir, initial_cluster=initial)
+                                 name=name, base_dir=base_dir, initial_cluster=initial,
+                                 tls_files=self.tls_files)
             member.client_port, member.peer_port = client_port, peer_port
             self.members.append(member)
 

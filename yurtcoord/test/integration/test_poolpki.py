@@ -25,7 +25,7 @@ from yurtcoord.agent.service import make_service
 from yurtcoord.kube.gvr import SECRETS
 from yurtcoord.sim.apiserver import KubeAPIServer
 from yurtcoord.sim.apiserver.etcdstorage import storage_for
-from yurtcoord.sim.etcd import EtcdProcess, EtcdTLSFiles, etcd_binary_for
+from yurtcoord.sim.etcd import EtcdCluster, EtcdProcess, EtcdTLSFiles, etcd_binary_for
 from yurtcoord.sim.pki import CertPair
 from yurtcoord.testing.agentpages import StatusReader, wait_for_statuses
 from yurtcoord.testing.inprocess import POOL, agent_config_text
@@ -111,6 +111,20 @@ class PoolPKIEndToEndTests(unittest.TestCase):
         if with_client_cert:
             context.load_cert_chain(self.etcd_client.cert_file, self.etcd_client.key_file)
         return context
+
+    def test_three_members_form_a_cluster_over_peer_tls(self):
+        """The StatefulSet's members with the etcd-peer pair: https between them, each
+        asking the others for a certificate of the pool CA."""
+        cluster = EtcdCluster(self.etcd.binary, size=3, tls_files=EtcdTLSFiles(
+            os.path.join(self.pki, "ca.crt"), pair(self.pki, "etcd-server"), self.etcd_client,
+            peer=pair(self.pki, "etcd-peer")))
+        self.addCleanup(cluster.stop)
+        cluster.start()
+        members = cluster.etcdctl("member", "list")
+        self.assertEqual(members.count("https://127.0.0.1:"), 6, members)  # peer, client
+        cluster.members[0].put("/registry/written-through-0", "x")
+        self.assertEqual(cluster.members[2].read("/registry/written-through-0"),
+                         {b"/registry/written-through-0": b"x"})
 
     def test_etcd_asks_for_a_client_certificate_of_the_pool_ca(self):
         url = self.etcd.client_url + "/health"
