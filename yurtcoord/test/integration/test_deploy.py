@@ -357,6 +357,9 @@ class CoordinatorTests(unittest.TestCase):
         self.assertEqual(found["--etcd-prefix"], self.config.coordinator.storage_prefix)
         self.assertEqual(found["--authorization-mode"].split(","), ["Node", "RBAC"])
         self.assertIn("NodeRestriction", found["--enable-admission-plugins"].split(","))
+        disabled = found.get("--disable-admission-plugins", "").split(",")
+        self.assertFalse({"NodeRestriction", "NamespaceLifecycle", "ServiceAccount"}
+                         & set(disabled), disabled)
         for flag in ("--client-ca-file", "--tls-cert-file", "--tls-private-key-file",
                      "--etcd-cafile", "--etcd-certfile", "--etcd-keyfile",
                      "--service-account-key-file", "--service-account-signing-key-file"):
