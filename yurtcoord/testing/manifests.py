@@ -21,10 +21,7 @@ from yurtcoord.testing.rbac import RBACPolicy, Rule, Subject
 
 DEPLOY = os.path.join(REPO, "deploy")
 BASE_DIR = os.path.join(DEPLOY, "base")
-CLOUD_DIR = BASE_DIR
 COORDINATOR_DIR = os.path.join(DEPLOY, "coordinator")
-COORDINATOR_COMPONENT = os.path.join(DEPLOY, "components", "coordinator")
-POOL_COMPONENT = os.path.join(DEPLOY, "components", "pool")
 EXAMPLE_POOL_DIR = os.path.join(DEPLOY, "pools", "example")
 EXAMPLE_POOL = "example"
 POOL_LABEL = "apps.openyurt.io/nodepool"
@@ -110,14 +107,6 @@ def documents(directory: str) -> list[tuple[str, dict[str, Any]]]:
                 if document is not None:
                     found.append((os.path.relpath(path, REPO), document))
     return found
-
-
-def the(kind: str, directory: str = CLOUD_DIR) -> dict[str, Any]:
-    """The one document of ``kind`` under ``directory``."""
-    found = [d for _, d in documents(directory) if d.get("kind") == kind]
-    if len(found) != 1:
-        raise AssertionError(f"{len(found)} documents of kind {kind} in {directory}")
-    return found[0]
 
 
 def cloud_policy(pool: str = EXAMPLE_POOL, namespace: Optional[str] = None) -> RBACPolicy:
