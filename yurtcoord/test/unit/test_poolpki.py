@@ -103,6 +103,14 @@ class ArgumentTests(unittest.TestCase):
         self.check_refused(["--pool", "a", "--out", path],
                            f"--out {path}: exists and is not a directory")
 
+    def test_an_out_path_below_a_file_is_named_with_why(self):
+        path = self.mktemp()
+        with open(path, "w") as f:
+            f.write("x")
+        below = os.path.join(path, "pki")
+        self.check_refused(["--pool", "a", "--out", below], f"{path}")
+        self.check_refused(["--pool", "a", "--out", below], "Not a directory")
+
     def test_a_kept_ca_that_does_not_parse_is_named(self):
         out = self.mktemp()
         os.makedirs(out)
