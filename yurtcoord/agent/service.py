@@ -190,7 +190,9 @@ class Agent(service.MultiService):
     ``cloud_checker``, ``kubelet_checker`` (None with ``kubelet_healthz_url = off``);
     ``coordinator``, ``hub_elector``, ``delegation`` and ``pool_view`` (None with the
     coordinator disabled); with the coordinator enabled also ``coordinator_clients``
-    ({url: client}), ``coordinator_client`` (the one that picks among them),
+    ({url: client}, as the node: its own node lease), ``pool_agent_clients`` ({url:
+    client}, as the pool's agent: everything else), ``coordinator_client`` (the one
+    that picks among the latter),
     ``coordinator_checker``, ``etcd``, ``pool_sync``, ``synced_detector``,
     ``cert_manager`` (None with ``insecure``).
     """
@@ -372,6 +374,7 @@ class Agent(service.MultiService):
         self.coordinator_resolver = remembering_resolver(reactor, coordinator_config.pki_dir)
         # Plain clients without TLS; with it, clients that reload their certificates.
         self.coordinator_clients: Mapping[str, KubeClient | CertificateClient]
+        self.pool_agent_clients: Mapping[str, KubeClient | CertificateClient]
         self.lease_proxy_clients: Mapping[str, KubeClient | CertificateClient]
         if coordinator_config.insecure:
             self.coordinator_clients = {
@@ -379,6 +382,8 @@ class Agent(service.MultiService):
                     server=url, insecure=True, timeout=REQUEST_TIMEOUT),
                     name_resolver=self.coordinator_resolver, loop_errors=self.metrics))
                 for url in coordinator_config.server}
+            # No identities without TLS: one client per server for both.
+            self.pool_agent_clients = self.coordinator_clients
             etcd_config = EtcdConfig(url=coordinator_config.storage[0],
                                      more_urls=coordinator_config.storage[1:])
             # No node-lease-proxy certificate without TLS: delegated heartbeats go
@@ -401,8 +406,11 @@ class Agent(service.MultiService):
             kubelet=self.kubelet_checker, metrics=self.metrics,
             takeover=election.lease_duration + election.retry_period,
             etcd_member=self._etcd_member_in_use)
+        # What the pool shares (the election, pool sync, the delegation's reads, the
+        # synced detector, the pool view) goes as the pool's agent; only the node's own
+        # lease (the coordinator prober's) as the node.
         self.coordinator_client = PickedServerClient(
-            self.coordinator_checker.pick_server, self.coordinator_clients.__getitem__,
+            self.coordinator_checker.pick_server, self.pool_agent_clients.__getitem__,
             what="coordinator apiserver", on_unreachable=self.coordinator_checker.suspect)
 
         # Every informer counts its loop's unexpected errors in the agent's metrics.
@@ -515,10 +523,24 @@ class Agent(service.MultiService):
             coordinator_config.secret_namespace, on_change=self._certificates_changed,
             loop_errors=self.metrics)
         ca_file = self.cert_manager.ca_file
-        # The node's own certificate (the kubelet's) for every coordinator apiserver:
-        # there the agent is its node, and may write only that node's lease. The file
-        # is re-read when the kubelet rotates it; until it exists the coordinator is
-        # unhealthy, as without the Secret's CA.
+        # Two identities on every coordinator apiserver. As its node (the kubelet's
+        # certificate, re-read when the kubelet rotates it) the agent writes its own
+        # node lease, and may write no other (the Node authorizer, NodeRestriction).
+        # As the pool's agent (the certs Secret's pair, which names no node) it does
+        # what the pool shares: the election and informer sync leases, which
+        # NodeRestriction refuses any node outside kube-node-lease, and the reads of
+        # the pool's node leases; the coordinator's Roles let it write no node lease.
+        # Until both files exist the coordinator is unhealthy.
+        pool_pair = self.cert_manager.yurthub_client_pair
+        self.pool_agent_clients = {
+            url: self._own(CertificateClient(
+                reactor,
+                functools.partial(ClientConfig, server=url, ca_file=ca_file,
+                                  cert_file=pool_pair.cert_file, key_file=pool_pair.key_file,
+                                  timeout=REQUEST_TIMEOUT),
+                (ca_file, pool_pair.cert_file, pool_pair.key_file),
+                name_resolver=self.coordinator_resolver, loop_errors=self.metrics))
+            for url in coordinator_config.server}
         node_cert = self.config.node.kubelet_client_cert
         check_node_certificate(node_cert, self.config.node.name)
         self.coordinator_clients = {
@@ -551,7 +573,8 @@ class Agent(service.MultiService):
 
     def _certificates_changed(self) -> None:
         """New certificate files: idle connections still use the old ones, drop them."""
-        for client in [*self.coordinator_clients.values(), *self.lease_proxy_clients.values()]:
+        for client in {*self.coordinator_clients.values(), *self.pool_agent_clients.values(),
+                       *self.lease_proxy_clients.values()}:
             client.drop_connections()
 
     # -- what the coordinator calls ----------------------------------------------------------

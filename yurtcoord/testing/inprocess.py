@@ -24,6 +24,7 @@ from yurtcoord.kube.gvr import LEASES
 from yurtcoord.kube.lease import LeaseRecord
 from yurtcoord.sim.agentini import IN_PROCESS_SUITE, Sections, loopback_agent_ini
 from yurtcoord.sim.apiserver import KubeAPIServer
+from yurtcoord.sim.apiserver.authz import POOL_AGENTS_GROUP, PoolCoordinatorAuthorizer
 from yurtcoord.sim.etcd import EtcdProcess, default_etcd_binary, preferred_etcd_binary
 from yurtcoord.sim.pki import TestCA
 from yurtcoord.testing.agentpages import Statuses, StatusReader, wait_for_statuses
@@ -60,8 +61,10 @@ def agent_config_text(node: str, cloud_urls: Sequence[str], coordinator_url: str
 def certs_secret(ca: TestCA) -> Dict[str, Any]:
     """The certs Secret (the coordinator certificates an agent reads from the cloud) with
     client pairs issued by ``ca``."""
-    # The pool etcd's client pair: no node's name, so it is nobody on an apiserver.
-    yurthub = ca.client_pair("yurthub-client", "openyurt:yurt-coordinator:yurthub")
+    # The pool's agents' pair (the pool etcd's client, the pool's agent on the
+    # coordinator): it names no node.
+    yurthub = ca.client_pair("yurthub-client", "openyurt:yurt-coordinator:yurthub",
+                             [POOL_AGENTS_GROUP])
     proxy = ca.client_pair("lease-proxy-client", "system:node-lease-proxy")
     files = {
         "ca.crt": ca.ca_file,
@@ -114,9 +117,12 @@ class PoolWorld:
         if tls:
             self.ca.server_pair("server")
             tls_dir = self.ca.directory
-        self.coordinator = KubeAPIServer(reactor, tls_dir=tls_dir)
+        # With TLS the coordinators authorize as a production pool's do.
+        authorizer = PoolCoordinatorAuthorizer() if tls else None
+        self.coordinator = KubeAPIServer(reactor, tls_dir=tls_dir, authorizer=authorizer)
         self.coordinators = [self.coordinator] + [
-            KubeAPIServer(reactor, tls_dir=tls_dir, storage=self.coordinator.storage)
+            KubeAPIServer(reactor, tls_dir=tls_dir, storage=self.coordinator.storage,
+                          authorizer=authorizer)
             for _ in range(coordinator_servers - 1)]
         self.agents: List[Agent] = []
         self.reader = StatusReader()

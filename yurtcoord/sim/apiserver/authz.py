@@ -15,24 +15,34 @@ what such a coordinator refuses, with the Status kube-apiserver answers:
 - every authenticated user: ``get`` of the discovery and health paths (``/api``,
   ``/apis/...``, ``/version``, ``/healthz``, ...), as the built-in ClusterRoles
   ``system:discovery`` and ``system:public-info-viewer`` grant;
-- a node (user ``system:node:<node>`` in group ``system:nodes``):
+- a node (user ``system:node:<node>`` in group ``system:nodes``), as the Node
+  authorizer and NodeRestriction allow it:
 
-  - leases in ``kube-node-lease``: ``get``, ``list``, ``watch`` of any (the leader
-    forwards the heartbeats of cut-off members, the pool page shows them); ``create``
-    only of a lease named as the node in the body, ``update``, ``patch``, ``delete``
-    only of the lease named as the node (the Node authorizer and NodeRestriction);
+  - its own lease in ``kube-node-lease``: ``get``, ``update``, ``patch``, ``delete``,
+    and ``create`` of a body named as the node; no other lease, no list or watch
+    (the Node authorizer has no opinion on those and the pool's Roles grant nodes
+    nothing), no lease outside ``kube-node-lease`` (NodeRestriction refuses a node's
+    lease writes anywhere else);
+  - ``get``, ``list``, ``watch`` of its own Node only (the node lease names its Node as
+    owner; the Node authorizer with ``AuthorizeNodeWithSelectors`` lets a node read
+    no other);
+- the pool's agents (group ``openyurt:yurthub``, the certs Secret's
+  ``yurt-coordinator-yurthub-client`` pair, which names no node), as the pool's Roles
+  grant them:
+
+  - leases in ``kube-node-lease``: ``get``, ``list``, ``watch`` (the leader forwards
+    the heartbeats of cut-off members, the pool page shows them), never a write;
   - the named leases (by default ``kube-system/yurthub``, the election lease, and
     ``kube-system/leader-informer-sync``, the informer sync lease): ``get``,
     ``update``, ``patch``, ``delete`` by name, ``create`` of a body of that name,
     ``list``, ``watch`` only with ``fieldSelector=metadata.name=<that name>`` (as RBAC
     ``resourceNames`` allow). Every agent contends for the election lease; a new
     leader deletes the informer sync lease, then creates and renews it;
-  - ``get``, ``list``, ``watch`` of its own Node only (the node lease names its Node as
-    owner; the Node authorizer with ``AuthorizeNodeWithSelectors`` lets a node read
-    no other);
-  - nothing else: no other namespace, no other resource, no lease list across
-    namespaces.
 - any other user, and a node whose name is empty: nothing but the paths above.
+
+So each agent writes its own node lease as its node and nothing else as a node; what
+the pool shares (the election, the informer sync lease, the reads of the pool's node
+leases) it does as the pool's agent, an identity that can write no node lease at all.
 
 Refusals are kube-apiserver's: the authorizer's ``<resource>.<group> "<name>" is
 forbidden: User "<user>" cannot <verb> resource "<resource>" in API group "<group>" in
@@ -42,13 +52,9 @@ node lease with the same name as the requesting node`` for a node creating anoth
 node's lease (the authorizer does not know the name of a create, the admission plugin
 reads it from the object).
 
-Two differences from kube-apiserver, both stricter, both named in the refusals:
-RBAC cannot limit a ``create`` by name, so a coordinator's Role would let a node create
-any lease in ``kube-system``, where this authorizer allows only the named ones; and
-kube-apiserver's NodeRestriction refuses a node's lease writes outside
-``kube-node-lease`` altogether, where the pool's contract lets nodes write the named
-leases, so a production coordinator that must enforce this needs those leases written
-by an identity that NodeRestriction does not restrict.
+One difference from kube-apiserver, stricter: RBAC cannot limit a ``create`` by name,
+so a coordinator's Role lets the pool's agents create any lease in ``kube-system``,
+where this authorizer allows only the named ones.
 """
 
 import json
@@ -66,6 +72,9 @@ MASTERS_GROUP = "system:masters"
 NODES_GROUP = "system:nodes"
 AUTHENTICATED_GROUP = "system:authenticated"
 NODE_USER_PREFIX = "system:node:"
+# The group of the pool's agents' shared coordinator identity (the certs Secret's
+# yurt-coordinator-yurthub-client certificate).
+POOL_AGENTS_GROUP = "openyurt:yurthub"
 
 # The paths every authenticated user may get (system:discovery and
 # system:public-info-viewer); a trailing "*" matches any rest.
@@ -81,8 +90,8 @@ ONLY_OWN_LEASE = "can only access node lease with the same name as the requestin
 ONLY_LEASE_VERBS = "can only get, create, update, patch, or delete a node lease"
 ONLY_NODE_LEASE_NAMESPACE = f'can only access leases in the "{NODE_LEASE_NAMESPACE}" system namespace'
 
-_NODE_LEASE_READS = frozenset(("get", "list", "watch"))
-_NODE_LEASE_WRITES = frozenset(("update", "patch", "delete"))
+_POOL_LEASE_READS = frozenset(("get", "list", "watch"))
+_NODE_LEASE_VERBS = frozenset(("get", "create", "update", "patch", "delete"))
 _NAMED_LEASE_VERBS = frozenset(("get", "list", "watch", "create", "update", "patch", "delete"))
 _NODE_READS = frozenset(("get", "list", "watch"))
 
@@ -191,9 +200,9 @@ def _url_allowed(path: str) -> bool:
 @implementer(IAuthorizer)
 class PoolCoordinatorAuthorizer:
     """The pool coordinator's authorization (see the module doc): masters may do
-    anything, nodes only their own node lease, the reads of the pool's node leases,
-    their own Node and the named leases; ``named_leases`` are (namespace, name) pairs,
-    by default the election lease and the informer sync lease."""
+    anything, nodes only their own node lease and Node, the pool's agents the reads of
+    the pool's node leases and the named leases; ``named_leases`` are (namespace, name)
+    pairs, by default the election lease and the informer sync lease."""
 
     def __init__(self, named_leases: Iterable[tuple[str, str]] = DEFAULT_NAMED_LEASES) -> None:
         self.named_leases = frozenset(named_leases)
@@ -207,50 +216,61 @@ class PoolCoordinatorAuthorizer:
                 return None
             return _forbidden(user, request)
         node = user.node_name()
-        if node is None:
+        is_lease = request.group == LEASE_GROUP and request.resource == "leases"
+        if node is not None:
+            if not node:
+                return _forbidden(user, request, f"unknown node for user {_quoted(user.name)}")
+            if request.subresource:
+                return _forbidden(user, request, self._node_reason(node, request))
+            if is_lease:
+                return self._node_lease(user, node, request, body_name)
+            if request.group == "" and request.resource == "nodes":
+                return self._node(user, node, request)
             return _forbidden(user, request)
-        if not node:
-            return _forbidden(user, request, f"unknown node for user {_quoted(user.name)}")
-        if request.subresource:
-            return _forbidden(user, request, self._node_reason(node, request))
-        if request.group == LEASE_GROUP and request.resource == "leases":
-            return self._lease(user, node, request, body_name)
-        if request.group == "" and request.resource == "nodes":
-            return self._node(user, node, request)
+        if POOL_AGENTS_GROUP in user.groups and is_lease and not request.subresource:
+            return self._pool_lease(user, request, body_name)
         return _forbidden(user, request)
 
-    def _lease(self, user: User, node: str, request: RequestAttributes,
-               body_name: str) -> Optional[Refusal]:
+    def _node_lease(self, user: User, node: str, request: RequestAttributes,
+                    body_name: str) -> Optional[Refusal]:
+        """The Node authorizer, then NodeRestriction's check of a create's name."""
+        reason = self._node_reason(node, request)
+        if reason:
+            return _forbidden(user, request, reason,
+                              body_name if request.verb == "create" else "")
+        if request.verb == "create" and body_name != node:
+            # The Node authorizer lets a node create a lease here; NodeRestriction
+            # then refuses any but its own, by the name in the object.
+            return _forbidden_object(request, body_name or "Unknown", ONLY_OWN_LEASE)
+        return None
+
+    def _pool_lease(self, user: User, request: RequestAttributes,
+                    body_name: str) -> Optional[Refusal]:
+        """The pool's Roles: reads of the node leases, the named leases by name."""
         verb, namespace = request.verb, request.namespace
-        if namespace == NODE_LEASE_NAMESPACE:
-            if verb in _NODE_LEASE_READS:
-                return None
-            if verb in _NODE_LEASE_WRITES and request.name == node:
-                return None
-            if verb == "create":
-                if body_name == node:
-                    return None
-                # The Node authorizer lets a node create a lease here; NodeRestriction
-                # then refuses any but its own, by the name in the object.
-                return _forbidden_object(request, body_name or "Unknown", ONLY_OWN_LEASE)
-        elif verb in _NAMED_LEASE_VERBS:
+        if namespace == NODE_LEASE_NAMESPACE and verb in _POOL_LEASE_READS:
+            return None
+        if verb in _NAMED_LEASE_VERBS:
             name = body_name if verb == "create" else request.name
             if (namespace, name) in self.named_leases:
                 return None
             if verb == "create":
-                return _forbidden(user, request, self._node_reason(node, request), body_name)
-        return _forbidden(user, request, self._node_reason(node, request))
+                return _forbidden(user, request, name=body_name)
+        return _forbidden(user, request)
 
     @staticmethod
     def _node_reason(node: str, request: RequestAttributes) -> str:
-        """The reason the Node authorizer gives for not allowing a node's request."""
+        """The reason the Node authorizer gives for not allowing a node's lease
+        request ("" when it allows it; a create's name is NodeRestriction's check)."""
         if request.group != LEASE_GROUP or request.resource != "leases":
             return ""
-        if request.verb not in ("get", "create", "update", "patch", "delete"):
+        if request.verb not in _NODE_LEASE_VERBS:
             return ONLY_LEASE_VERBS
         if request.namespace != NODE_LEASE_NAMESPACE:
             return ONLY_NODE_LEASE_NAMESPACE
-        return ONLY_OWN_LEASE
+        if request.verb != "create" and request.name != node:
+            return ONLY_OWN_LEASE
+        return ""
 
     @staticmethod
     def _node(user: User, node: str, request: RequestAttributes) -> Optional[Refusal]:

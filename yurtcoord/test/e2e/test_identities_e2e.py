@@ -93,9 +93,17 @@ class HostileMemberTests(unittest.TestCase):
 
     @defer.inlineCallbacks
     def renew_as(self, client: KubeClient, name: str) -> Any:
-        """Renew ``kube-node-lease/name`` through ``client`` as its holder would; fire
-        with the HTTP code the coordinator answered the write with."""
-        lease = yield client.get(LEASES, name, namespace=NODE_LEASE_NAMESPACE)
+        """Renew ``kube-node-lease/name`` through ``client`` as its holder would (a
+        lease it may not even read written from scratch); fire with the HTTP code the
+        coordinator answered the write with."""
+        try:
+            lease = yield client.get(LEASES, name, namespace=NODE_LEASE_NAMESPACE)
+        except KubeError as error:
+            if error.code != 403:
+                raise
+            lease = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+                     "metadata": {"name": name, "namespace": NODE_LEASE_NAMESPACE},
+                     "spec": {"holderIdentity": name, "leaseDurationSeconds": 40}}
         lease["spec"]["renewTime"] = format_micro_time(reactor.seconds())
         try:
             yield client.update(LEASES, lease, namespace=NODE_LEASE_NAMESPACE)

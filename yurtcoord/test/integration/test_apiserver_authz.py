@@ -27,7 +27,7 @@ from yurtcoord.kube import gvr as gvrs
 from yurtcoord.kube.client import ClientConfig, KubeClient
 from yurtcoord.kube.errors import Forbidden, Unauthorized
 from yurtcoord.sim.apiserver import Catalog, KubeAPIServer, ObjectStore
-from yurtcoord.sim.apiserver.authz import PoolCoordinatorAuthorizer
+from yurtcoord.sim.apiserver.authz import POOL_AGENTS_GROUP, PoolCoordinatorAuthorizer
 from yurtcoord.sim.apiserver.clients import write_kubeconfig
 from yurtcoord.sim.apiserver.requestlog import read_request_log
 from yurtcoord.sim.apiserver.storage import IObjectStorage, MemoryStorage
@@ -106,8 +106,13 @@ class _AuthorizedServerCase(unittest.TestCase):
         pem = self.ca.node_client_pem("edge-1")
         self.edge_1_pair = CertPair(pem, pem)
         self.admin_pair = self.ca.client_pair("admin", "admin", ["system:masters"])
+        # The pool's agents' shared coordinator identity, as the certs Secret holds it.
+        self.agent_pair = self.ca.client_pair("yurthub-client",
+                                              "openyurt:yurt-coordinator:yurthub",
+                                              [POOL_AGENTS_GROUP])
         self.edge_1 = self.client(self.edge_1_pair)
         self.admin = self.client(self.admin_pair)
+        self.agent = self.client(self.agent_pair)
 
     def client(self, pair: CertPair) -> KubeClient:
         client = KubeClient(reactor, ClientConfig(
@@ -180,14 +185,16 @@ class NodeLeaseTests(_AuthorizedServerCase):
                          ["admin"])
 
     @defer.inlineCallbacks
-    def test_node_reads_every_node_lease(self):
+    def test_node_reads_only_its_own_lease_and_the_pool_agent_every_one(self):
         yield self.admin.create(gvrs.LEASES, lease("edge-2"))
-        got = yield self.edge_1.get(gvrs.LEASES, "edge-2", NODE_LEASES)
+        yield self.refused(self.edge_1.get, gvrs.LEASES, "edge-2", NODE_LEASES)
+        yield self.refused(self.edge_1.list, gvrs.LEASES, NODE_LEASES)
+        got = yield self.agent.get(gvrs.LEASES, "edge-2", NODE_LEASES)
         self.assertEqual(got["spec"]["holderIdentity"], "edge-2")
-        listed = yield self.edge_1.list(gvrs.LEASES, NODE_LEASES)
+        listed = yield self.agent.list(gvrs.LEASES, NODE_LEASES)
         self.assertEqual([item["metadata"]["name"] for item in listed["items"]], ["edge-2"])
         events: list[tuple[str, str]] = []
-        watch = self.edge_1.watch(gvrs.LEASES, lambda kind, obj: events.append(
+        watch = self.agent.watch(gvrs.LEASES, lambda kind, obj: events.append(
             (kind, obj["metadata"]["name"])), namespace=NODE_LEASES,
             resource_version=listed["metadata"]["resourceVersion"], allow_bookmarks=False)
         self.addCleanup(watch.cancel)
@@ -196,6 +203,8 @@ class NodeLeaseTests(_AuthorizedServerCase):
         yield self.edge_1.create(gvrs.LEASES, lease("edge-1"))
         yield poll_until(lambda: events == [("ADDED", "edge-1")], 10.0, 0.01, reactor,
                          what="the watch event")
+        # The pool's agent writes no node lease.
+        yield self.refused(self.agent.update, gvrs.LEASES, got)
 
     @defer.inlineCallbacks
     def test_cluster_wide_lease_lists_are_refused(self):
@@ -213,14 +222,17 @@ class NamedLeaseTests(_AuthorizedServerCase):
     @defer.inlineCallbacks
     def test_named_leases_are_writable_by_name(self):
         for name in ("yurthub", "leader-informer-sync"):
-            created = yield self.edge_1.create(gvrs.LEASES, lease(name, "kube-system", "edge-1"))
+            # Not as a node: NodeRestriction keeps nodes to kube-node-lease.
+            yield self.refused(self.edge_1.create, gvrs.LEASES,
+                               lease(name, "kube-system", "edge-1"))
+            created = yield self.agent.create(gvrs.LEASES, lease(name, "kube-system", "edge-1"))
             created["spec"]["holderIdentity"] = "edge-2"
-            updated = yield self.edge_1.update(gvrs.LEASES, created)
+            updated = yield self.agent.update(gvrs.LEASES, created)
             self.assertEqual(updated["spec"]["holderIdentity"], "edge-2")
-            listed = yield self.edge_1.list(gvrs.LEASES, "kube-system",
-                                            field_selector=f"metadata.name={name}")
+            listed = yield self.agent.list(gvrs.LEASES, "kube-system",
+                                           field_selector=f"metadata.name={name}")
             self.assertEqual([item["metadata"]["name"] for item in listed["items"]], [name])
-        yield self.edge_1.delete(gvrs.LEASES, "leader-informer-sync", "kube-system")
+        yield self.agent.delete(gvrs.LEASES, "leader-informer-sync", "kube-system")
         self.assertIsNone(self.server.store.get(gvrs.LEASES, "leader-informer-sync",
                                                 "kube-system"))
 
@@ -306,12 +318,13 @@ class OfficialClientTests(_AuthorizedServerCase):
         out, err, code = yield self.kubectl(self.edge_1_pair, "annotate", "lease", "edge-2",
                                             "x=y")
         self.assertEqual(code, 1, (out, err))
+        # kubectl reads the lease first, which a node may not either.
         self.assertEqual(err.strip(), "Error from server (Forbidden): " + UPDATE_EDGE_2.replace(
-            "cannot update", "cannot patch"))
+            "cannot update", "cannot get"))
         out, err, code = yield self.kubectl(self.edge_1_pair, "get", "leases", "-A")
         self.assertEqual(code, 1, (out, err))
         self.assertEqual(err.strip(), "Error from server (Forbidden): " + LIST_ALL_LEASES)
-        out, err, code = yield self.kubectl(self.edge_1_pair, "get", "leases", "-o", "name")
+        out, err, code = yield self.kubectl(self.agent_pair, "get", "leases", "-o", "name")
         self.assertEqual((code, out.split()), (0, ["lease.coordination.k8s.io/edge-2"]), err)
         lease_2 = self.server.store.get(gvrs.LEASES, "edge-2", NODE_LEASES)
         self.assertNotIn("annotations", lease_2["metadata"])

@@ -325,13 +325,26 @@ class AgentOverTLSTests(unittest.TestCase):
         yield poll_until(leading_and_ready, STEP_TIMEOUT, 0.02, reactor,
                          what="edge-1 leading and ready over TLS")
         self.assertEqual(self.world.election_lease().holder_identity, "edge-1")
-        # The node's own certificate is used with every coordinator apiserver, and
-        # only it: the Secret's pair is the pool etcd's.
+        # Two identities with every coordinator apiserver: the node's own certificate
+        # (its node lease) and the Secret's pair (the pool's agent: the election and
+        # the reads of the pool's leases), and no other.
+        node_identity = "CN=system:node:edge-1,O=system:nodes"
+        identities = {node_identity,
+                      "CN=openyurt:yurt-coordinator:yurthub,O=openyurt:yurthub"}
         for server in self.world.coordinators:
+            # Each is probed as the node; the pool's requests go to the one picked.
             yield poll_until(
-                lambda: "CN=system:node:edge-1,O=system:nodes" in server.client_subjects,
+                lambda: node_identity in server.client_subjects,
                 STEP_TIMEOUT, 0.02, reactor, what=f"{server.url} seeing the node's cert")
-            self.assertEqual(set(server.client_subjects), {"CN=system:node:edge-1,O=system:nodes"})
+        self.assertEqual({subject for server in self.world.coordinators
+                          for subject in server.client_subjects}, identities)
+        # Nothing refused but the one read of the leader's Node the pool's agent may not
+        # make (the informer sync lease is then written without an owner).
+        refused = {(r.method, r.path, r.code, r.user)
+                   for server in self.world.coordinators for r in server.request_log
+                   if r.code in (401, 403)}
+        self.assertLessEqual(refused, {("GET", "/api/v1/nodes/edge-1", 403,
+                                        "openyurt:yurt-coordinator:yurthub")})
         status = yield self.reader.status(agent.status_http.url)
         self.assertEqual(status["coordinator_servers"],
                          {server.url: True for server in self.world.coordinators})

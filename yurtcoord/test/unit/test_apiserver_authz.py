@@ -12,7 +12,8 @@ from zope.interface.verify import verifyObject
 
 from yurtcoord.sim.apiserver.authz import (
     AUTHENTICATED_GROUP, IAuthorizer, ONLY_LEASE_VERBS, ONLY_NODE_LEASE_NAMESPACE,
-    ONLY_OWN_LEASE, UNAUTHORIZED, PoolCoordinatorAuthorizer, Refusal, User)
+    ONLY_OWN_LEASE, POOL_AGENTS_GROUP, UNAUTHORIZED, PoolCoordinatorAuthorizer, Refusal,
+    User)
 from yurtcoord.sim.apiserver.requestlog import (
     LoggedRequest, attributes_of, json_line, logged_request, read_request_log)
 
@@ -54,6 +55,10 @@ def node(name: str) -> tuple[str, tuple[str, ...]]:
     return f"system:node:{name}", (NODES,)
 
 
+# The pool's agents' shared coordinator identity (the certs Secret's client pair).
+POOL_AGENT = ("openyurt:yurt-coordinator:yurthub", (POOL_AGENTS_GROUP,))
+
+
 def forbidden(name: str, message_tail: str, kind: str = "leases",
               group: str = "coordination.k8s.io") -> Refusal:
     qualified = f"{kind}.{group}" if group else kind
@@ -65,10 +70,11 @@ def forbidden(name: str, message_tail: str, kind: str = "leases",
 def lease_refusal(verb: str, namespace: str, reason: str, name: str = "",
                   user: str = "system:node:edge-1") -> Refusal:
     """The authorizer's refusal of a lease request of ``user``, with the Node
-    authorizer's ``reason``."""
+    authorizer's ``reason`` ("": RBAC's refusal, which gives none)."""
     where = f'in the namespace "{namespace}"' if namespace else "at the cluster scope"
+    tail = f": {reason}" if reason else ""
     return forbidden(name, f'User "{user}" cannot {verb} resource "leases" in API group '
-                           f'"coordination.k8s.io" {where}: {reason}')
+                           f'"coordination.k8s.io" {where}{tail}')
 
 
 class DecisionTableTests(unittest.TestCase):
@@ -135,12 +141,32 @@ class DecisionTableTests(unittest.TestCase):
         decision = self.decide(node("edge-1"), "create", "kube-node-lease", "leases")
         self.assertEqual(decision, forbidden("Unknown", ONLY_OWN_LEASE))
 
-    def test_node_reads_every_node_lease(self):
-        self.assertAllowed(node("edge-1"), "get", "kube-node-lease", "leases", "edge-2")
-        self.assertAllowed(node("edge-1"), "list", "kube-node-lease", "leases")
-        self.assertAllowed(node("edge-1"), "watch", "kube-node-lease", "leases")
-        self.assertAllowed(node("edge-1"), "watch", "kube-node-lease", "leases",
+    def test_node_reads_only_its_own_lease(self):
+        self.assertAllowed(node("edge-1"), "get", "kube-node-lease", "leases", "edge-1")
+        decision = self.assertRefused(node("edge-1"), "get", "kube-node-lease", "leases",
+                                      "edge-2")
+        self.assertEqual(decision, lease_refusal("get", "kube-node-lease", ONLY_OWN_LEASE,
+                                                 "edge-2"))
+        for verb in ("list", "watch"):
+            decision = self.assertRefused(node("edge-1"), verb, "kube-node-lease", "leases")
+            self.assertEqual(decision, lease_refusal(verb, "kube-node-lease",
+                                                     ONLY_LEASE_VERBS))
+
+    def test_pool_agents_read_every_node_lease_and_write_none(self):
+        self.assertAllowed(POOL_AGENT, "get", "kube-node-lease", "leases", "edge-2")
+        self.assertAllowed(POOL_AGENT, "list", "kube-node-lease", "leases")
+        self.assertAllowed(POOL_AGENT, "watch", "kube-node-lease", "leases")
+        self.assertAllowed(POOL_AGENT, "watch", "kube-node-lease", "leases",
                            field_selector="metadata.name=edge-3")
+        for verb in ("update", "patch", "delete"):
+            decision = self.assertRefused(POOL_AGENT, verb, "kube-node-lease", "leases",
+                                          "edge-2")
+            self.assertEqual(decision, lease_refusal(
+                verb, "kube-node-lease", "", "edge-2", user=POOL_AGENT[0]))
+        self.assertRefused(POOL_AGENT, "create", "kube-node-lease", "leases",
+                           body_name="edge-2")
+        self.assertRefused(POOL_AGENT, "list", "", "leases")
+        self.assertRefused(POOL_AGENT, "get", "", "nodes", "edge-1")
 
     def test_node_deletes_no_collection_of_leases(self):
         decision = self.assertRefused(node("edge-1"), "deletecollection", "kube-node-lease",
@@ -151,14 +177,28 @@ class DecisionTableTests(unittest.TestCase):
     def test_named_leases_by_name(self):
         for name in ("yurthub", "leader-informer-sync"):
             for verb in ("get", "update", "patch", "delete"):
-                self.assertAllowed(node("edge-1"), verb, "kube-system", "leases", name)
-            self.assertAllowed(node("edge-1"), "create", "kube-system", "leases",
+                self.assertAllowed(POOL_AGENT, verb, "kube-system", "leases", name)
+            self.assertAllowed(POOL_AGENT, "create", "kube-system", "leases",
                                body_name=name)
             for verb in ("list", "watch"):
-                self.assertAllowed(node("edge-1"), verb, "kube-system", "leases",
+                self.assertAllowed(POOL_AGENT, verb, "kube-system", "leases",
                                    field_selector=f"metadata.name={name}")
-                self.assertAllowed(node("edge-1"), verb, "kube-system", "leases",
+                self.assertAllowed(POOL_AGENT, verb, "kube-system", "leases",
                                    field_selector=f"metadata.name=={name}")
+            self.assertRefused(POOL_AGENT, "update", "kube-system", "leases", "other")
+            self.assertRefused(POOL_AGENT, "create", "kube-system", "leases",
+                               body_name="other")
+
+    def test_nodes_write_no_named_lease(self):
+        # NodeRestriction refuses a node's lease writes outside kube-node-lease: what
+        # the pool shares is written as the pool's agent.
+        for name in ("yurthub", "leader-informer-sync"):
+            decision = self.assertRefused(node("edge-1"), "update", "kube-system", "leases",
+                                          name)
+            self.assertEqual(decision, lease_refusal("update", "kube-system",
+                                                     ONLY_NODE_LEASE_NAMESPACE, name))
+            self.assertRefused(node("edge-1"), "create", "kube-system", "leases",
+                               body_name=name)
 
     def test_other_leases_in_kube_system(self):
         self.assertEqual(ONLY_NODE_LEASE_NAMESPACE,
@@ -174,20 +214,21 @@ class DecisionTableTests(unittest.TestCase):
         self.assertRefused(node("edge-1"), "get", "kube-system", "leases", "other")
 
     def test_named_leases_listed_only_by_name(self):
-        decision = self.assertRefused(node("edge-1"), "list", "kube-system", "leases")
-        self.assertEqual(decision, lease_refusal("list", "kube-system", ONLY_LEASE_VERBS))
+        decision = self.assertRefused(POOL_AGENT, "list", "kube-system", "leases")
+        self.assertEqual(decision, lease_refusal("list", "kube-system", "",
+                                                 user=POOL_AGENT[0]))
         for selector in ("metadata.name=other", "metadata.name!=yurthub",
                          "metadata.namespace=kube-system", "spec.holderIdentity=yurthub"):
-            self.assertRefused(node("edge-1"), "watch", "kube-system", "leases",
+            self.assertRefused(POOL_AGENT, "watch", "kube-system", "leases",
                                field_selector=selector)
 
     def test_named_leases_are_named_in_their_namespace(self):
         # The named leases are (namespace, name) pairs: yurthub elsewhere is no
         # election lease.
-        self.assertRefused(node("edge-1"), "update", "default", "leases", "yurthub")
-        self.assertRefused(node("edge-1"), "create", "default", "leases", body_name="yurthub")
+        self.assertRefused(POOL_AGENT, "update", "default", "leases", "yurthub")
+        self.assertRefused(POOL_AGENT, "create", "default", "leases", body_name="yurthub")
         authorizer = PoolCoordinatorAuthorizer(named_leases=[("pool-a", "election")])
-        user, groups = node("edge-1")
+        user, groups = POOL_AGENT
         self.assertIsNone(ask(authorizer, user, groups, "update", "pool-a", "leases",
                               "election"))
         refused = ask(authorizer, user, groups, "update", "kube-system", "leases", "yurthub")
