@@ -454,10 +454,11 @@ SCHEMA = (
         "required with the coordinator enabled"),
     Key("node", "kubelet_client_cert", PATH, "/var/lib/kubelet/pki/kubelet-client-current.pem",
         "the node's own client certificate and key in one PEM file (the kubelet's, "
-        "CN=system:node:<name>, O=system:nodes, rotated by it): the agent's identity on "
-        "the coordinator apiservers, which let a node write only its own node lease; "
-        "re-read when it changes, the coordinator unhealthy until it exists; a "
-        "certificate naming another node stops the agent at start; unused with "
+        "CN=system:node:<name>, O=system:nodes, rotated by it): the identity the "
+        "node's own lease is written with, in the cloud (over TLS) and on the "
+        "coordinator apiservers, which let a node write only its own node lease; "
+        "re-read when it changes, heartbeats failing until it exists; a certificate "
+        "naming another node stops the agent at start; unused with [cloud] and "
         "[coordinator] insecure = true"),
 
     Key("cloud", "servers", URL_LIST, None,

@@ -187,6 +187,8 @@ class Agent(service.MultiService):
 
     Attributes for tests and the sandbox: ``metrics``, ``reactor_lag``,
     ``status_source``, ``status_http`` (``.url``), ``cloud_clients`` ({url: KubeClient}),
+    ``cloud_heartbeat_clients`` ({url: client} the node's own cloud lease is written
+    with: as the node over TLS, else ``cloud_clients``),
     ``cloud_checker``, ``kubelet_checker`` (None with ``kubelet_healthz_url = off``);
     ``coordinator``, ``hub_elector``, ``delegation`` and ``pool_view`` (None with the
     coordinator disabled); with the coordinator enabled also ``coordinator_clients``
@@ -214,9 +216,10 @@ class Agent(service.MultiService):
                 url: self._own(KubeClient(reactor, self._cloud_client_config(url),
                                           loop_errors=self.metrics))
                 for url in config.cloud.servers}
+            self.cloud_heartbeat_clients = self._cloud_heartbeat_clients()
         self.kubelet_checker: Optional[KubeletHealthChecker] = self._build_kubelet_checker()
         self.cloud_checker = CloudHealthChecker.for_servers(
-            reactor, self.cloud_clients, config.node.name, config.heartbeat,
+            reactor, self.cloud_heartbeat_clients, config.node.name, config.heartbeat,
             kubelet=self.kubelet_checker, metrics=self.metrics)
         self.cloud_checker.add_write_listener(
             lambda _server: self.metrics.note_cloud_heartbeat(config.node.name))
@@ -307,13 +310,32 @@ class Agent(service.MultiService):
         values.update(overrides)
         return ClientConfig(**values)
 
+    def _cloud_heartbeat_clients(self) -> Mapping[str, KubeClient | CertificateClient]:
+        """The clients the cloud prober writes the node's own lease with. Over TLS they
+        are the node itself (the kubelet's certificate, ``[node] kubelet_client_cert``,
+        checked to name this node): the cloud's Node authorizer lets a node renew its
+        own lease and no other, so the agent's cloud credentials (a ServiceAccount's,
+        shared by every agent) need no right to write any lease. With ``[cloud]
+        insecure = true`` (plain http test setups) the cloud clients themselves."""
+        cloud = self.config.cloud
+        if cloud.insecure:
+            return self.cloud_clients
+        node_cert = self.config.node.kubelet_client_cert
+        check_node_certificate(node_cert, self.config.node.name)
+        pair = CertPair(node_cert, node_cert)
+        return {url: self._own(CertificateClient(
+                    self.reactor, functools.partial(self._cloud_client_config, url, pair),
+                    (node_cert,), loop_errors=self.metrics))
+                for url in cloud.servers}
+
     def _secret_files(self) -> list[tuple[str, str]]:
         """(path, what it holds) of every file of the cloud credentials that must be
         the agent's alone: the client key and token files, named in the ini or in the
         kubeconfig, and the kubeconfig itself when it holds a key or a token."""
         cloud = self.config.cloud
         files = [(cloud.key_file, "[cloud] key_file"), (cloud.token_file, "[cloud] token_file")]
-        if self.config.coordinator.enabled and not self.config.coordinator.insecure:
+        coordinator = self.config.coordinator
+        if not cloud.insecure or (coordinator.enabled and not coordinator.insecure):
             files.append((self.config.node.kubelet_client_cert, "[node] kubelet_client_cert"))
         if cloud.kubeconfig is not None:
             creds = load_kubeconfig(cloud.kubeconfig, allow_insecure=cloud.insecure)
@@ -530,7 +552,8 @@ class Agent(service.MultiService):
         # what the pool shares: the election and informer sync leases, which
         # NodeRestriction refuses any node outside kube-node-lease, and the reads of
         # the pool's node leases; the coordinator's Roles let it write no node lease.
-        # Until both files exist the coordinator is unhealthy.
+        # Until both files exist the coordinator is unhealthy. See docs/design.md,
+        # "Identities".
         pool_pair = self.cert_manager.yurthub_client_pair
         self.pool_agent_clients = {
             url: self._own(CertificateClient(
