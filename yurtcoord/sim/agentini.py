@@ -88,10 +88,20 @@ SANDBOX: Sections = {
 }
 
 
+def node_identity(kubelet_client_cert: str) -> Sections:
+    """The layer of an agent that reaches its coordinator apiservers and the pool etcd
+    over TLS: its node lease as its node, with the node's own certificate and key
+    (the kubelet's) at ``kubelet_client_cert``, the rest with the certs Secret's
+    certificates, which it fetches from the cloud."""
+    return {"node": {"kubelet_client_cert": kubelet_client_cert},
+            "coordinator": {"insecure": "false"}}
+
+
 def loopback_agent_ini(node: str, pool: str, cloud_urls: Iterable[str], coordinator_url: str,
                        etcd_url: str, pki_dir: str, cache_dir: str, *presets: Sections,
                        **sections: Mapping[str, object]) -> str:
-    """An agent talking plain http to its cloud, coordinator apiserver and etcd.
+    """An agent talking plain http to its cloud, coordinator apiserver and etcd
+    (https to the last two with a ``node_identity`` layer).
 
     Its kubelet check is off (``kubelet_healthz_url = off``) unless ``heartbeat`` names
     a URL: an agent of a test that has no kubelet stand-in would otherwise stop its

@@ -9,7 +9,20 @@ simulated cloud apiserver (the Kubernetes API test server of
 ``make_service`` from configurations written here, each with its own status port and
 its own local cache directory. It prints one line per role change of any agent (with
 the leader after the change), the URL of each agent's pool page and commands to paste
-(``start_commands``: ``yurtcoordctl`` and ``kubectl`` against its servers).
+(``start_commands``: ``yurtcoordctl``, ``kubectl`` and ``etcdctl`` against its servers).
+
+The pool runs as a production pool does (``yurtcoord.sim.sandboxpki``): one CA of the
+sandbox's, made in its temp dir, signs every certificate; the pool etcd and the
+coordinator apiservers serve https and require client certificates of it; the
+coordinator apiservers authorize as the Node authorizer and NodeRestriction do; the
+cloud holds the certs Secret the agents fetch (``[coordinator] insecure = false``);
+and each agent writes its node lease on the coordinator apiservers as its node, with
+the node's own certificate (``[node] kubelet_client_cert``), which may write no other
+node's lease, and does what the pool shares (the election, the informer sync lease)
+as the pool's agent, with the Secret's pair. The commands printed use the sandbox's
+admin pair (``admin.kubeconfig``, ``system:masters``) for the coordinator apiservers
+and the members' client pair for etcd; each coordinator apiserver's request log names
+the user of every answer.
 
 Each agent reaches the cloud through its own loopback link (a ``TCPProxy``), so that
 the cloud can be taken from one agent alone: SIGUSR1 cuts the current leader's link
@@ -38,7 +51,8 @@ showing how healthy each agent finds each of them and who holds the election lea
 (``POST /coordinator/...``, ``GET /coordinator``; see
 ``yurtcoord.sim.sandboxapiservers``).
 
-Everything lives in one temp dir (etcd's data, the agents' caches and pki dirs) that
+Everything lives in one temp dir (the certificates, etcd's data, the coordinator
+apiservers' request logs, the agents' caches, pki dirs and node certificates) that
 is removed on stop, also when the start failed half way. The etcd members are run by
 the same ``EtcdCluster`` the tests use (``yurtcoord.sim.etcd``), from the reactor: each
 in its own session (Ctrl-C in a terminal reaches the sandbox only, which stops the
@@ -55,7 +69,7 @@ import signal
 import sys
 import tempfile
 import time
-from typing import Any, Callable, Generator, Iterable, Mapping
+from typing import Any, Callable, Generator, Iterable, Mapping, Sequence
 
 from twisted.application import service
 from twisted.internet import defer, error
@@ -65,15 +79,16 @@ from twisted.web.resource import Resource
 from twisted.web.server import Request, Site
 
 from yurtcoord.agent.config import parse_config, parse_duration
-from yurtcoord.kube.gvr import ENDPOINTS, ENDPOINTSLICES_V1, LEASES, NODES
+from yurtcoord.kube.gvr import ENDPOINTS, ENDPOINTSLICES_V1, LEASES, NODES, SECRETS
 from yurtcoord.kube.renewals import RenewalsSeen
+from yurtcoord.agent.certs import CERTS_SECRET_NAME
 from yurtcoord.agent.service import Agent, make_service
 from yurtcoord.heartbeat.delegation import FORWARDED_OUTCOMES, HeartbeatDelegation
 from yurtcoord.names import (
     ELECTION_LEASE_NAME, ELECTION_LEASE_NAMESPACE, NODE_LEASE_NAMESPACE, NODE_POOL_LABEL,
 )
 from yurtcoord.role.roles import Role
-from yurtcoord.sim.agentini import SANDBOX, loopback_agent_ini
+from yurtcoord.sim.agentini import SANDBOX, loopback_agent_ini, node_identity
 from yurtcoord.sim.apiserver import KubeAPIServer
 from yurtcoord.sim.apiserver.store import ObjectStore
 from yurtcoord.sim.sandboxapiservers import (
@@ -85,6 +100,7 @@ from yurtcoord.sim.sandboxetcd import (
     DEFAULT_MEMBERS, AgentEtcd, SandboxEtcd, answer_later, etcd_state_json, mark_raft_leader,
 )
 from yurtcoord.sim.sandboxpage import control_page_json, render_control_page
+from yurtcoord.sim.sandboxpki import SECRET_NAMESPACE, SandboxPKI
 from yurtcoord.sim.kubelet import StandInKubelet
 from yurtcoord.sim.tcpproxy import TCPProxy
 
@@ -243,14 +259,18 @@ def find_etcd_binary(environ: Mapping[str, str] | None = None) -> str:
 
 
 def agent_config_text(node: str, cloud_url: str, coordinator_url: str, etcd_url: str,
-                      agent_dir: str, kubelet_url: str) -> str:
-    """Ini text of one sandbox agent: plain http everywhere, the sandbox's timings
-    (``SANDBOX``), its pool store under ``STORAGE_PREFIX``; its kubelet check asks
-    ``kubelet_url``. ``coordinator_url`` and ``etcd_url`` may be comma-separated
+                      agent_dir: str, kubelet_url: str, kubelet_client_cert: str) -> str:
+    """Ini text of one sandbox agent: plain http to the cloud; https to the
+    coordinator apiservers (its node lease as its node, with ``kubelet_client_cert``)
+    and to the pool etcd, with the certs Secret's CA and pair (``node_identity``); the
+    sandbox's
+    timings (``SANDBOX``), its pool store under ``STORAGE_PREFIX``; its kubelet check
+    asks ``kubelet_url``. ``coordinator_url`` and ``etcd_url`` may be comma-separated
     lists."""
     return loopback_agent_ini(
         node, POOL_NAME, [cloud_url], coordinator_url, etcd_url,
         os.path.join(agent_dir, "pki"), os.path.join(agent_dir, "cache"), SANDBOX,
+        node_identity(kubelet_client_cert),
         heartbeat={"kubelet_healthz_url": kubelet_url},
         coordinator={"storage_prefix": STORAGE_PREFIX})
 
@@ -285,17 +305,24 @@ def role_line_leader(node: str, role: Role, elector_holder: str | None,
 
 
 def start_commands(ctl: str, pages: Mapping[str, str], cloud_url: str,
-                   coordinator_url: str) -> list[str]:
+                   coordinator_url: str, admin_kubeconfig: str,
+                   etcdctl: Sequence[str] | None = None) -> list[str]:
     """Ready-to-paste commands against a sandbox's servers, none of which asks for
     credentials: ``yurtcoordctl`` (at ``ctl``) per agent's status pages, ``kubectl``
-    against a coordinator apiserver (the pool's leases: the election and the nodes')
-    and against the cloud (its nodes). ``--kubeconfig /dev/null`` keeps a kubeconfig
-    of the user's from adding its credentials or namespace."""
-    kubectl = "kubectl --kubeconfig /dev/null --server"
-    return ([f"{shlex.quote(ctl)} --server {url} status" for url in pages.values()]
-            + [f"{shlex.quote(ctl)} --server {next(iter(pages.values()))} members"]
-            + [f"{kubectl} {coordinator_url} get leases -A",
-               f"{kubectl} {cloud_url} get nodes"])
+    against a coordinator apiserver as the sandbox's admin (``admin_kubeconfig``; the
+    pool's leases: the election and the nodes') and against the cloud (its nodes),
+    and, given ``etcdctl`` (its command up to its TLS flags and endpoints), the keys
+    of the pool's leases in the pool etcd. ``--kubeconfig /dev/null`` keeps a
+    kubeconfig of the user's from adding its credentials or namespace to the cloud's."""
+    commands = ([f"{shlex.quote(ctl)} --server {url} status" for url in pages.values()]
+                + [f"{shlex.quote(ctl)} --server {next(iter(pages.values()))} members"]
+                + [f"kubectl --kubeconfig {shlex.quote(admin_kubeconfig)} --server "
+                   f"{coordinator_url} get leases -A",
+                   f"kubectl --kubeconfig /dev/null --server {cloud_url} get nodes"])
+    if etcdctl is not None:
+        commands.append(shlex.join([*etcdctl, "get", f"{STORAGE_PREFIX}/leases/", "--prefix",
+                                    "--keys-only"]))
+    return commands
 
 
 def yurtcoordctl_path() -> str:
@@ -393,6 +420,8 @@ class Sandbox(service.MultiService):
         self.temp_parent = temp_parent
         self.nodes = [f"edge-{index}" for index in range(1, agent_count + 1)]
         self.directory = None
+        # The sandbox's CA and certificates, made in its temp dir at start.
+        self.pki: SandboxPKI | None = None
         self.etcd: SandboxEtcd | None = None
         self.cloud = KubeAPIServer(reactor)
         self.coordinators = SandboxCoordinators(
@@ -474,15 +503,30 @@ class Sandbox(service.MultiService):
     def _start(self):
         self.directory = tempfile.mkdtemp(prefix="yurtcoord-sandbox-", dir=self.temp_parent)
         self._say(f"temp dir {self.directory}")
-        etcd = yield self._start_etcd(self.directory)
+        self.pki = pki = SandboxPKI(os.path.join(self.directory, "pki"), POOL_NAME)
+        etcd = yield self._start_etcd(self.directory, pki)
+        etcd_tls = etcd.client_tls
+        assert etcd_tls is not None, "the sandbox's etcd serves TLS"
         cloud_url = yield self.cloud.start()
-        coordinator_urls = yield self.coordinators.start(etcd.client_urls, STORAGE_PREFIX)
+        coordinator_urls = yield self.coordinators.start(
+            etcd.client_urls, STORAGE_PREFIX, pki.directory, etcd_tls, self.directory)
         if self._stopping:
             raise SandboxStopped()
         self._say(f"cloud apiserver {cloud_url}, coordinator apiservers "
                   f"{', '.join(coordinator_urls)} (their objects: the pool etcd's, under "
                   f"{STORAGE_PREFIX})")
+        kubeconfig = pki.write_admin_kubeconfig(coordinator_urls[0])
+        self._say(f"certificates in {pki.directory}: etcd and the coordinator apiservers "
+                  f"serve TLS and require client certificates of its CA; each agent writes "
+                  f"its node lease as its node (<temp dir>/<node>/kubelet-client-current.pem)"
+                  f" and the rest with the certs Secret {SECRET_NAMESPACE}/"
+                  f"{CERTS_SECRET_NAME} it fetches from the cloud; kubectl "
+                  f"as admin (system:masters): --kubeconfig {kubeconfig}; etcdctl: "
+                  f"{shlex.join(etcd_tls.etcdctl_flags())}")
+        self._say(f"coordinator apiservers' request logs (a JSON line per answer, with "
+                  f"the user who asked): {', '.join(self.coordinators.request_log_paths)}")
         seed_cloud(self.cloud.store, self.nodes)
+        self.cloud.store.create(SECRETS, pki.certs_secret())
         self.follow_cloud_leases()
 
         cloud_port = self.cloud.port_number
@@ -499,11 +543,13 @@ class Sandbox(service.MultiService):
         for index, node in enumerate(self.nodes):
             agent_dir = os.path.join(self.directory, node)
             seed_local_cache(os.path.join(agent_dir, "cache"), node, 100 * (index + 1))
+            node_cert = pki.node_certificate(
+                node, os.path.join(agent_dir, "kubelet-client-current.pem"))
             config = parse_config(
                 agent_config_text(node, self.cloud_links[node].url(),
                                   ", ".join(self.coordinators.server_for(index)),
                                   ", ".join(etcd.storage_for(index)), agent_dir,
-                                  self.kubelets[node].url()),
+                                  self.kubelets[node].url(), node_cert),
                 f"<sandbox {node}>")
             agent = make_service(config, self.reactor)
             coordinator, hub_elector = agent.coordinator, agent.hub_elector
@@ -542,20 +588,23 @@ class Sandbox(service.MultiService):
         pages = {node: agent.status_http.url for node, agent in self.agents.items()
                  if agent.status_http.url is not None}
         for command in start_commands(yurtcoordctl_path(), pages, cloud_url,
-                                      coordinator_urls[0]):
+                                      coordinator_urls[0], kubeconfig,
+                                      etcd.etcdctl_command()):
             self.write_line(f"    {command}")
 
     # -- the pool etcd (yurtcoord.sim.sandboxetcd) ------------------------------------
 
     @defer.inlineCallbacks
-    def _start_etcd(self, directory: str) -> Generator[defer.Deferred[Any], Any, SandboxEtcd]:
-        """The pool etcd cluster, data and logs under ``directory``, each member in a
-        session of its own and bound to die with the sandbox; ``SandboxError`` in one
-        line when it cannot start."""
+    def _start_etcd(self, directory: str,
+                    pki: SandboxPKI) -> Generator[defer.Deferred[Any], Any, SandboxEtcd]:
+        """The pool etcd cluster, data and logs under ``directory``, serving TLS with
+        certificates of ``pki``'s CA, each member in a session of its own and bound to
+        die with the sandbox; ``SandboxError`` in one line when it cannot start."""
         binary = self.etcd_binary or find_etcd_binary()
         self.etcd = etcd = SandboxEtcd(
             self.reactor, binary, self.etcd_members, os.path.join(directory, "etcd"),
-            self._say, lambda text: self._say(f"{self._clock()} {text}"), self._agents_etcd)
+            self._say, lambda text: self._say(f"{self._clock()} {text}"), self._agents_etcd,
+            tls_ca=pki.ca)
         try:
             yield etcd.start(abandoned=lambda: self._stopping)
         except EtcdFixtureError as failure:

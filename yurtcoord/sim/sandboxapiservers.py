@@ -11,6 +11,15 @@ Every agent is given every server's URL in ``[coordinator] server``, starting wi
 different one as well, so that the agents spread over the servers and losing one
 moves only the agents that wrote through it.
 
+As a pool's coordinator apiservers do, each serves https and requires a client
+certificate of the sandbox's CA (``yurtcoord.sim.sandboxpki``), authorizes as the
+Node authorizer and NodeRestriction do (``PoolCoordinatorAuthorizer``: each agent
+writes its own node lease as its node, and no other) and reaches the pool etcd with
+the members' client pair. Each appends a record of every answer, with the user who asked,
+to its request log (``request_log_paths``: one JSON line per answer,
+``yurtcoord.sim.apiserver.requestlog``), so that who wrote which lease can be read
+while the sandbox runs.
+
 The controls answer on the sandbox's control page (``POST /coordinator/<index>/kill``,
 ``POST /coordinator/<index>/restart``): a kill closes the server's port, drops every
 connection (watches included) and its etcd client, as a crashed process would; a
@@ -23,6 +32,7 @@ of the pool's election lease as read from etcd through a running server's storag
 
 import html
 import json
+import os
 from typing import Any, Callable, Generator, Mapping, Optional, Sequence
 
 from twisted.internet import defer
@@ -31,9 +41,10 @@ from twisted.logger import Logger
 from twisted.web.server import Request
 
 from yurtcoord.kube.gvr import LEASES
-from yurtcoord.sim.apiserver import KubeAPIServer
+from yurtcoord.sim.apiserver import KubeAPIServer, PoolCoordinatorAuthorizer
 from yurtcoord.sim.apiserver.etcdstorage import storage_for
 from yurtcoord.sim.sandboxetcd import answer_control, rotated
+from yurtcoord.sim.sandboxpki import ClientTLS
 
 # Coordinator apiservers of the sandbox by default: one may be lost with the pool
 # still served.
@@ -85,6 +96,11 @@ class SandboxCoordinators:
         """Every server's URL, by index (known once started)."""
         return [server.url or "" for server in self.servers]
 
+    @property
+    def request_log_paths(self) -> list[str]:
+        """Every server's request log file, by index (known once started)."""
+        return [server.request_log_path or "" for server in self.servers]
+
     def server_for(self, index: int) -> list[str]:
         """The ``[coordinator] server`` of agent ``index``: every server, its first one
         chosen by ``rotated``."""
@@ -96,20 +112,26 @@ class SandboxCoordinators:
     # -- start and stop ------------------------------------------------------------------
 
     @defer.inlineCallbacks
-    def start(self, etcd_urls: Sequence[str],
-              prefix: str) -> Generator["defer.Deferred[Any]", Any, list[str]]:
+    def start(self, etcd_urls: Sequence[str], prefix: str, tls_dir: str, etcd_tls: ClientTLS,
+              log_dir: str) -> Generator["defer.Deferred[Any]", Any, list[str]]:
         """Make and start the servers over the pool etcd of ``etcd_urls`` under
-        ``prefix``; fires with their URLs."""
+        ``prefix``, reached with ``etcd_tls``; each serves the CA and server pair of
+        ``tls_dir`` (``yurtcoord.sim.apiserver.server.tls_options``) and writes its
+        request log in ``log_dir``; fires with their URLs."""
         for index in range(self.count):
             members = rotated(etcd_urls, index)
             server = KubeAPIServer(
-                self.reactor, storage=storage_for(self.reactor, ",".join(members), prefix))
+                self.reactor, tls_dir=tls_dir, authorizer=PoolCoordinatorAuthorizer(),
+                request_log_path=os.path.join(log_dir, f"coordinator-{index}-requests.jsonl"),
+                storage=storage_for(self.reactor, ",".join(members), prefix,
+                                    ca_file=etcd_tls.ca_file, cert_file=etcd_tls.pair.cert_file,
+                                    key_file=etcd_tls.pair.key_file))
             self.servers.append(server)
             url = yield server.start()
             self._running.add(index)
             self.log.info("coordinator apiserver {index} listening url={url} etcd={etcd} "
-                          "prefix={prefix}", index=index, url=url, etcd=",".join(members),
-                          prefix=prefix)
+                          "prefix={prefix} request_log={log}", index=index, url=url,
+                          etcd=",".join(members), prefix=prefix, log=server.request_log_path)
         return self.urls
 
     @defer.inlineCallbacks
@@ -267,7 +289,9 @@ class SandboxCoordinators:
         lease = state["election_lease"]
         return (
             "<h2>Coordinator apiservers</h2>"
-            "<p>Each serves the pool etcd. Every agent has every one in <code>"
+            "<p>Each serves the pool etcd, over TLS for the sandbox's certificates, and "
+            "lets each agent write its own node lease as its node, and no other. Every "
+            "agent has every one in <code>"
             "[coordinator] server</code> and writes through one that is healthy. Kill "
             "one: the agents that used it move to another and stay ready, the pool "
             "leader keeps the election lease. Election lease "

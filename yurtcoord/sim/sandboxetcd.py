@@ -3,7 +3,11 @@ kill and restart one member, the raft leader included.
 
 The cluster is an ``EtcdCluster`` (``yurtcoord.sim.etcd``) started and stopped from
 the reactor: each member in its own session, bound to die with the sandbox, its data
-and log in a directory of its own under the sandbox's temp dir. Every agent is given
+and log in a directory of its own under the sandbox's temp dir. Given the sandbox's CA
+(``yurtcoord.sim.sandboxpki``), every member serves https and requires a client
+certificate of that CA, as a pool etcd does; the sandbox's own requests (the control
+page's raft status, ``etcdctl``) present the members' client pair
+(``client_tls``). Every agent is given
 every member's URL in ``[coordinator] storage``, starting with a different member
 each (agent ``i`` with member ``i`` modulo the size), so that the agents spread over
 the members and losing one member moves only the agents that used it.
@@ -21,6 +25,7 @@ and, per agent, its storage list and the member its pool store uses now (the age
 import html
 import io
 import json
+import shutil
 from typing import Any, Callable, Generator, Mapping, Sequence
 
 from twisted.internet import defer
@@ -33,6 +38,9 @@ from twisted.web.server import NOT_DONE_YET, Request
 from yurtcoord.sim.etcd import (
     EtcdCluster, EtcdFixtureError, EtcdProcess, EtcdStartError, etcd_binary_at,
 )
+from yurtcoord.sim.pki import TestCA
+from yurtcoord.sim.sandboxpki import ClientTLS
+from yurtcoord.tx.tlsreload import ReloadingTLSPolicy
 from yurtcoord.tx.twisted_private import QuietHTTPConnectionPool
 
 # Members of the pool etcd cluster by default: one may be lost with the pool still
@@ -71,16 +79,21 @@ class SandboxEtcd:
     :param say: prints one line for the person watching.
     :param say_event: prints one line of something that happened now (with the time).
     :param agents: ``{node: (storage, member in use)}`` of the sandbox's agents now.
+    :param tls_ca: the CA whose certificates the members serve with and require of
+        their clients (None: plain http).
     """
 
     log = Logger()
 
     def __init__(self, reactor: Any, binary: str, size: int, directory: str,
                  say: Callable[[str], None], say_event: Callable[[str], None],
-                 agents: Callable[[], Mapping[str, AgentEtcd]] = dict) -> None:
+                 agents: Callable[[], Mapping[str, AgentEtcd]] = dict,
+                 tls_ca: TestCA | None = None) -> None:
         self.reactor = reactor
         self.binary = binary
-        self.cluster = EtcdCluster(etcd_binary_at(binary), size=size, base_dir=directory)
+        self.cluster = EtcdCluster(etcd_binary_at(binary), size=size, base_dir=directory,
+                                   tls_ca=tls_ca)
+        self._tls_ca = tls_ca
         self._say = say
         self._say_event = say_event
         self._agents = agents
@@ -91,6 +104,7 @@ class SandboxEtcd:
         self._stopping = False
         # The control page's status requests, without a factory line for each.
         self._status_pool = QuietHTTPConnectionPool(reactor, persistent=False)
+        self._status_tls: ReloadingTLSPolicy | None = None
 
     @property
     def members(self) -> list[EtcdProcess]:
@@ -99,6 +113,26 @@ class SandboxEtcd:
     @property
     def client_urls(self) -> list[str]:
         return self.cluster.client_urls
+
+    @property
+    def client_tls(self) -> ClientTLS | None:
+        """The CA and the client pair every member accepts, once the members are made
+        (None without TLS, or before)."""
+        pair = self.cluster.client_cert
+        if self._tls_ca is None or pair is None:
+            return None
+        return ClientTLS(self._tls_ca.ca_file, pair)
+
+    def etcdctl_command(self) -> list[str] | None:
+        """``etcdctl`` against every member, with the members' client pair under TLS,
+        up to its command (``get``, ...); None when no etcdctl is found beside etcd or
+        on PATH."""
+        etcdctl = shutil.which(self.cluster.binary.etcdctl)
+        if etcdctl is None:
+            return None
+        tls = self.client_tls
+        return [etcdctl, "--endpoints", ",".join(self.client_urls),
+                *(tls.etcdctl_flags() if tls is not None else [])]
 
     def storage_for(self, index: int) -> list[str]:
         """The ``[coordinator] storage`` of agent ``index``: every member, its first
@@ -249,15 +283,23 @@ class SandboxEtcd:
         members tell it (``/v3/maintenance/status``, each within
         ``RAFT_STATUS_TIMEOUT``): the control page marks it. None while no member
         names itself leader (an election under way, or none answered). Asked over
-        HTTP, not with etcdctl as ``kill_leader`` does, because the page asks every
-        second."""
+        HTTP (with the members' client pair, ``client_tls``), not with etcdctl as
+        ``kill_leader`` does, because the page asks every second."""
+        tls = self.client_tls
+        options = {} if tls is None else {"contextFactory": self._status_policy(tls)}
         agent = client.Agent(self.reactor, pool=self._status_pool,
-                             connectTimeout=RAFT_STATUS_TIMEOUT)
+                             connectTimeout=RAFT_STATUS_TIMEOUT, **options)
         asks = [self._member_status(agent, member.client_url)
                 for member in self.members if member.is_running()]
         gathered: "defer.Deferred[list[tuple[str, Any]]]" = defer.gatherResults(asks)
         return gathered.addCallback(lambda answers: raft_leader_of(
             {url: answer for url, answer in answers if isinstance(answer, dict)}))
+
+    def _status_policy(self, tls: ClientTLS) -> ReloadingTLSPolicy:
+        """The TLS of the status requests, made once: the page asks every second."""
+        if self._status_tls is None:
+            self._status_tls = tls.policy("sandbox etcd status")
+        return self._status_tls
 
     def _member_status(self, agent: client.Agent,
                        url: str) -> "defer.Deferred[tuple[str, Any]]":

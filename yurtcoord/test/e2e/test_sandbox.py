@@ -17,7 +17,14 @@ The coordinator apiservers are two servers over the pool etcd, both in every age
 ``[coordinator] server``: ``kubectl`` against either lists exactly the
 endpointslices the pool leader mirrored from the cloud and every agent's uploaded
 pods; killing one from the control page leaves every agent ready and the election
-lease with its holder, and a restarted one is healthy to every agent again."""
+lease with its holder, and a restarted one is healthy to every agent again.
+
+The pool runs with identities, as a production pool does: etcd and the coordinator
+apiservers serve TLS for the sandbox's CA, and the tests read them with the
+certificates the sandbox printed (its admin's kubeconfig, etcdctl's flags). The
+coordinator apiservers' request logs show each agent writing its own node lease as
+its node and no node lease written by anyone else, and one node's certificate is
+refused (403) a write of another node's lease."""
 
 import json
 import os
@@ -26,18 +33,24 @@ import shlex
 import shutil
 import signal
 
+import treq.client
+import yaml
 from twisted.internet import defer, reactor
 from twisted.internet.utils import getProcessOutputAndValue
 from twisted.trial import unittest
+from twisted.web.client import Agent as HTTPAgent, HTTPConnectionPool
 
 from yurtcoord.agent.config import parse_duration
 from yurtcoord.etcd.client import EtcdConfig
 from yurtcoord.kube.lease import renew_time
 from yurtcoord.names import ELECTION_LEASE_NAME, ELECTION_LEASE_NAMESPACE
 from yurtcoord.sim.agentini import SANDBOX
+from yurtcoord.sim.apiserver.requestlog import WRITE_METHODS, read_request_log
+from yurtcoord.sim.pki import CertPair
 from yurtcoord.sim.sandbox import (
     CACHED_PODS, HEARTBEAT_INTERVAL, KUBELET_GRACE_PERIOD, SEEDED_SERVICES,
 )
+from yurtcoord.sim.sandboxpki import ClientTLS
 from yurtcoord.testing.twistd import TWISTD, TwistdProcess, child_environment, port_is_free
 from yurtcoord.testing.chromium import LEADER_FIELD, PNG_MAGIC, run_chromium
 from yurtcoord.testing.poll import poll_until
@@ -59,22 +72,36 @@ STOP_DEADLINE = 60.0
 TEMP_DIR_LINE = re.compile(r"^\[sandbox\] temp dir (\S+)$", re.M)
 ETCD_CLUSTER_LINE = re.compile(r"^\[sandbox\] etcd cluster of (\d+) members? ", re.M)
 ETCD_LINE = re.compile(
-    r"^\[sandbox\] etcd (member-\d+) pid (\d+) on (http://127\.0\.0\.1:\d+)$", re.M)
+    r"^\[sandbox\] etcd (member-\d+) pid (\d+) on (https://127\.0\.0\.1:\d+)$", re.M)
 PAGE_LINE = re.compile(r"^\[sandbox\] (edge-\d+) pool page (http://127\.0\.0\.1:(\d+))/$", re.M)
 ROLE_LINE = re.compile(
     r"^\[sandbox\] \d\d:\d\d:\d\d (edge-\d+): role (\w+) -> (\w+) \(leader: ([^)]*)\)$", re.M)
 CLOUD_LINE = re.compile(r"^\[sandbox\] cloud apiserver (http://127\.0\.0\.1:\d+),", re.M)
 COORDINATORS_LINE = re.compile(
-    r"^\[sandbox\] cloud apiserver \S+, coordinator apiservers ((?:http://127\.0\.0\.1:\d+"
+    r"^\[sandbox\] cloud apiserver \S+, coordinator apiservers ((?:https://127\.0\.0\.1:\d+"
     r"(?:, )?)+) \(their objects: the pool etcd's, under /registry\)$", re.M)
 CONTROL_LINE = re.compile(
     r"^\[sandbox\] control page (http://127\.0\.0\.1:\d+)/ stops and starts each agent's "
     r"stand-in kubelet \(kubelet grace period (\S+), heartbeat interval (\S+)\)", re.M)
+CERTIFICATES_LINE = re.compile(
+    r"^\[sandbox\] certificates in (\S+): .*; kubectl as admin \(system:masters\): "
+    r"--kubeconfig (\S+); etcdctl: (--cacert \S+ --cert \S+ --key \S+)$", re.M)
+REQUEST_LOGS_LINE = re.compile(
+    r"^\[sandbox\] coordinator apiservers' request logs \([^)]*\): (\S.*)$", re.M)
 COMMANDS_LINE = "[sandbox] commands to try, each line pastes as it is:\n"
 COMMAND_LINE = re.compile(r"^    (\S.*)$", re.M)
 ALL_READY_LINE = re.compile(
     r"^\[sandbox\] \d\d:\d\d:\d\d pool \S+: all (\d+) agents ready after ([\d.]+)s, "
     r"leader (\S+)$", re.M)
+
+
+def tls_reader(ca_file, cert_file, key_file):
+    """A reader of servers of the sandbox's CA (``ca_file``), presenting the client
+    pair ``cert_file``/``key_file``, over a pool that keeps no idle connection."""
+    policy = ClientTLS(ca_file, CertPair(cert_file, key_file)).policy("sandbox test client")
+    agent = HTTPAgent(reactor, contextFactory=policy,
+                      pool=HTTPConnectionPool(reactor, persistent=False), connectTimeout=2)
+    return StatusReader(http=treq.client.HTTPClient(agent))
 
 
 def processes_mentioning(text):
@@ -104,6 +131,7 @@ class SandboxRun:
         env["TMPDIR"] = self.tmpdir
         env.update(environment or {})
         self.child = TwistdProcess()
+        self._admin_reader = None
         self.started_at = reactor.seconds()
         reactor.spawnProcess(
             self.child, TWISTD,
@@ -133,6 +161,51 @@ class SandboxRun:
 
     def pages(self):
         return {node: url for node, url, _port in PAGE_LINE.findall(self.output)}
+
+    def _certificates(self):
+        match = CERTIFICATES_LINE.search(self.output)
+        if match is None:
+            raise AssertionError(f"no certificates line printed:\n{self.output[-3000:]}")
+        return match
+
+    def admin_kubeconfig(self):
+        """The kubeconfig printed for kubectl as the sandbox's admin."""
+        return self._certificates().group(2)
+
+    def etcdctl_tls(self):
+        """etcdctl's TLS flags printed: the sandbox's CA and the members' client pair."""
+        return self._certificates().group(3).split()
+
+    def admin_reader(self):
+        """A reader of the coordinator apiservers as the sandbox's admin, with the CA
+        and pair its printed kubeconfig names."""
+        if self._admin_reader is None:
+            with open(self.admin_kubeconfig()) as handle:
+                config = yaml.safe_load(handle)
+            cluster, user = config["clusters"][0]["cluster"], config["users"][0]["user"]
+            self._admin_reader = tls_reader(cluster["certificate-authority"],
+                                            user["client-certificate"], user["client-key"])
+        return self._admin_reader
+
+    def etcd_reader(self):
+        """A reader of the pool etcd's members with the printed etcdctl TLS files."""
+        _cacert, ca_file, _cert, cert_file, _key, key_file = self.etcdctl_tls()
+        return tls_reader(ca_file, cert_file, key_file)
+
+    def node_reader(self, node):
+        """A reader of the coordinator apiservers as ``node``, with its own certificate
+        (the one its agent's configuration names)."""
+        pem = os.path.join(self.temp_dir(), node, "kubelet-client-current.pem")
+        with open(self.admin_kubeconfig()) as handle:
+            ca_file = yaml.safe_load(handle)["clusters"][0]["cluster"]["certificate-authority"]
+        return tls_reader(ca_file, pem, pem)
+
+    def request_logs(self):
+        """The coordinator apiservers' request log files, as printed."""
+        match = REQUEST_LOGS_LINE.search(self.output)
+        if match is None:
+            raise AssertionError(f"no request logs line printed:\n{self.output[-3000:]}")
+        return match.group(1).split(", ")
 
     def role_lines(self):
         return ROLE_LINE.findall(self.output)
@@ -233,13 +306,64 @@ class SandboxTests(unittest.TestCase):
         @defer.inlineCallbacks
         def all_there():
             out, err, code = yield getProcessOutputAndValue(
-                etcdctl, ["--endpoints", etcd_url, "--command-timeout", "5s", "get",
-                          "/registry/", "--prefix", "--keys-only"], env=env)
+                etcdctl, ["--endpoints", etcd_url, *run.etcdctl_tls(), "--command-timeout",
+                          "5s", "get", "/registry/", "--prefix", "--keys-only"], env=env)
             seen["keys"] = {line for line in out.decode().splitlines() if line}
             return code == 0 and expected <= seen["keys"]
 
         yield poll_until(all_there, OUTPUT_DEADLINE, 0.1, reactor,
                          what=f"the pool etcd member {etcd_url} holding {sorted(expected)}")
+
+    @defer.inlineCallbacks
+    def check_node_identities(self, run, nodes):
+        """The identities are in force on the coordinator apiservers: their request
+        logs show each agent writing its own node lease as its node
+        (``system:node:<node>``) and no node lease written by anyone else; one node's
+        certificate cannot write another node's lease (403, logged under its user)."""
+        logs = run.request_logs()
+        self.assertEqual(len(logs), 2, run.output)
+        leases = "/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases"
+        seen = {}
+
+        def node_lease_writes():
+            return [record for path in logs if os.path.exists(path)
+                    for record in read_request_log(path)
+                    if record.method in WRITE_METHODS and record.path.startswith(leases)]
+
+        def by_its_node(record):
+            # A refused or failed write names no lease but in its path (a create's
+            # path names none: its writer must still be a node).
+            name = record.name or record.path[len(leases):].strip("/")
+            return (record.user == f"system:node:{name}" if name
+                    else record.user.startswith("system:node:"))
+
+        def each_node_wrote_its_own():
+            seen["writes"] = node_lease_writes()
+            return {r.name for r in seen["writes"] if r.succeeded} >= set(nodes)
+
+        yield poll_until(each_node_wrote_its_own, OUTPUT_DEADLINE, 0.2, reactor,
+                         what="a write of each node's own lease in the request logs")
+        self.assertEqual([(r.describe(), r.user) for r in seen["writes"]
+                          if not by_its_node(r)], [])
+
+        # edge-1's certificate cannot renew edge-2's lease.
+        server = COORDINATORS_LINE.search(run.output).group(1).split(", ")[0]
+        response = yield run.node_reader(nodes[0]).http.put(
+            f"{server}{leases}/{nodes[1]}",
+            json={"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+                  "metadata": {"name": nodes[1], "namespace": "kube-node-lease"},
+                  "spec": {"holderIdentity": nodes[1]}})
+        body = yield response.content()
+        self.assertEqual(response.code, 403, body)
+        self.assertEqual(json.loads(body)["reason"], "Forbidden")
+
+        def refusal_logged():
+            return any(record.code == 403 and record.user == f"system:node:{nodes[0]}"
+                       and record.path == f"{leases}/{nodes[1]}" and record.method == "PUT"
+                       for path in logs for record in read_request_log(path))
+
+        yield poll_until(refusal_logged, OUTPUT_DEADLINE, 0.1, reactor,
+                         what=f"the refusal of {nodes[0]}'s write of {nodes[1]}'s lease logged")
 
     @defer.inlineCallbacks
     def etcd_state(self, run):
@@ -302,6 +426,7 @@ class SandboxTests(unittest.TestCase):
             self.assertTrue(status["local_cache_uploaded"])
             self.assertEqual(list(status["cloud"].values()), [True])
         yield self.check_pool_etcd(run, sorted(pages))
+        yield self.check_node_identities(run, sorted(pages))
         yield poll_until(lambda: ALL_READY_LINE.search(run.output), OUTPUT_DEADLINE, 0.05,
                          reactor, what="the 'all agents ready' line")
         count, printed_took, printed_leader = ALL_READY_LINE.search(run.output).groups()
@@ -340,7 +465,7 @@ class SandboxTests(unittest.TestCase):
             self.assertIn(node, state["members"][urls.index(status["etcd_member"])]["agents"])
         yield self.check_pool_etcd(run, sorted(pages))
 
-        raft_leader = yield self.raft_leader(urls)
+        raft_leader = yield self.raft_leader(run, urls)
         control = self.control_url(run)
         killed_at = reactor.seconds()
         code, body = yield self.post(f"{control}/etcd/leader/kill")
@@ -399,7 +524,7 @@ class SandboxTests(unittest.TestCase):
         self.assertEqual(code, 303, body)
         match = re.match(rb"etcd member-\d+ restarted \(pid (\d+)\) and healthy", body)
         self.assertIsNotNone(match, body)
-        code, body = yield self.reader.get(raft_leader, "health")
+        code, body = yield run.etcd_reader().get(raft_leader, "health")
         self.assertEqual((code, json.loads(body)["health"]), (200, "true"))
         yield self.check_pool_etcd(
             run, sorted(pages), member_url=raft_leader,
@@ -415,12 +540,14 @@ class SandboxTests(unittest.TestCase):
               f"{stop_took:.1f}s")
 
     @defer.inlineCallbacks
-    def kubectl_items(self, server, resource):
-        """``kubectl --server <server> get <resource> -A -o json``: its items."""
+    def kubectl_items(self, run, server, resource):
+        """``kubectl --server <server> get <resource> -A -o json`` as the sandbox's
+        admin (the kubeconfig it printed): its items."""
         home = os.path.abspath(self.mktemp())
         os.makedirs(home)
         out, err, code = yield getProcessOutputAndValue(
-            KUBECTL, ["--server", server, "--cache-dir", os.path.join(home, "cache"),
+            KUBECTL, ["--kubeconfig", run.admin_kubeconfig(), "--server", server,
+                      "--cache-dir", os.path.join(home, "cache"),
                       "--request-timeout", "20s", "get", resource, "-A", "-o", "json"],
             env={"HOME": home, "PATH": os.environ.get("PATH", "/usr/bin:/bin")})
         self.assertEqual(code, 0, err)
@@ -455,7 +582,7 @@ class SandboxTests(unittest.TestCase):
         @defer.inlineCallbacks
         def mirrored():
             served.update(slices=dict(map(comparable, (yield self.kubectl_items(
-                server, "endpointslices")))))
+                run, server, "endpointslices")))))
             return served["slices"] == cloud
 
         try:
@@ -463,10 +590,10 @@ class SandboxTests(unittest.TestCase):
                              what=f"kubectl at {server} listing the cloud's endpointslices")
         except AssertionError as error:
             self.assertEqual(served.get("slices"), cloud, str(error))
-        for item in (yield self.kubectl_items(server, "endpointslices")):
+        for item in (yield self.kubectl_items(run, server, "endpointslices")):
             self.assertEqual(item["kind"], "EndpointSlice")
 
-        pods = yield self.kubectl_items(server, "pods")
+        pods = yield self.kubectl_items(run, server, "pods")
         expected = {(f"{node}-{pod}", node) for node in nodes for pod in CACHED_PODS}
         self.assertEqual({(p["metadata"]["name"], p["spec"]["nodeName"]) for p in pods},
                          expected)
@@ -481,8 +608,9 @@ class SandboxTests(unittest.TestCase):
         env = {k: v for k, v in os.environ.items() if not k.startswith("ETCD")}
         env["ETCDCTL_API"] = "3"
         out, err, code = yield getProcessOutputAndValue(
-            etcdctl, ["--endpoints", ",".join(run.etcd_urls()), "--command-timeout", "5s",
-                      "get", "/mirror/rv/registry/pods/default/", "--prefix"], env=env)
+            etcdctl, ["--endpoints", ",".join(run.etcd_urls()), *run.etcdctl_tls(),
+                      "--command-timeout", "5s", "get", "/mirror/rv/registry/pods/default/",
+                      "--prefix"], env=env)
         self.assertEqual(code, 0, err)
         lines = out.decode().splitlines()
         rvs = {key.rsplit("/", 1)[1]: int(value) for key, value in zip(lines[::2], lines[1::2])}
@@ -496,9 +624,10 @@ class SandboxTests(unittest.TestCase):
         return json.loads(body)
 
     @defer.inlineCallbacks
-    def election_lease(self, server):
-        """The pool's election lease, read through the coordinator apiserver ``server``."""
-        code, body = yield self.reader.get(
+    def election_lease(self, run, server):
+        """The pool's election lease, read through the coordinator apiserver ``server``
+        as the sandbox's admin."""
+        code, body = yield run.admin_reader().get(
             server, f"apis/coordination.k8s.io/v1/namespaces/{ELECTION_LEASE_NAMESPACE}/"
                     f"leases/{ELECTION_LEASE_NAME}")
         self.assertEqual(code, 200, body)
@@ -527,7 +656,7 @@ class SandboxTests(unittest.TestCase):
         killed = list(statuses[pool_leader]["coordinator_servers"])[0]
         other = next(url for url in servers if url != killed)
         index = servers.index(killed)
-        before = yield self.election_lease(other)
+        before = yield self.election_lease(run, other)
         self.assertEqual(before["holderIdentity"], pool_leader)
         control = self.control_url(run)
         code, body = yield self.post(f"{control}/coordinator/{len(servers)}/kill")
@@ -551,7 +680,7 @@ class SandboxTests(unittest.TestCase):
         @defer.inlineCallbacks
         def all_ready_on_the_other():
             documents = yield self.reader.statuses(pages)
-            lease = yield self.election_lease(other)
+            lease = yield self.election_lease(run, other)
             for node, document in documents.items():
                 if not document["ready"] or document["leader"] != pool_leader:
                     wrong.append((node, document["role"], document["ready"],
@@ -569,7 +698,7 @@ class SandboxTests(unittest.TestCase):
         yield poll_until(all_ready_on_the_other, READY_DEADLINE, 0.2, reactor,
                          what="every agent ready, counting only the other apiserver healthy")
         self.assertEqual(wrong, [], run.output[-3000:])
-        after = yield self.election_lease(other)
+        after = yield self.election_lease(run, other)
         self.assertGreater(renew_time({"spec": after}), renew_time({"spec": before}))
         state = yield self.coordinator_state(run)
         self.assertEqual([(s["url"], s["running"], s["healthy_to"]) for s in state["apiservers"]],
@@ -596,7 +725,7 @@ class SandboxTests(unittest.TestCase):
             lambda: self.reader.statuses(pages), "every agent counting both healthy again",
             both_healthy_again, READY_DEADLINE, reactor, 0.2, details=lambda: run.output[-3000:])
         back_took = reactor.seconds() - restarted_at
-        self.assertEqual((yield self.election_lease(killed))["holderIdentity"], pool_leader)
+        self.assertEqual((yield self.election_lease(run, killed))["holderIdentity"], pool_leader)
         yield self.check_kubectl_serves_the_pool(run, killed, sorted(pages))
         yield self.stop_and_check_clean(run, "TERM", pages)
         for server in servers:
@@ -607,14 +736,14 @@ class SandboxTests(unittest.TestCase):
               f"agent {back_took:.1f}s later")
 
     @defer.inlineCallbacks
-    def raft_leader(self, urls):
+    def raft_leader(self, run, urls):
         """The client URL of the member that is the raft leader, as etcdctl reads it."""
         env = {k: v for k, v in os.environ.items() if not k.startswith("ETCD")}
         env["ETCDCTL_API"] = "3"
         out, err, code = yield getProcessOutputAndValue(
             shutil.which("etcdctl") or "etcdctl",
-            ["--endpoints", ",".join(urls), "--command-timeout", "5s", "endpoint", "status",
-             "-w", "json"], env=env)
+            ["--endpoints", ",".join(urls), *run.etcdctl_tls(), "--command-timeout", "5s",
+             "endpoint", "status", "-w", "json"], env=env)
         self.assertEqual(code, 0, err)
         leaders = [entry["Endpoint"] for entry in json.loads(out)
                    if entry["Status"]["header"]["member_id"] == entry["Status"].get("leader")]
@@ -715,8 +844,9 @@ class SandboxTests(unittest.TestCase):
     def check_printed_commands(self, run, pages, leader):
         """The commands printed at start run as pasted, from the sandbox's working
         directory with an empty HOME: ``yurtcoordctl`` reads each agent, ``kubectl``
-        lists the election lease on a coordinator apiserver and the nodes in the
-        cloud."""
+        lists the election lease on a coordinator apiserver (as the sandbox's admin)
+        and the nodes in the cloud, ``etcdctl`` the election lease's key in the pool
+        etcd."""
         self.assertIn(COMMANDS_LINE, run.output)
         printed = COMMAND_LINE.findall(run.output.split(COMMANDS_LINE, 1)[1])
         home = os.path.abspath(self.mktemp())
@@ -725,6 +855,9 @@ class SandboxTests(unittest.TestCase):
         expected = {**{f"--server {url} status": leader for url in pages.values()},
                     "members": "edge-3", "get leases -A": ELECTION_LEASE_NAME,
                     "get nodes": "edge-3"}
+        if shutil.which("etcdctl") is not None:
+            expected["get /registry/leases/ --prefix --keys-only"] = (
+                f"/registry/leases/{ELECTION_LEASE_NAMESPACE}/{ELECTION_LEASE_NAME}")
         for command in printed:
             words = shlex.split(command)
             if words[0] == "kubectl":

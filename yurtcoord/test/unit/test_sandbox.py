@@ -1,18 +1,25 @@
 """The sandbox's parts without processes, on memory reactors and a Clock: a stop
 signal that comes before the handlers, where the etcd binary is looked up, what the
-cloud is seeded with, the coordinator apiservers' controls and what the control page
-shows of them, the age of each node's cloud lease on the control page (counted on the
+cloud is seeded with, the sandbox's certificates (the certs Secret, each node's own, the
+admin's) and the agents' configuration that uses them, the coordinator apiservers
+(TLS, the pool's authorization, a request log each), their controls and what the
+control page shows of them, the age of each node's cloud lease on the control page (counted on the
 sandbox's clock from the change of renewTime it saw, also when the writers' clocks are
 minutes off), and the lines that say when heartbeat delegation starts and ends; the
 leader a role line names, the commands printed at start, and the control page (styled
 as the pool page, refreshed from ``page.json`` without a reload, marking the pool and
 raft leaders, stale cloud leases and cut cloud links)."""
 
+import base64
 import json
 import os
 import re
 import signal
 from types import SimpleNamespace
+
+import yaml
+from cryptography import x509
+from cryptography.x509.oid import NameOID
 
 from twisted.internet import defer, reactor
 from twisted.internet.interfaces import IReactorCore, IReactorFromThreads
@@ -25,6 +32,10 @@ from twisted.web.test.requesthelper import DummyRequest
 from zope.interface import implementer
 from zope.interface.verify import verifyObject
 
+from yurtcoord.agent.certs import (
+    CERTS_SECRET_NAME, UNITS, check_ca, check_node_certificate, check_pair,
+)
+from yurtcoord.agent.config import parse_config
 from yurtcoord.kube.gvr import ENDPOINTS, ENDPOINTSLICES_V1, LEASES, NODES
 from yurtcoord.heartbeat.delegation import HeartbeatDelegation
 from yurtcoord.kube.lease import LeaseRecord, build_lease, format_micro_time
@@ -36,13 +47,15 @@ from yurtcoord.agent.status import POOL_PAGE_STYLE
 from yurtcoord.role.roles import Role
 from yurtcoord.sim.sandbox import (
     CLOUD_LEASE_STALE_AFTER, DELEGATION_QUIET_PERIOD, SEEDED_SERVICES, DelegationLines,
-    KubeletControlPage, Sandbox, find_etcd_binary, role_line_leader, seed_cloud,
-    start_commands,
+    KubeletControlPage, Sandbox, agent_config_text, find_etcd_binary, role_line_leader,
+    seed_cloud, start_commands,
 )
 from yurtcoord.sim.sandboxapiservers import ELECTION_READ_TIMEOUT, SandboxCoordinators
 from yurtcoord.sim.sandboxetcd import SandboxEtcd, mark_raft_leader, raft_leader_of
 from yurtcoord.sim.sandboxpage import SECTIONS, render_control_page
-from yurtcoord.sim.apiserver import KubeAPIServer
+from yurtcoord.sim.apiserver import KubeAPIServer, PoolCoordinatorAuthorizer
+from yurtcoord.sim.apiserver.authz import POOL_AGENTS_GROUP
+from yurtcoord.sim.sandboxpki import ClientTLS, SandboxPKI
 from yurtcoord.sim.kubelet import IKubeletStandIn, StandInKubelet
 from yurtcoord.testing.fakehealth import FakeHealth
 from yurtcoord.testing.fakeinformer import FakeInformer
@@ -154,11 +167,29 @@ class SandboxCoordinatorsTests(unittest.TestCase):
         self.lines = []
         self.coordinators = SandboxCoordinators(
             self.reactor, 2, self.lines.append, self.lines.append,
-            lambda: {"edge-1": {"http://127.0.0.1:0": True}},
+            lambda: {"edge-1": {"https://127.0.0.1:0": True}},
             (ELECTION_LEASE_NAMESPACE, ELECTION_LEASE_NAME))
+        self.directory = os.path.abspath(self.mktemp())
+        self.pki = SandboxPKI(os.path.join(self.directory, "pki"), "sandbox-pool")
+        self.etcd_tls = ClientTLS(self.pki.ca_file, self.pki.ca.client_pair(
+            "etcd-client", "etcd-client"))
         self.urls = self.successResultOf(self.coordinators.start(
-            ["http://127.0.0.1:1", "http://127.0.0.1:2"], "/registry"))
-        self.assertEqual(len(self.reactor.tcpServers), 2)
+            ["https://127.0.0.1:1", "https://127.0.0.1:2"], "/registry", self.pki.directory,
+            self.etcd_tls, self.directory))
+        self.assertEqual(len(self.reactor.sslServers), 2)
+
+    def test_each_server_serves_tls_authorizes_as_the_pool_and_logs_its_answers(self):
+        self.assertEqual([url.split(":")[0] for url in self.urls], ["https", "https"])
+        self.assertEqual(self.coordinators.request_log_paths, [
+            os.path.join(self.directory, f"coordinator-{index}-requests.jsonl")
+            for index in (0, 1)])
+        for index, server in enumerate(self.coordinators.servers):
+            self.assertIsInstance(server.authorizer, PoolCoordinatorAuthorizer)
+            self.assertEqual(server.tls_dir, self.pki.directory)
+            config = server.storage._client.config
+            self.assertEqual((config.url, config.ca_file, config.cert_file, config.key_file),
+                             (f"https://127.0.0.1:{index + 1}", self.pki.ca_file,
+                              self.etcd_tls.pair.cert_file, self.etcd_tls.pair.key_file))
 
     def act(self, action):
         """Run a kill or restart to its end (closing an etcd client takes a turn)."""
@@ -360,24 +391,91 @@ class RoleLineTests(unittest.TestCase):
 
 class StartCommandsTests(unittest.TestCase):
     """The commands printed at start: yurtcoordctl per agent, kubectl against a
-    coordinator apiserver and the cloud, none needing credentials."""
+    coordinator apiserver as the sandbox's admin and against the cloud, etcdctl with
+    the etcd members' client pair, none asking for credentials."""
 
     def test_commands(self):
+        etcdctl = ["/usr/bin/etcdctl", "--endpoints", "https://127.0.0.1:2379",
+                   "--cacert", "/s/pki/ca.crt", "--cert", "/s/pki/c.crt", "--key", "/s/pki/c.key"]
         commands = start_commands(
             ".venv/bin/yurtcoordctl",
             {"edge-1": "http://127.0.0.1:9001", "edge-2": "http://127.0.0.1:9002"},
-            "http://127.0.0.1:8001", "http://127.0.0.1:8002")
+            "http://127.0.0.1:8001", "https://127.0.0.1:8002", "/s/pki/admin.kubeconfig",
+            etcdctl)
         self.assertEqual(commands, [
             ".venv/bin/yurtcoordctl --server http://127.0.0.1:9001 status",
             ".venv/bin/yurtcoordctl --server http://127.0.0.1:9002 status",
             ".venv/bin/yurtcoordctl --server http://127.0.0.1:9001 members",
-            "kubectl --kubeconfig /dev/null --server http://127.0.0.1:8002 get leases -A",
+            "kubectl --kubeconfig /s/pki/admin.kubeconfig --server https://127.0.0.1:8002 "
+            "get leases -A",
             "kubectl --kubeconfig /dev/null --server http://127.0.0.1:8001 get nodes",
+            "/usr/bin/etcdctl --endpoints https://127.0.0.1:2379 --cacert /s/pki/ca.crt "
+            "--cert /s/pki/c.crt --key /s/pki/c.key get /registry/leases/ --prefix --keys-only",
         ])
-        # A path with a space pastes as one word.
-        self.assertTrue(start_commands("/opt/my env/yurtcoordctl", {"edge-1": "http://x:1"},
-                                       "http://c", "http://p")[0].startswith(
-            "'/opt/my env/yurtcoordctl' --server"))
+        # Without an etcdctl no etcdctl line; a path with a space pastes as one word.
+        commands = start_commands("/opt/my env/yurtcoordctl", {"edge-1": "http://x:1"},
+                                  "http://c", "https://p", "/tmp/my dir/admin.kubeconfig")
+        self.assertEqual(len(commands), 4)
+        self.assertTrue(commands[0].startswith("'/opt/my env/yurtcoordctl' --server"))
+        self.assertEqual(commands[2], "kubectl --kubeconfig '/tmp/my dir/admin.kubeconfig' "
+                                      "--server https://p get leases -A")
+
+
+class SandboxPKITests(unittest.TestCase):
+    """The sandbox's certificates: what the agents fetch from the cloud, what each
+    node and the admin present, and the agents' configuration that uses them."""
+
+    def setUp(self):
+        self.directory = os.path.abspath(self.mktemp())
+        self.pki = SandboxPKI(os.path.join(self.directory, "pki"), "sandbox-pool")
+
+    def subject(self, path):
+        with open(path, "rb") as handle:
+            return x509.load_pem_x509_certificate(handle.read()).subject.rfc4514_string()
+
+    def test_the_certs_secret_holds_what_the_certificate_manager_reads(self):
+        secret = self.pki.certs_secret()
+        self.assertEqual((secret["metadata"]["namespace"], secret["metadata"]["name"]),
+                         ("kube-system", CERTS_SECRET_NAME))
+        data = {key: base64.b64decode(value) for key, value in secret["data"].items()}
+        self.assertEqual(sorted(data), sorted(key for unit in UNITS for key, _ in unit.items))
+        check_ca(data["ca.crt"])
+        for unit in UNITS:
+            if unit.is_pair:
+                check_pair(*(data[key] for key, _file in unit.items))
+        pool_agent = x509.load_pem_x509_certificate(
+            data["yurt-coordinator-yurthub-client.crt"]).subject
+        self.assertEqual([a.value for a in pool_agent.get_attributes_for_oid(
+            NameOID.ORGANIZATION_NAME)], [POOL_AGENTS_GROUP])
+
+    def test_each_node_has_its_own_certificate_and_the_admin_is_a_master(self):
+        path = self.pki.node_certificate("edge-2", os.path.join(self.directory, "edge-2.pem"))
+        check_node_certificate(path, "edge-2")
+        with self.assertRaises(ValueError):
+            check_node_certificate(path, "edge-1")
+        self.assertEqual(self.subject(self.pki.admin.pair.cert_file),
+                         "CN=admin,O=system:masters")
+        kubeconfig = self.pki.write_admin_kubeconfig("https://127.0.0.1:6443")
+        with open(kubeconfig) as handle:
+            config = yaml.safe_load(handle)
+        self.assertEqual(config["clusters"][0]["cluster"],
+                         {"server": "https://127.0.0.1:6443",
+                          "certificate-authority": self.pki.ca_file})
+        self.assertEqual(config["users"][0]["user"],
+                         {"client-certificate": self.pki.admin.pair.cert_file,
+                          "client-key": self.pki.admin.pair.key_file})
+
+    def test_an_agent_reaches_its_coordinator_as_its_node_with_the_secret_for_the_rest(self):
+        cert = self.pki.node_certificate("edge-1", os.path.join(self.directory, "edge-1.pem"))
+        config = parse_config(agent_config_text(
+            "edge-1", "http://127.0.0.1:1", "https://127.0.0.1:2, https://127.0.0.1:3",
+            "https://127.0.0.1:4", os.path.join(self.directory, "edge-1"),
+            "http://127.0.0.1:5", cert), "<test>")
+        self.assertEqual(config.node.kubelet_client_cert, cert)
+        self.assertFalse(config.coordinator.insecure)
+        self.assertEqual(list(config.coordinator.server),
+                         ["https://127.0.0.1:2", "https://127.0.0.1:3"])
+        self.assertTrue(config.cloud.insecure)
 
 
 class FakeAgent:
