@@ -400,8 +400,9 @@ class Sandbox(service.MultiService):
     delegation;
     ``on_failure(message)`` is called
     once when the start failed, after everything started so far was cleaned up.
-    ``directory`` is the temp dir while running; ``etcd`` the ``SandboxEtcd`` of the
-    pool etcd, a cluster of ``etcd_members`` members.
+    ``directory`` is the temp dir while running; ``pki`` the ``SandboxPKI`` of its
+    certificates, in ``directory``; ``etcd`` the ``SandboxEtcd`` of the pool etcd, a
+    cluster of ``etcd_members`` members.
     """
 
     log = Logger()

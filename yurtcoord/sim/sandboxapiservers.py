@@ -15,8 +15,8 @@ As a pool's coordinator apiservers do, each serves https and requires a client
 certificate of the sandbox's CA (``yurtcoord.sim.sandboxpki``), authorizes as the
 Node authorizer and NodeRestriction do (``PoolCoordinatorAuthorizer``: each agent
 writes its own node lease as its node, and no other) and reaches the pool etcd with
-the members' client pair. Each appends a record of every answer, with the user who asked,
-to its request log (``request_log_paths``: one JSON line per answer,
+the members' client pair. Each appends a record of every answer, with the user who
+asked, to its request log (``request_log_paths``: one JSON line per answer,
 ``yurtcoord.sim.apiserver.requestlog``), so that who wrote which lease can be read
 while the sandbox runs.
 
