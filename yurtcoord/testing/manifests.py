@@ -79,17 +79,21 @@ def for_pool(document: Any, pool: str = EXAMPLE_POOL,
              namespace: Optional[str] = None) -> Any:
     """``document`` with the pool's name written in as the pool overlay writes it:
     ``yurt-pool-POOL`` becomes ``namespace`` (default ``yurt-pool-<pool>``) and
-    ``yurtcoord:POOL`` becomes ``yurtcoord:<pool>``, wherever they are a whole value."""
-    values = {NAMESPACE_PLACEHOLDER: namespace or pool_namespace(pool),
-              RBAC_NAME_PLACEHOLDER: RBAC_NAME_PLACEHOLDER.replace("POOL", pool)}
+    ``yurtcoord:POOL`` becomes ``yurtcoord:<pool>`` (also as the start of a longer
+    name, ``yurtcoord:POOL:node-lease-proxy``), wherever they are a whole value."""
+    namespace = namespace or pool_namespace(pool)
+    rbac_name = RBAC_NAME_PLACEHOLDER.replace("POOL", pool)
 
     def walk(value: Any) -> Any:
         if isinstance(value, dict):
             return {key: walk(item) for key, item in value.items()}
         if isinstance(value, list):
             return [walk(item) for item in value]
-        if isinstance(value, str):
-            return values.get(value, value)
+        if value == NAMESPACE_PLACEHOLDER:
+            return namespace
+        if isinstance(value, str) and (value == RBAC_NAME_PLACEHOLDER or value.startswith(
+                RBAC_NAME_PLACEHOLDER + ":")):
+            return rbac_name + value[len(RBAC_NAME_PLACEHOLDER):]
         return value
 
     return walk(copy.deepcopy(document))

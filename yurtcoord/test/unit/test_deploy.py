@@ -11,8 +11,8 @@ from twisted.trial import unittest
 
 from yurtcoord.sim.apiserver.requestlog import RequestAttributes
 from yurtcoord.testing.manifests import (
-    BASE_DIR, COORDINATOR_UNUSED_BY_DESIGN, NODE_AUTHORIZER_RULES, cloud_policy,
-    coordinator_policy, documents, for_pool, pool_namespace)
+    BASE_DIR, COORDINATOR_UNUSED_BY_DESIGN, NODE_AUTHORIZER_RULES, NODE_LEASE_PROXY,
+    cloud_policy, coordinator_policy, documents, for_pool, pool_namespace, service_account)
 from yurtcoord.testing.rbac import RBACPolicy, Rule, Subject, check_policy
 
 
@@ -261,6 +261,21 @@ class ShippedRulesTests(unittest.TestCase):
                              builtin=NODE_AUTHORIZER_RULES)
         unused = {(p.verb, p.resource, p.name, p.rule.namespace) for p in check.unused}
         self.assertEqual(unused, set(COORDINATOR_UNUSED_BY_DESIGN))
+
+    def test_the_shared_service_account_writes_no_lease(self):
+        """Every agent of a pool shares the ServiceAccount: it may read the node leases
+        but write none (each agent writes its own as its node, the Node authorizer's
+        business; the leader the forwarded ones as node-lease-proxy)."""
+        documents_of_pool = [for_pool(d) for _, d in documents(BASE_DIR)]
+        shared = RBACPolicy.from_documents(documents_of_pool,
+                                           [service_account(pool_namespace("example"))])
+        writes = [rule.describe() for rule in shared.rules if "leases" in rule.resources
+                  and set(rule.verbs) & {"create", "update", "patch", "delete"}]
+        self.assertEqual(writes, [])
+        proxy = RBACPolicy.from_documents(documents_of_pool, [NODE_LEASE_PROXY])
+        (rule,) = proxy.rules
+        self.assertEqual((rule.namespace, rule.resources, set(rule.verbs)),
+                         ("kube-node-lease", ("leases",), {"get", "create", "update"}))
 
     def test_the_pool_overlay_names_the_pool_in_the_base(self):
         """``for_pool`` writes the pool's namespace and RBAC names as the overlay does
