@@ -1,8 +1,8 @@
 """The RBAC of the deployment manifests (``deploy/``) against what a whole pool of
 agents asks of each apiserver.
 
-A pool of agents, each a ``twistd`` process, with TLS to the coordinator (the
-certificates from the certs Secret), a leader, followers, a follower cut off from the
+A pool of agents, each a ``twistd`` process, with TLS to the coordinator (each agent
+as its node and as the pool's agent, ``ProcessWorld(identities=True)``), a leader, followers, a follower cut off from the
 cloud whose heartbeat the leader forwards, pool sync of every default pool-scoped
 resource and the local cache upload: every request the cloud and the coordinator
 apiserver logged is allowed by the shipped rules for that apiserver, and every
@@ -11,23 +11,18 @@ are printed as ``RBAC <apiserver> <permission> <- <request>`` lines.
 """
 
 import json
-import os
 from typing import Any
 
 from twisted.internet import defer, reactor
 from twisted.trial import unittest
 
-from yurtcoord.kube.gvr import ENDPOINTS, ENDPOINTSLICES_V1, ENDPOINTSLICES_V1BETA1, SECRETS
-from yurtcoord.sim.apiserver import KubeAPIServer
+from yurtcoord.kube.gvr import ENDPOINTS, ENDPOINTSLICES_V1, ENDPOINTSLICES_V1BETA1
 from yurtcoord.sim.apiserver.requestlog import request_attributes
-from yurtcoord.sim.etcd import EtcdProcess, preferred_etcd_binary
-from yurtcoord.sim.pki import TestCA
-from yurtcoord.testing.inprocess import certs_secret
 from yurtcoord.testing.manifests import (
     COORDINATOR_UNUSED_BY_DESIGN, NODE_AUTHORIZER_RULES, cloud_policy, coordinator_policy)
 from yurtcoord.testing.poll import poll_until
 from yurtcoord.testing.rbac import check_policy, describe_use
-from yurtcoord.testing.world import AgentProcess, ProcessWorld, leader_of, one_leader_all_ready
+from yurtcoord.testing.world import ProcessWorld, leader_of, one_leader_all_ready
 
 
 def endpoints(name: str) -> dict[str, Any]:
@@ -41,31 +36,6 @@ def endpoint_slice(name: str, version: str) -> dict[str, Any]:
             "endpoints": []}
 
 
-class CertsProcessWorld(ProcessWorld):
-    """A ``ProcessWorld`` whose coordinator apiserver and etcd serve TLS with client
-    certificates of a test CA; the agents read those from the certs Secret in the
-    cloud (put there by ``start``). The coordinator apiserver keeps its objects in
-    that etcd, as its client."""
-
-    def __init__(self, reactor: Any) -> None:
-        super().__init__(reactor)
-        self.ca = TestCA(os.path.join(self.base_dir, "ca"))
-        self.ca.server_pair("server")
-        self.etcd = EtcdProcess(preferred_etcd_binary(),
-                                tls_ca=self.ca)
-        self.coordinator = KubeAPIServer(reactor, tls_dir=self.ca.directory,
-                                         storage=self.coordinator_storage())
-
-    @defer.inlineCallbacks
-    def start(self):
-        yield super().start()
-        self.servers()[0].store.create(SECRETS, certs_secret(self.ca))
-
-    def ini_for(self, agent: AgentProcess, **sections: Any) -> str:
-        coordinator = {"insecure": "false", **sections.pop("coordinator", {})}
-        return super().ini_for(agent, coordinator=coordinator, **sections)
-
-
 STEP_TIMEOUT = 60.0
 
 
@@ -75,7 +45,9 @@ class PoolRequestsTests(unittest.TestCase):
     timeout = 240
 
     def setUp(self):
-        self.world = CertsProcessWorld(reactor)
+        # A pool as it runs in production: TLS to the coordinator and etcd, the certs
+        # Secret in the cloud, each agent as its node and as the pool's agent.
+        self.world = ProcessWorld(reactor, identities=True)
         self.addCleanup(self.world.stop)
         return self.world.start()
 
@@ -136,5 +108,7 @@ class PoolRequestsTests(unittest.TestCase):
             for line in describe_use(check):
                 print(f"RBAC {name} {line}")
             self.assertEqual(check.problems, [], f"{name} apiserver")
-        # The coordinator saw the agents' client certificates from the certs Secret.
-        self.assertIn("CN=system:node:yurthub,O=system:nodes", coordinator.client_subjects)
+        # The coordinator saw each agent as its node and as the pool's agent.
+        self.assertEqual(set(coordinator.client_subjects),
+                         {f"CN=system:node:{node},O=system:nodes" for node in nodes}
+                         | {"CN=system:yurthub:pool,O=openyurt:yurthub"})
