@@ -1,6 +1,6 @@
 """The sandbox pool's certificates: one CA of the sandbox's own, in its temp dir.
 
-The sandbox runs its pool as a production pool runs (SPEC §10.2, "Identities"): the
+The sandbox runs its pool as a production pool runs (docs/design.md, "Identities"): the
 pool etcd and the coordinator apiservers serve TLS and require client certificates of
 one CA, the coordinator apiservers authorize as kube-apiserver's Node authorizer and
 NodeRestriction do (``PoolCoordinatorAuthorizer``), the cloud holds the certs Secret
