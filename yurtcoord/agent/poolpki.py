@@ -13,8 +13,12 @@ pair (files in ``--out``)           what it is
 ``etcd-peer``                       the members to each other (server and client)
 ``apiserver``                       the coordinator apiserver (its Service's names)
 ``apiserver-etcd-client``           the apiserver to etcd
-``yurthub-etcd-client``             the agents to etcd
-                                    (``yurt-coordinator-yurthub-client`` in the Secret)
+``yurthub-client``                  the pool's agents (group ``openyurt:yurthub``) to
+                                    etcd and, for what the pool shares (the election
+                                    and informer sync leases, the reads of the node
+                                    leases), to the coordinator apiserver; it names no
+                                    node (``yurt-coordinator-yurthub-client`` in the
+                                    Secret)
 ``node-lease-proxy-client``         the leader to the cloud, for delegated heartbeats
 ``admin``                           an operator to the coordinator apiserver (group
                                     ``system:masters``), with ``admin.kubeconfig``
@@ -71,8 +75,10 @@ CLUSTER_DOMAIN = "cluster.local"
 ETCD_SECRET = "yurt-coordinator-etcd-certs"
 APISERVER_SECRET = "yurt-coordinator-apiserver-certs"
 
-# Who the client certificates say they are.
+# Who the client certificates say they are. The pool's agents' pair is in the group
+# the coordinator's Roles (deploy/coordinator/rbac.yaml) are bound to.
 YURTHUB_ETCD_CLIENT_CN = "openyurt:yurt-coordinator:yurthub"
+POOL_AGENTS_GROUP = "openyurt:yurthub"
 NODE_LEASE_PROXY_CN = "openyurt:yurt-coordinator:node-lease-proxy-client"
 APISERVER_ETCD_CLIENT_CN = "yurt-coordinator-apiserver-etcd-client"
 ADMIN_CN = "yurt-coordinator-admin"
@@ -410,7 +416,7 @@ def create_pool_pki(request: PKIRequest) -> PKIResult:
         "apiserver": ca.issue(f"{APISERVER_SERVICE}.{ns}", server_names=server_sans(
             apiserver_names(ns, domain), extra)),
         "apiserver-etcd-client": ca.issue(APISERVER_ETCD_CLIENT_CN, client=True),
-        "yurthub-etcd-client": ca.issue(YURTHUB_ETCD_CLIENT_CN, client=True),
+        "yurthub-client": ca.issue(YURTHUB_ETCD_CLIENT_CN, [POOL_AGENTS_GROUP], client=True),
         "node-lease-proxy-client": ca.issue(NODE_LEASE_PROXY_CN, client=True),
         "admin": ca.issue(ADMIN_CN, [MASTERS_GROUP], client=True),
     }
@@ -446,8 +452,8 @@ def create_pool_pki(request: PKIRequest) -> PKIResult:
     secrets = [
         secret(CERTS_SECRET_NAME, {
             "ca.crt": ca.pem,
-            "yurt-coordinator-yurthub-client.crt": pairs["yurthub-etcd-client"].cert,
-            "yurt-coordinator-yurthub-client.key": pairs["yurthub-etcd-client"].key,
+            "yurt-coordinator-yurthub-client.crt": pairs["yurthub-client"].cert,
+            "yurt-coordinator-yurthub-client.key": pairs["yurthub-client"].key,
             "node-lease-proxy-client.crt": pairs["node-lease-proxy-client"].cert,
             "node-lease-proxy-client.key": pairs["node-lease-proxy-client"].key,
         }, request.pool, ns),

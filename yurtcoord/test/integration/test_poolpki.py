@@ -24,6 +24,7 @@ from yurtcoord.agent.config import parse_config
 from yurtcoord.agent.service import make_service
 from yurtcoord.kube.gvr import SECRETS
 from yurtcoord.sim.apiserver import KubeAPIServer
+from yurtcoord.sim.apiserver.authz import PoolCoordinatorAuthorizer
 from yurtcoord.sim.apiserver.etcdstorage import storage_for
 from yurtcoord.sim.etcd import EtcdCluster, EtcdProcess, EtcdTLSFiles, etcd_binary_for
 from yurtcoord.sim.pki import CertPair
@@ -75,7 +76,10 @@ class PoolPKIEndToEndTests(unittest.TestCase):
                               ca_file=os.path.join(self.pki, "ca.crt"),
                               cert_file=self.etcd_client.cert_file,
                               key_file=self.etcd_client.key_file)
-        self.coordinator = KubeAPIServer(reactor, tls_dir=tls_dir, storage=storage)
+        # Authorizing as the pool's coordinator does: each agent's own node lease as its
+        # node, what the pool shares as the pool's agents (the Secret's pair).
+        self.coordinator = KubeAPIServer(reactor, tls_dir=tls_dir, storage=storage,
+                                         authorizer=PoolCoordinatorAuthorizer())
         self.cloud = KubeAPIServer(reactor)
         self.reader = StatusReader()
         return self.start_servers()
@@ -148,10 +152,13 @@ class PoolPKIEndToEndTests(unittest.TestCase):
                                         lambda s: one_leader_all_ready(s, len(NODES)),
                                         STEP_TIMEOUT, reactor)
         leader = leader_of(found)
-        # Each agent reached the coordinator apiserver as its node, with its pair.
+        # Each agent reached the coordinator apiserver as its node, with its pair, and
+        # as the pool's agents, with the Secret's.
         for node in NODES:
             self.assertIn(f"CN=system:node:{node},O=system:nodes",
                           self.coordinator.client_subjects)
+        self.assertIn(f"CN={poolpki.YURTHUB_ETCD_CLIENT_CN},O={poolpki.POOL_AGENTS_GROUP}",
+                      self.coordinator.client_subjects)
         # What the agents wrote through the coordinator apiserver is in the pool etcd,
         # read by etcdctl with the apiserver's own etcd client pair.
         leases = self.etcd.read("/registry/leases/", prefix=True)

@@ -9,9 +9,11 @@ from typing import Any
 
 from twisted.trial import unittest
 
+from yurtcoord.agent import poolpki
+from yurtcoord.sim.apiserver import authz
 from yurtcoord.sim.apiserver.requestlog import RequestAttributes
 from yurtcoord.testing.manifests import (
-    BASE_DIR, COORDINATOR_UNUSED_BY_DESIGN, NODE_AUTHORIZER_RULES, NODE_LEASE_PROXY,
+    BASE_DIR, COORDINATOR_DIR, COORDINATOR_SUBJECTS, COORDINATOR_UNUSED_BY_DESIGN, NODE_AUTHORIZER_RULES, NODE_LEASE_PROXY,
     cloud_policy, coordinator_policy, documents, for_pool, pool_namespace, service_account)
 from yurtcoord.testing.rbac import RBACPolicy, Rule, Subject, check_policy
 
@@ -239,20 +241,35 @@ class ShippedRulesTests(unittest.TestCase):
                 check = check_coordinator(RBACPolicy(rules))
                 self.assertNotEqual(check.denied, [], f"{rule.describe()} without {verb}")
 
-    def test_the_coordinator_rules_are_namespaced_and_bound_to_the_nodes(self):
-        """No ClusterRole on the coordinator: a node's rules name a namespace, and
-        the only cluster-wide read (its Node) is the Node authorizer's."""
+    def test_the_coordinator_rules_are_namespaced_and_write_no_node_lease(self):
+        """No ClusterRole on the coordinator: the pool's agents' rules name a
+        namespace, write no node lease, and in kube-system touch only the two named
+        leases (and create, which RBAC cannot limit by name); a node's own requests
+        are the Node authorizer's, RBAC grants nodes nothing."""
         policy = coordinator_policy()
         self.assertEqual({rule.namespace for rule in policy.rules},
                          {"kube-node-lease", "kube-system"})
-        named = [rule for rule in policy.rules if rule.namespace == "kube-system"
-                 and "create" not in rule.verbs]
-        self.assertTrue(named)
-        for rule in named:
-            self.assertTrue(set(rule.resource_names) <= {"yurthub", "leader-informer-sync"},
-                            rule.describe())
-        self.assertEqual(check_policy(policy, COORDINATOR_REQUESTS).denied,
-                         [resource("get", "", "nodes", name="edge-1")])
+        for rule in policy.rules:
+            if rule.namespace == "kube-node-lease":
+                self.assertEqual(set(rule.verbs), {"list", "watch"}, rule.describe())
+            elif "create" not in rule.verbs:
+                self.assertTrue(rule.resource_names, rule.describe())
+                self.assertTrue(set(rule.resource_names)
+                                <= {"yurthub", "leader-informer-sync"}, rule.describe())
+        nodes = RBACPolicy.from_documents(
+            [d for _, d in documents(COORDINATOR_DIR)], [Subject("Group", "system:nodes")])
+        self.assertEqual(nodes.rules, [])
+        self.assertEqual(check_policy(policy, COORDINATOR_REQUESTS).denied, [
+            resource("get", "", "nodes", name="edge-1"),
+            resource("get", "coordination.k8s.io", "leases", "kube-node-lease", "edge-1"),
+            resource("create", "coordination.k8s.io", "leases", "kube-node-lease"),
+            resource("update", "coordination.k8s.io", "leases", "kube-node-lease", "edge-1")])
+
+    def test_the_roles_are_bound_to_the_group_of_the_pool_certificates(self):
+        """The coordinator's Roles, the pool's agents' pair of ``yurtcoordctl pki``
+        and the test server's authorizer name one group."""
+        self.assertEqual(COORDINATOR_SUBJECTS, (Subject("Group", poolpki.POOL_AGENTS_GROUP),))
+        self.assertEqual(poolpki.POOL_AGENTS_GROUP, authz.POOL_AGENTS_GROUP)
 
     def test_permissions_granted_by_design_are_granted_and_unused(self):
         """Each of them is in the shipped rules and no agent request uses it: the list

@@ -184,11 +184,16 @@ class FilesTests(unittest.TestCase):
                          "system:nodes")
         with open(self.path(os.path.join("nodes", "edge-1.pem")), "rb") as f:
             self.assertIn(b"PRIVATE KEY", f.read())
+        hub = load(self.path("yurthub-client.crt")).subject
+        self.assertEqual(hub.get_attributes_for_oid(NameOID.ORGANIZATION_NAME)[0].value,
+                         poolpki.POOL_AGENTS_GROUP)
+        self.assertFalse(hub.get_attributes_for_oid(NameOID.COMMON_NAME)[0].value
+                         .startswith("system:node:"))
         proxy = load(self.path("node-lease-proxy-client.crt"))
         self.assertEqual(proxy.subject.rfc4514_string(), f"CN={poolpki.NODE_LEASE_PROXY_CN}")
         ca = poolpki.PoolCA.load(self.path("ca.crt"), self.path("ca.key"))
         for name in ("apiserver.crt", "etcd-server.crt", "etcd-peer.crt",
-                     "yurthub-etcd-client.crt", "apiserver-etcd-client.crt",
+                     "yurthub-client.crt", "apiserver-etcd-client.crt",
                      "node-lease-proxy-client.crt", os.path.join("nodes", "edge-1.pem")):
             self.assertTrue(ca.signed(load(self.path(name))), name)
 
