@@ -43,12 +43,23 @@ document is always built. A document is served again for ``POOL_VIEW_TTL`` secon
 and requests arriving while one is being built share it, so a flood of ``/pool``
 requests costs one round of reads per ``POOL_VIEW_TTL``.
 
-A round costs the cloud two paged LISTs, whatever the size of the pool: the Nodes
-labelled with the pool, and the node leases of ``kube-node-lease`` (which a label
-cannot select by pool: the list is filtered to the members here). One GET per
-member would make one open pool page on a pool of hundreds of nodes the cloud's
-busiest client. Lists are read in pages of ``MEMBER_LIST_LIMIT`` objects, at most
-``MEMBER_LIST_PAGES`` of them, all pages of one list within one ``read_timeout``.
+The cloud is not read per document: the pool's Nodes (label-selected) and the node
+leases of ``kube-node-lease`` (which a label cannot select by pool: they are filtered
+to the members here) are watched, by two informers started when a document is first
+asked for and stopped once none was for ``POOL_WATCH_IDLE`` seconds. While someone
+reads ``/pool`` the cloud thus serves two watches (and their list when they start or
+after a 410), whatever the number of readers or of members, instead of two paged
+lists per document: one open pool page on a 1,000-member pool made four cloud
+requests a second, and a document's decoding of those pages was most of its CPU. A
+cloud lease's renewTime is seen to change when its event arrives, which dates a
+renewal more closely than a list a second. A document reads the watched copies only
+once both informers have listed (the first document waits up to ``read_timeout`` for
+it, and names the one that has not) and while a cloud server is healthy; a watch that
+is cut and not yet resumed leaves the copies as they were, so their leases only age:
+a member may show stale late, never fresh wrongly. The coordinator apiserver, which
+is the pool's own, is read as before: its node leases in one paged list a document,
+in pages of ``MEMBER_LIST_LIMIT`` objects, at most ``MEMBER_LIST_PAGES`` of them, all
+pages within one ``read_timeout``.
 """
 
 import functools
@@ -56,7 +67,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Generator, Optional
 
 from twisted.internet import defer
-from twisted.internet.interfaces import IReactorTime
+from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 from zope.interface import implementer
@@ -66,6 +77,8 @@ from yurtcoord.heartbeat.delegation import is_delegated
 from yurtcoord.heartbeat.probes import servers_in_use
 from yurtcoord.kube.errors import NotFound
 from yurtcoord.kube.gvr import LEASES, NODES, GroupVersionResource
+from yurtcoord.kube.informer import Informer
+from yurtcoord.kube.interfaces import IInformer, IListWatchClient
 from yurtcoord.kube.lease import holder_identity
 from yurtcoord.kube.renewals import RenewalsSeen
 from yurtcoord.names import (
@@ -77,11 +90,15 @@ from yurtcoord.pool.keys import PoolKeyBuilder
 from yurtcoord.role.leadersource import LEADER_CHANGES_KEPT as LEADER_CHANGES_KEPT
 from yurtcoord.role.leadersource import ElectionLeader
 from yurtcoord.tx.failures import describe_failure
+from yurtcoord.tx.guardedloop import ILoopErrors
 
 # Seconds a built document is served again before the next one is built.
 POOL_VIEW_TTL = 1.0
 # Seconds one read of a ``/pool`` document may take; it then counts as failed.
 POOL_READ_TIMEOUT = 3.0
+# Seconds without a document asked for after which the watches of the cloud stop (the
+# pool page asks every two seconds while open).
+POOL_WATCH_IDLE = 60.0
 # Objects one page of a list of Nodes or node leases holds (client-go's default).
 MEMBER_LIST_LIMIT = 500
 # Pages one list may take; objects beyond them are left out and ``errors`` says so
@@ -182,13 +199,52 @@ def list_pages(client: Any, gvr: GroupVersionResource, namespace: Optional[str] 
     return Listed(items, False)
 
 
+@implementer(IListWatchClient)
+class ListFailures:
+    """A list-and-watch client that remembers why the last list of each resource
+    failed (``failed[resource]``, gone once a list answers): what a document names
+    while an informer over it has not listed, the informer itself only logging it."""
+
+    def __init__(self, client: Any) -> None:
+        self._client = client
+        self.failed: dict[str, str] = {}
+
+    def list(self, gvr: GroupVersionResource, namespace: Optional[str] = None,
+             label_selector: Optional[str] = None, field_selector: Optional[str] = None,
+             resource_version: Optional[str] = None, limit: Optional[int] = None,
+             continue_token: Optional[str] = None) -> "defer.Deferred[Any]":
+        def answered(answer: Any) -> Any:
+            self.failed.pop(gvr.resource, None)
+            return answer
+
+        def failed(failure: Failure) -> Failure:
+            self.failed[gvr.resource] = describe_failure(failure)
+            return failure
+
+        return self._client.list(
+            gvr, namespace=namespace, label_selector=label_selector,
+            field_selector=field_selector, resource_version=resource_version,
+            limit=limit, continue_token=continue_token).addCallbacks(answered, failed)
+
+    def watch(self, gvr: GroupVersionResource, on_event: Callable[[str, Any], object],
+              namespace: Optional[str] = None, resource_version: Optional[str] = None,
+              label_selector: Optional[str] = None, field_selector: Optional[str] = None,
+              allow_bookmarks: bool = True, timeout_seconds: Optional[int] = None,
+              idle_timeout: Optional[float] = None) -> Any:
+        return self._client.watch(
+            gvr, on_event, namespace=namespace, resource_version=resource_version,
+            label_selector=label_selector, field_selector=field_selector,
+            allow_bookmarks=allow_bookmarks, timeout_seconds=timeout_seconds,
+            idle_timeout=idle_timeout)
+
+
 @implementer(IPoolView)
 class PoolView:
     """Builds the ``/pool`` document of one agent (see the module doc).
 
     :param status: the agent's status source (role, readiness, its own upload).
     :param coordinator_client: client of the coordinator apiserver (``get``, ``list``).
-    :param cloud_client: client of whichever cloud server is healthy (``get``, ``list``).
+    :param cloud_client: client of whichever cloud server is healthy (``list``, ``watch``).
     :param cloud_healthy: whether a cloud server is healthy now; the cloud is read only then.
     :param count_keys: ``count_keys(prefix)`` → Deferred number of pool etcd keys
         under ``prefix`` (bytes).
@@ -198,6 +254,12 @@ class PoolView:
         after which a node lease is stale.
     :param leader: the agent's ``ElectionLeader``: each build feeds its read of the
         election lease in and takes the leader, the election and the history from it.
+    :param make_informer: ``(reactor, client, gvr, namespace=, label_selector=,
+        page_size=, loop_errors=)`` → an ``IInformer``; the watches of the cloud's pool
+        Nodes and node leases (the real ``Informer`` by default).
+    :param idle_after: seconds without a document asked for after which those
+        watches stop (``stop()`` stops them at once).
+    :param loop_errors: where the informers count an unexpected error of their loop.
     """
 
     log = Logger()
@@ -210,13 +272,16 @@ class PoolView:
                  pool_resources: Callable[[], Iterable[GroupVersionResource]],
                  election_lease: tuple[str, str], stale_after: float,
                  leader: ElectionLeader, ttl: float = POOL_VIEW_TTL,
-                 read_timeout: float = POOL_READ_TIMEOUT) -> None:
+                 read_timeout: float = POOL_READ_TIMEOUT,
+                 make_informer: Callable[..., IInformer] = Informer,
+                 idle_after: float = POOL_WATCH_IDLE,
+                 loop_errors: Optional[ILoopErrors] = None) -> None:
         self._reactor = reactor
         self._status = status
         self.node = node
         self.pool = pool
         self._coordinator = coordinator_client
-        self._cloud = cloud_client
+        self._cloud = ListFailures(cloud_client)
         self._cloud_healthy = cloud_healthy
         self._count_keys = count_keys
         self._keys = PoolKeyBuilder(storage_prefix)
@@ -232,6 +297,13 @@ class PoolView:
         self._lease_renewals = RenewalsSeen(reactor)
         self.ttl = ttl
         self.read_timeout = read_timeout
+        self._make_informer = make_informer
+        self.idle_after = idle_after
+        self._loop_errors = loop_errors
+        # The watches of the cloud (None while stopped) and the timer that stops them.
+        self._cloud_nodes: Optional[IInformer] = None
+        self._cloud_leases: Optional[IInformer] = None
+        self._idle: Optional[IDelayedCall] = None
         self.last_document: Optional[dict[str, Any]] = None
         self.builds = 0
         self._built_at: Optional[float] = None
@@ -266,6 +338,106 @@ class PoolView:
         waiting, self._waiting = self._waiting or [], None
         for answer in waiting:
             answer.callback(result)
+
+    # -- watching the cloud ---------------------------------------------------------
+
+    @property
+    def watching(self) -> bool:
+        """Whether the watches of the cloud's pool Nodes and node leases run."""
+        return self._cloud_leases is not None
+
+    def _asked(self) -> None:
+        """A document is being built: the watches stop ``idle_after`` from now,
+        unless another is asked for meanwhile."""
+        if self._idle is not None and self._idle.active():
+            self._idle.reset(self.idle_after)
+        elif self.watching:
+            self._idle = self._reactor.callLater(self.idle_after, self._went_idle)
+
+    def _watches(self) -> tuple[IInformer, IInformer]:
+        """The informers of the cloud's pool Nodes and node leases, started on first
+        use (and stopped once no document was asked for ``idle_after``)."""
+        if self._idle is None or not self._idle.active():
+            self._idle = self._reactor.callLater(self.idle_after, self._went_idle)
+        if self._cloud_nodes is None or self._cloud_leases is None:
+            nodes = self._make_informer(
+                self._reactor, self._cloud, NODES,
+                label_selector=f"{NODE_POOL_LABEL}={self.pool}",
+                page_size=MEMBER_LIST_LIMIT, loop_errors=self._loop_errors)
+            leases = self._make_informer(
+                self._reactor, self._cloud, LEASES, namespace=NODE_LEASE_NAMESPACE,
+                page_size=MEMBER_LIST_LIMIT, loop_errors=self._loop_errors)
+            # A renewal is seen when its event arrives; the renewals of leases gone
+            # while nothing watched are forgotten once the new list is in.
+            leases.add_handler(self._cloud_lease_seen,
+                               lambda _old, new: self._cloud_lease_seen(new),
+                               self._cloud_lease_gone)
+            leases.wait_for_sync().addCallback(self._cloud_leases_listed, leases)
+            self._cloud_nodes, self._cloud_leases = nodes, leases
+            self.log.info("pool view: watching the pool's Nodes and node leases in the "
+                          "cloud")
+            nodes.start()
+            leases.start()
+        return self._cloud_nodes, self._cloud_leases
+
+    def _cloud_lease_seen(self, lease: Any) -> None:
+        name = _name(lease)
+        if name is not None:
+            self._cloud_renewals.observe(name, lease)
+
+    def _cloud_lease_gone(self, lease: Any) -> None:
+        name = _name(lease)
+        if name is not None:
+            self._cloud_renewals.forget(name)
+
+    def _cloud_leases_listed(self, synced: bool, leases: IInformer) -> None:
+        if synced and leases is self._cloud_leases:
+            self._cloud_renewals.retain({_name(lease) for lease in leases.list()})
+
+    def _went_idle(self) -> None:
+        self._idle = None
+        self.log.info("pool view: no document asked for {idle:g}s, the watches of the "
+                      "cloud stop", idle=self.idle_after)
+        self._stop_watches()
+
+    def _stop_watches(self) -> "defer.Deferred[None]":
+        informers = [i for i in (self._cloud_nodes, self._cloud_leases) if i is not None]
+        self._cloud_nodes = self._cloud_leases = None
+        stopped = [defer.maybeDeferred(informer.stop) for informer in informers]
+        done = defer.gatherResults(stopped, consumeErrors=True)
+        done.addErrback(lambda failure: self.log.failure(
+            "pool view: stopping a watch of the cloud failed", failure))
+        return done.addCallback(lambda _: None)
+
+    def stop(self) -> "defer.Deferred[None]":
+        """Stop the watches of the cloud (the agent stops); the Deferred fires once
+        nothing of them is left. A document asked for later starts them again."""
+        if self._idle is not None and self._idle.active():
+            self._idle.cancel()
+        self._idle = None
+        return self._stop_watches()
+
+    def _synced(self, what: str, errors: dict[str, str], informer: IInformer,
+                resource: str) -> "defer.Deferred[Any]":
+        """True once ``informer`` (of ``resource``) has listed. Until then: why its
+        last list failed, named under ``what`` at once; or, before any failed, a
+        wait for its list within ``read_timeout`` (the first document of a watch)."""
+        if informer.has_synced:
+            return defer.succeed(True)
+        failed = self._cloud.failed.get(resource)
+        if failed is not None:
+            errors[what] = failed
+            return defer.succeed(False)
+
+        def listed(synced: Any) -> bool:
+            if synced is not True and what in errors:
+                # Timed out: why, if a list failed meanwhile.
+                errors[what] = self._cloud.failed.get(resource, errors[what])
+            elif synced is not True:
+                errors[what] = "watch stopped before its list was in"
+            return synced is True
+
+        return self._bounded(what, errors, informer.wait_for_sync).addCallback(listed)
 
     # -- reading -------------------------------------------------------------------
 
@@ -329,7 +501,7 @@ class PoolView:
     @defer.inlineCallbacks
     def _build(self) -> Generator["defer.Deferred[Any]", Any, dict[str, Any]]:
         errors: dict[str, str] = {}
-        coordinator, cloud = self._coordinator, self._cloud
+        coordinator = self._coordinator
         cloud_read = bool(self._cloud_healthy())
         namespace, name = self._election_lease
         reads: dict[str, defer.Deferred[Any]] = {
@@ -345,14 +517,16 @@ class PoolView:
                                         INFORMER_SYNC_LEASE_NAMESPACE),
                 absent_ok=True),
         }
+        # Watched from the first document with a cloud server healthy, and while
+        # documents are asked for, healthy or not (so that the copies are current
+        # when one is again); read only while one is.
+        self._asked()
         if cloud_read:
-            reads["cloud nodes"] = self._listed(
-                "cloud nodes", errors, cloud, NODES,
-                label_selector=f"{NODE_POOL_LABEL}={self.pool}")
-            # The members are not known before the lists are in: the whole namespace
-            # is read, at the same time, and filtered below.
-            reads["cloud node leases"] = self._listed(
-                "cloud node leases", errors, cloud, LEASES, namespace=NODE_LEASE_NAMESPACE)
+            node_watch, lease_watch = self._watches()
+            reads["cloud nodes"] = self._synced(
+                "cloud nodes", errors, node_watch, NODES.resource)
+            reads["cloud node leases"] = self._synced(
+                "cloud node leases", errors, lease_watch, LEASES.resource)
         counts: dict[str, defer.Deferred[Any]] = {}
         for gvr in self._pool_resources():
             resource = resource_name(gvr)
@@ -374,32 +548,24 @@ class PoolView:
         pool_listed = pool_list is not None and pool_list.complete
         members = set(pool_leases) | {self.node}
         cloud_leases: dict[str, Any] = {}
-        cloud_nodes: Optional[Listed] = answers.get("cloud nodes")
-        cloud_list: Optional[Listed] = answers.get("cloud node leases")
-        if cloud_read and cloud_nodes is not None:
-            members |= set(cloud_nodes.named())
-        if cloud_read and cloud_nodes is not None and cloud_list is not None:
-            listed = cloud_list.named()
-            # A member the complete list does not hold has no cloud lease (None); one
-            # left out of a cut list is not judged on the cloud.
-            cloud_leases = {member: listed.get(member) for member in members
-                            if member in listed or cloud_list.complete}
+        nodes_listed = cloud_read and answers.get("cloud nodes") is True
+        if nodes_listed:
+            members |= {name for name in map(_name, node_watch.list()) if name}
+        if nodes_listed and answers.get("cloud node leases") is True:
+            # A member the watched copy does not hold has no cloud lease (None).
+            cloud_leases = {member: lease_watch.get(f"{NODE_LEASE_NAMESPACE}/{member}")
+                            for member in members}
         else:
             cloud_read = False
 
         document = self._base(errors)
         now = self._reactor.seconds()
-        # Every lease read for this document is seen now, the moment of the document.
+        # Every pool lease read for this document is seen now, the moment of the
+        # document; the cloud's were seen as their events came.
         for lease_name, lease in pool_leases.items():
             self._pool_renewals.observe(lease_name, lease)
         if pool_listed:
             self._pool_renewals.retain(pool_leases)
-        if cloud_read:
-            # A lease the cloud has not (None) is forgotten; one left out of a cut
-            # list is not in ``cloud_leases`` and stays as last seen.
-            for member, lease in cloud_leases.items():
-                self._cloud_renewals.observe(member, lease)
-            self._cloud_renewals.retain(members)
         document["cloud_read"] = cloud_read
         election = answers["election lease"]
         if "election lease" in errors:

@@ -257,6 +257,9 @@ class Agent(service.MultiService):
         StageService("clients", None, self._close_clients).setServiceParent(self)
         StageService("probes", self._start_probes, self._stop_probes).setServiceParent(self)
         coordinator, hub_elector = self.coordinator, self.hub_elector
+        if self.pool_view is not None:
+            # Its watches of the cloud (while /pool is read) stop before the clients close.
+            StageService("pool-view", None, self.pool_view.stop).setServiceParent(self)
         if coordinator is not None and hub_elector is not None:
             # The coordinator cancels its current step when it stops: opening the
             # store or uploading could otherwise retry for long against a dead etcd.
@@ -528,7 +531,7 @@ class Agent(service.MultiService):
             # Two heartbeat intervals on this agent's clock since a lease was seen to
             # change: a live node's lease changes once an interval, one late or lost
             # renewal is no death, and no other clock's offset enters the window.
-            stale_after=2 * heartbeat.interval, leader=leader)
+            stale_after=2 * heartbeat.interval, leader=leader, loop_errors=self.metrics)
 
     def _count_pool_keys(self, prefix: bytes) -> defer.Deferred[int]:
         """How many keys the pool etcd holds under ``prefix`` (a count, no values)."""

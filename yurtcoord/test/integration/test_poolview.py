@@ -1,7 +1,8 @@
 """The pool view (``GET /pool``) against real Kubernetes API test servers: members from
 the cloud's pool Nodes and the coordinator's node leases with their heartbeat paths,
 the election holder read from the coordinator, the pool cache counts, failed and hung
-reads named under ``errors``, and one round of reads for a flood of requests.
+reads named under ``errors``, one round of reads for a flood of requests, and the
+cloud's Nodes and node leases watched rather than listed per document.
 
 The view judges a lease by when it saw its renewTime change, on its own clock (the
 exact rules, with clocks minutes apart, are ``test_poolview``'s in the unit tier): a
@@ -15,6 +16,7 @@ import time
 
 import treq.client
 from twisted.internet import defer, reactor
+from twisted.internet.task import deferLater
 from twisted.trial import unittest
 from twisted.web.client import Agent, HTTPConnectionPool
 from zope.interface import implementer
@@ -98,11 +100,14 @@ class PoolViewTests(unittest.TestCase):
         return defer.succeed(self.keys[prefix])
 
     def make_view(self, **options):
-        return PoolView(reactor, FollowerStatus(), "edge-1", "pool-a",
+        """A view of this pool; its watches of the cloud stop with the test."""
+        view = PoolView(reactor, FollowerStatus(), "edge-1", "pool-a",
                         self.coordinator_client, self.cloud_client,
                         lambda: self.cloud_healthy, self.count_keys, "/registry",
                         lambda: (ENDPOINTS, ENDPOINTSLICES_V1, ENDPOINTSLICES_V1BETA1),
                         ELECTION, STALE_AFTER, self.leader, **options)
+        self.addCleanup(view.stop)
+        return view
 
     def members(self, document):
         return {m["node"]: m for m in document["members"]}
@@ -301,8 +306,8 @@ class PoolViewTests(unittest.TestCase):
 
     @defer.inlineCallbacks
     def test_when_the_cloud_leases_cannot_be_listed_the_pool_leases_decide(self):
-        self.cloud.faults.fail_next(1, code=503, path="/kube-node-lease/leases")
-        document = yield self.view.document()
+        self.cloud.faults.fail_next(1000, code=503, path="/kube-node-lease/leases")
+        document = yield self.make_view(read_timeout=1.0).document()
         self.assertEqual(list(document["errors"]), ["cloud node leases"])
         self.assertIn("503", document["errors"]["cloud node leases"])
         self.assertFalse(document["cloud_read"])
@@ -316,17 +321,34 @@ class PoolViewTests(unittest.TestCase):
         self.assertEqual(members["edge-4"]["heartbeat"], STALE)
 
     @defer.inlineCallbacks
-    def test_the_cloud_leases_are_one_paged_list_and_no_read_per_member(self):
+    def test_the_cloud_is_one_paged_list_and_one_watch_of_each_for_every_document(self):
         self.patch(poolview, "MEMBER_LIST_LIMIT", 2)
-        before = len(self.cloud.request_log)
+        before = len(self.cloud.requests)
         document = yield self.view.document()
         self.assertEqual(document["errors"], {})
         self.assertEqual(self.members(document)["edge-2"]["heartbeat"], DELEGATED)
-        asked = sorted((r.method, r.path) for r in self.cloud.request_log[before:])
+        nodes = "/api/v1/nodes"
+        leases = "/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases"
         # Five Nodes (one of another pool: the selector skips it, its page still
-        # counts) and five cloud leases (one of another pool), two a page.
-        self.assertEqual(asked, [("GET", "/api/v1/nodes")] * 3 + [
-            ("GET", "/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases")] * 3)
+        # counts) and five cloud leases (one of another pool), two a page; then a
+        # watch of each.
+        yield poll_until(lambda: self.cloud.open_watches == 2, 5.0, 0.01, reactor,
+                         what="both watches open")
+        asked = sorted((path, query.get("watch") == "true")
+                       for _method, path, query in self.cloud.requests[before:])
+        self.assertEqual(asked, [(nodes, False)] * 3 + [(nodes, True)] + [
+            (leases, False)] * 3 + [(leases, True)])
+        # Later documents ask the cloud nothing; renewals in the cloud reach them.
+        before = len(self.cloud.requests)
+        for _ in range(3):
+            yield deferLater(reactor, poolview.POOL_VIEW_TTL, lambda: None)
+            self.renew(self.cloud, "edge-3")
+            yield deferLater(reactor, 0.1, lambda: None)
+            document = yield self.view.document()
+            self.assertEqual(self.members(document)["edge-3"]["heartbeat"], DIRECT)
+            self.assertLess(self.members(document)["edge-3"]["cloud_lease_age"], STALE_AFTER)
+        self.assertEqual(self.cloud.requests[before:], [])
+        self.assertEqual(self.view.builds, 4)
 
     @defer.inlineCallbacks
     def test_paged_lists_share_one_deadline(self):
@@ -348,11 +370,10 @@ class PoolViewTests(unittest.TestCase):
         self.patch(poolview, "MEMBER_LIST_LIMIT", 1)
         self.patch(poolview, "MEMBER_LIST_PAGES", 2)
         document = yield self.view.document()
+        # The coordinator's list is cut; the watched cloud is listed whole, in pages.
         self.assertEqual(document["errors"], {
-            "cloud node leases": "more than 2; the rest left out",
-            "cloud nodes": "more than 2; the rest left out",
             "pool node leases": "more than 2; the rest left out"})
-        # edge-1 and edge-2 are on the first pages of every list, judged on the cloud.
+        # edge-1 and edge-2 are on the first pages of the pool list, judged on the cloud.
         members = self.members(document)
         self.assertEqual(members["edge-2"]["heartbeat"], DELEGATED)
         self.assertIsNotNone(members["edge-2"]["cloud_lease_age"])
@@ -387,9 +408,11 @@ class PoolViewTests(unittest.TestCase):
         self.assertEqual(len({b for b in bodies}), 1)
         self.assertEqual(self.view.builds, 1)
         # One round: the election lease, the node leases, the informer sync lease;
-        # and the two lists of the cloud, whatever the number of members.
+        # and the cloud's two lists and two watches, whatever the number of members.
+        yield poll_until(lambda: self.cloud.open_watches == 2, 5.0, 0.01, reactor,
+                         what="both watches open")
         self.assertEqual(len(self.coordinator.requests) - before, 3)
-        self.assertEqual(len(self.cloud.requests) - cloud_before, 2)
+        self.assertEqual(len(self.cloud.requests) - cloud_before, 4)
         self.assertEqual(json.loads(bodies[0])["leader"], "edge-2")
         response = yield http.post(url, b"")
         yield response.content()

@@ -101,7 +101,8 @@ class AgentServiceTests(unittest.TestCase):
         yield agent.stopService()
 
         self.assertEqual(stopped, ["hub-elector", "election-lease-reader", "coordinator",
-                                   "probes", "clients", "reactor-lag", "status-http"])
+                                   "probes", "pool-view", "clients", "reactor-lag",
+                                   "status-http"])
         record = self.world.election_lease()
         self.assertEqual(record.holder_identity, "")
         self.assertEqual(record.lease_duration_seconds, 1)

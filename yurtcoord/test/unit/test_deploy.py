@@ -181,26 +181,29 @@ CLOUD_REQUESTS = [
     resource("get", "coordination.k8s.io", "leases", "kube-node-lease", "edge-1"),
     resource("create", "coordination.k8s.io", "leases", "kube-node-lease"),
     resource("update", "coordination.k8s.io", "leases", "kube-node-lease", "edge-1"),
-    # The /pool view's one paged list of the members' cloud leases.
+    # The /pool view's informer of the node leases (filtered to the members).
     resource("list", "coordination.k8s.io", "leases", "kube-node-lease"),
+    resource("watch", "coordination.k8s.io", "leases", "kube-node-lease"),
     non_resource("/api/v1"),
     non_resource("/apis/discovery.k8s.io/v1"),
 ]
 COORDINATOR_REQUESTS = [
-    # The leader's informer of the pool's node leases; the pool view's list of them.
+    # As the pool's agents: the leader's informer of the pool's node leases, the pool
+    # view's list of them; the synced detector's watch of the informer sync lease by
+    # name; the election; the informer sync lease.
     resource("list", "coordination.k8s.io", "leases", "kube-node-lease"),
     resource("watch", "coordination.k8s.io", "leases", "kube-node-lease"),
-    # The synced detector watches the informer sync lease by name.
     resource("list", "coordination.k8s.io", "leases", "kube-system", "leader-informer-sync"),
     resource("watch", "coordination.k8s.io", "leases", "kube-system", "leader-informer-sync"),
-    # Allowed by the Node authorizer, not by RBAC.
-    resource("get", "", "nodes", name="edge-1"),
     resource("create", "coordination.k8s.io", "leases", "kube-system"),
     resource("get", "coordination.k8s.io", "leases", "kube-system", "yurthub"),
     resource("update", "coordination.k8s.io", "leases", "kube-system", "yurthub"),
     resource("get", "coordination.k8s.io", "leases", "kube-system", "leader-informer-sync"),
     resource("update", "coordination.k8s.io", "leases", "kube-system", "leader-informer-sync"),
     resource("delete", "coordination.k8s.io", "leases", "kube-system", "leader-informer-sync"),
+    # As its node, allowed by the Node authorizer, not by RBAC: its own Node and its
+    # own node's lease.
+    resource("get", "", "nodes", name="edge-1"),
     resource("get", "coordination.k8s.io", "leases", "kube-node-lease", "edge-1"),
     resource("create", "coordination.k8s.io", "leases", "kube-node-lease"),
     resource("update", "coordination.k8s.io", "leases", "kube-node-lease", "edge-1"),

@@ -25,7 +25,7 @@ from yurtcoord.agent.poolview import (
 from yurtcoord.agent.status import IPoolView, IStatusSource, InitialStatus, status_resource
 from yurtcoord.kube.errors import ServerError
 from yurtcoord.kube.gvr import LEASES, NODES, GroupVersionResource
-from yurtcoord.kube.interfaces import IObjectClient
+from yurtcoord.kube.interfaces import IListWatchClient, IObjectClient
 from yurtcoord.kube.lease import LeaseRecord, build_lease
 from yurtcoord.names import (
     DELEGATE_HEARTBEAT_ANNOTATION, INFORMER_SYNC_LEASE_NAME, INFORMER_SYNC_LEASE_NAMESPACE,
@@ -59,36 +59,95 @@ class HeartbeatPathTests(unittest.TestCase):
         self.assertEqual(heartbeat_path(lease, now, now, 9), (DIRECT, 0.0))
 
 
-@implementer(IObjectClient)
+# The kind of the objects of each resource the fake watches tell apart.
+KINDS = {"leases": "Lease", "nodes": "Node"}
+
+
+class FakeWatch:
+    """One watch of a ``ListingKube``: ``done`` fires with None once cancelled, or
+    with the error ``ListingKube.cut_watches`` ends it with."""
+
+    def __init__(self, stop: Any) -> None:
+        self.done: defer.Deferred[None] = defer.Deferred()
+        self.events = 0
+        self._stop = stop
+
+    def end(self, error: Optional[BaseException] = None) -> None:
+        if self.done.called:
+            return
+        self._stop()
+        if error is None:
+            self.done.callback(None)
+        else:
+            self.done.errback(error)
+
+    def cancel(self) -> None:
+        self.end()
+
+
+@implementer(IObjectClient, IListWatchClient)
 class ListingKube(FakeKube):
-    """The in-memory apiserver of ``FakeKube`` that also answers ``list`` as
-    ``KubeClient.list`` does for the pool view: the objects of a resource in a
+    """The in-memory apiserver of ``FakeKube`` that also answers ``list`` and
+    ``watch`` as ``KubeClient`` does for the pool view: the objects of a resource in a
     namespace, selected by one ``key=value`` label, in name order and in pages of
-    ``limit`` (the continue token is the offset of the next page);
+    ``limit`` (the continue token is the offset of the next page); a watch tells each
+    later write of such an object as it is stored (``watching`` counts the open ones).
     ``fail_next("list", ...)`` fails the next lists, ``fail_next_list(resource, ...)``
-    the next list of that resource."""
+    the next ``count`` lists of that resource; ``cut_watches(error)`` ends every open
+    watch with ``error``."""
 
     def __init__(self, clock: Any = None) -> None:
         super().__init__(clock)
-        self.list_failures: dict[str, BaseException] = {}
+        self.list_failures: dict[str, list[BaseException]] = {}
+        self._watches: list[FakeWatch] = []
 
-    def fail_next_list(self, resource: str, error: BaseException) -> None:
-        self.list_failures[resource] = error
+    def fail_next_list(self, resource: str, error: BaseException, count: int = 1) -> None:
+        self.list_failures.setdefault(resource, []).extend([error] * count)
+
+    @property
+    def watching(self) -> int:
+        return sum(1 for watch in self._watches if not watch.done.called)
+
+    def cut_watches(self, error: BaseException) -> None:
+        for watch in list(self._watches):
+            watch.end(error)
+
+    @staticmethod
+    def _selected(obj: dict[str, Any], namespace: Optional[str],
+                  label_selector: Optional[str]) -> bool:
+        key, _, value = (label_selector or "").partition("=")
+        metadata = obj["metadata"]
+        return ((namespace is None or metadata.get("namespace") == namespace)
+                and (not key or (metadata.get("labels") or {}).get(key) == value))
+
+    def watch(self, gvr: GroupVersionResource, on_event: Any,
+              namespace: Optional[str] = None, resource_version: Optional[str] = None,
+              label_selector: Optional[str] = None, field_selector: Optional[str] = None,
+              allow_bookmarks: bool = True, timeout_seconds: Optional[int] = None,
+              idle_timeout: Optional[float] = None) -> FakeWatch:
+        self.requests.append(f"watch {gvr.resource}")
+
+        def written(event: str, obj: dict[str, Any]) -> None:
+            if (obj.get("kind") == KINDS.get(gvr.resource)
+                    and self._selected(obj, namespace, label_selector)):
+                watch.events += 1
+                on_event(event, obj)
+
+        watch = FakeWatch(lambda: stop())
+        stop = self.add_write_observer(written)
+        self._watches = [w for w in self._watches if not w.done.called] + [watch]
+        return watch
 
     def list(self, gvr: GroupVersionResource, namespace: Optional[str] = None,
-             label_selector: Optional[str] = None, limit: Optional[int] = None,
-             continue_token: Optional[str] = None,
-             **_options: Any) -> "defer.Deferred[Any]":
+             label_selector: Optional[str] = None, field_selector: Optional[str] = None,
+             resource_version: Optional[str] = None, limit: Optional[int] = None,
+             continue_token: Optional[str] = None) -> "defer.Deferred[Any]":
         def answer() -> dict[str, Any]:
-            error = self.list_failures.pop(gvr.resource, None)
-            if error is not None:
-                raise error
-            key, _, value = (label_selector or "").partition("=")
+            failures = self.list_failures.get(gvr.resource)
+            if failures:
+                raise failures.pop(0)
             items = sorted((obj for obj in self.stored(gvr)
-                            if (namespace is None
-                                or obj["metadata"].get("namespace") == namespace)
-                            and (not key or (obj["metadata"].get("labels") or {}).get(key)
-                                 == value)),
+                            if self._selected(obj, namespace, label_selector)),
                            key=lambda obj: obj["metadata"]["name"])
             start = int(continue_token or 0)
             end = len(items) if limit is None else start + limit
@@ -144,6 +203,8 @@ class PoolViewSkewTests(unittest.TestCase):
             STALE_AFTER, ElectionLeader(self.clock), ttl=0)
 
     def tearDown(self):
+        self.successResultOf(self.view.stop())
+        self.assertEqual(self.cloud.watching, 0)
         self.assertEqual(self.clock.getDelayedCalls(), [])
 
     def leader_renews(self):
@@ -169,6 +230,8 @@ class PoolViewSkewTests(unittest.TestCase):
 
     def test_the_fakes_offer_the_interfaces(self):
         verifyObject(IObjectClient, self.cloud)
+        verifyObject(IListWatchClient, self.cloud)
+        verifyObject(IListWatchClient, poolview.ListFailures(self.cloud))
         verifyObject(IStatusSource, InitialStatus("edge-1", POOL, ()))
         verifyObject(IPoolView, self.view)
 
@@ -239,6 +302,8 @@ class PoolViewSkewTests(unittest.TestCase):
             "edge-1": (STALE, STALE_AFTER + 0.5), "edge-2": (DELEGATED, 0.0),
             "edge-3": (DIRECT, INTERVAL + 0.5)})
         self.assertIsNone(document["members"][0]["cloud_lease_age"])
+        # Nor watched: the cloud is asked nothing while no server of it is healthy.
+        self.assertEqual(self.cloud.requests, [])
 
     def test_a_write_that_leaves_the_renew_time_renews_nothing(self):
         self.renew("edge-1", "edge-2", "edge-3")
@@ -252,16 +317,45 @@ class PoolViewSkewTests(unittest.TestCase):
         document = self.document()
         self.assertEqual(self.paths(document)["edge-3"], (STALE, STALE_AFTER + 1))
 
+    def test_a_renewal_in_the_cloud_is_dated_when_its_event_arrives(self):
+        self.renew("edge-1", "edge-2", "edge-3")
+        self.document()
+        self.clock.advance(INTERVAL)
+        self.renew("edge-1")
+        self.clock.advance(0.75)
+        members = {m["node"]: m for m in self.document()["members"]}
+        # The cloud lease was seen to change as it was written, 0.75 s before this
+        # document; the pool lease, read with the document, at the document.
+        self.assertEqual((members["edge-1"]["lease_age"], members["edge-1"]["cloud_lease_age"],
+                          members["edge-1"]["pool_lease_age"]), (0.8, 0.8, 0.0))
+        self.assertEqual(members["edge-3"]["cloud_lease_age"], INTERVAL + 0.8)
+
+    def test_a_cloud_that_cannot_be_listed_is_named_and_the_pool_leases_decide(self):
+        self.renew("edge-1", "edge-2", "edge-3")
+        self.cloud.fail_next_list("leases", ServerError("overloaded"), count=1000)
+        document = self.successResultOf(self.view.document())
+        self.assertEqual(document["errors"], {
+            "cloud node leases": "ServerError: overloaded code=500 reason=InternalError"})
+        self.assertFalse(document["cloud_read"])
+        self.assertEqual({m["node"]: m["cloud_lease_age"] for m in document["members"]},
+                         dict.fromkeys(("edge-1", "edge-2", "edge-3")))
+        self.assertEqual(self.paths(document)["edge-2"], (DELEGATED, 0.0))
+        # The watch lists again after its backoff; from then on the cloud decides,
+        # its leases first seen when listed.
+        self.cloud.list_failures.clear()
+        self.clock.advance(INTERVAL)
+        self.clock.advance(1)
+        document = self.document()
+        self.assertTrue(document["cloud_read"])
+        self.assertEqual(self.paths(document)["edge-2"], (DELEGATED, 1.0))
+
     def test_a_failed_read_forgets_nothing_and_a_lease_gone_and_back_is_new(self):
         self.renew("edge-1", "edge-2", "edge-3")
         self.document()
         self.clock.advance(INTERVAL)
         self.coordinator.fail_next("list", ServerError("etcd timed out"))
-        self.cloud.fail_next_list("leases", ServerError("overloaded"))
         document = self.successResultOf(self.view.document())
-        self.assertEqual(sorted(document["errors"]),
-                         ["cloud node leases", "pool node leases"])
-        self.assertFalse(document["cloud_read"])
+        self.assertEqual(sorted(document["errors"]), ["pool node leases"])
         self.clock.advance(INTERVAL + 1)
         document = self.document()
         members = {m["node"]: m for m in document["members"]}
@@ -284,8 +378,9 @@ class PoolViewSkewTests(unittest.TestCase):
 
 class PoolViewCostTests(unittest.TestCase):
     """What a flood of ``/pool`` and ``/`` requests costs, on a ``task.Clock``: the
-    cloud's node leases come from one paged list, never one read per member, and a
-    document is built, encoded and rendered once, then served as the same bytes
+    cloud's pool Nodes and node leases are watched while documents are asked for (one
+    paged list and one watch of each, never a read per member or per document), and
+    a document is built, encoded and rendered once, then served as the same bytes
     until the next build."""
 
     MEMBERS = 5
@@ -305,6 +400,7 @@ class PoolViewCostTests(unittest.TestCase):
             lambda: True, lambda _prefix: defer.succeed(0), "/registry", lambda: (),
             ELECTION, STALE_AFTER, ElectionLeader(self.clock), ttl=1.0)
         self.root = status_resource(self.source, Metrics("edge-1", POOL), self.view)
+        self.addCleanup(lambda: self.successResultOf(self.view.stop()))
 
     def get(self, path):
         """``GET /<path>`` on the status pages: (code, body bytes as written)."""
@@ -319,19 +415,54 @@ class PoolViewCostTests(unittest.TestCase):
         self.assertEqual(len(request.written), 1)
         return request.responseCode or 200, request.written[0]
 
-    def test_a_build_lists_the_cloud_leases_in_pages_and_reads_no_lease_of_a_member(self):
+    def test_the_cloud_is_listed_in_pages_and_watched_once_for_every_document(self):
         self.patch(poolview, "MEMBER_LIST_LIMIT", 2)
         document = self.successResultOf(self.view.document())
         self.assertEqual(document["errors"], {})
         self.assertTrue(document["cloud_read"])
         self.assertEqual({m["node"]: m["heartbeat"] for m in document["members"]},
                          {f"edge-{i}": DIRECT for i in range(1, self.MEMBERS + 1)})
-        # Five pool Nodes and six cloud leases, two a page: three pages each, no GET.
-        self.assertEqual(sorted(self.cloud.requests), ["list leases"] * 3 + ["list nodes"] * 3)
-        self.cloud.requests.clear()
-        self.clock.advance(1.0)
+        # Five pool Nodes and six cloud leases, two a page: three pages each, then one
+        # watch of each; no GET.
+        watched = ["list leases"] * 3 + ["list nodes"] * 3 + ["watch leases", "watch nodes"]
+        self.assertEqual(sorted(self.cloud.requests), watched)
+        # A document a second for a minute, members renewing every interval: not one
+        # more request to the cloud, and every renewal in the documents.
+        for second in range(1, 61):
+            self.clock.advance(1.0)
+            if second % INTERVAL == 0:
+                for i in range(1, self.MEMBERS + 1):
+                    Member(self.clock, self.cloud, self.coordinator, f"edge-{i}", 0.0).renew()
+            document = self.successResultOf(self.view.document())
+            ages = {m["cloud_lease_age"] for m in document["members"]}
+            self.assertEqual(ages, {second % INTERVAL}, second)
+        self.assertEqual(self.view.builds, 61)
+        self.assertEqual(sorted(self.cloud.requests), watched)
+
+    def test_the_watches_stop_when_no_document_is_asked_and_start_again_with_one(self):
         self.successResultOf(self.view.document())
-        self.assertEqual(sorted(self.cloud.requests), ["list leases"] * 3 + ["list nodes"] * 3)
+        self.assertEqual((self.view.watching, self.cloud.watching), (True, 2))
+        self.clock.advance(poolview.POOL_WATCH_IDLE - 1)
+        self.assertEqual(self.cloud.watching, 2)
+        self.clock.advance(1)
+        self.assertEqual((self.view.watching, self.cloud.watching), (False, 0))
+        self.assertEqual(self.clock.getDelayedCalls(), [])
+        # Meanwhile edge-2 renews and edge-3's cloud lease is deleted; edge-1 (and the
+        # others) renewed last before the stop.
+        Member(self.clock, self.cloud, self.coordinator, "edge-2", 0.0).renew()
+        self.successResultOf(self.cloud.delete(LEASES, "edge-3", NODE_LEASE_NAMESPACE))
+        self.clock.advance(1)
+        self.cloud.requests.clear()
+        members = {m["node"]: m for m in self.successResultOf(self.view.document())["members"]}
+        self.assertEqual(sorted(self.cloud.requests),
+                         ["list leases", "list nodes", "watch leases", "watch nodes"])
+        # Listed again: what changed unwatched counts from now, what did not keeps
+        # its age (a node that died meanwhile is not fresh again), what is gone is.
+        self.assertEqual(members["edge-1"]["cloud_lease_age"], poolview.POOL_WATCH_IDLE + 1)
+        self.assertEqual(members["edge-1"]["heartbeat"], STALE)
+        self.assertEqual(members["edge-2"]["cloud_lease_age"], 0.0)
+        self.assertEqual((members["edge-3"]["heartbeat"], members["edge-3"]["cloud_lease_age"]),
+                         (STALE, None))
 
     def test_requests_within_the_ttl_get_the_same_bytes_of_one_build(self):
         code, first = self.get(b"pool")
@@ -427,6 +558,7 @@ class PoolViewCostTests(unittest.TestCase):
         bodies = [r.written[0] for r in requests]
         self.assertEqual(len({id(body) for body in bodies}), 1)
         self.assertEqual(self.view.builds, 1)
-        self.assertEqual(sorted(self.cloud.requests), ["list leases", "list nodes"])
+        self.assertEqual(sorted(self.cloud.requests),
+                         ["list leases", "list nodes", "watch leases", "watch nodes"])
         self.assertEqual(self.coordinator.requests,
                          ["get leases", "list leases", "get leases"])
