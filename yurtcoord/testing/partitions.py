@@ -35,6 +35,11 @@ ahead (libfaketime, ``yurtcoord.testing.skew``), as an edge node that lost NTP d
 invariants hold whichever role it takes, since lease ages are judged by observed
 increases of renewTime on the servers' clock, never by the time a renewTime names.
 
+A rolling update is a scenario too (``ROLLING_UPDATE_SCENARIO``): six agents, two of
+them cut off from the cloud, each restarted in node order, the leader included; it adds
+its own checks (no leadership change for a follower's restart, at most one for the
+leader's, every live node's cloud lease moving within ``ROLLOUT_LEASE_BOUND``).
+
 Scenarios run side by side, each on a topology of its own, to keep the suite short.
 """
 
@@ -75,6 +80,8 @@ TAKEOVER = LEASE_DURATION + 2 * RETRY_PERIOD
 SLACK = 2.0
 LIVE_LEASE_BOUND = 2 * HEARTBEAT_INTERVAL + TAKEOVER + SLACK
 STALE_BOUND = KUBELET_GRACE + HEARTBEAT_INTERVAL + SLACK
+# Through a rolling update no takeover is excused: two intervals and the slack.
+ROLLOUT_LEASE_BOUND = 2 * HEARTBEAT_INTERVAL + SLACK
 # How long a cut lasts: well past LIVE_LEASE_BOUND, so that a heartbeat path that does
 # not work shows as a gap that breaks the bound.
 CUT = 16.0
@@ -118,6 +125,9 @@ class Run:
     excused: List[Tuple[float, float]] = attr.ib(factory=list)
     notes: Dict[str, object] = attr.ib(factory=dict)
     problems: List[str] = attr.ib(factory=list)
+    # When the dead node's agent last started, if a script restarted it: the grace
+    # period of a kubelet that has not answered counts from the agent's start.
+    dead_restarted_at: Optional[float] = None
 
     def now(self) -> float:
         return self.world.reactor.seconds()
@@ -226,11 +236,14 @@ def run_scenario(reactor: Any, scenario: Scenario,
         yield world.wait_pool_exact(EXACT_TIMEOUT)
         # Watch long enough that a lease that should be stale has had time to move, and
         # that the nodes' leases ran their bound after the heal.
-        end_at = max(stopped_at + STALE_BOUND, healed + LIVE_LEASE_BOUND) + HEARTBEAT_INTERVAL
+        dead_since = max(stopped_at, run.dead_restarted_at or stopped_at)
+        end_at = max(dead_since + STALE_BOUND, healed + LIVE_LEASE_BOUND) + HEARTBEAT_INTERVAL
         if run.now() < end_at:
             yield run.wait(end_at - run.now())
         end = run.now()
         problems += run.problems
+        if run.dead_restarted_at is not None:
+            stopped_at = max(stopped_at, run.dead_restarted_at)
         problems += judge(world, run, started, stopped_at, end)
         settled = yield world.statuses()
         problems += yield check_leases_in_etcd(world, leader_of(settled))
@@ -517,6 +530,62 @@ def flapping(host_of: Callable[[Run], List[str]], network: str) -> Callable[[Run
     return script
 
 
+def rolling_update(cut_count: int = 2) -> Callable[[Run], defer.Deferred]:
+    """A script: a DaemonSet's rolling update while ``cut_count`` followers are cut off
+    from the cloud. Every agent, the leader included, is stopped (SIGTERM) and started
+    again, one at a time in node order, and each new agent is ready (the dead node's:
+    listening) before the next one stops. A follower's restart changes no leadership,
+    the leader's at most once; the invariants judged after the run (one delegator, the
+    live nodes' cloud leases, the pool etcd exact) get no excused window for any
+    restart. The dead node's agent, restarted too, counts its kubelet's grace period
+    from its new start, as every agent does (``KubeletHealthChecker``)."""
+    @defer.inlineCallbacks
+    def script(run: Run) -> Generator[defer.Deferred[Any], Any, None]:
+        world = run.world
+        cut_off = run.live_followers()[:cut_count]
+        for node in cut_off:
+            world.cut(node, WAN)
+        yield run.wait(DELEGATING)
+        restarts: List[Tuple[str, float, bool]] = []
+        for node in sorted(world.agents):
+            statuses = yield world.statuses()
+            began = run.now()
+            restarts.append((node, began, leader_of(statuses) == node))
+            yield world.agents[node].stop()
+            yield world.start_agents([node])
+            if node == run.dead:
+                run.dead_restarted_at = run.now()
+            else:
+                yield world.wait_for_pool(
+                    f"{node} ready again after its restart",
+                    lambda s, node=node: bool((s.get(node) or {}).get("ready")),
+                    SETTLE_TIMEOUT)
+        ended = run.now()
+        for node in cut_off:
+            world.heal(node, WAN)
+        changes = leadership_changes(world.servers()[1].request_log, ELECTION_NAMESPACE,
+                                     ELECTION_LEASE)
+        ends = [began for _node, began, _leading in restarts[1:]] + [ended]
+        for (node, began, leading), until in zip(restarts, ends):
+            within = [change for change in changes if began <= change.at < until]
+            if len(within) > (1 if leading else 0):
+                run.problems.append(
+                    f"restart of {node} ({'the leader' if leading else 'a follower'}) "
+                    f"changed the leadership {len(within)} times: {within}")
+        # Through the rollout every live node's cloud lease moves at least every two
+        # heartbeat intervals (a loaded machine's slack aside), the leader's restart
+        # included: the pool's tighter bound, not the partition suite's takeover one.
+        cloud_log = world.servers()[0].request_log
+        for node in [run.leader] + run.live_followers():
+            run.problems.extend(check_lease_age(cloud_log, node, restarts[0][1], ended,
+                                                ROLLOUT_LEASE_BOUND))
+        run.notes["restarts"] = len(restarts)
+        run.notes["rollout_s"] = round(ended - restarts[0][1], 1)
+        run.notes["restart_leadership_changes"] = len(
+            [c for c in changes if restarts[0][1] <= c.at < ended])
+    return script
+
+
 def _leader(run: Run) -> List[str]:
     return [run.leader]
 
@@ -560,3 +629,9 @@ LAN_SCENARIOS = [
 ]
 FLAP_SCENARIO = Scenario("leader-wan-flaps", flapping(_leader, WAN),
                          "the leader's WAN flaps every 3 s for half a minute")
+# Six agents: the leader, two followers cut off from the cloud, two others and the
+# dead node.
+ROLLING_UPDATE_SCENARIO = Scenario(
+    "rolling-update", rolling_update(),
+    "every agent restarted one at a time, the leader included, while two followers are "
+    "cut off from the cloud", nodes=6)

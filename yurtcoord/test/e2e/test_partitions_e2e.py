@@ -100,6 +100,11 @@ class PartitionScenarioTests(unittest.TestCase):
         """One follower's WAN, the leader's WAN, every WAN, and the cloud itself."""
         return self.run_side_by_side(partitions.WAN_SCENARIOS)
 
+    def test_a_rolling_update_while_two_followers_are_cut_off(self):
+        """Six agents restarted one at a time in node order, the leader included, each
+        ready before the next stops, while two followers have no cloud."""
+        return self.run_side_by_side([partitions.ROLLING_UPDATE_SCENARIO])
+
     def test_lan_cuts_and_a_flapping_wan(self):
         """One agent's LAN, the leader's LAN (fencing), a one-way WAN cut, the etcd
         member's LAN, and the leader's WAN flapping every 3 s for half a minute (the
