@@ -21,6 +21,7 @@ overlay, against the Kubernetes schema and against the agent's configuration.
 import base64
 import json
 import os
+import re
 import subprocess
 import sys
 import urllib.parse
@@ -296,6 +297,27 @@ class AgentTests(unittest.TestCase):
         self.assertEqual(user.split()[1], f"{self.pod['securityContext']['runAsUser']}:"
                                           f"{self.pod['securityContext']['runAsGroup']}")
         self.assertIn("-c deploy/constraints.txt", " ".join(lines))
+
+    def test_the_constraints_pin_every_dependency_of_the_package(self):
+        """``deploy/constraints.txt`` (``make constraints``) pins one exact version of
+        each package the agent requires: a dependency added to setup.py without
+        regenerating it fails here."""
+        def normal(name: str) -> str:
+            return re.sub(r"[-_.]+", "-", name).lower()
+
+        with open(os.path.join(DEPLOY, "constraints.txt"), encoding="utf-8") as f:
+            pins = dict(line.strip().split("==", 1) for line in f
+                        if line.strip() and not line.startswith("#"))
+        pinned = {normal(name) for name in pins}
+        self.assertTrue(all(re.fullmatch(r"[0-9][0-9A-Za-z.+!-]*", v) for v in pins.values()),
+                        pins)
+        with open(os.path.join(os.path.dirname(DEPLOY), "setup.py"), encoding="utf-8") as f:
+            setup = f.read()
+        required = re.search(r"install_requires=\[\n(.*?)\n *\],", setup, re.S).group(1)
+        names = [normal(re.match(r"[A-Za-z0-9_.-]+", item).group())
+                 for item in re.findall(r'"([^"]+)"', required)]
+        self.assertGreaterEqual(len(names), 5)
+        self.assertEqual([name for name in names if name not in pinned], [])
 
 
 def add_pki(case: unittest.TestCase, *extra: str) -> tuple[str, str]:
