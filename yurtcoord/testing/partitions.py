@@ -530,6 +530,13 @@ def flapping(host_of: Callable[[Run], List[str]], network: str) -> Callable[[Run
     return script
 
 
+def _ready(node: str) -> Callable[[Mapping[str, Any]], bool]:
+    """Whether ``node``'s agent reports ready in the pool's statuses."""
+    def predicate(statuses: Mapping[str, Any]) -> bool:
+        return bool((statuses.get(node) or {}).get("ready"))
+    return predicate
+
+
 def rolling_update(cut_count: int = 2) -> Callable[[Run], defer.Deferred]:
     """A script: a DaemonSet's rolling update while ``cut_count`` followers are cut off
     from the cloud. Every agent, the leader included, is stopped (SIGTERM) and started
@@ -556,10 +563,8 @@ def rolling_update(cut_count: int = 2) -> Callable[[Run], defer.Deferred]:
             if node == run.dead:
                 run.dead_restarted_at = run.now()
             else:
-                yield world.wait_for_pool(
-                    f"{node} ready again after its restart",
-                    lambda s, node=node: bool((s.get(node) or {}).get("ready")),
-                    SETTLE_TIMEOUT)
+                yield world.wait_for_pool(f"{node} ready again after its restart",
+                                          _ready(node), SETTLE_TIMEOUT)
         ended = run.now()
         for node in cut_off:
             world.heal(node, WAN)

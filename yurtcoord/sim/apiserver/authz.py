@@ -30,8 +30,9 @@ what such a coordinator refuses, with the Status kube-apiserver answers:
   ``yurt-coordinator-yurthub-client`` pair, which names no node), as the pool's Roles
   grant them:
 
-  - leases in ``kube-node-lease``: ``get``, ``list``, ``watch`` (the leader forwards
-    the heartbeats of cut-off members, the pool page shows them), never a write;
+  - leases in ``kube-node-lease``: ``list``, ``watch`` (the leader forwards the
+    heartbeats of cut-off members, the pool page shows them), never a ``get`` of one
+    (nothing asks) nor a write;
   - the named leases (by default ``kube-system/yurthub``, the election lease, and
     ``kube-system/leader-informer-sync``, the informer sync lease): ``get``,
     ``update``, ``patch``, ``delete`` by name, ``create`` of a body of that name,
@@ -90,7 +91,7 @@ ONLY_OWN_LEASE = "can only access node lease with the same name as the requestin
 ONLY_LEASE_VERBS = "can only get, create, update, patch, or delete a node lease"
 ONLY_NODE_LEASE_NAMESPACE = f'can only access leases in the "{NODE_LEASE_NAMESPACE}" system namespace'
 
-_POOL_LEASE_READS = frozenset(("get", "list", "watch"))
+_POOL_LEASE_READS = frozenset(("list", "watch"))
 _NODE_LEASE_VERBS = frozenset(("get", "create", "update", "patch", "delete"))
 _NAMED_LEASE_VERBS = frozenset(("get", "list", "watch", "create", "update", "patch", "delete"))
 _NODE_READS = frozenset(("get", "list", "watch"))

@@ -153,7 +153,8 @@ class DecisionTableTests(unittest.TestCase):
                                                      ONLY_LEASE_VERBS))
 
     def test_pool_agents_read_every_node_lease_and_write_none(self):
-        self.assertAllowed(POOL_AGENT, "get", "kube-node-lease", "leases", "edge-2")
+        # As the pool's Role grants: list and watch, no get (nothing asks for one).
+        self.assertRefused(POOL_AGENT, "get", "kube-node-lease", "leases", "edge-2")
         self.assertAllowed(POOL_AGENT, "list", "kube-node-lease", "leases")
         self.assertAllowed(POOL_AGENT, "watch", "kube-node-lease", "leases")
         self.assertAllowed(POOL_AGENT, "watch", "kube-node-lease", "leases",
