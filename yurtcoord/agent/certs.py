@@ -364,24 +364,30 @@ class CertManager:
 NODE_GROUP = "system:nodes"
 
 
+def read_pem_certificates(path: str, what: str,
+                          error: type[Exception] = ValueError) -> list[x509.Certificate]:
+    """The PEM certificates in ``path`` (other PEM blocks, a key, are skipped); an
+    ``error`` naming ``what`` and the file when it cannot be read or holds none."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as failure:
+        raise error(f"{what} {path}: {failure.strerror}") from None
+    try:
+        return x509.load_pem_x509_certificates(data)
+    except ValueError:
+        raise error(f"{what} {path}: no PEM certificate in it") from None
+
+
 def check_node_certificate(path: str, node: str) -> None:
     """Refuse a node certificate that names another node (``ValueError`` naming the
     file and both names): with it the agent would speak for that node. A file that
     does not exist yet passes (the kubelet writes it after bootstrap; until then the
     coordinator is unhealthy); one that exists must hold a PEM certificate whose
     subject is ``CN=system:node:<node>`` in organization ``system:nodes``."""
-    try:
-        with open(path, "rb") as f:
-            pem = f.read()
-    except FileNotFoundError:
+    if not os.path.lexists(path):
         return
-    except OSError as error:
-        raise ValueError(f"[node] kubelet_client_cert {path}: {error.strerror}") from None
-    try:
-        cert = x509.load_pem_x509_certificate(pem)
-    except ValueError:
-        raise ValueError(f"[node] kubelet_client_cert {path}: no PEM certificate in it") from None
-    subject = cert.subject
+    subject = read_pem_certificates(path, "[node] kubelet_client_cert")[0].subject
     names = [a.value for a in subject.get_attributes_for_oid(x509.NameOID.COMMON_NAME)]
     groups = [a.value for a in subject.get_attributes_for_oid(x509.NameOID.ORGANIZATION_NAME)]
     expected = f"system:node:{node}"

@@ -61,7 +61,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from yurtcoord.agent.certs import CERTS_SECRET_NAME
+from yurtcoord.agent.certs import CERTS_SECRET_NAME, read_pem_certificates
 
 # Names of the pool's coordinator objects (deploy/components/coordinator): the
 # certificates must name the Services the agents reach.
@@ -332,15 +332,7 @@ class PoolCA:
 def read_certificates(path: str, what: str, one: bool = False) -> list[x509.Certificate]:
     """The PEM certificates in ``path``; a ``PKIError`` naming ``what`` and the file
     when it cannot be read or holds none (or, with ``one``, several)."""
-    try:
-        with open(path, "rb") as f:
-            data = f.read()
-    except OSError as error:
-        raise PKIError(f"{what} {path}: {error.strerror}") from None
-    try:
-        certs = x509.load_pem_x509_certificates(data)
-    except ValueError:
-        raise PKIError(f"{what} {path}: no PEM certificate in it") from None
+    certs = read_pem_certificates(path, what, PKIError)
     if one and len(certs) != 1:
         raise PKIError(f"{what} {path}: {len(certs)} certificates, expected one")
     return certs

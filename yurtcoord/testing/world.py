@@ -48,7 +48,7 @@ import os
 import shutil
 import sys
 import tempfile
-from typing import Any, Callable, Generator, Iterable, Mapping
+from typing import Any, Callable, Generator, Iterable, Mapping, Sequence
 
 import treq.client
 from twisted.internet import defer, error, protocol
@@ -660,6 +660,19 @@ class ProcessWorld:
             agent.write_pods(pods, **pod_options)
         self.agents[node] = agent
         return agent
+
+    @defer.inlineCallbacks
+    def run_pool(self, nodes: Sequence[str], timeout: float,
+                 ) -> Generator[defer.Deferred[Any], Any, str | None]:
+        """Add an agent for each of ``nodes`` and start them all; fire with the leader
+        once one leads and every agent is ready (within ``timeout``)."""
+        for node in nodes:
+            yield self.add_agent(node)
+        yield self.start_agents()
+        statuses = yield self.wait_for_pool(
+            f"one leader among {len(nodes)} agents, all following it, all ready",
+            lambda s: one_leader_all_ready(s, len(nodes)), timeout)
+        return leader_of(statuses)
 
     @defer.inlineCallbacks
     def start_agents(self, nodes: Iterable[str] | None = None, **sections: Mapping[str, object],

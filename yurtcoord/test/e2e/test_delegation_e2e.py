@@ -33,7 +33,7 @@ from yurtcoord.testing.cloudleases import CloudLeaseChanges, CloudLeaseSampler
 from yurtcoord.testing.poll import poll_until
 from yurtcoord.testing.world import (
     HEARTBEAT_INTERVAL, LEASE_DURATION, POOL, RETRY_PERIOD, ProcessWorld, add_pool_node,
-    leader_of, one_leader_all_ready,
+    leader_of,
 )
 
 NODES_OF_POOL = ("edge-1", "edge-2", "edge-3")
@@ -79,15 +79,9 @@ class DelegationE2EBase(unittest.TestCase):
         self.world = ProcessWorld(reactor)
         self.addCleanup(self.world.stop)
         yield self.world.start()
-        for node in NODES_OF_POOL:
-            yield self.world.add_agent(node)
         self.cloud_log = CloudLeaseChanges(self.world.cloud, reactor)
         self.addCleanup(self.cloud_log.stop)
-        yield self.world.start_agents()
-        statuses = yield self.world.wait_for_pool(
-            "one leader among 3 agents, all following it, all ready",
-            lambda s: one_leader_all_ready(s, len(NODES_OF_POOL)), SETTLE_TIMEOUT)
-        self.leader = leader_of(statuses)
+        self.leader = yield self.world.run_pool(NODES_OF_POOL, SETTLE_TIMEOUT)
 
     def pool_annotation(self, node):
         return self.world.coordinator_delegate_annotation(node)
