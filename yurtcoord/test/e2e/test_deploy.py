@@ -82,6 +82,13 @@ class PoolRequestsTests(unittest.TestCase):
         code, body = yield world.reader_for(agent).get(str(agent.url), "pool")
         self.assertEqual(code, 200, body)
         self.assertTrue(json.loads(body)["cloud_read"], body)
+        # The pool view then watches the cloud's node leases; that watch must be open
+        # before the open watches are ended below, or it would never be logged.
+        yield poll_until(
+            lambda: any(method == "GET" and path.endswith("/namespaces/kube-node-lease/leases")
+                        and query.get("watch") in ("true", "1")
+                        for method, path, query in cloud.requests),
+            STEP_TIMEOUT, 0.05, reactor, what="the pool view watching the cloud's node leases")
         # A watch is logged when its answer ends: end the open ones, so that every
         # watch the agents made is in the logs.
         logged = {server: len(server.request_log) for server in (cloud, coordinator)}
