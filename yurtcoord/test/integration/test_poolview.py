@@ -334,7 +334,7 @@ class PoolViewTests(unittest.TestCase):
         # watch of each.
         yield poll_until(lambda: self.cloud.open_watches == 2, 5.0, 0.01, reactor,
                          what="both watches open")
-        asked = sorted((path, query.get("watch") == "true")
+        asked = sorted((path, query.get("watch") in ("true", "1"))
                        for _method, path, query in self.cloud.requests[before:])
         self.assertEqual(asked, [(nodes, False)] * 3 + [(nodes, True)] + [
             (leases, False)] * 3 + [(leases, True)])
