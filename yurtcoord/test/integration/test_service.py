@@ -101,7 +101,7 @@ class AgentServiceTests(unittest.TestCase):
         yield agent.stopService()
 
         self.assertEqual(stopped, ["hub-elector", "election-lease-reader", "coordinator",
-                                   "probes", "pool-view", "clients", "reactor-lag",
+                                   "pool-view", "probes", "clients", "reactor-lag",
                                    "status-http"])
         record = self.world.election_lease()
         self.assertEqual(record.holder_identity, "")
