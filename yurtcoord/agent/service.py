@@ -557,27 +557,12 @@ class Agent(service.MultiService):
         # the pool's node leases; the coordinator's Roles let it write no node lease.
         # Until both files exist the coordinator is unhealthy. See docs/design.md,
         # "Identities".
-        pool_pair = self.cert_manager.yurthub_client_pair
-        self.pool_agent_clients = {
-            url: self._own(CertificateClient(
-                reactor,
-                functools.partial(ClientConfig, server=url, ca_file=ca_file,
-                                  cert_file=pool_pair.cert_file, key_file=pool_pair.key_file,
-                                  timeout=REQUEST_TIMEOUT),
-                (ca_file, pool_pair.cert_file, pool_pair.key_file),
-                name_resolver=self.coordinator_resolver, loop_errors=self.metrics))
-            for url in coordinator_config.server}
+        self.pool_agent_clients = self._coordinator_clients_as(
+            ca_file, self.cert_manager.yurthub_client_pair)
         node_cert = self.config.node.kubelet_client_cert
         check_node_certificate(node_cert, self.config.node.name)
-        self.coordinator_clients = {
-            url: self._own(CertificateClient(
-                reactor,
-                functools.partial(ClientConfig, server=url, ca_file=ca_file,
-                                  cert_file=node_cert, key_file=node_cert,
-                                  timeout=REQUEST_TIMEOUT),
-                (ca_file, node_cert),
-                name_resolver=self.coordinator_resolver, loop_errors=self.metrics))
-            for url in coordinator_config.server}
+        self.coordinator_clients = self._coordinator_clients_as(
+            ca_file, CertPair(node_cert, node_cert))
         proxy_pair = self.cert_manager.node_lease_proxy_pair
         self.lease_proxy_clients = {
             url: self._own(CertificateClient(
@@ -585,6 +570,20 @@ class Agent(service.MultiService):
                 (proxy_pair.cert_file, proxy_pair.key_file), loop_errors=self.metrics))
             for url in self.config.cloud.servers}
         return self.cert_manager
+
+    def _coordinator_clients_as(self, ca_file: str, pair: CertPair,
+                                ) -> dict[str, KubeClient | CertificateClient]:
+        """One client per coordinator apiserver presenting ``pair``, built once its
+        files (and the CA) exist."""
+        return {
+            url: self._own(CertificateClient(
+                self.reactor,
+                functools.partial(ClientConfig, server=url, ca_file=ca_file,
+                                  cert_file=pair.cert_file, key_file=pair.key_file,
+                                  timeout=REQUEST_TIMEOUT),
+                tuple(dict.fromkeys((ca_file, pair.cert_file, pair.key_file))),
+                name_resolver=self.coordinator_resolver, loop_errors=self.metrics))
+            for url in self.config.coordinator.server}
 
     def _make_elector(self, started_leading: Callable[..., None],
                       stopped_leading: Callable[..., None],
