@@ -18,6 +18,7 @@ from prometheus_client.exposition import generate_latest
 from zope.interface import implementer
 
 from yurtcoord.heartbeat.delegation import REFUSAL_REASONS, IDelegationMetrics
+from yurtcoord.pool.interfaces import IPoolSyncMetrics
 from yurtcoord.pool.uploader import SKIP_REASONS
 from yurtcoord.role.roles import Role
 from yurtcoord.tx.credentials import mask_url_credentials
@@ -47,7 +48,7 @@ METRICS_CONTENT_TYPE = getattr(exposition, "CONTENT_TYPE_PLAIN_0_0_4",
                                "text/plain; version=0.0.4; charset=utf-8")
 
 
-@implementer(IDelegationMetrics, ILoopErrors)
+@implementer(IDelegationMetrics, ILoopErrors, IPoolSyncMetrics)
 class Metrics:
     """Every metric of one agent (the README's metrics table lists them); components
     get this object passed in."""

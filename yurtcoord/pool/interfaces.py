@@ -1,9 +1,15 @@
-"""The contract between the pool's writers and the pool store.
+"""The contracts of the pool package: with the pool store, and with the layers above.
 
 The leader's pool sync and the local cache uploader write the pool's objects
 through an ``IPoolStore``: the real ``yurtcoord.pool.store.PoolStore`` on etcd, or
 the in-memory fake of the unit tests. Both are checked against it with
 ``verifyObject``, so the writers call these members without probing for them.
+
+What the pool needs of the layers above it is declared here too, so that ``pool/``
+imports nothing from ``role/`` or ``agent/`` and the packages depend one way: the
+coordinator (``yurtcoord.role``) starts and stops an ``IRoleComponent`` such as the
+pool sync, and the agent's metrics count the pool sync's events as an
+``IPoolSyncMetrics``.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ from zope.interface import Attribute, Interface
 from yurtcoord.kube.gvr import GroupVersionResource
 from yurtcoord.pool.keycache import POOL_SCOPED_COMPONENT
 from yurtcoord.pool.keys import KeyBuildInfo, PoolKey
+from yurtcoord.tx.guardedloop import ILoopErrors
 
 if TYPE_CHECKING:
     from yurtcoord.pool.store import WriteOutcome
@@ -91,3 +98,41 @@ class IPoolStore(Interface):
 
     def close() -> defer.Deferred[Any]:
         """Stop the store's timers; the store is not used afterwards."""
+
+
+class IRoleComponent(Interface):
+    """A piece of work that runs only in some roles (pool sync, heartbeat
+    delegation, pool-cache-synced detection).
+
+    The coordinator calls ``start`` and ``stop`` alternately and never calls one
+    before the Deferred of the previous call has fired, so a component need not
+    guard against overlapping calls.
+    """
+
+    def start(store: IPoolStore) -> defer.Deferred[None]:
+        """Begin working against the open pool ``store``.
+
+        Returns a Deferred that fires once the component runs, or errbacks if it
+        could not start (the coordinator then retries the role's steps). A role
+        change cancels a start still in progress: like a failed start, it must
+        leave nothing of the component running.
+        """
+
+    def stop() -> defer.Deferred[Any]:
+        """Stop all work: watches, timers and requests of this component.
+
+        Returns a Deferred that fires when nothing of the component is left
+        running; after it fired the component calls none of its callbacks.
+        The coordinator never cancels it. Requests and timers are cancelled within
+        this call, so that an agent that stops leading stops writing at once; the
+        Deferred may fire later.
+        """
+
+
+class IPoolSyncMetrics(ILoopErrors):
+    """What the pool sync counts: the events of each mirrored resource, and the
+    errors of its guarded lease loop and write retries (``ILoopErrors``)."""
+
+    def count_pool_sync_event(resource: str, event_type: str) -> None:
+        """Count one event of ``resource`` (ADDED, MODIFIED, DELETED, or LIST for a
+        whole list written)."""

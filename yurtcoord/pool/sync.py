@@ -31,7 +31,7 @@ the same reactor turn; once its Deferred fired nothing writes to the store.
 """
 
 import json
-from typing import (TYPE_CHECKING, Any, Callable, Dict, Generator, Iterable, List, Optional,
+from typing import (Any, Callable, Dict, Generator, Iterable, List, Optional,
                     Tuple, Union, cast)
 
 from twisted.internet import defer
@@ -55,17 +55,13 @@ from yurtcoord.kube.interfaces import IInformer, IObjectClient
 from yurtcoord.kube.lease import LeaseRecord, build_lease, node_owner_reference, with_record
 from yurtcoord.kube.lease import resource_version_number as _resource_version
 from yurtcoord.kube.leasewriter import LeaseWriter
-from yurtcoord.pool.interfaces import IPoolStore
+from yurtcoord.pool.interfaces import IPoolStore, IPoolSyncMetrics, IRoleComponent
 from yurtcoord.pool.scope import PoolScopeResources, describe, merge_resources, resource_id
 from yurtcoord.pool.keycache import POOL_SCOPED_COMPONENT
 from yurtcoord.pool.keys import InvalidKey, KeyBuildInfo, PoolKey
 from yurtcoord.pool.store import ObjectTooLarge
 from yurtcoord.names import INFORMER_SYNC_LEASE_NAME, INFORMER_SYNC_LEASE_NAMESPACE
-from yurtcoord.role.roles import IRoleComponent
 from yurtcoord.tx.workqueue import RetryPolicy
-
-if TYPE_CHECKING:
-    from yurtcoord.agent.metrics import Metrics
 
 DEFAULT_INFORMER_LEASE_RENEW = 10.0
 
@@ -131,7 +127,7 @@ class ResourceMirror:
 
     def __init__(self, reactor: IReactorTime, store: IPoolStore, informer: IInformer,
                  gvr: GroupVersionResource, kind: Optional[str] = None,
-                 component: str = POOL_SCOPED_COMPONENT, metrics: Optional["Metrics"] = None,
+                 component: str = POOL_SCOPED_COMPONENT, metrics: Optional[IPoolSyncMetrics] = None,
                  on_change: Optional[Callable[[], None]] = None,
                  make_backoff: Optional[Callable[[], RetryPolicy]] = None,
                  busy: Optional[Callable[[], None]] = None) -> None:
@@ -397,7 +393,7 @@ class PoolSyncManager:
     def __init__(self, reactor: IReactorTime, node_name: str, coordinator_client: IObjectClient,
                  cloud_client: Any, pool_scope: PoolScopeResources,
                  informer_lease_renew: float = DEFAULT_INFORMER_LEASE_RENEW,
-                 metrics: Optional["Metrics"] = None,
+                 metrics: Optional[IPoolSyncMetrics] = None,
                  informer_factory: Callable[[IReactorTime, Any, GroupVersionResource],
                                             IInformer] = Informer,
                  write_backoff: Optional[Callable[[], RetryPolicy]] = None,

@@ -25,8 +25,8 @@ from yurtcoord.kube import gvr as gvrs
 from yurtcoord.kube.informer import Informer
 from yurtcoord.kube.renewals import RenewalsSeen
 from yurtcoord.names import INFORMER_SYNC_LEASE_NAME, INFORMER_SYNC_LEASE_NAMESPACE
+from yurtcoord.pool.interfaces import IRoleComponent
 from yurtcoord.pool.sync import is_informer_sync_lease
-from yurtcoord.role.roles import IRoleComponent
 
 # The key of the one lease this detector follows in its ``RenewalsSeen``.
 _LEASE = (INFORMER_SYNC_LEASE_NAMESPACE, INFORMER_SYNC_LEASE_NAME)

@@ -35,8 +35,8 @@ from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
-from yurtcoord.pool.interfaces import IPoolStore
-from yurtcoord.role.roles import IRoleComponent, Role
+from yurtcoord.pool.interfaces import IPoolStore, IRoleComponent
+from yurtcoord.role.roles import Role
 from yurtcoord.tx.fsm import TransitionTable
 from yurtcoord.tx.guardedloop import ILoopErrors, guarded
 from yurtcoord.tx.observers import Observers

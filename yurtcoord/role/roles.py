@@ -1,15 +1,17 @@
-"""Roles of an agent in its pool, and the interface of the components a role runs."""
+"""Roles of an agent in its pool.
+
+The interface of the components a role runs, ``IRoleComponent``, is the pool's
+(``yurtcoord.pool.interfaces``): the pool sync implements it, and ``pool/`` imports
+nothing from ``role/``.
+"""
 
 from __future__ import annotations
 
 import enum
-from typing import TYPE_CHECKING, Any
 
-from twisted.internet import defer
-from zope.interface import Interface
+from yurtcoord.pool.interfaces import IRoleComponent
 
-if TYPE_CHECKING:
-    from yurtcoord.pool.interfaces import IPoolStore
+__all__ = ["IRoleComponent", "Role"]
 
 
 class Role(str, enum.Enum):
@@ -40,33 +42,3 @@ class Role(str, enum.Enum):
 
 
 _METRIC_VALUES: dict[Role, int] = {Role.INIT: 0, Role.LEADER: 1, Role.FOLLOWER: 2, Role.PENDING: 3}
-
-
-class IRoleComponent(Interface):
-    """A piece of work that runs only in some roles (pool sync, heartbeat
-    delegation, pool-cache-synced detection).
-
-    The coordinator calls ``start`` and ``stop`` alternately and never calls one
-    before the Deferred of the previous call has fired, so a component need not
-    guard against overlapping calls.
-    """
-
-    def start(store: IPoolStore) -> defer.Deferred[None]:
-        """Begin working against the open pool ``store``.
-
-        Returns a Deferred that fires once the component runs, or errbacks if it
-        could not start (the coordinator then retries the role's steps). A role
-        change cancels a start still in progress: like a failed start, it must
-        leave nothing of the component running.
-        """
-
-    def stop() -> defer.Deferred[Any]:
-        """Stop all work: watches, timers and requests of this component.
-
-        Returns a Deferred that fires when nothing of the component is left
-        running; after it fired the component calls none of its callbacks.
-        The coordinator never cancels it. Requests and timers are cancelled within
-        this call, so that an agent that stops leading stops writing at once; the
-        Deferred may fire later.
-        """
-
