@@ -64,8 +64,8 @@ from twisted.python.failure import Failure
 from zope.interface import implementer
 
 from yurtcoord.etcd.client import prefix_range_end
-from yurtcoord.etcd.errors import BadResponse, EtcdError, TransactionFailed
-from yurtcoord.etcd.txaioetcd_private import KeyAbsent, txaioetcd
+from yurtcoord.etcd.errors import EtcdError, TransactionFailed
+from yurtcoord.etcd import transactions as etcdtx
 from yurtcoord.etcd.versions import version_warning
 from yurtcoord.kube.gvr import GroupVersionResource
 from yurtcoord.pool.interfaces import IPoolStore
@@ -580,8 +580,8 @@ class PoolStore:
         """Put the object and its mirror rv only if the key is absent, else KeyExists."""
         item = self._item(key, value, rv)
         self._check_size(item)
-        txn = txaioetcd.Transaction(
-            compare=[KeyAbsent(item.path_bytes)], success=self._put_ops(item))
+        txn = etcdtx.transaction(
+            compare=[etcdtx.key_absent(item.path_bytes)], success=self._put_ops(item))
         try:
             yield self._submit("create", txn)
         except TransactionFailed:
@@ -598,15 +598,15 @@ class PoolStore:
         """
         item = self._item(key, value, rv)
         self._check_size(item)
-        txn = txaioetcd.Transaction(
-            compare=[txaioetcd.CompVersion(item.path_bytes, ">", 0),
-                     txaioetcd.CompValue(item.mirror_bytes, "<", item.rv_bytes)],
+        txn = etcdtx.transaction(
+            compare=[etcdtx.key_present(item.path_bytes),
+                     etcdtx.value_below(item.mirror_bytes, item.rv_bytes)],
             success=self._put_ops(item),
-            failure=[txaioetcd.OpGet(item.path_bytes), txaioetcd.OpGet(item.mirror_bytes)])
+            failure=[etcdtx.get(item.path_bytes), etcdtx.get(item.mirror_bytes)])
         try:
             yield self._submit("update", txn)
         except TransactionFailed as e:
-            stored_kvs, mirror_kvs = _read_results(e.responses, 2)
+            stored_kvs, mirror_kvs = etcdtx.range_results(e.responses, 2)
             if not stored_kvs:
                 raise KeyNotFound(item.path) from None
             stored_rv = _rv_or_none(mirror_kvs[0].value) if mirror_kvs else None
@@ -694,7 +694,7 @@ class PoolStore:
         found = []
         while True:
             page = yield self._timed("list", self.etcd.range_page(
-                txaioetcd.KeySet(start, range_end=end), keys_only=keys_only,
+                etcdtx.key_range(start, end), keys_only=keys_only,
                 limit=_LIST_PAGE_SIZE, revision=revision))
             revision = revision or page.revision
             found.extend(page.kvs)
@@ -707,7 +707,7 @@ class PoolStore:
     def delete(self, key: Key) -> Steps:
         """Delete the object and its mirror rv in one transaction (absent key: no error)."""
         path = _as_path(key)
-        txn = txaioetcd.Transaction(success=self._delete_ops(path))
+        txn = etcdtx.transaction(success=self._delete_ops(path))
         yield self._submit("delete", txn)
         self._forget_key(key, path)
         self._flush_cache(None)
@@ -795,7 +795,7 @@ class PoolStore:
             for _kind, path, _size in batch:
                 ops.extend(self._delete_ops(path))
                 batch_paths.append(path)
-            yield self._submit(op, txaioetcd.Transaction(success=ops))
+            yield self._submit(op, etcdtx.transaction(success=ops))
             deleted(batch_paths)
 
     @_returns_deferred
@@ -997,16 +997,16 @@ class PoolStore:
             compares, writes, previous_doubt = [], [], {}
             for kind, item in plan:
                 if kind == "created":
-                    compares.append(KeyAbsent(item.path_bytes))
+                    compares.append(etcdtx.key_absent(item.path_bytes))
                 else:
-                    compares.append(txaioetcd.CompVersion(item.path_bytes, ">", 0))
-                    compares.append(txaioetcd.CompValue(item.mirror_bytes, "<", item.rv_bytes))
+                    compares.append(etcdtx.key_present(item.path_bytes))
+                    compares.append(etcdtx.value_below(item.mirror_bytes, item.rv_bytes))
                 writes.extend(self._put_ops(item))
                 previous_doubt[item.path] = outcome.in_doubt.get(item.path)
                 # Until etcd answers, this write may or may not land.
                 outcome.in_doubt[item.path] = (kind, item.rv)
             try:
-                result = yield self._submit("write_rv", txaioetcd.Transaction(
+                result = yield self._submit("write_rv", etcdtx.transaction(
                     compare=compares, success=writes), raise_on_failure=False)
             except EtcdError as error:
                 if error.maybe_applied:
@@ -1036,10 +1036,10 @@ class PoolStore:
             planned_items = [item for _kind, item in plan]
             reads = []
             for item in planned_items:
-                reads.append(txaioetcd.OpGet(item.path_bytes, keys_only=True))
-                reads.append(txaioetcd.OpGet(item.mirror_bytes))
-            stored = yield self._submit("read_rv", txaioetcd.Transaction(success=reads))
-            results = _read_results(stored.responses, 2 * len(planned_items))
+                reads.append(etcdtx.get(item.path_bytes, keys_only=True))
+                reads.append(etcdtx.get(item.mirror_bytes))
+            stored = yield self._submit("read_rv", etcdtx.transaction(success=reads))
+            results = etcdtx.range_results(stored.responses, 2 * len(planned_items))
             plan = []
             for index, item in enumerate(planned_items):
                 key_kvs = results[2 * index]
@@ -1096,13 +1096,13 @@ class PoolStore:
 
     @staticmethod
     def _put_ops(item):
-        return [txaioetcd.OpSet(item.path_bytes, item.value),
-                txaioetcd.OpSet(item.mirror_bytes, item.rv_bytes)]
+        return [etcdtx.put(item.path_bytes, item.value),
+                etcdtx.put(item.mirror_bytes, item.rv_bytes)]
 
     @staticmethod
     def _delete_ops(path):
-        return [txaioetcd.OpDel(path.encode("utf-8")),
-                txaioetcd.OpDel(mirror_rv_key(path).encode("utf-8"))]
+        return [etcdtx.delete(path.encode("utf-8")),
+                etcdtx.delete(mirror_rv_key(path).encode("utf-8"))]
 
     def _batches(self, entries, ops_per_entry):
         """Group ``(kind, what, size)`` entries so each group fits max_ops and max_bytes."""
@@ -1151,16 +1151,6 @@ def open_pool_store(reactor: Any, etcd_client: Any, prefix: str, local_cache_dir
         yield store.close()
         raise
     return store.start()
-
-
-def _read_results(responses, count):
-    """The ``kvs`` of a transaction's ``count`` reads; BadResponse when etcd's answer
-    does not hold exactly that many range results (whatever answered is no etcd)."""
-    if len(responses) != count or not all(isinstance(r, txaioetcd.Range) for r in responses):
-        raise BadResponse(f"etcd answered {count} reads of a transaction with "
-                          f"{len(responses)} results of types "
-                          f"{sorted({type(r).__name__ for r in responses})}")
-    return [r.kvs for r in responses]
 
 
 def _rv_or_none(value):
