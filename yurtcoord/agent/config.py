@@ -28,6 +28,8 @@ from urllib.parse import urlsplit
 
 from twisted.logger import Logger
 
+from yurtcoord.kube.leaderelection import (
+    LeaderElectionConfig, LeaderElectionConfigError, check_election_timing)
 from yurtcoord.tx.credentials import mask_url_credentials, url_has_credentials
 from yurtcoord.names import ELECTION_LEASE_NAME, ELECTION_LEASE_NAMESPACE, NODE_POOL_LABEL
 from yurtcoord.pool.keys import normalize_prefix, resource_prefix
@@ -578,13 +580,25 @@ class CoordinatorConfig:
 
 
 @dataclass(frozen=True)
-class LeaderElectionConfig:
+class LeaderElectionSection:
+    """``[leader_election]`` as read: the election's lease and timings, whose rule is
+    ``check_election_timing``'s, and the hub elector's ``check_interval``."""
+
     lease_namespace: str
     lease_name: str
     lease_duration: float
     renew_deadline: float
     retry_period: float
     check_interval: float
+
+    def election(self, identity: str) -> LeaderElectionConfig:
+        """The election's configuration for the agent named ``identity``; a leader
+        releases the lease when it stops."""
+        return LeaderElectionConfig(
+            lease_namespace=self.lease_namespace, lease_name=self.lease_name,
+            identity=identity, lease_duration=self.lease_duration,
+            renew_deadline=self.renew_deadline, retry_period=self.retry_period,
+            release_on_cancel=True)
 
 
 @dataclass(frozen=True)
@@ -620,7 +634,7 @@ _SECTION_CLASSES = {
     "node": NodeConfig,
     "cloud": CloudConfig,
     "coordinator": CoordinatorConfig,
-    "leader_election": LeaderElectionConfig,
+    "leader_election": LeaderElectionSection,
     "heartbeat": HeartbeatConfig,
     "pool_cache": PoolCacheConfig,
     "server": ServerConfig,
@@ -635,7 +649,7 @@ class Config:
     node: NodeConfig
     cloud: CloudConfig
     coordinator: CoordinatorConfig
-    leader_election: LeaderElectionConfig
+    leader_election: LeaderElectionSection
     heartbeat: HeartbeatConfig
     pool_cache: PoolCacheConfig
     server: ServerConfig
@@ -649,8 +663,6 @@ class Config:
 # configparser copies the keys of its default section into every section, which would
 # hide typos there; use a name no header can have so "[DEFAULT]" is just an unknown section.
 _NO_DEFAULT_SECTION = "\0"
-# JitterFactor of client-go's leader election: renew_deadline must exceed retry_period * 1.2.
-ELECTION_JITTER_FACTOR = 1.2
 
 
 def _new_parser():
@@ -804,14 +816,11 @@ def _check_rules(config, raw, source):
         fail("pool_cache", "upload_resources", overlap)
 
     election = config.leader_election
-    if not election.lease_duration > election.renew_deadline:
-        fail("leader_election", "renew_deadline",
-             f"must be shorter than lease_duration ({format_duration(election.lease_duration)})")
-    minimum = election.retry_period * ELECTION_JITTER_FACTOR
-    if not election.renew_deadline > minimum:
-        fail("leader_election", "retry_period",
-             f"retry_period * {ELECTION_JITTER_FACTOR} must be shorter than renew_deadline "
-             f"({format_duration(election.renew_deadline)})")
+    try:
+        check_election_timing(election.lease_duration, election.renew_deadline,
+                              election.retry_period, show=format_duration)
+    except LeaderElectionConfigError as error:
+        fail("leader_election", error.field, error.reason)
 
 
 def _pool_scoped_upload(config: "Config") -> Optional[str]:

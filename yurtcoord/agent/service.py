@@ -77,7 +77,7 @@ from yurtcoord.tx.twisted_private import QuietHTTPConnectionPool
 from yurtcoord.kube.client import ClientConfig, KubeClient
 from yurtcoord.kube.kubeconfig import load_kubeconfig
 from yurtcoord.kube.informer import Informer
-from yurtcoord.kube.leaderelection import LeaderElectionConfig, LeaderElector
+from yurtcoord.kube.leaderelection import LeaderElector
 from yurtcoord.kube.resolving import PickedServerClient
 from yurtcoord.pool.localcache import LocalCacheReader
 from yurtcoord.agent.metrics import Metrics
@@ -462,11 +462,7 @@ class Agent(service.MultiService):
             retry_delay=ROLE_RETRY, loop_errors=self.metrics)
         self.metrics.follow(coordinator)
 
-        self.election_config = LeaderElectionConfig(
-            lease_namespace=election.lease_namespace, lease_name=election.lease_name,
-            identity=node, lease_duration=election.lease_duration,
-            renew_deadline=election.renew_deadline, retry_period=election.retry_period,
-            release_on_cancel=True)
+        self.election_config = election.election(node)
         self.hub_elector = hub_elector = HubElector(
             reactor, self.cloud_checker, self.coordinator_checker, self._make_elector,
             election.check_interval, on_role=coordinator.set_role, loop_errors=self.metrics)

@@ -66,17 +66,55 @@ from yurtcoord.kube.leasewriter import Lease, LeaseWrite, LeaseWriteFailed, Leas
 from yurtcoord.tx.fsm import TransitionTable
 from yurtcoord.tx.guardedloop import ILoopErrors, guarded
 
+# client-go's JitterFactor: a candidate's retry after a contention waits
+# retry_period * (1 + U[0, JITTER_FACTOR)).
 JITTER_FACTOR = 1.2
 RELEASED_LEASE_DURATION_SECONDS = 1
 MIN_DELAY = 0.001
+
+
+class LeaderElectionConfigError(ValueError):
+    """A field of the election's configuration is refused: ``field`` names it and
+    ``reason`` says why, in the words the agent's config errors show."""
+
+    def __init__(self, field: str, reason: str) -> None:
+        super().__init__(f"{field} {reason}")
+        self.field = field
+        self.reason = reason
+
+
+def _seconds(value: float) -> str:
+    return f"{value:g}s"
+
+
+def check_election_timing(lease_duration: float, renew_deadline: float, retry_period: float,
+                          show: Callable[[float], str] = _seconds) -> None:
+    """The one rule of the election's timings, client-go's:
+    ``lease_duration > renew_deadline > retry_period * JITTER_FACTOR > 0``.
+
+    A leader must give up before a peer may take the lease (see docs/design.md,
+    "Election timing"), and a jittered retry must still come before the renew
+    deadline. Raises ``LeaderElectionConfigError`` naming the field at fault;
+    ``show`` spells the durations in its reason (the agent's config passes its own
+    duration format)."""
+    if not retry_period > 0:
+        raise LeaderElectionConfigError("retry_period", "must be longer than 0s")
+    if not lease_duration > renew_deadline:
+        raise LeaderElectionConfigError(
+            "renew_deadline", f"must be shorter than lease_duration ({show(lease_duration)})")
+    if not renew_deadline > retry_period * JITTER_FACTOR:
+        raise LeaderElectionConfigError(
+            "retry_period", f"retry_period * {JITTER_FACTOR} must be shorter than "
+            f"renew_deadline ({show(renew_deadline)})")
 
 
 @dataclasses.dataclass(frozen=True)
 class LeaderElectionConfig:
     """What to elect on and how fast. Times are seconds.
 
-    Validated: ``lease_duration > renew_deadline > retry_period * 1.2 > 0`` and
-    non-empty names; a violation raises ValueError naming the field.
+    Validated: non-empty names, finite numbers and ``check_election_timing``; a
+    violation raises ``LeaderElectionConfigError`` (a ValueError) naming the field.
+    The agent builds it from its ``[leader_election]`` section.
     """
 
     lease_namespace: str
@@ -91,21 +129,12 @@ class LeaderElectionConfig:
         for name in ("lease_namespace", "lease_name", "identity"):
             value = getattr(self, name)
             if not isinstance(value, str) or not value:
-                raise ValueError(f"{name} must be a non-empty string, got {value!r}")
+                raise LeaderElectionConfigError(name, f"must be a non-empty string, got {value!r}")
         for name in ("lease_duration", "renew_deadline", "retry_period"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-                raise ValueError(f"{name} must be a number of seconds, got {value!r}")
-        if self.retry_period <= 0:
-            raise ValueError(f"retry_period must be > 0, got {self.retry_period}")
-        if self.renew_deadline <= self.retry_period * JITTER_FACTOR:
-            raise ValueError(
-                f"renew_deadline ({self.renew_deadline}) must be greater than "
-                f"retry_period * {JITTER_FACTOR} ({self.retry_period * JITTER_FACTOR})")
-        if self.lease_duration <= self.renew_deadline:
-            raise ValueError(
-                f"lease_duration ({self.lease_duration}) must be greater than "
-                f"renew_deadline ({self.renew_deadline})")
+                raise LeaderElectionConfigError(name, f"must be a number of seconds, got {value!r}")
+        check_election_timing(self.lease_duration, self.renew_deadline, self.retry_period)
 
     @property
     def lease_key(self) -> str:

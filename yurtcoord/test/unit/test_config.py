@@ -551,6 +551,9 @@ class ErrorTests(ConfigErrorAssertions, unittest.TestCase):
         parse_config(with_section("leader_election", "retry_period = 8s"), SOURCE)
         self.assertConfigError(with_section("leader_election", "retry_period = 8500ms"),
                                "leader_election", "retry_period", "8500ms", "1.2")
+        # The election's own rule: a zero period is refused here, not when it starts.
+        self.assertConfigError(with_section("leader_election", "retry_period = 0s"),
+                               "leader_election", "retry_period", "0s", "longer than 0s")
 
     def test_kubeconfig_excludes_the_other_credentials(self):
         for other in ("ca_file", "cert_file", "token_file"):

@@ -21,7 +21,8 @@ from yurtcoord.kube.lease import (
     LeaseRecord, build_lease, format_micro_time, holder_identity, lease_duration_seconds,
     lease_transitions, parse_micro_time, renew_time,
 )
-from yurtcoord.kube.leaderelection import LeaderElectionConfig, LeaderElector
+from yurtcoord.kube.leaderelection import (
+    LeaderElectionConfig, LeaderElectionConfigError, LeaderElector, check_election_timing)
 from yurtcoord.kube.resolving import PickedServerClient
 from yurtcoord.tx.fsm import IllegalTransition
 from yurtcoord.testing.clocks import SkewedClock, run_until
@@ -175,6 +176,23 @@ class ConfigTests(unittest.TestCase):
         self.assertRejects("retry_period", retry_period=-1.0)
         self.assertRejects("retry_period", retry_period="2s")
         self.assertRejects("lease_duration", lease_duration=float("nan"))
+
+    def test_the_timing_rule_names_the_field_at_fault(self):
+        """The one rule the agent's config checks too: the field to change, and a
+        reason whose durations are spelled by ``show``."""
+        cases = [((10.0, 10.0, 2.0), "renew_deadline", "must be shorter than lease_duration (<10.0>)"),
+                 ((15.0, 10.0, 8.5), "retry_period",
+                  "retry_period * 1.2 must be shorter than renew_deadline (<10.0>)"),
+                 ((15.0, 10.0, 0.0), "retry_period", "must be longer than 0s")]
+        for timings, field, reason in cases:
+            with self.assertRaises(LeaderElectionConfigError) as caught:
+                check_election_timing(*timings, show=lambda seconds: f"<{seconds}>")
+            self.assertEqual((caught.exception.field, caught.exception.reason), (field, reason))
+        check_election_timing(15.0, 10.0, 8.0)  # 8 * 1.2 = 9.6 < 10
+        with self.assertRaises(LeaderElectionConfigError) as caught:
+            make_config(lease_duration=10.0)
+        self.assertEqual(str(caught.exception),
+                         "renew_deadline must be shorter than lease_duration (10s)")
 
 
 class AcquireTests(ElectionTestCase):
