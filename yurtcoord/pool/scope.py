@@ -9,7 +9,7 @@ reported once per change, naming the ConfigMap and key, and only the defaults ar
 A resource is kept only when the cloud's discovery (``/api/v1`` or
 ``/apis/<group>/<version>``) serves it: a 404, or a listing without it, drops it with
 a warning naming it. Any other error is retried (3 times, 5 s apart, on the injected
-clock); if discovery still cannot answer, a resource that was already kept stays kept
+clock, by ``yurtcoord.tx.retry.retrying``); if discovery still cannot answer, a resource that was already kept stays kept
 (a short cloud hiccup must not stop a running sync) and a new one is left out until
 the next change. Discovery also says whether a resource is namespaced.
 
@@ -24,7 +24,8 @@ from typing import Any
 from twisted.internet import defer
 from twisted.logger import Logger
 
-from yurtcoord.tx.inflight import InFlight, cancellable_sleep
+from twisted.python.failure import Failure
+
 from yurtcoord.kube import gvr as gvrs
 from yurtcoord.kube.errors import NotFound
 from yurtcoord.kube.gvr import GroupVersionResource
@@ -33,6 +34,10 @@ from yurtcoord.kube.resolving import PickedServerClient
 from yurtcoord.names import (
     POOL_SCOPE_CONFIGMAP_KEY, POOL_SCOPE_CONFIGMAP_NAME, POOL_SCOPE_CONFIGMAP_NAMESPACE,
 )
+from yurtcoord.pool.keys import ResourceId
+from yurtcoord.tx.inflight import InFlight
+from yurtcoord.tx.observers import Observers
+from yurtcoord.tx.retry import backoff_policy, retrying
 
 DEFAULT_POOL_SCOPE_RESOURCES = (
     gvrs.ENDPOINTS,
@@ -48,14 +53,9 @@ DISCOVERY_RETRIES = 3
 DISCOVERY_RETRY_INTERVAL = 5.0
 
 
-def resource_id(gvr: GroupVersionResource) -> tuple[str, str, str]:
-    """``(group, version, resource)``: the identity of a resource, scope left out."""
-    return (gvr.group, gvr.version, gvr.resource)
-
-
 def describe(gvr: GroupVersionResource) -> str:
     """``endpoints.v1`` / ``endpointslices.v1.discovery.k8s.io``: a name for logs."""
-    group, version, resource = resource_id(gvr)
+    group, version, resource = gvr.group, gvr.version, gvr.resource
     return f"{resource}.{version}.{group}" if group else f"{resource}.{version}"
 
 
@@ -90,10 +90,10 @@ def merge_resources(defaults: Iterable[GroupVersionResource],
                     extra: Iterable[GroupVersionResource]) -> list[GroupVersionResource]:
     """``defaults`` then ``extra``, each (group, version, resource) once, order kept."""
     merged: list[GroupVersionResource] = []
-    seen: set[tuple[str, str, str]] = set()
+    seen: set[ResourceId] = set()
     for gvr in list(defaults) + list(extra):
-        if resource_id(gvr) not in seen:
-            seen.add(resource_id(gvr))
+        if ResourceId.of(gvr) not in seen:
+            seen.add(ResourceId.of(gvr))
             merged.append(gvr)
     return merged
 
@@ -137,11 +137,15 @@ class PoolScopeResources:
         self.defaults = tuple(defaults)
         self.retries = retries
         self.retry_interval = retry_interval
+        # The same pause before every retry of a discovery request.
+        self._retry_policy = backoff_policy(initial=retry_interval, maximum=retry_interval,
+                                            factor=1.0, jitter=0.0)
         self._informer_factory = informer_factory
         self.resources: tuple[GroupVersionResource, ...] | None = None
         self.configured = list(self.defaults)
-        self.kinds: dict[tuple[str, str, str], str] = {}
-        self._listeners: list[Listener] = []
+        self.kinds: dict[ResourceId, str] = {}
+        self._listeners: Observers[[tuple[GroupVersionResource, ...]]] = Observers(
+            "pool-scoped resources change")
         self._informer: Any = None
         self._sync_wait: defer.Deferred[Any] | None = None
         self._resolving: defer.Deferred[Any] | None = None
@@ -156,11 +160,10 @@ class PoolScopeResources:
         return self._running
 
     def add_listener(self, listener: "Listener") -> None:
-        self._listeners.append(listener)
+        self._listeners.add(listener)
 
     def remove_listener(self, listener: "Listener") -> None:
-        if listener in self._listeners:
-            self._listeners.remove(listener)
+        self._listeners.remove(listener)
 
     def start(self) -> None:
         """Watch the ConfigMap; the first resolution runs once its first list is in."""
@@ -196,7 +199,7 @@ class PoolScopeResources:
 
     def kind_of(self, gvr: GroupVersionResource) -> str | None:
         """The kind discovery reported for ``gvr``, or None."""
-        return self.kinds.get(resource_id(gvr))
+        return self.kinds.get(ResourceId.of(gvr))
 
     def resolve_now(self) -> defer.Deferred[Any]:
         """Resolve the configured set against discovery now; fires with the result."""
@@ -219,7 +222,7 @@ class PoolScopeResources:
                         key=POOL_SCOPE_CONFIGMAP_KEY, namespace=POOL_SCOPE_CONFIGMAP_NAMESPACE,
                         name=POOL_SCOPE_CONFIGMAP_NAME, error=str(e))
         configured = merge_resources(self.defaults, extra)
-        if [resource_id(g) for g in configured] == [resource_id(g) for g in self.configured] \
+        if [ResourceId.of(g) for g in configured] == [ResourceId.of(g) for g in self.configured] \
                 and self.resources is not None:
             return
         self.configured = configured
@@ -268,7 +271,7 @@ class PoolScopeResources:
 
     @defer.inlineCallbacks
     def _resolve(self, configured):
-        previous = {resource_id(g): g for g in (self.resources or ())}
+        previous = {ResourceId.of(g): g for g in (self.resources or ())}
         listings: dict[tuple[str, str], Any] = {}
         kept: list[GroupVersionResource] = []
         for gvr in configured:
@@ -279,10 +282,10 @@ class PoolScopeResources:
                     return kept
             listing = listings[group_version]
             if listing is _UNKNOWN:
-                if resource_id(gvr) in previous:
+                if ResourceId.of(gvr) in previous:
                     self.log.warn("discovery of {resource} unavailable; keeping it",
                                   resource=describe(gvr))
-                    kept.append(previous[resource_id(gvr)])
+                    kept.append(previous[ResourceId.of(gvr)])
                 else:
                     self.log.warn("pool-scoped resource {resource} left out: discovery "
                                   "did not answer", resource=describe(gvr))
@@ -294,7 +297,7 @@ class PoolScopeResources:
                 continue
             namespaced, kind = served
             if kind:
-                self.kinds[resource_id(gvr)] = kind
+                self.kinds[ResourceId.of(gvr)] = kind
             kept.append(GroupVersionResource(gvr.group, gvr.version, gvr.resource,
                                              namespaced=namespaced))
         return kept
@@ -305,37 +308,33 @@ class PoolScopeResources:
         ``_UNKNOWN`` if discovery kept failing."""
         path = gvr.api_prefix
         attempts = self.retries + 1
-        for attempt in range(1, attempts + 1):
-            try:
-                if attempt > 1:
-                    yield self._in_flight.track(
-                        cancellable_sleep(self.reactor, self.retry_interval))
-                listing = yield self._in_flight.track(self.cloud_client.request("GET", path))
-            except NotFound:
-                return None
-            except Exception as e:
-                if not self._running:
-                    return _UNKNOWN
-                self.log.warn("discovery {path} failed (attempt {attempt} of {attempts}): "
-                              "{error}", path=path, attempt=attempt, attempts=attempts,
-                              error=str(e) or type(e).__name__)
-                continue
-            return _served_resources(listing)
-        return _UNKNOWN
+
+        def failed(failure: Failure, attempt: int) -> None:
+            self.log.warn("discovery {path} failed (attempt {attempt} of {attempts}): "
+                          "{error}", path=path, attempt=attempt, attempts=attempts,
+                          error=str(failure.value) or type(failure.value).__name__)
+
+        try:
+            listing = yield self._in_flight.track(retrying(
+                self.reactor, lambda: self.cloud_client.request("GET", path),
+                self._retry_policy, attempts,
+                retryable=lambda failure: self._running and not failure.check(NotFound),
+                on_failure=failed))
+        except NotFound:
+            return None
+        except Exception:
+            return _UNKNOWN
+        return _served_resources(listing)
 
     def _publish(self, kept):
         before = self.resources
         self.resources = kept
-        if before is not None and [(resource_id(g), g.namespaced) for g in before] == \
-                [(resource_id(g), g.namespaced) for g in kept]:
+        if before is not None and [(ResourceId.of(g), g.namespaced) for g in before] == \
+                [(ResourceId.of(g), g.namespaced) for g in kept]:
             return
         self.log.info("pool-scoped resources in use: {resources}",
                       resources=", ".join(describe(g) for g in kept) or "none")
-        for listener in list(self._listeners):
-            try:
-                listener(kept)
-            except Exception:
-                self.log.failure("pool-scoped resources listener failed")
+        self._listeners.notify(kept)
 
 
 _UNKNOWN = object()

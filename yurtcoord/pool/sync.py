@@ -56,9 +56,9 @@ from yurtcoord.kube.lease import LeaseRecord, build_lease, node_owner_reference,
 from yurtcoord.kube.lease import resource_version_number as _resource_version
 from yurtcoord.kube.leasewriter import LeaseWriter
 from yurtcoord.pool.interfaces import IPoolStore, IPoolSyncMetrics, IRoleComponent
-from yurtcoord.pool.scope import PoolScopeResources, describe, merge_resources, resource_id
+from yurtcoord.pool.scope import PoolScopeResources, describe, merge_resources
 from yurtcoord.pool.keycache import POOL_SCOPED_COMPONENT
-from yurtcoord.pool.keys import InvalidKey, KeyBuildInfo, PoolKey
+from yurtcoord.pool.keys import InvalidKey, KeyBuildInfo, PoolKey, ResourceId
 from yurtcoord.pool.store import ObjectTooLarge
 from yurtcoord.names import INFORMER_SYNC_LEASE_NAME, INFORMER_SYNC_LEASE_NAMESPACE
 from yurtcoord.tx.workqueue import RetryPolicy
@@ -85,8 +85,6 @@ def object_bytes(obj: dict, gvr: GroupVersionResource, kind: Optional[str] = Non
 
 # The pending write of a mirror that writes the informer's whole list (as one replace).
 WRITE_LIST = "list"
-# ``(group, version, resource)`` of a mirrored resource (``resource_id``).
-ResourceId = Tuple[str, str, str]
 # One queued change of a key: the key, and the object's bytes and resourceVersion
 # (both None for a delete).
 Change = Tuple[PoolKey, Optional[bytes], Optional[int]]
@@ -548,7 +546,7 @@ class PoolSyncManager:
         store, heap = self.store, self._heap
         if not self._running or store is None or heap is None:
             return
-        wanted = {resource_id(g): g for g in resources}
+        wanted = {ResourceId.of(g): g for g in resources}
         for rid in [r for r in self.mirrors if r not in wanted
                     or self.mirrors[r].gvr.namespaced != wanted[r].namespaced]:
             mirror = self.mirrors.pop(rid)

@@ -8,14 +8,14 @@ from twisted.internet import defer
 
 from yurtcoord.kube.errors import NotFound
 from yurtcoord.kube.gvr import GroupVersionResource
-from yurtcoord.pool.scope import DEFAULT_POOL_SCOPE_RESOURCES, resource_id
+from yurtcoord.pool.scope import DEFAULT_POOL_SCOPE_RESOURCES
 
 SERVICES_ENTRY = '[{"group":"","version":"v1","resource":"services"}]'
 
 
 def resource_ids(resources: Iterable[GroupVersionResource]) -> List[Tuple[str, str, str]]:
     """``(group, version, resource)`` of each of ``resources``, in order."""
-    return [resource_id(g) for g in resources]
+    return [(g.group, g.version, g.resource) for g in resources]
 
 
 DEFAULT_IDS = resource_ids(DEFAULT_POOL_SCOPE_RESOURCES)

@@ -12,10 +12,21 @@ and shrinks each pause by a random share of up to ``jitter``, so that many agent
 that failed at the same moment do not retry in lockstep; the cap is never exceeded.
 A policy keeps no state: a loop that retries one thing counts its failures itself,
 or with a ``Retries`` per thing it retries.
+
+``retrying`` is the one loop that tries one request a number of times under a
+policy, on an injected clock, and can be cancelled as a whole (discovery of the
+pool-scoped resources uses it); loops that retry for as long as they run keep a
+``Retries`` (the work queue, the coordinator's role steps).
 """
 
 import random as _random
-from typing import Callable, Optional
+from typing import Any, Callable, Generator, Optional, TypeVar
+
+from twisted.internet import defer, task
+from twisted.internet.interfaces import IReactorTime
+from twisted.python.failure import Failure
+
+T = TypeVar("T")
 
 RetryPolicy = Callable[[int], float]
 
@@ -79,3 +90,49 @@ DELEGATION_RETRY = backoff_policy(initial=0.5, maximum=5.0)
 # A lease write whose attempt failed with an error (not a conflict): 1 s, 2 s, 4 s,
 # then 5 s; a lease write's attempts are few.
 LEASE_WRITE_RETRY = backoff_policy(initial=1.0, maximum=5.0, jitter=0.0)
+
+
+def _always(_failure: Failure) -> bool:
+    return True
+
+
+def _ignore(_failure: Failure, _attempt: int) -> None:
+    return None
+
+
+def retrying(clock: IReactorTime, attempt: Callable[[], "defer.Deferred[T]"],
+             policy: RetryPolicy, attempts: int, *,
+             retryable: Callable[[Failure], bool] = _always,
+             on_failure: Callable[[Failure, int], object] = _ignore,
+             ) -> "defer.Deferred[T]":
+    """Fire with the result of the first of at most ``attempts`` calls of ``attempt()``
+    that succeeds, pausing ``policy(failures)`` seconds on ``clock`` between two.
+
+    ``on_failure(failure, number)`` is told of each failed attempt that is
+    ``retryable``, the last one included; a failure that is not retryable, a
+    cancellation and the last attempt's failure end the loop with that failure.
+    Cancelling the returned Deferred cancels the attempt or the pause in progress.
+    """
+    if attempts < 1:
+        raise ValueError(f"retrying needs at least one attempt, got {attempts}")
+
+    @defer.inlineCallbacks
+    def loop() -> Generator["defer.Deferred[Any]", Any, T]:
+        number = 1
+        while True:
+            try:
+                result = yield attempt()
+            except Exception:
+                failure = Failure()
+                if failure.check(defer.CancelledError) or not retryable(failure):
+                    raise
+                on_failure(failure, number)
+                if number >= attempts:
+                    raise
+                yield task.deferLater(clock, policy(number), lambda: None)
+                number += 1
+                continue
+            return result
+
+    return loop()
+

@@ -19,6 +19,7 @@ from yurtcoord.tx.retry import Retries, backoff_policy
 from yurtcoord.kube.errors import ConnectionFailed
 from yurtcoord.kube.lease import parse_micro_time, renew_time
 from yurtcoord.agent.metrics import Metrics
+from yurtcoord.pool.keys import ResourceId
 from yurtcoord.pool.scope import PoolScopeResources
 from yurtcoord.pool.sync import PoolSyncManager, ResourceMirror, object_bytes
 from yurtcoord.testing.discovery import SERVICES_ENTRY, cloud_discovery, configmap
@@ -270,7 +271,7 @@ class PoolSyncClockTests(unittest.TestCase):
         self.clock.advance(1)
         self.assertEqual([c for c in self.store.calls if c[1] == "core/v1/endpoints"][-1],
                          ("replace", "core/v1/endpoints", 2))
-        self.assertFalse(self.manager.mirrors[("", "v1", "endpoints")].failing)
+        self.assertFalse(self.manager.mirrors[ResourceId("", "v1", "endpoints")].failing)
 
     def test_failed_writes_are_retried_with_backoff_and_hold_the_lease(self):
         informers = self.start()
@@ -278,7 +279,7 @@ class PoolSyncClockTests(unittest.TestCase):
         informer = informers[("", "v1", "endpoints")]
         self.store.fail = [ConnectionFailed("etcd down")] * 2
         informer.add(endpoints("a", 5))
-        mirror = self.manager.mirrors[("", "v1", "endpoints")]
+        mirror = self.manager.mirrors[ResourceId("", "v1", "endpoints")]
         self.assertTrue(mirror.failing)
         self.assertFalse(self.manager.all_listed)
         self.clock.advance(1)
@@ -304,7 +305,7 @@ class PoolSyncClockTests(unittest.TestCase):
                                       ("put", ["/registry/services/endpoints/default/b"]),
                                       ("put", ["/registry/services/endpoints/default/b"]),
                                       ("replace", "core/v1/endpoints", 2)])
-        self.assertTrue(self.manager.mirrors[("", "v1", "endpoints")].idle)
+        self.assertTrue(self.manager.mirrors[ResourceId("", "v1", "endpoints")].idle)
 
     def test_store_back_from_an_outage_rewrites_every_list(self):
         informers = self.start()
@@ -372,7 +373,7 @@ class PoolSyncClockTests(unittest.TestCase):
         self.assertEqual(self.manager.lease_writes, 1)
         self.assertTrue(any("not renewed" in m for m in self.messages), self.messages)
         self.clock.advance(1)
-        self.assertFalse(self.manager.mirrors[("", "v1", "endpoints")].failing)
+        self.assertFalse(self.manager.mirrors[ResourceId("", "v1", "endpoints")].failing)
         self.assertEqual(self.manager.lease_writes, 2, "renewed as the write went through")
         self.assertEqual(renew_time(self.lease()), START + 11)
         self.clock.pump([1] * 9)
@@ -413,7 +414,7 @@ class PoolSyncClockTests(unittest.TestCase):
         deletes = [c[1] for c in self.store.calls if c[0] == "delete_many"]
         self.assertEqual(len(deletes), 1, "one batched call for the whole drain")
         self.assertEqual(len(deletes[0]), 40)
-        mirror = self.manager.mirrors[("", "v1", "endpoints")]
+        mirror = self.manager.mirrors[ResourceId("", "v1", "endpoints")]
         self.assertTrue(mirror.failing)
         self.clock.advance(2)
         deletes = [c[1] for c in self.store.calls if c[0] == "delete_many"]

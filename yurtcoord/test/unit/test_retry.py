@@ -127,3 +127,78 @@ class TwistedAcceptsThePolicyTests(unittest.TestCase):
         clock.pump([0.5] * 30)
         self.assertEqual(endpoint.tries, [0.0, 1.0, 3.0, 7.0, 11.0, 15.0])
         self.successResultOf(service.stopService())
+
+
+class RetryingTests(unittest.TestCase):
+    """``retrying``: at most n attempts, the policy's pauses on the clock between them."""
+
+    def setUp(self):
+        self.clock = Clock()
+        self.answers = []
+        self.calls = []
+        self.failures = []
+
+    def attempt(self):
+        self.calls.append(self.clock.seconds())
+        answer = self.answers.pop(0)
+        if isinstance(answer, Exception):
+            return defer.fail(answer)
+        return defer.succeed(answer)
+
+    def start(self, attempts=3, **kwargs):
+        return retry.retrying(self.clock, self.attempt, lambda n: float(n), attempts,
+                              on_failure=lambda f, n: self.failures.append((f.value, n)),
+                              **kwargs)
+
+    def test_retries_after_the_policys_pauses_until_an_attempt_succeeds(self):
+        first, second = ValueError("a"), ValueError("b")
+        self.answers = [first, second, "ok"]
+        d = self.start()
+        self.assertNoResult(d)
+        self.clock.advance(1.0)
+        self.assertNoResult(d)
+        self.clock.advance(2.0)
+        self.assertEqual(self.successResultOf(d), "ok")
+        self.assertEqual(self.calls, [0.0, 1.0, 3.0])
+        self.assertEqual(self.failures, [(first, 1), (second, 2)])
+
+    def test_the_last_attempts_failure_ends_the_loop(self):
+        self.answers = [ValueError("a"), ValueError("b")]
+        d = self.start(attempts=2)
+        self.clock.advance(1.0)
+        self.failureResultOf(d, ValueError)
+        self.assertEqual([n for _e, n in self.failures], [1, 2])
+        self.assertEqual(self.clock.getDelayedCalls(), [])
+
+    def test_a_failure_that_is_not_retryable_ends_the_loop_untold(self):
+        self.answers = [KeyError("gone")]
+        d = self.start(retryable=lambda f: not f.check(KeyError))
+        self.failureResultOf(d, KeyError)
+        self.assertEqual((self.failures, self.calls), ([], [0.0]))
+
+    def test_cancelling_cancels_the_pause(self):
+        self.answers = [ValueError("a"), "never asked"]
+        d = self.start()
+        d.cancel()
+        self.failureResultOf(d, defer.CancelledError)
+        self.assertEqual(self.clock.getDelayedCalls(), [])
+        self.assertEqual(self.calls, [0.0])
+
+    def test_cancelling_cancels_the_attempt_in_flight(self):
+        cancelled = []
+        pending = defer.Deferred(cancelled.append)
+        d = retry.retrying(self.clock, lambda: pending, lambda n: 1.0, 3)
+        d.cancel()
+        self.assertEqual(cancelled, [pending])
+        self.failureResultOf(d, defer.CancelledError)
+        self.assertEqual(self.clock.getDelayedCalls(), [])
+
+    def test_an_attempt_that_raises_counts_as_failed(self):
+        def attempt():
+            raise ValueError("at once")
+        d = retry.retrying(self.clock, attempt, lambda n: 1.0, 1)
+        self.failureResultOf(d, ValueError)
+
+    def test_at_least_one_attempt(self):
+        self.assertRaises(ValueError, retry.retrying, self.clock, self.attempt,
+                          lambda n: 1.0, 0)
