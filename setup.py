@@ -14,7 +14,10 @@ setup(
         "Programming Language :: Python :: 3.13",
     ],
     packages=find_packages(exclude=["bench", "bench.*"]) + ["twisted.plugins"],
-    package_data={"twisted": ["plugins/yurtcoord_plugin.py"]},
+    # The pages' style and scripts (yurtcoord/agent/pagefiles.py), read from the package.
+    package_data={"twisted": ["plugins/yurtcoord_plugin.py"],
+                  "yurtcoord.agent": ["static/*.css", "static/*.js"],
+                  "yurtcoord.sim": ["static/*.js"]},
     include_package_data=True,
     entry_points={"console_scripts": ["yurtcoordctl = yurtcoord.agent.ctl:main"]},
     # Twisted, treq and txaioetcd are bounded to the releases the canaries of their

@@ -72,7 +72,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
-from yurtcoord.agent.status import IPoolView, IStatusSource, rfc3339
+from yurtcoord.agent.statussources import IPoolView, IStatusSource, rfc3339
 from yurtcoord.heartbeat.delegation import is_delegated
 from yurtcoord.heartbeat.probes import servers_in_use
 from yurtcoord.kube.errors import NotFound

@@ -85,9 +85,8 @@ from yurtcoord.pool.scope import HealthyCloudClient, PoolScopeResources
 from yurtcoord.pool.interfaces import IPoolStore
 from yurtcoord.pool.store import PoolStore, open_pool_store
 from yurtcoord.pool.sync import PoolSyncManager
-from yurtcoord.agent.status import (
-    STATUS_LISTEN_BACKLOG, AgentStatus, CloudOnlyStatus, StatusSite, status_site,
-)
+from yurtcoord.agent.status import STATUS_LISTEN_BACKLOG, StatusSite, status_site
+from yurtcoord.agent.statussources import AgentStatus, CloudOnlyStatus
 from yurtcoord.pool.synced import PoolCacheSyncedDetector
 from yurtcoord.pool.uploader import LocalCacheUploader, UploadCounts
 

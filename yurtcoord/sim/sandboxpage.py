@@ -2,7 +2,8 @@
 
 The page looks like an agent's pool page (it shares ``POOL_PAGE_STYLE``: one style
 for every page an operator opens) and, like it, is rendered whole by the server so
-that it shows the pool without JavaScript. Its inline script then fetches
+that it shows the pool without JavaScript. Its inline script (package data,
+``static/control.js`` beside this module) then fetches
 ``page.json`` every ``CONTROL_PAGE_REFRESH_MS`` and replaces the sections whose HTML
 changed, so that the page follows the pool without reloading (a reload every second
 lost the scroll position and flashed the page). The sections are rendered here, on
@@ -18,7 +19,8 @@ import html
 import json
 from typing import Any, Mapping
 
-from yurtcoord.agent.status import POOL_PAGE_STYLE
+from yurtcoord.agent.pagefiles import page_script
+from yurtcoord.agent.poolpage import POOL_PAGE_STYLE
 from yurtcoord.sim.sandboxapiservers import SandboxCoordinators
 from yurtcoord.sim.sandboxetcd import SandboxEtcd
 
@@ -27,34 +29,9 @@ CONTROL_PAGE_REFRESH_MS = 1000
 # The sections the script replaces: element id -> what it holds.
 SECTIONS = ("summary", "links", "nodes", "etcd", "coordinators")
 
-_CONTROL_PAGE_SCRIPT = """
-(function () {
-  "use strict";
-  var shown = {};
-  var stamp = document.getElementById("refresh");
-  function refresh() {
-    fetch("page.json", {cache: "no-store"}).then(function (response) {
-      if (!response.ok) { throw new Error("HTTP " + response.status); }
-      return response.json();
-    }).then(function (page) {
-      Object.keys(page.sections).forEach(function (id) {
-        var el = document.getElementById(id);
-        if (el && shown[id] !== page.sections[id]) {
-          el.innerHTML = page.sections[id];
-          shown[id] = page.sections[id];
-          if (el.tagName === "UL") { el.hidden = page.sections[id] === ""; }
-        }
-      });
-      stamp.textContent = "updated " + new Date().toLocaleTimeString();
-      stamp.className = "";
-    }).catch(function (error) {
-      stamp.textContent = "not updated: " + error.message;
-      stamp.className = "stale";
-    });
-  }
-  setInterval(refresh, %(refresh_ms)d);
-})();
-"""
+# The page's script (package data), read once and put inline in every page.
+CONTROL_PAGE_SCRIPT = page_script("yurtcoord.sim", "control.js",
+                                  {"refresh_ms": CONTROL_PAGE_REFRESH_MS})
 
 
 def _e(value: object) -> str:
@@ -196,7 +173,7 @@ sandbox's clock). Start it again: it is renewed again within seconds.</p>
 <div id="etcd">{sections["etcd"]}</div>
 <div id="coordinators">{sections["coordinators"]}</div>
 </main>
-<script>{_CONTROL_PAGE_SCRIPT % {"refresh_ms": CONTROL_PAGE_REFRESH_MS}}</script>
+<script>{CONTROL_PAGE_SCRIPT}</script>
 </body>
 </html>
 """.encode("utf-8")

@@ -12,10 +12,9 @@ from zope.interface import implementer
 from zope.interface.verify import verifyObject
 
 from yurtcoord.agent.metrics import Metrics
-from yurtcoord.agent.status import (
-    TIMELINE_SECONDS, IPoolView, IStatusSource, InitialStatus, leader_segments, rfc3339,
-    status_site,
-)
+from yurtcoord.agent.poolpage import TIMELINE_SECONDS, leader_segments
+from yurtcoord.agent.status import status_site
+from yurtcoord.agent.statussources import IPoolView, IStatusSource, InitialStatus, rfc3339
 from yurtcoord.testing.chromium import (
     LEADER_FIELD, MEMBER_ROW, MEMBER_SERVERS, PNG_MAGIC, RECT_LEADERS, STALE_ROW,
     run_chromium,

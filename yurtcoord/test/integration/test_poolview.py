@@ -25,7 +25,8 @@ from zope.interface.verify import verifyObject
 from yurtcoord.agent import poolview
 from yurtcoord.agent.metrics import Metrics
 from yurtcoord.agent.poolview import DELEGATED, DIRECT, STALE, PoolView
-from yurtcoord.agent.status import IPoolView, IStatusSource, InitialStatus, status_site
+from yurtcoord.agent.status import status_site
+from yurtcoord.agent.statussources import IPoolView, IStatusSource, InitialStatus
 from yurtcoord.kube.gvr import ENDPOINTS, ENDPOINTSLICES_V1, ENDPOINTSLICES_V1BETA1, LEASES
 from yurtcoord.names import (
     COORDINATOR_SERVER_ANNOTATION, DELEGATE_HEARTBEAT_ANNOTATION, ETCD_MEMBER_ANNOTATION,

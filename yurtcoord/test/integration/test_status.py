@@ -17,7 +17,8 @@ from zope.interface import implementer
 from yurtcoord.agent.config import parse_config
 from yurtcoord.agent.metrics import Metrics
 from yurtcoord.agent.service import make_service
-from yurtcoord.agent.status import IStatusSource, InitialStatus, rfc3339, status_site
+from yurtcoord.agent.status import status_site
+from yurtcoord.agent.statussources import IStatusSource, InitialStatus, rfc3339
 from yurtcoord.testing.agentdocuments import STATUS_KEYS
 from yurtcoord.testing.offline import offline_ini
 from yurtcoord.testing.poll import poll_until

@@ -9,7 +9,8 @@ from twisted.trial import unittest
 from twisted.web.client import Agent, HTTPConnectionPool
 
 from yurtcoord.agent.metrics import Metrics
-from yurtcoord.agent.status import InitialStatus, status_site
+from yurtcoord.agent.status import status_site
+from yurtcoord.agent.statussources import InitialStatus
 from yurtcoord.testing.logcapture import GlobalLogCapture
 from yurtcoord.testing.poll import poll_until
 

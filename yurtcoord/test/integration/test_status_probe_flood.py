@@ -23,8 +23,9 @@ from yurtcoord.agent.metrics import Metrics
 from yurtcoord.agent.config import ListenAddress
 from yurtcoord.agent.service import StatusHTTPService
 from yurtcoord.agent.status import (
-    MAX_STATUS_CONNECTIONS, PROBE_RESERVE_CONNECTIONS, IStatusSource, status_site,
+    MAX_STATUS_CONNECTIONS, PROBE_RESERVE_CONNECTIONS, status_site,
 )
+from yurtcoord.agent.statussources import IStatusSource
 from yurtcoord.testing.poll import poll_until
 
 FLOOD = 2 * (MAX_STATUS_CONNECTIONS + PROBE_RESERVE_CONNECTIONS)

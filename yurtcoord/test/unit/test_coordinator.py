@@ -10,7 +10,7 @@ from zope.interface import implementer
 from zope.interface.verify import verifyObject
 
 from yurtcoord.agent.metrics import follow_coordinator
-from yurtcoord.agent.status import AgentStatus
+from yurtcoord.agent.statussources import AgentStatus
 from yurtcoord.role.coordinator import Coordinator
 from yurtcoord.tx.fsm import IllegalTransition
 from yurtcoord.tx.retry import backoff_policy

@@ -21,7 +21,8 @@ from twisted.trial import unittest
 
 from yurtcoord.agent.config import SCHEMA, SECTIONS, ConfigError, parse_config, parse_duration
 from yurtcoord.agent.metrics import Metrics
-from yurtcoord.agent.status import InitialStatus, NoPoolView, status_resource
+from yurtcoord.agent.statuspages import status_resource
+from yurtcoord.agent.statussources import InitialStatus, NoPoolView
 from yurtcoord.pool.uploader import SKIP_REASONS
 from yurtcoord.testing.paths import REPO
 

@@ -24,7 +24,7 @@ from yurtcoord.agent.causes import (
     CLOUD_UNREACHABLE, COORDINATOR_UNREACHABLE, ETCD_UNREACHABLE, KUBELET_DEAD,
     POOL_CACHE_NOT_SYNCED, AgentCauses, CauseFacts, first_cause, not_probed,
 )
-from yurtcoord.agent.status import AgentStatus
+from yurtcoord.agent.statussources import AgentStatus
 from yurtcoord.heartbeat.interfaces import ICoordinatorHealthChecker, IKubeletLiveness
 from yurtcoord.kube.errors import ServerError
 from yurtcoord.kube.gvr import LEASES

@@ -24,7 +24,9 @@ from twisted.scripts.twistd import ServerOptions
 from twisted.trial import unittest
 
 from yurtcoord.agent.metrics import Metrics
-from yurtcoord.agent.status import InitialStatus, StatusSite, status_resource
+from yurtcoord.agent.status import StatusSite
+from yurtcoord.agent.statuspages import status_resource
+from yurtcoord.agent.statussources import InitialStatus
 from yurtcoord.sim.agentini import ini_text
 from yurtcoord.tx.logs import (
     ACCESS_LOG_LINES_PER_SECOND, ACCESS_LOG_PATH_CHARS, FACTORY_LINE_FORMATS, LEVELS,

@@ -17,12 +17,13 @@ from zope.interface import implementer
 from zope.interface.verify import verifyObject
 
 from yurtcoord.agent import poolview
-from yurtcoord.agent import status as status_module
+from yurtcoord.agent import statuspages as status_module
 from yurtcoord.agent.metrics import Metrics
 from yurtcoord.agent.poolview import (
     DELEGATED, DIRECT, STALE, PoolView, heartbeat_path,
 )
-from yurtcoord.agent.status import IPoolView, IStatusSource, InitialStatus, status_resource
+from yurtcoord.agent.statuspages import status_resource
+from yurtcoord.agent.statussources import IPoolView, IStatusSource, InitialStatus
 from yurtcoord.kube.errors import ServerError
 from yurtcoord.kube.gvr import LEASES, NODES, GroupVersionResource
 from yurtcoord.kube.interfaces import IListWatchClient, IObjectClient

@@ -43,7 +43,7 @@ from yurtcoord.names import (
     DELEGATE_HEARTBEAT_ANNOTATION, ELECTION_LEASE_NAME, ELECTION_LEASE_NAMESPACE,
     NODE_LEASE_NAMESPACE, NODE_POOL_LABEL,
 )
-from yurtcoord.agent.status import POOL_PAGE_STYLE
+from yurtcoord.agent.poolpage import POOL_PAGE_STYLE
 from yurtcoord.role.roles import Role
 from yurtcoord.sim.sandbox import (
     CLOUD_LEASE_STALE_AFTER, DELEGATION_QUIET_PERIOD, SEEDED_SERVICES, DelegationLines,
@@ -539,7 +539,9 @@ class ControlPageTests(unittest.TestCase):
         self.assertIn(f"<style>{POOL_PAGE_STYLE}</style>", page)
         self.assertNotIn("http-equiv", page)
         self.assertIn('fetch("page.json"', page)
-        self.assertIn("setInterval(refresh, 1000)", page)
+        # The page calls its script (package data) with a refresh every second.
+        self.assertIn("setInterval(refresh, settings.refresh_ms);", page)
+        self.assertIn('({"refresh_ms": 1000});\n</script>', page)
         for section in SECTIONS:
             self.assertIn(f'id="{section}"', page)
         document = json.loads(self.get("page.json"))

@@ -5,7 +5,9 @@ live cloud health)."""
 from twisted.trial import unittest
 from zope.interface.verify import verifyObject
 
-from yurtcoord.agent.status import CloudOnlyStatus, IStatusSource, InitialStatus, rfc3339
+from yurtcoord.agent.statussources import (
+    CloudOnlyStatus, IStatusSource, InitialStatus, rfc3339,
+)
 from yurtcoord.testing.agentdocuments import STATUS_KEYS
 
 
@@ -55,7 +57,7 @@ class CredentialsNeverShownTests(unittest.TestCase):
 
     def test_status_and_metrics_mask_the_credentials(self):
         from yurtcoord.agent.metrics import Metrics
-        from yurtcoord.agent.status import metrics_page, status_page
+        from yurtcoord.agent.statuspages import metrics_page, status_page
 
         source = CloudOnlyStatus("edge-1", "pool-a", lambda: {self.URL: True}, since=0)
         metrics = Metrics("edge-1", "pool-a")

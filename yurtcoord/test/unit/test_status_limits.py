@@ -15,9 +15,10 @@ from yurtcoord.agent.metrics import Metrics
 from yurtcoord.agent.status import (
     MAX_STATUS_CONNECTIONS, MAX_STATUS_CONNECTIONS_PER_ADDRESS,
     MAX_STATUS_UNREAD_CONNECTIONS, PROBE_REQUEST_DEADLINE, PROBE_RESERVE_CONNECTIONS,
-    STATUS_REQUEST_DEADLINE, InitialStatus, StatusSite, is_loopback, is_probe_path,
-    status_resource, status_site,
+    STATUS_REQUEST_DEADLINE, StatusSite, is_loopback, is_probe_path, status_site,
 )
+from yurtcoord.agent.statuspages import status_resource
+from yurtcoord.agent.statussources import InitialStatus
 from yurtcoord.testing.logcapture import GlobalLogCapture
 from yurtcoord.testing.paths import REPO
 
