@@ -3,7 +3,8 @@
 The gateway answers a watch request with one chunked response that never ends on its
 own: one JSON object per line, each ``{"result": WatchResponse}`` (or ``{"error":
 ...}``). The lines are split by ``yurtcoord.tx.lines`` (a message split across reads
-is kept until its newline arrives, which txaioetcd's own watch loses). Every field a
+is kept until its newline arrives, which txaioetcd's own watch loses), whose machine
+ends the stream. Every field a
 peer sends is checked before use; anything that is not a watch answer ends the watch
 with ``BadResponse``.
 
@@ -21,7 +22,6 @@ from twisted.internet.defer import Deferred
 from twisted.python.failure import Failure
 
 from yurtcoord.etcd.errors import BadResponse, EtcdError, EtcdUnavailable, RequestRejected
-from yurtcoord.tx.httpbody import drop_connection
 from yurtcoord.tx.lines import LineStreamProtocol
 
 __all__ = ["KeyEvent", "WatchResponse", "WatchCompacted", "EtcdWatch", "MAX_WATCH_LINE"]
@@ -103,34 +103,14 @@ def _key_event(raw: object) -> KeyEvent:
 
 
 class _WatchProtocol(LineStreamProtocol):
-    """Parses the gateway's watch lines into ``WatchResponse``s for ``on_response``."""
+    """Parses the gateway's watch lines into ``WatchResponse``s for ``on_response``;
+    how the stream ends is ``LineStreamProtocol``'s machine."""
 
     def __init__(self, watch: "EtcdWatch", on_response: Callable[[WatchResponse], object],
                  max_line: int) -> None:
         super().__init__(max_line)
         self._watch = watch
         self._on_response = on_response
-        self._error: BaseException | None = None
-        self._cancelled = False
-        self._ended = False
-
-    def stopped(self) -> bool:
-        return self._error is not None or self._cancelled or self._ended
-
-    def dataReceived(self, data: bytes) -> None:
-        if not self.stopped():
-            super().dataReceived(data)
-
-    def cancel(self) -> None:
-        if not self.stopped():
-            self._cancelled = True
-            drop_connection(self.transport)
-
-    def fail(self, error: BaseException) -> None:
-        if not self.stopped():
-            self._error = error
-            self.take_pending()
-            drop_connection(self.transport)
 
     def too_long(self) -> None:
         self.fail(BadResponse(f"etcd watch answer longer than {self.max_line} bytes"))
@@ -176,17 +156,11 @@ class _WatchProtocol(LineStreamProtocol):
         except Exception as e:  # the consumer's failure ends the watch, as it was
             self.fail(e)
 
-    def connectionLost(self, reason: Failure | None = None) -> None:
-        if self._ended:
-            return
-        self._ended = True
-        broken = self.stream_ended(reason)
-        if self._error is not None:
-            self._watch._finish(self._error)
-        elif self._cancelled or broken is None:
-            self._watch._finish(None)
-        else:
-            self._watch._finish(EtcdUnavailable(f"etcd watch stream {broken}"))
+    def broken(self, why: str) -> BaseException:
+        return EtcdUnavailable(f"etcd watch stream {why}")
+
+    def ended(self, error: BaseException | None) -> None:
+        self._watch._finish(error)
 
 
 def _stream_error(raw: object) -> EtcdError:
@@ -215,8 +189,7 @@ class EtcdWatch:
         self.protocol.cancel()
 
     def _finish(self, error: BaseException | None) -> None:
-        if self.finished.called:
-            return
+        """The stream is gone (once, by the stream's machine)."""
         if error is None:
             self.finished.callback(None)
         else:

@@ -16,7 +16,7 @@ object) is ``ServerError``; nothing a peer sends raises anything untyped.
 
 ``finished`` fires exactly once, when the connection is gone: with None when the
 server ended the stream cleanly or the watch was cancelled, with the typed error
-otherwise.
+otherwise (the end-of-stream machine of ``yurtcoord.tx.lines``, as for etcd's watch).
 
 The client puts ``yurtcoord.tx.twisted_private.batch_chunked_body`` under a watch
 response, so all the events of one read arrive together: the apiserver sends every
@@ -39,7 +39,6 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from yurtcoord.tx.guardedloop import ILoopErrors, guarded
-from yurtcoord.tx.httpbody import drop_connection
 from yurtcoord.tx.lines import LineStreamProtocol
 from yurtcoord.kube.errors import (
     ConnectionFailed, ResponseTooLarge, ServerError, Timeout, error_from_status,
@@ -74,47 +73,32 @@ class WatchStreamProtocol(LineStreamProtocol):
         self.finished: Deferred[BaseException | None] = Deferred()
         self.events = 0
         self.last_activity = clock.seconds() if clock is not None else None
-        self._error: BaseException | None = None
-        self._cancelled = False
-        self._ended = False
-
-    def cancel(self) -> None:
-        """Close the connection; ``finished`` then fires with None."""
-        if self._ended or self._cancelled:
-            return
-        self._cancelled = True
-        self._abort()
-
-    def _abort(self):
-        drop_connection(self.transport)
 
     def expire(self, error: BaseException) -> None:
         """End the watch with ``error`` (e.g. nothing received for too long)."""
-        self._fail(error)
-
-    def _fail(self, error):
-        if self._error is None and not self._cancelled:
-            self._error = error
-            self.take_pending()
-            self._abort()
+        self.fail(error)
 
     def too_long(self) -> None:
-        self._fail(ResponseTooLarge(
+        self.fail(ResponseTooLarge(
             f"watch line from {self.url} longer than {self.max_line} bytes, "
             f"connection dropped"))
 
-    def stopped(self) -> bool:
-        return self._error is not None or self._cancelled
+    def broken(self, why: str) -> BaseException:
+        return ConnectionFailed(f"watch stream from {self.url} {why}")
+
+    def ended(self, error: BaseException | None) -> None:
+        if error is None:
+            self.finished.callback(None)
+        else:
+            self.finished.errback(Failure(error))
 
     def dataReceived(self, data: bytes) -> None:
-        if self._error is not None or self._cancelled or self._ended:
-            return
-        if self._clock is not None:
+        if self.streaming and self._clock is not None:
             self.last_activity = self._clock.seconds()
         super().dataReceived(data)
 
     def _not_an_event(self, line, why):
-        self._fail(ServerError(f"{why} from {self.url}: {line[:200]!r}"))
+        self.fail(ServerError(f"{why} from {self.url}: {line[:200]!r}"))
 
     def line(self, line: bytes) -> None:
         try:
@@ -183,9 +167,9 @@ class WatchStreamProtocol(LineStreamProtocol):
                     try:
                         on_event(kind, obj)
                     except Exception as e:  # the consumer's failure ends this watch, typed as it was
-                        self._fail(e)
+                        self.fail(e)
                         return
-                    if self._error is not None or self._cancelled:
+                    if not self.streaming:
                         return
                     continue
             self._reject(event, block.split(b"\n")[i] if len(events) > 1 else block)
@@ -205,27 +189,11 @@ class WatchStreamProtocol(LineStreamProtocol):
         elif kind == "ERROR":
             # No HTTP code belongs to an ERROR event: its Status names the error, and
             # one without a usable code is a server error.
-            self._fail(error_from_status(0, obj if type(obj) is dict else None))
+            self.fail(error_from_status(0, obj if type(obj) is dict else None))
         elif type(kind) is not str:
             self._not_an_event(line, "watch event without a type")
         else:
-            self._fail(ServerError(f"unknown watch event type {kind[:100]!r} from {self.url}"))
-
-    def connectionLost(self, reason: Failure | None = None) -> None:
-        if self._ended:
-            return
-        self._ended = True
-        broken = self.stream_ended(reason)
-        if self._error is not None:
-            result = self._error
-        elif self._cancelled or broken is None:
-            result = None
-        else:
-            result = ConnectionFailed(f"watch stream from {self.url} {broken}")
-        if result is None:
-            self.finished.callback(None)
-        else:
-            self.finished.errback(Failure(result))
+            self.fail(ServerError(f"unknown watch event type {kind[:100]!r} from {self.url}"))
 
 
 class IdleWatchdog:
@@ -248,6 +216,8 @@ class IdleWatchdog:
 
     def _check(self) -> None:
         self._call = None
+        if not self._stream.streaming:
+            return  # ending already (or ended before its owner stopped this watchdog)
         idle = self._clock.seconds() - self._stream.last_activity
         if idle >= self._seconds:
             self._stream.expire(Timeout(
