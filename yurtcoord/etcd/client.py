@@ -100,7 +100,7 @@ from yurtcoord.etcd.errors import (
     RequestRejected,
     RequestTooLarge,
     ResponseTooLarge,
-    TLSConfigError,
+    EtcdTLSConfigError,
     TooManyOperations,
     TransactionFailed,
 )
@@ -370,7 +370,7 @@ class _Transport:
         if config.tls:
             self.tls = ReloadingTLSPolicy(
                 PEMSource(config.ca_file), PEMSource(config.cert_file),
-                PEMSource(config.key_file), error=TLSConfigError,
+                PEMSource(config.key_file), error=EtcdTLSConfigError,
                 on_change=self._replace_pool, name=f"etcd {', '.join(self.members.urls)}")
         self.pool, self._agent = self._new_pool()
         self._slots = DeferredSemaphore(config.max_connections)

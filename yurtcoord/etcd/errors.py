@@ -7,6 +7,13 @@ operations, invalid): retrying the same request will not help. ``BadResponse`` m
 whatever answered did not speak the etcd gateway's JSON.
 """
 
+from yurtcoord.kube.tls import TLSConfigError
+
+__all__ = ["EtcdError", "EtcdUnavailable", "NoLeader", "EtcdTimeout", "RequestCancelled",
+           "ClientClosed", "TLSConfigError", "EtcdTLSConfigError", "BadResponse",
+           "ResponseTooLarge", "RequestRejected", "RequestTooLarge", "TooManyOperations",
+           "TransactionFailed"]
+
 
 class EtcdError(Exception):
     """Base of every error the etcd adapter raises.
@@ -63,8 +70,10 @@ class ClientClosed(EtcdError):
     """The client was closed; requests in flight at that moment end with this too."""
 
 
-class TLSConfigError(EtcdUnavailable):
-    """The CA, certificate or key files could not be read or parsed."""
+class EtcdTLSConfigError(EtcdUnavailable, TLSConfigError):
+    """The CA, certificate or key files of the etcd client could not be read or
+    parsed: the one ``TLSConfigError`` (``yurtcoord.kube.tls``), and to the callers
+    that retry etcd an outage like any other (``EtcdUnavailable``)."""
 
 
 class BadResponse(EtcdError):
