@@ -30,6 +30,7 @@ from twisted.logger import Logger
 
 from yurtcoord.kube.leaderelection import (
     LeaderElectionConfig, LeaderElectionConfigError, check_election_timing)
+from yurtcoord.tx.durations import format_duration
 from yurtcoord.tx.credentials import mask_url_credentials, url_has_credentials
 from yurtcoord.names import ELECTION_LEASE_NAME, ELECTION_LEASE_NAMESPACE, NODE_POOL_LABEL
 from yurtcoord.pool.keys import normalize_prefix, resource_prefix
@@ -97,21 +98,6 @@ def parse_duration(text: str) -> float:
         total += float(match.group(1)) * _DURATION_UNITS[match.group(2)]
         position = match.end()
     return total
-
-
-def format_duration(seconds: float) -> str:
-    """The shortest ini spelling of ``seconds`` that ``parse_duration`` reads back exactly."""
-    milliseconds = round(seconds * 1000)
-    if abs(milliseconds / 1000 - seconds) > 1e-9:
-        return f"{seconds!r}s"
-    if milliseconds == 0:
-        return "0s"
-    parts = []
-    for unit, size in (("h", 3600000), ("m", 60000), ("s", 1000), ("ms", 1)):
-        count, milliseconds = divmod(milliseconds, size)
-        if count:
-            parts.append(f"{count}{unit}")
-    return "".join(parts)
 
 
 def _parse_positive_duration(text):
