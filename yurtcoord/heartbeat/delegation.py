@@ -108,7 +108,7 @@ from yurtcoord.agent.config import format_duration
 from yurtcoord.tx.failures import describe_failure
 from yurtcoord.tx.limiter import AdaptiveLimit
 from yurtcoord.tx.guardedloop import ILoopErrors
-from yurtcoord.tx.retry import DELEGATION_RETRY, Retries
+from yurtcoord.tx.retry import DELEGATION_RETRY, RetryPolicy
 from yurtcoord.kube.errors import NotFound
 from yurtcoord.kube.gvr import LEASES, NODES
 from yurtcoord.heartbeat.interfaces import ICloudHealthChecker
@@ -120,7 +120,7 @@ from yurtcoord.kube.leasewriter import CREATED, UNCHANGED, UPDATED, LeaseWriter
 from yurtcoord.names import DELEGATE_HEARTBEAT_ANNOTATION, NODE_LEASE_NAMESPACE, NODE_POOL_LABEL
 from yurtcoord.role.roles import IRoleComponent
 from yurtcoord.tx.observers import Observers
-from yurtcoord.tx.workqueue import RetryPolicy, WorkQueue
+from yurtcoord.tx.workqueue import WorkQueue
 
 MAX_ATTEMPTS = 5
 # Chains in flight over all leases: they start at 16 and move with the cloud's latency
@@ -364,7 +364,7 @@ class HeartbeatDelegation:
     - ``lease_duration_seconds``: the ``leaseDurationSeconds`` of the cloud leases it
       writes, the agents' own node lease duration unless named;
     - ``metrics``: optional, an ``IDelegationMetrics``;
-    - ``make_backoff()`` → a ``yurtcoord.tx.retry.Retries`` for the retries of one lease;
+    - ``retry_policy``: the pauses between the retries of one lease (``yurtcoord.tx.retry``);
     - ``max_waiting``: how many leases may wait for the first list of the Nodes.
 
     The chains in flight over all leases (others wait in a FIFO queue) start at
@@ -380,7 +380,7 @@ class HeartbeatDelegation:
                  pick_healthy_server: Callable[[], Optional[str]],
                  cloud_client_for: Callable[[str], IObjectClient],
                  pool: str, metrics: Optional[IDelegationMetrics] = None,
-                 make_backoff: Optional[Callable[[], RetryPolicy]] = None,
+                 retry_policy: RetryPolicy = DELEGATION_RETRY,
                  max_attempts: int = MAX_ATTEMPTS,
                  max_concurrent: int = DEFAULT_MAX_CONCURRENT,
                  heartbeat_interval: float = DEFAULT_HEARTBEAT_INTERVAL,
@@ -416,7 +416,7 @@ class HeartbeatDelegation:
         # One chain per lease, the newest state pending, per-lease backoff.
         self._queue: WorkQueue[str, _Heartbeat] = WorkQueue(
             reactor, self._delegate_state, _newest,
-            make_backoff or (lambda: Retries(DELEGATION_RETRY)),
+            retry_policy,
             max_concurrent=self._limit, on_success=self._delegated,
             on_failure=self._delegation_failed, loop_errors=ILoopErrors(metrics, None))
         # key -> (server, LeaseWriter): the writer of each lease on its last server.

@@ -47,7 +47,7 @@ from yurtcoord.tx.inflight import InFlight
 from yurtcoord.tx.workqueue import WorkQueue
 from yurtcoord.kube import gvr as gvrs
 from yurtcoord.tx.guardedloop import ILoopErrors, guarded
-from yurtcoord.tx.retry import POOL_WRITE_RETRY, Retries
+from yurtcoord.tx.retry import POOL_WRITE_RETRY, RetryPolicy
 from yurtcoord.kube.errors import NotFound
 from yurtcoord.kube.gvr import GroupVersionResource
 from yurtcoord.kube.informer import Informer
@@ -61,7 +61,6 @@ from yurtcoord.pool.keycache import POOL_SCOPED_COMPONENT
 from yurtcoord.pool.keys import InvalidKey, KeyBuildInfo, PoolKey, ResourceId
 from yurtcoord.pool.store import ObjectTooLarge
 from yurtcoord.names import INFORMER_SYNC_LEASE_NAME, INFORMER_SYNC_LEASE_NAMESPACE
-from yurtcoord.tx.workqueue import RetryPolicy
 
 DEFAULT_INFORMER_LEASE_RENEW = 10.0
 
@@ -127,7 +126,7 @@ class ResourceMirror:
                  gvr: GroupVersionResource, kind: Optional[str] = None,
                  component: str = POOL_SCOPED_COMPONENT, metrics: Optional[IPoolSyncMetrics] = None,
                  on_change: Optional[Callable[[], None]] = None,
-                 make_backoff: Optional[Callable[[], RetryPolicy]] = None,
+                 retry_policy: RetryPolicy = POOL_WRITE_RETRY,
                  busy: Optional[Callable[[], None]] = None) -> None:
         self.reactor = reactor
         self.store = store
@@ -149,7 +148,7 @@ class ResourceMirror:
         # retry pause after a failed one.
         self._queue: WorkQueue[str, Write] = WorkQueue(
             reactor, self._write, _merge_writes,
-            make_backoff or (lambda: Retries(POOL_WRITE_RETRY)),
+            retry_policy,
             on_success=self._wrote, on_failure=self._failed,
             loop_errors=ILoopErrors(metrics, None))
         self._registration: Any = None
@@ -394,7 +393,7 @@ class PoolSyncManager:
                  metrics: Optional[IPoolSyncMetrics] = None,
                  informer_factory: Callable[[IReactorTime, Any, GroupVersionResource],
                                             IInformer] = Informer,
-                 write_backoff: Optional[Callable[[], RetryPolicy]] = None,
+                 write_retry_policy: RetryPolicy = POOL_WRITE_RETRY,
                  component: str = POOL_SCOPED_COMPONENT) -> None:
         self.reactor = reactor
         self.node_name = node_name
@@ -404,7 +403,7 @@ class PoolSyncManager:
         self.informer_lease_renew = float(informer_lease_renew)
         self.metrics = metrics
         self._informer_factory = informer_factory
-        self._write_backoff = write_backoff or (lambda: Retries(POOL_WRITE_RETRY))
+        self._write_retry_policy = write_retry_policy
         self.component = component
         self.store: Optional[IPoolStore] = None
         self.mirrors: Dict[ResourceId, ResourceMirror] = {}
@@ -559,7 +558,7 @@ class PoolSyncManager:
             mirror = ResourceMirror(
                 self.reactor, store, informer, gvr, kind=self._kind_of(gvr),
                 component=self.component, metrics=self.metrics,
-                on_change=self._mirror_changed, make_backoff=self._write_backoff,
+                on_change=self._mirror_changed, retry_policy=self._write_retry_policy,
                 busy=heap.busy)
             self.mirrors[rid] = mirror
             self.log.info("pool sync mirrors {resource}", resource=mirror.name)

@@ -26,7 +26,8 @@ error is logged and counted in ``loop_errors`` and the key's retry is armed agai
 after its backoff. Unguarded, the key would wait in the ready queue until some other
 key's event happened to pump it, and with no other traffic its work would stay stuck.
 
-The clock and the retry policy are injected, so tests drive the queue with
+The clock and the retry policy (``yurtcoord.tx.retry``'s one shape, ``policy(failures)
+-> seconds``; the queue counts each key's failures) are injected, so tests drive the queue with
 ``twisted.internet.task.Clock`` and deterministic delays.
 """
 
@@ -42,19 +43,10 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from yurtcoord.tx.guardedloop import ILoopErrors, guarded
+from yurtcoord.tx.retry import RetryPolicy
 
 K = TypeVar("K", bound=Hashable)
 T = TypeVar("T")
-
-
-class RetryPolicy(Protocol):
-    """The delays of one key's consecutive failures (``Backoff`` is one)."""
-
-    def next_delay(self) -> float:
-        """The pause before the next attempt; counts one more failure."""
-
-    def reset(self) -> None:
-        """Forget earlier failures after a success."""
 
 
 class Limit(Protocol):
@@ -74,17 +66,15 @@ class _FixedLimit:
 
 class _Slot(Generic[T]):
     """What the queue knows of one key: the pending item, the running one, the retry
-    timer, its retry policy, and whether it waits in the ready queue."""
+    timer, its consecutive failures, and whether it waits in the ready queue."""
 
-    __slots__ = ("pending", "running", "retry", "policy", "failures", "queued",
-                 "discard_running")
+    __slots__ = ("pending", "running", "retry", "failures", "queued", "discard_running")
 
-    def __init__(self, policy: RetryPolicy) -> None:
+    def __init__(self) -> None:
         # The pending item in a box, so that any value (None too) can be an item.
         self.pending: Optional[Tuple[T]] = None
         self.running: Optional[defer.Deferred[Any]] = None
         self.retry: Optional[IDelayedCall] = None
-        self.policy = policy
         self.failures = 0
         self.queued = False
         # The running item was forgotten: its failure is not retried.
@@ -114,7 +104,8 @@ class WorkQueue(Generic[K, T]):
     :param merge: ``(old, new)`` → the item to keep when ``new`` is offered while
         ``old`` is pending, and when an attempt of ``old`` failed while ``new`` was
         offered.
-    :param make_policy: a fresh ``RetryPolicy`` for each key.
+    :param policy: ``failures`` → the pause before a key's next attempt, the key's
+        consecutive failures counted by the queue (``yurtcoord.tx.retry.RetryPolicy``).
     :param max_concurrent: items running at once over all keys: a number, or a
         ``Limit`` read whenever an item could start (a limit that grows lets more
         start when the next item finishes or is offered).
@@ -132,7 +123,7 @@ class WorkQueue(Generic[K, T]):
     log = Logger()
 
     def __init__(self, clock: IReactorTime, work: Callable[[K, T], Any],
-                 merge: Callable[[T, T], T], make_policy: Callable[[], RetryPolicy],
+                 merge: Callable[[T, T], T], policy: RetryPolicy,
                  max_concurrent: "int | Limit" = 1,
                  on_success: Optional[Callable[[K, T, Any, int], None]] = None,
                  on_failure: Optional[Callable[[K, T, Failure, int, float], None]] = None,
@@ -145,7 +136,7 @@ class WorkQueue(Generic[K, T]):
         self._clock = clock
         self._work = work
         self._merge = merge
-        self._make_policy = make_policy
+        self._policy = policy
         self._limit: Limit = max_concurrent
         self._on_success = on_success
         self._on_failure = on_failure
@@ -189,7 +180,7 @@ class WorkQueue(Generic[K, T]):
         when the key has nothing running, no retry pause and a free slot."""
         slot = self._slots.get(key)
         if slot is None:
-            slot = self._slots[key] = _Slot(self._make_policy())
+            slot = self._slots[key] = _Slot()
         slot.offer(item, self._merge)
         self._enqueue(key, slot)
 
@@ -274,12 +265,11 @@ class WorkQueue(Generic[K, T]):
         discard, slot.discard_running = slot.discard_running, False
         if not isinstance(result, Failure):
             failures, slot.failures = slot.failures, 0
-            slot.policy.reset()
             if self._on_success is not None:
                 self._report(self._on_success, key, item, result, failures)
         else:
             slot.failures += 1
-            delay = slot.policy.next_delay()
+            delay = self._policy(slot.failures)
             if not discard:
                 newer, slot.pending = slot.pending, (item,)
                 if newer is not None:
@@ -322,7 +312,7 @@ class WorkQueue(Generic[K, T]):
             return
         slot.queued = False
         if slot.pending is not None:
-            slot.retry = self._clock.callLater(slot.policy.next_delay(),
+            slot.retry = self._clock.callLater(self._policy(slot.failures),
                                                self._guarded_retry, key, slot)
         elif slot.idle:
             del self._slots[key]

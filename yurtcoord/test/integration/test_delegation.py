@@ -10,7 +10,7 @@ from twisted.internet import defer, reactor
 from twisted.trial import unittest
 
 from yurtcoord.heartbeat.delegation import NODE_LEASE_NAMESPACE, HeartbeatDelegation
-from yurtcoord.tx.retry import Retries, backoff_policy
+from yurtcoord.tx.retry import backoff_policy
 from yurtcoord.kube.client import ClientConfig, KubeClient
 from yurtcoord.kube.gvr import LEASES, NODES
 from yurtcoord.kube.lease import format_micro_time, parse_micro_time
@@ -50,7 +50,7 @@ class DelegationLiveTests(unittest.TestCase):
             self.cloud.store.create(NODES, pool_node(name))
         self.delegation = HeartbeatDelegation.for_coordinator(
             reactor, self.pool_client, self.proxy_client, cloud_health, clients.__getitem__,
-            POOL, make_backoff=lambda: Retries(backoff_policy(initial=0.05, maximum=0.5)),
+            POOL, retry_policy=backoff_policy(initial=0.05, maximum=0.5),
             heartbeat_interval=30.0)
         self.addCleanup(self.delegation.stop)
         # The pool leases name renewTimes a minute in the past of the real clock, as a

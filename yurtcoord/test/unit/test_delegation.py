@@ -21,7 +21,7 @@ from yurtcoord.heartbeat.delegation import (
 )
 from yurtcoord.heartbeat.probes import NODE_LEASE_DURATION_SECONDS
 from yurtcoord.kube.lease import stamped_renew_time
-from yurtcoord.tx.retry import Retries, backoff_policy
+from yurtcoord.tx.retry import backoff_policy
 from yurtcoord.kube.errors import Conflict, ServerError
 from yurtcoord.kube.gvr import LEASES, NODES
 from yurtcoord.kube.interfaces import IInformer, IObjectClient
@@ -140,9 +140,6 @@ class DelegationFixture:
             self.clients_asked.append(url)
             return self.clouds[url]
 
-        def make_backoff():
-            return Retries(backoff_policy(initial=1.0, maximum=4.0, jitter=0.0))
-
         def make_node_informer(label_selector):
             self.node_selectors.append(label_selector)
             return self.nodes
@@ -156,7 +153,7 @@ class DelegationFixture:
         return HeartbeatDelegation(
             self.clock, lambda: self.informer, make_node_informer, self.node_reader,
             self.health.pick_healthy_server, client_for, POOL, metrics=self.metrics,
-            make_backoff=make_backoff, **kwargs)
+            retry_policy=backoff_policy(initial=1.0, maximum=4.0, jitter=0.0), **kwargs)
 
     def start(self, listed=True, leases=()):
         """Start. The lease informer's first list holds ``leases``, what the

@@ -479,7 +479,7 @@ def inject_watch_idle(test: unittest.TestCase, sink: ILoopErrors) -> Injection:
 
 
 def inject_work_retry(test: unittest.TestCase, sink: ILoopErrors) -> Injection:
-    from yurtcoord.tx.retry import Retries, backoff_policy
+    from yurtcoord.tx.retry import backoff_policy
     from yurtcoord.tx.workqueue import WorkQueue
 
     clock, attempts = Clock(), []
@@ -490,8 +490,7 @@ def inject_work_retry(test: unittest.TestCase, sink: ILoopErrors) -> Injection:
 
     queue: WorkQueue[str, int] = WorkQueue(
         clock, work, lambda old, new: new,
-        lambda: Retries(backoff_policy(initial=1.0, maximum=1.0, jitter=0.0)),
-        loop_errors=sink)
+        backoff_policy(initial=1.0, maximum=1.0, jitter=0.0), loop_errors=sink)
     test.addCleanup(queue.stop)
     queue.add("edge-1", 1)
     # The first attempt failed; putting the key back at its retry raises once.

@@ -15,7 +15,7 @@ from twisted.internet.task import Clock
 from twisted.trial import unittest
 
 from yurtcoord.kube import gvr as gvrs
-from yurtcoord.tx.retry import Retries, backoff_policy
+from yurtcoord.tx.retry import backoff_policy
 from yurtcoord.kube.errors import ConnectionFailed
 from yurtcoord.kube.lease import parse_micro_time, renew_time
 from yurtcoord.agent.metrics import Metrics
@@ -54,7 +54,7 @@ class PoolSyncClockTests(unittest.TestCase):
             self.clock, NODE, self.coordinator, object(), self.scope,
             informer_lease_renew=10, metrics=self.metrics,
             informer_factory=FakeInformer.factory(self.informers),
-            write_backoff=lambda: Retries(backoff_policy(initial=1.0, maximum=4.0, jitter=0)))
+            write_retry_policy=backoff_policy(initial=1.0, maximum=4.0, jitter=0))
         self.messages = capture_log(self.manager)
         self.patch(ResourceMirror, "log", self.manager.log)
 

@@ -5,7 +5,7 @@ from twisted.internet import defer
 from twisted.internet.task import Clock
 from twisted.trial import unittest
 
-from yurtcoord.tx.retry import Retries, backoff_policy
+from yurtcoord.tx.retry import backoff_policy
 from yurtcoord.tx.workqueue import WorkQueue
 
 
@@ -38,7 +38,7 @@ class WorkQueueTests(unittest.TestCase):
     def queue(self, max_concurrent=1, merge=None):
         return WorkQueue(
             self.clock, self.work, merge or (lambda old, new: new),
-            lambda: Retries(backoff_policy(initial=1.0, maximum=4.0, jitter=0.0)),
+            backoff_policy(initial=1.0, maximum=4.0, jitter=0.0),
             max_concurrent=max_concurrent,
             on_success=lambda key, item, result, failures: self.succeeded.append(
                 (key, item, result, failures)),
@@ -232,7 +232,7 @@ class WorkQueueTests(unittest.TestCase):
 
         self.outcome = lambda key, item: defer.succeed(item)
         queue = WorkQueue(self.clock, self.work, lambda old, new: new,
-                          lambda: Retries(backoff_policy(initial=1.0, maximum=30.0, jitter=0.0)),
+                          backoff_policy(initial=1.0, maximum=30.0, jitter=0.0),
                           on_success=report)
         queue.add("a", 1)
         queue.add("b", 2)
