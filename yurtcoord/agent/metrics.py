@@ -10,14 +10,15 @@ keep working. yurthub has no value for role ``init``; yurtcoord exports it as 0.
 
 import time
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 from prometheus_client import exposition
 from prometheus_client.exposition import generate_latest
-from zope.interface import implementer
+from zope.interface import Interface, implementer
 
 from yurtcoord.heartbeat.delegation import REFUSAL_REASONS, IDelegationMetrics
+from yurtcoord.heartbeat.interfaces import IServerHealthMetrics
 from yurtcoord.pool.interfaces import IPoolSyncMetrics
 from yurtcoord.pool.uploader import SKIP_REASONS
 from yurtcoord.role.roles import Role
@@ -48,7 +49,21 @@ METRICS_CONTENT_TYPE = getattr(exposition, "CONTENT_TYPE_PLAIN_0_0_4",
                                "text/plain; version=0.0.4; charset=utf-8")
 
 
-@implementer(IDelegationMetrics, ILoopErrors, IPoolSyncMetrics)
+class IRoleGauges(Interface):
+    """The gauges ``follow_coordinator`` keeps: ``Metrics`` has them."""
+
+    def set_role(role: str) -> None:
+        """The coordinator's role now (``init``, ``pending``, ``follower``, ``leader``)."""
+
+    def set_healthy(healthy: bool) -> None:
+        """Whether the coordinator is healthy now."""
+
+    def set_ready(ready: bool) -> None:
+        """Whether the agent is ready now."""
+
+
+@implementer(IDelegationMetrics, ILoopErrors, IPoolSyncMetrics, IRoleGauges,
+             IServerHealthMetrics)
 class Metrics:
     """Every metric of one agent (the README's metrics table lists them); components
     get this object passed in."""
@@ -286,17 +301,7 @@ class Metrics:
         return generate_latest(self.registry)
 
 
-class RoleGauges(Protocol):
-    """The gauges ``follow_coordinator`` keeps: ``Metrics`` has them."""
-
-    def set_role(self, role: str) -> None: ...
-
-    def set_healthy(self, healthy: bool) -> None: ...
-
-    def set_ready(self, ready: bool) -> None: ...
-
-
-def follow_coordinator(gauges: RoleGauges, coordinator: "Coordinator") -> None:
+def follow_coordinator(gauges: IRoleGauges, coordinator: "Coordinator") -> None:
     """Set ``gauges``' role, healthy and ready (``set_role``, ``set_healthy``,
     ``set_ready``) from ``coordinator`` now and from its role and readiness
     observers after every change: a scrape never needs to ask the coordinator."""

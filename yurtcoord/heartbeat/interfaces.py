@@ -82,3 +82,24 @@ class IKubeletLiveness(Interface):
 
     def add_listener(callback: Callable[[bool], object]) -> None:
         """``callback(alive)`` when the kubelet turns dead and when it is back."""
+
+
+class IServerHealthMetrics(Interface):
+    """Where the health checkers report each server's health as they decide it (the
+    agent's ``Metrics``): the cloud servers' and the coordinator apiservers'."""
+
+    def set_server_healthy(server: str, healthy: bool) -> None:
+        """The cloud server ``server`` is now healthy or not."""
+
+    def set_coordinator_server_healthy(server: str, healthy: bool) -> None:
+        """The coordinator apiserver ``server`` is now healthy or not."""
+
+
+class IKubeletAnswer(Interface):
+    """What the kubelet check reads of the answer to its healthz request (a treq
+    response): the status code, and the body read to its end."""
+
+    code = Attribute("The HTTP status code.")
+
+    def content() -> defer.Deferred[bytes]:
+        """The whole body."""

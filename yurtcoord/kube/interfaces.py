@@ -63,6 +63,19 @@ class IListWatchClient(Interface):
         """Start a watch calling ``on_event(type, obj)`` for every event."""
 
 
+class IWatch(Interface):
+    """One watch started by ``IListWatchClient.watch``, as the informer and the pool
+    view follow it."""
+
+    done = Attribute(
+        "A Deferred firing None when the stream ended cleanly or was cancelled, or "
+        "failing with a ``yurtcoord.kube.errors`` type.")
+    events = Attribute("How many events the watch has delivered.")
+
+    def cancel() -> None:
+        """End the watch; ``done`` fires None."""
+
+
 class IInformer(Interface):
     """What the agent's parts need of an informer: handlers for every change of the
     objects it mirrors, the objects it holds now, and the end of its first list.
@@ -98,3 +111,17 @@ class IInformer(Interface):
 
     def stop() -> Deferred[None]:
         """Stop; the Deferred fires once nothing is left running."""
+
+
+class ILeaderElector(Interface):
+    """One candidacy in a Lease election (``yurtcoord.kube.leaderelection``'s
+    ``LeaderElector``), as the hub elector drives it: built unstarted with its
+    callbacks, started once, stopped once."""
+
+    leader = Attribute("The holder of the lease as last observed, or None.")
+
+    def start() -> None:
+        """Begin trying to acquire, then renew, the lease."""
+
+    def stop() -> Deferred[Any]:
+        """Stop; the Deferred fires once the lease is released (when it was held)."""

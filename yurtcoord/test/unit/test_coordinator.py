@@ -9,7 +9,7 @@ from twisted.trial import unittest
 from zope.interface import implementer
 from zope.interface.verify import verifyObject
 
-from yurtcoord.agent.metrics import follow_coordinator
+from yurtcoord.agent.metrics import IRoleGauges, follow_coordinator
 from yurtcoord.agent.statussources import AgentStatus
 from yurtcoord.role.coordinator import Coordinator
 from yurtcoord.tx.fsm import IllegalTransition
@@ -145,6 +145,7 @@ class Uploader:
         return defer.succeed(result)
 
 
+@implementer(IRoleGauges)
 class RecordingMetrics:
     def __init__(self):
         self.role = self.healthy = self.ready = None
@@ -649,6 +650,7 @@ class SupersededRoleCancelsTests(CoordinatorTestCase):
 
     def test_fakes_provide_the_component_interface(self):
         verifyObject(IRoleComponent, self.pool_sync)
+        verifyObject(IRoleGauges, self.metrics)
 
     def test_leader_to_pending_mid_upload_stops_leader_work_at_once(self):
         c = self.coordinator

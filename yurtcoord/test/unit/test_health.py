@@ -6,6 +6,7 @@ the delegate annotation and the delegating cadence, and the kubelet gate."""
 from prometheus_client.parser import text_string_to_metric_families
 from twisted.internet import defer
 from twisted.trial import unittest
+from zope.interface import implementer
 from zope.interface.verify import verifyObject
 
 from yurtcoord.agent.metrics import Metrics
@@ -24,6 +25,7 @@ from yurtcoord.heartbeat.probes import (
 )
 from yurtcoord.kube.errors import Conflict, ConnectionFailed, NotFound, ServerError, Timeout
 from yurtcoord.kube.gvr import LEASES, NODES
+from yurtcoord.heartbeat.interfaces import IKubeletAnswer, IServerHealthMetrics
 from yurtcoord.kube.interfaces import IListWatchClient, IObjectClient
 from yurtcoord.kube.leasewriter import LeaseWriteFailed
 from yurtcoord.kube.resolving import PickedServerClient
@@ -78,6 +80,7 @@ class UnreadableNodes(FakeKube):
         return defer.fail(self.error)
 
 
+@implementer(IServerHealthMetrics)
 class RecordingMetrics:
     def __init__(self):
         self.server_healthy = {}
@@ -90,6 +93,7 @@ class RecordingMetrics:
         self.coordinator_server_healthy[server] = healthy
 
 
+@implementer(IKubeletAnswer)
 class FakeResponse:
     def __init__(self, code):
         self.code = code
@@ -770,6 +774,7 @@ class SeveralCoordinatorServersTests(unittest.TestCase):
         self.clients = {self.A: FakeKube(self.clock), self.B: FakeKube(self.clock)}
         self.cloud = FakeHealth(True)
         self.metrics = RecordingMetrics()
+        verifyObject(IServerHealthMetrics, self.metrics)
         self.checker = CoordinatorHealthChecker(self.clock, self.clients, NODE, self.cloud,
                                                 DEFAULTS, metrics=self.metrics)
 
@@ -1310,6 +1315,7 @@ class KubeletGatingTests(unittest.TestCase):
         self.client = FakeKube()
         self.kubelet_code = 200
         self.kubelet_requests = []
+        verifyObject(IKubeletAnswer, FakeResponse(200))
 
         def http_get(url):
             self.kubelet_requests.append(url)

@@ -3,8 +3,12 @@
 from twisted.internet import defer
 from twisted.internet.task import Clock
 from twisted.trial import unittest
+from zope.interface import implementer
+from zope.interface.verify import verifyClass, verifyObject
 
 from yurtcoord.kube.gvr import LEASES
+from yurtcoord.kube.interfaces import ILeaderElector
+from yurtcoord.kube.leaderelection import LeaderElector
 from yurtcoord.role.hubelector import HubElector
 from yurtcoord.role.roles import Role
 from yurtcoord.testing.fakehealth import FakeHealth
@@ -13,7 +17,7 @@ from yurtcoord.testing.fakekube import FakeKube
 CHECK = 5
 
 
-
+@implementer(ILeaderElector)
 class FakeElector:
     """Stands for LeaderElector: the test fires its callbacks by hand."""
 
@@ -32,6 +36,13 @@ class FakeElector:
     def stop(self):
         self.stops += 1
         return self.stop_result
+
+
+class FakeElectorTests(unittest.TestCase):
+    def test_the_fake_and_the_real_elector_fit_the_contract(self):
+        self.assertTrue(verifyObject(ILeaderElector, FakeElector(None, None, None)))
+        # The real one is not declared (kube/leaderelection.py); its methods fit.
+        self.assertTrue(verifyClass(ILeaderElector, LeaderElector, tentative=True))
 
 
 class HubElectorTests(unittest.TestCase):

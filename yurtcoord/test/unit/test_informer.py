@@ -6,11 +6,14 @@ from twisted.internet import defer
 from twisted.internet.task import Clock
 from twisted.logger import globalLogPublisher
 from twisted.trial import unittest
+from zope.interface import implementer
+from zope.interface.verify import verifyObject
 
 from yurtcoord.kube import errors
 from yurtcoord.tx.retry import Retries, backoff_policy
 from yurtcoord.kube.gvr import CONFIGMAPS, NODES
 from yurtcoord.kube.informer import Informer
+from yurtcoord.kube.interfaces import IListWatchClient, IWatch
 from yurtcoord.testing.informerrecorder import Recorder
 
 
@@ -20,6 +23,7 @@ def cm(name, rv, ns="ns", **labels):
                          "labels": labels}}
 
 
+@implementer(IWatch)
 class ScriptedWatch:
     def __init__(self, on_event, params):
         self.on_event = on_event
@@ -38,6 +42,7 @@ class ScriptedWatch:
             self.done.callback(None)
 
 
+@implementer(IListWatchClient)
 class ScriptedClient:
     """list() and watch() calls the test answers by hand."""
 
@@ -45,13 +50,23 @@ class ScriptedClient:
         self.list_calls = []
         self.watches = []
 
-    def list(self, gvr, **params):
+    def list(self, gvr, namespace=None, label_selector=None, field_selector=None,
+             resource_version=None, limit=None, continue_token=None):
         d = defer.Deferred()
-        self.list_calls.append((params, d))
+        self.list_calls.append((dict(
+            namespace=namespace, label_selector=label_selector,
+            field_selector=field_selector, resource_version=resource_version, limit=limit,
+            continue_token=continue_token), d))
         return d
 
-    def watch(self, gvr, on_event, **params):
-        w = ScriptedWatch(on_event, params)
+    def watch(self, gvr, on_event, namespace=None, resource_version=None,
+              label_selector=None, field_selector=None, allow_bookmarks=True,
+              timeout_seconds=None, idle_timeout=None):
+        w = ScriptedWatch(on_event, dict(
+            namespace=namespace, resource_version=resource_version,
+            label_selector=label_selector, field_selector=field_selector,
+            allow_bookmarks=allow_bookmarks, timeout_seconds=timeout_seconds,
+            idle_timeout=idle_timeout))
         self.watches.append(w)
         return w
 
@@ -61,6 +76,14 @@ class ScriptedClient:
         if continue_token:
             metadata["continue"] = continue_token
         d.callback({"kind": "List", "metadata": metadata, "items": items})
+
+
+class ScriptedClientTests(unittest.TestCase):
+    def test_the_scripted_client_and_its_watches_fit_the_contract(self):
+        client = ScriptedClient()
+        self.assertTrue(verifyObject(IListWatchClient, client))
+        self.assertTrue(verifyObject(IWatch, client.watch(CONFIGMAPS, lambda *_: None)))
+        self.assertTrue(verifyObject(IWatch, ScriptedWatch(lambda *_: None, {})))
 
 
 class InformerUnitTests(unittest.TestCase):
