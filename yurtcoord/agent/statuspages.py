@@ -141,6 +141,8 @@ class PoolDocumentPage(resource.Resource):
         # The document last encoded, its bytes, and those compressed (once asked).
         self._encoded: Optional[tuple[dict[str, Any], bytes]] = None
         self._compressed: Optional[tuple[dict[str, Any], bytes]] = None
+        # The answers made by ``answer_at_hand``: gzipped or not -> (document, head, body).
+        self._answers: dict[bool, tuple[dict[str, Any], bytes, bytes]] = {}
 
     def encoded(self, document: dict[str, Any]) -> bytes:
         """The JSON bytes of ``document``, encoded once per document."""
@@ -159,6 +161,34 @@ class PoolDocumentPage(resource.Resource):
         body = gzip.compress(self.encoded(document), compresslevel=POOL_GZIP_LEVEL, mtime=0)
         self._compressed = (document, body)
         return body
+
+    def answer_at_hand(self, accept_encoding: Optional[bytes]) -> Optional[tuple[bytes, bytes]]:
+        """The answer to a ``GET /pool`` whose ``Accept-Encoding`` is ``accept_encoding``
+        when the view has its document at hand: the head (status line and headers,
+        without ``Date`` and the blank line that ends it) and the body, the same as
+        ``render_GET`` gives, made once per document and encoding. None while the
+        document is being built: the request then takes the ordinary way and waits."""
+        built = self.view.document()
+        if not built.called:
+            return None
+        result: list[object] = []
+        built.addBoth(result.append)
+        document = result[0]
+        if not isinstance(document, dict):
+            return None
+        compressed = accepts_gzip(accept_encoding)
+        made = self._answers.get(compressed)
+        if made is not None and made[0] is document:
+            return made[1], made[2]
+        body = self.compressed(document) if compressed else self.encoded(document)
+        head = b"".join((
+            b"HTTP/1.1 200 OK\r\nServer: ", server.version,
+            b"\r\nVary: accept-encoding\r\n",
+            b"Content-Encoding: gzip\r\n" if compressed else b"",
+            b"Content-Type: application/json\r\nCache-Control: no-store\r\n",
+            b"Content-Length: %d\r\n" % len(body)))
+        self._answers[compressed] = (document, head, body)
+        return head, body
 
     def render_GET(self, request: server.Request) -> object:
         if request.postpath not in ([], [b""]):
