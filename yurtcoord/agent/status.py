@@ -96,11 +96,12 @@ _PROBES_ONLY = (b"HTTP/1.1 503 Service Unavailable\r\n"
 
 # ``StatusChannel``'s answers at hand: the request line they answer, the longest
 # request they take (twisted.web's bound on a request's headers) and the headers that
-# send a request the ordinary way (a body, a closing or upgraded connection).
+# send a request the ordinary way (a body, an upgraded connection; a ``Connection``
+# header other than keep-alive, as browsers send).
 _POOL_REQUEST_LINE = b"GET /pool HTTP/1.1\r\n"
 _MAX_AT_HAND_REQUEST = 16384
 _ORDINARY_WAY_HEADERS = frozenset((b"content-length", b"transfer-encoding", b"expect",
-                                   b"connection", b"upgrade", b"http2-settings"))
+                                   b"upgrade", b"http2-settings"))
 
 
 def is_probe_path(path: bytes) -> bool:
@@ -198,7 +199,7 @@ class StatusChannel(http.HTTPChannel):
     def _answered_at_hand(self, data: bytes) -> bool:
         """Answer ``data`` at once, and say so, when it is one whole plain ``GET /pool``
         of HTTP/1.1 (no body, nothing pipelined behind it, no header that asks for
-        more than an answer) and the pool view's document is at hand: the answer's
+        more than an answer, such as ``Connection: close``) and the pool view's document is at hand: the answer's
         bytes are made once per document (``PoolDocumentPage.answer_at_hand``) and no
         twisted.web request is made. At 200 requests a second that request machinery
         was half of the agent's CPU for ``/pool``. Anything else takes the ordinary way."""
@@ -214,6 +215,8 @@ class StatusChannel(http.HTTPChannel):
             name = name.lower()
             if name in _ORDINARY_WAY_HEADERS or (name == b"accept-encoding"
                                                   and accept_encoding is not None):
+                return False
+            if name == b"connection" and value.strip().lower() != b"keep-alive":
                 return False
             if name == b"accept-encoding":
                 accept_encoding = value.strip()

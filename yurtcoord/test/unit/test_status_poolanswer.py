@@ -173,6 +173,13 @@ class PoolAnswerAtHandTests(unittest.TestCase):
             self.assertEqual(CountingRequest.made, 2 if name == "pipelined" else 1, name)
             self.assertTrue(all(code == 200 for code, _, _ in parse(transport.value())), name)
 
+    def test_a_browser_keeping_its_connection_is_answered_at_hand(self):
+        channel, transport = self.connect()
+        channel.dataReceived(AT_HAND.replace(b"\r\n\r\n", b"\r\nConnection: keep-alive\r\n\r\n"))
+        self.assertEqual([code for code, _, _ in parse(transport.value())], [200])
+        self.assertEqual(CountingRequest.made, 0)
+        self.assertFalse(transport.disconnecting)
+
     def test_the_deadline_runs_again_after_an_answer_at_hand(self):
         channel, transport = self.connect()
         self.clock.advance(4.5)
