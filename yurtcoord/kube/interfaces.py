@@ -76,6 +76,15 @@ class IWatch(Interface):
         """End the watch; ``done`` fires None."""
 
 
+class IAPIRequests(Interface):
+    """Any call of a Kubernetes API client by method and path, as the pool scope asks
+    the cloud's API discovery (``KubeClient.request``)."""
+
+    def request(method: str, path: str, params: dict[str, Any] | None = None,
+                body: Any = None, allow_empty: bool = False) -> Deferred[Any]:
+        """The decoded JSON answer (None for an empty body if ``allow_empty``)."""
+
+
 class IInformer(Interface):
     """What the agent's parts need of an informer: handlers for every change of the
     objects it mirrors, the objects it holds now, and the end of its first list.

@@ -77,6 +77,7 @@ from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.logger import Logger
 from twisted.web.resource import Resource
 from twisted.web.server import Request, Site
+from zope.interface import Attribute, Interface
 
 from yurtcoord.agent.config import parse_config, parse_duration
 from yurtcoord.kube.gvr import ENDPOINTS, ENDPOINTSLICES_V1, LEASES, NODES, SECRETS
@@ -238,6 +239,17 @@ class DelegationLines:
         quiet, self._quiet = self._quiet, {}
         for timer in quiet.values():
             timer.cancel()
+
+
+class ISandboxAgent(Interface):
+    """What the sandbox reads of each agent it runs (an ``Agent``) for its control
+    page and its checks."""
+
+    coordinator = Attribute("The agent's coordinator: its ``role``.")
+    hub_elector = Attribute("The agent's hub elector: the ``leader`` it observed.")
+    leader = Attribute("The agent's leader source: the ``leader`` of the election lease.")
+    kubelet_checker = Attribute("The agent's kubelet check: ``is_alive()``.")
+    status_source = Attribute("The agent's status source: ``status()``.")
 
 
 class SandboxError(Exception):

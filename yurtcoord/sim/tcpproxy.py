@@ -13,6 +13,7 @@ from twisted.internet.address import IPv4Address, IPv6Address
 from twisted.internet.interfaces import IAddress, IConnector, IListeningPort, IReactorTCP
 from twisted.python.failure import Failure
 from twisted.logger import Logger
+from zope.interface import Attribute, Interface, implementer
 
 
 class _Side(protocol.Protocol):
@@ -114,6 +115,19 @@ class _DownstreamFactory(protocol.ServerFactory):
         return _Downstream(self.proxy)
 
 
+class ICuttableLink(Interface):
+    """A link the sandbox cuts and restores (an agent's link to the cloud)."""
+
+    is_cut = Attribute("True from ``cut()`` until ``restore()``.")
+
+    def cut() -> defer.Deferred[list[None]]:
+        """Lose every connection over the link and refuse new ones."""
+
+    def restore() -> None:
+        """Let new connections through again."""
+
+
+@implementer(ICuttableLink)
 class TCPProxy:
     """Forwards ``127.0.0.1:<port>`` to ``target_host:target_port``.
 

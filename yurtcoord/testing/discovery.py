@@ -2,12 +2,14 @@
 pool scope and of pool sync, and the pool-scoped resources by id, as the tests of the
 pool scope compare them."""
 
-from typing import Any, Dict, Iterable, List, Mapping, Tuple
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple
 
 from twisted.internet import defer
+from zope.interface import implementer
 
 from yurtcoord.kube.errors import NotFound
 from yurtcoord.kube.gvr import GroupVersionResource
+from yurtcoord.kube.interfaces import IAPIRequests
 from yurtcoord.pool.scope import DEFAULT_POOL_SCOPE_RESOURCES
 
 SERVICES_ENTRY = '[{"group":"","version":"v1","resource":"services"}]'
@@ -21,6 +23,7 @@ def resource_ids(resources: Iterable[GroupVersionResource]) -> List[Tuple[str, s
 DEFAULT_IDS = resource_ids(DEFAULT_POOL_SCOPE_RESOURCES)
 
 
+@implementer(IAPIRequests)
 class ScriptedDiscovery:
     """``request("GET", path)``: answers from ``served`` ({path: [(resource, namespaced)]}),
     404 for other paths; ``fail[path]`` errors are raised first, one per call."""
@@ -30,7 +33,8 @@ class ScriptedDiscovery:
         self.fail: Dict[str, List[BaseException]] = {}
         self.calls: List[Tuple[str, str]] = []
 
-    def request(self, method: str, path: str, **_kwargs: Any) -> defer.Deferred[Any]:
+    def request(self, method: str, path: str, params: Optional[Dict[str, Any]] = None,
+                body: Any = None, allow_empty: bool = False) -> defer.Deferred[Any]:
         self.calls.append((method, path))
         queued = self.fail.get(path)
         if queued:

@@ -28,12 +28,15 @@ stops at once in the same reactor turn. Peers must wait for the lease to expire.
 
 from twisted.internet import defer, reactor
 from twisted.trial import unittest
+from zope.interface import implementer
+from zope.interface.verify import verifyObject
 
 from yurtcoord.agent.config import parse_duration
 from yurtcoord.heartbeat.probes import (
     DELEGATE_HEARTBEAT_ANNOTATION, NODE_LEASE_DURATION_SECONDS, NODE_LEASE_NAMESPACE,
 )
 from yurtcoord.kube.gvr import LEASES
+from yurtcoord.kube.interfaces import IObjectClient
 from yurtcoord.kube.lease import format_micro_time, renew_time
 from yurtcoord.role.roles import Role
 from yurtcoord.sim.agentini import IN_PROCESS_SUITE
@@ -59,6 +62,7 @@ STEP_TIMEOUT = 30.0
 RESTORE_TIMEOUT = 50.0
 
 
+@implementer(IObjectClient)
 class RecordingLeaseProxyClient:
     """Passes every call to ``client``; records writes of node leases as
     ``(writer node, lease name, writer's hub role)``."""
@@ -140,6 +144,7 @@ class PoolAgents:
             for url, client in list(agent.lease_proxy_clients.items()):
                 agent.lease_proxy_clients[url] = RecordingLeaseProxyClient(
                     client, agent, self.writes)
+                verifyObject(IObjectClient, agent.lease_proxy_clients[url])
             self.agents[node] = agent
 
     def roles(self):

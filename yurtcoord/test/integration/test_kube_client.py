@@ -9,8 +9,9 @@ import time
 from cryptography.x509.oid import NameOID
 from twisted.internet import defer, reactor, ssl
 from twisted.trial import unittest
-from twisted.web.resource import Resource
+from twisted.web.resource import IResource, Resource
 from twisted.web.server import NOT_DONE_YET, Site
+from zope.interface.verify import verifyObject
 
 from yurtcoord.kube import errors
 from yurtcoord.kube.client import ClientConfig, KubeClient
@@ -75,6 +76,7 @@ class ClientFixture:
 
     def start_fake(self, tls_context=None):
         self.api = FakeAPI()
+        verifyObject(IResource, self.api)
         site = Site(self.api)
         if tls_context is None:
             port = reactor.listenTCP(0, site, interface="127.0.0.1")

@@ -10,8 +10,11 @@ import socket
 from twisted.internet import defer, reactor
 from twisted.logger import globalLogPublisher
 from twisted.trial import unittest
+from zope.interface import implementer
+from zope.interface.verify import verifyObject
 
 from yurtcoord.etcd.client import EtcdClient, EtcdConfig
+from yurtcoord.etcd.interfaces import IEtcdKeyValue
 from yurtcoord.etcd.errors import EtcdTimeout, EtcdUnavailable, RequestRejected
 from yurtcoord.kube import gvr
 from yurtcoord.pool.keycache import KEY_CACHE_FILE_NAME, ComponentKeyCache
@@ -333,6 +336,7 @@ class PoolStoreBehaviour(EtcdStoreCase):
         """A first upload sends only the guarded writes; when a guard fails, one read
         of the batch plans the next round, and the outcome is as before."""
         client = RecordingClient(self.client)
+        verifyObject(IEtcdKeyValue, client)
         store = self.new_store(client, self.key_cache, max_ops=8)
         items = [(self.key("pods", f"p{i}", "ns"), make_object(f"p{i}", "ns", 10 + i), 10 + i)
                  for i in range(8)]
@@ -741,6 +745,7 @@ class AnswerLosingClient:
         return getattr(self.client, name)
 
 
+@implementer(IEtcdKeyValue)
 class RecordingClient:
     """Passes requests to a real client; records each transaction's shape
     ``(compares, success operations, failure operations, succeeded)`` in ``shapes``

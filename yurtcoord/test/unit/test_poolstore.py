@@ -10,8 +10,11 @@ from twisted.internet import defer
 from twisted.internet.task import Clock
 from twisted.logger import globalLogPublisher
 from twisted.trial import unittest
+from zope.interface import implementer
+from zope.interface.verify import verifyObject
 
 from yurtcoord.etcd.errors import EtcdUnavailable
+from yurtcoord.etcd.interfaces import IEtcdKeyValue
 from yurtcoord.kube import gvr
 from yurtcoord.pool.keycache import ComponentKeyCache
 from yurtcoord.pool.keys import KeyBuildInfo
@@ -28,8 +31,10 @@ class Status:
         self.raft_term = raft_term
 
 
+@implementer(IEtcdKeyValue)
 class FakeStatusClient:
-    """Answers ``status()`` with Deferreds the test fires."""
+    """Answers ``status()`` with Deferreds the test fires; the tests that use it
+    read and write nothing, so every other call fails."""
 
     def __init__(self):
         self.pending = []
@@ -38,6 +43,19 @@ class FakeStatusClient:
         d = defer.Deferred()
         self.pending.append(d)
         return d
+
+    def get(self, key, timeout=None):
+        return defer.fail(AssertionError(f"unexpected read of {key!r}"))
+
+    def range_page(self, keys, keys_only=False, limit=None, revision=None,
+                   count_only=False, serializable=False, timeout=None):
+        return defer.fail(AssertionError(f"unexpected read of {keys!r}"))
+
+    def submit(self, txn, raise_on_failure=True, timeout=None):
+        return defer.fail(AssertionError("unexpected transaction"))
+
+    def close(self):
+        return defer.succeed(None)
 
 
 class KeyCacheFlushTimingTests(unittest.TestCase):
@@ -76,6 +94,7 @@ class HealthLoopTests(unittest.TestCase):
     def test_loop_on_injected_clock(self):
         clock = Clock()
         client = FakeStatusClient()
+        verifyObject(IEtcdKeyValue, client)
         store = PoolStore(clock, client, "/registry", ComponentKeyCache(self.mktemp()),
                           health_interval=5.0)
         seen = []

@@ -26,7 +26,7 @@ from yurtcoord.agent.statuspages import status_resource
 from yurtcoord.agent.statussources import IPoolView, IStatusSource, InitialStatus
 from yurtcoord.kube.errors import ServerError
 from yurtcoord.kube.gvr import LEASES, NODES, GroupVersionResource
-from yurtcoord.kube.interfaces import IListWatchClient, IObjectClient
+from yurtcoord.kube.interfaces import IListWatchClient, IObjectClient, IWatch
 from yurtcoord.kube.lease import LeaseRecord, build_lease
 from yurtcoord.names import (
     DELEGATE_HEARTBEAT_ANNOTATION, INFORMER_SYNC_LEASE_NAME, INFORMER_SYNC_LEASE_NAMESPACE,
@@ -64,6 +64,7 @@ class HeartbeatPathTests(unittest.TestCase):
 KINDS = {"leases": "Lease", "nodes": "Node"}
 
 
+@implementer(IWatch)
 class FakeWatch:
     """One watch of a ``ListingKube``: ``done`` fires with None once cancelled, or
     with the error ``ListingKube.cut_watches`` ends it with."""
@@ -135,6 +136,7 @@ class ListingKube(FakeKube):
                 on_event(event, obj)
 
         watch = FakeWatch(lambda: stop())
+        verifyObject(IWatch, watch)
         stop = self.add_write_observer(written)
         self._watches = [w for w in self._watches if not w.done.called] + [watch]
         return watch

@@ -30,7 +30,7 @@ from twisted.plugins.yurtcoord_plugin import EarlyStopSignals, make_sandbox
 from twisted.trial import unittest
 from twisted.web.test.requesthelper import DummyRequest
 from zope.interface import implementer
-from zope.interface.verify import verifyObject
+from zope.interface.verify import verifyClass, verifyObject
 
 from yurtcoord.agent.certs import (
     CERTS_SECRET_NAME, UNITS, check_ca, check_node_certificate, check_pair,
@@ -48,7 +48,7 @@ from yurtcoord.role.roles import Role
 from yurtcoord.sim.sandbox import (
     CLOUD_LEASE_STALE_AFTER, DELEGATION_QUIET_PERIOD, SEEDED_SERVICES, DelegationLines,
     KubeletControlPage, Sandbox, agent_config_text, find_etcd_binary, role_line_leader,
-    seed_cloud, start_commands,
+    ISandboxAgent, seed_cloud, start_commands,
 )
 from yurtcoord.sim.sandboxapiservers import ELECTION_READ_TIMEOUT, SandboxCoordinators
 from yurtcoord.sim.sandboxetcd import SandboxEtcd, mark_raft_leader, raft_leader_of
@@ -57,6 +57,7 @@ from yurtcoord.sim.apiserver import KubeAPIServer, PoolCoordinatorAuthorizer
 from yurtcoord.sim.apiserver.authz import POOL_AGENTS_GROUP
 from yurtcoord.sim.sandboxpki import ClientTLS, SandboxPKI
 from yurtcoord.sim.kubelet import IKubeletStandIn, StandInKubelet
+from yurtcoord.sim.tcpproxy import ICuttableLink, TCPProxy
 from yurtcoord.testing.fakehealth import FakeHealth
 from yurtcoord.testing.fakeinformer import FakeInformer
 from yurtcoord.testing.fakekube import FakeKube
@@ -478,6 +479,7 @@ class SandboxPKITests(unittest.TestCase):
         self.assertTrue(config.cloud.insecure)
 
 
+@implementer(ISandboxAgent)
 class FakeAgent:
     """What the sandbox reads of an agent: its role, its elector's holder, its leader
     source, its kubelet check and its ``/status`` cause."""
@@ -491,6 +493,7 @@ class FakeAgent:
             "cause": None, "coordinator_servers": {"http://127.0.0.1:8002": True}})
 
 
+@implementer(ICuttableLink)
 class FakeLink:
     """A cloud link that is cut or not."""
 
@@ -515,8 +518,11 @@ class ControlPageTests(unittest.TestCase):
         self.sandbox = two_node_sandbox(self.clock)
         for node in self.sandbox.nodes:
             self.sandbox.cloud_links[node] = FakeLink()
+            verifyObject(ICuttableLink, self.sandbox.cloud_links[node])
         self.sandbox.agents["edge-1"] = FakeAgent(Role.LEADER, "edge-1", "edge-1")
         self.sandbox.agents["edge-2"] = FakeAgent(Role.FOLLOWER, "edge-1", "edge-1")
+        verifyObject(ISandboxAgent, self.sandbox.agents["edge-2"])
+        self.assertTrue(verifyClass(ICuttableLink, TCPProxy))
         self.sandbox.follow_cloud_leases()
         self.addCleanup(lambda: self.sandbox._lease_watch.cancel())
         self.offsets = {"edge-1": +300.0, "edge-2": -120.0}
