@@ -5,8 +5,9 @@ trusting the pool cache), every key of component ``leader-yurthub`` is deleted (
 keys are first rebuilt from etcd, so keys a previous leader left behind are found
 even when this node's key cache never knew them; keys the node's key cache records
 for another component, such as kube-proxy's uploaded endpointslices, are not pool
-sync's and stay: see ``yurtcoord.pool.store``), then one ``ResourceMirror`` per
-pool-scoped resource lists and watches it from a healthy cloud server:
+sync's and stay: see ``yurtcoord.pool.store``), then one ``ResourceMirror``
+(``yurtcoord.pool.mirror``, whose life is a state machine of its own) per pool-scoped
+resource lists and watches it from a healthy cloud server:
 
 - the first list replaces the component's keys of that resource (stale ones deleted);
 - ADDED/MODIFIED become create-or-update by resourceVersion, DELETED a delete;
@@ -30,37 +31,33 @@ counts from then.
 the same reactor turn; once its Deferred fired nothing writes to the store.
 """
 
-import json
-from typing import (Any, Callable, Dict, Generator, Iterable, List, Optional,
-                    Tuple, Union, cast)
+from typing import Any, Callable, Dict, Generator, Iterable, List, Optional, Union
 
 from twisted.internet import defer
-from twisted.internet.interfaces import IDelayedCall, IReactorTime
+from twisted.internet.interfaces import IReactorTime
 from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
-from yurtcoord.tx.failures import describe_failure
-from yurtcoord.tx.heap import QuietCollections
-from yurtcoord.tx.inflight import InFlight
-from yurtcoord.tx.workqueue import WorkQueue
 from yurtcoord.kube import gvr as gvrs
-from yurtcoord.tx.guardedloop import ILoopErrors, guarded
-from yurtcoord.tx.retry import POOL_WRITE_RETRY, RetryPolicy
 from yurtcoord.kube.errors import NotFound
 from yurtcoord.kube.gvr import GroupVersionResource
 from yurtcoord.kube.informer import Informer
 from yurtcoord.kube.interfaces import IInformer, IObjectClient
 from yurtcoord.kube.lease import LeaseRecord, build_lease, node_owner_reference, with_record
-from yurtcoord.kube.lease import resource_version_number as _resource_version
 from yurtcoord.kube.leasewriter import LeaseWriter
-from yurtcoord.pool.interfaces import IPoolStore, IPoolSyncMetrics, IRoleComponent
-from yurtcoord.pool.scope import PoolScopeResources, describe, merge_resources
-from yurtcoord.pool.keycache import POOL_SCOPED_COMPONENT
-from yurtcoord.pool.keys import InvalidKey, KeyBuildInfo, PoolKey, ResourceId
-from yurtcoord.pool.store import ObjectTooLarge
 from yurtcoord.names import INFORMER_SYNC_LEASE_NAME, INFORMER_SYNC_LEASE_NAMESPACE
+from yurtcoord.pool.interfaces import IPoolStore, IPoolSyncMetrics, IRoleComponent
+from yurtcoord.pool.keycache import POOL_SCOPED_COMPONENT
+from yurtcoord.pool.keys import ResourceId
+from yurtcoord.pool.mirror import ResourceMirror
+from yurtcoord.pool.scope import PoolScopeResources, merge_resources
+from yurtcoord.tx.failures import describe_failure
+from yurtcoord.tx.guardedloop import ILoopErrors, guarded
+from yurtcoord.tx.heap import QuietCollections
+from yurtcoord.tx.inflight import InFlight
+from yurtcoord.tx.retry import POOL_WRITE_RETRY, RetryPolicy
 
 DEFAULT_INFORMER_LEASE_RENEW = 10.0
 
@@ -69,309 +66,6 @@ def is_informer_sync_lease(obj: Optional[dict]) -> bool:
     meta = (obj or {}).get("metadata") or {}
     return (meta.get("name") == INFORMER_SYNC_LEASE_NAME
             and meta.get("namespace") == INFORMER_SYNC_LEASE_NAMESPACE)
-
-
-def object_bytes(obj: dict, gvr: GroupVersionResource, kind: Optional[str] = None) -> bytes:
-    """The JSON bytes stored for ``obj``: list items lack apiVersion/kind, which the
-    coordinator apiserver needs to decode what it reads from etcd."""
-    if "apiVersion" not in obj or ("kind" not in obj and kind):
-        obj = dict(obj)
-        obj.setdefault("apiVersion", gvr.group_version)
-        if kind:
-            obj.setdefault("kind", kind)
-    return json.dumps(obj, separators=(",", ":")).encode("utf-8")
-
-
-# The pending write of a mirror that writes the informer's whole list (as one replace).
-WRITE_LIST = "list"
-# One queued change of a key: the key, and the object's bytes and resourceVersion
-# (both None for a delete).
-Change = Tuple[PoolKey, Optional[bytes], Optional[int]]
-# What a mirror's queue holds: WRITE_LIST, or a batch of changes by key path.
-Write = Union[str, Dict[str, Change]]
-
-
-def _merge_writes(old: Write, new: Write) -> Write:
-    """The write to keep of two pending writes of one mirror: a whole list covers
-    every change (it is read from the informer when it runs); two batches of changes
-    become one, the newer change of a key winning. The older batch is the queue's
-    own (pending, or failed and done with) and grows in place: a burst of single
-    changes arriving while a write runs costs one dict update each, not a copy."""
-    if isinstance(old, str) or isinstance(new, str):
-        return WRITE_LIST
-    old.update(new)
-    return old
-
-
-class ResourceMirror:
-    """Keeps the pool store's copy of one resource equal to the cloud's.
-
-    Writes go through a ``WorkQueue``, one store call at a time, coalesced per key (the
-    newest change of a key wins), so the order of changes to one key is kept while
-    a burst of changes becomes few etcd transactions. A list (the first, or a relist
-    the informer made after 410) supersedes every queued change: it is written as
-    one replace of the informer's whole store. A failed write is retried with
-    backoff; changes queued meanwhile are kept. The component key cache file is
-    written at most once per drained batch of changes and at most once per
-    ``key_cache_flush_interval`` (``PoolStore.flush_key_cache_soon``), never per key:
-    at 100k keys one rewrite takes tens of milliseconds of the reactor, and a storm of
-    deletes would otherwise stall it for seconds. ``busy()`` is called for every change
-    delivered (the manager's ``QuietCollections.busy``, which keeps full garbage
-    collections out of a burst of changes).
-    """
-
-    log = Logger()
-
-    def __init__(self, reactor: IReactorTime, store: IPoolStore, informer: IInformer,
-                 gvr: GroupVersionResource, kind: Optional[str] = None,
-                 component: str = POOL_SCOPED_COMPONENT, metrics: Optional[IPoolSyncMetrics] = None,
-                 on_change: Optional[Callable[[], None]] = None,
-                 retry_policy: RetryPolicy = POOL_WRITE_RETRY,
-                 busy: Optional[Callable[[], None]] = None) -> None:
-        self.reactor = reactor
-        self.store = store
-        self.informer = informer
-        self.gvr = gvr
-        self.kind = kind
-        self.component = component
-        self.metrics = metrics
-        self._on_change = on_change or (lambda: None)
-        self._busy = busy or (lambda: None)
-        self.listed = False
-        self.failing = False
-        self.writes = 0
-        # Whole lists written (first list, relists, rewrites).
-        self.lists_written = 0
-        self._accepting = False
-        self._stopped = False
-        # One key (this resource): its pending write, the write running and the
-        # retry pause after a failed one.
-        self._queue: WorkQueue[str, Write] = WorkQueue(
-            reactor, self._write, _merge_writes,
-            retry_policy,
-            on_success=self._wrote, on_failure=self._failed,
-            loop_errors=ILoopErrors(metrics, None))
-        self._registration: Any = None
-        self._sync_wait: Optional[defer.Deferred[bool]] = None
-        self._lists_seen: Optional[int] = None
-        self._next_turn: Optional[IDelayedCall] = None
-
-    @property
-    def name(self) -> str:
-        return describe(self.gvr)
-
-    @property
-    def idle(self) -> bool:
-        """Listed, nothing queued and no write running: the store equals the informer."""
-        return self.listed and not self._relisting and not self._queue.has_work(self.name)
-
-    @property
-    def writing(self) -> bool:
-        """Whether a write to the pool store is running now."""
-        return self._queue.running(self.name)
-
-    @property
-    def _relisting(self) -> bool:
-        return self._next_turn is not None and self._next_turn.active()
-
-    def start(self) -> None:
-        self._registration = self.informer.add_handler(
-            on_add=lambda obj: self._changed("ADDED", obj),
-            on_update=lambda _old, new: self._changed("MODIFIED", new),
-            on_delete=lambda obj: self._changed("DELETED", obj))
-        self._sync_wait = self.informer.wait_for_sync()
-        self._sync_wait.addCallback(self._first_list)
-        self.informer.start()
-
-    def rewrite(self) -> None:
-        """Write the informer's whole list again (as one replace) at the next chance.
-
-        For when the pool etcd came back from an outage (see the module docstring).
-        Before the first list nothing is written anyway.
-        """
-        if self._stopped or not self._accepting:
-            return
-        self._queue.add(self.name, WRITE_LIST)
-
-    def stop(self) -> defer.Deferred[None]:
-        """Stop the informer, cancel writes and retries; fires when all is quiet."""
-        if self._stopped:
-            return defer.succeed(None)
-        self._stopped = True
-        self._accepting = False
-        if self._registration is not None:
-            self._registration.remove()
-        if self._next_turn is not None and self._next_turn.active():
-            self._next_turn.cancel()
-        waits = [self.informer.stop(), self._queue.stop()]
-        return defer.DeferredList(waits, consumeErrors=True).addCallback(lambda _: None)
-
-    # -- events --------------------------------------------------------------------
-
-    def _changed(self, event_type: str, obj: dict) -> None:
-        if not self._accepting:
-            # Before the first list is written, the list snapshot covers every change.
-            return
-        self._busy()
-        if self.metrics is not None:
-            self.metrics.count_pool_sync_event(self.name, event_type)
-        if self._relisted():
-            # A relist (after 410) delivers its difference in one go: write the
-            # informer's whole new list once it is over, not change by change.
-            self._kick_next_turn()
-            return
-        if self._relisting:
-            return
-        key = self._key(obj)
-        if key is None:
-            return
-        if event_type == "DELETED":
-            change: Change = (key, None, None)
-        else:
-            rv = _resource_version(obj)
-            if rv is None:
-                self.log.warn("{resource} {key} has no numeric resourceVersion; not mirrored",
-                              resource=self.name, key=key.path)
-                return
-            change = (key, object_bytes(obj, self.gvr, self.kind), rv)
-        self._queue.add(self.name, {key.path: change})
-
-    def _key(self, obj: dict) -> Optional[PoolKey]:
-        meta = obj.get("metadata") or {}
-        namespace = (meta.get("namespace") or "") if self.gvr.namespaced else ""
-        try:
-            return self.store.key_func(KeyBuildInfo(
-                self.component, self.gvr.resource, self.gvr.group, self.gvr.version,
-                namespace, meta.get("name") or ""))
-        except InvalidKey as e:
-            self.log.warn("{resource} object not mirrored: {error}", resource=self.name,
-                          error=str(e))
-            return None
-
-    def _first_list(self, synced: bool) -> None:
-        if not synced or self._stopped:
-            return None
-        # From here on every change is queued; the list itself is written first.
-        self._accepting = True
-        self._lists_seen = self.informer.lists
-        self._queue.add(self.name, WRITE_LIST)
-        return None
-
-    def _relisted(self) -> bool:
-        """True (once per list) when the informer delivers the difference of a relist."""
-        lists = self.informer.lists
-        if lists == self._lists_seen:
-            return False
-        self._lists_seen = lists
-        return True
-
-    def _snapshot(self) -> Dict[str, bytes]:
-        """``{key path: bytes}`` of every object the informer holds now."""
-        snapshot: Dict[str, bytes] = {}
-        for obj in self.informer.list():
-            key = self._key(obj)
-            if key is None or _resource_version(obj) is None:
-                continue
-            snapshot[key.path] = object_bytes(obj, self.gvr, self.kind)
-        return snapshot
-
-    # -- the write queue ---------------------------------------------------------------
-
-    def _kick_next_turn(self) -> None:
-        """Write the whole list once the informer's current delivery (a whole relist)
-        is over; changes delivered until then are covered by it."""
-        if not self._relisting:
-            self._next_turn = self.reactor.callLater(
-                0, self._queue.add, self.name, WRITE_LIST)
-
-    def _write(self, _name: str, write: Write) -> defer.Deferred[None]:
-        """One write the queue runs: the informer's whole list, or a batch of
-        changes (the entries written are removed from it, so a retry after a
-        failure writes only the rest)."""
-        if isinstance(write, str):
-            # The snapshot covers every change delivered so far.
-            return self._write_list(self._snapshot())
-        return self._write_changes(write)
-
-    @defer.inlineCallbacks
-    def _write_list(self, snapshot: Dict[str, bytes]) -> Generator[Any, Any, None]:
-        """Replace the component's objects of this resource with ``snapshot``."""
-        while True:
-            try:
-                yield self.store.replace_component_list(
-                    self.component, self.gvr, None, list(snapshot.values()))
-            except ObjectTooLarge as e:
-                if snapshot.pop(e.key, None) is None:
-                    raise
-                self.log.error("{resource} {key} too large for the pool store; not mirrored",
-                               resource=self.name, key=e.key)
-                continue
-            break
-        if self._stopped:
-            return
-        self.writes += len(snapshot)
-        self.lists_written += 1
-        if self.metrics is not None:
-            self.metrics.count_pool_sync_event(self.name, "LIST")
-        first = not self.listed
-        self.listed = True
-        self.log.info("pool sync {what} {resource}: {count} objects in the pool store",
-                      what="listed" if first else "relisted", resource=self.name,
-                      count=len(snapshot))
-        if first:
-            self._on_change()
-
-    @defer.inlineCallbacks
-    def _write_changes(self, batch: Dict[str, Change]) -> Generator[Any, Any, None]:
-        """Write queued changes; entries written are removed from ``batch``. The key
-        cache file is written (soon) at the end, whether the writes succeeded or not."""
-        try:
-            yield self._write_puts_and_deletes(batch)
-        finally:
-            self.store.flush_key_cache_soon()
-
-    @defer.inlineCallbacks
-    def _write_puts_and_deletes(self, batch: Dict[str, Change]
-                                ) -> Generator[Any, Any, None]:
-        # A change with a value is a put; the store checks each put's resourceVersion.
-        puts = cast(List[Tuple[PoolKey, bytes, Union[int, str]]],
-                    [entry for entry in batch.values() if entry[1] is not None])
-        deletes = [entry[0] for entry in batch.values() if entry[1] is None]
-        if puts:
-            outcome = yield self.store.create_or_update_many(puts, flush_key_cache=False)
-            for path in outcome.too_large:
-                self.log.error("{resource} {key} too large for the pool store; not mirrored",
-                               resource=self.name, key=path)
-            for key, _value, _rv in puts:
-                batch.pop(key.path, None)
-            self.writes += len(puts)
-        if deletes:
-            yield self.store.delete_many(deletes, flush_key_cache=False)
-            for key in deletes:
-                batch.pop(key.path, None)
-            self.writes += len(deletes)
-
-    def _wrote(self, _name: str, write: Write, _result: object, _failures: int) -> None:
-        if not self.failing:
-            return
-        self.failing = False
-        if not isinstance(write, str):
-            # The failures may have been etcd restarting (see the module docstring).
-            self._queue.add(self.name, WRITE_LIST)
-        self.log.info("pool sync of {resource} writes again", resource=self.name)
-        self._on_change()
-
-    def _failed(self, _name: str, write: Write, failure: Failure, _failures: int,
-                delay: float) -> None:
-        what = "writing the list" if isinstance(write, str) else f"writing {len(write)} changes"
-        first = not self.failing
-        self.failing = True
-        self.log.warn("pool sync of {resource} failed {what}: {error}; retry in {delay:.2f}s",
-                      resource=self.name, what=what,
-                      error=failure.getErrorMessage() or type(failure.value).__name__,
-                      delay=delay)
-        if first:
-            self._on_change()
 
 
 @implementer(IRoleComponent)

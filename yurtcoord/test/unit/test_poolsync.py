@@ -21,7 +21,8 @@ from yurtcoord.kube.lease import parse_micro_time, renew_time
 from yurtcoord.agent.metrics import Metrics
 from yurtcoord.pool.keys import ResourceId
 from yurtcoord.pool.scope import PoolScopeResources
-from yurtcoord.pool.sync import PoolSyncManager, ResourceMirror, object_bytes
+from yurtcoord.pool.mirror import ResourceMirror, object_bytes
+from yurtcoord.pool.sync import PoolSyncManager
 from yurtcoord.testing.discovery import SERVICES_ENTRY, cloud_discovery, configmap
 from yurtcoord.testing.fakeinformer import FakeInformer
 from yurtcoord.testing.fakekube import FakeKube
