@@ -55,9 +55,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Generator, List, ParamSpec, Tuple, Union
 
-from twisted.internet import defer, threads
+from twisted.internet import defer
 from twisted.internet.defer import inlineCallbacks
-from twisted.internet.interfaces import IReactorThreads
 from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
 from twisted.python.failure import Failure
@@ -70,6 +69,7 @@ from yurtcoord.etcd.versions import version_warning
 from yurtcoord.kube.gvr import GroupVersionResource
 from yurtcoord.pool.interfaces import IPoolStore
 from yurtcoord.pool.keycache import POOL_SCOPED_COMPONENT, ComponentKeyCache
+from yurtcoord.pool.keycacheflush import key_cache_flusher
 from yurtcoord.pool.keys import (
     InvalidKey, KeyBuildInfo, PoolKey, PoolKeyBuilder, ResourceId, ResourceLike, format_rv,
     mirror_rv_key, parse_rv, rv_in_range,
@@ -330,11 +330,8 @@ class PoolStore:
         # concurrent writer (observability of contention between agents).
         self.lost_races = 0
         self.key_cache_flush_interval = key_cache_flush_interval
-        self._last_flush = None
-        self._flush_call = None
-        # The key cache file write running in a thread, and whether another is due.
-        self._thread_write = None
-        self._flush_again = False
+        self._key_cache_flusher = key_cache_flusher(reactor, key_cache,
+                                                    key_cache_flush_interval)
 
     @property
     def prefix(self) -> str:
@@ -467,17 +464,10 @@ class PoolStore:
             self._health_loop.stop()
         self._health_loop = None
         self._health_checks.cancel_all()
-        self._flush_cache(None)
-        writing = self._thread_write
+        # Fires once a key cache write in a thread is over too.
+        flushed = self._key_cache_flusher.close()
         d = self.etcd.close() if self.close_client else defer.succeed(None)
-        if writing is not None:
-            # Fires once the key cache write in a thread is over too.
-            def after_write(result: object) -> defer.Deferred[Any]:
-                written: defer.Deferred[None] = defer.Deferred()
-                writing.addBoth(lambda _: written.callback(None))
-                return written.addCallback(lambda _: result)
-
-            d.addBoth(after_write)
+        d.addBoth(lambda result: flushed.addCallback(lambda _: result))
         return d
 
     # -- timing helpers ---------------------------------------------------------------
@@ -503,73 +493,18 @@ class PoolStore:
 
     def flush_key_cache_soon(self) -> None:
         """Write the key cache file now, or, when the last write is more recent than
-        ``key_cache_flush_interval``, once that interval has passed since it.
+        ``key_cache_flush_interval``, once that interval has passed since it, in a
+        thread where the reactor has one (``yurtcoord.pool.keycacheflush``).
 
         For callers that change the cache in a stream of small operations (pool sync
-        draining watch events): at 100k keys one write takes tens of milliseconds, so
-        a write per operation would keep the reactor busy. When the reactor has a
-        thread pool, only a copy of the key sets is taken on the reactor; the file's
-        text is made from it and written (two fsyncs, which wait for a disk shared with
-        etcd) in a thread. The pool-scoped component's entries, which such streams
-        change, are rebuilt from etcd on start anyway; ``close()`` writes whatever is
-        pending.
+        draining watch events). The pool-scoped component's entries, which such
+        streams change, are rebuilt from etcd on start anyway; ``close()`` writes
+        whatever is pending.
         """
-        if self.closed:
-            # No timers or threads after close(); a write arriving late is written now.
-            self._flush_cache(None)
-            return
-        if self._flush_call is not None and self._flush_call.active():
-            return
-        if self._thread_write is not None:
-            self._flush_again = True
-            return
-        now = self.reactor.seconds()
-        if self._last_flush is None or now - self._last_flush >= self.key_cache_flush_interval:
-            self._write_soon()
-            return
-        self._flush_call = self.reactor.callLater(
-            self._last_flush + self.key_cache_flush_interval - now, self._write_soon)
-
-    def _write_soon(self) -> None:
-        self._flush_call = None
-        if not self.key_cache.dirty:
-            return
-        reactor = self.reactor
-        if not IReactorThreads.providedBy(reactor):
-            self._flush_cache(None)
-            return
-        self._last_flush = self.reactor.seconds()
-        snapshot = self.key_cache.snapshot_for_writing()
-        d = threads.deferToThreadPool(self.reactor, self.reactor.getThreadPool(),
-                                      self.key_cache.write_snapshot, snapshot)
-        self._thread_write = d
-
-        def failed(failure):
-            self.key_cache.dirty = True
-            self.log.error("cannot write component key cache {path}: {error}",
-                           path=self.key_cache.path, error=failure.getErrorMessage())
-
-        def done(_):
-            self._thread_write = None
-            if self._flush_again and not self.closed:
-                self._flush_again = False
-                self.flush_key_cache_soon()
-
-        d.addErrback(failed)
-        d.addBoth(done)
+        self._key_cache_flusher.flush_soon()
 
     def _flush_cache(self, result):
-        if self._flush_call is not None and self._flush_call.active():
-            self._flush_call.cancel()
-        self._flush_call = None
-        if not self.key_cache.dirty:
-            return result
-        self._last_flush = self.reactor.seconds()
-        try:
-            self.key_cache.flush()
-        except OSError as e:
-            self.log.error("cannot write component key cache {path}: {error}",
-                           path=self.key_cache.path, error=e)
+        self._key_cache_flusher.flush_now()
         return result
 
     # -- single objects --------------------------------------------------------------
