@@ -21,7 +21,7 @@ again: etcd may have lost what it acknowledged, and a watch event is never deliv
 twice. See docs/design.md, "etcd that forgets acknowledged writes".
 
 When every resource has listed, the informer sync lease is created at once and then
-renewed every ``informer_lease_renew`` by one ``LoopingCall``, so followers trust the
+renewed every ``informer_lease_renew`` by one ``Cadence``, so followers trust the
 pool cache as soon as it is complete rather than a whole period later. The lease is
 renewed only while every mirror has listed and none is failing to write; a renewal
 skipped for that is made up as soon as the mirrors write again, and the period
@@ -35,7 +35,6 @@ from typing import Any, Callable, Dict, Generator, Iterable, List, Optional, Uni
 
 from twisted.internet import defer
 from twisted.internet.interfaces import IReactorTime
-from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 from zope.interface import implementer
@@ -54,7 +53,8 @@ from yurtcoord.pool.keys import ResourceId
 from yurtcoord.pool.mirror import ResourceMirror
 from yurtcoord.pool.scope import PoolScopeResources, merge_resources
 from yurtcoord.tx.failures import describe_failure
-from yurtcoord.tx.guardedloop import ILoopErrors, guarded
+from yurtcoord.tx.cadence import Cadence
+from yurtcoord.tx.guardedloop import ILoopErrors
 from yurtcoord.tx.heap import QuietCollections
 from yurtcoord.tx.inflight import InFlight
 from yurtcoord.tx.retry import POOL_WRITE_RETRY, RetryPolicy
@@ -108,8 +108,7 @@ class PoolSyncManager:
         self._lease_writer = LeaseWriter(reactor, coordinator_client,
                                          INFORMER_SYNC_LEASE_NAMESPACE,
                                          INFORMER_SYNC_LEASE_NAME, attempts=3)
-        self._lease_loop: Optional[LoopingCall] = None
-        self._lease_loop_done: Optional[defer.Deferred[LoopingCall]] = None
+        self._lease_loop: Optional[Cadence] = None
         # The lease loop's last turn skipped the renewal (a mirror not listed or
         # failing): the next mirror change that makes every mirror synced renews at once.
         self._renewal_skipped = False
@@ -185,13 +184,9 @@ class PoolSyncManager:
             self._started_scope = False
             waits.append(self.pool_scope.stop())
         self._in_flight.cancel_all()
-        if self._lease_loop is not None:
-            loop, self._lease_loop = self._lease_loop, None
-            done, self._lease_loop_done = self._lease_loop_done, None
-            if loop.running:
-                loop.stop()
-            if done is not None:
-                waits.append(done)
+        loop, self._lease_loop = self._lease_loop, None
+        if loop is not None:
+            waits.append(loop.stop())
         mirrors, self.mirrors = self.mirrors, {}
         for mirror in mirrors.values():
             waits.append(mirror.stop())
@@ -299,7 +294,7 @@ class PoolSyncManager:
                 self._renewal_skipped = False
                 self.log.info("pool-scoped resources synced again on node {node}: "
                               "informer sync lease renewed now", node=self.node_name)
-                self._start_lease_loop()
+                self._lease_loop.restart()
             return
         self.log.info("pool-scoped resources synced on node {node}: {resources}",
                       node=self.node_name,
@@ -310,25 +305,14 @@ class PoolSyncManager:
         # the reactor for hundreds of milliseconds during a storm of changes; frozen,
         # they are skipped (see ``yurtcoord.tx.heap``). ``stop()`` thaws them.
         heap.freeze()
-        # Guarded (loop informer-sync-lease): a renewal that raises is logged and
-        # counted and the next one runs on time; a stopped loop would let every
-        # follower's pool cache turn unsynced one stale_timeout later.
-        self._lease_loop = LoopingCall(guarded(
-            "informer-sync-lease", self._renew_lease, ILoopErrors(self.metrics, None)))
-        self._lease_loop.clock = self.reactor
-        self._start_lease_loop()
-
-    def _start_lease_loop(self) -> None:
-        """Renew the lease now and every ``informer_lease_renew`` from now on. Also
-        restarts a loop whose last turn skipped the renewal: that turn returned
-        nothing, so no renewal is in flight."""
-        loop = self._lease_loop
-        assert loop is not None
-        if loop.running:
-            loop.stop()
-        self._lease_loop_done = loop.start(self.informer_lease_renew, now=True)
-        self._lease_loop_done.addErrback(
-            lambda f: self.log.failure("informer sync lease loop failed", f))
+        # Renew the lease now and every informer_lease_renew from now on; restart()
+        # renews at once when the mirrors write again after a skipped renewal. A
+        # renewal that raises is reported as an error of guarded loop
+        # informer-sync-lease and the next one runs on time: a dead loop would let
+        # every follower's pool cache turn unsynced one stale_timeout later.
+        self._lease_loop = Cadence(self.reactor, self._renew_lease, self.informer_lease_renew,
+                                   "informer-sync-lease", ILoopErrors(self.metrics, None))
+        self._lease_loop.start()
 
     def _renew_lease(self) -> Optional[defer.Deferred[None]]:
         if not self.all_listed:
