@@ -17,6 +17,11 @@ Credential rules for ``[cloud]`` (decided here, documented in ``etc/yurtcoord.in
   question of which one wins;
 - ``cert_file`` and ``key_file`` come together or not at all;
 - ``token_file`` is an alternative to the client certificate: not both.
+
+Longer than 600 lines on purpose: the schema is one table, and the value types,
+parsers and section dataclasses its rows name sit beside it, so that a key's type,
+default, check and section are read in one place; split, every row would point into
+another module.
 """
 
 import configparser

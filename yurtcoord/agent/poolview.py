@@ -60,6 +60,10 @@ a member may show stale late, never fresh wrongly. The coordinator apiserver, wh
 is the pool's own, is read as before: its node leases in one paged list a document,
 in pages of ``MEMBER_LIST_LIMIT`` objects, at most ``MEMBER_LIST_PAGES`` of them, all
 pages within one ``read_timeout``.
+
+Longer than 600 lines on purpose: it builds one document; the reads, their paging and
+the build share the view's memory of renewals and its list of failed reads, which
+apart would be passed back and forth. Its page is ``yurtcoord.agent.poolpage``.
 """
 
 import functools

@@ -42,6 +42,10 @@ leader releases its lease), then the coordinator stops its components and drops 
 pool store, then the probes stop, then every client closes its connections, then the
 reactor lag probe stops, and the status pages stop listening last. Each stage is
 bounded by ``STOP_TIMEOUT`` so that an agent whose peers are down still stops.
+
+Longer than 600 lines on purpose: it is the composition root, and wiring every part
+in one place is its one job; split, the order in which the parts are built, started
+and stopped would be spread over several modules.
 """
 
 import contextlib

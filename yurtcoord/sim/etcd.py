@@ -19,6 +19,10 @@ happens off the reactor thread, and etcd is still spawned from the reactor threa
 thread whose exit the kernel watches to kill etcd with its parent. ``EtcdCluster``
 starts and stops its members the same way, and one member is killed and restarted
 from the reactor with ``kill_from_reactor()`` and ``restart_from_reactor()``.
+
+Longer than 600 lines on purpose: it is the one etcd runner of the sandbox and of
+every test tier, and the process, the cluster made of such processes and the binaries
+they run follow one set of start, wait and stop rules, written once here.
 """
 
 import atexit

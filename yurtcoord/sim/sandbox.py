@@ -58,6 +58,11 @@ the same ``EtcdCluster`` the tests use (``yurtcoord.sim.etcd``), from the reacto
 in its own session (Ctrl-C in a terminal reaches the sandbox only, which stops the
 agents before etcd) and killed by the kernel if the sandbox process dies without
 stopping it.
+
+Longer than 600 lines on purpose: the parts of the sandbox that stand alone have
+modules of their own (``sandboxetcd``, ``sandboxapiservers``, ``sandboxpage``,
+``sandboxpki``, ``tcpproxy``); what is left is one pool's life cycle and its controls,
+one job.
 """
 
 import functools

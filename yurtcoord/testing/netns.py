@@ -22,6 +22,10 @@ calling thread is switched into the host's namespace (``entered``).
 Addresses are taken from 198.18.0.0/15, the range set aside for network test beds, and
 no host has a route out of its networks: nothing a test does inside a topology can
 reach anything outside it.
+
+Longer than 600 lines on purpose: one stack, each layer used only by the next: the ip
+commands, entering a namespace, a reactor whose ports live in one, the clean-up of
+leftovers and the ``Topology`` that cuts links.
 """
 
 from __future__ import annotations

@@ -41,6 +41,9 @@ its own checks (no leadership change for a follower's restart, at most one for t
 leader's, every live node's cloud lease moving within ``ROLLOUT_LEASE_BOUND``).
 
 Scenarios run side by side, each on a topology of its own, to keep the suite short.
+
+Longer than 600 lines on purpose: the partition suite's scenarios, how one is run and
+how it is judged are read together as the suite's one specification.
 """
 
 import json

@@ -40,6 +40,10 @@ builds the agents in the test process instead, for tests that reach into them. T
 share the ini text (``sim.agentini``), the reader of the agents' pages
 (``agentpages``), ``add_pool_node``, ``read_node_lease``, ``read_delegate_annotation``
 and ``write_cached_pod``.
+
+Longer than 600 lines on purpose: ``ProcessWorld``, most of it, is one pool of
+processes with the servers they talk to, built, faulted and torn down as one; the
+helpers before it are the few its suites share with it.
 """
 
 import base64
