@@ -39,6 +39,8 @@ from yurtcoord.tx.durations import format_duration
 from yurtcoord.tx.credentials import mask_url_credentials, url_has_credentials
 from yurtcoord.names import ELECTION_LEASE_NAME, ELECTION_LEASE_NAMESPACE, NODE_POOL_LABEL
 from yurtcoord.pool.keys import normalize_prefix, resource_prefix
+# Re-exported: the ini names upload resources, the local cache defines them.
+from yurtcoord.pool.localcache import UploadResource  # noqa: F401
 from yurtcoord.pool.scope import DEFAULT_POOL_SCOPE_RESOURCES, describe
 
 DEFAULT_CONFIG_PATH = "/etc/yurtcoord/yurtcoord.ini"
@@ -321,28 +323,6 @@ def parse_listen(text: str) -> ListenAddress:
     if port > 65535:
         raise _BadValue("port must be 0..65535")
     return ListenAddress(match.group("ipv6") or match.group("host"), port)
-
-
-@dataclass(frozen=True)
-class UploadResource:
-    """One entry of ``upload_resources``: which component's cached objects to upload.
-
-    ``group`` is ``""`` for the core API group. The local cache directory of the
-    resource is ``<component>/<resource>.<version>.<group or core>``.
-    """
-
-    component: str
-    resource: str
-    version: str
-    group: str = ""
-
-    @property
-    def cache_dir_name(self) -> str:
-        return f"{self.resource}.{self.version}.{self.group or 'core'}"
-
-    def __str__(self):
-        base = f"{self.component}/{self.resource}/{self.version}"
-        return f"{base}/{self.group}" if self.group else base
 
 
 _COMPONENT = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")

@@ -39,12 +39,31 @@ import os
 import stat
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Union
+from typing import Union
 
 from yurtcoord.pool.store import DEFAULT_MAX_BYTES, DEFAULT_MAX_OPS
 
-if TYPE_CHECKING:
-    from yurtcoord.agent.config import UploadResource
+@dataclass(frozen=True)
+class UploadResource:
+    """One entry of ``upload_resources``: which component's cached objects to upload.
+
+    ``group`` is ``""`` for the core API group. The local cache directory of the
+    resource is ``<component>/<resource>.<version>.<group or core>``.
+    """
+
+    component: str
+    resource: str
+    version: str
+    group: str = ""
+
+    @property
+    def cache_dir_name(self) -> str:
+        return f"{self.resource}.{self.version}.{self.group or 'core'}"
+
+    def __str__(self):
+        base = f"{self.component}/{self.resource}/{self.version}"
+        return f"{base}/{self.group}" if self.group else base
+
 
 # One chunk is one transaction of the pool store (an object and its mirror rv are two
 # operations): an uploader reading a chunk between two of its writes holds the
@@ -174,13 +193,13 @@ class LocalCacheReader:
         self.chunk_bytes = chunk_bytes
 
     @staticmethod
-    def resource_dir_names(upload_resource: "UploadResource") -> list[str]:
+    def resource_dir_names(upload_resource: UploadResource) -> list[str]:
         """Directory names that may hold an upload resource: new layout, then legacy."""
         group = upload_resource.group or "core"
         return [f"{upload_resource.resource}.{upload_resource.version}.{group}",
                 upload_resource.resource]
 
-    def entries(self, upload_resource: "UploadResource",
+    def entries(self, upload_resource: UploadResource,
                 ) -> Iterator[CachedObjectPath | BadCacheEntry]:
         """Yield a CachedObjectPath or BadCacheEntry for every entry, lazily."""
         for listed, _dir_fd in self._walk(upload_resource):
@@ -239,7 +258,7 @@ class LocalCacheReader:
                     os.close(namespace_fd)
 
     def _namespace_entries(self, fd: int, namespace_dir: str,
-                           upload_resource: "UploadResource", gvr: tuple[str, str, str],
+                           upload_resource: UploadResource, gvr: tuple[str, str, str],
                            ) -> Iterator[tuple[CachedObjectPath | BadCacheEntry, int | None]]:
         namespace = os.path.basename(namespace_dir)
         for name, kind in _listing(fd, namespace_dir):
@@ -253,7 +272,7 @@ class LocalCacheReader:
                 yield BadCacheEntry(path, "a directory where an object file should be"), None
 
     @staticmethod
-    def _group_version_resource(resource_dir: str, upload_resource: "UploadResource",
+    def _group_version_resource(resource_dir: str, upload_resource: UploadResource,
                                 ) -> tuple[str, str, str]:
         """What a resource directory's name says (the legacy layout says only the
         resource: the upload resource's group and version are used)."""
@@ -338,7 +357,7 @@ class LocalCacheReader:
                                  "too_large")
         return CachedObject(location, data)
 
-    def chunks(self, upload_resources: Iterable["UploadResource"],
+    def chunks(self, upload_resources: Iterable[UploadResource],
                ) -> Iterator[list[ReadEntry]]:
         """Yield lists of CachedObject/BadCacheEntry, each reading at most chunk_size files
         and ending early once it holds ``chunk_bytes`` of data.
