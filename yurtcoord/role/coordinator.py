@@ -28,7 +28,9 @@ alternate as ``IRoleComponent`` promises.
 """
 
 import enum
-from typing import TYPE_CHECKING, Any, Callable, Generator, List, Optional
+from typing import TYPE_CHECKING, Any, Callable, Generator, List, Optional, Protocol
+
+from automat import TypeMachine, TypeMachineBuilder, pep614
 
 from twisted.internet import defer
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
@@ -37,8 +39,7 @@ from twisted.python.failure import Failure
 
 from yurtcoord.pool.interfaces import IPoolStore, IRoleComponent
 from yurtcoord.role.roles import Role
-from yurtcoord.tx.fsm import TransitionTable
-from yurtcoord.tx.guardedloop import ILoopErrors, guarded
+from yurtcoord.tx.guardedloop import ILoopErrors, guarded, report_loop_error
 from yurtcoord.tx.observers import Observers
 from yurtcoord.tx.retry import ROLE_RETRY, RetryPolicy
 
@@ -125,35 +126,44 @@ class _ComponentSlot:
                       error=failure.getErrorMessage())
 
 
-class _Life(enum.Enum):
-    """Where the coordinator's role steps are (see ``_LIFE``)."""
+class _Progress(enum.Enum):
+    """How far the current role's steps are, as readiness and the status pages read it;
+    each transition of ``_LIFE`` that changes it says so."""
 
-    IDLE = "idle"          # the current role's steps are done (or role init)
-    APPLYING = "applying"  # one run of role steps is in progress
-    WAITING = "waiting"    # the last run failed; its retry is scheduled
-    STOPPING = "stopping"  # stop() cancelled the run in progress
-    STOPPED = "stopped"    # components stopped, pool store closed, for good
+    DONE = "done"            # idle: the current role's steps are done (or role init)
+    UNDER_WAY = "under way"  # a run is in progress, or waits for its retry
+    STOPPING = "stopping"    # stop() cancelled the run in progress
+    STOPPED = "stopped"      # components stopped, pool store closed, for good
 
 
-# The whole life cycle. Inputs: ``role`` (a new role), ``done``/``failed``/
-# ``superseded`` (how a run ended), ``retry`` (the retry delay passed), ``stop``.
-_LIFE = TransitionTable("coordinator", {
-    (_Life.IDLE, "role"): _Life.APPLYING,
-    (_Life.APPLYING, "role"): _Life.APPLYING,
-    (_Life.WAITING, "role"): _Life.APPLYING,
-    (_Life.STOPPING, "role"): _Life.STOPPING,
-    (_Life.STOPPED, "role"): _Life.STOPPED,
-    (_Life.APPLYING, "done"): _Life.IDLE,
-    (_Life.APPLYING, "failed"): _Life.WAITING,
-    (_Life.APPLYING, "superseded"): _Life.APPLYING,
-    (_Life.WAITING, "retry"): _Life.APPLYING,
-    (_Life.IDLE, "stop"): _Life.STOPPED,
-    (_Life.WAITING, "stop"): _Life.STOPPED,
-    (_Life.APPLYING, "stop"): _Life.STOPPING,
-    (_Life.STOPPING, "done"): _Life.STOPPED,
-    (_Life.STOPPING, "failed"): _Life.STOPPED,
-    (_Life.STOPPING, "superseded"): _Life.STOPPED,
-})
+class _LifeInputs(Protocol):
+    """The inputs of the coordinator's life cycle (``_LIFE``)."""
+
+    def role_changed(self, role: Role) -> None:
+        """The hub elector named ``role``, a role other than the current one."""
+
+    def run_done(self) -> None:
+        """The run of role steps did every step of the current role."""
+
+    def run_failed(self, error: BaseException) -> None:
+        """A step of the current role's run failed with ``error``."""
+
+    def run_superseded(self) -> None:
+        """The run ended cancelled, or for a role that is no longer the current one."""
+
+    def retry_due(self) -> None:
+        """The pause after a failed run has passed."""
+
+    def stop(self, stopped: "defer.Deferred[None]") -> None:
+        """Stop for good; ``stopped`` fires once components and store are stopped."""
+
+
+class _Run:
+    """The run of role steps in flight: the Deferred its role's steps wait on (None
+    once it ended, while its end is being told)."""
+
+    def __init__(self) -> None:
+        self.deferred: Optional[defer.Deferred[None]] = None
 
 
 class Coordinator:
@@ -175,13 +185,18 @@ class Coordinator:
       ``role-retry``; the agent's metrics, or None).
 
     A failed run is retried by a timer, and each run's end decides the next retry:
-    either of them raising would leave the role's steps undone with no retry armed
-    (``applying`` for good, the agent never ready). Both run guarded
-    (``yurtcoord.tx.guardedloop``) and ``_rearm_retry`` arms the retry again.
+    both run guarded (loop ``role-retry`` of ``yurtcoord.tx.guardedloop``). The retry
+    policy is the one step there that may raise: ``_retry_after`` reports that and
+    waits ``ROLE_RETRY``'s pause instead, so a failed run always has its retry armed
+    (else ``applying`` for good, the agent never ready).
 
-    The life cycle is the transition table ``_LIFE``: every input goes through
-    ``_input``, which moves to the table's next state and then runs the action of
-    that transition. An input the table does not list for the current state raises.
+    The life cycle is the Automat machine ``_LIFE``: its states are idle, applying
+    (holding the run in flight), waiting (holding the retry timer), stopping (holding
+    the stop's Deferred) and stopped; the timer and the run exist only in the states
+    that hold them. An input the machine has no transition for in its state raises
+    ``automat.NoTransition``. An input that arrives while a transition runs (the end
+    of a run that ends in the turn it starts, a role set by an observer) is taken
+    once that transition is done.
     """
 
     log = Logger()
@@ -194,9 +209,10 @@ class Coordinator:
                  retry_delay: Optional[RetryPolicy] = None,
                  loop_errors: Optional[ILoopErrors] = None) -> None:
         self._reactor = reactor
-        self._retry = guarded("role-retry", self._input, loop_errors, self._rearm_retry)
-        self._run_end = guarded("role-retry", self._run_ended_with, loop_errors,
-                                self._rearm_retry)
+        self._loop_errors = loop_errors
+        self._life: _LifeInputs = _LIFE(self)
+        self._retry_due = guarded("role-retry", self._life.retry_due, loop_errors)
+        self._run_end = guarded("role-retry", self._run_ended_with, loop_errors)
         self.node_name = node_name
         self._open_pool_store = open_pool_store
         self._pool_sync = _ComponentSlot("pool sync", pool_sync, node_name)
@@ -206,7 +222,7 @@ class Coordinator:
         self._upload_local_cache = upload_local_cache
         self._retry_delay = retry_delay or ROLE_RETRY
 
-        self._life = _Life.IDLE
+        self._progress = _Progress.DONE
         self.role = Role.INIT
         self.store: Optional[IPoolStore] = None
         self.pool_cache_synced = False
@@ -215,9 +231,6 @@ class Coordinator:
         self.failed_attempts = 0
         self.last_error: Optional[str] = None
         self._step = "start"
-        self._run: Optional[defer.Deferred[None]] = None
-        self._retry_call: Optional[IDelayedCall] = None
-        self._stopped: Optional[defer.Deferred[None]] = None
         self._role_observers: Observers[[Role, Role]] = Observers(
             f"role changes on node {node_name}")
         self._readiness_observers: Observers[[bool]] = Observers(
@@ -241,13 +254,13 @@ class Coordinator:
     @property
     def applying(self) -> bool:
         """True while a run of role steps is in progress or waits for its retry."""
-        return self._life in (_Life.APPLYING, _Life.WAITING, _Life.STOPPING)
+        return self._progress in (_Progress.UNDER_WAY, _Progress.STOPPING)
 
     def readiness_failures(self) -> List[str]:
         if not self.healthy:
             return [f"coordinator not healthy (role {self.role.value})"]
         failures: List[str] = []
-        if self._life is not _Life.IDLE:
+        if self._progress is not _Progress.DONE:
             detail = f" (last error: {self.last_error})" if self.last_error else ""
             failures.append(f"steps of role {self.role.value} not done yet{detail}")
         if not self.pool_cache_synced:
@@ -288,7 +301,7 @@ class Coordinator:
         role = Role(role)
         if role == self.role:
             return
-        self._input("role", role)
+        self._life.role_changed(role)
 
     def set_pool_cache_synced(self, synced: bool) -> None:
         """Called by the synced detector. Ignored while detection is not running,
@@ -306,121 +319,89 @@ class Coordinator:
         """Cancel the step in progress, stop every component and close the pool
         store, exactly once each. The first call fires once all of that is done,
         later ones at once."""
-        if self._life in (_Life.STOPPING, _Life.STOPPED):
-            return defer.succeed(None)
-        self._stopped = defer.Deferred()
-        stopped = self._stopped
-        self._input("stop")
+        stopped: defer.Deferred[None] = defer.Deferred()
+        self._life.stop(stopped)
         return stopped
 
-    # -- the state machine -------------------------------------------------------
+    # -- what the transitions of _LIFE do ---------------------------------------
 
-    def _input(self, event: str, *args: Any) -> None:
-        """Move along ``_LIFE`` for ``event`` and run that transition's action."""
-        before = self._life
-        self._life = _LIFE.next(before, event)
-        actions: dict[str, Callable[..., None]] = {
-            "role": self._on_role, "done": self._on_done, "failed": self._on_failed,
-            "superseded": self._on_superseded, "retry": self._on_retry,
-            "stop": self._on_stop}
-        actions[event](before, *args)
-
-    def _on_role(self, before: _Life, role: Role) -> None:
-        if before in (_Life.STOPPING, _Life.STOPPED):
-            return
+    def _announce(self, role: Role) -> None:
+        """``role`` is the current role from now on: observers learn it in this turn."""
         previous, self.role = self.role, role
         self.failed_attempts = 0
-        self._cancel_retry()
         self.log.info("role {previous} -> {role} on node {node}",
                       previous=previous.value, role=role.value, node=self.node_name)
         self._role_observers.notify(previous, role)
         self._changed()
-        if before is _Life.APPLYING:
-            if self._run is not None:
-                self.log.info("role {role} cancels step {step} of role {previous} on "
-                              "node {node}", role=role.value, step=self._step,
-                              previous=previous.value, node=self.node_name)
-                self._run.cancel()
-            # else: the run is still in its first synchronous part; _start_run
-            # cancels it as soon as it returns.
-        else:
-            self._start_run()
 
-    def _on_done(self, before: _Life) -> None:
-        if before is _Life.STOPPING:
-            self._shut_down()
-            return
+    def _start_run(self, life: _LifeInputs, run: _Run) -> _Run:
+        """Run the current role's steps in ``run``; how it ends is the next input."""
+        role = self.role
+        self._step = "start"
+        d = self._apply(role)
+        run.deferred = None if d.called else d
+        d.addBoth(self._run_end, role, life)
+        return run
+
+    def _run_ended_with(self, result: object, role: Role, life: _LifeInputs) -> None:
+        """A run of ``role`` ended with ``result``: done, failed, or superseded (its
+        role is no longer the current one, or it was cancelled)."""
+        if isinstance(result, Failure):
+            if role != self.role or result.check(defer.CancelledError, _Superseded):
+                life.run_superseded()
+            else:
+                life.run_failed(result.value or Exception(result.getErrorMessage()))
+        elif role != self.role:
+            life.run_superseded()
+        else:
+            life.run_done()
+
+    def _cancel_run(self, run: _Run, role: Role, previous: Role) -> None:
+        """A newer role, or stop(), drops the run: the step it waits on is cancelled
+        and its end (superseded) is the next input."""
+        if run.deferred is not None:
+            self.log.info("role {role} cancels step {step} of role {previous} on "
+                          "node {node}", role=role.value, step=self._step,
+                          previous=previous.value, node=self.node_name)
+            run.deferred.cancel()
+
+    def _retry_later(self, life: _LifeInputs, error: BaseException) -> IDelayedCall:
+        """The run failed: count it and arm the retry."""
+        self.failed_attempts += 1
+        self.last_error = f"{self._step}: {error}"
+        delay = self._retry_after(self.failed_attempts)
+        self.log.warn("step {step} of role {role} failed on node {node}: {error}; "
+                      "retry {attempt} in {delay}s",
+                      step=self._step, role=self.role.value, node=self.node_name,
+                      error=error, attempt=self.failed_attempts, delay=delay)
+        return self._reactor.callLater(delay, self._retry_due)
+
+    def _retry_after(self, attempt: int) -> float:
+        """The policy's pause before retry ``attempt``; a policy that raises is
+        reported (loop ``role-retry``) and ``ROLE_RETRY`` answers instead, so the
+        retry is armed all the same."""
+        try:
+            return self._retry_delay(attempt)
+        except Exception:
+            report_loop_error("role-retry", Failure(), self._loop_errors)
+            return ROLE_RETRY(attempt)
+
+    def _steps_done(self) -> None:
+        self._progress = _Progress.DONE
         self.failed_attempts = 0
         self.last_error = None
         self._changed()
 
-    def _on_failed(self, before: _Life, role: Role, error: BaseException) -> None:
-        if before is _Life.STOPPING:
-            self._shut_down()
-            return
-        self.failed_attempts += 1
-        self.last_error = f"{self._step}: {error}"
-        delay = self._retry_delay(self.failed_attempts)
-        self.log.warn("step {step} of role {role} failed on node {node}: {error}; "
-                      "retry {attempt} in {delay}s",
-                      step=self._step, role=role.value, node=self.node_name,
-                      error=error, attempt=self.failed_attempts, delay=delay)
-        self._retry_call = self._reactor.callLater(delay, self._retry, "retry")
-        self._changed()
+    def _shut_down(self, stopped: defer.Deferred[None]) -> None:
+        """Stop every component and close the pool store; then ``stopped`` fires."""
+        self._progress = _Progress.STOPPED
+        done = self._stop_components(self._pool_sync, self._delegation, self._detector)
 
-    def _on_superseded(self, before: _Life) -> None:
-        if before is _Life.STOPPING:
-            self._shut_down()
-            return
-        self._start_run()
+        def shut_down(_result: object) -> None:
+            self._changed()
+            stopped.callback(None)
 
-    def _on_retry(self, before: _Life) -> None:
-        self._retry_call = None
-        self._start_run()
-
-    def _on_stop(self, before: _Life) -> None:
-        self._cancel_retry()
-        if before is _Life.APPLYING:
-            if self._run is not None:
-                self._run.cancel()
-            return
-        self._shut_down()
-
-    def _shut_down(self) -> None:
-        stopped = self._stop_components(self._pool_sync, self._delegation, self._detector)
-        self._drop_store_after(stopped).addCallback(self._shut_down_done)
-
-    def _shut_down_done(self, _result: object) -> None:
-        self._changed()
-        # Only stop() leads here, and it made the Deferred first.
-        if self._stopped is not None:
-            self._stopped.callback(None)
-
-    def _start_run(self) -> None:
-        """Run the current role's steps; how the run ends is the next input."""
-        role = self.role
-        self._step = "start"
-        run = self._apply(role)
-        if not run.called:
-            self._run = run
-            if role != self.role:
-                # The role changed during the run's synchronous first part.
-                run.cancel()
-        run.addBoth(self._run_end, role)
-
-    def _run_ended_with(self, result: object, role: Role) -> None:
-        """A run of ``role`` ended with ``result``: done, failed, or superseded (its
-        role is no longer the current one, or it was cancelled)."""
-        self._run = None
-        if isinstance(result, Failure):
-            if role != self.role or result.check(defer.CancelledError, _Superseded):
-                self._input("superseded")
-            else:
-                self._input("failed", role, result.value)
-        elif role != self.role:
-            self._input("superseded")
-        else:
-            self._input("done")
+        self._drop_store_after(done).addCallback(shut_down)
 
     def _apply(self, role: Role) -> defer.Deferred[None]:
         if role == Role.LEADER:
@@ -470,7 +451,7 @@ class Coordinator:
             return self.store
         self._step = "open pool store"
         store = yield self._open_pool_store()
-        if role != self.role or self._life is not _Life.APPLYING:
+        if role != self.role or self._progress is not _Progress.UNDER_WAY:
             yield _wait_for(self._close_quietly(store))
             raise _Superseded()
         self.store = store
@@ -547,19 +528,96 @@ class Coordinator:
             node=self.node_name, error=failure.getErrorMessage()))
         return closing
 
-    def _rearm_retry(self, failure: Failure) -> None:
-        """A retry or a run's end raised (already reported): a run that is no longer
-        running counts as failed, and a failed run without its retry timer gets one,
-        so the steps of the current role are tried again."""
-        if self._life is _Life.APPLYING and self._run is None:
-            self._input("failed", self.role, failure.value)
-        elif self._life is _Life.WAITING and (
-                self._retry_call is None or not self._retry_call.active()):
-            delay = self._retry_delay(max(1, self.failed_attempts))
-            self._retry_call = self._reactor.callLater(delay, self._retry, "retry")
 
-    def _cancel_retry(self) -> None:
-        if self._retry_call is not None:
-            if self._retry_call.active():
-                self._retry_call.cancel()
-            self._retry_call = None
+def _build_life() -> TypeMachine[_LifeInputs, Coordinator]:
+    """The coordinator's life cycle. A role change while a run is in progress
+    cancels it, and its end (superseded) starts the newest role's run; stop() waits
+    for the run in progress to end before it stops components and store."""
+    builder = TypeMachineBuilder(_LifeInputs, Coordinator)
+
+    def begin_run(life: _LifeInputs, core: Coordinator, role: Optional[Role] = None) -> _Run:
+        core._progress = _Progress.UNDER_WAY
+        if role is not None:
+            core._announce(role)
+        return core._start_run(life, _Run())
+
+    def retry_later(life: _LifeInputs, core: Coordinator, error: BaseException) -> IDelayedCall:
+        return core._retry_later(life, error)
+
+    def stopping(life: _LifeInputs, core: Coordinator,
+                 stopped: defer.Deferred[None]) -> defer.Deferred[None]:
+        core._progress = _Progress.STOPPING
+        return stopped
+
+    idle = builder.state("idle")
+    applying = builder.state("applying", begin_run)
+    waiting = builder.state("waiting", retry_later)
+    stopping_ = builder.state("stopping", stopping)
+    stopped_ = builder.state("stopped")
+
+    idle.upon(_LifeInputs.role_changed).to(applying).returns(None)
+    waiting.upon(_LifeInputs.retry_due).to(applying).returns(None)
+    applying.upon(_LifeInputs.run_failed).to(waiting).returns(None)
+
+    @pep614(applying.upon(_LifeInputs.role_changed).loop())
+    def newer_role(life: _LifeInputs, core: Coordinator, run: _Run, role: Role) -> None:
+        previous = core.role
+        core._announce(role)
+        core._cancel_run(run, role, previous)
+
+    @pep614(applying.upon(_LifeInputs.run_superseded).loop())
+    def run_newest_role(life: _LifeInputs, core: Coordinator, run: _Run) -> None:
+        core._start_run(life, run)
+
+    @pep614(applying.upon(_LifeInputs.run_done).to(idle))
+    def done(life: _LifeInputs, core: Coordinator, run: _Run) -> None:
+        core._steps_done()
+
+    @pep614(waiting.upon(_LifeInputs.role_changed).to(applying))
+    def role_while_waiting(life: _LifeInputs, core: Coordinator, retry: IDelayedCall,
+                           role: Role) -> None:
+        retry.cancel()
+
+    @pep614(applying.upon(_LifeInputs.stop).to(stopping_))
+    def stop_run(life: _LifeInputs, core: Coordinator, run: _Run,
+                 stopped: defer.Deferred[None]) -> None:
+        core._cancel_run(run, core.role, core.role)
+
+    @pep614(idle.upon(_LifeInputs.stop).to(stopped_))
+    def stop_idle(life: _LifeInputs, core: Coordinator, stopped: defer.Deferred[None]) -> None:
+        core._shut_down(stopped)
+
+    @pep614(waiting.upon(_LifeInputs.stop).to(stopped_))
+    def stop_waiting(life: _LifeInputs, core: Coordinator, retry: IDelayedCall,
+                     stopped: defer.Deferred[None]) -> None:
+        retry.cancel()
+        core._shut_down(stopped)
+
+    @pep614(stopping_.upon(_LifeInputs.run_done).to(stopped_))
+    @pep614(stopping_.upon(_LifeInputs.run_superseded).to(stopped_))
+    def run_ended_stopping(life: _LifeInputs, core: Coordinator,
+                           stopped: defer.Deferred[None]) -> None:
+        core._shut_down(stopped)
+
+    @pep614(stopping_.upon(_LifeInputs.run_failed).to(stopped_))
+    def run_failed_stopping(life: _LifeInputs, core: Coordinator,
+                            stopped: defer.Deferred[None], error: BaseException) -> None:
+        core._shut_down(stopped)
+
+    # Stopping is for good: a later role changes nothing, and only the first
+    # stop() waits; later ones fire at once.
+    @pep614(stopping_.upon(_LifeInputs.role_changed, nodata=True).loop())
+    @pep614(stopped_.upon(_LifeInputs.role_changed).loop())
+    def role_ignored(life: _LifeInputs, core: Coordinator, role: Role) -> None:
+        pass
+
+    @pep614(stopping_.upon(_LifeInputs.stop, nodata=True).loop())
+    @pep614(stopped_.upon(_LifeInputs.stop).loop())
+    def already_stopping(life: _LifeInputs, core: Coordinator,
+                         stopped: defer.Deferred[None]) -> None:
+        stopped.callback(None)
+
+    return builder.build()
+
+
+_LIFE = _build_life()

@@ -51,9 +51,10 @@ raised", says what an operator does when the counter moves):
   attempt as not written, which arms the next tick.
 - ``election-deadline``: ``yurtcoord.kube.leaderelection:LeaderElector._on_deadline``,
   the renew deadline of a leader; an error still steps down and arms the next tick.
-- ``role-retry``: ``yurtcoord.role.coordinator:Coordinator._on_retry``, the retry
-  timer of a failed run of role steps (and the end of each run); an error re-arms the
-  retry or counts the run as failed.
+- ``role-retry``: ``yurtcoord.role.coordinator:Coordinator._retry_due``, the retry
+  timer of a failed run of role steps (and the end of each run, and the retry
+  policy's answer); a policy that raises is answered by ``ROLE_RETRY``, so the
+  retry is armed all the same.
 - ``watch-idle``: ``yurtcoord.kube.watch:IdleWatchdog._check``, the idle check of a
   watch with an ``idle_timeout`` (every ``KubeClient`` of the agent counts into the
   metrics); an error arms the check again, so the watch keeps its idle timeout.
@@ -91,7 +92,7 @@ LOOPS: Mapping[str, str] = {
     "informer": "yurtcoord.kube.informer:Informer._step",
     "election-tick": "yurtcoord.kube.leaderelection:LeaderElector._on_tick",
     "election-deadline": "yurtcoord.kube.leaderelection:LeaderElector._on_deadline",
-    "role-retry": "yurtcoord.role.coordinator:Coordinator._on_retry",
+    "role-retry": "yurtcoord.role.coordinator:Coordinator._retry_due",
     "watch-idle": "yurtcoord.kube.watch:IdleWatchdog._check",
     "work-retry": "yurtcoord.tx.workqueue:WorkQueue._retry",
     "election-lease-read": "yurtcoord.role.leadersource:ElectionLeaseReader._read",

@@ -2,6 +2,7 @@
 
 from types import SimpleNamespace
 
+from automat import NoTransition
 from twisted.internet import defer
 from twisted.internet.task import Clock
 from twisted.logger import capturedLogs
@@ -12,7 +13,6 @@ from zope.interface.verify import verifyObject
 from yurtcoord.agent.metrics import IRoleGauges, follow_coordinator
 from yurtcoord.agent.statussources import AgentStatus
 from yurtcoord.role.coordinator import Coordinator
-from yurtcoord.tx.fsm import IllegalTransition
 from yurtcoord.tx.retry import backoff_policy
 from yurtcoord.pool.uploader import UploadCounts
 from yurtcoord.role.roles import IRoleComponent, Role
@@ -773,11 +773,6 @@ class RoleObserverTests(CoordinatorTestCase):
         c.set_role(PENDING)
         self.assertEqual(seen, [True, False, True, False])
 
-    def test_illegal_input_is_refused_by_the_table(self):
-        c = self.coordinator
-        self.assertRaises(IllegalTransition, c._input, "done")
-        self.assertRaises(IllegalTransition, c._input, "retry")
-
     def test_observers_see_every_change_once_even_while_a_step_is_cancelled(self):
         seen = []
         self.coordinator.add_role_observer(lambda previous, role: seen.append((previous, role)))
@@ -801,3 +796,179 @@ class RoleObserverTests(CoordinatorTestCase):
         self.assertEqual(seen, [Role.FOLLOWER])
         self.assertEqual(self.coordinator.role, Role.FOLLOWER)
         self.assertEqual(len(self.flushLoggedErrors(RuntimeError)), 1)
+
+
+class LifeCycleTests(CoordinatorTestCase):
+    """Every transition of the coordinator's life cycle (``_LIFE``), and every input
+    its states refuse. idle, applying (a run in flight), waiting (a retry timer),
+    stopping (stop() waits for the run to end) and stopped."""
+
+    def assert_refused(self, *inputs):
+        life = self.coordinator._life
+        calls = {"run_done": lambda: life.run_done(),
+                 "run_failed": lambda: life.run_failed(RuntimeError("late")),
+                 "run_superseded": lambda: life.run_superseded(),
+                 "retry_due": lambda: life.retry_due()}
+        for name in inputs:
+            self.assertRaises(NoTransition, calls[name])
+
+    def assert_idle(self):
+        c = self.coordinator
+        self.assertFalse(c.applying)
+        self.assertNotIn("not done yet", " ".join(c.readiness_failures()))
+        self.assertEqual(self.clock.getDelayedCalls(), [])
+        self.assert_refused("run_done", "run_failed", "run_superseded", "retry_due")
+
+    def assert_waiting(self, due):
+        c = self.coordinator
+        self.assertTrue(c.applying)
+        [retry] = self.clock.getDelayedCalls()
+        self.assertEqual(retry.getTime(), due)
+        self.assert_refused("run_done", "run_failed", "run_superseded")
+
+    def test_init_is_idle(self):
+        self.assertEqual(self.coordinator.role, Role.INIT)
+        self.assert_idle()
+
+    def test_idle_a_role_applies_it_and_its_end_is_idle(self):
+        c = self.coordinator
+        self.opener.hold = True
+        c.set_role(FOLLOWER)
+        self.assertTrue(c.applying)
+        self.assertIn("steps of role follower not done yet", c.readiness_failures())
+        self.assert_refused("retry_due")
+        self.opener.release()
+        self.assert_idle()
+        self.assertEqual(self.running(), {"detector": "s1"})
+
+    def test_applying_a_newer_role_cancels_the_run_and_runs_the_newest(self):
+        c = self.coordinator
+        self.opener.hold = True
+        c.set_role(LEADER)
+        c.set_role(FOLLOWER)
+        self.assertEqual(self.take_journal(), [("open cancelled",)])
+        self.assertEqual(self.opener.attempt_times, [self.clock.seconds()] * 2)
+        self.opener.release()
+        self.assertEqual(self.take_journal(), [
+            ("open", "s1"), ("start", "detector", "s1"), ("upload", "s1")])
+        self.assert_idle()
+        self.assertEqual(c.role, FOLLOWER)
+
+    def test_applying_a_failed_run_waits_then_retries_at_the_policy_delay(self):
+        c = self.coordinator
+        start = self.clock.seconds()
+        self.opener.failures = 2
+        c.set_role(FOLLOWER)
+        self.assert_waiting(start + 1)
+        self.assertEqual(c.failed_attempts, 1)
+        self.clock.advance(0.999)
+        self.assertEqual(len(self.opener.attempt_times), 1)
+        self.clock.advance(0.001)
+        self.assert_waiting(start + 1 + 2)
+        self.clock.advance(2)
+        self.assertEqual(self.opener.attempt_times, [start, start + 1, start + 3])
+        self.assert_idle()
+        self.assertIsNone(c.last_error)
+
+    def test_a_raising_retry_policy_still_arms_the_retry(self):
+        """The policy is the one step of a failed run that may raise: the retry is
+        armed with ROLE_RETRY's pause instead (at most 0.5 s for the first)."""
+        calls = []
+
+        def policy(attempt):
+            calls.append(attempt)
+            raise ValueError("policy broke")
+
+        c = Coordinator(self.clock, "edge-2", self.opener, self.pool_sync, self.delegation,
+                        self.detector, self.upload, retry_delay=policy)
+        self.addCleanup(c.stop)
+        self.opener.failures = 1
+        c.set_role(FOLLOWER)
+        [retry] = self.clock.getDelayedCalls()
+        self.assertTrue(0.4 <= retry.getTime() - self.clock.seconds() <= 0.5)
+        self.assertEqual(calls, [1])
+        self.assertEqual(len(self.flushLoggedErrors(ValueError)), 1)
+        self.clock.advance(0.5)
+        self.assertFalse(c.applying)
+        self.successResultOf(c.stop())
+
+    def test_waiting_a_role_cancels_the_retry_and_applies_it(self):
+        c = self.coordinator
+        self.opener.failures = 1
+        c.set_role(LEADER)
+        self.assert_waiting(self.clock.seconds() + 1)
+        c.set_role(FOLLOWER)
+        self.assertEqual(c.failed_attempts, 0)
+        self.assert_idle()
+        self.assertEqual(self.running(), {"detector": "s1"})
+
+    def test_idle_stop_is_stopped_for_good(self):
+        c = self.coordinator
+        c.set_role(FOLLOWER)
+        self.take_journal()
+        self.successResultOf(c.stop())
+        self.assertEqual(self.take_journal(), [("stop", "detector"), ("close", "s1")])
+        self.assertFalse(c.applying)
+        self.assertIn("steps of role follower not done yet", c.readiness_failures())
+        c.set_role(LEADER)  # stopped: ignored
+        self.assertEqual(c.role, FOLLOWER)
+        self.successResultOf(c.stop())  # later stops fire at once
+        self.assertEqual(self.take_journal(), [])
+        self.assert_refused("run_done", "run_failed", "run_superseded", "retry_due")
+
+    def test_waiting_stop_cancels_the_retry(self):
+        c = self.coordinator
+        self.opener.failures = 1
+        c.set_role(FOLLOWER)
+        self.successResultOf(c.stop())
+        self.assertEqual(self.clock.getDelayedCalls(), [])
+        self.assertFalse(c.applying)
+        self.assert_refused("run_done", "run_failed", "run_superseded", "retry_due")
+
+    def stop_while_uploading(self, on_cancel):
+        """A follower's run waits on its upload; stop() cancels it and
+        ``on_cancel(upload)`` decides how the run ends, in the stopping state."""
+        c = self.coordinator
+        seen = []
+
+        def cancel(upload):
+            seen.append((c.applying, c.ready))
+            on_cancel(upload)
+
+        self.upload.results.append(defer.Deferred(cancel))
+        c.set_role(FOLLOWER)
+        self.take_journal()
+        stopped = c.stop()
+        self.assertEqual(seen, [(True, False)], "applying, not ready while stopping")
+        self.successResultOf(stopped)
+        self.assertFalse(c.applying)
+        self.assertEqual(self.clock.getDelayedCalls(), [])
+        self.assertEqual(self.take_journal(), [("stop", "detector"), ("close", "s1")])
+        self.assert_refused("run_done", "run_failed", "run_superseded", "retry_due")
+
+    def test_stopping_a_run_that_ends_cancelled_is_stopped(self):
+        self.stop_while_uploading(lambda upload: None)
+        self.assertFalse(self.coordinator.local_cache_uploaded)
+
+    def test_stopping_a_run_that_ends_done_is_stopped(self):
+        self.stop_while_uploading(lambda upload: upload.callback(UploadCounts(created=3)))
+        self.assertEqual(self.coordinator.uploaded_objects, 3)
+
+    def test_stopping_a_run_that_ends_failed_is_stopped_without_retry(self):
+        self.stop_while_uploading(lambda upload: upload.errback(RuntimeError("etcd gone")))
+        self.assertEqual(self.coordinator.failed_attempts, 0)
+
+    def test_stopping_ignores_roles_and_later_stops_fire_at_once(self):
+        c = self.coordinator
+        fired = []
+
+        def during_stop(upload):
+            c.set_role(LEADER)
+            c.stop().addCallback(lambda _: fired.append("second"))
+
+        self.upload.results.append(defer.Deferred(during_stop))
+        c.set_role(FOLLOWER)
+        c.stop().addCallback(lambda _: fired.append("first"))
+        self.assertEqual(fired, ["second", "first"])
+        self.assertEqual(c.role, FOLLOWER)
+        self.assertEqual(self.running(), {})
