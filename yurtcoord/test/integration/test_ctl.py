@@ -15,7 +15,7 @@ from twisted.internet import defer, protocol, reactor, task, threads, utils
 from twisted.trial import unittest
 from twisted.web import resource, server
 
-from yurtcoord.agent import ctl
+from yurtcoord.agent import ctl, ctlread
 from yurtcoord.testing.agentdocuments import POOL, STATUS
 from yurtcoord.testing.world import agent_ini
 
@@ -162,7 +162,7 @@ class CommandTests(unittest.TestCase):
                                    f"URL\n"))
 
     async def test_an_answer_too_large_is_a_bad_answer(self):
-        self.patch(ctl, "MAX_ANSWER_BYTES", 100)
+        self.patch(ctlread, "MAX_ANSWER_BYTES", 100)
         code, _out, err = await self.ctl("members", "--server", self.base)
         self.assertEqual((code, err), (ctl.UNREACHABLE, f"yurtcoordctl: bad answer from "
                                                         f"{self.base}/pool: larger than 100 "

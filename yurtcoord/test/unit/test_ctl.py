@@ -10,7 +10,7 @@ import sys
 
 from twisted.trial import unittest
 
-from yurtcoord.agent import ctl
+from yurtcoord.agent import ctl, ctlread
 from yurtcoord.testing.agentdocuments import POOL, STATUS
 
 
@@ -92,7 +92,7 @@ class ServerFlagTests(unittest.TestCase):
     def setUp(self):
         def no_read(url, deadline):
             raise AssertionError(f"read {url} although --server was refused")
-        self.patch(ctl, "read_answer", no_read)
+        self.patch(ctlread, "read_answer", no_read)
 
     def test_other_schemes_and_malformed_urls_are_bad_usage(self):
         for value, why in (
@@ -122,7 +122,7 @@ class ServerFlagTests(unittest.TestCase):
         def read(url, deadline):
             asked.append(url)
             return json.dumps(POOL).encode()
-        self.patch(ctl, "read_answer", read)
+        self.patch(ctlread, "read_answer", read)
         for value in ("http://127.0.0.1:10267/", "HTTPS://[::1]:10267", "http://agent/x/"):
             self.assertEqual(ctl.run(["members", "--server", value], io.StringIO(),
                                      io.StringIO()), 0)
@@ -136,7 +136,7 @@ class ServerFlagTests(unittest.TestCase):
         def read(url, deadline):
             asked.append(url)
             return json.dumps(STATUS).encode()
-        self.patch(ctl, "read_answer", read)
+        self.patch(ctlread, "read_answer", read)
         for value in ("127.0.0.1:10267", "[::1]:10267", "edge-1.pool-a:10267/", "agent"):
             out, err = io.StringIO(), io.StringIO()
             code = ctl.run(["status", "--server", value], out, err)
@@ -170,7 +170,7 @@ class DecodeTests(unittest.TestCase):
 
     def assertBadAnswer(self, body, why):
         with self.assertRaises(ctl.CtlError) as caught:
-            ctl.decode(body, self.URL)
+            ctlread.decode(body, self.URL)
         message = str(caught.exception)
         self.assertEqual(caught.exception.status, ctl.UNREACHABLE)
         self.assertTrue(message.startswith(f"bad answer from {self.URL}: {why}"), message)
@@ -182,7 +182,7 @@ class DecodeTests(unittest.TestCase):
                              "nested deeper than 32")
         self.assertBadAnswer(b'{"a": ' + b"[" * 40 + b"]" * 40 + b"}", "nested deeper than 32")
         deep_enough = b'{"a": ' + b"[" * 31 + b"]" * 31 + b"}"
-        self.assertIn("a", ctl.decode(deep_enough, self.URL))
+        self.assertIn("a", ctlread.decode(deep_enough, self.URL))
 
     def test_non_finite_numbers(self):
         for number in (b"NaN", b"Infinity", b"-Infinity", b"1e400", b"-1e999"):
@@ -199,7 +199,7 @@ class DecodeTests(unittest.TestCase):
         self.assertBadAnswer(b'"ready"', "not a JSON object")
 
     def test_too_large(self):
-        self.patch(ctl, "MAX_ANSWER_BYTES", 100)
+        self.patch(ctlread, "MAX_ANSWER_BYTES", 100)
         self.assertBadAnswer(b'{"a": "' + b"x" * 200 + b'"}', "larger than 100 bytes")
 
 
@@ -208,7 +208,7 @@ class HostileAnswerTests(unittest.TestCase):
     stdout and stderr, in every output mode."""
 
     def answer(self, body):
-        self.patch(ctl, "read_answer", lambda url, deadline: body)
+        self.patch(ctlread, "read_answer", lambda url, deadline: body)
 
     def ctl(self, *argv):
         out, err = io.StringIO(), io.StringIO()
@@ -258,7 +258,7 @@ class HostileAnswerTests(unittest.TestCase):
     def test_an_error_line_from_the_server_is_escaped(self):
         def read(url, deadline):
             raise ctl.CtlError(f"bad answer from {url}: HTTP 500 oops\x1b[2J\r\nforged")
-        self.patch(ctl, "read_answer", read)
+        self.patch(ctlread, "read_answer", read)
         code, out, err = self.ctl("members")
         self.assertEqual((code, out), (ctl.UNREACHABLE, ""))
         self.assertEqual(err, "yurtcoordctl: bad answer from http://127.0.0.1:10267/pool: "
@@ -285,7 +285,7 @@ class CommandLineTests(unittest.TestCase):
         def read(url, deadline):
             self.asked.append((url, deadline.seconds))
             return json.dumps(POOL if url.endswith("/pool") else STATUS).encode()
-        self.patch(ctl, "read_answer", read)
+        self.patch(ctlread, "read_answer", read)
         self.stdout, self.stderr = io.StringIO(), io.StringIO()
         self.patch(sys, "stdout", self.stdout)
         self.patch(sys, "stderr", self.stderr)
