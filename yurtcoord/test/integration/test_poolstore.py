@@ -757,10 +757,10 @@ class RecordingClient:
         self.in_flight = 0
         self.most_in_flight = 0
 
-    def submit(self, txn, raise_on_failure=True):
+    def submit(self, txn, raise_on_failure=True, timeout=None):
         self.in_flight += 1
         self.most_in_flight = max(self.most_in_flight, self.in_flight)
-        d = self.client.submit(txn, raise_on_failure=raise_on_failure)
+        d = self.client.submit(txn, raise_on_failure=raise_on_failure, timeout=timeout)
 
         def answered(result):
             self.in_flight -= 1
