@@ -40,8 +40,7 @@ from typing import TYPE_CHECKING, Any, Generator, List, Optional, Set, Tuple, Un
 from urllib.parse import urlsplit, urlunsplit
 
 from twisted.internet import defer
-from twisted.internet.interfaces import IDelayedCall, IReactorTime
-from twisted.internet.task import LoopingCall
+from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 from zope.interface import implementer
@@ -56,8 +55,9 @@ from yurtcoord.names import (
     COORDINATOR_SERVER_ANNOTATION, DELEGATE_HEARTBEAT_ANNOTATION, ETCD_MEMBER_ANNOTATION,
     NODE_LEASE_NAMESPACE,
 )
+from yurtcoord.tx.cadence import Cadence
 from yurtcoord.tx.failures import describe_failure
-from yurtcoord.tx.guardedloop import ILoopErrors, guarded
+from yurtcoord.tx.guardedloop import ILoopErrors
 from yurtcoord.tx.inflight import InFlight
 from yurtcoord.tx.retry import RetryPolicy, backoff_policy
 
@@ -311,132 +311,6 @@ def _has_owner(lease: Mapping[str, Any]) -> bool:
     return isinstance(metadata, Mapping) and bool(metadata.get("ownerReferences"))
 
 
-class Cadence:
-    """Runs ``run()`` (a Deferred-returning callable) now and then on a fixed lattice.
-
-    Like ``LoopingCall``, a run that takes longer than a step skips the slots it
-    missed instead of shifting the later ones. ``next_interval()`` is asked after
-    every run for the step to the next slot, so a caller can change the cadence;
-    ``restart()`` runs at once (right after the run in flight, if any) and anchors
-    the lattice there. ``stop()`` cancels the run in flight.
-
-    A run that raises or fails unexpectedly is reported as an error of guarded loop
-    ``loop`` (``yurtcoord.tx.guardedloop``: logged with its traceback, counted in
-    ``loop_errors``) and the cadence goes on: a heartbeat must not end with one bug.
-    The end of a run, which asks ``next_interval()`` and arms the next slot, runs
-    guarded too: unguarded, an error there would fail a Deferred nobody waits on and
-    arm no timer, so the heartbeat would end without a trace until garbage
-    collection. After such an error the next run comes one step later (the last step
-    ``next_interval()`` gave, ``ProbeSettings.interval`` before any).
-    """
-
-    log = Logger()
-
-    def __init__(self, reactor: IReactorTime, run: Callable[[], Any],
-                 next_interval: Callable[[], float], name: str, loop: str,
-                 loop_errors: Optional[ILoopErrors] = None) -> None:
-        self._reactor = reactor
-        self._loop = loop
-        self._loop_errors = loop_errors
-        self._run = run
-        self._next_interval = next_interval
-        self._name = name
-        self._running = False
-        self._timer: Optional[IDelayedCall] = None
-        self._due = 0.0
-        self._in_flight: Optional[defer.Deferred[Any]] = None
-        # Set from the start of a run to its end, also when it ends at once: a
-        # restart() asked meanwhile (from a health change it caused) runs after it.
-        self._busy = False
-        self._run_again = False
-        self._stop_waiters: List[defer.Deferred[None]] = []
-        self._step = ProbeSettings.interval
-        self._guarded_run = guarded(loop, self._run_unless_stopped, loop_errors)
-        self._guarded_ran = guarded(loop, self._ran, loop_errors, self._rearm)
-
-    @property
-    def running(self) -> bool:
-        return self._running
-
-    def start(self) -> None:
-        if self._running:
-            return
-        self._running = True
-        self._tick(self._reactor.seconds())
-
-    def restart(self) -> None:
-        if not self._running:
-            return
-        if self._busy:
-            self._run_again = True
-            return
-        self._cancel_timer()
-        self._tick(self._reactor.seconds())
-
-    def stop(self) -> defer.Deferred[None]:
-        """Fires once the run in flight (cancelled) has ended."""
-        if not self._running:
-            return defer.succeed(None)
-        self._running = False
-        self._run_again = False
-        self._cancel_timer()
-        if self._in_flight is None:
-            return defer.succeed(None)
-        waiter: defer.Deferred[None] = defer.Deferred()
-        self._stop_waiters.append(waiter)
-        self._in_flight.cancel()
-        return waiter
-
-    def _cancel_timer(self) -> None:
-        timer, self._timer = self._timer, None
-        if timer is not None and timer.active():
-            timer.cancel()
-
-    def _tick(self, due: float) -> None:
-        self._timer = None
-        self._due = due
-        self._busy = True
-        # An unexpected error must not end the cadence: it is reported, and run on.
-        d = self._guarded_run()
-        if not d.called:
-            self._in_flight = d
-        d.addBoth(self._guarded_ran)
-
-    def _run_unless_stopped(self) -> defer.Deferred[Any]:
-        """One run; its failure is no error once stopped: a run cancelled by
-        ``stop()`` ends however its parts report the cancellation."""
-        return defer.maybeDeferred(self._run).addErrback(
-            lambda failure: failure if self._running else None)
-
-    def _rearm(self, _failure: Failure) -> None:
-        """After the end of a run raised: the next run one step from now, unless
-        stopped, or a timer or run is on its way already."""
-        if self._running and self._timer is None and not self._busy:
-            due = self._reactor.seconds() + self._step
-            self._timer = self._reactor.callLater(self._step, self._tick, due)
-
-    def _ran(self, _result: object) -> None:
-        self._in_flight = None
-        self._busy = False
-        if not self._running:
-            waiters, self._stop_waiters = self._stop_waiters, []
-            for waiter in waiters:
-                waiter.callback(None)
-            return None
-        now = self._reactor.seconds()
-        if self._run_again:
-            self._run_again = False
-            self._tick(now)
-            return None
-        step = self._step = self._next_interval()
-        due = self._due + step
-        if due < now:
-            # Slots missed while the run lasted are skipped, the lattice stays.
-            due += step * math.ceil((now - due) / step)
-        self._timer = self._reactor.callLater(max(0.0, due - now), self._tick, due)
-        return None
-
-
 class LeaseProber:
     """The health of one server, judged by probing it: renewing the node lease on it
     (``probe()``) or, for a cloud server the heartbeat does not go through, reading
@@ -479,7 +353,7 @@ class LeaseProber:
         self._first_answer_waiters: List[defer.Deferred[None]] = []
         self._cadence = Cadence(reactor, self.probe,
                                 next_interval or (lambda: settings.interval),
-                                f"probe of {server}", "lease-probe", loop_errors)
+                                "lease-probe", loop_errors, first_step=ProbeSettings.interval)
 
     @property
     def writer(self) -> NodeLeaseWriter:
@@ -646,8 +520,8 @@ class ServerSet:
         self._listeners: List[Callable[[bool], object]] = []
         self._write_listeners: List[Callable[[str], object]] = []
         self._last_state = (self.decided, self.healthy)
-        self._cadence = Cadence(reactor, self._round, next_interval, f"{name} heartbeat",
-                                "heartbeat", loop_errors)
+        self._cadence = Cadence(reactor, self._round, next_interval, "heartbeat", loop_errors,
+                                first_step=ProbeSettings.interval)
         for prober in self._probers:
             prober.on_change = self._prober_changed
 
@@ -948,7 +822,6 @@ class KubeletHealthChecker:
                  url: str, grace_period: float, interval: float = 5.0,
                  timeout: float = 2.0, loop_errors: Optional[ILoopErrors] = None) -> None:
         self._reactor = reactor
-        self._loop_errors = loop_errors
         self._http_get = http_get
         self.url = url
         self._grace = grace_period
@@ -956,8 +829,9 @@ class KubeletHealthChecker:
         self._timeout = timeout
         self._started_at: Optional[float] = None
         self.last_healthy: Optional[float] = None
-        self._loop: Optional[LoopingCall] = None
-        self._loop_done: Optional[defer.Deferred[LoopingCall]] = None
+        # A check that raises is logged and counted (loop kubelet-check); the next
+        # one runs on time, so a bug here cannot freeze the node's liveness.
+        self._cadence = Cadence(reactor, self.check, interval, "kubelet-check", loop_errors)
         # The checks still waiting on the kubelet, cancelled at stop.
         self._checks = InFlight()
         self._stopping = False
@@ -1011,29 +885,21 @@ class KubeletHealthChecker:
                 self.log.failure("kubelet liveness listener raised")
 
     def start(self) -> None:
-        if self._loop is not None:
+        if self._cadence.running:
             return
         self._stopping = False
         self._started_at = self._reactor.seconds()
         self.log.info("kubelet liveness checked at {url} every {interval}s: heartbeats stop "
                       "when it has not answered for {grace}s",
                       url=self.url, interval=self._interval, grace=self._grace)
-        # A check that raises is logged and counted (loop kubelet-check); the next
-        # one runs on time, so a bug here cannot freeze the node's liveness.
-        self._loop = LoopingCall(guarded("kubelet-check", self.check, self._loop_errors))
-        self._loop.clock = self._reactor
-        self._loop_done = self._loop.start(self._interval, now=True)
+        self._cadence.start()
 
     def stop(self) -> defer.Deferred[Any]:
-        if self._loop is None or self._loop_done is None:
+        if not self._cadence.running:
             return defer.succeed(None)
         self._stopping = True
-        loop, done = self._loop, self._loop_done
-        self._loop = self._loop_done = None
         self._checks.cancel_all()
-        if loop.running:
-            loop.stop()
-        return done
+        return self._cadence.stop()
 
     def check(self) -> defer.Deferred[bool]:
         """Ask the kubelet once. Fires with True when it answered 200 (never errbacks)."""

@@ -9,13 +9,13 @@ from typing import Any, Callable, Optional
 
 from twisted.internet import defer
 from twisted.internet.interfaces import IReactorTime
-from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from yurtcoord.heartbeat.interfaces import IHealthChecker
 from yurtcoord.role.roles import Role
-from yurtcoord.tx.guardedloop import ILoopErrors, guarded
+from yurtcoord.tx.cadence import Cadence
+from yurtcoord.tx.guardedloop import ILoopErrors
 from yurtcoord.tx.observers import Observers
 
 
@@ -44,16 +44,16 @@ class HubElector:
         self._cloud = cloud_checker
         self._coordinator = coordinator_checker
         self._elector_factory = elector_factory
-        self._check_interval = check_interval
         self._on_role = on_role
-        self._loop_errors = loop_errors
         self.role = Role.INIT
         self._elector: Any = None
         self._candidacies = 0
         self._leader_observers: Observers[[str]] = Observers("pool leader changes")
         self._stopping_electors: set[defer.Deferred[Any]] = set()
-        self._loop: LoopingCall | None = None
-        self._loop_done: defer.Deferred[LoopingCall] | None = None
+        # One bad check (an on_role callback raising) must not end the checks: it is
+        # logged and counted (loop hub-role-check), the next check runs on time.
+        self._checks = Cadence(reactor, self.check, check_interval, "hub-role-check",
+                               loop_errors)
         self._health_known: defer.Deferred[Any] | None = None
 
     @property
@@ -77,13 +77,13 @@ class HubElector:
         """Check now and every ``check_interval``; with ``health_known``, the first
         check waits until it fired (the role stays init until then), so that an
         agent whose first probes are still on the way is not called pending."""
-        if self._loop is not None or self._health_known is not None:
+        if self._checks.running or self._health_known is not None:
             return
         if health_known is not None and not health_known.called:
             self._health_known = health_known
             health_known.addBoth(self._health_became_known)
             return
-        self._start_checking()
+        self._checks.start()
 
     def _health_became_known(self, result: object) -> None:
         if self._health_known is None:
@@ -92,15 +92,8 @@ class HubElector:
         if isinstance(result, Failure):
             self.log.warn("waiting for the first health answers failed: {error}; checking "
                           "anyway", error=result.getErrorMessage())
-        self._start_checking()
+        self._checks.start()
         return None
-
-    def _start_checking(self) -> None:
-        # One bad check (an on_role callback raising) must not end the loop: it is
-        # logged and counted (loop hub-role-check), the next check runs on time.
-        self._loop = LoopingCall(guarded("hub-role-check", self.check, self._loop_errors))
-        self._loop.clock = self._reactor
-        self._loop_done = self._loop.start(self._check_interval, now=True)
 
     def stop(self) -> defer.Deferred[None]:
         """Stop checking and electing; fires once the elector stopped (and a leader
@@ -109,13 +102,7 @@ class HubElector:
         waiting, self._health_known = self._health_known, None
         if waiting is not None:
             waiting.cancel()
-        if self._loop is not None:
-            loop, done = self._loop, self._loop_done
-            self._loop = self._loop_done = None
-            if loop.running:
-                loop.stop()
-            if done is not None:
-                stopped.append(done)
+        stopped.append(self._checks.stop())
         self._stop_electing()
         stopped.extend(self._stopping_electors)
         return defer.gatherResults(stopped, consumeErrors=True).addCallback(lambda _: None)

@@ -29,7 +29,6 @@ from typing import Any, Optional
 
 from twisted.internet import defer
 from twisted.internet.interfaces import IReactorTime
-from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 from zope.interface import Attribute, Interface, implementer
@@ -39,6 +38,7 @@ from yurtcoord.kube.gvr import LEASES
 from yurtcoord.kube.lease import LeaseRecord
 from yurtcoord.kube.renewals import RenewalsSeen
 from yurtcoord.tx.failures import describe_failure
+from yurtcoord.tx.cadence import Cadence
 from yurtcoord.tx.guardedloop import ILoopErrors, report_loop_error
 from yurtcoord.tx.observers import Observers
 
@@ -226,31 +226,24 @@ class ElectionLeaseReader:
         self.source = source
         self.interval = interval
         self.timeout = timeout
-        self._loop: Optional[LoopingCall] = None
-        self._loop_done: Optional[defer.Deferred[Any]] = None
+        # Every read runs in a Deferred whose unexpected errors end in ``_unexpected``
+        # (loop election-lease-read), so a tick cannot raise.
+        self._ticks = Cadence(reactor, self._tick, interval, "election-lease-read",
+                              loop_errors)
         self._reading: Optional[defer.Deferred[None]] = None
         self._again = False
         self.reads = 0
 
     def start(self) -> None:
-        if self._loop is not None:
-            return
-        # Every read runs in a Deferred whose unexpected errors end in ``_unexpected``
-        # (loop election-lease-read), so a tick cannot raise and end the loop.
-        self._loop = LoopingCall(self._tick)
-        self._loop.clock = self._reactor
-        self._loop_done = self._loop.start(self.interval, now=True)
+        self._ticks.start()
 
     def stop(self) -> defer.Deferred[Any]:
         """Stop reading; a read in flight is cancelled."""
-        loop, done = self._loop, self._loop_done
-        self._loop = self._loop_done = None
         self._again = False
+        stopped = self._ticks.stop()
         if self._reading is not None:
             self._reading.cancel()
-        if loop is not None and loop.running:
-            loop.stop()
-        return done if done is not None else defer.succeed(None)
+        return stopped
 
     def _tick(self) -> None:
         if self._reading is None:
@@ -259,7 +252,7 @@ class ElectionLeaseReader:
     def read_now(self, *_ignored: object) -> None:
         """Read at once, or right after the read in flight; nothing when stopped.
         Takes and ignores any arguments, so that it can be any observer."""
-        if self._loop is None:
+        if not self._ticks.running:
             return
         if self._reading is not None:
             self._again = True
@@ -283,7 +276,7 @@ class ElectionLeaseReader:
     def _failed(self, failure: Failure) -> None:
         if failure.check(NotFound):
             self.source.observe(None)
-        elif failure.check(defer.CancelledError) and self._loop is None:
+        elif failure.check(defer.CancelledError) and not self._ticks.running:
             return
         elif failure.check(defer.TimeoutError):
             self.source.read_failed(f"no answer within {self.timeout:g}s")
@@ -292,6 +285,6 @@ class ElectionLeaseReader:
 
     def _done(self, _result: object) -> None:
         self._reading = None
-        if self._again and self._loop is not None:
+        if self._again and self._ticks.running:
             self._again = False
             self._read()

@@ -54,9 +54,6 @@ class _Inputs(Protocol):
     def stop(self, stopped: defer.Deferred[None]) -> None:
         """Stop; ``stopped`` fires once the run in flight (cancelled) has ended."""
 
-    def is_running(self) -> bool:
-        """Whether the cadence runs (started and not stopped)."""
-
     def _due(self, slot: float) -> None:
         """The timer of ``slot`` fired."""
 
@@ -83,25 +80,40 @@ class _Core:
     step: float
     # The stop() calls waiting for the cancelled run to end.
     stop_waiters: List[defer.Deferred[None]] = field(default_factory=list)
+    # What ``Cadence.running`` answers: True from start() to stop(). The transitions
+    # that start and stop set it, since a run (inside a transition) may ask, and a
+    # machine cannot be asked anything while it is in a transition.
+    running: bool = False
+    # The slot the latest run was due at, which a run may read (``Cadence.due``): the
+    # reactor lag probe measures how late after it the run began.
+    due: float = 0.0
 
     def report(self, result: object) -> None:
         """A run's unexpected failure, as an error of the guarded loop."""
         if isinstance(result, Failure) and not result.check(defer.CancelledError):
             report_loop_error(self.loop, result, self.loop_errors)
 
-    def next_slot(self, after: float) -> float:
-        """The first slot of the lattice through ``after`` that is not past."""
+    def next_slot(self, slot: float, started: float) -> float:
+        """The slot after a run due at ``slot`` that started at ``started``: the first
+        of the lattice through ``slot`` after ``started`` that is not past.
+
+        As ``LoopingCall`` does, a run that started late skips the slots that passed
+        meanwhile, the one it started at included, so that a late timer does not run
+        twice in one instant; and the slots missed while a run lasted are skipped. A
+        run that ends right at the next slot (a probe cut off by its interval) is
+        followed at once."""
         now = self.clock.seconds()
         try:
             step = self.step = float(self.next_interval())
         except Exception:
             report_loop_error(self.loop, Failure(), self.loop_errors)
             return now + self.step
-        slot = after + step
-        if slot < now:
-            # Slots missed while the run lasted are skipped; the lattice stays.
-            slot += step * math.ceil((now - slot) / step)
-        return slot
+        following = slot + step
+        if following <= started:
+            following = slot + step * (math.floor((started - slot) / step) + 1)
+        if following < now:
+            following += step * math.ceil((now - following) / step)
+        return following
 
     def stopped(self) -> None:
         waiters, self.stop_waiters = self.stop_waiters, []
@@ -111,9 +123,11 @@ class _Core:
 
 @dataclass
 class _Run:
-    """The run in flight, due at ``slot``; ``stop()`` cancels ``ended``."""
+    """The run in flight, due at ``slot`` and started at ``started``; ``stop()``
+    cancels ``ended``."""
 
     slot: float
+    started: float
     ended: defer.Deferred[None]
 
 
@@ -131,8 +145,9 @@ def _build() -> Callable[[_Core], _Inputs]:
 
     def run(c: _Inputs, s: _Core, slot: float) -> _Run:
         # A synchronous end is handed to the machine once this transition is done.
+        started, s.due = s.clock.seconds(), slot
         ended = defer.maybeDeferred(s.run).addBoth(c._ran)
-        return _Run(slot, ended)
+        return _Run(slot, started, ended)
 
     def wait(c: _Inputs, s: _Core, slot: float) -> _Timer:
         delay = max(0.0, slot - s.clock.seconds())
@@ -144,25 +159,32 @@ def _build() -> Callable[[_Core], _Inputs]:
     idle = builder.state("idle")
     running = builder.state("running", run)
     running_then_again = builder.state("running, then again", hand_over)
-    ended = builder.state("ended")
+    # Between two runs, for one turn: the next slot or a run at once is decided.
+    between = builder.state("between")
     waiting = builder.state("waiting", wait)
     stopping = builder.state("stopping")
 
-    idle.upon(_Inputs.start).to(running).returns(None)
-    idle.upon(_Inputs.start_later).to(waiting).returns(None)
     idle.upon(_Inputs.restart).loop().returns(None)
     waiting.upon(_Inputs._due).to(running).returns(None)
-    ended.upon(_Inputs._wait_until).to(waiting).returns(None)
-    ended.upon(_Inputs.restart).to(running).returns(None)
+    between.upon(_Inputs._wait_until).to(waiting).returns(None)
+    between.upon(_Inputs.restart).to(running).returns(None)
     running.upon(_Inputs._run_again).to(running_then_again).returns(None)
     for state in (running, running_then_again, waiting):
         state.upon(_Inputs.start).loop().returns(None)
         state.upon(_Inputs.start_later).loop().returns(None)
-        state.upon(_Inputs.is_running).loop().returns(True)
     running_then_again.upon(_Inputs.restart).loop().returns(None)
-    idle.upon(_Inputs.is_running).loop().returns(False)
-    stopping.upon(_Inputs.is_running).loop().returns(False)
     stopping.upon(_Inputs.restart).loop().returns(None)
+
+    # Through "between", so that the first run already sees the cadence running.
+    @idle.upon(_Inputs.start).to(between)
+    def start(c: _Inputs, s: _Core, slot: float) -> None:
+        s.running = True
+        c.restart(slot)
+
+    @idle.upon(_Inputs.start_later).to(between)
+    def start_later(c: _Inputs, s: _Core, slot: float) -> None:
+        s.running = True
+        c._wait_until(slot)
 
     @idle.upon(_Inputs.stop).loop()
     def stop_idle(c: _Inputs, s: _Core, stopped: defer.Deferred[None]) -> None:
@@ -172,12 +194,12 @@ def _build() -> Callable[[_Core], _Inputs]:
     def restart_running(c: _Inputs, s: _Core, run: _Run, slot: float) -> None:
         c._run_again(run)
 
-    @running.upon(_Inputs._ran).to(ended)
+    @running.upon(_Inputs._ran).to(between)
     def ran(c: _Inputs, s: _Core, run: _Run, result: object) -> None:
         s.report(result)
-        c._wait_until(s.next_slot(run.slot))
+        c._wait_until(s.next_slot(run.slot, run.started))
 
-    @running_then_again.upon(_Inputs._ran).to(ended)
+    @running_then_again.upon(_Inputs._ran).to(between)
     def ran_then_again(c: _Inputs, s: _Core, run: _Run, result: object) -> None:
         s.report(result)
         c.restart(s.clock.seconds())
@@ -189,6 +211,7 @@ def _build() -> Callable[[_Core], _Inputs]:
     @waiting.upon(_Inputs.stop).to(idle)
     def stop_waiting(c: _Inputs, s: _Core, timer: _Timer,
                      stopped: defer.Deferred[None]) -> None:
+        s.running = False
         timer.call.cancel()
         stopped.callback(None)
 
@@ -196,6 +219,7 @@ def _build() -> Callable[[_Core], _Inputs]:
     @running_then_again.upon(_Inputs.stop).to(stopping)
     def stop_running(c: _Inputs, s: _Core, run: _Run,
                      stopped: defer.Deferred[None]) -> None:
+        s.running = False
         s.stop_waiters.append(stopped)
         run.ended.cancel()
 
@@ -250,7 +274,12 @@ class Cadence:
     @property
     def running(self) -> bool:
         """Started and not stopped."""
-        return self._machine.is_running()
+        return self._core.running
+
+    @property
+    def due(self) -> float:
+        """The slot (clock time) the run in flight, or the latest run, was due at."""
+        return self._core.due
 
     def start(self, now: bool = True) -> None:
         """Run now (or, with ``now=False``, one step from now) and then on the
@@ -259,7 +288,7 @@ class Cadence:
         if now:
             self._machine.start(at)
         else:
-            self._machine.start_later(self._core.next_slot(at))
+            self._machine.start_later(self._core.next_slot(at, at))
 
     def restart(self) -> None:
         """Run now (right after the run in flight, if any) and anchor the lattice

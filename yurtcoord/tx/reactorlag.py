@@ -4,8 +4,8 @@ Every timer of the agent (probes, lease renewals, the election) runs on one reac
 thread. When that thread is busy (a large answer parsed, a full garbage collection,
 the machine giving the CPU to another process), every timer due meanwhile runs late,
 and a probe that runs late can turn into a missed heartbeat. ``ReactorLagProbe`` is a
-``LoopingCall`` that measures, on each call, how much later than due it ran, and passes
-that lag on: the agent exports it as a histogram and logs one line for a lag longer
+``Cadence`` that measures, on each run, how much later than due it ran, and passes
+that lag on to its observers: the agent exports it as a histogram and logs one line for a lag longer
 than the probe timeout; the benchmarks keep the longest.
 
 A stall longer than the probe's interval always covers a due time, so it is always
@@ -16,15 +16,15 @@ The probe's tick is guarded (``yurtcoord.tx.guardedloop``, loop ``reactor-lag``)
 observer that raises is logged and counted, and the probe goes on measuring.
 """
 
-import math
+import functools
 from typing import Callable, Optional
 
-from twisted.internet import task
 from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
-from twisted.python.failure import Failure
 
-from yurtcoord.tx.guardedloop import ILoopErrors, guarded
+from yurtcoord.tx.cadence import Cadence
+from yurtcoord.tx.guardedloop import ILoopErrors, report_loop_error
+from yurtcoord.tx.observers import Observers
 
 # Seconds between two calls of the probe: short enough that every stall of 0.1 s or
 # longer covers a due time; a call costs some microseconds.
@@ -34,7 +34,7 @@ LagObserver = Callable[[float], None]
 
 
 class ReactorLagProbe:
-    """A ``LoopingCall`` on ``clock`` every ``interval`` seconds that calls each observer
+    """A ``Cadence`` on ``clock`` every ``interval`` seconds that calls each observer
     with how many seconds later than due it ran (0 when on time).
 
     ``longest`` is the longest lag seen since ``start``. With ``warn_after`` set, a lag
@@ -53,52 +53,36 @@ class ReactorLagProbe:
         self.interval = interval
         self.warn_after = warn_after
         self.longest = 0.0
-        self._observers: list[LagObserver] = []
-        self._loop = task.LoopingCall(guarded("reactor-lag", self._tick, loop_errors))
-        self._loop.clock = clock
-        self._due = 0.0
+        # An observer that raises is an error of the loop: counted, and the others
+        # still hear the lag.
+        self._observers: Observers[[float]] = Observers(
+            "reactor lag", functools.partial(report_loop_error, "reactor-lag",
+                                             sink=loop_errors))
+        self._ticks = Cadence(clock, self._tick, interval, "reactor-lag", loop_errors)
 
     def add_observer(self, observer: LagObserver) -> None:
         """Call ``observer(lag_seconds)`` after every call of the probe."""
-        self._observers.append(observer)
+        self._observers.add(observer)
 
     @property
     def running(self) -> bool:
-        return bool(self._loop.running)
+        return self._ticks.running
 
     def start(self) -> None:
         """Start probing; the first call is due one interval from now."""
-        if self._loop.running:
+        if self._ticks.running:
             return
         self.longest = 0.0
-        self._due = self.clock.seconds() + self.interval
-        self._loop.start(self.interval, now=False).addErrback(self._loop_failed)
+        self._ticks.start(now=False)
 
     def stop(self) -> None:
-        if self._loop.running:
-            self._loop.stop()
+        self._ticks.stop()
 
     def _tick(self) -> None:
-        now = self.clock.seconds()
-        lag = max(0.0, now - self._due)
-        self._due = self._next_due(now)
+        lag = max(0.0, self.clock.seconds() - self._ticks.due)
         self.longest = max(self.longest, lag)
         if self.warn_after is not None and lag > self.warn_after:
             self.log.warn("reactor ran a timer {lag:.3f}s late, longer than the probe timeout "
                           "{bound}s: timers due meanwhile (probes, lease renewals) ran late too",
                           lag=lag, bound=self.warn_after)
-        for observer in self._observers:
-            observer(lag)
-
-    def _next_due(self, now: float) -> float:
-        """When the loop calls next: ``LoopingCall`` keeps to the interval boundaries
-        counted from its start and skips those that passed while the reactor was busy."""
-        start = self._loop.starttime
-        if start is None:
-            return now + self.interval
-        passed = math.floor((now - start) / self.interval) + 1
-        return float(start + passed * self.interval)
-
-    def _loop_failed(self, failure: Failure) -> None:
-        # An observer that raised stops the loop; say so rather than lose the probe quietly.
-        self.log.failure("reactor lag probe stopped", failure=failure)
+        self._observers.notify(lag)

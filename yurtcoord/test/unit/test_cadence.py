@@ -45,6 +45,7 @@ class Runs:
         # once that Deferred fired.
         self.cancelled = 0
         self.wind_down: Optional[defer.Deferred[None]] = None
+        self.on_cancel: Callable[[], object] = lambda: None
 
     def __call__(self) -> Any:
         self.started.append(self.clock.seconds())
@@ -62,6 +63,7 @@ class Runs:
 
     def _cancel(self, _d: defer.Deferred[Any]) -> None:
         self.cancelled += 1
+        self.on_cancel()
 
 
 class CadenceTests(unittest.TestCase):
@@ -84,6 +86,15 @@ class CadenceTests(unittest.TestCase):
         self.assertTrue(self.cadence.running)
         self.clock.pump([5.0, 5.0])
         self.assertEqual(self.offsets(), [0.0, 5.0, 10.0])
+
+    def test_a_run_sees_the_cadence_running_and_a_cancelled_run_sees_it_stopped(self) -> None:
+        seen: List[bool] = []
+        self.runs.during = lambda: seen.append(self.cadence.running)
+        self.runs.hold = True
+        self.cadence.start()
+        self.runs.on_cancel = lambda: seen.append(self.cadence.running)
+        self.successResultOf(self.cadence.stop())
+        self.assertEqual(seen, [True, False])
 
     def test_idle_start_later_runs_one_step_from_now(self) -> None:
         self.cadence.start(now=False)
@@ -144,7 +155,15 @@ class CadenceTests(unittest.TestCase):
         self.assertRaises(NoTransition, machine._ran, None)
         self.assertRaises(NoTransition, machine._wait_until, 1010.0)
 
+    def test_a_timer_late_by_a_whole_step_runs_once_in_that_instant(self) -> None:
+        self.cadence.start()
+        self.clock.advance(10.0)  # due 5, runs 10: the slot at 10 is passed with it
+        self.assertEqual(self.offsets(), [0.0, 10.0])
+        self.assertEqual(self.clock.getDelayedCalls()[0].getTime(), 1015.0)
+
     def test_a_late_timer_runs_once_and_the_next_slot_is_on_the_lattice(self) -> None:
+        due: List[float] = []
+        self.runs.during = lambda: due.append(self.cadence.due - 1000.0)
         self.cadence.start()
         self.clock.advance(12.0)  # due 5, runs 12: 10 was missed, next 15
         self.assertEqual(self.offsets(), [0.0, 12.0])
@@ -152,6 +171,7 @@ class CadenceTests(unittest.TestCase):
         self.assertEqual(len(self.runs.started), 2)
         self.clock.advance(0.1)
         self.assertEqual(self.offsets(), [0.0, 12.0, 15.0])
+        self.assertEqual(due, [0.0, 5.0, 15.0])
 
     # -- running ------------------------------------------------------------------------
 

@@ -288,8 +288,8 @@ def inject_heartbeat(test: unittest.TestCase, sink: ILoopErrors) -> Injection:
     checker = CloudHealthChecker(clock, [prober], 10.0, loop_errors=sink)
     # The end of the first round asks for the step to the next one, which raises:
     # without the guard no next round is armed and the error goes unseen.
-    cadence = checker._cadence
-    cadence._next_interval = Raising(cadence._next_interval)
+    core = checker._cadence._core
+    core.next_interval = Raising(core.next_interval)
     checker.start()
     test.addCleanup(checker.stop)
     return Injection(clock, 10.0, lambda: prober.probes,

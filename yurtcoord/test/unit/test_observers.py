@@ -31,6 +31,20 @@ class ObserversTests(unittest.TestCase):
         self.assertEqual(self.heard, ["leader", "follower"])
         self.assertEqual(len(self.flushLoggedErrors(RuntimeError)), 2)
 
+    def test_a_failure_goes_to_on_error_instead_of_the_log(self):
+        failures = []
+        observers = Observers("test changes", on_error=failures.append)
+
+        def broken(change):
+            raise RuntimeError("observer broke")
+
+        observers.add(broken)
+        observers.add(self.heard.append)
+        observers.notify("leader")
+        self.assertEqual(self.heard, ["leader"])
+        self.assertEqual([f.type for f in failures], [RuntimeError])
+        self.assertEqual(self.flushLoggedErrors(RuntimeError), [])
+
     def test_a_removed_observer_hears_nothing_more(self):
         self.observers.add(self.heard.append)
         self.observers.notify(1)

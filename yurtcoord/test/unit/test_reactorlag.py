@@ -1,4 +1,4 @@
-"""The reactor lag probe: how late its LoopingCall ran, exactly, on a Clock."""
+"""The reactor lag probe: how late its cadence ran, exactly, on a Clock."""
 
 from twisted.internet.task import Clock
 from twisted.trial import unittest
@@ -27,7 +27,7 @@ class ReactorLagProbeTests(unittest.TestCase):
         # The reactor is busy from 0.5 to 1.8: the call due at 1.0 runs at 1.8.
         self.clock.advance(1.3)
         self.assertEqual(self.lags, [0.0, 0.8])
-        # LoopingCall skips the boundary at 1.5 and calls next at 2.0: on time.
+        # The cadence skips the boundary at 1.5 and calls next at 2.0: on time.
         self.clock.advance(0.2)
         self.assertEqual(self.lags, [0.0, 0.8, 0.0])
         self.assertEqual(self.probe.longest, 0.8)
