@@ -15,8 +15,9 @@ or with a ``Retries`` per thing it retries.
 
 ``retrying`` is the one loop that tries one request a number of times under a
 policy, on an injected clock, and can be cancelled as a whole (discovery of the
-pool-scoped resources uses it); loops that retry for as long as they run keep a
-``Retries`` (the work queue, the coordinator's role steps).
+pool-scoped resources and the pool etcd client's resends use it); loops that retry
+for as long as they run count their failures (the work queue per key) or keep a
+``Retries`` (the coordinator's role steps).
 """
 
 import random as _random
@@ -90,6 +91,9 @@ DELEGATION_RETRY = backoff_policy(initial=0.5, maximum=5.0)
 # A lease write whose attempt failed with an error (not a conflict): 1 s, 2 s, 4 s,
 # then 5 s; a lease write's attempts are few.
 LEASE_WRITE_RETRY = backoff_policy(initial=1.0, maximum=5.0, jitter=0.0)
+# A pool etcd request resent (``yurtcoord.etcd.resend``): at once, since it goes to the
+# next member, or on a fresh connection to the only one.
+ETCD_RESEND_RETRY = backoff_policy(initial=0.0, maximum=0.0, jitter=0.0)
 
 
 def _always(_failure: Failure) -> bool:

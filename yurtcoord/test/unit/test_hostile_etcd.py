@@ -13,9 +13,8 @@ from hypothesis import HealthCheck, given, settings
 from twisted.internet import reactor
 from twisted.trial import unittest
 
-from yurtcoord.etcd.client import (
-    EtcdConfig, _grpc_error, _guard_parse, _parse_range, _Transport,
-)
+from yurtcoord.etcd.client import _guard_parse, _parse_range
+from yurtcoord.etcd.transport import EtcdConfig, Transport, grpc_error, parse_answer
 from yurtcoord.etcd.errors import BadResponse, EtcdError
 from yurtcoord.testing.hostileanswers import STATUSES, answers, deeply_nested, error_bodies
 
@@ -24,7 +23,7 @@ class ParseFunctionTests(unittest.TestCase):
     """The functions the client runs on every answer, fed directly."""
 
     def setUp(self):
-        self.transport = _Transport(reactor, EtcdConfig("http://127.0.0.1:9"))
+        self.transport = Transport(reactor, EtcdConfig("http://127.0.0.1:9"))
         self.addCleanup(self.transport.close)
 
     @settings(max_examples=150, deadline=None, derandomize=True,
@@ -32,7 +31,7 @@ class ParseFunctionTests(unittest.TestCase):
     @given(answers)
     def test_any_answer_parses_to_an_object_or_a_typed_error(self, answer):
         try:
-            obj = self.transport.parse(answer)
+            obj = parse_answer(answer)
         except EtcdError:
             return
         self.assertIsInstance(obj, dict)
@@ -45,7 +44,7 @@ class ParseFunctionTests(unittest.TestCase):
     @settings(max_examples=150, deadline=None, derandomize=True)
     @given(STATUSES, error_bodies())
     def test_error_bodies_of_any_shape_are_typed(self, status, body):
-        error = _grpc_error(status, body)
+        error = grpc_error(status, body)
         self.assertIsInstance(error, EtcdError)
         self.assertIsInstance(str(error), str)
         self.assertLessEqual(len(str(error)), 1200)
@@ -71,10 +70,10 @@ class ParseFunctionTests(unittest.TestCase):
         for opener in ("[", '{"a":'):
             for status in (200, 400, 500):
                 with self.assertRaises(EtcdError):
-                    self.transport.parse((status, deeply_nested(100_000, opener)))
+                    parse_answer((status, deeply_nested(100_000, opener)))
 
     def test_huge_numbers_are_typed(self):
         with self.assertRaises(EtcdError):
             _parse_range({"header": {"revision": 1e308 * 10}, "kvs": []})
-        error = _grpc_error(400, {"code": 1e308 * 10, "message": 5})
+        error = grpc_error(400, {"code": 1e308 * 10, "message": 5})
         self.assertIsInstance(error, EtcdError)
