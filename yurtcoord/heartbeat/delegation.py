@@ -1,5 +1,11 @@
 """Heartbeat delegation: the pool leader forwards heartbeats of cut-off nodes to the cloud.
 
+Longer than 600 lines on purpose: this is where each new state of a pool lease is
+routed, and the lease informer's events, the pool's Nodes and the budget of cloud
+reads decide that together; what each part does apart has a module of its own (one
+lease's life ``leaselife``, the chains ``forwarding``, the cloud write ``cloudwrite``,
+the refusals ``refusals``, the remembered reads ``absentnames``).
+
 A node that lost the cloud but still reaches its pool writes its lease
 ``kube-node-lease/<node>`` to the coordinator apiserver with annotation
 ``openyurt.io/delegate-heartbeat: "true"``. The leader watches those leases and, each
@@ -63,64 +69,54 @@ is kept until the informer delivers its Node, is only the newest state of a leas
 whose read runs, or whose Node the cloud answered is in the pool: at most one per
 pool member, plus one per read in flight.
 
-A refused lease is counted by reason. One whose name is a Node of the pool is
-logged once per lease and reason; the others are logged together (how many, by
-reason, and a few of the leases), at most once per ``SUMMARY_PERIOD``. Of a pool
-lease only its name and the delegate annotation reach the cloud; a lease created in
-the cloud gets an ownerReference to its Node, as the kubelet's own lease has.
+A refused lease is counted by reason and logged without letting made-up names flood
+the log (``yurtcoord.heartbeat.refusals``); of a pool lease only its name and the
+delegate annotation reach the cloud, written as ``yurtcoord.heartbeat.cloudwrite``
+says; a lease created in the cloud gets an ownerReference to its Node, as the
+kubelet's own lease has.
 
-Per delegation (one pool lease state to the cloud), through ``LeaseWriter``:
-
-- a healthy cloud server is picked for every delegation and the write goes through
-  that server's node-lease-proxy client; one writer per lease and server remembers the
-  cloud lease it wrote last, so a renewal is one update;
-- absent: the lease is created; present: renewTime, holderIdentity,
-  leaseDurationSeconds and the delegate annotation are set on it (other cloud
-  annotations stay) and it is updated under its resourceVersion. The renewTime is
-  stamped by the attempt that writes, from the cloud lease that attempt read, so it
-  also exceeds a renewal the node or another leader wrote meanwhile;
-- a conflict is re-read and retried, at most ``MAX_ATTEMPTS`` attempts in all.
-
-Concurrency: leases of different nodes are delegated concurrently, but at most one
-request chain per lease is in flight. How many chains run at once over all leases
-follows the cloud's latency (``yurtcoord.tx.limiter.AdaptiveLimit``): it grows while
-the chains finish about as fast as the fastest seen lately and more leases wait, and
-shrinks when they fail or stay slow (not for one stall), between ``min_concurrent`` and
-``max_concurrent``. A pool of 5,000 nodes renewing every 5 s offers 1,000 delegations
-a second: a fixed bound of 16 chains holds that only while a chain takes under 16 ms.
-Changes seen meanwhile only replace the remembered pending state of that lease (the
-one seen last wins), which runs when the chain finishes. A failed delegation (no
-healthy cloud server, the cloud answering errors, conflicts to the end) is counted and
-the newest state of that lease is retried after a capped backoff while it is fresh, so
-a heartbeat is not lost until the next renewal.
+The life of one delegated lease (waiting for the Nodes' list, parked while its name
+is read about, queued, written, backing off) is one Automat machine per lease,
+``yurtcoord.heartbeat.leaselife``; this module holds them in one dict and decides,
+from the pool's Nodes and the budget of reads, where each new state goes. How many
+chains run at once follows the cloud (``yurtcoord.heartbeat.forwarding``).
 """
 
-from collections import OrderedDict, deque
-from typing import Any, Callable, Deque, Dict, List, Optional, Set, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from twisted.internet import defer
-from twisted.internet.interfaces import IDelayedCall, IReactorTime
+from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 from twisted.python.failure import Failure
-from zope.interface import Interface, implementer
+from zope.interface import implementer
 
-from yurtcoord.agent.config import format_duration
-from yurtcoord.tx.failures import describe_failure
-from yurtcoord.tx.limiter import AdaptiveLimit
-from yurtcoord.tx.guardedloop import ILoopErrors
-from yurtcoord.tx.retry import DELEGATION_RETRY, RetryPolicy
+from yurtcoord.heartbeat.absentnames import AbsentNames
+from yurtcoord.heartbeat.cloudwrite import CloudLeaseWrites
+from yurtcoord.heartbeat.interfaces import ICloudHealthChecker
+from yurtcoord.heartbeat.forwarding import LeaseForwarding
+from yurtcoord.heartbeat.leaselife import DelegatedLease, Heartbeat, delegated_lease
+from yurtcoord.heartbeat.probes import NODE_LEASE_DURATION_SECONDS
+from yurtcoord.heartbeat.refusals import (
+    REFUSAL_REASONS, REFUSED_HOLDER_MISMATCH, REFUSED_NAMESPACE, REFUSED_NO_SUCH_NODE,
+    REFUSED_NOT_POOL_MEMBER, IDelegationMetrics, Refusals,
+)
 from yurtcoord.kube.errors import NotFound
 from yurtcoord.kube.gvr import LEASES, NODES
-from yurtcoord.heartbeat.interfaces import ICloudHealthChecker
-from yurtcoord.heartbeat.probes import NODE_LEASE_DURATION_SECONDS
 from yurtcoord.kube.informer import Informer
 from yurtcoord.kube.interfaces import IInformer, IListWatchClient, IObjectClient
-from yurtcoord.kube.lease import owner_reference_to_node, stamped_renew_time
-from yurtcoord.kube.leasewriter import CREATED, UNCHANGED, UPDATED, LeaseWriter
+from yurtcoord.kube.leasewriter import CREATED, UPDATED
 from yurtcoord.names import DELEGATE_HEARTBEAT_ANNOTATION, NODE_LEASE_NAMESPACE, NODE_POOL_LABEL
-from yurtcoord.role.roles import IRoleComponent
+from yurtcoord.pool.interfaces import IRoleComponent
+from yurtcoord.tx.failures import describe_failure
+from yurtcoord.tx.guardedloop import ILoopErrors
+from yurtcoord.tx.limiter import AdaptiveLimit
 from yurtcoord.tx.observers import Observers
-from yurtcoord.tx.workqueue import WorkQueue
+from yurtcoord.tx.retry import DELEGATION_RETRY, RetryPolicy
+
+# The names the agent and the tests read here, some of them defined below.
+__all__ = ["DELEGATE_HEARTBEAT_ANNOTATION", "NODE_LEASE_NAMESPACE", "NODE_POOL_LABEL",
+           "HeartbeatDelegation", "IDelegationMetrics", "REFUSAL_REASONS",
+           "FORWARDED_OUTCOMES"]
 
 MAX_ATTEMPTS = 5
 # Chains in flight over all leases: they start at 16 and move with the cloud's latency
@@ -136,17 +132,6 @@ DEFAULT_MAX_CONCURRENT = 128
 # by tens of milliseconds without the cloud being overloaded, and a bound that shrank
 # on each of those would starve a large pool. Well within a heartbeat interval.
 LATENCY_SLACK = 0.25
-# The spec fields the leader sets on a cloud lease; their values are its own.
-CLOUD_SPEC_FIELDS = ("holderIdentity", "leaseDurationSeconds", "renewTime")
-
-# Why a delegated lease is not forwarded (label ``reason`` of the refused counter).
-REFUSED_NAMESPACE = "namespace"
-REFUSED_NOT_POOL_MEMBER = "not_pool_member"
-REFUSED_NO_SUCH_NODE = "no_such_node"
-REFUSED_HOLDER_MISMATCH = "holder_mismatch"
-REFUSED_EXPIRED = "expired"
-REFUSAL_REASONS = (REFUSED_NAMESPACE, REFUSED_NOT_POOL_MEMBER, REFUSED_NO_SUCH_NODE,
-                   REFUSED_HOLDER_MISMATCH, REFUSED_EXPIRED)
 # The outcomes of a forwarded heartbeat a delegation observer is told (``LeaseWriter``'s);
 # a refused one is told its reason, one of ``REFUSAL_REASONS``.
 FORWARDED_OUTCOMES = (CREATED, UPDATED)
@@ -167,23 +152,6 @@ MAX_NODE_READS = 4
 # of at most this many names (a pool of 5,000 nodes twice over); above it, a new name
 # pushes out the name whose newest state the leader saw earliest.
 MAX_WAITING = 10_000
-# Refusals of leases whose names are not known Nodes of the pool are logged together,
-# at most once per SUMMARY_PERIOD, naming at most SUMMARY_EXAMPLES of the leases.
-SUMMARY_PERIOD = 60.0
-SUMMARY_EXAMPLES = 5
-
-
-class IDelegationMetrics(Interface):
-    """What the delegation reports to the agent's metrics."""
-
-    def observe_delegation(seconds: float, succeeded: bool) -> None:
-        """One finished delegation, ``seconds`` after its pool event."""
-
-    def count_delegation_refused(reason: str) -> None:
-        """One delegated pool lease state not forwarded, for ``reason``."""
-
-    def set_delegation_limit(limit: int) -> None:
-        """How many delegations may run at once now (the bound follows the cloud)."""
 
 
 def is_delegated(lease: Optional[dict]) -> bool:
@@ -211,135 +179,10 @@ def seen_state(lease: Optional[dict]) -> Tuple[Any, Any]:
             (lease.get("metadata") or {}).get("resourceVersion"))
 
 
-
-
-def _delegate_annotation(pool_lease: dict) -> Optional[str]:
-    return ((pool_lease.get("metadata") or {}).get("annotations") or {}).get(
-        DELEGATE_HEARTBEAT_ANNOTATION)
-
-
-def cloud_lease_spec(name: str, renew_time: str, lease_duration_seconds: int) -> dict:
-    """The spec fields (``CLOUD_SPEC_FIELDS``) a delegation sets on the cloud lease of
-    node ``name``: all of them the leader's, none the pool lease's."""
-    return {"holderIdentity": name, "leaseDurationSeconds": lease_duration_seconds,
-            "renewTime": renew_time}
-
-
-def lease_for_create(pool_lease: dict, renew_time: str, lease_duration_seconds: int,
-                     node: Optional[dict] = None) -> dict:
-    """The cloud lease to create for a pool lease: its name, the delegate annotation,
-    the leader's spec (``cloud_lease_spec``) and an ownerReference to ``node``."""
-    source = pool_lease.get("metadata") or {}
-    metadata = {"name": source["name"],
-                "namespace": source.get("namespace") or NODE_LEASE_NAMESPACE,
-                "annotations": {DELEGATE_HEARTBEAT_ANNOTATION: _delegate_annotation(pool_lease)}}
-    owner = owner_reference_to_node(node)
-    if owner is not None:
-        metadata["ownerReferences"] = [owner]
-    return {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": metadata,
-            "spec": cloud_lease_spec(source["name"], renew_time, lease_duration_seconds)}
-
-
-def merged_cloud_lease(cloud_lease: dict, pool_lease: dict, renew_time: str,
-                       lease_duration_seconds: int) -> dict:
-    """The cloud lease with the leader's spec (``cloud_lease_spec``) and the pool
-    lease's delegate annotation; everything else of the cloud lease stays, its
-    resourceVersion too, so the update is optimistic."""
-    metadata = dict(cloud_lease.get("metadata") or {})
-    annotations = dict(metadata.get("annotations") or {})
-    annotations[DELEGATE_HEARTBEAT_ANNOTATION] = _delegate_annotation(pool_lease)
-    metadata["annotations"] = annotations
-    spec = dict(cloud_lease.get("spec") or {})
-    spec.update(cloud_lease_spec(pool_lease["metadata"]["name"], renew_time,
-                                 lease_duration_seconds))
-    lease = dict(cloud_lease)
-    lease["metadata"] = metadata
-    lease["spec"] = spec
-    return lease
-
-
-class NoHealthyCloudServer(Exception):
-    """No cloud server is healthy: the heartbeat cannot be forwarded now."""
-
-
-class _Heartbeat:
-    """One state of a pool lease on its way to the cloud: when the leader saw it (its
-    own clock: the moment of the heartbeat, which bounds how late it may still be
-    written), and since when the oldest state it replaced has been waiting (for the
-    latency metric)."""
-
-    __slots__ = ("lease", "seen", "since")
-
-    def __init__(self, lease: dict, seen: float, since: float) -> None:
-        self.lease = lease
-        self.seen = seen
-        self.since = since
-
-
-class _AbsentNames:
-    """Names a cloud read found not to be Nodes of the pool, with the reason, each for
-    ``ttl`` seconds, at most ``size`` of them (the least recently used forgotten
-    first); and the budget of those reads: at most ``size`` started per ``ttl``, so no
-    answer is forgotten early for room, and made-up names cost the cloud at most
-    ``size`` reads per ``ttl`` however many there are."""
-
-    def __init__(self, reactor: IReactorTime, size: int, ttl: float) -> None:
-        self._reactor = reactor
-        self.size = size
-        self.ttl = ttl
-        # name -> (reason, until when it is remembered), least recently used first.
-        self._names: "OrderedDict[str, Tuple[str, float]]" = OrderedDict()
-        # When each read of the last ``ttl`` seconds started, oldest first.
-        self._reads: Deque[float] = deque()
-
-    def __len__(self) -> int:
-        return len(self._names)
-
-    def get(self, name: str) -> Optional[str]:
-        """The reason remembered for ``name``, or None (unknown or forgotten)."""
-        entry = self._names.get(name)
-        if entry is None:
-            return None
-        if self._reactor.seconds() >= entry[1]:
-            del self._names[name]
-            return None
-        self._names.move_to_end(name)
-        return entry[0]
-
-    def put(self, name: str, reason: str) -> None:
-        self._names[name] = (reason, self._reactor.seconds() + self.ttl)
-        self._names.move_to_end(name)
-        while len(self._names) > self.size:
-            self._names.popitem(last=False)
-
-    def discard(self, name: str) -> None:
-        self._names.pop(name, None)
-
-    def may_read(self) -> bool:
-        """Whether one more cloud read fits the budget now."""
-        since = self._reactor.seconds() - self.ttl
-        reads = self._reads
-        while reads and reads[0] <= since:
-            reads.popleft()
-        return len(reads) < self.size
-
-    def read_started(self) -> None:
-        self._reads.append(self._reactor.seconds())
-
-    def clear(self) -> None:
-        """Forget the answers (a new term asks again); the budget spent stays spent."""
-        self._names.clear()
-
-
-def _newest(old: _Heartbeat, new: _Heartbeat) -> _Heartbeat:
-    """The state to forward of two states of one lease: the one seen last, waiting
-    since the older of the two."""
-    return _Heartbeat(new.lease, max(old.seen, new.seen), min(old.since, new.since))
-
-
 @implementer(IRoleComponent)
 class HeartbeatDelegation:
-    """The leader's component forwarding delegated node leases to the cloud.
+    """The leader's component forwarding delegated node leases to the cloud (a role
+    component: ``start(store)`` and ``stop()`` as the coordinator calls them).
 
     Collaborators, all passed in:
 
@@ -373,7 +216,7 @@ class HeartbeatDelegation:
     cloud is one sample of it.
     """
 
-    log = Logger()
+    _logger = Logger()
 
     def __init__(self, reactor: IReactorTime, make_informer: Callable[[], IInformer],
                  make_node_informer: Callable[[str], IInformer], node_client: IObjectClient,
@@ -398,67 +241,52 @@ class HeartbeatDelegation:
         self._make_informer = make_informer
         self._make_node_informer = make_node_informer
         self._node_client = node_client
-        self._pick_healthy_server = pick_healthy_server
-        self._cloud_client_for = cloud_client_for
         self.pool = pool
         self.heartbeat_interval = heartbeat_interval
-        self.lease_duration_seconds = lease_duration_seconds
-        self._metrics = metrics
-        self._max_attempts = max_attempts
+        self._retry_policy = retry_policy
         self._informer: Optional[IInformer] = None
         self._node_informer: Optional[IInformer] = None
         minimum = min(min_concurrent, max_concurrent)
-        self._limit = AdaptiveLimit(
+        limit = AdaptiveLimit(
             reactor, max(minimum, min(DEFAULT_INITIAL_CONCURRENT, max_concurrent)),
             minimum, max_concurrent, slack=LATENCY_SLACK)
         if metrics is not None:
-            metrics.set_delegation_limit(self._limit.limit)
-        # One chain per lease, the newest state pending, per-lease backoff.
-        self._queue: WorkQueue[str, _Heartbeat] = WorkQueue(
-            reactor, self._delegate_state, _newest,
-            retry_policy,
-            max_concurrent=self._limit, on_success=self._delegated,
-            on_failure=self._delegation_failed, loop_errors=ILoopErrors(metrics, None))
-        # key -> (server, LeaseWriter): the writer of each lease on its last server.
-        self._writers: Dict[str, Tuple[str, LeaseWriter]] = {}
-        self._cloud_unavailable = False
+            metrics.set_delegation_limit(limit.limit)
+        self._writes = CloudLeaseWrites(
+            reactor, pick_healthy_server, cloud_client_for, limit,
+            lambda: self._forwarding.slots.in_flight, lease_duration_seconds, max_attempts,
+            metrics)
+        # Every lease that holds something, key -> its machine; a machine that holds
+        # nothing any more leaves (``released``). Before the pool's Nodes are listed
+        # every lease held waits, the one seen earliest first (dicts keep their order).
+        self._leases: Dict[str, DelegatedLease] = {}
         self._running = False
-        # The pool's Nodes by name, once the node informer listed; states seen
-        # before that wait in ``_waiting`` (key -> the state seen last, the one seen
-        # earliest first), at most ``max_waiting`` keys.
+        # The pool's Nodes by name, once the node informer listed.
         self._nodes: Dict[str, dict] = {}
         self._nodes_synced = False
-        self._waiting: "OrderedDict[str, _Heartbeat]" = OrderedDict()
         self._max_waiting = max(1, max_waiting)
         self._waiting_dropped = 0
-        # Names found missing from the pool by a cloud read, and that read's budget;
-        # name -> Deferred of such a read while it runs, at most ``max_node_reads``.
-        self._absent = _AbsentNames(reactor, max(1, absent_names), absent_names_ttl)
-        self._classifying: Dict[str, defer.Deferred[Any]] = {}
+        # Names found missing from the pool by a cloud read, and that read's budget
+        # (at most ``max_node_reads`` at once).
+        self._absent = AbsentNames(reactor, max(1, absent_names), absent_names_ttl)
         self._max_node_reads = max(1, max_node_reads)
-        # Node name -> the state seen last of a delegated lease whose name the Node
-        # informer does not hold, while a cloud read of that name runs or after the
-        # cloud answered that the Node is in the pool (the informer lags): forwarded
-        # when the informer delivers the Node (if the state is still fresh then). At
-        # most one per Node of the pool, plus one per read in flight.
-        self._parked: Dict[str, _Heartbeat] = {}
-        # Refusals logged of leases whose names are Nodes of the pool: name ->
-        # {(key, reason)}, each logged once. Refusals of other names are summed up
-        # in ``_dropped`` (reason -> count) with a few of their keys, and logged at
-        # most once per ``SUMMARY_PERIOD``.
-        self._logged: Dict[str, Set[Tuple[str, str]]] = {}
-        self._dropped: Dict[str, int] = {}
-        self._dropped_examples: List[str] = []
-        self._last_summary: Optional[float] = None
-        self._summary_call: Optional[IDelayedCall] = None
-        # Counters for /status and tests; they survive leadership terms.
-        self.delegated = 0
-        self.created = 0
-        self.skipped = 0
-        self.failures = 0
-        self.refused = dict.fromkeys(REFUSAL_REASONS, 0)
         self._observers: Observers[[str, str]] = Observers(
             f"heartbeat delegations of pool {pool}")
+        self._refusals = Refusals(reactor, pool, metrics, self._observers)
+        self.refused = self._refusals.counts
+        self._forwarding = LeaseForwarding(
+            reactor, self._writes, self._nodes.get, self._count_refusal, self._released,
+            heartbeat_interval, metrics, self._observers)
+        self.log = self._logger
+
+    @property
+    def log(self) -> Logger:
+        """Where the delegation logs, the lines of its refusals and writes too."""
+        return self._log
+
+    @log.setter
+    def log(self, log: Logger) -> None:
+        self._log = self._refusals.log = self._writes.log = self._forwarding.log = log
 
     @classmethod
     def for_coordinator(cls, reactor: IReactorTime, coordinator_client: IListWatchClient,
@@ -487,6 +315,11 @@ class HeartbeatDelegation:
                          cloud_health.pick_healthy_server, cloud_client_for, pool, **options)
         return delegation
 
+    @property
+    def lease_duration_seconds(self) -> int:
+        """The ``leaseDurationSeconds`` of the cloud leases it writes."""
+        return self._writes.lease_duration_seconds
+
     def keeps_lease(self, lease: dict) -> bool:
         """Whether the lease informer should hold ``lease``: only when its name is a
         Node of the pool as listed. Every other lease still reaches the handlers, one
@@ -511,7 +344,26 @@ class HeartbeatDelegation:
     @property
     def delegated_heartbeats(self) -> int:
         """Heartbeats written to the cloud (created or updated) so far."""
-        return self.delegated
+        return self._forwarding.delegated
+
+    @property
+    def delegated(self) -> int:
+        return self._forwarding.delegated
+
+    @property
+    def created(self) -> int:
+        """Cloud leases created so far."""
+        return self._forwarding.created
+
+    @property
+    def skipped(self) -> int:
+        """States not written because their Node left the pool meanwhile."""
+        return self._forwarding.skipped
+
+    @property
+    def failures(self) -> int:
+        """Failed delegations so far."""
+        return self._forwarding.failures
 
     @property
     def running(self) -> bool:
@@ -520,17 +372,23 @@ class HeartbeatDelegation:
     @property
     def in_flight(self) -> int:
         """How many lease delegations are running right now."""
-        return self._queue.in_flight
+        return self._forwarding.slots.in_flight
 
     @property
     def concurrency_limit(self) -> int:
         """How many lease delegations may run at once now."""
-        return self._limit.limit
+        return self._writes.limit.limit
 
     @property
     def queued(self) -> int:
         """How many leases wait for a free request slot."""
-        return self._queue.queued
+        return self._forwarding.slots.queued
+
+    @property
+    def leases_kept(self) -> int:
+        """How many leases hold something now (waiting, parked, queued, written or
+        backing off): at most one per pool member, plus the waiting and read ones."""
+        return len(self._leases)
 
     @property
     def pool_nodes_listed(self) -> bool:
@@ -550,7 +408,7 @@ class HeartbeatDelegation:
         informer = self._informer
         return len(informer.list()) if informer is not None else 0
 
-    # -- IRoleComponent ----------------------------------------------------------
+    # -- the role component --------------------------------------------------------
 
     def start(self, store: object = None) -> defer.Deferred[None]:
         """Watch the pool's Nodes in the cloud and the leases on the coordinator. What
@@ -604,24 +462,22 @@ class HeartbeatDelegation:
         return defer.DeferredList(waits + [chains], consumeErrors=True).addCallback(lambda _: None)
 
     def _cancel_all(self) -> Tuple[defer.Deferred[None], int]:
-        """Cancel every chain, retry and lookup; returns the Deferred of the
-        cancelled chains and how many there were."""
-        cancelled = self._queue.in_flight
-        chains = self._queue.stop()
-        # A new term starts from what the cloud says, not from what we wrote before.
-        self._writers.clear()
+        """Cancel every chain, retry and read; returns the Deferred of the cancelled
+        chains and how many there were."""
+        cancelled = self._forwarding.slots.in_flight
+        leases, self._leases = self._leases, {}
+        running: List[defer.Deferred[Any]] = []
+        for lease in leases.values():
+            chain = lease.stop()
+            if chain is not None:
+                running.append(chain)
+        self._forwarding.stop()
         self._nodes.clear()
         self._nodes_synced = False
-        self._waiting.clear()
         self._waiting_dropped = 0
         self._absent.clear()
-        self._parked.clear()
-        self._logged.clear()
-        classifying, self._classifying = self._classifying, {}
-        for lookup in classifying.values():
-            lookup.cancel()
-        # What the summary holds is told now rather than a minute after the term.
-        self._log_summary()
+        self._refusals.end_term()
+        chains = defer.DeferredList(running, consumeErrors=True).addCallback(lambda _: None)
         return chains, cancelled
 
     # -- the pool's Nodes ----------------------------------------------------------
@@ -633,7 +489,8 @@ class HeartbeatDelegation:
         if not synced or informer is not self._node_informer or not self._running:
             return
         self._nodes_synced = True
-        waiting, self._waiting = self._waiting, OrderedDict()
+        # Every lease held so far waits for this list.
+        waiting = [(key, lease.take()) for key, lease in list(self._leases.items())]
         dropped, self._waiting_dropped = self._waiting_dropped, 0
         self.log.info("heartbeat delegation: {count} nodes in pool {pool}, "
                       "{waiting} delegated leases waited for the list",
@@ -644,8 +501,9 @@ class HeartbeatDelegation:
                           "and those renewed least recently made room; each is forwarded "
                           "at its next renewal if its name is a Node of the pool",
                           dropped=dropped, pool=self.pool, cap=self._max_waiting)
-        for key, state in waiting.items():
+        for key, state in waiting:
             self._place(key, state)
+        self._forwarding.start_chains()
 
     def _on_node(self, node: dict) -> None:
         if not self._running:
@@ -653,9 +511,13 @@ class HeartbeatDelegation:
         name = _name_of(node)
         self._nodes[name] = node
         self._absent.discard(name)
-        parked = self._parked.pop(name, None)
-        if parked is not None and self._nodes_synced:
-            self._place(lease_key(parked.lease), parked)
+        key = f"{NODE_LEASE_NAMESPACE}/{name}"
+        lease = self._leases.get(key)
+        if lease is not None:
+            parked = lease.delivered()
+            if parked is not None:
+                self._place(key, parked)
+                self._forwarding.start_chains()
 
     def _on_node_gone(self, node: dict) -> None:
         """A pool Node deleted or moved out of the pool: its heartbeats stop here."""
@@ -664,12 +526,10 @@ class HeartbeatDelegation:
         name = _name_of(node)
         self._nodes.pop(name, None)
         self._absent.discard(name)
-        self._parked.pop(name, None)
-        self._logged.pop(name, None)
+        self._refusals.forget_node(name)
         key = f"{NODE_LEASE_NAMESPACE}/{name}"
-        self._writers.pop(key, None)
-        self._forget_pending(key)
-        self._waiting.pop(key, None)
+        self._writes.forget(key)
+        self._drop(key)
 
     # -- informer events ---------------------------------------------------------
 
@@ -694,13 +554,9 @@ class HeartbeatDelegation:
         if not self._running:
             return
         key = lease_key(lease)
-        self._writers.pop(key, None)
-        self._waiting.pop(key, None)
-        self._unpark(lease)
-        logged = self._logged.get(_name_of(lease))
-        if logged:
-            logged.difference_update({entry for entry in logged if entry[0] == key})
-        self._forget_pending(key)
+        self._writes.forget(key)
+        self._refusals.forget_lease(key, _name_of(lease))
+        self._drop(key)
 
     def _offer(self, lease: dict) -> None:
         """A change of a pool lease, seen now."""
@@ -710,19 +566,36 @@ class HeartbeatDelegation:
         if not is_delegated(lease):
             # The node writes to the cloud itself again: an older delegated state
             # must not be forwarded any more.
-            self._writers.pop(key, None)
-            self._waiting.pop(key, None)
-            self._unpark(lease)
-            self._forget_pending(key)
+            self._writes.forget(key)
+            self._drop(key)
             return
         refusal = self._refusal(lease)
         if refusal is not None:
             self._refuse(key, *refusal)
             return
         now = self._reactor.seconds()
-        self._place(key, _Heartbeat(lease, now, now))
+        self._place(key, Heartbeat(lease, now, now))
+        self._forwarding.start_chains()
 
-    def _place(self, key: str, state: _Heartbeat) -> None:
+    def _machine(self, key: str) -> DelegatedLease:
+        """The machine of lease ``key``, a new one (held from now on) if it has none."""
+        lease = self._leases.get(key)
+        if lease is None:
+            lease = self._leases[key] = delegated_lease(key, self._forwarding,
+                                                        self._retry_policy)
+        return lease
+
+    def _released(self, key: str, lease: DelegatedLease) -> None:
+        """``lease`` holds nothing any more: it leaves the dict."""
+        if self._leases.get(key) is lease:
+            del self._leases[key]
+
+    def _drop(self, key: str) -> None:
+        lease = self._leases.get(key)
+        if lease is not None:
+            lease.drop()
+
+    def _place(self, key: str, state: Heartbeat) -> None:
         """A state that passed the checks of the lease itself: it waits for the Nodes'
         list, goes to the queue when its name is a Node of the pool, or else is
         refused and dropped (or parked, see ``_not_in_pool``)."""
@@ -733,27 +606,22 @@ class HeartbeatDelegation:
         if name not in self._nodes:
             self._not_in_pool(key, name, state)
             return
-        self._parked.pop(name, None)
-        self._queue.add(key, _Heartbeat(state.lease, state.seen, self._reactor.seconds()))
+        self._machine(key).queue(Heartbeat(state.lease, state.seen, self._reactor.seconds()))
 
-    def _wait(self, key: str, state: _Heartbeat) -> None:
+    def _wait(self, key: str, state: Heartbeat) -> None:
         """Keep ``state`` till the Nodes are listed: the newest state per lease, of at
         most ``max_waiting`` leases. Above that, the lease renewed least recently makes
         room: its state is the first to grow older than an interval (and worthless),
         and a live node renews again within one."""
-        waiting = self._waiting
-        if key not in waiting and len(waiting) >= self._max_waiting:
-            waiting.popitem(last=False)
-            self._waiting_dropped += 1
-        waiting[key] = state
-        waiting.move_to_end(key)
-
-    def _unpark(self, lease: dict) -> None:
-        """Forget the parked state of ``lease``'s name if it is this lease's."""
-        name = _name_of(lease)
-        parked = self._parked.get(name)
-        if parked is not None and lease_key(parked.lease) == lease_key(lease):
-            del self._parked[name]
+        leases = self._leases
+        lease = leases.pop(key, None)
+        if lease is None:
+            if len(leases) >= self._max_waiting:
+                leases[next(iter(leases))].drop()
+                self._waiting_dropped += 1
+            lease = delegated_lease(key, self._forwarding, self._retry_policy)
+        leases[key] = lease  # the one renewed last goes last
+        lease.wait(state)
 
     def _refusal(self, lease: dict) -> Optional[Tuple[str, str]]:
         """(reason, detail) when the lease itself says it must not be forwarded."""
@@ -771,7 +639,7 @@ class HeartbeatDelegation:
             return REFUSED_HOLDER_MISMATCH, f"holderIdentity {holder!r} is not the lease's name"
         return None
 
-    def _not_in_pool(self, key: str, name: str, state: _Heartbeat) -> None:
+    def _not_in_pool(self, key: str, name: str, state: Heartbeat) -> None:
         """A delegated lease whose name the pool's Node informer does not hold.
 
         Parked (its newest state) while a cloud read of the name runs, or when the
@@ -780,227 +648,51 @@ class HeartbeatDelegation:
         the name within ``ABSENT_NAMES_TTL``; else after a new read, if one fits the
         budget; else at once as ``not_pool_member`` (the informer is what says who is
         a member; a read would only tell whether the Node exists)."""
-        self._forget_pending(key)
-        if name in self._parked:
-            self._parked[name] = state
+        lease = self._leases.get(key)
+        if lease is not None and lease.not_member(state):
             return
         reason = self._absent.get(name)
         if reason is None:
-            if len(self._classifying) < self._max_node_reads and self._absent.may_read():
-                self._parked[name] = state
+            if self._forwarding.reads < self._max_node_reads and self._absent.may_read():
                 self._absent.read_started()
+                self._forwarding.reads += 1
                 lookup = defer.maybeDeferred(self._node_client.get, NODES, name)
-                self._classifying[name] = lookup
-                lookup.addBoth(self._classified, name, lookup)
+                reading = self._machine(key)
+                reading.read(state, lookup)
+                lookup.addBoth(self._classified, key, name, reading)
                 return
             reason = REFUSED_NOT_POOL_MEMBER
         self._refuse(key, reason, _absent_detail(reason, name, self.pool))
 
-    def _classified(self, result: Any, name: str, lookup: defer.Deferred[Any]) -> None:
-        if self._classifying.get(name) is not lookup:
-            return None  # stopped meanwhile
-        del self._classifying[name]
-        if name in self._nodes:
-            return None  # listed meanwhile (the parked lease was offered again)
+    def _classified(self, result: Any, key: str, name: str, lease: DelegatedLease) -> None:
+        if isinstance(result, Failure) and result.check(defer.CancelledError):
+            return None  # the read was moot (stopped, the Node delivered, the lease gone)
         if isinstance(result, Failure):
             if not result.check(NotFound):
                 self.log.debug("reading node {node} failed: {error}", node=name,
                                error=describe_failure(result))
                 # Not known why: dropped uncounted, the next renewal asks again.
-                self._parked.pop(name, None)
+                lease.drop()
                 return None
             reason = REFUSED_NO_SUCH_NODE
         elif self._in_pool(result):
-            return None  # in the pool, not yet seen by the informer: parked till then
+            lease.confirmed()  # in the pool, not yet seen by the informer: parked till then
+            return None
         else:
             reason = REFUSED_NOT_POOL_MEMBER
         self._absent.put(name, reason)
-        state = self._parked.pop(name, None)
-        if state is not None:  # not deleted meanwhile
-            self._refuse(lease_key(state.lease), reason, _absent_detail(reason, name, self.pool))
+        lease.answered()
+        self._count_refusal(key, reason, _absent_detail(reason, name, self.pool))
         return None
 
     def _refuse(self, key: str, reason: str, detail: str) -> None:
-        self._forget_pending(key)
+        lease = self._leases.get(key)
+        if lease is not None:
+            lease.refuse()
         self._count_refusal(key, reason, detail)
 
     def _count_refusal(self, key: str, reason: str, detail: str) -> None:
-        self.refused[reason] += 1
-        if self._metrics is not None:
-            self._metrics.count_delegation_refused(reason)
-        name = key.partition("/")[2]
-        self._observers.notify(name, reason)
-        if name not in self._nodes:
-            self._summarize(key, reason)
-            return
-        logged = self._logged.setdefault(name, set())
-        if (key, reason) not in logged:
-            logged.add((key, reason))
-            self.log.warn("heartbeat lease {lease} not forwarded to the cloud "
-                          "(reason={reason}): {detail}", lease=key, reason=reason,
-                          detail=detail)
-
-    def _summarize(self, key: str, reason: str) -> None:
-        """A refusal of a lease whose name is not a known Node of the pool: such names
-        may be made up by the thousand, so they are logged together, at most once
-        per ``SUMMARY_PERIOD`` (the first at once)."""
-        self._dropped[reason] = self._dropped.get(reason, 0) + 1
-        examples = self._dropped_examples
-        if len(examples) < SUMMARY_EXAMPLES and key not in examples:
-            examples.append(key)
-        if self._summary_call is not None:
-            return
-        now = self._reactor.seconds()
-        due = now if self._last_summary is None else self._last_summary + SUMMARY_PERIOD
-        if due <= now:
-            self._log_summary()
-        else:
-            self._summary_call = self._reactor.callLater(due - now, self._log_summary)
-
-    def _log_summary(self) -> None:
-        call, self._summary_call = self._summary_call, None
-        if call is not None and call.active():
-            call.cancel()
-        dropped, self._dropped = self._dropped, {}
-        examples, self._dropped_examples = self._dropped_examples, []
-        if not dropped:
-            return
-        self._last_summary = self._reactor.seconds()
-        self.log.warn(
-            "heartbeat leases not forwarded to the cloud, their names not known as Nodes "
-            "of pool {pool}: {count} renewals dropped ({reasons}), e.g. {examples}; "
-            "logged together at most once every {period}",
-            count=sum(dropped.values()), pool=self.pool,
-            reasons=", ".join(f"{reason}={count}" for reason, count in sorted(dropped.items())),
-            examples=", ".join(examples), period=format_duration(SUMMARY_PERIOD))
-
-    def _forget_pending(self, key: str) -> None:
-        self._queue.forget(key)
-
-    # -- one chain per lease (the queue runs them) ---------------------------------
-
-    def _delegate_state(self, key: str, state: _Heartbeat
-                        ) -> defer.Deferred[Tuple[str, Optional[str]]]:
-        return self._delegate(key, state)
-
-    def _delegated(self, key: str, state: _Heartbeat, result: Tuple[str, Optional[str]],
-                   failures: int) -> None:
-        seconds = max(0.0, self._reactor.seconds() - state.since)
-        if self._metrics is not None:
-            self._metrics.observe_delegation(seconds, True)
-        outcome, server = result
-        if self._cloud_unavailable:
-            self._cloud_unavailable = False
-            self.log.info("heartbeat delegations reach the cloud again via {server}",
-                          server=server)
-        if failures:
-            self.log.info("heartbeat delegation of {lease} recovered after {failures} failures",
-                          lease=key, failures=failures)
-        if outcome == UNCHANGED:
-            self.skipped += 1
-        else:
-            self.delegated += 1
-            if outcome == CREATED:
-                self.created += 1
-            self._observers.notify(key.partition("/")[2], outcome)
-        # No log event per forwarded heartbeat: a large pool forwards a thousand a
-        # second, and the metrics count and time each one.
-
-    def _delegation_failed(self, key: str, state: _Heartbeat, failure: Failure,
-                           failures: int, delay: float) -> None:
-        """Counted; the queue retries the newest state of the lease after ``delay``."""
-        self.failures += 1
-        if self._metrics is not None:
-            self._metrics.observe_delegation(
-                max(0.0, self._reactor.seconds() - state.since), False)
-        # One line per outage, not one per node and retry: a cut cloud fails every
-        # lease every few seconds.
-        if failure.check(NoHealthyCloudServer) and not self._cloud_unavailable:
-            self._cloud_unavailable = True
-            self.log.warn("no healthy cloud server: heartbeat delegations wait and retry")
-        if failures == 1 and not failure.check(NoHealthyCloudServer):
-            self.log.warn("heartbeat delegation of {lease} failed: {error}; retry in {delay:.2f}s",
-                          lease=key, error=describe_failure(failure), delay=delay)
-        else:
-            self.log.debug("heartbeat delegation of {lease} failed again: {error}; "
-                           "retry in {delay:.2f}s", lease=key, error=describe_failure(failure),
-                           delay=delay)
-
-    def _delegate(self, key: str, state: _Heartbeat
-                  ) -> defer.Deferred[Tuple[str, Optional[str]]]:
-        """One delegation of the pool lease state ``state``; fires with (outcome,
-        server), outcome being ``LeaseWriter``'s created or updated, or unchanged when
-        nothing was written."""
-        pool_lease = state.lease
-        node = self._nodes.get(pool_lease["metadata"]["name"])
-        if node is None:
-            return defer.succeed((UNCHANGED, None))
-        age = self._reactor.seconds() - state.seen
-        if age > self.heartbeat_interval:
-            # Held back (the cloud unreachable, a retry's backoff) and no change of
-            # the lease seen since. The chain ends as a no-op; a newer state of the
-            # lease (if any) runs after it.
-            self._count_refusal(key, REFUSED_EXPIRED, (
-                f"this leader saw that state {age:.1f}s ago and no change since, more "
-                f"than the heartbeat interval {format_duration(self.heartbeat_interval)}: "
-                "the node stopped renewing its pool lease"))
-            return defer.succeed((UNCHANGED, None))
-        server = self._pick_healthy_server()
-        if server is None:
-            return defer.fail(NoHealthyCloudServer("no healthy cloud server"))
-        try:
-            writer = self._writer(key, server)
-        except Exception as error:
-            return defer.fail(error)
-
-        def change(current: Optional[dict]) -> dict:
-            return self._cloud_lease_from(current, pool_lease, node)
-
-        started = self._reactor.seconds()
-        written = writer.write(change)
-        written.addBoth(self._sampled, started)
-        return written.addCallback(lambda write: (write.outcome, server))
-
-    def _cloud_lease_from(self, current: Optional[dict], pool_lease: dict,
-                          node: dict) -> dict:
-        """The cloud lease one attempt of a delegation writes, over ``current`` (as
-        read or last written; None: absent), stamped with this leader's time now: a
-        conflict re-reads, and the next attempt exceeds, a renewTime someone else
-        wrote meanwhile."""
-        renew_time = stamped_renew_time(
-            self._reactor.seconds(), ((current or {}).get("spec") or {}).get("renewTime"))
-        if current is None:
-            return lease_for_create(pool_lease, renew_time, self.lease_duration_seconds, node)
-        return merged_cloud_lease(current, pool_lease, renew_time, self.lease_duration_seconds)
-
-    def _sampled(self, result: Any, started: float) -> Any:
-        """One sample of the cloud's latency for the bound on chains in flight (this
-        chain still counts as in flight); a cancelled chain (the delegation stopping)
-        says nothing of the cloud."""
-        if not (isinstance(result, Failure) and result.check(defer.CancelledError)):
-            before = self._limit.limit
-            self._limit.sample(started, self._queue.in_flight,
-                               not isinstance(result, Failure))
-            if self._limit.limit != before:
-                if self._metrics is not None:
-                    self._metrics.set_delegation_limit(self._limit.limit)
-                self.log.debug("heartbeat delegation: at most {limit} chains in flight "
-                               "(was {before}), last chain {seconds:.3f}s, fastest of late "
-                               "{baseline:.3f}s", limit=self._limit.limit, before=before,
-                               seconds=self._reactor.seconds() - started,
-                               baseline=self._limit.baseline)
-        return result
-
-    def _writer(self, key: str, server: str) -> LeaseWriter:
-        """The lease writer of ``key`` on ``server``; a new one when the server changed."""
-        known = self._writers.get(key)
-        if known is not None and known[0] == server:
-            return known[1]
-        namespace, name = key.split("/", 1)
-        writer = LeaseWriter(self._reactor, self._cloud_client_for(server), namespace, name,
-                             attempts=self._max_attempts)
-        self._writers[key] = (server, writer)
-        return writer
+        self._refusals.count(key, reason, detail, key.partition("/")[2] in self._nodes)
 
 
 def _name_of(obj: dict) -> str:

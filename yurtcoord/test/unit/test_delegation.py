@@ -13,12 +13,14 @@ from twisted.trial import unittest
 from zope.interface import implementer
 from zope.interface.verify import verifyObject
 
+from yurtcoord.heartbeat import absentnames, cloudwrite, forwarding, leaselife, refusals
 from yurtcoord.heartbeat import delegation as delegation_module
+from yurtcoord.heartbeat.cloudwrite import lease_for_create, merged_cloud_lease
 from yurtcoord.heartbeat.delegation import (
     ABSENT_NAMES, ABSENT_NAMES_TTL, DELEGATE_HEARTBEAT_ANNOTATION, MAX_ATTEMPTS, MAX_NODE_READS,
-    MAX_WAITING, NODE_LEASE_NAMESPACE, REFUSAL_REASONS, SUMMARY_EXAMPLES, SUMMARY_PERIOD,
-    HeartbeatDelegation, IDelegationMetrics, lease_for_create, merged_cloud_lease,
+    MAX_WAITING, NODE_LEASE_NAMESPACE, REFUSAL_REASONS, HeartbeatDelegation, IDelegationMetrics,
 )
+from yurtcoord.heartbeat.refusals import SUMMARY_EXAMPLES, SUMMARY_PERIOD
 from yurtcoord.heartbeat.probes import NODE_LEASE_DURATION_SECONDS
 from yurtcoord.kube.lease import stamped_renew_time
 from yurtcoord.tx.retry import backoff_policy
@@ -856,12 +858,9 @@ class DelegationBoundTests(DelegationFixture, unittest.TestCase):
         """Entries of the leader's maps and queues kept per lease or per name (of a
         map of sets, the sets' too)."""
         d = self.delegation
-        maps = [d._waiting, d._parked, d._classifying, d._absent, d._logged, d._writers,
-                getattr(d._absent, "_reads", ()), getattr(d, "_dropped", ()),
-                getattr(d, "_dropped_examples", ())]
-        inner = (sum(len(logged) for logged in d._logged.values())
-                 if isinstance(d._logged, dict) else 0)
-        return sum(len(kept) for kept in maps) + inner + d.queued + d.in_flight
+        maps = [d._leases, d._absent, d._writes, d._refusals]
+        return (sum(len(kept) for kept in maps) + d._absent.reads_remembered + d.queued
+                + d.in_flight + d._forwarding.reads)
 
     def summaries(self):
         """The warnings of lease renewals not forwarded."""
@@ -919,7 +918,8 @@ class DelegationBoundTests(DelegationFixture, unittest.TestCase):
         self.addCleanup(tracemalloc.stop)
         self.made_up(T0 + 1, count=10_000)
         snapshot = tracemalloc.take_snapshot().filter_traces(
-            [tracemalloc.Filter(True, delegation_module.__file__)])
+            [tracemalloc.Filter(True, module.__file__) for module in (
+                delegation_module, leaselife, forwarding, absentnames, refusals, cloudwrite)])
         kept = sum(stat.size for stat in snapshot.statistics("filename"))
         self.assertLess(kept, 512 * 1024)
 
@@ -966,18 +966,19 @@ class DelegationBoundTests(DelegationFixture, unittest.TestCase):
         self.start(listed=False)
         self.renew_members(T0)
         self.made_up(T0 + 1)
-        self.assertEqual(len(self.delegation._waiting), MAX_WAITING)
+        self.assertEqual(self.delegation.leases_kept, MAX_WAITING)
         # The members renew again (a live node does within an interval): kept, and
         # the states renewed least recently make room.
         self.clock.advance(1)
         self.renew_members(T0 + 2)
-        self.assertEqual(len(self.delegation._waiting), MAX_WAITING)
+        self.assertEqual(self.delegation.leases_kept, MAX_WAITING)
         self.assertEqual(self.cloud.calls, [])
         self.list_nodes()
         for name in self.pool_nodes:
             self.assertEqual(self.written(name), [micros(NOW + 1)])
         self.assertLessEqual(self.node_reads(), ABSENT_NAMES)
-        self.assertEqual(len(self.delegation._waiting), 0)
+        # Nothing waits any more: what is left is being read about.
+        self.assertLessEqual(self.delegation.leases_kept, MAX_NODE_READS)
         # What did not wait is said once, with how many.
         dropped = [event for event in self.events if "did not wait" in formatEvent(event)]
         self.assertEqual([event["dropped"] for event in dropped],
@@ -990,11 +991,11 @@ class DelegationBoundTests(DelegationFixture, unittest.TestCase):
         for step in range(5):
             self.informer.add(renewed_by_node("node-late", T0 + step))
         self.assertEqual(self.node_reader.calls, [("get", "node-late")])
-        self.assertEqual(len(self.delegation._parked), 1)
+        self.assertEqual(self.delegation.leases_kept, 1)
         self.assertEqual(self.metrics.refused, [])
         self.nodes.add(pool_node("node-late"))
         self.assertEqual(self.written("node-late"), [micros(NOW)])
-        self.assertEqual(self.delegation._parked, {})
+        self.assertEqual(self.delegation.leases_kept, 0)
 
 
 class DelegationClockTests(DelegationFixture, unittest.TestCase):
