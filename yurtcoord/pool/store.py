@@ -38,14 +38,9 @@ component's next upload otherwise. Keys under a pool-scoped prefix that are not 
 skipped, counted (``yurtcoord_pool_store_undecodable_keys_total``) and logged once per
 rebuild, never adopted and never fatal.
 
-A health loop (``LoopingCall`` on the injected reactor) asks etcd for its status and
-exposes ``healthy``. The loop is guarded (``yurtcoord.tx.guardedloop``, loop
-``pool-store-health``): a check that raises (an answer the store cannot read, such as a
-status whose version is not text) is logged with its traceback, counted, and turns the
-store unhealthy, and the next check still runs; unguarded, the loop stopped and
-``healthy`` kept its last value with etcd gone. Reconnecting after an etcd restart is
-the etcd client's job (it dials again on the next request), so the store keeps working
-without being rebuilt.
+The store's other jobs live beside it: its health checks, which expose ``healthy``
+and tell observers when etcd comes and goes (``yurtcoord.pool.storehealth``), and the
+writes of the key cache file at most once per interval (``yurtcoord.pool.keycacheflush``).
 """
 
 import functools
@@ -57,7 +52,6 @@ from typing import Any, Generator, List, ParamSpec, Tuple, Union
 
 from twisted.internet import defer
 from twisted.internet.defer import inlineCallbacks
-from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 from zope.interface import implementer
@@ -65,7 +59,6 @@ from zope.interface import implementer
 from yurtcoord.etcd.client import prefix_range_end
 from yurtcoord.etcd.errors import EtcdError, TransactionFailed
 from yurtcoord.etcd import transactions as etcdtx
-from yurtcoord.etcd.versions import version_warning
 from yurtcoord.kube.gvr import GroupVersionResource
 from yurtcoord.pool.interfaces import IPoolStore
 from yurtcoord.pool.keycache import POOL_SCOPED_COMPONENT, ComponentKeyCache
@@ -74,8 +67,8 @@ from yurtcoord.pool.keys import (
     InvalidKey, KeyBuildInfo, PoolKey, PoolKeyBuilder, ResourceId, ResourceLike, format_rv,
     mirror_rv_key, parse_rv, rv_in_range,
 )
-from yurtcoord.tx.guardedloop import ILoopErrors, guarded
-from yurtcoord.tx.inflight import InFlight
+from yurtcoord.pool.storehealth import UNREACHABLE_AFTER_CHECKS, StoreHealth
+from yurtcoord.tx.guardedloop import ILoopErrors
 
 DEFAULT_MAX_OPS = 128
 # Seconds between two writes of the key cache file by ``flush_key_cache_soon``.
@@ -98,12 +91,6 @@ _P = ParamSpec("_P")
 Key = Union[PoolKey, str]
 # What an inlineCallbacks generator of this module yields and returns.
 Steps = Generator[defer.Deferred[Any], Any, Any]
-
-
-# Failed health checks in a row before the pool etcd counts as unreachable for the
-# agent's readiness: one check that times out on a busy machine, or lands on a member
-# in the middle of an election, is not an outage.
-UNREACHABLE_AFTER_CHECKS = 2
 
 
 class PoolStoreError(Exception):
@@ -310,21 +297,10 @@ class PoolStore:
         self.metrics = metrics
         self.close_client = close_client
         self.parallel_batches = parallel_batches
-        self.healthy = False
-        # Why the health checks fail, once ``UNREACHABLE_AFTER_CHECKS`` failed in a
-        # row; None after a good one (and before any).
-        self.unreachable: str | None = None
-        self._failed_checks = 0
-        self._unreachable_observers: list[Callable[[str | None], object]] = []
-        # The version the pool etcd last reported (health checks), None before.
-        self.etcd_version = None
-        self._health_loop = None
-        # The health checks still waiting on etcd, cancelled at close.
-        self._health_checks = InFlight()
-        self._health_observers = []
-        self._term_observers = []
-        # etcd's raft term at the last check that reached it.
-        self._raft_term = None
+        # The health checks; ``metrics``, when it provides ``ILoopErrors``, counts
+        # the checks that raised.
+        self.health = StoreHealth(reactor, etcd_client, self.keys.prefix, health_interval,
+                                  health_timeout, ILoopErrors(metrics, None))
         self.closed = False
         # Rounds whose guarded write, planned from fresh reads, still lost to a
         # concurrent writer (observability of contention between agents).
@@ -347,123 +323,65 @@ class PoolStore:
         """The PoolKey of a KeyBuildInfo (InvalidKey for names etcd paths cannot hold)."""
         return self.keys.object_key(info)
 
-    # -- health --------------------------------------------------------------------
+    # -- health (yurtcoord.pool.storehealth) ---------------------------------------
+
+    @property
+    def healthy(self) -> bool:
+        """Whether the last health check reached etcd."""
+        return self.health.healthy
+
+    @property
+    def unreachable(self) -> str | None:
+        """Why the health checks fail, once ``UNREACHABLE_AFTER_CHECKS`` failed in a
+        row; None after a good one (and before any)."""
+        return self.health.unreachable
+
+    @property
+    def etcd_version(self) -> str | None:
+        """The version the pool etcd last reported (health checks), None before."""
+        return self.health.etcd_version
 
     def start(self) -> "PoolStore":
-        """Start the health loop; the first check runs at once. ``metrics``, when it
-        provides ``ILoopErrors``, counts the checks that raised."""
-        if self._health_loop is None:
-            self._health_loop = LoopingCall(guarded(
-                "pool-store-health", self.check_health, ILoopErrors(self.metrics, None),
-                on_error=lambda failure: self._set_healthy(False, failure)))
-            self._health_loop.clock = self.reactor
-            self._health_loop.start(self.health_interval, now=True)
+        """Start the health checks; the first runs at once."""
+        self.health.start()
         return self
+
+    def check_health(self) -> defer.Deferred[Any]:
+        """Ask etcd for its status now; fires when ``healthy`` reflects the answer."""
+        return self.health.check()
 
     def on_health_change(self, observer: Callable[[bool], object]) -> None:
         """Call ``observer(healthy)`` on every change of ``healthy``."""
-        self._health_observers.append(observer)
+        self.health.health_changes.add(observer)
 
     def remove_health_observer(self, observer: Callable[[bool], object]) -> None:
         """Stop calling ``observer`` (no error when it was not registered)."""
-        if observer in self._health_observers:
-            self._health_observers.remove(observer)
+        self.health.health_changes.remove(observer)
 
     def on_unreachable_change(self, observer: Callable[[str | None], object]) -> None:
         """Call ``observer(unreachable)`` when the pool etcd starts or stops counting as
         unreachable (``UNREACHABLE_AFTER_CHECKS`` failed checks in a row; the reason,
         or None after a good check)."""
-        self._unreachable_observers.append(observer)
+        self.health.unreachable_changes.add(observer)
 
     def remove_unreachable_observer(self, observer: Callable[[str | None], object]) -> None:
         """Stop calling ``observer`` (no error when it was not registered)."""
-        if observer in self._unreachable_observers:
-            self._unreachable_observers.remove(observer)
+        self.health.unreachable_changes.remove(observer)
 
     def on_new_term(self, observer: Callable[[], object]) -> None:
         """Call ``observer()`` when a check finds etcd in a new raft term although the
         check before found it reachable: etcd restarted (or elected a new leader) between
         two checks, unseen by ``on_health_change``. See docs/design.md, "etcd that forgets acknowledged writes"."""
-        self._term_observers.append(observer)
+        self.health.new_terms.add(observer)
 
     def remove_new_term_observer(self, observer: Callable[[], object]) -> None:
         """Stop calling ``observer`` (no error when it was not registered)."""
-        if observer in self._term_observers:
-            self._term_observers.remove(observer)
-
-    def check_health(self) -> defer.Deferred[Any]:
-        """Ask etcd for its status now; fires when ``healthy`` reflects the answer.
-
-        The health loop calls this every ``health_interval``."""
-        d = self._health_checks.track(self.etcd.status(timeout=self.health_timeout))
-        d.addCallbacks(self._reachable, lambda failure: self._set_healthy(False, failure))
-        return d
-
-    def _reachable(self, status):
-        self._note_version(status.version)
-        self._note_term(status.raft_term)
-        self._set_healthy(True, None)
-
-    def _note_term(self, term):
-        previous, self._raft_term = self._raft_term, term
-        if previous is None or term is None or term == previous or self.closed:
-            return
-        if not self.healthy:
-            return  # back from an outage: the health observers hear of it
-        self.log.info("pool etcd changed raft term from {previous} to {term} between two "
-                      "checks: it restarted or elected a new leader", previous=previous,
-                      term=term)
-        for observer in list(self._term_observers):
-            try:
-                observer()
-            except Exception:
-                self.log.failure("pool store raft term observer failed")
-
-    def _note_version(self, version):
-        """Log the etcd version when first seen or changed, warning about bad releases."""
-        if not version or version == self.etcd_version or self.closed:
-            return
-        self.etcd_version = version
-        warning = version_warning(version)
-        if warning is None:
-            self.log.info("pool etcd version {version}", version=version)
-        else:
-            self.log.warn("pool etcd version {version}: {advice}", version=version,
-                          advice=warning)
-
-    def _set_healthy(self, healthy, failure):
-        if self.closed:
-            return
-        self._failed_checks = 0 if healthy else self._failed_checks + 1
-        was_unreachable = self.unreachable is not None
-        self.unreachable = None if self._failed_checks < UNREACHABLE_AFTER_CHECKS else (
-            failure.getErrorMessage() if failure else "no answer")
-        if was_unreachable != (self.unreachable is not None):
-            for unreachable_observer in list(self._unreachable_observers):
-                try:
-                    unreachable_observer(self.unreachable)
-                except Exception:
-                    self.log.failure("pool store unreachable observer failed")
-        if healthy != self.healthy:
-            self.healthy = healthy
-            if healthy:
-                self.log.info("pool etcd reachable again at prefix {prefix}", prefix=self.prefix)
-            else:
-                self.log.warn("pool etcd unreachable: {error}",
-                              error=failure.getErrorMessage() if failure else "")
-            for observer in list(self._health_observers):
-                try:
-                    observer(healthy)
-                except Exception:
-                    self.log.failure("pool store health observer failed")
+        self.health.new_terms.remove(observer)
 
     def close(self) -> defer.Deferred[Any]:
-        """Stop the health loop (and the etcd client with ``close_client``)."""
+        """Stop the health checks (and the etcd client with ``close_client``)."""
         self.closed = True
-        if self._health_loop is not None and self._health_loop.running:
-            self._health_loop.stop()
-        self._health_loop = None
-        self._health_checks.cancel_all()
+        self.health.close()
         # Fires once a key cache write in a thread is over too.
         flushed = self._key_cache_flusher.close()
         d = self.etcd.close() if self.close_client else defer.succeed(None)
@@ -1099,5 +1017,5 @@ __all__ = [
     "PoolStore", "PoolStoreError", "KeyExists", "KeyNotFound", "UpdateConflict",
     "ObjectTooLarge", "ConflictRetriesExhausted", "WriteOutcome", "object_metadata",
     "metadata_of",
-    "open_pool_store",
+    "open_pool_store", "UNREACHABLE_AFTER_CHECKS",
 ]
