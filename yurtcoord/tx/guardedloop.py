@@ -25,17 +25,17 @@ into each loop by name covers them all (``yurtcoord.test.unit.test_guardedloop``
 The loops (name: module:function whose run is guarded; docs/runbook.md, "A loop
 raised", says what an operator does when the counter moves):
 
-- ``pool-store-health``: ``yurtcoord.pool.storehealth:StoreHealth.check``, the pool
+- ``pool-store-health``: ``yurtcoord.pool.store:PoolStore.check_health``, the pool
   etcd status check every ``health_interval``; an error turns the store unhealthy.
 - ``informer-sync-lease``: ``yurtcoord.pool.sync:PoolSyncManager._renew_lease``, the
   leader's renewal of the informer sync lease every ``informer_lease_renew``.
 - ``hub-role-check``: ``yurtcoord.role.hubelector:HubElector.check``, the role
   decision every ``[leader_election] check_interval``.
-- ``kubelet-check``: ``yurtcoord.heartbeat.probes:KubeletHealthChecker.check``, the
+- ``kubelet-check``: ``yurtcoord.heartbeat.kubeletcheck:KubeletHealthChecker.check``, the
   kubelet liveness check every ``[heartbeat] interval``.
-- ``lease-probe``: ``yurtcoord.heartbeat.probes:LeaseProber.probe``, one server's probe
+- ``lease-probe``: ``yurtcoord.heartbeat.serverset:LeaseProber.probe``, one server's probe
   on its ``Cadence``, and the end of each probe, which arms the next.
-- ``heartbeat``: ``yurtcoord.heartbeat.probes:ServerSet._round``, the
+- ``heartbeat``: ``yurtcoord.heartbeat.serverset:ServerSet._round``, the
   node lease heartbeat round over several servers on its ``Cadence``, and the end of
   each round, which arms the next.
 - ``reactor-lag``: ``yurtcoord.tx.reactorlag:ReactorLagProbe._tick``, the reactor lag
@@ -81,12 +81,12 @@ __all__ = ["LOOPS", "ILoopErrors", "guarded", "report_loop_error"]
 
 # name -> "module:function" of every guarded loop; the module docstring says more.
 LOOPS: Mapping[str, str] = {
-    "pool-store-health": "yurtcoord.pool.storehealth:StoreHealth.check",
+    "pool-store-health": "yurtcoord.pool.store:PoolStore.check_health",
     "informer-sync-lease": "yurtcoord.pool.sync:PoolSyncManager._renew_lease",
     "hub-role-check": "yurtcoord.role.hubelector:HubElector.check",
-    "kubelet-check": "yurtcoord.heartbeat.probes:KubeletHealthChecker.check",
-    "lease-probe": "yurtcoord.heartbeat.probes:LeaseProber.probe",
-    "heartbeat": "yurtcoord.heartbeat.probes:ServerSet._round",
+    "kubelet-check": "yurtcoord.heartbeat.kubeletcheck:KubeletHealthChecker.check",
+    "lease-probe": "yurtcoord.heartbeat.serverset:LeaseProber.probe",
+    "heartbeat": "yurtcoord.heartbeat.serverset:ServerSet._round",
     "reactor-lag": "yurtcoord.tx.reactorlag:ReactorLagProbe._tick",
     "etcd-member-probe": "yurtcoord.etcd.members:MemberSet._probe_done",
     "informer": "yurtcoord.kube.informer:Informer._step",
