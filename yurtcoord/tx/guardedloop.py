@@ -25,7 +25,7 @@ into each loop by name covers them all (``yurtcoord.test.unit.test_guardedloop``
 The loops (name: module:function whose run is guarded; docs/runbook.md, "A loop
 raised", says what an operator does when the counter moves):
 
-- ``pool-store-health``: ``yurtcoord.pool.store:PoolStore.check_health``, the pool
+- ``pool-store-health``: ``yurtcoord.pool.storehealth:StoreHealth.check``, the pool
   etcd status check every ``health_interval``; an error turns the store unhealthy.
 - ``informer-sync-lease``: ``yurtcoord.pool.sync:PoolSyncManager._renew_lease``, the
   leader's renewal of the informer sync lease every ``informer_lease_renew``.
@@ -81,7 +81,7 @@ __all__ = ["LOOPS", "ILoopErrors", "guarded", "report_loop_error"]
 
 # name -> "module:function" of every guarded loop; the module docstring says more.
 LOOPS: Mapping[str, str] = {
-    "pool-store-health": "yurtcoord.pool.store:PoolStore.check_health",
+    "pool-store-health": "yurtcoord.pool.storehealth:StoreHealth.check",
     "informer-sync-lease": "yurtcoord.pool.sync:PoolSyncManager._renew_lease",
     "hub-role-check": "yurtcoord.role.hubelector:HubElector.check",
     "kubelet-check": "yurtcoord.heartbeat.kubeletcheck:KubeletHealthChecker.check",
