@@ -32,7 +32,7 @@ Departures from client-go, on purpose:
   leader's work has stopped before a peer can take over.
 - ``on_new_leader`` is called with a non-empty holder only; ``leader`` is None while
   the lease is free.
-- Candidate cadence (``LeaderElector._next_delay``): a candidate watching a live
+- Candidate cadence (``LeaderElector._candidate_delay``): a candidate watching a live
   holder wakes exactly when the lease would expire, so a dead holder is replaced
   within ``lease_duration + retry_period``. See docs/design.md, "Election timing".
 
@@ -40,20 +40,24 @@ The elector's timers are its only clock: a tick or renew deadline whose handling
 raised would leave it in a state that waits for a timer nobody armed (a candidate
 that never tries again, a leader that neither renews nor steps down). Both run
 guarded (loops ``election-tick`` and ``election-deadline`` of
-``yurtcoord.tx.guardedloop``), as does the end of each attempt (counted as a tick):
-the error is logged and counted in ``loop_errors`` and ``_rearm`` brings the elector
-back to a state with its timers armed.
+``yurtcoord.tx.guardedloop``), as does the end of each attempt (counted as a tick),
+and the two steps there that may raise are answered in place: an attempt whose start
+raises ends as not written, and a ``random`` that raises gives retry_period instead
+of a jittered pause; either is logged and counted in ``loop_errors`` and the next
+timer is armed all the same.
 
 Once ``stop()`` has been called, no callback fires and no late answer of a cancelled
-request changes anything: the elector's state (``_ELECTION``) no longer expects it.
+request changes anything: the attempt in flight is dropped with the state that held
+it, and its end is no input of the elector's machine (``_ELECTION``).
 """
 
 import dataclasses
 import enum
 import math
 import random as random_module
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Protocol
 
+from automat import TypeMachine, TypeMachineBuilder, pep614
 from twisted.internet import defer
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.logger import Logger
@@ -63,8 +67,7 @@ from yurtcoord.kube.errors import Conflict, KubeError
 from yurtcoord.kube.interfaces import IObjectClient
 from yurtcoord.kube.lease import LeaseRecord, build_lease, with_record
 from yurtcoord.kube.leasewriter import Lease, LeaseWrite, LeaseWriteFailed, LeaseWriter
-from yurtcoord.tx.fsm import TransitionTable
-from yurtcoord.tx.guardedloop import ILoopErrors, guarded
+from yurtcoord.tx.guardedloop import ILoopErrors, guarded, report_loop_error
 
 # client-go's JitterFactor: a candidate's retry after a contention waits
 # retry_period * (1 + U[0, JITTER_FACTOR)).
@@ -147,47 +150,22 @@ class LeaderElectionConfig:
         return int(math.ceil(self.lease_duration))
 
 
-class _Election(enum.Enum):
-    """Where the elector is (see ``_ELECTION``)."""
+class _Phase(enum.Enum):
+    """What ``running`` and ``is_leader`` read: each state of ``_ELECTION`` sets it
+    as it is entered."""
 
-    STOPPED = "stopped"        # not competing
-    WAITING = "waiting"        # candidate; the next attempt is scheduled
-    TRYING = "trying"          # candidate; an attempt is in flight
-    LEADING = "leading"        # leader; the next renewal is scheduled, deadline armed
-    RENEWING = "renewing"      # leader; a renewal is in flight, deadline armed
-    RELEASING = "releasing"    # stop(): a leader's release is being written
-    RESTARTING = "restarting"  # releasing, and start() was called meanwhile
+    STOPPED = "stopped"      # stopped, or a stop is releasing the lease
+    CANDIDATE = "candidate"  # waiting for the next attempt, or one is in flight
+    LEADER = "leader"        # leading: the next renewal is armed, or one is in flight
 
 
-_RUNNING = (_Election.WAITING, _Election.TRYING, _Election.LEADING, _Election.RENEWING)
-_LEADER = (_Election.LEADING, _Election.RENEWING)
+class _Leadership:
+    """One run of leading, from the first written lease to stepping down: when we
+    last renewed, and the renew deadline counted from there."""
 
-# The whole life cycle. Inputs: ``start``, ``stop``, ``released`` (the stop's
-# release ended), ``tick`` (the attempt timer fired), ``written`` / ``lost`` /
-# ``not_written`` (how an attempt ended: we wrote the lease; as leader we saw
-# another holder; nothing written) and ``deadline`` (the renew deadline passed).
-# An attempt cancelled by stop() or the deadline ends in a state that expects no
-# attempt to end (no TRYING or RENEWING): its answer is dropped unread.
-_ELECTION = TransitionTable("leader election", {
-    **{(state, "start"): state for state in _RUNNING},
-    (_Election.STOPPED, "start"): _Election.WAITING,
-    (_Election.RELEASING, "start"): _Election.RESTARTING,
-    (_Election.RESTARTING, "start"): _Election.RESTARTING,
-    **{(state, "stop"): _Election.RELEASING for state in _RUNNING},
-    (_Election.RELEASING, "stop"): _Election.RELEASING,
-    (_Election.RESTARTING, "stop"): _Election.RELEASING,
-    (_Election.RELEASING, "released"): _Election.STOPPED,
-    (_Election.RESTARTING, "released"): _Election.STOPPED,
-    (_Election.WAITING, "tick"): _Election.TRYING,
-    (_Election.LEADING, "tick"): _Election.RENEWING,
-    (_Election.TRYING, "written"): _Election.LEADING,
-    (_Election.TRYING, "not_written"): _Election.WAITING,
-    (_Election.RENEWING, "written"): _Election.LEADING,
-    (_Election.RENEWING, "not_written"): _Election.LEADING,
-    (_Election.RENEWING, "lost"): _Election.WAITING,
-    (_Election.LEADING, "deadline"): _Election.WAITING,
-    (_Election.RENEWING, "deadline"): _Election.WAITING,
-})
+    def __init__(self, renewed_at: float, deadline: IDelayedCall) -> None:
+        self.renewed_at = renewed_at
+        self.deadline = deadline
 
 
 @dataclasses.dataclass(frozen=True)
@@ -201,15 +179,66 @@ class _Observation:
 
 
 class _Attempt:
-    """What one try-acquire-or-renew saw and wrote, kept even when it fails midway."""
+    """One try-acquire-or-renew in flight: what it saw and wrote, kept even when it
+    fails midway, and the leadership it renews (None: a candidate's attempt).
+    ``drop()`` cancels it when the state that holds it is left: its end is then
+    no input."""
 
-    def __init__(self, started_at: float) -> None:
+    def __init__(self, started_at: float, leadership: Optional[_Leadership]) -> None:
         self.started_at = started_at
+        self.leadership = leadership
         self.seen: Optional[Lease] = None
         self.seen_at: Optional[float] = None
         self.written: Optional[Lease] = None
         self.held_by_other = False
         self.from_known = False
+        self.dropped = False
+        self.deferred: Optional[defer.Deferred[Any]] = None
+
+    def drop(self) -> None:
+        self.dropped = True
+        if self.deferred is not None:
+            self.deferred.cancel()
+
+
+class _Leading:
+    """The leading state's data: the leadership and the timer of its next renewal."""
+
+    def __init__(self, leadership: _Leadership, renewal: IDelayedCall) -> None:
+        self.leadership = leadership
+        self.renewal = renewal
+
+
+class _ElectionInputs(Protocol):
+    """The inputs of the election (``_ELECTION``). An attempt's end and the renew
+    deadline carry ``delay``, the pause before the next attempt that follows them."""
+
+    def start(self) -> None:
+        """Begin competing (``LeaderElector.start``)."""
+
+    def stop(self, stopped: "defer.Deferred[bool]", release: Optional[bool]) -> None:
+        """Stop competing; ``stopped`` fires with whether the lease was released."""
+
+    def released(self, released: bool) -> None:
+        """The stop's release of the lease ended (``released``: it was written)."""
+
+    def tick(self) -> None:
+        """A candidate's attempt timer fired."""
+
+    def renew_due(self, leadership: _Leadership) -> None:
+        """A leader's renewal timer fired."""
+
+    def written(self, delay: float, attempt: _Attempt) -> None:
+        """The attempt wrote the lease: we hold it."""
+
+    def not_written(self, delay: float, attempt: _Attempt, failure: Optional[Failure]) -> None:
+        """The attempt wrote nothing (``failure``: why, when it failed)."""
+
+    def lost(self, delay: float, attempt: _Attempt) -> None:
+        """A leader's renewal found another holder on the lease."""
+
+    def deadline(self, delay: float) -> None:
+        """The leader has not renewed for renew_deadline."""
 
 
 def _error_kind(failure: Failure) -> str:
@@ -225,10 +254,16 @@ class LeaderElector:
     failing with ``yurtcoord.kube.errors`` types (``KubeClient`` does).
     ``random`` returns floats in [0, 1); inject it to make jitter deterministic.
 
-    Where it is (candidate or leader, waiting or with a request in flight, releasing)
-    is one state of ``_ELECTION``; every timer, answer and call is an input checked
-    against that table in ``_input``. What it last saw of the lease is one
-    ``_Observation``.
+    Where it is is one state of the Automat machine ``_ELECTION``: stopped, waiting
+    (a candidate; holds the attempt timer), trying (a candidate; holds the attempt in
+    flight), leading (holds the leadership and its renewal timer), renewing (holds
+    the renewal in flight, whose leadership keeps its renew deadline), releasing (a
+    stop writes the release) and restarting (releasing, and started meanwhile).
+    Every timer, answer and call is an input; one a state does not take raises
+    ``automat.NoTransition``. What it last saw of the lease is one ``_Observation``.
+
+    The leadership callbacks run last, once the machine is done with an input
+    (``_feed``); one that stops the elector drops the rest.
     """
 
     log = Logger()
@@ -241,12 +276,7 @@ class LeaderElector:
                  random: Optional[Callable[[], float]] = None,
                  loop_errors: Optional[ILoopErrors] = None) -> None:
         self._reactor = reactor
-        # The timers' and attempts' handlers, guarded (see the module docstring).
-        self._tick = guarded("election-tick", self._input, loop_errors, self._rearm)
-        self._attempt_end = guarded("election-tick", self._attempt_finished, loop_errors,
-                                    self._rearm)
-        self._deadline_passed = guarded("election-deadline", self._input, loop_errors,
-                                        self._rearm)
+        self._loop_errors = loop_errors
         self._config = config
         self._on_started_leading = on_started_leading
         self._on_stopped_leading = on_stopped_leading
@@ -257,16 +287,18 @@ class LeaderElector:
         self._writer = LeaseWriter(reactor, lease_client, config.lease_namespace,
                                    config.lease_name, attempts=2, on_read=self._lease_read)
         self._reading: Optional[_Attempt] = None
+        self._election: _ElectionInputs = _ELECTION(self)
+        # The timers' and attempts' handlers, guarded (see the module docstring).
+        self._tick_due = guarded("election-tick", self._feed, loop_errors)
+        self._attempt_end = guarded("election-tick", self._attempt_finished, loop_errors)
+        self._deadline_passed = guarded("election-deadline", self._deadline_due, loop_errors)
 
-        self._state = _Election.STOPPED
-        self._timer: Optional[IDelayedCall] = None
-        self._deadline: Optional[IDelayedCall] = None
-        self._inflight: Optional[defer.Deferred[Any]] = None
+        self._phase = _Phase.STOPPED
         self._stop_waiters: list[defer.Deferred[bool]] = []
         self._pending_events: list[Callable[[], None]] = []
+        self._feeding = False
 
         self._seen: Optional[_Observation] = None  # None before the first read
-        self._renewed_at: Optional[float] = None
         self._reported_leader: Optional[str] = None
         self._last_error_kind: Optional[str] = None
 
@@ -279,7 +311,7 @@ class LeaderElector:
     @property
     def is_leader(self) -> bool:
         """True while we hold the lease and have renewed it within renew_deadline."""
-        return self._state in _LEADER
+        return self._phase is _Phase.LEADER
 
     @property
     def leader(self) -> Optional[str]:
@@ -291,12 +323,12 @@ class LeaderElector:
 
     @property
     def running(self) -> bool:
-        return self._state in _RUNNING
+        return self._phase is not _Phase.STOPPED
 
     def start(self) -> None:
         """Begin competing for the lease. Does nothing when already running; when a
         stop is still releasing the lease, starts again once that is done."""
-        self._input("start")
+        self._feed(self._election.start)
 
     def stop(self, release: Optional[bool] = None) -> "defer.Deferred[bool]":
         """Stop competing: timers and the request in flight are cancelled at once.
@@ -308,40 +340,107 @@ class LeaderElector:
         leaves the lease to expire, as if the process had died.
         """
         waiter: defer.Deferred[bool] = defer.Deferred()
-        if self._state is _Election.STOPPED:
-            waiter.callback(False)
-            return waiter
-        self._stop_waiters.append(waiter)
-        self._input("stop", release)
+        self._feed(self._election.stop, waiter, release)
         return waiter
 
-    # The state machine -------------------------------------------------------------
+    # Inputs from outside the machine -------------------------------------------------
 
-    def _input(self, event: str, *args: Any) -> None:
-        """Move along ``_ELECTION`` for ``event``, then run that transition's action."""
-        before = self._state
-        self._state = _ELECTION.next(before, event)
-        actions: dict[str, Callable[..., None]] = {"start": self._on_start, "stop": self._on_stop,
-                   "released": self._on_released, "tick": self._on_tick,
-                   "written": self._on_attempt_ended, "not_written": self._on_attempt_ended,
-                   "lost": self._on_attempt_ended, "deadline": self._on_deadline}
-        actions[event](before, *args)
-
-    def _on_start(self, before: _Election) -> None:
-        if before is not _Election.STOPPED:
+    def _feed(self, event: Callable[..., None], *args: Any) -> None:
+        """Give the machine ``event``, then run the leadership callbacks it decided,
+        after the machine is done (an outer ``_feed`` runs them)."""
+        if self._feeding:
+            event(*args)
             return
+        self._feeding = True
+        try:
+            event(*args)
+        finally:
+            self._feeding = False
+        self._run_events()
+
+    def _deadline_due(self) -> None:
+        self._feed(self._election.deadline, self._jittered("election-deadline"))
+
+    # What the transitions of _ELECTION do ---------------------------------------------
+
+    def _started(self) -> None:
         self.log.info("leader election started on lease {lease} as {identity}",
                       lease=self._config.lease_key, identity=self._config.identity)
-        self._schedule(0)
 
-    def _on_stop(self, before: _Election, release: Optional[bool]) -> None:
-        if before not in _RUNNING:
-            return  # already releasing: the waiter fires with that release
+    def _wait(self, delay: float) -> IDelayedCall:
+        """A candidate waits ``delay`` for its next attempt."""
+        self._phase = _Phase.CANDIDATE
+        return self._reactor.callLater(delay, self._tick_due, self._election.tick)
+
+    def _lead(self, delay: float, attempt: _Attempt) -> _Leading:
+        """Leading after ``attempt``: a written lease (re)starts the renew deadline
+        from the attempt's start; the next renewal comes ``delay`` later."""
+        self._phase = _Phase.LEADER
+        leadership = attempt.leadership
+        if attempt.written is not None:
+            deadline = self._arm_deadline(attempt.started_at)
+            if leadership is None:
+                leadership = _Leadership(attempt.started_at, deadline)
+            else:
+                _cancel(leadership.deadline)
+                leadership.renewed_at, leadership.deadline = attempt.started_at, deadline
+        assert leadership is not None, "only a written lease begins a leadership"
+        renewal = self._reactor.callLater(delay, self._tick_due, self._election.renew_due,
+                                          leadership)
+        return _Leading(leadership, renewal)
+
+    def _begin_attempt(self, leadership: Optional[_Leadership]) -> _Attempt:
+        """One attempt; how it ends is the next input. One whose start raises is
+        reported (loop ``election-tick``) and ends as not written."""
+        attempt = _Attempt(self._reactor.seconds(), leadership)
+        try:
+            d = self._try_acquire_or_renew(attempt, leadership is not None)
+        except Exception:
+            report_loop_error("election-tick", Failure(), self._loop_errors)
+            self._reading = None
+            d = defer.succeed(attempt)
+        attempt.deferred = d
+        d.addTimeout(self._attempt_timeout(), self._reactor)
+        d.addBoth(self._attempt_end, attempt)
+        return attempt
+
+    def _attempt_ended(self, attempt: _Attempt, failure: Optional[Failure]) -> None:
+        """The leadership callbacks an attempt's end decides, after its transition."""
+        if attempt.written is not None:
+            self._last_error_kind = None
+        elif failure is not None:
+            self._log_failure(failure, attempt.leadership)
+        self._announce_leader_change()
+
+    def _started_leading(self) -> None:
+        self.log.info("{identity} started leading lease {lease} (transitions={transitions})",
+                      identity=self._config.identity, lease=self._config.lease_key,
+                      transitions=self._observation().record.lease_transitions)
+        self._pending_events.append(lambda: self._call(self._on_started_leading))
+
+    def _step_down(self, leadership: _Leadership, reason: str) -> None:
+        """We left the leader state: its renew deadline goes, and the callback saying
+        so is queued."""
+        _cancel(leadership.deadline)
+        self.log.warn("{identity} stopped leading lease {lease}: {reason}",
+                      identity=self._config.identity, lease=self._config.lease_key,
+                      reason=reason)
+        self._pending_events.append(lambda: self._call(self._on_stopped_leading))
+
+    def _not_renewed(self, leadership: _Leadership) -> None:
+        self._step_down(leadership,
+                        f"not renewed for renew_deadline={self._config.renew_deadline}s")
+
+    def _stopping(self, stopped: defer.Deferred[bool], release: Optional[bool],
+                  leadership: Optional[_Leadership]) -> None:
+        """Stop: nothing is pending any more; a leader calls ``on_stopped_leading``
+        now and releases the lease; then ``released`` is the next input."""
+        self._phase = _Phase.STOPPED
         self._pending_events.clear()
-        self._cancel_timer()
-        self._cancel_deadline()
-        self._cancel_inflight()
-        was_leading = before in _LEADER
+        self._stop_waiters.append(stopped)
+        was_leading = leadership is not None
+        if leadership is not None:
+            _cancel(leadership.deadline)
         if release is None:
             release = self._config.release_on_cancel
         self.log.info("leader election stopping on lease {lease} as {identity} "
@@ -354,32 +453,14 @@ class LeaderElector:
             done = self._release()
         else:
             done = defer.succeed(False)
-        done.addCallback(lambda released: self._input("released", released))
+        done.addCallback(lambda released: self._feed(self._election.released, released))
 
-    def _on_released(self, before: _Election, released: bool) -> None:
+    def _stopped(self, released: bool) -> None:
         waiters, self._stop_waiters = self._stop_waiters, []
         self.log.info("leader election stopped on lease {lease} as {identity}",
                       lease=self._config.lease_key, identity=self._config.identity)
         for waiter in waiters:
             waiter.callback(released)
-        if before is _Election.RESTARTING:
-            self.start()
-
-    def _on_tick(self, before: _Election) -> None:
-        self._timer = None
-        attempt = _Attempt(self._reactor.seconds())
-        d = self._try_acquire_or_renew(attempt, before is _Election.LEADING)
-        self._inflight = d
-        d.addTimeout(self._attempt_timeout(), self._reactor)
-        d.addBoth(self._attempt_end, attempt)
-
-    def _on_deadline(self, before: _Election) -> None:
-        self._deadline = None
-        self._cancel_inflight()
-        self._pending_events.append(self._step_down(
-            f"not renewed for renew_deadline={self._config.renew_deadline}s"))
-        self._schedule(self._jittered(self._config.retry_period))
-        self._run_events()
 
     # Timing rules (all of them) --------------------------------------------------
 
@@ -406,47 +487,41 @@ class LeaderElector:
         assert self._seen is not None, "no lease observed yet"
         return self._seen
 
-    def _renewed(self) -> float:
-        """When we last renewed, asked for only while leading."""
-        assert self._renewed_at is not None, "never renewed"
-        return self._renewed_at
-
     def _is_expired(self, record: LeaseRecord, observed_time: float, now: float) -> bool:
         return observed_time + self._lease_duration_of(record) <= now
 
-    def _next_delay(self, attempt: Optional[_Attempt]) -> float:
-        """When to try next after ``attempt``:
-        - leader: every retry_period (renewals, and retries of failed renewals);
-        - candidate watching a live holder: every retry_period, and exactly at the
-          observed expiry if that comes first, so a dead holder is replaced within
+    def _candidate_delay(self, attempt: _Attempt) -> float:
+        """When a candidate tries next after ``attempt`` (a leader renews every
+        retry_period, its failed renewals too):
+        - watching a live holder: every retry_period, and exactly at the observed
+          expiry if that comes first, so a dead holder is replaced within
           lease_duration + retry_period;
-        - candidate after an error, a lost race or losing the lease: client-go's
-          jitter, retry_period * (1 + U[0, 1.2)), to spread contending peers.
+        - after an error, a lost race or losing the lease: client-go's jitter,
+          retry_period * (1 + U[0, 1.2)), to spread contending peers.
         """
-        period = self._config.retry_period
-        if self._state in _LEADER:
-            return period
-        if attempt is not None and attempt.held_by_other:
+        if attempt.held_by_other:
             # Never a zero delay: a rounding slip must not become a busy loop.
             until_expiry = self._observed_expiry() - self._reactor.seconds()
-            return max(MIN_DELAY, min(period, until_expiry))
-        return self._jittered(period)
+            return max(MIN_DELAY, min(self._config.retry_period, until_expiry))
+        return self._jittered("election-tick")
 
-    def _jittered(self, period: float) -> float:
-        return period * (1.0 + self._random() * JITTER_FACTOR)
+    def _jittered(self, loop: str) -> float:
+        """retry_period * (1 + U[0, JITTER_FACTOR)); a ``random`` that raises is
+        reported as an error of ``loop`` and retry_period answers instead, so the
+        next attempt is armed all the same."""
+        period = self._config.retry_period
+        try:
+            return period * (1.0 + self._random() * JITTER_FACTOR)
+        except Exception:
+            report_loop_error(loop, Failure(), self._loop_errors)
+            return period
 
-    def _arm_deadline(self) -> None:
+    def _arm_deadline(self, renewed_at: float) -> IDelayedCall:
         """A leader that has not renewed for renew_deadline stops leading."""
-        self._cancel_deadline()
-        due = self._renewed() + self._config.renew_deadline - self._reactor.seconds()
-        self._deadline = self._reactor.callLater(max(0.0, due), self._deadline_passed,
-                                                 "deadline")
+        due = renewed_at + self._config.renew_deadline - self._reactor.seconds()
+        return self._reactor.callLater(max(0.0, due), self._deadline_passed)
 
     # Attempts --------------------------------------------------------------------
-
-    def _schedule(self, delay: float) -> None:
-        self._cancel_timer()
-        self._timer = self._reactor.callLater(delay, self._tick, "tick")
 
     def _record_observation(self, record: LeaseRecord, seen_at: float) -> float:
         """The observed time restarts only when the record changed."""
@@ -522,13 +597,15 @@ class LeaderElector:
 
     def _attempt_finished(self, result: "_Attempt | Failure", attempt: _Attempt) -> None:
         """How the attempt ended is the next input: we wrote the lease, we saw another
-        holder while leading, or nothing was written."""
+        holder while leading, or nothing was written. A dropped attempt (stop, or the
+        renew deadline) is no input: its late answer changes nothing."""
         if self._reading is attempt:
             self._reading = None
-        if self._state not in (_Election.TRYING, _Election.RENEWING):
-            # Cancelled by stop() or the renew deadline: a late answer changes nothing.
+        if attempt.dropped:
             return None
-        self._inflight = None
+        attempt.deferred = None
+        failure = result if isinstance(result, Failure) else None
+        period = self._config.retry_period
         if attempt.seen is not None:
             # A read records the lease and its time together (``_lease_read``).
             assert attempt.seen_at is not None
@@ -538,38 +615,18 @@ class LeaderElector:
         if attempt.written is not None:
             self._seen = _Observation(attempt.written, LeaseRecord.from_lease(attempt.written),
                                       self._reactor.seconds())
-            self._input("written", attempt, result)
-        elif (self._state is _Election.RENEWING and attempt.seen is not None
+            self._feed(self._election.written, period, attempt)
+        elif attempt.leadership is None:
+            self._feed(self._election.not_written, self._candidate_delay(attempt), attempt,
+                       failure)
+        elif (attempt.seen is not None
               and self._observation().record.holder_identity != self._config.identity):
-            self._input("lost", attempt, result)
+            self._feed(self._election.lost, self._candidate_delay(attempt), attempt)
         else:
-            self._input("not_written", attempt, result)
+            self._feed(self._election.not_written, period, attempt, failure)
         return None
 
-    def _on_attempt_ended(self, before: _Election, attempt: _Attempt,
-                          result: "_Attempt | Failure") -> None:
-        if attempt.written is not None:
-            self._renewed_at = attempt.started_at
-            self._last_error_kind = None
-            if before is _Election.TRYING:
-                self.log.info("{identity} started leading lease {lease} "
-                              "(transitions={transitions})",
-                              identity=self._config.identity, lease=self._config.lease_key,
-                              transitions=self._observation().record.lease_transitions)
-                self._pending_events.append(lambda: self._call(self._on_started_leading))
-            self._arm_deadline()
-        elif self._state is _Election.WAITING and before is _Election.RENEWING:
-            self._pending_events.append(self._step_down(
-                f"lease now held by {self._observation().record.holder_identity!r}"))
-        elif isinstance(result, Failure):
-            self._log_failure(result)
-        self._schedule(self._next_delay(attempt))
-        new_leader = self._leader_change()
-        if new_leader is not None:
-            self._pending_events.append(lambda: self._call(self._on_new_leader, new_leader))
-        self._run_events()
-
-    def _log_failure(self, failure: Failure) -> None:
+    def _log_failure(self, failure: Failure, leadership: Optional[_Leadership]) -> None:
         """One line per failed attempt while leading (at most renew_deadline /
         retry_period of them); as a candidate, one per change of error kind."""
         kind = _error_kind(failure)
@@ -580,12 +637,12 @@ class LeaderElector:
                                  identity=self._config.identity)
             self._last_error_kind = kind
             return
-        if self._state in _LEADER:
+        if leadership is not None:
             self.log.warn("{identity} could not renew lease {lease}: {error} "
                           "(deadline in {left:.3f}s)",
                           identity=self._config.identity, lease=self._config.lease_key,
                           error=failure.value,
-                          left=self._renewed() + self._config.renew_deadline
+                          left=leadership.renewed_at + self._config.renew_deadline
                           - self._reactor.seconds())
         elif failure.check(Conflict, LeaseWriteFailed):
             self.log.debug("{identity} lost a race for lease {lease}",
@@ -596,30 +653,23 @@ class LeaderElector:
                           error=failure.value)
         self._last_error_kind = kind
 
-    def _leader_change(self) -> Optional[str]:
-        """The newly observed holder, if it differs from the last one reported."""
+    def _announce_leader_change(self) -> None:
+        """Queue ``on_new_leader`` for the newly observed holder, if it differs from
+        the last one reported."""
         holder = self.leader
         if holder is None:
             self._reported_leader = None
-            return None
+            return
         if holder == self._reported_leader:
-            return None
+            return
         self._reported_leader = holder
         if holder != self._config.identity:
             self.log.info("{identity} observed new leader {leader} of lease {lease}",
                           identity=self._config.identity, leader=holder,
                           lease=self._config.lease_key)
-        return holder
+        self._pending_events.append(lambda: self._call(self._on_new_leader, holder))
 
-    # Leadership changes ----------------------------------------------------------
-
-    def _step_down(self, reason: str) -> Callable[[], None]:
-        """We left the leader state; returns the event announcing it."""
-        self._cancel_deadline()
-        self.log.warn("{identity} stopped leading lease {lease}: {reason}",
-                      identity=self._config.identity, lease=self._config.lease_key,
-                      reason=reason)
-        return lambda: self._call(self._on_stopped_leading)
+    # Leadership callbacks --------------------------------------------------------
 
     def _run_events(self) -> None:
         """Callbacks run last, after our state is consistent; one that stops the
@@ -684,35 +734,137 @@ class LeaderElector:
         d = self._writer.write(change, attempts=2)
         return d.addCallback(lambda result: result.lease if result.written else None)
 
-    def _rearm(self, _failure: Failure) -> None:
-        """A tick, an attempt's end or the renew deadline raised (already reported):
-        an attempt left in flight or half handled ends as not written, which arms the
-        next tick; a waiting candidate or leader without a tick gets one; a leader
-        keeps its renew deadline; and the leadership callbacks already decided run."""
-        if self._state in (_Election.TRYING, _Election.RENEWING):
-            dropped, self._inflight = self._inflight, None
-            self._reading = None
-            self._input("not_written", _Attempt(self._reactor.seconds()), None)
-            if dropped is not None:
-                dropped.cancel()  # its late end is dropped unread: no attempt expected
-        if self._state in (_Election.WAITING, _Election.LEADING) and (
-                self._timer is None or not self._timer.active()):
-            self._schedule(self._next_delay(None))
-        if self._state is _Election.LEADING and self._deadline is None:
-            self._arm_deadline()
-        self._run_events()
 
-    def _cancel_timer(self) -> None:
-        timer, self._timer = self._timer, None
-        if timer is not None and timer.active():
-            timer.cancel()
+def _cancel(call: IDelayedCall) -> None:
+    if call.active():
+        call.cancel()
 
-    def _cancel_deadline(self) -> None:
-        deadline, self._deadline = self._deadline, None
-        if deadline is not None and deadline.active():
-            deadline.cancel()
 
-    def _cancel_inflight(self) -> None:
-        inflight, self._inflight = self._inflight, None
-        if inflight is not None:
-            inflight.cancel()
+def _build_election() -> TypeMachine[_ElectionInputs, LeaderElector]:
+    """The election's life cycle (see ``LeaderElector``)."""
+    builder = TypeMachineBuilder(_ElectionInputs, LeaderElector)
+
+    def wait(election: _ElectionInputs, core: LeaderElector, delay: float = 0.0,
+             attempt: Optional[_Attempt] = None,
+             failure: Optional[Failure] = None) -> IDelayedCall:
+        """Started (at once), or after an attempt or the renew deadline (``delay``)."""
+        return core._wait(delay)
+
+    def attempt(election: _ElectionInputs, core: LeaderElector) -> _Attempt:
+        return core._begin_attempt(None)
+
+    def lead(election: _ElectionInputs, core: LeaderElector, delay: float, attempt: _Attempt,
+             failure: Optional[Failure] = None) -> _Leading:
+        return core._lead(delay, attempt)
+
+    def renew(election: _ElectionInputs, core: LeaderElector,
+              leadership: _Leadership) -> _Attempt:
+        return core._begin_attempt(leadership)
+
+    stopped = builder.state("stopped")
+    waiting = builder.state("waiting", wait)
+    trying = builder.state("trying", attempt)
+    leading = builder.state("leading", lead)
+    renewing = builder.state("renewing", renew)
+    releasing = builder.state("releasing")
+    restarting = builder.state("restarting")
+
+    # Starting.
+    @pep614(stopped.upon(_ElectionInputs.start).to(waiting))
+    def started(election: _ElectionInputs, core: LeaderElector) -> None:
+        core._started()
+
+    for running in (waiting, trying, leading, renewing):
+        running.upon(_ElectionInputs.start, nodata=True).loop().returns(None)
+    releasing.upon(_ElectionInputs.start).to(restarting).returns(None)
+    restarting.upon(_ElectionInputs.start).loop().returns(None)
+
+    # Attempts.
+    waiting.upon(_ElectionInputs.tick).to(trying).returns(None)
+    leading.upon(_ElectionInputs.renew_due).to(renewing).returns(None)
+
+    @pep614(trying.upon(_ElectionInputs.written).to(leading))
+    def took_the_lease(election: _ElectionInputs, core: LeaderElector, tried: _Attempt,
+                       delay: float, attempt: _Attempt) -> None:
+        core._started_leading()
+        core._attempt_ended(attempt, None)
+
+    @pep614(renewing.upon(_ElectionInputs.written).to(leading))
+    def renewed(election: _ElectionInputs, core: LeaderElector, tried: _Attempt,
+                delay: float, attempt: _Attempt) -> None:
+        core._attempt_ended(attempt, None)
+
+    @pep614(trying.upon(_ElectionInputs.not_written).to(waiting))
+    @pep614(renewing.upon(_ElectionInputs.not_written).to(leading))
+    def nothing_written(election: _ElectionInputs, core: LeaderElector, tried: _Attempt,
+                        delay: float, attempt: _Attempt, failure: Optional[Failure]) -> None:
+        core._attempt_ended(attempt, failure)
+
+    @pep614(renewing.upon(_ElectionInputs.lost).to(waiting))
+    def lost(election: _ElectionInputs, core: LeaderElector, tried: _Attempt,
+             delay: float, attempt: _Attempt) -> None:
+        assert attempt.leadership is not None
+        core._step_down(attempt.leadership, "lease now held by "
+                        f"{core._observation().record.holder_identity!r}")
+        core._attempt_ended(attempt, None)
+
+    # The renew deadline.
+    @pep614(leading.upon(_ElectionInputs.deadline).to(waiting))
+    def deadline_while_leading(election: _ElectionInputs, core: LeaderElector,
+                               current: _Leading, delay: float) -> None:
+        _cancel(current.renewal)
+        core._not_renewed(current.leadership)
+
+    @pep614(renewing.upon(_ElectionInputs.deadline).to(waiting))
+    def deadline_while_renewing(election: _ElectionInputs, core: LeaderElector,
+                                renewal: _Attempt, delay: float) -> None:
+        renewal.drop()
+        assert renewal.leadership is not None
+        core._not_renewed(renewal.leadership)
+
+    # Stopping.
+    @pep614(stopped.upon(_ElectionInputs.stop).loop())
+    def not_running(election: _ElectionInputs, core: LeaderElector,
+                    stopped: defer.Deferred[bool], release: Optional[bool]) -> None:
+        stopped.callback(False)
+
+    @pep614(waiting.upon(_ElectionInputs.stop).to(releasing))
+    def stop_waiting(election: _ElectionInputs, core: LeaderElector, timer: IDelayedCall,
+                     stopped: defer.Deferred[bool], release: Optional[bool]) -> None:
+        _cancel(timer)
+        core._stopping(stopped, release, None)
+
+    @pep614(trying.upon(_ElectionInputs.stop).to(releasing))
+    @pep614(renewing.upon(_ElectionInputs.stop).to(releasing))
+    def stop_attempt(election: _ElectionInputs, core: LeaderElector, tried: _Attempt,
+                     stopped: defer.Deferred[bool], release: Optional[bool]) -> None:
+        tried.drop()
+        core._stopping(stopped, release, tried.leadership)
+
+    @pep614(leading.upon(_ElectionInputs.stop).to(releasing))
+    def stop_leading(election: _ElectionInputs, core: LeaderElector, current: _Leading,
+                     stopped: defer.Deferred[bool], release: Optional[bool]) -> None:
+        _cancel(current.renewal)
+        core._stopping(stopped, release, current.leadership)
+
+    @pep614(releasing.upon(_ElectionInputs.stop).loop())
+    @pep614(restarting.upon(_ElectionInputs.stop).to(releasing))
+    def stop_again(election: _ElectionInputs, core: LeaderElector,
+                   stopped: defer.Deferred[bool], release: Optional[bool]) -> None:
+        """Already releasing: the waiter fires with that release."""
+        core._stop_waiters.append(stopped)
+
+    @pep614(releasing.upon(_ElectionInputs.released).to(stopped))
+    def released(election: _ElectionInputs, core: LeaderElector, released: bool) -> None:
+        core._stopped(released)
+
+    @pep614(restarting.upon(_ElectionInputs.released).to(stopped))
+    def released_then_start(election: _ElectionInputs, core: LeaderElector,
+                            released: bool) -> None:
+        core._stopped(released)
+        election.start()
+
+    return builder.build()
+
+
+_ELECTION = _build_election()

@@ -46,11 +46,13 @@ raised", says what an operator does when the counter moves):
 - ``informer``: ``yurtcoord.kube.informer:Informer._step``, one list or watch of an
   informer's list-and-watch loop (pool sync, delegation, the certificate Secret, the
   synced detector, the pool scope); an error relists after the informer's backoff.
-- ``election-tick``: ``yurtcoord.kube.leaderelection:LeaderElector._on_tick``, the
-  attempt timer of the election (and the end of its attempt); an error ends the
-  attempt as not written, which arms the next tick.
-- ``election-deadline``: ``yurtcoord.kube.leaderelection:LeaderElector._on_deadline``,
-  the renew deadline of a leader; an error still steps down and arms the next tick.
+- ``election-tick``: ``yurtcoord.kube.leaderelection:LeaderElector._tick_due``, the
+  attempt and renewal timers of the election (and the end of each attempt); an
+  attempt whose start raises ends as not written, and a ``random`` that raises gives
+  retry_period instead of a jittered pause, so the next tick is armed all the same.
+- ``election-deadline``: ``yurtcoord.kube.leaderelection:LeaderElector._deadline_due``,
+  the renew deadline of a leader; a ``random`` that raises gives retry_period, and
+  the leader still steps down and arms the next tick.
 - ``role-retry``: ``yurtcoord.role.coordinator:Coordinator._retry_due``, the retry
   timer of a failed run of role steps (and the end of each run, and the retry
   policy's answer); a policy that raises is answered by ``ROLE_RETRY``, so the
@@ -90,8 +92,8 @@ LOOPS: Mapping[str, str] = {
     "reactor-lag": "yurtcoord.tx.reactorlag:ReactorLagProbe._tick",
     "etcd-member-probe": "yurtcoord.etcd.members:MemberSet._probe_done",
     "informer": "yurtcoord.kube.informer:Informer._step",
-    "election-tick": "yurtcoord.kube.leaderelection:LeaderElector._on_tick",
-    "election-deadline": "yurtcoord.kube.leaderelection:LeaderElector._on_deadline",
+    "election-tick": "yurtcoord.kube.leaderelection:LeaderElector._tick_due",
+    "election-deadline": "yurtcoord.kube.leaderelection:LeaderElector._deadline_due",
     "role-retry": "yurtcoord.role.coordinator:Coordinator._retry_due",
     "watch-idle": "yurtcoord.kube.watch:IdleWatchdog._check",
     "work-retry": "yurtcoord.tx.workqueue:WorkQueue._retry",

@@ -6,6 +6,7 @@ time the leader's renewTime names (docs/design.md, "Clocks")."""
 
 from random import Random
 
+from automat import NoTransition
 from hypothesis import given, settings, strategies as st
 from twisted.internet import defer
 from twisted.internet.task import Clock
@@ -24,7 +25,6 @@ from yurtcoord.kube.lease import (
 from yurtcoord.kube.leaderelection import (
     LeaderElectionConfig, LeaderElectionConfigError, LeaderElector, check_election_timing)
 from yurtcoord.kube.resolving import PickedServerClient
-from yurtcoord.tx.fsm import IllegalTransition
 from yurtcoord.testing.clocks import SkewedClock, run_until
 from yurtcoord.testing.fakehealth import FakeHealth
 from yurtcoord.testing.fakekube import FakeKube, FakeKubeServer
@@ -682,17 +682,6 @@ class StopTests(ElectionTestCase):
         self.assertEqual(holder_identity(self.lease()), "")
         self.assertEqual(self.clock.getDelayedCalls(), [])
 
-    def test_inputs_the_table_does_not_list_are_refused(self):
-        """A renew deadline or an attempt answer while stopped cannot happen; if it
-        did, the transition table names it instead of the elector acting on it."""
-        elector, recorder = self.elector()
-        self.assertRaises(IllegalTransition, elector._input, "deadline")
-        self.assertRaises(IllegalTransition, elector._input, "tick")
-        elector.start()
-        self.assertRaises(IllegalTransition, elector._input, "deadline")
-        self.assertFalse(elector.is_leader)
-        self.assertEqual(recorder.names(), [])
-
     def test_restart_after_stop(self):
         elector, recorder = self.elector()
         elector.start()
@@ -996,3 +985,197 @@ class FaultSimulationTests(unittest.TestCase):
            stops=st.lists(_stops, max_size=4))
     def test_random_faults(self, seed, max_latency, drop_rate, partitions, stops):
         self.simulate(seed, max_latency, drop_rate, partitions, stops)
+
+
+class ElectionMachineTests(ElectionTestCase):
+    """Every transition of the elector's machine (``_ELECTION``) on a Clock, and
+    every input each state refuses. States: stopped, waiting (the attempt timer),
+    trying (a candidate's attempt in flight), leading (the renewal timer and the
+    renew deadline), renewing (a renewal in flight, the renew deadline), releasing
+    (a stop writing the release) and restarting (started again meanwhile)."""
+
+    REFUSABLE = {
+        "released": (False,), "tick": (), "renew_due": (None,), "written": (0.0, None),
+        "not_written": (0.0, None, None), "lost": (0.0, None), "deadline": (0.0,)}
+    TAKES = {
+        "stopped": (), "waiting": ("tick",), "trying": ("written", "not_written"),
+        "leading": ("renew_due", "deadline"),
+        "renewing": ("written", "not_written", "lost", "deadline"),
+        "releasing": ("released",), "restarting": ("released",)}
+
+    def assert_state(self, elector, state, timers=None):
+        """``state``'s public face, the delayed calls at exactly ``timers`` (seconds
+        from now), and every input it does not take refused."""
+        self.assertEqual(elector.running, state in ("waiting", "trying", "leading",
+                                                    "renewing"), state)
+        self.assertEqual(elector.is_leader, state in ("leading", "renewing"), state)
+        if timers is not None:
+            now = self.clock.seconds()
+            self.assertEqual(sorted(round(call.getTime() - now, 6)
+                                    for call in self.clock.getDelayedCalls()),
+                             sorted(timers), state)
+        for name, args in self.REFUSABLE.items():
+            if name not in self.TAKES[state]:
+                self.assertRaises(NoTransition, getattr(elector._election, name), *args)
+
+    def leading(self, **overrides):
+        elector, recorder = self.elector(**overrides)
+        elector.start()
+        self.clock.advance(0)
+        return elector, recorder
+
+    def test_stopped_takes_start_and_stop_only(self):
+        elector, recorder = self.elector()
+        self.assert_state(elector, "stopped", timers=[])
+        self.assertIs(self.successResultOf(elector.stop()), False)
+        self.assert_state(elector, "stopped", timers=[])
+        self.assertEqual(recorder.names(), [])
+
+    def test_start_waits_for_an_attempt_at_once_and_a_second_start_changes_nothing(self):
+        elector, recorder = self.elector()
+        elector.start()
+        self.assert_state(elector, "waiting", timers=[0])
+        elector.start()
+        self.assert_state(elector, "waiting", timers=[0])
+        self.assertEqual(self.kube.calls, [])
+
+    def test_a_candidates_tick_tries_and_a_written_lease_leads(self):
+        elector, recorder = self.elector()
+        self.kube.hold("get")
+        elector.start()
+        self.clock.advance(0)
+        # In flight: only the attempt's timeout (renew_deadline) is armed.
+        self.assert_state(elector, "trying", timers=[10])
+        elector.start()
+        self.assert_state(elector, "trying", timers=[10])
+        self.kube.release_hold("get")
+        self.kube.deliver_held()
+        # Renewal every retry_period; the renew deadline counts from the attempt.
+        self.assert_state(elector, "leading", timers=[2, 10])
+        self.assertEqual(recorder.names(), ["started", "new_leader"])
+        elector.start()
+        self.assert_state(elector, "leading", timers=[2, 10])
+
+    def test_a_candidates_attempt_that_writes_nothing_waits_again(self):
+        elector, recorder = self.elector(random=lambda: 0.5)
+        self.kube.fail_next("get", ServerError("busy"))
+        elector.start()
+        self.clock.advance(0)
+        # An error: client-go's jitter, 2 * (1 + 0.5 * 1.2) = 3.2 s.
+        self.assert_state(elector, "waiting", timers=[3.2])
+        self.put_lease("edge-2", renew=self.clock.seconds())
+        self.clock.advance(3.2)
+        # A live holder: every retry_period (its expiry is 11.8 s away).
+        self.assert_state(elector, "waiting", timers=[2])
+        self.assertEqual(recorder.names(), ["new_leader"])
+
+    def test_a_leaders_renewal_is_in_flight_then_written(self):
+        elector, recorder = self.leading()
+        self.kube.hold("update")
+        self.clock.advance(2)
+        self.assert_state(elector, "renewing", timers=[8, 10])
+        elector.start()
+        self.assert_state(elector, "renewing", timers=[8, 10])
+        self.kube.release_hold("update")
+        self.kube.deliver_held()
+        # Written: the renew deadline counts from this renewal's start.
+        self.assert_state(elector, "leading", timers=[2, 10])
+        self.assertEqual(recorder.names(), ["started", "new_leader"])
+
+    def test_a_failed_renewal_keeps_leading_and_keeps_the_deadline(self):
+        elector, recorder = self.leading()
+        self.kube.fail_next("update", ServerError("busy"))
+        self.clock.advance(2)
+        self.assert_state(elector, "leading", timers=[2, 8])
+        self.assertEqual(recorder.names(), ["started", "new_leader"])
+
+    def test_a_renewal_that_finds_another_holder_loses_the_lease(self):
+        elector, recorder = self.leading()
+        self.clock.advance(1)
+        self.put_lease("edge-2", renew=self.clock.seconds())
+        self.clock.advance(1)
+        self.assert_state(elector, "waiting", timers=[2])
+        self.assertEqual(recorder.names(), ["started", "new_leader", "stopped", "new_leader"])
+        self.assertEqual(elector.leader, "edge-2")
+
+    def test_the_renew_deadline_while_leading_steps_down(self):
+        elector, recorder = self.leading(renew_deadline=9.0, random=lambda: 0.5)
+        self.kube.fail_next("update", ServerError("busy"), count=4)
+        self.clock.advance(8)
+        self.assert_state(elector, "leading", timers=[1, 2])
+        self.clock.advance(1)
+        self.assert_state(elector, "waiting", timers=[3.2])
+        self.assertEqual(recorder.events[-1], ("stopped", START + 9))
+
+    def test_the_renew_deadline_while_renewing_drops_the_renewal(self):
+        elector, recorder = self.leading(renew_deadline=9.0, random=lambda: 0.5)
+        self.kube.hold("update")
+        self.clock.advance(2)
+        self.assert_state(elector, "renewing", timers=[7, 9])
+        self.clock.advance(7)
+        self.assert_state(elector, "waiting", timers=[3.2])
+        self.assertEqual(recorder.events[-1], ("stopped", START + 9))
+        # The renewal's late answer is no input: the lease stays where it is.
+        self.kube.release_hold("update")
+        self.kube.deliver_held()
+        self.assert_state(elector, "waiting", timers=[3.2])
+
+    def test_stop_while_waiting_or_trying_ends_stopped_at_once(self):
+        elector, recorder = self.elector()
+        elector.start()
+        self.assertIs(self.successResultOf(elector.stop()), False)
+        self.assert_state(elector, "stopped", timers=[])
+        self.kube.hold("get")
+        elector.start()
+        self.clock.advance(0)
+        self.assert_state(elector, "trying")
+        self.assertIs(self.successResultOf(elector.stop()), False)
+        self.assert_state(elector, "stopped", timers=[])
+        self.kube.release_hold("get")
+        self.kube.deliver_held()  # the dropped attempt's answer: no input
+        self.assert_state(elector, "stopped", timers=[])
+        self.assertEqual(recorder.names(), [])
+
+    def test_stop_while_renewing_drops_the_renewal_and_releases(self):
+        elector, recorder = self.leading()
+        self.kube.hangs = 1
+        self.clock.advance(2)
+        self.assert_state(elector, "renewing")
+        self.assertIs(self.successResultOf(elector.stop()), True)
+        self.assert_state(elector, "stopped", timers=[])
+        self.assertEqual(recorder.names(), ["started", "new_leader", "stopped"])
+
+    def test_releasing_restarting_and_released(self):
+        elector, recorder = self.leading()
+        self.kube.hold("update")
+        first = elector.stop()
+        self.assertEqual(recorder.names(), ["started", "new_leader", "stopped"])
+        self.assert_state(elector, "releasing", timers=[10])  # the release's timeout
+        second = elector.stop()
+        self.assert_state(elector, "releasing")
+        elector.start()
+        self.assert_state(elector, "restarting")
+        elector.start()
+        self.assert_state(elector, "restarting")
+        third = elector.stop()  # restarting: stopping again for good
+        self.assert_state(elector, "releasing")
+        elector.start()
+        self.assert_state(elector, "restarting")
+        self.assertNoResult(first)
+        self.kube.release_hold("update")
+        self.kube.deliver_held()
+        self.assertEqual([self.successResultOf(d) for d in (first, second, third)],
+                         [True, True, True])
+        # Restarting: started again once the release is written.
+        self.assert_state(elector, "waiting", timers=[0])
+        self.assertEqual(holder_identity(self.lease()), "")
+
+    def test_released_while_releasing_ends_stopped(self):
+        elector, recorder = self.leading()
+        self.kube.hold("update")
+        stopped = elector.stop()
+        self.assert_state(elector, "releasing")
+        self.kube.release_hold("update")
+        self.kube.deliver_held()
+        self.assertIs(self.successResultOf(stopped), True)
+        self.assert_state(elector, "stopped", timers=[])
