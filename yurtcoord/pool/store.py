@@ -47,7 +47,6 @@ import functools
 import json
 import os
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
 from typing import Any, Generator, List, ParamSpec, Tuple, Union
 
 from twisted.internet import defer
@@ -57,15 +56,19 @@ from twisted.python.failure import Failure
 from zope.interface import implementer
 
 from yurtcoord.etcd.client import prefix_range_end
-from yurtcoord.etcd.errors import EtcdError, TransactionFailed
+from yurtcoord.etcd.errors import TransactionFailed
 from yurtcoord.etcd import transactions as etcdtx
 from yurtcoord.kube.gvr import GroupVersionResource
 from yurtcoord.pool.interfaces import IPoolStore
 from yurtcoord.pool.keycache import POOL_SCOPED_COMPONENT, ComponentKeyCache
 from yurtcoord.pool.keycacheflush import key_cache_flusher
 from yurtcoord.pool.keys import (
-    InvalidKey, KeyBuildInfo, PoolKey, PoolKeyBuilder, ResourceId, ResourceLike, format_rv,
-    mirror_rv_key, parse_rv, rv_in_range,
+    InvalidKey, KeyBuildInfo, PoolKey, PoolKeyBuilder, ResourceId, ResourceLike, mirror_rv_key,
+)
+from yurtcoord.pool.guardedwrites import GuardedWriter, Steps, delete_ops, put_ops
+from yurtcoord.pool.storeobjects import (
+    ConflictRetriesExhausted, KeyExists, KeyNotFound, ObjectTooLarge, PoolStoreError,
+    UpdateConflict, WriteItem, WriteOutcome, metadata_of, object_metadata, rv_or_none,
 )
 from yurtcoord.pool.storehealth import UNREACHABLE_AFTER_CHECKS, StoreHealth
 from yurtcoord.tx.guardedloop import ILoopErrors
@@ -74,147 +77,13 @@ DEFAULT_MAX_OPS = 128
 # Seconds between two writes of the key cache file by ``flush_key_cache_soon``.
 DEFAULT_KEY_CACHE_FLUSH_INTERVAL = 1.0
 DEFAULT_MAX_BYTES = 1536 * 1024
-# Bytes reserved per operation and per request for protobuf framing beyond keys/values.
-_OP_OVERHEAD = 64
-_REQUEST_OVERHEAD = 4096
 _LIST_PAGE_SIZE = 1000
-# Guarded write rounds for one batch before giving up. A round planned from fresh
-# reads fails only if another writer changed one of the batch's keys in between, and
-# each writer changes a key at most once per version it holds, so this is never hit
-# by a handful of agents uploading the same objects.
-_MAX_CONFLICT_ROUNDS = 32
 # Characters of an undecodable key shown in the log line that reports it.
 _KEY_EXAMPLE_CHARS = 200
 
 _P = ParamSpec("_P")
 # An object key: a PoolKey, or its path.
 Key = Union[PoolKey, str]
-# What an inlineCallbacks generator of this module yields and returns.
-Steps = Generator[defer.Deferred[Any], Any, Any]
-
-
-class PoolStoreError(Exception):
-    """Base of the store's own (non-etcd) errors."""
-
-
-class KeyExists(PoolStoreError):
-    """create() found the key already present."""
-
-    def __init__(self, key):
-        super().__init__(f"key already exists: {key}")
-        self.key = str(key)
-
-
-class KeyNotFound(PoolStoreError):
-    def __init__(self, key):
-        super().__init__(f"key not found: {key}")
-        self.key = str(key)
-
-
-class UpdateConflict(PoolStoreError):
-    """update() lost: the stored object is not older. Carries the stored object."""
-
-    def __init__(self, key, stored, stored_rv):
-        super().__init__(f"update of {key} conflicts with stored resourceVersion {stored_rv}")
-        self.key = str(key)
-        self.stored = stored
-        self.stored_rv = stored_rv
-
-
-class ObjectTooLarge(PoolStoreError):
-    def __init__(self, key, size, limit):
-        super().__init__(f"object {key} needs {size} bytes, more than one request ({limit})")
-        self.key = str(key)
-        self.size = size
-
-
-class ConflictRetriesExhausted(PoolStoreError):
-    """Concurrent writers kept changing the same keys; the batch never got through."""
-
-
-def object_metadata(value: bytes | str) -> tuple[str, str, int]:
-    """``(name, namespace, resourceVersion)`` of an object's JSON bytes.
-
-    Raises ValueError with a short reason: not JSON, not an object, no metadata, or no
-    numeric resourceVersion.
-    """
-    try:
-        obj = json.loads(value)
-    except (ValueError, UnicodeDecodeError) as e:
-        raise ValueError(f"not JSON: {e}") from None
-    return metadata_of(obj)
-
-
-def metadata_of(obj: Any) -> tuple[str, str, int]:
-    """``(name, namespace, resourceVersion)`` of an object already parsed from JSON
-    (``object_metadata`` without the parsing, for a caller that needs the object
-    itself too); ValueError as there."""
-    if not isinstance(obj, dict) or not isinstance(obj.get("metadata"), dict):
-        raise ValueError("not an object with metadata")
-    metadata = obj["metadata"]
-    rv = metadata.get("resourceVersion")
-    if not isinstance(rv, str) or not rv:
-        raise ValueError("no resourceVersion")
-    try:
-        rv_number = parse_rv(rv)
-    except ValueError:
-        rv_number = None
-    # Checked against the bound rather than formatted: the store formats it once,
-    # when it writes the object.
-    if rv_number is None or not rv_in_range(rv_number):
-        raise ValueError(f"resourceVersion {rv!r} is not a number")
-    name = metadata.get("name")
-    namespace = metadata.get("namespace") or ""
-    if not isinstance(name, str) or not isinstance(namespace, str):
-        raise ValueError("name or namespace is not a string")
-    return name, namespace, rv_number
-
-
-@dataclass
-class WriteOutcome:
-    """Progress of a create-or-update of many objects; survives retries of the same call.
-
-    ``created``/``updated``/``not_newer`` hold key paths; ``decided`` is every path
-    with a final answer; ``in_doubt`` maps paths whose write may or may not have
-    landed (connection lost mid-request) to (kind, resourceVersion).
-    """
-
-    created: list[str] = field(default_factory=list)
-    updated: list[str] = field(default_factory=list)
-    not_newer: list[str] = field(default_factory=list)
-    too_large: list[str] = field(default_factory=list)
-    decided: set[str] = field(default_factory=set)
-    in_doubt: dict[str, tuple[str, int]] = field(default_factory=dict)
-
-    def _decide(self, bucket: list[str], path: str) -> None:
-        self.decided.add(path)
-        self.in_doubt.pop(path, None)
-        bucket.append(path)
-
-
-class _Item:
-    """One object to write, with its keys as bytes, its mirror value and its size
-    worked out once: a batch of a large upload builds its compares and puts from
-    them, and sizing, batching and building a transaction each read them again."""
-
-    __slots__ = ("key", "value", "rv", "path", "path_bytes", "mirror_bytes", "rv_bytes",
-                 "size")
-
-    def __init__(self, key: PoolKey, value: bytes, rv: int) -> None:
-        if not value:
-            # An empty value is no object: the coordinator apiserver could not decode it.
-            raise ValueError(f"empty value for {key.path}: an object is never stored empty")
-        self.key = key
-        self.value = value
-        self.rv = rv
-        self.path = key.path
-        self.path_bytes = self.path.encode("utf-8")
-        self.mirror_bytes = key.mirror_rv_path.encode("utf-8")
-        self.rv_bytes = format_rv(rv).encode()
-        # Bytes this item adds to a guarded write (compares, two puts) or to the read
-        # after a failed guard (two reads), whichever request it is in.
-        self.size = (3 * len(self.path_bytes) + 3 * len(self.mirror_bytes) + len(value)
-                     + 2 * 32 + 6 * _OP_OVERHEAD)
 
 
 def _returns_deferred(method: Callable[_P, object]) -> Callable[_P, defer.Deferred[Any]]:
@@ -280,12 +149,9 @@ class PoolStore:
                  max_bytes=DEFAULT_MAX_BYTES, health_interval=5.0, health_timeout=2.0,
                  metrics=None, close_client=False, parallel_batches=4,
                  key_cache_flush_interval=DEFAULT_KEY_CACHE_FLUSH_INTERVAL):
-        if parallel_batches < 1:
-            raise ValueError(f"parallel_batches must be >= 1, got {parallel_batches}")
-        if max_ops < 2:
-            raise ValueError(f"max_ops must be at least 2, got {max_ops}")
-        if max_bytes <= _REQUEST_OVERHEAD + 2 * _OP_OVERHEAD:
-            raise ValueError(f"max_bytes too small: {max_bytes}")
+        # The guarded writes and batched deletes (and the checks of their limits).
+        self._writer = GuardedWriter(self._submit, key_cache, max_ops, max_bytes,
+                                     parallel_batches)
         self.reactor = reactor
         self.etcd = etcd_client
         self.keys = PoolKeyBuilder(prefix)
@@ -302,9 +168,6 @@ class PoolStore:
         self.health = StoreHealth(reactor, etcd_client, self.keys.prefix, health_interval,
                                   health_timeout, ILoopErrors(metrics, None))
         self.closed = False
-        # Rounds whose guarded write, planned from fresh reads, still lost to a
-        # concurrent writer (observability of contention between agents).
-        self.lost_races = 0
         self.key_cache_flush_interval = key_cache_flush_interval
         self._key_cache_flusher = key_cache_flusher(reactor, key_cache,
                                                     key_cache_flush_interval)
@@ -314,8 +177,14 @@ class PoolStore:
         return self.keys.prefix
 
     @property
-    def _byte_budget(self):
-        return self.max_bytes - _REQUEST_OVERHEAD
+    def _byte_budget(self) -> int:
+        return self._writer.byte_budget
+
+    @property
+    def lost_races(self) -> int:
+        """Rounds whose guarded write, planned from fresh reads, still lost to a
+        concurrent writer (observability of contention between agents)."""
+        return self._writer.lost_races
 
     # -- keys ----------------------------------------------------------------------
 
@@ -434,7 +303,7 @@ class PoolStore:
         item = self._item(key, value, rv)
         self._check_size(item)
         txn = etcdtx.transaction(
-            compare=[etcdtx.key_absent(item.path_bytes)], success=self._put_ops(item))
+            compare=[etcdtx.key_absent(item.path_bytes)], success=put_ops(item))
         try:
             yield self._submit("create", txn)
         except TransactionFailed:
@@ -454,7 +323,7 @@ class PoolStore:
         txn = etcdtx.transaction(
             compare=[etcdtx.key_present(item.path_bytes),
                      etcdtx.value_below(item.mirror_bytes, item.rv_bytes)],
-            success=self._put_ops(item),
+            success=put_ops(item),
             failure=[etcdtx.get(item.path_bytes), etcdtx.get(item.mirror_bytes)])
         try:
             yield self._submit("update", txn)
@@ -462,7 +331,7 @@ class PoolStore:
             stored_kvs, mirror_kvs = etcdtx.range_results(e.responses, 2)
             if not stored_kvs:
                 raise KeyNotFound(item.path) from None
-            stored_rv = _rv_or_none(mirror_kvs[0].value) if mirror_kvs else None
+            stored_rv = rv_or_none(mirror_kvs[0].value) if mirror_kvs else None
             raise UpdateConflict(item.path, stored_kvs[0].value, stored_rv) from None
         self.key_cache.add(key.component, key.resource, [item.path])
         self._flush_cache(None)
@@ -501,7 +370,7 @@ class PoolStore:
     def get_resource_version(self, key: Key) -> Steps:
         """The stored mirror resourceVersion of ``key``, or None."""
         kv = yield self._timed("get", self.etcd.get(mirror_rv_key(_as_path(key)).encode()))
-        return _rv_or_none(kv.value) if kv is not None else None
+        return rv_or_none(kv.value) if kv is not None else None
 
     @_returns_deferred
     def list(self, prefix: str) -> defer.Deferred[List[bytes]]:
@@ -560,7 +429,7 @@ class PoolStore:
     def delete(self, key: Key) -> Steps:
         """Delete the object and its mirror rv in one transaction (absent key: no error)."""
         path = _as_path(key)
-        txn = etcdtx.transaction(success=self._delete_ops(path))
+        txn = etcdtx.transaction(success=delete_ops(path))
         yield self._submit("delete", txn)
         self._forget_key(key, path)
         self._flush_cache(None)
@@ -593,7 +462,7 @@ class PoolStore:
             raise InvalidKey(f"component must be a non-empty string, got {component!r}")
         resource = ResourceId.of(gvr)
         namespaced = gvr.namespaced
-        items: dict[str, _Item] = {}
+        items: dict[str, WriteItem] = {}
         for obj in objects:
             value = obj if isinstance(obj, bytes) else json.dumps(obj).encode("utf-8")
             name, obj_namespace, rv = object_metadata(value)
@@ -606,7 +475,7 @@ class PoolStore:
             key = self.keys.object_key(KeyBuildInfo(
                 component, resource.resource, resource.group, resource.version,
                 obj_namespace, name))
-            item = _Item(key, value, rv)
+            item = WriteItem(key, value, rv)
             self._check_size(item)
             previous = items.get(key.path)
             if previous is None or previous.rv < rv:
@@ -630,26 +499,13 @@ class PoolStore:
     @inlineCallbacks
     def _replace_list(self, component, resource, items, stale):
         """Guarded puts of the list (the key cache follows each accepted or possibly
-        applied batch, see ``_create_or_update_batch``), then deletes of stale keys."""
-        yield self._create_or_update_pending(items, WriteOutcome())
+        applied batch, see ``yurtcoord.pool.guardedwrites``), then deletes of stale keys."""
+        yield self._writer.write(items, WriteOutcome())
 
         def forget(paths):
             self.key_cache.discard(component, resource, paths)
 
-        yield self._delete_batched("replace_list", stale, forget)
-
-    @inlineCallbacks
-    def _delete_batched(self, op, paths, deleted):
-        """Delete ``paths`` (and their mirror rvs) in transactions of at most
-        ``max_ops``/``max_bytes``; ``deleted(batch_paths)`` after each accepted one."""
-        entries = [("del", p, 2 * len(p.encode()) + 16 + 2 * _OP_OVERHEAD) for p in paths]
-        for batch in self._batches(entries, ops_per_entry=2):
-            ops, batch_paths = [], []
-            for _kind, path, _size in batch:
-                ops.extend(self._delete_ops(path))
-                batch_paths.append(path)
-            yield self._submit(op, etcdtx.transaction(success=ops))
-            deleted(batch_paths)
+        yield self._writer.delete("replace_list", stale, forget)
 
     @_returns_deferred
     def delete_many(self, keys: Iterable[Key],
@@ -672,7 +528,7 @@ class PoolStore:
                 for key in owners[path]:
                     self._forget_key(key, path)
 
-        d = self._delete_batched("delete", sorted(owners), forget)
+        d = self._writer.delete("delete", sorted(owners), forget)
         if flush_key_cache:
             d.addBoth(self._flush_cache)
         d.addCallback(lambda _: len(owners))
@@ -702,7 +558,7 @@ class PoolStore:
             def forget(batch_paths, resource=resource):
                 self.key_cache.discard(component, resource, batch_paths)
 
-            yield self._delete_batched("delete_component", paths, forget)
+            yield self._writer.delete("delete_component", paths, forget)
             deleted += len(paths)
         self.key_cache.drop(component)
         self.log.info("deleted {count} keys of component {component}", count=deleted,
@@ -773,7 +629,7 @@ class PoolStore:
         keys are not redone, writes whose answer was lost are recognised). Each batch
         is written with compares guarding every key (absent key / stored rv lower),
         so a concurrent writer makes the write fail and the batch is planned again
-        from fresh reads, never overwritten (see ``_create_or_update_batch``). Objects
+        from fresh reads, never overwritten (see ``yurtcoord.pool.guardedwrites``). Objects
         with an equal or newer stored rv, or stored without a mirror rv, are left
         alone (``not_newer``).  Up to ``parallel_batches``
         batches are in flight at once (their keys are disjoint), so etcd can commit
@@ -786,10 +642,10 @@ class PoolStore:
         if in_flight is not None and in_flight < 1:
             raise ValueError(f"in_flight must be >= 1, got {in_flight}")
         outcome = outcome if outcome is not None else WriteOutcome()
-        pending: dict[str, _Item] = {}
+        pending: dict[str, WriteItem] = {}
         budget = self._byte_budget
         for key, value, rv in items:
-            item = _Item(key, value, int(rv))
+            item = WriteItem(key, value, int(rv))
             if item.path in outcome.decided:
                 continue
             if item.size > budget:
@@ -800,137 +656,11 @@ class PoolStore:
             previous = pending.get(item.path)
             if previous is None or previous.rv < item.rv:
                 pending[item.path] = item
-        d = self._create_or_update_pending(list(pending.values()), outcome, in_flight)
+        d = self._writer.write(list(pending.values()), outcome, in_flight)
         if flush_key_cache:
             d.addBoth(self._flush_cache)
         d.addCallback(lambda _: outcome)
         return d
-
-    @inlineCallbacks
-    def _create_or_update_pending(self, items, outcome, in_flight=None):
-        entries = [("item", item, item.size) for item in items]
-        batches = iter(self._batches(entries, ops_per_entry=2))
-        errors: List[Failure] = []
-
-        @inlineCallbacks
-        def worker():
-            for batch in batches:
-                if errors:
-                    return
-                try:
-                    yield self._create_or_update_batch([item for _k, item, _s in batch],
-                                                       outcome)
-                except Exception:
-                    errors.append(Failure())
-                    return
-
-        # Every worker finishes (or stops at the first error) before this call
-        # returns, so a retry with the same outcome never races a leftover batch.
-        yield defer.DeferredList([worker() for _ in range(in_flight or self.parallel_batches)])
-        if errors:
-            errors[0].raiseException()
-
-    @inlineCallbacks
-    def _create_or_update_batch(self, items, outcome):
-        """Write one batch in rounds of one transaction each.
-
-        A round writes its plan guarded by compares (key absent for creates; key
-        present and stored rv lower for updates). If a guard fails nothing is written,
-        and a read of the batch's keys and mirror rvs (one transaction, no disk sync)
-        gives the next round's plan. The first round assumes every key is absent, so
-        a first upload into an empty pool costs one request per batch and a repeated
-        upload a failed write and a read per batch. The reads are not the write's
-        failure branch: carried by every write, they cost etcd and the agent as much
-        CPU again as the compares (their operations are parsed and encoded whether
-        the guard holds or not), for a first upload that never uses them.
-        """
-        plan = [("created", item) for item in items]
-        derived_from_reads = False
-        for _round in range(_MAX_CONFLICT_ROUNDS):
-            compares, writes, previous_doubt = [], [], {}
-            for kind, item in plan:
-                if kind == "created":
-                    compares.append(etcdtx.key_absent(item.path_bytes))
-                else:
-                    compares.append(etcdtx.key_present(item.path_bytes))
-                    compares.append(etcdtx.value_below(item.mirror_bytes, item.rv_bytes))
-                writes.extend(self._put_ops(item))
-                previous_doubt[item.path] = outcome.in_doubt.get(item.path)
-                # Until etcd answers, this write may or may not land.
-                outcome.in_doubt[item.path] = (kind, item.rv)
-            try:
-                result = yield self._submit("write_rv", etcdtx.transaction(
-                    compare=compares, success=writes), raise_on_failure=False)
-            except EtcdError as error:
-                if error.maybe_applied:
-                    # As for lists: a write cancelled or cut off in flight may have
-                    # landed, and a caller that gives up now (a role change cancels an
-                    # upload) never settles its doubt. Owning a key that does not exist
-                    # costs one useless delete later; forgetting one that does would
-                    # leave it in the pool for good.
-                    self._remember_keys([item for _kind, item in plan])
-                raise
-            if result.succeeded:
-                for kind, item in plan:
-                    outcome._decide(outcome.created if kind == "created" else outcome.updated,
-                                    item.path)
-                self._remember_keys([item for _kind, item in plan])
-                return
-            # Nothing of this round was written: forget its doubts, keep older ones.
-            for path, doubt in previous_doubt.items():
-                if doubt is None:
-                    outcome.in_doubt.pop(path, None)
-                else:
-                    outcome.in_doubt[path] = doubt
-            if derived_from_reads:
-                self.lost_races += 1
-                self.log.debug("pool store batch of {count} lost a race, planning again",
-                               count=len(plan))
-            planned_items = [item for _kind, item in plan]
-            reads = []
-            for item in planned_items:
-                reads.append(etcdtx.get(item.path_bytes, keys_only=True))
-                reads.append(etcdtx.get(item.mirror_bytes))
-            stored = yield self._submit("read_rv", etcdtx.transaction(success=reads))
-            results = etcdtx.range_results(stored.responses, 2 * len(planned_items))
-            plan = []
-            for index, item in enumerate(planned_items):
-                key_kvs = results[2 * index]
-                mirror_kvs = results[2 * index + 1]
-                stored_rv = _rv_or_none(mirror_kvs[0].value) if mirror_kvs else None
-                if not key_kvs:
-                    plan.append(("created", item))
-                elif stored_rv is not None and stored_rv < item.rv:
-                    plan.append(("updated", item))
-                else:
-                    self._settle_not_newer(item, stored_rv, outcome)
-            if not plan:
-                return
-            derived_from_reads = True
-        raise ConflictRetriesExhausted(
-            f"{len(plan)} keys kept changing under {_MAX_CONFLICT_ROUNDS} rounds")
-
-    def _settle_not_newer(self, item, stored_rv, outcome):
-        doubt = outcome.in_doubt.get(item.path)
-        if doubt is not None and stored_rv == item.rv:
-            # Our earlier write landed although its answer was lost.
-            kind, _rv = doubt
-            outcome._decide(outcome.created if kind == "created" else outcome.updated,
-                            item.path)
-            self._remember_keys([item])
-            return
-        outcome._decide(outcome.not_newer, item.path)
-        if stored_rv is not None:
-            # The component holds this object too; remember it so that its cleanup and
-            # a re-upload after a crash know the key.
-            self._remember_keys([item])
-
-    def _remember_keys(self, items):
-        by_owner: dict[tuple[str, ResourceId], List[str]] = {}
-        for item in items:
-            by_owner.setdefault((item.key.component, item.key.resource), []).append(item.path)
-        for (component, resource), paths in by_owner.items():
-            self.key_cache.add(component, resource, paths)
 
     # -- transaction building -----------------------------------------------------------
 
@@ -941,38 +671,12 @@ class PoolStore:
             raise TypeError(f"object value must be bytes, got {type(value).__name__}")
         if rv is None:
             _name, _namespace, rv = object_metadata(value)
-        return _Item(key, value, int(rv))
+        return WriteItem(key, value, int(rv))
 
     def _check_size(self, item):
         if item.size > self._byte_budget:
             raise ObjectTooLarge(item.path, item.size, self._byte_budget)
 
-    @staticmethod
-    def _put_ops(item):
-        return [etcdtx.put(item.path_bytes, item.value),
-                etcdtx.put(item.mirror_bytes, item.rv_bytes)]
-
-    @staticmethod
-    def _delete_ops(path):
-        return [etcdtx.delete(path.encode("utf-8")),
-                etcdtx.delete(mirror_rv_key(path).encode("utf-8"))]
-
-    def _batches(self, entries, ops_per_entry):
-        """Group ``(kind, what, size)`` entries so each group fits max_ops and max_bytes."""
-        per_batch = max(1, self.max_ops // ops_per_entry)
-        budget = self._byte_budget
-        batch: List[Any] = []
-        size = 0
-        for entry in entries:
-
-            entry_size = entry[2]
-            if batch and (len(batch) >= per_batch or size + entry_size > budget):
-                yield batch
-                batch, size = [], 0
-            batch.append(entry)
-            size += entry_size
-        if batch:
-            yield batch
 
 
 @inlineCallbacks
@@ -1004,13 +708,6 @@ def open_pool_store(reactor: Any, etcd_client: Any, prefix: str, local_cache_dir
         yield store.close()
         raise
     return store.start()
-
-
-def _rv_or_none(value):
-    try:
-        return parse_rv(value)
-    except (ValueError, UnicodeDecodeError, TypeError, AttributeError):
-        return None
 
 
 __all__ = [
