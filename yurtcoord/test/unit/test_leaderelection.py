@@ -637,7 +637,9 @@ class StopTests(ElectionTestCase):
         answer must not make the stopped elector lead."""
         pending = []
 
-        class StubbornClient:
+        class StubbornClient(FakeKube):
+            """A lease API whose reads ignore cancellation; the rest is FakeKube's."""
+
             def get(self, gvr, name, namespace=None):
                 # ``answer`` fires whenever the test says; cancelling the returned
                 # Deferred does not reach it.
@@ -649,7 +651,9 @@ class StopTests(ElectionTestCase):
                 return returned
 
         recorder = Recorder(self.clock)
-        elector = LeaderElector(self.clock, StubbornClient(), make_config(),
+        client = StubbornClient()
+        verifyObject(IObjectClient, client)
+        elector = LeaderElector(self.clock, client, make_config(),
                                 on_started_leading=recorder.started,
                                 on_stopped_leading=recorder.stopped,
                                 on_new_leader=recorder.new_leader)
