@@ -606,7 +606,14 @@ class HeartbeatDelegation:
         if name not in self._nodes:
             self._not_in_pool(key, name, state)
             return
-        self._machine(key).queue(Heartbeat(state.lease, state.seen, self._reactor.seconds()))
+        ready = Heartbeat(state.lease, state.seen, self._reactor.seconds())
+        lease = self._leases.get(key)
+        if lease is None and self._forwarding.slots.take_free_slot():
+            lease = self._leases[key] = delegated_lease(key, self._forwarding,
+                                                        self._retry_policy)
+            lease.write(ready)
+        else:
+            self._machine(key).queue(ready)
 
     def _wait(self, key: str, state: Heartbeat) -> None:
         """Keep ``state`` till the Nodes are listed: the newest state per lease, of at

@@ -63,6 +63,15 @@ class ChainSlots:
     def ended(self) -> None:
         self.in_flight -= 1
 
+    def take_free_slot(self) -> bool:
+        """Take a slot for a chain to start at once, when one is free and no lease
+        waits for one (a renewal of a lease that held nothing, the common case, then
+        skips the queue)."""
+        if self._ready or self.in_flight >= self._limit():
+            return False
+        self.in_flight += 1
+        return True
+
     def start_chains(self) -> None:
         """Start the chains of the leases first ready while slots are free."""
         if self._starting:

@@ -153,20 +153,25 @@ class DelegatedLease(Protocol):
         """The term ends: cancel what the lease holds; the Deferred of a chain
         cancelled, if one ran."""
 
-    def _ended(self, result: Any) -> None:
-        """The running chain ended with ``result``."""
+    def write(self, heartbeat: Heartbeat) -> None:
+        """A state of a pool member, with a slot taken for it already: its chain
+        starts now (a lease that held nothing, when no other lease waits)."""
 
-    def _rest(self, report: Callable[[], None]) -> None:
-        """After a chain: nothing more to write; then ``report`` its outcome."""
+    def _succeeded(self, result: Any) -> None:
+        """The chain succeeded with ``result``, nothing seen meanwhile."""
 
-    def _again(self, heartbeat: Heartbeat, report: Callable[[], None]) -> None:
-        """``heartbeat`` waits for a slot (after a chain that succeeded with a newer
-        state pending, or a backoff); then ``report`` the chain's outcome."""
+    def _succeeded_pending(self, heartbeat: Heartbeat, result: Any) -> None:
+        """The chain succeeded; ``heartbeat``, seen meanwhile, waits for a slot."""
 
-    def _back_off(self, heartbeat: Heartbeat, delay: float,
-                  report: Callable[[], None]) -> None:
-        """After a chain that failed: ``heartbeat`` is retried after ``delay``; then
-        ``report`` the outcome."""
+    def _failed(self, heartbeat: Heartbeat, delay: float, result: Failure) -> None:
+        """The chain failed; ``heartbeat`` (the newest state to write) is retried
+        after ``delay``."""
+
+    def _failed_forgotten(self, delay: float, result: Failure) -> None:
+        """The chain failed after the lease was forgotten: nothing is retried."""
+
+    def _again(self, heartbeat: Heartbeat) -> None:
+        """The backoff is over: ``heartbeat`` waits for a slot."""
 
     def _park(self, heartbeat: Heartbeat) -> None:
         """The read confirmed the Node: ``heartbeat`` is parked until it is delivered."""
@@ -229,10 +234,6 @@ class Backoff:
     timer: IDelayedCall
 
 
-def _nothing() -> None:
-    return None
-
-
 # The data factories: each gets the arguments of the input entering its state.
 
 def _kept(lease: DelegatedLease, core: LeaseCore, heartbeat: Heartbeat) -> Kept:
@@ -245,7 +246,7 @@ def _reading(lease: DelegatedLease, core: LeaseCore, heartbeat: Heartbeat,
 
 
 def _ready(lease: DelegatedLease, core: LeaseCore, heartbeat: Heartbeat,
-           report: Callable[[], None] = _nothing) -> Ready:
+           result: Any = None) -> Ready:
     ready = Ready(heartbeat)
     core.chains.enqueue(lease, ready)
     return ready
@@ -258,7 +259,7 @@ def _chain(lease: DelegatedLease, core: LeaseCore, heartbeat: Heartbeat) -> Chai
     def ended(result: Any) -> None:
         if chain.live:
             chain.live = False
-            lease._ended(result)
+            _end(lease, core, chain, result)
             # After the lease moved on (unless it is starting this very chain: then
             # the loop starting chains goes on once it has).
             core.chains.start_chains()
@@ -268,8 +269,28 @@ def _chain(lease: DelegatedLease, core: LeaseCore, heartbeat: Heartbeat) -> Chai
     return chain
 
 
+def _end(lease: DelegatedLease, core: LeaseCore, chain: Chain, result: Any) -> None:
+    """Tell the lease how its chain ended, by what the chain holds: a newer state
+    pending, and whether a failure is retried (a machine's input names its next
+    state, so the chain's data picks the input)."""
+    if not isinstance(result, Failure):
+        if chain.pending is None:
+            lease._succeeded(result)
+        else:
+            lease._succeeded_pending(chain.pending, result)
+        return
+    delay = core.policy(core.failures + 1)
+    retried = chain.heartbeat if chain.retry else None
+    if chain.pending is not None:
+        retried = chain.pending if retried is None else newest(retried, chain.pending)
+    if retried is None:
+        lease._failed_forgotten(delay, result)
+    else:
+        lease._failed(retried, delay, result)
+
+
 def _backing_off(lease: DelegatedLease, core: LeaseCore, heartbeat: Heartbeat,
-                 delay: float, report: Callable[[], None]) -> Backoff:
+                 delay: float, result: Failure) -> Backoff:
     return Backoff(heartbeat, core.chains.clock.callLater(delay, core.chains.retry, lease))
 
 
@@ -424,6 +445,7 @@ def _cancel_read(core: LeaseCore, read: Read) -> None:
 # -- writing to the cloud -----------------------------------------------------------------
 
 Idle.upon(DelegatedLease.queue).to(ReadyToWrite).returns(None)
+Idle.upon(DelegatedLease.write).to(Writing).returns(None)
 
 
 @ReadyToWrite.upon(DelegatedLease.queue).loop()
@@ -465,57 +487,48 @@ def _forget_writing(lease: DelegatedLease, core: LeaseCore, chain: Chain) -> Non
     chain.retry = False
 
 
-@Writing.upon(DelegatedLease._ended).loop()
-def _ended(lease: DelegatedLease, core: LeaseCore, chain: Chain, result: Any) -> None:
-    """The chain ended: the lease moves on (rests, writes the state pending, or backs
-    off), and once it is there the outcome is reported, so that whoever hears of it
-    finds the lease where it belongs."""
-    core.chains.chain_ended()
-    if not isinstance(result, Failure):
-        failures, core.failures = core.failures, 0
+# The chain's end: the lease moves on (rests, waits for a slot, or backs off), and
+# once it is there the outcome is reported, so that whoever hears of it finds the
+# lease where it belongs.
 
-        def report() -> None:
-            _report(core, core.chains.written, core.key, chain.heartbeat, result, failures)
-
-        if chain.pending is not None:
-            lease._again(chain.pending, report)
-        else:
-            lease._rest(report)
-        return
-    core.failures += 1
-    delay = core.policy(core.failures)
-    failed = core.failures
-
-    def report_failure() -> None:
-        _report(core, core.chains.failed, core.key, chain.heartbeat, result, failed, delay)
-
-    retried = chain.heartbeat if chain.retry else None
-    if chain.pending is not None:
-        retried = chain.pending if retried is None else newest(retried, chain.pending)
-    if retried is not None:
-        lease._back_off(retried, delay, report_failure)
-    else:
-        lease._rest(report_failure)
-
-
-@Writing.upon(DelegatedLease._rest).to(Idle)
-def _rest(lease: DelegatedLease, core: LeaseCore, chain: Chain,
-          report: Callable[[], None]) -> None:
+@Writing.upon(DelegatedLease._succeeded).to(Idle)
+def _succeeded(lease: DelegatedLease, core: LeaseCore, chain: Chain, result: Any) -> None:
+    failures = _succeeded_chain(core)
     core.chains.released(core.key, lease)
-    report()
+    _report(core, core.chains.written, core.key, chain.heartbeat, result, failures)
 
 
-@Writing.upon(DelegatedLease._again, nodata=True).to(ReadyToWrite)
-@BackingOff.upon(DelegatedLease._again, nodata=True).to(ReadyToWrite)
-def _again(lease: DelegatedLease, core: LeaseCore, heartbeat: Heartbeat,
-           report: Callable[[], None]) -> None:
-    report()
+@Writing.upon(DelegatedLease._succeeded_pending).to(ReadyToWrite)
+def _succeeded_pending(lease: DelegatedLease, core: LeaseCore, chain: Chain,
+                       heartbeat: Heartbeat, result: Any) -> None:
+    failures = _succeeded_chain(core)
+    _report(core, core.chains.written, core.key, chain.heartbeat, result, failures)
 
 
-@Writing.upon(DelegatedLease._back_off).to(BackingOff)
-def _back_off(lease: DelegatedLease, core: LeaseCore, chain: Chain, heartbeat: Heartbeat,
-              delay: float, report: Callable[[], None]) -> None:
-    report()
+@Writing.upon(DelegatedLease._failed).to(BackingOff)
+def _failed(lease: DelegatedLease, core: LeaseCore, chain: Chain, heartbeat: Heartbeat,
+            delay: float, result: Failure) -> None:
+    _failed_chain(core, chain, delay, result)
+
+
+@Writing.upon(DelegatedLease._failed_forgotten).to(Idle)
+def _failed_forgotten(lease: DelegatedLease, core: LeaseCore, chain: Chain, delay: float,
+                      result: Failure) -> None:
+    core.chains.released(core.key, lease)
+    _failed_chain(core, chain, delay, result)
+
+
+def _succeeded_chain(core: LeaseCore) -> int:
+    """The failures just before this success; the count starts afresh."""
+    core.chains.chain_ended()
+    failures, core.failures = core.failures, 0
+    return failures
+
+
+def _failed_chain(core: LeaseCore, chain: Chain, delay: float, result: Failure) -> None:
+    core.chains.chain_ended()
+    core.failures += 1
+    _report(core, core.chains.failed, core.key, chain.heartbeat, result, core.failures, delay)
 
 
 @Writing.upon(DelegatedLease.stop).to(Stopped)
@@ -540,7 +553,10 @@ def _merge_backing_off(lease: DelegatedLease, core: LeaseCore, backoff: Backoff,
 
 @BackingOff.upon(DelegatedLease.retry_due).loop()
 def _retry_due(lease: DelegatedLease, core: LeaseCore, backoff: Backoff) -> None:
-    lease._again(backoff.heartbeat, _nothing)
+    lease._again(backoff.heartbeat)
+
+
+BackingOff.upon(DelegatedLease._again, nodata=True).to(ReadyToWrite).returns(None)
 
 
 @BackingOff.upon(DelegatedLease.refuse).to(Idle)

@@ -97,9 +97,17 @@ class LeaseMachineTests(unittest.TestCase):
     # -- Idle ----------------------------------------------------------------------
 
     def test_idle_takes_only_the_inputs_that_give_it_something_to_hold(self):
-        self.illegal(("take", ()), ("delivered", ()), ("not_member", (heartbeat(1),)),
+        self.illegal(("take", ()), ("retry_due", ()), ("delivered", ()), ("not_member", (heartbeat(1),)),
                      ("confirmed", ()), ("answered", ()), ("start", (heartbeat(1),)),
                      ("refuse", ()), ("drop", ()), ("retry_due", ()), ("stop", ()))
+
+    def test_a_lease_that_held_nothing_writes_at_once_when_given_a_slot(self):
+        self.lease.write(heartbeat(1))
+        self.assertEqual([(key, hb.seen) for key, hb, _d in self.chains.writes], [(KEY, 1)])
+        self.assertEqual(self.chains.ready, [])
+        self.illegal(("write", (heartbeat(2),)))
+        self.chains.writes[0][2].callback(("updated", None))
+        self.assertEqual(self.chains.released_keys, [KEY])
 
     # -- Waiting -------------------------------------------------------------------
 
@@ -187,7 +195,8 @@ class LeaseMachineTests(unittest.TestCase):
         self.assertEqual((ready.heartbeat.seen, ready.heartbeat.since), (2, 0.5))
         self.assertIsNone(self.lease.delivered())
         self.illegal(("wait", (heartbeat(3),)), ("read", (heartbeat(3), defer.Deferred())),
-                     ("retry_due", ()), ("not_member", (heartbeat(3),)))
+                     ("retry_due", ()), ("not_member", (heartbeat(3),)),
+                     ("write", (heartbeat(3),)))
         self.lease.start(ready.heartbeat)
         self.assertFalse(ready.queued)
         self.assertEqual([(key, hb.seen) for key, hb, _d in self.chains.writes], [(KEY, 2)])
@@ -235,7 +244,8 @@ class LeaseMachineTests(unittest.TestCase):
         self.lease.queue(heartbeat(3))
         self.assertIsNone(self.lease.delivered())
         self.illegal(("start", (heartbeat(3),)), ("read", (heartbeat(3), defer.Deferred())),
-                     ("wait", (heartbeat(3),)), ("not_member", (heartbeat(3),)))
+                     ("wait", (heartbeat(3),)), ("not_member", (heartbeat(3),)),
+                     ("write", (heartbeat(3),)))
         self.chains.clock.advance(1.0)
         self.assertEqual(self.chains.retried, [1.0])
         self.assertEqual(self.chains.ready[-1].heartbeat.seen, 3)
@@ -332,3 +342,16 @@ class ChainSlotsTests(unittest.TestCase):
         self.assertEqual(slots.in_flight, 1)
         slots.clear()
         self.assertEqual(slots.in_flight, 0)
+
+    def test_a_free_slot_is_taken_at_once_only_when_no_lease_waits(self):
+        slots = ChainSlots(lambda: 1)
+        self.assertTrue(slots.take_free_slot())
+        self.assertFalse(slots.take_free_slot())  # the bound
+        slots.ended()
+        chains = RecordingChains()
+        lease = delegated_lease(KEY, chains, POLICY)
+        lease.queue(heartbeat(1))
+        slots.enqueue(lease, chains.ready[0])
+        self.assertFalse(slots.take_free_slot())  # a lease waits: it goes first
+        slots.start_chains()
+        self.assertEqual(slots.in_flight, 1)
