@@ -13,7 +13,8 @@ reported in the table.
 The full run takes about 20 minutes on a 2-core machine (the two poolscale runs take
 about 2 minutes each); ``--quick`` (one round, short windows, a 20k-object pool, about
 5 minutes) is a smoke run and by default writes bench/RESULTS-quick.md rather than
-bench/RESULTS.md.
+bench/RESULTS.md. poolsize (pools of 5, 20 and 40 agent processes, about 10 minutes)
+runs only when named, ``--only poolsize``; other runs keep its rows.
 """
 
 import argparse
@@ -38,8 +39,11 @@ sys.path.insert(0, REPO)
 class Benchmark:
     """One benchmark script and its settings for a full and for a quick run."""
 
-    def __init__(self, name, script, full, quick, timeout, method, needs_etcd=None):
+    def __init__(self, name, script, full, quick, timeout, method, needs_etcd=None,
+                 opt_in=False):
         self.name = name
+        # Run only when named with --only (too long for every run).
+        self.opt_in = opt_in
         self.script = script
         self.full = full
         self.quick = quick
@@ -319,6 +323,26 @@ def per_etcd_version(name, script, full, quick, timeout, method):
             for version in ("3.5", "3.4")]
 
 
+METHOD_POOLSIZE = """\
+Pools of {sizes_text} agents, one after the other, each agent a separate `twistd -n yurtcoord`
+process with its own stand-in kubelet and {pods} pods in its local cache, at the
+configuration defaults of every timing (leader election 15 s / 10 s / 2 s / 5 s,
+heartbeat every 10 s, informer sync lease every 10 s), a real etcd, the cloud and
+coordinator API test servers in the bench process (`ProcessWorld`; the coordinator
+apiserver keeps its objects in the pool etcd), loopback only; agents started 5 at a
+time. Once one leads, all follow it and are ready and every pod is uploaded, {settle:g} s
+to settle, then a {window:g} s window: cloud and coordinator requests from the test
+servers' request logs, pool etcd requests from etcd's own `grpc_server_started_total`
+(its /metrics; the agents' gateway calls and the coordinator apiserver's reads and
+writes are all gRPC calls there), per second and per agent (pool total / N); RSS
+(`VmRSS`) at the window's end and idle CPU (utime + stime of `/proc/<pid>/stat` over the
+window, % of one core) of each agent process. Then the leader is SIGKILLed and the
+coordinator's election lease read every 50 ms until another agent holds it (the
+takeover), and the agents' /status until all follow it and are ready. The machine is
+shared: CPU figures move with the load average shown in each row; request rates, RSS
+and the takeover hardly do. docs/capacity.md models a pool of N nodes from these rows.
+"""
+
 METHOD_POOLPAGE = """\
 The cloud and coordinator Kubernetes API test servers (real sockets, loopback) with
 1,000 pool Nodes and their node leases, and a load generator asking `/pool` 200 times a
@@ -377,6 +401,10 @@ BENCHMARKS = [
               ["--objects", "5000", "--window", "60", "--runs", "3"],
               ["--objects", "5000", "--window", "15", "--settle", "5", "--runs", "1"],
               900, METHOD_FOOTPRINT),
+    # Pools of 5, 20 and 40 agent processes: about 10 minutes, so only with --only.
+    Benchmark("poolsize", "poolsize.py", ["--sizes", "5", "20", "40"],
+              ["--sizes", "5", "--window", "20", "--settle", "10"], 1800, METHOD_POOLSIZE,
+              opt_in=True),
     # 200 req/s to /pool on a 1,000-member pool for 10 s.
     Benchmark("poolpage", "poolpage.py",
               ["--members", "1000", "--rate", "200", "--seconds", "10"],
@@ -676,14 +704,15 @@ def main(argv):
     if options.only:
         selected = [b for b in BENCHMARKS if b.name in options.only]
     else:
-        selected = [b for b in BENCHMARKS if b.name not in (options.keep or ())]
+        selected = [b for b in BENCHMARKS
+                    if b.name not in (options.keep or ()) and not b.opt_in]
     previous = Previous.read(output)
     kept = {}
     for benchmark in BENCHMARKS:
         if benchmark in selected:
             continue
         kept[benchmark.name] = previous.kept(benchmark, options.quick)
-        if kept[benchmark.name] is None and options.keep:
+        if kept[benchmark.name] is None and benchmark.name in (options.keep or ()):
             parser.error(f"{output} has no result of {benchmark.name} with this run's "
                          "settings to keep")
 
