@@ -7,7 +7,9 @@ can check "the stored object is older" inside a transaction compare.
 Consistency rules:
 
 - every change touching several keys goes to etcd as transactions, split into batches
-  of at most ``max_ops`` operations and ``max_bytes`` of request (etcd's limits);
+  within etcd's limits, and an older object never overwrites a newer one: every write
+  of an object is guarded by compares on the mirror keys
+  (``yurtcoord.pool.guardedwrites``);
 - the component key cache is changed only after etcd accepted a batch, and written to
   disk at the end of each store operation, whether it succeeded or not, so file,
   memory and etcd agree after a failure (a rejected batch leaves the cache as etcd
@@ -15,32 +17,14 @@ Consistency rules:
   making a stream of small operations (pool sync draining watch events) passes
   ``flush_key_cache=False`` and calls ``flush_key_cache_soon()`` after each batch, which
   writes the file at most once per ``key_cache_flush_interval``;
-- an older object never overwrites a newer one: every write of an object (create,
-  update, create-or-update, and the puts of a list replace) is guarded by compares on
-  the mirror keys, so concurrent writers (several agents uploading the same objects,
-  pool sync writing a list while a watch event landed) cannot regress a value;
-- an object is never stored empty, and every key belongs to a named component.
+- an object is never stored empty, and every key belongs to a named component, which
+  the key cache records (``yurtcoord.pool.storereads`` says how the pool-scoped
+  component's keys are rebuilt from etcd).
 
-Which component owns a key: etcd records no owner. A key's path names the object, not
-who wrote it, and several writers may hold the same object (pool sync mirrors
-endpointslices from the cloud, kube-proxy's cached endpointslices are uploaded from
-each node). Ownership is kept in the node's component key cache file; only the
-pool-scoped component (``leader-yurthub``) is rebuilt from etcd, because another node
-may have been leader since this node wrote its file. The rebuild
-(``recover_pool_scoped_keys``) adopts every key under the pool-scoped prefixes except
-the keys this node's file records for another component: those stay theirs, and
-neither the rebuild nor pool sync's cleanup at start deletes them. When the file is
-missing, etcd alone cannot tell the writers apart, so every key under the prefixes is
-adopted; an object another component uploaded there and pool sync then deletes is
-written again by pool sync's first list if the cloud still holds it, and by that
-component's next upload otherwise. Keys under a pool-scoped prefix that are not UTF-8
-(any pool member can write one) name no object the store could have written: they are
-skipped, counted (``yurtcoord_pool_store_undecodable_keys_total``) and logged once per
-rebuild, never adopted and never fatal.
-
-The store's other jobs live beside it: its health checks, which expose ``healthy``
-and tell observers when etcd comes and goes (``yurtcoord.pool.storehealth``), and the
-writes of the key cache file at most once per interval (``yurtcoord.pool.keycacheflush``).
+The store's other jobs live beside it: its reads (``yurtcoord.pool.storereads``), its
+health checks, which expose ``healthy`` and tell observers when etcd comes and goes
+(``yurtcoord.pool.storehealth``), and the writes of the key cache file at most once per
+interval (``yurtcoord.pool.keycacheflush``).
 """
 
 import functools
@@ -55,7 +39,6 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
-from yurtcoord.etcd.client import prefix_range_end
 from yurtcoord.etcd.errors import TransactionFailed
 from yurtcoord.etcd import transactions as etcdtx
 from yurtcoord.kube.gvr import GroupVersionResource
@@ -63,7 +46,7 @@ from yurtcoord.pool.interfaces import IPoolStore
 from yurtcoord.pool.keycache import POOL_SCOPED_COMPONENT, ComponentKeyCache
 from yurtcoord.pool.keycacheflush import key_cache_flusher
 from yurtcoord.pool.keys import (
-    InvalidKey, KeyBuildInfo, PoolKey, PoolKeyBuilder, ResourceId, ResourceLike, mirror_rv_key,
+    InvalidKey, KeyBuildInfo, PoolKey, PoolKeyBuilder, ResourceId, ResourceLike,
 )
 from yurtcoord.pool.guardedwrites import GuardedWriter, Steps, delete_ops, put_ops
 from yurtcoord.pool.storeobjects import (
@@ -71,15 +54,13 @@ from yurtcoord.pool.storeobjects import (
     UpdateConflict, WriteItem, WriteOutcome, metadata_of, object_metadata, rv_or_none,
 )
 from yurtcoord.pool.storehealth import UNREACHABLE_AFTER_CHECKS, StoreHealth
+from yurtcoord.pool.storereads import StoreReader
 from yurtcoord.tx.guardedloop import ILoopErrors
 
 DEFAULT_MAX_OPS = 128
 # Seconds between two writes of the key cache file by ``flush_key_cache_soon``.
 DEFAULT_KEY_CACHE_FLUSH_INTERVAL = 1.0
 DEFAULT_MAX_BYTES = 1536 * 1024
-_LIST_PAGE_SIZE = 1000
-# Characters of an undecodable key shown in the log line that reports it.
-_KEY_EXAMPLE_CHARS = 200
 
 _P = ParamSpec("_P")
 # An object key: a PoolKey, or its path.
@@ -167,6 +148,7 @@ class PoolStore:
         # the checks that raised.
         self.health = StoreHealth(reactor, etcd_client, self.keys.prefix, health_interval,
                                   health_timeout, ILoopErrors(metrics, None))
+        self._reader = StoreReader(etcd_client, self._timed, self.keys, metrics)
         self.closed = False
         self.key_cache_flush_interval = key_cache_flush_interval
         self._key_cache_flusher = key_cache_flusher(reactor, key_cache,
@@ -355,74 +337,28 @@ class PoolStore:
         d.addCallback(kind)
         return d
 
-    @_returns_deferred
-    @inlineCallbacks
-    def get(self, key: Key) -> Steps:
-        """The stored bytes at ``key`` (PoolKey or path); KeyNotFound if absent."""
-        path = _as_path(key)
-        kv = yield self._timed("get", self.etcd.get(path.encode("utf-8")))
-        if kv is None:
-            raise KeyNotFound(path)
-        return kv.value
+    # -- reads (yurtcoord.pool.storereads) ---------------------------------------------
 
     @_returns_deferred
-    @inlineCallbacks
-    def get_resource_version(self, key: Key) -> Steps:
+    def get(self, key: Key) -> defer.Deferred[bytes]:
+        """The stored bytes at ``key`` (PoolKey or path); KeyNotFound if absent."""
+        return self._reader.get(_as_path(key))
+
+    @_returns_deferred
+    def get_resource_version(self, key: Key) -> defer.Deferred[int | None]:
         """The stored mirror resourceVersion of ``key``, or None."""
-        kv = yield self._timed("get", self.etcd.get(mirror_rv_key(_as_path(key)).encode()))
-        return rv_or_none(kv.value) if kv is not None else None
+        return self._reader.get_resource_version(_as_path(key))
 
     @_returns_deferred
     def list(self, prefix: str) -> defer.Deferred[List[bytes]]:
         """Values of every object under ``prefix`` (which must end in ``/``), by key order."""
-        d = self._range_all(self._checked_prefix(prefix), keys_only=False)
-        d.addCallback(lambda kvs: [kv.value for kv in kvs])
-        return d
+        return self._reader.list(prefix)
 
     @_returns_deferred
     def list_keys(self, prefix: str) -> defer.Deferred[List[str]]:
         """Key paths under ``prefix`` (which must end in ``/``), in key order; keys that
         are not UTF-8 are left out (reported as in ``recover_pool_scoped_keys``)."""
-        d = self._range_all(self._checked_prefix(prefix), keys_only=True)
-
-        def paths(kvs):
-            found, undecodable = [], []
-            for kv in kvs:
-                try:
-                    found.append(kv.key.decode("utf-8"))
-                except UnicodeDecodeError:
-                    undecodable.append(kv.key)
-            if undecodable:
-                self._report_undecodable(undecodable, prefix)
-            return found
-
-        d.addCallback(paths)
-        return d
-
-    @staticmethod
-    def _checked_prefix(prefix):
-        prefix = str(prefix)
-        if not prefix.endswith("/"):
-            # Without it "pods" would match "podsecuritypolicy" and "default" "default-2".
-            raise ValueError(f"list prefix must end with '/': {prefix!r}")
-        return prefix
-
-    @inlineCallbacks
-    def _range_all(self, prefix, keys_only):
-        """Every KeyValue under a prefix, page by page at one revision."""
-        start = prefix.encode("utf-8")
-        end = prefix_range_end(start)
-        revision = None
-        found = []
-        while True:
-            page = yield self._timed("list", self.etcd.range_page(
-                etcdtx.key_range(start, end), keys_only=keys_only,
-                limit=_LIST_PAGE_SIZE, revision=revision))
-            revision = revision or page.revision
-            found.extend(page.kvs)
-            if not page.more or not page.kvs:
-                return found
-            start = page.kvs[-1].key + b"\x00"
+        return self._reader.list_keys(prefix)
 
     @_returns_deferred
     @inlineCallbacks
@@ -573,47 +509,19 @@ class PoolStore:
 
         Every key under the resources' prefixes is adopted except those the key cache
         records for another component, and those that are not UTF-8 (skipped, counted
-        and logged once); see the module docstring for why.
+        and logged once); see ``yurtcoord.pool.storereads`` for why.
         """
         others = set()
         for other in self.key_cache.components():
             if other != component:
                 others.update(self.key_cache.keys(other))
-        rebuilt, left, undecodable = {}, 0, []
-        for gvr in resources:
-            resource = ResourceId.of(gvr)
-            prefix = self.keys.list_prefix(resource.group, resource.resource)
-            kvs = yield self._range_all(prefix, keys_only=True)
-            paths = set()
-            for kv in kvs:
-                try:
-                    path = kv.key.decode("utf-8")
-                except UnicodeDecodeError:
-                    undecodable.append(kv.key)
-                    continue
-                if path in others:
-                    left += 1
-                else:
-                    paths.add(path)
-            rebuilt[resource] = paths
-        if undecodable:
-            self._report_undecodable(undecodable, "pool-scoped prefixes")
+        rebuilt, left = yield self._reader.keys_under(resources, others)
         self.key_cache.set_component(component, rebuilt)
         self._flush_cache(None)
         self.log.info("rebuilt keys of {component} from etcd: {count} keys, {left} keys "
                       "of other components left to them", component=component,
                       count=sum(len(k) for k in rebuilt.values()), left=left)
         return rebuilt
-
-    def _report_undecodable(self, keys, where):
-        example = keys[0].decode("utf-8", "backslashreplace")
-        if len(example) > _KEY_EXAMPLE_CHARS:
-            example = example[:_KEY_EXAMPLE_CHARS] + "..."
-        self.log.warn("pool etcd holds {count} keys under {where} that are not UTF-8, "
-                      "skipped: for example {example}", count=len(keys), where=where,
-                      example=example)
-        if self.metrics is not None:
-            self.metrics.count_undecodable_keys(len(keys))
 
     # -- create or update many by resourceVersion --------------------------------------
 
