@@ -151,8 +151,9 @@ class LeaderElectionConfig:
 
 
 class _Phase(enum.Enum):
-    """What ``running`` and ``is_leader`` read: each state of ``_ELECTION`` sets it
-    as it is entered."""
+    """What ``running`` and ``is_leader`` read, coarser than the states of
+    ``_ELECTION``: entering waiting makes it candidate, entering leading leader, and
+    a stop stopped (trying and renewing keep the phase they come from)."""
 
     STOPPED = "stopped"      # stopped, or a stop is releasing the lease
     CANDIDATE = "candidate"  # waiting for the next attempt, or one is in flight
