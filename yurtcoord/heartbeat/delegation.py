@@ -242,7 +242,6 @@ class HeartbeatDelegation:
         self._make_node_informer = make_node_informer
         self._node_client = node_client
         self.pool = pool
-        self.heartbeat_interval = heartbeat_interval
         self._retry_policy = retry_policy
         self._informer: Optional[IInformer] = None
         self._node_informer: Optional[IInformer] = None
@@ -314,6 +313,11 @@ class HeartbeatDelegation:
         delegation = cls(reactor, make_informer, make_node_informer, cloud_reader,
                          cloud_health.pick_healthy_server, cloud_client_for, pool, **options)
         return delegation
+
+    @property
+    def heartbeat_interval(self) -> float:
+        """A state seen longer ago (seconds) is not written any more."""
+        return self._forwarding.heartbeat_interval
 
     @property
     def lease_duration_seconds(self) -> int:
