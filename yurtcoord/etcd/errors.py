@@ -7,7 +7,7 @@ operations, invalid): retrying the same request will not help. ``BadResponse`` m
 whatever answered did not speak the etcd gateway's JSON.
 """
 
-from yurtcoord.kube.tls import TLSConfigError
+from yurtcoord.tx.tlsreload import TLSConfigError
 
 __all__ = ["EtcdError", "EtcdUnavailable", "NoLeader", "EtcdTimeout", "RequestCancelled",
            "ClientClosed", "TLSConfigError", "EtcdTLSConfigError", "BadResponse",
@@ -72,7 +72,7 @@ class ClientClosed(EtcdError):
 
 class EtcdTLSConfigError(EtcdUnavailable, TLSConfigError):
     """The CA, certificate or key files of the etcd client could not be read or
-    parsed: the one ``TLSConfigError`` (``yurtcoord.kube.tls``), and to the callers
+    parsed: the one ``TLSConfigError`` (``yurtcoord.tx.tlsreload``), and to the callers
     that retry etcd an outage like any other (``EtcdUnavailable``)."""
 
 

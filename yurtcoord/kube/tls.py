@@ -9,15 +9,9 @@ previous material stays in use.
 
 from typing import Optional
 
-from yurtcoord.tx.tlsreload import PEMSource, ReloadingTLSPolicy
+from yurtcoord.tx.tlsreload import PEMSource, ReloadingTLSPolicy, TLSConfigError
 
 __all__ = ["TLSConfigError", "tls_policy"]
-
-
-class TLSConfigError(ValueError):
-    """CA, certificate or key material could not be loaded: the one such error of
-    both clients (the etcd client's is ``yurtcoord.etcd.errors.EtcdTLSConfigError``,
-    this error and an etcd outage at once)."""
 
 
 def tls_policy(ca_file: Optional[str] = None, ca_data: Optional[bytes] = None,

@@ -30,10 +30,17 @@ from twisted.logger import Logger
 from twisted.web.iweb import IPolicyForHTTPS
 from zope.interface import implementer
 
-__all__ = ["PEMSource", "ReloadingTLSPolicy", "TLSMaterial", "split_pem_certificates"]
+__all__ = ["PEMSource", "ReloadingTLSPolicy", "TLSConfigError", "TLSMaterial",
+           "split_pem_certificates"]
 
 _BEGIN = b"-----BEGIN CERTIFICATE-----"
 _END = b"-----END CERTIFICATE-----"
+
+class TLSConfigError(ValueError):
+    """CA, certificate or key material could not be loaded: the one such error of both
+    clients (``yurtcoord.kube.tls`` raises it; the etcd client's
+    ``yurtcoord.etcd.errors.EtcdTLSConfigError`` is it and an etcd outage at once)."""
+
 
 # What a file's change is judged by: (mtime in ns, size, inode), or None when it
 # cannot be stat'ed (missing in the middle of a rotation).
