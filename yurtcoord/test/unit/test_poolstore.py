@@ -202,6 +202,44 @@ class HealthLoopTests(unittest.TestCase):
         self.assertEqual(health, [True, False, True])
 
 
+    def test_observers_are_told_in_order_past_one_that_raises_and_removed_ones_are_not(self):
+        """The three kinds of change each go to their ``Observers``: an observer that
+        raises is logged and the ones after it are still told; a removed one is not."""
+        clock = Clock()
+        client = FakeStatusClient()
+        store = PoolStore(clock, client, "/registry", ComponentKeyCache(self.mktemp()),
+                          health_interval=1.0)
+        told = []
+
+        def broken(*args):
+            raise RuntimeError("broken observer")
+
+        def removed(*args):
+            told.append("removed")
+
+        for add, remove, name in [
+                (store.on_health_change, store.remove_health_observer, "health"),
+                (store.on_unreachable_change, store.remove_unreachable_observer,
+                 "unreachable"),
+                (store.on_new_term, store.remove_new_term_observer, "term")]:
+            add(broken)
+            add(removed)
+            add(lambda *args, name=name: told.append((name,) + args))
+            remove(removed)
+            remove(removed)  # not registered any more: nothing
+        store.start()
+        for answer in (2, 3, "down", "down"):
+            if answer == "down":
+                client.pending[-1].errback(EtcdUnavailable("gone"))
+            else:
+                client.pending[-1].callback(Status("3.5.1", raft_term=answer))
+            clock.advance(1.0)
+        store.close()
+        self.assertEqual(told, [("health", True), ("term",), ("health", False),
+                                ("unreachable", "gone")])
+        self.assertEqual(len(self.flushLoggedErrors(RuntimeError)), 4)
+
+
 class CancellationTests(unittest.TestCase):
     def setUp(self):
         self.store = PoolStore(Clock(), HangingClient(), "/registry",
