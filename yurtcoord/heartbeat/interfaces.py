@@ -15,6 +15,8 @@ from typing import Any, Callable, Optional
 from twisted.internet import defer
 from zope.interface import Attribute, Interface
 
+from yurtcoord.tx.guardedloop import ILoopErrors
+
 
 class IHealthChecker(Interface):
     """A server (or a set of them) probed on a cadence."""
@@ -84,9 +86,10 @@ class IKubeletLiveness(Interface):
         """``callback(alive)`` when the kubelet turns dead and when it is back."""
 
 
-class IServerHealthMetrics(Interface):
+class IServerHealthMetrics(ILoopErrors):
     """Where the health checkers report each server's health as they decide it (the
-    agent's ``Metrics``): the cloud servers' and the coordinator apiservers'."""
+    agent's ``Metrics``): the cloud servers' and the coordinator apiservers', and the
+    unexpected errors of their loops."""
 
     def set_server_healthy(server: str, healthy: bool) -> None:
         """The cloud server ``server`` is now healthy or not."""

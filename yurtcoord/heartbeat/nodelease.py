@@ -12,7 +12,7 @@ the pool servers its agent uses (``yurtcoord.heartbeat.probes``).
 import copy
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Generator, Optional, Union
+from typing import Any, Generator, Optional, Protocol, Union
 from urllib.parse import urlsplit, urlunsplit
 
 from twisted.internet import defer
@@ -26,9 +26,6 @@ from yurtcoord.names import (
     COORDINATOR_SERVER_ANNOTATION, ETCD_MEMBER_ANNOTATION, NODE_LEASE_NAMESPACE,
 )
 from yurtcoord.tx.retry import RetryPolicy, backoff_policy
-
-if TYPE_CHECKING:
-    from yurtcoord.agent.config import HeartbeatConfig
 
 NODE_LEASE_DURATION_SECONDS = 40
 # While a node lease has no owner, seconds between reads of the Node to name it owner.
@@ -69,8 +66,21 @@ class ProbeSettings:
     healthy_threshold: int = 2
 
 
-# The timings a prober is given: ``ProbeSettings`` or the agent's ``[heartbeat]`` section.
-Settings = Union[ProbeSettings, "HeartbeatConfig"]
+class Settings(Protocol):
+    """The timings a prober is given: ``ProbeSettings``, or the agent's ``[heartbeat]``
+    section, which the heartbeat does not import (it sits above it)."""
+
+    @property
+    def interval(self) -> float: ...
+
+    @property
+    def timeout(self) -> float: ...
+
+    @property
+    def failed_retry(self) -> int: ...
+
+    @property
+    def healthy_threshold(self) -> int: ...
 # The annotations a node lease writer sets, None meaning "remove".
 Annotations = Mapping[str, Optional[str]]
 

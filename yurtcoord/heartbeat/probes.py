@@ -41,12 +41,14 @@ here.
 import functools
 import math
 from collections.abc import Callable, Iterable, Mapping
-from typing import TYPE_CHECKING, Optional
+from typing import Optional
 
 from twisted.internet.interfaces import IReactorTime
 from zope.interface import implementer
 
-from yurtcoord.heartbeat.interfaces import ICloudHealthChecker, ICoordinatorHealthChecker
+from yurtcoord.heartbeat.interfaces import (
+    ICloudHealthChecker, ICoordinatorHealthChecker, IServerHealthMetrics,
+)
 from yurtcoord.heartbeat.kubeletcheck import KubeletHealthChecker
 from yurtcoord.heartbeat.nodelease import (
     NODE_LEASE_DURATION_SECONDS, OWNER_READ_INTERVAL, Annotations, NodeLeaseWriter,
@@ -59,9 +61,6 @@ from yurtcoord.names import (
     NODE_LEASE_NAMESPACE,
 )
 from yurtcoord.tx.guardedloop import ILoopErrors
-
-if TYPE_CHECKING:
-    from yurtcoord.agent.metrics import Metrics
 
 __all__ = [
     "CloudHealthChecker", "CoordinatorHealthChecker", "DEFAULT_TAKEOVER_SECONDS",
@@ -116,7 +115,7 @@ class CloudHealthChecker(ServerSet):
     def for_servers(cls, reactor: IReactorTime, clients: Mapping[str, IObjectClient],
                     node_name: str, settings: Settings,
                     kubelet: Optional["KubeletHealthChecker"] = None,
-                    metrics: Optional["Metrics"] = None) -> "CloudHealthChecker":
+                    metrics: Optional[IServerHealthMetrics] = None) -> "CloudHealthChecker":
         """One prober per cloud server; ``clients`` maps server URL to its client.
 
         Each writes the node lease without the delegate annotation: a node that
@@ -169,7 +168,7 @@ class CoordinatorHealthChecker(ServerSet):
     def __init__(self, reactor: IReactorTime, clients: Mapping[str, IObjectClient],
                  node_name: str, cloud_checker: ICloudHealthChecker, settings: Settings,
                  kubelet: Optional["KubeletHealthChecker"] = None,
-                 metrics: Optional["Metrics"] = None,
+                 metrics: Optional[IServerHealthMetrics] = None,
                  takeover: float = DEFAULT_TAKEOVER_SECONDS,
                  etcd_member: Callable[[], Optional[str]] = lambda: None) -> None:
         self._cloud = cloud_checker

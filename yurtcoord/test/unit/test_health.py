@@ -85,6 +85,10 @@ class RecordingMetrics:
     def __init__(self):
         self.server_healthy = {}
         self.coordinator_server_healthy = {}
+        self.loop_errors = []
+
+    def count_loop_error(self, loop):
+        self.loop_errors.append(loop)
 
     def set_server_healthy(self, server, healthy):
         self.server_healthy[server] = healthy
