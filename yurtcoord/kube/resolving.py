@@ -88,13 +88,21 @@ class ResolvingClient:
               allow_bookmarks: bool = True, timeout_seconds: int | None = None,
               idle_timeout: float | None = None) -> Any:
         try:
-            client = self._resolve()
+            client, on_failure = self._watch_target()
         except ConnectionFailed as error:
             return FailedWatch(error)
-        return client.watch(gvr, on_event, namespace=namespace,
-                            resource_version=resource_version, label_selector=label_selector,
-                            field_selector=field_selector, allow_bookmarks=allow_bookmarks,
-                            timeout_seconds=timeout_seconds, idle_timeout=idle_timeout)
+        watch = client.watch(gvr, on_event, namespace=namespace,
+                             resource_version=resource_version, label_selector=label_selector,
+                             field_selector=field_selector, allow_bookmarks=allow_bookmarks,
+                             timeout_seconds=timeout_seconds, idle_timeout=idle_timeout)
+        if on_failure is not None:
+            watch.done.addErrback(on_failure)
+        return watch
+
+    def _watch_target(self) -> tuple[Any, Callable[[Failure], Failure] | None]:
+        """The client a watch starts through, and what follows a failure of that watch
+        (None: nothing)."""
+        return self._resolve(), None
 
 
 @implementer(IObjectClient, IListWatchClient)
@@ -176,22 +184,11 @@ class PickedServerClient(ResolvingClient):
                       what=self._what, method=method, url=url, error=failure.value)
         return self._send(url, tried, True, method, args, kwargs)
 
-    def watch(self, gvr: GroupVersionResource, on_event: Callable[[str, Any], object],
-              namespace: str | None = None, resource_version: str | None = None,
-              label_selector: str | None = None, field_selector: str | None = None,
-              allow_bookmarks: bool = True, timeout_seconds: int | None = None,
-              idle_timeout: float | None = None) -> Any:
-        try:
-            url = self._url()
-        except ConnectionFailed as error:
-            return FailedWatch(error)
-        watch = self._client_for(url).watch(
-            gvr, on_event, namespace=namespace, resource_version=resource_version,
-            label_selector=label_selector, field_selector=field_selector,
-            allow_bookmarks=allow_bookmarks, timeout_seconds=timeout_seconds,
-            idle_timeout=idle_timeout)
-        watch.done.addErrback(self._failed, url)
-        return watch
+    def _watch_target(self) -> tuple[Any, Callable[[Failure], Failure] | None]:
+        """The client of the server picked now; a watch cut by a failed connection
+        tells ``on_unreachable``."""
+        url = self._url()
+        return self._client_for(url), lambda failure: self._failed(failure, url)
 
     def _failed(self, failure: Failure, url: str) -> Failure:
         if self._on_unreachable is not None and failure.check(ConnectionFailed, Timeout):
