@@ -49,6 +49,10 @@ timer is armed all the same.
 Once ``stop()`` has been called, no callback fires and no late answer of a cancelled
 request changes anything: the attempt in flight is dropped with the state that held
 it, and its end is no input of the elector's machine (``_ELECTION``).
+
+Longer than 600 lines on purpose: the election's config and timing rule, the elector
+and its machine (``_build_election``) are one mechanism, client-go's, and read best
+together: every timing rule in one place, each transition beside the step it takes.
 """
 
 import dataclasses

@@ -25,6 +25,10 @@ Role steps:
 Stopping is never cancelled: a component's ``stop()`` is called in the turn the
 role changes, and a later start waits for that stop to finish, so start and stop
 alternate as ``IRoleComponent`` promises.
+
+Longer than 600 lines on purpose: the steps of each role and the machine that runs
+them (``_build_life``) are one life cycle; the machine's transitions name the steps,
+and the steps' order is the role contract above.
 """
 
 import enum
