@@ -1,4 +1,5 @@
-"""Observers of one kind of change, told in the turn the change happens.
+"""Observers of one kind of change, told in the turn the change happens: the product's
+one mechanism for it (see docs/design.md, "One of each").
 
 A part that others follow (the coordinator's role and readiness, the heartbeat
 delegation's forwards) keeps one ``Observers`` per kind of change and offers an
