@@ -345,13 +345,18 @@ and the takeover hardly do. docs/capacity.md models a pool of N nodes from these
 
 METHOD_POOLPAGE = """\
 The cloud and coordinator Kubernetes API test servers (real sockets, loopback) with
-1,000 pool Nodes and their node leases, and a load generator asking `/pool` 200 times a
-second on persistent connections, in the bench process; the agent's real status site
-and `PoolView` (over `KubeClient`s, `POOL_VIEW_TTL` as shipped) in a child process.
-Cloud requests: the cloud server's request log over the window, per TTL, against one
-request per page of the two lists a document needs (pool Nodes, node leases; pages of
-500). Agent CPU: `time.process_time()` of the whole child process (user + system) over
-the window; the servers and the load generator are not counted.
+1,000 pool Nodes and their node leases, each member renewing its lease in both every
+10 s (`--renew-interval`, a live pool's 100 renewals a second in each server), and a
+load generator asking `/pool` 200 times a second on persistent connections, gzip
+accepted as browsers do, in the bench process; the agent's real status site and
+`PoolView` (over `KubeClient`s, `POOL_VIEW_TTL` as shipped) in a child process. Cloud
+requests: every request that reached the cloud server in the window (a watch too), per
+TTL, against at most one per `POOL_VIEW_TTL`: the view watches the pool's Nodes and
+node leases instead of reading them per document. Agent CPU: `time.process_time()` of
+the whole child process (user + system) over the window; the servers and the load
+generator are not counted. A plain `GET /pool` that finds its document built is
+answered from bytes made once per document, without a twisted.web request (the
+README's "Pool view").
 """
 
 # Full run: the sizes the acceptance targets name (10,000 pods, 10,000 endpointslices,
