@@ -107,7 +107,7 @@ from yurtcoord.kube.interfaces import IInformer, IListWatchClient, IObjectClient
 from yurtcoord.kube.leasewriter import CREATED, UPDATED
 from yurtcoord.names import DELEGATE_HEARTBEAT_ANNOTATION, NODE_LEASE_NAMESPACE, NODE_POOL_LABEL
 from yurtcoord.pool.interfaces import IRoleComponent
-from yurtcoord.tx.failures import describe_failure
+from yurtcoord.tx.failures import describe_failure, is_cancellation
 from yurtcoord.tx.guardedloop import ILoopErrors
 from yurtcoord.tx.limiter import AdaptiveLimit
 from yurtcoord.tx.observers import Observers
@@ -667,16 +667,26 @@ class HeartbeatDelegation:
             if self._forwarding.reads < self._max_node_reads and self._absent.may_read():
                 self._absent.read_started()
                 self._forwarding.reads += 1
-                lookup = defer.maybeDeferred(self._node_client.get, NODES, name)
+                request = defer.maybeDeferred(self._node_client.get, NODES, name)
+                # A read the lease's machine cancels is moot, however the client ends it.
+                cancelled: list[bool] = []
+
+                def cancel(_lookup: defer.Deferred[Any]) -> None:
+                    cancelled.append(True)
+                    request.cancel()
+
+                lookup: defer.Deferred[Any] = defer.Deferred(cancel)
+                request.chainDeferred(lookup)
                 reading = self._machine(key)
                 reading.read(state, lookup)
-                lookup.addBoth(self._classified, key, name, reading)
+                lookup.addBoth(self._classified, key, name, reading, cancelled)
                 return
             reason = REFUSED_NOT_POOL_MEMBER
         self._refuse(key, reason, _absent_detail(reason, name, self.pool))
 
-    def _classified(self, result: Any, key: str, name: str, lease: DelegatedLease) -> None:
-        if isinstance(result, Failure) and result.check(defer.CancelledError):
+    def _classified(self, result: Any, key: str, name: str, lease: DelegatedLease,
+                    cancelled: list[bool]) -> None:
+        if cancelled or (isinstance(result, Failure) and is_cancellation(result)):
             return None  # the read was moot (stopped, the Node delivered, the lease gone)
         if isinstance(result, Failure):
             if not result.check(NotFound):

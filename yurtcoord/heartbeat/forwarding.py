@@ -26,7 +26,7 @@ from collections import deque
 from typing import Callable, Deque, Optional, Tuple
 
 from twisted.internet import defer
-from twisted.internet.interfaces import IReactorTime
+from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 from zope.interface import implementer
@@ -91,6 +91,10 @@ class ChainSlots:
         self.in_flight = 0
 
 
+# Seconds after an unexpected error of a lease's retry before the chains start again.
+CHAINS_AGAIN_AFTER_ERROR = 1.0
+
+
 @implementer(ILeaseChains)
 class LeaseForwarding:
     """The delegation's side of every lease's machine (``ILeaseChains``).
@@ -125,6 +129,8 @@ class LeaseForwarding:
         self._loop_errors = ILoopErrors(metrics, None)
         self._observers = observers
         self._cloud_unavailable = False
+        # Starting the chains again after an error of a retry (``retry``).
+        self._chains_again: Optional[IDelayedCall] = None
         # Cloud reads of lease names running now (one per ``Reading`` lease).
         self.reads = 0
         self.delegated = 0
@@ -134,6 +140,9 @@ class LeaseForwarding:
 
     def stop(self) -> None:
         """The term ended: no chain runs, and a new term reads the cloud first."""
+        if self._chains_again is not None and self._chains_again.active():
+            self._chains_again.cancel()
+        self._chains_again = None
         self.slots.clear()
         self._writes.clear()
         self.reads = 0
@@ -176,8 +185,19 @@ class LeaseForwarding:
             self.slots.start_chains()
 
         # Guarded (loop ``work-retry``): a defect there is logged and counted, and the
-        # lease waits in the FIFO for the next chain to start.
-        guarded("work-retry", step, self._loop_errors)()
+        # chains are started again ``CHAINS_AGAIN_AFTER_ERROR`` later, so a lease put
+        # back in the FIFO is not left waiting for another lease's event.
+        guarded("work-retry", step, self._loop_errors, self._start_chains_later)()
+
+    def _start_chains_later(self, _failure: Failure) -> None:
+        if self._chains_again is None or not self._chains_again.active():
+            self._chains_again = self._reactor.callLater(
+                CHAINS_AGAIN_AFTER_ERROR, guarded("work-retry", self._start_chains_again,
+                                                  self._loop_errors, self._start_chains_later))
+
+    def _start_chains_again(self) -> None:
+        self._chains_again = None
+        self.slots.start_chains()
 
     def released(self, key: str, lease: DelegatedLease) -> None:
         self._released(key, lease)

@@ -61,8 +61,10 @@ raised", says what an operator does when the counter moves):
   watch with an ``idle_timeout`` (every ``KubeClient`` of the agent counts into the
   metrics); an error arms the check again, so the watch keeps its idle timeout.
 - ``work-retry``: ``yurtcoord.tx.workqueue:WorkQueue._retry``, the retry timer of
-  one key's failed work (pool sync writes, delegated heartbeats); an error arms the
-  key's retry again, so its work goes on.
+  one key's failed work (pool sync writes), and the retry of a delegated heartbeat
+  (``yurtcoord.heartbeat.forwarding:LeaseForwarding.retry``); an error arms the
+  key's retry again, or starts the delegation's chains again a second later, so the
+  work goes on.
 - ``election-lease-read``: ``yurtcoord.role.leadersource:ElectionLeaseReader._read``,
   the read of the election lease every ``retry_period`` that names the pool's leader
   on every page; a defect in handling an answer is counted and the next tick reads

@@ -1,8 +1,8 @@
 """A keyed work queue: one item of work per key at a time, coalesced, bounded, retried.
 
-Two parts of the leader push a stream of states per key to a slow remote: the
-heartbeat delegation forwards each node's newest lease to the cloud, pool sync writes
-each resource's changes to the pool etcd. Both need the same guarantees:
+The leader's pool sync pushes a stream of states per key to a slow remote: each
+resource's changes to the pool etcd (the heartbeat delegation keeps the same guarantees
+in its leases' machines, see docs/design.md, "One of each"). It needs:
 
 - per key at most one item is in flight, so the writes of one key keep their order;
 - items offered while one runs do not pile up: they are merged into the one item

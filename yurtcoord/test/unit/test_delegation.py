@@ -6,6 +6,7 @@ the observers; and the shape of the cloud lease it writes."""
 
 import tracemalloc
 
+from twisted.internet import defer
 from twisted.internet.task import Clock
 from twisted.logger import ILogObserver, Logger, LogLevel, formatEvent
 from twisted.trial import unittest
@@ -24,7 +25,7 @@ from yurtcoord.heartbeat.refusals import SUMMARY_EXAMPLES, SUMMARY_PERIOD
 from yurtcoord.heartbeat.probes import NODE_LEASE_DURATION_SECONDS
 from yurtcoord.kube.lease import stamped_renew_time
 from yurtcoord.tx.retry import backoff_policy
-from yurtcoord.kube.errors import Conflict, ServerError
+from yurtcoord.kube.errors import Conflict, ConnectionFailed, ServerError
 from yurtcoord.kube.gvr import LEASES, NODES
 from yurtcoord.kube.interfaces import IInformer, IObjectClient
 from yurtcoord.kube.lease import format_micro_time, parse_micro_time
@@ -560,6 +561,29 @@ class DelegationLogicTests(DelegationFixture, unittest.TestCase):
         self.assertEqual(self.delegation.delegated_heartbeats, 1)
         self.assertEqual(self.written("node-b"), [micros(NOW + 3)])
 
+    def test_an_error_starting_the_chains_at_a_retry_starts_them_again_later(self):
+        self.cloud.fail_next("get", ServerError("boom"))
+        self.start()
+        self.informer.add(pool_lease("node-b", T0 + 1))
+        self.assertEqual(self.delegation.failures, 1)
+        slots = self.delegation._forwarding.slots
+        start_chains, raised = slots.start_chains, []
+
+        def once():
+            if not raised:
+                raised.append(True)
+                raise RuntimeError("a defect")
+            start_chains()
+
+        slots.start_chains = once
+        [retry] = self.clock.getDelayedCalls()
+        self.clock.advance(retry.getTime() - self.clock.seconds())
+        self.assertEqual((raised, self.delegation.delegated_heartbeats), ([True], 0))
+        self.clock.advance(forwarding.CHAINS_AGAIN_AFTER_ERROR)
+        self.assertEqual(self.delegation.delegated_heartbeats, 1)
+        self.assertEqual(len(self.flushLoggedErrors(RuntimeError)), 1)
+        self.assertEqual(self.clock.getDelayedCalls(), [])
+
     def test_deleted_pool_lease_cancels_its_retry(self):
         self.health.picks_from = [None]
         self.start()
@@ -809,6 +833,24 @@ class DelegationRuleTests(DelegationFixture, unittest.TestCase):
         self.assertEqual(self.metrics.refused, ["no_such_node"])
         self.assertEqual(self.node_reader.calls, [("get", "node-missing")] * 2)
         self.assertIsNone(self.stored("node-missing"))
+
+    def test_a_node_read_cancelled_as_a_closed_connection_is_moot(self):
+        # A client may end a cancelled read with another error than CancelledError
+        # (KubeClient closed meanwhile: ConnectionFailed). The read is moot all the same.
+        lookups = []
+
+        def get(*_args, **_kwargs):
+            lookups.append(defer.Deferred(lambda d: d.errback(
+                ConnectionFailed("client closed during the request"))))
+            return lookups[-1]
+
+        self.node_reader.get = get
+        self.start()
+        self.informer.add(pool_lease("node-late", T0 + 1))
+        self.nodes.add(pool_node("node-late"))  # delivered: the read is cancelled
+        self.assertIsNone(self.successResultOf(lookups[0]))
+        self.assertEqual(self.written("node-late"), [micros(NOW)])
+        self.assertEqual(self.metrics.refused, [])
 
     def test_a_node_read_in_flight_is_cancelled_by_stop(self):
         self.node_reader.hold("get")
