@@ -41,6 +41,7 @@ the port with long paths costs a bounded amount of log, whatever ``[log] level``
 """
 import io
 import ipaddress
+import re
 from collections.abc import Callable
 from typing import Any, Optional
 
@@ -100,6 +101,7 @@ _PROBES_ONLY = (b"HTTP/1.1 503 Service Unavailable\r\n"
 # header other than keep-alive, as browsers send).
 _POOL_REQUEST_LINE = b"GET /pool HTTP/1.1\r\n"
 _MAX_AT_HAND_REQUEST = 16384
+_HEADER_NAME = re.compile(rb"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
 _ORDINARY_WAY_HEADERS = frozenset((b"content-length", b"transfer-encoding", b"expect",
                                    b"upgrade", b"http2-settings"))
 
@@ -210,7 +212,10 @@ class StatusChannel(http.HTTPChannel):
         accept_encoding: Optional[bytes] = None
         for line in data[len(_POOL_REQUEST_LINE):-4].split(b"\r\n"):
             name, colon, value = line.partition(b":")
-            if not colon or not name or name != name.strip():
+            # What twisted.web would refuse with a 400 (a bare LF, a NUL, a name that
+            # is no token) it refuses on the ordinary way.
+            if not colon or not _HEADER_NAME.fullmatch(name) or b"\n" in value \
+                    or b"\r" in value or b"\0" in value:
                 return False
             name = name.lower()
             if name in _ORDINARY_WAY_HEADERS or (name == b"accept-encoding"

@@ -172,9 +172,17 @@ class PoolDocumentPage(resource.Resource):
         if not built.called:
             return None
         result: list[object] = []
-        built.addBoth(result.append)
+
+        def seen(answer: object) -> object:
+            result.append(answer)
+            return answer
+
+        # Read without taking the result from the Deferred (it may not be ours alone);
+        # a failure is the ordinary way's to answer, and is handled there.
+        built.addBoth(seen)
         document = result[0]
         if not isinstance(document, dict):
+            built.addErrback(lambda _failure: None)
             return None
         compressed = accepts_gzip(accept_encoding)
         made = self._answers.get(compressed)

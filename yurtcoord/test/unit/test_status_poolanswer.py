@@ -180,6 +180,18 @@ class PoolAnswerAtHandTests(unittest.TestCase):
         self.assertEqual(CountingRequest.made, 0)
         self.assertFalse(transport.disconnecting)
 
+    def test_what_twisted_web_refuses_is_refused_as_it_would(self):
+        cases = {
+            "a bare LF": AT_HAND.replace(b"\r\n\r\n", b"\r\nX: a\nConnection: close\r\n\r\n"),
+            "a space in a name": AT_HAND.replace(b"\r\n\r\n", b"\r\nHo st: x\r\n\r\n"),
+            "a NUL in a value": AT_HAND.replace(b"\r\n\r\n", b"\r\nX-A: a\0b\r\n\r\n"),
+        }
+        for name, request in cases.items():
+            channel, transport = self.connect()
+            channel.dataReceived(request)
+            self.assertTrue(transport.value().startswith(b"HTTP/1.1 400 "), name)
+            self.assertTrue(transport.disconnecting, name)
+
     def test_the_deadline_runs_again_after_an_answer_at_hand(self):
         channel, transport = self.connect()
         self.clock.advance(4.5)
