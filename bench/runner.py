@@ -126,8 +126,10 @@ rounds."""
 
 METHOD_UPLOAD = """\
 {objects:,} pods of about {size:,} bytes (10 namespaces) in a yurthub disk cache; a
-fresh etcd per mode, {repeat} round(s) with the modes alternating, best round of each
-mode kept; every mode's result is checked with etcdctl (key count and sample values).
+fresh etcd per mode, {repeat} round(s) with the modes alternating; rates are each
+mode's best round, ratios are taken within each round and judged by their median (the
+rounds' range beside it); every mode's result is checked with etcdctl (key count and
+sample values).
 **batched**: `LocalCacheUploader` reading the cache (files, JSON and resourceVersion
 checks included) and writing through `PoolStore.create_or_update_many`: 64 objects per
 transaction, each guarded by a compare (the key alone: absent), 4 transactions in
