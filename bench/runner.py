@@ -124,6 +124,31 @@ Longest reactor lag: the agent's `ReactorLagProbe` (every 100 ms) in the yurtcoo
 consumer process, from the informer's start to its last event, the longest over the
 rounds."""
 
+METHOD_DECODERS = """\
+The stdlib's `json` against `orjson` and `msgspec` (each installed one), in one run:
+CPU time (`time.process_time`, the collector off, best of {repeats}) to decode
+{objects:,} watch events (the informer bench's ConfigMaps as the test API server writes
+them) in reads of {read_bytes:,} bytes as `WatchStreamProtocol.lines` decodes a read
+(its lines as one JSON list, one decoder call per read), and the whole
+`WatchStreamProtocol` over the same reads with that library as its decoder; the decode
+of one batch of etcd v3 gateway answers (10 range answers of 1,000 keys with base64
+values of ~600 bytes, 100 txn answers of 100 puts, 100 watch lines of 100 events with
+previous values). Informer: the informer bench's backlog mode, {rounds} round(s), in
+each round yurtcoord's `Informer` once with each library as the watch decoder (the
+decoder of `yurtcoord.kube.watch` replaced in the consumer process, nothing else) and
+the official client once; events over the time from the watch request that brought
+them to the last event, the ratio to the official client's of the same round, each
+library's gain over the stdlib's per round, medians of the rounds. Footprint: `VmRSS`
+of a fresh interpreter that imported `yurtcoord.agent.service`, before and after
+importing the library (median of 3). Hostile lines: {hostile_lines} lines a peer may
+send (NaN, Infinity, 1e400, integers past 64 bits, duplicate keys, invalid UTF-8, a
+lone surrogate, nesting 600 and 100,000 deep, a BOM, a control character, a truncated
+line, trailing data) through `WatchStreamProtocol` with each library, alone and between
+two good events: those whose events or error differ from the stdlib's. Rule: a library
+is adopted as a dependency only with a gain of at least 20% in the request-to-last-event
+ratio and at most 2 MB more RSS for the agent."""
+
+
 METHOD_UPLOAD = """\
 {objects:,} pods of about {size:,} bytes (10 namespaces) in a yurthub disk cache; a
 fresh etcd per mode, {repeat} round(s) with the modes alternating; rates are each
@@ -368,6 +393,9 @@ BENCHMARKS = [
     Benchmark("informer", "informer.py",
               ["--objects", "20000", "--rounds", "5"], ["--objects", "10000", "--rounds", "1"],
               400, METHOD_INFORMER),
+    # The JSON libraries against the stdlib on the watch stream and the etcd answers.
+    Benchmark("decoders", "decoders.py", ["--objects", "20000", "--rounds", "3"],
+              ["--objects", "10000", "--rounds", "1"], 300, METHOD_DECODERS),
     # Upload: 5 rounds, as one round of a mode lasts about 2 s, and other load on the
     # machine moves a single round by 10-20% (raw puts with 4 in flight on etcd 3.4 in
     # one run: 5,477, 6,207 and 6,688 objects/s); every mode keeps its best round.
