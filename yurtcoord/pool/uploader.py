@@ -3,11 +3,22 @@
 The local cache is read in chunks (``LocalCacheReader.chunks``); each chunk is checked
 (JSON, numeric resourceVersion, valid name) and written with the pool store's batched
 create-or-update, so an older object never overwrites a newer one, whichever agent
-uploads first, and a second upload of the same cache changes nothing. As many chunks
-as the store keeps transactions in flight (``parallel_batches``) are written at once,
-each one transaction at a time, so etcd is never left idle while the next chunk is
-read and checked; each writer reads its next chunk while its own is in flight, and
-at most twice that many chunks are held in memory.
+uploads first, and a second upload of the same cache changes nothing. At least as many
+chunks as the store keeps transactions in flight (``parallel_batches``) are written at
+once, each one transaction at a time, so etcd is never left idle while the next chunk
+is read and checked; each writer reads its next chunk while its own is in flight, and
+at most two chunks per writer are held in memory.
+
+How many write at once follows etcd's answer times (``yurtcoord.tx.limiter.
+AdaptiveLimit``): while a transaction's answer takes no longer than
+``IN_FLIGHT_TOLERANCE`` times the quickest one seen (plus ``IN_FLIGHT_SLACK``), one
+more writer joins per round of answers, up to ``max_in_flight``; answers that stay
+slow, or an error, send writers away again, down to ``parallel_batches``. More
+transactions in flight let etcd commit more of them per disk sync, as long as it
+answers each as quickly. A writer leaves only after writing the chunk it holds, so
+nothing read is dropped. The size of a transaction does not adapt: a chunk is already
+what one transaction of the store may carry (etcd's ``--max-txn-ops`` and request
+size limits, ``max_ops`` and ``max_bytes`` of the store).
 
 A bad file is counted, logged (one line: path and reason) and skipped; it never stops
 the upload. Whatever a file holds ends as an object written or as one of the reasons of
@@ -30,7 +41,7 @@ acknowledged. See docs/design.md, "etcd that forgets acknowledged writes".
 """
 
 import json
-from typing import Any, Generator, NamedTuple
+from typing import Any, Generator, Iterator, NamedTuple
 
 from twisted.internet import defer, task
 from twisted.internet.defer import inlineCallbacks
@@ -38,6 +49,7 @@ from twisted.logger import Logger
 
 from yurtcoord.etcd.errors import BadResponse, EtcdError, EtcdTimeout, EtcdUnavailable
 from yurtcoord.tx.heap import QuietCollections
+from yurtcoord.tx.limiter import AdaptiveLimit
 from yurtcoord.tx.retry import POOL_WRITE_RETRY, Retries
 from yurtcoord.pool.localcache import BadCacheEntry, CachedObjectPath, printable_path
 from yurtcoord.pool.keys import InvalidKey, KeyBuildInfo
@@ -46,6 +58,14 @@ from yurtcoord.pool.store import (
 )
 
 RETRYABLE_ERRORS = (EtcdUnavailable, EtcdTimeout, BadResponse, ConflictRetriesExhausted)
+
+# An answer counts as as quick as etcd's quickest while within this many times it, plus
+# the slack (seconds: scheduling noise on a pool etcd answering in milliseconds). On an
+# etcd that has nothing more to give, each transaction more in flight makes every
+# answer longer by its share (six where four were take 1.5 times as long), so writers
+# stop joining about there.
+IN_FLIGHT_TOLERANCE = 1.5
+IN_FLIGHT_SLACK = 0.002
 
 # What decoding raises for bytes that are not UTF-8 JSON (metadata_of raises ValueError
 # too). Files are decoded as UTF-8 first: ``json.loads`` of bytes would also take UTF-16,
@@ -146,14 +166,22 @@ class LocalCacheUploader:
     :param backoff: a ``yurtcoord.tx.retry.Retries`` whose policy paces the retries
         (each lane of writes counts its own failures under it).
     :param max_attempts: attempts per chunk before the upload fails.
+    :param max_in_flight: the most transactions (writers) in flight while etcd answers
+        as quickly as with fewer; default twice the store's ``parallel_batches``.
     """
 
     log = Logger()
 
     def __init__(self, store, reader, upload_resources, metrics=None, reactor=None,
-                 backoff=None, max_attempts=10):
+                 backoff=None, max_attempts=10, max_in_flight=None):
         if max_attempts < 1:
             raise ValueError(f"max_attempts must be >= 1, got {max_attempts}")
+        self.min_in_flight = max(1, store.parallel_batches)
+        self.max_in_flight = (2 * self.min_in_flight if max_in_flight is None
+                              else max_in_flight)
+        if self.max_in_flight < self.min_in_flight:
+            raise ValueError(f"max_in_flight must be >= the store's parallel_batches "
+                             f"({self.min_in_flight}), got {max_in_flight}")
         self.store = store
         self.reader = reader
         self.upload_resources = tuple(upload_resources)
@@ -165,6 +193,8 @@ class LocalCacheUploader:
         self.retries = 0
         # Objects found missing by the check after an outage and written again.
         self.rewritten = 0
+        # The most writers that were writing at once, over every pass.
+        self.most_in_flight = 0
         self._interrupted = False
         self._heap: QuietCollections | None = None
 
@@ -231,7 +261,8 @@ class LocalCacheUploader:
     def _write_chunks(self, report):
         """One pass over the cache: fires with its ``_Pass`` once every lane ended.
 
-        ``parallel_batches`` lanes pull chunks from one reading of the cache, each
+        ``parallel_batches`` lanes (more while etcd answers as quickly, see
+        ``_Pass.lanes_to_add``) pull chunks from one reading of the cache, each
         writing its chunk one transaction at a time: while one lane reads and checks
         its next chunk, the others' transactions stay in flight, so etcd always has
         as many as the store allows and never waits for the slowest batch of a chunk.
@@ -241,13 +272,29 @@ class LocalCacheUploader:
         per lane. A lane that gives up stops the others (they end their current
         request, pull no chunk and retry nothing); the pass's ``error`` says why.
         """
-        run = _Pass(self.reader.chunks(self.upload_resources))
-        lanes = [self._lane(run, report) for _ in range(max(1, self.store.parallel_batches))]
-        results = yield defer.DeferredList(lanes, consumeErrors=True)
-        for succeeded, result in results:
-            if not succeeded:
-                # Cancelled from outside (a role change): the upload ends with it.
-                result.raiseException()
+        limit = AdaptiveLimit(self.reactor, self.min_in_flight, self.min_in_flight,
+                              self.max_in_flight, tolerance=IN_FLIGHT_TOLERANCE,
+                              slack=IN_FLIGHT_SLACK)
+        run = _Pass(self.reader.chunks(self.upload_resources), limit)
+        run.lanes.extend(self._lane(run, report) for _ in range(self.min_in_flight))
+        waited = 0
+        try:
+            # A lane may add lanes while it runs: wait until the ones added have ended too.
+            while waited < len(run.lanes):
+                lanes = run.lanes[waited:]
+                waited = len(run.lanes)
+                results = yield defer.DeferredList(lanes, consumeErrors=True)
+                for succeeded, result in results:
+                    if not succeeded:
+                        # Cancelled from outside (a role change): the upload ends with it.
+                        result.raiseException()
+        except BaseException:
+            # Lanes added after the ones waited for are cancelled here; their
+            # cancellation is no error of its own.
+            for lane in run.lanes:
+                lane.addErrback(lambda failure: failure.trap(defer.CancelledError))
+                lane.cancel()
+            raise
         return run
 
     def _next_chunk(self, run, report):
@@ -263,6 +310,7 @@ class LocalCacheUploader:
             run.stop(e)
             return None
         if chunk is None:
+            run.read_all = True
             return None
         if self._heap is not None:
             self._heap.busy()
@@ -272,24 +320,34 @@ class LocalCacheUploader:
 
     @inlineCallbacks
     def _lane(self, run, report):
-        retries = Retries(self.backoff.policy)
-        prepared = self._next_chunk(run, report)
-        while prepared is not None and run.error is None:
-            items, bad, shadowed = prepared
-            outcome = WriteOutcome()
-            written = self._write_with_retries(items, outcome, run, retries)
-            try:
-                # Read ahead while the transaction is in flight.
-                prepared = self._next_chunk(run, report) if not written.called else None
-                yield written
-                if prepared is None:
-                    prepared = self._next_chunk(run, report)
-            finally:
-                if report:
-                    self._count(run, outcome, bad, shadowed)
-            if not report:
-                run.checked += len(items)
-                run.rewritten += len(outcome.created) + len(outcome.updated)
+        """Write chunks one transaction at a time until the cache is read, the pass
+        stopped, or the lanes are more than etcd's answers allow (the lane leaves
+        after writing what it holds); adds the lanes they allow."""
+        run.running += 1
+        try:
+            retries = Retries(self.backoff.policy)
+            prepared = self._next_chunk(run, report)
+            while prepared is not None and run.error is None:
+                items, bad, shadowed = prepared
+                outcome = WriteOutcome()
+                written = self._write_with_retries(items, outcome, run, retries)
+                try:
+                    # Read ahead while the transaction is in flight.
+                    prepared = (self._next_chunk(run, report)
+                                if not written.called and not run.too_many() else None)
+                    yield written
+                    if prepared is None and not run.too_many():
+                        prepared = self._next_chunk(run, report)
+                finally:
+                    if report:
+                        self._count(run, outcome, bad, shadowed)
+                if not report:
+                    run.checked += len(items)
+                    run.rewritten += len(outcome.created) + len(outcome.updated)
+                for _ in range(run.lanes_to_add()):
+                    run.lanes.append(self._lane(run, report))
+        finally:
+            run.running -= 1
 
     def _count(self, run, outcome, bad, shadowed):
         """Add a chunk's outcome (written whole or in part) to the pass's counts."""
@@ -377,10 +435,15 @@ class LocalCacheUploader:
         attempt = 0
         while True:
             attempt += 1
+            started = self.reactor.seconds()
+            run.writing += 1
+            self.most_in_flight = max(self.most_in_flight, run.writing)
             try:
                 yield self.store.create_or_update_many(items, outcome, flush_key_cache=False,
                                                        in_flight=1)
             except (EtcdError, PoolStoreError) as e:
+                run.limit.sample(started, run.writing, succeeded=False)
+                run.writing -= 1
                 if run.error is not None:
                     return
                 if attempt >= self.max_attempts or not isinstance(e, RETRYABLE_ERRORS):
@@ -405,21 +468,46 @@ class LocalCacheUploader:
                 finally:
                     run.pauses.discard(pause)
                 continue
+            except BaseException:
+                run.writing -= 1
+                raise
+            run.limit.sample(started, run.writing, succeeded=True)
+            run.writing -= 1
             retries.reset()
             return
 
 
 class _Pass:
     """What the lanes of one pass over the local cache share: the chunks still to be
-    read, the counts so far, the retry pauses under way and the error that ended it."""
+    read, the counts so far, the retry pauses under way, the error that ended it, and
+    how many lanes run and write against the limit etcd's answers set."""
 
-    def __init__(self, chunks):
+    def __init__(self, chunks: Iterator[Any], limit: AdaptiveLimit) -> None:
         self.chunks = iter(chunks)
+        self.limit = limit
+        # Every lane started (their Deferreds), the lanes not ended yet, and the
+        # transactions in flight.
+        self.lanes: list[defer.Deferred[Any]] = []
+        self.running = 0
+        self.writing = 0
+        self.read_all = False
         self.counts = UploadCounts()
         self.checked = 0
         self.rewritten = 0
-        self.pauses = set()
-        self.error = None
+        self.pauses: set[defer.Deferred[Any]] = set()
+        self.error: BaseException | None = None
+
+    def too_many(self) -> bool:
+        """More lanes run than the limit allows: a lane that asks leaves once it has
+        written what it holds."""
+        return self.running > self.limit.limit
+
+    def lanes_to_add(self) -> int:
+        """Lanes to start now: as many as the limit allows beyond those running, while
+        chunks are still to be read and nothing stopped the pass."""
+        if self.read_all or self.error is not None:
+            return 0
+        return max(0, self.limit.limit - self.running)
 
     def stop(self, error: BaseException) -> None:
         """A lane gave up: the other lanes stop, those pausing before a retry at once."""

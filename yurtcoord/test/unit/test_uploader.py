@@ -231,6 +231,126 @@ class PipelineTests(unittest.TestCase):
         self.assertEqual(self.store.puts, 2)
 
 
+class InFlightTests(unittest.TestCase):
+    """How many transactions are in flight follows etcd's answer times: one writer more
+    per round of answers as quick as the quickest, up to ``max_in_flight``; answers
+    that stay slow send writers away, down to the store's ``parallel_batches``. A
+    writer that leaves first writes the chunk it holds: every file is written once."""
+
+    FILES = 40
+
+    def setUp(self):
+        self.local = os.path.abspath(self.mktemp())
+        for i in range(self.FILES):
+            write_file(os.path.join(self.local, "kubelet", "pods.v1.core", "ns", f"p{i:02d}"),
+                       make_object(f"p{i:02d}", "ns", 1 + i))
+        self.clock = Clock()
+        self.store = FakePoolStore(self.clock)
+        verifyObject(IPoolStore, self.store)
+        self.store.parallel_batches = 2
+        self.store.hold_writes = True
+
+    def uploader(self, **kwargs):
+        return LocalCacheUploader(self.store, LocalCacheReader(self.local, chunk_size=1),
+                                  [PODS], backoff=steady_backoff(), **kwargs)
+
+    def answer_round(self, latency):
+        """etcd answers every write in flight ``latency`` seconds after it was sent;
+        returns how many were in flight."""
+        self.clock.advance(latency)
+        held = len(self.store.held)
+        for _ in range(held):
+            self.store.release()
+        return held
+
+    def test_quick_answers_add_writers_up_to_the_most_allowed(self):
+        uploader = self.uploader(max_in_flight=4)
+        d = uploader.upload()
+        rounds = []
+        while self.store.held:
+            rounds.append(self.answer_round(0.010))
+        # Two answers at two in flight make three, three at three make four; four
+        # stays, and the last rounds write what is left of the 40 files.
+        self.assertEqual(rounds, [2, 3, 4, 4, 4, 4, 4, 4, 4, 4, 3])
+        self.assertEqual(self.successResultOf(d), UploadCounts(self.FILES, 0, 0, 0))
+        self.assertEqual((uploader.most_in_flight, self.store.most_in_flight), (4, 4))
+        self.assertEqual(self.store.puts, self.FILES)
+        self.assertEqual(len(self.store.versions), self.FILES)
+
+    def test_answers_that_stay_slow_send_writers_away_down_to_the_stores_number(self):
+        uploader = self.uploader(max_in_flight=4)
+        d = uploader.upload()
+        rounds = [self.answer_round(0.010) for _ in range(3)]
+        self.assertEqual(rounds, [2, 3, 4])
+        # Three times slower. The first slow round only marks the slowness; in the
+        # next, a write sent after the mark is slow as well: 4 -> 3. Each writer
+        # still holds the chunk it read ahead and writes it before leaving; those
+        # writes, sent at the decrease, are slow too: 3 -> 2, and the two writers
+        # over it leave after their writes. The store's number stays.
+        while self.store.held:
+            rounds.append(self.answer_round(0.030))
+        self.assertEqual(rounds, [2, 3, 4, 4, 4, 4, 2, 2, 2, 2, 2, 2, 2, 2, 2, 1])
+        self.assertEqual(self.successResultOf(d), UploadCounts(self.FILES, 0, 0, 0))
+        self.assertEqual(self.store.puts, self.FILES)
+        self.assertEqual(len(self.store.versions), self.FILES)
+
+    def test_answers_as_quick_as_before_bring_writers_back(self):
+        uploader = self.uploader(max_in_flight=4)
+        d = uploader.upload()
+        rounds = [self.answer_round(0.010) for _ in range(3)]
+        rounds += [self.answer_round(0.030) for _ in range(3)]
+        while self.store.held:
+            rounds.append(self.answer_round(0.010))
+        self.assertEqual(rounds, [2, 3, 4, 4, 4, 4, 2, 3, 4, 4, 4, 2])
+        self.assertEqual(self.successResultOf(d), UploadCounts(self.FILES, 0, 0, 0))
+        self.assertEqual(self.store.puts, self.FILES)
+
+    def test_an_outage_loses_nothing_with_writers_added(self):
+        uploader = self.uploader(max_in_flight=4)
+        d = uploader.upload()
+        rounds = [self.answer_round(0.010) for _ in range(3)]
+        # A write fails (etcd unavailable): its writer writes the chunk again after
+        # the pause; the check after the outage reads the cache again.
+        self.store.fail = [EtcdUnavailable("down")]
+        rounds.append(self.answer_round(0.010))
+        self.assertEqual(uploader.retries, 1)
+        self.clock.advance(1.0)
+        while self.store.held:
+            rounds.append(self.answer_round(0.010))
+        self.assertEqual(self.successResultOf(d), UploadCounts(self.FILES, 0, 0, 0))
+        self.assertEqual(len(self.store.versions), self.FILES)
+        # Each file written once by the upload and once more by the check (the
+        # failed write was refused at once, never held).
+        self.assertEqual(sum(rounds), 2 * self.FILES)
+        self.assertEqual(max(rounds), 4)
+
+    def test_never_more_than_the_store_allows_by_default_twice(self):
+        uploader = self.uploader()
+        d = uploader.upload()
+        while self.store.held:
+            self.answer_round(0.010)
+        self.successResultOf(d)
+        self.assertEqual(uploader.most_in_flight, 4)
+
+    def test_cancelling_ends_the_writers_added_as_well(self):
+        uploader = self.uploader(max_in_flight=4)
+        d = uploader.upload()
+        for _ in range(3):
+            self.answer_round(0.010)
+        self.assertEqual(len(self.store.held), 4)
+        puts = self.store.puts
+        d.cancel()
+        self.failureResultOf(d, defer.CancelledError)
+        self.assertTrue(all(held.called for held, _outcome in self.store.held))
+        self.clock.advance(60)
+        self.assertEqual(self.store.puts, puts)
+        self.assertFalse(self.clock.getDelayedCalls())
+
+    def test_at_least_the_stores_number(self):
+        with self.assertRaises(ValueError):
+            self.uploader(max_in_flight=1)
+
+
 class CancellationTests(unittest.TestCase):
     """A role change cancels an upload: it ends with CancelledError at once, is not
     retried, and the key cache file holds every key that may have been written."""
