@@ -31,7 +31,7 @@ whenever a chain could start.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Optional, Protocol
 
 from automat import TypeMachineBuilder
@@ -177,6 +177,13 @@ class DelegatedLease(Protocol):
         """The read confirmed the Node: ``heartbeat`` is parked until it is delivered."""
 
 
+# Where a lease's machine logs a defect in reporting an outcome: one logger for all
+# of them, as a machine is made for nearly every heartbeat forwarded (a lease that
+# holds nothing leaves the dict) and a logger of its own cost each one more than the
+# machine's data did.
+_log = Logger()
+
+
 @dataclass
 class LeaseCore:
     """What one lease keeps across its states: its key, the delegation it reports to,
@@ -187,7 +194,6 @@ class LeaseCore:
     chains: ILeaseChains
     policy: RetryPolicy
     failures: int = 0
-    log: Logger = field(default_factory=Logger)
 
 
 @dataclass
@@ -584,8 +590,8 @@ def _report(core: LeaseCore, report: Callable[..., None], *args: Any) -> None:
     try:
         report(*args)
     except Exception:
-        core.log.failure("reporting the outcome of the delegation of {lease} failed",
-                         lease=core.key)
+        _log.failure("reporting the outcome of the delegation of {lease} failed",
+                     lease=core.key)
 
 
 _machine = _builder.build()

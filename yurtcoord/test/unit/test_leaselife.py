@@ -14,6 +14,7 @@ from yurtcoord.heartbeat.forwarding import ChainSlots
 from yurtcoord.heartbeat.leaselife import (
     Heartbeat, ILeaseChains, delegated_lease, newest,
 )
+from yurtcoord.testing.logcapture import GlobalLogCapture
 from yurtcoord.tx.retry import backoff_policy
 
 KEY = "kube-node-lease/node-a"
@@ -295,6 +296,27 @@ class LeaseMachineTests(unittest.TestCase):
         lease.start(chains.ready[-1].heartbeat)
         self.assertEqual(chains.released_keys, [KEY])
         self.assertEqual(chains.outcomes, [("written", 1, ("created", None), 0)])
+
+    def test_a_report_that_raises_is_logged_and_the_lease_still_moves_on(self):
+        logged = GlobalLogCapture(self)
+        chains = RecordingChains()
+
+        def written(key, hb, result, failures):
+            raise ValueError("a defect in counting")
+
+        chains.written = written
+        lease = delegated_lease(KEY, chains, POLICY)
+        lease.queue(heartbeat(1))
+        lease.start(chains.ready[-1].heartbeat)
+        chains.writes[-1][2].callback(("updated", None))
+        self.assertEqual(chains.released_keys, [KEY])
+        events = logged.matching(f"reporting the outcome of the delegation of {KEY} failed")
+        self.assertEqual([e["log_namespace"] for e in events],
+                         ["yurtcoord.heartbeat.leaselife"])
+        self.assertEqual(len(self.flushLoggedErrors(ValueError)), 1)
+        # A lease that held nothing again starts from a new machine, as before.
+        lease.queue(heartbeat(2))
+        self.assertEqual(len(chains.ready), 2)
 
     # -- BackingOff ----------------------------------------------------------------
 
