@@ -5,8 +5,9 @@ One ``KubeClient`` per apiserver. It owns a persistent ``HTTPConnectionPool`` si
 for concurrency (Twisted's default allows only two connections per host), so many
 requests and long-running watches to the same server do not queue behind each other.
 
-Requests go straight to Twisted's ``Agent``, with redirects followed (GET and HEAD)
-and gzip answers accepted and decoded, as client-go's HTTP transport does. No
+Requests go straight to Twisted's ``Agent``; reads (GET and HEAD) follow redirects and
+accept gzip answers, decoded, as client-go's HTTP transport does, while writes are sent
+as they are (a write is never redirected, and its answer is one object). No
 general-purpose request layer sits between: the pool leader forwards a thousand
 heartbeats a second through this client, and URL re-parsing, IDNA checks, a cookie
 jar and a cooperator round trip per body cost it more than the request itself. The
@@ -49,6 +50,7 @@ re-read when its files change; see ``yurtcoord.kube.tls``.
 
 import json
 import os
+import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Generator, Optional
 from urllib.parse import quote, urlencode, urlsplit
@@ -98,6 +100,9 @@ MAX_RESPONSE_BYTES = 16 * 1024 * 1024
 # What a request target's path and query keep as they are: RFC 3986's reserved and
 # unreserved characters, and ``%`` of the escapes already made.
 _TARGET_SAFE = "!#$%&'()*+,/:;=?@[]~"
+# Whether a path and query need no escape at all (what ``quote`` keeps as it is): then
+# they are sent as they are, without a pass of ``quote``.
+_PLAIN_TARGET = re.compile(r"[A-Za-z0-9_.\-~!#$%&'()*+,/:;=?@\[\]]*").fullmatch
 
 
 @dataclass
@@ -308,9 +313,16 @@ class KubeClient:
                 insecure=config.insecure, name=f"apiserver {self.server}",
             )
         endpoints = _EndpointFactory(reactor, self.tls, config.timeout, name_resolver)
+        # Writes go straight to the Agent: a redirect is followed for GET and HEAD
+        # only, and the apiserver compresses only answers far larger than one written
+        # object's; the pool leader sends a thousand lease updates a second, and the two
+        # wrappers (a copy of the headers, two more callbacks each) cost every one.
+        self._write_agent: IAgent = Agent.usingEndpointFactory(reactor, endpoints, pool)
         self._agent: IAgent = ContentDecoderAgent(
-            RedirectAgent(Agent.usingEndpointFactory(reactor, endpoints, pool)),
-            [(b"gzip", GzipDecoder)])
+            RedirectAgent(self._write_agent), [(b"gzip", GzipDecoder)])
+        # The headers of each kind of request, made once per bearer token (the Agent
+        # copies them before it adds its own).
+        self._made_headers: dict[tuple[bool, Optional[bytes]], Headers] = {}
         self._server_target = EncodedURL.from_text(self.server).to_uri().to_text().encode("ascii")
         self._user_agent = config.user_agent.encode()
         self._token = _BearerToken(config.token, config.token_file)
@@ -330,16 +342,28 @@ class KubeClient:
     def _target(self, url: str) -> bytes:
         """The request target of ``url`` (one ``_url`` made): the server's, converted
         once, and the path and query percent-encoded where they need it."""
-        return self._server_target + quote(url[len(self.server):], safe=_TARGET_SAFE).encode(
-            "ascii")
+        rest = url[len(self.server):]
+        if _PLAIN_TARGET(rest) is None:
+            rest = quote(rest, safe=_TARGET_SAFE)
+        return self._server_target + rest.encode("ascii")
 
     def _headers(self, has_body: bool = False) -> Headers:
+        """The request headers, the same object for every request of a kind while the
+        bearer token stays the same: nothing that sends them changes them."""
+        auth = self._token.header()
+        made = self._made_headers.get((has_body, auth))
+        if made is None:
+            if len(self._made_headers) >= 4:
+                self._made_headers.clear()  # tokens gone by
+            made = self._made_headers[(has_body, auth)] = self._new_headers(has_body, auth)
+        return made
+
+    def _new_headers(self, has_body: bool, auth: Optional[bytes]) -> Headers:
         headers = Headers()
         headers.setRawHeaders(b"Accept", [b"application/json"])
         headers.setRawHeaders(b"User-Agent", [self._user_agent])
         if has_body:
             headers.setRawHeaders(b"Content-Type", [b"application/json"])
-        auth = self._token.header()
         if auth:
             headers.setRawHeaders(b"Authorization", [auth])
         return headers
@@ -350,8 +374,9 @@ class KubeClient:
         producer = None
         if body is not None:
             producer = httpbody.BytesBody(json.dumps(body, separators=(",", ":")).encode())
-        return self._agent.request(method.encode("ascii"), self._target(url),
-                                   self._headers(producer is not None), producer)
+        agent = self._agent if method in ("GET", "HEAD") else self._write_agent
+        return agent.request(method.encode("ascii"), self._target(url),
+                             self._headers(producer is not None), producer)
 
     def _arm_timeout(self, d: "defer.Deferred[Any]", url: str, what: str) -> "defer.Deferred[Any]":
         """Fail ``d`` with Timeout (aborting its connection) after the client timeout."""
