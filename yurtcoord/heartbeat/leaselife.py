@@ -177,10 +177,7 @@ class DelegatedLease(Protocol):
         """The read confirmed the Node: ``heartbeat`` is parked until it is delivered."""
 
 
-# Where a lease's machine logs a defect in reporting an outcome: one logger for all
-# of them, as a machine is made for nearly every heartbeat forwarded (a lease that
-# holds nothing leaves the dict) and a logger of its own cost each one more than the
-# machine's data did.
+# One logger for every lease's machine: one is made for nearly every heartbeat sent.
 _log = Logger()
 
 
