@@ -64,16 +64,63 @@ def stamped_renew_time(now: float, current_renew_time: object = None) -> str:
     ahead of this writer's clock (by a leader or node whose clock was ahead) must not
     swallow the heartbeats written after it (docs/design.md, "Clocks"). The one
     implementation, for the node's own writes and the leader's delegation alike."""
-    stamp = _EPOCH + datetime.timedelta(microseconds=round(now * 1e6))
-    current = _micro_moment(current_renew_time)
+    stamp = round(now * 1e6)
+    current = _exact_micros(current_renew_time)
     if current is not None and current >= stamp:
-        try:
-            stamp = current + RENEW_TIME_STEP
-        except OverflowError:
-            # The last MicroTime there is: nothing is later, and only a time this
-            # writer can vouch for lets the lease increase again afterwards.
-            pass
-    return stamp.strftime(MICRO_TIME_FORMAT)
+        # Past the last MicroTime there is nothing later, and only a time this writer
+        # can vouch for lets the lease increase again afterwards.
+        if current < _LAST_MICROS:
+            stamp = current + 1
+    return _format_micros(stamp)
+
+
+# The last MicroTime there is, in POSIX microseconds.
+_LAST_MICROS = (datetime.datetime.max.replace(tzinfo=datetime.timezone.utc)
+                - _EPOCH) // RENEW_TIME_STEP
+# The minutes of the times stamped and read lately, as POSIX microseconds and as the
+# text of a MicroTime up to its seconds ("2006-01-02T15:04:"): the pool leader stamps
+# and reads a thousand renewTimes a second, nearly all of them of the same few minutes,
+# and a datetime made, formatted or parsed for each cost more than its write's JSON.
+_MINUTE_TEXTS: dict[int, str] = {}
+_MINUTE_MICROS: dict[str, int] = {}
+_MICROS_PER_MINUTE = 60_000_000
+
+
+def _format_micros(micros: int) -> str:
+    """POSIX microseconds as a MicroTime string, as ``strftime(MICRO_TIME_FORMAT)`` of
+    that moment writes it."""
+    minute, rest = divmod(micros, _MICROS_PER_MINUTE)
+    text = _MINUTE_TEXTS.get(minute)
+    if text is None:
+        if len(_MINUTE_TEXTS) >= _MINUTES_KEPT:
+            _MINUTE_TEXTS.clear()
+        moment = _EPOCH + datetime.timedelta(microseconds=minute * _MICROS_PER_MINUTE)
+        text = _MINUTE_TEXTS[minute] = moment.strftime("%Y-%m-%dT%H:%M:")
+    second, fraction = divmod(rest, 1_000_000)
+    return f"{text}{second:02d}.{fraction:06d}Z"
+
+
+def _exact_micros(value: object) -> Optional[int]:
+    """A MicroTime (or RFC 3339) string as exact POSIX microseconds; None when absent
+    or malformed. A canonical MicroTime of a minute seen lately is read without a
+    datetime; any other goes through ``_micro_moment``."""
+    if (type(value) is str and len(value) == _CANONICAL_LENGTH and value[26] == "Z"
+            and value[19] == "." and value[16] == ":"):
+        minute = _MINUTE_MICROS.get(value[:17])
+        second, fraction = value[17:19], value[20:26]
+        if (minute is not None and second.isascii() and second.isdigit() and second < "60"
+                and fraction.isascii() and fraction.isdigit()):
+            return minute + int(second) * 1_000_000 + int(fraction)
+        moment = _micro_moment(value)
+        if moment is None:
+            return None
+        micros = (moment - _EPOCH) // RENEW_TIME_STEP
+        if len(_MINUTE_MICROS) >= _MINUTES_KEPT:
+            _MINUTE_MICROS.clear()
+        _MINUTE_MICROS[value[:17]] = micros - micros % _MICROS_PER_MINUTE
+        return micros
+    moment = _micro_moment(value)
+    return None if moment is None else (moment - _EPOCH) // RENEW_TIME_STEP
 
 
 # POSIX seconds of the minutes of canonical MicroTimes parsed lately

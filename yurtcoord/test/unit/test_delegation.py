@@ -1369,3 +1369,47 @@ class StampedRenewTimeTests(unittest.TestCase):
     def test_the_leaders_time_past_the_last_micro_time_there_is(self):
         self.assertEqual(stamped_renew_time(NOW, "9999-12-31T23:59:59.999999Z"),
                          format_micro_time(NOW))
+
+    def test_the_same_stamp_as_one_made_of_datetimes_for_any_time_read(self):
+        """Stamps are made from integer microseconds and remembered minutes: the same
+        text as the stamp made with a datetime of each time, whatever the times (far
+        past and future, a minute's edges, seconds past 59, other spellings, garbage)
+        and in whatever order (a minute read before, or not)."""
+        import datetime
+        import random
+        from yurtcoord.kube.lease import _micro_moment
+
+        epoch = datetime.datetime(1970, 1, 1, tzinfo=datetime.timezone.utc)
+
+        def with_datetimes(now, current_renew_time):
+            stamp = epoch + datetime.timedelta(microseconds=round(now * 1e6))
+            current = _micro_moment(current_renew_time)
+            if current is not None and current >= stamp:
+                try:
+                    stamp = current + datetime.timedelta(microseconds=1)
+                except OverflowError:
+                    pass
+            return stamp.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+        rng = random.Random(20261204)
+        first = -62135596800 * 10**6  # 0001-01-01T00:00:00Z
+        last = 253402300799999999  # 9999-12-31T23:59:59.999999Z
+
+        def spelled(micros):
+            return (epoch + datetime.timedelta(microseconds=micros)).strftime(
+                "%Y-%m-%dT%H:%M:%S.%fZ")
+
+        reads = ["", None, 17, "soon", "2027-01-15T09:00:60.000000Z",
+                 "2027-01-15T09:00:5x.000000Z", "2027-01-15T09:00:00.00000aZ",
+                 "2027-01-15T10:00:00.5+01:00", "2027-01-15T09:00:00.123456789Z",
+                 "2027-01-15T09:00:00.123456z", spelled(last), spelled(first),
+                 spelled(last - 1), "2027-01-15T09:00:59.999999Z", "2027-01-15T09:01:00.000000Z"]
+        for _ in range(3000):
+            micros = rng.choice([rng.randrange(first, last + 1),
+                                 round(NOW * 1e6) + rng.randrange(-120_000_000, 120_000_000)])
+            reads.append(spelled(micros))
+        for read in reads + reads[::-1]:
+            now = rng.choice([NOW, NOW + rng.random() * 100, 1.0e-6, 253402300799.999,
+                              -62135596800.0])
+            self.assertEqual(stamped_renew_time(now, read), with_datetimes(now, read),
+                             (now, read))
