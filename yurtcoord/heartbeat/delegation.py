@@ -109,6 +109,7 @@ from yurtcoord.names import DELEGATE_HEARTBEAT_ANNOTATION, NODE_LEASE_NAMESPACE,
 from yurtcoord.pool.interfaces import IRoleComponent
 from yurtcoord.tx.failures import describe_failure, is_cancellation
 from yurtcoord.tx.guardedloop import ILoopErrors
+from yurtcoord.tx.heap import QuietCollections
 from yurtcoord.tx.limiter import AdaptiveLimit
 from yurtcoord.tx.observers import Observers
 from yurtcoord.tx.retry import DELEGATION_RETRY, RetryPolicy
@@ -208,7 +209,10 @@ class HeartbeatDelegation:
       writes, the agents' own node lease duration unless named;
     - ``metrics``: optional, an ``IDelegationMetrics``;
     - ``retry_policy``: the pauses between the retries of one lease (``yurtcoord.tx.retry``);
-    - ``max_waiting``: how many leases may wait for the first list of the Nodes.
+    - ``max_waiting``: how many leases may wait for the first list of the Nodes;
+    - ``collections()`` → a fresh ``QuietCollections`` for each term, or None (the
+      default; ``for_coordinator`` passes one): it freezes the heap once the first
+      lists are in and holds full collections off while the leases renew.
 
     The chains in flight over all leases (others wait in a FIFO queue) start at
     ``DEFAULT_INITIAL_CONCURRENT`` and follow the cloud's latency between ``min_concurrent`` and
@@ -230,7 +234,8 @@ class HeartbeatDelegation:
                  min_concurrent: int = DEFAULT_MIN_CONCURRENT,
                  lease_duration_seconds: int = NODE_LEASE_DURATION_SECONDS,
                  absent_names: int = ABSENT_NAMES, absent_names_ttl: float = ABSENT_NAMES_TTL,
-                 max_node_reads: int = MAX_NODE_READS, max_waiting: int = MAX_WAITING) -> None:
+                 max_node_reads: int = MAX_NODE_READS, max_waiting: int = MAX_WAITING,
+                 collections: Optional[Callable[[], QuietCollections]] = None) -> None:
         if max_concurrent < 1:
             raise ValueError("max_concurrent must be at least 1")
         if min_concurrent < 1:
@@ -245,6 +250,9 @@ class HeartbeatDelegation:
         self._retry_policy = retry_policy
         self._informer: Optional[IInformer] = None
         self._node_informer: Optional[IInformer] = None
+        # The garbage collections of a term (``collections``, see ``start``).
+        self._make_collections = collections
+        self._collections: Optional[QuietCollections] = None
         minimum = min(min_concurrent, max_concurrent)
         limit = AdaptiveLimit(
             reactor, max(minimum, min(DEFAULT_INITIAL_CONCURRENT, max_concurrent)),
@@ -310,6 +318,7 @@ class HeartbeatDelegation:
             return Informer(reactor, cloud_reader, NODES, label_selector=label_selector,
                             loop_errors=loop_errors)
 
+        options.setdefault("collections", lambda: QuietCollections(reactor))
         delegation = cls(reactor, make_informer, make_node_informer, cloud_reader,
                          cloud_health.pick_healthy_server, cloud_client_for, pool, **options)
         return delegation
@@ -430,6 +439,9 @@ class HeartbeatDelegation:
         informer = self._make_informer()
         informer.add_handler(self._on_add, self._on_update, self._on_delete)
         self._informer = informer
+        if self._make_collections is not None:
+            self._collections = self._make_collections()
+            informer.wait_for_sync().addCallback(self._leases_listed, informer)
         self.log.info("heartbeat delegation started for pool {pool}", pool=self.pool)
         started = defer.maybeDeferred(nodes.start)
         started.addCallback(lambda _: informer.start())
@@ -469,6 +481,9 @@ class HeartbeatDelegation:
         """Cancel every chain, retry and read; returns the Deferred of the cancelled
         chains and how many there were."""
         cancelled = self._forwarding.slots.in_flight
+        collections, self._collections = self._collections, None
+        if collections is not None:
+            collections.stop()
         leases, self._leases = self._leases, {}
         running: List[defer.Deferred[Any]] = []
         for lease in leases.values():
@@ -493,6 +508,7 @@ class HeartbeatDelegation:
         if not synced or informer is not self._node_informer or not self._running:
             return
         self._nodes_synced = True
+        self._freeze()
         # Every lease held so far waits for this list.
         waiting = [(key, lease.take()) for key, lease in list(self._leases.items())]
         dropped, self._waiting_dropped = self._waiting_dropped, 0
@@ -534,6 +550,23 @@ class HeartbeatDelegation:
         key = f"{NODE_LEASE_NAMESPACE}/{name}"
         self._writes.forget(key)
         self._drop(key)
+
+    # -- garbage collections -----------------------------------------------------
+
+    def _leases_listed(self, synced: bool, informer: IInformer) -> None:
+        if synced and informer is self._informer and self._running:
+            self._freeze()
+
+    def _freeze(self) -> None:
+        """A first list is in: what the term holds now (the pool's Nodes, the leases,
+        the agent's own objects) is never walked again by a collection. A large pool
+        renews its leases without pause, and the interpreter's own full collections
+        would walk all of it every few seconds, each a stall of the reactor of
+        hundreds of milliseconds that every heartbeat in flight waits out; the
+        renewals instead hold them off (``busy``), a full collection running once
+        every ``QuietCollections``' longest burst (``yurtcoord.tx.heap``)."""
+        if self._collections is not None:
+            self._collections.freeze()
 
     # -- informer events ---------------------------------------------------------
 
@@ -577,6 +610,8 @@ class HeartbeatDelegation:
         if refusal is not None:
             self._refuse(key, *refusal)
             return
+        if self._collections is not None:
+            self._collections.busy()
         now = self._reactor.seconds()
         self._place(key, Heartbeat(lease, now, now))
         self._forwarding.start_chains()

@@ -4,6 +4,7 @@ and stop; the rules deciding which leases are forwarded; how the leader stamps t
 cloud lease with its own clock, whatever clocks the nodes and earlier leaders kept;
 the observers; and the shape of the cloud lease it writes."""
 
+import gc
 import tracemalloc
 
 from twisted.internet import defer
@@ -24,6 +25,7 @@ from yurtcoord.heartbeat.delegation import (
 from yurtcoord.heartbeat.refusals import SUMMARY_EXAMPLES, SUMMARY_PERIOD
 from yurtcoord.heartbeat.probes import NODE_LEASE_DURATION_SECONDS
 from yurtcoord.kube.lease import stamped_renew_time
+from yurtcoord.tx.heap import QuietCollections
 from yurtcoord.tx.retry import backoff_policy
 from yurtcoord.kube.errors import Conflict, ConnectionFailed, ServerError
 from yurtcoord.kube.gvr import LEASES, NODES
@@ -1302,6 +1304,78 @@ class DelegationObserverTests(DelegationFixture, unittest.TestCase):
 
 
 STAMP = "2027-01-15T08:00:00.000000Z"
+
+
+class DelegationCollectionsTests(DelegationFixture, unittest.TestCase):
+    """The garbage collections of a term, as ``for_coordinator`` asks for them: the
+    heap is frozen once a first list is in, full and middle collections are held off
+    while leases renew, and everything is given back when the term ends. The
+    thresholds and the frozen count asserted are the interpreter's own."""
+
+    pool_nodes = ("node-a", "node-b")
+
+    def setUp(self):
+        super().setUp()
+        self.threshold = gc.get_threshold()
+        self.addCleanup(gc.set_threshold, *self.threshold)
+        self.addCleanup(gc.unfreeze)
+        gc.unfreeze()
+        self.made = []
+
+        def collections():
+            self.made.append(QuietCollections(self.clock, quiet=1.0, longest=30.0))
+            return self.made[-1]
+
+        self.delegation = self.build(collections=collections)
+
+    def held(self):
+        return gc.get_threshold()[1:] != self.threshold[1:]
+
+    def test_the_heap_is_frozen_once_listed_and_collections_wait_while_leases_renew(self):
+        self.delegation.start(None)
+        self.assertEqual((gc.get_freeze_count(), self.held()), (0, False))
+        self.informer.end_list()
+        self.assertGreater(gc.get_freeze_count(), 0, "the leases are listed")
+        gc.unfreeze()
+        self.list_nodes()
+        self.assertGreater(gc.get_freeze_count(), 0, "the Nodes are listed")
+        self.assertFalse(self.held())
+        self.informer.add(pool_lease("node-a", T0 + 1))
+        self.assertTrue(self.held())
+        self.assertEqual(self.renewed("node-a"), micros(NOW), "forwarded as ever")
+        self.clock.advance(0.5)
+        self.informer.update(pool_lease("node-a", T0 + 1), pool_lease("node-a", T0 + 2))
+        self.clock.advance(0.9)
+        self.assertTrue(self.held(), "a lease renewed 0.9 s ago")
+        self.clock.advance(0.1)
+        self.assertEqual(gc.get_threshold(), self.threshold)
+        # A lease refused for what it says itself is not a renewal of the pool.
+        posing = pool_lease("node-b", T0 + 3)
+        posing["spec"]["holderIdentity"] = "node-a"
+        self.informer.add(posing)
+        self.assertFalse(self.held())
+        self.informer.add(pool_lease("node-b", T0 + 4))
+        self.assertTrue(self.held())
+        self.successResultOf(self.delegation.stop())
+        self.assertEqual((gc.get_threshold(), gc.get_freeze_count()), (self.threshold, 0))
+        self.assertEqual(self.clock.getDelayedCalls(), [])
+        # A new term has collections of its own.
+        self.delegation.start(None)
+        self.assertEqual(len(self.made), 2)
+
+    def test_a_term_that_stops_before_its_lists_freezes_nothing(self):
+        self.delegation.start(None)
+        self.successResultOf(self.delegation.stop())
+        self.informer.end_list()
+        self.list_nodes()
+        self.assertEqual((gc.get_threshold(), gc.get_freeze_count()), (self.threshold, 0))
+
+    def test_a_delegation_made_for_the_coordinator_has_them(self):
+        delegation = HeartbeatDelegation.for_coordinator(
+            self.clock, FakeKube(), self.node_reader, self.health, lambda url: self.cloud,
+            POOL)
+        self.assertIsNotNone(delegation._make_collections)
+        self.assertIsNone(self.build()._make_collections)
 
 
 class LeaseShapingTests(unittest.TestCase):
