@@ -70,6 +70,14 @@ its last event, measured the same way in every consumer process (`time.process_t
 user and system time of the whole process, garbage collection included), their ratio
 per round (target on the lowest round) and its median; the ratios of single drains
 (each against the official client's drain of the same turn) are shown beside.
+From the request: each consumer notes the time just before it sends a list or watch
+request (yurtcoord in its client's `list` and `watch`, the official client before its
+`Watch().stream()` sends one), the same point in both; from the request the backlog came
+on, the time to the first and to the last event, events/s over the latter and their
+ratio per round (target on the median of the rounds), and the time to the first event
+(medians of the rounds, target: at most the official client's). A reconnect's backoff
+before that request is not in it; the connection, the test server preparing its replay
+(the whole backlog is written before the first event goes out) and the first read are.
 Wall-clock events/s (first to last event) and their ratio follow as secondary rows:
 they move with the machine's load much more. Consumers, in this order every turn:
 yurtcoord's `Informer` on a `KubeClient` (treq/Twisted), run as the agent's pool sync
