@@ -5,9 +5,10 @@ One ``KubeClient`` per apiserver. It owns a persistent ``HTTPConnectionPool`` si
 for concurrency (Twisted's default allows only two connections per host), so many
 requests and long-running watches to the same server do not queue behind each other.
 
-Requests go straight to Twisted's ``Agent``; reads (GET and HEAD) follow redirects and
-accept gzip answers, decoded, as client-go's HTTP transport does, while writes are sent
-as they are (a write is never redirected, and its answer is one object). No
+Reads (GET and HEAD) go straight to Twisted's ``Agent``, follow redirects and accept
+gzip answers, decoded, as client-go's HTTP transport does; writes go to a connection of
+the same pool directly, the server's URL parsed and its Host header made once (a write
+is never redirected, and its answer is one object). No
 general-purpose request layer sits between: the pool leader forwards a thousand
 heartbeats a second through this client, and URL re-parsing, IDNA checks, a cookie
 jar and a cooperator round trip per body cost it more than the request itself. The
@@ -80,7 +81,7 @@ from yurtcoord.tx.inflight import InFlight
 from yurtcoord.tx.resolver import ResolverReactor
 from yurtcoord.tx.tlsreload import ReloadingTLSPolicy
 from yurtcoord.tx.twisted_private import (
-    ChunkedBodyBatcher, QuietHTTPConnectionPool, batch_chunked_body,
+    ChunkedBodyBatcher, QuietHTTPConnectionPool, Request, batch_chunked_body,
 )
 from yurtcoord.kube.gvr import GroupVersionResource
 from yurtcoord.kube.errors import (
@@ -142,6 +143,32 @@ class ClientConfig:
         )
         values.update(overrides)
         return cls(**values)
+
+
+@implementer(IStreamClientEndpoint)
+class _ServerEndpoint:
+    """The endpoint of one server, made anew for each connection as the ``Agent`` makes
+    it (TLS material reloaded since applies to the next connection)."""
+
+    def __init__(self, uri: URI, endpoints: "_EndpointFactory") -> None:
+        self._uri = uri
+        self._endpoints = endpoints
+
+    def connect(self, protocolFactory: Any) -> "defer.Deferred[Any]":
+        return self._endpoints.endpointForURI(self._uri).connect(protocolFactory)
+
+
+class _WriteRoute:
+    """Where a write goes, as the ``Agent`` would take it from the server's URL: the
+    connection pool's key, the endpoint, the Host header and the path before the API's."""
+
+    def __init__(self, uri: URI, endpoints: "_EndpointFactory") -> None:
+        self.key = (uri.scheme, uri.host, uri.port)
+        self.endpoint = _ServerEndpoint(uri, endpoints)
+        default_port = (uri.scheme, uri.port) in ((b"http", 80), (b"https", 443))
+        self.host = uri.host if default_port else b"%b:%d" % (uri.host, uri.port)
+        # The server URL's own path ("" or "/prefix": it never ends with "/").
+        self.path = uri.path.rstrip(b"/")
 
 
 @implementer(IAgentEndpointFactory)
@@ -313,17 +340,14 @@ class KubeClient:
                 insecure=config.insecure, name=f"apiserver {self.server}",
             )
         endpoints = _EndpointFactory(reactor, self.tls, config.timeout, name_resolver)
-        # Writes go straight to the Agent: a redirect is followed for GET and HEAD
-        # only, and the apiserver compresses only answers far larger than one written
-        # object's; the pool leader sends a thousand lease updates a second, and the two
-        # wrappers (a copy of the headers, two more callbacks each) cost every one.
-        self._write_agent: IAgent = Agent.usingEndpointFactory(reactor, endpoints, pool)
         self._agent: IAgent = ContentDecoderAgent(
-            RedirectAgent(self._write_agent), [(b"gzip", GzipDecoder)])
+            RedirectAgent(Agent.usingEndpointFactory(reactor, endpoints, pool)),
+            [(b"gzip", GzipDecoder)])
         # The headers of each kind of request, made once per bearer token (the Agent
         # copies them before it adds its own).
-        self._made_headers: dict[tuple[bool, Optional[bytes]], Headers] = {}
+        self._made_headers: dict[tuple[bool, Optional[bytes], Optional[bytes]], Headers] = {}
         self._server_target = EncodedURL.from_text(self.server).to_uri().to_text().encode("ascii")
+        self._writes = _WriteRoute(URI.fromBytes(self._server_target), endpoints)
         self._user_agent = config.user_agent.encode()
         self._token = _BearerToken(config.token, config.token_file)
         self._watches: set[Watch] = set()
@@ -342,24 +366,34 @@ class KubeClient:
     def _target(self, url: str) -> bytes:
         """The request target of ``url`` (one ``_url`` made): the server's, converted
         once, and the path and query percent-encoded where they need it."""
+        return self._server_target + self._path_and_query(url)
+
+    def _path_and_query(self, url: str) -> bytes:
+        """What ``url`` (one ``_url`` made) adds to the server's URL, percent-encoded
+        where it needs it."""
         rest = url[len(self.server):]
         if _PLAIN_TARGET(rest) is None:
             rest = quote(rest, safe=_TARGET_SAFE)
-        return self._server_target + rest.encode("ascii")
+        return rest.encode("ascii")
 
-    def _headers(self, has_body: bool = False) -> Headers:
+    def _headers(self, has_body: bool = False, host: Optional[bytes] = None) -> Headers:
         """The request headers, the same object for every request of a kind while the
-        bearer token stays the same: nothing that sends them changes them."""
+        bearer token stays the same: nothing that sends them changes them. ``host``:
+        the Host header, for a request that goes to a connection without the Agent."""
         auth = self._token.header()
-        made = self._made_headers.get((has_body, auth))
+        made = self._made_headers.get((has_body, host, auth))
         if made is None:
-            if len(self._made_headers) >= 4:
+            if len(self._made_headers) >= 8:
                 self._made_headers.clear()  # tokens gone by
-            made = self._made_headers[(has_body, auth)] = self._new_headers(has_body, auth)
+            made = self._made_headers[(has_body, host, auth)] = self._new_headers(
+                has_body, host, auth)
         return made
 
-    def _new_headers(self, has_body: bool, auth: Optional[bytes]) -> Headers:
+    def _new_headers(self, has_body: bool, host: Optional[bytes],
+                     auth: Optional[bytes]) -> Headers:
         headers = Headers()
+        if host is not None:
+            headers.setRawHeaders(b"Host", [host])
         headers.setRawHeaders(b"Accept", [b"application/json"])
         headers.setRawHeaders(b"User-Agent", [self._user_agent])
         if has_body:
@@ -374,9 +408,26 @@ class KubeClient:
         producer = None
         if body is not None:
             producer = httpbody.BytesBody(json.dumps(body, separators=(",", ":")).encode())
-        agent = self._agent if method in ("GET", "HEAD") else self._write_agent
-        return agent.request(method.encode("ascii"), self._target(url),
-                             self._headers(producer is not None), producer)
+        if method in ("GET", "HEAD"):
+            return self._agent.request(method.encode("ascii"), self._target(url),
+                                       self._headers(producer is not None), producer)
+        return self._write(method.encode("ascii"), url, producer)
+
+    def _write(self, method: bytes, url: str,
+               producer: Optional[httpbody.BytesBody]) -> "defer.Deferred[Any]":
+        """A write, handed to a pooled connection of the server as the ``Agent`` would
+        (the same pool key, endpoint and Host header), but with the server's URL parsed
+        and its Host header made once: a write is never redirected, and the apiserver
+        compresses only answers far larger than one written object's. The pool leader
+        sends a thousand lease updates a second through here."""
+        route = self._writes
+        path = route.path + self._path_and_query(url)
+        headers = self._headers(producer is not None, route.host)
+        persistent = self.pool.persistent
+        connected = self.pool.getConnection(route.key, route.endpoint)
+        return connected.addCallback(
+            lambda connection: connection.request(
+                Request(method, path, headers, producer, persistent=persistent)))
 
     def _arm_timeout(self, d: "defer.Deferred[Any]", url: str, what: str) -> "defer.Deferred[Any]":
         """Fail ``d`` with Timeout (aborting its connection) after the client timeout."""

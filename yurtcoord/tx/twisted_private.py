@@ -7,6 +7,9 @@ else in the agent imports a private Twisted name (a test scans for it).
 
 - ``ParseError``: what the HTTP client reports when a peer answers with something
   that is not HTTP (the etcd client turns it into ``BadResponse``).
+- ``Request``: the request a pooled ``HTTP11ClientProtocol`` sends; the kube client
+  hands its writes to a pooled connection itself, without the ``Agent`` parsing the
+  URL and making an endpoint for each one.
 - ``TransportProxyProducer``: the proxy a body protocol is given instead of the
   connection; ``proxied_transport`` looks through it so a body reader can abort
   the connection rather than close it gracefully.
@@ -24,10 +27,10 @@ import re
 from typing import Any, Callable, Optional
 
 from twisted.web import http as twisted_http
-from twisted.web._newclient import ParseError, TransportProxyProducer
+from twisted.web._newclient import ParseError, Request, TransportProxyProducer
 from twisted.web.client import HTTPConnectionPool, _HTTP11ClientFactory
 
-__all__ = ["ChunkedBodyBatcher", "ParseError", "QuietHTTPConnectionPool",
+__all__ = ["ChunkedBodyBatcher", "ParseError", "QuietHTTPConnectionPool", "Request",
            "TransportProxyProducer", "batch_chunked_body", "proxied_transport"]
 
 

@@ -62,6 +62,11 @@ class TwistedCanaries(Canary):
         proxy.stopProxying()
         self.require(twisted_private.proxied_transport(proxy) is None,
                      "TransportProxyProducer._producer is not None after stopProxying()")
+        request_class = self.require_attribute(_newclient, "Request")
+        self.require_parameters(request_class.__init__, ["self", "method", "uri", "headers",
+                                                         "bodyProducer", "persistent"])
+        self.require(hasattr(_newclient.HTTP11ClientProtocol, "request"),
+                     "HTTP11ClientProtocol has no request() any more")
 
     def test_the_pool_makes_connections_with_its_factory_attribute(self):
         factory = self.require_attribute(web_client, "_HTTP11ClientFactory")

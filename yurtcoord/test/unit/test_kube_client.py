@@ -117,3 +117,42 @@ class RequestsSentTests(unittest.TestCase):
         self.assertEqual(line, b"GET /api/v1/namespaces/ns1/configmaps/b%20c%C3%A9 HTTP/1.1")
         line = self.exchange(self.client.get(CONFIGMAPS, "a-b.c_~%41", "ns1"))[0]
         self.assertEqual(line, b"GET /api/v1/namespaces/ns1/configmaps/a-b.c_~%2541 HTTP/1.1")
+
+    def test_a_write_to_a_server_with_a_path_and_the_default_port(self):
+        from yurtcoord.kube.gvr import LEASES
+        client = KubeClient(self.reactor, ClientConfig(server="http://127.0.0.1/k8s/",
+                                                       insecure=True))
+        self.addCleanup(client.close)
+        lease = {"metadata": {"name": "edge 1", "namespace": "kube-node-lease"}}
+        line, headers, _body, _result = self.exchange(client.update(LEASES, lease))
+        self.assertEqual(line, b"PUT /k8s/apis/coordination.k8s.io/v1/namespaces/"
+                               b"kube-node-lease/leases/edge%201 HTTP/1.1")
+        self.assertEqual(headers[b"host"], [b"127.0.0.1"])
+        self.assertEqual(self.reactor.tcpClients, [])
+        line, headers, _body, _result = self.exchange(client.delete(LEASES, "a", "ns"))
+        self.assertEqual(line, b"DELETE /k8s/apis/coordination.k8s.io/v1/namespaces/ns/"
+                               b"leases/a HTTP/1.1")
+        line, headers, _body, _result = self.exchange(client.get(LEASES, "a", "ns"))
+        self.assertEqual(line, b"GET /k8s/apis/coordination.k8s.io/v1/namespaces/ns/"
+                               b"leases/a HTTP/1.1")
+        self.assertEqual(headers[b"host"], [b"127.0.0.1"])
+
+    def test_writes_share_the_reads_connections(self):
+        from yurtcoord.kube.gvr import LEASES
+        from twisted.internet.error import ConnectionDone
+        from twisted.internet.testing import StringTransport
+        from twisted.python.failure import Failure
+        d = self.client.get(NODES, "a")
+        _host, _port, factory, _timeout, _bind = self.reactor.tcpClients.pop()
+        protocol = factory.buildProtocol(None)
+        transport = StringTransport()
+        protocol.makeConnection(transport)
+        protocol.dataReceived(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}")
+        self.assertEqual(self.successResultOf(d), {})
+        transport.clear()
+        written = self.client.update(LEASES, {"metadata": {"name": "a", "namespace": "ns"}})
+        self.assertEqual(self.reactor.tcpClients, [], "the pooled connection is used")
+        self.assertTrue(transport.value().startswith(b"PUT /apis/"))
+        protocol.dataReceived(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}")
+        self.assertEqual(self.successResultOf(written), {})
+        protocol.connectionLost(Failure(ConnectionDone()))  # before the client closes
