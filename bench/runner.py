@@ -14,7 +14,9 @@ The full run takes about 20 minutes on a 2-core machine (the two poolscale runs 
 about 2 minutes each); ``--quick`` (one round, short windows, a 20k-object pool, about
 5 minutes) is a smoke run and by default writes bench/RESULTS-quick.md rather than
 bench/RESULTS.md. poolsize (pools of 5, 20 and 40 agent processes, about 10 minutes)
-runs only when named, ``--only poolsize``; other runs keep its rows.
+runs only when named, ``--only poolsize``; other runs keep its rows. So does chaos
+(a 30-minute seeded chaos run, about 33 minutes; network namespaces, so root),
+``--only chaos``.
 """
 
 import argparse
@@ -378,6 +380,22 @@ shared: CPU figures move with the load average shown in each row; request rates,
 and the takeover hardly do. docs/capacity.md models a pool of N nodes from these rows.
 """
 
+METHOD_CHAOS = """\
+`bench/chaos.py`: {minutes:g} minutes of overlapping faults drawn from seed {seed}
+(the schedule is a pure function of seed and minutes, printed at the start;
+run the same command to replay it) on one pool on network namespaces: 5 agents, each a
+separate `twistd -n yurtcoord` process on a host of its own, a pool etcd of 3 members
+and 2 coordinator apiservers, each on a host of its own, at the partition suite's
+timings. Faults: agent SIGKILL and restart, etcd member SIGKILL and restart (one at a
+time), coordinator apiserver SIGKILL and restart (one at a time), WAN and LAN cuts and
+flaps of agent hosts, kubelet stops, rolling restarts in DaemonSet order. After a
+settle time the whole run is judged by the partition suite's invariants (one
+delegator and fencing, live leases within the bound outside the windows the faults
+excuse, stale leases for stopped kubelets, the pool etcd exact against the cloud,
+no agent traceback); the excuse rules are written down in
+yurtcoord/testing/chaosjudge.py.
+"""
+
 METHOD_POOLPAGE = """\
 The cloud and coordinator Kubernetes API test servers (real sockets, loopback) with
 1,000 pool Nodes and their node leases, each member renewing its lease in both every
@@ -448,6 +466,9 @@ BENCHMARKS = [
     Benchmark("poolsize", "poolsize.py", ["--sizes", "5", "20", "40"],
               ["--sizes", "5", "--window", "20", "--settle", "10"], 1800, METHOD_POOLSIZE,
               opt_in=True),
+    # A seeded chaos run of 30 minutes (2 with --quick), only with --only.
+    Benchmark("chaos", "chaos.py", ["--seed", "20261204", "--minutes", "30"],
+              ["--seed", "20261204", "--minutes", "2"], 2700, METHOD_CHAOS, opt_in=True),
     # 200 req/s to /pool on a 1,000-member pool for 10 s.
     Benchmark("poolpage", "poolpage.py",
               ["--members", "1000", "--rate", "200", "--seconds", "10"],
