@@ -1,4 +1,5 @@
-"""Garbage collection while pool sync holds the pool's objects.
+"""Garbage collection while pool sync holds the pool's objects (and while the
+heartbeat delegation forwards the renewals of a large pool, which never pause).
 
 A leader's informers hold every pool-scoped object: 100k endpointslices are about
 700,000 containers, and a full collection of the interpreter walks every container
