@@ -101,6 +101,9 @@ MAX_RESPONSE_BYTES = 16 * 1024 * 1024
 # What a request target's path and query keep as they are: RFC 3986's reserved and
 # unreserved characters, and ``%`` of the escapes already made.
 _TARGET_SAFE = "!#$%&'()*+,/:;=?@[]~"
+# A request body as compact JSON: one encoder for every request (``json.dumps`` with
+# separators of its own makes an encoder per call).
+_encode_json = json.JSONEncoder(separators=(",", ":")).encode
 # Whether a path and query need no escape at all (what ``quote`` keeps as it is): then
 # they are sent as they are, without a pass of ``quote``.
 _PLAIN_TARGET = re.compile(r"[A-Za-z0-9_.\-~!#$%&'()*+,/:;=?@\[\]]*").fullmatch
@@ -407,7 +410,7 @@ class KubeClient:
             return defer.fail(ConnectionFailed(f"client for {self.server} is closed"))
         producer = None
         if body is not None:
-            producer = httpbody.BytesBody(json.dumps(body, separators=(",", ":")).encode())
+            producer = httpbody.BytesBody(_encode_json(body).encode())
         if method in ("GET", "HEAD"):
             return self._agent.request(method.encode("ascii"), self._target(url),
                                        self._headers(producer is not None), producer)
