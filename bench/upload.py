@@ -109,10 +109,16 @@ def objects(keys, count, size):
         yield keys.object_key(KeyBuildInfo("kubelet", "pods", "", "v1", namespace, name)), data, rv
 
 
+# The most transactions the batched upload had in flight at once, per round.
+UPLOAD_IN_FLIGHT = []
+
+
 async def mode_batched(reactor, store, args, workdir):
     reader = LocalCacheReader(os.path.join(workdir, "cache"))
-    counts = await LocalCacheUploader(store, reader, [PODS]).upload()
+    uploader = LocalCacheUploader(store, reader, [PODS])
+    counts = await uploader.upload()
     assert counts.created == args.objects, counts
+    UPLOAD_IN_FLIGHT.append(uploader.most_in_flight)
 
 
 async def mode_per_object(reactor, store, args, workdir):
@@ -256,6 +262,7 @@ async def main(reactor, args):
               f"{'ok' if vs_raw >= 0.7 else 'MISSED'}")
         print(f"batched vs raw-batched-x4: {ratios['raw-batched-x4'].text('.2f')} "
               f"(target >= 0.9x) {'ok' if vs_raw_x4 >= 0.9 else 'MISSED'}")
+        print(f"most transactions in flight, batched upload, by round: {UPLOAD_IN_FLIGHT}")
         print(f"peak RSS growth during batched upload: {rss_mb:.1f} MB (target <= 50 MB) "
               f"{'ok' if rss_mb <= 50 else 'MISSED'}")
         for members in members_list[1:]:
@@ -402,6 +409,8 @@ def write_json(args, version, rates, rss_mb, ratios, lags, cluster_rates, cluste
             ">= 0.9x", vs_raw_x4 >= 0.9),
         row("peak RSS growth during batched upload", f"{rss_mb:.1f} MB", "<= 50 MB",
             rss_mb <= 50),
+        row("most transactions in flight, batched upload (by round)",
+            " / ".join(str(n) for n in UPLOAD_IN_FLIGHT)),
         row("longest reactor lag, batched upload / one per object / raw batched x1 / x4",
             " / ".join(f"{1000 * lags[name]:.0f}" for name in
                        ("batched", "per-object", "raw-batched", "raw-batched-x4")) + " ms"),
@@ -434,6 +443,7 @@ def write_json(args, version, rates, rss_mb, ratios, lags, cluster_rates, cluste
                   "vs_per_object": vs_per_object, "vs_raw_batched": vs_raw,
                   "vs_raw_batched_x4": vs_raw_x4,
                   "ratios_by_round": {name: r.values for name, r in ratios.items()},
+                  "upload_most_in_flight_by_round": UPLOAD_IN_FLIGHT,
                   "longest_reactor_lag_s": lags,
                   "objects_per_s_by_members": cluster_rates,
                   "longest_reactor_lag_s_by_members": cluster_lags}, rows)

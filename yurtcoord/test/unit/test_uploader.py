@@ -142,19 +142,23 @@ class PipelineTests(unittest.TestCase):
     each lane reads and checks its next chunk while its own write is in flight, so an
     answered lane writes again at once, with two chunks per lane in memory."""
 
+    # Pods in the cache, files per chunk, the store's parallel_batches.
+    FILES, CHUNK, PARALLEL = 20, 2, 4
+
     def setUp(self):
         self.local = os.path.abspath(self.mktemp())
-        for i in range(20):
+        for i in range(self.FILES):
             write_file(os.path.join(self.local, "kubelet", "pods.v1.core", "ns", f"p{i:02d}"),
                        make_object(f"p{i:02d}", "ns", 1 + i))
         self.clock = Clock()
         self.store = FakePoolStore(self.clock)
         verifyObject(IPoolStore, self.store)
-        self.store.parallel_batches = 4
+        self.store.parallel_batches = self.PARALLEL
         self.store.hold_writes = True
 
     def uploader(self, **kwargs):
-        return LocalCacheUploader(self.store, LocalCacheReader(self.local, chunk_size=2),
+        return LocalCacheUploader(self.store, LocalCacheReader(self.local,
+                                                               chunk_size=self.CHUNK),
                                   [PODS], backoff=steady_backoff(), **kwargs)
 
     def test_as_many_in_flight_as_the_store_allows_across_chunks(self):
@@ -237,22 +241,9 @@ class InFlightTests(unittest.TestCase):
     that stay slow send writers away, down to the store's ``parallel_batches``. A
     writer that leaves first writes the chunk it holds: every file is written once."""
 
-    FILES = 40
-
-    def setUp(self):
-        self.local = os.path.abspath(self.mktemp())
-        for i in range(self.FILES):
-            write_file(os.path.join(self.local, "kubelet", "pods.v1.core", "ns", f"p{i:02d}"),
-                       make_object(f"p{i:02d}", "ns", 1 + i))
-        self.clock = Clock()
-        self.store = FakePoolStore(self.clock)
-        verifyObject(IPoolStore, self.store)
-        self.store.parallel_batches = 2
-        self.store.hold_writes = True
-
-    def uploader(self, **kwargs):
-        return LocalCacheUploader(self.store, LocalCacheReader(self.local, chunk_size=1),
-                                  [PODS], backoff=steady_backoff(), **kwargs)
+    FILES, CHUNK, PARALLEL = 40, 1, 2
+    setUp = PipelineTests.setUp
+    uploader = PipelineTests.uploader
 
     def answer_round(self, latency):
         """etcd answers every write in flight ``latency`` seconds after it was sent;
