@@ -4,6 +4,11 @@ minutes that keeps the pool's quorums, and its excuses follow the rules of
 
 from twisted.trial import unittest
 
+from yurtcoord.kube.lease import format_micro_time
+from yurtcoord.names import NODE_LEASE_NAMESPACE
+from yurtcoord.sim.apiserver.requestlog import logged_request
+from yurtcoord.testing.invariants import lease_path
+
 from yurtcoord.testing.chaosjudge import (
     LAN, WAN, Timeline, excused_windows, judge_chaos, stale_spans,
 )
@@ -13,9 +18,19 @@ from yurtcoord.testing.chaosschedule import (
 )
 from yurtcoord.testing.netns import LinkEvent
 from yurtcoord.testing.partitions import LIVE_LEASE_BOUND, STALE_BOUND
-from yurtcoord.test.unit.test_invariants import node_write
 
 NODES = ["edge-1", "edge-2", "edge-3", "edge-4", "edge-5"]
+NODE_OF_ADDRESS = {"198.18.0.11": "edge-1", "198.18.0.12": "edge-2"}
+ADDRESS_OF = {node: address for address, node in NODE_OF_ADDRESS.items()}
+
+
+def node_write(at, node):
+    """``node``'s agent renews its own cloud lease at ``at`` (renewTime ``at``)."""
+    body = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+            "metadata": {"name": node, "namespace": NODE_LEASE_NAMESPACE},
+            "spec": {"holderIdentity": node, "renewTime": format_micro_time(at)}}
+    return logged_request(at, ADDRESS_OF[node], "PUT", lease_path(NODE_LEASE_NAMESPACE, node),
+                          200, body)
 
 
 class ScheduleTests(unittest.TestCase):
@@ -132,14 +147,14 @@ class StaleTests(unittest.TestCase):
         after the stop are fine, one after it is a violation, and after the start the
         lease must move again within the live bound; edge-2 renews all along."""
         timeline = Timeline(kubelet_down={"edge-1": [(10.0, 40.0)]})
-        renewals = [node_write(at, "n2", "edge-2") for at in range(0, 61, 3)]
-        good = [node_write(at, "n1", "edge-1") for at in (0, 3, 6, 9, 12, 15, 18)]
-        good += [node_write(at, "n1", "edge-1") for at in range(41, 61, 3)]
-        node_of = {"198.18.0.1": "edge-1", "198.18.0.2": "edge-2"}
+        renewals = [node_write(at, "edge-2") for at in range(0, 61, 3)]
+        good = [node_write(at, "edge-1") for at in (0, 3, 6, 9, 12, 15, 18)]
+        good += [node_write(at, "edge-1") for at in range(41, 61, 3)]
+        node_of = NODE_OF_ADDRESS
         judged = judge_chaos(renewals + good, [], node_of, ["edge-1", "edge-2"], timeline,
                              0.0, 60.0)
         self.assertEqual(judged, [])
-        late = node_write(10.0 + STALE_BOUND + 1, "n1", "edge-1")
+        late = node_write(10.0 + STALE_BOUND + 1, "edge-1")
         judged = judge_chaos(renewals + good + [late], [], node_of, ["edge-1", "edge-2"],
                              timeline, 0.0, 60.0)
         self.assertEqual(len(judged), 1, judged)
