@@ -36,7 +36,9 @@ class IPoolStore(Interface):
     reactor = Attribute("The reactor (or clock) the store's timers run on.")
     parallel_batches = Attribute("How many transactions the store keeps in flight for "
                                  "one create_or_update_many; a writer running several "
-                                 "calls at once keeps this many in all.")
+                                 "calls at once keeps this many in all (the local cache "
+                                 "upload more, up to its max_in_flight, while etcd "
+                                 "answers as quickly).")
     unreachable = Attribute("None while etcd answers the store's health checks; else why "
                             "the last check failed (for a cluster: each member and its "
                             "failure).")

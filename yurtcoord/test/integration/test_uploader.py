@@ -195,7 +195,7 @@ class UploadBehaviour(EtcdStoreCase):
             expected[f"/registry/pods/ns/{name}"] = data
         losing = EtcdForgetsOnce(self.store, lose_at=3)
         uploader = LocalCacheUploader(losing, LocalCacheReader(self.local, chunk_size=100),
-                                      [PODS], backoff=quick_backoff())
+                                      [PODS], backoff=quick_backoff(), max_in_flight=1)
         counts = yield uploader.upload()
         self.assertEqual(len(losing.forgotten), 100)
         self.assertEqual(counts, UploadCounts(300, 0, 0, 0))
@@ -212,7 +212,7 @@ class UploadBehaviour(EtcdStoreCase):
             write_file(self.pod_path("ns", f"p{i}"), make_object(f"p{i}", "ns", 1 + i))
         counting = EtcdForgetsOnce(self.store, lose_at=None)
         uploader = LocalCacheUploader(counting, LocalCacheReader(self.local, chunk_size=1),
-                                      [PODS], backoff=quick_backoff())
+                                      [PODS], backoff=quick_backoff(), max_in_flight=1)
         counts = yield uploader.upload()
         self.assertEqual(counts, UploadCounts(3, 0, 0, 0))
         self.assertEqual(counting.calls, 3)
@@ -416,7 +416,8 @@ class EtcdForgetsOnce:
     by the call before it (value and mirror rv), then fails with EtcdUnavailable; what
     etcd 3.5.0 to 3.5.2 can do to writes acknowledged just before it was killed."""
 
-    # Calls one at a time, so that "the call before" is the one answered last.
+    # Calls one at a time (the uploader given max_in_flight=1 as well), so that "the
+    # call before" is the one answered last.
     parallel_batches = 1
 
     def __init__(self, store, lose_at):
