@@ -168,9 +168,10 @@ sample values).
 **batched**: `LocalCacheUploader` reading the cache (files, JSON and resourceVersion
 checks included) and writing through `PoolStore.create_or_update_many`: 64 objects per
 transaction, each guarded by a compare (the key alone: absent), 4 transactions in
-flight (4 lanes over one reading of the cache, each writing a chunk of 64 files as one
-transaction and reading its next chunk while that one is in flight, so 4 stay in
-flight across chunk boundaries; each file of the size fstat gives read with one read;
+flight, one more per round of answers within 1.5 times etcd's quickest, up to 8 (the
+most per round is a row) (lanes over one reading of the cache, each writing a chunk of
+64 files as one transaction and reading its next chunk while that one is in flight, so
+they stay in flight across chunk boundaries; each file of the size fstat gives read with one read;
 automatic full garbage collections held off while the upload runs, as the agent's
 upload holds them with `QuietCollections`; middle ones go on). **one per object**:
 one `PoolStore.create` per object, one at a time (the unbatched baseline), through the same
