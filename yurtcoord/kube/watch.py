@@ -132,7 +132,19 @@ class WatchStreamProtocol(LineStreamProtocol):
         (``line``), so blank lines, whitespace and every line that is not an event are
         judged as alone. Lines that are each not one value but together make as many
         events are taken as those events: only a peer crafting them would send them,
-        and it could send the same events well formed."""
+        and it could send the same events well formed.
+
+        The first line of a stream is decoded and handed on alone, before the rest
+        of its read: a watch that resumes on a backlog gets a first read of a hundred
+        events or more, and its first event need not wait for all of them to be
+        decoded (the official client hands on each event as its line is decoded)."""
+        if not self.events:
+            first = block.find(b"\n")
+            if first >= 0:
+                self.line(block[:first])
+                if not self.streaming:
+                    return
+                block = block[first + 1:]
         listed = block.replace(b"\n", b",\n")
         # Each newline became two bytes: the lines counted without another pass over
         # the read (``bytes.count`` walks it byte by byte, slower than this replace,

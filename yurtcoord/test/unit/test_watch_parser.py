@@ -12,6 +12,7 @@ from twisted.web import http as twisted_http
 from twisted.web.client import ResponseDone, ResponseFailed
 
 from yurtcoord.kube import errors
+from yurtcoord.kube import watch as watch_module
 from yurtcoord.kube.client import MAX_RESPONSE_BYTES
 from yurtcoord.kube.watch import IdleWatchdog, WatchStreamProtocol
 from yurtcoord.tx.twisted_private import ChunkedBodyBatcher, batch_chunked_body
@@ -80,11 +81,35 @@ class WatchParserTests(unittest.TestCase):
         # Decoded together, so the store holds one string per distinct key of a read.
         p = Parser(on_event=lambda kind, obj: objects.append(obj))
         objects = []
-        p.feed(line("ADDED", "a", 1) + line("ADDED", "b", 2))
-        first, second = ([key for key in obj["metadata"]] for obj in objects)
+        # (The first event of a stream is decoded alone, see below.)
+        p.feed(line("ADDED", "z", 1))
+        p.feed(line("ADDED", "a", 2) + line("ADDED", "b", 3))
+        first, second = ([key for key in obj["metadata"]] for obj in objects[1:])
         self.assertEqual(first, second)
         for a, b in zip(first, second):
             self.assertIs(a, b)
+
+    def test_the_first_event_goes_on_before_the_rest_of_its_read_is_decoded(self):
+        # A watch resuming on a backlog: its first read holds a hundred events or more.
+        scanned = []
+        scan_json = watch_module._scan_json
+
+        def scan(text, index):
+            scanned.append(text)
+            return scan_json(text, index)
+        self.patch(watch_module, "_scan_json", scan)
+        decoded_at_first_event = []
+
+        def on_event(kind, obj):
+            if not decoded_at_first_event:
+                decoded_at_first_event.append(list(scanned))
+        p = Parser(on_event=on_event)
+        lines = [line("ADDED", f"n{i}", i) for i in range(1, 101)]
+        p.feed(b"".join(lines[:60]), b"".join(lines[60:]))
+        self.assertEqual(decoded_at_first_event, [[lines[0][:-1].decode()]])
+        # The rest of the first read and the next read: one decoder call each.
+        self.assertEqual(len(scanned), 3)
+        self.assertEqual(p.protocol.events, 100)
 
     def test_byte_at_a_time(self):
         p = Parser()
