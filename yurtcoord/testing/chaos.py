@@ -139,11 +139,12 @@ class FaultExecutor:
     @defer.inlineCallbacks
     def _start_agent(self, node: str, down: float) -> Generator[defer.Deferred[Any], Any, None]:
         """Start ``node``'s agent again; its down window ends once it listens."""
+        spawned = self.now()
         try:
             yield self.world.start_agents([node])
         finally:
             self.timeline.agent_down.setdefault(node, []).append((down, self.now()))
-            self.timeline.agent_listening.setdefault(node, []).append(self.now())
+            self.timeline.agent_restarts.setdefault(node, []).append((spawned, self.now()))
 
     @defer.inlineCallbacks
     def _agent_kill(self, fault: Fault) -> Generator[defer.Deferred[Any], Any, None]:

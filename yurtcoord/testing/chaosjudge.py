@@ -40,9 +40,12 @@ run, from the first fault to the end of the settle time:
    coordinator apiserver and a candidate for leader through each of them.
 3. Stale leases (``check_goes_stale`` with ``partitions.STALE_BOUND``: the kubelet
    grace period, an interval and the slack): while N's kubelet is stopped, N's cloud
-   lease is not renewed (by anyone) later than the bound after the stop, or after
-   the latest time N's agent listened again in that stop (a new agent counts the
-   kubelet's grace period from its own start, as ``KubeletHealthChecker`` does).
+   lease is not renewed (by anyone) later than the bound after the stop. A new agent
+   of N started within the stop counts the kubelet's grace period from its own start
+   (as ``KubeletHealthChecker`` does), which the test knows only to lie between the
+   new process's spawn and the moment it was seen listening: from its spawn on, the
+   bound counts from that moment (the latest it can have started), and what it
+   renewed before then is its own grace's.
 4. Nothing uploaded lost and the pool etcd exact against the cloud at the end, after
    a settle time (``ProcessWorld.pool_problems``), and no agent traceback or exit
    (``partitions.crashes``): judged by the run itself, not here.
@@ -67,11 +70,12 @@ Window = Tuple[float, float]
 @attr.s(auto_attribs=True)
 class Timeline:
     """When the faults of a run took effect, on the reactor's clock: ``agent_down``
-    and ``kubelet_down`` are windows per node, ``agent_listening`` the times a node's
-    new agent listened, ``link_cut`` windows per (host, network)."""
+    and ``kubelet_down`` are windows per node, ``agent_restarts`` (spawned, seen
+    listening) of each new agent of a node, ``link_cut`` windows per (host,
+    network)."""
 
     agent_down: Dict[str, List[Window]] = attr.ib(factory=dict)
-    agent_listening: Dict[str, List[float]] = attr.ib(factory=dict)
+    agent_restarts: Dict[str, List[Window]] = attr.ib(factory=dict)
     kubelet_down: Dict[str, List[Window]] = attr.ib(factory=dict)
     link_cut: Dict[Tuple[str, str], List[Window]] = attr.ib(factory=dict)
 
@@ -140,13 +144,22 @@ def excused_windows(timeline: Timeline, nodes: Sequence[str], node: str, start: 
 
 def stale_spans(timeline: Timeline, node: str) -> List[Window]:
     """Rule 3: (from, until) spans in each of which ``node``'s lease must not be
-    renewed later than ``STALE_BOUND`` after ``from``: a kubelet stop split at every
-    time the node's agent listened again within it."""
+    renewed later than ``STALE_BOUND`` after ``from``: a kubelet stop, split where a
+    new agent of the node was spawned within it (the span before it ends there), the
+    next span counted from when that agent was seen listening."""
     spans = []
+    restarts = sorted(timeline.agent_restarts.get(node, []))
     for stopped, started in timeline.kubelet_down.get(node, []):
-        edges = [stopped] + sorted(at for at in timeline.agent_listening.get(node, [])
-                                   if stopped < at < started) + [started]
-        spans += list(zip(edges, edges[1:]))
+        since = stopped
+        for spawned, listening in restarts:
+            if listening <= stopped or spawned >= started:
+                continue
+            until = max(stopped, spawned)
+            if until > since:
+                spans.append((since, until))
+            since = max(since, listening)
+        if started > since:
+            spans.append((since, started))
     return spans
 
 

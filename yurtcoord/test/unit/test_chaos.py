@@ -138,9 +138,32 @@ class StaleTests(unittest.TestCase):
     latest start of its agent within it."""
 
     def test_an_agent_restart_within_a_stop_starts_the_grace_again(self):
+        """The span before a new agent ends at its spawn; the next counts from when
+        it was seen listening; restarts outside the stop change nothing."""
         timeline = Timeline(kubelet_down={"edge-1": [(10.0, 60.0)]},
-                            agent_listening={"edge-1": [5.0, 30.0, 70.0]})
-        self.assertEqual(stale_spans(timeline, "edge-1"), [(10.0, 30.0), (30.0, 60.0)])
+                            agent_restarts={"edge-1": [(4.0, 5.0), (29.0, 30.5),
+                                                       (70.0, 71.0)]})
+        self.assertEqual(stale_spans(timeline, "edge-1"), [(10.0, 29.0), (30.5, 60.0)])
+
+    def test_an_agent_spawned_before_the_stop_and_listening_after_it(self):
+        timeline = Timeline(kubelet_down={"edge-1": [(10.0, 60.0)]},
+                            agent_restarts={"edge-1": [(9.0, 11.0)]})
+        self.assertEqual(stale_spans(timeline, "edge-1"), [(11.0, 60.0)])
+
+    def test_a_new_agent_renews_before_it_is_seen_listening(self):
+        """A renewal between the new agent's spawn and the moment it was seen
+        listening is its own grace's; one later than the bound after that moment is
+        a violation."""
+        timeline = Timeline(kubelet_down={"edge-1": [(10.0, 60.0)]},
+                            agent_restarts={"edge-1": [(25.0, 26.0)]})
+        early = node_write(25.5, "edge-1")
+        self.assertEqual(judge_chaos([early], [], NODE_OF_ADDRESS, ["edge-1"], timeline,
+                                     10.0, 60.0), [])
+        late = node_write(26.0 + STALE_BOUND + 0.5, "edge-1")
+        judged = judge_chaos([early, late], [], NODE_OF_ADDRESS, ["edge-1"], timeline,
+                             10.0, 60.0)
+        self.assertEqual(len(judged), 1, judged)
+        self.assertIn("after its kubelet stopped", judged[0])
 
     def test_judged_on_the_cloud_log(self):
         """edge-1's kubelet stops at 10 and starts at 40: renewals until the bound
