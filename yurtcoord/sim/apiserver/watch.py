@@ -1,9 +1,18 @@
 """One watch stream: a chunked HTTP response carrying one JSON event per line,
 fed by a storage watch, with periodic bookmarks and the client's timeout; it ends
-when the storage ends the watch."""
+when the storage ends the watch.
 
+A watch that starts with a replay (every object, or the events after its
+resourceVersion) gets them as kube-apiserver streams them: a batch of events encoded
+and written per reactor turn, so that the first ones are on their way while the rest
+are encoded, not all of them encoded before the first byte leaves. Events that come
+while a replay is still being written queue behind it, in order.
+"""
+
+import collections
 import json
 
+from twisted.internet.interfaces import IDelayedCall
 from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
 from twisted.python.failure import Failure
@@ -13,8 +22,19 @@ from yurtcoord.sim.apiserver import status
 from yurtcoord.sim.apiserver.storage import IStorageWatch
 
 
+# Events of a replay encoded and written in one reactor turn: the first batch leaves
+# within milliseconds of the request, and the client decodes while the server encodes.
+REPLAY_BATCH = 256
+
+
+# One encoder for every event (``json.dumps`` with separators builds one a call).
+_ENCODER = json.JSONEncoder(separators=(",", ":"))
+
+
 def encode_event(event_type: str, obj: object) -> bytes:
-    return json.dumps({"type": event_type, "object": obj}, separators=(",", ":")).encode() + b"\n"
+    """One line of a watch stream: ``{"type":...,"object":...}`` and a newline."""
+    encode = _ENCODER.encode
+    return f'{{"type":{encode(event_type)},"object":{encode(obj)}}}\n'.encode()
 
 
 class WatchStream:
@@ -40,6 +60,12 @@ class WatchStream:
         self._watcher = None
         self._bookmark_loop = None
         self._timeout_call = None
+        # Events not yet encoded: those of the replay, and any that came after them
+        # while the replay was still being written; ``_flush_call`` writes the next
+        # batch, and exists only while the queue does.
+        self._queue: collections.deque[tuple[str, object]] = collections.deque()
+        self._replaying = False
+        self._flush_call: IDelayedCall | None = None
         self.closed = False
         self.stalled = False
         self.events_sent = 0
@@ -51,14 +77,22 @@ class WatchStream:
         request.setHeader(b"cache-control", b"no-cache, private")
         request.notifyFinish().addBoth(self._finished)
         request.write(b"")
-        self._store.watch(self._type.gvr, self._filter, self._since, self._send).addCallbacks(
-            self._watching, self._failed)
+        # A storage that replays at once (the in-memory store) does so within this call.
+        self._replaying = True
+        try:
+            watching = self._store.watch(self._type.gvr, self._filter, self._since, self._send)
+        finally:
+            self._replaying = False
+        if self._queue:
+            self._flush()
+        watching.addCallbacks(self._watching, self._failed)
 
     def _failed(self, failure: Failure) -> None:
         """The storage refused or ended the watch: a KubeError is sent as an ERROR
         event (410 when the revision is gone) before the stream ends."""
         if self.closed:
             return
+        self._write_queue()
         if isinstance(failure.value, KubeError):
             self._write(encode_event("ERROR", status.status_of(failure.value)))
         else:
@@ -94,7 +128,33 @@ class WatchStream:
 
     def _send(self, event_type, obj):
         self.events_sent += 1
+        if self._replaying or self._queue:
+            self._queue.append((event_type, obj))
+            return
         self._write(encode_event(event_type, self._encoder(obj)))
+
+    def _encode_queued(self, count: int) -> bytes:
+        queue, encoder = self._queue, self._encoder
+        return b"".join(encode_event(event_type, encoder(obj)) for event_type, obj in
+                        (queue.popleft() for _ in range(min(count, len(queue)))))
+
+    def _flush(self) -> None:
+        """Write the next batch of queued events; the rest wait for the next turn."""
+        self._flush_call = None
+        if self.closed:
+            self._queue.clear()
+            return
+        self._write(self._encode_queued(REPLAY_BATCH))
+        if self._queue:
+            self._flush_call = self._clock.callLater(0, self._flush)
+
+    def _write_queue(self) -> None:
+        """Write every queued event now (the stream is about to end)."""
+        if self._flush_call is not None and self._flush_call.active():
+            self._flush_call.cancel()
+        self._flush_call = None
+        if self._queue:
+            self._write(self._encode_queued(len(self._queue)))
 
     def bookmark_line(self) -> bytes:
 
@@ -106,12 +166,16 @@ class WatchStream:
         })
 
     def _send_bookmark(self):
-        self._write(self.bookmark_line())
+        # A bookmark names the store's resourceVersion: not while events before it
+        # are still queued.
+        if not self._queue:
+            self._write(self.bookmark_line())
 
     def end(self) -> None:
         """Finish the response cleanly (terminating chunk; connection stays usable)."""
         if self.closed:
             return
+        self._write_queue()
         self._stop()
         self._request.finish()
 
@@ -131,6 +195,10 @@ class WatchStream:
         if self.closed:
             return
         self.closed = True
+        if self._flush_call is not None and self._flush_call.active():
+            self._flush_call.cancel()
+        self._flush_call = None
+        self._queue.clear()
         if self._watcher is not None:
             self._watcher.cancel()
         if self._bookmark_loop is not None and self._bookmark_loop.running:

@@ -17,7 +17,7 @@ from yurtcoord.sim.apiserver import Catalog, ObjectStore
 from yurtcoord.sim.apiserver.selectors import (
     FieldSelector, LabelSelector, ObjectFilter, SelectorError)
 from yurtcoord.sim.apiserver.storage import MemoryStorage
-from yurtcoord.sim.apiserver.watch import WatchStream
+from yurtcoord.sim.apiserver.watch import REPLAY_BATCH, WatchStream
 from yurtcoord.testing.apiservercase import configmap
 from yurtcoord.testing.inmemoryhttp import InMemoryHTTP
 
@@ -131,6 +131,39 @@ class WatchStreamClockTests(unittest.TestCase):
         self.request.processingFailed(Exception("client went away"))
         self.assertEqual(self.clock.getDelayedCalls(), [])
         self.assertEqual(self.store.watcher_count(), 0)
+
+
+    def test_a_replay_is_written_a_batch_a_turn_with_later_events_behind_it(self):
+        # As kube-apiserver streams a watch: the first events leave before the rest
+        # are encoded; an event that comes meanwhile, and the bookmarks, wait for the
+        # replay, so nothing arrives out of order or names a version not yet sent.
+        count = 2 * REPLAY_BATCH + 10
+        for i in range(count):
+            self.store.create(gvrs.CONFIGMAPS, configmap(f"cm-{i:04d}"))
+        self.stream(bookmarks=True, bookmark_interval=1.0)
+        self.assertEqual(len(self.events()), REPLAY_BATCH)
+        self.store.create(gvrs.CONFIGMAPS, configmap("late"))
+        self.assertEqual(len(self.events()), REPLAY_BATCH)
+        self.assertEqual(sorted(call.getTime() for call in self.clock.getDelayedCalls()),
+                         [0, 1.0])
+        # (A Clock runs the calls each batch schedules for the same time at once.)
+        self.clock.advance(0)
+        names = [e["object"]["metadata"]["name"] for e in self.events()]
+        self.assertEqual(names, [f"cm-{i:04d}" for i in range(count)] + ["late"])
+        self.assertEqual(self.clock.getDelayedCalls()[0].getTime(), 1.0)
+        self.clock.advance(1.0)
+        self.assertEqual(self.events()[-1]["type"], "BOOKMARK")
+        self.assertEqual(self.events()[-1]["object"]["metadata"]["resourceVersion"],
+                         str(count + 1))
+
+    def test_a_stream_ending_mid_replay_writes_the_rest_first(self):
+        for i in range(REPLAY_BATCH + 1):
+            self.store.create(gvrs.CONFIGMAPS, configmap(f"cm-{i:04d}"))
+        stream = self.stream()
+        stream.end()
+        self.assertEqual(len(self.events()), REPLAY_BATCH + 1)
+        self.assertEqual(self.request.finished, 1)
+        self.assertEqual(self.clock.getDelayedCalls(), [])
 
 
 class BadInputPropertyTests(unittest.TestCase):
