@@ -466,38 +466,20 @@ def run_kubernetes_consumer(url, namespace, count, resource_version):
 def informer_rounds(objects, rounds, consumers):
     """Each consumer drains one backlog per round, in turn; their figures by round."""
     from twisted.internet import defer, task
-    from twisted.internet.task import deferLater
-    from twisted.internet.utils import getProcessOutputAndValue
     from twisted.logger import globalLogBeginner
 
-    from informer import config_map
-    from yurtcoord.kube.gvr import CONFIGMAPS
-    from yurtcoord.sim.apiserver import KubeAPIServer
+    from informer import (
+        consumer_result, drop_backlog, make_backlog, start_consumer, start_server)
 
     globalLogBeginner.beginLoggingTo([lambda event: None], redirectStandardIO=False)
     drains = []
 
     @defer.inlineCallbacks
     def drain(reactor, server, consumer, namespace):
-        rv = str(server.store.resource_version)
-        args = [os.path.abspath(__file__), "--consumer", consumer, "--url", server.url,
-                "--namespace", namespace, "--objects", str(objects), "--resource-version", rv]
-        output = getProcessOutputAndValue(sys.executable, args, env=os.environ)
-        deadline = time.monotonic() + 60
-        while server.open_watches < 1:
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"{consumer} consumer did not start watching")
-            yield deferLater(reactor, 0.01, lambda: None)
-        yield server.faults.down()
-        for i in range(objects):
-            server.store.create(CONFIGMAPS, config_map(i, namespace))
-        yield server.faults.up()
-        out, err, code = yield output
-        if code != 0:
-            raise RuntimeError(f"{consumer} consumer failed ({code}): {err.decode()[-2000:]}")
-        result = json.loads(out.decode().strip().splitlines()[-1])
-        for i in range(objects):
-            server.store.delete(CONFIGMAPS, f"cm-{i:06d}", namespace)
+        output = yield start_consumer(reactor, server, __file__, consumer, namespace, objects)
+        yield make_backlog(server, namespace, objects)
+        result = consumer_result(consumer, *(yield output))
+        drop_backlog(server, namespace, objects)
         return {"request_to_first_s": result["first"] - result["request"],
                 "request_to_last_s": result["last"] - result["request"],
                 "request_events_per_s": objects / (result["last"] - result["request"]),
@@ -505,8 +487,7 @@ def informer_rounds(objects, rounds, consumers):
 
     @defer.inlineCallbacks
     def main(reactor):
-        server = KubeAPIServer(reactor, history=objects + 1000)
-        yield server.start(port=0)
+        server = yield start_server(reactor, objects)
         try:
             for r in range(rounds):
                 for consumer in consumers:

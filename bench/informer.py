@@ -15,7 +15,10 @@ watching it. Then:
   resourceVersion, so it receives all objects as a backlog of ADDED events, as fast
   as it can take them. events/s is the drain rate, from the first to the last event;
   the time from the server coming back up to the last event is shown beside it (it
-  includes the reconnect and the test server preparing the replay). The objects are
+  includes the reconnect and the test server preparing the replay). The test server
+  streams the replay as kube-apiserver does, a batch of events a reactor turn, with
+  its heap frozen meanwhile (its collector does not walk the backlog it holds), and
+  it is never at resourceVersion 0 (which a watch takes as "any"). The objects are
   deleted again once the consumer is done (the server keeps one drain's objects).
 - ``live``: the objects are created while the consumer watches (500 per reactor
   turn). This is bounded by how fast the test server creates and streams objects,
@@ -71,6 +74,7 @@ the most time of their own.
 """
 
 import argparse
+import gc
 import json
 import os
 import resource
@@ -293,9 +297,29 @@ def run_kubernetes_consumer(url, namespace, count, resource_version, profile_dir
 
 
 # -- driver -------------------------------------------------------------------------
+# (bench/decoders.py drives its consumers with the same four functions.)
 
-def measure(reactor, server, consumer, namespace, count, mode, profile_dir=None):
-    """Start one consumer, create ``count`` objects once it watches; its figures."""
+def start_server(reactor, objects):
+    """A Kubernetes API test server (in this process) with history for one drain of
+    ``objects``: each consumer resumes from just before its objects. A fresh test
+    server is at resourceVersion 0, which a watch takes as "any" (the first consumer
+    would resume with the initial list, not the replay every other drain gets;
+    kube-apiserver is never at 0): one object made and deleted moves it on."""
+    from yurtcoord.kube.gvr import CONFIGMAPS
+    from yurtcoord.sim.apiserver import KubeAPIServer
+
+    server = KubeAPIServer(reactor, history=objects + 1000)
+
+    def started(_):
+        server.store.create(CONFIGMAPS, config_map(0, "default"))
+        server.store.delete(CONFIGMAPS, "cm-000000", "default")
+        return server
+    return server.start(port=0).addCallback(started)
+
+
+def start_consumer(reactor, server, script, consumer, namespace, count, extra=()):
+    """Runs ``script --consumer consumer ...`` in its own process; fires, once that
+    consumer watches, with the Deferred of its output."""
     from twisted.internet import defer
     from twisted.internet.task import deferLater
     from twisted.internet.utils import getProcessOutputAndValue
@@ -303,33 +327,79 @@ def measure(reactor, server, consumer, namespace, count, mode, profile_dir=None)
     @defer.inlineCallbacks
     def run():
         rv = str(server.store.resource_version)
-        args = [os.path.abspath(__file__), "--consumer", consumer, "--url", server.url,
-                "--namespace", namespace, "--objects", str(count), "--resource-version", rv]
-        if profile_dir:
-            args += ["--profile", profile_dir]
+        args = [os.path.abspath(script), "--consumer", consumer, "--url", server.url,
+                "--namespace", namespace, "--objects", str(count), "--resource-version", rv,
+                *extra]
         output = getProcessOutputAndValue(sys.executable, args, env=os.environ)
         deadline = time.monotonic() + 60
         while server.open_watches < 1:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"{consumer} consumer did not start watching")
             yield deferLater(reactor, 0.01, lambda: None)
+        return [output]
+    return run().addCallback(lambda boxed: boxed[0])
+
+
+def make_backlog(server, namespace, count):
+    """Takes the server down, creates ``count`` objects in ``namespace`` and brings
+    it up again: the consumer resumes and gets them all as a backlog of ADDED events.
+    The server's heap stays frozen until ``drop_backlog``: it keeps the backlog until
+    the consumer is done, so its collector need not walk it while replaying it, as
+    kube-apiserver's replay never stops for a collection of the whole heap (here the
+    backlog's young objects cost a collection 70-130 ms, before the first byte)."""
+    from twisted.internet import defer
+
+    from yurtcoord.kube.gvr import CONFIGMAPS
+
+    @defer.inlineCallbacks
+    def run():
+        yield server.faults.down()
+        for i in range(count):
+            server.store.create(CONFIGMAPS, config_map(i, namespace))
+        gc.freeze()
+        yield server.faults.up()
+    return run()
+
+
+def drop_backlog(server, namespace, count):
+    """The server keeps only the objects of the drain under way."""
+    from yurtcoord.kube.gvr import CONFIGMAPS
+
+    gc.unfreeze()
+    for i in range(count):
+        server.store.delete(CONFIGMAPS, f"cm-{i:06d}", namespace)
+
+
+def consumer_result(consumer, out, err, code):
+    """The consumer's figures: the JSON of its last line of output."""
+    if code != 0:
+        raise RuntimeError(f"{consumer} consumer failed ({code}): {err.decode()[-2000:]}")
+    return json.loads(out.decode().strip().splitlines()[-1])
+
+
+def measure(reactor, server, consumer, namespace, count, mode, profile_dir=None):
+    """Start one consumer, create ``count`` objects once it watches; its figures."""
+    from twisted.internet import defer
+    from twisted.internet.task import deferLater
+
+    from yurtcoord.kube.gvr import CONFIGMAPS
+
+    @defer.inlineCallbacks
+    def run():
+        extra = ["--profile", profile_dir] if profile_dir else []
+        output = yield start_consumer(reactor, server, __file__, consumer, namespace, count,
+                                      extra)
         if mode == "backlog":
-            yield server.faults.down()
-            for i in range(count):
-                server.store.create(CONFIGMAPS_GVR, config_map(i, namespace))
-            yield server.faults.up()
+            yield make_backlog(server, namespace, count)
             started = created = time.time()
         else:
             started = time.time()
             for start in range(0, count, CHUNK):
                 for i in range(start, min(count, start + CHUNK)):
-                    server.store.create(CONFIGMAPS_GVR, config_map(i, namespace))
+                    server.store.create(CONFIGMAPS, config_map(i, namespace))
                 yield deferLater(reactor, 0, lambda: None)
             created = time.time()
-        out, err, code = yield output
-        if code != 0:
-            raise RuntimeError(f"{consumer} consumer failed ({code}): {err.decode()[-2000:]}")
-        result = json.loads(out.decode().strip().splitlines()[-1])
+        result = consumer_result(consumer, *(yield output))
         elapsed = result["last_event"] - started
         draining = result["last_event"] - result["first_event"]
         return {
@@ -358,9 +428,6 @@ def measure(reactor, server, consumer, namespace, count, mode, profile_dir=None)
     return run()
 
 
-CONFIGMAPS_GVR = None
-
-
 def round_figures(drains, r, mode):
     """Round ``r`` of every consumer: its drains of that round taken together (events
     over the CPU time, and over the wall time, of all of them)."""
@@ -386,23 +453,16 @@ def round_figures(drains, r, mode):
 
 
 def drive(objects, rounds, mode, json_path=None, profile_dir=None, drains_per_round=3):
-    global CONFIGMAPS_GVR
     from twisted.internet import defer, task
     from twisted.logger import globalLogBeginner
 
-    from yurtcoord.kube.gvr import CONFIGMAPS
-    from yurtcoord.sim.apiserver import KubeAPIServer
-
-    CONFIGMAPS_GVR = CONFIGMAPS
     globalLogBeginner.beginLoggingTo([lambda event: None], redirectStandardIO=False)
 
     results = []
 
     @defer.inlineCallbacks
     def main(reactor):
-        # History for one drain: each consumer resumes from just before its objects.
-        server = KubeAPIServer(reactor, history=objects + 1000)
-        yield server.start(port=0)
+        server = yield start_server(reactor, objects)
         drains = []
         try:
             for r in range(rounds):
@@ -438,9 +498,7 @@ def drive(objects, rounds, mode, json_path=None, profile_dir=None, drains_per_ro
                             print(profile_top(os.path.join(profile_dir,
                                                            f"{consumer}-{namespace}.prof")),
                                   flush=True)
-                        # The server keeps only the objects of the drain under way.
-                        for i in range(objects):
-                            server.store.delete(CONFIGMAPS_GVR, f"cm-{i:06d}", namespace)
+                        drop_backlog(server, namespace, objects)
                 results.extend(round_figures(drains, r, mode))
                 for figures in results[-len(CONSUMERS):]:
                     print(f"round {r} {figures['consumer']:20s} "
