@@ -56,13 +56,10 @@ from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 import attr
 
 from yurtcoord.sim.apiserver.requestlog import LoggedRequest
-from yurtcoord.testing.invariants import (
-    check_fencing, check_goes_stale, check_lease_age, check_single_delegator,
-)
+from yurtcoord.testing.invariants import check_goes_stale, check_lease_age
 from yurtcoord.testing.netns import LinkEvent
 from yurtcoord.testing.partitionworld import LAN, WAN
-from yurtcoord.testing.partitions import LEASE_DURATION, LIVE_LEASE_BOUND, STALE_BOUND
-from yurtcoord.testing.world import ELECTION_LEASE, ELECTION_NAMESPACE
+from yurtcoord.testing.partitions import LIVE_LEASE_BOUND, STALE_BOUND, check_delegators
 
 Window = Tuple[float, float]
 
@@ -168,11 +165,7 @@ def judge_chaos(cloud_log: Sequence[LoggedRequest], coordinator_log: Sequence[Lo
                 timeline: Timeline, start: float, end: float) -> List[str]:
     """Rules 1 to 3 of the module docstring over [``start``, ``end``]; each problem
     names the records at fault (and for rule 2 the windows it excused)."""
-    problems = []
-    problems += check_single_delegator(cloud_log, coordinator_log, node_of_address,
-                                       ELECTION_NAMESPACE, ELECTION_LEASE, LEASE_DURATION)
-    problems += check_fencing(cloud_log, coordinator_log, node_of_address,
-                              ELECTION_NAMESPACE, ELECTION_LEASE)
+    problems = check_delegators(cloud_log, coordinator_log, node_of_address)
     for node in nodes:
         problems += check_lease_age(cloud_log, node, start, end, LIVE_LEASE_BOUND,
                                     excused_windows(timeline, nodes, node, start, end))

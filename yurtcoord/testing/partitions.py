@@ -285,16 +285,24 @@ def judge_request_logs(cloud_log: Sequence[LoggedRequest],
     kubelet stopped at ``stopped_at``, stale within ``STALE_BOUND``. Whoever keeps such
     logs is judged alike: the API test servers of a scenario, or the fake links of a
     pool on a ``Clock``."""
-    problems = []
-    problems += check_single_delegator(cloud_log, coordinator_log, node_of_address,
-                                       ELECTION_NAMESPACE, ELECTION_LEASE, LEASE_DURATION)
-    problems += check_fencing(cloud_log, coordinator_log, node_of_address,
-                              ELECTION_NAMESPACE, ELECTION_LEASE)
+    problems = check_delegators(cloud_log, coordinator_log, node_of_address)
     for node in live:
         problems += check_lease_age(cloud_log, node, started, end, LIVE_LEASE_BOUND,
                                     excused)
     problems += check_goes_stale(cloud_log, dead, stopped_at, STALE_BOUND, end)
     return problems
+
+
+def check_delegators(cloud_log: Sequence[LoggedRequest],
+                     coordinator_log: Sequence[LoggedRequest],
+                     node_of_address: Mapping[str, str]) -> List[str]:
+    """Who forwarded heartbeats to the cloud: one delegator at a time, and only under
+    a term of the pool's election lease (fencing); every judge of a pool's run starts
+    with these two."""
+    return (check_single_delegator(cloud_log, coordinator_log, node_of_address,
+                                   ELECTION_NAMESPACE, ELECTION_LEASE, LEASE_DURATION)
+            + check_fencing(cloud_log, coordinator_log, node_of_address,
+                            ELECTION_NAMESPACE, ELECTION_LEASE))
 
 
 def leadership_changes_allowed(seconds: float) -> int:
