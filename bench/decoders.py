@@ -476,7 +476,9 @@ def informer_rounds(objects, rounds, consumers):
 
     @defer.inlineCallbacks
     def drain(reactor, server, consumer, namespace):
-        output = yield start_consumer(reactor, server, __file__, consumer, namespace, objects)
+        watching, output = start_consumer(reactor, server, __file__, consumer, namespace,
+                                          objects)
+        yield watching
         yield make_backlog(server, namespace, objects)
         result = consumer_result(consumer, *(yield output))
         drop_backlog(server, namespace, objects)

@@ -318,26 +318,26 @@ def start_server(reactor, objects):
 
 
 def start_consumer(reactor, server, script, consumer, namespace, count, extra=()):
-    """Runs ``script --consumer consumer ...`` in its own process; fires, once that
-    consumer watches, with the Deferred of its output."""
+    """Runs ``script --consumer consumer ...`` in its own process: (a Deferred that
+    fires once that consumer watches, the Deferred of its output)."""
     from twisted.internet import defer
     from twisted.internet.task import deferLater
     from twisted.internet.utils import getProcessOutputAndValue
 
+    rv = str(server.store.resource_version)
+    args = [os.path.abspath(script), "--consumer", consumer, "--url", server.url,
+            "--namespace", namespace, "--objects", str(count), "--resource-version", rv,
+            *extra]
+    output = getProcessOutputAndValue(sys.executable, args, env=os.environ)
+
     @defer.inlineCallbacks
-    def run():
-        rv = str(server.store.resource_version)
-        args = [os.path.abspath(script), "--consumer", consumer, "--url", server.url,
-                "--namespace", namespace, "--objects", str(count), "--resource-version", rv,
-                *extra]
-        output = getProcessOutputAndValue(sys.executable, args, env=os.environ)
+    def watching():
         deadline = time.monotonic() + 60
         while server.open_watches < 1:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"{consumer} consumer did not start watching")
             yield deferLater(reactor, 0.01, lambda: None)
-        return [output]
-    return run().addCallback(lambda boxed: boxed[0])
+    return watching(), output
 
 
 def make_backlog(server, namespace, count):
@@ -387,8 +387,9 @@ def measure(reactor, server, consumer, namespace, count, mode, profile_dir=None)
     @defer.inlineCallbacks
     def run():
         extra = ["--profile", profile_dir] if profile_dir else []
-        output = yield start_consumer(reactor, server, __file__, consumer, namespace, count,
-                                      extra)
+        watching, output = start_consumer(reactor, server, __file__, consumer, namespace,
+                                          count, extra)
+        yield watching
         if mode == "backlog":
             yield make_backlog(server, namespace, count)
             started = created = time.time()

@@ -25,6 +25,9 @@ from yurtcoord.sim.apiserver.storage import IStorageWatch
 # Events of a replay encoded and written in one reactor turn: the first batch leaves
 # within milliseconds of the request, and the client decodes while the server encodes.
 REPLAY_BATCH = 256
+# Bytes a chunk of a replay: the buffer Go's HTTP server fills before it writes a
+# chunk (``bufferBeforeChunkingSize``), while a watch has more events to send.
+REPLAY_CHUNK = 2048
 
 
 # One encoder for every event (``json.dumps`` with separators builds one a call).
@@ -133,10 +136,15 @@ class WatchStream:
             return
         self._write(encode_event(event_type, self._encoder(obj)))
 
-    def _encode_queued(self, count: int) -> bytes:
+    def _write_queued(self, count: int) -> None:
+        """Encode and write the first ``count`` queued events in chunks of
+        ``REPLAY_CHUNK`` bytes, cut wherever the size falls, as kube-apiserver's
+        response writer cuts a replay (a live event, written alone, is a chunk)."""
         queue, encoder = self._queue, self._encoder
-        return b"".join(encode_event(event_type, encoder(obj)) for event_type, obj in
+        data = b"".join(encode_event(event_type, encoder(obj)) for event_type, obj in
                         (queue.popleft() for _ in range(min(count, len(queue)))))
+        for start in range(0, len(data), REPLAY_CHUNK):
+            self._write(data[start:start + REPLAY_CHUNK])
 
     def _flush(self) -> None:
         """Write the next batch of queued events; the rest wait for the next turn."""
@@ -144,7 +152,7 @@ class WatchStream:
         if self.closed:
             self._queue.clear()
             return
-        self._write(self._encode_queued(REPLAY_BATCH))
+        self._write_queued(REPLAY_BATCH)
         if self._queue:
             self._flush_call = self._clock.callLater(0, self._flush)
 
@@ -153,8 +161,7 @@ class WatchStream:
         if self._flush_call is not None and self._flush_call.active():
             self._flush_call.cancel()
         self._flush_call = None
-        if self._queue:
-            self._write(self._encode_queued(len(self._queue)))
+        self._write_queued(len(self._queue))
 
     def bookmark_line(self) -> bytes:
 
