@@ -79,7 +79,11 @@ on, the time to the first and to the last event, events/s over the latter and th
 ratio per round (target on the median of the rounds), and the time to the first event
 (medians of the rounds, target: at most the official client's). A reconnect's backoff
 before that request is not in it; the connection, the test server preparing its replay
-(the whole backlog is written before the first event goes out) and the first read are.
+and the first read are. The test server streams a replay as kube-apiserver does (256
+events encoded a reactor turn, written in chunks of 2,048 bytes), with its heap frozen
+while it holds a backlog and never at resourceVersion 0, so the consumer decodes while
+the server still encodes: the fastest consumer's drain then shares the machine's two
+cores with the server for the whole drain, the official client's for its first quarter.
 Wall-clock events/s (first to last event) and their ratio follow as secondary rows:
 they move with the machine's load much more. Consumers, in this order every turn:
 yurtcoord's `Informer` on a `KubeClient` (treq/Twisted), run as the agent's pool sync
