@@ -465,8 +465,9 @@ def run_kubernetes_consumer(url, namespace, count, resource_version):
 
 def informer_rounds(objects, rounds, consumers):
     """Each consumer drains one backlog per round, in turn; their figures by round."""
-    from twisted.internet import defer, task
+    from twisted.internet import defer
     from twisted.logger import globalLogBeginner
+    from twisted.python.failure import Failure
 
     from informer import (
         consumer_result, drop_backlog, make_backlog, start_consumer, start_server)
@@ -505,7 +506,13 @@ def informer_rounds(objects, rounds, consumers):
         finally:
             yield server.stop()
 
-    task.react(main)
+    # Not task.react, which ends the process: the summary is made after the rounds.
+    from twisted.internet import reactor
+    outcome = []
+    main(reactor).addBoth(outcome.append).addBoth(lambda _: reactor.stop())
+    reactor.run()
+    if isinstance(outcome[0], Failure):
+        outcome[0].raiseException()
     return drains
 
 
