@@ -44,8 +44,9 @@ from yurtcoord.sim.apiserver.selectors import ObjectFilter
 from yurtcoord.sim.apiserver.storage import (
     EventCallback, IObjectStorage, IStorageWatch, StoragePage)
 from yurtcoord.sim.apiserver.store import (
-    check_preconditions, decorate, deliver, generated_name, incoming, namespace_of,
-    new_object, replacement, served_type, validate_name)
+    check_preconditions, decorate, generated_name, incoming, namespace_of, new_object,
+    replacement, served_type, validate_name)
+from yurtcoord.sim.apiserver.watchers import deliver
 
 Objects = list[dict[str, Any]]
 
@@ -83,9 +84,10 @@ def _etcd_error(failure: Failure) -> Failure:
 @implementer(IStorageWatch)
 class EtcdStorageWatch:
     """One API watch over one etcd watch; events become ADDED/MODIFIED/DELETED
-    through the watch's filter."""
+    through the watch's filter, as etcd sends them (nothing is held back)."""
 
     log = Logger()
+    replaying = False
 
     def __init__(self, storage: "EtcdStorage", resource_type: ResourceType,
                  object_filter: ObjectFilter, callback: EventCallback, revision: int) -> None:
@@ -153,6 +155,9 @@ class EtcdStorageWatch:
         old = obj if event.prev_value is None else decode(
             self._type, event.key, event.prev_value, revision)
         deliver(self._filter, self._callback, "MODIFIED", obj, old, revision)
+
+    def replay(self, count: int) -> None:
+        """etcd sends the replay itself: nothing is held back here."""
 
     def cancel(self) -> None:
         if self._cancelled:

@@ -19,7 +19,8 @@ from zope.interface import Attribute, Interface, implementer
 from yurtcoord.kube.gvr import GroupVersionResource
 from yurtcoord.sim.apiserver.catalog import Catalog
 from yurtcoord.sim.apiserver.selectors import ObjectFilter
-from yurtcoord.sim.apiserver.store import ObjectStore, Watcher, position
+from yurtcoord.sim.apiserver.store import ObjectStore, position
+from yurtcoord.sim.apiserver.watchers import Watcher
 
 __all__ = ["IObjectStorage", "IStorageWatch", "MemoryStorage", "MemoryWatch", "StoragePage",
            "position"]
@@ -48,6 +49,14 @@ class IStorageWatch(Interface):
         "Deferred firing when the storage ends the watch by itself: with None for a "
         "clean end (the client watches again), failing with a KubeError (410 when the "
         "revision was compacted under it). Never fires after cancel().")
+
+    replaying = Attribute(
+        "bool: part of the watch's replay is still to be handed on by replay(); the "
+        "changes that come meanwhile wait behind it.")
+
+    def replay(count: int) -> None:
+        """Hand on up to ``count`` more events of the replay through the callback.
+        (A storage that delivers its replay as it comes has nothing held back.)"""
 
     def cancel() -> None:
         """Stop delivering; idempotent."""
@@ -106,7 +115,8 @@ class IObjectStorage(Interface):
 
 @implementer(IStorageWatch)
 class MemoryWatch:
-    """A watch on the in-memory store: delivered at once, never ended by the store."""
+    """A watch on the in-memory store, never ended by the store. Its replay is handed
+    on as the watch stream asks for it (``replay``); changes after it at once."""
 
     def __init__(self, store: ObjectStore, watcher: Watcher) -> None:
         self._store = store
@@ -115,8 +125,18 @@ class MemoryWatch:
 
     @property
     def resource_version(self) -> int:
-        # Delivery is synchronous: every change up to the store's version was offered.
+        # Once the replay is handed on, delivery is synchronous: every change up to
+        # the store's version was offered.
+        if self._watcher.replaying:
+            return self._watcher.replayed_to
         return self._store.resource_version
+
+    @property
+    def replaying(self) -> bool:
+        return self._watcher.replaying
+
+    def replay(self, count: int) -> None:
+        self._watcher.replay(count)
 
     def cancel(self) -> None:
         self._watcher.cancel()
@@ -168,7 +188,8 @@ class MemoryStorage:
               callback: EventCallback) -> "Deferred[IStorageWatch]":
         return defer.maybeDeferred(
             lambda: MemoryWatch(self.store,
-                                self.store.watch(gvr, object_filter, since, callback)))
+                                self.store.watch(gvr, object_filter, since, callback,
+                                                 lazy=True)))
 
     def compact(self) -> "Deferred[None]":
         return defer.maybeDeferred(self.store.compact)

@@ -8,11 +8,11 @@ follow the same rules and produce the same watch events.
 import bisect
 import copy
 import datetime
+import itertools
 import random
 import re
 import uuid
 from collections import OrderedDict, deque
-from dataclasses import dataclass
 from typing import Any, Callable
 
 from twisted.internet.interfaces import IReactorTime
@@ -23,6 +23,7 @@ from yurtcoord.sim.apiserver import status
 from yurtcoord.kube.gvr import GroupVersionResource
 from yurtcoord.sim.apiserver.catalog import Catalog, ResourceType
 from yurtcoord.sim.apiserver.selectors import ObjectFilter
+from yurtcoord.sim.apiserver.watchers import WatchEvent, Watcher, deliver, event_version
 
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 _GENERATE_ALPHABET = "bcdfghjklmnpqrstvwxz2456789"
@@ -32,18 +33,6 @@ _SNAPSHOTS = 8
 
 # A list of objects. (Inside ObjectStore, ``list`` names its method.)
 Objects = list[dict[str, Any]]
-
-
-@dataclass(frozen=True)
-class WatchEvent:
-    """One change. ``old`` is the object before a MODIFIED, so that selector
-    watches can turn it into ADDED/DELETED when the object enters/leaves."""
-
-    type: str
-    resource_version: int
-    key: tuple[Any, ...]
-    object: dict[str, Any]
-    old: dict[str, Any] | None = None
 
 
 def _copy(obj):
@@ -255,56 +244,6 @@ def position(obj: dict[str, Any]) -> str:
     namespace = metadata.get("namespace")
     name = str(metadata.get("name", ""))
     return f"{namespace}/{name}" if namespace else name
-
-
-def deliver(object_filter: ObjectFilter, callback: Callable[[str, dict[str, Any]], object],
-            event_type: str, obj: dict[str, Any], old: dict[str, Any] | None,
-            resource_version: int) -> None:
-    """Hand one change to ``callback`` as a watch with ``object_filter`` sees it:
-    ADDED/DELETED when the object enters/leaves the selection, nothing when it is
-    outside before and after. ``old`` is the object before a MODIFIED."""
-    matches_new = object_filter.matches(obj)
-    if event_type == "MODIFIED":
-        matches_old = old is not None and object_filter.matches(old)
-        if matches_new and matches_old:
-            callback("MODIFIED", obj)
-        elif matches_new:
-            callback("ADDED", obj)
-        elif matches_old:
-            # As the watch cache does: the object as it was when it still
-            # matched, stamped with the resourceVersion of the change.
-            assert old is not None
-            gone = _copy(old)
-            gone["metadata"]["resourceVersion"] = str(resource_version)
-            callback("DELETED", gone)
-    elif matches_new:
-        callback(event_type, obj)
-
-
-class Watcher:
-    """A registered watch; ``cancel()`` stops delivery."""
-
-    def __init__(self, store: "ObjectStore", type_key: tuple[str, str, str],
-                 object_filter: ObjectFilter,
-                 callback: Callable[[str, dict[str, Any]], object]) -> None:
-        self._store = store
-        self.type_key = type_key
-        self.filter = object_filter
-        self._callback = callback
-        self.active = True
-
-    def offer(self, event: WatchEvent) -> None:
-        """Deliver ``event`` translated through the filter; events of other types are
-        dropped."""
-        if not self.active or event.key[0] != self.type_key:
-            return
-        deliver(self.filter, self._callback, event.type, event.object, event.old,
-                event.resource_version)
-
-    def cancel(self) -> None:
-        if self.active:
-            self.active = False
-            self._store._watchers.discard(self)
 
 
 class ObjectStore:
@@ -546,16 +485,18 @@ class ObjectStore:
     # -- watch -----------------------------------------------------------------
 
     def watch(self, gvr: GroupVersionResource, object_filter: ObjectFilter, since: int | None,
-              callback: Callable[[str, dict[str, Any]], object]) -> Watcher:
+              callback: Callable[[str, dict[str, Any]], object],
+              lazy: bool = False) -> Watcher:
         """Register ``callback(event_type, obj)`` for changes matching the filter.
 
         ``since`` None (or 0) first delivers ADDED for every matching object;
         an int replays the retained events after it, or raises a 410 error
-        when it is older than the retained history.
+        when it is older than the retained history. The replay is delivered within
+        this call, or with ``lazy`` left to ``Watcher.replay``.
         """
         resource_type = self._type(gvr)
         type_key = self._type_key(resource_type)
-        watcher = Watcher(self, type_key, object_filter, callback)
+        watcher = Watcher(self._watchers.discard, type_key, object_filter, callback)
         if not since:
             for key, obj in sorted(self._objects.items()):
                 if key[0] == type_key and object_filter.matches(obj):
@@ -563,9 +504,12 @@ class ObjectStore:
         else:
             if since < self._oldest_watchable:
                 raise status.expired(since, self._oldest_watchable)
-            for event in list(self._history):
-                if event.resource_version > since:
-                    watcher.offer(event)
+            history = self._history
+            # The history is in resourceVersion order: the replay starts after ``since``.
+            start = bisect.bisect_right(history, since, key=event_version)
+            watcher.hold(itertools.islice(history, start, None), since)
+            if not lazy:
+                watcher.replay(len(history))
         self._watchers.add(watcher)
         return watcher
 

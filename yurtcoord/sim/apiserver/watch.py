@@ -3,10 +3,11 @@ fed by a storage watch, with periodic bookmarks and the client's timeout; it end
 when the storage ends the watch.
 
 A watch that starts with a replay (every object, or the events after its
-resourceVersion) gets them as kube-apiserver streams them: a batch of events encoded
-and written per reactor turn, so that the first ones are on their way while the rest
-are encoded, not all of them encoded before the first byte leaves. Events that come
-while a replay is still being written queue behind it, in order.
+resourceVersion) gets them as kube-apiserver streams them: a batch of events taken
+from the storage, encoded and written per reactor turn, so that the first ones are on
+their way while the rest are still to be looked at, not all of them gone through
+before the first byte leaves. Events that come while a replay is still being written
+queue behind it, in order.
 """
 
 import collections
@@ -65,7 +66,8 @@ class WatchStream:
         self._timeout_call = None
         # Events not yet encoded: those of the replay, and any that came after them
         # while the replay was still being written; ``_flush_call`` writes the next
-        # batch, and exists only while the queue does.
+        # batch, and exists only while the queue, or a replay the storage holds back
+        # (``IStorageWatch.replaying``), does.
         self._queue: collections.deque[tuple[str, object]] = collections.deque()
         self._replaying = False
         self._flush_call: IDelayedCall | None = None
@@ -120,6 +122,8 @@ class WatchStream:
             self._bookmark_loop.start(self._bookmark_interval, now=False)
         if self._timeout:
             self._timeout_call = self._clock.callLater(self._timeout, self.end)
+        if self._flush_call is None and watcher.replaying:
+            self._flush()
 
     def _write(self, data):
         if not self.closed and not self.stalled:
@@ -146,21 +150,37 @@ class WatchStream:
         for start in range(0, len(data), REPLAY_CHUNK):
             self._write(data[start:start + REPLAY_CHUNK])
 
+    def _take_replay(self, count: int) -> None:
+        """Queue up to ``count`` more events of the replay the storage holds back."""
+        watcher = self._watcher
+        if watcher is None or count <= 0 or not watcher.replaying:
+            return
+        self._replaying = True
+        try:
+            watcher.replay(count)
+        finally:
+            self._replaying = False
+
     def _flush(self) -> None:
-        """Write the next batch of queued events; the rest wait for the next turn."""
+        """Write the next batch of the replay; the rest waits for the next turn."""
         self._flush_call = None
         if self.closed:
             self._queue.clear()
             return
+        self._take_replay(REPLAY_BATCH - len(self._queue))
         self._write_queued(REPLAY_BATCH)
-        if self._queue:
+        if self._queue or (self._watcher is not None and self._watcher.replaying):
             self._flush_call = self._clock.callLater(0, self._flush)
 
     def _write_queue(self) -> None:
-        """Write every queued event now (the stream is about to end)."""
+        """Write the whole replay and every queued event now (the stream is about to
+        end)."""
         if self._flush_call is not None and self._flush_call.active():
             self._flush_call.cancel()
         self._flush_call = None
+        while self._watcher is not None and self._watcher.replaying and not self.closed:
+            self._take_replay(REPLAY_BATCH)
+            self._write_queued(len(self._queue))
         self._write_queued(len(self._queue))
 
     def bookmark_line(self) -> bytes:
@@ -174,8 +194,8 @@ class WatchStream:
 
     def _send_bookmark(self):
         # A bookmark names the store's resourceVersion: not while events before it
-        # are still queued.
-        if not self._queue:
+        # are still queued or held back.
+        if not self._queue and not (self._watcher is not None and self._watcher.replaying):
             self._write(self.bookmark_line())
 
     def end(self) -> None:

@@ -17,7 +17,7 @@ from yurtcoord.sim.apiserver import Catalog, ObjectStore
 from yurtcoord.sim.apiserver.selectors import (
     FieldSelector, LabelSelector, ObjectFilter, SelectorError)
 from yurtcoord.sim.apiserver.storage import MemoryStorage
-from yurtcoord.sim.apiserver.watch import REPLAY_BATCH, WatchStream
+from yurtcoord.sim.apiserver.watch import REPLAY_BATCH, WatchStream, encode_event
 from yurtcoord.testing.apiservercase import configmap
 from yurtcoord.testing.inmemoryhttp import InMemoryHTTP
 
@@ -86,6 +86,49 @@ class StoreUnitTests(unittest.TestCase):
                           self.store.resource_version - 1, lambda t, o: None)
         self.assertEqual(self.store.watcher_count(), 0)
 
+    def test_a_lazy_replay_hands_on_events_only_when_asked(self):
+        self.store = ObjectStore(Catalog(), self.clock, history=100)
+        # As kube-apiserver's watch cache hands a new watcher its interval: nothing
+        # of the history is looked at within the call, changes wait behind it.
+        for name in "abc":
+            self.store.create(gvrs.PODS, {"metadata": {"name": name, "namespace": "x"}})
+        since = self.store.resource_version
+        self.store.create(gvrs.CONFIGMAPS, {"metadata": {"name": "cm", "namespace": "x"}})
+        self.store.create(gvrs.PODS, {"metadata": {"name": "other", "namespace": "y"}})
+        for name in "def":
+            self.store.create(gvrs.PODS, {"metadata": {"name": name, "namespace": "x"}})
+        events = []
+        watcher = self.store.watch(gvrs.PODS, ObjectFilter("x"), since,
+                                   lambda t, o: events.append(o["metadata"]["name"]),
+                                   lazy=True)
+        self.assertEqual(events, [])
+        self.assertTrue(watcher.replaying)
+        self.assertEqual(watcher.replayed_to, since)
+        self.store.create(gvrs.PODS, {"metadata": {"name": "late", "namespace": "x"}})
+        # The ConfigMap and the pod of another namespace do not count.
+        watcher.replay(2)
+        self.assertEqual(events, ["d", "e"])
+        self.assertEqual(watcher.replayed_to, since + 4)
+        watcher.replay(5)
+        self.assertEqual(events, ["d", "e", "f", "late"])
+        self.assertFalse(watcher.replaying)
+        self.store.create(gvrs.PODS, {"metadata": {"name": "live", "namespace": "x"}})
+        self.assertEqual(events[-1], "live")
+
+    def test_a_cancelled_lazy_replay_hands_on_nothing_more(self):
+        self.store = ObjectStore(Catalog(), self.clock, history=100)
+        for name in "abc":
+            self.store.create(gvrs.PODS, {"metadata": {"name": name}})
+        events = []
+        watcher = self.store.watch(gvrs.PODS, ObjectFilter(), 1,
+                                   lambda t, o: events.append(o["metadata"]["name"]),
+                                   lazy=True)
+        watcher.cancel()
+        watcher.replay(10)
+        self.assertEqual(events, [])
+        self.assertFalse(watcher.replaying)
+        self.assertEqual(self.store.watcher_count(), 0)
+
 
 class WatchStreamClockTests(unittest.TestCase):
     """Bookmark and timeout timing of one stream, on a fake clock."""
@@ -96,10 +139,10 @@ class WatchStreamClockTests(unittest.TestCase):
         self.request = DummyRequest([b""])
         self.closed = []
 
-    def stream(self, **kwargs):
+    def stream(self, since=None, **kwargs):
         resource_type = Catalog().type_of(gvrs.CONFIGMAPS)
         stream = WatchStream(self.request, self.clock, MemoryStorage(self.store), resource_type,
-                             ObjectFilter("default"), None, on_close=self.closed.append,
+                             ObjectFilter("default"), since, on_close=self.closed.append,
                              **kwargs)
         stream.start()
         return stream
@@ -156,6 +199,53 @@ class WatchStreamClockTests(unittest.TestCase):
         self.assertEqual(self.events()[-1]["type"], "BOOKMARK")
         self.assertEqual(self.events()[-1]["object"]["metadata"]["resourceVersion"],
                          str(count + 1))
+
+    def test_a_replay_from_a_version_takes_a_batch_a_turn_from_the_store(self):
+        # The first batch leaves before the store's history beyond it is looked at:
+        # the time to the first event does not grow with the backlog. A bookmark
+        # waits until the replay is written.
+        self.store.create(gvrs.CONFIGMAPS, configmap("before"))
+        since = self.store.resource_version
+        count = 3 * REPLAY_BATCH
+        for i in range(count):
+            self.store.create(gvrs.CONFIGMAPS, configmap(f"cm-{i:04d}"))
+        stream = self.stream(since=since, bookmarks=True, bookmark_interval=0.5)
+        self.assertEqual(len(self.events()), REPLAY_BATCH)
+        watcher = stream._watcher
+        self.assertTrue(watcher.replaying)
+        self.assertEqual(watcher.resource_version, since + REPLAY_BATCH)
+        self.store.create(gvrs.CONFIGMAPS, configmap("late"))
+        self.clock.advance(0)
+        names = [e["object"]["metadata"]["name"] for e in self.events()]
+        self.assertEqual(names, [f"cm-{i:04d}" for i in range(count)] + ["late"])
+        self.assertFalse(watcher.replaying)
+        self.clock.advance(0.5)
+        self.assertEqual(self.events()[-1]["type"], "BOOKMARK")
+        self.assertEqual(self.events()[-1]["object"]["metadata"]["resourceVersion"],
+                         str(since + count + 1))
+
+    def test_a_bookmark_never_names_a_version_the_replay_has_not_reached(self):
+        self.store.create(gvrs.CONFIGMAPS, configmap("before"))
+        since = self.store.resource_version
+        for i in range(2 * REPLAY_BATCH):
+            self.store.create(gvrs.CONFIGMAPS, configmap(f"cm-{i:04d}"))
+        stream = self.stream(since=since, bookmarks=True, bookmark_interval=0.5)
+        stream._send_bookmark()
+        self.assertNotIn("BOOKMARK", [e["type"] for e in self.events()])
+        self.assertEqual(stream.bookmark_line(), encode_event("BOOKMARK", {
+            "kind": "ConfigMap", "apiVersion": "v1",
+            "metadata": {"resourceVersion": str(since + REPLAY_BATCH)}}))
+
+    def test_a_stream_ending_mid_replay_from_a_version_writes_the_rest_first(self):
+        self.store.create(gvrs.CONFIGMAPS, configmap("before"))
+        since = self.store.resource_version
+        for i in range(2 * REPLAY_BATCH + 1):
+            self.store.create(gvrs.CONFIGMAPS, configmap(f"cm-{i:04d}"))
+        stream = self.stream(since=since)
+        stream.end()
+        self.assertEqual(len(self.events()), 2 * REPLAY_BATCH + 1)
+        self.assertEqual(self.request.finished, 1)
+        self.assertEqual(self.clock.getDelayedCalls(), [])
 
     def test_a_stream_ending_mid_replay_writes_the_rest_first(self):
         for i in range(REPLAY_BATCH + 1):
