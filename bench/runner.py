@@ -80,7 +80,9 @@ ratio per round (target on the median of the rounds), and the time to the first 
 (medians of the rounds, target: at most the official client's). A reconnect's backoff
 before that request is not in it; the connection, the test server preparing its replay
 and the first read are. The test server streams a replay as kube-apiserver does (256
-events encoded a reactor turn, written in chunks of 2,048 bytes), with its heap frozen
+events taken from its history, encoded and written a reactor turn, in chunks of 2,048
+bytes, as the watch cache hands a watcher its interval: nothing of the history beyond
+the first batch is looked at before the first byte leaves), with its heap frozen
 while it holds a backlog and never at resourceVersion 0, so the consumer decodes while
 the server still encodes: the fastest consumer's drain then shares the machine's two
 cores with the server for the whole drain, the official client's for its first quarter.
