@@ -143,12 +143,15 @@ class ObjectFilter:
         self.namespace = namespace
         self.labels = LabelSelector(label_selector)
         self.fields = FieldSelector(field_selector)
+        # No selector: the namespace alone decides (a watch's every event asks).
+        self._namespace_only = not self.labels.requirements and not self.fields.requirements
 
     def matches(self, obj: dict[str, Any] | None) -> bool:
         if obj is None:
-
             return False
         metadata = obj.get("metadata") or {}
         if self.namespace is not None and metadata.get("namespace", "") != self.namespace:
             return False
+        if self._namespace_only:
+            return True
         return self.labels.matches(metadata.get("labels")) and self.fields.matches(obj)

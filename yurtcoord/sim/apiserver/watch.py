@@ -35,10 +35,14 @@ REPLAY_CHUNK = 2048
 _ENCODER = json.JSONEncoder(separators=(",", ":"))
 
 
+def _line(event_type: str, obj: object) -> str:
+    encode = _ENCODER.encode
+    return f'{{"type":{encode(event_type)},"object":{encode(obj)}}}\n'
+
+
 def encode_event(event_type: str, obj: object) -> bytes:
     """One line of a watch stream: ``{"type":...,"object":...}`` and a newline."""
-    encode = _ENCODER.encode
-    return f'{{"type":{encode(event_type)},"object":{encode(obj)}}}\n'.encode()
+    return _line(event_type, obj).encode()
 
 
 class WatchStream:
@@ -59,7 +63,7 @@ class WatchStream:
         self._bookmarks = bookmarks
         self._bookmark_interval = bookmark_interval
         self._timeout = timeout
-        self._encoder = encoder or (lambda obj: obj)
+        self._encoder = encoder
         self._on_close = on_close
         self._watcher = None
         self._bookmark_loop = None
@@ -138,15 +142,22 @@ class WatchStream:
         if self._replaying or self._queue:
             self._queue.append((event_type, obj))
             return
-        self._write(encode_event(event_type, self._encoder(obj)))
+        encoder = self._encoder
+        self._write(encode_event(event_type, obj if encoder is None else encoder(obj)))
 
     def _write_queued(self, count: int) -> None:
         """Encode and write the first ``count`` queued events in chunks of
         ``REPLAY_CHUNK`` bytes, cut wherever the size falls, as kube-apiserver's
         response writer cuts a replay (a live event, written alone, is a chunk)."""
         queue, encoder = self._queue, self._encoder
-        data = b"".join(encode_event(event_type, encoder(obj)) for event_type, obj in
-                        (queue.popleft() for _ in range(min(count, len(queue)))))
+        popleft = queue.popleft
+        taken = [popleft() for _ in range(min(count, len(queue)))]
+        # ASCII (the encoder escapes the rest): one conversion to bytes per batch.
+        if encoder is None:
+            data = "".join([_line(event_type, obj) for event_type, obj in taken]).encode()
+        else:
+            data = "".join([_line(event_type, encoder(obj))
+                            for event_type, obj in taken]).encode()
         for start in range(0, len(data), REPLAY_CHUNK):
             self._write(data[start:start + REPLAY_CHUNK])
 

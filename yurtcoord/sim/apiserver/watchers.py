@@ -31,10 +31,11 @@ def event_version(event: WatchEvent) -> int:
 
 def deliver(object_filter: ObjectFilter, callback: Callable[[str, dict[str, Any]], object],
             event_type: str, obj: dict[str, Any], old: dict[str, Any] | None,
-            resource_version: int) -> None:
+            resource_version: int) -> bool:
     """Hand one change to ``callback`` as a watch with ``object_filter`` sees it:
     ADDED/DELETED when the object enters/leaves the selection, nothing when it is
-    outside before and after. ``old`` is the object before a MODIFIED."""
+    outside before and after. ``old`` is the object before a MODIFIED. True when an
+    event was handed on."""
     matches_new = object_filter.matches(obj)
     if event_type == "MODIFIED":
         matches_old = old is not None and object_filter.matches(old)
@@ -49,8 +50,12 @@ def deliver(object_filter: ObjectFilter, callback: Callable[[str, dict[str, Any]
             gone = copy.deepcopy(old)
             gone["metadata"]["resourceVersion"] = str(resource_version)
             callback("DELETED", gone)
-    elif matches_new:
+        else:
+            return False
+        return True
+    if matches_new:
         callback(event_type, obj)
+    return matches_new
 
 
 class Watcher:
@@ -100,21 +105,14 @@ class Watcher:
         """Hand on events of the backlog until ``count`` were delivered (those the
         filter leaves out do not count) or the backlog is empty."""
         delivered = 0
-        callback = self._callback
-
-        def counted(event_type: str, obj: dict[str, Any]) -> None:
-            nonlocal delivered
-            delivered += 1
-            callback(event_type, obj)
-
-        backlog = self._backlog
+        backlog, callback, object_filter = self._backlog, self._callback, self.filter
         while backlog and delivered < count and self.active:
             event = backlog.popleft()
             self.replayed_to = event.resource_version
-            if event.key[0] != self.type_key:
-                continue
-            deliver(self.filter, counted, event.type, event.object, event.old,
-                    event.resource_version)
+            if event.key[0] == self.type_key and deliver(
+                    object_filter, callback, event.type, event.object, event.old,
+                    event.resource_version):
+                delivered += 1
 
     def cancel(self) -> None:
         if self.active:
