@@ -108,9 +108,10 @@ of 2.7 kB per ConfigMap; 10,100 instead of 15,500 page faults per drain of 20,00
 alternating runs of this benchmark on 2026-12-02 (5 rounds of 3 turns, load average
 1.8-3.5), the ratio per round was 2.84-3.21x (median 3.01x) before and 3.19-4.00x
 (median 3.82x) after. What makes single drains differ (from `getrusage` around each
-drain): neither consumer waits for data during a drain (a voluntary context switch in
-hardly one drain of 40: the server has the whole backlog written before the first event
-goes out), and
+drain, in those runs, when the server still wrote the whole backlog before the first
+event went out): neither consumer waited for data during a drain (a voluntary context
+switch in hardly one drain of 40; since the server streams its replay, a yurtcoord drain
+waits for it 50-75 times, the official client's hardly ever), and
 garbage collection and page faults vary little from drain to drain; what varies is the
 user CPU time of the same work, on both sides, by up to a half between drains seconds
 apart, with the other load on this 2-core machine. A yurtcoord drain is 0.1-0.2 s of
