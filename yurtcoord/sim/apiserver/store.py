@@ -13,6 +13,7 @@ import random
 import re
 import uuid
 from collections import OrderedDict, deque
+from operator import attrgetter
 from typing import Any, Callable
 
 from twisted.internet.interfaces import IReactorTime
@@ -23,7 +24,7 @@ from yurtcoord.sim.apiserver import status
 from yurtcoord.kube.gvr import GroupVersionResource
 from yurtcoord.sim.apiserver.catalog import Catalog, ResourceType
 from yurtcoord.sim.apiserver.selectors import ObjectFilter
-from yurtcoord.sim.apiserver.watchers import WatchEvent, Watcher, deliver, event_version
+from yurtcoord.sim.apiserver.watchers import WatchEvent, Watcher
 
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 _GENERATE_ALPHABET = "bcdfghjklmnpqrstvwxz2456789"
@@ -506,7 +507,7 @@ class ObjectStore:
                 raise status.expired(since, self._oldest_watchable)
             history = self._history
             # The history is in resourceVersion order: the replay starts after ``since``.
-            start = bisect.bisect_right(history, since, key=event_version)
+            start = bisect.bisect_right(history, since, key=attrgetter("resource_version"))
             watcher.hold(itertools.islice(history, start, None), since)
             if not lazy:
                 watcher.replay(len(history))

@@ -73,7 +73,9 @@ class WatchStream:
         # batch, and exists only while the queue, or a replay the storage holds back
         # (``IStorageWatch.replaying``), does.
         self._queue: collections.deque[tuple[str, object]] = collections.deque()
-        self._replaying = False
+        # Set while a storage hands on replayed events: they queue, whatever the queue
+        # holds.
+        self._taking_replay = False
         self._flush_call: IDelayedCall | None = None
         self.closed = False
         self.stalled = False
@@ -87,11 +89,11 @@ class WatchStream:
         request.notifyFinish().addBoth(self._finished)
         request.write(b"")
         # A storage that replays at once (the in-memory store) does so within this call.
-        self._replaying = True
+        self._taking_replay = True
         try:
             watching = self._store.watch(self._type.gvr, self._filter, self._since, self._send)
         finally:
-            self._replaying = False
+            self._taking_replay = False
         if self._queue:
             self._flush()
         watching.addCallbacks(self._watching, self._failed)
@@ -139,7 +141,7 @@ class WatchStream:
 
     def _send(self, event_type, obj):
         self.events_sent += 1
-        if self._replaying or self._queue:
+        if self._taking_replay or self._queue:
             self._queue.append((event_type, obj))
             return
         encoder = self._encoder
@@ -153,24 +155,26 @@ class WatchStream:
         popleft = queue.popleft
         taken = [popleft() for _ in range(min(count, len(queue)))]
         # ASCII (the encoder escapes the rest): one conversion to bytes per batch.
-        if encoder is None:
-            data = "".join([_line(event_type, obj) for event_type, obj in taken]).encode()
-        else:
-            data = "".join([_line(event_type, encoder(obj))
-                            for event_type, obj in taken]).encode()
+        data = "".join([_line(event_type, obj if encoder is None else encoder(obj))
+                        for event_type, obj in taken]).encode()
         for start in range(0, len(data), REPLAY_CHUNK):
             self._write(data[start:start + REPLAY_CHUNK])
+
+    @property
+    def _replay_held(self) -> bool:
+        """The storage still holds back part of this watch's replay."""
+        return self._watcher is not None and self._watcher.replaying
 
     def _take_replay(self, count: int) -> None:
         """Queue up to ``count`` more events of the replay the storage holds back."""
         watcher = self._watcher
-        if watcher is None or count <= 0 or not watcher.replaying:
+        if count <= 0 or watcher is None or not watcher.replaying:
             return
-        self._replaying = True
+        self._taking_replay = True
         try:
             watcher.replay(count)
         finally:
-            self._replaying = False
+            self._taking_replay = False
 
     def _flush(self) -> None:
         """Write the next batch of the replay; the rest waits for the next turn."""
@@ -180,7 +184,7 @@ class WatchStream:
             return
         self._take_replay(REPLAY_BATCH - len(self._queue))
         self._write_queued(REPLAY_BATCH)
-        if self._queue or (self._watcher is not None and self._watcher.replaying):
+        if self._queue or self._replay_held:
             self._flush_call = self._clock.callLater(0, self._flush)
 
     def _write_queue(self) -> None:
@@ -189,10 +193,10 @@ class WatchStream:
         if self._flush_call is not None and self._flush_call.active():
             self._flush_call.cancel()
         self._flush_call = None
-        while self._watcher is not None and self._watcher.replaying and not self.closed:
+        self._write_queued(len(self._queue))
+        while self._replay_held and not self.closed:
             self._take_replay(REPLAY_BATCH)
             self._write_queued(len(self._queue))
-        self._write_queued(len(self._queue))
 
     def bookmark_line(self) -> bytes:
 
@@ -206,7 +210,7 @@ class WatchStream:
     def _send_bookmark(self):
         # A bookmark names the store's resourceVersion: not while events before it
         # are still queued or held back.
-        if not self._queue and not (self._watcher is not None and self._watcher.replaying):
+        if not self._queue and not self._replay_held:
             self._write(self.bookmark_line())
 
     def end(self) -> None:

@@ -10,7 +10,7 @@ from typing import Any, Callable, Iterable
 
 from yurtcoord.sim.apiserver.selectors import ObjectFilter
 
-__all__ = ["WatchEvent", "Watcher", "deliver", "event_version"]
+__all__ = ["WatchEvent", "Watcher", "deliver"]
 
 
 @dataclass(frozen=True)
@@ -23,10 +23,6 @@ class WatchEvent:
     key: tuple[Any, ...]
     object: dict[str, Any]
     old: dict[str, Any] | None = None
-
-
-def event_version(event: WatchEvent) -> int:
-    return event.resource_version
 
 
 def deliver(object_filter: ObjectFilter, callback: Callable[[str, dict[str, Any]], object],
