@@ -22,7 +22,11 @@ One run, a fresh etcd (on loopback, temp dir) per mode, the same objects in each
 Modes alternate for ``--repeat`` rounds.  Each mode's rate shown is its best round;
 each ratio is taken within a round (the modes of one round ran back to back, under the
 same load from other processes on the machine) and judged by the median of the rounds,
-so that neither one lucky round nor one disturbed round decides a target.  Every
+so that neither one lucky round nor one disturbed round decides a target.  A round runs
+the batched upload and raw puts with as many in flight side by side, the two closest
+compared, and every other round runs its modes in the reverse order: a mode's place in
+a round (what the disk is still doing after the mode before it removed its etcd) then
+falls on each side of a ratio equally often, instead of always on the same one.  Every
 mode's result is checked with etcdctl (key count and a sample of values).
 
 ``--etcd-members 1 3`` runs every mode on a single etcd and on a 3-member cluster
@@ -216,11 +220,13 @@ async def main(reactor, args):
         if args.profile:
             await profile(reactor, args, binary, workdir)
             return
+        # The batched upload first (its peak RSS is measured in the first round),
+        # then the baseline it is held closest to; every other round reversed.
         modes = [
             ("batched", mode_batched, args.objects),
-            ("per-object", mode_per_object, args.per_object_sample),
-            ("raw-batched", mode_raw_batched, args.objects),
             ("raw-batched-x4", mode_raw_batched_parallel, args.objects),
+            ("raw-batched", mode_raw_batched, args.objects),
+            ("per-object", mode_per_object, args.per_object_sample),
         ]
         members_list = args.etcd_members
         # rates and lags of the single member (the targets) and of each cluster size.
@@ -231,7 +237,7 @@ async def main(reactor, args):
         round_rates = []
         for round_number in range(1, args.repeat + 1):
             round_rates.append({})
-            for name, func, count in modes:
+            for name, func, count in (modes if round_number % 2 else modes[::-1]):
                 for members in members_list:
                     elapsed, growth, lag = await run_mode(reactor, func, count, binary, args,
                                                           workdir, members)
