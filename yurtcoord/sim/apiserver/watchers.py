@@ -33,25 +33,23 @@ def deliver(object_filter: ObjectFilter, callback: Callable[[str, dict[str, Any]
     outside before and after. ``old`` is the object before a MODIFIED. True when an
     event was handed on."""
     matches_new = object_filter.matches(obj)
-    if event_type == "MODIFIED":
-        matches_old = old is not None and object_filter.matches(old)
-        if matches_new and matches_old:
-            callback("MODIFIED", obj)
-        elif matches_new:
-            callback("ADDED", obj)
-        elif matches_old:
-            # As the watch cache does: the object as it was when it still
-            # matched, stamped with the resourceVersion of the change.
-            assert old is not None
-            gone = copy.deepcopy(old)
-            gone["metadata"]["resourceVersion"] = str(resource_version)
-            callback("DELETED", gone)
-        else:
-            return False
-        return True
+    if event_type != "MODIFIED":
+        if matches_new:
+            callback(event_type, obj)
+        return matches_new
+    matches_old = old is not None and object_filter.matches(old)
     if matches_new:
-        callback(event_type, obj)
-    return matches_new
+        callback("MODIFIED" if matches_old else "ADDED", obj)
+        return True
+    if not matches_old:
+        return False
+    # As the watch cache does: the object as it was when it still matched, stamped
+    # with the resourceVersion of the change.
+    assert old is not None
+    gone = copy.deepcopy(old)
+    gone["metadata"]["resourceVersion"] = str(resource_version)
+    callback("DELETED", gone)
+    return True
 
 
 class Watcher:
