@@ -16,9 +16,12 @@ watching it. Then:
   as it can take them. events/s is the drain rate, from the first to the last event;
   the time from the server coming back up to the last event is shown beside it (it
   includes the reconnect and the test server preparing the replay). The test server
-  streams the replay as kube-apiserver does, a batch of events a reactor turn, with
-  its heap frozen meanwhile (its collector does not walk the backlog it holds), and
-  it is never at resourceVersion 0 (which a watch takes as "any"). The objects are
+  streams the replay as kube-apiserver does, a batch of events a reactor turn, each
+  object written as the JSON it encoded once when the change was stored (as the
+  watch cache keeps one serialization of an object for all its watchers), so the
+  server streams faster than a consumer decodes; with its heap frozen meanwhile (its
+  collector does not walk the backlog it holds), and it is never at resourceVersion
+  0 (which a watch takes as "any"). The objects are
   deleted again once the consumer is done (the server keeps one drain's objects).
 - ``live``: the objects are created while the consumer watches (500 per reactor
   turn). This is bounded by how fast the test server creates and streams objects,

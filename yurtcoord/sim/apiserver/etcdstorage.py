@@ -404,6 +404,10 @@ class EtcdStorage:
         """How many watches are open on etcd."""
         return len(self._watches)
 
+    def encoded(self, obj: dict[str, Any]) -> str | None:
+        """None: an event's object is decoded from its etcd value, not kept encoded."""
+        return None
+
     # -- maintenance -------------------------------------------------------------
 
     def compact(self) -> "Deferred[None]":

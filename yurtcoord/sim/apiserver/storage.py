@@ -104,6 +104,11 @@ class IObjectStorage(Interface):
         after ``since``; ``since`` None first delivers ADDED for every matching
         object. 410 when ``since`` is older than what the storage keeps."""
 
+    def encoded(obj: dict[str, Any]) -> str | None:
+        """The JSON this storage keeps of ``obj``, an object it handed to a watch
+        callback, or None when it keeps none: a watch stream writes that text
+        instead of encoding the object again."""
+
     def compact() -> "Deferred[None]":
         """Forget the history: a watch or list from before the newest change gets 410
         (the in-memory store forgets that change too; etcd keeps the revision it was
@@ -190,6 +195,9 @@ class MemoryStorage:
             lambda: MemoryWatch(self.store,
                                 self.store.watch(gvr, object_filter, since, callback,
                                                  lazy=True)))
+
+    def encoded(self, obj: dict[str, Any]) -> str | None:
+        return self.store.encoded(obj)
 
     def compact(self) -> "Deferred[None]":
         return defer.maybeDeferred(self.store.compact)

@@ -24,7 +24,7 @@ from yurtcoord.sim.apiserver import status
 from yurtcoord.kube.gvr import GroupVersionResource
 from yurtcoord.sim.apiserver.catalog import Catalog, ResourceType
 from yurtcoord.sim.apiserver.selectors import ObjectFilter
-from yurtcoord.sim.apiserver.watchers import WatchEvent, Watcher
+from yurtcoord.sim.apiserver.watchers import WatchEvent, Watcher, encode_object
 
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 _GENERATE_ALPHABET = "bcdfghjklmnpqrstvwxz2456789"
@@ -264,6 +264,9 @@ class ObjectStore:
         self._rv = 0
         self._history: deque[WatchEvent] = deque()
         self._history_limit = max(0, int(history))
+        # The retained events by their object's identity, for ``encoded``: an entry
+        # holds its event, and so the object, until the event leaves the history.
+        self._retained: dict[int, WatchEvent] = {}
         self._oldest_watchable = 0
         self._watchers: set[Watcher] = set()
         self._random = random.Random(seed)
@@ -288,6 +291,7 @@ class ObjectStore:
     def compact(self) -> None:
         """Forget all history: watches from any older resourceVersion get 410."""
         self._history.clear()
+        self._retained.clear()
         self._oldest_watchable = self._rv
         self.log.info("store compacted at rv={rv}", rv=self._rv)
 
@@ -299,16 +303,29 @@ class ObjectStore:
         gvr = resource_type.gvr
         return (gvr.group, gvr.version, gvr.resource)
 
+    def encoded(self, obj: dict[str, Any]) -> str | None:
+        """The JSON of ``obj`` when it is the object of an event the store retains
+        (encoded once, when the change was recorded), else None: a watch stream
+        writes it instead of encoding the object again."""
+        event = self._retained.get(id(obj))
+        return event.encoded if event is not None and event.object is obj else None
+
     def _record(self, event_type, key, obj, old=None):
         # ``old`` is the stored object being replaced: stored objects are never
-        # changed in place, so the event keeps it as it is.
-        event = WatchEvent(event_type, self._rv, key, _copy(obj), old)
+        # changed in place, so the event keeps it as it is. Nor is an event's own
+        # copy, which is what lets the event keep its JSON.
+        event_object = _copy(obj)
         if self._history_limit:
+            event = WatchEvent(event_type, self._rv, key, event_object, old,
+                               encode_object(event_object))
             self._history.append(event)
+            self._retained[id(event_object)] = event
             while len(self._history) > self._history_limit:
                 dropped = self._history.popleft()
+                del self._retained[id(dropped.object)]
                 self._oldest_watchable = dropped.resource_version
         else:
+            event = WatchEvent(event_type, self._rv, key, event_object, old)
             self._oldest_watchable = self._rv
         for watcher in list(self._watchers):
             watcher.offer(event)

@@ -7,11 +7,12 @@ resourceVersion) gets them as kube-apiserver streams them: a batch of events tak
 from the storage, encoded and written per reactor turn, so that the first ones are on
 their way while the rest are still to be looked at, not all of them gone through
 before the first byte leaves. Events that come while a replay is still being written
-queue behind it, in order.
+queue behind it, in order. An object the storage keeps encoded (``encoded``: the
+in-memory store's retained events) is written as that text, not encoded again.
 """
 
 import collections
-import json
+from typing import Any
 
 from twisted.internet.interfaces import IDelayedCall
 from twisted.internet.task import LoopingCall
@@ -21,6 +22,7 @@ from twisted.python.failure import Failure
 from yurtcoord.kube.errors import KubeError
 from yurtcoord.sim.apiserver import status
 from yurtcoord.sim.apiserver.storage import IStorageWatch
+from yurtcoord.sim.apiserver.watchers import encode_object
 
 
 # Events of a replay encoded and written in one reactor turn: the first batch leaves
@@ -31,18 +33,13 @@ REPLAY_BATCH = 256
 REPLAY_CHUNK = 2048
 
 
-# One encoder for every event (``json.dumps`` with separators builds one a call).
-_ENCODER = json.JSONEncoder(separators=(",", ":"))
-
-
-def _line(event_type: str, obj: object) -> str:
-    encode = _ENCODER.encode
-    return f'{{"type":{encode(event_type)},"object":{encode(obj)}}}\n'
+def _line(event_type: str, object_json: str) -> str:
+    return f'{{"type":{encode_object(event_type)},"object":{object_json}}}\n'
 
 
 def encode_event(event_type: str, obj: object) -> bytes:
     """One line of a watch stream: ``{"type":...,"object":...}`` and a newline."""
-    return _line(event_type, obj).encode()
+    return _line(event_type, encode_object(obj)).encode()
 
 
 class WatchStream:
@@ -72,7 +69,7 @@ class WatchStream:
         # while the replay was still being written; ``_flush_call`` writes the next
         # batch, and exists only while the queue, or a replay the storage holds back
         # (``IStorageWatch.replaying``), does.
-        self._queue: collections.deque[tuple[str, object]] = collections.deque()
+        self._queue: collections.deque[tuple[str, dict[str, Any]]] = collections.deque()
         # Set while a storage hands on replayed events: they queue, whatever the queue
         # holds.
         self._taking_replay = False
@@ -144,18 +141,25 @@ class WatchStream:
         if self._taking_replay or self._queue:
             self._queue.append((event_type, obj))
             return
-        encoder = self._encoder
-        self._write(encode_event(event_type, obj if encoder is None else encoder(obj)))
+        self._write(_line(event_type, self._object_json(obj)).encode())
+
+    def _object_json(self, obj: dict[str, Any]) -> str:
+        """``obj`` as its event carries it: through the stream's encoder if it has
+        one, else as the storage keeps it encoded, else encoded here."""
+        if self._encoder is not None:
+            return encode_object(self._encoder(obj))
+        stored = self._store.encoded(obj)
+        return stored if stored is not None else encode_object(obj)
 
     def _write_queued(self, count: int) -> None:
         """Encode and write the first ``count`` queued events in chunks of
         ``REPLAY_CHUNK`` bytes, cut wherever the size falls, as kube-apiserver's
         response writer cuts a replay (a live event, written alone, is a chunk)."""
-        queue, encoder = self._queue, self._encoder
+        queue, object_json = self._queue, self._object_json
         popleft = queue.popleft
         taken = [popleft() for _ in range(min(count, len(queue)))]
         # ASCII (the encoder escapes the rest): one conversion to bytes per batch.
-        data = "".join([_line(event_type, obj if encoder is None else encoder(obj))
+        data = "".join([_line(event_type, object_json(obj))
                         for event_type, obj in taken]).encode()
         for start in range(0, len(data), REPLAY_CHUNK):
             self._write(data[start:start + REPLAY_CHUNK])

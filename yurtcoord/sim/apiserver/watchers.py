@@ -1,28 +1,48 @@
 """Watches of the test API server's in-memory store: the events it records, how
 one change looks through a watch's filter, and a registered watch with the replay it
 hands on.
+
+An event the store retains carries its object's JSON, encoded once when the change
+was recorded: every watch stream that sends the event writes that text
+(``ObjectStore.encoded``) instead of encoding the object again, as kube-apiserver's
+watch cache keeps one serialization of an object for all its watchers. A replay is
+then a copy of text, so the server streams a backlog faster than any consumer
+decodes it, as kube-apiserver does; encoding each event as it streamed took this
+server longer than yurtcoord's informer takes to decode it.
 """
 
 import copy
+import json
 from collections import deque
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
 from yurtcoord.sim.apiserver.selectors import ObjectFilter
 
-__all__ = ["WatchEvent", "Watcher", "deliver"]
+__all__ = ["WatchEvent", "Watcher", "deliver", "encode_object"]
+
+# One encoder for every object (``json.dumps`` with separators builds one a call).
+_ENCODER = json.JSONEncoder(separators=(",", ":"))
+
+
+def encode_object(obj: object) -> str:
+    """An object as a watch line and a list answer carry it: compact JSON, ASCII."""
+    return _ENCODER.encode(obj)
 
 
 @dataclass(frozen=True)
 class WatchEvent:
     """One change. ``old`` is the object before a MODIFIED, so that selector
-    watches can turn it into ADDED/DELETED when the object enters/leaves."""
+    watches can turn it into ADDED/DELETED when the object enters/leaves.
+    ``encoded`` is ``object``'s JSON (``encode_object``) when the store retains the
+    event, else None."""
 
     type: str
     resource_version: int
     key: tuple[Any, ...]
     object: dict[str, Any]
     old: dict[str, Any] | None = None
+    encoded: str | None = None
 
 
 def deliver(object_filter: ObjectFilter, callback: Callable[[str, dict[str, Any]], object],

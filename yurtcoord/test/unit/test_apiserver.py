@@ -10,13 +10,14 @@ from hypothesis import strategies as st
 from twisted.internet.task import Clock
 from twisted.trial import unittest
 from twisted.web.test.requesthelper import DummyRequest
+from zope.interface.verify import verifyObject
 
 from yurtcoord.kube import gvr as gvrs
 from yurtcoord.kube.errors import AlreadyExists, Conflict, Gone, NotFound
 from yurtcoord.sim.apiserver import Catalog, ObjectStore
 from yurtcoord.sim.apiserver.selectors import (
     FieldSelector, LabelSelector, ObjectFilter, SelectorError)
-from yurtcoord.sim.apiserver.storage import MemoryStorage
+from yurtcoord.sim.apiserver.storage import IObjectStorage, MemoryStorage
 from yurtcoord.sim.apiserver.watch import REPLAY_BATCH, WatchStream, encode_event
 from yurtcoord.testing.apiservercase import configmap
 from yurtcoord.testing.inmemoryhttp import InMemoryHTTP
@@ -115,6 +116,30 @@ class StoreUnitTests(unittest.TestCase):
         self.store.create(gvrs.PODS, {"metadata": {"name": "live", "namespace": "x"}})
         self.assertEqual(events[-1], "live")
 
+    def test_a_retained_event_keeps_its_objects_json_until_it_leaves_the_history(self):
+        # (history=3.) The JSON is encoded once, when the change is recorded.
+        objects = []
+        self.store.watch(gvrs.PODS, ObjectFilter(), None, lambda t, o: objects.append(o))
+        for name in "abc":
+            self.store.create(gvrs.PODS, {"metadata": {"name": name}, "spec": {"n": 1}})
+        for obj in objects:
+            self.assertEqual(self.store.encoded(obj), json.dumps(obj, separators=(",", ":")))
+        # Only the event's own object: an equal copy is not it.
+        self.assertIsNone(self.store.encoded(dict(objects[0])))
+        self.store.create(gvrs.PODS, {"metadata": {"name": "d"}})
+        self.assertIsNone(self.store.encoded(objects[0]))
+        self.assertIsNotNone(self.store.encoded(objects[1]))
+        self.store.compact()
+        self.assertEqual([self.store.encoded(obj) for obj in objects], [None] * 4)
+        self.store.create(gvrs.PODS, {"metadata": {"name": "e"}})
+        self.assertIsNotNone(self.store.encoded(objects[-1]))
+        # A store that keeps no history encodes nothing.
+        store = ObjectStore(Catalog(), self.clock, history=0)
+        kept = []
+        store.watch(gvrs.PODS, ObjectFilter(), None, lambda t, o: kept.append(o))
+        store.create(gvrs.PODS, {"metadata": {"name": "a"}})
+        self.assertIsNone(store.encoded(kept[0]))
+
     def test_a_cancelled_lazy_replay_hands_on_nothing_more(self):
         self.store = ObjectStore(Catalog(), self.clock, history=100)
         for name in "abc":
@@ -130,6 +155,14 @@ class StoreUnitTests(unittest.TestCase):
         self.assertEqual(self.store.watcher_count(), 0)
 
 
+class _MarkingStorage(MemoryStorage):
+    """The in-memory storage, its kept JSON of an object marked with ``"marked": true``."""
+
+    def encoded(self, obj):
+        text = super().encoded(obj)
+        return None if text is None else text[:-1] + ',"marked":true}'
+
+
 class WatchStreamClockTests(unittest.TestCase):
     """Bookmark and timeout timing of one stream, on a fake clock."""
 
@@ -139,11 +172,11 @@ class WatchStreamClockTests(unittest.TestCase):
         self.request = DummyRequest([b""])
         self.closed = []
 
-    def stream(self, since=None, **kwargs):
+    def stream(self, since=None, storage=None, object_filter=None, **kwargs):
         resource_type = Catalog().type_of(gvrs.CONFIGMAPS)
-        stream = WatchStream(self.request, self.clock, MemoryStorage(self.store), resource_type,
-                             ObjectFilter("default"), since, on_close=self.closed.append,
-                             **kwargs)
+        stream = WatchStream(self.request, self.clock, storage or MemoryStorage(self.store),
+                             resource_type, object_filter or ObjectFilter("default"), since,
+                             on_close=self.closed.append, **kwargs)
         stream.start()
         return stream
 
@@ -223,6 +256,31 @@ class WatchStreamClockTests(unittest.TestCase):
         self.assertEqual(self.events()[-1]["type"], "BOOKMARK")
         self.assertEqual(self.events()[-1]["object"]["metadata"]["resourceVersion"],
                          str(since + count + 1))
+
+    def test_an_event_is_written_as_the_storage_keeps_its_object_encoded(self):
+        # The storage's JSON of an event's object is what the stream writes (marked
+        # here, so that it shows), in a replay and live; an object the storage keeps
+        # no JSON of (one leaving the selection, stamped anew) is encoded by the stream.
+        storage = _MarkingStorage(self.store)
+        self.assertTrue(verifyObject(IObjectStorage, storage))
+        self.store.create(gvrs.CONFIGMAPS, configmap("before", labels={"app": "x"}))
+        since = self.store.resource_version
+        for i in range(REPLAY_BATCH + 1):
+            self.store.create(gvrs.CONFIGMAPS, configmap(f"cm-{i:04d}", labels={"app": "x"}))
+        self.stream(since=since, storage=storage,
+                    object_filter=ObjectFilter("default", "app=x"))
+        self.clock.advance(0)
+        self.assertEqual(len(self.events()), REPLAY_BATCH + 1)
+        self.assertTrue(all(e["object"]["marked"] for e in self.events()))
+        left = self.store.get(gvrs.CONFIGMAPS, "cm-0000", "default")
+        left["metadata"]["labels"] = {"app": "y"}
+        self.store.update(gvrs.CONFIGMAPS, left)
+        self.store.create(gvrs.CONFIGMAPS, configmap("live", labels={"app": "x"}))
+        gone, live = self.events()[-2:]
+        self.assertEqual((gone["type"], gone["object"]["metadata"]["name"]),
+                         ("DELETED", "cm-0000"))
+        self.assertNotIn("marked", gone["object"])
+        self.assertEqual((live["type"], live["object"]["marked"]), ("ADDED", True))
 
     def test_a_bookmark_never_names_a_version_the_replay_has_not_reached(self):
         self.store.create(gvrs.CONFIGMAPS, configmap("before"))
