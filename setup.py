@@ -29,6 +29,9 @@ setup(
         "prometheus-client",
         "zope.interface",
         "PyYAML",
+        # The watch stream's JSON decoder (yurtcoord/kube/watch.py); bench/decoders.py
+        # weighs it against the stdlib's.
+        "msgspec>=0.19,<0.24",
     ],
     extras_require={
         # What `make run` needs beyond the agent: an etcd for the sandbox's pool.
@@ -47,10 +50,9 @@ setup(
             "mypy>=2.4,<2.5",
             "mypy-zope",
             "types-PyYAML",
-            # bench/decoders.py weighs them against the stdlib's json on the watch
-            # stream and the etcd answers; the agent does not import them.
+            # bench/decoders.py weighs it, and msgspec, against the stdlib's json on
+            # the watch stream and the etcd answers; the agent does not import it.
             "orjson",
-            "msgspec",
         ],
     },
 )

@@ -77,27 +77,43 @@ class WatchParserTests(unittest.TestCase):
         self.assertEqual(p.results, [None])
         self.assertEqual(p.protocol.events, 5)
 
-    def test_events_of_one_read_share_the_strings_of_their_keys(self):
-        # Decoded together, so the store holds one string per distinct key of a read.
+    def test_events_share_the_strings_of_their_keys(self):
+        # The decoder keeps one string per distinct short key, so the store holds one
+        # string per key, not one per object: within a read and across reads.
         p = Parser(on_event=lambda kind, obj: objects.append(obj))
         objects = []
         # (The first event of a stream is decoded alone, see below.)
         p.feed(line("ADDED", "z", 1))
         p.feed(line("ADDED", "a", 2) + line("ADDED", "b", 3))
-        first, second = ([key for key in obj["metadata"]] for obj in objects[1:])
-        self.assertEqual(first, second)
-        for a, b in zip(first, second):
-            self.assertIs(a, b)
+        keys = [[key for key in obj["metadata"]] for obj in objects]
+        self.assertEqual(keys[0], keys[1])
+        for first, *others in zip(*keys):
+            for other in others:
+                self.assertIs(first, other)
+
+    def test_only_json_as_rfc_8259_defines_it_is_an_event(self):
+        # What the stdlib's decoder took, and a Kubernetes apiserver never sends: a
+        # float that is not a number or infinite, a lone surrogate (a name that cannot
+        # be encoded again). Each ends the stream as not JSON, alone or among events.
+        for value in (b"NaN", b"Infinity", b"-Infinity", b"1e400", b'"\\ud800"'):
+            for before in (b"", line("ADDED", "a", 1)):
+                p = Parser()
+                p.feed(before + b'{"type":"ADDED","object":{"metadata":{"name":'
+                       + value + b',"resourceVersion":"2"}}}\n' + line("ADDED", "b", 3))
+                p.end(ResponseFailed)
+                self.assertEqual(p.events, [("ADDED", "1")] if before else [])
+                self.assertIsInstance(p.results[0].value, errors.ServerError)
+                self.assertIn("not a JSON watch event", str(p.results[0].value))
 
     def test_the_first_event_goes_on_before_the_rest_of_its_read_is_decoded(self):
         # A watch resuming on a backlog: its first read holds a hundred events or more.
         scanned = []
-        scan_json = watch_module._scan_json
+        decode_json = watch_module._decode_json
 
-        def scan(text, index):
-            scanned.append(text)
-            return scan_json(text, index)
-        self.patch(watch_module, "_scan_json", scan)
+        def scan(data):
+            scanned.append(data)
+            return decode_json(data)
+        self.patch(watch_module, "_decode_json", scan)
         decoded_at_first_event = []
 
         def on_event(kind, obj):
@@ -106,7 +122,7 @@ class WatchParserTests(unittest.TestCase):
         p = Parser(on_event=on_event)
         lines = [line("ADDED", f"n{i}", i) for i in range(1, 101)]
         p.feed(b"".join(lines[:60]), b"".join(lines[60:]))
-        self.assertEqual(decoded_at_first_event, [[lines[0][:-1].decode()]])
+        self.assertEqual(decoded_at_first_event, [[lines[0][:-1]]])
         # The rest of the first read and the next read: one decoder call each.
         self.assertEqual(len(scanned), 3)
         self.assertEqual(p.protocol.events, 100)
