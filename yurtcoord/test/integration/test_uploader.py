@@ -275,6 +275,25 @@ class UploadBehaviour(EtcdStoreCase):
                          sorted(self.pod_path("default", n) for n in ("wide", "wide-be", "marked")))
 
     @defer.inlineCallbacks
+    def test_json_beyond_rfc_8259_is_a_bad_object_and_never_stored(self):
+        """What Python's own decoder would take and the coordinator apiserver could not
+        read back: NaN, Infinity, a number beyond a double's range, a lone surrogate."""
+        good = self.write_good_pods(2)
+        values = {"nan": b"NaN", "inf": b"-Infinity", "huge": b"1e400",
+                  "surrogate": b'"\\ud800"'}
+        for name, value in values.items():
+            pod = make_object(name, "default", 20)
+            write_file(self.pod_path("default", name),
+                       pod[:-1] + b',"spec":{"value":' + value + b"}}")
+        metrics = Metrics("edge-1")
+        counts = yield self.uploader(chunk_size=2, metrics=metrics).upload()
+        self.assertEqual(counts, UploadCounts(2, 0, 0, 4))
+        self.assertEqual(self.dump(), good)
+        self.assertEqual(self.skipped_count(metrics, "bad_object"), 4)
+        self.assertEqual(sorted(self.skipped_paths()),
+                         sorted(self.pod_path("default", name) for name in values))
+
+    @defer.inlineCallbacks
     def test_links_are_skipped_and_what_they_point_to_never_uploaded(self):
         good = self.write_good_pods(2)
         outside = os.path.abspath(self.mktemp())
