@@ -1,6 +1,6 @@
 """Typed errors of the Kubernetes API, built from its ``Status`` objects."""
 
-import json
+from yurtcoord.tx.jsondecode import decode_json as decode
 
 
 class KubeError(Exception):
@@ -168,11 +168,11 @@ def error_from_status(code: object, status: object = None, message: str = "") ->
 
 
 def decode_json(body: bytes) -> object:
-    """``body`` decoded as JSON; ``ValueError`` for anything that is not, including
-    bytes that are not UTF-8 and nesting too deep for the parser (which raises
-    ``RecursionError`` on its own)."""
+    """``body`` decoded as JSON (``yurtcoord.tx.jsondecode``); ``ValueError`` for
+    anything that is not, including bytes that are not UTF-8 and nesting too deep for
+    the parser (which raises ``RecursionError`` on its own)."""
     try:
-        return json.loads(body.decode("utf-8"))
+        return decode(body)
     except RecursionError:
         raise ValueError("JSON nested too deeply") from None
 

@@ -14,42 +14,19 @@ memory. Anything that is not a watch event (not JSON, nested deeper than the dec
 goes, not an object, a type that is not a string, an event whose object is not an
 object) is ``ServerError``; nothing a peer sends raises anything untyped.
 
-The decoder is msgspec's, on the bytes as read: bench/decoders.py weighs it against
-the stdlib's ``json`` and ``orjson`` on this stream, and it is the one that met the
-rule for a decoder beside the stdlib (at least 20% more events a second from the
-request to the last event, at most 2 MB more memory; bench/RESULTS.md). It takes
-JSON as RFC 8259 defines it, no more: ``NaN``, ``Infinity``, a number beyond a
-double's range and a lone surrogate escape, which the stdlib's decoder let through
-(as a float ``nan`` or ``inf``, or a string that cannot be encoded again), make a
-line that is not JSON. The apiserver never sends them. It keeps one string per
-distinct short key for all it decodes, so the objects an informer stores share
-their keys' strings.
-
-``finished`` fires exactly once, when the connection is gone: with None when the
-server ended the stream cleanly or the watch was cancelled, with the typed error
-otherwise (the end-of-stream machine of ``yurtcoord.tx.lines``, as for etcd's watch).
-
-The client puts ``yurtcoord.tx.twisted_private.batch_chunked_body`` under a watch
-response, so all the events of one read arrive together: the apiserver sends every
-event as its own HTTP chunk, and Twisted's decoder calls up through the response once
-per chunk.
-
-``IdleWatchdog`` ends a stream on which nothing arrived for a while with ``Timeout``:
-a connection that died without a FIN or RST (a NAT or an edge link dropping it)
-would otherwise leave a watch waiting forever. Its check is guarded (loop
-``watch-idle`` of ``yurtcoord.tx.guardedloop``): a check that raises is logged and
-counted in ``loop_errors`` and the check is armed again, since a watchdog whose timer
-is gone leaves its watch without an idle timeout, as if none had been asked for.
+The decoder is ``yurtcoord.tx.jsondecode``'s: JSON as RFC 8259 defines it, no
+more (``NaN``, ``Infinity``, a number beyond a double's range and a lone surrogate
+escape make a line that is not JSON; the apiserver never sends them).
 """
 
 from typing import Any, Callable, Optional, Sequence
 
-import msgspec
 from twisted.internet.defer import Deferred
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from yurtcoord.tx.guardedloop import ILoopErrors, guarded
+from yurtcoord.tx.jsondecode import decode_json
 from yurtcoord.tx.lines import LineStreamProtocol
 from yurtcoord.kube.errors import (
     ConnectionFailed, ResponseTooLarge, ServerError, Timeout, error_from_status,
@@ -59,10 +36,8 @@ WATCH_EVENT_TYPES = frozenset(("ADDED", "MODIFIED", "DELETED", "BOOKMARK"))
 _MISSING = object()
 _EMPTY: dict[str, Any] = {}
 
-# One JSON document, as bytes, to its value; ValueError (msgspec.DecodeError) for
-# anything that is not exactly one JSON value, surrounding whitespace allowed, and
-# RecursionError past its nesting limit.
-_decode_json: Callable[[bytes], Any] = msgspec.json.Decoder().decode
+# (A module name of its own: bench/decoders.py puts other decoders in its place.)
+_decode_json: Callable[[bytes], Any] = decode_json
 
 
 class WatchStreamProtocol(LineStreamProtocol):

@@ -42,13 +42,13 @@ acknowledged. See docs/design.md, "etcd that forgets acknowledged writes".
 
 from typing import Any, Generator, Iterator, NamedTuple
 
-import msgspec
 from twisted.internet import defer, task
 from twisted.internet.defer import inlineCallbacks
 from twisted.logger import Logger
 
 from yurtcoord.etcd.errors import BadResponse, EtcdError, EtcdTimeout, EtcdUnavailable
 from yurtcoord.tx.heap import QuietCollections
+from yurtcoord.tx.jsondecode import NotJSON, decode_json
 from yurtcoord.tx.limiter import AdaptiveLimit
 from yurtcoord.tx.retry import POOL_WRITE_RETRY, Retries
 from yurtcoord.pool.localcache import BadCacheEntry, CachedObjectPath, printable_path
@@ -67,17 +67,10 @@ RETRYABLE_ERRORS = (EtcdUnavailable, EtcdTimeout, BadResponse, ConflictRetriesEx
 IN_FLIGHT_TOLERANCE = 1.5
 IN_FLIGHT_SLACK = 0.002
 
-# A cache file's bytes to their JSON value: msgspec's decoder, the watch stream's
-# (yurtcoord.kube.watch), a third of the stdlib's time on a pod. It takes UTF-8 only
-# (not UTF-16, UTF-32 or a byte order mark, which the stdlib's ``json.loads`` of bytes
-# takes) and JSON as RFC 8259 defines it (not NaN, Infinity, a number beyond a
-# double's range or a lone surrogate escape, which the stdlib's decoder takes): the
-# coordinator apiserver could read none of these back. RecursionError past its
-# nesting limit.
-_decode_json = msgspec.json.Decoder().decode
-# What decoding raises for bytes that are not UTF-8 JSON (metadata_of raises ValueError
-# too).
-_NotJSON = (msgspec.DecodeError,)
+# What decoding (yurtcoord.tx.jsondecode: UTF-8 JSON as RFC 8259 defines it, as the
+# coordinator apiserver reads the pool store back) raises for bytes that are not; it
+# raises RecursionError past its nesting limit, and metadata_of ValueError.
+_NotJSON = NotJSON
 
 # Labels of yurtcoord_skipped_objects_total: why a local cache entry was not uploaded.
 SKIP_REASONS = ("not_newer", "unreadable", "bad_object", "invalid_name", "too_large",
@@ -380,7 +373,7 @@ class LocalCacheUploader:
             location = entry.location
             # Parsed once: its metadata and its kind are read from the same object.
             try:
-                obj = _decode_json(entry.data)
+                obj = decode_json(entry.data)
                 name, namespace, rv = metadata_of(obj)
             except _NotJSON as e:
                 skip_bad(location.path, f"not JSON: {e}", "bad_object")
