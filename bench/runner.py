@@ -149,32 +149,36 @@ consumer process, from the informer's start to its last event, the longest over 
 rounds."""
 
 METHOD_DECODERS = """\
-The stdlib's `json` against `orjson` and `msgspec` (each installed one), in one run:
-CPU time (`time.process_time`, the collector off, best of {repeats}) to decode
-{objects:,} watch events (the informer bench's ConfigMaps as the test API server writes
-them) in reads of {read_bytes:,} bytes as `WatchStreamProtocol.lines` decodes a read
-(its lines as one JSON list, one decoder call per read), and the whole
-`WatchStreamProtocol` over the same reads with that library as its decoder; the decode
-of one batch of etcd v3 gateway answers (10 range answers of 1,000 keys with base64
-values of ~600 bytes, 100 txn answers of 100 puts, 100 watch lines of 100 events with
-previous values). Informer: the informer bench's backlog mode, {rounds} round(s), in
-each round yurtcoord's `Informer` once with each library as the watch decoder (the
-decoder of `yurtcoord.kube.watch` replaced in the consumer process, nothing else) and
-the official client once; events over the time from the watch request that brought
-them to the last event, the ratio to the official client's of the same round, each
-library's gain over the stdlib's per round, medians of the rounds. Footprint: `VmRSS`
-of a fresh interpreter that imported `yurtcoord.agent.service`, before and after
-importing the library (median of 3). Hostile lines: {hostile_lines} lines a peer may
-send (NaN, Infinity, 1e400, integers past 64 bits, duplicate keys, invalid UTF-8, a
-lone surrogate, nesting 600 and 100,000 deep, a BOM, a control character, a truncated
-line, trailing data) through `WatchStreamProtocol` with each library, alone and between
-two good events: those whose events or error differ from the stdlib's. Rule: a library
-is adopted as a dependency only with a gain of at least 20% in the request-to-last-event
-ratio and at most 2 MB more RSS for the agent. The agent decodes its watch streams with
-msgspec since 2026-12-04, adopted by this rule (+42% in a run of 3 rounds once the test
-server wrote each event's stored JSON instead of encoding it as it streamed; before,
-with the server holding every decoder's rate, orjson +13% and msgspec -6%); its etcd
-answers go through the stdlib."""
+The stdlib's `json` against `orjson` and `msgspec` (each installed one), in one run: CPU
+time (`time.process_time`, the collector off, best of {repeats}) to decode {objects:,}
+watch events (the informer bench's ConfigMaps as the test API server writes them) in
+reads of {read_bytes:,} bytes as `WatchStreamProtocol.lines` decodes a read (its lines
+as one JSON list, one decoder call per read), and the whole `WatchStreamProtocol` over
+the same reads with that library as its decoder; the decode of one batch of etcd v3
+gateway answers (10 range answers of 1,000 keys with base64 values of ~600 bytes, 100
+txn answers of 100 puts, 100 watch lines of 100 events with previous values). Informer:
+the informer bench's backlog mode, {rounds} round(s) of {turns} turns, in each turn
+yurtcoord's `Informer` once with each library as the watch decoder (the decoder of
+`yurtcoord.kube.watch` replaced in the consumer process, nothing else) and the official
+client once; events over the time from the watch request that brought them to the last
+event, a consumer's drains of a round taken together, the ratio to the official client's
+of the same round, each library's gain over the stdlib's per round, medians of the
+rounds (until 2026-12-04 a round was one drain of each, and single drains of one
+consumer moved by half between rounds). Footprint: what importing the library adds to
+the `VmRSS` of a fresh interpreter that has imported every module the agent loads but
+its own and msgspec's, and the `VmRSS` of a fresh interpreter that imported the library
+and `yurtcoord.agent.service` (median of 3; until 2026-12-04 the library was imported
+after the agent, which imports msgspec itself since). Hostile lines: {hostile_lines}
+lines a peer may send (NaN, Infinity, 1e400, integers past 64 bits, duplicate keys,
+invalid UTF-8, a lone surrogate, nesting 600 and 100,000 deep, a BOM, a control
+character, a truncated line, trailing data) through `WatchStreamProtocol` with each
+library, alone and between two good events: those whose events or error differ from the
+stdlib's. Rule: a library is adopted as a dependency only with a gain of at least 20% in
+the request-to-last-event ratio and at most 2 MB more RSS for the agent. The agent
+decodes its watch streams with msgspec since 2026-12-04, adopted by this rule (+42% in a
+run of 3 rounds once the test server wrote each event's stored JSON instead of encoding
+it as it streamed; before, with the server holding every decoder's rate, orjson +13% and
+msgspec -6%); its etcd answers go through the stdlib."""
 
 
 METHOD_UPLOAD = """\
