@@ -46,7 +46,9 @@ installed (a missing one is reported as such, not measured):
 
 Adoption rule: a library is adopted as a dependency only if it raises the informer's
 request-to-last-event ratio by at least 20% (median of the rounds) and adds at most
-2 MB to the agent's RSS; the decision row says which, if any, and why. The agent
+2 MB to the agent's RSS; of those that do, the one that changes least what the agent
+accepts (the fewest hostile lines that differ from the stdlib's), the larger gain
+between equals. The decision row says which, if any, and why. The agent
 decodes its watch streams with msgspec, adopted by this rule on 2026-12-04, once the
 test server no longer encoded every event as it streamed it (which had held every
 decoder's rate from the request at the server's); its etcd answers still go through
@@ -571,7 +573,15 @@ def informer_rounds(objects, rounds, consumers, turns):
 # -- the whole run ----------------------------------------------------------------------------
 
 def decide(libraries):
-    """The adopted library (or None) and why, by the adoption rule."""
+    """The adopted library (or None) and why, by the adoption rule. Of the libraries
+    that meet it, the one that changes least what the agent accepts: the fewest
+    hostile lines whose outcome differs from the stdlib's (a library that refuses
+    valid JSON, integers past 64 bits or nesting past its own limit, differs on more),
+    the larger gain between equals."""
+
+    def preference(name):
+        figures = libraries[name]
+        return len(figures["hostile_differences"]), -figures["ratio_gain"]
     verdicts, best = [], None
     for name, figures in libraries.items():
         if name == "json":
@@ -588,8 +598,10 @@ def decide(libraries):
         if reasons:
             verdicts.append(f"{name}: " + ", ".join(reasons))
         else:
-            verdicts.append(f"{name}: gain {gain:+.0%}, RSS +{rss:.1f} MB")
-            if best is None or gain > libraries[best]["ratio_gain"]:
+            differences = len(figures["hostile_differences"])
+            verdicts.append(f"{name}: gain {gain:+.0%}, RSS +{rss:.1f} MB, {differences} "
+                            f"hostile lines differ")
+            if best is None or preference(name) < preference(best):
                 best = name
     return best, "; ".join(verdicts)
 
