@@ -17,6 +17,22 @@ object) is ``ServerError``; nothing a peer sends raises anything untyped.
 The decoder is ``yurtcoord.tx.jsondecode``'s: JSON as RFC 8259 defines it, no
 more (``NaN``, ``Infinity``, a number beyond a double's range and a lone surrogate
 escape make a line that is not JSON; the apiserver never sends them).
+
+``finished`` fires exactly once, when the connection is gone: with None when the
+server ended the stream cleanly or the watch was cancelled, with the typed error
+otherwise (the end-of-stream machine of ``yurtcoord.tx.lines``, as for etcd's watch).
+
+The client puts ``yurtcoord.tx.twisted_private.batch_chunked_body`` under a watch
+response, so all the events of one read arrive together: the apiserver sends every
+event as its own HTTP chunk, and Twisted's decoder calls up through the response once
+per chunk.
+
+``IdleWatchdog`` ends a stream on which nothing arrived for a while with ``Timeout``:
+a connection that died without a FIN or RST (a NAT or an edge link dropping it)
+would otherwise leave a watch waiting forever. Its check is guarded (loop
+``watch-idle`` of ``yurtcoord.tx.guardedloop``): a check that raises is logged and
+counted in ``loop_errors`` and the check is armed again, since a watchdog whose timer
+is gone leaves its watch without an idle timeout, as if none had been asked for.
 """
 
 from typing import Any, Callable, Optional, Sequence

@@ -67,11 +67,6 @@ RETRYABLE_ERRORS = (EtcdUnavailable, EtcdTimeout, BadResponse, ConflictRetriesEx
 IN_FLIGHT_TOLERANCE = 1.5
 IN_FLIGHT_SLACK = 0.002
 
-# What decoding (yurtcoord.tx.jsondecode: UTF-8 JSON as RFC 8259 defines it, as the
-# coordinator apiserver reads the pool store back) raises for bytes that are not; it
-# raises RecursionError past its nesting limit, and metadata_of ValueError.
-_NotJSON = NotJSON
-
 # Labels of yurtcoord_skipped_objects_total: why a local cache entry was not uploaded.
 SKIP_REASONS = ("not_newer", "unreadable", "bad_object", "invalid_name", "too_large",
                 "symlink", "wrong_kind")
@@ -372,10 +367,12 @@ class LocalCacheUploader:
                 continue
             location = entry.location
             # Parsed once: its metadata and its kind are read from the same object.
+            # Only UTF-8 JSON as RFC 8259 defines it is taken (yurtcoord.tx.jsondecode),
+            # as the coordinator apiserver reads the pool store back.
             try:
                 obj = decode_json(entry.data)
                 name, namespace, rv = metadata_of(obj)
-            except _NotJSON as e:
+            except NotJSON as e:
                 skip_bad(location.path, f"not JSON: {e}", "bad_object")
                 bad += 1
                 continue
