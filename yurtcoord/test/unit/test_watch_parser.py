@@ -311,7 +311,11 @@ class ChunkedBodyBatcherTests(unittest.TestCase):
     def test_any_reads_give_the_body_and_the_end_exactly_once(self, cuts):
         data = chunked(*EVENT_LINES, b"x" * 300, trailer=b"X-Trailer: 1\r\n\r\nNEXT")
         c = Chunks()
-        reads = split_at(data, cuts)
+        # Reads cut anywhere in the response; what follows its end ("NEXT") comes in
+        # the read that ends it. The connection takes those bytes over at the end and
+        # never feeds the body again (Twisted's decoder raises if it is: a cut inside
+        # "NEXT", drawn now and then, was a test that asked what no client does).
+        reads = split_at(data, [cut for cut in cuts if cut < len(data) - len(b"NEXT")])
         c.feed(*reads)
         self.assertEqual(c.body, b"".join(EVENT_LINES) + b"x" * 300)
         self.assertLessEqual(len(c.deliveries), len(reads))
