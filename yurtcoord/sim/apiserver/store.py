@@ -315,9 +315,9 @@ class ObjectStore:
         # changed in place, so the event keeps it as it is. Nor is an event's own
         # copy, which is what lets the event keep its JSON.
         event_object = _copy(obj)
+        event = WatchEvent(event_type, self._rv, key, event_object, old,
+                           encode_object(event_object) if self._history_limit else None)
         if self._history_limit:
-            event = WatchEvent(event_type, self._rv, key, event_object, old,
-                               encode_object(event_object))
             self._history.append(event)
             self._retained[id(event_object)] = event
             while len(self._history) > self._history_limit:
@@ -325,7 +325,6 @@ class ObjectStore:
                 del self._retained[id(dropped.object)]
                 self._oldest_watchable = dropped.resource_version
         else:
-            event = WatchEvent(event_type, self._rv, key, event_object, old)
             self._oldest_watchable = self._rv
         for watcher in list(self._watchers):
             watcher.offer(event)

@@ -26,7 +26,7 @@ _ENCODER = json.JSONEncoder(separators=(",", ":"))
 
 
 def encode_object(obj: object) -> str:
-    """An object as a watch line and a list answer carry it: compact JSON, ASCII."""
+    """An object as a watch line carries it: compact JSON, ASCII."""
     return _ENCODER.encode(obj)
 
 
